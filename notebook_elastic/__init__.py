@@ -1,0 +1,48 @@
+"""notebook-elastic: elastic torchrun jobs from a notebook cell.
+
+``%load_ext notebook_elastic`` registers ``%%elastic_train`` and friends. The Python API:
+``launch(fn_or_code, ...)``, ``jobs()``, ``attach(name)``. Workers import only
+``notebook_elastic.runtime``; this module keeps its imports lazy so that stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "launch": ("notebook_elastic.launcher", "launch"),
+    "jobs": ("notebook_elastic.launcher", "jobs"),
+    "attach": ("notebook_elastic.launcher", "attach"),
+    "ElasticJob": ("notebook_elastic.job", "ElasticJob"),
+    "JobSpec": ("notebook_elastic.spec", "JobSpec"),
+    "package_cell": ("notebook_elastic.packaging", "package_cell"),
+    "NotebookElasticError": ("notebook_elastic.errors", "NotebookElasticError"),
+    "SpecError": ("notebook_elastic.errors", "SpecError"),
+    "PackagingError": ("notebook_elastic.errors", "PackagingError"),
+    "BackendError": ("notebook_elastic.errors", "BackendError"),
+}
+
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'notebook_elastic' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)

@@ -1,0 +1,22 @@
+"""Backends: where a job runs. ``get_backend("local")``, ``get_backend("kubernetes", ...)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import SpecError
+from .base import Backend, DryRun, JobInfo
+
+__all__ = ["Backend", "DryRun", "JobInfo", "get_backend"]
+
+
+def get_backend(name: str, **options: Any) -> Backend:
+    if name == "local":
+        from .local import LocalBackend
+
+        return LocalBackend(**options)
+    if name == "kubernetes":
+        from .kubernetes import KubernetesBackend  # type: ignore[import-not-found]
+
+        return KubernetesBackend(**options)
+    raise SpecError(f"--backend {name!r} is unknown; choose one of: local, kubernetes")

@@ -1,0 +1,87 @@
+"""The interface every backend implements, in the spirit of TorchX's ``Scheduler``.
+
+A backend turns a validated ``JobSpec`` plus a packaged ``Bundle`` into running processes
+and reports what happens to them as ``Event``s. ``submit_dryrun`` returns the exact request
+``schedule`` would carry out (files and commands locally, manifests on Kubernetes), so it
+can be inspected and tested without running anything.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..events import Event
+    from ..packaging import Bundle
+    from ..spec import JobSpec
+
+
+@dataclass
+class DryRun:
+    """What ``schedule`` would do, without doing it."""
+
+    backend: str
+    spec: JobSpec
+    bundle: Bundle
+    request: Any  # backend-specific: a dict of files and commands, a list of manifests, ...
+    text: str = ""  # the request, for people
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class JobInfo:
+    """A job as listed by a backend (``jobs()``, ``%elastic_jobs``, the jobs panel)."""
+
+    name: str
+    backend: str
+    status: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    notebook: str | None = None
+    created: float | None = None
+    location: str | None = None  # a job folder, a namespace, ...
+    damaged: str | None = None  # why the job's records could not be read, if so
+
+
+class Backend(abc.ABC):
+    name: str = ""
+
+    @abc.abstractmethod
+    def submit_dryrun(self, spec: JobSpec, bundle: Bundle) -> DryRun: ...
+
+    @abc.abstractmethod
+    def schedule(self, dryrun: DryRun) -> None:
+        """Start the job; returns once it is submitted (does not wait for it to run)."""
+
+    @abc.abstractmethod
+    def describe(self, name: str) -> JobInfo | None: ...
+
+    @abc.abstractmethod
+    def list(self) -> list[JobInfo]: ...
+
+    @abc.abstractmethod
+    def cancel(self, name: str) -> None:
+        """Stop the job and everything it started. Idempotent: stopping a stopped job is a no-op."""
+
+    @abc.abstractmethod
+    def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
+        """The job's events from the first one on, then live ones as they happen; ends after
+        ``job_finished`` or when ``stop`` is set."""
+
+    @abc.abstractmethod
+    def scale(self, name: str, nodes: int) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
+        """Fault drills: ``kill_worker`` (a rank), ``preempt_node`` / ``lose_node`` (a node)."""
+
+    def script(self, name: str) -> str | None:
+        return None

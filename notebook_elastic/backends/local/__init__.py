@@ -1,0 +1,299 @@
+"""The local backend: elastic torchrun jobs on this machine, no cluster needed.
+
+Each job gets a folder and a detached supervisor process (see ``supervisor.py``); this
+class only writes folders, starts supervisors and talks to them, so any kernel (including
+one started after a crash) can list, follow, scale and stop any job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ... import defaults
+from ...errors import BackendError, JobNotFound
+from ...events import FINAL_STATUSES, Event, Kind
+from ...runtime import protocol
+from ..base import Backend, DryRun, JobInfo
+from . import control
+from .folder import JobFolder, kill_all, write_json_atomic
+
+SUPERVISOR_START_TIMEOUT_S = 30.0
+FOLLOW_POLL_S = 0.03
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, home: str | os.PathLike | None = None) -> None:
+        self.root = Path(home) if home is not None else defaults.home() / "jobs"
+
+    def folder(self, name: str) -> JobFolder:
+        return JobFolder(self.root / name)
+
+    # -- submit --------------------------------------------------------------------------
+
+    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+        folder = self.folder(spec.name)
+        lo, hi = spec.nnodes
+        conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_LOCAL, is_host=False)
+        conf.update(spec.rdzv_conf)
+        agent = [
+            "python -m notebook_elastic.runtime.agent",
+            f"--nnodes {lo}:{hi}",
+            f"--nproc-per-node {spec.nproc_per_node}",
+            f"--max-restarts {spec.max_restarts}",
+            "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<supervisor's store>",
+            f"--rdzv-conf {','.join(f'{k}={v}' for k, v in conf.items())}",
+            f"--monitor-interval {spec.monitor_interval_s}",
+            str(folder.script),
+        ]
+        request = {
+            "folder": str(folder.path),
+            "files": {"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
+            "nodes": spec.initial_nodes,
+            "agent_command": " ".join(agent),
+            "environment": {
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or str(folder.checkpoints),
+                **spec.env,
+            },
+        }
+        text = "\n".join(
+            [
+                f"local backend: job folder {folder.path}",
+                f"  supervisor: hosts the rendezvous store, starts {spec.initial_nodes} agent(s) of:",
+                "    " + " \\\n      ".join(agent),
+                f"  checkpoints: {request['environment'][protocol.ENV_CHECKPOINT_DIR]}",
+            ]
+        )
+        return DryRun("local", spec, bundle, request, text)
+
+    def schedule(self, dryrun: DryRun) -> None:
+        spec, bundle = dryrun.spec, dryrun.bundle
+        folder = self.folder(spec.name)
+        if folder.path.exists():
+            info = self.describe(spec.name)
+            if info is not None and info.status not in (*FINAL_STATUSES, "lost", "damaged"):
+                raise BackendError(
+                    f"a job named {spec.name!r} is already {info.status}; stop it first "
+                    f"(%elastic_stop {spec.name}) or choose another --name"
+                )
+            self._archive(folder)
+        folder.path.mkdir(parents=True)
+        folder.logs.mkdir()
+        bundle.write(folder.script)
+        spec_json = spec.to_json()
+        spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
+        write_json_atomic(folder.spec_file, spec_json)
+        write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
+        folder.events_file.touch()
+        env = dict(os.environ)
+        env[protocol.ENV_JOB_DIR] = str(folder.path)
+        with open(folder.supervisor_log, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach", str(folder.path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(folder.path),
+                start_new_session=True,
+            )
+        proc.wait()  # the detaching parent exits at once
+        deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
+        while folder.supervisor() is None:
+            if time.monotonic() > deadline:
+                kill_all(folder.path)
+                raise BackendError(f"the supervisor of job {spec.name!r} did not start: {_tail(folder.supervisor_log)}")
+            time.sleep(0.01)
+
+    def _archive(self, folder: JobFolder) -> None:
+        history = self.root / ".history"
+        history.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = history / f"{folder.name}-{stamp}"
+        n = 1
+        while target.exists():
+            target = history / f"{folder.name}-{stamp}-{n}"
+            n += 1
+        shutil.move(str(folder.path), str(target))
+
+    # -- query ---------------------------------------------------------------------------
+
+    def describe(self, name: str) -> JobInfo | None:
+        folder = self.folder(name)
+        if not folder.path.is_dir():
+            return None
+        try:
+            spec = folder.spec()
+        except FileNotFoundError:
+            return JobInfo(name, "local", "damaged", location=str(folder.path), damaged="spec.json is missing")
+        except ValueError as exc:
+            return JobInfo(
+                name, "local", "damaged", location=str(folder.path), damaged=f"spec.json is unreadable: {exc}"
+            )
+        status = folder.status() or {}
+        state = status.get("status", "pending")
+        if state not in FINAL_STATUSES and not folder.supervisor_alive():
+            started = (folder.supervisor() or {}).get("started")
+            if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
+                state = "lost"
+                status = {**status, "reason": "its supervisor process is gone (killed, or the machine restarted)"}
+        return JobInfo(
+            name=name,
+            backend="local",
+            status=state,
+            summary={
+                **status,
+                "nproc_per_node": spec.get("nproc_per_node"),
+                "min_nodes": spec["nnodes"][0],
+                "max_nodes": spec["nnodes"][1],
+            },
+            notebook=spec.get("notebook"),
+            created=folder.spec_file.stat().st_mtime,
+            location=str(folder.path),
+        )
+
+    def list(self) -> list[JobInfo]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            try:
+                info = self.describe(entry.name)
+            except Exception as exc:  # one damaged folder must not hide the others
+                info = JobInfo(entry.name, "local", "damaged", location=str(entry), damaged=str(exc))
+            if info is not None:
+                out.append(info)
+        return out
+
+    def script(self, name: str) -> str | None:
+        try:
+            return self.folder(name).script.read_text()
+        except FileNotFoundError:
+            return None
+
+    # -- control -------------------------------------------------------------------------
+
+    def _request(self, name: str, command: str, **args: Any) -> Any:
+        folder = self.folder(name)
+        if not folder.exists():
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        info = folder.supervisor()
+        if info is None or info.get("exited") or not folder.supervisor_alive():
+            raise BackendError(f"job {name!r} is not running, so it cannot {command.replace('_', ' ')}")
+        return control.request(tuple(info["control"]), bytes.fromhex(info["authkey"]), command, **args)
+
+    def scale(self, name: str, nodes: int) -> dict[str, Any]:
+        return self._request(name, "scale", nodes=nodes)
+
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
+        return self._request(name, "set_range", min_nodes=min_nodes, max_nodes=max_nodes)
+
+    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
+        if fault == "kill_worker":
+            return self._request(name, "kill_worker", rank=target)
+        if fault in ("preempt_node", "lose_node"):
+            return self._request(name, fault, node=target, **options)
+        raise BackendError(f"unknown fault {fault!r}: use kill_worker, preempt_node or lose_node")
+
+    def cancel(self, name: str, timeout_s: float = 30.0) -> None:
+        folder = self.folder(name)
+        if not folder.exists():
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        if (folder.status() or {}).get("status") in FINAL_STATUSES and not folder.supervisor_alive():
+            kill_all(folder.path)  # finished: only make sure nothing is left
+            return
+        if folder.supervisor_alive():
+            try:
+                self._request(name, "stop")
+            except BackendError:
+                pass
+            deadline = time.monotonic() + timeout_s
+            while folder.supervisor_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if folder.supervisor_alive() or (folder.status() or {}).get("status") not in FINAL_STATUSES:
+            # The supervisor is gone or stuck: clean up from here, and say so in the history.
+            kill_all(folder.path)
+            _append_event(
+                folder,
+                Event(
+                    Kind.JOB_FINISHED,
+                    time.time(),
+                    None,
+                    {"status": "stopped", "reason": "stopped; its supervisor did not answer"},
+                ),
+            )
+            status = folder.status() or {}
+            status.update(status="stopped", updated=time.time())
+            write_json_atomic(folder.status_file, status)
+
+    # -- follow --------------------------------------------------------------------------
+
+    def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
+        folder = self.folder(name)
+        if not folder.exists():
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        buffer = b""
+        idle_checks = 0
+        with open(folder.events_file, "rb") as f:
+            while not stop.is_set():
+                chunk = f.read(1 << 20)
+                if chunk:
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        try:
+                            event = Event.from_line(line.decode("utf-8", "replace"))
+                        except ValueError:
+                            continue
+                        yield event
+                        if event.kind == Kind.JOB_FINISHED:
+                            return
+                    continue
+                idle_checks += 1
+                if idle_checks % 50 == 0 and not folder.supervisor_alive():
+                    time.sleep(0.2)  # one last read: it may have just written its last line
+                    if f.read(1):
+                        f.seek(-1, os.SEEK_CUR)
+                        continue
+                    info = folder.supervisor()
+                    if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
+                        yield Event(
+                            Kind.JOB_FINISHED,
+                            time.time(),
+                            None,
+                            {"status": "failed", "reason": "the job's supervisor process died"},
+                        )
+                        return
+                stop.wait(FOLLOW_POLL_S)
+
+
+def _append_event(folder: JobFolder, event: Event) -> None:
+    with open(folder.events_file, "a") as f:
+        f.write(event.to_line() + "\n")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text[-lines:]) or "(empty log)"
+
+
+__all__ = ["LocalBackend", "JobFolder", "json", "shlex"]

@@ -1,0 +1,256 @@
+"""One parser for every backend: raw lines in, typed events out.
+
+A backend produces lines (an agent's stdout/stderr locally, a pod's log on Kubernetes) and
+events of its own (a node joined, a pod is pending). ``LineParser`` turns each line into at
+most one ``Event``: our prefixed JSON lines (worker and agent instrumentation) and the few
+torchelastic agent log lines that carry meaning (restarts, failed workers, signals). Other
+lines become ``log`` events, so nothing a worker prints is lost. Pure: no I/O, no clock
+unless the caller passes none.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .runtime.protocol import EVENT_PREFIX
+
+
+class Kind:
+    """Event kinds. Strings, so events serialize as plain JSON."""
+
+    JOB_SUBMITTED = "job_submitted"
+    JOB_FINISHED = "job_finished"
+    SCALED = "scaled"  # target nodes or range changed
+    FAULT = "fault"  # a fault drill was injected
+    NODE_JOINED = "node_joined"
+    NODE_LEFT = "node_left"
+    PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
+    AGENT_STARTED = "agent_started"
+    RENDEZVOUS = "rendezvous"
+    RESTART = "restart"
+    WORKER_STARTED = "worker_started"
+    WORKER_FAILED = "worker_failed"
+    WORKER_EXITED = "worker_exited"  # the agent saw a worker process die (exit code / signal)
+    WORKER_FINISHED = "worker_finished"
+    AGENT_SIGNALED = "agent_signaled"
+    GROUP_SUCCEEDED = "group_succeeded"
+    METRIC = "metric"
+    PLAN = "plan"
+    RESUMED = "resumed"
+    CHECKPOINT = "checkpoint"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
+    FENCED = "fenced"
+    ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
+    LOG = "log"
+
+
+FINAL_STATUSES = ("succeeded", "failed", "stopped")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    time: float
+    node: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"kind": self.kind, "t": self.time}
+        if self.node is not None:
+            out["node"] = self.node
+        out.update(self.data)
+        return out
+
+    def to_line(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Event:
+        obj = dict(obj)
+        kind = str(obj.pop("kind", Kind.LOG))
+        t = obj.pop("t", None)
+        node = obj.pop("node", None)
+        return cls(kind=kind, time=float(t) if t is not None else time.time(), node=node, data=obj)
+
+    @classmethod
+    def from_line(cls, line: str) -> Event:
+        return cls.from_json(json.loads(line))
+
+    def describe(self) -> str:
+        """One line for people (timeline, text view)."""
+        return describe(self)
+
+
+# torchelastic agent lines (glog format): "I1122 02:50:19.693000 3965 path.py:553] message"
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+\]\s?(?P<msg>.*)$")
+_AGENT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(
+            r"Worker group (?P<state>FAILED|UNHEALTHY)\. (?P<left>\d+)/(?P<max>\d+) attempts left; will restart worker group"
+        ),
+        "restart_failed",
+    ),
+    (
+        re.compile(r"Detected (?P<n>\d+) new nodes from group_rank=(?P<gr>\d+); will restart worker group"),
+        "restart_membership",
+    ),
+    (
+        re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\) of binary"),
+        "worker_exited",
+    ),
+    (re.compile(r"Received (?P<sig>\S+) death signal, shutting down workers"), "signaled"),
+    (re.compile(r"worker group successfully finished"), "succeeded"),
+    (re.compile(r"(?P<err>Rendezvous\w*Error|RendezvousTimeoutError|RendezvousClosedError)(?P<rest>.*)"), "error"),
+]
+
+
+class LineParser:
+    """Parses the lines of one source (one agent, one pod) into events."""
+
+    def __init__(self, node: str | None, stream: str = "stdout") -> None:
+        self.node = node
+        self.stream = stream
+
+    def feed(self, line: str, t: float | None = None) -> Event | None:
+        line = line.rstrip("\r\n")
+        if not line:
+            return None
+        now = time.time() if t is None else t
+        at = line.find(EVENT_PREFIX)
+        if at >= 0:
+            try:
+                obj = json.loads(line[at + len(EVENT_PREFIX) :])
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict) and "kind" in obj:
+                event = Event.from_json(obj)
+                if event.node is None and self.node is not None:
+                    event = Event(event.kind, event.time, self.node, event.data)
+                return event
+        m = _GLOG.match(line)
+        if m:
+            return self._agent_line(m.group("msg"), now)
+        return Event(Kind.LOG, now, self.node, {"stream": self.stream, "text": line[:4000]})
+
+    def _agent_line(self, msg: str, t: float) -> Event | None:
+        for pattern, what in _AGENT_PATTERNS:
+            m = pattern.search(msg)
+            if not m:
+                continue
+            g = m.groupdict()
+            if what == "restart_failed":
+                left, most = int(g["left"]), int(g["max"])
+                return Event(
+                    Kind.RESTART,
+                    t,
+                    self.node,
+                    {
+                        "reason": "worker_failed",
+                        "restarts_used": most - left + 1,
+                        "max_restarts": most,
+                        "state": g["state"],
+                    },
+                )
+            if what == "restart_membership":
+                return Event(Kind.RESTART, t, self.node, {"reason": "membership_change", "new_nodes": int(g["n"])})
+            if what == "worker_exited":
+                code = int(g["code"])
+                data = {"exitcode": code, "local_rank": int(g["lr"]), "pid": int(g["pid"])}
+                if code < 0:
+                    data["signal"] = -code
+                return Event(Kind.WORKER_EXITED, t, self.node, data)
+            if what == "signaled":
+                return Event(Kind.AGENT_SIGNALED, t, self.node, {"signal": g["sig"].replace("Signals.", "")})
+            if what == "succeeded":
+                return Event(Kind.GROUP_SUCCEEDED, t, self.node, {})
+            if what == "error":
+                return Event(Kind.ERROR, t, self.node, {"error": g["err"], "message": msg[:500]})
+        return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    ranks = sorted(ranks)
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def describe(e: Event) -> str:
+    d = e.data
+    node = e.node or d.get("node") or ""
+    k = e.kind
+    if k == Kind.JOB_SUBMITTED:
+        return f"submitted: {d.get('nodes')} node(s) x {d.get('nproc_per_node')} process(es), range {d.get('min_nodes')}:{d.get('max_nodes')}"
+    if k == Kind.JOB_FINISHED:
+        reason = d.get("reason")
+        return f"job {d.get('status')}" + (f": {reason}" if reason else "")
+    if k == Kind.SCALED:
+        return f"target {d.get('target')} node(s), range {d.get('min_nodes')}:{d.get('max_nodes')}" + (
+            " (agents restarted with the new range)" if d.get("reconfigured") else ""
+        )
+    if k == Kind.FAULT:
+        return f"drill: {d.get('fault')} {d.get('target', '')}".rstrip()
+    if k == Kind.NODE_JOINED:
+        return f"{node} joined"
+    if k == Kind.NODE_LEFT:
+        return f"{node} left ({d.get('reason', 'unknown')})"
+    if k == Kind.PENDING:
+        return f"{node} pending: {d.get('reason', '')} {d.get('message', '')}".rstrip()
+    if k == Kind.RENDEZVOUS:
+        return f"{node}: rendezvous round {d.get('round')}, group rank {d.get('group_rank')} of {d.get('group_world_size')} node(s)"
+    if k == Kind.RESTART:
+        if d.get("reason") == "membership_change":
+            return (
+                f"{node}: {d.get('new_nodes')} new node(s) waiting; restarting workers (not counted against the budget)"
+            )
+        return f"{node}: worker group failed; restart {d.get('restarts_used')}/{d.get('max_restarts')}"
+    if k == Kind.WORKER_STARTED:
+        return f"rank {d.get('rank')} started on {node} (local rank {d.get('local_rank')}, world size {d.get('world_size')}, pid {d.get('pid')})"
+    if k == Kind.WORKER_FAILED:
+        return f"rank {d.get('rank')} on {node} failed: {d.get('error')}: {d.get('message')}"
+    if k == Kind.WORKER_EXITED:
+        how = f"signal {d['signal']}" if "signal" in d else f"exit code {d.get('exitcode')}"
+        return f"{node}: worker local rank {d.get('local_rank')} (pid {d.get('pid')}) died with {how}"
+    if k == Kind.WORKER_FINISHED:
+        return f"rank {d.get('rank')} finished"
+    if k == Kind.AGENT_SIGNALED:
+        return f"{node}: agent received {d.get('signal')}; stopping its workers"
+    if k == Kind.GROUP_SUCCEEDED:
+        return f"{node}: workers finished"
+    if k == Kind.METRIC:
+        values = ", ".join(
+            f"{n}={v:.4g}" if isinstance(v, float) else f"{n}={v}" for n, v in (d.get("values") or {}).items()
+        )
+        return f"step {d.get('step')}: {values}"
+    if k == Kind.PLAN:
+        return f"training steps {d.get('start')}..{d.get('total')}"
+    if k == Kind.RESUMED:
+        return f"resumed from step {d.get('step')} (checkpoint of world size {d.get('from_world_size')}, now {d.get('world_size')})"
+    if k == Kind.CHECKPOINT:
+        return f"checkpoint at step {d.get('step')} ({d.get('bytes', 0) / 1e6:.1f} MB, {d.get('ms')} ms)"
+    if k == Kind.CHECKPOINT_FAILED:
+        return f"checkpoint at step {d.get('step')} failed: {d.get('error')}"
+    if k == Kind.CHECKPOINT_UNREADABLE:
+        return f"checkpoint {d.get('path')} unreadable, using an older one: {d.get('error')}"
+    if k == Kind.FENCED:
+        return f"stale worker group (generation {d.get('generation')}) refused to write: generation {d.get('newer_generation')} exists"
+    if k == Kind.ERROR:
+        return f"{node}: {d.get('message')}"
+    if k == Kind.AGENT_STARTED:
+        return f"{node}: agent started (pid {d.get('pid')})"
+    if k == Kind.LOG:
+        return f"{node}: {d.get('text')}"
+    return f"{k} {d}"
+
+
+__all__ = ["Event", "FINAL_STATUSES", "Kind", "LineParser", "describe", "_ranks"]

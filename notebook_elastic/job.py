@@ -1,0 +1,259 @@
+"""``ElasticJob``: the live handle on a job, the same for every backend.
+
+It follows the backend's event stream in a background thread, folds events into a
+``JobState`` and tells subscribers (``on_event``); views (the widget dashboard, the text
+view) subscribe, the job never imports them. Operations (``scale``, ``stop``, drills) go
+to the backend; their effects come back as events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .errors import BackendError, SpecError
+from .events import FINAL_STATUSES, Event, Kind
+from .job_state import JobState, Metrics, elapsed_s
+from .spec import JobSpec, check_scale
+
+if TYPE_CHECKING:
+    from .backends.base import Backend, DryRun
+
+Callback = Callable[["Event", "ElasticJob"], None]
+
+
+class ElasticJob:
+    """A running (or prepared, or finished) elastic training job."""
+
+    def __init__(self, name: str, backend: Backend, spec: JobSpec | None = None, dryrun: DryRun | None = None) -> None:
+        self.name = name
+        self.backend = backend
+        self.spec = spec
+        self.dryrun = dryrun
+        nnodes = spec.nnodes if spec else (1, 1)
+        self._state = JobState(
+            max_restarts=spec.max_restarts if spec else 0, nnodes=nnodes, target=spec.initial_nodes if spec else None
+        )
+        if spec is not None:
+            self._state.nproc_per_node = spec.nproc_per_node
+        self._lock = threading.RLock()
+        self._callbacks: list[Callback] = []
+        self._finished = threading.Event()
+        self._stop_following = threading.Event()
+        self._follower: threading.Thread | None = None
+        self._prepared = dryrun is not None
+        if dryrun is None:
+            self._state.status = "pending"
+        else:
+            self._state.status = "prepared"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> ElasticJob:
+        """Launch a job prepared with ``dry_run=True`` (no-op once started)."""
+        with self._lock:
+            if not self._prepared:
+                return self
+            if self.dryrun is None:
+                raise BackendError(f"job {self.name!r} has nothing to start")
+            self.backend.schedule(self.dryrun)
+            self._prepared = False
+            self._state.status = "pending"
+        self._follow()
+        return self
+
+    def _follow(self) -> None:
+        if self._follower is not None:
+            return
+        self._follower = threading.Thread(target=self._run_follower, name=f"elastic-follow-{self.name}", daemon=True)
+        self._follower.start()
+
+    def _run_follower(self) -> None:
+        try:
+            for event in self.backend.follow(self.name, self._stop_following):
+                with self._lock:
+                    self._state.apply(event)
+                    callbacks = list(self._callbacks)
+                for callback in callbacks:
+                    try:
+                        callback(event, self)
+                    except Exception:
+                        traceback.print_exc()
+                if event.kind == Kind.JOB_FINISHED:
+                    self._finished.set()
+        except Exception as exc:
+            with self._lock:
+                self._state.apply(
+                    Event(Kind.ERROR, time.time(), None, {"message": f"lost the job's event stream: {exc}"})
+                )
+        finally:
+            if self._state.finished:
+                self._finished.set()
+
+    def detach(self) -> None:
+        """Stop following the job (it keeps running; ``attach`` finds it again)."""
+        self._stop_following.set()
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @property
+    def status(self) -> str:
+        """prepared, pending, running, restarting, succeeded, failed or stopped."""
+        return self._state.status
+
+    @property
+    def reason(self) -> str | None:
+        return self._state.reason
+
+    @property
+    def world_size(self) -> int:
+        return self._state.world_size
+
+    @property
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return [n.name for n in self._state.running_nodes]
+
+    @property
+    def restarts(self) -> int:
+        return self._state.restarts
+
+    @property
+    def restart_budget(self) -> int:
+        return self._state.max_restarts
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._state.metrics
+
+    @property
+    def events(self) -> list[Event]:
+        with self._lock:
+            return list(self._state.events)
+
+    @property
+    def logs(self) -> list[str]:
+        with self._lock:
+            return [f"[{e.node}] {e.get('text')}" for e in self._state.logs]
+
+    @property
+    def failure(self) -> Event | None:
+        """The root-cause worker failure (its traceback is in ``.get('traceback')``)."""
+        return self._state.first_failure
+
+    @property
+    def script(self) -> str | None:
+        if self.dryrun is not None:
+            return self.dryrun.bundle.script
+        return self.backend.script(self.name)
+
+    @property
+    def finished(self) -> bool:
+        return self._state.finished
+
+    def on_event(self, callback: Callback) -> Callable[[], None]:
+        """Call ``callback(event, job)`` for every event from now on (from a background
+        thread). Returns a function that unsubscribes."""
+        with self._lock:
+            self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._callbacks:
+                    self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the job finishes (or ``timeout`` seconds pass); return its status."""
+        if self._prepared:
+            raise BackendError(f"job {self.name!r} was only prepared (dry run); call .start() first")
+        self._finished.wait(timeout)
+        return self.status
+
+    # -- operations ----------------------------------------------------------------------
+
+    def _require_running(self, what: str) -> None:
+        if self._prepared:
+            raise BackendError(f"job {self.name!r} is prepared but not started; call .start() before {what}")
+        if self.finished:
+            raise BackendError(f"job {self.name!r} has {self.status}; it cannot {what}")
+
+    def scale(self, nodes: int) -> dict[str, Any]:
+        """Run on ``nodes`` nodes (within the range). Scaling up costs no restart; scaling
+        down costs one restart of the remaining nodes."""
+        self._require_running("scale")
+        check_scale(self._state.nnodes, nodes)
+        return self.backend.scale(self.name, int(nodes))
+
+    def set_range(self, min_nodes: int, max_nodes: int) -> dict[str, Any]:
+        """Change the elastic range (``--nnodes MIN:MAX``). torchrun fixes the range per agent,
+        so the agents restart with the new one and resume from the latest checkpoint."""
+        self._require_running("change its range")
+        if not (isinstance(min_nodes, int) and isinstance(max_nodes, int)) or not 1 <= min_nodes <= max_nodes:
+            raise SpecError(f"range {min_nodes}:{max_nodes} is invalid: need whole numbers 1 <= MIN <= MAX")
+        return self.backend.set_range(self.name, min_nodes, max_nodes)
+
+    def kill_worker(self, rank: int | None = None) -> dict[str, Any]:
+        """Drill: SIGKILL one worker process (a random one by default)."""
+        self._require_running("kill a worker")
+        return self.backend.inject(self.name, "kill_worker", rank)
+
+    def preempt_node(self, node: str | None = None, *, return_after_s: float | None = None) -> dict[str, Any]:
+        """Drill: take a node away with notice (SIGTERM to its agent), as a spot reclaim or
+        another team's quota would. With ``return_after_s`` the capacity comes back."""
+        self._require_running("preempt a node")
+        return self.backend.inject(self.name, "preempt_node", node, return_after_s=return_after_s)
+
+    def lose_node(self, node: str | None = None) -> dict[str, Any]:
+        """Drill: a node dies without notice (SIGKILL to its agent)."""
+        self._require_running("lose a node")
+        return self.backend.inject(self.name, "lose_node", node)
+
+    def stop(self, timeout: float = 60.0) -> str:
+        """Stop the job and every process it started. Idempotent."""
+        if self._prepared:
+            self._state.status = "stopped"
+            return self.status
+        if not self.finished:
+            self.backend.cancel(self.name)
+            self._follow()
+            self._finished.wait(timeout)
+        return self.status
+
+    # -- display -------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        s = self._state
+        parts = [f"{self.name}: {s.status}"]
+        if s.world_size:
+            parts.append(f"world size {s.world_size}")
+        parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
+        if s.step is not None:
+            parts.append(f"step {s.step}" + (f"/{s.total_steps}" if s.total_steps else ""))
+        loss = s.metrics.last("loss")
+        if loss is not None:
+            parts.append(f"loss {loss:.4g}")
+        parts.append(f"restarts {s.restarts}/{s.max_restarts}")
+        took = elapsed_s(s)
+        if took is not None:
+            parts.append(f"{took:.0f} s")
+        text = ", ".join(parts)
+        if s.reason and s.status in FINAL_STATUSES:
+            text += f"\n  reason: {s.reason}"
+        return text
+
+    def __repr__(self) -> str:
+        return f"<ElasticJob {self.summary()}>"
+
+    def _ipython_display_(self) -> None:
+        from .views import display_job
+
+        display_job(self)

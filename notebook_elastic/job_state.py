@@ -1,0 +1,378 @@
+"""Job state as a fold over events: status, membership, ranks, restarts, metrics, progress.
+
+``JobState.apply(event)`` is the only way state changes, so a job re-attached from a new
+kernel replays its event log into exactly the state the old kernel had. Used by the
+notebook side (``ElasticJob``) and by the local supervisor (for ``status.json``). Pure: no
+I/O, no threads (callers lock).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import FINAL_STATUSES, Event, Kind
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    local_rank: int
+    pid: int | None
+    restart_count: int
+    generation: int | None
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    status: str = "starting"  # starting | running | restarting | pending | left
+    agent_pid: int | None = None
+    group_rank: int | None = None
+    ranks: dict[int, RankInfo] = field(default_factory=dict)
+    restart_count: int = 0
+    left_reason: str | None = None
+    joined_at: float | None = None
+    left_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "group_rank": self.group_rank,
+            "ranks": sorted(self.ranks),
+            "restart_count": self.restart_count,
+            "left_reason": self.left_reason,
+        }
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A point on the metric chart where something happened to the job."""
+
+    step: int | None
+    time: float
+    kind: str  # world_size | restart | node_joined | node_left | resumed | failure
+    label: str
+
+
+class MetricSeries:
+    """Steps, values and arrival times of one metric, compactly (array of doubles)."""
+
+    __slots__ = ("steps", "values", "times")
+
+    def __init__(self) -> None:
+        self.steps = array("d")
+        self.values = array("d")
+        self.times = array("d")
+
+    def append(self, step: float, value: float, t: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+        self.times.append(t)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def last(self) -> tuple[float, float] | None:
+        return (self.steps[-1], self.values[-1]) if self.values else None
+
+    def points(self) -> list[tuple[float, float]]:
+        return list(zip(self.steps, self.values))
+
+
+class Metrics:
+    """All reported metrics, by name: ``metrics["loss"].points()``, ``metrics.last("loss")``."""
+
+    def __init__(self) -> None:
+        self._series: dict[str, MetricSeries] = {}
+        self.count = 0
+
+    def add(self, step: float, values: dict[str, Any], t: float) -> None:
+        for name, value in values.items():
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                continue
+            series = self._series.get(name)
+            if series is None:
+                series = self._series[name] = MetricSeries()
+            series.append(step, v, t)
+        self.count += 1
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._series)
+
+    def __getitem__(self, name: str) -> MetricSeries:
+        return self._series[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._series
+
+    def __len__(self) -> int:
+        return self.count
+
+    def last(self, name: str) -> float | None:
+        series = self._series.get(name)
+        return series.values[-1] if series else None
+
+    def to_records(self) -> list[dict[str, float]]:
+        rows: dict[float, dict[str, float]] = {}
+        for name, series in self._series.items():
+            for step, value in zip(series.steps, series.values):
+                rows.setdefault(step, {"step": step})[name] = value
+        return [rows[k] for k in sorted(rows)]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {len(s)} points, last {s.values[-1]:.4g}" for n, s in self._series.items())
+        return f"Metrics({parts or 'none yet'})"
+
+
+class JobState:
+    """Everything known about a job, folded from its events."""
+
+    def __init__(self, *, max_restarts: int = 0, nnodes: tuple[int, int] = (1, 1), target: int | None = None) -> None:
+        self.status = "pending"
+        self.reason: str | None = None
+        self.max_restarts = max_restarts
+        self.nnodes = tuple(nnodes)
+        self.target = target if target is not None else nnodes[0]
+        self.nproc_per_node: int | None = None
+        self.nodes: dict[str, NodeInfo] = {}
+        self.world_size = 0
+        self.generation: int | None = None
+        self.round: int | None = None
+        self.restarts = 0  # worker-failure restarts, the most any agent used
+        self.membership_changes = 0
+        self.metrics = Metrics()
+        self.events: list[Event] = []  # everything but metrics and logs
+        self.logs: deque[Event] = deque(maxlen=2000)
+        self.markers: list[Marker] = []
+        self.failures: list[Event] = []  # worker_failed events, oldest first
+        self.total_steps: int | None = None
+        self.step: int | None = None  # the latest step seen (metric or checkpoint)
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.first_step_at: float | None = None
+        self.last_event_at: float | None = None
+        self._rates: deque[tuple[float, float]] = deque(maxlen=64)
+        self._world_sizes: dict[int | None, int] = {}
+
+    # -- derived -------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def running_nodes(self) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if n.status != "left"]
+
+    @property
+    def steps_per_s(self) -> float | None:
+        if len(self._rates) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._rates[0], self._rates[-1]
+        if t1 - t0 <= 0 or s1 <= s0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
+    @property
+    def eta_s(self) -> float | None:
+        rate = self.steps_per_s
+        if rate is None or self.total_steps is None or self.step is None:
+            return None
+        return max(0.0, (self.total_steps - 1 - self.step) / rate)
+
+    @property
+    def first_failure(self) -> Event | None:
+        """The root cause: the earliest worker failure of the latest failed generation."""
+        if not self.failures:
+            return None
+        latest_gen = self.failures[-1].get("generation")
+        same = [f for f in self.failures if f.get("generation") == latest_gen]
+        return min(same, key=lambda f: f.time)
+
+    def summary(self) -> dict[str, Any]:
+        """A small JSON-able digest (status.json, the jobs panel, %elastic_jobs)."""
+        loss = self.metrics.last("loss")
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "world_size": self.world_size,
+            "nodes_running": len(self.running_nodes),
+            "target": self.target,
+            "min_nodes": self.nnodes[0],
+            "max_nodes": self.nnodes[1],
+            "restarts": self.restarts,
+            "max_restarts": self.max_restarts,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "loss": loss,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "generation": self.generation,
+            "nodes": [n.to_json() for n in self.nodes.values()],
+        }
+
+    # -- the fold ------------------------------------------------------------------------
+
+    def apply_all(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.apply(event)
+
+    def apply(self, e: Event) -> None:
+        self.last_event_at = e.time
+        k = e.kind
+        if k == Kind.METRIC:
+            step = e.get("step")
+            self.metrics.add(step if step is not None else self.metrics.count, e.get("values") or {}, e.time)
+            if isinstance(step, (int, float)):
+                self._saw_step(int(step), e.time)
+            return
+        if k == Kind.LOG:
+            self.logs.append(e)
+            return
+        self.events.append(e)
+        handler = getattr(self, f"_on_{k}", None)
+        if handler is not None:
+            handler(e)
+
+    def _saw_step(self, step: int, t: float) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = t
+        self.step = step
+        self._rates.append((t, step))
+
+    def _mark(self, e: Event, kind: str, label: str) -> None:
+        self.markers.append(Marker(self.step, e.time, kind, label))
+
+    def _node(self, name: str | None) -> NodeInfo:
+        name = name or "?"
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = NodeInfo(name)
+        return node
+
+    def _on_job_submitted(self, e: Event) -> None:
+        self.started_at = self.started_at or e.time
+        self.max_restarts = e.get("max_restarts", self.max_restarts)
+        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
+        self.target = e.get("nodes", self.target)
+        self.nproc_per_node = e.get("nproc_per_node")
+
+    def _on_scaled(self, e: Event) -> None:
+        self.target = e.get("target", self.target)
+        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
+
+    def _on_node_joined(self, e: Event) -> None:
+        node = self._node(e.node)
+        node.status = "starting"
+        node.agent_pid = e.get("pid")
+        node.joined_at = e.time
+        node.left_reason = None
+        node.left_at = None
+        node.ranks.clear()
+        self._mark(e, "node_joined", f"{node.name} joined")
+
+    def _on_pending(self, e: Event) -> None:
+        node = self._node(e.node)
+        node.status = "pending"
+
+    def _on_node_left(self, e: Event) -> None:
+        node = self._node(e.node)
+        node.status = "left"
+        node.left_reason = e.get("reason")
+        node.left_at = e.time
+        self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
+        if not self.finished and e.get("reason") not in ("finished",) and self.status == "running":
+            self.status = "restarting"
+
+    def _on_rendezvous(self, e: Event) -> None:
+        node = self._node(e.node)
+        node.group_rank = e.get("group_rank")
+        if node.status not in ("left",):
+            node.status = "starting"
+        self.round = e.get("round")
+
+    def _on_restart(self, e: Event) -> None:
+        node = self._node(e.node)
+        if e.get("reason") == "worker_failed":
+            node.restart_count = max(node.restart_count, int(e.get("restarts_used", 0)))
+            if node.restart_count > self.restarts:
+                self.restarts = node.restart_count
+                self._mark(e, "restart", f"restart {self.restarts}/{self.max_restarts}")
+        else:
+            self.membership_changes += 1
+        node.status = "restarting"
+        if not self.finished:
+            self.status = "restarting"
+
+    def _on_worker_started(self, e: Event) -> None:
+        node = self._node(e.node or e.get("node"))
+        generation = e.get("generation")
+        if generation is not None and self.generation is not None and generation < self.generation:
+            return  # a late line from a superseded group
+        if generation != self.generation:
+            # A new worker group: drop ranks of the previous one everywhere.
+            for other in self.nodes.values():
+                other.ranks.clear()
+            self.generation = generation
+        rank = int(e.get("rank", 0))
+        node.ranks[rank] = RankInfo(
+            rank, int(e.get("local_rank", 0)), e.get("pid"), int(e.get("restart_count", 0)), generation
+        )
+        node.status = "running"
+        node.restart_count = max(node.restart_count, int(e.get("restart_count", 0)))
+        world = int(e.get("world_size", 1))
+        if world != self.world_size:
+            if self.world_size:
+                self._mark(e, "world_size", f"world size {self.world_size} \u2192 {world}")
+            self.world_size = world
+        if self.started_at is None:
+            self.started_at = e.time
+        if not self.finished:
+            self.status = "running"
+
+    def _on_worker_failed(self, e: Event) -> None:
+        self.failures.append(e)
+        if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
+            self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")
+        if not self.finished:
+            self.status = "restarting"
+
+    def _on_worker_exited(self, e: Event) -> None:
+        if not self.finished and self.status == "running":
+            self.status = "restarting"
+
+    def _on_plan(self, e: Event) -> None:
+        self.total_steps = e.get("total")
+
+    def _on_resumed(self, e: Event) -> None:
+        self._mark(e, "resumed", f"resumed from step {e.get('step')}")
+
+    def _on_checkpoint(self, e: Event) -> None:
+        step = e.get("step")
+        if isinstance(step, int) and (self.step is None or step - 1 > self.step):
+            self._saw_step(step - 1, e.time)
+
+    def _on_job_finished(self, e: Event) -> None:
+        self.status = e.get("status", "failed")
+        self.reason = e.get("reason")
+        self.finished_at = e.time
+        for node in self.nodes.values():
+            if node.status != "left":
+                node.status = "left"
+                node.left_reason = node.left_reason or "finished"
+
+
+def elapsed_s(state: JobState, now: float | None = None) -> float | None:
+    if state.started_at is None:
+        return None
+    end = state.finished_at or (time.time() if now is None else now)
+    return max(0.0, end - state.started_at)

@@ -1,0 +1,206 @@
+"""The Python API: ``launch``, ``jobs``, ``attach``. The magics are a thin layer over these."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from . import defaults
+from .backends import get_backend
+from .backends.base import Backend, JobInfo
+from .errors import JobNotFound, PackagingError
+from .job import ElasticJob
+from .packaging import Bundle, NotebookContext, package_cell, package_function
+from .spec import JobSpec, new_name, parse_nnodes
+
+
+def build_spec(
+    *,
+    nnodes: str | int | tuple[int, int] = "1:1",
+    nproc_per_node: int = 1,
+    max_restarts: int = defaults.MAX_RESTARTS,
+    backend: str = "local",
+    name: str | None = None,
+    nodes: int | None = None,
+    checkpoint_dir: str | None = None,
+    env: Mapping[str, str] | Iterable[str] | None = None,
+    ship: Iterable[str] = (),
+    monitor_interval_s: float = defaults.MONITOR_INTERVAL_S,
+    rdzv_conf: str | Mapping[str, str] | None = None,
+    collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S,
+    max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES,
+    backend_options: Mapping[str, Any] | None = None,
+    notebook: str | None = None,
+) -> JobSpec:
+    """A validated ``JobSpec`` from keyword options (``SpecError`` on the first bad one)."""
+    return JobSpec(
+        name=name or new_name(),
+        nnodes=parse_nnodes(nnodes),
+        nodes=nodes,
+        nproc_per_node=nproc_per_node,
+        max_restarts=max_restarts,
+        backend=backend,
+        checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
+        env=env or {},  # type: ignore[arg-type]
+        monitor_interval_s=monitor_interval_s,
+        rdzv_conf=rdzv_conf or {},  # type: ignore[arg-type]
+        collective_timeout_s=collective_timeout_s,
+        max_payload_bytes=max_payload_bytes,
+        ship=tuple(ship),
+        backend_options=dict(backend_options or {}),
+        notebook=notebook,
+    ).validated()
+
+
+def bundle_for(
+    code_or_function: str | Callable[[], Any], spec: JobSpec, ctx: NotebookContext, script_name: str = "script.py"
+) -> Bundle:
+    options: dict[str, Any] = {
+        "name": spec.name,
+        "ship": spec.ship,
+        "max_payload_bytes": spec.max_payload_bytes,
+        "nproc_per_node": spec.nproc_per_node,
+        # Locally, workers start in the notebook's folder with it on their path.
+        "extra_import_paths": [ctx.cwd] if spec.backend == "local" else [],
+        "script_name": script_name,
+    }
+    if isinstance(code_or_function, str):
+        return package_cell(code_or_function, ctx, **options)
+    return package_function(code_or_function, ctx, **options)
+
+
+def check_withheld(bundle: Bundle, spec: JobSpec) -> None:
+    missing = [name for name in bundle.withheld if name not in spec.env]
+    if missing:
+        name = missing[0]
+        raise PackagingError(
+            f"`{name}` looks like a credential, so it is not shipped; give it to the workers with "
+            f"--env {name}=... (or a Kubernetes secret), or ship it explicitly with --ship {name}"
+        )
+
+
+def _caller_namespace() -> Mapping[str, Any]:
+    frame = inspect.currentframe()
+    try:
+        caller = frame.f_back.f_back if frame and frame.f_back else None  # type: ignore[union-attr]
+        return caller.f_globals if caller else {}
+    finally:
+        del frame
+
+
+def launch(
+    code_or_function: str | Callable[[], Any],
+    *,
+    nnodes: str | int | tuple[int, int] = "1:1",
+    nproc_per_node: int = 1,
+    max_restarts: int = defaults.MAX_RESTARTS,
+    backend: str = "local",
+    name: str | None = None,
+    nodes: int | None = None,
+    checkpoint_dir: str | None = None,
+    env: Mapping[str, str] | Iterable[str] | None = None,
+    dry_run: bool = False,
+    ship: Iterable[str] = (),
+    namespace: Mapping[str, Any] | None = None,
+    context: NotebookContext | None = None,
+    **options: Any,
+) -> ElasticJob:
+    """Package the training code and run it as an elastic torchrun job.
+
+    ``code_or_function``: a cell's code (names resolve in ``namespace``, by default the
+    caller's globals, i.e. the notebook) or a function taking no arguments. Returns at once
+    with a live ``ElasticJob``; with ``dry_run=True`` nothing starts and ``job.start()``
+    launches it later. Every error (bad option, unshippable value) is raised before
+    anything starts.
+    """
+    if context is None:
+        context = NotebookContext.from_globals(namespace if namespace is not None else _caller_namespace())
+    spec = build_spec(
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        max_restarts=max_restarts,
+        backend=backend,
+        name=name,
+        nodes=nodes,
+        checkpoint_dir=checkpoint_dir,
+        env=env,
+        ship=ship,
+        notebook=context.notebook,
+        backend_options={"cwd": context.cwd, **options.pop("backend_options", {})},
+        **options,
+    )
+    bundle = bundle_for(code_or_function, spec, context)
+    if not dry_run:
+        check_withheld(bundle, spec)
+    runner = get_backend(spec.backend)
+    dryrun = runner.submit_dryrun(spec, bundle)
+    job = ElasticJob(spec.name, runner, spec, dryrun)
+    if not dry_run:
+        job.start()
+    return job
+
+
+def _backends(backend: str | None) -> list[Backend]:
+    names = [backend] if backend else ["local"]
+    return [get_backend(n) for n in names]
+
+
+class JobList(list):
+    """``jobs()``'s answer: a list of ``JobInfo`` that prints as a table."""
+
+    def __repr__(self) -> str:
+        if not self:
+            return "no elastic jobs"
+        rows = [("name", "backend", "status", "world", "nodes", "restarts", "step", "loss", "notebook")]
+        for j in self:
+            s = j.summary
+            step = (
+                ""
+                if s.get("step") is None
+                else f"{s['step']}" + (f"/{s['total_steps']}" if s.get("total_steps") else "")
+            )
+            loss = s.get("loss")
+            rows.append(
+                (
+                    j.name,
+                    j.backend,
+                    j.status if not j.damaged else f"damaged: {j.damaged}",
+                    str(s.get("world_size", "") or ""),
+                    f"{s.get('nodes_running', 0)} ({s.get('min_nodes', '?')}:{s.get('max_nodes', '?')})",
+                    f"{s.get('restarts', 0)}/{s.get('max_restarts', '?')}",
+                    step,
+                    "" if loss is None else f"{loss:.4g}",
+                    os.path.basename(j.notebook or ""),
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+    _repr_pretty_ = lambda self, p, cycle: p.text(repr(self))  # noqa: E731
+
+
+def jobs(backend: str | None = None) -> JobList:
+    """Every job the backend knows, including those started by earlier kernels."""
+    out = JobList()
+    for runner in _backends(backend):
+        out.extend(sorted(runner.list(), key=lambda j: j.created or 0))
+    return out
+
+
+def attach(name: str, backend: str = "local") -> ElasticJob:
+    """Re-open a job by name: replays its history, then follows it live."""
+    runner = get_backend(backend)
+    info: JobInfo | None = runner.describe(name)
+    if info is None:
+        raise JobNotFound(f"no {backend} job named {name!r}; %elastic_jobs lists the jobs there are")
+    spec = None
+    if backend == "local":
+        try:
+            spec = JobSpec.from_json(runner.folder(name).spec())  # type: ignore[attr-defined]
+        except (OSError, ValueError, TypeError):
+            spec = None
+    job = ElasticJob(name, runner, spec)
+    job._follow()
+    return job

@@ -1,0 +1,249 @@
+"""IPython magics: ``%%elastic_train``, ``%elastic_jobs``, ``%elastic_attach``, ``%elastic_stop``.
+
+A magic parses its flags (torchrun's names) and delegates to the Python API
+(``launcher.py``); it holds no logic the API does not also offer. Every error the API
+raises on purpose is shown as one ``UsageError`` line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import defaults
+from .errors import NotebookElasticError
+from .launcher import attach, build_spec, bundle_for, check_withheld, jobs
+from .packaging import NotebookContext
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"expected a number of seconds, not {value!r}") from None
+
+
+def _size(value: str) -> int:
+    """``64MiB``, ``100MB``, ``1048576`` -> bytes."""
+    text = value.strip().lower().replace(" ", "")
+    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "b": 1}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--max-payload {value!r} must be a size like 64MiB or 100MB") from None
+
+
+def _errors_as_usage(func: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except NotebookElasticError as exc:
+            raise UsageError(str(exc)) from None
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+
+@magics_class
+class ElasticMagics(Magics):
+    @magic_arguments()
+    @argument("--nnodes", default="1:1", help="nodes as N or MIN:MAX (elastic range), like torchrun. Default 1:1.")
+    @argument("--nodes", type=int, default=None, help="nodes to start with (default: MIN).")
+    @argument("--nproc-per-node", dest="nproc_per_node", default="1", help="worker processes per node. Default 1.")
+    @argument(
+        "--max-restarts",
+        dest="max_restarts",
+        default=str(defaults.MAX_RESTARTS),
+        help="restart budget per agent, like torchrun.",
+    )
+    @argument(
+        "--name", default=None, help="job name (lowercase letters, digits, '-'); also the variable holding the job."
+    )
+    @argument("--backend", default="local", help="where to run: local (default) or kubernetes.")
+    @argument(
+        "--checkpoint-dir",
+        dest="checkpoint_dir",
+        default=None,
+        help="where State() keeps checkpoints (default: the job folder).",
+    )
+    @argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable for the workers (repeatable).",
+    )
+    @argument(
+        "--ship",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="ship this notebook variable even if it looks like a credential.",
+    )
+    @argument(
+        "--monitor-interval",
+        dest="monitor_interval",
+        default=str(defaults.MONITOR_INTERVAL_S),
+        help="seconds between the agent's worker checks.",
+    )
+    @argument(
+        "--rdzv-conf", dest="rdzv_conf", default=None, help="extra rendezvous settings, k=v,k=v (torchrun syntax)."
+    )
+    @argument(
+        "--collective-timeout",
+        dest="collective_timeout",
+        default=str(defaults.COLLECTIVE_TIMEOUT_S),
+        help="seconds before a collective op times out.",
+    )
+    @argument(
+        "--max-payload", dest="max_payload", default=None, help="refuse payloads above this size (default 64MiB)."
+    )
+    @argument(
+        "--dry-run", dest="dry_run", action="store_true", help="print the manifest and the script; launch nothing."
+    )
+    @argument(
+        "--export",
+        default=None,
+        metavar="PATH",
+        help="write the script to PATH and its payload beside it; launch nothing.",
+    )
+    @argument("--wait", action="store_true", help="block until the job finishes.")
+    @cell_magic
+    @_errors_as_usage
+    def elastic_train(self, line: str, cell: str) -> Any:
+        """Run this cell as an elastic torchrun job; returns at once with the job handle."""
+        args = parse_argstring(self.elastic_train, line)
+        if args.dry_run and args.export:
+            raise UsageError("--dry-run and --export both launch nothing; use one of them")
+        if args.wait and (args.dry_run or args.export):
+            raise UsageError("--wait waits for a launched job; it does not go with --dry-run or --export")
+        try:
+            nproc = int(args.nproc_per_node)
+        except ValueError:
+            raise UsageError(f"--nproc-per-node must be a whole number, not {args.nproc_per_node!r}") from None
+        try:
+            restarts = int(args.max_restarts)
+        except ValueError:
+            raise UsageError(f"--max-restarts must be a whole number, not {args.max_restarts!r}") from None
+        ctx = NotebookContext.from_shell(self.shell)
+        spec = build_spec(
+            nnodes=args.nnodes,
+            nodes=args.nodes,
+            nproc_per_node=nproc,
+            max_restarts=restarts,
+            backend=args.backend,
+            name=args.name,
+            checkpoint_dir=args.checkpoint_dir,
+            env=args.env,
+            ship=args.ship,
+            monitor_interval_s=_float(args.monitor_interval),
+            rdzv_conf=args.rdzv_conf,
+            collective_timeout_s=_float(args.collective_timeout),
+            max_payload_bytes=_size(args.max_payload) if args.max_payload else defaults.MAX_PAYLOAD_BYTES,
+            backend_options={"cwd": ctx.cwd},
+            notebook=ctx.notebook,
+        )
+        if args.export:
+            path = os.path.abspath(os.path.expanduser(args.export))
+            if not path.endswith(".py"):
+                raise UsageError(f"--export {args.export!r} must name a .py file, like train.py")
+            if not os.path.isdir(os.path.dirname(path)):
+                raise UsageError(f"--export {args.export!r}: the folder {os.path.dirname(path)} does not exist")
+            bundle = bundle_for(cell, spec, ctx, script_name=os.path.basename(path))
+            script, payload = bundle.write(path)
+            print(bundle.manifest.format())
+            print(f"\nwrote {script}" + (f" and {payload}" if payload else ""))
+            print(f"run it with: torchrun --nproc-per-node {spec.nproc_per_node} {script}")
+            return None
+        from .backends import get_backend
+        from .job import ElasticJob
+
+        bundle = bundle_for(cell, spec, ctx)
+        runner = get_backend(spec.backend)
+        dryrun = runner.submit_dryrun(spec, bundle)
+        if args.dry_run:
+            print(bundle.manifest.format())
+            print()
+            print(dryrun.text)
+            print()
+            print(bundle.script)
+            return None
+        check_withheld(bundle, spec)
+        job = ElasticJob(spec.name, runner, spec, dryrun)
+        job.start()
+        var = spec.name.replace("-", "_")
+        if var.isidentifier():
+            self.shell.user_ns[var] = job
+        if args.wait:
+            from .views.text import TextView, outcome_lines
+
+            view = TextView(job)
+            try:
+                job.wait()
+            except KeyboardInterrupt:
+                view.close()
+                print(f"\nstopped waiting; job {spec.name!r} keeps running (%elastic_stop {spec.name} stops it)")
+                return job
+            view.close()
+            if job.status != "succeeded":
+                print("\n".join(outcome_lines(job)), file=sys.stderr)
+        return job
+
+    @line_magic
+    @_errors_as_usage
+    def elastic_jobs(self, line: str = "") -> Any:
+        """List elastic jobs, including those started before a kernel restart."""
+        backend = line.strip() or None
+        return jobs(backend)
+
+    @line_magic
+    @_errors_as_usage
+    def elastic_attach(self, line: str) -> Any:
+        """%elastic_attach NAME [BACKEND]: re-open a job's dashboard and replay its history."""
+        parts = shlex.split(line)
+        if not parts:
+            raise UsageError("usage: %elastic_attach NAME (see %elastic_jobs for names)")
+        job = attach(parts[0], *(parts[1:2] or ["local"]))
+        var = parts[0].replace("-", "_")
+        if var.isidentifier():
+            self.shell.user_ns[var] = job
+        return job
+
+    @line_magic
+    @_errors_as_usage
+    def elastic_stop(self, line: str) -> None:
+        """%elastic_stop NAME [BACKEND]: stop a job and every process or pod it started."""
+        parts = shlex.split(line)
+        if not parts:
+            raise UsageError("usage: %elastic_stop NAME (see %elastic_jobs for names)")
+        from .backends import get_backend
+
+        runner = get_backend(parts[1] if len(parts) > 1 else "local")
+        runner.cancel(parts[0])
+        info = runner.describe(parts[0])
+        print(f"{parts[0]}: {info.status if info else 'gone'}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(ElasticMagics)
+    import notebook_elastic.runtime as runtime
+
+    # The cells use `elastic.report(...)`, `elastic.State(...)`, as workers will.
+    ipython.user_ns.setdefault("elastic", runtime)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    pass

@@ -1,0 +1,76 @@
+"""The worker runtime: what packaged cells call inside training processes.
+
+``report(step=..., loss=...)``, ``State(model=..., optimizer=...)``, ``run(main)``. Imports
+nothing from IPython, ipywidgets or kubernetes, and torch only when needed, so it runs in
+any container image that has torch and cloudpickle.
+"""
+
+from __future__ import annotations
+
+import os as _os
+import time as _time
+from typing import Any
+
+from ._emit import emit
+from .payload import load_payload, secret
+from .protocol import EVENT_PREFIX
+from .state import StaleGenerationError, State
+from .worker import WorkerInfo, device, guard_against_orphaning, init, run
+
+__all__ = [
+    "EVENT_PREFIX",
+    "State",
+    "StaleGenerationError",
+    "WorkerInfo",
+    "device",
+    "emit",
+    "init",
+    "load_payload",
+    "rank",
+    "report",
+    "run",
+    "secret",
+    "world_size",
+]
+
+guard_against_orphaning()
+
+_RANK = int(_os.environ.get("RANK", 0))
+_auto_step = 0
+
+
+def rank() -> int:
+    return _RANK
+
+
+def world_size() -> int:
+    return int(_os.environ.get("WORLD_SIZE", 1))
+
+
+def _number(name: str, value: Any) -> float | int:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    if isinstance(value, bool):
+        return int(value)
+    raise TypeError(f"report() takes numbers: {name}={value!r} is a {type(value).__name__}")
+
+
+def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) -> None:
+    """Send metrics to the notebook: one line, flushed. Cheap enough to call every step.
+
+    Only global rank 0 reports unless ``all_ranks=True`` (then each line carries its rank).
+    Without ``step``, a per-process counter numbers the calls.
+    """
+    global _auto_step
+    if _RANK != 0 and not all_ranks:
+        return
+    if step is None:
+        step = _auto_step
+        _auto_step += 1
+    for name, value in metrics.items():
+        if type(value) is not float and type(value) is not int:
+            metrics[name] = _number(name, value)
+    emit("metric", t=_time.time(), rank=_RANK, step=step, values=metrics)

@@ -1,0 +1,41 @@
+"""The wire contract between workers, agents and the notebook side.
+
+Everything that crosses a process boundary is named here once: the prefix of event lines,
+the environment variables a backend sets for agents and workers, and the checkpoint file
+names. Worker-side module: imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Every structured line a worker or agent writes starts with this prefix, then compact JSON.
+EVENT_PREFIX = "@@elastic "
+
+# Environment set by a backend (the supervisor or a pod spec) for agents and workers.
+ENV_JOB = "NOTEBOOK_ELASTIC_JOB"  # the job's name
+ENV_JOB_DIR = "NOTEBOOK_ELASTIC_JOB_DIR"  # local backend: the job folder (also marks our processes)
+ENV_NODE = "NOTEBOOK_ELASTIC_NODE"  # the node (agent) name: node-0, a pod name, ...
+ENV_CHECKPOINT_DIR = "NOTEBOOK_ELASTIC_CHECKPOINT_DIR"
+ENV_PAYLOAD = "NOTEBOOK_ELASTIC_PAYLOAD"  # path of the payload file, when not beside the script
+ENV_COLLECTIVE_TIMEOUT_S = "NOTEBOOK_ELASTIC_COLLECTIVE_TIMEOUT_S"
+ENV_SUPERVISOR_PID = "NOTEBOOK_ELASTIC_SUPERVISOR_PID"  # an agent exits when this process dies
+ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend restarts all agents
+# Set by our agent wrapper for its workers.
+ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
+ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
+
+#: Rendezvous rounds restart at 0 with each rendezvous epoch; a generation orders both.
+GENERATION_EPOCH_STRIDE = 1_000_000
+
+# Checkpoint files: ordered by (generation, step); the name sorts the same way.
+CHECKPOINT_RE = re.compile(r"^ckpt-g(\d{12})-s(\d{10})\.pt$")
+CLAIM_RE = re.compile(r"^gen-(\d{12})\.claim$")
+
+
+def checkpoint_name(generation: int, step: int) -> str:
+    return f"ckpt-g{generation:012d}-s{step:010d}.pt"
+
+
+def claim_name(generation: int) -> str:
+    return f"gen-{generation:012d}.claim"

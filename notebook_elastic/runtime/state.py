@@ -1,0 +1,427 @@
+"""Training state that survives restarts: restore at start, atomic fenced commits.
+
+``State`` restores the latest checkpoint when a worker group starts (mapped to this worker's
+device), yields the remaining steps, and ``commit()`` saves from global rank 0: written to a
+temporary file, fsynced, renamed, the folder fsynced, optionally in a background thread,
+keeping the last ``keep`` files.
+
+Fencing. Checkpoint names carry a *generation* and sort by (generation, step). The
+generation is the rendezvous round the worker group was formed in (our agent wrapper
+passes it down), or, under a plain ``torchrun``, a number claimed atomically in the
+checkpoint folder. A new group announces its generation with a claim file as soon as it
+starts; a group that finds a newer generation on disk refuses to write and stops
+(``StaleGenerationError``). So a stale group (split brain, an orphaned worker) can neither
+overwrite a newer checkpoint nor be restored in preference to one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import protocol
+from ._emit import emit
+from .worker import WorkerInfo, device, on_finish
+
+DEFAULT_CHECKPOINT_DIR = "checkpoints"
+TMP_MAX_AGE_S = 600
+
+
+class StaleGenerationError(RuntimeError):
+    """This worker group was superseded by a newer one; it must not write checkpoints."""
+
+
+def checkpoint_dir_from_env(explicit: str | os.PathLike | None = None) -> Path:
+    if explicit is not None:
+        return Path(explicit)
+    return Path(os.environ.get(protocol.ENV_CHECKPOINT_DIR, DEFAULT_CHECKPOINT_DIR))
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, int, Path]]:
+    """Finished checkpoint files as (generation, step, path), oldest first."""
+    found = []
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        m = protocol.CHECKPOINT_RE.match(name)
+        if m:
+            found.append((int(m.group(1)), int(m.group(2)), folder / name))
+    found.sort()
+    return found
+
+
+def newest_generation(folder: Path) -> int:
+    """The highest generation announced in ``folder`` by a claim or a checkpoint (-1: none)."""
+    newest = -1
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return -1
+    for name in names:
+        m = protocol.CHECKPOINT_RE.match(name) or protocol.CLAIM_RE.match(name)
+        if m:
+            newest = max(newest, int(m.group(1)))
+    return newest
+
+
+def claim_generation(folder: Path, generation: int | None) -> int:
+    """Announce this group's generation in ``folder``; claim the next free one if None."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if generation is not None:
+        (folder / protocol.claim_name(generation)).touch()
+        return generation
+    while True:
+        candidate = newest_generation(folder) + 1
+        try:
+            fd = os.open(folder / protocol.claim_name(candidate), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return candidate
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _state_dict_owner(obj: Any) -> Any:
+    """DDP/FSDP wrappers keep the real module in ``.module``; save that one."""
+    module = getattr(obj, "module", None)
+    if module is not None and type(obj).__name__ in {"DistributedDataParallel", "DataParallel"}:
+        return module
+    return obj
+
+
+class _Snapshotter:
+    """Copies a state tree to CPU tensors, reusing the buffers of the previous copy."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, Any] = {}
+
+    def copy(self, tree: Any, path: tuple = ()) -> Any:
+        import torch
+
+        if isinstance(tree, torch.Tensor):
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != tree.shape or buf.dtype != tree.dtype:
+                buf = torch.empty(tree.shape, dtype=tree.dtype, device="cpu")
+                self._buffers[path] = buf
+            buf.copy_(tree.detach())
+            return buf
+        if isinstance(tree, dict):
+            return {k: self.copy(v, path + (k,)) for k, v in tree.items()}
+        if isinstance(tree, (list, tuple)):
+            copied = [self.copy(v, path + (i,)) for i, v in enumerate(tree)]
+            return copied if isinstance(tree, list) else tuple(copied)
+        return tree
+
+
+class State:
+    """What a training loop needs to survive restarts and rescales.
+
+    ``State(model=..., optimizer=..., scheduler=..., epoch=0)``: objects with
+    ``state_dict``/``load_state_dict`` are restored in place; other keyword values are kept
+    in ``state.extra`` and restored by value. Construct it in every worker, after the model
+    and optimizer exist and before training; it restores the latest checkpoint (all ranks
+    load the same file, chosen by rank 0).
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        checkpoint_dir: str | os.PathLike | None = None,
+        keep: int = 3,
+        async_commit: bool = True,
+        map_location: Any = None,
+        **extra: Any,
+    ) -> None:
+        if keep < 1:
+            raise ValueError("State(keep=...) must be at least 1: the latest checkpoint is always kept")
+        self.info = WorkerInfo.from_env()
+        self.folder = checkpoint_dir_from_env(checkpoint_dir)
+        self.keep = keep
+        self.async_commit = async_commit
+        self._objects: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+        for name, value in (("model", model), ("optimizer", optimizer), *extra.items()):
+            if value is None:
+                continue
+            if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+                self._objects[name] = value
+            else:
+                self.extra[name] = value
+        self.step = 0  # the next step to run
+        self.samples_seen = 0
+        self.total: int | None = None
+        self.resumed_from: Path | None = None
+        self._current: int | None = None
+        self._restored_step = 0
+        self._restored_samples = 0
+        self._samples_per_step = 0
+        self._snapshotter = _Snapshotter()
+        self._writer: threading.Thread | None = None
+        self._writer_error: BaseException | None = None
+        self._stale = False
+        self.generation = self._agree_on_generation()
+        self._restore(map_location)
+        on_finish(self.flush)
+
+    # -- start ---------------------------------------------------------------------------
+
+    @property
+    def is_writer(self) -> bool:
+        return self.info.rank == 0
+
+    def _dist(self) -> Any:
+        if self.info.world_size <= 1:
+            return None
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return None
+        return dist if dist.is_available() and dist.is_initialized() else None
+
+    def _broadcast(self, value: Any) -> Any:
+        dist = self._dist()
+        if dist is None:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _agree_on_generation(self) -> int:
+        generation = self.info.generation
+        if self.is_writer:
+            generation = claim_generation(self.folder, generation)
+        elif generation is None:
+            generation = -1
+        return self._broadcast(generation)
+
+    def _restore(self, map_location: Any) -> None:
+        import torch
+
+        chosen: str | None = None
+        if self.is_writer:
+            for _gen, _step, path in reversed(list_checkpoints(self.folder)):
+                try:
+                    payload = torch.load(path, map_location="cpu", weights_only=False)
+                except Exception as exc:  # a torn or foreign file: fall back to the previous one
+                    emit("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"[:300])
+                    continue
+                chosen = str(path)
+                break
+        chosen = self._broadcast(chosen)
+        if chosen is None:
+            return
+        if map_location is None:
+            map_location = device()
+        payload = torch.load(chosen, map_location=map_location, weights_only=False)
+        for name, obj in self._objects.items():
+            if name in payload.get("objects", {}):
+                _state_dict_owner(obj).load_state_dict(payload["objects"][name])
+        self.extra.update(payload.get("extra", {}))
+        self.step = self._restored_step = int(payload["step"])
+        self.samples_seen = self._restored_samples = int(payload.get("samples_seen", 0))
+        self.resumed_from = Path(chosen)
+        if self.is_writer:
+            emit(
+                "resumed",
+                step=self.step,
+                generation=self.generation,
+                from_generation=int(payload.get("generation", -1)),
+                from_world_size=payload.get("world_size"),
+                world_size=self.info.world_size,
+                samples_seen=self.samples_seen,
+                path=chosen,
+            )
+
+    # -- loop ----------------------------------------------------------------------------
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield step indices from the restored step up to ``total - 1``."""
+        self.total = int(total)
+        if self.is_writer:
+            emit("plan", total=self.total, start=self.step, generation=self.generation)
+        for step in range(self.step, self.total):
+            self._current = step
+            yield step
+        self._current = None
+
+    @property
+    def current_step(self) -> int | None:
+        return self._current
+
+    def _cursor_at(self, next_step: int) -> int:
+        return self._restored_samples + (next_step - self._restored_step) * self._samples_per_step
+
+    def batch_sampler(
+        self,
+        dataset_or_len: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        batches_per_step: int = 1,
+    ) -> Any:
+        """A batch sampler whose position is part of this state (see ``ElasticBatchSampler``)."""
+        from .data import ElasticBatchSampler
+
+        sampler = ElasticBatchSampler(
+            self, dataset_or_len, batch_size, shuffle=shuffle, seed=seed, batches_per_step=batches_per_step
+        )
+        self._samples_per_step = sampler.global_batch_size * batches_per_step
+        return sampler
+
+    # -- commit --------------------------------------------------------------------------
+
+    def commit(self, step: int | None = None) -> None:
+        """Record that ``step`` (default: the current one) is done, and save from rank 0.
+
+        Non-writer ranks only advance their counters. Raises ``StaleGenerationError`` when a
+        newer worker group exists: this group must stop.
+        """
+        if step is None:
+            if self._current is None:
+                raise RuntimeError("State.commit() outside state.steps(): pass the finished step explicitly")
+            step = self._current
+        self.step = step + 1
+        self.samples_seen = self._cursor_at(self.step)
+        if not self.is_writer:
+            return
+        self._raise_pending()
+        self._wait_for_writer()
+        self._raise_pending()
+        if self._check_fence():
+            raise StaleGenerationError(self._stale_message())
+        tree = {
+            "format": 1,
+            "step": self.step,
+            "generation": self.generation,
+            "world_size": self.info.world_size,
+            "samples_seen": self.samples_seen,
+            "time": time.time(),
+            "objects": {name: _state_dict_owner(obj).state_dict() for name, obj in self._objects.items()},
+            "extra": dict(self.extra),
+        }
+        if self.async_commit:
+            snapshot = self._snapshotter.copy(tree)
+            self._writer = threading.Thread(target=self._write_in_background, args=(snapshot,), daemon=True)
+            self._writer.start()
+        else:
+            self._write(tree)
+
+    def flush(self) -> None:
+        """Wait for a background write to finish; raise its error, if any."""
+        self._wait_for_writer()
+        self._raise_pending()
+
+    def _wait_for_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def _raise_pending(self) -> None:
+        if self._writer_error is not None:
+            error, self._writer_error = self._writer_error, None
+            raise error
+        if self._stale:
+            raise StaleGenerationError(self._stale_message())
+
+    def _stale_message(self) -> str:
+        return (
+            f"worker group of generation {self.generation} was superseded by generation "
+            f"{newest_generation(self.folder)} in {self.folder}; it stops without writing"
+        )
+
+    def _check_fence(self) -> bool:
+        newer = newest_generation(self.folder)
+        if newer > self.generation:
+            if not self._stale:
+                emit("fenced", rank=self.info.rank, generation=self.generation, newer_generation=newer, step=self.step)
+            self._stale = True
+        return self._stale
+
+    def _write_in_background(self, tree: dict) -> None:
+        try:
+            self._write(tree)
+        except StaleGenerationError:
+            pass  # _stale is set; the next commit raises
+        except BaseException as exc:
+            self._writer_error = exc
+            emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"])
+
+    def _write(self, tree: dict) -> None:
+        import torch
+
+        started = time.perf_counter()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / protocol.checkpoint_name(self.generation, tree["step"])
+        tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(tree, f)
+                f.flush()
+                os.fsync(f.fileno())
+            # Last look before the rename: a newer group may have started meanwhile.
+            if self._check_fence():
+                raise StaleGenerationError(self._stale_message())
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        _fsync_dir(self.folder)
+        size = final.stat().st_size
+        self._prune(final)
+        emit(
+            "checkpoint",
+            step=tree["step"],
+            generation=self.generation,
+            bytes=size,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+
+    def _prune(self, newest_written: Path) -> None:
+        """Keep the last ``keep`` checkpoints; never delete one that sorts above ours."""
+        files = [path for _g, _s, path in list_checkpoints(self.folder)]
+        if newest_written not in files:
+            return
+        candidates = files[: files.index(newest_written) + 1]
+        for path in candidates[: -self.keep]:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        names = os.listdir(self.folder)
+        claims = sorted(n for n in names if protocol.CLAIM_RE.match(n))
+        doomed = [n for n in claims[: -self.keep] if int(protocol.CLAIM_RE.match(n).group(1)) < self.generation]
+        # Temporary files of writers killed mid-write; none of ours lives this long.
+        cutoff = time.time() - TMP_MAX_AGE_S
+        for name in names:
+            if name.startswith(".ckpt-") and ".tmp-" in name:
+                try:
+                    if (self.folder / name).stat().st_mtime < cutoff:
+                        doomed.append(name)
+                except FileNotFoundError:
+                    pass
+        for name in doomed:
+            try:
+                (self.folder / name).unlink()
+            except FileNotFoundError:
+                pass

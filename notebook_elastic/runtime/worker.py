@@ -1,0 +1,217 @@
+"""The worker's view of itself, and the wrapper that runs the cell's ``main()``.
+
+Runs inside training processes and container images: imports nothing from IPython,
+ipywidgets or kubernetes, and imports torch only when it is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from . import protocol
+from ._emit import emit
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who this process is in the job, read from the environment torchrun sets."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int
+    restart_count: int
+    run_id: str
+    node: str
+    generation: int | None
+    pid: int
+    host: str
+
+    @property
+    def distributed(self) -> bool:
+        return "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> WorkerInfo:
+        env = os.environ if env is None else env
+        host = socket.gethostname()
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+            group_rank=int(env.get("GROUP_RANK", 0)),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+            node=env.get(protocol.ENV_NODE) or host,
+            generation=generation_from_env(env),
+            pid=os.getpid(),
+            host=host,
+        )
+
+
+def generation_from_env(env: dict[str, str] | None = None) -> int | None:
+    """The job-wide generation of this worker group, when our agent told us its round."""
+    env = os.environ if env is None else env
+    round_ = env.get(protocol.ENV_ROUND)
+    if round_ is None:
+        return None
+    epoch = int(env.get(protocol.ENV_RDZV_EPOCH, 0))
+    return epoch * protocol.GENERATION_EPOCH_STRIDE + int(round_)
+
+
+def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere).
+
+    A SIGKILLed torchrun agent cannot stop its workers (they run in their own sessions), and
+    they would go on training beside the survivors; this closes that hole. If the parent
+    died before the request was made, exit now.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(128 + int(sig))
+
+
+def guard_against_orphaning() -> None:
+    """Called at import inside workers started by our agent wrapper."""
+    agent_pid = os.environ.get(protocol.ENV_AGENT_PID)
+    if agent_pid and os.environ.get("LOCAL_RANK") is not None:
+        set_parent_death_signal(signal.SIGKILL, int(agent_pid))
+
+
+_initialized_here = False
+
+
+def init(backend: str | None = None, timeout_s: float | None = None) -> bool:
+    """Initialize the default process group when running under torchrun.
+
+    Returns True when a process group is (now) initialized. The timeout is short on purpose
+    (gloo's default is 30 min): a peer that hangs rather than dies must be noticed so the
+    agent can restart the group.
+    """
+    global _initialized_here
+    if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return True
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if timeout_s is None:
+        timeout_s = float(os.environ.get(protocol.ENV_COLLECTIVE_TIMEOUT_S, 120))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    _initialized_here = True
+    return True
+
+
+def device() -> Any:
+    """The device this worker should use: its own GPU when there are GPUs, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+_finish_hooks: list[Callable[[], None]] = []
+
+
+def on_finish(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when ``run()`` ends, success or failure (used to flush checkpoints)."""
+    _finish_hooks.append(hook)
+
+
+def _run_finish_hooks() -> None:
+    while _finish_hooks:
+        hook = _finish_hooks.pop()
+        try:
+            hook()
+        except Exception:  # a failing hook must not hide the real outcome
+            traceback.print_exc()
+
+
+def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
+    """Run the packaged cell: start event, process group, ``main()``, outcome event.
+
+    An uncaught exception becomes a ``worker_failed`` event carrying the traceback (and
+    torchelastic's error file, so the agent's summary names the real error), then the
+    process exits with status 1 for the agent to act on.
+    """
+    info = WorkerInfo.from_env()
+    _whole_lines()
+    emit("worker_started", **asdict(info))
+    handler = None
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        handler = get_error_handler()
+        handler.initialize()
+    try:
+        if init_process_group:
+            init()
+        result = main()
+        _run_finish_hooks()
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            _run_finish_hooks()
+            raise
+        _run_finish_hooks()
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        emit(
+            "worker_failed",
+            rank=info.rank,
+            node=info.node,
+            pid=info.pid,
+            error=type(exc).__name__,
+            message=str(exc)[:500],
+            traceback="".join(traceback.format_exception(exc))[-2800:],
+        )
+        if handler is not None and isinstance(exc, Exception):
+            handler.record_exception(exc)
+        raise
+    _shutdown_process_group()
+    emit("worker_finished", rank=info.rank, node=info.node, pid=info.pid)
+    return result
+
+
+def _whole_lines() -> None:
+    """torchrun runs workers with ``python -u``: print() then writes the text and the newline
+    separately, and lines of ranks sharing a pipe interleave mid-line. Line buffering makes
+    each line one write."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True, write_through=False)
+            except (ValueError, OSError):
+                pass
+
+
+def _shutdown_process_group() -> None:
+    if not _initialized_here:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

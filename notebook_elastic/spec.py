@@ -1,0 +1,243 @@
+"""What to run, separate from where: the job spec, its parsing and its validation.
+
+Pure functions; every error is a ``SpecError`` whose message names the bad value and says
+what would be accepted. Flag names follow torchrun's (``--nnodes MIN:MAX``,
+``--nproc-per-node``, ``--max-restarts``, ``--rdzv-conf``, ``--monitor-interval``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import defaults
+from .errors import SpecError
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_NODES_LIMIT = 1024
+
+
+def _int(value: Any, what: str, example: str) -> int:
+    if isinstance(value, bool):
+        raise SpecError(f"{what} must be a whole number, not {value!r} (for example {example})")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise SpecError(f"{what} must be a whole number, not {value!r} (for example {example})")
+    return int(text)
+
+
+def parse_nnodes(value: str | int | tuple[int, int]) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4); checks 1 <= MIN <= MAX."""
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise SpecError(f"--nnodes must be MIN:MAX, not {value!r}")
+        lo, hi = (_int(v, "--nnodes", "1:4") for v in value)
+    else:
+        text = str(value).strip()
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) != 2 or not all(p.strip() for p in parts):
+                raise SpecError(f"--nnodes must be N or MIN:MAX (for example 1:4), not {text!r}")
+            lo = _int(parts[0], f"--nnodes {text!r}: MIN", "1:4")
+            hi = _int(parts[1], f"--nnodes {text!r}: MAX", "1:4")
+        else:
+            lo = hi = _int(text, "--nnodes", "2 or 1:4")
+    if lo < 1:
+        raise SpecError(f"--nnodes {lo}:{hi}: the minimum number of nodes must be at least 1")
+    if hi < lo:
+        raise SpecError(f"--nnodes {lo}:{hi}: MIN is larger than MAX; write it as {hi}:{lo}")
+    if hi > MAX_NODES_LIMIT:
+        raise SpecError(f"--nnodes {lo}:{hi}: at most {MAX_NODES_LIMIT} nodes are supported")
+    return lo, hi
+
+
+def validate_name(name: str) -> str:
+    """Job names are DNS-1123 labels, because they become Kubernetes object names."""
+    if not isinstance(name, str) or not name:
+        raise SpecError("--name must not be empty; use lowercase letters, digits and '-', like 'toy-1'")
+    if len(name) > 52:
+        raise SpecError(
+            f"--name {name!r} is {len(name)} characters; at most 52 are allowed (room for suffixes "
+            "of the Kubernetes objects made from it)"
+        )
+    if not _DNS1123_LABEL.match(name):
+        hint = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "toy-1"
+        raise SpecError(
+            f"--name {name!r} is not a valid name: use lowercase letters, digits and '-', starting "
+            f"and ending with a letter or digit (for example {hint!r})"
+        )
+    return name
+
+
+def new_name() -> str:
+    return f"job-{secrets.token_hex(3)}"
+
+
+def parse_env(items: Iterable[str] | Mapping[str, str] | None) -> dict[str, str]:
+    """``["KEY=VALUE", ...]`` (or a mapping) -> dict, with clear errors."""
+    if not items:
+        return {}
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for item in items:
+            if "=" not in item:
+                raise SpecError(f"--env {item!r} must be KEY=VALUE (for example --env OMP_NUM_THREADS=2)")
+            key, value = item.split("=", 1)
+            pairs.append((key, value))
+    env = {}
+    for key, value in pairs:
+        if not _ENV_KEY.match(str(key)):
+            raise SpecError(
+                f"--env {key!r}: an environment variable name is letters, digits and '_', not starting with a digit"
+            )
+        env[str(key)] = str(value)
+    return env
+
+
+def parse_rdzv_conf(text: str | Mapping[str, str] | None) -> dict[str, str]:
+    """``"k1=v1,k2=v2"`` -> dict (torchrun's ``--rdzv-conf`` syntax)."""
+    if not text:
+        return {}
+    if isinstance(text, Mapping):
+        return {str(k): str(v) for k, v in text.items()}
+    conf = {}
+    for part in str(text).split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise SpecError(f"--rdzv-conf {text!r}: each entry must be key=value, like last_call_timeout=1")
+        key, value = part.split("=", 1)
+        conf[key.strip()] = value.strip()
+    for key in ("join_timeout", "last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt"):
+        if key in conf:
+            if _int(conf[key], f"--rdzv-conf {key}", f"{key}=1") < 1:
+                raise SpecError(f"--rdzv-conf {key}={conf[key]} must be at least 1")
+    if "is_host" in conf:
+        raise SpecError("--rdzv-conf is_host is chosen by the backend (the store is hosted apart from the agents)")
+    return conf
+
+
+@dataclass
+class JobSpec:
+    """Everything about *what* a job runs and its elastic limits; backends decide *where*."""
+
+    name: str = field(default_factory=new_name)
+    nnodes: tuple[int, int] = (1, 1)
+    nodes: int | None = None  # nodes to start with; default: the minimum
+    nproc_per_node: int = 1
+    max_restarts: int = defaults.MAX_RESTARTS
+    backend: str = "local"
+    checkpoint_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    monitor_interval_s: float = defaults.MONITOR_INTERVAL_S
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
+    max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES
+    ship: tuple[str, ...] = ()
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    notebook: str | None = None  # the notebook that launched it, for the jobs panel
+
+    @property
+    def min_nodes(self) -> int:
+        return self.nnodes[0]
+
+    @property
+    def max_nodes(self) -> int:
+        return self.nnodes[1]
+
+    @property
+    def initial_nodes(self) -> int:
+        return self.nodes if self.nodes is not None else self.min_nodes
+
+    def validated(self) -> JobSpec:
+        """A normalized copy, or a ``SpecError`` naming the first bad option."""
+        validate_name(self.name)
+        nnodes = parse_nnodes(self.nnodes)
+        nproc = _int(self.nproc_per_node, "--nproc-per-node", "2")
+        if nproc < 1:
+            raise SpecError(f"--nproc-per-node {nproc}: each node needs at least 1 process")
+        if nproc > 256:
+            raise SpecError(f"--nproc-per-node {nproc}: at most 256 processes per node are supported")
+        restarts = _int(self.max_restarts, "--max-restarts", "3")
+        if restarts < 0:
+            raise SpecError(f"--max-restarts {restarts} must be 0 or more")
+        if self.backend not in defaults.BACKENDS:
+            raise SpecError(f"--backend {self.backend!r} is unknown; choose one of: {', '.join(defaults.BACKENDS)}")
+        nodes = self.nodes
+        if nodes is not None:
+            nodes = _int(nodes, "--nodes", "2")
+            if not nnodes[0] <= nodes <= nnodes[1]:
+                raise SpecError(
+                    f"--nodes {nodes} is outside --nnodes {nnodes[0]}:{nnodes[1]}; start with a "
+                    "number of nodes inside the range"
+                )
+        try:
+            monitor = float(self.monitor_interval_s)
+        except (TypeError, ValueError):
+            raise SpecError(
+                f"--monitor-interval must be a number of seconds, not {self.monitor_interval_s!r}"
+            ) from None
+        if not 0 < monitor <= 60:
+            raise SpecError(
+                f"--monitor-interval {monitor} must be between 0 and 60 seconds (torchrun's default is 0.1)"
+            )
+        try:
+            collective = float(self.collective_timeout_s)
+        except (TypeError, ValueError):
+            raise SpecError(
+                f"--collective-timeout must be a number of seconds, not {self.collective_timeout_s!r}"
+            ) from None
+        if collective < 1:
+            raise SpecError(f"--collective-timeout {collective} must be at least 1 second")
+        max_payload = _int(self.max_payload_bytes, "max payload size", "67108864")
+        if max_payload < 1:
+            raise SpecError("the payload size limit must be positive")
+        for name in self.ship:
+            if not str(name).isidentifier():
+                raise SpecError(f"--ship {name!r} must name a notebook variable")
+        if self.checkpoint_dir is not None and not str(self.checkpoint_dir).strip():
+            raise SpecError("--checkpoint-dir must not be empty")
+        return dataclasses.replace(
+            self,
+            nnodes=nnodes,
+            nodes=nodes,
+            nproc_per_node=nproc,
+            max_restarts=restarts,
+            env=parse_env(self.env),
+            monitor_interval_s=monitor,
+            rdzv_conf=parse_rdzv_conf(self.rdzv_conf),
+            collective_timeout_s=collective,
+            max_payload_bytes=max_payload,
+            ship=tuple(self.ship),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["nnodes"] = list(self.nnodes)
+        data["ship"] = list(self.ship)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["nnodes"] = tuple(kwargs.get("nnodes", (1, 1)))
+        kwargs["ship"] = tuple(kwargs.get("ship", ()))
+        return cls(**kwargs)
+
+
+def check_scale(spec_range: tuple[int, int], nodes: Any) -> int:
+    n = _int(nodes, "scale(nodes)", "2")
+    lo, hi = spec_range
+    if not lo <= n <= hi:
+        raise SpecError(f"cannot scale to {n} nodes: the job's range is {lo}:{hi}; widen it with set_range() first")
+    return n

@@ -1,0 +1,375 @@
+"""Packaging a cell from a real IPython shell, then running the script in a fresh Python.
+
+Each test runs notebook cells through a real InteractiveShell (history, linecache, the
+namespace exactly as in a kernel), packages a training cell, writes the script and its
+payload to disk and executes it in a new interpreter, checking what it prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import python, run_cells, torchrun
+
+from notebook_elastic.errors import PackagingError
+from notebook_elastic.packaging import NotebookContext, package_cell
+
+
+def build(shell, cell: str, **kwargs):
+    ctx = NotebookContext.from_shell(shell)
+    kwargs.setdefault("extra_import_paths", [ctx.cwd])
+    return package_cell(cell, ctx, name="t", **kwargs)
+
+
+def run_script(bundle, tmp_path, *, env=None, name="train.py"):
+    folder = tmp_path / "out"
+    folder.mkdir(exist_ok=True)
+    script, _payload = bundle.write(folder / name)
+    done = python(str(script), cwd=folder, env=env)
+    assert done.returncode == 0, f"script failed:\n{bundle.script}\n--- stderr:\n{done.stderr}"
+    return [line for line in done.stdout.splitlines() if not line.startswith("@@elastic")]
+
+
+def kinds(bundle) -> dict[str, str]:
+    return {item.name: item.kind for item in bundle.manifest.items}
+
+
+def test_helpers_calling_helpers_config_and_imports_follow_transitively(shell, tmp_path):
+    run_cells(
+        shell,
+        "import numpy as np",
+        "CFG = {'n': 3, 'scale': 2.0}",
+        "def make_batch(n):\n    return np.arange(n) * CFG['scale']",
+        "def train_step(step):\n    return float(make_batch(CFG['n']).sum()) + step",
+    )
+    bundle = build(shell, "for step in range(2):\n    print('loss', train_step(step))")
+    assert kinds(bundle) == {"train_step": "function", "make_batch": "function", "CFG": "value", "np": "import"}
+    assert "import numpy as np" in bundle.script
+    assert run_script(bundle, tmp_path) == ["loss 6.0", "loss 7.0"]
+    # Readable: the cell body sits inside main(), the definitions are their own source.
+    assert "def main():\n    for step in range(2):" in bundle.script
+    assert "def make_batch(n):\n    return np.arange(n) * CFG['scale']" in bundle.script
+
+
+def test_nn_module_subclasses_and_their_methods_dependencies(shell, tmp_path):
+    run_cells(
+        shell,
+        "import torch\nfrom torch import nn\nimport torch.nn.functional as F",
+        "HIDDEN = 5\ndef activation(x):\n    return F.relu(x)",
+        "class Base(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.inp = nn.Linear(3, HIDDEN)",
+        "class Net(Base):\n    def forward(self, x):\n        return activation(self.inp(x)).sum(-1)",
+    )
+    bundle = build(
+        shell,
+        "torch.manual_seed(0)\nm = Net()\nprint(type(m).__name__, isinstance(m, Base), m(torch.ones(2, 3)).shape)",
+    )
+    k = kinds(bundle)
+    assert k["Net"] == k["Base"] == "class" and k["activation"] == "function" and k["F"] == "import"
+    assert bundle.script.index("class Base(nn.Module)") < bundle.script.index("class Net(Base)")
+    assert run_script(bundle, tmp_path) == ["Net True torch.Size([2])"]
+
+
+def test_decorators_are_shipped_with_the_function(shell, tmp_path):
+    run_cells(
+        shell,
+        "import functools",
+        "def twice(f):\n    @functools.wraps(f)\n    def inner(*a):\n        return 2 * f(*a)\n    return inner",
+        "@twice\ndef base(x):\n    return x + 1",
+        "@functools.lru_cache(maxsize=None)\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+    )
+    bundle = build(shell, "print(base(1), fib(20))")
+    assert "@twice\ndef base(x):" in bundle.script
+    assert "@functools.lru_cache(maxsize=None)\ndef fib(n):" in bundle.script
+    assert run_script(bundle, tmp_path) == ["4 6765"]
+
+
+def test_import_forms_star_imports_and_imports_among_other_code(shell, tmp_path):
+    run_cells(
+        shell,
+        "x = 1\nimport os.path\nimport xml.etree.ElementTree as ET\nfrom math import sqrt as root\ny = 2",
+        "try:\n    import json as js\nexcept ImportError:\n    js = None",
+        "from math import *",
+    )
+    bundle = build(
+        shell, "print(root(16), floor(2.5), os.path.basename('/a/b'), ET.fromstring('<a/>').tag, js.dumps(1))"
+    )
+    script = bundle.script
+    for statement in (
+        "from math import sqrt as root",
+        "import xml.etree.ElementTree as ET",
+        "import os.path",
+        "import json as js",
+    ):
+        assert statement in script
+    assert "from math import floor" in script  # explicit, not the star
+    assert any("star import" in w for w in bundle.manifest.warnings)
+    assert run_script(bundle, tmp_path) == ["4.0 2 b a 1"]
+
+
+def test_data_values_go_to_the_payload(shell, tmp_path):
+    run_cells(
+        shell,
+        "import torch\nfrom torch.utils.data import TensorDataset",
+        "cfg = {'lr': 0.5, 'layers': [1, 2]}\nsizes = [3, 4]\nn = 7\nlabel = 'hello'",
+        "t = torch.arange(6.).reshape(2, 3)\nds = TensorDataset(torch.arange(4.), torch.arange(4) % 2)",
+    )
+    bundle = build(shell, "print(cfg['lr'], sum(sizes), n, label, t.sum().item(), len(ds), ds[3][1].item())")
+    assert {k: v for k, v in kinds(bundle).items() if v == "value"} == dict.fromkeys(
+        ["cfg", "sizes", "n", "label", "t", "ds"], "value"
+    )
+    assert bundle.manifest.payload_bytes > 0
+    assert run_script(bundle, tmp_path) == ["0.5 7 7 hello 15.0 4 1"]
+
+
+def test_lambdas_closures_and_exec_defined_functions_go_by_value(shell, tmp_path):
+    run_cells(
+        shell,
+        "OFFSET = 10",
+        "square = lambda x: x * x + OFFSET",
+        "def make_scaler(k):\n    def scale(x):\n        return k * x\n    return scale\ntriple = make_scaler(3)",
+        "exec('def hidden(x):\\n    return x - 1')",
+    )
+    bundle = build(shell, "print(square(2), triple(5), hidden(1))")
+    notes = {i.name: i.note for i in bundle.manifest.items}
+    assert kinds(bundle)["square"] == kinds(bundle)["triple"] == kinds(bundle)["hidden"] == "function-by-value"
+    assert "lambda" in notes["square"] and "closure" in notes["triple"] and "source is gone" in notes["hidden"]
+    assert run_script(bundle, tmp_path) == ["14 15 0"]
+
+
+def test_the_current_definition_wins_and_aliases_follow(shell, tmp_path):
+    run_cells(
+        shell,
+        "def lr_for(step):\n    return 1.0",
+        "print(lr_for(0))",
+        "def lr_for(step):\n    return 0.1 / (step + 1)",
+        "schedule = lr_for",
+    )
+    bundle = build(shell, "print(schedule(1))")
+    assert bundle.script.count("def lr_for") == 1 and "return 0.1 / (step + 1)" in bundle.script
+    assert "schedule = lr_for" in bundle.script
+    assert run_script(bundle, tmp_path) == ["0.05"]
+
+
+def test_magic_and_shell_lines_in_earlier_cells_are_left_out(shell, tmp_path):
+    run_cells(
+        shell,
+        "%time z = 3\nimport math\n!true\ndef area(r):\n    return math.pi * r * r",
+        "%%capture\nprint('hidden')",
+    )
+    bundle = build(shell, "print(round(area(1), 2))")
+    assert "get_ipython" not in bundle.script and "%time" not in bundle.script
+    assert run_script(bundle, tmp_path) == ["3.14"]
+
+
+def test_magic_lines_in_the_training_cell_are_refused(shell):
+    with pytest.raises(PackagingError, match=r"line 2 of the cell \('%time x = 1'\) is IPython syntax"):
+        build(shell, "a = 1\n%time x = 1\n")
+    with pytest.raises(PackagingError, match="is IPython syntax"):
+        build(shell, "!nvidia-smi")
+
+
+def test_names_assigned_by_the_cell_stay_module_level(shell, tmp_path):
+    run_cells(
+        shell,
+        "lr = 0.4",
+        "def current_lr():\n    return lr\ndef uses_model():\n    return model * 10",
+    )
+    bundle = build(shell, "lr = lr / 2\nmodel = 3\nprint(current_lr(), uses_model())")
+    assert "global lr, model" in bundle.script
+    assert run_script(bundle, tmp_path) == ["0.2 30"]
+
+
+def test_instances_of_notebook_classes_keep_their_class(shell, tmp_path):
+    run_cells(
+        shell,
+        "class Config:\n    def __init__(self, depth):\n        self.depth = depth\n    def deeper(self):\n        return self.depth + 1",
+        "conf = Config(4)\nregistry = {'make': Config}",
+    )
+    bundle = build(shell, "print(conf.deeper(), isinstance(conf, Config), registry['make'] is Config)")
+    late = {i.name for i in bundle.manifest.items if i.late}
+    assert {"conf", "registry"} <= late  # unpickled after `class Config` is defined
+    assert bundle.script.index("class Config") < bundle.script.index('conf = _payload["conf"]')
+    assert run_script(bundle, tmp_path) == ["5 True True"]
+
+
+def test_a_class_only_used_through_a_value_is_shipped_too(shell, tmp_path):
+    run_cells(shell, "class Box:\n    def __init__(self, v):\n        self.v = v", "b = Box(9)")
+    bundle = build(shell, "print(b.v, type(b).__name__)")
+    assert kinds(bundle)["Box"] == "class"
+    assert run_script(bundle, tmp_path) == ["9 Box"]
+
+
+def test_multiline_strings_in_the_cell_are_kept_exactly(shell, tmp_path):
+    bundle = build(shell, 'text = """line one\n  line two\nline three"""\nprint(repr(text))')
+    assert run_script(bundle, tmp_path) == [repr("line one\n  line two\nline three")]
+
+
+def test_local_module_beside_the_notebook_works(shell, tmp_path, monkeypatch):
+    (tmp_path / "mylib.py").write_text("def answer():\n    return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # a kernel has its folder on sys.path
+    run_cells(shell, "import mylib")
+    bundle = build(shell, "print(mylib.answer())")
+    out = run_script(bundle, tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    assert out == ["42"]
+
+
+def test_module_off_the_workers_path_is_refused(shell, tmp_path):
+    hidden = tmp_path / "elsewhere"
+    hidden.mkdir()
+    (hidden / "secretlib.py").write_text("VALUE = 1\n")
+    run_cells(shell, f"import sys\nsys.path.append({str(hidden)!r})", "import secretlib")
+    with pytest.raises(
+        PackagingError,
+        match=r"module `secretlib` \(imported as `secretlib` in cell \[2\]\) cannot be imported by a fresh Python",
+    ):
+        build(shell, "print(secretlib.VALUE)")
+
+
+def test_undefined_name_is_refused_with_its_line(shell):
+    with pytest.raises(PackagingError, match=r"name `train_stpe` is used by the cell \(line 2\) but is not defined"):
+        build(shell, "x = 1\ntrain_stpe(x)")
+
+
+def test_undefined_name_inside_a_helper_names_the_helper(shell):
+    run_cells(shell, "def helper():\n    return missing_thing + 1")
+    with pytest.raises(PackagingError, match=r"name `missing_thing` is used by function `helper`"):
+        build(shell, "helper()")
+
+
+@pytest.mark.parametrize(
+    "setup, name, why",
+    [
+        ("f = open(__file__ if '__file__' in dir() else '/etc/hostname')", "f", "an open file"),
+        ("import socket\nsock = socket.socket()", "sock", "a network socket"),
+        ("import threading\nlock = threading.Lock()", "lock", "a lock"),
+        ("gen = (i for i in range(3))", "gen", "a generator"),
+        ("import threading\nstate = {'lock': threading.RLock()}", "state", "RLock"),
+    ],
+)
+def test_unpicklable_values_are_refused_naming_variable_cell_and_reason(shell, setup, name, why):
+    run_cells(shell, "x = 0", setup)
+    with pytest.raises(PackagingError) as info:
+        build(shell, f"print({name})")
+    message = str(info.value)
+    assert f"`{name}`" in message and "cell [2]" in message and why in message and "\n" not in message
+
+
+def test_cuda_tensors_are_refused(shell):
+    import torch
+
+    class LooksLikeCuda(torch.Tensor):  # there is no GPU here; the check reads .is_cuda
+        @property
+        def is_cuda(self):
+            return True
+
+    shell.user_ns["weights"] = torch.zeros(2).as_subclass(LooksLikeCuda)
+    shell.user_ns["nested"] = {"w": shell.user_ns["weights"]}
+    with pytest.raises(PackagingError, match=r"`weights` .*a CUDA tensor.*\.cpu\(\)"):
+        build(shell, "print(weights)")
+    with pytest.raises(PackagingError, match=r"`nested` .*CUDA tensor"):
+        build(shell, "print(nested)")
+
+
+def test_payload_over_the_limit_names_the_biggest_values(shell):
+    run_cells(shell, "import torch\nbig = torch.zeros(300_000)\nsmall = torch.zeros(10)\nmid = torch.zeros(50_000)")
+    with pytest.raises(
+        PackagingError,
+        match=r"payload is 1\.3 MiB, over the 1\.0 MiB limit; the biggest values are `big` \(1\.1 MiB, cell \[1\]\), `mid`",
+    ):
+        build(shell, "print(big.sum(), small.sum(), mid.sum())", max_payload_bytes=1024 * 1024)
+
+
+def test_credentials_are_withheld_and_read_from_the_environment(shell, tmp_path):
+    run_cells(shell, "HF_TOKEN = 'hf_secret_value'\nmax_tokens = 128\ntokenizer = {'a': 1}")
+    bundle = build(shell, "print(HF_TOKEN[:3], max_tokens, tokenizer['a'])")
+    assert bundle.withheld == ["HF_TOKEN"]
+    assert b"hf_secret_value" not in bundle.payload and "hf_secret_value" not in bundle.script
+    assert "withheld" in bundle.manifest.format() and "HF_TOKEN" in bundle.manifest.format()
+    assert run_script(bundle, tmp_path, env={"HF_TOKEN": "hf_from_env"}) == ["hf_ 128 1"]
+    shipped = build(shell, "print(HF_TOKEN[:3])", ship=["HF_TOKEN"])
+    assert shipped.withheld == [] and b"hf_secret_value" in shipped.payload
+
+
+def test_a_lambda_that_captures_a_credential_is_refused(shell):
+    run_cells(shell, "API_KEY = 'k-123'", "auth = lambda: API_KEY")
+    with pytest.raises(PackagingError, match=r"`auth` is shipped by value .* refers to `API_KEY`"):
+        build(shell, "auth()")
+
+
+def test_environment_variables_are_never_shipped(shell, tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_DB_URL", "postgres://user:pw@host/db")
+    run_cells(shell, "import os")
+    bundle = build(shell, "print(os.environ.get('MY_DB_URL', 'unset'))")
+    assert "postgres://" not in bundle.script and b"postgres://" not in bundle.payload
+    assert run_script(bundle, tmp_path, env={"MY_DB_URL": ""}) == [""]
+    assert "environment variables: never shipped" in bundle.manifest.format()
+
+
+def test_ipython_only_names_are_refused(shell):
+    with pytest.raises(PackagingError, match=r"`display` .* provided by IPython"):
+        build(shell, "display(1)")
+    run_cells(shell, "1 + 1")
+    with pytest.raises(PackagingError, match=r"`Out` .*IPython's own variable"):
+        build(shell, "print(Out)")
+
+
+def test_empty_and_unparsable_cells_are_refused(shell):
+    with pytest.raises(PackagingError, match="the cell is empty"):
+        build(shell, "   \n\n")
+    with pytest.raises(PackagingError, match=r"the cell does not parse: line 2"):
+        build(shell, "x = 1\nfor i in range(3)\n    pass")
+
+
+def test_manifest_lists_sources_and_sizes(shell):
+    run_cells(shell, "import torch", "w = torch.zeros(1000)", "def f():\n    return w.sum()")
+    bundle = build(shell, "print(f())")
+    table = bundle.manifest.format()
+    assert "w" in table and "value" in table and "cell [2]" in table and "4.3 KiB" in table
+    assert "def f()" in table and "cell [3]" in table
+    data = bundle.manifest.to_json()
+    assert json.loads(json.dumps(data))["payload_bytes"] == bundle.manifest.payload_bytes
+
+
+@pytest.mark.slow
+def test_ddp_cell_runs_under_plain_torchrun(shell, tmp_path):
+    run_cells(
+        shell,
+        "import torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP",
+        "data = torch.arange(16.).reshape(8, 2)",
+        "def make_model():\n    torch.manual_seed(0)\n    return torch.nn.Linear(2, 1)",
+    )
+    cell = (
+        "model = DDP(make_model())\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for step in range(3):\n"
+        "    shard = data[dist.get_rank()::dist.get_world_size()]\n"
+        "    loss = model(shard).pow(2).mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "w = model.module.weight.detach().clone()\n"
+        "dist.all_reduce(w)\n"
+        "print(f'rank {dist.get_rank()} of {dist.get_world_size()} same={torch.allclose(w / 2, model.module.weight)}')\n"
+    )
+    bundle = build(shell, cell)
+    folder = tmp_path / "ddp"
+    folder.mkdir()
+    script, _ = bundle.write(folder / "train.py")
+    done = torchrun("--standalone", "--nproc-per-node", "2", str(script), cwd=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
+    assert lines == ["rank 0 of 2 same=True", "rank 1 of 2 same=True"]
+    started = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("@@elastic ")]
+    assert sorted(e["rank"] for e in started if e["kind"] == "worker_started") == [0, 1]
+
+
+def test_the_runtime_imports_nothing_from_the_notebook_side():
+    done = python(
+        "-c",
+        "import sys, notebook_elastic.runtime, notebook_elastic.runtime.agent;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'kubernetes', 'ipykernel')];"
+        "print(bad)",
+        cwd=__import__("pathlib").Path("/"),
+    )
+    assert done.stdout.strip() == "[]", done.stderr
+    assert sys.modules  # the check above ran in a fresh interpreter
