@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ class Kind:
     WORKER_EXITED = "worker_exited"  # the agent saw a worker process die (exit code / signal)
     WORKER_FINISHED = "worker_finished"
     AGENT_SIGNALED = "agent_signaled"
+    PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
     GROUP_SUCCEEDED = "group_succeeded"
     METRIC = "metric"
     PLAN = "plan"
@@ -112,6 +114,16 @@ _AGENT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
+def _signal_name(text: str) -> str:
+    text = text.replace("Signals.", "")
+    if text.isdigit():
+        try:
+            return signal.Signals(int(text)).name
+        except ValueError:
+            pass
+    return text
+
+
 class LineParser:
     """Parses the lines of one source (one agent, one pod) into events."""
 
@@ -168,7 +180,7 @@ class LineParser:
                     data["signal"] = -code
                 return Event(Kind.WORKER_EXITED, t, self.node, data)
             if what == "signaled":
-                return Event(Kind.AGENT_SIGNALED, t, self.node, {"signal": g["sig"].replace("Signals.", "")})
+                return Event(Kind.AGENT_SIGNALED, t, self.node, {"signal": _signal_name(g["sig"])})
             if what == "succeeded":
                 return Event(Kind.GROUP_SUCCEEDED, t, self.node, {})
             if what == "error":
@@ -225,6 +237,8 @@ def describe(e: Event) -> str:
         return f"rank {d.get('rank')} finished"
     if k == Kind.AGENT_SIGNALED:
         return f"{node}: agent received {d.get('signal')}; stopping its workers"
+    if k == Kind.PEER_LOST:
+        return f"{node}: {len(d.get('lost') or [])} node(s) of round {d.get('round')} vanished; restarting its workers"
     if k == Kind.GROUP_SUCCEEDED:
         return f"{node}: workers finished"
     if k == Kind.METRIC:

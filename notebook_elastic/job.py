@@ -191,7 +191,9 @@ class ElasticJob:
         down costs one restart of the remaining nodes."""
         self._require_running("scale")
         check_scale(self._state.nnodes, nodes)
-        return self.backend.scale(self.name, int(nodes))
+        result = self.backend.scale(self.name, int(nodes))
+        self._await(lambda: self._state.target == int(nodes))
+        return result
 
     def set_range(self, min_nodes: int, max_nodes: int) -> dict[str, Any]:
         """Change the elastic range (``--nnodes MIN:MAX``). torchrun fixes the range per agent,
@@ -199,7 +201,16 @@ class ElasticJob:
         self._require_running("change its range")
         if not (isinstance(min_nodes, int) and isinstance(max_nodes, int)) or not 1 <= min_nodes <= max_nodes:
             raise SpecError(f"range {min_nodes}:{max_nodes} is invalid: need whole numbers 1 <= MIN <= MAX")
-        return self.backend.set_range(self.name, min_nodes, max_nodes)
+        result = self.backend.set_range(self.name, min_nodes, max_nodes)
+        self._await(lambda: tuple(self._state.nnodes) == (min_nodes, max_nodes))
+        return result
+
+    def _await(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        """Wait until the backend's own event about a change has been folded in, so the
+        next call sees the state it caused."""
+        deadline = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < deadline and not self.finished:
+            time.sleep(0.01)
 
     def kill_worker(self, rank: int | None = None) -> dict[str, Any]:
         """Drill: SIGKILL one worker process (a random one by default)."""

@@ -346,6 +346,10 @@ class JobState:
         if not self.finished:
             self.status = "restarting"
 
+    def _on_peer_lost(self, e: Event) -> None:
+        if not self.finished:
+            self.status = "restarting"
+
     def _on_worker_exited(self, e: Event) -> None:
         if not self.finished and self.status == "running":
             self.status = "restarting"

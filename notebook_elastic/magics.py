@@ -121,11 +121,15 @@ class ElasticMagics(Magics):
         help="write the script to PATH and its payload beside it; launch nothing.",
     )
     @argument("--wait", action="store_true", help="block until the job finishes.")
+    @argument("-h", "--help", action="store_true", help="show this help; launch nothing.")
     @cell_magic
     @_errors_as_usage
     def elastic_train(self, line: str, cell: str) -> Any:
         """Run this cell as an elastic torchrun job; returns at once with the job handle."""
         args = parse_argstring(self.elastic_train, line)
+        if args.help:
+            print(self.elastic_train.parser.format_help())
+            return None
         if args.dry_run and args.export:
             raise UsageError("--dry-run and --export both launch nothing; use one of them")
         if args.wait and (args.dry_run or args.export):

@@ -7,7 +7,12 @@ A thin wrapper around ``torch.distributed.run.main()`` that
 - turns off the rendezvous TCP store sharing that deadlocks scale-up in torch 2.13;
 - after every completed rendezvous, writes a ``rendezvous`` event (round, group rank, world
   size, members) and passes the round to the workers it is about to start, as the job-wide
-  generation that fences checkpoint writes.
+  generation that fences checkpoint writes;
+- watches the members of its round: torchrun's agent notices new nodes but not departed
+  ones, so when a peer vanishes while the workers sit in a store wait (``init_process_group``,
+  a barrier) they hang until the collective timeout. When a member's heartbeat expires
+  (keep_alive_interval x keep_alive_max_attempt), the watch ends the local workers, and the
+  agent restarts them into a new round at once (one restart, as any departure costs).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 
 from . import protocol
 from ._emit import emit
@@ -24,6 +31,88 @@ from .worker import set_parent_death_signal
 
 def _node_name() -> str:
     return os.environ.get(protocol.ENV_NODE) or socket.gethostname()
+
+
+WATCH_INTERVAL_S = 0.5
+
+
+class _DepartureWatch:
+    """Ends this node's workers when a member of their rendezvous round disappears."""
+
+    def __init__(self) -> None:
+        self.agent = None  # torchrun's LocalElasticAgent, once it starts workers
+        self.handler = None
+        self.round: int | None = None
+        self.members: frozenset = frozenset()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def joined(self, handler, round_: int | None, members: frozenset) -> None:
+        with self.lock:
+            self.handler, self.round, self.members = handler, round_, members
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="notebook-elastic-departures", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            try:
+                self._check()
+            except Exception:  # a torch without these internals: the watch just stops
+                return
+
+    def _check(self) -> None:
+        with self.lock:
+            handler, round_, members, agent = self.handler, self.round, self.members, self.agent
+        if handler is None or agent is None or round_ is None or len(members) < 2:
+            return
+        group = getattr(agent, "_worker_group", None)
+        if group is None or getattr(group.state, "name", "") != "HEALTHY":
+            return
+        with handler._heartbeat_lock:
+            handler._state_holder.sync()
+            state = handler._state_holder.state
+        if state.round != round_:
+            return
+        gone = [n for n in members if n not in state.participants]
+        if not gone:
+            return
+        with self.lock:
+            if self.round != round_:
+                return
+            self.round = None  # act once per round
+        pids = list(agent._pcontext.pids().values()) if getattr(agent, "_pcontext", None) else []
+        emit(
+            "peer_lost",
+            node=_node_name(),
+            round=round_,
+            lost=[{"addr": n.addr, "pid": n.pid} for n in gone],
+            workers=pids,
+        )
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+_watch = _DepartureWatch()
+
+
+def _hook_agent() -> None:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    original = LocalElasticAgent._start_workers
+    if getattr(original, "_notebook_elastic", False):
+        return
+
+    def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        _watch.agent = self
+        return original(self, worker_group)
+
+    _start_workers._notebook_elastic = True  # type: ignore[attr-defined]
+    LocalElasticAgent._start_workers = _start_workers
 
 
 def _hook_rendezvous() -> None:
@@ -37,9 +126,11 @@ def _hook_rendezvous() -> None:
         info = original(self)
         state = getattr(getattr(self, "_state_holder", None), "state", None)
         round_ = getattr(state, "round", None)
+        participants = dict(getattr(state, "participants", {}))
         members = []
-        for node, rank in sorted(getattr(state, "participants", {}).items(), key=lambda kv: kv[1]):
+        for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
             members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
+        _watch.joined(self, round_, frozenset(participants))
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
         emit(
@@ -67,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # workers' prints reach us line by line
     os.environ[protocol.ENV_AGENT_PID] = str(os.getpid())
     _hook_rendezvous()
+    _hook_agent()
     from torch.distributed.run import main as torchrun_main
 
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())

@@ -218,7 +218,9 @@ class State:
         import torch
 
         chosen: str | None = None
-        if self.is_writer:
+        # Rank 0 chooses and tells the others (a stale group could add a file between two
+        # ranks' listings); without a process group each rank chooses for itself.
+        if self.is_writer or self._dist() is None:
             for _gen, _step, path in reversed(list_checkpoints(self.folder)):
                 try:
                     payload = torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,111 @@
+"""The event parser on real torchrun 2.13 agent output, and the job-state fold over it.
+
+tests/data/agent-node-*.log are the raw stdout+stderr of two agents of a real local job
+(scale 1 -> 2 nodes, a SIGKILLed worker, node-1 preempted), metric lines removed for size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from notebook_elastic.events import Event, Kind, LineParser, describe
+from notebook_elastic.job_state import JobState
+
+DATA = Path(__file__).parent / "data"
+
+
+def parse_log(name: str) -> list[Event]:
+    parser = LineParser(name, "stdout")
+    events = []
+    for n, line in enumerate((DATA / f"agent-{name}.log").read_text().splitlines()):
+        event = parser.feed(line, t=1000.0 + n * 0.001)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def test_agent_lines_become_typed_events():
+    events = parse_log("node-0")
+    kinds = [e.kind for e in events if e.kind not in (Kind.LOG,)]
+    rounds = [e.get("round") for e in events if e.kind == Kind.RENDEZVOUS]
+    assert rounds == [0, 1, 2, 3]
+    restarts = [(e.get("reason"), e.get("restarts_used")) for e in events if e.kind == Kind.RESTART]
+    assert restarts == [("membership_change", None), ("worker_failed", 1), ("worker_failed", 2)]
+    exited = [e.data for e in events if e.kind == Kind.WORKER_EXITED]
+    assert exited[0]["signal"] == 9 and exited[0]["local_rank"] == 0 and exited[1]["exitcode"] == 1
+    assert kinds.count(Kind.WORKER_STARTED) == 8  # 4 groups x 2 local workers
+    assert Kind.GROUP_SUCCEEDED in kinds and Kind.AGENT_STARTED in kinds
+    failed = [e for e in events if e.kind == Kind.WORKER_FAILED]
+    assert failed and "Traceback (most recent call last)" in failed[0].get("traceback")
+    assert all(e.node == "node-0" for e in events)
+
+
+def test_preempted_agent_reports_the_signal_by_name():
+    events = parse_log("node-1")
+    signaled = [e for e in events if e.kind == Kind.AGENT_SIGNALED]
+    assert [e.get("signal") for e in signaled] == ["SIGTERM"]
+    assert "agent received SIGTERM" in describe(signaled[0])
+
+
+def test_torn_and_odd_lines():
+    parser = LineParser("node-3")
+    torn = parser.feed('step 2 rank 1@@elastic {"kind":"metric","t":5.0,"rank":0,"step":2,"values":{"loss":1.5}}')
+    assert (
+        torn.kind == Kind.METRIC and torn.get("values") == {"loss": 1.5} and torn.time == 5.0 and torn.node == "node-3"
+    )
+    broken = parser.feed('@@elastic {"kind": "metric", "t": ')
+    assert broken.kind == Kind.LOG and broken.get("text").startswith("@@elastic")
+    assert parser.feed("\n") is None
+    plain = parser.feed("hello from rank 0", t=7.0)
+    assert plain.kind == Kind.LOG and plain.get("text") == "hello from rank 0" and plain.time == 7.0
+    nan = parser.feed('@@elastic {"kind":"metric","t":1,"rank":0,"step":1,"values":{"loss":NaN}}')
+    assert nan.kind == Kind.METRIC and nan.get("values")["loss"] != nan.get("values")["loss"]
+    assert parser.feed("I1122 03:07:14.821000 5367 torch/x.py:1] something unremarkable") is None
+
+
+def test_events_round_trip_through_json_lines():
+    event = Event(Kind.NODE_LEFT, 12.5, "node-2", {"reason": "preempted", "exitcode": -15})
+    assert Event.from_line(event.to_line()) == event
+
+
+def test_state_folds_two_agents_into_the_job_story():
+    events = sorted(parse_log("node-0") + parse_log("node-1"), key=lambda e: e.time)
+    # The supervisor's own events, as it writes them around the agents' lines.
+    story = [
+        Event(
+            Kind.JOB_SUBMITTED,
+            999.0,
+            None,
+            {"nodes": 1, "min_nodes": 1, "max_nodes": 3, "nproc_per_node": 2, "max_restarts": 5},
+        )
+    ]
+    story += [Event(Kind.NODE_JOINED, 999.5, "node-0", {"pid": 1})]
+    story += events
+    state = JobState()
+    sizes = []
+    for event in story:
+        before = state.world_size
+        state.apply(event)
+        if state.world_size != before:
+            sizes.append(state.world_size)
+    assert sizes == [2, 4, 2]
+    assert state.restarts == 2 and state.max_restarts == 5 and state.membership_changes >= 1
+    assert [m.kind for m in state.markers if m.kind == "world_size"] == ["world_size", "world_size"]
+    assert state.status == "running"
+    state.apply(Event(Kind.JOB_FINISHED, 2000.0, None, {"status": "succeeded"}))
+    assert state.status == "succeeded" and state.finished
+    assert state.summary()["status"] == "succeeded"
+
+
+def test_metrics_progress_and_eta():
+    state = JobState()
+    state.apply(Event(Kind.PLAN, 0.0, None, {"total": 100, "start": 0}))
+    for step in range(50):
+        state.apply(
+            Event(Kind.METRIC, 10.0 + step * 0.5, None, {"rank": 0, "step": step, "values": {"loss": 1.0 / (step + 1)}})
+        )
+    assert state.step == 49 and len(state.metrics["loss"]) == 50
+    assert abs(state.steps_per_s - 2.0) < 1e-6
+    assert abs(state.eta_s - 25.0) < 1e-6
+    assert state.metrics.last("loss") == 1.0 / 50
+    assert state.metrics.to_records()[0] == {"step": 0, "loss": 1.0}

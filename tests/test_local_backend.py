@@ -1,0 +1,238 @@
+"""End to end on the local backend: real torchrun agents, real c10d rendezvous, real gloo.
+
+Every test launches a packaged cell through the public API, drives the job (scale, drills,
+stop) and checks what the notebook would see; the ``home`` fixture then checks the process
+table for anything left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from conftest import job_processes
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.events import Kind
+
+pytestmark = pytest.mark.slow
+
+TRAIN = """
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+batches = iter(state.batch_sampler(1_000_000, BATCH, shuffle=False))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(TOTAL):
+    idx = next(batches)
+    loss = ddp(torch.randn(BATCH, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item(), start=idx[0], gen=state.generation, all_ranks=True)
+    time.sleep(STEP_S)
+"""
+
+
+def namespace(total: int = 60, step_s: float = 0.05) -> dict:
+    return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total, "STEP_S": step_s, "BATCH": 2}
+
+
+def wait_for(job, predicate, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if job.finished and not predicate():
+            raise AssertionError(f"job finished while waiting for {what}: {job.summary()}\n{job.logs[-20:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {job.summary()}")
+        time.sleep(0.05)
+
+
+def at_step(job, step: int):
+    return lambda: job.state.step is not None and job.state.step >= step and job.status == "running"
+
+
+def committed_reports(job) -> dict[int, list[dict]]:
+    """For each step, the reports of the newest generation that reported it."""
+    by_step: dict[int, dict[int, list[dict]]] = {}
+    for e in metric_events(job):
+        by_step.setdefault(e["step"], {}).setdefault(e["values"]["gen"], []).append(e)
+    return {step: gens[max(gens)] for step, gens in by_step.items()}
+
+
+def metric_events(job) -> list[dict]:
+    folder = LocalBackend().folder(job.name)
+    return [json.loads(line) for line in folder.events_file.read_text().splitlines() if '"kind":"metric"' in line]
+
+
+def world_sizes(job) -> list[int]:
+    sizes = []
+    for e in job.events:
+        if e.kind == Kind.WORKER_STARTED and e.get("rank") == 0:
+            if not sizes or sizes[-1] != e.get("world_size"):
+                sizes.append(e.get("world_size"))
+    return sizes
+
+
+def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nproc_per_node=2, name="rescale", max_restarts=5, namespace=namespace(total=70)
+    )
+    wait_for(job, at_step(job, 10), "step 10 on one node")
+    assert job.world_size == 2 and job.nodes == ["node-0"]
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 4 and job.status == "running", "world size 4")
+    assert job.restarts == 0  # scaling up is not a restart
+    wait_for(job, at_step(job, job.state.step + 10), "ten steps on two nodes")
+    job.scale(1)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "back to world size 2")
+    assert job.wait(180) == "succeeded", job.summary()
+
+    assert world_sizes(job) == [2, 4, 2]
+    assert job.restarts == 1  # scaling down costs the survivor one restart
+    left = [(e.node, e.get("reason")) for e in job.events if e.kind == Kind.NODE_LEFT]
+    assert ("node-1", "scaled_down") in left
+    reports = committed_reports(job)
+    assert sorted(reports) == list(range(70))  # every step, none skipped
+    spans = sorted((r["values"]["start"], r["values"]["start"] + 2) for rs in reports.values() for r in rs)
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:])), "a sample repeated or skipped"
+    # Steps lost per membership change: at most the one in flight is redone.
+    for resumed in (e for e in job.events if e.kind == Kind.RESUMED):
+        before = [m["step"] for m in metric_events(job) if m["t"] < resumed.time]
+        assert resumed.get("step") >= max(before), (resumed.get("step"), max(before))
+    assert job.metrics["loss"] and job.metrics.last("loss") is not None
+
+
+def test_a_killed_worker_costs_one_restart_and_the_job_finishes(home):
+    job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=2, name="crash", max_restarts=3, namespace=namespace(total=40))
+    wait_for(job, at_step(job, 8), "step 8")
+    killed = job.kill_worker(rank=1)
+    wait_for(job, lambda: job.restarts == 1, "the restart")
+    assert job.wait(180) == "succeeded", job.summary()
+    exited = [e for e in job.events if e.kind == Kind.WORKER_EXITED]
+    assert exited and exited[0].get("signal") == 9 and exited[0].get("pid") == killed["pid"]
+    resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
+    assert resumed and 8 <= resumed[0] <= job.state.total_steps
+
+
+def test_preemption_and_node_loss_continue_on_fewer_nodes(home):
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="spot", max_restarts=5, namespace=namespace(total=80)
+    )
+    wait_for(job, lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training")
+    job.preempt_node("node-2")  # SIGTERM: the spot reclaim
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes after preemption")
+    job.lose_node("node-1")  # SIGKILL: the node is gone
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one node after node loss")
+    assert job.wait(180) == "succeeded", job.summary()
+    reasons = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
+    assert reasons["node-2"] == "preempted" and reasons["node-1"] == "lost"
+    assert world_sizes(job) == [3, 2, 1]
+    assert sorted(committed_reports(job)) == list(range(80))
+
+
+def test_a_sigkilled_agent_takes_its_workers_with_it(home):
+    job = ne.launch(
+        TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="orphans", max_restarts=3, namespace=namespace(total=400)
+    )
+    wait_for(job, lambda: job.world_size == 4 and at_step(job, 3)(), "two nodes training")
+    agent_pid = next(e.get("pid") for e in job.events if e.kind == Kind.NODE_JOINED and e.node == "node-1")
+    workers = [r.pid for r in job.state.nodes["node-1"].ranks.values()]
+    assert len(workers) == 2
+    os.kill(agent_pid, signal.SIGKILL)  # only the agent: its workers live in their own sessions
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2] for p in workers):
+        assert time.monotonic() < deadline, "the dead agent's workers kept running"
+        time.sleep(0.05)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "survivors carry on")
+    job.stop()
+    assert job.status == "stopped"
+
+
+def test_a_new_kernel_attaches_replays_history_and_follows_live(home, tmp_path):
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(
+        textwrap.dedent(
+            f"""
+            import time, torch
+            import notebook_elastic as ne, notebook_elastic.runtime as elastic
+            TOTAL, STEP_S, BATCH = 100000, 0.1, 2
+            job = ne.launch({TRAIN!r}, nnodes="1:2", nproc_per_node=1, name="survivor")
+            while job.state.step is None or job.state.step < 5:
+                time.sleep(0.05)
+            print("kernel exits at step", job.state.step, flush=True)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(kernel)], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kernel exits" in done.stdout
+    listed = {j.name: j for j in ne.jobs()}
+    assert listed["survivor"].status == "running"
+    job = ne.attach("survivor")
+    wait_for(job, lambda: any(e.kind == Kind.JOB_SUBMITTED for e in job.events), "history replay")
+    replayed = job.state.step
+    assert replayed is not None and replayed >= 5
+    wait_for(job, at_step(job, replayed + 10), "live steps after attaching")
+    assert job.status == "running" and job.world_size == 1
+    assert job.stop() == "stopped"
+    assert ne.jobs()[0].status == "stopped"
+    assert job.stop() == "stopped"  # idempotent
+
+
+FAILING = """
+model = torch.nn.Linear(2, 1)
+state = elastic.State(model=model)
+for step in state.steps(50):
+    if step == 3 and elastic.rank() == 1:
+        raise ValueError(f"bad batch at step {step}")
+    torch.distributed.barrier()
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    time.sleep(0.05)
+"""
+
+
+def test_a_spent_restart_budget_fails_with_the_ranks_traceback(home):
+    job = ne.launch(FAILING, nnodes="1", nproc_per_node=2, name="doomed", max_restarts=1, namespace=namespace())
+    assert job.wait(180) == "failed"
+    assert job.restarts == 1
+    assert "restart budget spent (1/1)" in job.reason
+    assert "rank 1 on node-0 raised ValueError: bad batch at step 3" in job.reason
+    trace = job.failure.get("traceback")
+    assert 'raise ValueError(f"bad batch at step {step}")' in trace and "ValueError: bad batch at step 3" in trace
+
+
+def test_stop_is_immediate_idempotent_and_leaves_nothing(home):
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="halt", namespace=namespace(total=100000))
+    wait_for(job, lambda: job.world_size == 4 and at_step(job, 2)(), "running on two nodes")
+    started = time.monotonic()
+    assert job.stop() == "stopped"
+    assert time.monotonic() - started < 15
+    assert job_processes(home) == []
+    assert job.stop() == "stopped"
+    with pytest.raises(ne.BackendError, match="has stopped; it cannot scale"):
+        job.scale(1)
+
+
+def test_changing_the_range_restarts_agents_and_resumes(home):
+    job = ne.launch(TRAIN, nnodes="1:1", nproc_per_node=1, name="widen", max_restarts=3, namespace=namespace(total=60))
+    wait_for(job, at_step(job, 5), "step 5")
+    with pytest.raises(ne.SpecError, match=r"cannot scale to 2 nodes: the job's range is 1:1"):
+        job.scale(2)
+    job.set_range(1, 2)
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes in the wider range")
+    assert job.state.nnodes == (1, 2)
+    assert job.wait(180) == "succeeded"
+    assert sorted(committed_reports(job)) == list(range(60))

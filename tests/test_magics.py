@@ -1,0 +1,114 @@
+"""The magics on a real IPython shell: bad input is one clear line and launches nothing."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import job_processes, run_cells
+from IPython.core.error import UsageError
+
+CELL = "print('training')\n"
+
+
+@pytest.mark.parametrize(
+    "line, cell, message",
+    [
+        ("--nnodes 3:1", CELL, r"--nnodes 3:1: MIN is larger than MAX; write it as 1:3"),
+        ("--nnodes 0:2", CELL, r"--nnodes 0:2: the minimum number of nodes must be at least 1"),
+        ("--nnodes a:b", CELL, r"--nnodes 'a:b': MIN must be a whole number, not 'a'"),
+        ("--nnodes 1:2:3", CELL, r"--nnodes must be N or MIN:MAX \(for example 1:4\), not '1:2:3'"),
+        ("--nnodes 1:", CELL, r"--nnodes must be N or MIN:MAX"),
+        ("--nnodes 0", CELL, r"the minimum number of nodes must be at least 1"),
+        ("--nnodes 1:5000", CELL, r"at most 1024 nodes"),
+        ("--nproc-per-node 0", CELL, r"--nproc-per-node 0: each node needs at least 1 process"),
+        ("--nproc-per-node two", CELL, r"--nproc-per-node must be a whole number, not 'two'"),
+        ("--nproc-per-node -1", CELL, r"each node needs at least 1 process"),
+        ("--max-restarts -1", CELL, r"--max-restarts -1 must be 0 or more"),
+        ("--max-restarts lots", CELL, r"--max-restarts must be a whole number"),
+        ("--backend slurm", CELL, r"--backend 'slurm' is unknown; choose one of: local, kubernetes"),
+        (
+            "--name My_Job",
+            CELL,
+            r"--name 'My_Job' is not a valid name: use lowercase letters, digits and '-'.*'my-job'",
+        ),
+        ("--name job-", CELL, r"--name 'job-' is not a valid name"),
+        ("--name " + "a" * 60, CELL, r"is 60 characters; at most 52"),
+        ("--nnodes 1:2 --nodes 3", CELL, r"--nodes 3 is outside --nnodes 1:2"),
+        ("--nodes x", CELL, r"invalid int value: 'x'"),
+        ("--env NOEQUALS", CELL, r"--env 'NOEQUALS' must be KEY=VALUE"),
+        ("--env 1BAD=x", CELL, r"--env '1BAD': an environment variable name"),
+        ("--monitor-interval 0", CELL, r"--monitor-interval 0.0 must be between 0 and 60 seconds"),
+        ("--monitor-interval soon", CELL, r"expected a number of seconds, not 'soon'"),
+        ("--rdzv-conf last_call_timeout", CELL, r"--rdzv-conf 'last_call_timeout': each entry must be key=value"),
+        ("--rdzv-conf keep_alive_max_attempt=0", CELL, r"keep_alive_max_attempt=0 must be at least 1"),
+        ("--rdzv-conf is_host=true", CELL, r"is_host is chosen by the backend"),
+        ("--collective-timeout 0", CELL, r"--collective-timeout 0.0 must be at least 1 second"),
+        ("--max-payload lots", CELL, r"--max-payload 'lots' must be a size like 64MiB"),
+        ("--dry-run --export x.py", CELL, r"--dry-run and --export both launch nothing"),
+        ("--wait --dry-run", CELL, r"--wait waits for a launched job"),
+        ("--export notes.txt", CELL, r"--export 'notes.txt' must name a .py file"),
+        ("--export /no/such/dir/x.py", CELL, r"the folder /no/such/dir does not exist"),
+        ("--ship 9lives", CELL, r"--ship '9lives' must name a notebook variable"),
+        ("--nprocs 2", CELL, r"unrecognized arguments: --nprocs 2"),
+        ("", "   \n", r"the cell is empty"),
+        ("", "undefined_thing()\n", r"name `undefined_thing` is used by the cell \(line 1\)"),
+        ("", "x = 1\n%time y = 2\n", r"line 2 of the cell \('%time y = 2'\) is IPython syntax"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_launches_nothing(shell, home, line, cell, message):
+    with pytest.raises(UsageError, match=message) as info:
+        shell.run_cell_magic("elastic_train", line, cell)
+    assert "\n" not in str(info.value)
+    assert not (home / "jobs").exists()
+    assert job_processes(home) == []
+
+
+def test_usage_errors_print_one_line_without_a_traceback(shell, home, capsys):
+    result = shell.run_cell("%%elastic_train --nnodes 3:1\nprint(1)\n", store_history=True)
+    assert isinstance(result.error_in_exec, UsageError)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "UsageError: --nnodes 3:1: MIN is larger than MAX; write it as 1:3" in text
+    assert "Traceback" not in text
+
+
+def test_help_lists_torchrun_style_flags_and_launches_nothing(shell, home, capsys):
+    assert shell.run_cell_magic("elastic_train", "--help", "\n") is None
+    text = capsys.readouterr().out
+    for flag in (
+        "--nnodes",
+        "--nproc-per-node",
+        "--max-restarts",
+        "--name",
+        "--backend",
+        "--checkpoint-dir",
+        "--env",
+        "--dry-run",
+        "--export",
+        "--wait",
+        "--ship",
+    ):
+        assert flag in text
+    assert not (home / "jobs").exists()
+
+
+def test_dry_run_prints_manifest_and_script(shell, home, capsys):
+    run_cells(shell, "import math\nSCALE = 3", "def f(x):\n    return math.sqrt(x) * SCALE")
+    assert (
+        shell.run_cell_magic("elastic_train", "--nnodes 1:2 --nproc-per-node 2 --name demo --dry-run", "print(f(4))\n")
+        is None
+    )
+    text = capsys.readouterr().out
+    assert "Manifest of job 'demo'" in text and "SCALE" in text and "def f(x)" in text
+    assert "--nnodes 1:2" in text and "--nproc-per-node 2" in text  # the agent command
+    assert "def main():\n    print(f(4))" in text
+    assert not (home / "jobs").exists()
+
+
+def test_export_writes_script_and_payload(shell, home, tmp_path, capsys):
+    run_cells(shell, "import torch\nweights = torch.ones(3)")
+    target = tmp_path / "exported" / "train.py"
+    target.parent.mkdir()
+    shell.run_cell_magic("elastic_train", f"--export {target}", "print(weights.sum().item())\n")
+    assert target.exists() and (target.parent / "train.payload.pkl").exists()
+    assert "torchrun --nproc-per-node 1" in capsys.readouterr().out
+    assert not (home / "jobs").exists()

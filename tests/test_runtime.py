@@ -1,0 +1,264 @@
+"""The worker runtime: report(), State (restore, atomic commits, fencing), the data cursor."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+
+from notebook_elastic.runtime import StaleGenerationError, State, protocol, report
+from notebook_elastic.runtime.state import list_checkpoints
+
+
+def events_of(text: str) -> list[dict]:
+    return [json.loads(line.split(" ", 1)[1]) for line in text.splitlines() if line.startswith(protocol.EVENT_PREFIX)]
+
+
+@pytest.fixture
+def ckpt(tmp_path, monkeypatch):
+    folder = tmp_path / "ckpt"
+    monkeypatch.setenv(protocol.ENV_CHECKPOINT_DIR, str(folder))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", protocol.ENV_ROUND, protocol.ENV_RDZV_EPOCH):
+        monkeypatch.delenv(key, raising=False)
+    return folder
+
+
+def test_report_writes_one_prefixed_json_line_per_call():
+    out = io.StringIO()
+    with redirect_stdout(out):
+        report(step=3, loss=torch.tensor(0.25), acc=1, flag=True)
+        report(lr=0.1)
+    events = events_of(out.getvalue())
+    assert [e["kind"] for e in events] == ["metric", "metric"]
+    assert events[0]["step"] == 3 and events[0]["values"] == {"loss": 0.25, "acc": 1, "flag": 1}
+    assert events[1]["values"] == {"lr": 0.1} and isinstance(events[1]["step"], int)
+    with pytest.raises(TypeError, match=r"report\(\) takes numbers: name='x' is a str"):
+        report(step=1, name="x")
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+def train(state, model, opt, upto):
+    for step in state.steps(upto):
+        loss = model(torch.ones(1, 4)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state.commit()
+        if step == upto - 1:
+            break
+
+
+def test_state_restores_model_optimizer_step_and_extras(ckpt):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        model = make_model()
+        opt = torch.optim.Adam(model.parameters())
+        state = State(model=model, optimizer=opt, epoch=7)
+        assert state.step == 0 and state.resumed_from is None
+        train(state, model, opt, 5)
+        state.extra["epoch"] = 8
+        state.commit(step=5)
+        state.flush()
+        weights = model.weight.detach().clone()
+
+        model2 = make_model()
+        opt2 = torch.optim.Adam(model2.parameters())
+        state2 = State(model=model2, optimizer=opt2, epoch=0)
+    assert state2.step == 6 and state2.extra["epoch"] == 8
+    assert torch.equal(model2.weight, weights)
+    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    assert len(list_checkpoints(ckpt)) == 3  # keep=3
+    resumed = [e for e in events_of(out.getvalue()) if e["kind"] == "resumed"]
+    assert resumed and resumed[0]["step"] == 6
+    assert list(State(model=make_model()).steps(8)) == [6, 7]
+
+
+def test_a_torn_newest_checkpoint_falls_back_to_the_previous(ckpt):
+    with redirect_stdout(io.StringIO()):
+        model = make_model()
+        state = State(model=model, async_commit=False)
+        state.commit(step=0)
+        state.commit(step=1)
+    newest = list_checkpoints(ckpt)[-1][2]
+    newest.write_bytes(newest.read_bytes()[:100])  # as if the disk lost the end of it
+    out = io.StringIO()
+    with redirect_stdout(out):
+        again = State(model=make_model())
+    assert again.step == 1
+    assert any(e["kind"] == "checkpoint_unreadable" for e in events_of(out.getvalue()))
+
+
+def test_an_interrupted_write_leaves_the_previous_checkpoint_loadable(ckpt, tmp_path):
+    """SIGKILL a process while it writes a large checkpoint: the folder still restores."""
+    script = tmp_path / "writer.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from notebook_elastic.runtime import State
+            model = torch.nn.Linear(2000, 4000)  # 32 MB of weights
+            state = State(model=model, async_commit=False, keep=2)
+            for step in range(100000):
+                with torch.no_grad():
+                    model.weight.fill_(step)
+                state.commit(step=step)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ)
+    )
+    deadline = time.monotonic() + 120
+    killed_mid_write = False
+    while time.monotonic() < deadline:
+        names = os.listdir(ckpt) if ckpt.exists() else []
+        if list_checkpoints(ckpt) and any(".tmp-" in n for n in names):
+            proc.send_signal(signal.SIGKILL)
+            killed_mid_write = True
+            break
+        time.sleep(0.002)
+    proc.wait()
+    assert killed_mid_write, proc.stderr.read().decode()[-2000:]
+    assert any(".tmp-" in n for n in os.listdir(ckpt))  # the torn write is there...
+    with redirect_stdout(io.StringIO()):
+        model = torch.nn.Linear(2000, 4000)
+        state = State(model=model)  # ...and ignored
+    step = state.step - 1
+    assert step >= 0 and float(model.weight.detach()[0, 0]) == float(step)
+
+
+def test_fencing_a_stale_group_cannot_write_over_a_newer_one(ckpt, monkeypatch):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        monkeypatch.setenv(protocol.ENV_ROUND, "5")
+        old = State(model=make_model(), async_commit=False)
+        old.commit(step=10)
+        monkeypatch.setenv(protocol.ENV_ROUND, "6")  # a newer group forms (a split brain's other half)
+        new = State(model=make_model(), async_commit=False)
+        assert new.step == 11 and new.generation == 6
+        with pytest.raises(StaleGenerationError, match="generation 5 was superseded by generation 6"):
+            old.commit(step=11)  # the stale group keeps training...
+        with pytest.raises(StaleGenerationError):
+            old.commit(step=12)  # ...and is refused every time
+        new.commit(step=11)
+    files = [(g, s) for g, s, _ in list_checkpoints(ckpt)]
+    assert files == [(5, 11), (6, 12)]
+    assert [e["kind"] for e in events_of(out.getvalue())].count("fenced") == 1
+    monkeypatch.setenv(protocol.ENV_ROUND, "7")
+    with redirect_stdout(io.StringIO()):
+        assert State(model=make_model()).step == 12
+
+
+def test_fencing_catches_a_newer_group_during_a_background_write(ckpt, monkeypatch):
+    """The newer group appears while the stale group's background write is under way: the
+    last look before the rename refuses it, and the next commit raises."""
+    import threading
+
+    real_save = torch.save
+    newer_claimed = threading.Event()
+
+    def slow_save(obj, f):
+        newer_claimed.wait(10)  # hold the write until the newer group has announced itself
+        real_save(obj, f)
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        monkeypatch.setenv(protocol.ENV_ROUND, "1")
+        old = State(model=make_model(), async_commit=True)
+        monkeypatch.setattr(torch, "save", slow_save)
+        old.commit(step=3)  # passes the first check, then waits inside the writer thread
+        monkeypatch.setenv(protocol.ENV_ROUND, "2")
+        State(model=make_model())  # claims generation 2 on disk
+        newer_claimed.set()
+        with pytest.raises(StaleGenerationError):
+            old.flush()
+    assert list_checkpoints(ckpt) == []  # the stale write never landed
+    assert not [n for n in os.listdir(ckpt) if ".tmp-" in n]
+    assert [e["kind"] for e in events_of(out.getvalue())].count("fenced") == 1
+
+
+def test_generations_are_claimed_on_disk_under_plain_torchrun(ckpt):
+    with redirect_stdout(io.StringIO()):
+        first = State(model=make_model())
+        second = State(model=make_model())
+    assert (first.generation, second.generation) == (0, 1)
+    with redirect_stdout(io.StringIO()), pytest.raises(StaleGenerationError):
+        first.commit(step=0)
+
+
+def test_rendezvous_epochs_order_generations(monkeypatch, ckpt):
+    monkeypatch.setenv(protocol.ENV_ROUND, "9")
+    monkeypatch.setenv(protocol.ENV_RDZV_EPOCH, "0")
+    with redirect_stdout(io.StringIO()):
+        a = State(model=make_model())
+        monkeypatch.setenv(protocol.ENV_ROUND, "0")
+        monkeypatch.setenv(protocol.ENV_RDZV_EPOCH, "1")  # agents restarted with a new range
+        b = State(model=make_model())
+    assert b.generation > a.generation
+
+
+def rank_env(monkeypatch, rank: int, world: int) -> None:
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_data_cursor_survives_rescales_without_repeats_or_gaps(ckpt, monkeypatch, shuffle):
+    """World sizes 2 -> 4 -> 1 -> 3 with restarts between: every sample index exactly once."""
+    n, batch, seen = 1000, 5, []
+    total = 0
+    with redirect_stdout(io.StringIO()):
+        for world, steps in ((2, 7), (4, 5), (1, 9), (3, 6)):
+            states, iters = [], []
+            for rank in range(world):
+                rank_env(monkeypatch, rank, world)
+                state = State(model=make_model(), async_commit=False)
+                states.append(state)
+                iters.append(iter(state.batch_sampler(n, batch, shuffle=shuffle, seed=3)))
+            start = states[0].step
+            for step in range(start, start + steps):
+                for rank in range(world):
+                    seen.extend(next(iters[rank]))
+                for state in reversed(states):  # rank 0 last, like any rank
+                    state.commit(step=step)
+            total += steps * batch * world
+            # A crashed, uncommitted step: drawn but never committed, so it is redone.
+            for rank in range(world):
+                next(iters[rank])
+    assert len(seen) == total == 7 * 10 + 5 * 20 + 9 * 5 + 6 * 15
+    assert len(set(seen)) == len(seen)
+    if not shuffle:
+        assert sorted(seen) == list(range(total))
+
+
+def test_the_data_cursor_works_with_a_prefetching_dataloader(ckpt):
+    from torch.utils.data import DataLoader
+
+    with redirect_stdout(io.StringIO()):
+        state = State(model=make_model(), async_commit=False)
+        loader = DataLoader(
+            list(range(100)), batch_sampler=state.batch_sampler(100, 4, shuffle=False), num_workers=2, prefetch_factor=4
+        )
+        got = []
+        for _step, batch in zip(state.steps(5), loader):
+            got.append(batch.tolist())
+            state.commit()
+        assert state.samples_seen == 20
+        resumed = State(model=make_model())
+        loader = DataLoader(list(range(100)), batch_sampler=resumed.batch_sampler(100, 4, shuffle=False))
+        assert next(iter(loader)).tolist() == [20, 21, 22, 23]
+    assert got[-1] == [16, 17, 18, 19]
