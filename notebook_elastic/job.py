@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import BackendError, SpecError
@@ -153,6 +153,10 @@ class ElasticJob:
         if self.dryrun is not None:
             return self.dryrun.bundle.script
         return self.backend.script(self.name)
+
+    def history(self) -> Iterator[Event]:
+        """Every event recorded so far (metrics and worker output included), oldest first."""
+        return self.backend.history(self.name)
 
     @property
     def finished(self) -> bool:

@@ -83,5 +83,11 @@ class Backend(abc.ABC):
     def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
         """Fault drills: ``kill_worker`` (a rank), ``preempt_node`` / ``lose_node`` (a node)."""
 
+    def history(self, name: str) -> Iterator[Event]:
+        """Every event recorded so far, metrics and output included; does not wait."""
+        stop = threading.Event()
+        stop.set()
+        return self.follow(name, stop)
+
     def script(self, name: str) -> str | None:
         return None

@@ -52,6 +52,7 @@ class ElasticBatchSampler:
         self.global_batch_size = batch_size * self.world_size
         self._perm_epoch = -1
         self._perm: list[int] = []
+        self.last_start: int | None = None  # stream position of the batch last yielded here
 
     @property
     def epoch(self) -> int:
@@ -87,5 +88,6 @@ class ElasticBatchSampler:
         position = self.state._cursor_at(self.state.step)
         while True:
             start = position + self.rank * self.batch_size
+            self.last_start = start
             yield self.indices(start, self.batch_size)
             position += self.global_batch_size

@@ -7,9 +7,7 @@ one started after a crash) can list, follow, scale and stop any job.
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -242,6 +240,18 @@ class LocalBackend(Backend):
 
     # -- follow --------------------------------------------------------------------------
 
+    def history(self, name: str) -> Iterator[Event]:
+        folder = self.folder(name)
+        if not folder.exists():
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        with open(folder.events_file, "rb") as f:
+            for line in f:
+                if line.endswith(b"\n") and line.strip():
+                    try:
+                        yield Event.from_line(line.decode("utf-8", "replace"))
+                    except ValueError:
+                        continue
+
     def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
         folder = self.folder(name)
         if not folder.exists():
@@ -296,4 +306,4 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
-__all__ = ["LocalBackend", "JobFolder", "json", "shlex"]
+__all__ = ["JobFolder", "LocalBackend"]

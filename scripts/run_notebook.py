@@ -1,0 +1,59 @@
+"""Execute a notebook headless on a real kernel, printing each cell's output as it finishes.
+
+usage: python scripts/run_notebook.py NOTEBOOK [--save OUT.ipynb] [--timeout SECONDS]
+Exits non-zero when a cell fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+
+def _text(output) -> str:
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    if output.get("output_type") == "error":
+        return "\n".join(output.get("traceback", [])) + "\n"
+    data = output.get("data", {})
+    return data.get("text/plain", "") + "\n" if "text/plain" in data else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("notebook")
+    parser.add_argument("--save", default=None)
+    parser.add_argument("--timeout", type=int, default=600)
+    args = parser.parse_args()
+    nb = nbformat.read(args.notebook, as_version=4)
+    started = time.monotonic()
+
+    def on_cell_executed(cell, cell_index, execute_reply, **_):
+        if cell.cell_type != "code":
+            return
+        first = cell.source.splitlines()[0] if cell.source else ""
+        print(f"--- [{cell_index}] {first[:90]}  ({time.monotonic() - started:.1f} s)", flush=True)
+        for output in cell.get("outputs", []):
+            sys.stdout.write(_text(output))
+        sys.stdout.flush()
+
+    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3", on_cell_executed=on_cell_executed)
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        print(f"notebook failed: {str(exc)[-3000:]}", file=sys.stderr)
+        return 1
+    finally:
+        if args.save:
+            nbformat.write(nb, args.save)
+    print(f"--- {args.notebook} ran in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
