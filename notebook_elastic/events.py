@@ -38,7 +38,8 @@ class Kind:
     WORKER_EXITED = "worker_exited"  # the agent saw a worker process die (exit code / signal)
     WORKER_FINISHED = "worker_finished"
     AGENT_SIGNALED = "agent_signaled"
-    PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
+    PEER_LOST = "peer_lost"
+    LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round  # an agent saw a member of its round vanish and ended its workers
     GROUP_SUCCEEDED = "group_succeeded"
     METRIC = "metric"
     PLAN = "plan"
@@ -237,6 +238,8 @@ def describe(e: Event) -> str:
         return f"rank {d.get('rank')} finished"
     if k == Kind.AGENT_SIGNALED:
         return f"{node}: agent received {d.get('signal')}; stopping its workers"
+    if k == Kind.LEFT_RENDEZVOUS:
+        return f"{node}: left the rendezvous"
     if k == Kind.PEER_LOST:
         return f"{node}: {len(d.get('lost') or [])} node(s) of round {d.get('round')} vanished; restarting its workers"
     if k == Kind.GROUP_SUCCEEDED:

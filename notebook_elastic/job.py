@@ -65,6 +65,40 @@ class ElasticJob:
         self._follow()
         return self
 
+    def configure(
+        self,
+        *,
+        nnodes: tuple[int, int] | str | None = None,
+        nproc_per_node: int | None = None,
+        max_restarts: int | None = None,
+    ) -> None:
+        """Change a prepared (``dry_run``) job's shape before ``start()``."""
+        import dataclasses
+
+        from .spec import parse_nnodes
+
+        if not self._prepared or self.spec is None or self.dryrun is None:
+            raise BackendError(
+                f"job {self.name!r} has started; its shape can no longer be edited (use scale/set_range)"
+            )
+        changes: dict[str, Any] = {}
+        if nnodes is not None:
+            changes["nnodes"] = parse_nnodes(nnodes)
+            if self.spec.nodes is not None and not changes["nnodes"][0] <= self.spec.nodes <= changes["nnodes"][1]:
+                changes["nodes"] = None
+        if nproc_per_node is not None:
+            changes["nproc_per_node"] = nproc_per_node
+        if max_restarts is not None:
+            changes["max_restarts"] = max_restarts
+        spec = dataclasses.replace(self.spec, **changes).validated()
+        with self._lock:
+            self.spec = spec
+            self.dryrun = self.backend.submit_dryrun(spec, self.dryrun.bundle)
+            self._state.nnodes = spec.nnodes
+            self._state.target = spec.initial_nodes
+            self._state.max_restarts = spec.max_restarts
+            self._state.nproc_per_node = spec.nproc_per_node
+
     def _follow(self) -> None:
         if self._follower is not None:
             return

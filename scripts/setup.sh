@@ -5,19 +5,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+log=$(mktemp -t notebook-elastic-setup.XXXXXX)
+trap 'rm -f "$log"' EXIT
+pip_install() {  # quiet unless it fails
+  if ! .venv/bin/python -m pip install --quiet "$@" >"$log" 2>&1; then
+    grep -v "is ignored: it is neither" "$log" >&2
+    echo "setup: pip install $* failed" >&2
+    exit 1
+  fi
+}
 if [[ ! -x .venv/bin/python ]]; then
+  echo "setup: creating .venv"
   "$PY" -m venv .venv
-  .venv/bin/python -m pip install --quiet --upgrade pip
+  pip_install --upgrade pip
 fi
 VPY=.venv/bin/python
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "setup: installing torch==2.13.0 (CPU build)"
-  "$VPY" -m pip install --quiet "torch==2.13.0"
+  pip_install "torch==2.13.0"
 fi
 stamp=.venv/.notebook-elastic-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "setup: installing notebook-elastic and its test dependencies"
-  "$VPY" -m pip install --quiet -e ".[test]"
+  pip_install -e ".[test]"
   echo "$want" > "$stamp"
 fi

@@ -170,9 +170,9 @@ def test_fencing_catches_a_newer_group_during_a_background_write(ckpt, monkeypat
     real_save = torch.save
     newer_claimed = threading.Event()
 
-    def slow_save(obj, f):
+    def slow_save(obj, f, **kwargs):
         newer_claimed.wait(10)  # hold the write until the newer group has announced itself
-        real_save(obj, f)
+        real_save(obj, f, **kwargs)
 
     out = io.StringIO()
     with redirect_stdout(out):

@@ -17,6 +17,7 @@ A thin wrapper around ``torch.distributed.run.main()`` that
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -149,6 +150,35 @@ def _hook_rendezvous() -> None:
     dr.DynamicRendezvousHandler.next_rendezvous = next_rendezvous
 
 
+def _leave_rendezvous() -> None:
+    """Take this node out of its round at once when it is stopped on purpose (SIGTERM:
+    scale-down, preemption, pod deletion). Otherwise the survivors wait for its heartbeat
+    to expire (keep_alive_interval x keep_alive_max_attempt) before they can regroup."""
+    handler = _watch.handler
+    if handler is None:
+        return
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 5)
+    except Exception:
+        return
+    emit("left_rendezvous", node=_node_name(), pid=os.getpid())
+
+
+def _standby() -> list[str]:
+    """``--standby``: import everything, then wait for the supervisor's go (one JSON line on
+    stdin with the node's environment and torchrun arguments). A warm spare joins a scale-up
+    without paying for Python and torch start-up."""
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)  # the supervisor closed our stdin: not needed after all
+    order = json.loads(line)
+    os.environ.update(order.get("env", {}))
+    return list(order["argv"])
+
+
 def main(argv: list[str] | None = None) -> None:
     supervisor = os.environ.get(protocol.ENV_SUPERVISOR_PID)
     if supervisor:
@@ -157,12 +187,20 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("LOGLEVEL", "INFO")  # read by torchelastic's loggers at import
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # workers' prints reach us line by line
     os.environ[protocol.ENV_AGENT_PID] = str(os.getpid())
+    args = sys.argv[1:] if argv is None else argv
     _hook_rendezvous()
     _hook_agent()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
+    if args[:1] == ["--standby"]:
+        args = _standby()
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
-    torchrun_main(sys.argv[1:] if argv is None else argv)
+    try:
+        torchrun_main(args)
+    except SignalException:
+        _leave_rendezvous()
+        raise
 
 
 if __name__ == "__main__":

@@ -9,11 +9,29 @@ from .text import TextView
 if TYPE_CHECKING:
     from ..job import ElasticJob
 
-__all__ = ["TextView", "display_job"]
+__all__ = ["TextView", "display_job", "widgets_available"]
+
+
+def widgets_available() -> bool:
+    """True inside a Jupyter kernel (a front end that can render widgets is attached)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def display_job(job: ElasticJob) -> None:
-    """Show a job below the current cell: its summary now, its events as they come."""
+    """Show a job below the current cell: the live dashboard in a kernel, else a text view
+    that prints its events as they come."""
+    if widgets_available():
+        from IPython.display import display
+
+        from ..ui import Dashboard
+
+        display(Dashboard(job))
+        return
     print(job.summary())
     if not job.finished:
         TextView(job)

@@ -53,7 +53,9 @@ class Agent:
     exit_reason: str | None = None  # set when we signal it on purpose
     reaped: bool = False
     readers: list[threading.Thread] = field(default_factory=list)
+    parsers: list[LineParser] = field(default_factory=list)
     log: IO[bytes] | None = None
+    log_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def alive(self) -> bool:
@@ -125,6 +127,9 @@ class Supervisor:
         self.sink = EventSink(folder.events_file, self.state, self._observe)
         self.authkey = secrets.token_bytes(32)
         self.gpus = _visible_gpus()
+        self.spare: Agent | None = None
+        self.spare_retry_at = 0.0
+        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True))
 
     # -- events --------------------------------------------------------------------------
 
@@ -171,7 +176,7 @@ class Supervisor:
             "--local-addr",
             "127.0.0.1",
             str(self.folder.script),
-        ]
+        ]  # [3:] are torchrun's own arguments
 
     def _agent_env(self, name: str, index: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -199,40 +204,83 @@ class Supervisor:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(share)
         return env
 
-    def start_agent(self) -> Agent:
-        index = self.next_index
-        self.next_index += 1
-        name = f"node-{index}"
-        log = open(self.folder.logs / f"{name}.log", "ab")
+    def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
         proc = subprocess.Popen(
-            self._agent_command(),
-            env=self._agent_env(name, index),
+            command,
+            env=env,
             cwd=self.spec.backend_options.get("cwd") or None,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        agent = Agent(name, proc, time.time(), self.epoch, log=log)
-        lock = threading.Lock()
+        agent = Agent(name, proc, time.time(), self.epoch, log=open(self.folder.logs / f"{name}.log", "ab"))
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            t = threading.Thread(
-                target=self._read, args=(agent, stream, pipe, lock), name=f"{name}-{stream}", daemon=True
-            )
+            parser = LineParser(name, stream)
+            t = threading.Thread(target=self._read, args=(agent, parser, pipe), name=f"{name}-{stream}", daemon=True)
             t.start()
+            agent.parsers.append(parser)
             agent.readers.append(t)
-        self.agents[name] = agent
-        self.emit(Kind.NODE_JOINED, name, pid=proc.pid, epoch=self.epoch)
         return agent
 
-    def _read(self, agent: Agent, stream: str, pipe: IO[bytes], lock: threading.Lock) -> None:
-        parser = LineParser(agent.name, stream)
+    def start_agent(self) -> Agent:
+        index = self.next_index
+        self.next_index += 1
+        name = f"node-{index}"
+        env = self._agent_env(name, index)
+        spare, self.spare = self.spare, None
+        if spare is not None and spare.alive:
+            # A warm spare: Python and torch are already imported; tell it who it is.
+            node_env = {k: v for k, v in env.items() if os.environ.get(k) != v}
+            order = json.dumps({"env": node_env, "argv": self._agent_command()[3:]}) + "\n"
+            try:
+                spare.proc.stdin.write(order.encode())  # type: ignore[union-attr]
+                spare.proc.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                spare = None
+        if spare is not None and spare.alive:
+            agent = spare
+            with agent.log_lock:
+                agent.log.close()  # type: ignore[union-attr]
+                os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
+                agent.log = open(self.folder.logs / f"{name}.log", "ab")
+            agent.name = name
+            agent.epoch = self.epoch
+            agent.started = time.time()
+            for parser in agent.parsers:
+                parser.node = name
+        else:
+            agent = self._spawn(name, self._agent_command(), env)
+            agent.proc.stdin.close()  # type: ignore[union-attr]
+        self.agents[name] = agent
+        self.emit(Kind.NODE_JOINED, name, pid=agent.proc.pid, epoch=self.epoch, warm=agent is spare)
+        return agent
+
+    def _keep_a_spare(self) -> None:
+        """Once the job runs and can still grow, keep one standby agent warm."""
+        wanted = (
+            self.warm_spare
+            and not self.stopping
+            and self.state.world_size > 0
+            and len(self.alive_agents()) < self.range[1]
+        )
+        if self.spare is not None and not self.spare.alive:
+            self.spare = None
+            self.spare_retry_at = time.monotonic() + 30  # it died unused: do not respawn in a loop
+        if wanted and self.spare is None and time.monotonic() >= self.spare_retry_at:
+            env = self._agent_env("spare", self.next_index)
+            self.spare = self._spawn(f"spare-{self.next_index}", [*self._agent_command()[:3], "--standby"], env)
+        elif not wanted and self.spare is not None:
+            self.spare.proc.stdin.close()  # type: ignore[union-attr]
+            self.spare = None
+
+    def _read(self, agent: Agent, parser: LineParser, pipe: IO[bytes]) -> None:
         for raw in iter(pipe.readline, b""):
             now = time.time()
-            with lock:
+            with agent.log_lock:
                 agent.log.write(raw)  # type: ignore[union-attr]
             event = parser.feed(raw.decode("utf-8", "replace"), now)
-            if event is not None:
+            if event is not None and not agent.name.startswith("spare-"):
                 self.sink.put(event)
         pipe.close()
 
@@ -493,6 +541,7 @@ class Supervisor:
                 )
             self.returns.sort()
             self._converge()
+            self._keep_a_spare()
             if self.stopping and self.stop_deadline and now > self.stop_deadline:
                 for agent in self.alive_agents():
                     self.signal_agent(agent, signal.SIGKILL, "stopped")
@@ -539,6 +588,9 @@ class Supervisor:
 
     def _finish(self, outcome: tuple[str, str | None]) -> None:
         status, reason = outcome
+        if self.spare is not None:
+            self.spare.proc.stdin.close()  # type: ignore[union-attr]
+            self.spare = None
         leftovers = kill_all(self.folder.path, grace_s=2.0)
         data: dict[str, Any] = {"status": status}
         if reason:

@@ -1,0 +1,67 @@
+"""Shared helpers for the benchmarks: a results table and its JSON twin."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def p95(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def report(name: str, rows: list[dict], notes: str = "") -> None:
+    """Print rows as a table and write them to benchmarks/results/NAME.json."""
+    columns = ["metric", "value", "unit", "target", "ok"]
+    table = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
+    print()
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    if notes:
+        print(notes)
+    RESULTS.mkdir(exist_ok=True)
+    data = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {
+            "cpus": __import__("os").cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "rows": rows,
+        "notes": notes,
+    }
+    try:
+        import torch
+
+        data["machine"]["torch"] = torch.__version__
+    except ImportError:
+        pass
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1, default=str))
+    print(f"wrote {path}")
+
+
+def row(metric: str, value: float, unit: str, target: str = "", ok: bool | None = None, digits: int = 3) -> dict:
+    return {
+        "metric": metric,
+        "value": round(value, digits) if isinstance(value, float) else value,
+        "unit": unit,
+        "target": target,
+        "ok": "" if ok is None else ("yes" if ok else "NO"),
+    }

@@ -1,0 +1,200 @@
+"""The dashboard: pure renderers, and the widget tree driven by a real local job."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.events import Event, Kind
+from notebook_elastic.job_state import JobState, Marker
+from notebook_elastic.ui.render import chart_svg, downsample, header_html, ranks_html, timeline_html
+
+
+def test_downsampling_keeps_at_most_1000_points_and_the_spikes():
+    steps = list(range(200_000))
+    values = [1.0] * 200_000
+    values[123_456] = 50.0
+    values[777] = -9.0
+    points = downsample(steps, values)
+    assert len(points) <= 1000
+    assert (123_456, 50.0) in points and (777, -9.0) in points
+    assert [p[0] for p in points] == sorted(p[0] for p in points)
+
+
+def test_chart_has_a_line_markers_with_hover_text_and_stays_small():
+    steps = list(range(50_000))
+    values = [1.0 / (s + 1) for s in steps]
+    markers = [Marker(12_000, 0.0, "world_size", "world size 2 → 4"), Marker(30_000, 0.0, "restart", "restart 1/3")]
+    svg = chart_svg(steps, values, markers, metric="loss")
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert 'data-points="1000"' in svg or int(re.search(r'data-points="(\d+)"', svg).group(1)) <= 1000
+    assert 'class="ne-marker ne-marker-world_size" data-step="12000"' in svg and "world size 2 → 4" in svg
+    assert 'data-step="30000"' in svg and "restart 1/3" in svg
+    assert len(svg) < 40_000  # what a refresh sends, whatever the step count
+    assert "waiting for loss" in chart_svg([], [], metric="loss")
+
+
+def test_header_ranks_and_timeline_render_the_state():
+    state = JobState(max_restarts=3, nnodes=(1, 2))
+    story = [
+        Event(Kind.NODE_JOINED, 1.0, "node-0", {"pid": 10}),
+        Event(
+            Kind.WORKER_STARTED,
+            2.0,
+            "node-0",
+            {"rank": 0, "local_rank": 0, "world_size": 2, "pid": 11, "generation": 0},
+        ),
+        Event(
+            Kind.WORKER_STARTED,
+            2.0,
+            "node-0",
+            {"rank": 1, "local_rank": 1, "world_size": 2, "pid": 12, "generation": 0},
+        ),
+        Event(
+            Kind.WORKER_FAILED,
+            3.0,
+            "node-0",
+            {
+                "rank": 1,
+                "error": "ValueError",
+                "message": "bad",
+                "traceback": "Traceback...\nValueError: bad",
+                "generation": 0,
+            },
+        ),
+        Event(Kind.NODE_LEFT, 4.0, "node-1", {"reason": "preempted"}),
+    ]
+    state.apply_all(story)
+    head = header_html("toy", "local", state)
+    assert 'class="ne-world-size">2<' in head and 'data-status="restarting"' in head
+    ranks = ranks_html(state)
+    assert 'data-node="node-1" data-status="left" style="color:#aaa"' in ranks and "preempted" in ranks
+    assert "0 (local 0, pid 11)" in ranks
+    timeline = timeline_html(state.events)
+    assert timeline.index("node-1 left") < timeline.index("rank 1 on node-0 failed")  # newest first
+    assert "<details><summary>" in timeline and "ValueError: bad" in timeline
+
+
+TRAIN = """
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(TOTAL):
+    loss = ddp(torch.randn(4, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item(), lr=0.01)
+    time.sleep(0.03)
+"""
+
+
+def wait_for(predicate, what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
+    from notebook_elastic.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nproc_per_node=1,
+        max_restarts=5,
+        name="dash",
+        namespace={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
+    )
+    dash = Dashboard(job)
+    try:
+        wait_for(
+            lambda: 'class="ne-world-size">1<' in dash.header.value and 'data-status="running"' in dash.header.value,
+            "world size 1 in the header",
+        )
+        wait_for(lambda: "ne-line" in dash.chart.value, "the loss line")
+        assert dash.metric.options == ("loss", "lr") and dash.metric.value == "loss"
+        points_before = int(re.search(r'data-total-points="(\d+)"', dash.chart.value).group(1))
+        wait_for(
+            lambda: int(re.search(r'data-total-points="(\d+)"', dash.chart.value).group(1)) > points_before + 10,
+            "the chart gaining points",
+        )
+
+        # The nodes box + Scale button call job.scale; the job follows; the view shows it.
+        dash.target.value = 2
+        dash.scale_button.click()
+        assert dash.scale_button.disabled  # in flight
+        wait_for(lambda: 'class="ne-world-size">2<' in dash.header.value, "world size 2 on the page")
+        marker = next(m for m in job.state.markers if m.kind == "world_size")
+        wait_for(
+            lambda: f'ne-marker-world_size" data-step="{marker.step}"' in dash.chart.value, "the world-size marker"
+        )
+        wait_for(lambda: any(e.kind == Kind.RESUMED for e in job.events), "the resume")
+        resumed = next(e for e in job.events if e.kind == Kind.RESUMED)
+        assert marker.step in (resumed.get("step") - 1, resumed.get("step"))  # at the change, not elsewhere
+        assert 'data-node="node-1" data-status="running"' in dash.ranks.value
+
+        # The range slider calls set_range.
+        dash.range.value = (1, 3)
+        wait_for(lambda: job.state.nnodes == (1, 3) and not dash.range.disabled, "the new range")
+        assert dash.target.max == 3
+
+        # Drill: kill a worker; the timeline shows the restart.
+        wait_for(lambda: job.status == "running", "running again")
+        dash.kill_button.click()
+        wait_for(lambda: 'data-kind="restart"' in dash.timeline.value, "the restart in the timeline")
+        wait_for(lambda: "killed rank" in dash.message.value, "the drill's result")
+
+        # Updates are throttled: at most 4 renders a second whatever the event rate.
+        r0, t0 = dash.renders, time.monotonic()
+        time.sleep(3)
+        assert dash.renders - r0 <= 4 * (time.monotonic() - t0) + 2
+
+        # Closing the view does not stop the job.
+        dash.close()
+        time.sleep(0.5)
+        assert not job.finished
+        dash = Dashboard(job)
+        # Stop asks once, then stops.
+        dash.stop_button.click()
+        assert dash.stop_button.description == "Confirm stop" and not job.finished
+        dash.stop_button.click()
+        wait_for(lambda: job.status == "stopped", "the job to stop")
+        wait_for(
+            lambda: dash.kill_button.disabled and dash.stop_button.disabled and dash.scale_button.disabled,
+            "controls disabled",
+        )
+    finally:
+        dash.close()
+        job.stop()
+
+
+@pytest.mark.slow
+def test_a_prepared_job_is_shaped_and_started_from_the_dashboard(home):
+    from notebook_elastic.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        name="prep",
+        dry_run=True,
+        namespace={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 30},
+    )
+    dash = Dashboard(job)
+    try:
+        assert job.status == "prepared" and not dash.start_button.disabled and not dash.nproc.disabled
+        dash.nproc.value = 2
+        dash.range.value = (1, 1)
+        dash.start_button.click()
+        wait_for(lambda: job.status != "prepared", "the start")
+        assert job.wait(120) == "succeeded"
+        assert job.spec.nproc_per_node == 2 and job.spec.nnodes == (1, 1) and job.world_size == 2
+    finally:
+        dash.close()
