@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The browser tests drive Debian's Chromium (Playwright's own browser download fails here).
+if [[ ! -x /usr/bin/chromium ]] && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian chromium for the browser tests"
+  sudo_=""; [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && sudo_="sudo"
+  if ! { $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq chromium chromium-driver; } >/tmp/notebook-elastic-apt.log 2>&1; then
+    echo "setup: could not install chromium (see /tmp/notebook-elastic-apt.log); browser tests will say so" >&2
+  fi
+fi
 .venv/bin/ruff check notebook_elastic tests benchmarks scripts
 .venv/bin/ruff format --check notebook_elastic tests benchmarks scripts
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -32,3 +32,11 @@ def test_quickstart_notebook_tells_the_seed_story(home):
     assert "world sizes: 2 -> 4 -> 2" in out
     assert "each exactly once: True" in out
     assert "QUICKSTART OK" in out
+
+
+def test_over_quota_notebook_shrinks_and_grows_back(home):
+    out = run_notebook("over-quota.ipynb", home, timeout=900)
+    assert "world sizes: 4 -> 2 -> 4" in out
+    assert "steps trained: 240 of 240" in out
+    assert "each exactly once: True" in out
+    assert "OVER-QUOTA OK" in out

@@ -208,14 +208,15 @@ def status_badge(status: str) -> str:
 
 def header_html(name: str, backend: str, state: JobState, now: float | None = None) -> str:
     nodes = len(state.running_nodes)
-    rate = state.steps_per_s
+    rate = None if state.finished else state.steps_per_s
+    eta = None if state.finished else state.eta_s
     cells = [
         ("world size", f'<b class="ne-world-size">{state.world_size}</b>'),
         ("nodes", f'<span class="ne-nodes">{nodes}</span> / {state.nnodes[0]}:{state.nnodes[1]}'),
         ("restarts", f'<span class="ne-restarts">{state.restarts}</span> / {state.max_restarts}'),
         ("elapsed", duration(elapsed_s(state, now))),
         ("steps/s", f"{rate:.2f}" if rate else "–"),
-        ("ETA", duration(state.eta_s)),
+        ("ETA", duration(eta)),
     ]
     stats = "".join(f'<span style="margin-right:14px"><span style="color:#777">{k}</span> {v}</span>' for k, v in cells)
     reason = (

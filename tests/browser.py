@@ -1,0 +1,158 @@
+"""A real JupyterLab on 127.0.0.1 and Debian's Chromium driven by Playwright, for UI tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def require_chromium() -> None:
+    if not os.path.exists(CHROMIUM):
+        message = f"{CHROMIUM} is missing: apt-get install chromium chromium-driver (scripts/test.sh does it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    def __init__(self, root: Path, url: str, token: str, log: Path) -> None:
+        self.root, self.url, self.token, self.log = root, url, token, log
+
+    def page_url(self, path: str) -> str:
+        return f"{self.url}/{path}?token={self.token}"
+
+    def api(self, path: str, method: str = "GET", body: dict | None = None) -> tuple[int, object]:
+        request = urllib.request.Request(
+            f"{self.url}/{path}",
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                raw = response.read()
+                return response.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                return exc.code, json.loads(raw)
+            except ValueError:
+                return exc.code, raw.decode(errors="replace")
+
+
+@contextmanager
+def jupyter_lab(root: Path, env: dict[str, str]):
+    """Start `jupyter lab` on 127.0.0.1 with a token; yield a ``Lab``; stop it."""
+    port, token = free_port(), secrets.token_hex(16)
+    settings = root / "lab-settings"
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True, exist_ok=True)
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    log = root / "jupyter-lab.log"
+    full_env = dict(os.environ, **env)
+    full_env.update(
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
+        JUPYTER_RUNTIME_DIR=str(root / "runtime"),
+    )
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                f"--port={port}",
+                "--ServerApp.ip=127.0.0.1",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}",
+                "--LabApp.expose_app_in_browser=True",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--allow-root",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=root,
+        )
+    lab = Lab(root, f"http://127.0.0.1:{port}", token, log)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if lab.api("api/status")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"jupyter lab did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield lab
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def chromium_page(artifacts: Path):
+    """A Playwright page in Debian's Chromium with a fresh profile; console errors collected."""
+    from playwright.sync_api import sync_playwright
+
+    profile = artifacts / "chromium-profile"
+    shutil.rmtree(profile, ignore_errors=True)
+    with sync_playwright() as p:
+        # A fresh --user-data-dir, the way Playwright takes it.
+        context = p.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000}
+        )
+        page = context.new_page()
+        page.console_errors = []  # type: ignore[attr-defined]
+        page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+        page.on("pageerror", lambda e: page.console_errors.append(str(e)))
+        try:
+            yield page
+        finally:
+            context.close()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
