@@ -65,3 +65,15 @@ def row(metric: str, value: float, unit: str, target: str = "", ok: bool | None 
         "target": target,
         "ok": "" if ok is None else ("yes" if ok else "NO"),
     }
+
+
+def stop_all_jobs() -> None:
+    """Stop every local job of this benchmark's home, so a failed run leaves nothing behind."""
+    from notebook_elastic.backends.local import LocalBackend
+
+    backend = LocalBackend()
+    for info in backend.list():
+        try:
+            backend.cancel(info.name)
+        except Exception as exc:  # keep stopping the others
+            print(f"could not stop {info.name}: {exc}")

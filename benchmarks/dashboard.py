@@ -17,7 +17,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import report, row  # noqa: E402
+from _common import report, row, stop_all_jobs  # noqa: E402
 
 SETUP = """
 %load_ext notebook_elastic
@@ -87,7 +87,10 @@ def run_kernel(total: int) -> dict:
 
 def main() -> None:
     os.environ["NOTEBOOK_ELASTIC_HOME"] = tempfile.mkdtemp(prefix="ne-bench-dash-")
-    results = run_kernel(total=30000)
+    try:
+        results = run_kernel(total=30000)
+    finally:
+        stop_all_jobs()
     base, dash = results["without dashboard"], results["with dashboard"]
     rate = dash["metrics"] / dash["wall_s"]
     base_cpu = base["cpu_s"] / base["wall_s"] * 100

@@ -28,7 +28,7 @@ from contextlib import redirect_stdout
 
 sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
-from _common import median, p95, report, row  # noqa: E402
+from _common import median, p95, report, row, stop_all_jobs  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
@@ -311,6 +311,13 @@ def _proc_cpu(pid: int) -> float | None:
 
 
 def main() -> None:
+    try:
+        run()
+    finally:
+        stop_all_jobs()
+
+
+def run() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="one run each, skip torchrun's slow default rendezvous")
     args = parser.parse_args()
