@@ -36,7 +36,7 @@ def cpu():
 """
 
 RUN = """
-job = ne.launch(STREAM, nnodes="1", nproc_per_node=1, name="{name}", namespace={{"TOTAL": {total}, "elastic": elastic}})
+job = ne.launch(STREAM, nnodes="1", nproc_per_node=1, name="{name}", user_ns={{"TOTAL": {total}, "elastic": elastic}})
 while not len(job.metrics):
     time.sleep(0.01)
 {display}

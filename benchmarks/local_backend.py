@@ -92,7 +92,7 @@ def wait(pred, timeout=180.0, what=""):
 
 def first_step_ours(nnodes: str, nproc: int, name: str) -> float:
     started = time.time()
-    job = ne.launch(TRAIN, nnodes=nnodes, nproc_per_node=nproc, name=name, namespace=namespace(20, 0.01))
+    job = ne.launch(TRAIN, nnodes=nnodes, nproc_per_node=nproc, name=name, user_ns=namespace(20, 0.01))
     clock = Clock(job)
     wait(lambda: clock.first.is_set() or job.finished, what="first step")
     took = clock.arrivals[0][0] - started if clock.arrivals else float("nan")
@@ -152,7 +152,7 @@ def resume_times(rows: list[dict], runs: int) -> None:
             nproc_per_node=1,
             name=f"bench-resume-{n}",
             max_restarts=20,
-            namespace=namespace(100000, 0.02),
+            user_ns=namespace(100000, 0.02),
         )
         clock = Clock(job)
         wait(lambda: len(clock.arrivals) > 20, what="warm-up")
@@ -276,7 +276,7 @@ def State_(model, opt, async_commit):
 
 def latency_and_cpu(rows: list[dict]) -> None:
     # Event latency at a moderate rate, measured where the dashboard reads: job callbacks.
-    job = ne.launch(TRAIN, nnodes="1", nproc_per_node=1, name="bench-latency", namespace=namespace(600, 0.01))
+    job = ne.launch(TRAIN, nnodes="1", nproc_per_node=1, name="bench-latency", user_ns=namespace(600, 0.01))
     clock = Clock(job)
     job.wait(240)
     lat = [(at - v["t"]) * 1000 for at, v in clock.arrivals]
@@ -285,7 +285,7 @@ def latency_and_cpu(rows: list[dict]) -> None:
     # CPU while a worker streams ~2,000 metrics/s.
     total, rate = 30000, 2000
     job = ne.launch(
-        STREAM, nnodes="1", nproc_per_node=1, name="bench-stream", namespace=namespace(total, 0, RATE=rate, BURST=20)
+        STREAM, nnodes="1", nproc_per_node=1, name="bench-stream", user_ns=namespace(total, 0, RATE=rate, BURST=20)
     )
     clock = Clock(job)
     wait(lambda: clock.first.is_set(), what="stream start")
@@ -327,9 +327,7 @@ def run() -> None:
     os.chdir(workdir)
     rows: list[dict] = []
 
-    job = ne.launch(
-        TRAIN, nnodes="1", nproc_per_node=2, name="bench-export", namespace=namespace(20, 0.01), dry_run=True
-    )
+    job = ne.launch(TRAIN, nnodes="1", nproc_per_node=2, name="bench-export", user_ns=namespace(20, 0.01), dry_run=True)
     script = os.path.join(workdir, "train.py")
     job.dryrun.bundle.write(script)
     ours, plain = [], []

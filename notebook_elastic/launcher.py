@@ -10,7 +10,7 @@ from typing import Any
 from . import defaults
 from .backends import get_backend
 from .backends.base import Backend, JobInfo
-from .errors import JobNotFound, PackagingError
+from .errors import JobNotFound, PackagingError, SpecError
 from .job import ElasticJob
 from .packaging import Bundle, NotebookContext, package_cell, package_function
 from .spec import JobSpec, new_name, parse_nnodes
@@ -81,6 +81,49 @@ def check_withheld(bundle: Bundle, spec: JobSpec) -> None:
         )
 
 
+KUBERNETES_KEYWORDS = (
+    "namespace",
+    "context",
+    "image",
+    "gpus",
+    "cpu",
+    "memory",
+    "tolerations",
+    "node_selector",
+    "rdzv_tolerations",
+    "rdzv_node_selector",
+    "priority_class",
+    "service_account",
+    "image_pull_secrets",
+    "pvc",
+    "shm_size",
+    "workload",
+)
+
+
+def backend_for(spec: JobSpec) -> Backend:
+    if spec.backend == "kubernetes":
+        k8s = spec.backend_options.get("kubernetes") or {}
+        return get_backend("kubernetes", namespace=k8s.get("namespace"), context=k8s.get("context"))
+    return get_backend(spec.backend)
+
+
+def kubernetes_options(backend: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Split the Kubernetes keywords of launch() off, validated (SpecError on a bad one)."""
+    picked = {k: given.pop(k) for k in list(given) if k in KUBERNETES_KEYWORDS and given[k] is not None}
+    if not picked:
+        return {} if backend != "kubernetes" else {"kubernetes": _k8s_parse({}).to_json()}
+    if backend != "kubernetes":
+        raise SpecError(f"{', '.join(sorted(picked))} only apply with backend='kubernetes'")
+    return {"kubernetes": _k8s_parse(picked).to_json()}
+
+
+def _k8s_parse(picked: dict[str, Any]) -> Any:
+    from .backends.kubernetes.options import parse_options
+
+    return parse_options(**picked)
+
+
 def _caller_namespace() -> Mapping[str, Any]:
     frame = inspect.currentframe()
     try:
@@ -103,20 +146,21 @@ def launch(
     env: Mapping[str, str] | Iterable[str] | None = None,
     dry_run: bool = False,
     ship: Iterable[str] = (),
-    namespace: Mapping[str, Any] | None = None,
+    user_ns: Mapping[str, Any] | None = None,
     context: NotebookContext | None = None,
     **options: Any,
 ) -> ElasticJob:
     """Package the training code and run it as an elastic torchrun job.
 
-    ``code_or_function``: a cell's code (names resolve in ``namespace``, by default the
+    ``code_or_function``: a cell's code (names resolve in ``user_ns``, by default the
     caller's globals, i.e. the notebook) or a function taking no arguments. Returns at once
     with a live ``ElasticJob``; with ``dry_run=True`` nothing starts and ``job.start()``
     launches it later. Every error (bad option, unshippable value) is raised before
     anything starts.
     """
     if context is None:
-        context = NotebookContext.from_globals(namespace if namespace is not None else _caller_namespace())
+        context = NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
+    extra = kubernetes_options(backend, options)
     spec = build_spec(
         nnodes=nnodes,
         nproc_per_node=nproc_per_node,
@@ -128,13 +172,13 @@ def launch(
         env=env,
         ship=ship,
         notebook=context.notebook,
-        backend_options={"cwd": context.cwd, **options.pop("backend_options", {})},
+        backend_options={"cwd": context.cwd, **extra, **options.pop("backend_options", {})},
         **options,
     )
     bundle = bundle_for(code_or_function, spec, context)
     if not dry_run:
         check_withheld(bundle, spec)
-    runner = get_backend(spec.backend)
+    runner = backend_for(spec)
     dryrun = runner.submit_dryrun(spec, bundle)
     job = ElasticJob(spec.name, runner, spec, dryrun)
     if not dry_run:
@@ -142,9 +186,9 @@ def launch(
     return job
 
 
-def _backends(backend: str | None) -> list[Backend]:
+def _backends(backend: str | None, **options: Any) -> list[Backend]:
     names = [backend] if backend else ["local"]
-    return [get_backend(n) for n in names]
+    return [get_backend(n, **options) if n == "kubernetes" else get_backend(n) for n in names]
 
 
 class JobList(list):
@@ -181,26 +225,38 @@ class JobList(list):
     _repr_pretty_ = lambda self, p, cycle: p.text(repr(self))  # noqa: E731
 
 
-def jobs(backend: str | None = None) -> JobList:
-    """Every job the backend knows, including those started by earlier kernels."""
+def jobs(backend: str | None = None, **options: Any) -> JobList:
+    """Every job the backend knows, including those started by earlier kernels
+    (``jobs("kubernetes", namespace=..., context=...)`` for a cluster)."""
     out = JobList()
-    for runner in _backends(backend):
+    for runner in _backends(backend, **options):
         out.extend(sorted(runner.list(), key=lambda j: j.created or 0))
     return out
 
 
-def attach(name: str, backend: str = "local") -> ElasticJob:
+def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
     """Re-open a job by name: replays its history, then follows it live."""
-    runner = get_backend(backend)
+    runner = _backends(backend, **options)[0]
     info: JobInfo | None = runner.describe(name)
     if info is None:
         raise JobNotFound(f"no {backend} job named {name!r}; %elastic_jobs lists the jobs there are")
     spec = None
-    if backend == "local":
-        try:
+    try:
+        if backend == "local":
             spec = JobSpec.from_json(runner.folder(name).spec())  # type: ignore[attr-defined]
-        except (OSError, ValueError, TypeError):
-            spec = None
+        else:
+            summary = info.summary
+            known = {k: summary[k] for k in ("max_restarts", "nproc_per_node") if summary.get(k) is not None}
+            spec = JobSpec.from_json(
+                {
+                    "name": name,
+                    "backend": backend,
+                    "nnodes": [summary.get("min_nodes", 1), summary.get("max_nodes", 1)],
+                    **known,
+                }
+            )
+    except (OSError, ValueError, TypeError):
+        spec = None
     job = ElasticJob(name, runner, spec)
     job._follow()
     return job

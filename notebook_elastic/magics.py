@@ -18,7 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import defaults
 from .errors import NotebookElasticError
-from .launcher import attach, build_spec, bundle_for, check_withheld, jobs
+from .launcher import attach, backend_for, build_spec, bundle_for, check_withheld, jobs, kubernetes_options
 from .packaging import NotebookContext
 
 
@@ -111,6 +111,72 @@ class ElasticMagics(Magics):
     @argument(
         "--max-payload", dest="max_payload", default=None, help="refuse payloads above this size (default 64MiB)."
     )
+    @argument("--namespace", default=None, help="kubernetes: the namespace (default: the context's).")
+    @argument("--context", default=None, help="kubernetes: the kubeconfig context (default: the current one).")
+    @argument(
+        "--image", default=None, help="kubernetes: the container image (needs torch; default a PyTorch CUDA image)."
+    )
+    @argument(
+        "--gpus", default=None, help="kubernetes: nvidia.com/gpu per pod (default: --nproc-per-node; 0 for CPU pods)."
+    )
+    @argument("--cpu", default=None, help="kubernetes: CPU request per pod, like 8 or 500m.")
+    @argument("--memory", default=None, help="kubernetes: memory per pod, like 32Gi.")
+    @argument(
+        "--toleration",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE:EFFECT",
+        help="kubernetes: worker toleration (repeatable).",
+    )
+    @argument(
+        "--node-selector",
+        dest="node_selector",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="kubernetes: worker node selector (repeatable).",
+    )
+    @argument(
+        "--rdzv-toleration",
+        dest="rdzv_toleration",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE:EFFECT",
+        help="kubernetes: toleration of the rendezvous pod.",
+    )
+    @argument(
+        "--rdzv-node-selector",
+        dest="rdzv_node_selector",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="kubernetes: node selector of the rendezvous pod (e.g. on-demand nodes).",
+    )
+    @argument(
+        "--priority-class", dest="priority_class", default=None, help="kubernetes: priorityClassName of the pods."
+    )
+    @argument(
+        "--service-account", dest="service_account", default=None, help="kubernetes: serviceAccountName of the pods."
+    )
+    @argument(
+        "--image-pull-secret",
+        dest="image_pull_secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="kubernetes: image pull secret (repeatable).",
+    )
+    @argument(
+        "--pvc", default=None, help="kubernetes: PersistentVolumeClaim for checkpoints (needed when MAX nodes > 1)."
+    )
+    @argument(
+        "--shm-size", dest="shm_size", default="2Gi", help="kubernetes: size of /dev/shm in the workers (default 2Gi)."
+    )
+    @argument(
+        "--workload",
+        default="job",
+        help="kubernetes: job (elastic Indexed Job, default), pods, or pytorchjob (Kubeflow).",
+    )
     @argument(
         "--dry-run", dest="dry_run", action="store_true", help="print the manifest and the script; launch nothing."
     )
@@ -143,6 +209,26 @@ class ElasticMagics(Magics):
         except ValueError:
             raise UsageError(f"--max-restarts must be a whole number, not {args.max_restarts!r}") from None
         ctx = NotebookContext.from_shell(self.shell)
+        k8s = {
+            "namespace": args.namespace,
+            "context": args.context,
+            "image": args.image,
+            "gpus": args.gpus,
+            "cpu": args.cpu,
+            "memory": args.memory,
+            "tolerations": args.toleration,
+            "node_selector": args.node_selector,
+            "rdzv_tolerations": args.rdzv_toleration,
+            "rdzv_node_selector": args.rdzv_node_selector,
+            "priority_class": args.priority_class,
+            "service_account": args.service_account,
+            "image_pull_secrets": args.image_pull_secret,
+            "pvc": args.pvc,
+            "shm_size": args.shm_size if args.shm_size != "2Gi" else None,
+            "workload": args.workload if args.workload != "job" else None,
+        }
+        k8s = {k: v for k, v in k8s.items() if v not in (None, [], ())}
+        extra = kubernetes_options(args.backend, k8s)
         spec = build_spec(
             nnodes=args.nnodes,
             nodes=args.nodes,
@@ -157,7 +243,7 @@ class ElasticMagics(Magics):
             rdzv_conf=args.rdzv_conf,
             collective_timeout_s=_float(args.collective_timeout),
             max_payload_bytes=_size(args.max_payload) if args.max_payload else defaults.MAX_PAYLOAD_BYTES,
-            backend_options={"cwd": ctx.cwd},
+            backend_options={"cwd": ctx.cwd, **extra},
             notebook=ctx.notebook,
         )
         if args.export:
@@ -172,13 +258,17 @@ class ElasticMagics(Magics):
             print(f"\nwrote {script}" + (f" and {payload}" if payload else ""))
             print(f"run it with: torchrun --nproc-per-node {spec.nproc_per_node} {script}")
             return None
-        from .backends import get_backend
         from .job import ElasticJob
 
         bundle = bundle_for(cell, spec, ctx)
-        runner = get_backend(spec.backend)
+        runner = backend_for(spec)
         dryrun = runner.submit_dryrun(spec, bundle)
         if args.dry_run:
+            if spec.backend == "kubernetes":
+                # One multi-document YAML (the script is in the ConfigMap), the manifest as comments.
+                print("\n".join("# " + line for line in bundle.manifest.format().splitlines()))
+                print(dryrun.text)
+                return None
             print(bundle.manifest.format())
             print()
             print(dryrun.text)

@@ -111,7 +111,7 @@ def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
         nproc_per_node=1,
         max_restarts=5,
         name="dash",
-        namespace={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
     )
     dash = Dashboard(job)
     try:
@@ -185,7 +185,7 @@ def test_a_prepared_job_is_shaped_and_started_from_the_dashboard(home):
         nnodes="1:2",
         name="prep",
         dry_run=True,
-        namespace={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 30},
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 30},
     )
     dash = Dashboard(job)
     try:

@@ -83,9 +83,7 @@ def world_sizes(job) -> list[int]:
 
 
 def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
-    job = ne.launch(
-        TRAIN, nnodes="1:3", nproc_per_node=2, name="rescale", max_restarts=5, namespace=namespace(total=70)
-    )
+    job = ne.launch(TRAIN, nnodes="1:3", nproc_per_node=2, name="rescale", max_restarts=5, user_ns=namespace(total=70))
     wait_for(job, at_step(job, 10), "step 10 on one node")
     assert job.world_size == 2 and job.nodes == ["node-0"]
     job.scale(2)
@@ -112,7 +110,7 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
 
 
 def test_a_killed_worker_costs_one_restart_and_the_job_finishes(home):
-    job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=2, name="crash", max_restarts=3, namespace=namespace(total=40))
+    job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=2, name="crash", max_restarts=3, user_ns=namespace(total=40))
     wait_for(job, at_step(job, 8), "step 8")
     killed = job.kill_worker(rank=1)
     wait_for(job, lambda: job.restarts == 1, "the restart")
@@ -125,7 +123,7 @@ def test_a_killed_worker_costs_one_restart_and_the_job_finishes(home):
 
 def test_preemption_and_node_loss_continue_on_fewer_nodes(home):
     job = ne.launch(
-        TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="spot", max_restarts=5, namespace=namespace(total=80)
+        TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="spot", max_restarts=5, user_ns=namespace(total=80)
     )
     wait_for(job, lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training")
     job.preempt_node("node-2")  # SIGTERM: the spot reclaim
@@ -141,7 +139,7 @@ def test_preemption_and_node_loss_continue_on_fewer_nodes(home):
 
 def test_a_sigkilled_agent_takes_its_workers_with_it(home):
     job = ne.launch(
-        TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="orphans", max_restarts=3, namespace=namespace(total=400)
+        TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="orphans", max_restarts=3, user_ns=namespace(total=400)
     )
     wait_for(job, lambda: job.world_size == 4 and at_step(job, 3)(), "two nodes training")
     agent_pid = next(e.get("pid") for e in job.events if e.kind == Kind.NODE_JOINED and e.node == "node-1")
@@ -204,7 +202,7 @@ for step in state.steps(50):
 
 
 def test_a_spent_restart_budget_fails_with_the_ranks_traceback(home):
-    job = ne.launch(FAILING, nnodes="1", nproc_per_node=2, name="doomed", max_restarts=1, namespace=namespace())
+    job = ne.launch(FAILING, nnodes="1", nproc_per_node=2, name="doomed", max_restarts=1, user_ns=namespace())
     assert job.wait(180) == "failed"
     assert job.restarts == 1
     assert "restart budget spent (1/1)" in job.reason
@@ -214,7 +212,7 @@ def test_a_spent_restart_budget_fails_with_the_ranks_traceback(home):
 
 
 def test_stop_is_immediate_idempotent_and_leaves_nothing(home):
-    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="halt", namespace=namespace(total=100000))
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="halt", user_ns=namespace(total=100000))
     wait_for(job, lambda: job.world_size == 4 and at_step(job, 2)(), "running on two nodes")
     started = time.monotonic()
     assert job.stop() == "stopped"
@@ -226,7 +224,7 @@ def test_stop_is_immediate_idempotent_and_leaves_nothing(home):
 
 
 def test_changing_the_range_restarts_agents_and_resumes(home):
-    job = ne.launch(TRAIN, nnodes="1:1", nproc_per_node=1, name="widen", max_restarts=3, namespace=namespace(total=60))
+    job = ne.launch(TRAIN, nnodes="1:1", nproc_per_node=1, name="widen", max_restarts=3, user_ns=namespace(total=60))
     wait_for(job, at_step(job, 5), "step 5")
     with pytest.raises(ne.SpecError, match=r"cannot scale to 2 nodes: the job's range is 1:1"):
         job.scale(2)
@@ -236,3 +234,15 @@ def test_changing_the_range_restarts_agents_and_resumes(home):
     assert job.state.nnodes == (1, 2)
     assert job.wait(180) == "succeeded"
     assert sorted(committed_reports(job)) == list(range(60))
+
+
+def test_workers_need_only_torch_and_cloudpickle(home, tmp_path, monkeypatch):
+    """Container images often lack numpy (torch does not depend on it): a 2-rank job with
+    State must not need it either."""
+    blocker = tmp_path / "no-numpy" / "numpy"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n")
+    monkeypatch.setenv("PYTHONPATH", str(blocker.parent))
+    job = ne.launch(TRAIN, nnodes="1", nproc_per_node=2, name="no-numpy", user_ns=namespace(total=10))
+    assert job.wait(120) == "succeeded", job.reason
+    assert job.world_size == 2

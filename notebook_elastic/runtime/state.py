@@ -199,12 +199,25 @@ class State:
         return dist if dist.is_available() and dist.is_initialized() else None
 
     def _broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank. Not ``broadcast_object_list``: it needs numpy on
+        the receiving side, which torch does not depend on (nor do we)."""
         dist = self._dist()
         if dist is None:
             return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        import pickle
+
+        import torch
+
+        on = device() if dist.get_backend() == "nccl" else torch.device("cpu")
+        data = pickle.dumps(value) if self.is_writer else b""
+        size = torch.tensor([len(data)], dtype=torch.long, device=on)
+        dist.broadcast(size, src=0)
+        if self.is_writer:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(on)
+        else:
+            buf = torch.empty(int(size.item()), dtype=torch.uint8, device=on)
+        dist.broadcast(buf, src=0)
+        return pickle.loads(bytes(buf.cpu().tolist()))
 
     def _agree_on_generation(self) -> int:
         generation = self.info.generation
