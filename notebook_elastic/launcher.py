@@ -147,7 +147,7 @@ def launch(
     dry_run: bool = False,
     ship: Iterable[str] = (),
     user_ns: Mapping[str, Any] | None = None,
-    context: NotebookContext | None = None,
+    notebook_context: NotebookContext | None = None,
     **options: Any,
 ) -> ElasticJob:
     """Package the training code and run it as an elastic torchrun job.
@@ -158,8 +158,7 @@ def launch(
     launches it later. Every error (bad option, unshippable value) is raised before
     anything starts.
     """
-    if context is None:
-        context = NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
+    ctx = notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
     extra = kubernetes_options(backend, options)
     spec = build_spec(
         nnodes=nnodes,
@@ -171,11 +170,11 @@ def launch(
         checkpoint_dir=checkpoint_dir,
         env=env,
         ship=ship,
-        notebook=context.notebook,
-        backend_options={"cwd": context.cwd, **extra, **options.pop("backend_options", {})},
+        notebook=ctx.notebook,
+        backend_options={"cwd": ctx.cwd, **extra, **options.pop("backend_options", {})},
         **options,
     )
-    bundle = bundle_for(code_or_function, spec, context)
+    bundle = bundle_for(code_or_function, spec, ctx)
     if not dry_run:
         check_withheld(bundle, spec)
     runner = backend_for(spec)

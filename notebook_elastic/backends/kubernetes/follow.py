@@ -1,0 +1,441 @@
+"""Following a job on a cluster: a pod watch plus a log follower per pod, as events.
+
+The watch is a real watch (not a one-off list): pods that appear later (a replacement
+for a preempted worker, a scale-up) are followed too, and it resumes from its last
+resourceVersion after a dropped connection (relisting on 410 Gone). Each worker pod's log
+is followed with timestamps; after a drop the follower reconnects and skips exactly the
+lines it already had, so nothing is duplicated or lost; a restarted container's previous
+log is read with ``previous=True``. Pod phases and reasons become events: ``pending`` with
+the scheduler's message (Unschedulable: Insufficient nvidia.com/gpu), ImagePullBackOff,
+CrashLoopBackOff; ``node_joined`` when a pod runs; ``node_left`` with the reason
+(finished, preempted, evicted, deleted, OOMKilled, exit code).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...events import Event, Kind, LineParser
+from . import manifests as m
+from .client import Connection, is_missing
+
+WATCH_TIMEOUT_S = 30
+WAITING_REASONS = {
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "InvalidImageName",
+    "CreateContainerError",
+}
+
+
+def parse_time(text: str) -> float:
+    """RFC 3339 (nanoseconds allowed) -> epoch seconds."""
+    text = text.rstrip("Z")
+    whole, _, frac = text.partition(".")
+    base = dt.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+def _ts(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.timestamp()
+    return parse_time(str(value))
+
+
+@dataclass
+class PodView:
+    """What we last knew of a pod, to turn changes into events."""
+
+    name: str
+    phase: str = ""
+    running_seen: bool = False
+    reported_pending: str = ""
+    restart_count: int = 0
+    left: bool = False
+    log_threads: list[threading.Thread] = field(default_factory=list)
+
+
+def pod_disruption(pod: Any) -> str | None:
+    for cond in pod.status.conditions or [] if pod.status else []:
+        if cond.type == "DisruptionTarget" and cond.status == "True":
+            reason = cond.reason or ""
+            if "Preemption" in reason:
+                return "preempted"
+            if "Eviction" in reason or "Taint" in reason:
+                return "evicted"
+            return reason or "disrupted"
+    return None
+
+
+class ClusterFollower:
+    def __init__(self, conn: Connection, job: str, stop: threading.Event) -> None:
+        self.conn = conn
+        self.job = job
+        self.stop = stop
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.pods: dict[str, PodView] = {}
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        self.core = conn.core()
+
+    def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
+        self.events.put(Event(kind, t if t is not None else time.time(), node, data))
+
+    # -- the stream -------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Event]:
+        code = self._read_code()
+        if code is None:
+            yield Event(
+                Kind.JOB_FINISHED,
+                time.time(),
+                None,
+                {"status": "stopped", "reason": "the job's objects are gone from the cluster"},
+            )
+            return
+        threads = [
+            threading.Thread(target=self._watch_pods, name=f"watch-pods-{self.job}", daemon=True),
+            threading.Thread(target=self._watch_workload, name=f"watch-job-{self.job}", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        while True:
+            try:
+                event = self.events.get(timeout=0.1)
+            except queue.Empty:
+                if self.stop.is_set():
+                    return
+                continue
+            yield event
+            if event.kind == Kind.JOB_FINISHED:
+                self.finished.set()
+                self.stop.set()
+                return
+
+    def _read_code(self) -> Any:
+        try:
+            cm = self.core.read_namespaced_config_map(m.code_name(self.job), self.conn.namespace)
+        except Exception as exc:
+            if is_missing(exc):
+                return None
+            raise
+        import json
+
+        spec = json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
+        lo, hi = spec.get("nnodes", [1, 1])
+        self.emit(
+            Kind.JOB_SUBMITTED,
+            t=_ts(cm.metadata.creation_timestamp),
+            name=self.job,
+            nodes=spec.get("nodes") or lo,
+            min_nodes=lo,
+            max_nodes=hi,
+            nproc_per_node=spec.get("nproc_per_node"),
+            max_restarts=spec.get("max_restarts"),
+            backend="kubernetes",
+            namespace=self.conn.namespace,
+            notebook=spec.get("notebook"),
+        )
+        return cm
+
+    # -- pods -------------------------------------------------------------------------
+
+    def _watch_pods(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        rv: str | None = None
+        while not self.stop.is_set():
+            w = watch.Watch()
+            try:
+                for item in w.stream(
+                    self.core.list_namespaced_pod,
+                    self.conn.namespace,
+                    label_selector=m.selector(self.job),
+                    resource_version=rv,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                ):
+                    if self.stop.is_set():
+                        w.stop()
+                        return
+                    pod = item["object"]
+                    rv = pod.metadata.resource_version
+                    self._on_pod(item["type"], pod)
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv = None  # too old: relist (ADDED again for what exists; views dedupe)
+                else:
+                    time.sleep(0.5)
+            except Exception:
+                time.sleep(0.2)  # dropped connection: resume from rv
+
+    def _on_pod(self, kind: str, pod: Any) -> None:
+        name = pod.metadata.name
+        component = (pod.metadata.labels or {}).get(m.COMPONENT)
+        with self.lock:
+            view = self.pods.setdefault(name, PodView(name))
+        status = pod.status
+        phase = (status.phase if status else "") or "Pending"
+        statuses = (status.container_statuses or []) if status else []
+        container = statuses[0] if statuses else None
+        if component == "rendezvous":
+            self._on_rendezvous_pod(kind, pod, view, phase, container)
+            return
+        if view.left:
+            return
+        # Pending: why.
+        if phase == "Pending":
+            reason = ""
+            for cond in status.conditions or [] if status else []:
+                if cond.type == "PodScheduled" and cond.status == "False":
+                    reason = f"{cond.reason}: {cond.message}"
+            if (
+                container
+                and container.state
+                and container.state.waiting
+                and container.state.waiting.reason in WAITING_REASONS
+            ):
+                w = container.state.waiting
+                reason = f"{w.reason}: {w.message or ''}".strip()
+            if reason and reason != view.reported_pending:
+                view.reported_pending = reason
+                head, _, message = reason.partition(": ")
+                self.emit(Kind.PENDING, name, reason=head, message=message)
+        if (
+            container
+            and container.state
+            and container.state.waiting
+            and container.state.waiting.reason == "CrashLoopBackOff"
+        ):
+            reason = f"CrashLoopBackOff: {container.state.waiting.message or ''}"
+            if reason != view.reported_pending:
+                view.reported_pending = reason
+                self.emit(Kind.PENDING, name, reason="CrashLoopBackOff", message=container.state.waiting.message or "")
+        # Running: it joined; follow its log.
+        started = container and container.state and (container.state.running or container.state.terminated)
+        if started and not view.running_seen:
+            view.running_seen = True
+            self.emit(
+                Kind.NODE_JOINED,
+                name,
+                ip=status.pod_ip,
+                index=(pod.metadata.labels or {}).get("batch.kubernetes.io/job-completion-index"),
+            )
+            self._start_log_follower(view, previous=False)
+        if container and container.restart_count and container.restart_count > view.restart_count:
+            view.restart_count = container.restart_count
+            self.emit(
+                Kind.ERROR,
+                name,
+                error="ContainerRestarted",
+                message=f"container restarted ({container.restart_count}x)",
+            )
+            self._start_log_follower(view, previous=True)
+        # Gone: why.
+        disruption = pod_disruption(pod)
+        terminated = container.state.terminated if container and container.state else None
+        if phase in ("Succeeded", "Failed") or kind == "DELETED" or pod.metadata.deletion_timestamp:
+            if phase == "Succeeded":
+                reason = "finished"
+            elif disruption:
+                reason = disruption
+            elif status and status.reason == "Evicted":
+                reason = "evicted"
+            elif terminated is not None and terminated.reason == "OOMKilled":
+                reason = "OOMKilled"
+            elif phase == "Failed":
+                reason = f"exited with code {terminated.exit_code}" if terminated is not None else "failed"
+            else:
+                reason = "deleted"
+            if kind == "DELETED" or phase in ("Succeeded", "Failed"):
+                view.left = True
+                self.emit(
+                    Kind.NODE_LEFT,
+                    name,
+                    reason=reason,
+                    exitcode=terminated.exit_code if terminated is not None else None,
+                )
+
+    def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
+        if kind == "DELETED" and not self.stop.is_set():
+            self.emit(Kind.ERROR, pod.metadata.name, error="RendezvousGone", message="the rendezvous pod was deleted")
+        if container and container.restart_count and container.restart_count > view.restart_count:
+            view.restart_count = container.restart_count
+            self.emit(
+                Kind.ERROR,
+                pod.metadata.name,
+                error="RendezvousRestarted",
+                message="the rendezvous store restarted; agents rejoin",
+            )
+        if phase == "Pending":
+            reason = ""
+            for cond in pod.status.conditions or [] if pod.status else []:
+                if cond.type == "PodScheduled" and cond.status == "False":
+                    reason = f"{cond.reason}: {cond.message}"
+            if reason and reason != view.reported_pending:
+                view.reported_pending = reason
+                head, _, message = reason.partition(": ")
+                self.emit(Kind.PENDING, pod.metadata.name, reason=head, message=message, component="rendezvous")
+
+    # -- logs -------------------------------------------------------------------------
+
+    def _start_log_follower(self, view: PodView, previous: bool) -> None:
+        t = threading.Thread(target=self._follow_log, args=(view.name, previous), name=f"log-{view.name}", daemon=True)
+        view.log_threads.append(t)
+        t.start()
+
+    def _follow_log(self, pod: str, previous: bool) -> None:
+        parser = LineParser(pod)
+        last_ts: str | None = None  # RFC 3339 with nanoseconds: sorts as text
+        at_last_ts = 0  # lines seen with exactly that timestamp
+        while not self.stop.is_set():
+            since = None
+            if last_ts is not None:
+                since = max(1, int(time.time() - parse_time(last_ts)) + 2)
+            try:
+                resp = self.core.read_namespaced_pod_log(
+                    pod,
+                    self.conn.namespace,
+                    follow=not previous,
+                    previous=previous,
+                    timestamps=True,
+                    since_seconds=since,
+                    _preload_content=False,
+                )
+            except Exception as exc:
+                if is_missing(exc):
+                    return
+                time.sleep(0.5)
+                continue
+            skipped_at_last = 0
+            buffer = b""
+            try:
+                for chunk in resp.stream(4096):
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for raw in lines:
+                        stamp, _, text = raw.decode("utf-8", "replace").partition(" ")
+                        if last_ts is not None:
+                            if stamp < last_ts:
+                                continue
+                            if stamp == last_ts and skipped_at_last < at_last_ts:
+                                skipped_at_last += 1
+                                continue
+                        if stamp == last_ts:
+                            at_last_ts += 1
+                            skipped_at_last += 1
+                        else:
+                            last_ts, at_last_ts, skipped_at_last = stamp, 1, 1
+                        event = parser.feed(text, parse_time(stamp))
+                        if event is not None:
+                            self.events.put(event)
+                ended = True
+            except Exception:
+                ended = False  # dropped mid-stream: reconnect and skip what we have
+            finally:
+                resp.release_conn()
+            if previous:
+                return
+            if ended and self._container_done(pod):
+                return
+            time.sleep(0.2)
+
+    def _container_done(self, pod: str) -> bool:
+        try:
+            obj = self.core.read_namespaced_pod(pod, self.conn.namespace)
+        except Exception as exc:
+            return is_missing(exc)
+        statuses = obj.status.container_statuses or [] if obj.status else []
+        return bool(statuses and statuses[0].state and statuses[0].state.terminated) or obj.status.phase in (
+            "Succeeded",
+            "Failed",
+        )
+
+    # -- the workload (Job / PyTorchJob / pods) -----------------------------------------
+
+    def _watch_workload(self) -> None:
+        """Scale changes and the job's end, from the workers' controller object."""
+        batch = self.conn.batch()
+        last_parallelism = None
+        last_range = None
+        while not self.stop.is_set():
+            cm = self._code()
+            if cm is None or cm.metadata.deletion_timestamp:
+                self._finish("stopped", "stopped on request (the job's objects were deleted)")
+                return
+            workload = ((cm.metadata.annotations or {}).get("notebook-elastic.io/workload")) or "job"
+            try:
+                if workload == "job":
+                    job = batch.read_namespaced_job(m.workers_name(self.job), self.conn.namespace)
+                    spec, status = job.spec, job.status
+                    epoch = (job.metadata.annotations or {}).get(m.ANNOTATION_EPOCH)
+                    nnodes = (job.metadata.annotations or {}).get("notebook-elastic.io/nnodes")
+                    if spec.parallelism != last_parallelism or nnodes != last_range:
+                        lo, hi = (int(x) for x in (nnodes or "1:1").split(":"))
+                        if last_parallelism is not None:
+                            self.emit(
+                                Kind.SCALED,
+                                target=spec.parallelism,
+                                min_nodes=lo,
+                                max_nodes=hi,
+                                reconfigured=nnodes != last_range,
+                                epoch=epoch,
+                            )
+                        last_parallelism, last_range = spec.parallelism, nnodes
+                    for cond in status.conditions or []:
+                        if cond.status == "True" and cond.type == "Complete":
+                            self._finish("succeeded", None)
+                            return
+                        if cond.status == "True" and cond.type == "Failed":
+                            self._finish("failed", f"{cond.reason}: {cond.message}")
+                            return
+                elif workload == "pods":
+                    pods = self.core.list_namespaced_pod(
+                        self.conn.namespace, label_selector=m.selector(self.job, "worker")
+                    ).items
+                    phases = [p.status.phase for p in pods]
+                    if pods and all(p == "Succeeded" for p in phases):
+                        self._finish("succeeded", None)
+                        return
+                    if pods and all(p in ("Succeeded", "Failed") for p in phases):
+                        self._finish("failed", "every worker pod failed")
+                        return
+                else:
+                    obj = self.conn.custom().get_namespaced_custom_object(
+                        "kubeflow.org", "v1", self.conn.namespace, "pytorchjobs", m.workers_name(self.job)
+                    )
+                    for cond in (obj.get("status") or {}).get("conditions", []):
+                        if cond.get("status") == "True" and cond.get("type") in ("Succeeded", "Failed"):
+                            self._finish(cond["type"].lower(), cond.get("message"))
+                            return
+            except Exception as exc:
+                if not is_missing(exc):
+                    time.sleep(1)
+                    continue
+                # The workload is being replaced (range change) or was deleted.
+            self.stop.wait(0.5)
+
+    def _code(self) -> Any:
+        try:
+            return self.core.read_namespaced_config_map(m.code_name(self.job), self.conn.namespace)
+        except Exception as exc:
+            if is_missing(exc):
+                return None
+            return self._last_code if hasattr(self, "_last_code") else None
+
+    def _finish(self, status: str, reason: str | None) -> None:
+        time.sleep(1.0)  # let the log followers deliver the last lines first
+        data: dict[str, Any] = {"status": status}
+        if reason:
+            data["reason"] = reason
+        self.emit(Kind.JOB_FINISHED, **data)

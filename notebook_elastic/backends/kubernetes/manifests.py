@@ -1,0 +1,417 @@
+"""Kubernetes objects of a job, as pure functions of the spec, the bundle and the options.
+
+- ``<job>-code`` ConfigMap: the script, its payload and the worker runtime (a zip of
+  ``notebook_elastic.runtime`` and cloudpickle), so any image with torch runs it. The owner
+  of everything else: deleting it deletes the job.
+- ``<job>-rdzv`` Pod + Service: the c10d rendezvous store, not a trainer (with its own node
+  selector and tolerations, e.g. on-demand nodes), so losing any worker never takes the
+  rendezvous down.
+- ``<job>-workers``: an Indexed Job (elastic: scaled by patching completions and
+  parallelism together, Kubernetes >= 1.31), or plain pods, or a Kubeflow PyTorchJob with
+  an elasticPolicy. Each worker pod runs our torchrun agent with the fast rendezvous
+  settings and a join timeout long enough for a cluster autoscaler.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ... import __version__, defaults
+from ...errors import SpecError
+from ...runtime import protocol
+from ...runtime.payload import PAYLOAD_SUFFIX
+from .options import KubernetesOptions
+
+NAME = "app.kubernetes.io/name"
+INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+VERSION = "app.kubernetes.io/version"
+APP = "notebook-elastic"
+ANNOTATION_SPEC = "notebook-elastic.io/spec"
+ANNOTATION_NOTEBOOK = "notebook-elastic.io/notebook"
+ANNOTATION_EPOCH = "notebook-elastic.io/rdzv-epoch"
+ANNOTATION_RUN = "notebook-elastic.io/run-id"
+
+CODE_MOUNT = "/opt/notebook-elastic"
+SCRIPT = "script.py"
+PAYLOAD = "script" + PAYLOAD_SUFFIX
+RUNTIME_ZIP = "runtime.zip"
+CHECKPOINT_MOUNT = "/checkpoints"
+MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's data
+
+
+def labels(job: str, component: str) -> dict[str, str]:
+    return {NAME: APP, INSTANCE: job, COMPONENT: component, MANAGED_BY: APP, VERSION: __version__}
+
+
+def selector(job: str, component: str | None = None) -> str:
+    parts = [f"{NAME}={APP}", f"{INSTANCE}={job}"]
+    if component:
+        parts.append(f"{COMPONENT}={component}")
+    return ",".join(parts)
+
+
+def code_name(job: str) -> str:
+    return f"{job}-code"
+
+
+def rdzv_name(job: str) -> str:
+    return f"{job}-rdzv"
+
+
+def workers_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+@lru_cache(maxsize=1)
+def runtime_zip() -> bytes:
+    """notebook_elastic.runtime (+ the package's light __init__) and cloudpickle, zipped with
+    fixed timestamps so the same code gives the same bytes."""
+    import cloudpickle
+
+    package = Path(__file__).resolve().parents[2]
+    files: list[tuple[str, Path]] = [("notebook_elastic/__init__.py", package / "__init__.py")]
+    files += [(f"notebook_elastic/runtime/{p.name}", p) for p in sorted((package / "runtime").glob("*.py"))]
+    cp = Path(cloudpickle.__file__).parent
+    files += [(f"cloudpickle/{p.name}", p) for p in sorted(cp.glob("*.py"))]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for arcname, path in files:
+            info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, path.read_bytes())
+    return buf.getvalue()
+
+
+def code_configmap(
+    spec: Any, bundle: Any, options: KubernetesOptions, *, run_id: str, epoch: int = 0
+) -> dict[str, Any]:
+    binary = {RUNTIME_ZIP: runtime_zip()}
+    if bundle.payload:
+        binary[PAYLOAD] = bundle.payload
+    size = len(bundle.script.encode()) + sum(len(v) for v in binary.values())
+    if size > MAX_CONFIGMAP_BYTES:
+        biggest = sorted((i for i in bundle.manifest.items if i.size), key=lambda i: -i.size)[:2]
+        named = ", ".join(f"`{i.name}` ({i.size / 1e6:.1f} MB)" for i in biggest)
+        raise SpecError(
+            f"the packaged cell is {size / 1e6:.1f} MB, over the 1 MiB a ConfigMap may hold ({named}); load "
+            "large data inside the cell from a PersistentVolumeClaim (--pvc) or bake it into the image (--image)"
+        )
+    spec_json = spec.to_json()
+    spec_json.pop("backend_options", None)
+    annotations = {
+        ANNOTATION_SPEC: json.dumps(spec_json, separators=(",", ":")),
+        ANNOTATION_EPOCH: str(epoch),
+        ANNOTATION_RUN: run_id,
+    }
+    if spec.notebook:
+        annotations[ANNOTATION_NOTEBOOK] = str(spec.notebook)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": code_name(spec.name), "labels": labels(spec.name, "code"), "annotations": annotations},
+        "data": {SCRIPT: bundle.script},
+        "binaryData": {k: base64.b64encode(v).decode() for k, v in binary.items()},
+    }
+
+
+def _base_env(spec: Any, options: KubernetesOptions, epoch: int) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": protocol.ENV_NODE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": protocol.ENV_JOB, "value": spec.name},
+        {"name": protocol.ENV_CHECKPOINT_DIR, "value": spec.checkpoint_dir or CHECKPOINT_MOUNT},
+        {"name": protocol.ENV_RDZV_EPOCH, "value": str(epoch)},
+        {"name": protocol.ENV_COLLECTIVE_TIMEOUT_S, "value": str(int(spec.collective_timeout_s))},
+        {"name": "PYTHONPATH", "value": f"{CODE_MOUNT}/{RUNTIME_ZIP}"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+        {"name": "LOGLEVEL", "value": "INFO"},
+    ]
+    env += [{"name": k, "value": v} for k, v in spec.env.items()]
+    return env
+
+
+def _code_volume(spec: Any) -> dict[str, Any]:
+    return {"name": "code", "configMap": {"name": code_name(spec.name)}}
+
+
+def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "containers": [
+            {
+                "name": "rendezvous",
+                "image": options.image,
+                "command": ["python", "-m", "notebook_elastic.runtime.store"],
+                "args": ["--host", "$(POD_IP)", "--port", str(options.rdzv_port)],
+                "env": [
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "PYTHONPATH", "value": f"{CODE_MOUNT}/{RUNTIME_ZIP}"},
+                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                ],
+                "ports": [{"name": "c10d", "containerPort": options.rdzv_port}],
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                "readinessProbe": {"tcpSocket": {"port": options.rdzv_port}, "periodSeconds": 2},
+                "volumeMounts": [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}],
+            }
+        ],
+        "volumes": [_code_volume(spec)],
+        "terminationGracePeriodSeconds": 5,
+    }
+    if options.rdzv_node_selector:
+        pod_spec["nodeSelector"] = dict(options.rdzv_node_selector)
+    if options.rdzv_tolerations:
+        pod_spec["tolerations"] = list(options.rdzv_tolerations)
+    if options.priority_class:
+        pod_spec["priorityClassName"] = options.priority_class
+    if options.service_account:
+        pod_spec["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": rdzv_name(spec.name), "labels": labels(spec.name, "rendezvous")},
+        "spec": pod_spec,
+    }
+
+
+def rendezvous_service(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": rdzv_name(spec.name), "labels": labels(spec.name, "rendezvous")},
+        "spec": {
+            "selector": {INSTANCE: spec.name, COMPONENT: "rendezvous"},
+            "ports": [{"name": "c10d", "port": options.rdzv_port, "targetPort": options.rdzv_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def agent_args(spec: Any, options: KubernetesOptions, *, rdzv_id: str) -> list[str]:
+    lo, hi = spec.nnodes
+    conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
+    conf.update(spec.rdzv_conf)
+    return [
+        "--nnodes",
+        f"{lo}:{hi}",
+        "--nproc-per-node",
+        str(spec.nproc_per_node),
+        "--max-restarts",
+        str(spec.max_restarts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{rdzv_name(spec.name)}:{options.rdzv_port}",
+        "--rdzv-id",
+        rdzv_id,
+        "--rdzv-conf",
+        ",".join(f"{k}={v}" for k, v in conf.items()),
+        "--monitor-interval",
+        str(spec.monitor_interval_s),
+        "--local-addr",
+        "$(POD_IP)",
+        f"{CODE_MOUNT}/{SCRIPT}",
+    ]
+
+
+def worker_pod_spec(
+    spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, restart_policy: str = "Never"
+) -> dict[str, Any]:
+    gpus = options.gpus_per_pod(spec.nproc_per_node)
+    resources: dict[str, Any] = {}
+    if gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
+    requests = {k: v for k, v in (("cpu", options.cpu), ("memory", options.memory)) if v}
+    if requests:
+        resources["requests"] = requests
+        if options.memory:
+            resources.setdefault("limits", {})["memory"] = options.memory
+    mounts = [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [_code_volume(spec)]
+    if options.shm_size:
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}})
+    if options.pvc:
+        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint_dir or CHECKPOINT_MOUNT})
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": options.pvc}})
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": options.image,
+        "command": ["python", "-m", "notebook_elastic.runtime.agent"],
+        "args": agent_args(spec, options, rdzv_id=rdzv_id),
+        "env": _base_env(spec, options, epoch),
+        "volumeMounts": mounts,
+    }
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "containers": [container],
+        "volumes": volumes,
+        # torchrun's agent stops its workers on SIGTERM, then leaves the rendezvous.
+        "terminationGracePeriodSeconds": 30,
+    }
+    if options.node_selector:
+        pod_spec["nodeSelector"] = dict(options.node_selector)
+    if options.tolerations:
+        pod_spec["tolerations"] = list(options.tolerations)
+    if options.priority_class:
+        pod_spec["priorityClassName"] = options.priority_class
+    if options.service_account:
+        pod_spec["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    return pod_spec
+
+
+def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": workers_name(spec.name),
+            "labels": labels(spec.name, "worker"),
+            "annotations": {
+                ANNOTATION_EPOCH: str(epoch),
+                "notebook-elastic.io/nnodes": f"{spec.nnodes[0]}:{spec.nnodes[1]}",
+            },
+        },
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": target,
+            "parallelism": target,
+            "backoffLimit": max(spec.max_restarts, 1),
+            # A preempted or evicted pod is replaced without counting as a failure.
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+            },
+            "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
+            "template": {
+                "metadata": {"labels": labels(spec.name, "worker")},
+                "spec": worker_pod_spec(spec, options, rdzv_id=rdzv_id, epoch=epoch),
+            },
+        },
+    }
+
+
+def worker_pod(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, index: int) -> dict[str, Any]:
+    """A plain worker pod (``--workload pods``, for clusters without elastic Indexed Jobs)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{workers_name(spec.name)}-{index}",
+            "labels": {**labels(spec.name, "worker"), "notebook-elastic.io/index": str(index)},
+        },
+        "spec": worker_pod_spec(spec, options, rdzv_id=rdzv_id, epoch=epoch),
+    }
+
+
+def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
+    """A Kubeflow PyTorchJob with an elasticPolicy, pointed at our rendezvous service."""
+    lo, hi = spec.nnodes
+    conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
+    conf.update(spec.rdzv_conf)
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": workers_name(spec.name),
+            "labels": labels(spec.name, "worker"),
+            "annotations": {ANNOTATION_EPOCH: str(epoch)},
+        },
+        "spec": {
+            "elasticPolicy": {
+                "minReplicas": lo,
+                "maxReplicas": hi,
+                "rdzvBackend": "c10d",
+                "rdzvHost": rdzv_name(spec.name),
+                "rdzvPort": options.rdzv_port,
+                "rdzvId": rdzv_id,
+                "rdzvConf": [{"key": k, "value": v} for k, v in conf.items()],
+                "maxRestarts": spec.max_restarts,
+            },
+            "nprocPerNode": str(spec.nproc_per_node),
+            "runPolicy": {"cleanPodPolicy": "All", "ttlSecondsAfterFinished": options.ttl_seconds_after_finished},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": target,
+                    "restartPolicy": "OnFailure",
+                    "template": {
+                        "metadata": {"labels": labels(spec.name, "worker")},
+                        "spec": worker_pod_spec(
+                            spec, options, rdzv_id=rdzv_id, epoch=epoch, restart_policy="OnFailure"
+                        ),
+                    },
+                }
+            },
+        },
+    }
+
+
+def check(spec: Any, options: KubernetesOptions) -> None:
+    """Refusals that depend on the cluster shape, before anything is sent."""
+    if spec.max_nodes > 1 and not options.pvc:
+        raise SpecError(
+            f"--nnodes {spec.nnodes[0]}:{spec.nnodes[1]} may run on several pods, which must share their "
+            "checkpoints: pass --pvc NAME (a ReadWriteMany PersistentVolumeClaim, e.g. on EFS or NFS)"
+        )
+    if spec.checkpoint_dir and not os.path.isabs(spec.checkpoint_dir):
+        raise SpecError(f"--checkpoint-dir {spec.checkpoint_dir!r} must be an absolute path inside the pod")
+
+
+def build(
+    spec: Any, bundle: Any, options: KubernetesOptions, *, run_id: str, epoch: int = 0, target: int | None = None
+) -> list[dict[str, Any]]:
+    """Every object of the job, in creation order (owner first)."""
+    check(spec, options)
+    target = spec.initial_nodes if target is None else target
+    rdzv_id = f"{spec.name}-{run_id}-e{epoch}"
+    objects = [
+        code_configmap(spec, bundle, options, run_id=run_id, epoch=epoch),
+        rendezvous_service(spec, options),
+        rendezvous_pod(spec, options),
+    ]
+    if options.workload == "pytorchjob":
+        objects.append(pytorchjob(spec, options, rdzv_id=rdzv_id, epoch=epoch, target=target))
+    elif options.workload == "pods":
+        objects += [worker_pod(spec, options, rdzv_id=rdzv_id, epoch=epoch, index=i) for i in range(target)]
+    else:
+        objects.append(workers_job(spec, options, rdzv_id=rdzv_id, epoch=epoch, target=target))
+    return objects
+
+
+def owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with an ownerReference to ``owner`` (as created: it has a uid)."""
+    ref = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "blockOwnerDeletion": True,
+    }
+    out = json.loads(json.dumps(obj))
+    out["metadata"]["ownerReferences"] = [ref]
+    return out
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    import yaml
+
+    shown = []
+    for obj in objects:
+        obj = json.loads(json.dumps(obj))
+        for key in list(obj.get("binaryData", {})):
+            obj["binaryData"][key] = f"<{len(base64.b64decode(obj['binaryData'][key]))} bytes, base64>"
+        shown.append(obj)
+    return yaml.safe_dump_all(shown, sort_keys=False, width=120)

@@ -1,0 +1,160 @@
+"""Kubernetes options of a job (image, GPUs, placement, storage), parsed and validated.
+
+Pure: flag strings in, a ``KubernetesOptions`` out, or a ``SpecError`` naming the bad flag
+and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import SpecError
+
+DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+WORKLOADS = ("job", "pods", "pytorchjob")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+_LABEL_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, Any]:
+    """``key=value:Effect``, ``key:Effect``, ``key=value`` or ``key`` -> a toleration."""
+    body, _, effect = text.partition(":")
+    if effect and effect not in _EFFECTS:
+        raise SpecError(f"{flag} {text!r}: the effect must be one of {', '.join(_EFFECTS)}")
+    key, eq, value = body.partition("=")
+    if not key or not _LABEL_NAME.match(key):
+        raise SpecError(f"{flag} {text!r} must look like key=value:NoSchedule (for example nvidia.com/gpu:NoSchedule)")
+    tol: dict[str, Any] = {"key": key, "operator": "Equal" if eq else "Exists"}
+    if eq:
+        tol["value"] = value
+    if effect:
+        tol["effect"] = effect
+    return tol
+
+
+def parse_selector(items: Iterable[str] | Mapping[str, str] | None, flag: str = "--node-selector") -> dict[str, str]:
+    if not items:
+        return {}
+    pairs = (
+        items.items()
+        if isinstance(items, Mapping)
+        else [tuple(i.split("=", 1)) if "=" in i else (i, None) for i in items]
+    )
+    out = {}
+    for key, value in pairs:
+        if value is None or not _LABEL_NAME.match(str(key)) or not _LABEL_VALUE.match(str(value)):
+            raise SpecError(
+                f"{flag} {key}{'=' + value if value else ''!s}: write it as label=value (for example node.kubernetes.io/lifecycle=spot)"
+            )
+        out[str(key)] = str(value)
+    return out
+
+
+def _quantity(value: str | None, flag: str) -> str | None:
+    if value is None:
+        return None
+    value = str(value).strip()
+    if not _QUANTITY.match(value):
+        raise SpecError(f"{flag} {value!r} is not a Kubernetes quantity (for example 4, 500m, 16Gi)")
+    return value
+
+
+def _name(value: str | None, flag: str) -> str | None:
+    if value is None:
+        return None
+    if not _DNS1123.match(value) or len(value) > 253:
+        raise SpecError(f"{flag} {value!r} is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')")
+    return value
+
+
+@dataclass
+class KubernetesOptions:
+    namespace: str | None = None  # None: the kubeconfig context's namespace, else "default"
+    context: str | None = None
+    image: str = DEFAULT_IMAGE
+    gpus: int | None = None  # per pod; None: --nproc-per-node; 0: CPU pods
+    cpu: str | None = None
+    memory: str | None = None
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    rdzv_tolerations: list[dict[str, Any]] = field(default_factory=list)
+    rdzv_node_selector: dict[str, str] = field(default_factory=dict)
+    priority_class: str | None = None
+    service_account: str | None = None
+    image_pull_secrets: list[str] = field(default_factory=list)
+    pvc: str | None = None
+    shm_size: str | None = "2Gi"
+    workload: str = "job"
+    ttl_seconds_after_finished: int = 3600
+    rdzv_port: int = 29400
+
+    def gpus_per_pod(self, nproc_per_node: int) -> int:
+        return nproc_per_node if self.gpus is None else self.gpus
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> KubernetesOptions:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+
+def parse_options(
+    *,
+    namespace: str | None = None,
+    context: str | None = None,
+    image: str | None = None,
+    gpus: int | str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
+    tolerations: Iterable[str] = (),
+    node_selector: Iterable[str] | Mapping[str, str] = (),
+    rdzv_tolerations: Iterable[str] = (),
+    rdzv_node_selector: Iterable[str] | Mapping[str, str] = (),
+    priority_class: str | None = None,
+    service_account: str | None = None,
+    image_pull_secrets: Iterable[str] = (),
+    pvc: str | None = None,
+    shm_size: str | None = "2Gi",
+    workload: str = "job",
+) -> KubernetesOptions:
+    """Validated options from flag values (``SpecError`` on the first bad one)."""
+    if gpus is not None:
+        try:
+            gpus = int(gpus)
+        except (TypeError, ValueError):
+            raise SpecError(f"--gpus {gpus!r} must be a whole number of GPUs per pod (0 for CPU pods)") from None
+        if gpus < 0:
+            raise SpecError(f"--gpus {gpus} must be 0 or more")
+    if workload not in WORKLOADS:
+        raise SpecError(f"--workload {workload!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
+    if image is not None and (not image.strip() or any(c.isspace() for c in image)):
+        raise SpecError(f"--image {image!r} is not an image reference (for example {DEFAULT_IMAGE})")
+    return KubernetesOptions(
+        namespace=_name(namespace, "--namespace"),
+        context=context,
+        image=image or DEFAULT_IMAGE,
+        gpus=gpus,  # type: ignore[arg-type]
+        cpu=_quantity(cpu, "--cpu"),
+        memory=_quantity(memory, "--memory"),
+        tolerations=[parse_toleration(t) for t in tolerations],
+        node_selector=parse_selector(node_selector),
+        rdzv_tolerations=[parse_toleration(t, "--rdzv-toleration") for t in rdzv_tolerations],
+        rdzv_node_selector=parse_selector(rdzv_node_selector, "--rdzv-node-selector"),
+        priority_class=_name(priority_class, "--priority-class"),
+        service_account=_name(service_account, "--service-account"),
+        image_pull_secrets=[_name(s, "--image-pull-secret") or "" for s in image_pull_secrets],
+        pvc=_name(pvc, "--pvc"),
+        shm_size=_quantity(shm_size, "--shm-size"),
+        workload=workload,
+    )

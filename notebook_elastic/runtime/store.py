@@ -1,0 +1,50 @@
+"""``python -m notebook_elastic.runtime.store --host H --port P``: a job's rendezvous store.
+
+A c10d TCPStore server and nothing else: not a trainer, so losing any worker never takes
+the rendezvous down (the anchors keep the store inside worker 0). Runs in the Kubernetes
+rendezvous pod (the local supervisor hosts its own). Binds exactly H:P, serves until
+SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import threading
+from datetime import timedelta
+
+from ._emit import emit
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default=os.environ.get("POD_IP", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=29400)
+    args = parser.parse_args(argv)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(1024)
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        args.host,
+        args.port,
+        is_master=True,
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=sock.fileno(),
+        timeout=timedelta(seconds=60),
+    )
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    emit("store_ready", host=args.host, port=args.port, pid=os.getpid())
+    done.wait()
+    del store
+
+
+if __name__ == "__main__":
+    main()

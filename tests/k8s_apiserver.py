@@ -1,0 +1,1068 @@
+"""A loopback Kubernetes API server for tests: the real ``kubernetes`` client talks to it.
+
+No API server can be had on these machines (no kube-apiserver, k3s, kind or kwok; no
+Docker engine), so this is the boundary we fake, faithfully enough for our backend:
+
+- HTTP on 127.0.0.1 (stdlib), the REST paths and verbs the client uses for ConfigMaps,
+  Services, Pods (+ logs), PVCs, Namespaces, batch/v1 Jobs, CRDs and kubeflow PyTorchJobs:
+  create (201, 409 when taken), get, list with label selectors, watch (chunked JSON lines;
+  ADDED for what exists first, then changes; increasing resourceVersions; 410 for a
+  resourceVersion too old), merge patch, delete (pods terminate gracefully; ownerReference
+  garbage collection; deleteCollection by label).
+- A scheduler with N GPU slots: pods asking for more ``nvidia.com/gpu`` than is free stay
+  Pending with the scheduler's Unschedulable message; ``set_gpu_slots`` and ``preempt``
+  reproduce a reclaim (DisruptionTarget condition, then deletion).
+- A kubelet that runs each container's command as a local process: env (values and the
+  downward API), ``$(VAR)`` expansion in args, ConfigMap volumes written to a temp dir (paths
+  under their mountPath rewritten), one 127.0.0.N address per pod, Service names resolved to
+  their pod's address (the cluster DNS), stdout+stderr kept as the pod log (``follow``,
+  ``timestamps``, ``sinceSeconds``, ``previous``), restartPolicy honoured.
+- An Indexed Job controller: one pod per index up to parallelism, replacements for pods
+  that failed or vanished, scale by completions/parallelism, Complete/Failed conditions,
+  podFailurePolicy's Ignore for DisruptionTarget.
+- On demand: RBAC denial (403 with the API server's message) and dropped connections.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import fnmatch
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+# (group/version, plural) -> kind
+RESOURCES = {
+    ("v1", "configmaps"): "ConfigMap",
+    ("v1", "services"): "Service",
+    ("v1", "pods"): "Pod",
+    ("v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
+    ("batch/v1", "jobs"): "Job",
+    ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
+}
+GROUPS = {"v1": "", "batch/v1": "batch", "kubeflow.org/v1": "kubeflow.org"}
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stamp_nano(t: float) -> str:
+    whole = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{int((t % 1) * 1e9):09d}Z"
+
+
+def status_error(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def match_labels(labels: dict[str, str], selector: str | None) -> bool:
+    if not selector:
+        return True
+    for part in selector.split(","):
+        part = part.strip()
+        if "!=" in part:
+            k, v = part.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in part:
+            k, v = part.split("=", 1)
+            if labels.get(k.rstrip("=")) != v:
+                return False
+        elif part and part not in labels:
+            return False
+    return True
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class Container:
+    """A pod's container, run as a local process by the fake kubelet."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.started = time.time()
+
+
+class FakeCluster:
+    """State, controllers and the HTTP front of the fake API server."""
+
+    def __init__(
+        self, gpu_slots: int = 4, namespaces: tuple[str, ...] = ("default",), crds: tuple[str, ...] = ()
+    ) -> None:
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}  # (gv, plural, ns, name)
+        self.history: list[tuple[int, str, tuple, dict]] = []  # (rv, type, key, object)
+        self.rv = 1000
+        self.gpu_slots = gpu_slots
+        self.namespaces = set(namespaces)
+        self.crds = set(crds)
+        self.denied: set[tuple[str, str]] = set()  # (verb, plural)
+        self.root = Path(tempfile.mkdtemp(prefix="fake-k8s-"))
+        self.containers: dict[str, Container] = {}  # pod uid -> running container
+        self.previous_logs: dict[str, Path] = {}  # pod uid -> last terminated container's log
+        self.next_ip = 2
+        self.streams: list[Any] = []  # open watch/log connections, for drop_streams()
+        self.requests: list[tuple[str, str]] = []
+        self.closed = False
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.threads = [
+            threading.Thread(target=self.server.serve_forever, daemon=True),
+            threading.Thread(target=self._controllers, daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    # -- helpers used by tests ---------------------------------------------------------
+
+    def kubeconfig(self, path: Path, namespace: str = "default", context: str = "fake") -> Path:
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "fake-token"}}],
+                    "contexts": [
+                        {"name": context, "context": {"cluster": "fake", "user": "tester", "namespace": namespace}}
+                    ],
+                    "current-context": context,
+                }
+            )
+        )
+        return path
+
+    def deny(self, verb: str, plural: str) -> None:
+        self.denied.add((verb, plural))
+
+    def set_gpu_slots(self, n: int) -> None:
+        with self.lock:
+            self.gpu_slots = n
+            self.changed.notify_all()
+
+    def preempt(self, pod_name: str, namespace: str = "default", reason: str = "PreemptionByScheduler") -> None:
+        """What a scheduler preemption or a spot reclaim does: mark, then delete the pod."""
+        with self.lock:
+            pod = self.objects.get(("v1", "pods", namespace, pod_name))
+            if pod is None:
+                raise KeyError(pod_name)
+            pod = copy.deepcopy(pod)
+            pod["status"].setdefault("conditions", []).append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": reason,
+                    "message": "the node was reclaimed",
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            )
+            self._store("MODIFIED", pod)
+        self._delete(("v1", "pods", namespace, pod_name), grace=5)
+
+    def drop_streams(self) -> int:
+        """Cut every open watch and log stream mid-flight, as a flaky network would."""
+        with self.lock:
+            streams, self.streams = self.streams, []
+        for s in streams:
+            try:
+                s.connection.shutdown(2)
+            except OSError:
+                pass
+        return len(streams)
+
+    def pods(self, namespace: str = "default", selector: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                copy.deepcopy(o)
+                for (gv, pl, ns, _), o in self.objects.items()
+                if pl == "pods" and ns == namespace and match_labels(o["metadata"].get("labels", {}), selector)
+            ]
+
+    def get(self, plural: str, name: str, namespace: str = "default", gv: str = "v1") -> dict[str, Any] | None:
+        with self.lock:
+            obj = self.objects.get((gv, plural, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def all_objects(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [copy.deepcopy(o) for o in self.objects.values()]
+
+    def close(self) -> None:
+        self.closed = True
+        with self.lock:
+            uids = list(self.containers)
+        for uid in uids:
+            self._kill_container(uid, grace=2)
+        self.server.shutdown()
+        self.server.server_close()
+        self.drop_streams()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- storage -----------------------------------------------------------------------
+
+    def _key(self, obj: dict[str, Any]) -> tuple[str, str, str, str]:
+        api = obj["apiVersion"]
+        plural = next(pl for (gv, pl), kind in RESOURCES.items() if kind == obj["kind"] and gv == api)
+        return (api, plural, obj["metadata"].get("namespace", "default"), obj["metadata"]["name"])
+
+    def _store(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            key = self._key(obj)
+            if kind == "DELETED":
+                self.objects.pop(key, None)
+            else:
+                self.objects[key] = obj
+            self.history.append((self.rv, kind, key, copy.deepcopy(obj)))
+            if len(self.history) > 5000:
+                del self.history[:1000]
+            self.changed.notify_all()
+            return copy.deepcopy(obj)
+
+    def _create(self, gv: str, plural: str, ns: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if ns not in self.namespaces:
+            return 404, status_error(404, "NotFound", f'namespaces "{ns}" not found')
+        meta = body.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        name = meta.get("name")
+        if not name:
+            return 422, status_error(422, "Invalid", f"{plural} is invalid: metadata.name: Required value")
+        with self.lock:
+            if (gv, plural, ns, name) in self.objects:
+                group = GROUPS[gv]
+                return 409, status_error(
+                    409, "AlreadyExists", f'{plural}{"." + group if group else ""} "{name}" already exists'
+                )
+            body["apiVersion"], body["kind"] = gv, RESOURCES[(gv, plural)]
+            meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+            if plural == "pods":
+                body.setdefault("status", {"phase": "Pending", "conditions": []})
+                body["status"]["phase"] = "Pending"
+            if plural == "services":
+                body["spec"]["clusterIP"] = f"127.0.0.{self._alloc_ip()}"
+            if plural == "jobs":
+                body.setdefault("status", {})
+                body["spec"].setdefault("parallelism", 1)
+                body["spec"].setdefault("completions", body["spec"]["parallelism"])
+            return 201, self._store("ADDED", body)
+
+    def _alloc_ip(self) -> int:
+        ip = self.next_ip
+        self.next_ip += 1
+        if self.next_ip > 250:
+            self.next_ip = 2
+        return ip
+
+    def _delete(self, key: tuple[str, str, str, str], grace: float | None = None) -> dict[str, Any] | None:
+        with self.lock:
+            obj = self.objects.get(key)
+            if obj is None:
+                return None
+            if key[1] == "pods":
+                if obj["metadata"].get("deletionTimestamp"):
+                    return copy.deepcopy(obj)
+                obj = copy.deepcopy(obj)
+                obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+                obj["metadata"]["deletionGracePeriodSeconds"] = int(
+                    grace if grace is not None else obj["spec"].get("terminationGracePeriodSeconds", 30)
+                )
+                self._store("MODIFIED", obj)
+                threading.Thread(target=self._terminate_pod, args=(key, obj), daemon=True).start()
+                return obj
+            self._store("DELETED", copy.deepcopy(obj))
+        self._collect_garbage(obj["metadata"]["uid"])
+        return obj
+
+    def _collect_garbage(self, owner_uid: str) -> None:
+        with self.lock:
+            dependents = [
+                k
+                for k, o in self.objects.items()
+                if any(r.get("uid") == owner_uid for r in o["metadata"].get("ownerReferences", []))
+            ]
+        for key in dependents:
+            self._delete(key, grace=1)
+
+    # -- HTTP --------------------------------------------------------------------------
+
+    def _handler(self):
+        cluster = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _json(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _read_body(self) -> None:
+                # Always consume the body, even for a request that is refused: the
+                # connection is kept alive and the next request starts after it.
+                length = int(self.headers.get("Content-Length", 0) or 0)
+                raw = self.rfile.read(length) if length else b""
+                self.body = json.loads(raw) if raw.strip() else {}
+
+            def _body(self) -> Any:
+                return self.body
+
+            def do_GET(self) -> None:
+                self._read_body()
+                cluster._route(self, "GET")
+
+            def do_POST(self) -> None:
+                self._read_body()
+                cluster._route(self, "POST")
+
+            def do_PATCH(self) -> None:
+                self._read_body()
+                cluster._route(self, "PATCH")
+
+            def do_PUT(self) -> None:
+                self._read_body()
+                cluster._route(self, "PUT")
+
+            def do_DELETE(self) -> None:
+                self._read_body()
+                cluster._route(self, "DELETE")
+
+        return Handler
+
+    _PATH = re.compile(
+        r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+        r"(?:/namespaces/(?P<ns>[^/]+))?(?:/(?P<plural>[a-z]+))?(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
+    )
+
+    def _route(self, h: Any, method: str) -> None:
+        url = urlparse(h.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        self.requests.append((method, url.path))
+        if url.path == "/version":
+            return h._json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake", "platform": "linux/amd64"})
+        if url.path.startswith("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"):
+            name = url.path.rsplit("/", 1)[1]
+            if name in self.crds:
+                return h._json(
+                    200,
+                    {
+                        "apiVersion": "apiextensions.k8s.io/v1",
+                        "kind": "CustomResourceDefinition",
+                        "metadata": {"name": name},
+                        "spec": {},
+                    },
+                )
+            return h._json(
+                404, status_error(404, "NotFound", f'customresourcedefinitions.apiextensions.k8s.io "{name}" not found')
+            )
+        m = self._PATH.match(url.path)
+        if not m:
+            return h._json(
+                404, status_error(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+            )
+        gv = m.group("core") or f"{m.group('group')}/{m.group('version')}"
+        ns, plural, name, sub = m.group("ns"), m.group("plural"), m.group("name"), m.group("sub")
+        if plural is None and ns is not None and gv == "v1":
+            # GET /api/v1/namespaces/NAME
+            if ns in self.namespaces:
+                return h._json(
+                    200,
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}, "status": {"phase": "Active"}},
+                )
+            return h._json(404, status_error(404, "NotFound", f'namespaces "{ns}" not found'))
+        if (gv, plural) not in RESOURCES:
+            return h._json(
+                404, status_error(404, "NotFound", f"the server could not find the requested resource ({plural})")
+            )
+        verb = {
+            "GET": "get" if name else ("watch" if q.get("watch") in ("true", "1") else "list"),
+            "POST": "create",
+            "PATCH": "patch",
+            "PUT": "update",
+            "DELETE": "delete" if name else "deletecollection",
+        }[method]
+        if (verb, plural) in self.denied or (verb, "*") in self.denied:
+            group = GROUPS[gv]
+            return h._json(
+                403,
+                status_error(
+                    403,
+                    "Forbidden",
+                    f'{plural}{"." + group if group else ""} is forbidden: User "tester" cannot {verb} resource "{plural}" in API group "{group}" in the namespace "{ns}"',
+                ),
+            )
+        ns = ns or "default"
+        if method == "POST":
+            code, body = self._create(gv, plural, ns, h._body())
+            return h._json(code, body)
+        if method == "GET" and sub == "log":
+            return self._serve_log(h, ns, name, q)
+        if method == "GET" and name:
+            obj = self.get(plural, name, ns, gv)
+            if obj is None:
+                return h._json(404, status_error(404, "NotFound", f'{plural} "{name}" not found'))
+            return h._json(200, obj)
+        if method == "GET" and q.get("watch") in ("true", "1"):
+            return self._serve_watch(h, gv, plural, ns, q)
+        if method == "GET":
+            with self.lock:
+                items = [
+                    copy.deepcopy(o)
+                    for (g, pl, n, _), o in self.objects.items()
+                    if g == gv
+                    and pl == plural
+                    and n == ns
+                    and match_labels(o["metadata"].get("labels", {}), q.get("labelSelector"))
+                ]
+                rv = str(self.rv)
+            return h._json(
+                200,
+                {
+                    "apiVersion": gv,
+                    "kind": RESOURCES[(gv, plural)] + "List",
+                    "metadata": {"resourceVersion": rv},
+                    "items": items,
+                },
+            )
+        if method in ("PATCH", "PUT"):
+            patch = h._body()
+            with self.lock:
+                obj = self.objects.get((gv, plural, ns, name))
+                if obj is None:
+                    return h._json(404, status_error(404, "NotFound", f'{plural} "{name}" not found'))
+                if plural == "jobs" and "template" in (patch.get("spec") or {}):
+                    return h._json(
+                        422,
+                        status_error(
+                            422,
+                            "Invalid",
+                            f'Job.batch "{name}" is invalid: spec.template: Invalid value: field is immutable',
+                        ),
+                    )
+                new = merge_patch(obj, patch) if method == "PATCH" else dict(patch, metadata=obj["metadata"])
+                return h._json(200, self._store("MODIFIED", new))
+        if method == "DELETE" and name:
+            body = h._body()
+            grace = body.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
+            obj = self._delete((gv, plural, ns, name), grace=float(grace) if grace is not None else None)
+            if obj is None:
+                return h._json(404, status_error(404, "NotFound", f'{plural} "{name}" not found'))
+            if plural in ("pods", "services", "persistentvolumeclaims"):
+                return h._json(200, obj)  # these answer with the object, as the real API does
+            return h._json(
+                200,
+                {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "kind": plural}},
+            )
+        if method == "DELETE":
+            with self.lock:
+                keys = [
+                    k
+                    for k, o in self.objects.items()
+                    if k[0] == gv
+                    and k[1] == plural
+                    and k[2] == ns
+                    and match_labels(o["metadata"].get("labels", {}), q.get("labelSelector"))
+                ]
+            for key in keys:
+                self._delete(key)
+            return h._json(
+                200, {"apiVersion": gv, "kind": RESOURCES[(gv, plural)] + "List", "metadata": {}, "items": []}
+            )
+        return h._json(405, status_error(405, "MethodNotAllowed", "method not allowed"))
+
+    def _start_stream(self, h: Any, content_type: str) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        with self.lock:
+            self.streams.append(h)
+
+    @staticmethod
+    def _chunk(h: Any, data: bytes) -> None:
+        h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        h.wfile.flush()
+
+    def _end_stream(self, h: Any) -> None:
+        try:
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+        except OSError:
+            pass
+        with self.lock:
+            if h in self.streams:
+                self.streams.remove(h)
+
+    def _serve_watch(self, h: Any, gv: str, plural: str, ns: str, q: dict[str, str]) -> None:
+        selector = q.get("labelSelector")
+        timeout = float(q.get("timeoutSeconds", 300))
+        since = q.get("resourceVersion")
+        with self.lock:
+            oldest = self.history[0][0] if self.history else self.rv
+            if since and since not in ("0", "") and int(since) < oldest - 1:
+                gone = status_error(410, "Expired", f"too old resource version: {since} ({oldest})")
+                self._start_stream(h, "application/json")
+                self._chunk(h, json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+                return self._end_stream(h)
+            if since in (None, "", "0"):
+                initial = [
+                    ("ADDED", copy.deepcopy(o))
+                    for k, o in self.objects.items()
+                    if k[0] == gv and k[1] == plural and k[2] == ns
+                ]
+                cursor = self.rv
+            else:
+                initial = []
+                cursor = int(since)
+        self._start_stream(h, "application/json")
+        deadline = time.monotonic() + timeout
+        try:
+            for kind, obj in initial:
+                if match_labels(obj["metadata"].get("labels", {}), selector):
+                    self._chunk(h, json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            while time.monotonic() < deadline and not self.closed:
+                with self.lock:
+                    pending = [
+                        (rv, kind, obj)
+                        for rv, kind, key, obj in self.history
+                        if rv > cursor and key[0] == gv and key[1] == plural and key[2] == ns
+                    ]
+                    if not pending:
+                        self.changed.wait(0.5)
+                        continue
+                for rv, kind, obj in pending:
+                    cursor = rv
+                    if match_labels(obj["metadata"].get("labels", {}), selector):
+                        self._chunk(h, json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+        except OSError:
+            return
+        self._end_stream(h)
+
+    def _serve_log(self, h: Any, ns: str, name: str, q: dict[str, str]) -> None:
+        pod = self.get("pods", name, ns)
+        if pod is None:
+            return h._json(404, status_error(404, "NotFound", f'pods "{name}" not found'))
+        uid = pod["metadata"]["uid"]
+        previous = q.get("previous") in ("true", "1")
+        with self.lock:
+            container = self.containers.get(uid)
+            path = (
+                self.previous_logs.get(uid)
+                if previous
+                else (container.log_path if container else self.previous_logs.get(uid))
+            )
+        if path is None:
+            if previous:
+                return h._json(
+                    400,
+                    status_error(
+                        400, "BadRequest", f'previous terminated container "worker" in pod "{name}" not found'
+                    ),
+                )
+            return h._json(
+                400,
+                status_error(
+                    400, "BadRequest", f'container "worker" in pod "{name}" is waiting to start: ContainerCreating'
+                ),
+            )
+        follow = q.get("follow") in ("true", "1") and not previous
+        timestamps = q.get("timestamps") in ("true", "1")
+        since = float(q["sinceSeconds"]) if "sinceSeconds" in q else None
+        cutoff = time.time() - since if since is not None else None
+        self._start_stream(h, "text/plain")
+        try:
+            with open(path, "rb") as f:
+                buffer = b""
+                while True:
+                    chunk = f.read(65536)
+                    if chunk:
+                        buffer += chunk
+                        *lines, buffer = buffer.split(b"\n")
+                        out = []
+                        for line in lines:
+                            stamp, _, text = line.partition(b" ")
+                            if cutoff is not None and _parse(stamp.decode()) < cutoff:
+                                continue
+                            out.append(line if timestamps else text)
+                        if out:
+                            self._chunk(h, b"\n".join(out) + b"\n")
+                        continue
+                    if not follow or self.closed:
+                        break
+                    with self.lock:
+                        running = (
+                            self.containers.get(uid) is container
+                            and container is not None
+                            and container.proc.poll() is None
+                        )
+                    if not running:
+                        time.sleep(0.1)
+                        if not f.read(1):
+                            break
+                        f.seek(-1, os.SEEK_CUR)
+                        continue
+                    time.sleep(0.05)
+        except OSError:
+            return
+        self._end_stream(h)
+
+    # -- controllers: scheduler, kubelet, job controller ---------------------------------
+
+    def _controllers(self) -> None:
+        while not self.closed:
+            try:
+                self._schedule()
+                self._reap_containers()
+                self._run_jobs()
+            except Exception:  # a controller bug must surface in the test, not kill the thread silently
+                import traceback
+
+                traceback.print_exc()
+            time.sleep(0.1)
+
+    @staticmethod
+    def _gpus(pod: dict[str, Any]) -> int:
+        total = 0
+        for c in pod["spec"].get("containers", []):
+            limits = (c.get("resources") or {}).get("limits") or {}
+            total += int(limits.get("nvidia.com/gpu", 0))
+        return total
+
+    def _schedule(self) -> None:
+        with self.lock:
+            pods = [o for k, o in self.objects.items() if k[1] == "pods"]
+            used = sum(
+                self._gpus(p)
+                for p in pods
+                if p["spec"].get("nodeName")
+                and p["status"].get("phase") in ("Pending", "Running")
+                and not p["metadata"].get("deletionTimestamp")
+            )
+            for pod in sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"]):
+                if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                    continue
+                need = self._gpus(pod)
+                if need and used + need > self.gpu_slots:
+                    conds = pod["status"].setdefault("conditions", [])
+                    msg = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+                    if not any(c.get("reason") == "Unschedulable" for c in conds):
+                        new = copy.deepcopy(pod)
+                        new["status"]["conditions"] = [
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": "Unschedulable",
+                                "message": msg,
+                                "lastTransitionTime": now_rfc3339(),
+                            }
+                        ]
+                        self._store("MODIFIED", new)
+                    continue
+                used += need
+                new = copy.deepcopy(pod)
+                new["spec"]["nodeName"] = "fake-node"
+                new["status"]["conditions"] = [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}
+                ]
+                new["status"]["podIP"] = f"127.0.0.{self._alloc_ip()}"
+                stored = self._store("MODIFIED", new)
+                self._start_container(stored)
+
+    def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": os.environ.get("HOME", "/root"),
+            "HOSTNAME": pod["metadata"]["name"],
+        }
+        for key in ("NOTEBOOK_ELASTIC_TEST_MARKER", "LANG", "TMPDIR"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = self._expand(str(item["value"]), env)
+            elif "valueFrom" in item and "fieldRef" in item["valueFrom"]:
+                path = item["valueFrom"]["fieldRef"]["fieldPath"]
+                value = {
+                    "metadata.name": pod["metadata"]["name"],
+                    "metadata.namespace": pod["metadata"]["namespace"],
+                    "status.podIP": pod["status"].get("podIP", ""),
+                }.get(path, "")
+                env[item["name"]] = value
+        if "JOB_COMPLETION_INDEX" not in env and "batch.kubernetes.io/job-completion-index" in pod["metadata"].get(
+            "labels", {}
+        ):
+            env["JOB_COMPLETION_INDEX"] = pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+        return env
+
+    @staticmethod
+    def _expand(text: str, env: dict[str, str]) -> str:
+        return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text)
+
+    def _resolve_services(self, text: str, ns: str) -> str:
+        """Cluster DNS: a Service name becomes the address of the pod it selects."""
+        with self.lock:
+            services = [o for k, o in self.objects.items() if k[1] == "services" and k[2] == ns]
+            pods = [o for k, o in self.objects.items() if k[1] == "pods" and k[2] == ns]
+        for svc in services:
+            name = svc["metadata"]["name"]
+            sel = svc["spec"].get("selector", {})
+            backing = [
+                p
+                for p in pods
+                if p["status"].get("podIP")
+                and all(p["metadata"].get("labels", {}).get(k) == v for k, v in sel.items())
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            if not backing:
+                continue
+            ip = backing[0]["status"]["podIP"]
+            for host in (f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}", name):
+                text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=[:/]|$)", ip, text)
+        return text
+
+    def _start_container(self, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        ns = pod["metadata"]["namespace"]
+        container = pod["spec"]["containers"][0]
+        pod_dir = self.root / uid
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        mounts: dict[str, str] = {}
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        for mount in container.get("volumeMounts", []):
+            vol = volumes.get(mount["name"], {})
+            host = pod_dir / "volumes" / mount["name"]
+            if "configMap" in vol:
+                cm = self.get("configmaps", vol["configMap"]["name"], ns)
+                host.mkdir(parents=True, exist_ok=True)
+                for key, value in (cm or {}).get("data", {}).items():
+                    (host / key).write_text(value)
+                for key, value in (cm or {}).get("binaryData", {}).items():
+                    (host / key).write_bytes(base64.b64decode(value))
+            elif "persistentVolumeClaim" in vol:
+                host = self.root / "pvc" / ns / vol["persistentVolumeClaim"]["claimName"]
+                host.mkdir(parents=True, exist_ok=True)
+            else:
+                host.mkdir(parents=True, exist_ok=True)
+            if mount["mountPath"] == "/dev/shm":
+                continue
+            mounts[mount["mountPath"]] = str(host)
+        env = self._env(pod, container)
+
+        def rewrite(text: str) -> str:
+            text = self._expand(text, env)
+            for path, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+                text = text.replace(path, host)
+            return self._resolve_services(text, ns)
+
+        env = {k: rewrite(v) for k, v in env.items()}
+        argv = [rewrite(a) for a in container.get("command", []) + container.get("args", [])]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        log_path = pod_dir / f"log-{int(time.time() * 1000)}.txt"
+        log = open(log_path, "wb")
+        reader_r, reader_w = os.pipe()
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=str(pod_dir),
+            stdin=subprocess.DEVNULL,
+            stdout=reader_w,
+            stderr=reader_w,
+            start_new_session=True,
+        )
+        os.close(reader_w)
+        threading.Thread(target=self._pump_log, args=(reader_r, log), daemon=True).start()
+        with self.lock:
+            self.containers[uid] = Container(proc, log_path)
+            current = self.objects.get(self._key(pod))
+            if current is None:
+                return
+            new = copy.deepcopy(current)
+            new["status"]["phase"] = "Running"
+            restarts = (new["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0)
+            new["status"]["containerStatuses"] = [
+                {
+                    "name": container["name"],
+                    "ready": True,
+                    "restartCount": restarts,
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "state": {"running": {"startedAt": now_rfc3339()}},
+                }
+            ]
+            new["status"]["startTime"] = new["status"].get("startTime") or now_rfc3339()
+            self._store("MODIFIED", new)
+
+    @staticmethod
+    def _pump_log(fd: int, log: Any) -> None:
+        """The container runtime: timestamp every line as it arrives."""
+        with os.fdopen(fd, "rb") as pipe:
+            for line in iter(pipe.readline, b""):
+                log.write(stamp_nano(time.time()).encode() + b" " + line.rstrip(b"\n") + b"\n")
+                log.flush()
+        log.close()
+
+    def _reap_containers(self) -> None:
+        with self.lock:
+            done = [(uid, c) for uid, c in self.containers.items() if c.proc.poll() is not None]
+        for uid, c in done:
+            time.sleep(0.05)  # let the log pump catch the last lines
+            code = c.proc.returncode
+            with self.lock:
+                self.containers.pop(uid, None)
+                self.previous_logs[uid] = c.log_path
+                key = next((k for k, o in self.objects.items() if o["metadata"]["uid"] == uid), None)
+                if key is None:
+                    continue
+                pod = copy.deepcopy(self.objects[key])
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue
+                exit_code = code if code >= 0 else 128 - code
+                reason = (
+                    "Completed"
+                    if code == 0
+                    else ("OOMKilled" if code == -9 and os.environ.get("FAKE_K8S_OOM") else "Error")
+                )
+                restarts = pod["status"]["containerStatuses"][0].get("restartCount", 0)
+                policy = pod["spec"].get("restartPolicy", "Always")
+                if policy == "Always" or (policy == "OnFailure" and code != 0):
+                    pod["status"]["containerStatuses"][0].update(
+                        restartCount=restarts + 1,
+                        state={"waiting": {"reason": "ContainerCreating"}},
+                        lastState={"terminated": {"exitCode": exit_code, "reason": reason}},
+                    )
+                    stored = self._store("MODIFIED", pod)
+                    self._start_container(stored)
+                    continue
+                pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+                pod["status"]["containerStatuses"][0].update(
+                    ready=False,
+                    state={"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": now_rfc3339()}},
+                )
+                self._store("MODIFIED", pod)
+
+    def _kill_container(self, uid: str, grace: float) -> None:
+        with self.lock:
+            c = self.containers.get(uid)
+        if c is None:
+            return
+        try:
+            os.killpg(c.proc.pid, signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            c.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            c.proc.wait()
+        with self.lock:
+            self.containers.pop(uid, None)
+            self.previous_logs[uid] = c.log_path
+
+    def _terminate_pod(self, key: tuple[str, str, str, str], pod: dict[str, Any]) -> None:
+        grace = float(pod["metadata"].get("deletionGracePeriodSeconds", 30))
+        self._kill_container(pod["metadata"]["uid"], grace=max(grace, 0.2))
+        with self.lock:
+            current = self.objects.get(key)
+            if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                return
+            gone = copy.deepcopy(current)
+            statuses = gone["status"].get("containerStatuses") or []
+            if statuses and "running" in (statuses[0].get("state") or {}):
+                statuses[0]["state"] = {"terminated": {"exitCode": 143, "reason": "Error", "finishedAt": now_rfc3339()}}
+            self._store("DELETED", gone)
+        self._collect_garbage(pod["metadata"]["uid"])
+
+    def _run_jobs(self) -> None:
+        with self.lock:
+            jobs = [copy.deepcopy(o) for k, o in self.objects.items() if k[1] == "jobs"]
+        for job in jobs:
+            self._reconcile_job(job)
+
+    def _reconcile_job(self, job: dict[str, Any]) -> None:
+        spec, status = job["spec"], job.setdefault("status", {})
+        if any(c.get("status") == "True" and c["type"] in ("Complete", "Failed") for c in status.get("conditions", [])):
+            return
+        ns, uid = job["metadata"]["namespace"], job["metadata"]["uid"]
+        with self.lock:
+            pods = [
+                copy.deepcopy(o)
+                for k, o in self.objects.items()
+                if k[1] == "pods"
+                and k[2] == ns
+                and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences", []))
+            ]
+        completions, parallelism = int(spec.get("completions", 1)), int(spec.get("parallelism", 1))
+        succeeded = set(status.get("completedIndexesList", []))
+        failed = int(status.get("failed", 0))
+        counted = set(status.get("countedFailures", []))
+        ignore_disruption = any(
+            r.get("action") == "Ignore"
+            and any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))
+            for r in (spec.get("podFailurePolicy") or {}).get("rules", [])
+        )
+        active: dict[int, dict] = {}
+        for pod in pods:
+            idx = int(pod["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index", -1))
+            phase = pod["status"].get("phase")
+            if phase == "Succeeded":
+                succeeded.add(idx)
+            elif phase == "Failed":
+                disrupted = any(c.get("type") == "DisruptionTarget" for c in pod["status"].get("conditions", []))
+                if pod["metadata"]["uid"] not in counted and not (disrupted and ignore_disruption):
+                    failed += 1
+                    counted.add(pod["metadata"]["uid"])
+            elif not pod["metadata"].get("deletionTimestamp"):
+                active[idx] = pod
+        new_status = dict(
+            status,
+            completedIndexesList=sorted(succeeded),
+            failed=failed,
+            countedFailures=sorted(counted),
+            active=len(active),
+            succeeded=len(succeeded),
+        )
+        conditions = []
+        if failed > int(spec.get("backoffLimit", 6)):
+            conditions = [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit",
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            ]
+            for pod in active.values():
+                self._delete(self._key(pod), grace=5)
+        elif completions and len([i for i in succeeded if i < completions]) >= completions:
+            conditions = [{"type": "Complete", "status": "True", "lastTransitionTime": now_rfc3339()}]
+        else:
+            for idx, pod in list(active.items()):
+                if idx >= completions:  # scaled down: the highest indexes go
+                    self._delete(self._key(pod), grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
+                    active.pop(idx)
+            running = len(active)
+            for idx in range(completions):
+                if running >= parallelism:
+                    break
+                if idx in active or idx in succeeded:
+                    continue
+                with self.lock:
+                    terminating = any(
+                        o["metadata"].get("deletionTimestamp")
+                        and o["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == str(idx)
+                        for k, o in self.objects.items()
+                        if k[1] == "pods"
+                        and k[2] == ns
+                        and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences", []))
+                    )
+                if terminating:
+                    continue  # podReplacementPolicy: TerminatingOrFailed -> Failed: wait for it to go
+                self._create_job_pod(job, idx)
+                running += 1
+        if conditions:
+            new_status["conditions"] = conditions
+        with self.lock:
+            current = self.objects.get(self._key(job))
+            if current is None or current["metadata"]["uid"] != uid:
+                return
+            if current.get("status") != new_status:
+                updated = copy.deepcopy(current)
+                updated["status"] = new_status
+                self._store("MODIFIED", updated)
+
+    def _create_job_pod(self, job: dict[str, Any], index: int) -> None:
+        template = copy.deepcopy(job["spec"]["template"])
+        meta = template.setdefault("metadata", {})
+        labels = meta.setdefault("labels", {})
+        labels.update(
+            {
+                "batch.kubernetes.io/job-completion-index": str(index),
+                "job-name": job["metadata"]["name"],
+                "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
+            }
+        )
+        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{job['metadata']['name']}-{index}-{suffix}",
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": job["metadata"]["name"],
+                        "uid": job["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": template["spec"],
+        }
+        for c in pod["spec"].get("containers", []):
+            c.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "value": str(index)})
+        self._create("v1", "pods", job["metadata"]["namespace"], pod)
+
+
+def _parse(stamp: str) -> float:
+    stamp = stamp.rstrip("Z")
+    whole, _, frac = stamp.partition(".")
+    try:
+        base = dt.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return 0.0
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+__all__ = ["FakeCluster", "fnmatch"]

@@ -1,0 +1,219 @@
+"""The Kubernetes backend end to end: the real `kubernetes` client over HTTP against our
+loopback API server (tests/k8s_apiserver.py), whose kubelet runs each pod's container as a
+real process: the rendezvous store, torchrun agents, gloo workers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from k8s_apiserver import FakeCluster
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.backends.kubernetes import KubernetesBackend
+from notebook_elastic.events import Kind
+
+pytestmark = pytest.mark.slow
+
+TRAIN = """
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(TOTAL):
+    loss = ddp(torch.randn(4, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item(), ws=elastic.world_size(), gen=state.generation)
+    time.sleep(0.05)
+"""
+
+
+def ns(total=100_000):
+    return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total}
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, home):
+    fake = FakeCluster(gpu_slots=2, namespaces=("default", "ml"))
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    status, _ = _post(
+        fake,
+        "/api/v1/namespaces/default/persistentvolumeclaims",
+        {
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    assert status == 201
+    yield fake
+    fake.close()
+
+
+def _post(fake, path, body):
+    import urllib.request
+
+    req = urllib.request.Request(
+        fake.url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def wait_for(job, predicate, what, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out waiting for {what}: {job.summary()}\n" + "\n".join(e.describe() for e in job.events[-15:])
+            )
+        time.sleep(0.1)
+
+
+def test_spot_story_on_the_fake_cluster(cluster):
+    """Launch 1:3 on 2 GPU slots; a worker pod is reclaimed mid-training and the job goes on;
+    scaling to 3 waits Pending (insufficient GPUs) until a slot frees up; stop leaves nothing."""
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:3",
+        nodes=2,
+        nproc_per_node=1,
+        gpus=1,
+        pvc="ckpt",
+        name="spot",
+        max_restarts=10,
+        user_ns=ns(),
+    )
+    wait_for(
+        job, lambda: job.world_size == 2 and job.state.step is not None and job.state.step >= 10, "two pods training"
+    )
+    joined = [e.node for e in job.events if e.kind == Kind.NODE_JOINED]
+    assert len(joined) == 2 and all(n.startswith("spot-workers-") for n in joined)
+    rdzv_before = cluster.get("pods", "spot-rdzv")["metadata"]["uid"]
+
+    # A spot interruption: the scheduler reclaims one worker pod.
+    victim = joined[0]
+    step_before = job.state.step
+    cluster.preempt(victim)
+    wait_for(
+        job,
+        lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events),
+        "the preempted pod to leave",
+    )
+    left = next(e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == victim)
+    assert left.get("reason") == "preempted"
+    # The Job controller replaces it; the job keeps its step count and grows back to 2.
+    wait_for(
+        job,
+        lambda: (
+            job.status == "running"
+            and job.world_size == 2
+            and len({e.node for e in job.events if e.kind == Kind.NODE_JOINED}) == 3
+            and any(e.kind == Kind.RESUMED for e in job.events)
+        ),
+        "the replacement pod",
+    )
+    resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
+    assert resumed and resumed[-1] >= step_before
+    assert cluster.get("pods", "spot-rdzv")["metadata"]["uid"] == rdzv_before  # the rendezvous survived
+
+    # Scale to 3 with only 2 GPUs: the new pod waits, and says why.
+    job.scale(3)
+    wait_for(
+        job,
+        lambda: any(
+            e.kind == Kind.PENDING and "Insufficient nvidia.com/gpu" in (e.get("message") or "") for e in job.events
+        ),
+        "the Pending reason",
+    )
+    pending = next(e for e in job.events if e.kind == Kind.PENDING)
+    assert pending.get("reason") == "Unschedulable" and pending.node.startswith("spot-workers-2-")
+    cluster.set_gpu_slots(3)  # the other team's job ended
+    wait_for(job, lambda: job.world_size == 3 and job.status == "running", "three pods after a slot freed up")
+
+    # Re-attach from a fresh "kernel": history from the pods' logs, then live events.
+    again = ne.attach("spot", backend="kubernetes")
+    wait_for(
+        again,
+        lambda: again.world_size == 3 and again.state.step is not None and again.state.step > job.state.step - 50,
+        "the re-attached view",
+    )
+    assert any(e.kind == Kind.JOB_SUBMITTED for e in again.events)
+    listed = {j.name: j for j in ne.jobs("kubernetes")}
+    assert listed["spot"].status == "running" and listed["spot"].summary["nodes_running"] == 3
+
+    assert job.stop() == "stopped"
+    deadline = time.monotonic() + 60
+    while cluster.all_objects() != [pvc for pvc in cluster.all_objects() if pvc["kind"] == "PersistentVolumeClaim"]:
+        assert time.monotonic() < deadline, [o["metadata"]["name"] for o in cluster.all_objects()]
+        time.sleep(0.2)
+    assert not cluster.containers
+    again.detach()
+
+
+def test_a_finished_job_succeeds_and_logs_survive_dropped_connections(cluster):
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        gpus=0,
+        pvc="ckpt",
+        name="short",
+        user_ns=ns(total=120),
+    )
+    wait_for(job, lambda: job.state.step is not None and job.state.step >= 20, "training")
+    dropped = cluster.drop_streams()
+    assert dropped >= 3  # the pod watch and both log streams
+    time.sleep(1)
+    cluster.drop_streams()
+    assert job.wait(240) == "succeeded", job.summary()
+    reports = {}
+    for point in zip(job.metrics["gen"].steps, job.metrics["gen"].values):
+        reports.setdefault(point, 0)
+        reports[point] += 1
+    assert all(count == 1 for count in reports.values()), "a log line was delivered twice"
+    assert sorted({int(s) for s, _ in reports}) == list(range(120)), "a log line was lost"
+    left = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
+    assert set(left.values()) == {"finished"}
+
+
+def test_errors_users_can_act_on(cluster, tmp_path, monkeypatch):
+    cluster.deny("create", "jobs")
+    with pytest.raises(
+        ne.BackendError,
+        match=r"your account may not create jobs\.batch in namespace 'default' \(403 Forbidden\).*Role in the README",
+    ):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="denied", user_ns=ns())
+    deadline = time.monotonic() + 30
+    while [o for o in cluster.all_objects() if o["kind"] != "PersistentVolumeClaim"]:  # nothing half-created is left
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    cluster.denied.clear()
+
+    with pytest.raises(ne.BackendError, match=r"namespace 'nope' does not exist"):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="lost", user_ns=ns(), namespace="nope")
+    with pytest.raises(ne.BackendError, match=r"--pvc 'missing': no such PersistentVolumeClaim"):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1:2", gpus=0, name="nopvc", user_ns=ns(), pvc="missing")
+    with pytest.raises(ne.BackendError, match=r"context 'prod' is not in .*; it has: fake"):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="ctx", user_ns=ns(), context="prod")
+
+    job = ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="taken", user_ns=ns(total=5))
+    with pytest.raises(ne.BackendError, match=r'configmaps "taken-code" already exists.*choose another --name'):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="taken", user_ns=ns())
+    job.stop()
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-config"))
+    with pytest.raises(ne.BackendError, match=r"no Kubernetes configuration: .*missing-config does not exist"):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="nocfg", user_ns=ns())
+    dead = FakeCluster()
+    config = dead.kubeconfig(tmp_path / "dead-config")
+    dead.close()
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    with pytest.raises(ne.BackendError, match=r"API server at http://127\.0\.0\.1:\d+ is unreachable"):
+        KubernetesBackend().list()
