@@ -40,3 +40,32 @@ def test_over_quota_notebook_shrinks_and_grows_back(home):
     assert "steps trained: 240 of 240" in out
     assert "each exactly once: True" in out
     assert "OVER-QUOTA OK" in out
+
+
+def test_kubernetes_notebook_on_the_fake_cluster(home, tmp_path, monkeypatch):
+    """The seed 003 story, run for real against the loopback API server."""
+    import json
+    import urllib.request
+
+    from k8s_apiserver import FakeCluster
+
+    cluster = FakeCluster(gpu_slots=4)
+    try:
+        body = {
+            "metadata": {"name": "efs-checkpoints"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        }
+        req = urllib.request.Request(
+            cluster.url + "/api/v1/namespaces/default/persistentvolumeclaims",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req).read()
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        out = run_notebook("kubernetes.ipynb", home, timeout=900)
+    finally:
+        cluster.close()
+    assert "kind: Job" in out and "completionMode: Indexed" in out and "node.kubernetes.io/lifecycle: on-demand" in out
+    assert "left (preempted)" in out or "left (deleted)" in out
+    assert "KUBERNETES OK" in out
