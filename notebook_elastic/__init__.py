@@ -36,6 +36,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'notebook_elastic' has no attribute {name!r}")
 
 
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "notebook_elastic.server"}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "notebook-elastic"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     from .magics import load_ipython_extension as load
 

@@ -201,7 +201,14 @@ class JobState:
     def summary(self) -> dict[str, Any]:
         """A small JSON-able digest (status.json, the jobs panel, %elastic_jobs)."""
         loss = self.metrics.last("loss")
+        tail: list[float] = []
+        if "loss" in self.metrics:
+            values = self.metrics["loss"].values
+            recent = values[-240:]
+            stride = max(1, len(recent) // 60)
+            tail = [round(v, 6) for v in recent[::stride]]
         return {
+            "loss_tail": tail,
             "status": self.status,
             "reason": self.reason,
             "world_size": self.world_size,

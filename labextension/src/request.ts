@@ -1,0 +1,69 @@
+/**
+ * The one place that talks to the server: the notebook-elastic REST routes.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export interface IJob {
+  name: string;
+  backend: string;
+  status: string;
+  damaged: string | null;
+  reason: string | null;
+  world_size: number | null;
+  nodes_running: number | null;
+  target: number | null;
+  min_nodes: number | null;
+  max_nodes: number | null;
+  restarts: number | null;
+  max_restarts: number | null;
+  step: number | null;
+  total_steps: number | null;
+  loss: number | null;
+  loss_tail: number[];
+  started_at: number | null;
+  finished_at: number | null;
+  notebook: string | null;
+}
+
+export interface IJobsReply {
+  jobs: IJob[];
+  errors: { [backend: string]: string };
+  server_ms: number;
+}
+
+export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'notebook-elastic', 'api', endPoint);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ServerConnection.NetworkError(error as TypeError);
+  }
+  const text = await response.text();
+  let data: any = text;
+  if (text.length > 0) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      // not JSON: keep the text (an HTML error page, say)
+    }
+  }
+  if (!response.ok) {
+    const message = (data && data.message) || (typeof data === 'string' && data) || response.statusText;
+    throw new ServerConnection.ResponseError(response, message);
+  }
+  return data as T;
+}
+
+export function listJobs(): Promise<IJobsReply> {
+  return requestAPI<IJobsReply>('jobs');
+}
+
+export function stopJob(job: IJob): Promise<{ name: string; status: string }> {
+  return requestAPI(`jobs/${encodeURIComponent(job.name)}/stop`, {
+    method: 'POST',
+    body: JSON.stringify({ backend: job.backend })
+  });
+}

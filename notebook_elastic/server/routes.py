@@ -1,0 +1,220 @@
+"""Route handlers of the server extension (cheap enough to poll every 2 s).
+
+Local jobs come from their folders (spec, status, supervisor liveness: a few small files
+each). Kubernetes jobs come from a cache a background thread refreshes, so a slow or
+unreachable cluster never blocks the handler; its error is reported beside the list.
+Job names are checked against the DNS-1123 pattern in the route itself and never reach a
+shell; stopping only touches this server user's job folders and kubeconfig.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import tornado
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from ..backends.base import JobInfo
+from ..backends.local import LocalBackend
+from ..errors import JobNotFound, NotebookElasticError
+from ..events import Event, Kind
+
+NAME = r"(?P<name>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
+K8S_REFRESH_S = 5.0
+QUIET = {Kind.METRIC, Kind.LOG, Kind.CHECKPOINT}
+
+
+def _finite(value: Any) -> Any:
+    """JSON for browsers: NaN and infinities become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
+    s = info.summary
+    notebook = info.notebook
+    if notebook and root_dir and os.path.isabs(notebook):
+        try:
+            relative = os.path.relpath(notebook, root_dir)
+            notebook = None if relative.startswith("..") else relative
+        except ValueError:
+            notebook = None
+    return _finite(
+        {
+            "name": info.name,
+            "backend": info.backend,
+            "status": info.status,
+            "damaged": info.damaged,
+            "reason": s.get("reason"),
+            "world_size": s.get("world_size"),
+            "nodes_running": s.get("nodes_running"),
+            "target": s.get("target"),
+            "min_nodes": s.get("min_nodes"),
+            "max_nodes": s.get("max_nodes"),
+            "restarts": s.get("restarts"),
+            "max_restarts": s.get("max_restarts"),
+            "step": s.get("step"),
+            "total_steps": s.get("total_steps"),
+            "loss": s.get("loss"),
+            "loss_tail": s.get("loss_tail") or [],
+            "started_at": s.get("started_at") or info.created,
+            "finished_at": s.get("finished_at"),
+            "notebook": notebook,
+            "location": info.location,
+        }
+    )
+
+
+class Registry:
+    """Where jobs are found: the local job folders, and (cached) the current kubeconfig context."""
+
+    def __init__(self) -> None:
+        self.local = LocalBackend()
+        self.k8s_jobs: list[JobInfo] = []
+        self.k8s_error: str | None = None
+        self.k8s_checked = 0.0
+        self._k8s_backend: Any = None
+        self._lock = threading.Lock()
+        self._refreshing = False
+
+    def kubernetes_configured(self) -> bool:
+        path = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
+        return os.path.exists(path) or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+    def refresh_kubernetes(self) -> None:
+        if not self.kubernetes_configured():
+            return
+        with self._lock:
+            if self._refreshing or time.monotonic() - self.k8s_checked < K8S_REFRESH_S:
+                return
+            self._refreshing = True
+        threading.Thread(target=self._refresh, daemon=True).start()
+
+    def _refresh(self) -> None:
+        try:
+            if self._k8s_backend is None:
+                from ..backends.kubernetes import KubernetesBackend
+
+                self._k8s_backend = KubernetesBackend()
+            jobs = self._k8s_backend.list()
+            with self._lock:
+                self.k8s_jobs, self.k8s_error = jobs, None
+        except Exception as exc:  # reported to the panel, never raised into a request
+            with self._lock:
+                self.k8s_jobs, self.k8s_error = [], str(exc)
+        finally:
+            with self._lock:
+                self.k8s_checked = time.monotonic()
+                self._refreshing = False
+
+    def jobs(self) -> tuple[list[JobInfo], dict[str, str]]:
+        self.refresh_kubernetes()
+        errors = {}
+        with self._lock:
+            k8s = list(self.k8s_jobs)
+            if self.k8s_error:
+                errors["kubernetes"] = self.k8s_error
+        return [*self.local.list(), *k8s], errors
+
+    def backend(self, name: str, backend: str) -> Any:
+        if backend == "kubernetes":
+            if self._k8s_backend is None:
+                from ..backends.kubernetes import KubernetesBackend
+
+                self._k8s_backend = KubernetesBackend()
+            return self._k8s_backend
+        return self.local
+
+
+class JobsHandler(APIHandler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        started = time.perf_counter()
+        registry: Registry = self.settings["notebook_elastic_registry"]
+        infos, errors = registry.jobs()
+        root = self.settings.get("server_root_dir")
+        jobs = [job_json(i, root) for i in infos]
+        self.finish(
+            json.dumps({"jobs": jobs, "errors": errors, "server_ms": round((time.perf_counter() - started) * 1000, 2)})
+        )
+
+
+class EventsHandler(APIHandler):
+    @tornado.web.authenticated
+    def get(self, name: str, _tail: str | None = None) -> None:
+        registry: Registry = self.settings["notebook_elastic_registry"]
+        backend = self.get_argument("backend", "local")
+        since = int(self.get_argument("since", "0") or 0)
+        limit = min(int(self.get_argument("limit", "500") or 500), 5000)
+        include_all = self.get_argument("all", "0") in ("1", "true")
+        if backend != "local":
+            raise tornado.web.HTTPError(
+                400, "events are served for local jobs; follow a Kubernetes job with %elastic_attach"
+            )
+        folder = registry.local.folder(name)
+        if not folder.exists():
+            raise tornado.web.HTTPError(404, f"no local job named {name!r}")
+        events: list[dict] = []
+        offset = since
+        with open(folder.events_file, "rb") as f:
+            f.seek(since)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # a line being written: next time
+                offset += len(line)
+                try:
+                    event = Event.from_line(line.decode("utf-8", "replace"))
+                except ValueError:
+                    continue
+                if include_all or event.kind not in QUIET:
+                    events.append(_finite(event.to_json()))
+                    if len(events) >= limit:
+                        break
+        self.finish(json.dumps({"events": events, "next": offset}))
+
+
+class StopHandler(APIHandler):
+    @tornado.web.authenticated
+    async def post(self, name: str, _tail: str | None = None) -> None:
+        registry: Registry = self.settings["notebook_elastic_registry"]
+        body = self.get_json_body() or {}
+        backend_name = body.get("backend") or self.get_argument("backend", "local")
+        if backend_name not in ("local", "kubernetes"):
+            raise tornado.web.HTTPError(400, f"unknown backend {backend_name!r}")
+        backend = registry.backend(name, backend_name)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, backend.cancel, name)  # waits for the processes to go
+        except JobNotFound as exc:
+            raise tornado.web.HTTPError(404, str(exc)) from None
+        except NotebookElasticError as exc:
+            raise tornado.web.HTTPError(409, str(exc)) from None
+        info = await loop.run_in_executor(None, backend.describe, name)
+        self.finish(json.dumps({"name": name, "status": info.status if info else "gone"}))
+
+
+def setup_handlers(server_app: Any) -> None:
+    web_app = server_app.web_app
+    web_app.settings["notebook_elastic_registry"] = Registry()
+    web_app.settings.setdefault("server_root_dir", getattr(server_app, "root_dir", None))
+    base = url_path_join(web_app.settings["base_url"], "notebook-elastic", "api")
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "jobs"), JobsHandler),
+            (url_path_join(base, "jobs", NAME, "events"), EventsHandler),
+            (url_path_join(base, "jobs", NAME, "stop"), StopHandler),
+        ],
+    )

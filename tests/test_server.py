@@ -1,0 +1,103 @@
+"""The server extension's routes, on a real jupyter_server (pytest-jupyter), against job
+folders made by real local jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from conftest import job_processes
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+
+# jupyter_server's own pytest plugin (jp_fetch, jp_serverapp), for this module only: its
+# autouse fixtures create a ServerApp and an event loop around every test they apply to.
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+TRAIN = """
+model = torch.nn.Linear(2, 1)
+state = elastic.State(model=model)
+for step in state.steps(TOTAL):
+    elastic.report(step=step, loss=1.0 / (step + 1))
+    state.commit()
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def jp_server_config(home):
+    return {"ServerApp": {"jpserver_extensions": {"notebook_elastic": True}}}
+
+
+def ns(total):
+    return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total}
+
+
+async def get_json(jp_fetch, *path, **params):
+    response = await jp_fetch("notebook-elastic", "api", *path, params=params)
+    assert response.code == 200
+    return json.loads(response.body)
+
+
+async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
+    assert (await get_json(jp_fetch, "jobs"))["jobs"] == []
+
+    done = ne.launch(TRAIN, nnodes="1", name="finished-one", user_ns=ns(8))
+    live = ne.launch(TRAIN, nnodes="1:2", name="live-one", user_ns=ns(100_000))
+    assert done.wait(120) == "succeeded"
+    deadline = time.monotonic() + 60
+    while live.state.step is None or live.state.step < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.6)  # status.json is rewritten at most 4 times a second
+    damaged = home / "jobs" / "broken-one"
+    damaged.mkdir()
+    (damaged / "spec.json").write_text("{not json")
+
+    reply = await get_json(jp_fetch, "jobs")
+    jobs = {j["name"]: j for j in reply["jobs"]}
+    assert set(jobs) == {"finished-one", "live-one", "broken-one"}
+    assert jobs["finished-one"]["status"] == "succeeded" and jobs["finished-one"]["step"] == 7
+    assert jobs["finished-one"]["loss"] == pytest.approx(1 / 8)
+    assert len(jobs["finished-one"]["loss_tail"]) >= 2
+    assert jobs["live-one"]["status"] == "running" and jobs["live-one"]["world_size"] == 1
+    assert (jobs["live-one"]["nodes_running"], jobs["live-one"]["min_nodes"], jobs["live-one"]["max_nodes"]) == (
+        1,
+        1,
+        2,
+    )
+    assert jobs["broken-one"]["status"] == "damaged" and "spec.json is unreadable" in jobs["broken-one"]["damaged"]
+    assert reply["server_ms"] < 1000
+
+    first = await get_json(jp_fetch, "jobs", "live-one", "events", since="0")
+    kinds = [e["kind"] for e in first["events"]]
+    assert kinds[0] == "job_submitted" and "worker_started" in kinds and "metric" not in kinds
+    again = await get_json(jp_fetch, "jobs", "live-one", "events", since=str(first["next"]), all="1")
+    assert all(e["kind"] != "job_submitted" for e in again["events"])  # only what came after the cursor
+
+    stopped = json.loads(
+        (await jp_fetch("notebook-elastic", "api", "jobs", "live-one", "stop", method="POST", body="{}")).body
+    )
+    assert stopped == {"name": "live-one", "status": "stopped"}
+    assert job_processes(home) == []
+    again = json.loads(
+        (await jp_fetch("notebook-elastic", "api", "jobs", "live-one", "stop", method="POST", body="{}")).body
+    )
+    assert again["status"] == "stopped"  # idempotent
+
+
+async def test_errors_are_clear_and_routes_need_auth(jp_fetch, jp_base_url, jp_serverapp, home):
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("notebook-elastic", "api", "jobs", "no-such-job", "stop", method="POST", body="{}")
+    assert info.value.code == 404
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("notebook-elastic", "api", "jobs", "Bad..Name", "events")
+    assert info.value.code == 404  # not a job name: the route does not match
+    url = f"http://127.0.0.1:{jp_serverapp.port}{jp_base_url}notebook-elastic/api/jobs"
+    with pytest.raises(HTTPClientError) as info:
+        await AsyncHTTPClient().fetch(url)  # no token
+    assert info.value.code == 403
