@@ -134,6 +134,8 @@ class FakeCluster:
         self.namespaces = set(namespaces)
         self.crds = set(crds)
         self.denied: set[tuple[str, str]] = set()  # (verb, plural)
+        self.token = "fake-token"  # requests with another bearer token get 401
+        self.quota_gpus: int | None = None  # a ResourceQuota on requests.nvidia.com/gpu
         self.root = Path(tempfile.mkdtemp(prefix="fake-k8s-"))
         self.containers: dict[str, Container] = {}  # pod uid -> running container
         self.previous_logs: dict[str, Path] = {}  # pod uid -> last terminated container's log
@@ -169,6 +171,10 @@ class FakeCluster:
             )
         )
         return path
+
+    def set_quota(self, gpus: int | None) -> None:
+        """A namespace ResourceQuota: pods beyond it are refused at creation (403)."""
+        self.quota_gpus = gpus
 
     def deny(self, verb: str, plural: str) -> None:
         self.denied.add((verb, plural))
@@ -286,6 +292,20 @@ class FakeCluster:
                 body["spec"].setdefault("completions", body["spec"]["parallelism"])
             return 201, self._store("ADDED", body)
 
+    @staticmethod
+    def _crd(name: str) -> dict[str, Any]:
+        """The real CustomResourceDefinition object (tests/data), as the API server returns it."""
+        import yaml
+
+        crd = yaml.safe_load((Path(__file__).parent / "data" / "kubeflow.org_pytorchjobs.v1.9.0.yaml").read_text())
+        crd["metadata"].update(
+            name=name,
+            uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+            resourceVersion="1",
+            creationTimestamp=now_rfc3339(),
+        )
+        return crd
+
     def _alloc_ip(self) -> int:
         ip = self.next_ip
         self.next_ip += 1
@@ -383,20 +403,14 @@ class FakeCluster:
         url = urlparse(h.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         self.requests.append((method, url.path))
+        if h.headers.get("Authorization") != f"Bearer {self.token}":
+            return h._json(401, status_error(401, "Unauthorized", "Unauthorized"))
         if url.path == "/version":
             return h._json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake", "platform": "linux/amd64"})
         if url.path.startswith("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"):
             name = url.path.rsplit("/", 1)[1]
             if name in self.crds:
-                return h._json(
-                    200,
-                    {
-                        "apiVersion": "apiextensions.k8s.io/v1",
-                        "kind": "CustomResourceDefinition",
-                        "metadata": {"name": name},
-                        "spec": {},
-                    },
-                )
+                return h._json(200, self._crd(name))
             return h._json(
                 404, status_error(404, "NotFound", f'customresourcedefinitions.apiextensions.k8s.io "{name}" not found')
             )
@@ -437,6 +451,25 @@ class FakeCluster:
                 ),
             )
         ns = ns or "default"
+        if method == "POST" and plural == "pods" and self.quota_gpus is not None:
+            body = h._body()
+            with self.lock:
+                used = sum(
+                    self._gpus(o)
+                    for k, o in self.objects.items()
+                    if k[1] == "pods" and k[2] == ns and o["status"].get("phase") in ("Pending", "Running")
+                )
+            asked = self._gpus(body)
+            if used + asked > self.quota_gpus:
+                name = body.get("metadata", {}).get("name", "")
+                return h._json(
+                    403,
+                    status_error(
+                        403,
+                        "Forbidden",
+                        f'pods "{name}" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu={asked}, used: requests.nvidia.com/gpu={used}, limited: requests.nvidia.com/gpu={self.quota_gpus}',
+                    ),
+                )
         if method == "POST":
             code, body = self._create(gv, plural, ns, h._body())
             return h._json(code, body)
@@ -769,6 +802,29 @@ class FakeCluster:
         uid = pod["metadata"]["uid"]
         ns = pod["metadata"]["namespace"]
         container = pod["spec"]["containers"][0]
+        if "does-not-exist" in container.get("image", ""):
+            # The registry has no such image: the kubelet backs off pulling it, forever.
+            with self.lock:
+                current = self.objects.get(self._key(pod))
+                if current is not None:
+                    new = copy.deepcopy(current)
+                    new["status"]["containerStatuses"] = [
+                        {
+                            "name": container["name"],
+                            "ready": False,
+                            "restartCount": 0,
+                            "image": container["image"],
+                            "imageID": "",
+                            "state": {
+                                "waiting": {
+                                    "reason": "ImagePullBackOff",
+                                    "message": f'Back-off pulling image "{container["image"]}"',
+                                }
+                            },
+                        }
+                    ]
+                    self._store("MODIFIED", new)
+            return
         pod_dir = self.root / uid
         pod_dir.mkdir(parents=True, exist_ok=True)
         mounts: dict[str, str] = {}

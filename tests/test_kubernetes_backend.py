@@ -57,7 +57,10 @@ def _post(fake, path, body):
     import urllib.request
 
     req = urllib.request.Request(
-        fake.url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+        fake.url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": "Bearer fake-token"},
     )
     with urllib.request.urlopen(req) as resp:
         return resp.status, json.loads(resp.read())
@@ -217,3 +220,84 @@ def test_errors_users_can_act_on(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(config))
     with pytest.raises(ne.BackendError, match=r"API server at http://127\.0\.0\.1:\d+ is unreachable"):
         KubernetesBackend().list()
+
+
+def test_more_errors_users_can_act_on(cluster, tmp_path, monkeypatch):
+    # 401: stale credentials.
+    cluster.token = "rotated"
+    with pytest.raises(
+        ne.BackendError, match=r"refused the credentials of context 'fake' \(401 Unauthorized\).*log in again"
+    ):
+        ne.jobs("kubernetes")
+    cluster.token = "fake-token"
+    # Quota: pods beyond the namespace's GPU quota are refused, clearly, and nothing is left.
+    cluster.set_quota(0)
+    with pytest.raises(
+        ne.BackendError, match=r"resource quota is exceeded in namespace 'default': .*exceeded quota: gpu-quota"
+    ):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=1, name="quota", user_ns=ns(total=5), workload="pods")
+    cluster.set_quota(None)
+    deadline = time.monotonic() + 30
+    while [o for o in cluster.all_objects() if o["kind"] != "PersistentVolumeClaim"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # A pytorchjob needs the Kubeflow operator's CRD.
+    with pytest.raises(ne.BackendError, match=r"--workload pytorchjob needs the Kubeflow training operator"):
+        ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="kubeflow", user_ns=ns(), workload="pytorchjob")
+    cluster.crds.add("pytorchjobs.kubeflow.org")
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        gpus=0,
+        pvc="ckpt",
+        name="kubeflow",
+        user_ns=ns(),
+        workload="pytorchjob",
+    )
+    made = cluster.get("pytorchjobs", "kubeflow-workers", gv="kubeflow.org/v1")
+    assert (
+        made["spec"]["elasticPolicy"]["maxReplicas"] == 2
+        and made["metadata"]["ownerReferences"][0]["kind"] == "ConfigMap"
+    )
+    job.stop()
+    assert cluster.get("pytorchjobs", "kubeflow-workers", gv="kubeflow.org/v1") is None
+
+
+def test_a_missing_image_says_so_and_the_range_can_change(cluster):
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        name="typo",
+        image="registry.example/does-not-exist:1",
+        user_ns=ns(),
+    )
+    wait_for(
+        job,
+        lambda: any(e.kind == Kind.PENDING and e.get("reason") == "ImagePullBackOff" for e in job.events),
+        "ImagePullBackOff",
+    )
+    assert "does-not-exist" in next(e.get("message") for e in job.events if e.kind == Kind.PENDING)
+    job.stop()
+
+    job = ne.launch(
+        TRAIN, backend="kubernetes", nnodes="1", gpus=0, pvc="ckpt", name="widen", max_restarts=5, user_ns=ns()
+    )
+    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 5, "one pod training")
+    job.set_range(1, 2)  # new workers, in a new rendezvous epoch
+    job.scale(2)
+    wait_for(
+        job,
+        lambda: (
+            job.world_size == 2
+            and job.status == "running"
+            and job.state.nnodes == (1, 2)
+            and any(e.kind == Kind.RESUMED for e in job.events)
+        ),
+        "two pods in the new range",
+    )
+    resumed = [e for e in job.events if e.kind == Kind.RESUMED]
+    assert resumed and resumed[-1].get("step") >= 5
+    job.stop()

@@ -147,6 +147,8 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
         launched = float(page.evaluate("() => document.body.innerText.match(/launched at ([0-9.]+)/)[1]"))
         assert seen_at - launched <= 2.5, f"listed {seen_at - launched:.2f} s after launch"
         page.wait_for_selector(".ne-job[data-name='panel-job'][data-status='running']", timeout=90_000)
+        status, listed = lab.api("notebook-elastic/api/jobs")
+        assert status == 200 and listed["jobs"][0]["notebook"] == "train.ipynb"  # what the name link opens
         page.wait_for_function(
             "() => document.querySelector('.ne-statusbar') && document.querySelector('.ne-statusbar').textContent.startsWith('1 elastic job')",
             timeout=30_000,
@@ -177,9 +179,6 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
         page.wait_for_selector(".ne-job[data-name='panel-job'][data-status='stopped']", timeout=90_000)
         shot(page, "3-stopped")
         seen = page.evaluate("() => window.__neSeen")
-        sparkline_points = int(
-            page.get_attribute(".ne-job[data-name='panel-job'] svg.ne-sparkline", "data-points") or 0
-        )
         errors = list(page.console_errors)
 
     assert seen[0] == "running" and "restarting" in seen and seen[-1] == "stopped", seen

@@ -112,3 +112,37 @@ def test_export_writes_script_and_payload(shell, home, tmp_path, capsys):
     assert target.exists() and (target.parent / "train.payload.pkl").exists()
     assert "torchrun --nproc-per-node 1" in capsys.readouterr().out
     assert not (home / "jobs").exists()
+
+
+@pytest.mark.slow
+def test_job_magics_launch_list_attach_and_stop(shell, home, capsys):
+    import time
+
+    run_cells(shell, "import time\nimport torch")
+    cell = (
+        "model = torch.nn.Linear(2, 1)\n"
+        "state = elastic.State(model=model)\n"
+        "for step in state.steps(100000):\n"
+        "    elastic.report(step=step, loss=0.5)\n"
+        "    state.commit()\n"
+        "    time.sleep(0.05)\n"
+    )
+    job = shell.run_cell_magic("elastic_train", "--name magic-job --nnodes 1", cell)
+    assert shell.user_ns["magic_job"] is job  # the job also lands in a variable named after it
+    deadline = time.monotonic() + 90
+    while job.state.step is None or job.state.step < 2:
+        assert time.monotonic() < deadline, job.summary()
+        time.sleep(0.1)
+    listed = shell.run_line_magic("elastic_jobs", "")
+    assert "magic-job" in repr(listed) and "running" in repr(listed)
+    again = shell.run_line_magic("elastic_attach", "magic-job")
+    deadline = time.monotonic() + 30
+    while again.state.step is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert again.name == "magic-job" and again is not job
+    shell.run_line_magic("elastic_stop", "magic-job")
+    assert "magic-job: stopped" in capsys.readouterr().out
+    assert job.wait(30) == "stopped"
+    with pytest.raises(UsageError, match=r"no local job named 'nope'"):
+        shell.run_line_magic("elastic_stop", "nope")

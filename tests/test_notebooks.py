@@ -59,7 +59,7 @@ def test_kubernetes_notebook_on_the_fake_cluster(home, tmp_path, monkeypatch):
             cluster.url + "/api/v1/namespaces/default/persistentvolumeclaims",
             data=json.dumps(body).encode(),
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": "Bearer fake-token"},
         )
         urllib.request.urlopen(req).read()
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
