@@ -127,6 +127,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def warm_vs_cold(rows: list[dict], runs: int) -> None:
+    """The same crash drill with workers forked from a warm zygote and started cold."""
+    medians = {}
+    for label, flag in (("cold (NOTEBOOK_ELASTIC_WARM_WORKERS=0)", "0"), ("warm (default)", "1")):
+        os.environ["NOTEBOOK_ELASTIC_WARM_WORKERS"] = flag
+        times = []
+        for n in range(runs):
+            job = ne.launch(
+                TRAIN,
+                nnodes="1",
+                nproc_per_node=2,
+                name=f"bench-warm{flag}-{n}",
+                max_restarts=20,
+                user_ns=namespace(100000, 0.02),
+            )
+            clock = Clock(job)
+            wait(lambda: len(clock.arrivals) > 20, what="warm-up")  # noqa: B023
+            for _ in range(2):
+                gen = clock.arrivals[-1][1]["gen"]
+                t0 = time.time()
+                job.kill_worker()
+                wait(lambda: clock.first_after(t0, lambda v: v["gen"] > gen) is not None, what="resume")  # noqa: B023
+                times.append(clock.first_after(t0, lambda v: v["gen"] > gen)[0] - t0)  # noqa: B023
+                time.sleep(1)
+            job.stop()
+        medians[flag] = median(times)
+        rows.append(row(f"resume after a worker crash, 2 procs, {label}", medians[flag], "s"))
+    os.environ.pop("NOTEBOOK_ELASTIC_WARM_WORKERS", None)
+    rows.append(row("  warm starts: speed-up over cold starts", medians["0"] / medians["1"], "x"))
+
+
 def resume_times(rows: list[dict], runs: int) -> None:
     """Scale up, scale down, kill a worker, preempt, lose a node: time to the next step."""
     results: dict[str, list[float]] = {
@@ -372,6 +403,7 @@ def run() -> None:
         rows.append(row("first step, --nnodes 1:3: torchrun's default rendezvous settings", slow, "s"))
         rows.append(row("  speed-up from our rendezvous settings", slow / median(elastic_ours), "x"))
     resume_times(rows, runs)
+    warm_vs_cold(rows, runs)
     report_cost(rows)
     checkpoint_overhead(rows, workdir)
     latency_and_cpu(rows)

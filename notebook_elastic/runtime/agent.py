@@ -150,6 +150,14 @@ def _hook_rendezvous() -> None:
     dr.DynamicRendezvousHandler.next_rendezvous = next_rendezvous
 
 
+def _start_zygote() -> bool:
+    try:
+        from .._warm import start_zygote
+    except ImportError:  # the runtime shipped without it
+        return False
+    return start_zygote() is not None
+
+
 def _leave_rendezvous() -> None:
     """Take this node out of its round at once when it is stopped on purpose (SIGTERM:
     scale-down, preemption, pod deletion). Otherwise the survivors wait for its heartbeat
@@ -193,8 +201,12 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
+    warm = _start_zygote()
     if args[:1] == ["--standby"]:
         args = _standby()
+    if warm and args and args[-1].endswith(".py") and not {"-m", "--module", "--no-python", "--no_python"} & set(args):
+        # Workers start as `python -u -m notebook_elastic._warm SCRIPT`: forked by the zygote.
+        args = [*args[:-1], "-m", "notebook_elastic._warm", args[-1]]
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
     try:
         torchrun_main(args)

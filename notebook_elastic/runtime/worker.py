@@ -90,9 +90,10 @@ def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> Non
 
 def guard_against_orphaning() -> None:
     """Called at import inside workers started by our agent wrapper."""
-    agent_pid = os.environ.get(protocol.ENV_AGENT_PID)
-    if agent_pid and os.environ.get("LOCAL_RANK") is not None:
-        set_parent_death_signal(signal.SIGKILL, int(agent_pid))
+    # A warm-started worker is the zygote's child (the launcher watches its agent for it).
+    parent = os.environ.get("NOTEBOOK_ELASTIC_WARM_PARENT") or os.environ.get(protocol.ENV_AGENT_PID)
+    if parent and os.environ.get("LOCAL_RANK") is not None:
+        set_parent_death_signal(signal.SIGKILL, int(parent))
 
 
 _initialized_here = False

@@ -78,7 +78,7 @@ def runtime_zip() -> bytes:
     import cloudpickle
 
     package = Path(__file__).resolve().parents[2]
-    files: list[tuple[str, Path]] = [("notebook_elastic/__init__.py", package / "__init__.py")]
+    files: list[tuple[str, Path]] = [(f"notebook_elastic/{n}", package / n) for n in ("__init__.py", "_warm.py")]
     files += [(f"notebook_elastic/runtime/{p.name}", p) for p in sorted((package / "runtime").glob("*.py"))]
     cp = Path(cloudpickle.__file__).parent
     files += [(f"cloudpickle/{p.name}", p) for p in sorted(cp.glob("*.py"))]
