@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from ..events import Event, Kind, describe
 from ..job_state import JobState, Marker, elapsed_s
+from ..views.text import format_duration as duration
 
 MAX_POINTS = 1000
 STATUS_COLORS = {
@@ -63,17 +64,6 @@ TIMELINE_HIDDEN = {
 
 def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "–"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
 def downsample(

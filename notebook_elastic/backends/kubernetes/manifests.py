@@ -144,6 +144,20 @@ def _code_volume(spec: Any) -> dict[str, Any]:
     return {"name": "code", "configMap": {"name": code_name(spec.name)}}
 
 
+def _place(pod_spec: dict[str, Any], options: KubernetesOptions, node_selector: dict, tolerations: list) -> None:
+    """Where a pod may run and as whom: its own selector/tolerations, the job's identity."""
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = list(tolerations)
+    if options.priority_class:
+        pod_spec["priorityClassName"] = options.priority_class
+    if options.service_account:
+        pod_spec["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+
+
 def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
@@ -167,16 +181,7 @@ def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
         "volumes": [_code_volume(spec)],
         "terminationGracePeriodSeconds": 5,
     }
-    if options.rdzv_node_selector:
-        pod_spec["nodeSelector"] = dict(options.rdzv_node_selector)
-    if options.rdzv_tolerations:
-        pod_spec["tolerations"] = list(options.rdzv_tolerations)
-    if options.priority_class:
-        pod_spec["priorityClassName"] = options.priority_class
-    if options.service_account:
-        pod_spec["serviceAccountName"] = options.service_account
-    if options.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    _place(pod_spec, options, options.rdzv_node_selector, options.rdzv_tolerations)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -261,16 +266,7 @@ def worker_pod_spec(
         # torchrun's agent stops its workers on SIGTERM, then leaves the rendezvous.
         "terminationGracePeriodSeconds": 30,
     }
-    if options.node_selector:
-        pod_spec["nodeSelector"] = dict(options.node_selector)
-    if options.tolerations:
-        pod_spec["tolerations"] = list(options.tolerations)
-    if options.priority_class:
-        pod_spec["priorityClassName"] = options.priority_class
-    if options.service_account:
-        pod_spec["serviceAccountName"] = options.service_account
-    if options.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    _place(pod_spec, options, options.node_selector, options.tolerations)
     return pod_spec
 
 
