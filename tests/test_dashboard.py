@@ -139,12 +139,12 @@ def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
         wait_for(lambda: any(e.kind == Kind.RESUMED for e in job.events), "the resume")
         resumed = next(e for e in job.events if e.kind == Kind.RESUMED)
         assert marker.step in (resumed.get("step") - 1, resumed.get("step"))  # at the change, not elsewhere
-        assert 'data-node="node-1" data-status="running"' in dash.ranks.value
+        wait_for(lambda: 'data-node="node-1" data-status="running"' in dash.ranks.value, "node-1's ranks in the map")
 
         # The range slider calls set_range.
         dash.range.value = (1, 3)
         wait_for(lambda: job.state.nnodes == (1, 3) and not dash.range.disabled, "the new range")
-        assert dash.target.max == 3
+        wait_for(lambda: dash.target.max == 3, "the nodes box to follow the range")
 
         # Drill: kill a worker; the timeline shows the restart.
         wait_for(lambda: job.status == "running", "running again")
