@@ -198,6 +198,9 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
+FAULT_WORDS = {"kill_worker": "killed", "preempt_node": "preempted", "lose_node": "lost (SIGKILL)"}
+
+
 def describe(e: Event) -> str:
     d = e.data
     node = e.node or d.get("node") or ""
@@ -212,7 +215,8 @@ def describe(e: Event) -> str:
             " (agents restarted with the new range)" if d.get("reconfigured") else ""
         )
     if k == Kind.FAULT:
-        return f"drill: {d.get('fault')} {d.get('target', '')}".rstrip()
+        done = FAULT_WORDS.get(str(d.get("fault")), str(d.get("fault")))
+        return f"drill: {d.get('target', '')} {done}".replace("  ", " ")
     if k == Kind.NODE_JOINED:
         return f"{node} joined"
     if k == Kind.NODE_LEFT:

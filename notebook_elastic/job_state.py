@@ -15,7 +15,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import FINAL_STATUSES, Event, Kind
+from .events import FINAL_STATUSES, Event, Kind, describe
+
+# Events that tell why workers stop: listed under a restart in its transition.
+SYMPTOMS = frozenset(
+    {
+        Kind.WORKER_FAILED,
+        Kind.WORKER_EXITED,
+        Kind.PEER_LOST,
+        Kind.RESTART,
+        Kind.AGENT_SIGNALED,
+        Kind.NODE_LEFT,
+        Kind.FAULT,
+    }
+)
+ROOT_WINDOW_S = 10.0  # a drill or a departure this long before a restart is its cause
+
+
+def _is_root_cause(e: Event) -> bool:
+    """A drill, or a node that went away: what explains a survivor's "connection closed"."""
+    return e.kind == Kind.FAULT or (e.kind == Kind.NODE_LEFT and e.get("reason") not in ("finished", "stopped"))
 
 
 @dataclass
@@ -160,6 +179,10 @@ class JobState:
         self.finished_at: float | None = None
         self.first_step_at: float | None = None
         self.last_event_at: float | None = None
+        # Status changes with their time and cause, newest last: a restart that heals in
+        # less than a poll interval still shows in the jobs panel.
+        self.transitions: deque[dict[str, Any]] = deque(maxlen=16)
+        self._last_root: Event | None = None
         self._rates: deque[tuple[float, float]] = deque(maxlen=64)
         self._world_sizes: dict[int | None, int] = {}
 
@@ -224,6 +247,7 @@ class JobState:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "generation": self.generation,
+            "transitions": list(self.transitions)[-8:],
             "nodes": [n.to_json() for n in self.nodes.values()],
         }
 
@@ -247,8 +271,36 @@ class JobState:
             return
         self.events.append(e)
         handler = getattr(self, f"_on_{k}", None)
+        before = self.status
         if handler is not None:
             handler(e)
+        self._track_transition(e, before)
+
+    def _track_transition(self, e: Event, before: str) -> None:
+        """Record a status change; a restart gets its root cause and what else happened in it.
+
+        The event that flips a job to restarting is often a symptom (the survivor's
+        "connection closed by peer"); a drill or a departure just before or during the
+        restart is named as its cause instead, and every symptom is listed under it."""
+        root = _is_root_cause(e)
+        if self.status != before:
+            entry: dict[str, Any] = {"status": self.status, "at": e.time, "cause": describe(e)}
+            if self.status == "restarting":
+                entry["events"] = [describe(e)]
+                recent = self._last_root
+                if not root and recent is not None and 0 <= e.time - recent.time <= ROOT_WINDOW_S:
+                    entry["cause"] = describe(recent)
+                    entry["events"].insert(0, describe(recent))
+                entry["rooted"] = root or entry["cause"] != describe(e)
+            self.transitions.append(entry)
+        elif self.status == "restarting" and e.kind in SYMPTOMS and self.transitions:
+            entry = self.transitions[-1]
+            if entry["status"] == "restarting" and len(entry.setdefault("events", [])) < 8:
+                entry["events"].append(describe(e))
+                if root and not entry.get("rooted"):
+                    entry["cause"], entry["rooted"] = describe(e), True
+        if root:
+            self._last_root = e
 
     def _saw_step(self, step: int, t: float) -> None:
         if self.first_step_at is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from notebook_elastic.events import Event, Kind, LineParser, describe
 from notebook_elastic.job_state import JobState
 
@@ -92,9 +94,17 @@ def test_state_folds_two_agents_into_the_job_story():
     assert state.restarts == 2 and state.max_restarts == 5 and state.membership_changes >= 1
     assert [m.kind for m in state.markers if m.kind == "world_size"] == ["world_size", "world_size"]
     assert state.status == "running"
+    # Every status change is kept with its time and cause, so a restart that healed
+    # between two polls of the jobs panel is still told.
+    history = [t["status"] for t in state.transitions]
+    assert history[-1] == "running" and history.count("restarting") >= 2
+    assert all(a != b for a, b in zip(history, history[1:]))
+    restart = next(t for t in state.transitions if t["status"] == "restarting")
+    assert restart["at"] > 999.5 and restart["cause"]
     state.apply(Event(Kind.JOB_FINISHED, 2000.0, None, {"status": "succeeded"}))
     assert state.status == "succeeded" and state.finished
     assert state.summary()["status"] == "succeeded"
+    assert state.summary()["transitions"][-1] == {"status": "succeeded", "at": 2000.0, "cause": "job succeeded"}
 
 
 def test_metrics_progress_and_eta():
@@ -109,3 +119,49 @@ def test_metrics_progress_and_eta():
     assert abs(state.eta_s - 25.0) < 1e-6
     assert state.metrics.last("loss") == 1.0 / 50
     assert state.metrics.to_records()[0] == {"step": 0, "loss": 1.0}
+
+
+def _running_pair() -> JobState:
+    state = JobState(max_restarts=3, nnodes=(1, 2))
+    for node, rank in (("node-0", 0), ("node-1", 1)):
+        state.apply(Event(Kind.NODE_JOINED, 1.0, node, {"pid": 10 + rank}))
+        state.apply(
+            Event(Kind.WORKER_STARTED, 2.0, node, {"rank": rank, "local_rank": 0, "world_size": 2, "generation": 1})
+        )
+    return state
+
+
+SURVIVOR_CRASH = {"rank": 0, "error": "RuntimeError", "message": "Connection closed by peer", "generation": 1}
+
+
+def test_a_restart_names_its_root_cause_not_the_survivors_symptom():
+    # A drill just before the restart: the drill is the cause, the symptom is listed under it.
+    state = _running_pair()
+    state.apply(Event(Kind.FAULT, 10.0, "node-1", {"fault": "preempt_node", "target": "node-1"}))
+    state.apply(Event(Kind.WORKER_FAILED, 10.4, "node-0", SURVIVOR_CRASH))
+    state.apply(Event(Kind.NODE_LEFT, 10.6, "node-1", {"reason": "preempted"}))
+    state.apply(
+        Event(Kind.WORKER_STARTED, 12.0, "node-0", {"rank": 0, "local_rank": 0, "world_size": 1, "generation": 2})
+    )
+    restart, healed = list(state.transitions)[-2:]
+    assert restart["status"] == "restarting" and restart["at"] == 10.4
+    assert restart["cause"] == "drill: node-1 preempted"
+    assert restart["events"] == [
+        "drill: node-1 preempted",
+        "rank 0 on node-0 failed: RuntimeError: Connection closed by peer",
+        "node-1 left (preempted)",
+    ]
+    assert healed["status"] == "running" and healed["at"] - restart["at"] == pytest.approx(1.6)
+
+    # No drill (a real preemption): the departure, seen after the survivor's crash, becomes the cause.
+    state = _running_pair()
+    state.apply(Event(Kind.WORKER_FAILED, 20.0, "node-0", SURVIVOR_CRASH))
+    state.apply(Event(Kind.NODE_LEFT, 20.3, "node-1", {"reason": "preempted"}))
+    restart = state.transitions[-1]
+    assert restart["cause"] == "node-1 left (preempted)" and len(restart["events"]) == 2
+
+    # A drill long ago explains nothing: a plain crash is its own cause.
+    state = _running_pair()
+    state.apply(Event(Kind.FAULT, 1.0, "node-1", {"fault": "kill_worker", "target": "rank 1"}))
+    state.apply(Event(Kind.WORKER_FAILED, 60.0, "node-0", SURVIVOR_CRASH))
+    assert state.transitions[-1]["cause"].startswith("rank 0 on node-0 failed")

@@ -25,9 +25,25 @@ from conftest import ARTIFACTS, REPO, job_processes
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
+def rebuild_if_stale() -> None:
+    """The build hook skips npm when a built extension exists (so a wheel builds from the
+    sdist without node); after editing the TypeScript here, that build is stale: redo it."""
+    built = REPO / "notebook_elastic" / "labextension" / "package.json"
+    sources = [p for d in ("src", "style") for p in (REPO / "labextension" / d).rglob("*") if p.is_file()]
+    sources.append(REPO / "labextension" / "package.json")
+    if not built.exists() or max(p.stat().st_mtime for p in sources) <= built.stat().st_mtime:
+        return  # missing: `pip install .` builds it; fresh: nothing to do
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    done = subprocess.run(
+        ["npm", "run", "build:prod"], cwd=REPO / "labextension", env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict[str, str]:
     """`pip install .` into a fresh prefix; the environment that runs from it."""
+    rebuild_if_stale()
     prefix = tmp_path_factory.mktemp("prefix")
     done = subprocess.run(
         [
@@ -115,6 +131,17 @@ WATCH_STATUSES = """() => {
 }"""
 
 
+def wait_or_explain(page, lab, predicate: str, timeout_ms: int = 90_000) -> None:
+    """Wait for `predicate` on the page; on timeout, fail with what the panel and the API showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(predicate, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        row = page.evaluate("() => (document.querySelector('.ne-job[data-name=\"panel-job\"]') || {}).outerHTML")
+        pytest.fail(f"the panel never matched {predicate}\nrow: {row}\napi: {lab.api('notebook-elastic/api/jobs')}")
+
+
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"panel-{name}.png"))
@@ -162,15 +189,24 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
         shot(page, "1-running")
 
         # The preemption drill, from the notebook: the panel shows restarting, then running.
+        # The job heals in about 2 s, as fast as the panel polls, so the badge may never catch
+        # the restart; the row's status history and its "restarting ...: cause" line always do.
         page.evaluate(
             "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
             ".requestExecute({code: \"panel_job.preempt_node('node-1')\"}).done"
         )
-        page.wait_for_function("() => window.__neSeen.includes('restarting')", timeout=60_000)
-        page.wait_for_function(
-            "() => window.__neSeen[window.__neSeen.length - 1] === 'running' && window.__neSeen.indexOf('restarting') >= 0",
-            timeout=90_000,
+        wait_or_explain(
+            page,
+            lab,
+            """() => {
+              const row = document.querySelector('.ne-job[data-name="panel-job"]');
+              const line = row && row.querySelector('.ne-disruption');
+              return row && row.dataset.status === 'running' && row.dataset.history.endsWith('restarting,running')
+                && line && line.textContent.includes('preempt') && line.textContent.includes('node-1')
+                && line.textContent.includes('running again after');
+            }""",
         )
+        disruption = page.locator(".ne-job[data-name='panel-job'] .ne-disruption").text_content()
         shot(page, "2-after-preemption")
 
         # Stop from the panel, with one confirmation.
@@ -181,11 +217,19 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
         seen = page.evaluate("() => window.__neSeen")
         errors = list(page.console_errors)
 
-    assert seen[0] == "running" and "restarting" in seen and seen[-1] == "stopped", seen
+    assert seen[0] == "running" and seen[-1] == "stopped", seen
+    healed_after_s = float(disruption.split("running again after ")[1].split(" s")[0])
+    assert 0 < healed_after_s < 60, disruption
     assert job_processes(home) == []
     assert errors == [], errors
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
     (results / "panel_browser.json").write_text(
-        json.dumps({"listed_after_launch_s": round(seen_at - launched, 3), "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+        json.dumps(
+            {
+                "listed_after_launch_s": round(seen_at - launched, 3),
+                "preemption_healed_s": healed_after_s,
+                "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
+        )
     )

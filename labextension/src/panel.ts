@@ -4,7 +4,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { IJob, IJobsReply, listJobs, stopJob } from './request';
+import { IJob, IJobsReply, ITransition, listJobs, stopJob } from './request';
 
 const POLL_MS = 2000;
 const FINAL = new Set(['succeeded', 'failed', 'stopped', 'lost', 'damaged']);
@@ -69,6 +69,29 @@ function ago(seconds: number | null): string {
     return `${Math.round(s / 60)}m ago`;
   }
   return `${Math.round(s / 3600)}h ago`;
+}
+
+/**
+ * The latest restart and how it healed: "restarting 12s ago: node-1 left (preempted) ·
+ * running again after 1.8 s". A restart shorter than the poll interval never shows in the
+ * badge, so the row says it happened.
+ */
+export function lastDisruption(history: ITransition[]): { text: string; detail: string } | null {
+  let i = history.length - 1;
+  while (i >= 0 && history[i].status !== 'restarting') {
+    i--;
+  }
+  if (i < 0) {
+    return null;
+  }
+  const start = history[i];
+  const healed = history.slice(i + 1).find(t => t.status === 'running');
+  const cause = start.cause.length > 120 ? start.cause.slice(0, 119) + '…' : start.cause;
+  const text = `restarting ${ago(start.at)}: ${cause}`;
+  return {
+    text: healed ? `${text} · running again after ${(healed.at - start.at).toFixed(1)} s` : text,
+    detail: (start.events || [start.cause]).join('\n')
+  };
 }
 
 export class JobsPanel extends Widget {
@@ -200,7 +223,13 @@ export class JobsPanel extends Widget {
     }
     const list = el('div', { class: 'ne-jobs' });
     for (const job of shown) {
-      const card = el('div', { class: 'ne-job', 'data-name': job.name, 'data-status': job.status });
+      const history = job.transitions || [];
+      const card = el('div', {
+        class: 'ne-job',
+        'data-name': job.name,
+        'data-status': job.status,
+        'data-history': history.map(t => t.status).join(',')
+      });
       const top = el('div', { class: 'ne-job-top' });
       const link = el('a', { href: '#', class: 'ne-job-name', title: job.notebook ? `open ${job.notebook}` : 'the launching notebook is unknown' }, job.name);
       link.addEventListener('click', event => {
@@ -231,6 +260,10 @@ export class JobsPanel extends Widget {
       const loss = job.loss === null || job.loss === undefined ? '' : `loss ${job.loss.toPrecision(4)}`;
       bottom.appendChild(el('span', { class: 'ne-sub' }, [loss, `${job.backend} · ${ago(job.started_at)}`].filter(Boolean).join(' · ')));
       card.appendChild(bottom);
+      const disruption = lastDisruption(history);
+      if (disruption) {
+        card.appendChild(el('div', { class: 'ne-sub ne-disruption', title: disruption.detail }, disruption.text));
+      }
       if (job.damaged || (job.reason && FINAL.has(job.status))) {
         card.appendChild(el('div', { class: 'ne-sub ne-reason' }, job.damaged || job.reason || ''));
       }

@@ -4,6 +4,15 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+/** A change of a job's status, with its time (epoch seconds) and the event that caused it. */
+export interface ITransition {
+  status: string;
+  at: number;
+  cause: string;
+  /** For a restart: its cause first, then what else happened while it lasted. */
+  events?: string[];
+}
+
 export interface IJob {
   name: string;
   backend: string;
@@ -21,6 +30,7 @@ export interface IJob {
   total_steps: number | null;
   loss: number | null;
   loss_tail: number[];
+  transitions: ITransition[];
   started_at: number | null;
   finished_at: number | null;
   notebook: string | null;

@@ -69,6 +69,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "total_steps": s.get("total_steps"),
             "loss": s.get("loss"),
             "loss_tail": s.get("loss_tail") or [],
+            "transitions": s.get("transitions") or [],
             "started_at": s.get("started_at") or info.created,
             "finished_at": s.get("finished_at"),
             "notebook": notebook,
