@@ -222,6 +222,8 @@ def describe(e: Event) -> str:
     if k == Kind.NODE_LEFT:
         return f"{node} left ({d.get('reason', 'unknown')})"
     if k == Kind.PENDING:
+        if not node and d.get("reason") == "FailedCreate":
+            return f"a worker pod could not be created: {d.get('message', '')}"
         return f"{node} pending: {d.get('reason', '')} {d.get('message', '')}".rstrip()
     if k == Kind.RENDEZVOUS:
         return f"{node}: rendezvous round {d.get('round')}, group rank {d.get('group_rank')} of {d.get('group_world_size')} node(s)"

@@ -158,6 +158,7 @@ class JobState:
     def __init__(self, *, max_restarts: int = 0, nnodes: tuple[int, int] = (1, 1), target: int | None = None) -> None:
         self.status = "pending"
         self.reason: str | None = None
+        self.waiting: str | None = None  # why capacity the job asked for is not coming
         self.max_restarts = max_restarts
         self.nnodes = tuple(nnodes)
         self.target = target if target is not None else nnodes[0]
@@ -234,6 +235,7 @@ class JobState:
             "loss_tail": tail,
             "status": self.status,
             "reason": self.reason,
+            "waiting": self.waiting,
             "world_size": self.world_size,
             "nodes_running": len(self.running_nodes),
             "target": self.target,
@@ -330,6 +332,7 @@ class JobState:
         self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
 
     def _on_node_joined(self, e: Event) -> None:
+        self.waiting = None
         node = self._node(e.node)
         node.status = "starting"
         node.agent_pid = e.get("pid")
@@ -340,6 +343,9 @@ class JobState:
         self._mark(e, "node_joined", f"{node.name} joined")
 
     def _on_pending(self, e: Event) -> None:
+        if e.node is None:  # about the job, not a node (its controller cannot create a pod)
+            self.waiting = describe(e)
+            return
         node = self._node(e.node)
         node.status = "pending"
 

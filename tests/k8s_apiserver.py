@@ -14,13 +14,16 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
   reproduce a reclaim (DisruptionTarget condition, then deletion).
 - A kubelet that runs each container's command as a local process: env (values and the
   downward API), ``$(VAR)`` expansion in args, ConfigMap volumes written to a temp dir (paths
-  under their mountPath rewritten), one 127.0.0.N address per pod, Service names resolved to
-  their pod's address (the cluster DNS), stdout+stderr kept as the pod log (``follow``,
-  ``timestamps``, ``sinceSeconds``, ``previous``), restartPolicy honoured.
+  under their mountPath rewritten), one 127.A.B.N address per pod (each cluster has a /24 of
+  its own), Service names resolved to their pod's address (the cluster DNS), stdout+stderr
+  kept as the pod log (``follow``, ``timestamps``, ``sinceSeconds``, ``previous``),
+  restartPolicy honoured.
 - An Indexed Job controller: one pod per index up to parallelism, replacements for pods
   that failed or vanished, scale by completions/parallelism, Complete/Failed conditions,
-  podFailurePolicy's Ignore for DisruptionTarget.
-- On demand: RBAC denial (403 with the API server's message) and dropped connections.
+  podFailurePolicy's Ignore for DisruptionTarget; a pod over the namespace's GPU quota is
+  not created and the Job gets a FailedCreate Warning Event (aggregated, 1 s backoff).
+- Events (list/watch with fieldSelector), RBAC as a Role's rules (``grant_only``) or single
+  denials (403 with the API server's message), and dropped connections, on demand.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ RESOURCES = {
     ("v1", "services"): "Service",
     ("v1", "pods"): "Pod",
     ("v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
+    ("v1", "events"): "Event",
     ("batch/v1", "jobs"): "Job",
     ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
 }
@@ -98,6 +102,21 @@ def match_labels(labels: dict[str, str], selector: str | None) -> bool:
     return True
 
 
+def match_fields(obj: dict[str, Any], selector: str | None) -> bool:
+    """fieldSelector as the API server reads it: `a.b=v,c!=w` over the object's fields."""
+    if not selector:
+        return True
+    for part in selector.split(","):
+        negate = "!=" in part
+        path, value = part.split("!=" if negate else "=", 1)
+        current: Any = obj
+        for step in path.lstrip("=").strip().split("."):
+            current = current.get(step) if isinstance(current, dict) else None
+        if (str(current) == value.lstrip("=")) == negate:
+            return False
+    return True
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -134,12 +153,16 @@ class FakeCluster:
         self.namespaces = set(namespaces)
         self.crds = set(crds)
         self.denied: set[tuple[str, str]] = set()  # (verb, plural)
+        self.rules: list[dict[str, Any]] | None = None  # RBAC: only these rules, when set
+        self.forbidden: list[tuple[str, str]] = []  # (method, path) answered 403
         self.token = "fake-token"  # requests with another bearer token get 401
         self.quota_gpus: int | None = None  # a ResourceQuota on requests.nvidia.com/gpu
+        self.create_backoff: dict[str, float] = {}  # job uid -> when its controller may try again
         self.root = Path(tempfile.mkdtemp(prefix="fake-k8s-"))
         self.containers: dict[str, Container] = {}  # pod uid -> running container
         self.previous_logs: dict[str, Path] = {}  # pod uid -> last terminated container's log
         self.next_ip = 2
+        self.subnet = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"  # within 127.0.0.0/8
         self.streams: list[Any] = []  # open watch/log connections, for drop_streams()
         self.requests: list[tuple[str, str]] = []
         self.closed = False
@@ -178,6 +201,21 @@ class FakeCluster:
 
     def deny(self, verb: str, plural: str) -> None:
         self.denied.add((verb, plural))
+
+    def grant_only(self, rules: list[dict[str, Any]] | None) -> None:
+        """RBAC as a Role's `rules` (apiGroups, resources incl. pods/log, verbs): every other
+        request is 403 Forbidden. None grants everything again."""
+        self.rules = rules
+
+    def _granted(self, verb: str, group: str, resource: str) -> bool:
+        if (verb, resource.split("/")[0]) in self.denied or (verb, "*") in self.denied:
+            return False
+        if self.rules is None:
+            return True
+        return any(
+            group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r.get("verbs", [])
+            for r in self.rules
+        )
 
     def set_gpu_slots(self, n: int) -> None:
         with self.lock:
@@ -285,12 +323,73 @@ class FakeCluster:
                 body.setdefault("status", {"phase": "Pending", "conditions": []})
                 body["status"]["phase"] = "Pending"
             if plural == "services":
-                body["spec"]["clusterIP"] = f"127.0.0.{self._alloc_ip()}"
+                body["spec"]["clusterIP"] = self._alloc_ip()
             if plural == "jobs":
                 body.setdefault("status", {})
                 body["spec"].setdefault("parallelism", 1)
                 body["spec"].setdefault("completions", body["spec"]["parallelism"])
             return 201, self._store("ADDED", body)
+
+    def _quota_refusal(self, ns: str, pod: dict[str, Any]) -> str | None:
+        """The admission message for a pod beyond the namespace's GPU quota, else None."""
+        if self.quota_gpus is None:
+            return None
+        with self.lock:
+            used = sum(
+                self._gpus(o)
+                for k, o in self.objects.items()
+                if k[1] == "pods" and k[2] == ns and o["status"].get("phase") in ("Pending", "Running")
+            )
+        asked = self._gpus(pod)
+        if used + asked <= self.quota_gpus:
+            return None
+        name = pod.get("metadata", {}).get("name", "")
+        return (
+            f'pods "{name}" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu={asked}, '
+            f"used: requests.nvidia.com/gpu={used}, limited: requests.nvidia.com/gpu={self.quota_gpus}"
+        )
+
+    def record_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event about `obj`, aggregated like the real recorder: same object, reason and
+        message -> count + 1 and a new lastTimestamp on the one Event."""
+        meta = obj["metadata"]
+        with self.lock:
+            for key, ev in self.objects.items():
+                if (
+                    key[1] == "events"
+                    and ev["involvedObject"].get("uid") == meta["uid"]
+                    and ev["reason"] == reason
+                    and ev["message"] == message
+                ):
+                    updated = copy.deepcopy(ev)
+                    updated.update(count=ev["count"] + 1, lastTimestamp=now_rfc3339())
+                    self._store("MODIFIED", updated)
+                    return
+            event = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {
+                    "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                    "namespace": meta["namespace"],
+                    "uid": str(uuid.uuid4()),
+                    "creationTimestamp": now_rfc3339(),
+                },
+                "involvedObject": {
+                    "apiVersion": obj["apiVersion"],
+                    "kind": obj["kind"],
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "type": type_,
+                "reason": reason,
+                "message": message,
+                "count": 1,
+                "firstTimestamp": now_rfc3339(),
+                "lastTimestamp": now_rfc3339(),
+                "source": {"component": "job-controller"},
+            }
+            self._store("ADDED", event)
 
     @staticmethod
     def _crd(name: str) -> dict[str, Any]:
@@ -306,12 +405,14 @@ class FakeCluster:
         )
         return crd
 
-    def _alloc_ip(self) -> int:
+    def _alloc_ip(self) -> str:
+        """The next address of this cluster's own loopback /24 (127.A.B.2-250), so two fake
+        clusters at once (a CI run beside a developer's) never share a pod's IP and port."""
         ip = self.next_ip
         self.next_ip += 1
         if self.next_ip > 250:
             self.next_ip = 2
-        return ip
+        return f"{self.subnet}.{ip}"
 
     def _delete(self, key: tuple[str, str, str, str], grace: float | None = None) -> dict[str, Any] | None:
         with self.lock:
@@ -440,36 +541,23 @@ class FakeCluster:
             "PUT": "update",
             "DELETE": "delete" if name else "deletecollection",
         }[method]
-        if (verb, plural) in self.denied or (verb, "*") in self.denied:
-            group = GROUPS[gv]
+        group = GROUPS[gv]
+        resource = f"{plural}/{sub}" if sub else plural
+        if not self._granted(verb, group, resource):
+            self.forbidden.append((method, url.path))
             return h._json(
                 403,
                 status_error(
                     403,
                     "Forbidden",
-                    f'{plural}{"." + group if group else ""} is forbidden: User "tester" cannot {verb} resource "{plural}" in API group "{group}" in the namespace "{ns}"',
+                    f'{plural}{"." + group if group else ""} is forbidden: User "tester" cannot {verb} resource "{resource}" in API group "{group}" in the namespace "{ns}"',
                 ),
             )
         ns = ns or "default"
-        if method == "POST" and plural == "pods" and self.quota_gpus is not None:
-            body = h._body()
-            with self.lock:
-                used = sum(
-                    self._gpus(o)
-                    for k, o in self.objects.items()
-                    if k[1] == "pods" and k[2] == ns and o["status"].get("phase") in ("Pending", "Running")
-                )
-            asked = self._gpus(body)
-            if used + asked > self.quota_gpus:
-                name = body.get("metadata", {}).get("name", "")
-                return h._json(
-                    403,
-                    status_error(
-                        403,
-                        "Forbidden",
-                        f'pods "{name}" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu={asked}, used: requests.nvidia.com/gpu={used}, limited: requests.nvidia.com/gpu={self.quota_gpus}',
-                    ),
-                )
+        if method == "POST" and plural == "pods":
+            refusal = self._quota_refusal(ns, h._body())
+            if refusal:
+                return h._json(403, status_error(403, "Forbidden", refusal))
         if method == "POST":
             code, body = self._create(gv, plural, ns, h._body())
             return h._json(code, body)
@@ -491,6 +579,7 @@ class FakeCluster:
                     and pl == plural
                     and n == ns
                     and match_labels(o["metadata"].get("labels", {}), q.get("labelSelector"))
+                    and match_fields(o, q.get("fieldSelector"))
                 ]
                 rv = str(self.rv)
             return h._json(
@@ -573,6 +662,7 @@ class FakeCluster:
 
     def _serve_watch(self, h: Any, gv: str, plural: str, ns: str, q: dict[str, str]) -> None:
         selector = q.get("labelSelector")
+        fields = q.get("fieldSelector")
         timeout = float(q.get("timeoutSeconds", 300))
         since = q.get("resourceVersion")
         with self.lock:
@@ -596,7 +686,7 @@ class FakeCluster:
         deadline = time.monotonic() + timeout
         try:
             for kind, obj in initial:
-                if match_labels(obj["metadata"].get("labels", {}), selector):
+                if match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields):
                     self._chunk(h, json.dumps({"type": kind, "object": obj}).encode() + b"\n")
             while time.monotonic() < deadline and not self.closed:
                 with self.lock:
@@ -610,7 +700,7 @@ class FakeCluster:
                         continue
                 for rv, kind, obj in pending:
                     cursor = rv
-                    if match_labels(obj["metadata"].get("labels", {}), selector):
+                    if match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields):
                         self._chunk(h, json.dumps({"type": kind, "object": obj}).encode() + b"\n")
         except OSError:
             return
@@ -742,7 +832,7 @@ class FakeCluster:
                 new["status"]["conditions"] = [
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}
                 ]
-                new["status"]["podIP"] = f"127.0.0.{self._alloc_ip()}"
+                new["status"]["podIP"] = self._alloc_ip()
                 stored = self._store("MODIFIED", new)
                 self._start_container(stored)
 
@@ -1063,7 +1153,8 @@ class FakeCluster:
                     )
                 if terminating:
                     continue  # podReplacementPolicy: TerminatingOrFailed -> Failed: wait for it to go
-                self._create_job_pod(job, idx)
+                if not self._create_job_pod(job, idx):
+                    break  # refused (quota): try again on the next sync
                 running += 1
         if conditions:
             new_status["conditions"] = conditions
@@ -1076,7 +1167,7 @@ class FakeCluster:
                 updated["status"] = new_status
                 self._store("MODIFIED", updated)
 
-    def _create_job_pod(self, job: dict[str, Any], index: int) -> None:
+    def _create_job_pod(self, job: dict[str, Any], index: int) -> bool:
         template = copy.deepcopy(job["spec"]["template"])
         meta = template.setdefault("metadata", {})
         labels = meta.setdefault("labels", {})
@@ -1108,7 +1199,18 @@ class FakeCluster:
         }
         for c in pod["spec"].get("containers", []):
             c.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "value": str(index)})
+        # Admission applies to the controller too: a pod over quota is not created, and the
+        # Job gets a FailedCreate Warning (the controller retries on its next sync).
+        uid = job["metadata"]["uid"]
+        if time.monotonic() < self.create_backoff.get(uid, 0.0):
+            return False
+        refusal = self._quota_refusal(job["metadata"]["namespace"], pod)
+        if refusal:
+            self.record_event(job, "Warning", "FailedCreate", f"Error creating: {refusal}")
+            self.create_backoff[uid] = time.monotonic() + 1.0
+            return False
         self._create("v1", "pods", job["metadata"]["namespace"], pod)
+        return True
 
 
 def _parse(stamp: str) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,7 +184,9 @@ def test_a_finished_job_succeeds_and_logs_survive_dropped_connections(cluster):
     assert all(count == 1 for count in reports.values()), "a log line was delivered twice"
     assert sorted({int(s) for s, _ in reports}) == list(range(120)), "a log line was lost"
     left = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
-    assert set(left.values()) == {"finished"}
+    assert set(left.values()) == {"finished"}, "\n".join(
+        [e.describe() for e in job.events if e.kind != Kind.LOG][-40:] + job.logs[-60:]
+    )
 
 
 def test_errors_users_can_act_on(cluster, tmp_path, monkeypatch):
@@ -300,4 +303,91 @@ def test_a_missing_image_says_so_and_the_range_can_change(cluster):
     )
     resumed = [e for e in job.events if e.kind == Kind.RESUMED]
     assert resumed and resumed[-1].get("step") >= 5
+    job.stop()
+
+
+def test_a_worker_pod_over_quota_is_told_and_joins_when_quota_frees(cluster):
+    """Seed 000's over-quota story on a cluster: the Job controller may not create a second
+    worker pod (the namespace's GPU quota is spent), so no pod exists to watch; the user
+    learns it from the controller's FailedCreate Event, in the job and in the jobs list."""
+    job = ne.launch(
+        TRAIN, backend="kubernetes", nnodes="1:2", gpus=1, pvc="ckpt", name="quota-grow", max_restarts=5, user_ns=ns()
+    )
+    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training")
+    cluster.set_quota(1)
+    job.scale(2)
+    wait_for(
+        job,
+        lambda: any(e.kind == Kind.PENDING and e.get("reason") == "FailedCreate" for e in job.events),
+        "the controller's refusal",
+    )
+    refused = [e for e in job.events if e.kind == Kind.PENDING and e.get("reason") == "FailedCreate"]
+    assert len(refused) == 1, "a refusal the controller retries is told once"
+    assert refused[0].node is None and "exceeded quota: gpu-quota" in refused[0].get("message")
+    assert refused[0].describe().startswith("a worker pod could not be created: pods is forbidden: exceeded quota")
+    assert "could not be created" in job.state.waiting and job.status == "running" and job.world_size == 1
+    assert all(n.name != "?" for n in job.state.nodes.values())  # no phantom node for a pod that never was
+    listed = {info.name: info for info in KubernetesBackend().list()}
+    assert listed["quota-grow"].summary["waiting"].startswith("1 worker pod(s) could not be created: ")
+    assert "limited: requests.nvidia.com/gpu=1" in listed["quota-grow"].summary["waiting"]
+
+    cluster.set_quota(None)  # project B is done: the controller's next try succeeds
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "the second pod once quota frees")
+    assert job.state.waiting is None
+    job.stop()
+
+
+def readme_role() -> list[dict]:
+    """The `rules` of the minimal Role the README documents."""
+    import re
+
+    import yaml
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
+        for doc in yaml.safe_load_all(block):
+            if doc and doc.get("kind") == "Role":
+                return doc["rules"]
+    raise AssertionError("README.md documents no Role")
+
+
+def test_the_readme_role_is_enough_and_events_are_optional(cluster):
+    """Everything a user does runs under exactly the README's Role; without its optional
+    events rule the job still runs, it only cannot say why a pod was never created."""
+    rules = readme_role()
+    assert any("events" in r["resources"] for r in rules)
+    # The PyTorchJob rule is optional too (only for --workload pytorchjob).
+    rules = [r for r in rules if "pytorchjobs" not in r["resources"]]
+    cluster.grant_only(rules)
+    job = ne.launch(
+        TRAIN, backend="kubernetes", nnodes="1:2", gpus=1, pvc="ckpt", name="least", max_restarts=5, user_ns=ns()
+    )
+    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training")
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two pods")
+    job.preempt_node()
+    wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT for e in job.events), "the preemption")
+    assert [j.name for j in ne.jobs("kubernetes")] == ["least"]
+    again = ne.attach("least", backend="kubernetes")
+    wait_for(again, lambda: again.state.step is not None, "the re-attached job's history")
+    again.detach()
+    job.stop()
+    deadline = time.monotonic() + 60
+    while left := [
+        o["metadata"]["name"] for o in cluster.all_objects() if o["kind"] not in ("PersistentVolumeClaim", "Event")
+    ]:
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)
+    assert not [(m, p) for m, p in cluster.forbidden if "/events" not in p], cluster.forbidden
+
+    cluster.grant_only([r for r in rules if "events" not in r["resources"]])
+    cluster.set_quota(1)
+    job = ne.launch(
+        TRAIN, backend="kubernetes", nnodes="1:2", nodes=2, gpus=1, pvc="ckpt", name="no-events", user_ns=ns()
+    )
+    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training within quota")
+    assert [p for _, p in cluster.forbidden if p.endswith("/events")], "the follower asked for events, was refused"
+    assert job.state.waiting is None and job.status == "running"  # not told, and nothing broke
+    listed = {info.name: info for info in KubernetesBackend().list()}
+    assert listed["no-events"].status == "running"
     job.stop()

@@ -70,6 +70,8 @@ async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
         1,
         2,
     )
+    assert jobs["live-one"]["waiting"] is None
+    assert [t["status"] for t in jobs["finished-one"]["transitions"]][-2:] == ["running", "succeeded"]
     assert jobs["broken-one"]["status"] == "damaged" and "spec.json is unreadable" in jobs["broken-one"]["damaged"]
     assert reply["server_ms"] < 1000
 

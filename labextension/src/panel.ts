@@ -260,6 +260,9 @@ export class JobsPanel extends Widget {
       const loss = job.loss === null || job.loss === undefined ? '' : `loss ${job.loss.toPrecision(4)}`;
       bottom.appendChild(el('span', { class: 'ne-sub' }, [loss, `${job.backend} · ${ago(job.started_at)}`].filter(Boolean).join(' · ')));
       card.appendChild(bottom);
+      if (job.waiting && !FINAL.has(job.status)) {
+        card.appendChild(el('div', { class: 'ne-sub ne-waiting', title: job.waiting }, job.waiting));
+      }
       const disruption = lastDisruption(history);
       if (disruption) {
         card.appendChild(el('div', { class: 'ne-sub ne-disruption', title: disruption.detail }, disruption.text));

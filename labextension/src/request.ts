@@ -19,6 +19,8 @@ export interface IJob {
   status: string;
   damaged: string | null;
   reason: string | null;
+  /** Why capacity the job asked for is not coming (a worker pod over quota, say). */
+  waiting: string | null;
   world_size: number | null;
   nodes_running: number | null;
   target: number | null;

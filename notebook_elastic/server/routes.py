@@ -58,6 +58,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "status": info.status,
             "damaged": info.damaged,
             "reason": s.get("reason"),
+            "waiting": s.get("waiting"),
             "world_size": s.get("world_size"),
             "nodes_running": s.get("nodes_running"),
             "target": s.get("target"),

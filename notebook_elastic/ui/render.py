@@ -214,6 +214,8 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         if state.reason and state.finished
         else ""
     )
+    if state.waiting and not state.finished:
+        reason += f'<div class="ne-waiting" style="color:#e65100;margin-top:2px">{esc(state.waiting)}</div>'
     return (
         f'<div class="ne-header" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">'
         f'<b style="font-size:14px">{esc(name)}</b> <span style="color:#777">({esc(backend)})</span> {status_badge(state.status)}'

@@ -22,7 +22,7 @@ from ...events import FINAL_STATUSES, Event
 from ..base import Backend, DryRun, JobInfo
 from . import manifests as m
 from .client import Connection, connect, explain, is_missing
-from .follow import ClusterFollower, _ts
+from .follow import ClusterFollower, _ts, refusal
 from .options import KubernetesOptions
 
 __all__ = ["KubernetesBackend", "KubernetesOptions"]
@@ -186,7 +186,11 @@ class KubernetesBackend(Backend):
         except Exception:
             target = len(pods)
         lo, hi = spec.get("nnodes", [1, 1])
+        waiting = None
+        if status in ("pending", "running") and target and phases.count("Running") < target:
+            waiting = self._why_waiting(name, pods, missing=target - len(phases))
         summary = {
+            "waiting": waiting,
             "status": status,
             "nodes_running": phases.count("Running"),
             "nodes_pending": phases.count("Pending"),
@@ -206,6 +210,30 @@ class KubernetesBackend(Backend):
             created=summary["started_at"],
             location=conn.namespace,
         )
+
+    def _why_waiting(self, name: str, pods: list[Any], missing: int) -> str | None:
+        """Why workers the job asked for are not running: the controller could not create
+        them (its FailedCreate Event: quota) or the scheduler has no room (PodScheduled)."""
+        if missing > 0:
+            try:
+                events = (
+                    self.conn.core()
+                    .list_namespaced_event(
+                        self.conn.namespace, field_selector=f"involvedObject.name={m.workers_name(name)}"
+                    )
+                    .items
+                )
+            except Exception:
+                events = []  # no right to read events: say nothing rather than fail the list
+            refused = [e for e in events if e.type == "Warning" and e.reason == "FailedCreate"]
+            if refused:
+                latest = max(refused, key=lambda e: _ts(e.last_timestamp or e.metadata.creation_timestamp) or 0)
+                return f"{missing} worker pod(s) could not be created: {refusal(latest.message)}"
+        for pod in pods:
+            for cond in (pod.status.conditions or []) if pod.status else []:
+                if cond.type == "PodScheduled" and cond.status == "False":
+                    return f"{pod.metadata.name} pending: {cond.reason}: {cond.message}"
+        return None
 
     def list(self) -> list[JobInfo]:
         conn = self.conn
@@ -383,10 +411,17 @@ class KubernetesBackend(Backend):
         """Delete every object of the job. Idempotent."""
         conn = self.conn
         ns = conn.namespace
+        cm = self._code(name)
+        # The README's Role grants PyTorchJobs only to those who use them: touch one only
+        # for a job that made one (or when the code ConfigMap, which says, is already gone).
+        pytorchjob = cm is None or self._workload(cm) == "pytorchjob"
         steps = [
             lambda: conn.batch().delete_namespaced_job(m.workers_name(name), ns, propagation_policy="Background"),
-            lambda: conn.custom().delete_namespaced_custom_object(
-                "kubeflow.org", "v1", ns, "pytorchjobs", m.workers_name(name)
+            lambda: (
+                pytorchjob
+                and conn.custom().delete_namespaced_custom_object(
+                    "kubeflow.org", "v1", ns, "pytorchjobs", m.workers_name(name)
+                )
             ),
             lambda: conn.core().delete_collection_namespaced_pod(ns, label_selector=m.selector(name)),
             lambda: conn.core().delete_namespaced_service(m.rdzv_name(name), ns),
@@ -399,6 +434,8 @@ class KubernetesBackend(Backend):
                 from kubernetes.client.exceptions import ApiException
 
                 if is_missing(exc) or (isinstance(exc, ApiException) and exc.status == 405):
+                    continue
+                if step is steps[1] and isinstance(exc, ApiException) and exc.status == 403:
                     continue
                 raise explain(exc, f"stop job {name!r}", conn) from None
 

@@ -7,7 +7,8 @@ is followed with timestamps; after a drop the follower reconnects and skips exac
 lines it already had, so nothing is duplicated or lost; a restarted container's previous
 log is read with ``previous=True``. Pod phases and reasons become events: ``pending`` with
 the scheduler's message (Unschedulable: Insufficient nvidia.com/gpu), ImagePullBackOff,
-CrashLoopBackOff; ``node_joined`` when a pod runs; ``node_left`` with the reason
+CrashLoopBackOff, and a worker pod the controller may not create (FailedCreate: quota);
+``node_joined`` when a pod runs; ``node_left`` with the reason
 (finished, preempted, evicted, deleted, OOMKilled, exit code).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +28,15 @@ from . import manifests as m
 from .client import Connection, is_missing
 
 WATCH_TIMEOUT_S = 30
+POD_NAME = re.compile(r'pods "[^"]*"')
+
+
+def refusal(message: str | None) -> str:
+    """A controller's "Error creating: pods "w-0-x7k2p" is forbidden: ..." without the parts
+    that change on every retry (the pod's random name), as users read it."""
+    return POD_NAME.sub("pods", message or "").removeprefix("Error creating: ")
+
+
 WAITING_REASONS = {
     "ImagePullBackOff",
     "ErrImagePull",
@@ -84,6 +95,7 @@ class ClusterFollower:
         self.stop = stop
         self.events: queue.Queue[Event] = queue.Queue()
         self.pods: dict[str, PodView] = {}
+        self.warned: set[tuple[str, str]] = set()  # (reason, message) of warnings told
         self.lock = threading.Lock()
         self.finished = threading.Event()
         self.core = conn.core()
@@ -106,6 +118,7 @@ class ClusterFollower:
         threads = [
             threading.Thread(target=self._watch_pods, name=f"watch-pods-{self.job}", daemon=True),
             threading.Thread(target=self._watch_workload, name=f"watch-job-{self.job}", daemon=True),
+            threading.Thread(target=self._watch_events, name=f"watch-events-{self.job}", daemon=True),
         ]
         for t in threads:
             t.start()
@@ -225,6 +238,8 @@ class ClusterFollower:
         started = container and container.state and (container.state.running or container.state.terminated)
         if started and not view.running_seen:
             view.running_seen = True
+            with self.lock:
+                self.warned.clear()  # a pod could be created: tell a new refusal again
             self.emit(
                 Kind.NODE_JOINED,
                 name,
@@ -360,6 +375,64 @@ class ClusterFollower:
             "Succeeded",
             "Failed",
         )
+
+    # -- the controller's warnings ------------------------------------------------------
+
+    def _watch_events(self) -> None:
+        """Warnings about the workers' controller object (Job or PyTorchJob), as events.
+
+        A worker pod the controller may not create (the namespace's quota is spent, a
+        webhook or a PodSecurity policy refuses it) never exists, so no pod watch can tell
+        it; the controller says so only in a FailedCreate Event. Each distinct refusal is
+        told once (the controller retries, and the message differs only in the pod's
+        random name); a pod that starts after it clears the slate. Without the right to
+        list events this is skipped: the rest of following works unchanged."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        selector = f"involvedObject.name={m.workers_name(self.job)}"
+        rv: str | None = None
+        while not self.stop.is_set():
+            w = watch.Watch()
+            try:
+                for item in w.stream(
+                    self.core.list_namespaced_event,
+                    self.conn.namespace,
+                    field_selector=selector,
+                    resource_version=rv,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                ):
+                    if self.stop.is_set():
+                        w.stop()
+                        return
+                    event = item["object"]
+                    rv = event.metadata.resource_version
+                    if item["type"] != "DELETED":
+                        self._on_cluster_event(event)
+            except ApiException as exc:
+                if exc.status in (401, 403):
+                    return  # no right to read events (see the README's Role)
+                if exc.status == 410:
+                    rv = None
+                else:
+                    time.sleep(0.5)
+            except Exception:
+                time.sleep(0.2)
+
+    def _on_cluster_event(self, event: Any) -> None:
+        if event.type != "Warning":
+            return
+        message = refusal(event.message)
+        key = (event.reason, message)
+        with self.lock:
+            if key in self.warned:
+                return
+            self.warned.add(key)
+        t = _ts(event.last_timestamp or event.event_time or event.metadata.creation_timestamp)
+        if event.reason == "FailedCreate":
+            self.emit(Kind.PENDING, None, t, reason="FailedCreate", message=message, component="workers")
+        else:
+            self.emit(Kind.ERROR, None, t, error=event.reason, message=message)
 
     # -- the workload (Job / PyTorchJob / pods) -----------------------------------------
 
