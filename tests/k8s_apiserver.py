@@ -117,6 +117,34 @@ def match_fields(obj: dict[str, Any], selector: str | None) -> bool:
     return True
 
 
+def pod_failure_action(rules: list[dict[str, Any]], pod: dict[str, Any]) -> tuple[str, str]:
+    """The Job controller's podFailurePolicy: the first rule matching a failed pod (by a
+    pod condition, or by a container's exit code) gives the action; none -> Count."""
+    meta = pod["metadata"]
+    for index, rule in enumerate(rules):
+        for cond in rule.get("onPodConditions", []):
+            if any(
+                c.get("type") == cond["type"] and c.get("status") == cond.get("status", "True")
+                for c in pod["status"].get("conditions", [])
+            ):
+                return (
+                    rule["action"],
+                    f"Pod {meta['namespace']}/{meta['name']} has condition {cond['type']} matching {rule['action']} rule at index {index}",
+                )
+        codes = rule.get("onExitCodes")
+        if codes:
+            for cs in pod["status"].get("containerStatuses", []):
+                code = ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+                if code in (None, 0) or codes.get("containerName") not in (None, cs.get("name")):
+                    continue
+                if (code in codes["values"]) == (codes.get("operator", "In") == "In"):
+                    return rule["action"], (
+                        f"Container {cs.get('name')} for pod {meta['namespace']}/{meta['name']} failed with exit "
+                        f"code {code} matching {rule['action']} rule at index {index}"
+                    )
+    return "Count", ""
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -1090,11 +1118,8 @@ class FakeCluster:
         succeeded = set(status.get("completedIndexesList", []))
         failed = int(status.get("failed", 0))
         counted = set(status.get("countedFailures", []))
-        ignore_disruption = any(
-            r.get("action") == "Ignore"
-            and any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))
-            for r in (spec.get("podFailurePolicy") or {}).get("rules", [])
-        )
+        rules = (spec.get("podFailurePolicy") or {}).get("rules", [])
+        fail_job: str | None = None
         active: dict[int, dict] = {}
         for pod in pods:
             idx = int(pod["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index", -1))
@@ -1102,8 +1127,10 @@ class FakeCluster:
             if phase == "Succeeded":
                 succeeded.add(idx)
             elif phase == "Failed":
-                disrupted = any(c.get("type") == "DisruptionTarget" for c in pod["status"].get("conditions", []))
-                if pod["metadata"]["uid"] not in counted and not (disrupted and ignore_disruption):
+                action, message = pod_failure_action(rules, pod)
+                if action == "FailJob":
+                    fail_job = message
+                if pod["metadata"]["uid"] not in counted and action != "Ignore":
                     failed += 1
                     counted.add(pod["metadata"]["uid"])
             elif not pod["metadata"].get("deletionTimestamp"):
@@ -1117,13 +1144,13 @@ class FakeCluster:
             succeeded=len(succeeded),
         )
         conditions = []
-        if failed > int(spec.get("backoffLimit", 6)):
+        if fail_job is not None or failed > int(spec.get("backoffLimit", 6)):
             conditions = [
                 {
                     "type": "Failed",
                     "status": "True",
-                    "reason": "BackoffLimitExceeded",
-                    "message": "Job has reached the specified backoff limit",
+                    "reason": "PodFailurePolicy" if fail_job is not None else "BackoffLimitExceeded",
+                    "message": fail_job or "Job has reached the specified backoff limit",
                     "lastTransitionTime": now_rfc3339(),
                 }
             ]

@@ -5,6 +5,7 @@ real process: the rendezvous store, torchrun agents, gloo workers."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -390,4 +391,48 @@ def test_the_readme_role_is_enough_and_events_are_optional(cluster):
     assert job.state.waiting is None and job.status == "running"  # not told, and nothing broke
     listed = {info.name: info for info in KubernetesBackend().list()}
     assert listed["no-events"].status == "running"
+    job.stop()
+
+
+def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
+    """A deterministic error: each pod's agent spends its restarts, then the Job fails at
+    once (podFailurePolicy FailJob on our agent's exit status) instead of replacing pods
+    that would fail the same way; the reason names the rank and the error; the finished
+    job's rendezvous pod is released."""
+    buggy = TRAIN.replace("    state.commit()\n", "    if step == 3:\n        1 / 0\n    state.commit()\n")
+    assert "1 / 0" in buggy
+    job = ne.launch(
+        buggy,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        gpus=0,
+        pvc="ckpt",
+        name="buggy",
+        max_restarts=1,
+        user_ns=ns(),
+    )
+    assert job.wait(240) == "failed", job.summary()
+    assert re.match(
+        r"restart budget spent \(1/1\); rank \d on buggy-workers-\d-\w+ raised ZeroDivisionError: division by zero$",
+        job.state.reason,
+    ), job.state.reason
+    assert "1 / 0" in job.failure.get("traceback")
+    left = {e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
+    assert "restart budget spent" in left, left
+    with cluster.lock:
+        workers = {
+            o["metadata"]["uid"]
+            for _, kind, key, o in cluster.history
+            if key[1] == "pods" and o["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+        }
+    assert len(workers) == 2, "a pod was replaced only to fail the same way"
+    made = cluster.get("jobs", "buggy-workers", gv="batch/v1")
+    failed = next(c for c in made["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy" and "exit code 3" in failed["message"]
+    deadline = time.monotonic() + 30
+    while cluster.get("pods", "buggy-rdzv") is not None:  # released: a finished job holds no node
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert not any(e.get("error") == "RendezvousGone" for e in job.events)
     job.stop()

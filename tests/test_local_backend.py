@@ -233,6 +233,8 @@ def test_a_spent_restart_budget_fails_with_the_ranks_traceback(home):
     assert "rank 1 on node-0 raised ValueError: bad batch at step 3" in job.reason
     trace = job.failure.get("traceback")
     assert 'raise ValueError(f"bad batch at step {step}")' in trace and "ValueError: bad batch at step 3" in trace
+    left = [e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT]
+    assert left == ["restart budget spent"], left  # the agent's own exit status, told apart from a stop
 
 
 def test_stop_is_immediate_idempotent_and_leaves_nothing(home):

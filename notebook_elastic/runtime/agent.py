@@ -208,11 +208,18 @@ def main(argv: list[str] | None = None) -> None:
         # Workers start as `python -u -m notebook_elastic._warm SCRIPT`: forked by the zygote.
         args = [*args[:-1], "-m", "notebook_elastic._warm", args[-1]]
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
         torchrun_main(args)
     except SignalException:
         _leave_rendezvous()
         raise
+    except ChildFailedError as exc:
+        # torchrun has logged which rank failed how; say it plainly and exit with a status
+        # of our own, so "the restart budget is spent" is told apart from "stopped".
+        print(f"notebook-elastic agent: restart budget spent: {exc}".splitlines()[0], file=sys.stderr, flush=True)
+        sys.exit(protocol.EXIT_RESTARTS_SPENT)
 
 
 if __name__ == "__main__":

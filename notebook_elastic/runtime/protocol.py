@@ -25,6 +25,21 @@ ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend res
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
 
+#: Our agent's exit status when its workers failed more often than --max-restarts allows
+#: (torchrun itself exits 1 then, as it does on SIGTERM). A Kubernetes Job fails at once on
+#: it (podFailurePolicy FailJob) instead of replacing the pod to fail the same way again.
+EXIT_RESTARTS_SPENT = 3
+
+
+def exit_reason(code: int | None) -> str:
+    """Why an agent (a local node, a worker pod's container) ended, from its exit status."""
+    if code == 0:
+        return "finished"
+    if code == EXIT_RESTARTS_SPENT:
+        return "restart budget spent"
+    return f"exited with code {code}"
+
+
 #: Rendezvous rounds restart at 0 with each rendezvous epoch; a generation orders both.
 GENERATION_EPOCH_STRIDE = 1_000_000
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...events import Event, Kind, LineParser
+from ...runtime import protocol
 from . import manifests as m
 from .client import Connection, is_missing
 
@@ -96,6 +97,10 @@ class ClusterFollower:
         self.events: queue.Queue[Event] = queue.Queue()
         self.pods: dict[str, PodView] = {}
         self.warned: set[tuple[str, str]] = set()  # (reason, message) of warnings told
+        self.failures: list[Event] = []  # worker_failed events, oldest first
+        self.released = False  # we deleted the rendezvous pod of a finished job
+        self.restarts = 0
+        self.max_restarts: int | None = None
         self.lock = threading.Lock()
         self.finished = threading.Event()
         self.core = conn.core()
@@ -129,11 +134,35 @@ class ClusterFollower:
                 if self.stop.is_set():
                     return
                 continue
+            event = self._explain(event)
             yield event
             if event.kind == Kind.JOB_FINISHED:
                 self.finished.set()
                 self.stop.set()
                 return
+
+    def _explain(self, event: Event) -> Event:
+        """Keep the worker failures and restarts seen so far; a job that failed because its
+        restart budget is spent then says which rank raised what, like the local backend."""
+        if event.kind == Kind.WORKER_FAILED:
+            self.failures.append(event)
+        elif event.kind == Kind.RESTART and event.get("reason") == "worker_failed":
+            self.restarts = max(self.restarts, int(event.get("restarts_used") or 0))
+            self.max_restarts = event.get("max_restarts", self.max_restarts)
+        elif event.kind == Kind.JOB_FINISHED and event.get("budget_spent"):
+            data = {k: v for k, v in event.data.items() if k != "budget_spent"}
+            budget = "restart budget spent" + (
+                f" ({self.restarts}/{self.max_restarts})" if self.max_restarts is not None else ""
+            )
+            if self.failures:
+                latest = self.failures[-1].get("generation")
+                first = min((f for f in self.failures if f.get("generation") == latest), key=lambda f: f.time)
+                where = f"rank {first.get('rank')} on {first.node}"
+                data["reason"] = f"{budget}; {where} raised {first.get('error')}: {first.get('message')}"
+            else:
+                data["reason"] = f"{budget}; {data.get('reason', '')}".rstrip("; ")
+            return Event(event.kind, event.time, event.node, data)
+        return event
 
     def _read_code(self) -> Any:
         try:
@@ -146,6 +175,7 @@ class ClusterFollower:
 
         spec = json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
         lo, hi = spec.get("nnodes", [1, 1])
+        self.max_restarts = spec.get("max_restarts")
         self.emit(
             Kind.JOB_SUBMITTED,
             t=_ts(cm.metadata.creation_timestamp),
@@ -269,7 +299,7 @@ class ClusterFollower:
             elif terminated is not None and terminated.reason == "OOMKilled":
                 reason = "OOMKilled"
             elif phase == "Failed":
-                reason = f"exited with code {terminated.exit_code}" if terminated is not None else "failed"
+                reason = protocol.exit_reason(terminated.exit_code) if terminated is not None else "failed"
             else:
                 reason = "deleted"
             if kind == "DELETED" or phase in ("Succeeded", "Failed"):
@@ -282,7 +312,7 @@ class ClusterFollower:
                 )
 
     def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
-        if kind == "DELETED" and not self.stop.is_set():
+        if kind == "DELETED" and not self.stop.is_set() and not self.released:
             self.emit(Kind.ERROR, pod.metadata.name, error="RendezvousGone", message="the rendezvous pod was deleted")
         if container and container.restart_count and container.restart_count > view.restart_count:
             view.restart_count = container.restart_count
@@ -470,7 +500,8 @@ class ClusterFollower:
                             self._finish("succeeded", None)
                             return
                         if cond.status == "True" and cond.type == "Failed":
-                            self._finish("failed", f"{cond.reason}: {cond.message}")
+                            spent = cond.reason == "PodFailurePolicy" and "FailJob" in (cond.message or "")
+                            self._finish("failed", f"{cond.reason}: {cond.message}", budget_spent=spent)
                             return
                 elif workload == "pods":
                     pods = self.core.list_namespaced_pod(
@@ -506,9 +537,24 @@ class ClusterFollower:
                 return None
             return self._last_code if hasattr(self, "_last_code") else None
 
-    def _finish(self, status: str, reason: str | None) -> None:
+    def _finish(self, status: str, reason: str | None, budget_spent: bool = False) -> None:
         time.sleep(1.0)  # let the log followers deliver the last lines first
         data: dict[str, Any] = {"status": status}
         if reason:
             data["reason"] = reason
+        if budget_spent:
+            data["budget_spent"] = True
+        if status in ("succeeded", "failed"):
+            self._release_rendezvous()
         self.emit(Kind.JOB_FINISHED, **data)
+
+    def _release_rendezvous(self) -> None:
+        """The workers are done: the rendezvous pod (its store serves until stopped) and its
+        Service go, so a finished job holds no node. The code ConfigMap, the Job and the
+        worker pods stay for their logs until `stop` or ttlSecondsAfterFinished."""
+        self.released = True
+        for delete in (self.core.delete_namespaced_pod, self.core.delete_namespaced_service):
+            try:
+                delete(m.rdzv_name(self.job), self.conn.namespace)
+            except Exception:
+                pass  # gone already, or not ours to delete: `stop` removes it

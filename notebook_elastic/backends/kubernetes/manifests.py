@@ -287,9 +287,21 @@ def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: i
             "completions": target,
             "parallelism": target,
             "backoffLimit": max(spec.max_restarts, 1),
-            # A preempted or evicted pod is replaced without counting as a failure.
             "podFailurePolicy": {
-                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+                "rules": [
+                    # A preempted or evicted pod is replaced without counting as a failure.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    # Its workers failed --max-restarts times over: the job has failed. A new
+                    # pod would only fail the same way again (a bug in the cell, say).
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "worker",
+                            "operator": "In",
+                            "values": [protocol.EXIT_RESTARTS_SPENT],
+                        },
+                    },
+                ]
             },
             "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
             "template": {

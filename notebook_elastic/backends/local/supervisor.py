@@ -306,7 +306,7 @@ class Supervisor:
             for t in agent.readers:
                 t.join(timeout=2.0)  # let its last lines in before it is declared gone
             code = agent.proc.returncode
-            reason = agent.exit_reason or ("finished" if code == 0 else f"exited with code {code}")
+            reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
                 # outside): a lost node, not replaced.
