@@ -137,10 +137,11 @@ def test_a_killed_worker_costs_one_restart_and_the_job_finishes(home):
     assert job.wait(180) == "succeeded", job.summary()
     started = [e for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 1]
     assert killed["pid"] == started[0].get("pid")  # the drill hit rank 1's own process
-    # The agent reports the first failure it saw: the killed rank (signal 9) or a peer that
-    # lost its connection to it first (exit code 1); either way the group restarted once.
+    # torchrun logs the first failure of the group it found: the killed rank (signal 9), a
+    # peer that lost its connection to it (exit code 1), or a worker ended by SIGTERM (seen
+    # once on CI with warm workers); always an abnormal exit, and the group restarted once.
     exited = [e for e in job.events if e.kind == Kind.WORKER_EXITED]
-    assert exited and (exited[0].get("signal") == 9 or exited[0].get("exitcode") == 1)
+    assert exited and all(e.get("exitcode") in (-9, 1, -15) for e in exited), [e.data for e in exited]
     resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
     assert resumed and 8 <= resumed[0] <= job.state.total_steps
 

@@ -193,7 +193,10 @@ class ClusterFollower:
 
     # -- pods -------------------------------------------------------------------------
 
-    def _watch_pods(self) -> None:
+    def _watch(self, list_fn: Any, handle: Any, *, optional: bool = False, **selector: str) -> None:
+        """A watch that lives as long as the follower: after a dropped connection it resumes
+        from the last resourceVersion it saw, after 410 Gone it relists (ADDED again for
+        what exists; the handlers dedupe). ``optional``: a 401/403 ends it quietly."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
@@ -202,25 +205,26 @@ class ClusterFollower:
             w = watch.Watch()
             try:
                 for item in w.stream(
-                    self.core.list_namespaced_pod,
-                    self.conn.namespace,
-                    label_selector=m.selector(self.job),
-                    resource_version=rv,
-                    timeout_seconds=WATCH_TIMEOUT_S,
+                    list_fn, self.conn.namespace, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S, **selector
                 ):
                     if self.stop.is_set():
                         w.stop()
                         return
-                    pod = item["object"]
-                    rv = pod.metadata.resource_version
-                    self._on_pod(item["type"], pod)
+                    obj = item["object"]
+                    rv = obj.metadata.resource_version
+                    handle(item["type"], obj)
             except ApiException as exc:
+                if optional and exc.status in (401, 403):
+                    return
                 if exc.status == 410:
-                    rv = None  # too old: relist (ADDED again for what exists; views dedupe)
+                    rv = None
                 else:
                     time.sleep(0.5)
             except Exception:
                 time.sleep(0.2)  # dropped connection: resume from rv
+
+    def _watch_pods(self) -> None:
+        self._watch(self.core.list_namespaced_pod, self._on_pod, label_selector=m.selector(self.job))
 
     def _on_pod(self, kind: str, pod: Any) -> None:
         name = pod.metadata.name
@@ -417,40 +421,15 @@ class ClusterFollower:
         told once (the controller retries, and the message differs only in the pod's
         random name); a pod that starts after it clears the slate. Without the right to
         list events this is skipped: the rest of following works unchanged."""
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
+        self._watch(
+            self.core.list_namespaced_event,
+            self._on_cluster_event,
+            optional=True,  # no right to read events (see the README's Role)
+            field_selector=f"involvedObject.name={m.workers_name(self.job)}",
+        )
 
-        selector = f"involvedObject.name={m.workers_name(self.job)}"
-        rv: str | None = None
-        while not self.stop.is_set():
-            w = watch.Watch()
-            try:
-                for item in w.stream(
-                    self.core.list_namespaced_event,
-                    self.conn.namespace,
-                    field_selector=selector,
-                    resource_version=rv,
-                    timeout_seconds=WATCH_TIMEOUT_S,
-                ):
-                    if self.stop.is_set():
-                        w.stop()
-                        return
-                    event = item["object"]
-                    rv = event.metadata.resource_version
-                    if item["type"] != "DELETED":
-                        self._on_cluster_event(event)
-            except ApiException as exc:
-                if exc.status in (401, 403):
-                    return  # no right to read events (see the README's Role)
-                if exc.status == 410:
-                    rv = None
-                else:
-                    time.sleep(0.5)
-            except Exception:
-                time.sleep(0.2)
-
-    def _on_cluster_event(self, event: Any) -> None:
-        if event.type != "Warning":
+    def _on_cluster_event(self, kind: str, event: Any) -> None:
+        if kind == "DELETED" or event.type != "Warning":
             return
         message = refusal(event.message)
         key = (event.reason, message)
