@@ -215,12 +215,7 @@ class JobState:
 
     @property
     def first_failure(self) -> Event | None:
-        """The root cause: the earliest worker failure of the latest failed generation."""
-        if not self.failures:
-            return None
-        latest_gen = self.failures[-1].get("generation")
-        same = [f for f in self.failures if f.get("generation") == latest_gen]
-        return min(same, key=lambda f: f.time)
+        return first_failure(self.failures)
 
     def summary(self) -> dict[str, Any]:
         """A small JSON-able digest (status.json, the jobs panel, %elastic_jobs)."""
@@ -438,6 +433,24 @@ class JobState:
             if node.status != "left":
                 node.status = "left"
                 node.left_reason = node.left_reason or "finished"
+
+
+def first_failure(failures: list[Event]) -> Event | None:
+    """The root cause: the earliest worker failure of the latest failed generation."""
+    if not failures:
+        return None
+    latest_gen = failures[-1].get("generation")
+    return min((f for f in failures if f.get("generation") == latest_gen), key=lambda f: f.time)
+
+
+def budget_spent_reason(failures: list[Event], restarts: int, max_restarts: int | None, fallback: str) -> str:
+    """Why a job whose restart budget is spent failed, the same words on every backend:
+    "restart budget spent (1/1); rank 0 on node-0 raised ValueError: bad batch"."""
+    budget = "restart budget spent" + (f" ({restarts}/{max_restarts})" if max_restarts is not None else "")
+    first = first_failure(failures)
+    if first is None:
+        return f"{budget}; {fallback}" if fallback else budget
+    return f"{budget}; rank {first.get('rank')} on {first.node} raised {first.get('error')}: {first.get('message')}"
 
 
 def elapsed_s(state: JobState, now: float | None = None) -> float | None:

@@ -18,6 +18,24 @@ from datetime import timedelta
 from ._emit import emit
 
 
+def host_store(sock: socket.socket) -> object:
+    """The job's c10d TCPStore, served on `sock` (bound and listening already, so agents
+    may connect while torch imports): the one configuration both backends' rendezvous
+    stores use (the local supervisor's and the Kubernetes rendezvous pod's)."""
+    import torch.distributed as dist
+
+    host, port = sock.getsockname()[:2]
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=sock.fileno(),
+        timeout=timedelta(seconds=60),
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default=os.environ.get("POD_IP", "0.0.0.0"))
@@ -27,17 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     sock.listen(1024)
-    import torch.distributed as dist
-
-    store = dist.TCPStore(
-        args.host,
-        args.port,
-        is_master=True,
-        wait_for_workers=False,
-        multi_tenant=True,
-        master_listen_fd=sock.fileno(),
-        timeout=timedelta(seconds=60),
-    )
+    store = host_store(sock)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

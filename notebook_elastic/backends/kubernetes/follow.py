@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...events import Event, Kind, LineParser
+from ...job_state import budget_spent_reason
 from ...runtime import protocol
 from . import manifests as m
 from .client import Connection, is_missing
@@ -151,16 +152,9 @@ class ClusterFollower:
             self.max_restarts = event.get("max_restarts", self.max_restarts)
         elif event.kind == Kind.JOB_FINISHED and event.get("budget_spent"):
             data = {k: v for k, v in event.data.items() if k != "budget_spent"}
-            budget = "restart budget spent" + (
-                f" ({self.restarts}/{self.max_restarts})" if self.max_restarts is not None else ""
+            data["reason"] = budget_spent_reason(
+                self.failures, self.restarts, self.max_restarts, data.get("reason", "")
             )
-            if self.failures:
-                latest = self.failures[-1].get("generation")
-                first = min((f for f in self.failures if f.get("generation") == latest), key=lambda f: f.time)
-                where = f"rank {first.get('rank')} on {first.node}"
-                data["reason"] = f"{budget}; {where} raised {first.get('error')}: {first.get('message')}"
-            else:
-                data["reason"] = f"{budget}; {data.get('reason', '')}".rstrip("; ")
             return Event(event.kind, event.time, event.node, data)
         return event
 

@@ -35,8 +35,9 @@ from typing import IO, Any
 
 from ... import defaults
 from ...events import Event, Kind, LineParser
-from ...job_state import JobState
+from ...job_state import JobState, budget_spent_reason
 from ...runtime import protocol
+from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
 from .folder import JobFolder, kill_all, process_start_ticks, write_json_atomic
@@ -500,19 +501,7 @@ class Supervisor:
             notebook=spec.notebook,
         )
         self._converge()
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        store = dist.TCPStore(
-            "127.0.0.1",
-            self.store_port,
-            is_master=True,
-            wait_for_workers=False,
-            multi_tenant=True,
-            master_listen_fd=sock.fileno(),
-            timeout=timedelta(seconds=60),
-        )
+        store = host_store(sock)
         status = self._loop()
         self._finish(status)
         del store
@@ -561,11 +550,8 @@ class Supervisor:
     def _failure_reason(self) -> str:
         with self.sink.lock:
             state = self.state
-            first = state.first_failure
-            budget = f"restart budget spent ({state.restarts}/{state.max_restarts})"
-            if first is not None:
-                where = f"rank {first.get('rank')} on {first.node}"
-                return f"{budget}; {where} raised {first.get('error')}: {first.get('message')}"
+            if state.failures:
+                return budget_spent_reason(state.failures, state.restarts, state.max_restarts, "")
             reasons = sorted({a.exit_reason or f"exit code {a.proc.returncode}" for a in self.agents.values()})
             if all(a.exit_reason in ("preempted", "lost") for a in self.agents.values()):
                 return f"no node left to run on (all {', '.join(reasons)})"
