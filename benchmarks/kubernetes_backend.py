@@ -47,6 +47,23 @@ for step in state.steps(TOTAL):
 """
 
 
+def _launch(code: str, name: str, max_restarts: int):
+    """Two CPU worker pods (1:2) with checkpoints on the `ckpt` claim."""
+    import notebook_elastic as ne
+
+    return ne.launch(
+        code,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        gpus=0,
+        pvc="ckpt",
+        name=name,
+        max_restarts=max_restarts,
+        user_ns=_namespace(100_000),
+    )
+
+
 def _namespace(total: int) -> dict:
     import torch
 
@@ -69,21 +86,7 @@ def _pvc(cluster: FakeCluster) -> None:
     urllib.request.urlopen(request).close()
 
 
-def _worker_pods(cluster: FakeCluster, job: str) -> int:
-    with cluster.lock:
-        return len(
-            {
-                o["metadata"]["uid"]
-                for _, _, key, o in cluster.history
-                if key[1] == "pods"
-                and o["metadata"]["labels"].get("app.kubernetes.io/instance") == job
-                and o["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
-            }
-        )
-
-
 def bug_in_the_cell(cluster: FakeCluster, name: str, fail_job: bool) -> dict[str, float]:
-    import notebook_elastic as ne
     from notebook_elastic.backends.kubernetes import manifests
     from notebook_elastic.events import Kind
 
@@ -99,22 +102,12 @@ def bug_in_the_cell(cluster: FakeCluster, name: str, fail_job: bool) -> dict[str
     try:
         code = TRAIN.replace("BUG", "if step == 3:\n        1 / 0")
         start = time.monotonic()
-        job = ne.launch(
-            code,
-            backend="kubernetes",
-            nnodes="1:2",
-            nodes=2,
-            gpus=0,
-            pvc="ckpt",
-            name=name,
-            max_restarts=3,
-            user_ns=_namespace(100_000),
-        )
+        job = _launch(code, name, max_restarts=3)
         status = job.wait(600)
         took = time.monotonic() - start
         assert status == "failed", job.summary()
         starts = sum(1 for e in job.events if e.kind == Kind.WORKER_STARTED)
-        pods = _worker_pods(cluster, name)
+        pods = cluster.pods_created(f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker")
         job.stop()
         return {"seconds": took, "pods": pods, "worker_starts": starts}
     finally:
@@ -122,31 +115,17 @@ def bug_in_the_cell(cluster: FakeCluster, name: str, fail_job: bool) -> dict[str
 
 
 def preemption(cluster: FakeCluster, name: str) -> dict[str, float]:
-    import notebook_elastic as ne
     from notebook_elastic.events import Kind
 
-    job = ne.launch(
-        TRAIN.replace("BUG", "pass"),
-        backend="kubernetes",
-        nnodes="1:2",
-        nodes=2,
-        gpus=0,
-        pvc="ckpt",
-        name=name,
-        max_restarts=10,
-        user_ns=_namespace(100_000),
-    )
+    job = _launch(TRAIN.replace("BUG", "pass"), name, max_restarts=10)
     _wait(lambda: job.world_size == 2 and (job.state.step or 0) >= 10, "two pods training", job)
     before = len(job.events)
     t0 = time.monotonic()
     job.preempt_node()
 
     def trained_on(world: int) -> bool:
-        seen_resume = False
-        for e in job.events[before:]:
-            if e.kind == Kind.WORKER_STARTED and e.get("world_size") == world:
-                seen_resume = True
-        return seen_resume and job.world_size == world and job.status == "running" and _stepped_since(job, t0)
+        started = any(e.kind == Kind.WORKER_STARTED and e.get("world_size") == world for e in job.events[before:])
+        return started and job.world_size == world and job.status == "running" and _stepped_since(job, t0)
 
     _wait(lambda: any(e.kind == Kind.NODE_LEFT for e in job.events[before:]), "the pod to go", job)
     _wait(lambda: job.status == "running" and _stepped_since(job, t0), "training again", job)

@@ -149,6 +149,26 @@ def chromium_page(artifacts: Path):
             shutil.rmtree(profile, ignore_errors=True)
 
 
+def training_cells(flags: str) -> list[str]:
+    """A notebook's cells that launch a long-running DDP job on the local backend:
+    `%%elastic_train FLAGS` over a small model that reports its loss every step."""
+    return [
+        "%load_ext notebook_elastic",
+        "import time\nimport torch",
+        f"%%elastic_train {flags}\n"
+        + """model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(100000):
+    loss = ddp(torch.randn(8, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item())
+    time.sleep(0.05)""",
+    ]
+
+
 def write_notebook(path: Path, cells: list[str]) -> None:
     import nbformat
 

@@ -288,6 +288,19 @@ class FakeCluster:
                 if pl == "pods" and ns == namespace and match_labels(o["metadata"].get("labels", {}), selector)
             ]
 
+    def pods_created(self, selector: str, namespace: str = "default") -> int:
+        """How many distinct pods matching `selector` were ever created (deleted ones too)."""
+        with self.lock:
+            return len(
+                {
+                    o["metadata"]["uid"]
+                    for _, _, key, o in self.history
+                    if key[1] == "pods"
+                    and key[2] == namespace
+                    and match_labels(o["metadata"].get("labels", {}), selector)
+                }
+            )
+
     def get(self, plural: str, name: str, namespace: str = "default", gv: str = "v1") -> dict[str, Any] | None:
         with self.lock:
             obj = self.objects.get((gv, plural, namespace, name))

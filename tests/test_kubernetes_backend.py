@@ -420,13 +420,8 @@ def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
     assert "1 / 0" in job.failure.get("traceback")
     left = {e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert "restart budget spent" in left, left
-    with cluster.lock:
-        workers = {
-            o["metadata"]["uid"]
-            for _, kind, key, o in cluster.history
-            if key[1] == "pods" and o["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
-        }
-    assert len(workers) == 2, "a pod was replaced only to fail the same way"
+    workers = cluster.pods_created("app.kubernetes.io/instance=buggy,app.kubernetes.io/component=worker")
+    assert workers == 2, "a pod was replaced only to fail the same way"
     made = cluster.get("jobs", "buggy-workers", gv="batch/v1")
     failed = next(c for c in made["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PodFailurePolicy" and "exit code 3" in failed["message"]

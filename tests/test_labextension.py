@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import chromium_page, jupyter_lab, require_chromium, write_notebook
+from browser import chromium_page, jupyter_lab, require_chromium, training_cells, write_notebook
 from conftest import ARTIFACTS, REPO, job_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -100,21 +100,8 @@ def test_labextension_list_shows_it_enabled_after_a_plain_install(installed):
     assert bundle > 0
 
 
-CELLS = [
-    "%load_ext notebook_elastic",
-    "import time\nimport torch",
-    """%%elastic_train --nnodes 1:2 --nodes 2 --nproc-per-node 1 --max-restarts 5 --name panel-job
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-state = elastic.State(model=model, optimizer=opt)
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-for step in state.steps(100000):
-    loss = ddp(torch.randn(8, 8)).pow(2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    state.commit()
-    elastic.report(step=step, loss=loss.item())
-    time.sleep(0.05)""",
-    "print('launched at', time.time())",
+CELLS = training_cells("--nnodes 1:2 --nodes 2 --nproc-per-node 1 --max-restarts 5 --name panel-job") + [
+    "print('launched at', time.time())"
 ]
 
 WATCH_STATUSES = """() => {
