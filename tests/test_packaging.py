@@ -308,11 +308,28 @@ def test_environment_variables_are_never_shipped(shell, tmp_path, monkeypatch):
 
 
 def test_ipython_only_names_are_refused(shell):
-    with pytest.raises(PackagingError, match=r"`display` .* provided by IPython"):
+    with pytest.raises(PackagingError, match=r"`display` .* provided by IPython .* use print\(\)"):
         build(shell, "display(1)")
     run_cells(shell, "1 + 1")
-    with pytest.raises(PackagingError, match=r"`Out` .*IPython's own variable"):
+    with pytest.raises(PackagingError, match=r"`Out` .* provided by IPython .*output history"):
         build(shell, "print(Out)")
+    with pytest.raises(PackagingError, match=r"`get_ipython` .* no IPython shell in a worker"):
+        build(shell, "get_ipython()")
+
+
+def test_the_shells_own_open_and_exit_resolve_to_the_workers_builtins(shell, tmp_path):
+    # IPython puts its own `open` (and `exit`, `quit`) in the namespace; a helper that appends to
+    # a log file, as PyTorch's tutorials do, must ship as written and open a real file.
+    assert shell.user_ns["open"] is not open and "open" in shell.user_ns_hidden
+    run_cells(
+        shell,
+        "def log_line(path, text):\n    with open(path, 'a') as f:\n        print(text, file=f)\n    return text",
+    )
+    log = tmp_path / "train_log.csv"
+    bundle = build(shell, f"log_line({str(log)!r}, 'step,loss')\nprint(open({str(log)!r}).read().strip())")
+    assert "open" not in {i.name for i in bundle.manifest.items}
+    assert run_script(bundle, tmp_path) == ["step,loss"]
+    assert log.read_text() == "step,loss\n"
 
 
 def test_empty_and_unparsable_cells_are_refused(shell):

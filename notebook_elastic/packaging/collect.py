@@ -34,7 +34,7 @@ import cloudpickle
 from ..errors import PackagingError
 from ..runtime.payload import main_attr
 from .analysis import CellNames, cell_names, definition_names, find_class, find_definition, magic_lines, node_source
-from .notebook import IPYTHON_BUILTINS, NotebookContext
+from .notebook import IPYTHON_ONLY, NotebookContext
 
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "apikey", "credential", "credentials", "passphrase"}
 _SECRET_PHRASES = ("api_key", "apikey", "access_key", "private_key", "secret", "password")
@@ -242,13 +242,16 @@ class Collector:
     def _resolve(self, name: str, needed_by: str) -> None:
         in_ns = name in self.ns
         builtin = getattr(builtins, name, _MISSING)
-        if not in_ns or (builtin is not _MISSING and self.ns[name] is builtin):
-            if name in IPYTHON_BUILTINS:
-                self.problems.append(
-                    f"`{name}` (used by {needed_by}) is provided by IPython and does not exist in a "
-                    "worker; remove it from the training code"
-                )
-            elif builtin is _MISSING:
+        if name in IPYTHON_ONLY and (not in_ns or name in self.ctx.hidden or self.ns[name] is builtin):
+            self.problems.append(
+                f"`{name}` (used by {needed_by}) is provided by IPython and does not exist in a worker: "
+                f"{IPYTHON_ONLY[name]}"
+            )
+            return
+        if not in_ns or (builtin is not _MISSING and (self.ns[name] is builtin or name in self.ctx.hidden)):
+            # A builtin, or the shell's own stand-in for one (ipykernel's `open`, `exit`, `quit`):
+            # the worker's builtin of the same name serves.
+            if builtin is _MISSING:
                 self.problems.append(
                     f"name `{name}` is used by {needed_by} but is not defined in the notebook; define "
                     "it in an earlier cell (and run that cell) or in the training cell itself"

@@ -13,8 +13,20 @@ from typing import Any
 
 from .analysis import ImportBinding, import_bindings
 
-# Names IPython adds to builtins; they do not exist in a plain Python worker.
-IPYTHON_BUILTINS = frozenset({"get_ipython", "display", "__IPYTHON__", "dreload"})
+# Names the interactive shell provides that have no counterpart in a plain Python worker, each
+# with what to write instead. (Its own `open`, `exit`, `quit`, `input`, `print`, `help` shadow
+# Python's builtins of the same name: those resolve to the worker's builtins, never a refusal.)
+IPYTHON_ONLY = {
+    "get_ipython": "there is no IPython shell in a worker; remove the call from the training code",
+    "display": "workers have no notebook to display in; use print() (shown in the job's logs) "
+    "or elastic.report(...) for values to chart",
+    "In": "the notebook's input history does not exist in a worker; copy what you need into a "
+    "variable of your own in an earlier cell",
+    "Out": "the notebook's output history does not exist in a worker; assign the value to a "
+    "variable of your own in an earlier cell",
+    "__IPYTHON__": "a worker is plain Python; remove the check",
+    "dreload": "a worker imports modules fresh; remove the call",
+}
 
 
 @dataclass
