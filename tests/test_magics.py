@@ -146,3 +146,39 @@ def test_job_magics_launch_list_attach_and_stop(shell, home, capsys):
     assert job.wait(30) == "stopped"
     with pytest.raises(UsageError, match=r"no local job named 'nope'"):
         shell.run_line_magic("elastic_stop", "nope")
+
+
+def test_a_job_name_never_overwrites_a_notebook_variable(shell, home):
+    run_cells(shell, "import torch\ninputs = torch.randn(4, 3)")
+    with pytest.raises(
+        UsageError, match=r"--name 'inputs' would overwrite the notebook variable `inputs` \(a Tensor\)"
+    ):
+        shell.run_cell_magic("elastic_train", "--name inputs", CELL)
+    assert shell.user_ns["inputs"].shape == (4, 3)
+    assert not (home / "jobs" / "inputs").exists()  # refused before anything launched
+    with pytest.raises(UsageError, match=r"--name 'list' would overwrite Python's built-in `list`"):
+        shell.run_cell_magic("elastic_train", "--name list", CELL)
+    with pytest.raises(UsageError, match=r"`inputs`"):
+        shell.run_line_magic("elastic_attach", "inputs")
+    # A dry run binds nothing, so it may use any name.
+    assert shell.run_cell_magic("elastic_train", "--name inputs --dry-run", CELL) is None
+
+
+@pytest.mark.slow
+def test_interrupting_a_launch_stops_the_job_and_says_so_in_one_line(shell, home, monkeypatch):
+    from notebook_elastic.backends.local import LocalBackend
+
+    schedule = LocalBackend.schedule
+
+    def interrupted(self, dryrun):
+        schedule(self, dryrun)  # the supervisor is up, in its own session, when the user presses stop
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalBackend, "schedule", interrupted)
+    run_cells(shell, "import time")
+    with pytest.raises(UsageError, match=r"interrupted while launching job 'halted'; it was stopped") as info:
+        shell.run_cell_magic("elastic_train", "--name halted", "time.sleep(600)\n")
+    assert "\n" not in str(info.value)
+    assert "halted" not in shell.user_ns
+    assert LocalBackend().describe("halted").status == "stopped"
+    assert job_processes(home) == []
