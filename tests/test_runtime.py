@@ -262,3 +262,23 @@ def test_the_data_cursor_works_with_a_prefetching_dataloader(ckpt):
         loader = DataLoader(list(range(100)), batch_sampler=resumed.batch_sampler(100, 4, shuffle=False))
         assert next(iter(loader)).tolist() == [20, 21, 22, 23]
     assert got[-1] == [16, 17, 18, 19]
+
+
+def test_checkpoint_events_are_coalesced_not_one_per_commit(ckpt, monkeypatch):
+    from notebook_elastic.runtime import state as state_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(state_module.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with redirect_stdout(out):
+        model = make_model()
+        state = State(model=model, async_commit=False)
+        for _step in state.steps(40):
+            state.commit()
+            clock[0] += 1.0  # one commit a second: 40 commits over 40 s
+        state.flush()
+    announced = [e for e in events_of(out.getvalue()) if e["kind"] == "checkpoint"]
+    assert len(list_checkpoints(ckpt)) == 3  # every commit was written (keep=3)
+    # The first of the generation, one per 10 s, and the last step: not 40.
+    assert [e["step"] for e in announced] == [1, 11, 21, 31, 40]
+    assert sum(e["commits"] for e in announced) == 40
