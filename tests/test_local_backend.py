@@ -273,3 +273,26 @@ def test_workers_need_only_torch_and_cloudpickle(home, tmp_path, monkeypatch):
     job = ne.launch(TRAIN, nnodes="1", nproc_per_node=2, name="no-numpy", user_ns=namespace(total=10))
     assert job.wait(120) == "succeeded", job.reason
     assert job.world_size == 2
+
+
+def test_nothing_a_worker_sends_can_kill_the_supervisor(home):
+    # report() refuses these in the worker; a worker that writes event lines itself (or an old
+    # runtime) still must not take the job down: the fold drops what it cannot take.
+    cell = """
+elastic.emit("metric", t=time.time(), rank=0, step="seven", values={"loss": 1.0})
+elastic.emit("metric", t=time.time(), rank=0, step=0, values={"big": 10**400})
+elastic.emit("metric", t=time.time(), rank=0, step=10**400, values={"loss": 1.0})
+elastic.emit("worker_started", rank="x", world_size=None)
+try:
+    elastic.report(step=1, big=10**400)
+except TypeError as exc:
+    print("refused:", str(exc)[:60])
+elastic.report(step=2, loss=0.25)
+"""
+    job = ne.launch(cell, nnodes="1", name="odd-metrics", user_ns={"elastic": runtime, "time": time})
+    assert job.wait(120) == "succeeded", job.summary()
+    assert job.state.metrics["loss"].values.tolist()[-1] == 0.25 and job.state.step == 2
+    info = LocalBackend().describe("odd-metrics")
+    assert info.status == "succeeded"
+    logs = "".join(p.read_text() for p in (home / "jobs" / "odd-metrics" / "logs").iterdir())
+    assert "refused: report() takes numbers a chart can hold: big is an integer" in logs

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,9 +95,16 @@ class EventSink:
                     if item is None:
                         done = True
                         continue
-                    self.file.write(item.to_line() + "\n")
-                    self.state.apply(item)
-                    self.observe(item)
+                    try:
+                        line = item.to_line()
+                    except (TypeError, ValueError):  # not JSON (a worker sent something odd): dropped
+                        continue
+                    self.file.write(line + "\n")
+                    self.state.apply(item)  # never raises: a bad event is dropped there
+                    try:
+                        self.observe(item)
+                    except Exception:  # an observer's bug must not stop the history
+                        traceback.print_exc()
                 self.file.flush()
             self.changed.set()
             if done:
