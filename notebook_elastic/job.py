@@ -282,9 +282,12 @@ class ElasticJob:
     def summary(self) -> str:
         s = self._state
         parts = [f"{self.name}: {s.status}"]
+        finished = s.status in FINAL_STATUSES
         if s.world_size:
-            parts.append(f"world size {s.world_size}")
-        parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
+            # While regrouping or after the end, the last world size is history, not the present.
+            parts.append(f"world size {s.world_size}" if s.status == "running" else f"last world size {s.world_size}")
+        if not finished:
+            parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
         if s.step is not None:
             parts.append(f"step {s.step}" + (f"/{s.total_steps}" if s.total_steps else ""))
         loss = s.metrics.last("loss")

@@ -368,7 +368,8 @@ class JobState:
         node.left_reason = e.get("reason")
         node.left_at = e.time
         self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
-        if not self.finished and e.get("reason") not in ("finished",) and self.status == "running":
+        # A node stopped with the job or done with its work is no reason to regroup.
+        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == "running":
             self.status = "restarting"
 
     def _on_rendezvous(self, e: Event) -> None:

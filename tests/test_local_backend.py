@@ -296,3 +296,33 @@ elastic.report(step=2, loss=0.25)
     assert info.status == "succeeded"
     logs = "".join(p.read_text() for p in (home / "jobs" / "odd-metrics" / "logs").iterdir())
     assert "refused: report() takes numbers a chart can hold: big is an integer" in logs
+
+
+def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_follows(home):
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=2, nproc_per_node=1, name="oldest", max_restarts=5, user_ns=namespace(total=100_000)
+    )
+    wait_for(job, lambda: job.world_size == 2 and at_step(job, 3)(), "two nodes training")
+    job.preempt_node("node-0")
+    wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-0" for e in job.events), "node-0 to go")
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor training alone")
+    left = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
+    assert left == {"node-0": "preempted"}, left  # node-1 was never scaled down with it
+    assert not any(e.kind == Kind.NODE_JOINED and e.node == "node-2" for e in job.events)
+
+    # The summaries every view reads (status.json: GET /jobs, %elastic_jobs) follow scale and set_range.
+    def described():
+        return LocalBackend().describe("oldest").summary
+
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "world size 2 again")
+    wait_for(job, lambda: described()["target"] == 2, "target 2 in the job's summary")
+    job.set_range(2, 3)
+    wait_for(job, lambda: (described()["min_nodes"], described()["max_nodes"]) == (2, 3), "range 2:3 in the summary")
+    assert "oldest" in repr(ne.jobs()) and "2:3" in repr(ne.jobs())
+    wait_for(job, lambda: job.status == "running", "running on the new range")
+    assert job.stop() == "stopped"
+    # Stopping is not a restart: no orange "restarting: node left (stopped)" after the stop.
+    stop_at = next(e.time for e in job.events if e.kind == Kind.NODE_LEFT and e.get("reason") == "stopped")
+    assert not [t for t in job.state.transitions if t["status"] == "restarting" and t["at"] >= stop_at]
+    assert "nodes 0" not in job.summary() and "last world size 2" in job.summary()

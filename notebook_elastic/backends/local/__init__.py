@@ -152,10 +152,11 @@ class LocalBackend(Backend):
             backend="local",
             status=state,
             summary={
-                **status,
-                "nproc_per_node": spec.get("nproc_per_node"),
+                # The launch spec's range until the job reports its own (set_range moves it).
                 "min_nodes": spec["nnodes"][0],
                 "max_nodes": spec["nnodes"][1],
+                **{k: v for k, v in status.items() if v is not None},
+                "nproc_per_node": spec.get("nproc_per_node"),
             },
             notebook=spec.get("notebook"),
             created=folder.spec_file.stat().st_mtime,

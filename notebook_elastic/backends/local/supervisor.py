@@ -307,6 +307,10 @@ class Supervisor:
     def alive_agents(self) -> list[Agent]:
         return [a for a in self.agents.values() if not a.reaped and a.alive]
 
+    def staying_agents(self) -> list[Agent]:
+        """Live agents not already told to go (a preempted node takes a moment to leave)."""
+        return [a for a in self.alive_agents() if a.exit_reason is None]
+
     def _reap(self) -> None:
         for agent in list(self.agents.values()):
             if agent.reaped or agent.alive:
@@ -328,7 +332,9 @@ class Supervisor:
         """Start or stop agents until as many run as the target says."""
         if self.stopping:
             return
-        alive = self.alive_agents()
+        # Agents on their way out do not count: counting a preempted node-0 that is still
+        # shutting down made the target look exceeded, and the survivor was scaled down too.
+        alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
         while len(alive) < self.target:
@@ -340,7 +346,7 @@ class Supervisor:
     # -- commands ------------------------------------------------------------------------
 
     def _pick_agent(self, node: str | None) -> Agent:
-        alive = self.alive_agents()
+        alive = self.staying_agents()
         if node is None:
             if not alive:
                 raise ValueError("no node is running right now")
