@@ -419,6 +419,10 @@ class JobState:
             self.status = "running"
 
     def _on_worker_failed(self, e: Event) -> None:
+        if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
+            if not self.finished:
+                self.status = "restarting"
+            return
         self.failures.append(e)
         if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
             self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")

@@ -116,7 +116,7 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
     assert job.wait(180) == "succeeded", job.summary()
 
     assert world_sizes(job) == [2, 4, 2]
-    assert job.restarts == 1  # scaling down costs the survivor one restart
+    assert job.restarts == 0  # a scale-down is a membership change: never charged to the budget
     left = [(e.node, e.get("reason")) for e in job.events if e.kind == Kind.NODE_LEFT]
     assert ("node-1", "scaled_down") in left
     reports = committed_reports(job)
@@ -326,3 +326,33 @@ def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_fol
     stop_at = next(e.time for e in job.events if e.kind == Kind.NODE_LEFT and e.get("reason") == "stopped")
     assert not [t for t in job.state.transitions if t["status"] == "restarting" and t["at"] >= stop_at]
     assert "nodes 0" not in job.summary() and "last world size 2" in job.summary()
+
+
+def test_departures_never_spend_the_restart_budget(home):
+    # --max-restarts 0: any departure charged as a failure would end the job at once.
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="free-leaves", max_restarts=0, user_ns=namespace(total=200)
+    )
+    wait_for(job, lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training")
+    job.preempt_node("node-0")  # the oldest: SIGTERM, leaves the rendezvous on its way out
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes after the preemption")
+    step = job.state.step
+    job.lose_node()  # SIGKILL: its peers only learn from its heartbeat
+    wait_for(job, lambda: job.world_size == 1 and at_step(job, step + 3)(), "one node after the loss")
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+    job.preempt_node()
+    assert job.wait(240) == "succeeded", job.summary()
+    assert job.state.restarts == 0
+    own_failures = [e for e in job.events if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer"]
+    assert own_failures == [], [e.describe() for e in own_failures]
+    assert any(e.kind == Kind.RESTART and e.get("reason") == "departure" for e in job.events)
+    assert sorted(committed_reports(job)) == list(range(200))
+    assert_every_sample_once(committed_reports(job), batch=2)
+
+
+def test_a_bug_in_the_cell_still_spends_the_budget_on_several_nodes(home):
+    cell = TRAIN.replace("    time.sleep(STEP_S)", "    time.sleep(STEP_S)\n    if step >= 4: 1 / 0")
+    job = ne.launch(cell, nnodes="2", nproc_per_node=1, name="buggy-two", max_restarts=1, user_ns=namespace(total=50))
+    assert job.wait(180) == "failed", job.summary()
+    assert "restart budget spent" in (job.state.reason or "") and "ZeroDivisionError" in job.state.reason
