@@ -25,6 +25,7 @@ class Kind:
 
     JOB_SUBMITTED = "job_submitted"
     JOB_FINISHED = "job_finished"
+    JOB_RESUMED = "job_resumed"
     SCALED = "scaled"  # target nodes or range changed
     FAULT = "fault"  # a fault drill was injected
     NODE_JOINED = "node_joined"
@@ -207,6 +208,11 @@ def describe(e: Event) -> str:
     k = e.kind
     if k == Kind.JOB_SUBMITTED:
         return f"submitted: {d.get('nodes')} node(s) x {d.get('nproc_per_node')} process(es), range {d.get('min_nodes')}:{d.get('max_nodes')}"
+    if k == Kind.JOB_RESUMED:
+        return (
+            f"resumed after it was {d.get('after')}: training continues from the latest checkpoint; "
+            f"restart budget {d.get('max_restarts')} again"
+        )
     if k == Kind.JOB_FINISHED:
         reason = d.get("reason")
         return f"job {d.get('status')}" + (f": {reason}" if reason else "")

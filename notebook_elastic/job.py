@@ -116,8 +116,8 @@ class ElasticJob:
                         callback(event, self)
                     except Exception:
                         traceback.print_exc()
-                if event.kind == Kind.JOB_FINISHED:
-                    self._finished.set()
+                # No _finished.set() on job_finished here: a resumed job's history goes on after
+                # one. The stream ends after the job's last word; then it is finished.
         except Exception as exc:
             with self._lock:
                 self._state.apply(
@@ -276,6 +276,28 @@ class ElasticJob:
             self._follow()
             self._finished.wait(timeout)
         return self.status
+
+    def resume(self) -> ElasticJob:
+        """Continue this lost, failed or stopped job from its latest checkpoint, in its folder,
+        with the same spec: the step counter and the data cursor carry on, the history stays
+        (a "resumed" marker on the chart), and the restart budget starts again."""
+        self.backend.resume(self.name)
+        self._prepared = False
+        self._stop_following.set()
+        if self._follower is not None:
+            self._follower.join(timeout=5)
+        with self._lock:
+            # Replayed from the first event: the history, then the resumed run, live.
+            self._state = JobState(
+                max_restarts=self._state.max_restarts, nnodes=self._state.nnodes, target=self._state.target
+            )
+            if self.spec is not None:
+                self._state.nproc_per_node = self.spec.nproc_per_node
+        self._finished.clear()
+        self._stop_following = threading.Event()
+        self._follower = None
+        self._follow()
+        return self
 
     # -- display -------------------------------------------------------------------------
 

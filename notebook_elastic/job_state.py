@@ -340,6 +340,19 @@ class JobState:
         self.target = e.get("nodes", self.target)
         self.nproc_per_node = e.get("nproc_per_node")
 
+    def _on_job_resumed(self, e: Event) -> None:
+        """The same job, continued in its folder: its history stays, its outcome does not."""
+        self.status = "pending"
+        self.reason = None
+        self.finished_at = None
+        self.waiting = None
+        self.restarts = 0  # the budget starts again, as the event says
+        self.failures.clear()
+        for node in self.nodes.values():
+            node.restart_count = 0
+        self._mark(e, "resumed", "job resumed")
+        self._on_job_submitted(e)
+
     def _on_scaled(self, e: Event) -> None:
         self.target = e.get("target", self.target)
         self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))

@@ -20,7 +20,16 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import defaults
 from .errors import NotebookElasticError
-from .launcher import attach, backend_for, build_spec, bundle_for, check_withheld, jobs, kubernetes_options
+from .launcher import (
+    attach,
+    backend_for,
+    build_spec,
+    bundle_for,
+    check_withheld,
+    jobs,
+    kubernetes_options,
+    start_or_resume,
+)
 from .packaging import NotebookContext
 
 
@@ -227,6 +236,12 @@ class ElasticMagics(Magics):
         help="write the script to PATH and its payload beside it; launch nothing.",
     )
     @argument("--wait", action="store_true", help="block until the job finishes.")
+    @argument(
+        "--fresh",
+        action="store_true",
+        help="start over even if a stopped, failed or lost job of this name could be resumed "
+        "(its run moves to the history).",
+    )
     @argument("-h", "--help", action="store_true", help="show this help; launch nothing.")
     @cell_magic
     @_errors_as_usage
@@ -322,7 +337,7 @@ class ElasticMagics(Magics):
         check_withheld(bundle, spec)
         job = ElasticJob(spec.name, runner, spec, dryrun)
         try:
-            job.start()
+            said = start_or_resume(job, bundle, fresh=args.fresh)
         except KeyboardInterrupt:
             # The supervisor runs in its own session and may be up already: a job nobody holds a
             # handle to must not train on, so stop whatever started before saying so.
@@ -331,6 +346,8 @@ class ElasticMagics(Magics):
                 f"interrupted while launching job {spec.name!r}; it was stopped and nothing is left "
                 "running (run the cell again to launch it)"
             ) from None
+        if said:
+            print(said)
         if var:
             self.shell.user_ns[var] = job
         if args.wait:
@@ -364,6 +381,20 @@ class ElasticMagics(Magics):
             raise UsageError("usage: %elastic_attach NAME (see %elastic_jobs for names)")
         var = job_variable(self.shell.user_ns, parts[0])
         job = attach(parts[0], *(parts[1:2] or ["local"]))
+        if var:
+            self.shell.user_ns[var] = job
+        return job
+
+    @line_magic
+    @_errors_as_usage
+    def elastic_resume(self, line: str) -> Any:
+        """%elastic_resume NAME: continue a lost, failed or stopped job from its latest checkpoint."""
+        parts = shlex.split(line)
+        if not parts:
+            raise UsageError("usage: %elastic_resume NAME (see %elastic_jobs for names)")
+        var = job_variable(self.shell.user_ns, parts[0])
+        job = attach(parts[0])
+        job.resume()
         if var:
             self.shell.user_ns[var] = job
         return job

@@ -356,3 +356,64 @@ def test_a_bug_in_the_cell_still_spends_the_budget_on_several_nodes(home):
     job = ne.launch(cell, nnodes="2", nproc_per_node=1, name="buggy-two", max_restarts=1, user_ns=namespace(total=50))
     assert job.wait(180) == "failed", job.summary()
     assert "restart budget spent" in (job.state.reason or "") and "ZeroDivisionError" in job.state.reason
+
+
+def test_a_job_whose_supervisor_was_killed_resumes_from_its_checkpoint(home):
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=1, name="phoenix", user_ns=namespace(total=60))
+    wait_for(job, at_step(job, 15), "step 15")
+    folder = LocalBackend().folder("phoenix")
+    os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9
+    assert job.wait(60) == "failed" and "supervisor" in job.state.reason
+    wait_for(job, lambda: job_processes(home) == [], "the workers to die with their supervisor")
+    died_at = job.state.step
+    assert LocalBackend().describe("phoenix").status in ("lost", "failed")
+
+    job.resume()
+    assert job.wait(180) == "succeeded", job.summary()
+    back = next(e for e in job.events if e.kind == Kind.JOB_RESUMED)
+    assert back.get("after") == "lost" and "resumed after it was lost" in back.describe()
+    assert [e.get("status") for e in job.events if e.kind == Kind.JOB_FINISHED] == ["succeeded"]
+    resumed = [e for e in job.events if e.kind == Kind.RESUMED][-1]
+    assert died_at - 1 <= resumed.get("step") <= died_at + 1  # at most the step since the last commit is lost
+    reports = committed_reports(job)
+    assert sorted(reports) == list(range(60))
+    assert_every_sample_once(reports, batch=2)
+    # A new kernel sees the whole history and the outcome of the resumed run.
+    again = ne.attach("phoenix")
+    assert again.wait(60) == "succeeded" and any(e.kind == Kind.JOB_RESUMED for e in again.events)
+    assert LocalBackend().describe("phoenix").status == "succeeded"
+
+
+def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, capsys):
+    job = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    wait_for(job, at_step(job, 8), "step 8")
+    assert job.stop() == "stopped"
+    stopped_at = job.state.step
+
+    other = TRAIN.replace("lr=0.01", "lr=0.02")
+    with pytest.raises(ne.BackendError, match=r"job 'again' was stopped at step \d+ running other code"):
+        ne.launch(other, nnodes="1", name="again", user_ns=namespace(total=40))
+    assert LocalBackend().describe("again").status == "stopped"  # nothing was touched
+
+    same = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    assert "resumed from its latest checkpoint" in capsys.readouterr().out
+    assert same.wait(180) == "succeeded", same.summary()
+    assert [e for e in same.events if e.kind == Kind.RESUMED][-1].get("step") >= stopped_at
+    assert sorted(committed_reports(same)) == list(range(40))
+
+    fresh = ne.launch(other, nnodes="1", name="again", fresh=True, user_ns=namespace(total=5))
+    assert "is kept in" in capsys.readouterr().out
+    assert fresh.wait(120) == "succeeded"
+    assert not any(e.kind == Kind.JOB_RESUMED for e in fresh.events)
+    assert len(list((home / "jobs" / ".history").iterdir())) == 1
+
+
+def test_a_new_job_reads_another_jobs_checkpoint_dir(home, tmp_path):
+    shared = tmp_path / "shared-ckpt"
+    first = ne.launch(TRAIN, nnodes="1", name="first", checkpoint_dir=str(shared), user_ns=namespace(total=20))
+    assert first.wait(120) == "succeeded"
+    second = ne.launch(TRAIN, nnodes="1", name="second", checkpoint_dir=str(shared), user_ns=namespace(total=30))
+    assert second.wait(120) == "succeeded", second.summary()
+    resumed = [e for e in second.events if e.kind == Kind.RESUMED]
+    assert resumed and resumed[0].get("step") == 20  # read, not rejected as stale
+    assert not any(e.kind == Kind.FENCED for e in second.events)

@@ -38,6 +38,7 @@ from ... import defaults
 from ...events import Event, Kind, LineParser
 from ...job_state import JobState, budget_spent_reason
 from ...runtime import protocol
+from ...runtime.state import newest_generation
 from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
@@ -117,12 +118,16 @@ class EventSink:
 
 
 class Supervisor:
-    def __init__(self, folder: JobFolder) -> None:
+    def __init__(self, folder: JobFolder, resume: bool = False) -> None:
         self.folder = folder
+        self.resume = resume
         self.spec = JobSpec.from_json(folder.spec())
         self.range = self.spec.nnodes
         self.target = self.spec.initial_nodes
-        self.epoch = 0
+        # Above every generation already in the checkpoint folder (a resumed job, a reused
+        # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
+        newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
+        self.epoch = newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0
         self.rdzv_base = f"{self.spec.name}-{uuid.uuid4().hex[:8]}"
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
@@ -502,8 +507,17 @@ class Supervisor:
         )
         threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
         spec = self.spec
+        before = None
+        if self.resume:
+            # The history so far, folded, so status.json goes on from it (steps, metrics).
+            with open(self.folder.events_file, "rb") as f:
+                history = [e for e in (_parse(line) for line in f) if e is not None]
+            with self.sink.lock:
+                self.state.apply_all(history)
+                before = self.state.status if self.state.finished else "lost"
         self.emit(
-            Kind.JOB_SUBMITTED,
+            Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
+            **({"after": before} if self.resume else {}),
             name=spec.name,
             nodes=self.target,
             min_nodes=self.range[0],
@@ -625,9 +639,17 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
         if os.fork() > 0:
             os._exit(0)
-    folder = JobFolder(args[0])
+    resume = args[:1] == ["--resume"]
+    folder = JobFolder(args[1] if resume else args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
-    return Supervisor(folder).run()
+    return Supervisor(folder, resume=resume).run()
+
+
+def _parse(line: bytes) -> Event | None:
+    try:
+        return Event.from_line(line.decode("utf-8", "replace"))
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn last line of a supervisor that died mid-write
 
 
 if __name__ == "__main__":
