@@ -170,6 +170,7 @@ class JobState:
         self.nnodes = tuple(nnodes)
         self.target = target if target is not None else nnodes[0]
         self.nproc_per_node: int | None = None
+        self.gpus = 0  # GPUs the job may place its ranks on (0: a CPU job)
         self.nodes: dict[str, NodeInfo] = {}
         self.world_size = 0
         self.generation: int | None = None
@@ -339,6 +340,7 @@ class JobState:
         self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
         self.target = e.get("nodes", self.target)
         self.nproc_per_node = e.get("nproc_per_node")
+        self.gpus = e.get("gpus") or 0
 
     def _on_job_resumed(self, e: Event) -> None:
         """The same job, continued in its folder: its history stays, its outcome does not."""

@@ -417,3 +417,77 @@ def test_a_new_job_reads_another_jobs_checkpoint_dir(home, tmp_path):
     resumed = [e for e in second.events if e.kind == Kind.RESUMED]
     assert resumed and resumed[0].get("step") == 20  # read, not rejected as stale
     assert not any(e.kind == Kind.FENCED for e in second.events)
+
+
+GPU_TRAIN = """
+import os
+model = torch.nn.Linear(4, 1)
+state = elastic.State(model=model)
+print(f"placed rank={elastic.rank()} gen={state.generation} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+for step in state.steps(TOTAL):
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    time.sleep(STEP_S)
+"""
+
+
+def placements(job) -> dict[int, dict[int, str]]:
+    """generation -> rank -> the CUDA_VISIBLE_DEVICES its worker saw."""
+    out: dict[int, dict[int, str]] = {}
+    logs = LocalBackend().folder(job.name).logs
+    lines = [line for path in sorted(logs.glob("node-*.log")) for line in path.read_text().splitlines()]
+    for line in lines:
+        if "placed rank=" in line:
+            fields = dict(part.split("=", 1) for part in line.split("placed ", 1)[1].split())
+            out.setdefault(int(fields["gen"]), {})[int(fields["rank"])] = fields["cuda"]
+    return out
+
+
+def test_one_gpu_per_rank_through_scale_preemption_and_refusals(home, tmp_path, monkeypatch):
+    # No GPU here: the supervisor reads a fake nvidia-smi, as on a 2-GPU machine; CPU torch
+    # then trains with gloo, and each worker says which devices it was given.
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-b)'\n"
+    )
+    (stub / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    with pytest.raises(
+        ne.SpecError,
+        match=r"--nnodes 1:3: 3 node\(s\) x 1 process\(es\) need 3 GPUs, one per rank; 2 are visible \(nvidia-smi -L\): use at most 2 node\(s\)",
+    ):
+        ne.launch(GPU_TRAIN, nnodes="1:3", name="too-many", user_ns=namespace())
+    assert not (home / "jobs" / "too-many").exists()
+    with pytest.raises(ne.SpecError, match=r"need 4 GPUs, one per rank; 2 are visible"):
+        ne.launch(GPU_TRAIN, nnodes="2", nproc_per_node=2, name="too-many", user_ns=namespace())
+
+    job = ne.launch(GPU_TRAIN, nnodes="1:2", name="gpus", max_restarts=0, user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 3), "one node training")
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes")
+    job.preempt_node("node-0")
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor alone")
+    job.scale(2)  # node-2 takes the GPU node-0 gave back
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+    job.preempt_node("node-2")
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor alone again")
+    job.scale(2)  # node-3 too, never node-1's (a modulo of node numbers gave it node-1's)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes once more")
+    with pytest.raises(ne.BackendError, match=r"range 1:3: 3 node\(s\) x 1 process\(es\) need 3 GPUs"):
+        job.set_range(1, 3)
+    job.stop()
+    # Every node got devices no live node held: replayed from the supervisor's own record.
+    live: dict[str, set[str]] = {}
+    for e in job.events:
+        if e.kind == Kind.NODE_JOINED:
+            mine = set(e.get("gpus"))
+            assert len(mine) == 1 and not any(mine & other for other in live.values()), (e.node, mine, live)
+            live[e.node] = mine
+        elif e.kind == Kind.NODE_LEFT:
+            live.pop(e.node, None)
+    assert sum(e.kind == Kind.NODE_JOINED for e in job.events) == 4  # node-0 .. node-3
+    assert placements(job)[0] == {0: "0"}  # and a worker sees its node's device
+    assert job.state.gpus == 2

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 SECTIONS = ("header", "chart", "ranks", "timeline", "logs", "controls")
 
 
+def slider_max(state: Any, hi: int) -> int:
+    """How far the replicas slider goes: on GPUs, no further than one GPU per rank allows."""
+    if state.gpus and state.nproc_per_node:
+        return max(hi, state.gpus // state.nproc_per_node)
+    return max(8, 2 * hi)
+
+
 class Dashboard(W.VBox):
     """``Dashboard(job)``: header, controls, loss chart, rank map, event timeline, output."""
 
@@ -51,7 +58,7 @@ class Dashboard(W.VBox):
         self.range = W.IntRangeSlider(
             value=(lo, hi),
             min=1,
-            max=max(8, 2 * hi),
+            max=slider_max(state, hi),
             step=1,
             description="replicas",
             continuous_update=False,

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ... import defaults
-from ...errors import BackendError, JobNotFound
+from ...errors import BackendError, JobNotFound, SpecError
 from ...events import FINAL_STATUSES, Event, Kind
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 from . import control
 from .folder import JobFolder, kill_all, write_json_atomic
+from .gpus import placement_problem, visible_gpus
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
@@ -44,6 +45,9 @@ class LocalBackend(Backend):
     def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
         folder = self.folder(spec.name)
         lo, hi = spec.nnodes
+        problem = placement_problem(hi, spec.nproc_per_node, visible_gpus())
+        if problem:
+            raise SpecError(f"--nnodes {lo}:{hi}: {problem}")
         conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_LOCAL, is_host=False)
         conf.update(spec.rdzv_conf)
         agent = [

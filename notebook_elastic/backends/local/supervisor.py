@@ -43,6 +43,7 @@ from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
 from .folder import JobFolder, kill_all, process_start_ticks, write_json_atomic
+from .gpus import placement_problem, visible_gpus
 
 STOP_GRACE_S = 10.0
 
@@ -54,6 +55,7 @@ class Agent:
     started: float
     epoch: int
     exit_reason: str | None = None  # set when we signal it on purpose
+    gpus: list[str] = field(default_factory=list)  # its ranks' devices, its own alone
     reaped: bool = False
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
@@ -140,7 +142,8 @@ class Supervisor:
         self.folder.logs.mkdir(exist_ok=True)
         self.sink = EventSink(folder.events_file, self.state, self._observe)
         self.authkey = secrets.token_bytes(32)
-        self.gpus = _visible_gpus()
+        self.gpus = visible_gpus()
+        self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
         self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True))
@@ -192,7 +195,7 @@ class Supervisor:
             str(self.folder.script),
         ]  # [3:] are torchrun's own arguments
 
-    def _agent_env(self, name: str, index: int) -> dict[str, str]:
+    def _agent_env(self, name: str, index: int, gpus: list[str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.spec.env)
         cwd = self.spec.backend_options.get("cwd") or os.getcwd()
@@ -212,11 +215,20 @@ class Supervisor:
                 "PYTHONPATH": os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH", "")) if p),
             }
         )
-        if self.gpus:
-            n = self.spec.nproc_per_node
-            share = [self.gpus[(index * n + i) % len(self.gpus)] for i in range(n)]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(share)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return env
+
+    def _take_gpus(self) -> list[str] | None:
+        """GPUs for one more node, one per local rank, none in use by a live node (None: not
+        enough are free yet, a node on its way out still holds its own)."""
+        if not self.gpus:
+            return []
+        n = self.spec.nproc_per_node
+        if len(self.free_gpus) < n:
+            return None
+        taken, self.free_gpus = self.free_gpus[:n], self.free_gpus[n:]
+        return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
         proc = subprocess.Popen(
@@ -237,11 +249,14 @@ class Supervisor:
             agent.readers.append(t)
         return agent
 
-    def start_agent(self) -> Agent:
+    def start_agent(self) -> Agent | None:
+        gpus = self._take_gpus()
+        if gpus is None:
+            return None
         index = self.next_index
         self.next_index += 1
         name = f"node-{index}"
-        env = self._agent_env(name, index)
+        env = self._agent_env(name, index, gpus)
         spare, self.spare = self.spare, None
         if spare is not None and spare.alive:
             # A warm spare: Python and torch are already imported; tell it who it is.
@@ -266,8 +281,16 @@ class Supervisor:
         else:
             agent = self._spawn(name, self._agent_command(), env)
             agent.proc.stdin.close()  # type: ignore[union-attr]
+        agent.gpus = gpus
         self.agents[name] = agent
-        self.emit(Kind.NODE_JOINED, name, pid=agent.proc.pid, epoch=self.epoch, warm=agent is spare)
+        self.emit(
+            Kind.NODE_JOINED,
+            name,
+            pid=agent.proc.pid,
+            epoch=self.epoch,
+            warm=agent is spare,
+            **({"gpus": gpus} if gpus else {}),
+        )
         return agent
 
     def _keep_a_spare(self) -> None:
@@ -321,6 +344,7 @@ class Supervisor:
             if agent.reaped or agent.alive:
                 continue
             agent.reaped = True
+            self.free_gpus = [g for g in self.gpus if g in self.free_gpus or g in agent.gpus]
             for t in agent.readers:
                 t.join(timeout=2.0)  # let its last lines in before it is declared gone
             code = agent.proc.returncode
@@ -343,7 +367,10 @@ class Supervisor:
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
         while len(alive) < self.target:
-            alive.append(self.start_agent())
+            agent = self.start_agent()
+            if agent is None:
+                break  # its GPUs are still held by a node on its way out: next round
+            alive.append(agent)
         if len(alive) > self.target:
             for agent in sorted(alive, key=lambda a: a.started)[self.target :]:
                 self.signal_agent(agent, signal.SIGTERM, "scaled_down")
@@ -378,6 +405,9 @@ class Supervisor:
             raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
         if (min_nodes, max_nodes) == tuple(self.range):
             return {"target": self.target, "reconfigured": False}
+        problem = placement_problem(max_nodes, self.spec.nproc_per_node, self.gpus)
+        if problem:
+            raise ValueError(f"range {min_nodes}:{max_nodes}: {problem}")
         self.range = (min_nodes, max_nodes)
         self.target = min(max(self.target, min_nodes), max_nodes)
         # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
@@ -617,18 +647,6 @@ class Supervisor:
         info = self.folder.supervisor() or {}
         info["exited"] = True
         write_json_atomic(self.folder.supervisor_file, info, mode=0o600)
-
-
-def _visible_gpus() -> list[str]:
-    """GPU ids to split across agents: CUDA_VISIBLE_DEVICES, else what nvidia-smi lists."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
 
 
 def main(argv: list[str] | None = None) -> int:
