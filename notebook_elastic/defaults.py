@@ -1,7 +1,7 @@
 """Defaults with one home: rendezvous settings, limits, names, folders.
 
 The rendezvous numbers were measured with torch 2.13.0 on a 2-core CPU machine (see
-docs/design.md, "Rendezvous settings"): torchrun's defaults take 33.6 s to a first step with
+benchmarks/local_backend.py and benchmarks/results/local_backend.json): torchrun's defaults take 33.6 s to a first step with
 ``--nnodes 1:3`` and 47 s to resume after a scale-down; these take 4.1 s and 6 s.
 ``keep_alive_max_attempt=2`` declared live agents dead (split brain); 3 held every time.
 """
