@@ -24,6 +24,8 @@ MONITOR_INTERVAL_S = 0.1
 MAX_RESTARTS = 3
 #: Collective operations time out after this long, so a hung peer is noticed.
 COLLECTIVE_TIMEOUT_S = 120
+#: No new step for max(this, 10 x the median step time) is a stall (a stopped or hung rank).
+STALL_AFTER_S = 30.0
 
 #: Payloads above this are refused before launch (configurable per job).
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024

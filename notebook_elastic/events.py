@@ -26,6 +26,8 @@ class Kind:
     JOB_SUBMITTED = "job_submitted"
     JOB_FINISHED = "job_finished"
     JOB_RESUMED = "job_resumed"
+    STALL = "stall"
+    STALL_CLEARED = "stall_cleared"
     SCALED = "scaled"  # target nodes or range changed
     FAULT = "fault"  # a fault drill was injected
     NODE_JOINED = "node_joined"
@@ -208,6 +210,19 @@ def describe(e: Event) -> str:
     k = e.kind
     if k == Kind.JOB_SUBMITTED:
         return f"submitted: {d.get('nodes')} node(s) x {d.get('nproc_per_node')} process(es), range {d.get('min_nodes')}:{d.get('max_nodes')}"
+    if k == Kind.STALL:
+        stopped, waiting = d.get("stopped") or [], d.get("waiting") or []
+        who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"
+        then = f"; restarting the group after {d.get('restart_after_s'):.0f} s" if d.get("restart_after_s") else ""
+        return (
+            f"stalled at step {d.get('step')} for {d.get('for_s', 0):.0f} s: {who}"
+            + (f", rank(s) {_ranks(waiting)} wait for them" if waiting else "")
+            + then
+        )
+    if k == Kind.STALL_CLEARED:
+        if d.get("restarted"):
+            return f"stalled {d.get('for_s', 0):.0f} s: the worker group was restarted (one restart)"
+        return f"training again after a {d.get('for_s', 0):.0f} s stall"
     if k == Kind.JOB_RESUMED:
         return (
             f"resumed after it was {d.get('after')}: training continues from the latest checkpoint; "

@@ -171,6 +171,7 @@ class JobState:
         self.target = target if target is not None else nnodes[0]
         self.nproc_per_node: int | None = None
         self.gpus = 0  # GPUs the job may place its ranks on (0: a CPU job)
+        self.stall: dict[str, Any] | None = None  # the stall in progress: step, stopped, waiting
         self.nodes: dict[str, NodeInfo] = {}
         self.world_size = 0
         self.generation: int | None = None
@@ -241,6 +242,7 @@ class JobState:
             "status": self.status,
             "reason": self.reason,
             "waiting": self.waiting,
+            "stall": self.stall,
             "world_size": self.world_size,
             "nodes_running": len(self.running_nodes),
             "target": self.target,
@@ -354,6 +356,13 @@ class JobState:
             node.restart_count = 0
         self._mark(e, "resumed", "job resumed")
         self._on_job_submitted(e)
+
+    def _on_stall(self, e: Event) -> None:
+        self.stall = dict(e.data)
+        self._mark(e, "stall", f"stalled at step {e.get('step')}")
+
+    def _on_stall_cleared(self, e: Event) -> None:
+        self.stall = None
 
     def _on_scaled(self, e: Event) -> None:
         self.target = e.get("target", self.target)

@@ -31,6 +31,7 @@ def build_spec(
     monitor_interval_s: float = defaults.MONITOR_INTERVAL_S,
     rdzv_conf: str | Mapping[str, str] | None = None,
     collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S,
+    stall_timeout_s: float | None = None,
     max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES,
     backend_options: Mapping[str, Any] | None = None,
     notebook: str | None = None,
@@ -48,6 +49,7 @@ def build_spec(
         monitor_interval_s=monitor_interval_s,
         rdzv_conf=rdzv_conf or {},  # type: ignore[arg-type]
         collective_timeout_s=collective_timeout_s,
+        stall_timeout_s=stall_timeout_s,
         max_payload_bytes=max_payload_bytes,
         ship=tuple(ship),
         backend_options=dict(backend_options or {}),

@@ -158,6 +158,13 @@ class ElasticMagics(Magics):
         help="seconds before a collective op times out.",
     )
     @argument(
+        "--stall-timeout",
+        dest="stall_timeout",
+        default=None,
+        help="restart the worker group (one restart) when no step came for this many seconds; "
+        "a stall is always told after 30 s.",
+    )
+    @argument(
         "--max-payload", dest="max_payload", default=None, help="refuse payloads above this size (default 64MiB)."
     )
     @argument("--namespace", default=None, help="kubernetes: the namespace (default: the context's).")
@@ -297,6 +304,7 @@ class ElasticMagics(Magics):
             monitor_interval_s=_float(args.monitor_interval),
             rdzv_conf=args.rdzv_conf,
             collective_timeout_s=_float(args.collective_timeout),
+            stall_timeout_s=_float(args.stall_timeout) if args.stall_timeout is not None else None,
             max_payload_bytes=_size(args.max_payload) if args.max_payload else defaults.MAX_PAYLOAD_BYTES,
             backend_options={"cwd": ctx.cwd, **extra},
             notebook=ctx.notebook,

@@ -491,3 +491,45 @@ def test_one_gpu_per_rank_through_scale_preemption_and_refusals(home, tmp_path, 
     assert sum(e.kind == Kind.NODE_JOINED for e in job.events) == 4  # node-0 .. node-3
     assert placements(job)[0] == {0: "0"}  # and a worker sees its node's device
     assert job.state.gpus == 2
+
+
+def worker_pid(job, rank: int) -> int:
+    started = [e for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == rank]
+    return int(started[-1].get("pid"))
+
+
+def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_the_group(home):
+    fast = {"stall_after_s": 3}  # the floor is 30 s; the rule (10 x the median step) is the same
+    job = ne.launch(TRAIN, nproc_per_node=2, name="frozen", backend_options=fast, user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 5), "step 5")
+    os.kill(worker_pid(job, 1), signal.SIGSTOP)  # a hung DataLoader, a stuck filesystem look the same
+    stopped_at = time.monotonic()
+    wait_for(job, lambda: job.state.stall is not None, "the stall event")
+    print(f"SIGSTOP -> stall event: {time.monotonic() - stopped_at:.1f} s")
+    stall = next(e for e in job.events if e.kind == Kind.STALL)
+    assert stall.get("stopped") == [1] and stall.get("waiting") == [0], stall.data
+    assert "rank(s) 1 stopped, rank(s) 0 wait for them" in stall.describe()
+    from notebook_elastic.ui.render import header_html
+
+    assert 'class="ne-stall"' in header_html("frozen", "local", job.state)
+    assert LocalBackend().describe("frozen").summary["stall"]["stopped"] == [1]
+    os.kill(worker_pid(job, 1), signal.SIGCONT)
+    wait_for(job, lambda: job.state.stall is None and any(e.kind == Kind.STALL_CLEARED for e in job.events), "cleared")
+    wait_for(job, at_step(job, job.state.step + 3), "training again")
+    assert job.restarts == 0
+    job.stop()
+
+    healed = ne.launch(
+        TRAIN,
+        nproc_per_node=2,
+        name="healed",
+        stall_timeout_s=5,
+        backend_options=fast,
+        user_ns=namespace(total=60),
+    )
+    wait_for(healed, at_step(healed, 5), "step 5")
+    os.kill(worker_pid(healed, 1), signal.SIGSTOP)
+    wait_for(healed, lambda: any(e.kind == Kind.STALL_CLEARED and e.get("restarted") for e in healed.events), "restart")
+    assert healed.wait(180) == "succeeded", healed.summary()
+    assert healed.restarts >= 1
+    assert sorted(committed_reports(healed)) == list(range(60))

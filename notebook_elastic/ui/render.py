@@ -36,6 +36,7 @@ MARKER_COLORS = {
     "node_joined": "#2e7d32",
     "node_left": "#8d6e63",
     "resumed": "#9e9e9e",
+    "stall": "#c62828",
 }
 EVENT_COLORS = {
     Kind.WORKER_FAILED: "#c62828",
@@ -50,6 +51,8 @@ EVENT_COLORS = {
     Kind.RESUMED: "#00838f",
     Kind.FENCED: "#c62828",
     Kind.ERROR: "#c62828",
+    Kind.STALL: "#c62828",
+    Kind.STALL_CLEARED: "#2e7d32",
 }
 NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failures
 
@@ -225,6 +228,11 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         if state.reason and state.finished
         else ""
     )
+    if state.stall and not state.finished:
+        reason += (
+            f'<div class="ne-stall" style="color:#c62828;margin-top:2px">'
+            f"{esc(Event(Kind.STALL, 0, None, state.stall).describe())}</div>"
+        )
     if state.waiting and not state.finished:
         reason += f'<div class="ne-waiting" style="color:#e65100;margin-top:2px">{esc(state.waiting)}</div>'
     return (
