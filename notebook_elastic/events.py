@@ -55,7 +55,9 @@ class Kind:
     LOG = "log"
 
 
-FINAL_STATUSES = ("succeeded", "failed", "stopped")
+# "lost": its supervisor is gone (killed, the machine restarted, its folder deleted). Final
+# until resume(); every view says "lost" for it, the notebook as much as jobs() and the panel.
+FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 
 
 @dataclass(frozen=True)

@@ -363,16 +363,17 @@ def test_a_job_whose_supervisor_was_killed_resumes_from_its_checkpoint(home):
     wait_for(job, at_step(job, 15), "step 15")
     folder = LocalBackend().folder("phoenix")
     os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9
-    assert job.wait(60) == "failed" and "supervisor" in job.state.reason
+    assert job.wait(60) == "lost" and "supervisor process is gone" in job.state.reason
     wait_for(job, lambda: job_processes(home) == [], "the workers to die with their supervisor")
     died_at = job.state.step
-    assert LocalBackend().describe("phoenix").status in ("lost", "failed")
+    assert LocalBackend().describe("phoenix").status == "lost"  # the same word everywhere
+    assert ne.jobs()[0].status == "lost" and json.loads(folder.status_file.read_text())["status"] == "lost"
 
     job.resume()
     assert job.wait(180) == "succeeded", job.summary()
     back = next(e for e in job.events if e.kind == Kind.JOB_RESUMED)
     assert back.get("after") == "lost" and "resumed after it was lost" in back.describe()
-    assert [e.get("status") for e in job.events if e.kind == Kind.JOB_FINISHED] == ["succeeded"]
+    assert [e.get("status") for e in job.events if e.kind == Kind.JOB_FINISHED] == ["lost", "succeeded"]
     resumed = [e for e in job.events if e.kind == Kind.RESUMED][-1]
     assert died_at - 1 <= resumed.get("step") <= died_at + 1  # at most the step since the last commit is lost
     reports = committed_reports(job)
@@ -533,3 +534,20 @@ def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_th
     assert healed.wait(180) == "succeeded", healed.summary()
     assert healed.restarts >= 1
     assert sorted(committed_reports(healed)) == list(range(60))
+
+
+def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
+    clean = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="clean", user_ns=namespace(total=10))
+    assert clean.wait(120) == "succeeded"
+    finished = [e for e in clean.events if e.kind == Kind.JOB_FINISHED][-1]
+    assert "orphans_killed" not in finished.data, finished.data  # a clean finish leaves none
+
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="doomed", user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 3), "step 3")
+    import shutil
+
+    shutil.rmtree(LocalBackend().folder("doomed").path)
+    assert job.wait(60) == "lost", job.summary()
+    assert job.state.reason == "its job folder was deleted while it ran"
+    job.stop()  # no JobNotFound: it ends whatever is left
+    wait_for(job, lambda: job_processes(home) == [], "every process of the job to end")

@@ -28,6 +28,9 @@ from .gpus import placement_problem, visible_gpus
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
+FOLDER_GONE_WAIT_S = 3.0
+LOST_SUPERVISOR = {"status": "lost", "reason": "its supervisor process is gone (killed, or the machine restarted)"}
+LOST_FOLDER = {"status": "lost", "reason": "its job folder was deleted while it ran"}
 FOLLOW_POLL_S = 0.03
 
 
@@ -180,7 +183,7 @@ class LocalBackend(Backend):
             started = (folder.supervisor() or {}).get("started")
             if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
                 state = "lost"
-                status = {**status, "reason": "its supervisor process is gone (killed, or the machine restarted)"}
+                status = {**status, "reason": LOST_SUPERVISOR["reason"]}
         return JobInfo(
             name=name,
             backend="local",
@@ -245,6 +248,9 @@ class LocalBackend(Backend):
     def cancel(self, name: str, timeout_s: float = 30.0) -> None:
         folder = self.folder(name)
         if not folder.exists():
+            # Its folder may have been deleted under it: its processes still carry its path.
+            if kill_all(folder.path):
+                return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
         if (folder.status() or {}).get("status") in FINAL_STATUSES and not folder.supervisor_alive():
             kill_all(folder.path)  # finished: only make sure nothing is left
@@ -294,6 +300,7 @@ class LocalBackend(Backend):
         buffer = b""
         idle_checks = 0
         finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
+        gone_since: float | None = None
         with open(folder.events_file, "rb") as f:
             while not stop.is_set():
                 chunk = f.read(1 << 20)
@@ -310,24 +317,44 @@ class LocalBackend(Backend):
                         yield event
                         finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
                     continue
-                if finished:
-                    return  # the end of the file, and the job's last word was its outcome
+                if finished and not folder.supervisor_alive():
+                    return  # the end of the file, the job's last word was its outcome, and no
+                    # supervisor (a resumed one) will write more
                 idle_checks += 1
-                if idle_checks % 50 == 0 and not folder.supervisor_alive():
+                if idle_checks % 50 == 0 and os.fstat(f.fileno()).st_nlink == 0:
+                    # Deleted under the job: its supervisor says so in the (unlinked) file we
+                    # still read, as it stops; if it is gone too, say it here.
+                    gone_since = gone_since or time.monotonic()
+                    if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
+                        yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
+                        return
+                elif idle_checks % 50 == 0 and not folder.supervisor_alive():
                     time.sleep(0.2)  # one last read: it may have just written its last line
                     if f.read(1):
                         f.seek(-1, os.SEEK_CUR)
                         continue
                     info = folder.supervisor()
                     if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
-                        yield Event(
-                            Kind.JOB_FINISHED,
-                            time.time(),
-                            None,
-                            {"status": "failed", "reason": "the job's supervisor process died"},
-                        )
+                        # Whoever notices writes it down, so every observer says the same.
+                        event = Event(Kind.JOB_FINISHED, time.time(), None, LOST_SUPERVISOR)
+                        _record_outcome(folder, event)
+                        yield event
                         return
                 stop.wait(FOLLOW_POLL_S)
+
+
+def _record_outcome(folder: JobFolder, event: Event) -> None:
+    """Append an outcome the supervisor could not write (it is dead) and put it in status.json,
+    unless another observer already did."""
+    try:
+        status = folder.status() or {}
+        if status.get("status") == event.get("status"):
+            return
+        _append_event(folder, event)
+        status.update(status=event.get("status"), reason=event.get("reason"), updated=time.time())
+        write_json_atomic(folder.status_file, status)
+    except OSError:
+        pass  # a full or vanished disk: the event still reaches this observer
 
 
 def _append_event(folder: JobFolder, event: Event) -> None:

@@ -42,10 +42,13 @@ from ...runtime.state import newest_generation
 from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
-from .folder import JobFolder, kill_all, process_start_ticks, write_json_atomic
+from .folder import JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
 from .gpus import placement_problem, visible_gpus
 
 STOP_GRACE_S = 10.0
+#: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
+#: by themselves; what is left after it is an orphan, killed and counted.
+EXIT_GRACE_S = 5.0
 
 
 @dataclass
@@ -57,6 +60,14 @@ class StallClock:
     step_s: list[float] = field(default_factory=list)  # recent seconds per step, for the median
     announced: bool = False
     restarted: bool = False
+
+
+def _is_zygote(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"notebook_elastic._warm\0serve" in f.read()
+    except OSError:
+        return False
 
 
 def process_state(pid: int) -> str | None:
@@ -590,7 +601,7 @@ class Supervisor:
         return 0
 
     def _loop(self) -> tuple[str, str | None]:
-        last_status = 0.0
+        last_status = last_folder_check = 0.0
         while True:
             try:
                 request, reply = self.commands.get(timeout=0.05)
@@ -612,6 +623,15 @@ class Supervisor:
             self._converge()
             self._keep_a_spare()
             self._watch_for_stalls(now)
+            if now - last_folder_check > 1.0:
+                last_folder_check = now
+                if self._folder_deleted():
+                    # Its folder was deleted: no checkpoint or record can be written any more.
+                    for agent in self.alive_agents():
+                        self.signal_agent(agent, signal.SIGKILL, "stopped")
+                    for agent in self.agents.values():
+                        agent.proc.wait()
+                    return "lost", "its job folder was deleted while it ran"
             if self.stopping and self.stop_deadline and now > self.stop_deadline:
                 for agent in self.alive_agents():
                     self.signal_agent(agent, signal.SIGKILL, "stopped")
@@ -627,6 +647,14 @@ class Supervisor:
                 if self.returns:
                     continue  # capacity comes back later: wait for it
                 return "failed", self._failure_reason()
+
+    def _folder_deleted(self) -> bool:
+        """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
+        one at the same path since: the events file we write is then unlinked all the same)."""
+        try:
+            return os.fstat(self.sink.file.fileno()).st_nlink == 0 or not self.folder.path.is_dir()
+        except (OSError, ValueError):
+            return True
 
     def _watch_for_stalls(self, now: float) -> None:
         """A running job whose step has not moved for max(stall_after_s, 10 x the median step
@@ -708,10 +736,23 @@ class Supervisor:
 
     def _finish(self, outcome: tuple[str, str | None]) -> None:
         status, reason = outcome
+        spare_pid = None
         if self.spare is not None:
-            self.spare.proc.stdin.close()  # type: ignore[union-attr]
+            spare_pid = self.spare.proc.pid
+            self.spare.proc.stdin.close()  # type: ignore[union-attr]  # "not needed": it exits
             self.spare = None
-        leftovers = kill_all(self.folder.path, grace_s=2.0)
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while processes_of(self.folder.path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Still here under load: the spare agent and the zygotes (still importing torch, they
+        # read their orders only afterwards) are machinery on its way out, not orphans.
+        machinery = [p for p in processes_of(self.folder.path) if p == spare_pid or _is_zygote(p)]
+        for pid in machinery:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        leftovers = [p for p in kill_all(self.folder.path, grace_s=2.0) if p not in machinery]
         data: dict[str, Any] = {"status": status}
         if reason:
             data["reason"] = reason
@@ -719,6 +760,8 @@ class Supervisor:
             data["orphans_killed"] = len(leftovers)
         self.emit(Kind.JOB_FINISHED, **data)
         self.sink.close()
+        if not self.folder.events_file.exists():
+            return  # deleted under us: nothing left to record in
         self._write_status()
         info = self.folder.supervisor() or {}
         info["exited"] = True
