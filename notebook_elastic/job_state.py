@@ -482,6 +482,17 @@ class JobState:
                 node.left_reason = node.left_reason or "finished"
 
 
+OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")
+
+
+def describe_failure(e: Event) -> str:
+    """ "rank 0 on node-1 raised ZeroDivisionError: division by zero"; memory said plainly."""
+    where = f"rank {e.get('rank')}" + (f" on {e.node or e.get('node')}" if (e.node or e.get("node")) else "")
+    if e.get("error") in OUT_OF_MEMORY:
+        return f"{where} ran out of memory ({e.get('error')}: {e.get('message')})"
+    return f"{where} raised {e.get('error')}: {e.get('message')}"
+
+
 def first_failure(failures: list[Event]) -> Event | None:
     """The root cause: the earliest worker failure of the latest failed generation."""
     if not failures:
@@ -497,7 +508,7 @@ def budget_spent_reason(failures: list[Event], restarts: int, max_restarts: int 
     first = first_failure(failures)
     if first is None:
         return f"{budget}; {fallback}" if fallback else budget
-    return f"{budget}; rank {first.get('rank')} on {first.node} raised {first.get('error')}: {first.get('message')}"
+    return f"{budget}; {describe_failure(first)}"
 
 
 def elapsed_s(state: JobState, now: float | None = None) -> float | None:

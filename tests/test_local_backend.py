@@ -551,3 +551,30 @@ def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     assert job.state.reason == "its job folder was deleted while it ran"
     job.stop()  # no JobNotFound: it ends whatever is left
     wait_for(job, lambda: job_processes(home) == [], "every process of the job to end")
+
+
+def test_a_failure_that_repeats_or_cannot_be_saved_stops_at_once_not_at_the_end_of_the_budget(home):
+    # The same exception, same rank, same step, twice: stopped with a sentence, not retried 20 times.
+    fails = "    if step == 6:\n        raise MemoryError('batch too big')\n    state.commit()"
+    cell = TRAIN.replace("    state.commit()", fails)
+    job = ne.launch(cell, nnodes="1", name="oom", max_restarts=20, user_ns=namespace(total=50))
+    assert job.wait(180) == "failed", job.summary()
+    assert job.state.reason.startswith("fails the same way every time: rank 0 on node-0 ran out of memory")
+    assert "(twice at step 6)" in job.state.reason
+    assert job.restarts <= 2  # not 20
+
+    # A class defined in the training cell kept in State fails before the first step, once.
+    odd = """
+class Odd:
+    pass
+state = elastic.State(model=torch.nn.Linear(2, 1), odd=Odd())
+for step in state.steps(10):
+    state.commit()
+"""
+    job = ne.launch(odd, nnodes="1", name="odd", max_restarts=20, user_ns=namespace())
+    assert job.wait(120) == "failed", job.summary()
+    assert (
+        "State cannot save 'odd'" in job.state.reason
+        and "Define the class in an earlier notebook cell" in job.state.reason
+    )
+    assert job.restarts == 0

@@ -15,13 +15,14 @@ from typing import Any
 from ._emit import emit
 from .payload import load_payload, secret
 from .protocol import EVENT_PREFIX
-from .state import StaleGenerationError, State
+from .state import StaleGenerationError, State, StateNotSaveable
 from .worker import WorkerInfo, device, guard_against_orphaning, init, run
 
 __all__ = [
     "EVENT_PREFIX",
     "State",
     "StaleGenerationError",
+    "StateNotSaveable",
     "WorkerInfo",
     "device",
     "emit",

@@ -34,6 +34,19 @@ TMP_MAX_AGE_S = 600
 CHECKPOINT_EVENT_EVERY_S = 10.0
 
 
+class StateNotSaveable(TypeError):
+    """A value kept in ``State`` cannot be saved: every commit would fail the same way, so the
+    job stops at the first one instead of retrying to the end of its budget."""
+
+
+_active: State | None = None  # the State of this worker, for the failure report's step
+
+
+def current_step() -> int | None:
+    """The step this worker was running when it failed (None outside ``state.steps()``)."""
+    return _active.current_step if _active is not None else None
+
+
 class StaleGenerationError(RuntimeError):
     """This worker group was superseded by a newer one; it must not write checkpoints."""
 
@@ -184,9 +197,12 @@ class State:
         self._stale = False
         self._announced: tuple[int, float] | None = None  # (generation, monotonic time) of the last event
         self._unannounced = 0  # commits written since the last checkpoint event
+        self._check_saveable()
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
+        global _active
+        _active = self
 
     # -- start ---------------------------------------------------------------------------
 
@@ -325,6 +341,7 @@ class State:
         self.samples_seen = self._cursor_at(self.step)
         if not self.is_writer:
             return
+        self._check_saveable()
         self._raise_pending()
         self._wait_for_writer()
         self._raise_pending()
@@ -346,6 +363,23 @@ class State:
             self._writer.start()
         else:
             self._write(tree)
+
+    def _check_saveable(self) -> None:
+        """Plain values kept in the state must pickle (cheap: they are small); a class defined
+        inside the training cell does not, and would fail every commit."""
+        import pickle
+
+        for name, value in self.extra.items():
+            try:
+                pickle.dumps(value)
+            except Exception as exc:
+                kind = type(value)
+                where = f"{kind.__module__}.{kind.__qualname__}"
+                raise StateNotSaveable(
+                    f"State cannot save {name!r} (a {where}): {exc}. Define the class in an earlier "
+                    "notebook cell (it ships with the job), or keep plain data (numbers, dicts, "
+                    "tensors) in State"
+                ) from None
 
     def flush(self) -> None:
         """Wait for a background write to finish; raise its error, if any."""

@@ -181,6 +181,11 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
         if isinstance(exc, KeyboardInterrupt):
             raise
         by_peer = caused_by_a_peer(exc)
+        from .state import StateNotSaveable, current_step
+
+        extra: dict[str, Any] = {"cause": "peer"} if by_peer else {}
+        if isinstance(exc, StateNotSaveable):
+            extra["fatal"] = True  # the same at every retry: no point spending the budget
         emit(
             "worker_failed",
             rank=info.rank,
@@ -189,7 +194,8 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             error=type(exc).__name__,
             message=str(exc)[:500],
             traceback="".join(traceback.format_exception(exc))[-2800:],
-            **({"cause": "peer"} if by_peer else {}),
+            step=current_step(),
+            **extra,
         )
         if by_peer:
             # Not this worker's failure: a distinct status lets the agent regroup without

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from ... import defaults
 from ...events import Event, Kind, LineParser
-from ...job_state import JobState, budget_spent_reason
+from ...job_state import JobState, budget_spent_reason, describe_failure
 from ...runtime import protocol
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
@@ -180,6 +180,8 @@ class Supervisor:
         self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True))
         self.stall_after_s = float(self.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.stall = StallClock(since=time.monotonic())
+        self.failures_seen: dict[tuple, int] = {}
+        self.fatal: str | None = None  # why the job stops now, when retrying is pointless
 
     # -- events --------------------------------------------------------------------------
 
@@ -196,6 +198,15 @@ class Supervisor:
             self.workers[int(e.get("rank", 0))] = (int(e.get("pid")), e.node or "", gen)
         elif e.kind in (Kind.WORKER_FINISHED,):
             self.workers.pop(int(e.get("rank", -1)), None)
+        elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.fatal is None:
+            # A failure that will come back at every retry is not retried to the end of the budget.
+            key = (e.get("rank"), e.get("step"), e.get("error"), e.get("message"))
+            self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
+            what = describe_failure(e)
+            if e.get("fatal"):
+                self.fatal = what
+            elif self.failures_seen[key] >= 2 and e.get("step") is not None:
+                self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
     # -- agents --------------------------------------------------------------------------
 
@@ -623,6 +634,8 @@ class Supervisor:
             self._converge()
             self._keep_a_spare()
             self._watch_for_stalls(now)
+            if self.fatal and not self.stopping:
+                self.do_stop()
             if now - last_folder_check > 1.0:
                 last_folder_check = now
                 if self._folder_deleted():
@@ -640,6 +653,8 @@ class Supervisor:
                 last_status = time.monotonic()
                 self._write_status()
             if not self.alive_agents() and all(a.reaped for a in self.agents.values()):
+                if self.fatal:
+                    return "failed", self.fatal
                 if self.stopping:
                     return "stopped", "stopped on request"
                 if any(a.proc.returncode == 0 for a in self.agents.values()):
