@@ -27,6 +27,8 @@ class Kind:
     JOB_FINISHED = "job_finished"
     JOB_RESUMED = "job_resumed"
     STALL = "stall"
+    DISK_FULL = "disk_full"
+    OUTPUT_CAPPED = "output_capped"
     STALL_CLEARED = "stall_cleared"
     SCALED = "scaled"  # target nodes or range changed
     FAULT = "fault"  # a fault drill was injected
@@ -212,6 +214,10 @@ def describe(e: Event) -> str:
     k = e.kind
     if k == Kind.JOB_SUBMITTED:
         return f"submitted: {d.get('nodes')} node(s) x {d.get('nproc_per_node')} process(es), range {d.get('min_nodes')}:{d.get('max_nodes')}"
+    if k == Kind.OUTPUT_CAPPED:
+        return f"worker output beyond {d.get('cap_bytes', 0) // 2**20} MiB is kept only in the node logs (logs/)"
+    if k == Kind.DISK_FULL:
+        return str(d.get("message"))
     if k == Kind.STALL:
         stopped, waiting = d.get("stopped") or [], d.get("waiting") or []
         who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"
@@ -291,6 +297,11 @@ def describe(e: Event) -> str:
     if k == Kind.CHECKPOINT:
         return f"checkpoint at step {d.get('step')} ({d.get('bytes', 0) / 1e6:.1f} MB, {d.get('ms')} ms)"
     if k == Kind.CHECKPOINT_FAILED:
+        if d.get("disk_full"):
+            return (
+                f"checkpoint at step {d.get('step')} not saved: the disk is full ({d.get('error')}); "
+                f"training goes on, saving is tried again every {d.get('retry_s', 30):.0f} s"
+            )
         return f"checkpoint at step {d.get('step')} failed: {d.get('error')}"
     if k == Kind.CHECKPOINT_UNREADABLE:
         return f"checkpoint {d.get('path')} unreadable, using an older one: {d.get('error')}"

@@ -172,6 +172,7 @@ class JobState:
         self.nproc_per_node: int | None = None
         self.gpus = 0  # GPUs the job may place its ranks on (0: a CPU job)
         self.stall: dict[str, Any] | None = None  # the stall in progress: step, stopped, waiting
+        self.warning: str | None = None  # a condition the job trains on through (a full disk)
         self.nodes: dict[str, NodeInfo] = {}
         self.world_size = 0
         self.generation: int | None = None
@@ -243,6 +244,7 @@ class JobState:
             "reason": self.reason,
             "waiting": self.waiting,
             "stall": self.stall,
+            "warning": self.warning,
             "world_size": self.world_size,
             "nodes_running": len(self.running_nodes),
             "target": self.target,
@@ -467,7 +469,19 @@ class JobState:
     def _on_resumed(self, e: Event) -> None:
         self._mark(e, "resumed", f"resumed from step {e.get('step')}")
 
+    def _on_checkpoint_failed(self, e: Event) -> None:
+        if e.get("disk_full"):
+            self.warning = (
+                f"checkpoints are not being saved: {e.get('folder') or 'the checkpoint disk'} is full; "
+                f"training goes on and saving is tried again every {e.get('retry_s', 30):.0f} s"
+            )
+
+    def _on_disk_full(self, e: Event) -> None:
+        self.warning = e.get("message")
+
     def _on_checkpoint(self, e: Event) -> None:
+        if self.warning and self.warning.startswith("checkpoints are not being saved"):
+            self.warning = None
         step = e.get("step")
         if isinstance(step, int) and (self.step is None or step - 1 > self.step):
             self._saw_step(step - 1, e.time)

@@ -578,3 +578,66 @@ for step in state.steps(10):
         and "Define the class in an earlier notebook cell" in job.state.reason
     )
     assert job.restarts == 0
+
+
+BIG_STATE = """
+model = torch.nn.Linear(256, 256)  # ~260 KB a checkpoint
+state = elastic.State(model=model)
+for step in state.steps(TOTAL):
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    if PRINT:
+        print("x" * 10_000, flush=True)
+    time.sleep(STEP_S)
+"""
+
+
+def test_a_full_checkpoint_disk_trains_on_with_one_warning_not_a_retry_loop(home, tmp_path, small_disk):
+    disk = small_disk(tmp_path / "ckpt-disk", "600k")  # room for two checkpoints, not three
+    job = ne.launch(
+        BIG_STATE,
+        nnodes="1",
+        name="full-ckpt",
+        max_restarts=1,
+        checkpoint_dir=str(disk),
+        user_ns={**namespace(total=60, step_s=0.02), "PRINT": False},
+    )
+    assert job.wait(180) == "succeeded", job.summary()
+    failed = [e for e in job.events if e.kind == Kind.CHECKPOINT_FAILED]
+    assert len(failed) == 1 and failed[0].get("disk_full"), [e.describe() for e in failed]
+    assert "not saved: the disk is full" in failed[0].describe() and job.restarts == 0
+    from notebook_elastic.runtime.state import list_checkpoints
+
+    kept = list_checkpoints(disk)
+    assert kept and all(torch.load(p, weights_only=False)["step"] > 0 for _g, _s, p in kept)  # intact
+
+
+def test_a_full_job_disk_is_a_state_not_a_crash(home, small_disk):
+    small_disk(home, "3m")  # the whole job home: script, events, logs
+    job = ne.launch(
+        BIG_STATE,
+        nnodes="1",
+        name="full-home",
+        checkpoint_dir="/tmp/ne-test-ckpt-full-home",  # checkpoints elsewhere: this is about the home
+        user_ns={**namespace(total=400, step_s=0.01), "PRINT": True},  # ~4 MB of output
+    )
+    try:
+        assert job.wait(240) == "succeeded", job.summary()
+        assert any(e.kind == Kind.DISK_FULL for e in job.events), "the job never said its disk was full"
+        info = LocalBackend().describe("full-home")
+        assert info.status == "succeeded"  # room was left for the outcome
+        assert not list((home / "jobs" / "full-home").glob(".*.tmp"))  # no 0-byte temp status files
+        assert job.state.step == 399
+    finally:
+        import shutil
+
+        shutil.rmtree("/tmp/ne-test-ckpt-full-home", ignore_errors=True)
+    with pytest.raises(ne.BackendError, match=r"cannot write the job folder .* \(No space left on device\)"):
+        filler = home / "filler"
+        with open(filler, "wb") as f:
+            try:
+                f.write(b"0" * 4_000_000)
+            except OSError:
+                pass
+        ne.launch(BIG_STATE, nnodes="1", name="no-room", user_ns={**namespace(), "PRINT": False})
+    assert not (home / "jobs" / "no-room").exists()

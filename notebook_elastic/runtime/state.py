@@ -16,6 +16,7 @@ overwrite a newer checkpoint nor be restored in preference to one.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -29,6 +30,10 @@ from .worker import WorkerInfo, device, on_finish
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 TMP_MAX_AGE_S = 600
+#: A full checkpoint disk is a state, not a crash: training goes on, saving is tried again
+#: this often, and the notebook is told once per episode.
+DISK_FULL_RETRY_S = 30.0
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # A checkpoint event per commit is one event per step (600 for a 600-step job): the history
 # keeps the first checkpoint of each generation, one every this many seconds, and the last step.
 CHECKPOINT_EVENT_EVERY_S = 10.0
@@ -195,6 +200,7 @@ class State:
         self._writer: threading.Thread | None = None
         self._writer_error: BaseException | None = None
         self._stale = False
+        self._disk_full_until = 0.0  # monotonic time before which commits skip the write
         self._announced: tuple[int, float] | None = None  # (generation, monotonic time) of the last event
         self._unannounced = 0  # commits written since the last checkpoint event
         self._check_saveable()
@@ -347,6 +353,8 @@ class State:
         self._raise_pending()
         if self._check_fence():
             raise StaleGenerationError(self._stale_message())
+        if time.monotonic() < self._disk_full_until:
+            return  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
             "format": 1,
             "step": self.step,
@@ -362,7 +370,11 @@ class State:
             self._writer = threading.Thread(target=self._write_in_background, args=(snapshot,), daemon=True)
             self._writer.start()
         else:
-            self._write(tree)
+            try:
+                self._write(tree)
+            except OSError as exc:
+                if not self._disk_is_full(exc, tree["step"]):
+                    raise
 
     def _check_saveable(self) -> None:
         """Plain values kept in the state must pickle (cheap: they are small); a class defined
@@ -417,9 +429,30 @@ class State:
             self._write(tree)
         except StaleGenerationError:
             pass  # _stale is set; the next commit raises
+        except OSError as exc:
+            if not self._disk_is_full(exc, tree["step"]):
+                self._writer_error = exc
+                emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"])
         except BaseException as exc:
             self._writer_error = exc
             emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"])
+
+    def _disk_is_full(self, exc: OSError, step: int) -> bool:
+        """A full disk (the good checkpoints are intact: writes go to a temp file first) pauses
+        saving instead of failing the worker, which would only fail again at every restart."""
+        if exc.errno not in _DISK_FULL:
+            return False
+        if self._disk_full_until == 0.0:  # once per episode
+            emit(
+                "checkpoint_failed",
+                error=f"{type(exc).__name__}: {exc}"[:500],
+                step=step,
+                disk_full=True,
+                retry_s=DISK_FULL_RETRY_S,
+                folder=str(self.folder),
+            )
+        self._disk_full_until = time.monotonic() + DISK_FULL_RETRY_S
+        return True
 
     def _write(self, tree: dict) -> None:
         import torch
@@ -433,7 +466,13 @@ class State:
                 # The legacy format skips the zip format's CRC32 of every record, which is
                 # ~75 % of the save time (175 -> 45 ms for 117 MB here); a torn write is
                 # already impossible (temp file + rename), and torch.load reads both.
-                torch.save(tree, f, _use_new_zipfile_serialization=False)
+                try:
+                    torch.save(tree, f, _use_new_zipfile_serialization=False)
+                except RuntimeError as exc:  # torch's writer says ENOSPC in words, not an errno
+                    full = next((e for e in _DISK_FULL if os.strerror(e) in str(exc)), None)
+                    if full is None:
+                        raise
+                    raise OSError(full, os.strerror(full)) from exc
                 f.flush()
                 os.fsync(f.fileno())
             # Last look before the rename: a newer group may have started meanwhile.
@@ -448,8 +487,10 @@ class State:
         self._prune(final)
         self._unannounced += 1
         now = time.monotonic()
+        recovered, self._disk_full_until = self._disk_full_until != 0.0, 0.0
         if (
-            self._announced is None
+            recovered
+            or self._announced is None
             or self._announced[0] != self.generation
             or now - self._announced[1] >= CHECKPOINT_EVENT_EVERY_S
             or tree["step"] == self.total

@@ -228,6 +228,8 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         if state.reason and state.finished
         else ""
     )
+    if state.warning and not state.finished:
+        reason += f'<div class="ne-warning" style="color:#e65100;margin-top:2px">{esc(state.warning)}</div>'
     if state.stall and not state.finished:
         reason += (
             f'<div class="ne-stall" style="color:#c62828;margin-top:2px">'

@@ -95,14 +95,21 @@ class LocalBackend(Backend):
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
             self._archive(folder)
-        folder.path.mkdir(parents=True)
-        folder.logs.mkdir()
-        bundle.write(folder.script)
-        spec_json = spec.to_json()
-        spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
-        write_json_atomic(folder.spec_file, spec_json)
-        write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
-        folder.events_file.touch()
+        try:
+            folder.path.mkdir(parents=True)
+            folder.logs.mkdir()
+            bundle.write(folder.script)
+            spec_json = spec.to_json()
+            spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
+            write_json_atomic(folder.spec_file, spec_json)
+            write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
+            folder.events_file.touch()
+        except OSError as exc:
+            shutil.rmtree(folder.path, ignore_errors=True)  # no half-written job left behind
+            raise BackendError(
+                f"cannot write the job folder {folder.path} ({exc.strerror}); free space there, or set "
+                "NOTEBOOK_ELASTIC_HOME to a folder on another disk"
+            ) from None
         self._start_supervisor(folder, spec.name)
 
     def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:

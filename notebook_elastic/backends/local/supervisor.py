@@ -49,6 +49,14 @@ STOP_GRACE_S = 10.0
 #: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
 #: by themselves; what is left after it is an orphan, killed and counted.
 EXIT_GRACE_S = 5.0
+#: Worker output kept in events.jsonl (the chart's history); the node logs keep all of it.
+EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024
+#: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
+NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
+#: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
+#: so events and status still find room.
+LOG_FLOOR_BYTES = 64 * 1024 * 1024
+DISK_RETRY_S = 5.0
 
 
 @dataclass
@@ -87,6 +95,7 @@ class Agent:
     epoch: int
     exit_reason: str | None = None  # set when we signal it on purpose
     gpus: list[str] = field(default_factory=list)  # its ranks' devices, its own alone
+    log_bytes: int = 0  # written to its current log file
     reaped: bool = False
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
@@ -99,15 +108,26 @@ class Agent:
 
 
 class EventSink:
-    """The single writer of events.jsonl; folds every event into the supervisor's JobState."""
+    """The single writer of events.jsonl; folds every event into the supervisor's JobState.
 
-    def __init__(self, path: Path, state: JobState, observe: Any) -> None:
-        self.file = open(path, "a", buffering=1 << 16)
+    A full disk is a state, not a crash: every event is still folded (status, the chart, the
+    control channel carry on); what cannot be written is dropped, quiet kinds first, and the
+    job says so once. Worker output in the history is capped (the node logs keep it all).
+    """
+
+    def __init__(self, path: Path, state: JobState, observe: Any, room_for_output: Any = lambda: True) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.room_for_output = room_for_output
         self.state = state
         self.observe = observe
         self.lock = threading.Lock()
         self.queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
         self.changed = threading.Event()
+        self.torn = False  # the last write stopped mid-line (disk full): end that line first
+        self.quiet_until = 0.0  # disk full: quiet kinds are not even tried before this time
+        self.disk_told = False
+        self.log_bytes = 0
+        self.log_capped = False
         self.thread = threading.Thread(target=self._run, name="event-sink", daemon=True)
         self.thread.start()
 
@@ -118,32 +138,76 @@ class EventSink:
         while True:
             event = self.queue.get()
             batch = [event]
-            while True:  # drain what is waiting, then flush once
+            while True:  # drain what is waiting, then write once
                 try:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
             done = False
             with self.lock:
+                lines = []
                 for item in batch:
                     if item is None:
                         done = True
                         continue
                     try:
-                        line = item.to_line()
+                        line = item.to_line() + "\n"
                     except (TypeError, ValueError):  # not JSON (a worker sent something odd): dropped
                         continue
-                    self.file.write(line + "\n")
                     self.state.apply(item)  # never raises: a bad event is dropped there
                     try:
                         self.observe(item)
                     except Exception:  # an observer's bug must not stop the history
                         traceback.print_exc()
-                self.file.flush()
+                    if self._keep(item, line):
+                        lines.append(line)
+                self._write(lines)
             self.changed.set()
             if done:
-                self.file.close()
+                os.close(self.fd)
                 return
+
+    def _keep(self, item: Event, line: str) -> bool:
+        """Whether ``item`` goes to the file: output beyond the cap and, while the disk is
+        full, metrics, output and checkpoints do not (they are still folded in memory)."""
+        quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT)
+        if quiet and time.monotonic() < self.quiet_until:
+            return False
+        if item.kind == Kind.LOG:
+            if not self.room_for_output():
+                return False
+            self.log_bytes += len(line)
+            if self.log_bytes > EVENTS_OUTPUT_CAP_BYTES:
+                if not self.log_capped:
+                    self.log_capped = True
+                    self.queue.put(Event(Kind.OUTPUT_CAPPED, time.time(), None, {"cap_bytes": EVENTS_OUTPUT_CAP_BYTES}))
+                return False
+        return True
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        data = ("\n" if self.torn else "") + "".join(lines)
+        view = memoryview(data.encode())
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+            self.torn = False
+        except OSError as exc:
+            self.torn = self.torn or len(view) < len(data.encode())
+            self.quiet_until = time.monotonic() + DISK_RETRY_S
+            if not self.disk_told:
+                self.disk_told = True
+                told = Event(
+                    Kind.DISK_FULL,
+                    time.time(),
+                    None,
+                    {
+                        "message": f"the job folder's disk cannot be written ({exc.strerror}): training goes on; "
+                        "its history and logs are incomplete until there is room"
+                    },
+                )
+                self.state.apply(told)
 
     def close(self) -> None:
         self.queue.put(None)
@@ -171,7 +235,9 @@ class Supervisor:
         self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
         self.state = JobState(max_restarts=self.spec.max_restarts, nnodes=self.range, target=self.target)
         self.folder.logs.mkdir(exist_ok=True)
-        self.sink = EventSink(folder.events_file, self.state, self._observe)
+        self._space_checked = 0.0
+        self._space_ok = True
+        self.sink = EventSink(folder.events_file, self.state, self._observe, self._output_allowed)
         self.authkey = secrets.token_bytes(32)
         self.gpus = visible_gpus()
         self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
@@ -358,12 +424,51 @@ class Supervisor:
     def _read(self, agent: Agent, parser: LineParser, pipe: IO[bytes]) -> None:
         for raw in iter(pipe.readline, b""):
             now = time.time()
-            with agent.log_lock:
-                agent.log.write(raw)  # type: ignore[union-attr]
+            if self._output_allowed():
+                with agent.log_lock:
+                    self._log(agent, raw)
             event = parser.feed(raw.decode("utf-8", "replace"), now)
             if event is not None and not agent.name.startswith("spare-"):
                 self.sink.put(event)
         pipe.close()
+
+    def _log(self, agent: Agent, raw: bytes) -> None:
+        """Append to the node's log, rotated at NODE_LOG_CAP_BYTES (node-N.log.1 keeps the last
+        part); a write that fails (disk full) is dropped, never fatal."""
+        try:
+            if agent.log_bytes + len(raw) > NODE_LOG_CAP_BYTES:
+                agent.log.close()  # type: ignore[union-attr]
+                current = self.folder.logs / f"{agent.name}.log"
+                os.replace(current, current.with_name(current.name + ".1"))
+                agent.log = open(current, "ab")
+                agent.log_bytes = 0
+            agent.log.write(raw)  # type: ignore[union-attr]
+            agent.log_bytes += len(raw)
+        except (OSError, ValueError):
+            pass
+
+    def _output_allowed(self) -> bool:
+        """Whether the disk has room for output above the floor (checked once a second): below
+        it, output is dropped so that events and the status still find room."""
+        now = time.monotonic()
+        if now - self._space_checked < 1.0:
+            return self._space_ok
+        self._space_checked = now
+        try:
+            fs = os.statvfs(self.folder.path)
+        except OSError:
+            return self._space_ok
+        floor = min(LOG_FLOOR_BYTES, fs.f_blocks * fs.f_frsize // 20)
+        ok = fs.f_bavail * fs.f_frsize >= floor
+        if self._space_ok and not ok:
+            free = fs.f_bavail * fs.f_frsize
+            self.emit(
+                Kind.DISK_FULL,
+                message=f"the job folder's disk has {free // 1024} KiB free: worker output is no longer written "
+                "to logs/ (training goes on)",
+            )
+        self._space_ok = ok
+        return ok
 
     def signal_agent(self, agent: Agent, sig: int, reason: str) -> None:
         if agent.exit_reason is None:
@@ -667,7 +772,7 @@ class Supervisor:
         """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
         one at the same path since: the events file we write is then unlinked all the same)."""
         try:
-            return os.fstat(self.sink.file.fileno()).st_nlink == 0 or not self.folder.path.is_dir()
+            return os.fstat(self.sink.fd).st_nlink == 0 or not self.folder.path.is_dir()
         except (OSError, ValueError):
             return True
 
@@ -747,7 +852,10 @@ class Supervisor:
             notebook=self.spec.notebook,
             updated=time.time(),
         )
-        write_json_atomic(self.folder.status_file, summary)
+        try:
+            write_json_atomic(self.folder.status_file, summary)
+        except OSError:
+            self.sink.changed.set()  # a full disk: try again at the next round
 
     def _finish(self, outcome: tuple[str, str | None]) -> None:
         status, reason = outcome
@@ -780,7 +888,10 @@ class Supervisor:
         self._write_status()
         info = self.folder.supervisor() or {}
         info["exited"] = True
-        write_json_atomic(self.folder.supervisor_file, info, mode=0o600)
+        try:
+            write_json_atomic(self.folder.supervisor_file, info, mode=0o600)
+        except OSError:
+            pass  # a full disk: the process is gone all the same, which is what readers check
 
 
 def main(argv: list[str] | None = None) -> int:
