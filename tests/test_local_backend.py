@@ -326,6 +326,9 @@ def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_fol
     stop_at = next(e.time for e in job.events if e.kind == Kind.NODE_LEFT and e.get("reason") == "stopped")
     assert not [t for t in job.state.transitions if t["status"] == "restarting" and t["at"] >= stop_at]
     assert "nodes 0" not in job.summary() and "last world size 2" in job.summary()
+    preempted_log = (LocalBackend().folder("oldest").logs / "node-0.log").read_text()
+    assert "stopped by signal 15; left the rendezvous" in preempted_log
+    assert "SignalException" not in preempted_log  # one line, not torchrun's traceback
 
 
 def test_departures_never_spend_the_restart_budget(home):

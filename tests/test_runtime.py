@@ -313,3 +313,19 @@ def test_the_fold_drops_a_malformed_event_instead_of_dying():
     state.apply(Event(Kind.METRIC, 2.0, "node-0", {"step": 2, "values": {"loss": 0.5}}))
     assert state.metrics["loss"].values.tolist() == [3.0, 0.5] and state.step == 2
     assert "big" not in state.metrics.names
+
+
+def test_temp_files_of_dead_writers_go_when_the_next_state_starts(ckpt):
+    from notebook_elastic.runtime import state as state_module
+
+    ckpt.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    ours = ckpt / f".ckpt-g000000000001-s0000000010.pt.tmp-{state_module._HOST}-{dead.pid}"
+    elsewhere = ckpt / f".ckpt-g000000000001-s0000000010.pt.tmp-otherhost-{dead.pid}"
+    for path in (ours, elsewhere):
+        path.write_bytes(b"x" * 1000)
+    with redirect_stdout(io.StringIO()):
+        State(model=make_model())
+    assert not ours.exists()  # its writer is gone: removed at once
+    assert elsewhere.exists()  # another host's pid means nothing here: left to the age limit

@@ -281,9 +281,12 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         torchrun_main(args)
-    except SignalException:
+    except SignalException as exc:
+        # Stopped on purpose (scale-down, preemption, set_range, stop): one line in the
+        # node's log, not torchrun's 30-line traceback, and the same exit status as before.
         _leave_rendezvous()
-        raise
+        print(f"notebook-elastic agent: stopped by signal {exc.sigval}; left the rendezvous", file=sys.stderr)
+        sys.exit(1)
     except ChildFailedError as exc:
         # torchrun has logged which rank failed how; say it plainly and exit with a status
         # of our own, so "the restart budget is spent" is told apart from "stopped".

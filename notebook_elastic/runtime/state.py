@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -75,6 +76,44 @@ def list_checkpoints(folder: Path) -> list[tuple[int, int, Path]]:
             found.append((int(m.group(1)), int(m.group(2)), folder / name))
     found.sort()
     return found
+
+
+_HOST = socket.gethostname().replace("-", "_")
+
+
+def dead_writers_files(folder: Path, names: list[str] | None = None) -> list[str]:
+    """Temporary files of writers killed mid-write: at once when the writer was a process of
+    this host that is gone, after TMP_MAX_AGE_S otherwise (another host's pids mean nothing here)."""
+    if names is None:
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+    cutoff = time.time() - TMP_MAX_AGE_S
+    doomed = []
+    for name in names:
+        if not (name.startswith(".ckpt-") and ".tmp-" in name):
+            continue
+        host, _, pid = name.rsplit(".tmp-", 1)[1].rpartition("-")
+        if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            doomed.append(name)
+            continue
+        try:
+            if (folder / name).stat().st_mtime < cutoff:
+                doomed.append(name)
+        except FileNotFoundError:
+            pass
+    return doomed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def newest_generation(folder: Path) -> int:
@@ -204,6 +243,9 @@ class State:
         self._announced: tuple[int, float] | None = None  # (generation, monotonic time) of the last event
         self._unannounced = 0  # commits written since the last checkpoint event
         self._check_saveable()
+        if self.is_writer:  # what writers killed mid-commit left behind, before it adds up
+            for name in dead_writers_files(self.folder):
+                (self.folder / name).unlink(missing_ok=True)
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
@@ -460,7 +502,7 @@ class State:
         started = time.perf_counter()
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / protocol.checkpoint_name(self.generation, tree["step"])
-        tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
+        tmp = self.folder / f".{final.name}.tmp-{_HOST}-{os.getpid()}"
         try:
             with open(tmp, "wb") as f:
                 # The legacy format skips the zip format's CRC32 of every record, which is
@@ -519,15 +561,7 @@ class State:
         names = os.listdir(self.folder)
         claims = sorted(n for n in names if protocol.CLAIM_RE.match(n))
         doomed = [n for n in claims[: -self.keep] if int(protocol.CLAIM_RE.match(n).group(1)) < self.generation]
-        # Temporary files of writers killed mid-write; none of ours lives this long.
-        cutoff = time.time() - TMP_MAX_AGE_S
-        for name in names:
-            if name.startswith(".ckpt-") and ".tmp-" in name:
-                try:
-                    if (self.folder / name).stat().st_mtime < cutoff:
-                        doomed.append(name)
-                except FileNotFoundError:
-                    pass
+        doomed += dead_writers_files(self.folder, names)
         for name in doomed:
             try:
                 (self.folder / name).unlink()

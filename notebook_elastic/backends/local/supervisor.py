@@ -623,6 +623,8 @@ class Supervisor:
     def _handle(self, request: dict) -> Any:
         command = request.get("command")
         args = request.get("args") or {}
+        if self.stopping and command not in ("stop", "status"):
+            raise ValueError(f"the job is stopping, so it cannot {command.replace('_', ' ')}")
         if command == "scale":
             return self.do_scale(int(args["nodes"]))
         if command == "set_range":
