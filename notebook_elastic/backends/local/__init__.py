@@ -127,6 +127,18 @@ class LocalBackend(Backend):
                 start_new_session=True,
             )
         proc.wait()  # the detaching parent exits at once
+        if not folder.guardian_alive():
+            guardian = [sys.executable, "-m", "notebook_elastic.backends.local.guardian", "--detach", str(folder.path)]
+            with open(folder.supervisor_log, "ab") as log:
+                subprocess.Popen(
+                    guardian,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=str(folder.path),
+                    start_new_session=True,
+                ).wait()
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:
@@ -134,7 +146,7 @@ class LocalBackend(Backend):
                 raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
             time.sleep(0.01)
 
-    def resume(self, name: str) -> None:
+    def resume(self, name: str, *, guarded: bool = False) -> None:
         """Continue a lost, failed or stopped job in its folder, from its latest checkpoint.
 
         The history stays (events, logs, checkpoints); a new supervisor takes over with the
@@ -144,7 +156,7 @@ class LocalBackend(Backend):
         info = self.describe(name)
         if info is None:
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if info.status not in RESUMABLE_STATUSES:
+        if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
             raise BackendError(
                 f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
                 + (" (a succeeded job is done: run the cell again to train anew)" if info.status == "succeeded" else "")
@@ -186,7 +198,9 @@ class LocalBackend(Backend):
             )
         status = folder.status() or {}
         state = status.get("status", "pending")
-        if state not in FINAL_STATUSES and not folder.supervisor_alive():
+        if state not in FINAL_STATUSES and not folder.supervisor_alive() and folder.guardian_alive():
+            state = "recovering"  # its guardian is bringing it back
+        elif state not in FINAL_STATUSES and not folder.supervisor_alive():
             started = (folder.supervisor() or {}).get("started")
             if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
                 state = "lost"
@@ -335,7 +349,7 @@ class LocalBackend(Backend):
                     if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
                         yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
                         return
-                elif idle_checks % 50 == 0 and not folder.supervisor_alive():
+                elif idle_checks % 50 == 0 and not folder.supervisor_alive() and not folder.guardian_alive():
                     time.sleep(0.2)  # one last read: it may have just written its last line
                     if f.read(1):
                         f.seek(-1, os.SEEK_CUR)
