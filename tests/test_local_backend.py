@@ -653,3 +653,25 @@ def test_a_full_job_disk_is_a_state_not_a_crash(home, small_disk):
                 pass
         ne.launch(BIG_STATE, nnodes="1", name="no-room", user_ns={**namespace(), "PRINT": False})
     assert not (home / "jobs" / "no-room").exists()
+
+
+def test_the_history_is_rotated_and_compacted_and_followers_miss_nothing(home):
+    small = {"events_rotate_bytes": 60_000}  # 16 MiB in production
+    job = ne.launch(
+        TRAIN, nnodes="1:2", name="long", backend_options=small, user_ns=namespace(total=1500, step_s=0.002)
+    )
+    wait_for(job, at_step(job, 100), "step 100")
+    job.scale(2)
+    assert job.wait(300) == "succeeded", job.summary()
+    folder = LocalBackend().folder("long")
+    history = folder.path / "events.1.jsonl"
+    assert history.exists() and folder.events_file.stat().st_size < 200_000
+    # The handle that followed through every rotation saw every step; a new kernel replays the
+    # compacted history to the same state.
+    assert job.state.step == 1499 and len(job.state.metrics["loss"]) >= 1500
+    again = ne.attach("long")
+    assert again.wait(60) == "succeeded"
+    for field in ("world_size", "restarts", "step", "nnodes", "target"):
+        assert getattr(again.state, field) == getattr(job.state, field), field
+    assert len(again.state.metrics["loss"]) < len(job.state.metrics["loss"])  # downsampled, not lost
+    assert max(again.state.metrics["ws"].values) == 2  # the scale-up is in the replayed chart

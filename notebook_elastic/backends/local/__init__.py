@@ -25,6 +25,7 @@ from ..base import Backend, DryRun, JobInfo
 from . import control
 from .folder import JobFolder, kill_all, write_json_atomic
 from .gpus import placement_problem, visible_gpus
+from .history import history_file, parse, read_all
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
@@ -306,43 +307,48 @@ class LocalBackend(Backend):
         folder = self.folder(name)
         if not folder.exists():
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        with open(folder.events_file, "rb") as f:
-            for line in f:
-                if line.endswith(b"\n") and line.strip():
-                    try:
-                        yield Event.from_line(line.decode("utf-8", "replace"))
-                    except ValueError:
-                        continue
+        yield from read_all(folder.events_file)
 
     def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
         folder = self.folder(name)
         if not folder.exists():
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
+        try:  # the compacted history first (it is replaced whole, never appended to)
+            with open(history_file(folder.events_file), "rb") as h:
+                for line in h:
+                    event = parse(line)
+                    if event is not None:
+                        yield event
+                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+        except FileNotFoundError:
+            pass
         buffer = b""
         idle_checks = 0
-        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
         gone_since: float | None = None
-        with open(folder.events_file, "rb") as f:
+        f = open(folder.events_file, "rb")
+        try:
             while not stop.is_set():
                 chunk = f.read(1 << 20)
                 if chunk:
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
-                        if not line.strip():
-                            continue
-                        try:
-                            event = Event.from_line(line.decode("utf-8", "replace"))
-                        except ValueError:
+                        event = parse(line)
+                        if event is None:
                             continue
                         yield event
                         finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+                    continue
+                if _rotated(folder.events_file, f):
+                    f.close()  # read to its end: the rest is in the new file
+                    f, buffer = open(folder.events_file, "rb"), b""
                     continue
                 if finished and not folder.supervisor_alive():
                     return  # the end of the file, the job's last word was its outcome, and no
                     # supervisor (a resumed one) will write more
                 idle_checks += 1
-                if idle_checks % 50 == 0 and os.fstat(f.fileno()).st_nlink == 0:
+                if idle_checks % 50 == 0 and not folder.events_file.exists():
                     # Deleted under the job: its supervisor says so in the (unlinked) file we
                     # still read, as it stops; if it is gone too, say it here.
                     gone_since = gone_since or time.monotonic()
@@ -362,6 +368,16 @@ class LocalBackend(Backend):
                         yield event
                         return
                 stop.wait(FOLLOW_POLL_S)
+        finally:
+            f.close()
+
+
+def _rotated(path: Path, f: Any) -> bool:
+    """Whether ``path`` is now another file than the one ``f`` reads (the supervisor rotated it)."""
+    try:
+        return os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _record_outcome(folder: JobFolder, event: Event) -> None:
