@@ -85,6 +85,22 @@ def test_decorators_are_shipped_with_the_function(shell, tmp_path):
     assert run_script(bundle, tmp_path) == ["4 6765"]
 
 
+def test_a_helper_that_sets_up_the_process_group_leaves_it_to_the_code(shell):
+    """The PyTorch tutorials call init_process_group() in a ddp_setup() helper of another cell."""
+    run_cells(
+        shell,
+        "from torch.distributed import init_process_group, destroy_process_group",
+        "def ddp_setup():\n    init_process_group(backend='gloo')",
+        "def report_world():\n    return 1",
+    )
+    assert (
+        build(shell, "ddp_setup()\ndestroy_process_group()")
+        .script.rstrip()
+        .endswith("_elastic.run(main, init_process_group=False)")
+    )
+    assert build(shell, "print(report_world())").script.rstrip().endswith("_elastic.run(main)")
+
+
 def test_import_forms_star_imports_and_imports_among_other_code(shell, tmp_path):
     run_cells(
         shell,

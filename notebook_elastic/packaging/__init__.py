@@ -142,6 +142,14 @@ def _check_size(collection: Collection, limit: int) -> None:
     )
 
 
+def _calls_init_process_group(collection: Collection) -> bool:
+    """Whether the training code sets up its own process group (then ``run`` leaves it to it):
+    the cell or a definition shipped by source mentions ``init_process_group``, as the PyTorch
+    tutorials' ``ddp_setup()`` helper does."""
+    shipped = (i.code or "" for i in collection.items.values() if i.kind in ("function", "class"))
+    return any("init_process_group" in code for code in (collection.cell, *shipped))
+
+
 def package_cell(
     cell: str,
     ctx: NotebookContext,
@@ -168,7 +176,7 @@ def package_cell(
         run_hint=f"torchrun --nproc-per-node {nproc_per_node} {script_name}",
         created=created,
         notebook=ctx.notebook,
-        init_process_group="init_process_group" not in cell,
+        init_process_group=not _calls_init_process_group(collection),
     )
     for unused in sorted(set(ship) - set(collection.items)):
         collection.warnings.append(f"--ship {unused}: the cell does not use `{unused}`; nothing to ship")
