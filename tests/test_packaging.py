@@ -406,3 +406,15 @@ def test_the_runtime_imports_nothing_from_the_notebook_side():
     )
     assert done.stdout.strip() == "[]", done.stderr
     assert sys.modules  # the check above ran in a fresh interpreter
+
+
+def test_a_notebook_main_of_its_own_is_not_hidden_by_the_cells_wrapper(shell, tmp_path):
+    """Tutorials define `def main(rank, world_size, ...)` and call it from the last cell."""
+    run_cells(shell, "def main(rank, world_size, epochs=1):\n    return rank + world_size + epochs")
+    bundle = build(shell, "print(main(0, 2, epochs=3))")
+    assert "def training_cell():" in bundle.script and "_elastic.run(training_cell)" in bundle.script
+    assert run_script(bundle, tmp_path) == ["5"]
+    cell_main = build(shell, "def main():\n    return 7\nprint(main())")
+    assert "def training_cell():" in cell_main.script
+    assert run_script(cell_main, tmp_path) == ["7"]
+    assert "def main():" in build(shell, "print(1)").script  # the readable default otherwise
