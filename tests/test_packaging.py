@@ -210,6 +210,28 @@ def test_instances_of_notebook_classes_keep_their_class(shell, tmp_path):
     assert run_script(bundle, tmp_path) == ["5 True True"]
 
 
+def test_values_that_share_objects_stay_shared_in_the_worker(shell, tmp_path):
+    """A model and an optimizer built in the notebook over its parameters: the optimizer must
+    step the shipped model, not a copy of its parameters."""
+    run_cells(
+        shell,
+        "import torch",
+        "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(2, 1)",
+        "net = Net()\nopt = torch.optim.SGD(net.parameters(), lr=1.0)\nlog = []\nalias = log\nsteps = [1, 2]",
+    )
+    bundle = build(
+        shell,
+        "before = net.fc.weight.detach().clone()\n"
+        "net.fc(torch.ones(1, 2)).sum().backward()\nopt.step()\nlog.append(1)\n"
+        "print(bool((net.fc.weight != before).all()), alias, len(steps))",
+    )
+    notes = {i.name: i.note for i in bundle.manifest.items}
+    assert "shipped with `opt` (they share objects)" in notes["net"]
+    assert "shipped with `net`" in notes["opt"] and "`log`" in notes["alias"]
+    assert "shared" not in notes["steps"]  # alone as before
+    assert run_script(bundle, tmp_path) == ["True [1] 2"]
+
+
 def test_a_class_only_used_through_a_value_is_shipped_too(shell, tmp_path):
     run_cells(shell, "class Box:\n    def __init__(self, v):\n        self.v = v", "b = Box(9)")
     bundle = build(shell, "print(b.v, type(b).__name__)")

@@ -167,7 +167,9 @@ def package_cell(
     collection = collector.collect(cell)
     _check_size(collection, max_payload_bytes)
     shipped = [i for i in collection.items.values() if i.kind in ("value", "function-by-value")]
-    payload = pickle.dumps({i.name: i.blob for i in shipped}, protocol=5) if shipped else b""
+    entries: dict[str, Any] = {i.name: i.blob for i in shipped}
+    entries.update(collection.shared)
+    payload = pickle.dumps(entries, protocol=5) if shipped else b""
     created = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     script = render_script(
         collection,
