@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -124,6 +126,17 @@ def _k8s_parse(picked: dict[str, Any]) -> Any:
     return parse_options(**picked)
 
 
+def with_elastic(ctx: NotebookContext) -> NotebookContext:
+    """The namespace with the ``elastic`` name the magic's extension provides (the worker
+    runtime), so that code written for ``%%elastic_train`` runs through ``launch()`` as is.
+    A notebook's own ``elastic`` wins."""
+    if "elastic" in ctx.namespace:
+        return ctx
+    import notebook_elastic.runtime as runtime
+
+    return dataclasses.replace(ctx, namespace=ChainMap({"elastic": runtime}, ctx.namespace))  # type: ignore[arg-type]
+
+
 def _caller_namespace() -> Mapping[str, Any]:
     frame = inspect.currentframe()
     try:
@@ -158,7 +171,9 @@ def launch(
     launches it later. Every error (bad option, unshippable value) is raised before
     anything starts.
     """
-    ctx = notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
+    ctx = with_elastic(
+        notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
+    )
     extra = kubernetes_options(backend, options)
     spec = build_spec(
         nnodes=nnodes,
