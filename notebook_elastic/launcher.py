@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -64,13 +65,25 @@ def bundle_for(
         "ship": spec.ship,
         "max_payload_bytes": spec.max_payload_bytes,
         "nproc_per_node": spec.nproc_per_node,
-        # Locally, workers start in the notebook's folder with it on their path.
-        "extra_import_paths": [ctx.cwd] if spec.backend == "local" else [],
+        # Locally, workers start in the notebook's folder with it on their path; pods get the
+        # folder's modules the code imports shipped with the job.
+        "extra_import_paths": [ctx.cwd],
         "script_name": script_name,
     }
+    if spec.backend == "kubernetes":
+        from .backends.kubernetes.manifests import pod_workdir
+
+        options["ship_local_modules"] = True
+        options["pod_workdir"] = pod_workdir((spec.backend_options.get("kubernetes") or {}).get("image"))
     if isinstance(code_or_function, str):
         return package_cell(code_or_function, ctx, **options)
     return package_function(code_or_function, ctx, **options)
+
+
+def announce(bundle: Bundle) -> None:
+    """Say at launch what the user should know before the job runs (relative writes in pods)."""
+    for warning in bundle.launch_warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def check_withheld(bundle: Bundle, spec: JobSpec) -> None:
@@ -192,6 +205,7 @@ def launch(
     bundle = bundle_for(code_or_function, spec, ctx)
     if not dry_run:
         check_withheld(bundle, spec)
+        announce(bundle)
     runner = backend_for(spec)
     dryrun = runner.submit_dryrun(spec, bundle)
     job = ElasticJob(spec.name, runner, spec, dryrun)

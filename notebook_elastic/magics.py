@@ -18,7 +18,16 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import defaults
 from .errors import NotebookElasticError
-from .launcher import attach, backend_for, build_spec, bundle_for, check_withheld, jobs, kubernetes_options
+from .launcher import (
+    announce,
+    attach,
+    backend_for,
+    build_spec,
+    bundle_for,
+    check_withheld,
+    jobs,
+    kubernetes_options,
+)
 from .packaging import NotebookContext
 
 
@@ -276,6 +285,7 @@ class ElasticMagics(Magics):
             print(bundle.script)
             return None
         check_withheld(bundle, spec)
+        announce(bundle)
         job = ElasticJob(spec.name, runner, spec, dryrun)
         job.start()
         var = spec.name.replace("-", "_")

@@ -85,6 +85,7 @@ class Collection:
     warnings: list[str] = field(default_factory=list)
     main_globals: set[str] = field(default_factory=set)
     shared: dict[str, bytes] = field(default_factory=dict)  # KEY -> values pickled together
+    payload_modules: set[str] = field(default_factory=set)  # modules the payload's pickles refer to
 
 
 class _Unshippable(Exception):
@@ -194,6 +195,7 @@ class Collector:
         self._cell_assigned: set[str] = set()
         self._holds: dict[str, dict[int, Any]] = {}  # value name -> the mutable objects it pickled, by id
         self._shared: dict[str, bytes] = {}
+        self._payload_modules: set[str] = set()
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -228,6 +230,7 @@ class Collector:
             warnings=self.warnings,
             main_globals=main_globals,
             shared=self._shared,
+            payload_modules=self._payload_modules,
         )
 
     def _need(self, name: str, needed_by: str) -> None:
@@ -509,7 +512,7 @@ class Collector:
         value = self.ns[name]
         buf = io.BytesIO()
         refs: set[str] = set()
-        pickler = _PayloadPickler(buf, self._reference_for, refs)
+        pickler = _PayloadPickler(buf, self._reference_for, refs, self._payload_modules)
         try:
             pickler.dump(value)
         except _Unshippable as exc:
@@ -557,7 +560,9 @@ class Collector:
             buf = io.BytesIO()
             refs: set[str] = set()
             try:
-                _PayloadPickler(buf, self._reference_for, refs).dump({n: self.ns[n] for n in members})
+                _PayloadPickler(buf, self._reference_for, refs, self._payload_modules).dump(
+                    {n: self.ns[n] for n in members}
+                )
             except Exception as exc:  # each pickled alone just now; together is no different
                 self.problems.append(f"{', '.join(members)} cannot be pickled together ({type(exc).__name__}: {exc})")
                 return
@@ -592,13 +597,18 @@ class Collector:
 
 
 class _PayloadPickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, reference_for: Any, refs: set[str]) -> None:
+    def __init__(self, file: io.BytesIO, reference_for: Any, refs: set[str], modules: set[str]) -> None:
         super().__init__(file, protocol=5)
         self._reference_for = reference_for
         self._refs = refs
+        self._modules = modules  # what unpickling will import: the notebook's own modules must ship
         self._torch = sys.modules.get("torch")
 
     def reducer_override(self, obj: Any) -> Any:
+        owner = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+        if not isinstance(owner, str):
+            owner = type(obj).__module__
+        self._modules.add(owner)
         torch = self._torch
         if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda:
             raise _Unshippable(
