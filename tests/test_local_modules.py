@@ -162,3 +162,9 @@ def test_kubernetes_pods_import_the_notebooks_own_modules(shell, home, tmp_path,
         fake.close()
     assert job.metrics.last("scale") == 7 and job.metrics.last("acc") == 1.0
     assert job.metrics.last("here") == 0, "the pod ran where the user's files are: the test proves nothing"
+
+
+def test_the_local_dry_run_says_the_workers_work_in_the_notebooks_folder(shell, home, tmp_path, capsys):
+    shell.run_cell_magic("elastic_train", "--name where --dry-run", "print(open('data.csv').read())\n")
+    text = capsys.readouterr().out
+    assert f"working directory of the workers: {tmp_path} (the notebook's folder, on their path" in text
