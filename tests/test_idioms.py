@@ -838,6 +838,37 @@ FUNCTIONS = [
         lambda r: (last(r, "count") == 3 or fail("count")) and last(r, "last") == 2,
     ),
     Idiom(
+        "argparse-namespace-as-config",
+        [
+            """
+            import argparse
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--lr", type=float, default=0.1)
+            parser.add_argument("--epochs", type=int, default=2)
+            args = parser.parse_args(["--lr", "0.3"])  # a script's parse_args(), made to work in a notebook
+            """,
+        ],
+        """
+        elastic.report(step=0, lr=args.lr, epochs=args.epochs)
+        """,
+        lambda r: (last(r, "lr") == 0.3 or fail("lr")) and last(r, "epochs") == 2,
+    ),
+    Idiom(
+        "logging-logger",
+        [
+            """
+            import logging
+            logger = logging.getLogger("trainer")
+            """,
+        ],
+        """
+        logger.warning("rank %d reached the end", dist.get_rank())
+        """,
+        lambda r: (
+            sorted(m.group(1) for m in log_lines(r, r"rank (\d) reached the end")) == ["0", "1"] or fail(str(r["logs"]))
+        ),
+    ),
+    Idiom(
         "own-init-process-group-in-the-cell",
         ["import torch.distributed as dist"],
         """
