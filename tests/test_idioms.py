@@ -813,8 +813,10 @@ FUNCTIONS = [
         "shell-and-magic-lines-in-other-cells",
         [
             "!pip list 2>/dev/null | grep -ci torch\n%load_ext autoreload\n%autoreload 2",
+            # `%matplotlib inline` needs matplotlib, which the test environment may lack.
             ("%matplotlib inline\n" if importlib.util.find_spec("matplotlib") else "")
-            + "%time z = 1\n\ndef normalize(t):\n    return (t - t.mean()) / t.std()",
+            + "%config InlineBackend.figure_format = 'retina'\n%time z = 1\n\n"
+            + "def normalize(t):\n    return (t - t.mean()) / t.std()",
         ],
         """
         v = normalize(torch.tensor([1., 2., 3.]))
