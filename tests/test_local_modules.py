@@ -15,8 +15,10 @@ from conftest import run_cells
 
 from notebook_elastic.errors import PackagingError
 from notebook_elastic.packaging import NotebookContext, package_cell
-from notebook_elastic.packaging.analysis import imported_modules, relative_writes
-from notebook_elastic.packaging.modules import local_modules
+from notebook_elastic.packaging.analysis import imported_modules, relative_reads, relative_writes
+from notebook_elastic.packaging.modules import local_files, local_modules
+from notebook_elastic.runtime import protocol
+from notebook_elastic.runtime.agent import unpack_workdir_files
 
 TUTORIAL_TRAINER = """
 class Trainer:
@@ -57,6 +59,47 @@ def _fresh_local_modules(monkeypatch):
     yield
     for name in [n for n in sys.modules if n.split(".")[0] in ("utils", "helpers")]:
         del sys.modules[name]
+
+
+def test_relative_reads_are_the_literal_paths_the_code_opens():
+    source = (
+        "cfg = json.load(open('config.json'))\n"
+        "w = torch.load('init.pt')\n"
+        "df = pd.read_csv('data/train.csv')\n"
+        "open('out.txt', 'w')\n"
+        "open('/etc/hosts')\n"
+        "open(path)\n"
+        "open('notes.md', 'rb')\n"
+    )
+    assert relative_reads(source) == ["config.json", "data/train.csv", "init.pt", "notes.md"]
+
+
+def test_local_files_are_those_inside_the_folder_not_ignored(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "secret.key").write_text("k")
+    (tmp_path / ".gitignore").write_text("*.key\n")
+    (tmp_path.parent / "outside.txt").write_text("x")
+    files = local_files(["config.json", "secret.key", "missing.csv", "../outside.txt"], tmp_path)
+    assert files == {"config.json": b"{}"}
+
+
+def test_the_agent_unpacks_shipped_files_without_overwriting_the_images_own(tmp_path, monkeypatch):
+    import zipfile
+
+    archive = tmp_path / "files.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("config.json", "{}")
+        zf.writestr("data/train.csv", "a,b")
+        zf.writestr("existing.txt", "shipped")
+        zf.writestr("../escape.txt", "no")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "existing.txt").write_text("the image's")
+    monkeypatch.setenv(protocol.ENV_WORKDIR_FILES, str(archive))
+    assert sorted(unpack_workdir_files(str(workdir))) == ["config.json", "data/train.csv"]
+    assert (workdir / "data" / "train.csv").read_text() == "a,b"
+    assert (workdir / "existing.txt").read_text() == "the image's"
+    assert not (tmp_path / "escape.txt").exists()
 
 
 def _folder(tmp_path):
@@ -132,9 +175,11 @@ def test_kubernetes_pods_import_the_notebooks_own_modules(shell, home, tmp_path,
     run_cells(shell, "import torch\nimport utils", "from helpers.metrics import accuracy")
     ctx = NotebookContext.from_shell(shell)
     assert ctx.cwd == str(folder)
+    (folder / "config.json").write_text('{"lr": 0.25}')
     cell = (
-        "import os\n"
-        "elastic.report(step=0, scale=utils.SCALE, acc=accuracy(1, 1), here=int(os.path.exists('utils.py')))\n"
+        "import os, json\n"
+        "elastic.report(step=0, scale=utils.SCALE, acc=accuracy(1, 1), here=int(os.path.exists('utils.py')),\n"
+        "              lr=json.load(open('config.json'))['lr'])\n"
         "torch.save({'w': 1}, 'model.pt')\n"
     )
     fake = FakeCluster(gpu_slots=0)
@@ -149,18 +194,21 @@ def test_kubernetes_pods_import_the_notebooks_own_modules(shell, home, tmp_path,
         assert "# working directory of the workers: /workspace, the working directory of the default image" in (
             dry.dryrun.text
         )
-        assert "# warning: the cell, line 3: torch.save(..., 'model.pt') writes to a relative path" in dry.dryrun.text
+        assert "# files the code reads by a relative name, unpacked into that working directory (files.zip): " in (
+            dry.dryrun.text
+        )
+        assert "# warning: the cell, line 4: torch.save(..., 'model.pt') writes to a relative path" in dry.dryrun.text
         capsys.readouterr()
         job = ne.launch(cell, name="own-modules", **options)
         launched = capsys.readouterr().err
-        assert "warning: the cell, line 3: torch.save(..., 'model.pt') writes to a relative path" in launched
+        assert "warning: the cell, line 4: torch.save(..., 'model.pt') writes to a relative path" in launched
         try:
             assert job.wait(300) == "succeeded", f"{job.summary()}\n" + "\n".join(job.logs[-20:])
         finally:
             job.stop()
     finally:
         fake.close()
-    assert job.metrics.last("scale") == 7 and job.metrics.last("acc") == 1.0
+    assert job.metrics.last("scale") == 7 and job.metrics.last("acc") == 1.0 and job.metrics.last("lr") == 0.25
     assert job.metrics.last("here") == 0, "the pod ran where the user's files are: the test proves nothing"
 
 

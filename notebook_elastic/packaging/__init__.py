@@ -20,9 +20,9 @@ from typing import Any
 from .. import defaults
 from ..errors import PackagingError
 from ..runtime.payload import payload_path_for
-from .analysis import imported_modules, relative_writes
+from .analysis import imported_modules, relative_reads, relative_writes
 from .collect import Collection, Collector, Shipped, looks_like_credential
-from .modules import local_modules
+from .modules import check_size, local_files, local_modules
 from .notebook import NotebookContext
 from .render import human_bytes, payload_checksum, render_script
 
@@ -79,10 +79,11 @@ class Manifest:
             "alias": 4,
             "value": 5,
             "function-by-value": 6,
-            "withheld": 7,
+            "file": 7,
+            "withheld": 8,
         }
         for item in sorted(self.items, key=lambda i: (order.get(i.kind, 9), i.order, i.name)):
-            size = human_bytes(item.size) if item.kind in ("value", "function-by-value", "module") else ""
+            size = human_bytes(item.size) if item.kind in ("value", "function-by-value", "module", "file") else ""
             what = item.note or (item.code if item.kind == "import" else item.type_name)
             rows.append((item.name, item.kind, item.origin or "", size, what or ""))
         widths = [max(len(r[c]) for r in rows) for c in range(4)]
@@ -100,6 +101,7 @@ class Manifest:
                 if counts["module"]
                 else ""
             )
+            + (f", {counts['file']} files it reads by a relative name" if counts["file"] else "")
         )
         if self.withheld:
             lines.append(f"  withheld (look like credentials): {', '.join(self.withheld)}")
@@ -115,6 +117,7 @@ class Bundle:
     payload: bytes
     manifest: Manifest
     modules: dict[str, bytes] = field(default_factory=dict)  # the notebook's own .py files, by relative path
+    workdir_files: dict[str, bytes] = field(default_factory=dict)  # files the code reads by a relative name
     launch_warnings: list[str] = field(default_factory=list)  # said when the job starts, not only in a dry run
 
     @property
@@ -208,6 +211,7 @@ def package_cell(
     for unused in sorted(set(ship) - set(collection.items)):
         collection.warnings.append(f"--ship {unused}: the cell does not use `{unused}`; nothing to ship")
     modules: dict[str, bytes] = {}
+    workdir_files: dict[str, bytes] = {}
     if ship_local_modules:
         found = local_modules(_modules_used(collection), ctx.cwd)
         modules = found.files
@@ -221,6 +225,18 @@ def package_cell(
                 order=(-1, 0),
                 note=paths[0] if len(paths) == 1 else f"{top}/ ({len(paths)} files)",
             )
+        reads = set(relative_reads(collection.cell))
+        for item in collection.items.values():
+            if item.kind in ("function", "class") and item.code:
+                reads.update(relative_reads(item.code))
+        workdir_files = local_files(reads, ctx.cwd)
+        check_size(
+            {**modules, **workdir_files}, "the notebook's own files the job carries (modules and files it reads)"
+        )
+        for path, data in sorted(workdir_files.items()):
+            collection.items[f"file:{path}"] = Shipped(
+                path, "file", origin="notebook folder", size=len(data), order=(-1, 1), note="read by a relative name"
+            )
     launch_warnings = _relative_write_warnings(collection, pod_workdir) if pod_workdir else []
     collection.warnings.extend(launch_warnings)
     manifest = Manifest(
@@ -232,7 +248,13 @@ def package_cell(
         script_bytes=len(script.encode()),
     )
     return Bundle(
-        name=name, script=script, payload=payload, manifest=manifest, modules=modules, launch_warnings=launch_warnings
+        name=name,
+        script=script,
+        payload=payload,
+        manifest=manifest,
+        modules=modules,
+        workdir_files=workdir_files,
+        launch_warnings=launch_warnings,
     )
 
 

@@ -508,3 +508,38 @@ def relative_writes(source: str) -> list[tuple[int, str]]:
                 if path and _looks_like_file(path) and any(w in arg.arg.lower() for w in _PATH_WORDS):
                     found.append((node.lineno, f"{node.name}({arg.arg}={path!r})"))
     return sorted(set(found))
+
+
+# Calls that read the file named by their first argument.
+_READERS = {"load", "loadtxt", "read_csv", "read_json", "read_parquet", "read_table", "imread", "safe_load"}
+
+
+def relative_reads(source: str) -> list[str]:
+    """Relative file paths ``source`` reads by literal name: ``open("config.json")``,
+    ``torch.load("init.pt")``, ``pd.read_csv("data/train.csv")``. Sorted, no duplicates."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name == "open":
+            mode = (
+                node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            )
+            if mode is not None and not (
+                isinstance(mode, ast.Constant) and isinstance(mode.value, str) and not set(mode.value) & _WRITE_MODES
+            ):
+                continue
+        elif name not in _READERS:
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            path = _relative_literal(arg)
+            if path and _looks_like_file(path):
+                found.add(path)
+    return sorted(found)

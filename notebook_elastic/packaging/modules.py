@@ -1,4 +1,5 @@
-"""The notebook's own modules: ``.py`` files and packages beside the notebook that the code imports.
+"""The notebook's own files: modules and packages beside the notebook that the code imports,
+and files it reads by a relative name.
 
 Locally the workers start in the notebook's folder with it on their path, so nothing needs
 shipping. A Kubernetes pod never saw that folder: the modules the training code imports
@@ -96,6 +97,33 @@ def _plain_gitignore(folder: Path, paths: list[Path]) -> set[Path]:
     return out
 
 
+def local_files(paths: Iterable[str], folder: str | os.PathLike) -> dict[str, bytes]:
+    """The files among relative ``paths`` that exist inside ``folder`` (not ignored by its
+    .gitignore), by their relative path: what the code reads by name, for pods."""
+    root = Path(folder).resolve()
+    candidates = []
+    for path in paths:
+        full = (root / path).resolve()
+        if full.is_file() and root in full.parents:
+            candidates.append(full)
+    ignored = _gitignored(root, candidates)
+    return {f.relative_to(root).as_posix(): f.read_bytes() for f in candidates if f not in ignored}
+
+
+def check_size(files: dict[str, bytes], what: str, limit_bytes: int = MAX_MODULES_BYTES) -> None:
+    """PackagingError naming the biggest files when ``files`` exceed ``limit_bytes``."""
+    total = sum(len(d) for d in files.values())
+    if total <= limit_bytes:
+        return
+    biggest = sorted(files.items(), key=lambda kv: -len(kv[1]))[:3]
+    named = ", ".join(f"{path} ({human_bytes(len(data))})" for path, data in biggest)
+    raise PackagingError(
+        f"{what} are {human_bytes(total)}, over the {human_bytes(limit_bytes)} that ship with a job; the biggest "
+        f"files are {named}: keep data out of .py files and load large files from a volume (--pvc) inside "
+        "the cell, list generated files in the folder's .gitignore, or bake them into the image (--image)"
+    )
+
+
 def local_modules(
     names: Iterable[str], folder: str | os.PathLike, *, limit_bytes: int = MAX_MODULES_BYTES
 ) -> LocalModules:
@@ -120,13 +148,7 @@ def local_modules(
         found.modules[top] = {f.relative_to(root).as_posix(): f.read_bytes() for f in kept}
         for data in found.modules[top].values():
             pending.extend(sorted({n.split(".")[0] for n in imported_modules(data.decode(errors="replace"))} - seen))
-    if found.size > limit_bytes:
-        biggest = sorted(found.files.items(), key=lambda kv: -len(kv[1]))[:3]
-        named = ", ".join(f"{path} ({human_bytes(len(data))})" for path, data in biggest)
-        raise PackagingError(
-            f"the notebook's own modules the code imports ({', '.join(sorted(found.modules))}) are "
-            f"{human_bytes(found.size)}, over the {human_bytes(limit_bytes)} that ship with a job; the biggest "
-            f"files are {named}: keep data out of .py files (load it inside the cell), list generated files "
-            "in the folder's .gitignore, or install the package into the image (--image)"
-        )
+    check_size(
+        found.files, f"the notebook's own modules the code imports ({', '.join(sorted(found.modules))})", limit_bytes
+    )
     return found

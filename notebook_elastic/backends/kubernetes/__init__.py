@@ -67,6 +67,13 @@ class KubernetesBackend(Backend):
                 if shipped
                 else ""
             )
+            + (
+                f"# files the code reads by a relative name, unpacked into that working directory ({m.FILES_ZIP}): "
+                + ", ".join(sorted(bundle.workdir_files))
+                + "\n"
+                if getattr(bundle, "workdir_files", None)
+                else ""
+            )
             + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
             + m.to_yaml(objects)
         )

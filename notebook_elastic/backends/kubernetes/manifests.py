@@ -45,6 +45,7 @@ SCRIPT = "script.py"
 PAYLOAD = "script" + PAYLOAD_SUFFIX
 RUNTIME_ZIP = "runtime.zip"
 MODULES_ZIP = "modules.zip"  # the notebook's own modules the code imports, when there are any
+FILES_ZIP = "files.zip"  # files the code reads by a relative name, unpacked into the working directory
 CHECKPOINT_MOUNT = "/checkpoints"
 MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's data
 
@@ -102,7 +103,7 @@ def pod_workdir(image: str | None) -> str:
 
 
 def modules_zip(files: dict[str, bytes]) -> bytes:
-    """The notebook's own modules, zipped with fixed timestamps (importable from the zip)."""
+    """The notebook's own files, zipped with fixed timestamps (modules import from the zip)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for arcname in sorted(files):
@@ -120,6 +121,8 @@ def code_configmap(
         binary[PAYLOAD] = bundle.payload
     if getattr(bundle, "modules", None):
         binary[MODULES_ZIP] = modules_zip(bundle.modules)
+    if getattr(bundle, "workdir_files", None):
+        binary[FILES_ZIP] = modules_zip(bundle.workdir_files)
     size = len(bundle.script.encode()) + sum(len(v) for v in binary.values())
     if size > MAX_CONFIGMAP_BYTES:
         biggest = sorted((i for i in bundle.manifest.items if i.size), key=lambda i: -i.size)[:2]
@@ -156,6 +159,7 @@ def _base_env(spec: Any, options: KubernetesOptions, epoch: int) -> list[dict[st
         {"name": protocol.ENV_COLLECTIVE_TIMEOUT_S, "value": str(int(spec.collective_timeout_s))},
         # The notebook's own modules (if shipped) import from their zip; a missing entry is harmless.
         {"name": "PYTHONPATH", "value": f"{CODE_MOUNT}/{RUNTIME_ZIP}:{CODE_MOUNT}/{MODULES_ZIP}"},
+        {"name": protocol.ENV_WORKDIR_FILES, "value": f"{CODE_MOUNT}/{FILES_ZIP}"},  # unpacked if shipped
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
         {"name": "LOGLEVEL", "value": "INFO"},
