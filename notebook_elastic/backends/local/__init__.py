@@ -69,6 +69,7 @@ class LocalBackend(Backend):
             "files": {"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
             "nodes": spec.initial_nodes,
             "agent_command": " ".join(agent),
+            "working_directory": spec.backend_options.get("cwd") or os.getcwd(),
             "environment": {
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or str(folder.checkpoints),
@@ -81,6 +82,8 @@ class LocalBackend(Backend):
                 f"  supervisor: hosts the rendezvous store, starts {spec.initial_nodes} agent(s) of:",
                 "    " + " \\\n      ".join(agent),
                 f"  checkpoints: {request['environment'][protocol.ENV_CHECKPOINT_DIR]}",
+                f"  working directory of the workers: {request['working_directory']} (the notebook's folder, on "
+                "their path: relative paths and the notebook's own modules resolve as in the notebook)",
             ]
         )
         return DryRun("local", spec, bundle, request, text)
