@@ -7,6 +7,7 @@ one started after a crash) can list, follow, scale and stop any job.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +24,15 @@ from ...events import FINAL_STATUSES, Event, Kind
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 from . import control
-from .folder import JobFolder, kill_all, write_json_atomic
+from .folder import (
+    FILE_MODE,
+    JobFolder,
+    jobs_root,
+    kill_all,
+    make_private_dir,
+    prepare_jobs_root,
+    write_json_atomic,
+)
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
 FOLLOW_POLL_S = 0.03
@@ -33,7 +42,11 @@ class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, home: str | os.PathLike | None = None) -> None:
-        self.root = Path(home) if home is not None else defaults.home() / "jobs"
+        # ``home`` (tests, tools) names the jobs folder itself; by default it is found under
+        # $NOTEBOOK_ELASTIC_HOME, in a per-user subfolder when that is a shared one like /tmp.
+        self.explicit_root = home is not None
+        self.home = defaults.home() if home is None else Path(home).parent
+        self.root = jobs_root(self.home) if home is None else Path(home)
 
     def folder(self, name: str) -> JobFolder:
         return JobFolder(self.root / name)
@@ -63,7 +76,7 @@ class LocalBackend(Backend):
             "environment": {
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or str(folder.checkpoints),
-                **spec.env,
+                **{key: defaults.HIDDEN_VALUE for key in spec.env},
             },
         }
         text = "\n".join(
@@ -78,6 +91,12 @@ class LocalBackend(Backend):
 
     def schedule(self, dryrun: DryRun) -> None:
         spec, bundle = dryrun.spec, dryrun.bundle
+        # Refuses a home another user could write before anything is written or started.
+        if self.explicit_root:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.root)
+        else:
+            self.root = prepare_jobs_root(self.home)
         folder = self.folder(spec.name)
         if folder.path.exists():
             info = self.describe(spec.name)
@@ -87,27 +106,31 @@ class LocalBackend(Backend):
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
             self._archive(folder)
-        folder.path.mkdir(parents=True)
-        folder.logs.mkdir()
-        bundle.write(folder.script)
-        spec_json = spec.to_json()
+        make_private_dir(folder.path)
+        make_private_dir(folder.logs)
+        bundle.write(folder.script, private=True)
+        spec_json = spec.to_json()  # --env names only: the values go to the supervisor's stdin
         spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
         write_json_atomic(folder.spec_file, spec_json)
         write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
-        folder.events_file.touch()
+        os.close(os.open(folder.events_file, os.O_WRONLY | os.O_CREAT, FILE_MODE))
         env = dict(os.environ)
         env[protocol.ENV_JOB_DIR] = str(folder.path)
-        with open(folder.supervisor_log, "ab") as log:
+        log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach", str(folder.path)],
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=str(folder.path),
                 start_new_session=True,
             )
-        proc.wait()  # the detaching parent exits at once
+        finally:
+            os.close(log)
+        # The --env values exist only in memory: the supervisor reads them before it detaches.
+        proc.communicate(json.dumps({"env": spec.env}).encode())  # the detaching parent exits at once
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:
@@ -117,7 +140,7 @@ class LocalBackend(Backend):
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
-        history.mkdir(parents=True, exist_ok=True)
+        make_private_dir(history)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         target = history / f"{folder.name}-{stamp}"
         n = 1

@@ -40,7 +40,7 @@ from ...runtime import protocol
 from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
-from .folder import JobFolder, kill_all, process_start_ticks, write_json_atomic
+from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, write_json_atomic
 
 STOP_GRACE_S = 10.0
 
@@ -67,7 +67,7 @@ class EventSink:
     """The single writer of events.jsonl; folds every event into the supervisor's JobState."""
 
     def __init__(self, path: Path, state: JobState, observe: Any) -> None:
-        self.file = open(path, "a", buffering=1 << 16)
+        self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE), "a", buffering=1 << 16)
         self.state = state
         self.observe = observe
         self.lock = threading.Lock()
@@ -109,9 +109,11 @@ class EventSink:
 
 
 class Supervisor:
-    def __init__(self, folder: JobFolder) -> None:
+    def __init__(self, folder: JobFolder, env: dict[str, str] | None = None) -> None:
         self.folder = folder
         self.spec = JobSpec.from_json(folder.spec())
+        # spec.json names the --env variables; their values came over stdin and stay in memory.
+        self.spec.env.update(env or {})
         self.range = self.spec.nnodes
         self.target = self.spec.initial_nodes
         self.epoch = 0
@@ -605,6 +607,12 @@ def _visible_gpus() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    # Everything the job creates from here on (logs, events, checkpoints, by the supervisor,
+    # its agents and their workers) is private to its owner, whatever the kernel's umask.
+    os.umask(JOB_UMASK)
+    # The --env values: one JSON object on stdin, never on disk (empty when run by hand).
+    secret = sys.stdin.buffer.read() if sys.stdin is not None and not sys.stdin.isatty() else b""
+    env = json.loads(secret).get("env", {}) if secret.strip() else {}
     if args and args[0] == "--detach":
         # Leave the kernel's process tree: the kernel reaps this short-lived parent at once,
         # and the supervisor lives on under init, in the session it was started in.
@@ -613,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(0)
     folder = JobFolder(args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
-    return Supervisor(folder).run()
+    return Supervisor(folder, env).run()
 
 
 if __name__ == "__main__":

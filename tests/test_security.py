@@ -1,0 +1,133 @@
+"""What a local job leaves behind: private files, no secret at rest, a home nobody else
+controls, and a script that cannot be swapped between restarts.
+
+The end-to-end tests run real torchrun jobs (``slow``); the home checks launch nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.events import Kind
+
+SECRET = "hf_" + "Zq8" * 12  # a made-up token, long enough to be found anywhere it leaks
+
+READ_SECRET = """
+import hashlib, os
+token = os.environ["HF_TOKEN"]
+elastic.report(step=0, digest=int(hashlib.sha256(token.encode()).hexdigest()[:12], 16))
+"""
+
+
+def tree_modes(root: Path) -> dict[str, int]:
+    """Every folder and file under root (root included) -> its permission bits."""
+    modes = {".": stat.S_IMODE(root.stat().st_mode)}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            modes[str(path.relative_to(root))] = stat.S_IMODE(path.lstat().st_mode)
+    return modes
+
+
+def zygote_files(agent_pids: list[int]) -> list[str]:
+    """Files in the system temp folder named after one of these agents' zygotes."""
+    prefixes = tuple(f"ne-zygote-{pid}-" for pid in agent_pids)
+    return [name for name in os.listdir(tempfile.gettempdir()) if name.startswith(prefixes)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_a_job_folder_is_private_and_holds_no_env_value(home, umask):
+    old = os.umask(umask)
+    try:
+        job = ne.launch(READ_SECRET, nnodes="1", name="private", env={"HF_TOKEN": SECRET}, user_ns={"elastic": runtime})
+        assert job.wait(120) == "succeeded", job.reason
+    finally:
+        os.umask(old)
+    # The worker saw the value...
+    assert job.metrics.last("digest") == int(hashlib.sha256(SECRET.encode()).hexdigest()[:12], 16)
+    # ...and nothing on disk holds it: spec.json keeps the name only.
+    folder = LocalBackend().folder("private")
+    assert folder.spec()["env"] == ["HF_TOKEN"]
+    for path in home.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), f"{path} holds the --env value"
+    assert SECRET not in repr(job.dryrun.request) and SECRET not in job.dryrun.text
+    # Every folder 0700, every file 0600, the script 0700: whatever the umask was.
+    modes = tree_modes(home)
+    loose = {p: f"{m:04o}" for p, m in modes.items() if m not in (0o700, 0o600)}
+    assert not loose, loose
+    assert modes["jobs/private/script.py"] == 0o700
+    assert modes["jobs/private/spec.json"] == 0o600
+    assert modes["jobs/private/events.jsonl"] == 0o600
+    assert modes["jobs/private/logs"] == 0o700
+    assert any(p.startswith("jobs/private/logs/") for p in modes)
+    # The warm workers' sockets were never files in the system temp folder.
+    agents = [e.get("pid") for e in job.events if e.kind == Kind.NODE_JOINED]
+    assert agents and zygote_files(agents) == []
+
+
+def test_a_world_writable_home_is_refused_before_anything_launches(home):
+    home.mkdir()
+    os.chmod(home, 0o777)
+    with pytest.raises(ne.BackendError) as info:
+        ne.launch("x = 1", nnodes="1", name="refused", user_ns={})
+    message = str(info.value)
+    assert str(home) in message and "writable by other users" in message and f"chmod 700 {home}" in message
+    assert "NOTEBOOK_ELASTIC_HOME" in message
+    assert not (home / "jobs").exists()
+
+
+def test_a_home_owned_by_another_user_is_refused(home):
+    if os.getuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    home.mkdir(mode=0o700)
+    os.chown(home, 65534, 65534)
+    with pytest.raises(ne.BackendError) as info:
+        ne.launch("x = 1", nnodes="1", name="refused", user_ns={})
+    message = str(info.value)
+    assert str(home) in message and "owned by another user (uid 65534)" in message
+    assert "point NOTEBOOK_ELASTIC_HOME at a folder of your own" in message
+    assert not (home / "jobs").exists()
+
+
+def test_jobs_under_a_shared_sticky_folder_get_a_private_subfolder(home, monkeypatch):
+    shared = home / "shared"
+    shared.mkdir(parents=True)
+    os.chmod(shared, 0o1777)  # like /tmp
+    monkeypatch.setenv("NOTEBOOK_ELASTIC_HOME", str(shared))
+    from notebook_elastic.backends.local.folder import prepare_jobs_root
+
+    root = prepare_jobs_root(shared)
+    assert root == shared / f"notebook-elastic-{os.getuid()}" / "jobs"
+    assert LocalBackend().root == root
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700 and stat.S_IMODE(root.parent.stat().st_mode) == 0o700
+    # Someone else got there first: refused, not used.
+    if os.getuid() == 0:
+        os.chown(root.parent, 65534, 65534)
+        with pytest.raises(ne.BackendError, match="owned by another user"):
+            prepare_jobs_root(shared)
+
+
+def test_a_home_of_our_own_with_loose_modes_is_tightened(home):
+    home.mkdir(mode=0o755)
+    os.chmod(home, 0o755)
+    from notebook_elastic.backends.local.folder import prepare_jobs_root
+
+    root = prepare_jobs_root(home)
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+def namespace() -> dict:
+    return {"torch": torch, "elastic": runtime, "time": time}
