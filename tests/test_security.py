@@ -131,3 +131,42 @@ def test_a_home_of_our_own_with_loose_modes_is_tightened(home):
 
 def namespace() -> dict:
     return {"torch": torch, "elastic": runtime, "time": time}
+
+
+LONG_TRAIN = """
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+for step in state.steps(100000):
+    loss = model(torch.randn(2, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item())
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restart", ["kill_worker", "scale"])
+def test_a_script_replaced_while_running_is_never_run(home, restart):
+    """Someone swaps script.py under a running job; at the next (re)start of workers (torchrun
+    restarting them after a crash, or the supervisor starting a node) the job stops with the
+    reason instead of running the new code."""
+    job = ne.launch(LONG_TRAIN, nnodes="1:2", nproc_per_node=1, name="swapped", max_restarts=5, user_ns=namespace())
+    deadline = time.monotonic() + 120
+    while not (job.state.step is not None and job.state.step >= 3 and job.status == "running"):
+        assert not job.finished and time.monotonic() < deadline, job.summary()
+        time.sleep(0.05)
+    folder = LocalBackend().folder("swapped")
+    marker = home / "the-new-code-ran"
+    folder.script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    if restart == "kill_worker":
+        job.kill_worker()  # torchrun restarts the workers: from the changed script, unless refused
+    else:
+        job.scale(2)  # the supervisor starts a node: with the changed script, unless refused
+    assert job.wait(120) == "failed", job.summary()
+    assert "script.py changed after launch" in job.reason and "relaunch the cell" in job.reason
+    changed = [e for e in job.events if e.kind == Kind.FILES_CHANGED]
+    assert changed and changed[0].get("files") == [str(folder.script)]
+    assert not marker.exists()
+    assert (folder.status() or {}).get("status") == "failed"

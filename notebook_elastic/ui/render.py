@@ -50,6 +50,7 @@ EVENT_COLORS = {
     Kind.RESUMED: "#00838f",
     Kind.FENCED: "#c62828",
     Kind.ERROR: "#c62828",
+    Kind.FILES_CHANGED: "#c62828",
 }
 TIMELINE_HIDDEN = {
     Kind.METRIC,

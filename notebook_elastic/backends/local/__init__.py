@@ -7,6 +7,7 @@ one started after a crash) can list, follow, scale and stop any job.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -108,7 +109,12 @@ class LocalBackend(Backend):
             self._archive(folder)
         make_private_dir(folder.path)
         make_private_dir(folder.logs)
-        bundle.write(folder.script, private=True)
+        script_path, payload_path = bundle.write(folder.script, private=True)
+        # What was packaged, hashed from memory (not re-read from disk): the supervisor runs
+        # these files and nothing else.
+        files_sha256 = {str(script_path): hashlib.sha256(bundle.script.encode()).hexdigest()}
+        if payload_path is not None:
+            files_sha256[str(payload_path)] = hashlib.sha256(bundle.payload).hexdigest()
         spec_json = spec.to_json()  # --env names only: the values go to the supervisor's stdin
         spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
         write_json_atomic(folder.spec_file, spec_json)
@@ -130,7 +136,9 @@ class LocalBackend(Backend):
         finally:
             os.close(log)
         # The --env values exist only in memory: the supervisor reads them before it detaches.
-        proc.communicate(json.dumps({"env": spec.env}).encode())  # the detaching parent exits at once
+        proc.communicate(
+            json.dumps({"env": spec.env, "files_sha256": files_sha256}).encode()
+        )  # the detaching parent exits at once
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:

@@ -9,6 +9,10 @@ kernel is never forked. It
   survivors), and restarts all agents with a new rendezvous epoch when the range changes;
 - injects faults on request (SIGKILL a worker, SIGTERM an agent = preemption, SIGKILL an
   agent = node loss);
+- runs only the script and payload that were launched: their sha256 (given by the kernel)
+  goes to every agent, which checks it before every (re)start of its workers (torchrun
+  restarts them on its own); an agent that finds a changed file exits, and the job fails
+  (``files_changed``) instead of running it;
 - parses every line the agents and workers print into events (``events.LineParser``),
   appends them to ``events.jsonl``, keeps ``status.json`` current, and when the last agent
   is gone writes ``job_finished`` and leaves no process of the job behind.
@@ -37,6 +41,7 @@ from ... import defaults
 from ...events import Event, Kind, LineParser
 from ...job_state import JobState, budget_spent_reason
 from ...runtime import protocol
+from ...runtime.payload import payload_path_for
 from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
@@ -109,11 +114,18 @@ class EventSink:
 
 
 class Supervisor:
-    def __init__(self, folder: JobFolder, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, folder: JobFolder, env: dict[str, str] | None = None, files_sha256: dict[str, str] | None = None
+    ) -> None:
         self.folder = folder
         self.spec = JobSpec.from_json(folder.spec())
         # spec.json names the --env variables; their values came over stdin and stay in memory.
         self.spec.env.update(env or {})
+        if files_sha256 is None:  # started by hand: trust the files as they are now
+            paths = [folder.script, payload_path_for(folder.script)]
+            files_sha256 = {str(p): protocol.sha256_of(p) for p in paths if p.exists()}
+        self.files_sha256: dict[str, str] = dict(files_sha256)
+        self.files_reason: str | None = None  # set once a changed file stopped the job
         self.range = self.spec.nnodes
         self.target = self.spec.initial_nodes
         self.epoch = 0
@@ -193,6 +205,7 @@ class Supervisor:
                 protocol.ENV_CHECKPOINT_DIR: self.spec.checkpoint_dir or str(self.folder.checkpoints),
                 protocol.ENV_SUPERVISOR_PID: str(os.getpid()),
                 protocol.ENV_RDZV_EPOCH: str(self.epoch),
+                protocol.ENV_FILES_SHA256: json.dumps(self.files_sha256),
                 protocol.ENV_COLLECTIVE_TIMEOUT_S: str(self.spec.collective_timeout_s),
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 "LOGLEVEL": "INFO",
@@ -309,6 +322,9 @@ class Supervisor:
             for t in agent.readers:
                 t.join(timeout=2.0)  # let its last lines in before it is declared gone
             code = agent.proc.returncode
+            if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
+                agent.exit_reason = protocol.exit_reason(code)
+                self._files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -411,6 +427,17 @@ class Supervisor:
             self.returns.append(time.monotonic() + float(return_after_s))
         self.emit(Kind.FAULT, agent.name, fault=f"{how}_node", target=agent.name, return_after_s=return_after_s)
         return {"node": agent.name, "target": self.target}
+
+    def _files_changed(self, paths: list[str], node: str | None) -> None:
+        """Someone changed the script or payload: stop everything rather than run it."""
+        if self.files_reason is not None:
+            return
+        self.files_reason = protocol.files_changed_reason(paths)
+        self.emit(Kind.FILES_CHANGED, node, files=paths, reason=self.files_reason)
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + STOP_GRACE_S
+        for agent in self.alive_agents():
+            self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
 
     def do_stop(self) -> dict:
         if not self.stopping:
@@ -541,6 +568,8 @@ class Supervisor:
                 last_status = time.monotonic()
                 self._write_status()
             if not self.alive_agents() and all(a.reaped for a in self.agents.values()):
+                if self.files_reason is not None:
+                    return "failed", self.files_reason
                 if self.stopping:
                     return "stopped", "stopped on request"
                 if any(a.proc.returncode == 0 for a in self.agents.values()):
@@ -612,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(JOB_UMASK)
     # The --env values: one JSON object on stdin, never on disk (empty when run by hand).
     secret = sys.stdin.buffer.read() if sys.stdin is not None and not sys.stdin.isatty() else b""
-    env = json.loads(secret).get("env", {}) if secret.strip() else {}
+    given = json.loads(secret) if secret.strip() else {}
     if args and args[0] == "--detach":
         # Leave the kernel's process tree: the kernel reaps this short-lived parent at once,
         # and the supervisor lives on under init, in the session it was started in.
@@ -621,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(0)
     folder = JobFolder(args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
-    return Supervisor(folder, env).run()
+    return Supervisor(folder, given.get("env", {}), given.get("files_sha256")).run()
 
 
 if __name__ == "__main__":
