@@ -16,6 +16,7 @@ from k8s_apiserver import FakeCluster
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.kubernetes import KubernetesBackend
+from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.events import Kind
 
 pytestmark = pytest.mark.slow
@@ -431,3 +432,42 @@ def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
         time.sleep(0.1)
     assert not any(e.get("error") == "RendezvousGone" for e in job.events)
     job.stop()
+
+
+READ_TOKEN = """
+import hashlib, os, time
+elastic.report(step=0, digest=int(hashlib.sha256(os.environ["HF_TOKEN"].encode()).hexdigest()[:12], 16))
+time.sleep(600)  # until stopped
+"""
+
+
+def test_env_values_reach_the_pods_through_a_secret_only(cluster):
+    """Under the README's Role: --env values go into the job's Secret (labelled and owned like
+    its other objects), pods read them by secretKeyRef, no other object holds them, and stop
+    deletes the Secret."""
+    import hashlib
+
+    token = "hf_" + "Wk4" * 12  # made up
+    cluster.grant_only([r for r in readme_role() if "pytorchjobs" not in r["resources"]])
+    job = ne.launch(
+        READ_TOKEN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        name="tokened",
+        env={"HF_TOKEN": token},
+        user_ns={"elastic": runtime},
+    )
+    wait_for(job, lambda: job.metrics.last("digest") is not None, "the worker's report")
+    assert job.metrics.last("digest") == int(hashlib.sha256(token.encode()).hexdigest()[:12], 16)
+    secret = cluster.get("secrets", "tokened-env")
+    assert secret is not None and secret["metadata"]["labels"][m.INSTANCE] == "tokened"
+    code = cluster.get("configmaps", "tokened-code")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == code["metadata"]["uid"]
+    leaks = [o["kind"] for o in cluster.all_objects() if o["kind"] != "Secret" and token in json.dumps(o)]
+    assert leaks == []
+    assert token not in job.dryrun.text and token not in json.dumps(job.dryrun.request, default=str)
+    assert job.stop() == "stopped"
+    assert ("DELETE", "/api/v1/namespaces/default/secrets/tokened-env") in cluster.requests  # not left to GC
+    assert cluster.get("secrets", "tokened-env") is None
+    assert not cluster.forbidden, cluster.forbidden
