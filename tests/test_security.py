@@ -26,6 +26,9 @@ SECRET = "hf_" + "Zq8" * 12  # a made-up token, long enough to be found anywhere
 READ_SECRET = """
 import hashlib, os
 token = os.environ["HF_TOKEN"]
+state = elastic.State(model=torch.nn.Linear(2, 1))
+for step in state.steps(2):
+    state.commit()  # checkpoints, written by the workers
 elastic.report(step=0, digest=int(hashlib.sha256(token.encode()).hexdigest()[:12], 16))
 """
 
@@ -51,8 +54,9 @@ def zygote_files(agent_pids: list[int]) -> list[str]:
 def test_a_job_folder_is_private_and_holds_no_env_value(home, umask):
     old = os.umask(umask)
     try:
-        job = ne.launch(READ_SECRET, nnodes="1", name="private", env={"HF_TOKEN": SECRET}, user_ns={"elastic": runtime})
-        assert job.wait(120) == "succeeded", job.reason
+        for _ in range(2):  # the second launch archives the first into jobs/.history
+            job = ne.launch(READ_SECRET, nnodes="1", name="private", env={"HF_TOKEN": SECRET}, user_ns=namespace())
+            assert job.wait(120) == "succeeded", job.reason
     finally:
         os.umask(old)
     # The worker saw the value...
@@ -73,6 +77,8 @@ def test_a_job_folder_is_private_and_holds_no_env_value(home, umask):
     assert modes["jobs/private/events.jsonl"] == 0o600
     assert modes["jobs/private/logs"] == 0o700
     assert any(p.startswith("jobs/private/logs/") for p in modes)
+    assert any(p.startswith("jobs/private/checkpoints/ckpt-") for p in modes), sorted(modes)
+    assert modes["jobs/.history"] == 0o700 and any(p.startswith("jobs/.history/private-") for p in modes)
     # The warm workers' sockets were never files in the system temp folder.
     agents = [e.get("pid") for e in job.events if e.kind == Kind.NODE_JOINED]
     assert agents and zygote_files(agents) == []
