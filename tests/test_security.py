@@ -176,3 +176,22 @@ def test_a_script_replaced_while_running_is_never_run(home, restart):
     assert changed and changed[0].get("files") == [str(folder.script)]
     assert not marker.exists()
     assert (folder.status() or {}).get("status") == "failed"
+
+
+def test_a_home_that_is_a_link_of_our_own_is_judged_by_its_target(home, tmp_path):
+    from notebook_elastic.backends.local.folder import prepare_jobs_root
+
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    home.symlink_to(target)
+    assert prepare_jobs_root(home) == home / "jobs" and (target / "jobs").is_dir()
+    os.chmod(target, 0o777)
+    with pytest.raises(ne.BackendError, match="writable by other users"):
+        prepare_jobs_root(home)
+    os.chmod(target, 0o700)
+    if os.getuid() == 0:
+        other = tmp_path / "planted"
+        other.symlink_to(target)
+        os.lchown(other, 65534, 65534)
+        with pytest.raises(ne.BackendError, match="a link owned by another user"):
+            prepare_jobs_root(other)

@@ -57,8 +57,17 @@ def _check_private_dir(path: Path) -> None:
     """Refuse a folder another user controls: whoever can write it can replace a job's
     script and have their code run as us at the job's next restart."""
     st = path.lstat()
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise BackendError(f"the job home {path} is not a plain folder; {_HOME_HINT}")
+    if stat.S_ISLNK(st.st_mode):
+        # A link of our own (a home moved to another disk) is judged by its target; one that
+        # someone else made (in /tmp) could be pointed elsewhere under a running job.
+        if st.st_uid != os.getuid():
+            raise BackendError(
+                f"the job home {path} is a link owned by another user (uid {st.st_uid}), who could point it "
+                f"elsewhere; {_HOME_HINT}"
+            )
+        st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise BackendError(f"the job home {path} is not a folder; {_HOME_HINT}")
     if st.st_uid != os.getuid():
         raise BackendError(
             f"the job home {path} is owned by another user (uid {st.st_uid}), who could change the jobs in it; "
