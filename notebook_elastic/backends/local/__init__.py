@@ -67,6 +67,7 @@ class LocalBackend(Backend):
             "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<supervisor's store>",
             f"--rdzv-conf {','.join(f'{k}={v}' for k, v in conf.items())}",
             f"--monitor-interval {spec.monitor_interval_s}",
+            f"--log-dir {folder.torchelastic_logs}",
             str(folder.script),
         ]
         request = {

@@ -8,6 +8,7 @@ script 0700, whatever the umask, because a job folder holds code that runs as it
     status.json                     the latest summary, rewritten atomically
     supervisor.json                 pid and control address of the supervisor (0600)
     supervisor.log, logs/NODE.log   raw output of the supervisor and of each agent
+    logs/torchelastic/              torchrun's own per-worker files (error.json)
     checkpoints/                    default checkpoint folder
 """
 
@@ -140,6 +141,7 @@ class JobFolder:
     supervisor_file = property(lambda self: self.path / "supervisor.json")
     supervisor_log = property(lambda self: self.path / "supervisor.log")
     logs = property(lambda self: self.path / "logs")
+    torchelastic_logs = property(lambda self: self.path / "logs" / "torchelastic")
     checkpoints = property(lambda self: self.path / "checkpoints")
 
     def exists(self) -> bool:

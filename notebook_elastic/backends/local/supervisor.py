@@ -190,6 +190,10 @@ class Supervisor:
             str(self.spec.monitor_interval_s),
             "--local-addr",
             "127.0.0.1",
+            # torchrun's per-worker error files: in the private job folder, not a
+            # /tmp/torchelastic_* folder left behind by every agent.
+            "--log-dir",
+            str(self.folder.torchelastic_logs),
             str(self.folder.script),
         ]  # [3:] are torchrun's own arguments
 
