@@ -56,13 +56,13 @@ def cluster(tmp_path, monkeypatch, home):
     fake.close()
 
 
-def _post(fake, path, body):
+def _post(fake, path, body, method="POST"):
     import urllib.request
 
     req = urllib.request.Request(
         fake.url + path,
         data=json.dumps(body).encode(),
-        method="POST",
+        method=method,
         headers={"Content-Type": "application/json", "Authorization": "Bearer fake-token"},
     )
     with urllib.request.urlopen(req) as resp:
@@ -467,7 +467,19 @@ def test_env_values_reach_the_pods_through_a_secret_only(cluster):
     leaks = [o["kind"] for o in cluster.all_objects() if o["kind"] != "Secret" and token in json.dumps(o)]
     assert leaks == []
     assert token not in job.dryrun.text and token not in json.dumps(job.dryrun.request, default=str)
+    # Someone deletes the Secret: a replacement pod cannot start, and the job says why.
+    status, _ = _post(cluster, "/api/v1/namespaces/default/secrets/tokened-env", {}, method="DELETE")
+    assert status == 200
+    job.preempt_node()
+    wait_for(
+        job,
+        lambda: any(e.kind == Kind.PENDING and e.get("reason") == "CreateContainerConfigError" for e in job.events),
+        "the replacement pod's CreateContainerConfigError",
+    )
+    pending = next(e for e in job.events if e.kind == Kind.PENDING and e.get("reason") == "CreateContainerConfigError")
+    assert 'secret "tokened-env" not found' in pending.get("message")
     assert job.stop() == "stopped"
-    assert ("DELETE", "/api/v1/namespaces/default/secrets/tokened-env") in cluster.requests  # not left to GC
+    deletes = [r for r in cluster.requests if r == ("DELETE", "/api/v1/namespaces/default/secrets/tokened-env")]
+    assert len(deletes) == 2  # ours above, and stop's: not left to garbage collection
     assert cluster.get("secrets", "tokened-env") is None
     assert not cluster.forbidden, cluster.forbidden
