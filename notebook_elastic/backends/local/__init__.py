@@ -136,10 +136,10 @@ class LocalBackend(Backend):
             )
         finally:
             os.close(log)
-        # The --env values exist only in memory: the supervisor reads them before it detaches.
-        proc.communicate(
-            json.dumps({"env": spec.env, "files_sha256": files_sha256}).encode()
-        )  # the detaching parent exits at once
+        # The --env values exist only in memory: the supervisor reads them before it detaches
+        # (the detaching parent exits at once).
+        given = {"env": spec.env, "files_sha256": files_sha256}
+        proc.communicate(json.dumps(given).encode())
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:

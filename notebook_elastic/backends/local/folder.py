@@ -27,8 +27,7 @@ from ...runtime.protocol import ENV_JOB_DIR
 
 #: Modes of everything a job leaves on disk: private to its owner, whatever the umask.
 DIR_MODE = 0o700
-FILE_MODE = 0o600
-SCRIPT_MODE = 0o700
+FILE_MODE = 0o600  # the script is 0700 (see Bundle.write(private=True))
 #: The umask the supervisor (and so every agent and worker) runs with: logs, events and
 #: checkpoints they create are private too.
 JOB_UMASK = 0o077
