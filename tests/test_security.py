@@ -178,6 +178,10 @@ def test_a_script_replaced_while_running_is_never_run(home, restart):
     changed = [e for e in job.events if e.kind == Kind.FILES_CHANGED]
     assert changed and changed[0].get("files") == [str(folder.script)]
     assert not marker.exists()
+    deadline = time.monotonic() + 60
+    while folder.supervisor_alive():  # it writes status.json once the job_finished event is out
+        assert time.monotonic() < deadline, "the supervisor did not exit"
+        time.sleep(0.05)
     assert (folder.status() or {}).get("status") == "failed"
 
 
