@@ -61,12 +61,15 @@ def test_a_job_folder_is_private_and_holds_no_env_value(home, umask):
         os.umask(old)
     # The worker saw the value...
     assert job.metrics.last("digest") == int(hashlib.sha256(SECRET.encode()).hexdigest()[:12], 16)
-    # ...and nothing on disk holds it: spec.json keeps the name only.
+    # ...and only the job's 0600 secret.json holds it (for the supervisor and a resume):
+    # not spec.json (the name only), events, logs, status or anything else.
     folder = LocalBackend().folder("private")
     assert folder.spec()["env"] == ["HF_TOKEN"]
-    for path in home.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), f"{path} holds the --env value"
+    holders = sorted(
+        str(p.relative_to(home)) for p in home.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()
+    )
+    assert [h for h in holders if not h.endswith("/secret.json")] == [], holders
+    assert "jobs/private/secret.json" in holders
     assert SECRET not in repr(job.dryrun.request) and SECRET not in job.dryrun.text
     # Every folder 0700, every file 0600, the script 0700: whatever the umask was.
     modes = tree_modes(home)
@@ -74,6 +77,7 @@ def test_a_job_folder_is_private_and_holds_no_env_value(home, umask):
     assert not loose, loose
     assert modes["jobs/private/script.py"] == 0o700
     assert modes["jobs/private/spec.json"] == 0o600
+    assert modes["jobs/private/secret.json"] == 0o600
     assert modes["jobs/private/events.jsonl"] == 0o600
     assert modes["jobs/private/logs"] == 0o700
     assert any(p.startswith("jobs/private/logs/") for p in modes)

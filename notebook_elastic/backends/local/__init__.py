@@ -8,7 +8,6 @@ one started after a crash) can list, follow, scale and stop any job.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -116,7 +115,10 @@ class LocalBackend(Backend):
         files_sha256 = {str(script_path): hashlib.sha256(bundle.script.encode()).hexdigest()}
         if payload_path is not None:
             files_sha256[str(payload_path)] = hashlib.sha256(bundle.payload).hexdigest()
-        spec_json = spec.to_json()  # --env names only: the values go to the supervisor's stdin
+        # The --env values and the launched files' sha256 in one 0600 file the supervisor (and a
+        # resumed one) reads; spec.json, which tools and the jobs routes read, names the variables.
+        write_json_atomic(folder.secret_file, {"env": spec.env, "files_sha256": files_sha256})
+        spec_json = spec.to_json()
         spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
         write_json_atomic(folder.spec_file, spec_json)
         write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
@@ -127,7 +129,7 @@ class LocalBackend(Backend):
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach", str(folder.path)],
-                stdin=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -136,10 +138,7 @@ class LocalBackend(Backend):
             )
         finally:
             os.close(log)
-        # The --env values exist only in memory: the supervisor reads them before it detaches
-        # (the detaching parent exits at once).
-        given = {"env": spec.env, "files_sha256": files_sha256}
-        proc.communicate(json.dumps(given).encode())
+        proc.wait()  # the detaching parent exits at once
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:

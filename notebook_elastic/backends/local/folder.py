@@ -4,6 +4,8 @@ Layout (``$NOTEBOOK_ELASTIC_HOME/jobs/NAME/``; every folder 0700, every file 060
 script 0700, whatever the umask, because a job folder holds code that runs as its owner):
     script.py, script.payload.pkl   the packaged cell (runs under plain torchrun too)
     spec.json, manifest.json        what was asked for (``--env`` names only) and what was shipped
+    secret.json                     the ``--env`` values and the sha256 of the script and payload
+                                    at launch: read by the supervisor (and a resumed one) only
     events.jsonl                    every event, in order (the job's history)
     status.json                     the latest summary, rewritten atomically
     supervisor.json                 pid and control address of the supervisor (0600)
@@ -137,6 +139,7 @@ class JobFolder:
     manifest_file = property(lambda self: self.path / "manifest.json")
     events_file = property(lambda self: self.path / "events.jsonl")
     status_file = property(lambda self: self.path / "status.json")
+    secret_file = property(lambda self: self.path / "secret.json")
     supervisor_file = property(lambda self: self.path / "supervisor.json")
     supervisor_log = property(lambda self: self.path / "supervisor.log")
     logs = property(lambda self: self.path / "logs")
@@ -158,6 +161,13 @@ class JobFolder:
             return self.read_json(self.status_file)
         except (FileNotFoundError, ValueError):
             return None
+
+    def secret(self) -> dict[str, Any]:
+        """What only the supervisor reads: ``env`` (the ``--env`` values) and ``files_sha256``."""
+        try:
+            return self.read_json(self.secret_file)
+        except (FileNotFoundError, ValueError):
+            return {}
 
     def supervisor(self) -> dict[str, Any] | None:
         try:

@@ -114,14 +114,14 @@ class EventSink:
 
 
 class Supervisor:
-    def __init__(
-        self, folder: JobFolder, env: dict[str, str] | None = None, files_sha256: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, folder: JobFolder) -> None:
         self.folder = folder
         self.spec = JobSpec.from_json(folder.spec())
-        # spec.json names the --env variables; their values came over stdin and stay in memory.
-        self.spec.env.update(env or {})
-        if files_sha256 is None:  # started by hand: trust the files as they are now
+        # spec.json names the --env variables; their values are in the 0600 secret.json.
+        secret = folder.secret()
+        self.spec.env.update(secret.get("env") or {})
+        files_sha256 = secret.get("files_sha256")
+        if files_sha256 is None:  # a folder written by hand: trust the files as they are now
             paths = [folder.script, payload_path_for(folder.script)]
             files_sha256 = {str(p): protocol.sha256_of(p) for p in paths if p.exists()}
         self.files_sha256: dict[str, str] = dict(files_sha256)
@@ -643,9 +643,6 @@ def main(argv: list[str] | None = None) -> int:
     # Everything the job creates from here on (logs, events, checkpoints, by the supervisor,
     # its agents and their workers) is private to its owner, whatever the kernel's umask.
     os.umask(JOB_UMASK)
-    # The --env values: one JSON object on stdin, never on disk (empty when run by hand).
-    secret = sys.stdin.buffer.read() if sys.stdin is not None and not sys.stdin.isatty() else b""
-    given = json.loads(secret) if secret.strip() else {}
     if args and args[0] == "--detach":
         # Leave the kernel's process tree: the kernel reaps this short-lived parent at once,
         # and the supervisor lives on under init, in the session it was started in.
@@ -654,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(0)
     folder = JobFolder(args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
-    return Supervisor(folder, given.get("env", {}), given.get("files_sha256")).run()
+    return Supervisor(folder).run()
 
 
 if __name__ == "__main__":
