@@ -1,7 +1,7 @@
 """Defaults with one home: rendezvous settings, limits, names, folders.
 
 The rendezvous numbers were measured with torch 2.13.0 on a 2-core CPU machine (see
-docs/design.md, "Rendezvous settings"): torchrun's defaults take 33.6 s to a first step with
+benchmarks/local_backend.py and benchmarks/results/local_backend.json): torchrun's defaults take 33.6 s to a first step with
 ``--nnodes 1:3`` and 47 s to resume after a scale-down; these take 4.1 s and 6 s.
 ``keep_alive_max_attempt=2`` declared live agents dead (split brain); 3 held every time.
 """
@@ -24,6 +24,8 @@ MONITOR_INTERVAL_S = 0.1
 MAX_RESTARTS = 3
 #: Collective operations time out after this long, so a hung peer is noticed.
 COLLECTIVE_TIMEOUT_S = 120
+#: No new step for max(this, 10 x the median step time) is a stall (a stopped or hung rank).
+STALL_AFTER_S = 30.0
 
 #: Payloads above this are refused before launch (configurable per job).
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runtime.protocol import EVENT_PREFIX
+from .runtime.protocol import EVENT_PREFIX, EXIT_PEER_LOST
 
 
 class Kind:
@@ -25,6 +25,11 @@ class Kind:
 
     JOB_SUBMITTED = "job_submitted"
     JOB_FINISHED = "job_finished"
+    JOB_RESUMED = "job_resumed"
+    STALL = "stall"
+    DISK_FULL = "disk_full"
+    OUTPUT_CAPPED = "output_capped"
+    STALL_CLEARED = "stall_cleared"
     SCALED = "scaled"  # target nodes or range changed
     FAULT = "fault"  # a fault drill was injected
     NODE_JOINED = "node_joined"
@@ -53,7 +58,9 @@ class Kind:
     LOG = "log"
 
 
-FINAL_STATUSES = ("succeeded", "failed", "stopped")
+# "lost": its supervisor is gone (killed, the machine restarted, its folder deleted). Final
+# until resume(); every view says "lost" for it, the notebook as much as jobs() and the panel.
+FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,28 @@ def describe(e: Event) -> str:
     k = e.kind
     if k == Kind.JOB_SUBMITTED:
         return f"submitted: {d.get('nodes')} node(s) x {d.get('nproc_per_node')} process(es), range {d.get('min_nodes')}:{d.get('max_nodes')}"
+    if k == Kind.OUTPUT_CAPPED:
+        return f"worker output beyond {d.get('cap_bytes', 0) // 2**20} MiB is kept only in the node logs (logs/)"
+    if k == Kind.DISK_FULL:
+        return str(d.get("message"))
+    if k == Kind.STALL:
+        stopped, waiting = d.get("stopped") or [], d.get("waiting") or []
+        who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"
+        then = f"; restarting the group after {d.get('restart_after_s'):.0f} s" if d.get("restart_after_s") else ""
+        return (
+            f"stalled at step {d.get('step')} for {d.get('for_s', 0):.0f} s: {who}"
+            + (f", rank(s) {_ranks(waiting)} wait for them" if waiting else "")
+            + then
+        )
+    if k == Kind.STALL_CLEARED:
+        if d.get("restarted"):
+            return f"stalled {d.get('for_s', 0):.0f} s: the worker group was restarted (one restart)"
+        return f"training again after a {d.get('for_s', 0):.0f} s stall"
+    if k == Kind.JOB_RESUMED:
+        return (
+            f"resumed after it was {d.get('after')}: training continues from the latest checkpoint; "
+            f"restart budget {d.get('max_restarts')} again"
+        )
     if k == Kind.JOB_FINISHED:
         reason = d.get("reason")
         return f"job {d.get('status')}" + (f": {reason}" if reason else "")
@@ -229,6 +258,8 @@ def describe(e: Event) -> str:
     if k == Kind.RENDEZVOUS:
         return f"{node}: rendezvous round {d.get('round')}, group rank {d.get('group_rank')} of {d.get('group_world_size')} node(s)"
     if k == Kind.RESTART:
+        if d.get("reason") == "departure":
+            return f"{node}: a node left its round; regrouping (not counted against the budget)"
         if d.get("reason") == "membership_change":
             return (
                 f"{node}: {d.get('new_nodes')} new node(s) waiting; restarting workers (not counted against the budget)"
@@ -237,8 +268,12 @@ def describe(e: Event) -> str:
     if k == Kind.WORKER_STARTED:
         return f"rank {d.get('rank')} started on {node} (local rank {d.get('local_rank')}, world size {d.get('world_size')}, pid {d.get('pid')})"
     if k == Kind.WORKER_FAILED:
+        if d.get("cause") == "peer":
+            return f"rank {d.get('rank')} on {node} stopped: a peer left ({d.get('error')}: {d.get('message')})"
         return f"rank {d.get('rank')} on {node} failed: {d.get('error')}: {d.get('message')}"
     if k == Kind.WORKER_EXITED:
+        if d.get("exitcode") == EXIT_PEER_LOST:
+            return f"{node}: worker local rank {d.get('local_rank')} (pid {d.get('pid')}) stopped: a peer left"
         how = f"signal {d['signal']}" if "signal" in d else f"exit code {d.get('exitcode')}"
         return f"{node}: worker local rank {d.get('local_rank')} (pid {d.get('pid')}) died with {how}"
     if k == Kind.WORKER_FINISHED:
@@ -263,6 +298,11 @@ def describe(e: Event) -> str:
     if k == Kind.CHECKPOINT:
         return f"checkpoint at step {d.get('step')} ({d.get('bytes', 0) / 1e6:.1f} MB, {d.get('ms')} ms)"
     if k == Kind.CHECKPOINT_FAILED:
+        if d.get("disk_full"):
+            return (
+                f"checkpoint at step {d.get('step')} not saved: the disk is full ({d.get('error')}); "
+                f"training goes on, saving is tried again every {d.get('retry_s', 30):.0f} s"
+            )
         return f"checkpoint at step {d.get('step')} failed: {d.get('error')}"
     if k == Kind.CHECKPOINT_UNREADABLE:
         return f"checkpoint {d.get('path')} unreadable, using an older one: {d.get('error')}"

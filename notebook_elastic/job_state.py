@@ -8,6 +8,7 @@ I/O, no threads (callers lock).
 
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections import deque
@@ -112,10 +113,16 @@ class Metrics:
         self.count = 0
 
     def add(self, step: float, values: dict[str, Any], t: float) -> None:
+        try:
+            step = float(step)
+        except (TypeError, ValueError, OverflowError):
+            return  # not a step a chart can place ("seven", 10**400): dropped, never fatal
+        if not math.isfinite(step) or not isinstance(values, dict):
+            return
         for name, value in values.items():
             try:
                 v = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 continue
             series = self._series.get(name)
             if series is None:
@@ -163,6 +170,9 @@ class JobState:
         self.nnodes = tuple(nnodes)
         self.target = target if target is not None else nnodes[0]
         self.nproc_per_node: int | None = None
+        self.gpus = 0  # GPUs the job may place its ranks on (0: a CPU job)
+        self.stall: dict[str, Any] | None = None  # the stall in progress: step, stopped, waiting
+        self.warning: str | None = None  # a condition the job trains on through (a full disk)
         self.nodes: dict[str, NodeInfo] = {}
         self.world_size = 0
         self.generation: int | None = None
@@ -180,6 +190,8 @@ class JobState:
         self.finished_at: float | None = None
         self.first_step_at: float | None = None
         self.last_event_at: float | None = None
+        self.dropped_events = 0  # events the fold could not take (malformed), dropped
+        self.last_dropped: str | None = None
         # Status changes with their time and cause, newest last: a restart that heals in
         # less than a poll interval still shows in the jobs panel.
         self.transitions: deque[dict[str, Any]] = deque(maxlen=16)
@@ -231,6 +243,8 @@ class JobState:
             "status": self.status,
             "reason": self.reason,
             "waiting": self.waiting,
+            "stall": self.stall,
+            "warning": self.warning,
             "world_size": self.world_size,
             "nodes_running": len(self.running_nodes),
             "target": self.target,
@@ -255,12 +269,21 @@ class JobState:
             self.apply(event)
 
     def apply(self, e: Event) -> None:
+        """Fold one event. Workers may send anything: an event the fold cannot take is counted
+        in ``dropped_events`` and dropped, never fatal to whoever folds (the supervisor)."""
+        try:
+            self._apply(e)
+        except Exception as exc:
+            self.dropped_events += 1
+            self.last_dropped = f"{getattr(e, 'kind', '?')}: {type(exc).__name__}: {exc}"[:300]
+
+    def _apply(self, e: Event) -> None:
         self.last_event_at = e.time
         k = e.kind
         if k == Kind.METRIC:
             step = e.get("step")
             self.metrics.add(step if step is not None else self.metrics.count, e.get("values") or {}, e.time)
-            if isinstance(step, (int, float)):
+            if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._saw_step(int(step), e.time)
             return
         if k == Kind.LOG:
@@ -321,6 +344,27 @@ class JobState:
         self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
         self.target = e.get("nodes", self.target)
         self.nproc_per_node = e.get("nproc_per_node")
+        self.gpus = e.get("gpus") or 0
+
+    def _on_job_resumed(self, e: Event) -> None:
+        """The same job, continued in its folder: its history stays, its outcome does not."""
+        self.status = "pending"
+        self.reason = None
+        self.finished_at = None
+        self.waiting = None
+        self.restarts = 0  # the budget starts again, as the event says
+        self.failures.clear()
+        for node in self.nodes.values():
+            node.restart_count = 0
+        self._mark(e, "resumed", "job resumed")
+        self._on_job_submitted(e)
+
+    def _on_stall(self, e: Event) -> None:
+        self.stall = dict(e.data)
+        self._mark(e, "stall", f"stalled at step {e.get('step')}")
+
+    def _on_stall_cleared(self, e: Event) -> None:
+        self.stall = None
 
     def _on_scaled(self, e: Event) -> None:
         self.target = e.get("target", self.target)
@@ -350,7 +394,8 @@ class JobState:
         node.left_reason = e.get("reason")
         node.left_at = e.time
         self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
-        if not self.finished and e.get("reason") not in ("finished",) and self.status == "running":
+        # A node stopped with the job or done with its work is no reason to regroup.
+        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == "running":
             self.status = "restarting"
 
     def _on_rendezvous(self, e: Event) -> None:
@@ -400,6 +445,10 @@ class JobState:
             self.status = "running"
 
     def _on_worker_failed(self, e: Event) -> None:
+        if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
+            if not self.finished:
+                self.status = "restarting"
+            return
         self.failures.append(e)
         if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
             self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")
@@ -420,7 +469,19 @@ class JobState:
     def _on_resumed(self, e: Event) -> None:
         self._mark(e, "resumed", f"resumed from step {e.get('step')}")
 
+    def _on_checkpoint_failed(self, e: Event) -> None:
+        if e.get("disk_full"):
+            self.warning = (
+                f"checkpoints are not being saved: {e.get('folder') or 'the checkpoint disk'} is full; "
+                f"training goes on and saving is tried again every {e.get('retry_s', 30):.0f} s"
+            )
+
+    def _on_disk_full(self, e: Event) -> None:
+        self.warning = e.get("message")
+
     def _on_checkpoint(self, e: Event) -> None:
+        if self.warning and self.warning.startswith("checkpoints are not being saved"):
+            self.warning = None
         step = e.get("step")
         if isinstance(step, int) and (self.step is None or step - 1 > self.step):
             self._saw_step(step - 1, e.time)
@@ -433,6 +494,17 @@ class JobState:
             if node.status != "left":
                 node.status = "left"
                 node.left_reason = node.left_reason or "finished"
+
+
+OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")
+
+
+def describe_failure(e: Event) -> str:
+    """ "rank 0 on node-1 raised ZeroDivisionError: division by zero"; memory said plainly."""
+    where = f"rank {e.get('rank')}" + (f" on {e.node or e.get('node')}" if (e.node or e.get("node")) else "")
+    if e.get("error") in OUT_OF_MEMORY:
+        return f"{where} ran out of memory ({e.get('error')}: {e.get('message')})"
+    return f"{where} raised {e.get('error')}: {e.get('message')}"
 
 
 def first_failure(failures: list[Event]) -> Event | None:
@@ -450,7 +522,7 @@ def budget_spent_reason(failures: list[Event], restarts: int, max_restarts: int 
     first = first_failure(failures)
     if first is None:
         return f"{budget}; {fallback}" if fallback else budget
-    return f"{budget}; rank {first.get('rank')} on {first.node} raised {first.get('error')}: {first.get('message')}"
+    return f"{budget}; {describe_failure(first)}"
 
 
 def elapsed_s(state: JobState, now: float | None = None) -> float | None:

@@ -141,6 +141,7 @@ class JobSpec:
     monitor_interval_s: float = defaults.MONITOR_INTERVAL_S
     rdzv_conf: dict[str, str] = field(default_factory=dict)
     collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
+    stall_timeout_s: float | None = None  # restart the group after a stall this long (None: only say so)
     max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES
     ship: tuple[str, ...] = ()
     backend_options: dict[str, Any] = field(default_factory=dict)
@@ -198,6 +199,14 @@ class JobSpec:
             ) from None
         if collective < 1:
             raise SpecError(f"--collective-timeout {collective} must be at least 1 second")
+        stall = self.stall_timeout_s
+        if stall is not None:
+            try:
+                stall = float(stall)
+            except (TypeError, ValueError):
+                raise SpecError(f"--stall-timeout must be a number of seconds, not {stall!r}") from None
+            if stall < 1:
+                raise SpecError(f"--stall-timeout {stall} must be at least 1 second (a stall is told after 30 s)")
         max_payload = _int(self.max_payload_bytes, "max payload size", "67108864")
         if max_payload < 1:
             raise SpecError("the payload size limit must be positive")
@@ -216,6 +225,7 @@ class JobSpec:
             monitor_interval_s=monitor,
             rdzv_conf=parse_rdzv_conf(self.rdzv_conf),
             collective_timeout_s=collective,
+            stall_timeout_s=stall,
             max_payload_bytes=max_payload,
             ship=tuple(self.ship),
         )

@@ -91,3 +91,24 @@ def python(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120)
 
 def torchrun(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     return python("-m", "torch.distributed.run", *args, cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.fixture
+def small_disk():
+    """``small_disk(path, size)``: a tmpfs of ``size`` mounted at ``path`` (a full disk on demand),
+    unmounted afterwards; the test is skipped where mounting is not allowed."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -116,7 +116,7 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
     assert job.wait(180) == "succeeded", job.summary()
 
     assert world_sizes(job) == [2, 4, 2]
-    assert job.restarts == 1  # scaling down costs the survivor one restart
+    assert job.restarts == 0  # a scale-down is a membership change: never charged to the budget
     left = [(e.node, e.get("reason")) for e in job.events if e.kind == Kind.NODE_LEFT]
     assert ("node-1", "scaled_down") in left
     reports = committed_reports(job)
@@ -273,3 +273,374 @@ def test_workers_need_only_torch_and_cloudpickle(home, tmp_path, monkeypatch):
     job = ne.launch(TRAIN, nnodes="1", nproc_per_node=2, name="no-numpy", user_ns=namespace(total=10))
     assert job.wait(120) == "succeeded", job.reason
     assert job.world_size == 2
+
+
+def test_nothing_a_worker_sends_can_kill_the_supervisor(home):
+    # report() refuses these in the worker; a worker that writes event lines itself (or an old
+    # runtime) still must not take the job down: the fold drops what it cannot take.
+    cell = """
+elastic.emit("metric", t=time.time(), rank=0, step="seven", values={"loss": 1.0})
+elastic.emit("metric", t=time.time(), rank=0, step=0, values={"big": 10**400})
+elastic.emit("metric", t=time.time(), rank=0, step=10**400, values={"loss": 1.0})
+elastic.emit("worker_started", rank="x", world_size=None)
+try:
+    elastic.report(step=1, big=10**400)
+except TypeError as exc:
+    print("refused:", str(exc)[:60])
+elastic.report(step=2, loss=0.25)
+"""
+    job = ne.launch(cell, nnodes="1", name="odd-metrics", user_ns={"elastic": runtime, "time": time})
+    assert job.wait(120) == "succeeded", job.summary()
+    assert job.state.metrics["loss"].values.tolist()[-1] == 0.25 and job.state.step == 2
+    info = LocalBackend().describe("odd-metrics")
+    assert info.status == "succeeded"
+    logs = "".join(p.read_text() for p in (home / "jobs" / "odd-metrics" / "logs").iterdir())
+    assert "refused: report() takes numbers a chart can hold: big is an integer" in logs
+
+
+def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_follows(home):
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=2, nproc_per_node=1, name="oldest", max_restarts=5, user_ns=namespace(total=100_000)
+    )
+    wait_for(job, lambda: job.world_size == 2 and at_step(job, 3)(), "two nodes training")
+    job.preempt_node("node-0")
+    wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-0" for e in job.events), "node-0 to go")
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor training alone")
+    left = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
+    assert left == {"node-0": "preempted"}, left  # node-1 was never scaled down with it
+    assert not any(e.kind == Kind.NODE_JOINED and e.node == "node-2" for e in job.events)
+
+    # The summaries every view reads (status.json: GET /jobs, %elastic_jobs) follow scale and set_range.
+    def described():
+        return LocalBackend().describe("oldest").summary
+
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "world size 2 again")
+    wait_for(job, lambda: described()["target"] == 2, "target 2 in the job's summary")
+    job.set_range(2, 3)
+    wait_for(job, lambda: (described()["min_nodes"], described()["max_nodes"]) == (2, 3), "range 2:3 in the summary")
+    assert "oldest" in repr(ne.jobs()) and "2:3" in repr(ne.jobs())
+    wait_for(job, lambda: job.status == "running", "running on the new range")
+    assert job.stop() == "stopped"
+    # Stopping is not a restart: no orange "restarting: node left (stopped)" after the stop.
+    stop_at = next(e.time for e in job.events if e.kind == Kind.NODE_LEFT and e.get("reason") == "stopped")
+    assert not [t for t in job.state.transitions if t["status"] == "restarting" and t["at"] >= stop_at]
+    assert "nodes 0" not in job.summary() and "last world size 2" in job.summary()
+    preempted_log = (LocalBackend().folder("oldest").logs / "node-0.log").read_text()
+    assert "stopped by signal 15; left the rendezvous" in preempted_log
+    assert "SignalException" not in preempted_log  # one line, not torchrun's traceback
+
+
+def test_departures_never_spend_the_restart_budget(home):
+    # --max-restarts 0: any departure charged as a failure would end the job at once.
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="free-leaves", max_restarts=0, user_ns=namespace(total=200)
+    )
+    wait_for(job, lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training")
+    job.preempt_node("node-0")  # the oldest: SIGTERM, leaves the rendezvous on its way out
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes after the preemption")
+    step = job.state.step
+    job.lose_node()  # SIGKILL: its peers only learn from its heartbeat
+    wait_for(job, lambda: job.world_size == 1 and at_step(job, step + 3)(), "one node after the loss")
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+    job.preempt_node()
+    assert job.wait(240) == "succeeded", job.summary()
+    assert job.state.restarts == 0
+    own_failures = [e for e in job.events if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer"]
+    assert own_failures == [], [e.describe() for e in own_failures]
+    assert any(e.kind == Kind.RESTART and e.get("reason") == "departure" for e in job.events)
+    assert sorted(committed_reports(job)) == list(range(200))
+    assert_every_sample_once(committed_reports(job), batch=2)
+
+
+def test_a_bug_in_the_cell_still_spends_the_budget_on_several_nodes(home):
+    cell = TRAIN.replace("    time.sleep(STEP_S)", "    time.sleep(STEP_S)\n    if step >= 4: 1 / 0")
+    job = ne.launch(cell, nnodes="2", nproc_per_node=1, name="buggy-two", max_restarts=1, user_ns=namespace(total=50))
+    assert job.wait(180) == "failed", job.summary()
+    assert "restart budget spent" in (job.state.reason or "") and "ZeroDivisionError" in job.state.reason
+
+
+def test_a_job_whose_supervisor_was_killed_resumes_from_its_checkpoint(home):
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=1, name="phoenix", user_ns=namespace(total=60))
+    wait_for(job, at_step(job, 15), "step 15")
+    folder = LocalBackend().folder("phoenix")
+    os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9
+    assert job.wait(60) == "lost" and "supervisor process is gone" in job.state.reason
+    wait_for(job, lambda: job_processes(home) == [], "the workers to die with their supervisor")
+    died_at = job.state.step
+    assert LocalBackend().describe("phoenix").status == "lost"  # the same word everywhere
+    assert ne.jobs()[0].status == "lost" and json.loads(folder.status_file.read_text())["status"] == "lost"
+
+    job.resume()
+    assert job.wait(180) == "succeeded", job.summary()
+    back = next(e for e in job.events if e.kind == Kind.JOB_RESUMED)
+    assert back.get("after") == "lost" and "resumed after it was lost" in back.describe()
+    assert [e.get("status") for e in job.events if e.kind == Kind.JOB_FINISHED] == ["lost", "succeeded"]
+    resumed = [e for e in job.events if e.kind == Kind.RESUMED][-1]
+    assert died_at - 1 <= resumed.get("step") <= died_at + 1  # at most the step since the last commit is lost
+    reports = committed_reports(job)
+    assert sorted(reports) == list(range(60))
+    assert_every_sample_once(reports, batch=2)
+    # A new kernel sees the whole history and the outcome of the resumed run.
+    again = ne.attach("phoenix")
+    assert again.wait(60) == "succeeded" and any(e.kind == Kind.JOB_RESUMED for e in again.events)
+    assert LocalBackend().describe("phoenix").status == "succeeded"
+
+
+def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, capsys):
+    job = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    wait_for(job, at_step(job, 8), "step 8")
+    assert job.stop() == "stopped"
+    stopped_at = job.state.step
+
+    other = TRAIN.replace("lr=0.01", "lr=0.02")
+    with pytest.raises(ne.BackendError, match=r"job 'again' was stopped at step \d+ running other code"):
+        ne.launch(other, nnodes="1", name="again", user_ns=namespace(total=40))
+    assert LocalBackend().describe("again").status == "stopped"  # nothing was touched
+
+    same = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    assert "resumed from its latest checkpoint" in capsys.readouterr().out
+    assert same.wait(180) == "succeeded", same.summary()
+    assert [e for e in same.events if e.kind == Kind.RESUMED][-1].get("step") >= stopped_at
+    assert sorted(committed_reports(same)) == list(range(40))
+
+    fresh = ne.launch(other, nnodes="1", name="again", fresh=True, user_ns=namespace(total=5))
+    assert "is kept in" in capsys.readouterr().out
+    assert fresh.wait(120) == "succeeded"
+    assert not any(e.kind == Kind.JOB_RESUMED for e in fresh.events)
+    assert len(list((home / "jobs" / ".history").iterdir())) == 1
+
+
+def test_a_new_job_reads_another_jobs_checkpoint_dir(home, tmp_path):
+    shared = tmp_path / "shared-ckpt"
+    first = ne.launch(TRAIN, nnodes="1", name="first", checkpoint_dir=str(shared), user_ns=namespace(total=20))
+    assert first.wait(120) == "succeeded"
+    second = ne.launch(TRAIN, nnodes="1", name="second", checkpoint_dir=str(shared), user_ns=namespace(total=30))
+    assert second.wait(120) == "succeeded", second.summary()
+    resumed = [e for e in second.events if e.kind == Kind.RESUMED]
+    assert resumed and resumed[0].get("step") == 20  # read, not rejected as stale
+    assert not any(e.kind == Kind.FENCED for e in second.events)
+
+
+GPU_TRAIN = """
+import os
+model = torch.nn.Linear(4, 1)
+state = elastic.State(model=model)
+print(f"placed rank={elastic.rank()} gen={state.generation} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+for step in state.steps(TOTAL):
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    time.sleep(STEP_S)
+"""
+
+
+def placements(job) -> dict[int, dict[int, str]]:
+    """generation -> rank -> the CUDA_VISIBLE_DEVICES its worker saw."""
+    out: dict[int, dict[int, str]] = {}
+    logs = LocalBackend().folder(job.name).logs
+    lines = [line for path in sorted(logs.glob("node-*.log")) for line in path.read_text().splitlines()]
+    for line in lines:
+        if "placed rank=" in line:
+            fields = dict(part.split("=", 1) for part in line.split("placed ", 1)[1].split())
+            out.setdefault(int(fields["gen"]), {})[int(fields["rank"])] = fields["cuda"]
+    return out
+
+
+def test_one_gpu_per_rank_through_scale_preemption_and_refusals(home, tmp_path, monkeypatch):
+    # No GPU here: the supervisor reads a fake nvidia-smi, as on a 2-GPU machine; CPU torch
+    # then trains with gloo, and each worker says which devices it was given.
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-b)'\n"
+    )
+    (stub / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    with pytest.raises(
+        ne.SpecError,
+        match=r"--nnodes 1:3: 3 node\(s\) x 1 process\(es\) need 3 GPUs, one per rank; 2 are visible \(nvidia-smi -L\): use at most 2 node\(s\)",
+    ):
+        ne.launch(GPU_TRAIN, nnodes="1:3", name="too-many", user_ns=namespace())
+    assert not (home / "jobs" / "too-many").exists()
+    with pytest.raises(ne.SpecError, match=r"need 4 GPUs, one per rank; 2 are visible"):
+        ne.launch(GPU_TRAIN, nnodes="2", nproc_per_node=2, name="too-many", user_ns=namespace())
+
+    job = ne.launch(GPU_TRAIN, nnodes="1:2", name="gpus", max_restarts=0, user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 3), "one node training")
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes")
+    job.preempt_node("node-0")
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor alone")
+    job.scale(2)  # node-2 takes the GPU node-0 gave back
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+    job.preempt_node("node-2")
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor alone again")
+    job.scale(2)  # node-3 too, never node-1's (a modulo of node numbers gave it node-1's)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes once more")
+    with pytest.raises(ne.BackendError, match=r"range 1:3: 3 node\(s\) x 1 process\(es\) need 3 GPUs"):
+        job.set_range(1, 3)
+    job.stop()
+    # Every node got devices no live node held: replayed from the supervisor's own record.
+    live: dict[str, set[str]] = {}
+    for e in job.events:
+        if e.kind == Kind.NODE_JOINED:
+            mine = set(e.get("gpus"))
+            assert len(mine) == 1 and not any(mine & other for other in live.values()), (e.node, mine, live)
+            live[e.node] = mine
+        elif e.kind == Kind.NODE_LEFT:
+            live.pop(e.node, None)
+    assert sum(e.kind == Kind.NODE_JOINED for e in job.events) == 4  # node-0 .. node-3
+    assert placements(job)[0] == {0: "0"}  # and a worker sees its node's device
+    assert job.state.gpus == 2
+
+
+def worker_pid(job, rank: int) -> int:
+    started = [e for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == rank]
+    return int(started[-1].get("pid"))
+
+
+def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_the_group(home):
+    fast = {"stall_after_s": 3}  # the floor is 30 s; the rule (10 x the median step) is the same
+    job = ne.launch(TRAIN, nproc_per_node=2, name="frozen", backend_options=fast, user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 5), "step 5")
+    os.kill(worker_pid(job, 1), signal.SIGSTOP)  # a hung DataLoader, a stuck filesystem look the same
+    stopped_at = time.monotonic()
+    wait_for(job, lambda: job.state.stall is not None, "the stall event")
+    print(f"SIGSTOP -> stall event: {time.monotonic() - stopped_at:.1f} s")
+    stall = next(e for e in job.events if e.kind == Kind.STALL)
+    assert stall.get("stopped") == [1] and stall.get("waiting") == [0], stall.data
+    assert "rank(s) 1 stopped, rank(s) 0 wait for them" in stall.describe()
+    from notebook_elastic.ui.render import header_html
+
+    assert 'class="ne-stall"' in header_html("frozen", "local", job.state)
+    assert LocalBackend().describe("frozen").summary["stall"]["stopped"] == [1]
+    os.kill(worker_pid(job, 1), signal.SIGCONT)
+    wait_for(job, lambda: job.state.stall is None and any(e.kind == Kind.STALL_CLEARED for e in job.events), "cleared")
+    wait_for(job, at_step(job, job.state.step + 3), "training again")
+    assert job.restarts == 0
+    job.stop()
+
+    healed = ne.launch(
+        TRAIN,
+        nproc_per_node=2,
+        name="healed",
+        stall_timeout_s=5,
+        backend_options=fast,
+        user_ns=namespace(total=60),
+    )
+    wait_for(healed, at_step(healed, 5), "step 5")
+    os.kill(worker_pid(healed, 1), signal.SIGSTOP)
+    wait_for(healed, lambda: any(e.kind == Kind.STALL_CLEARED and e.get("restarted") for e in healed.events), "restart")
+    assert healed.wait(180) == "succeeded", healed.summary()
+    assert healed.restarts >= 1
+    assert sorted(committed_reports(healed)) == list(range(60))
+
+
+def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
+    clean = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="clean", user_ns=namespace(total=10))
+    assert clean.wait(120) == "succeeded"
+    finished = [e for e in clean.events if e.kind == Kind.JOB_FINISHED][-1]
+    assert "orphans_killed" not in finished.data, finished.data  # a clean finish leaves none
+
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="doomed", user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 3), "step 3")
+    import shutil
+
+    shutil.rmtree(LocalBackend().folder("doomed").path)
+    assert job.wait(60) == "lost", job.summary()
+    assert job.state.reason == "its job folder was deleted while it ran"
+    job.stop()  # no JobNotFound: it ends whatever is left
+    wait_for(job, lambda: job_processes(home) == [], "every process of the job to end")
+
+
+def test_a_failure_that_repeats_or_cannot_be_saved_stops_at_once_not_at_the_end_of_the_budget(home):
+    # The same exception, same rank, same step, twice: stopped with a sentence, not retried 20 times.
+    fails = "    if step == 6:\n        raise MemoryError('batch too big')\n    state.commit()"
+    cell = TRAIN.replace("    state.commit()", fails)
+    job = ne.launch(cell, nnodes="1", name="oom", max_restarts=20, user_ns=namespace(total=50))
+    assert job.wait(180) == "failed", job.summary()
+    assert job.state.reason.startswith("fails the same way every time: rank 0 on node-0 ran out of memory")
+    assert "(twice at step 6)" in job.state.reason
+    assert job.restarts <= 2  # not 20
+
+    # A class defined in the training cell kept in State fails before the first step, once.
+    odd = """
+class Odd:
+    pass
+state = elastic.State(model=torch.nn.Linear(2, 1), odd=Odd())
+for step in state.steps(10):
+    state.commit()
+"""
+    job = ne.launch(odd, nnodes="1", name="odd", max_restarts=20, user_ns=namespace())
+    assert job.wait(120) == "failed", job.summary()
+    assert (
+        "State cannot save 'odd'" in job.state.reason
+        and "Define the class in an earlier notebook cell" in job.state.reason
+    )
+    assert job.restarts == 0
+
+
+BIG_STATE = """
+model = torch.nn.Linear(256, 256)  # ~260 KB a checkpoint
+state = elastic.State(model=model)
+for step in state.steps(TOTAL):
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    if PRINT:
+        print("x" * 10_000, flush=True)
+    time.sleep(STEP_S)
+"""
+
+
+def test_a_full_checkpoint_disk_trains_on_with_one_warning_not_a_retry_loop(home, tmp_path, small_disk):
+    disk = small_disk(tmp_path / "ckpt-disk", "600k")  # room for two checkpoints, not three
+    job = ne.launch(
+        BIG_STATE,
+        nnodes="1",
+        name="full-ckpt",
+        max_restarts=1,
+        checkpoint_dir=str(disk),
+        user_ns={**namespace(total=60, step_s=0.02), "PRINT": False},
+    )
+    assert job.wait(180) == "succeeded", job.summary()
+    failed = [e for e in job.events if e.kind == Kind.CHECKPOINT_FAILED]
+    assert len(failed) == 1 and failed[0].get("disk_full"), [e.describe() for e in failed]
+    assert "not saved: the disk is full" in failed[0].describe() and job.restarts == 0
+    from notebook_elastic.runtime.state import list_checkpoints
+
+    kept = list_checkpoints(disk)
+    assert kept and all(torch.load(p, weights_only=False)["step"] > 0 for _g, _s, p in kept)  # intact
+
+
+def test_a_full_job_disk_is_a_state_not_a_crash(home, small_disk):
+    small_disk(home, "3m")  # the whole job home: script, events, logs
+    job = ne.launch(
+        BIG_STATE,
+        nnodes="1",
+        name="full-home",
+        checkpoint_dir="/tmp/ne-test-ckpt-full-home",  # checkpoints elsewhere: this is about the home
+        user_ns={**namespace(total=400, step_s=0.01), "PRINT": True},  # ~4 MB of output
+    )
+    try:
+        assert job.wait(240) == "succeeded", job.summary()
+        assert any(e.kind == Kind.DISK_FULL for e in job.events), "the job never said its disk was full"
+        info = LocalBackend().describe("full-home")
+        assert info.status == "succeeded"  # room was left for the outcome
+        assert not list((home / "jobs" / "full-home").glob(".*.tmp"))  # no 0-byte temp status files
+        assert job.state.step == 399
+    finally:
+        import shutil
+
+        shutil.rmtree("/tmp/ne-test-ckpt-full-home", ignore_errors=True)
+    with pytest.raises(ne.BackendError, match=r"cannot write the job folder .* \(No space left on device\)"):
+        filler = home / "filler"
+        with open(filler, "wb") as f:
+            try:
+                f.write(b"0" * 4_000_000)
+            except OSError:
+                pass
+        ne.launch(BIG_STATE, nnodes="1", name="no-room", user_ns={**namespace(), "PRINT": False})
+    assert not (home / "jobs" / "no-room").exists()

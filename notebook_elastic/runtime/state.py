@@ -16,7 +16,9 @@ overwrite a newer checkpoint nor be restored in preference to one.
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +31,26 @@ from .worker import WorkerInfo, device, on_finish
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 TMP_MAX_AGE_S = 600
+#: A full checkpoint disk is a state, not a crash: training goes on, saving is tried again
+#: this often, and the notebook is told once per episode.
+DISK_FULL_RETRY_S = 30.0
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# A checkpoint event per commit is one event per step (600 for a 600-step job): the history
+# keeps the first checkpoint of each generation, one every this many seconds, and the last step.
+CHECKPOINT_EVENT_EVERY_S = 10.0
+
+
+class StateNotSaveable(TypeError):
+    """A value kept in ``State`` cannot be saved: every commit would fail the same way, so the
+    job stops at the first one instead of retrying to the end of its budget."""
+
+
+_active: State | None = None  # the State of this worker, for the failure report's step
+
+
+def current_step() -> int | None:
+    """The step this worker was running when it failed (None outside ``state.steps()``)."""
+    return _active.current_step if _active is not None else None
 
 
 class StaleGenerationError(RuntimeError):
@@ -54,6 +76,44 @@ def list_checkpoints(folder: Path) -> list[tuple[int, int, Path]]:
             found.append((int(m.group(1)), int(m.group(2)), folder / name))
     found.sort()
     return found
+
+
+_HOST = socket.gethostname().replace("-", "_")
+
+
+def dead_writers_files(folder: Path, names: list[str] | None = None) -> list[str]:
+    """Temporary files of writers killed mid-write: at once when the writer was a process of
+    this host that is gone, after TMP_MAX_AGE_S otherwise (another host's pids mean nothing here)."""
+    if names is None:
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+    cutoff = time.time() - TMP_MAX_AGE_S
+    doomed = []
+    for name in names:
+        if not (name.startswith(".ckpt-") and ".tmp-" in name):
+            continue
+        host, _, pid = name.rsplit(".tmp-", 1)[1].rpartition("-")
+        if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            doomed.append(name)
+            continue
+        try:
+            if (folder / name).stat().st_mtime < cutoff:
+                doomed.append(name)
+        except FileNotFoundError:
+            pass
+    return doomed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def newest_generation(folder: Path) -> int:
@@ -179,9 +239,18 @@ class State:
         self._writer: threading.Thread | None = None
         self._writer_error: BaseException | None = None
         self._stale = False
+        self._disk_full_until = 0.0  # monotonic time before which commits skip the write
+        self._announced: tuple[int, float] | None = None  # (generation, monotonic time) of the last event
+        self._unannounced = 0  # commits written since the last checkpoint event
+        self._check_saveable()
+        if self.is_writer:  # what writers killed mid-commit left behind, before it adds up
+            for name in dead_writers_files(self.folder):
+                (self.folder / name).unlink(missing_ok=True)
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
+        global _active
+        _active = self
 
     # -- start ---------------------------------------------------------------------------
 
@@ -320,11 +389,14 @@ class State:
         self.samples_seen = self._cursor_at(self.step)
         if not self.is_writer:
             return
+        self._check_saveable()
         self._raise_pending()
         self._wait_for_writer()
         self._raise_pending()
         if self._check_fence():
             raise StaleGenerationError(self._stale_message())
+        if time.monotonic() < self._disk_full_until:
+            return  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
             "format": 1,
             "step": self.step,
@@ -340,7 +412,28 @@ class State:
             self._writer = threading.Thread(target=self._write_in_background, args=(snapshot,), daemon=True)
             self._writer.start()
         else:
-            self._write(tree)
+            try:
+                self._write(tree)
+            except OSError as exc:
+                if not self._disk_is_full(exc, tree["step"]):
+                    raise
+
+    def _check_saveable(self) -> None:
+        """Plain values kept in the state must pickle (cheap: they are small); a class defined
+        inside the training cell does not, and would fail every commit."""
+        import pickle
+
+        for name, value in self.extra.items():
+            try:
+                pickle.dumps(value)
+            except Exception as exc:
+                kind = type(value)
+                where = f"{kind.__module__}.{kind.__qualname__}"
+                raise StateNotSaveable(
+                    f"State cannot save {name!r} (a {where}): {exc}. Define the class in an earlier "
+                    "notebook cell (it ships with the job), or keep plain data (numbers, dicts, "
+                    "tensors) in State"
+                ) from None
 
     def flush(self) -> None:
         """Wait for a background write to finish; raise its error, if any."""
@@ -378,9 +471,30 @@ class State:
             self._write(tree)
         except StaleGenerationError:
             pass  # _stale is set; the next commit raises
+        except OSError as exc:
+            if not self._disk_is_full(exc, tree["step"]):
+                self._writer_error = exc
+                emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"])
         except BaseException as exc:
             self._writer_error = exc
             emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"])
+
+    def _disk_is_full(self, exc: OSError, step: int) -> bool:
+        """A full disk (the good checkpoints are intact: writes go to a temp file first) pauses
+        saving instead of failing the worker, which would only fail again at every restart."""
+        if exc.errno not in _DISK_FULL:
+            return False
+        if self._disk_full_until == 0.0:  # once per episode
+            emit(
+                "checkpoint_failed",
+                error=f"{type(exc).__name__}: {exc}"[:500],
+                step=step,
+                disk_full=True,
+                retry_s=DISK_FULL_RETRY_S,
+                folder=str(self.folder),
+            )
+        self._disk_full_until = time.monotonic() + DISK_FULL_RETRY_S
+        return True
 
     def _write(self, tree: dict) -> None:
         import torch
@@ -388,13 +502,19 @@ class State:
         started = time.perf_counter()
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / protocol.checkpoint_name(self.generation, tree["step"])
-        tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
+        tmp = self.folder / f".{final.name}.tmp-{_HOST}-{os.getpid()}"
         try:
             with open(tmp, "wb") as f:
                 # The legacy format skips the zip format's CRC32 of every record, which is
                 # ~75 % of the save time (175 -> 45 ms for 117 MB here); a torn write is
                 # already impossible (temp file + rename), and torch.load reads both.
-                torch.save(tree, f, _use_new_zipfile_serialization=False)
+                try:
+                    torch.save(tree, f, _use_new_zipfile_serialization=False)
+                except RuntimeError as exc:  # torch's writer says ENOSPC in words, not an errno
+                    full = next((e for e in _DISK_FULL if os.strerror(e) in str(exc)), None)
+                    if full is None:
+                        raise
+                    raise OSError(full, os.strerror(full)) from exc
                 f.flush()
                 os.fsync(f.fileno())
             # Last look before the rename: a newer group may have started meanwhile.
@@ -407,13 +527,25 @@ class State:
         _fsync_dir(self.folder)
         size = final.stat().st_size
         self._prune(final)
-        emit(
-            "checkpoint",
-            step=tree["step"],
-            generation=self.generation,
-            bytes=size,
-            ms=round((time.perf_counter() - started) * 1000, 2),
-        )
+        self._unannounced += 1
+        now = time.monotonic()
+        recovered, self._disk_full_until = self._disk_full_until != 0.0, 0.0
+        if (
+            recovered
+            or self._announced is None
+            or self._announced[0] != self.generation
+            or now - self._announced[1] >= CHECKPOINT_EVENT_EVERY_S
+            or tree["step"] == self.total
+        ):
+            emit(
+                "checkpoint",
+                step=tree["step"],
+                generation=self.generation,
+                bytes=size,
+                ms=round((time.perf_counter() - started) * 1000, 2),
+                commits=self._unannounced,
+            )
+            self._announced, self._unannounced = (self.generation, now), 0
 
     def _prune(self, newest_written: Path) -> None:
         """Keep the last ``keep`` checkpoints; never delete one that sorts above ours."""
@@ -429,15 +561,7 @@ class State:
         names = os.listdir(self.folder)
         claims = sorted(n for n in names if protocol.CLAIM_RE.match(n))
         doomed = [n for n in claims[: -self.keep] if int(protocol.CLAIM_RE.match(n).group(1)) < self.generation]
-        # Temporary files of writers killed mid-write; none of ours lives this long.
-        cutoff = time.time() - TMP_MAX_AGE_S
-        for name in names:
-            if name.startswith(".ckpt-") and ".tmp-" in name:
-                try:
-                    if (self.folder / name).stat().st_mtime < cutoff:
-                        doomed.append(name)
-                except FileNotFoundError:
-                    pass
+        doomed += dead_writers_files(self.folder, names)
         for name in doomed:
             try:
                 (self.folder / name).unlink()

@@ -36,6 +36,7 @@ MARKER_COLORS = {
     "node_joined": "#2e7d32",
     "node_left": "#8d6e63",
     "resumed": "#9e9e9e",
+    "stall": "#c62828",
 }
 EVENT_COLORS = {
     Kind.WORKER_FAILED: "#c62828",
@@ -51,7 +52,20 @@ EVENT_COLORS = {
     Kind.FENCED: "#c62828",
     Kind.ERROR: "#c62828",
     Kind.FILES_CHANGED: "#c62828",
+    Kind.STALL: "#c62828",
+    Kind.STALL_CLEARED: "#2e7d32",
 }
+NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failures
+
+
+def event_color(e: Event) -> str:
+    if (e.kind == Kind.WORKER_FAILED and e.get("cause") == "peer") or (
+        e.kind == Kind.RESTART and e.get("reason") in ("departure", "membership_change")
+    ):
+        return NEUTRAL
+    return EVENT_COLORS.get(e.kind, "#555")
+
+
 TIMELINE_HIDDEN = {
     Kind.METRIC,
     Kind.LOG,
@@ -215,6 +229,13 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         if state.reason and state.finished
         else ""
     )
+    if state.warning and not state.finished:
+        reason += f'<div class="ne-warning" style="color:#e65100;margin-top:2px">{esc(state.warning)}</div>'
+    if state.stall and not state.finished:
+        reason += (
+            f'<div class="ne-stall" style="color:#c62828;margin-top:2px">'
+            f"{esc(Event(Kind.STALL, 0, None, state.stall).describe())}</div>"
+        )
     if state.waiting and not state.finished:
         reason += f'<div class="ne-waiting" style="color:#e65100;margin-top:2px">{esc(state.waiting)}</div>'
     return (
@@ -252,7 +273,7 @@ def timeline_html(events: Sequence[Event], limit: int = 150) -> str:
     shown = [e for e in events if e.kind not in TIMELINE_HIDDEN][-limit:]
     items = []
     for e in reversed(shown):
-        color = EVENT_COLORS.get(e.kind, "#555")
+        color = event_color(e)
         when = time.strftime("%H:%M:%S", time.localtime(e.time))
         text = esc(describe(e))
         if e.kind == Kind.WORKER_FAILED and e.get("traceback"):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import defaults
-from ...errors import BackendError, JobNotFound
+from ...errors import BackendError, JobNotFound, SpecError
 from ...events import FINAL_STATUSES, Event, Kind
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
@@ -33,8 +33,13 @@ from .folder import (
     prepare_jobs_root,
     write_json_atomic,
 )
+from .gpus import placement_problem, visible_gpus
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
+RESUMABLE_STATUSES = ("lost", "failed", "stopped")
+FOLDER_GONE_WAIT_S = 3.0
+LOST_SUPERVISOR = {"status": "lost", "reason": "its supervisor process is gone (killed, or the machine restarted)"}
+LOST_FOLDER = {"status": "lost", "reason": "its job folder was deleted while it ran"}
 FOLLOW_POLL_S = 0.03
 
 
@@ -56,6 +61,9 @@ class LocalBackend(Backend):
     def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
         folder = self.folder(spec.name)
         lo, hi = spec.nnodes
+        problem = placement_problem(hi, spec.nproc_per_node, visible_gpus())
+        if problem:
+            raise SpecError(f"--nnodes {lo}:{hi}: {problem}")
         conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_LOCAL, is_host=False)
         conf.update(spec.rdzv_conf)
         agent = [
@@ -107,28 +115,40 @@ class LocalBackend(Backend):
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
             self._archive(folder)
-        make_private_dir(folder.path)
-        make_private_dir(folder.logs)
-        script_path, payload_path = bundle.write(folder.script, private=True)
-        # What was packaged, hashed from memory (not re-read from disk): the supervisor runs
-        # these files and nothing else.
-        files_sha256 = {str(script_path): hashlib.sha256(bundle.script.encode()).hexdigest()}
-        if payload_path is not None:
-            files_sha256[str(payload_path)] = hashlib.sha256(bundle.payload).hexdigest()
-        # The --env values and the launched files' sha256 in one 0600 file the supervisor (and a
-        # resumed one) reads; spec.json, which tools and the jobs routes read, names the variables.
-        write_json_atomic(folder.secret_file, {"env": spec.env, "files_sha256": files_sha256})
-        spec_json = spec.to_json()
-        spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
-        write_json_atomic(folder.spec_file, spec_json)
-        write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
-        os.close(os.open(folder.events_file, os.O_WRONLY | os.O_CREAT, FILE_MODE))
+        try:
+            make_private_dir(folder.path)
+            make_private_dir(folder.logs)
+            script_path, payload_path = bundle.write(folder.script, private=True)
+            # What was packaged, hashed from memory (not re-read from disk): the supervisor runs
+            # these files and nothing else.
+            files_sha256 = {str(script_path): hashlib.sha256(bundle.script.encode()).hexdigest()}
+            if payload_path is not None:
+                files_sha256[str(payload_path)] = hashlib.sha256(bundle.payload).hexdigest()
+            # The --env values and the launched files' sha256 in one 0600 file the supervisor (and
+            # a resumed one) reads; spec.json, which tools and the jobs routes read, names the
+            # variables only.
+            write_json_atomic(folder.secret_file, {"env": spec.env, "files_sha256": files_sha256})
+            spec_json = spec.to_json()
+            spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
+            write_json_atomic(folder.spec_file, spec_json)
+            write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
+            os.close(os.open(folder.events_file, os.O_WRONLY | os.O_CREAT, FILE_MODE))
+        except OSError as exc:
+            shutil.rmtree(folder.path, ignore_errors=True)  # no half-written job left behind
+            raise BackendError(
+                f"cannot write the job folder {folder.path} ({exc.strerror}); free space there, or set "
+                "NOTEBOOK_ELASTIC_HOME to a folder on another disk"
+            ) from None
+        self._start_supervisor(folder, spec.name)
+
+    def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:
         env = dict(os.environ)
         env[protocol.ENV_JOB_DIR] = str(folder.path)
+        module = [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach"]
         log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach", str(folder.path)],
+                [*module, *(["--resume"] if resume else []), str(folder.path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -143,8 +163,33 @@ class LocalBackend(Backend):
         while folder.supervisor() is None:
             if time.monotonic() > deadline:
                 kill_all(folder.path)
-                raise BackendError(f"the supervisor of job {spec.name!r} did not start: {_tail(folder.supervisor_log)}")
+                raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
             time.sleep(0.01)
+
+    def resume(self, name: str) -> None:
+        """Continue a lost, failed or stopped job in its folder, from its latest checkpoint.
+
+        The history stays (events, logs, checkpoints); a new supervisor takes over with the
+        same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
+        starts again (said in the ``job_resumed`` event)."""
+        folder = self.folder(name)
+        info = self.describe(name)
+        if info is None:
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        if info.status not in RESUMABLE_STATUSES:
+            raise BackendError(
+                f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
+                + (" (a succeeded job is done: run the cell again to train anew)" if info.status == "succeeded" else "")
+            )
+        kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
+        folder.supervisor_file.unlink(missing_ok=True)
+        with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+        self._start_supervisor(folder, name, resume=True)
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
@@ -177,16 +222,17 @@ class LocalBackend(Backend):
             started = (folder.supervisor() or {}).get("started")
             if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
                 state = "lost"
-                status = {**status, "reason": "its supervisor process is gone (killed, or the machine restarted)"}
+                status = {**status, "reason": LOST_SUPERVISOR["reason"]}
         return JobInfo(
             name=name,
             backend="local",
             status=state,
             summary={
-                **status,
-                "nproc_per_node": spec.get("nproc_per_node"),
+                # The launch spec's range until the job reports its own (set_range moves it).
                 "min_nodes": spec["nnodes"][0],
                 "max_nodes": spec["nnodes"][1],
+                **{k: v for k, v in status.items() if v is not None},
+                "nproc_per_node": spec.get("nproc_per_node"),
             },
             notebook=spec.get("notebook"),
             created=folder.spec_file.stat().st_mtime,
@@ -241,6 +287,9 @@ class LocalBackend(Backend):
     def cancel(self, name: str, timeout_s: float = 30.0) -> None:
         folder = self.folder(name)
         if not folder.exists():
+            # Its folder may have been deleted under it: its processes still carry its path.
+            if kill_all(folder.path):
+                return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
         if (folder.status() or {}).get("status") in FINAL_STATUSES and not folder.supervisor_alive():
             kill_all(folder.path)  # finished: only make sure nothing is left
@@ -289,6 +338,8 @@ class LocalBackend(Backend):
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
         buffer = b""
         idle_checks = 0
+        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
+        gone_since: float | None = None
         with open(folder.events_file, "rb") as f:
             while not stop.is_set():
                 chunk = f.read(1 << 20)
@@ -303,25 +354,46 @@ class LocalBackend(Backend):
                         except ValueError:
                             continue
                         yield event
-                        if event.kind == Kind.JOB_FINISHED:
-                            return
+                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
                     continue
+                if finished and not folder.supervisor_alive():
+                    return  # the end of the file, the job's last word was its outcome, and no
+                    # supervisor (a resumed one) will write more
                 idle_checks += 1
-                if idle_checks % 50 == 0 and not folder.supervisor_alive():
+                if idle_checks % 50 == 0 and os.fstat(f.fileno()).st_nlink == 0:
+                    # Deleted under the job: its supervisor says so in the (unlinked) file we
+                    # still read, as it stops; if it is gone too, say it here.
+                    gone_since = gone_since or time.monotonic()
+                    if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
+                        yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
+                        return
+                elif idle_checks % 50 == 0 and not folder.supervisor_alive():
                     time.sleep(0.2)  # one last read: it may have just written its last line
                     if f.read(1):
                         f.seek(-1, os.SEEK_CUR)
                         continue
                     info = folder.supervisor()
                     if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
-                        yield Event(
-                            Kind.JOB_FINISHED,
-                            time.time(),
-                            None,
-                            {"status": "failed", "reason": "the job's supervisor process died"},
-                        )
+                        # Whoever notices writes it down, so every observer says the same.
+                        event = Event(Kind.JOB_FINISHED, time.time(), None, LOST_SUPERVISOR)
+                        _record_outcome(folder, event)
+                        yield event
                         return
                 stop.wait(FOLLOW_POLL_S)
+
+
+def _record_outcome(folder: JobFolder, event: Event) -> None:
+    """Append an outcome the supervisor could not write (it is dead) and put it in status.json,
+    unless another observer already did."""
+    try:
+        status = folder.status() or {}
+        if status.get("status") == event.get("status"):
+            return
+        _append_event(folder, event)
+        status.update(status=event.get("status"), reason=event.get("reason"), updated=time.time())
+        write_json_atomic(folder.status_file, status)
+    except OSError:
+        pass  # a full or vanished disk: the event still reaches this observer
 
 
 def _append_event(folder: JobFolder, event: Event) -> None:

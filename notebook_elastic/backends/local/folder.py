@@ -124,9 +124,13 @@ def write_json_atomic(path: Path, data: Any, mode: int = FILE_MODE) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     os.fchmod(fd, mode)  # os.open's mode is filtered by the umask
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no empty temp file left by a full disk
+        raise
 
 
 class JobFolder:

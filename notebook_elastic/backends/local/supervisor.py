@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,15 +40,56 @@ from typing import IO, Any
 
 from ... import defaults
 from ...events import Event, Kind, LineParser
-from ...job_state import JobState, budget_spent_reason
+from ...job_state import JobState, budget_spent_reason, describe_failure
 from ...runtime import protocol
 from ...runtime.payload import payload_path_for
+from ...runtime.state import newest_generation
 from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
-from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, write_json_atomic
+from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
+from .gpus import placement_problem, visible_gpus
 
 STOP_GRACE_S = 10.0
+#: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
+#: by themselves; what is left after it is an orphan, killed and counted.
+EXIT_GRACE_S = 5.0
+#: Worker output kept in events.jsonl (the chart's history); the node logs keep all of it.
+EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024
+#: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
+NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
+#: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
+#: so events and status still find room.
+LOG_FLOOR_BYTES = 64 * 1024 * 1024
+DISK_RETRY_S = 5.0
+
+
+@dataclass
+class StallClock:
+    """When the job last made progress, and what was said about a stall since."""
+
+    step: int | None = None
+    since: float = 0.0  # monotonic time of the last progress (or of the group's start)
+    step_s: list[float] = field(default_factory=list)  # recent seconds per step, for the median
+    announced: bool = False
+    restarted: bool = False
+
+
+def _is_zygote(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"notebook_elastic._warm\0serve" in f.read()
+    except OSError:
+        return False
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process (R, S, D, T for stopped, ...), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 @dataclass
@@ -57,6 +99,8 @@ class Agent:
     started: float
     epoch: int
     exit_reason: str | None = None  # set when we signal it on purpose
+    gpus: list[str] = field(default_factory=list)  # its ranks' devices, its own alone
+    log_bytes: int = 0  # written to its current log file
     reaped: bool = False
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
@@ -69,15 +113,26 @@ class Agent:
 
 
 class EventSink:
-    """The single writer of events.jsonl; folds every event into the supervisor's JobState."""
+    """The single writer of events.jsonl; folds every event into the supervisor's JobState.
 
-    def __init__(self, path: Path, state: JobState, observe: Any) -> None:
-        self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE), "a", buffering=1 << 16)
+    A full disk is a state, not a crash: every event is still folded (status, the chart, the
+    control channel carry on); what cannot be written is dropped, quiet kinds first, and the
+    job says so once. Worker output in the history is capped (the node logs keep it all).
+    """
+
+    def __init__(self, path: Path, state: JobState, observe: Any, room_for_output: Any = lambda: True) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        self.room_for_output = room_for_output
         self.state = state
         self.observe = observe
         self.lock = threading.Lock()
         self.queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
         self.changed = threading.Event()
+        self.torn = False  # the last write stopped mid-line (disk full): end that line first
+        self.quiet_until = 0.0  # disk full: quiet kinds are not even tried before this time
+        self.disk_told = False
+        self.log_bytes = 0
+        self.log_capped = False
         self.thread = threading.Thread(target=self._run, name="event-sink", daemon=True)
         self.thread.start()
 
@@ -88,25 +143,76 @@ class EventSink:
         while True:
             event = self.queue.get()
             batch = [event]
-            while True:  # drain what is waiting, then flush once
+            while True:  # drain what is waiting, then write once
                 try:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
             done = False
             with self.lock:
+                lines = []
                 for item in batch:
                     if item is None:
                         done = True
                         continue
-                    self.file.write(item.to_line() + "\n")
-                    self.state.apply(item)
-                    self.observe(item)
-                self.file.flush()
+                    try:
+                        line = item.to_line() + "\n"
+                    except (TypeError, ValueError):  # not JSON (a worker sent something odd): dropped
+                        continue
+                    self.state.apply(item)  # never raises: a bad event is dropped there
+                    try:
+                        self.observe(item)
+                    except Exception:  # an observer's bug must not stop the history
+                        traceback.print_exc()
+                    if self._keep(item, line):
+                        lines.append(line)
+                self._write(lines)
             self.changed.set()
             if done:
-                self.file.close()
+                os.close(self.fd)
                 return
+
+    def _keep(self, item: Event, line: str) -> bool:
+        """Whether ``item`` goes to the file: output beyond the cap and, while the disk is
+        full, metrics, output and checkpoints do not (they are still folded in memory)."""
+        quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT)
+        if quiet and time.monotonic() < self.quiet_until:
+            return False
+        if item.kind == Kind.LOG:
+            if not self.room_for_output():
+                return False
+            self.log_bytes += len(line)
+            if self.log_bytes > EVENTS_OUTPUT_CAP_BYTES:
+                if not self.log_capped:
+                    self.log_capped = True
+                    self.queue.put(Event(Kind.OUTPUT_CAPPED, time.time(), None, {"cap_bytes": EVENTS_OUTPUT_CAP_BYTES}))
+                return False
+        return True
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        data = ("\n" if self.torn else "") + "".join(lines)
+        view = memoryview(data.encode())
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+            self.torn = False
+        except OSError as exc:
+            self.torn = self.torn or len(view) < len(data.encode())
+            self.quiet_until = time.monotonic() + DISK_RETRY_S
+            if not self.disk_told:
+                self.disk_told = True
+                told = Event(
+                    Kind.DISK_FULL,
+                    time.time(),
+                    None,
+                    {
+                        "message": f"the job folder's disk cannot be written ({exc.strerror}): training goes on; "
+                        "its history and logs are incomplete until there is room"
+                    },
+                )
+                self.state.apply(told)
 
     def close(self) -> None:
         self.queue.put(None)
@@ -114,8 +220,9 @@ class EventSink:
 
 
 class Supervisor:
-    def __init__(self, folder: JobFolder) -> None:
+    def __init__(self, folder: JobFolder, resume: bool = False) -> None:
         self.folder = folder
+        self.resume = resume
         self.spec = JobSpec.from_json(folder.spec())
         # spec.json names the --env variables; their values are in the 0600 secret.json.
         secret = folder.secret()
@@ -128,7 +235,10 @@ class Supervisor:
         self.files_reason: str | None = None  # set once a changed file stopped the job
         self.range = self.spec.nnodes
         self.target = self.spec.initial_nodes
-        self.epoch = 0
+        # Above every generation already in the checkpoint folder (a resumed job, a reused
+        # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
+        newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
+        self.epoch = newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0
         self.rdzv_base = f"{self.spec.name}-{uuid.uuid4().hex[:8]}"
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
@@ -139,12 +249,19 @@ class Supervisor:
         self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
         self.state = JobState(max_restarts=self.spec.max_restarts, nnodes=self.range, target=self.target)
         self.folder.logs.mkdir(exist_ok=True)
-        self.sink = EventSink(folder.events_file, self.state, self._observe)
+        self._space_checked = 0.0
+        self._space_ok = True
+        self.sink = EventSink(folder.events_file, self.state, self._observe, self._output_allowed)
         self.authkey = secrets.token_bytes(32)
-        self.gpus = _visible_gpus()
+        self.gpus = visible_gpus()
+        self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
         self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True))
+        self.stall_after_s = float(self.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
+        self.stall = StallClock(since=time.monotonic())
+        self.failures_seen: dict[tuple, int] = {}
+        self.fatal: str | None = None  # why the job stops now, when retrying is pointless
 
     # -- events --------------------------------------------------------------------------
 
@@ -161,6 +278,15 @@ class Supervisor:
             self.workers[int(e.get("rank", 0))] = (int(e.get("pid")), e.node or "", gen)
         elif e.kind in (Kind.WORKER_FINISHED,):
             self.workers.pop(int(e.get("rank", -1)), None)
+        elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.fatal is None:
+            # A failure that will come back at every retry is not retried to the end of the budget.
+            key = (e.get("rank"), e.get("step"), e.get("error"), e.get("message"))
+            self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
+            what = describe_failure(e)
+            if e.get("fatal"):
+                self.fatal = what
+            elif self.failures_seen[key] >= 2 and e.get("step") is not None:
+                self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
     # -- agents --------------------------------------------------------------------------
 
@@ -197,7 +323,7 @@ class Supervisor:
             str(self.folder.script),
         ]  # [3:] are torchrun's own arguments
 
-    def _agent_env(self, name: str, index: int) -> dict[str, str]:
+    def _agent_env(self, name: str, index: int, gpus: list[str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.spec.env)
         cwd = self.spec.backend_options.get("cwd") or os.getcwd()
@@ -218,11 +344,20 @@ class Supervisor:
                 "PYTHONPATH": os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH", "")) if p),
             }
         )
-        if self.gpus:
-            n = self.spec.nproc_per_node
-            share = [self.gpus[(index * n + i) % len(self.gpus)] for i in range(n)]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(share)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return env
+
+    def _take_gpus(self) -> list[str] | None:
+        """GPUs for one more node, one per local rank, none in use by a live node (None: not
+        enough are free yet, a node on its way out still holds its own)."""
+        if not self.gpus:
+            return []
+        n = self.spec.nproc_per_node
+        if len(self.free_gpus) < n:
+            return None
+        taken, self.free_gpus = self.free_gpus[:n], self.free_gpus[n:]
+        return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
         proc = subprocess.Popen(
@@ -243,11 +378,14 @@ class Supervisor:
             agent.readers.append(t)
         return agent
 
-    def start_agent(self) -> Agent:
+    def start_agent(self) -> Agent | None:
+        gpus = self._take_gpus()
+        if gpus is None:
+            return None
         index = self.next_index
         self.next_index += 1
         name = f"node-{index}"
-        env = self._agent_env(name, index)
+        env = self._agent_env(name, index, gpus)
         spare, self.spare = self.spare, None
         if spare is not None and spare.alive:
             # A warm spare: Python and torch are already imported; tell it who it is.
@@ -272,8 +410,16 @@ class Supervisor:
         else:
             agent = self._spawn(name, self._agent_command(), env)
             agent.proc.stdin.close()  # type: ignore[union-attr]
+        agent.gpus = gpus
         self.agents[name] = agent
-        self.emit(Kind.NODE_JOINED, name, pid=agent.proc.pid, epoch=self.epoch, warm=agent is spare)
+        self.emit(
+            Kind.NODE_JOINED,
+            name,
+            pid=agent.proc.pid,
+            epoch=self.epoch,
+            warm=agent is spare,
+            **({"gpus": gpus} if gpus else {}),
+        )
         return agent
 
     def _keep_a_spare(self) -> None:
@@ -297,12 +443,51 @@ class Supervisor:
     def _read(self, agent: Agent, parser: LineParser, pipe: IO[bytes]) -> None:
         for raw in iter(pipe.readline, b""):
             now = time.time()
-            with agent.log_lock:
-                agent.log.write(raw)  # type: ignore[union-attr]
+            if self._output_allowed():
+                with agent.log_lock:
+                    self._log(agent, raw)
             event = parser.feed(raw.decode("utf-8", "replace"), now)
             if event is not None and not agent.name.startswith("spare-"):
                 self.sink.put(event)
         pipe.close()
+
+    def _log(self, agent: Agent, raw: bytes) -> None:
+        """Append to the node's log, rotated at NODE_LOG_CAP_BYTES (node-N.log.1 keeps the last
+        part); a write that fails (disk full) is dropped, never fatal."""
+        try:
+            if agent.log_bytes + len(raw) > NODE_LOG_CAP_BYTES:
+                agent.log.close()  # type: ignore[union-attr]
+                current = self.folder.logs / f"{agent.name}.log"
+                os.replace(current, current.with_name(current.name + ".1"))
+                agent.log = open(current, "ab")
+                agent.log_bytes = 0
+            agent.log.write(raw)  # type: ignore[union-attr]
+            agent.log_bytes += len(raw)
+        except (OSError, ValueError):
+            pass
+
+    def _output_allowed(self) -> bool:
+        """Whether the disk has room for output above the floor (checked once a second): below
+        it, output is dropped so that events and the status still find room."""
+        now = time.monotonic()
+        if now - self._space_checked < 1.0:
+            return self._space_ok
+        self._space_checked = now
+        try:
+            fs = os.statvfs(self.folder.path)
+        except OSError:
+            return self._space_ok
+        floor = min(LOG_FLOOR_BYTES, fs.f_blocks * fs.f_frsize // 20)
+        ok = fs.f_bavail * fs.f_frsize >= floor
+        if self._space_ok and not ok:
+            free = fs.f_bavail * fs.f_frsize
+            self.emit(
+                Kind.DISK_FULL,
+                message=f"the job folder's disk has {free // 1024} KiB free: worker output is no longer written "
+                "to logs/ (training goes on)",
+            )
+        self._space_ok = ok
+        return ok
 
     def signal_agent(self, agent: Agent, sig: int, reason: str) -> None:
         if agent.exit_reason is None:
@@ -318,11 +503,16 @@ class Supervisor:
     def alive_agents(self) -> list[Agent]:
         return [a for a in self.agents.values() if not a.reaped and a.alive]
 
+    def staying_agents(self) -> list[Agent]:
+        """Live agents not already told to go (a preempted node takes a moment to leave)."""
+        return [a for a in self.alive_agents() if a.exit_reason is None]
+
     def _reap(self) -> None:
         for agent in list(self.agents.values()):
             if agent.reaped or agent.alive:
                 continue
             agent.reaped = True
+            self.free_gpus = [g for g in self.gpus if g in self.free_gpus or g in agent.gpus]
             for t in agent.readers:
                 t.join(timeout=2.0)  # let its last lines in before it is declared gone
             code = agent.proc.returncode
@@ -342,11 +532,16 @@ class Supervisor:
         """Start or stop agents until as many run as the target says."""
         if self.stopping:
             return
-        alive = self.alive_agents()
+        # Agents on their way out do not count: counting a preempted node-0 that is still
+        # shutting down made the target look exceeded, and the survivor was scaled down too.
+        alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
         while len(alive) < self.target:
-            alive.append(self.start_agent())
+            agent = self.start_agent()
+            if agent is None:
+                break  # its GPUs are still held by a node on its way out: next round
+            alive.append(agent)
         if len(alive) > self.target:
             for agent in sorted(alive, key=lambda a: a.started)[self.target :]:
                 self.signal_agent(agent, signal.SIGTERM, "scaled_down")
@@ -354,7 +549,7 @@ class Supervisor:
     # -- commands ------------------------------------------------------------------------
 
     def _pick_agent(self, node: str | None) -> Agent:
-        alive = self.alive_agents()
+        alive = self.staying_agents()
         if node is None:
             if not alive:
                 raise ValueError("no node is running right now")
@@ -381,6 +576,9 @@ class Supervisor:
             raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
         if (min_nodes, max_nodes) == tuple(self.range):
             return {"target": self.target, "reconfigured": False}
+        problem = placement_problem(max_nodes, self.spec.nproc_per_node, self.gpus)
+        if problem:
+            raise ValueError(f"range {min_nodes}:{max_nodes}: {problem}")
         self.range = (min_nodes, max_nodes)
         self.target = min(max(self.target, min_nodes), max_nodes)
         # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
@@ -458,6 +656,8 @@ class Supervisor:
     def _handle(self, request: dict) -> Any:
         command = request.get("command")
         args = request.get("args") or {}
+        if self.stopping and command not in ("stop", "status"):
+            raise ValueError(f"the job is stopping, so it cannot {command.replace('_', ' ')}")
         if command == "scale":
             return self.do_scale(int(args["nodes"]))
         if command == "set_range":
@@ -521,8 +721,17 @@ class Supervisor:
         )
         threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
         spec = self.spec
+        before = None
+        if self.resume:
+            # The history so far, folded, so status.json goes on from it (steps, metrics).
+            with open(self.folder.events_file, "rb") as f:
+                history = [e for e in (_parse(line) for line in f) if e is not None]
+            with self.sink.lock:
+                self.state.apply_all(history)
+                before = self.state.status if self.state.finished else "lost"
         self.emit(
-            Kind.JOB_SUBMITTED,
+            Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
+            **({"after": before} if self.resume else {}),
             name=spec.name,
             nodes=self.target,
             min_nodes=self.range[0],
@@ -543,7 +752,7 @@ class Supervisor:
         return 0
 
     def _loop(self) -> tuple[str, str | None]:
-        last_status = 0.0
+        last_status = last_folder_check = 0.0
         while True:
             try:
                 request, reply = self.commands.get(timeout=0.05)
@@ -564,6 +773,18 @@ class Supervisor:
             self.returns.sort()
             self._converge()
             self._keep_a_spare()
+            self._watch_for_stalls(now)
+            if self.fatal and not self.stopping:
+                self.do_stop()
+            if now - last_folder_check > 1.0:
+                last_folder_check = now
+                if self._folder_deleted():
+                    # Its folder was deleted: no checkpoint or record can be written any more.
+                    for agent in self.alive_agents():
+                        self.signal_agent(agent, signal.SIGKILL, "stopped")
+                    for agent in self.agents.values():
+                        agent.proc.wait()
+                    return "lost", "its job folder was deleted while it ran"
             if self.stopping and self.stop_deadline and now > self.stop_deadline:
                 for agent in self.alive_agents():
                     self.signal_agent(agent, signal.SIGKILL, "stopped")
@@ -574,6 +795,8 @@ class Supervisor:
             if not self.alive_agents() and all(a.reaped for a in self.agents.values()):
                 if self.files_reason is not None:
                     return "failed", self.files_reason
+                if self.fatal:
+                    return "failed", self.fatal
                 if self.stopping:
                     return "stopped", "stopped on request"
                 if any(a.proc.returncode == 0 for a in self.agents.values()):
@@ -581,6 +804,67 @@ class Supervisor:
                 if self.returns:
                     continue  # capacity comes back later: wait for it
                 return "failed", self._failure_reason()
+
+    def _folder_deleted(self) -> bool:
+        """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
+        one at the same path since: the events file we write is then unlinked all the same)."""
+        try:
+            return os.fstat(self.sink.fd).st_nlink == 0 or not self.folder.path.is_dir()
+        except (OSError, ValueError):
+            return True
+
+    def _watch_for_stalls(self, now: float) -> None:
+        """A running job whose step has not moved for max(stall_after_s, 10 x the median step
+        time) is stalled (a SIGSTOPped rank, a hung collective, a stuck filesystem look the
+        same): say which ranks stopped and which wait; with --stall-timeout, restart the group."""
+        with self.sink.lock:
+            step, status = self.state.step, self.state.status
+        clock = self.stall
+        if step != clock.step or status != "running":
+            if clock.announced and status == "running":
+                self.emit(Kind.STALL_CLEARED, step=step, for_s=round(now - clock.since, 1))
+            if step is not None and clock.step is not None and step > clock.step and status == "running":
+                clock.step_s = [*clock.step_s[-49:], (now - clock.since) / (step - clock.step)]
+            clock.step, clock.since, clock.announced, clock.restarted = step, now, False, False
+            return
+        if step is None:
+            return
+        stalled_s = now - clock.since
+        median = sorted(clock.step_s)[len(clock.step_s) // 2] if clock.step_s else 0.0
+        threshold = max(self.stall_after_s, 10 * median)
+        if not clock.announced and stalled_s >= threshold:
+            stopped, waiting = self._stalled_ranks()
+            self.emit(
+                Kind.STALL,
+                step=step,
+                for_s=round(stalled_s, 1),
+                stopped=stopped,
+                waiting=waiting,
+                restart_after_s=self.spec.stall_timeout_s,
+            )
+            clock.announced = True
+        limit = self.spec.stall_timeout_s
+        if clock.announced and limit and not clock.restarted and stalled_s >= max(threshold, limit):
+            stopped, waiting = self._stalled_ranks()
+            for rank in stopped or waiting:  # a hang with no stopped rank: the whole group
+                pid = self.workers.get(rank, (None,))[0]
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)  # the agent restarts the group: one restart
+                    except OSError:
+                        pass
+            self.emit(Kind.STALL_CLEARED, step=step, for_s=round(stalled_s, 1), restarted=True)
+            clock.restarted = True
+
+    def _stalled_ranks(self) -> tuple[list[int], list[int]]:
+        """Ranks of the newest group whose process is stopped (T), and the others (waiting)."""
+        newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
+        stopped, waiting = [], []
+        for rank, (pid, _node, gen) in sorted(self.workers.items()):
+            if gen != newest:
+                continue
+            (stopped if process_state(pid) in ("T", "t") else waiting).append(rank)
+        return stopped, waiting
 
     def _failure_reason(self) -> str:
         with self.sink.lock:
@@ -605,14 +889,30 @@ class Supervisor:
             notebook=self.spec.notebook,
             updated=time.time(),
         )
-        write_json_atomic(self.folder.status_file, summary)
+        try:
+            write_json_atomic(self.folder.status_file, summary)
+        except OSError:
+            self.sink.changed.set()  # a full disk: try again at the next round
 
     def _finish(self, outcome: tuple[str, str | None]) -> None:
         status, reason = outcome
+        spare_pid = None
         if self.spare is not None:
-            self.spare.proc.stdin.close()  # type: ignore[union-attr]
+            spare_pid = self.spare.proc.pid
+            self.spare.proc.stdin.close()  # type: ignore[union-attr]  # "not needed": it exits
             self.spare = None
-        leftovers = kill_all(self.folder.path, grace_s=2.0)
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while processes_of(self.folder.path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Still here under load: the spare agent and the zygotes (still importing torch, they
+        # read their orders only afterwards) are machinery on its way out, not orphans.
+        machinery = [p for p in processes_of(self.folder.path) if p == spare_pid or _is_zygote(p)]
+        for pid in machinery:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        leftovers = [p for p in kill_all(self.folder.path, grace_s=2.0) if p not in machinery]
         data: dict[str, Any] = {"status": status}
         if reason:
             data["reason"] = reason
@@ -620,22 +920,15 @@ class Supervisor:
             data["orphans_killed"] = len(leftovers)
         self.emit(Kind.JOB_FINISHED, **data)
         self.sink.close()
+        if not self.folder.events_file.exists():
+            return  # deleted under us: nothing left to record in
         self._write_status()
         info = self.folder.supervisor() or {}
         info["exited"] = True
-        write_json_atomic(self.folder.supervisor_file, info, mode=0o600)
-
-
-def _visible_gpus() -> list[str]:
-    """GPU ids to split across agents: CUDA_VISIBLE_DEVICES, else what nvidia-smi lists."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+        try:
+            write_json_atomic(self.folder.supervisor_file, info, mode=0o600)
+        except OSError:
+            pass  # a full disk: the process is gone all the same, which is what readers check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -649,9 +942,17 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
         if os.fork() > 0:
             os._exit(0)
-    folder = JobFolder(args[0])
+    resume = args[:1] == ["--resume"]
+    folder = JobFolder(args[1] if resume else args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
-    return Supervisor(folder).run()
+    return Supervisor(folder, resume=resume).run()
+
+
+def _parse(line: bytes) -> Event | None:
+    try:
+        return Event.from_line(line.decode("utf-8", "replace"))
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn last line of a supervisor that died mid-write
 
 
 if __name__ == "__main__":

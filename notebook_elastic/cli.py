@@ -1,0 +1,269 @@
+"""``notebook-elastic``: the jobs from a terminal, a script or an SSH session, no notebook open.
+
+    notebook-elastic jobs [--json]                  every job, including finished ones
+    notebook-elastic status NAME [--json]           one job's state
+    notebook-elastic logs NAME [-f] [--node N]      the agents' and workers' output
+    notebook-elastic events NAME [-f] [--json]      the job's history, then live events
+    notebook-elastic scale NAME N                   run on N nodes
+    notebook-elastic stop NAME                      stop it and everything it started
+    notebook-elastic resume NAME                    continue a lost, failed or stopped job
+    notebook-elastic export NOTEBOOK --cell N -o train.py
+
+Every command takes ``--backend local|kubernetes`` (and ``--namespace``/``--context`` for a
+cluster). Exit status: 0 done, 1 the operation failed (one sentence on stderr), 2 bad usage,
+4 no such job. Like the magics, it only parses and delegates to the Python API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import JobNotFound, NotebookElasticError
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 4
+FOLLOW_POLL_S = 0.2
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--backend", default="local", choices=["local", "kubernetes"], help="where the job runs")
+    common.add_argument("--namespace", default=None, help="kubernetes: the namespace (default: the context's)")
+    common.add_argument("--context", default=None, help="kubernetes: the kubeconfig context (default: current)")
+    parser = argparse.ArgumentParser(
+        prog="notebook-elastic", description="Elastic torchrun jobs launched from notebooks, from a terminal."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("jobs", parents=[common], help="list every job")
+    p.add_argument("--json", action="store_true", help="one JSON object per job")
+    p = sub.add_parser("status", parents=[common], help="one job's state")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("logs", parents=[common], help="a job's output (agents and workers)")
+    p.add_argument("name")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
+    p.add_argument("--node", default=None, help="only this node (node-1, or 1)")
+    p = sub.add_parser("events", parents=[common], help="a job's events")
+    p.add_argument("name")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new events until the job ends")
+    p.add_argument("--json", action="store_true", help="the events as JSON lines")
+    p.add_argument("--all", action="store_true", help="metrics, checkpoints and log lines too")
+    p = sub.add_parser("scale", parents=[common], help="run a job on N nodes")
+    p.add_argument("name")
+    p.add_argument("nodes", type=int)
+    p = sub.add_parser("stop", parents=[common], help="stop a job and everything it started")
+    p.add_argument("name")
+    p = sub.add_parser("resume", parents=[common], help="continue a lost, failed or stopped job")
+    p.add_argument("name")
+    p = sub.add_parser("export", help="write a notebook's training cell as a standalone script")
+    p.add_argument("notebook", help="the .ipynb file")
+    p.add_argument("--cell", type=int, required=True, help="the training cell: its number, counting code cells from 1")
+    p.add_argument("-o", "--output", required=True, help="the script to write, like train.py")
+    return parser
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    from .backends import get_backend
+
+    if args.backend == "kubernetes":
+        return get_backend("kubernetes", namespace=args.namespace, context=args.context)
+    return get_backend("local")
+
+
+def _info(args: argparse.Namespace) -> Any:
+    info = _backend(args).describe(args.name)
+    if info is None:
+        raise JobNotFound(f"no {args.backend} job named {args.name!r}; `notebook-elastic jobs` lists them")
+    return info
+
+
+def _info_json(info: Any) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "backend": info.backend,
+        "status": info.status,
+        "damaged": info.damaged,
+        "location": info.location,
+        "notebook": info.notebook,
+        **{k: v for k, v in info.summary.items() if k not in ("nodes", "transitions", "loss_tail")},
+    }
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from .launcher import jobs
+
+    options = {"namespace": args.namespace, "context": args.context} if args.backend == "kubernetes" else {}
+    listed = jobs(args.backend, **{k: v for k, v in options.items() if v})
+    if args.json:
+        for info in listed:
+            print(json.dumps(_info_json(info), default=str))
+    else:
+        print(repr(listed))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .launcher import JobList
+
+    info = _info(args)
+    if args.json:
+        print(json.dumps(_info_json(info), default=str))
+        return 0
+    print(repr(JobList([info])))
+    if info.summary.get("reason"):
+        print(f"reason: {info.summary['reason']}")
+    if info.location:
+        print(f"folder: {info.location}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    if args.backend != "local":
+        raise NotebookElasticError("logs are read from local job folders; for a cluster use kubectl logs")
+    folder = backend.folder(args.name)
+    if not folder.exists():
+        raise JobNotFound(f"no local job named {args.name!r}; `notebook-elastic jobs` lists them")
+    node = args.node
+    if node is not None and node.isdigit():
+        node = f"node-{node}"
+    paths = sorted(folder.logs.glob(f"{node}.log" if node else "node-*.log"))
+    if node and not paths:
+        known = ", ".join(p.stem for p in sorted(folder.logs.glob("node-*.log"))) or "none yet"
+        raise NotebookElasticError(f"job {args.name!r} has no node {node!r} (nodes: {known})")
+    offsets: dict[str, int] = {}
+    prefix = len(paths) > 1 or not node
+
+    def drain() -> None:
+        for path in sorted(folder.logs.glob(f"{node}.log" if node else "node-*.log")):
+            with open(path, "rb") as f:
+                f.seek(offsets.get(path.name, 0))
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]  # a line being written: next time
+            offsets[path.name] = offsets.get(path.name, 0) + len(whole)
+            for line in whole.decode("utf-8", "replace").splitlines():
+                print(f"[{path.stem}] {line}" if prefix else line, flush=True)
+
+    drain()
+    while args.follow and _running(backend, args.name):
+        time.sleep(FOLLOW_POLL_S)
+        drain()
+    drain()
+    return 0
+
+
+def _running(backend: Any, name: str) -> bool:
+    from .events import FINAL_STATUSES
+
+    info = backend.describe(name)
+    return info is not None and info.status not in (*FINAL_STATUSES, "lost", "damaged")
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from .events import Event, Kind
+
+    backend = _backend(args)
+    _info(args)
+    quiet = {Kind.METRIC, Kind.LOG, Kind.CHECKPOINT}
+    if args.follow or args.backend != "local":
+        stop = threading.Event()
+        idle = _IdleStop(stop, None if args.follow else 2.0)  # a cluster's history, then quiet
+        events = (idle.saw(e) for e in backend.follow(args.name, stop))
+    else:  # the history as written now
+        with open(backend.folder(args.name).events_file, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        events = (Event.from_line(line) for line in lines if line.strip())
+    for event in events:
+        if not args.all and event.kind in quiet:
+            continue
+        if args.json:
+            print(json.dumps(event.to_json(), default=str), flush=True)
+        else:
+            when = time.strftime("%H:%M:%S", time.localtime(event.time))
+            print(f"{when} {event.kind:<16} {event.describe()}", flush=True)
+    return 0
+
+
+class _IdleStop:
+    """Sets ``stop`` once no event came for ``idle_s`` seconds (never when None)."""
+
+    def __init__(self, stop: threading.Event, idle_s: float | None) -> None:
+        self.stop, self.idle_s, self.last = stop, idle_s, time.monotonic()
+        if idle_s is not None:
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def saw(self, event: Any) -> Any:
+        self.last = time.monotonic()
+        return event
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.2):
+            if time.monotonic() - self.last > self.idle_s:  # type: ignore[operator]
+                self.stop.set()
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    result = _backend(args).scale(args.name, args.nodes)
+    print(f"{args.name}: scaling to {result.get('target', args.nodes)} node(s)")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    backend.cancel(args.name)
+    info = backend.describe(args.name)
+    print(f"{args.name}: {info.status if info else 'gone'}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    backend.resume(args.name)
+    print(f"{args.name}: resumed from its latest checkpoint (`notebook-elastic events {args.name} -f` follows it)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_notebook_cell
+
+    export_notebook_cell(args.notebook, args.cell, args.output)
+    return 0
+
+
+COMMANDS = {
+    "jobs": cmd_jobs,
+    "status": cmd_status,
+    "logs": cmd_logs,
+    "events": cmd_events,
+    "scale": cmd_scale,
+    "stop": cmd_stop,
+    "resume": cmd_resume,
+    "export": cmd_export,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except JobNotFound as exc:
+        print(f"notebook-elastic: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except NotebookElasticError as exc:
+        print(f"notebook-elastic: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `notebook-elastic logs x | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

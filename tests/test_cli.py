@@ -1,0 +1,122 @@
+"""The `notebook-elastic` command, run as users run it: the installed console script, in a
+subprocess, against real job folders and a real notebook file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from conftest import torchrun
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+
+CLI = Path(sys.executable).with_name("notebook-elastic")
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+def test_the_console_script_is_installed_and_says_what_is_wrong(home):
+    assert CLI.exists(), "pip install did not create the notebook-elastic command"
+    listed = cli("jobs")
+    assert listed.returncode == 0 and listed.stdout.strip() == "no elastic jobs"
+    missing = cli("status", "nope")
+    assert missing.returncode == 4
+    assert missing.stderr.strip() == "notebook-elastic: no local job named 'nope'; `notebook-elastic jobs` lists them"
+    assert cli("scale", "nope", "two").returncode == 2  # argparse: not a number
+    assert cli("frobnicate").returncode == 2
+
+
+TRAIN = """
+model = torch.nn.Linear(2, 1)
+state = elastic.State(model=model)
+print(f"hello from rank {elastic.rank()}", flush=True)
+for step in state.steps(TOTAL):
+    elastic.report(step=step, loss=1.0 / (step + 1))
+    state.commit()
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(home):
+    job = ne.launch(
+        TRAIN, nnodes="1:2", name="term", user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 150}
+    )
+    deadline = time.monotonic() + 90
+    while job.state.step is None or job.state.step < 3:
+        assert time.monotonic() < deadline, job.summary()
+        time.sleep(0.1)
+    status = cli("status", "term", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["status"] == "running"
+    scaled = cli("scale", "term", "2")
+    assert scaled.returncode == 0 and scaled.stdout.strip() == "term: scaling to 2 node(s)"
+    deadline = time.monotonic() + 90
+    while job.world_size != 2:
+        assert time.monotonic() < deadline, job.summary()
+        time.sleep(0.1)
+    logs = cli("logs", "term", "--node", "0")
+    assert logs.returncode == 0 and "hello from rank 0" in logs.stdout
+    assert "no node 'node-7'" in cli("logs", "term", "--node", "7").stderr
+    stopped = cli("stop", "term")
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "term: stopped"
+    resumed = cli("resume", "term")
+    assert resumed.returncode == 0, resumed.stderr
+    followed = cli("events", "term", "-f", timeout=240)  # returns when the job ends
+    assert followed.returncode == 0
+    lines = followed.stdout.splitlines()
+    assert any("job_resumed" in line and "resumed after it was stopped" in line for line in lines)
+    assert "job_finished" in lines[-1] and "job succeeded" in lines[-1]
+    history = cli("events", "term", "--json", "--all")
+    kinds = [json.loads(line)["kind"] for line in history.stdout.splitlines()]
+    assert kinds.count("metric") >= 150 and kinds[-1] == "job_finished"
+    assert json.loads(cli("jobs", "--json").stdout)["status"] == "succeeded"
+
+
+@pytest.mark.slow
+def test_export_runs_the_notebook_and_writes_a_script_plain_torchrun_runs(home, tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "helpers.py").write_text("def scale(x):\n    return 2 * x\n")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# A notebook as users write it"),
+        nbformat.v4.new_code_cell(
+            "!pip install something-we-never-install\n%matplotlib inline\nimport torch\nfrom helpers import scale"
+        ),
+        nbformat.v4.new_code_cell(
+            "def log_line(path, text):\n    with open(path, 'a') as f:\n        print(text, file=f)\n"
+            "weights = torch.arange(4.0)"
+        ),
+        nbformat.v4.new_code_cell("%%elastic_train --nnodes 1:2 --name never-launched\nprint('a cell we skip')"),
+        nbformat.v4.new_code_cell(
+            "%%elastic_train --nproc-per-node 2 --name exported\n"
+            "log_line(f'log-{elastic.rank()}.csv', 'step,loss')\n"
+            "print('rank', elastic.rank(), 'sum', scale(weights).sum().item())\n"
+        ),
+    ]
+    nbformat.write(nb, folder / "train.ipynb")
+    out = tmp_path / "out"
+    out.mkdir()
+    done = cli("export", str(folder / "train.ipynb"), "--cell", "4", "-o", str(out / "train.py"))
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out / 'train.py'}" in done.stdout
+    assert not (home / "jobs").exists()  # exporting launched nothing
+    ran = torchrun("--nproc-per-node", "2", "train.py", cwd=out, env={"PYTHONPATH": str(folder)})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert sorted(line for line in ran.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 sum 12.0",
+        "rank 1 sum 12.0",
+    ]
+    assert (out / "log-1.csv").read_text() == "step,loss\n"
+    bad = cli("export", str(folder / "train.ipynb"), "--cell", "9", "-o", str(out / "x.py"))
+    assert bad.returncode == 1 and "train.ipynb has 4 code cells; pick one of 1..4" in bad.stderr
