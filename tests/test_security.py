@@ -206,3 +206,35 @@ def test_a_home_that_is_a_link_of_our_own_is_judged_by_its_target(home, tmp_path
         os.lchown(other, 65534, 65534)
         with pytest.raises(ne.BackendError, match="a link owned by another user"):
             prepare_jobs_root(other)
+
+
+TOKEN_EVERY_STEP = """
+import hashlib, os
+state = elastic.State(model=torch.nn.Linear(2, 1))
+digest = int(hashlib.sha256(os.environ["HF_TOKEN"].encode()).hexdigest()[:12], 16)
+for step in state.steps(100000):
+    state.commit()
+    elastic.report(step=step, digest=digest)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_a_resumed_job_gets_its_env_values_back_from_its_private_file(home):
+    """resume() starts a new supervisor from the folder alone: the --env values come from the
+    0600 secret.json, not from the kernel that launched the job."""
+    expected = int(hashlib.sha256(SECRET.encode()).hexdigest()[:12], 16)
+    job = ne.launch(TOKEN_EVERY_STEP, nnodes="1", name="again", env={"HF_TOKEN": SECRET}, user_ns=namespace())
+    deadline = time.monotonic() + 120
+    while not (job.state.step is not None and job.state.step >= 2):
+        assert not job.finished and time.monotonic() < deadline, job.summary()
+        time.sleep(0.05)
+    assert job.stop() == "stopped"
+    stopped_at = job.state.step
+    job.resume()
+    while not (job.state.step is not None and job.state.step > stopped_at + 2 and job.status == "running"):
+        assert not job.finished and time.monotonic() < deadline + 120, job.summary()
+        time.sleep(0.05)
+    assert job.metrics.last("digest") == expected  # the resumed workers read the same value
+    assert job.stop() == "stopped"
+    assert LocalBackend().folder("again").spec()["env"] == ["HF_TOKEN"]
