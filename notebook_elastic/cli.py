@@ -167,7 +167,7 @@ def _running(backend: Any, name: str) -> bool:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from .events import Event, Kind
+    from .events import Kind
 
     backend = _backend(args)
     _info(args)
@@ -177,9 +177,7 @@ def cmd_events(args: argparse.Namespace) -> int:
         idle = _IdleStop(stop, None if args.follow else 2.0)  # a cluster's history, then quiet
         events = (idle.saw(e) for e in backend.follow(args.name, stop))
     else:  # the history as written now
-        with open(backend.folder(args.name).events_file, "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        events = (Event.from_line(line) for line in lines if line.strip())
+        events = backend.history(args.name)
     for event in events:
         if not args.all and event.kind in quiet:
             continue

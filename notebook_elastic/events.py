@@ -26,6 +26,7 @@ class Kind:
     JOB_SUBMITTED = "job_submitted"
     JOB_FINISHED = "job_finished"
     JOB_RESUMED = "job_resumed"
+    RECOVERING = "recovering"  # its supervisor died; the guardian brings it back
     STALL = "stall"
     DISK_FULL = "disk_full"
     OUTPUT_CAPPED = "output_capped"
@@ -232,6 +233,8 @@ def describe(e: Event) -> str:
         if d.get("restarted"):
             return f"stalled {d.get('for_s', 0):.0f} s: the worker group was restarted (one restart)"
         return f"training again after a {d.get('for_s', 0):.0f} s stall"
+    if k == Kind.RECOVERING:
+        return f"recovering: {d.get('reason')}"
     if k == Kind.JOB_RESUMED:
         return (
             f"resumed after it was {d.get('after')}: training continues from the latest checkpoint; "

@@ -346,6 +346,10 @@ class JobState:
         self.nproc_per_node = e.get("nproc_per_node")
         self.gpus = e.get("gpus") or 0
 
+    def _on_recovering(self, e: Event) -> None:
+        self.status = "recovering"
+        self.reason = e.get("reason")
+
     def _on_job_resumed(self, e: Event) -> None:
         """The same job, continued in its folder: its history stays, its outcome does not."""
         self.status = "pending"

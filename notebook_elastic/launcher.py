@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
+import sys
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -65,13 +68,25 @@ def bundle_for(
         "ship": spec.ship,
         "max_payload_bytes": spec.max_payload_bytes,
         "nproc_per_node": spec.nproc_per_node,
-        # Locally, workers start in the notebook's folder with it on their path.
-        "extra_import_paths": [ctx.cwd] if spec.backend == "local" else [],
+        # Locally, workers start in the notebook's folder with it on their path; pods get the
+        # folder's modules the code imports shipped with the job.
+        "extra_import_paths": [ctx.cwd],
         "script_name": script_name,
     }
+    if spec.backend == "kubernetes":
+        from .backends.kubernetes.manifests import pod_workdir
+
+        options["ship_local_modules"] = True
+        options["pod_workdir"] = pod_workdir((spec.backend_options.get("kubernetes") or {}).get("image"))
     if isinstance(code_or_function, str):
         return package_cell(code_or_function, ctx, **options)
     return package_function(code_or_function, ctx, **options)
+
+
+def announce(bundle: Bundle) -> None:
+    """Say at launch what the user should know before the job runs (relative writes in pods)."""
+    for warning in bundle.launch_warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 RESUMABLE = ("lost", "failed", "stopped")
@@ -165,6 +180,17 @@ def _k8s_parse(picked: dict[str, Any]) -> Any:
     return parse_options(**picked)
 
 
+def with_elastic(ctx: NotebookContext) -> NotebookContext:
+    """The namespace with the ``elastic`` name the magic's extension provides (the worker
+    runtime), so that code written for ``%%elastic_train`` runs through ``launch()`` as is.
+    A notebook's own ``elastic`` wins."""
+    if "elastic" in ctx.namespace:
+        return ctx
+    import notebook_elastic.runtime as runtime
+
+    return dataclasses.replace(ctx, namespace=ChainMap({"elastic": runtime}, ctx.namespace))  # type: ignore[arg-type]
+
+
 def _caller_namespace() -> Mapping[str, Any]:
     frame = inspect.currentframe()
     try:
@@ -203,7 +229,9 @@ def launch(
     from its checkpoint when the code is the same (``resume=True`` insists on it,
     ``fresh=True`` starts over); see ``start_or_resume``.
     """
-    ctx = notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
+    ctx = with_elastic(
+        notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
+    )
     extra = kubernetes_options(backend, options)
     spec = build_spec(
         nnodes=nnodes,
@@ -222,6 +250,7 @@ def launch(
     bundle = bundle_for(code_or_function, spec, ctx)
     if not dry_run:
         check_withheld(bundle, spec)
+        announce(bundle)
     runner = backend_for(spec)
     dryrun = runner.submit_dryrun(spec, bundle)
     job = ElasticJob(spec.name, runner, spec, dryrun)

@@ -21,6 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from . import defaults
 from .errors import NotebookElasticError
 from .launcher import (
+    announce,
     attach,
     backend_for,
     build_spec,
@@ -343,6 +344,7 @@ class ElasticMagics(Magics):
             print(bundle.script)
             return None
         check_withheld(bundle, spec)
+        announce(bundle)
         job = ElasticJob(spec.name, runner, spec, dryrun)
         try:
             said = start_or_resume(job, bundle, fresh=args.fresh)

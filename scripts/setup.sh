@@ -7,12 +7,21 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 log=$(mktemp -t notebook-elastic-setup.XXXXXX)
 trap 'rm -f "$log"' EXIT
-pip_install() {  # quiet unless it fails
-  if ! .venv/bin/python -m pip install --quiet "$@" >"$log" 2>&1; then
+# Progress: pip's own lines for what it fetches and installs, and each step's duration.
+pip_install() {
+  local started=$SECONDS status
+  set +o pipefail
+  .venv/bin/python -m pip install --progress-bar off "$@" 2>&1 | tee "$log" \
+    | { grep --line-buffered -E "^(Collecting|Downloading|Building|Installing collected|Successfully installed)" || true; } \
+    | cut -c1-150 | sed -u 's/^/  pip: /'
+  status=${PIPESTATUS[0]}
+  set -o pipefail
+  if [[ $status -ne 0 ]]; then
     grep -v "is ignored: it is neither" "$log" >&2
     echo "setup: pip install $* failed" >&2
     exit 1
   fi
+  echo "setup: done in $((SECONDS - started)) s"
 }
 if [[ ! -x .venv/bin/python ]]; then
   echo "setup: creating .venv"

@@ -165,3 +165,49 @@ def test_a_restart_names_its_root_cause_not_the_survivors_symptom():
     state.apply(Event(Kind.FAULT, 1.0, "node-1", {"fault": "kill_worker", "target": "rank 1"}))
     state.apply(Event(Kind.WORKER_FAILED, 60.0, "node-0", SURVIVOR_CRASH))
     assert state.transitions[-1]["cause"].startswith("rank 0 on node-0 failed")
+
+
+def test_a_compacted_history_replays_to_the_same_state_with_every_spike():
+    import random
+
+    from notebook_elastic.backends.local.history import compact
+    from notebook_elastic.job_state import JobState
+
+    rng = random.Random(0)
+    events = [Event(Kind.JOB_SUBMITTED, 0.0, None, {"nodes": 2, "min_nodes": 1, "max_nodes": 3, "max_restarts": 5})]
+    t = 1.0
+    for step in range(100_000):  # a long job: 100k metric points, output, membership changes
+        t += 0.01
+        loss = 1.0 / (step + 1) + (50.0 if step in (777, 54_321) else 0.0)
+        events.append(Event(Kind.METRIC, t, "node-0", {"step": step, "values": {"loss": loss, "lr": 0.1}}))
+        if step % 500 == 0:
+            events.append(Event(Kind.LOG, t, "node-0", {"stream": "stdout", "text": f"epoch {step}"}))
+        if step % 20_000 == 10:
+            world = rng.choice([2, 4])
+            events.append(Event(Kind.NODE_JOINED, t, f"node-{step}", {"pid": step}))
+            events.append(
+                Event(
+                    Kind.WORKER_STARTED,
+                    t,
+                    "node-0",
+                    {"rank": 0, "local_rank": 0, "world_size": world, "generation": step},
+                )
+            )
+            events.append(
+                Event(Kind.RESTART, t, "node-0", {"reason": "worker_failed", "restarts_used": 1, "max_restarts": 5})
+            )
+    events.append(Event(Kind.JOB_FINISHED, t, None, {"status": "succeeded"}))
+
+    kept = compact(events)
+    full, compacted = JobState(max_restarts=5, nnodes=(1, 3)), JobState(max_restarts=5, nnodes=(1, 3))
+    full.apply_all(events)
+    compacted.apply_all(kept)
+    assert len(kept) < 4000 < len(events)
+    for field in ("status", "world_size", "restarts", "step", "target", "nnodes", "membership_changes"):
+        assert getattr(compacted, field) == getattr(full, field), field
+    assert set(compacted.nodes) == set(full.nodes)
+    values = compacted.metrics["loss"].values.tolist()
+    assert max(values) == max(full.metrics["loss"].values.tolist())  # the spikes survive
+    assert values.count(max(values)) == 1 and 50.0 + 1 / 54_322 in values
+    assert compacted.metrics.last("loss") == full.metrics.last("loss")
+    assert not [e for e in kept if e.kind == Kind.LOG]  # output lives in the node logs

@@ -85,6 +85,22 @@ def test_decorators_are_shipped_with_the_function(shell, tmp_path):
     assert run_script(bundle, tmp_path) == ["4 6765"]
 
 
+def test_a_helper_that_sets_up_the_process_group_leaves_it_to_the_code(shell):
+    """The PyTorch tutorials call init_process_group() in a ddp_setup() helper of another cell."""
+    run_cells(
+        shell,
+        "from torch.distributed import init_process_group, destroy_process_group",
+        "def ddp_setup():\n    init_process_group(backend='gloo')",
+        "def report_world():\n    return 1",
+    )
+    assert (
+        build(shell, "ddp_setup()\ndestroy_process_group()")
+        .script.rstrip()
+        .endswith("_elastic.run(main, init_process_group=False)")
+    )
+    assert build(shell, "print(report_world())").script.rstrip().endswith("_elastic.run(main)")
+
+
 def test_import_forms_star_imports_and_imports_among_other_code(shell, tmp_path):
     run_cells(
         shell,
@@ -192,6 +208,28 @@ def test_instances_of_notebook_classes_keep_their_class(shell, tmp_path):
     assert {"conf", "registry"} <= late  # unpickled after `class Config` is defined
     assert bundle.script.index("class Config") < bundle.script.index('conf = _payload["conf"]')
     assert run_script(bundle, tmp_path) == ["5 True True"]
+
+
+def test_values_that_share_objects_stay_shared_in_the_worker(shell, tmp_path):
+    """A model and an optimizer built in the notebook over its parameters: the optimizer must
+    step the shipped model, not a copy of its parameters."""
+    run_cells(
+        shell,
+        "import torch",
+        "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(2, 1)",
+        "net = Net()\nopt = torch.optim.SGD(net.parameters(), lr=1.0)\nlog = []\nalias = log\nsteps = [1, 2]",
+    )
+    bundle = build(
+        shell,
+        "before = net.fc.weight.detach().clone()\n"
+        "net.fc(torch.ones(1, 2)).sum().backward()\nopt.step()\nlog.append(1)\n"
+        "print(bool((net.fc.weight != before).all()), alias, len(steps))",
+    )
+    notes = {i.name: i.note for i in bundle.manifest.items}
+    assert "shipped with `opt` (they share objects)" in notes["net"]
+    assert "shipped with `net`" in notes["opt"] and "`log`" in notes["alias"]
+    assert "shared" not in notes["steps"]  # alone as before
+    assert run_script(bundle, tmp_path) == ["True [1] 2"]
 
 
 def test_a_class_only_used_through_a_value_is_shipped_too(shell, tmp_path):
@@ -390,3 +428,15 @@ def test_the_runtime_imports_nothing_from_the_notebook_side():
     )
     assert done.stdout.strip() == "[]", done.stderr
     assert sys.modules  # the check above ran in a fresh interpreter
+
+
+def test_a_notebook_main_of_its_own_is_not_hidden_by_the_cells_wrapper(shell, tmp_path):
+    """Tutorials define `def main(rank, world_size, ...)` and call it from the last cell."""
+    run_cells(shell, "def main(rank, world_size, epochs=1):\n    return rank + world_size + epochs")
+    bundle = build(shell, "print(main(0, 2, epochs=3))")
+    assert "def training_cell():" in bundle.script and "_elastic.run(training_cell)" in bundle.script
+    assert run_script(bundle, tmp_path) == ["5"]
+    cell_main = build(shell, "def main():\n    return 7\nprint(main())")
+    assert "def training_cell():" in cell_main.script
+    assert run_script(cell_main, tmp_path) == ["7"]
+    assert "def main():" in build(shell, "print(1)").script  # the readable default otherwise

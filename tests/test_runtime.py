@@ -264,6 +264,62 @@ def test_the_data_cursor_works_with_a_prefetching_dataloader(ckpt):
     assert got[-1] == [16, 17, 18, 19]
 
 
+USER_SETUP_LIB = """
+from torch.distributed import init_process_group
+
+
+def ddp_setup(backend="gloo"):
+    init_process_group(backend=backend)
+"""
+
+USER_INIT_SCRIPT = """
+import notebook_elastic.runtime as _elastic
+import sys
+import torch
+import torch.distributed as dist
+from torch.distributed import destroy_process_group
+import setup_lib
+
+
+def main():
+    setup_lib.ddp_setup(sys.argv[1])  # a call the packager cannot see: the runtime set the group up
+    dist.init_process_group("gloo")  # and a second one, attribute style
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} sum {t.item():.0f}")
+    destroy_process_group()  # the user's own teardown; run() must not trip over it
+
+
+if __name__ == "__main__":
+    _elastic.run(main)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_the_codes_own_init_process_group_uses_the_group_the_runtime_made(tmp_path, backend):
+    (tmp_path / "setup_lib.py").write_text(USER_SETUP_LIB)
+    (tmp_path / "train.py").write_text(USER_INIT_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "train.py", backend],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if backend == "gloo":
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
+            "rank 0 sum 2",
+            "rank 1 sum 2",
+        ]
+        assert "the training code's init_process_group() call uses it" in done.stderr
+    else:  # another backend than the group's: one sentence naming the fix, not a hang or a torch internal
+        assert done.returncode != 0
+        assert "notebook-elastic already set up this worker's process group with 'gloo'" in done.stdout + done.stderr
+
+
 def test_checkpoint_events_are_coalesced_not_one_per_commit(ckpt, monkeypatch):
     from notebook_elastic.runtime import state as state_module
 

@@ -150,3 +150,17 @@ async def test_every_route_refuses_bad_input_with_400_and_a_sentence(jp_fetch, h
             await jp_fetch("notebook-elastic", "api", *path, method=method, body=body)
         assert info.value.code == 400, (path, body, info.value)
         assert json.loads(info.value.response.body)["message"], (path, body)
+
+
+def test_the_panel_row_says_a_stall_and_a_warning_in_words():
+    from notebook_elastic.backends.base import JobInfo
+    from notebook_elastic.server.routes import job_json
+
+    summary = {
+        "stall": {"step": 120, "for_s": 31.0, "stopped": [1], "waiting": [0, 2]},
+        "warning": "checkpoints are not being saved: /ckpt is full",
+    }
+    row = job_json(JobInfo("stuck", "local", "running", summary=summary))
+    assert row["stall"] == "stalled at step 120 for 31 s: rank(s) 1 stopped, rank(s) 0,2 wait for them"
+    assert row["warning"] == "checkpoints are not being saved: /ckpt is full"
+    assert job_json(JobInfo("fine", "local", "running", summary={}))["stall"] is None

@@ -260,8 +260,10 @@ export class JobsPanel extends Widget {
       const loss = job.loss === null || job.loss === undefined ? '' : `loss ${job.loss.toPrecision(4)}`;
       bottom.appendChild(el('span', { class: 'ne-sub' }, [loss, `${job.backend} · ${ago(job.started_at)}`].filter(Boolean).join(' · ')));
       card.appendChild(bottom);
-      if (job.waiting && !FINAL.has(job.status)) {
-        card.appendChild(el('div', { class: 'ne-sub ne-waiting', title: job.waiting }, job.waiting));
+      for (const alert of [job.waiting, job.stall, job.warning]) {
+        if (alert && !FINAL.has(job.status)) {
+          card.appendChild(el('div', { class: 'ne-sub ne-waiting', title: alert }, alert));
+        }
       }
       const disruption = lastDisruption(history);
       if (disruption) {

@@ -21,6 +21,10 @@ export interface IJob {
   reason: string | null;
   /** Why capacity the job asked for is not coming (a worker pod over quota, say). */
   waiting: string | null;
+  /** A stall in progress, in words ("stalled at step 120 for 31 s: rank(s) 1 stopped, ..."). */
+  stall: string | null;
+  /** A condition the job trains on through (a full checkpoint disk). */
+  warning: string | null;
   world_size: number | null;
   nodes_running: number | null;
   target: number | null;

@@ -20,7 +20,9 @@ from typing import Any
 from .. import defaults
 from ..errors import PackagingError
 from ..runtime.payload import payload_path_for
+from .analysis import imported_modules, relative_reads, relative_writes
 from .collect import Collection, Collector, Shipped, looks_like_credential
+from .modules import check_size, local_files, local_modules
 from .notebook import NotebookContext
 from .render import human_bytes, payload_checksum, render_script
 
@@ -69,9 +71,19 @@ class Manifest:
 
     def format(self) -> str:
         rows = [("name", "shipped as", "from", "size", "what")]
-        order = {"import": 0, "class": 1, "function": 2, "alias": 3, "value": 4, "function-by-value": 5, "withheld": 6}
+        order = {
+            "import": 0,
+            "module": 1,
+            "class": 2,
+            "function": 3,
+            "alias": 4,
+            "value": 5,
+            "function-by-value": 6,
+            "file": 7,
+            "withheld": 8,
+        }
         for item in sorted(self.items, key=lambda i: (order.get(i.kind, 9), i.order, i.name)):
-            size = human_bytes(item.size) if item.kind in ("value", "function-by-value") else ""
+            size = human_bytes(item.size) if item.kind in ("value", "function-by-value", "module", "file") else ""
             what = item.note or (item.code if item.kind == "import" else item.type_name)
             rows.append((item.name, item.kind, item.origin or "", size, what or ""))
         widths = [max(len(r[c]) for r in rows) for c in range(4)]
@@ -83,6 +95,13 @@ class Manifest:
             f"  = {counts['import']} imports, {counts['function'] + counts['class']} definitions, "
             f"{counts['value'] + counts['function-by-value']} values in the payload "
             f"({human_bytes(self.payload_bytes)}), script {human_bytes(self.script_bytes)}"
+            + (
+                f", {counts['module']} of the notebook's own modules "
+                f"({human_bytes(sum(i.size for i in self.items if i.kind == 'module'))})"
+                if counts["module"]
+                else ""
+            )
+            + (f", {counts['file']} files it reads by a relative name" if counts["file"] else "")
         )
         if self.withheld:
             lines.append(f"  withheld (look like credentials): {', '.join(self.withheld)}")
@@ -97,6 +116,9 @@ class Bundle:
     script: str
     payload: bytes
     manifest: Manifest
+    modules: dict[str, bytes] = field(default_factory=dict)  # the notebook's own .py files, by relative path
+    workdir_files: dict[str, bytes] = field(default_factory=dict)  # files the code reads by a relative name
+    launch_warnings: list[str] = field(default_factory=list)  # said when the job starts, not only in a dry run
 
     @property
     def withheld(self) -> list[str]:
@@ -143,6 +165,14 @@ def _check_size(collection: Collection, limit: int) -> None:
     )
 
 
+def _calls_init_process_group(collection: Collection) -> bool:
+    """Whether the training code sets up its own process group (then ``run`` leaves it to it):
+    the cell or a definition shipped by source mentions ``init_process_group``, as the PyTorch
+    tutorials' ``ddp_setup()`` helper does."""
+    shipped = (i.code or "" for i in collection.items.values() if i.kind in ("function", "class"))
+    return any("init_process_group" in code for code in (collection.cell, *shipped))
+
+
 def package_cell(
     cell: str,
     ctx: NotebookContext,
@@ -154,13 +184,21 @@ def package_cell(
     extra_import_paths: Iterable[str] = (),
     check_imports: bool = True,
     script_name: str = "script.py",
+    ship_local_modules: bool = False,
+    pod_workdir: str | None = None,
 ) -> Bundle:
-    """Package ``cell`` with what it needs from the notebook ``ctx``. Launches nothing."""
+    """Package ``cell`` with what it needs from the notebook ``ctx``. Launches nothing.
+
+    ``ship_local_modules``: carry the notebook folder's own modules the code imports (for
+    workers that never saw the folder). ``pod_workdir``: where relative paths land on such
+    workers; each relative write the code makes is named in a warning."""
     collector = Collector(ctx, ship=ship, extra_import_paths=extra_import_paths, check_imports=check_imports)
     collection = collector.collect(cell)
     _check_size(collection, max_payload_bytes)
     shipped = [i for i in collection.items.values() if i.kind in ("value", "function-by-value")]
-    payload = pickle.dumps({i.name: i.blob for i in shipped}, protocol=5) if shipped else b""
+    entries: dict[str, Any] = {i.name: i.blob for i in shipped}
+    entries.update(collection.shared)
+    payload = pickle.dumps(entries, protocol=5) if shipped else b""
     created = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     script = render_script(
         collection,
@@ -169,10 +207,39 @@ def package_cell(
         run_hint=f"torchrun --nproc-per-node {nproc_per_node} {script_name}",
         created=created,
         notebook=ctx.notebook,
-        init_process_group="init_process_group" not in cell,
+        init_process_group=not _calls_init_process_group(collection),
     )
     for unused in sorted(set(ship) - set(collection.items)):
         collection.warnings.append(f"--ship {unused}: the cell does not use `{unused}`; nothing to ship")
+    modules: dict[str, bytes] = {}
+    workdir_files: dict[str, bytes] = {}
+    if ship_local_modules:
+        found = local_modules(_modules_used(collection), ctx.cwd)
+        modules = found.files
+        for top, files in found.modules.items():
+            paths = sorted(files)
+            collection.items[top] = Shipped(
+                top,
+                "module",
+                origin="notebook folder",
+                size=sum(len(d) for d in files.values()),
+                order=(-1, 0),
+                note=paths[0] if len(paths) == 1 else f"{top}/ ({len(paths)} files)",
+            )
+        reads = set(relative_reads(collection.cell))
+        for item in collection.items.values():
+            if item.kind in ("function", "class") and item.code:
+                reads.update(relative_reads(item.code))
+        workdir_files = local_files(reads, ctx.cwd)
+        check_size(
+            {**modules, **workdir_files}, "the notebook's own files the job carries (modules and files it reads)"
+        )
+        for path, data in sorted(workdir_files.items()):
+            collection.items[f"file:{path}"] = Shipped(
+                path, "file", origin="notebook folder", size=len(data), order=(-1, 1), note="read by a relative name"
+            )
+    launch_warnings = _relative_write_warnings(collection, pod_workdir) if pod_workdir else []
+    collection.warnings.extend(launch_warnings)
     manifest = Manifest(
         name=name,
         created=created,
@@ -181,7 +248,44 @@ def package_cell(
         warnings=collection.warnings,
         script_bytes=len(script.encode()),
     )
-    return Bundle(name=name, script=script, payload=payload, manifest=manifest)
+    return Bundle(
+        name=name,
+        script=script,
+        payload=payload,
+        manifest=manifest,
+        modules=modules,
+        workdir_files=workdir_files,
+        launch_warnings=launch_warnings,
+    )
+
+
+def _modules_used(collection: Collection) -> set[str]:
+    """Every module the worker will import for this code: the script's import statements, the
+    imports inside the cell and the shipped definitions, and what the payload refers to."""
+    names = set(collection.payload_modules)
+    for item in collection.items.values():
+        if item.kind in ("import", "function", "class") and item.code:
+            names |= imported_modules(item.code)
+    return names | imported_modules(collection.cell)
+
+
+def _relative_write_warnings(collection: Collection, workdir: str) -> list[str]:
+    # (where, source, the line of its first line in its cell): lines are told as the notebook shows them
+    sources = [("the cell", collection.cell, 1)] + [
+        (f"{i.kind} `{i.name}`" + (f" ({i.origin})" if i.origin else ""), i.code or "", i.order[1] or 1)
+        for i in sorted(collection.items.values(), key=lambda i: i.order)
+        if i.kind in ("function", "class")
+    ]
+    warnings = []
+    for where, source, first in sources:
+        for line, what in relative_writes(source):
+            line += first - 1
+            warnings.append(
+                f"{where}, line {line}: {what} writes to a relative path, in the pod's working directory "
+                f"({workdir}), which vanishes with the pod: write it under the checkpoint volume "
+                "(--pvc; its path is $NOTEBOOK_ELASTIC_CHECKPOINT_DIR) or use an absolute path on a mounted volume"
+            )
+    return warnings
 
 
 def package_function(fn: Callable[[], Any], ctx: NotebookContext | None = None, **kwargs: Any) -> Bundle:

@@ -67,7 +67,7 @@ class Shipped:
     note: str = ""
     order: tuple = (0, 0)
     late: bool = False  # a value that refers to notebook definitions: load after them
-    blob: bytes | None = None
+    blob: bytes | tuple[str, str] | None = None  # or ("shared", KEY): pickled with others under KEY
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +87,8 @@ class Collection:
     items: dict[str, Shipped] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     main_globals: set[str] = field(default_factory=set)
+    shared: dict[str, bytes] = field(default_factory=dict)  # KEY -> values pickled together
+    payload_modules: set[str] = field(default_factory=set)  # modules the payload's pickles refer to
 
 
 class _Unshippable(Exception):
@@ -194,6 +196,9 @@ class Collector:
         self._values_pending: list[str] = []
         self._definition_reads: set[str] = set()
         self._cell_assigned: set[str] = set()
+        self._holds: dict[str, dict[int, Any]] = {}  # value name -> the mutable objects it pickled, by id
+        self._shared: dict[str, bytes] = {}
+        self._payload_modules: set[str] = set()
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -215,12 +220,20 @@ class Collector:
         for name, line in sorted(names.free.items(), key=lambda kv: kv[1]):
             self._need(name, f"the cell (line {line})")
         self._drain()
+        if not self.problems:
+            self._ship_shared_values_together()
         if self.problems:
             raise PackagingError(_join_problems(self.problems))
         script_names = set(self.items)
         main_globals = names.assigned & (script_names | self._definition_reads)
         return Collection(
-            cell=cell, cell_names=names, items=self.items, warnings=self.warnings, main_globals=main_globals
+            cell=cell,
+            cell_names=names,
+            items=self.items,
+            warnings=self.warnings,
+            main_globals=main_globals,
+            shared=self._shared,
+            payload_modules=self._payload_modules,
         )
 
     def _need(self, name: str, needed_by: str) -> None:
@@ -511,7 +524,7 @@ class Collector:
         value = self.ns[name]
         buf = io.BytesIO()
         refs: set[str] = set()
-        pickler = _PayloadPickler(buf, self._reference_for, refs)
+        pickler = _PayloadPickler(buf, self._reference_for, refs, self._payload_modules)
         try:
             pickler.dump(value)
         except _Unshippable as exc:
@@ -526,6 +539,54 @@ class Collector:
         item.blob = buf.getvalue()
         item.size = len(item.blob)
         item.late = bool(refs - {name})
+        # Kept alive until grouping, so that the ids of the pickler's temporaries stay unique.
+        self._holds[name] = {key: obj for key, (_index, obj) in pickler.memo.copy().items() if _mutable(obj)}
+
+    def _ship_shared_values_together(self) -> None:
+        """Values that hold the same objects are pickled together, so they still do in the
+        worker: an optimizer built in the notebook over ``model.parameters()`` must step the
+        shipped model's parameters, not copies of them (each pickled on its own, they part)."""
+        names = [n for n in self._holds if n in self.items and self.items[n].blob is not None]
+        parent = {n: n for n in names}
+
+        def root(n: str) -> str:
+            while parent[n] != n:
+                parent[n] = parent[parent[n]]
+                n = parent[n]
+            return n
+
+        owner: dict[int, str] = {}
+        for name in names:
+            for key in self._holds[name]:
+                other = owner.setdefault(key, name)
+                if other != name:
+                    parent[root(name)] = root(other)
+        groups: dict[str, list[str]] = {}
+        for name in names:
+            groups.setdefault(root(name), []).append(name)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            members.sort(key=lambda n: self.items[n].order)
+            key = "shared:" + ",".join(members)
+            buf = io.BytesIO()
+            refs: set[str] = set()
+            try:
+                _PayloadPickler(buf, self._reference_for, refs, self._payload_modules).dump(
+                    {n: self.ns[n] for n in members}
+                )
+            except Exception as exc:  # each pickled alone just now; together is no different
+                self.problems.append(f"{', '.join(members)} cannot be pickled together ({type(exc).__name__}: {exc})")
+                return
+            self._shared[key] = buf.getvalue()
+            late = any(self.items[n].late for n in members) or bool(refs - set(members))
+            for i, name in enumerate(members):
+                item = self.items[name]
+                item.blob = ("shared", key)
+                item.size = len(self._shared[key]) if i == 0 else 0
+                item.late = late  # one unpickling serves them all: after the definitions if any needs it
+                others = ", ".join(f"`{m}`" for m in members if m != name)
+                item.note = f"{item.type_name}, shipped with {others} (they share objects)"
 
     def _reference_for(self, obj: Any) -> str | None:
         """Notebook classes and functions inside values travel as references to the script's
@@ -548,13 +609,18 @@ class Collector:
 
 
 class _PayloadPickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, reference_for: Any, refs: set[str]) -> None:
+    def __init__(self, file: io.BytesIO, reference_for: Any, refs: set[str], modules: set[str]) -> None:
         super().__init__(file, protocol=5)
         self._reference_for = reference_for
         self._refs = refs
+        self._modules = modules  # what unpickling will import: the notebook's own modules must ship
         self._torch = sys.modules.get("torch")
 
     def reducer_override(self, obj: Any) -> Any:
+        owner = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+        if not isinstance(owner, str):
+            owner = type(obj).__module__
+        self._modules.add(owner)
         torch = self._torch
         if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda:
             raise _Unshippable(
@@ -574,6 +640,14 @@ class _PayloadPickler(cloudpickle.Pickler):
 
 
 _MISSING = object()
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset, range, type, types.ModuleType)
+
+
+def _mutable(obj: Any) -> bool:
+    """Objects two values can share and mutate through each other (not strings, classes, functions)."""
+    return not isinstance(
+        obj, (*_IMMUTABLE, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
+    )
 
 
 def _statement_binds(statement: str, name: str, value: Any) -> bool:

@@ -119,15 +119,27 @@ def render_script(
     out.append("")
     out.append("")
     out.append(_section("the training cell"))
-    out.append("def main():")
+    wrapper = wrapper_name(collection)
+    out.append(f"def {wrapper}():")
     if collection.main_globals:
         out.append(f"    global {', '.join(sorted(collection.main_globals))}  # module-level names, as in the notebook")
     out.append(indent_code(collection.cell.rstrip()))
     out.append("")
     out.append("")
     out.append('if __name__ == "__main__":')
-    out.append("    _elastic.run(main)" if init_process_group else "    _elastic.run(main, init_process_group=False)")
+    out.append(
+        f"    _elastic.run({wrapper})"
+        if init_process_group
+        else f"    _elastic.run({wrapper}, init_process_group=False)"
+    )
     return "\n".join(out) + "\n"
+
+
+def wrapper_name(collection: Collection) -> str:
+    """The function the cell body becomes: ``main``, unless the notebook or the cell has a
+    ``main`` of its own (the tutorials' ``def main(rank, world_size)``), which it would hide."""
+    taken = set(collection.items) | collection.cell_names.assigned | set(collection.cell_names.free)
+    return next((n for n in ("main", "training_cell", "_training_cell") if n not in taken), "_notebook_elastic_cell")
 
 
 def indent_code(source: str, prefix: str = "    ") -> str:

@@ -274,6 +274,29 @@ def _standby() -> list[str]:
     return list(order["argv"])
 
 
+def unpack_workdir_files(cwd: str | None = None) -> list[str]:
+    """Unpack the files the code reads by a relative name (shipped from the notebook's folder)
+    into the working directory, so ``open("config.json")`` finds them in a pod. Files already
+    there are the image's own and are left alone. Returns the paths written."""
+    path = os.environ.get(protocol.ENV_WORKDIR_FILES)
+    if not path or not os.path.isfile(path):
+        return []
+    import zipfile
+
+    root = os.path.realpath(cwd or os.getcwd())
+    written = []
+    with zipfile.ZipFile(path) as zf:
+        for member in zf.namelist():
+            target = os.path.realpath(os.path.join(root, member))
+            if not target.startswith(root + os.sep) or os.path.exists(target):
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(zf.read(member))
+            written.append(member)
+    return written
+
+
 def main(argv: list[str] | None = None) -> None:
     supervisor = os.environ.get(protocol.ENV_SUPERVISOR_PID)
     if supervisor:
@@ -283,6 +306,10 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # workers' prints reach us line by line
     os.environ[protocol.ENV_AGENT_PID] = str(os.getpid())
     args = sys.argv[1:] if argv is None else argv
+    try:
+        unpack_workdir_files()
+    except OSError as exc:  # a read-only working directory: the code will say what it misses
+        print(f"notebook-elastic agent: could not unpack the notebook's files: {exc}", file=sys.stderr, flush=True)
     _hook_rendezvous()
     _hook_agent()
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -2,7 +2,9 @@
 
 The payload is one pickle of ``{name: bytes}``, each value pickled on its own (by
 cloudpickle on the notebook side), so a script can unpickle plain data before its
-definitions and values that refer to notebook classes after them.
+definitions and values that refer to notebook classes after them. Values that share
+objects (a model and an optimizer over its parameters) are pickled together under one
+``shared:...`` key, and each of their names maps to ``("shared", KEY)``.
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ class Payload:
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._values:
-            self._values[name] = pickle.loads(self._raw[name])
+            raw = self._raw[name]
+            if isinstance(raw, tuple) and raw[0] == "shared":
+                # Values that share objects (a model and its optimizer) were pickled together.
+                self._values.update(pickle.loads(self._raw[raw[1]]))
+            else:
+                self._values[name] = pickle.loads(raw)
         return self._values[name]
 
     def __contains__(self, name: str) -> bool:
         return name in self._raw
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return sum(1 for name in self._raw if not name.startswith("shared:"))
 
 
 def load_payload(script: str | os.PathLike, sha256: str | None = None) -> Payload:

@@ -21,6 +21,9 @@ ENV_JOB_DIR = "NOTEBOOK_ELASTIC_JOB_DIR"  # local backend: the job folder (also 
 ENV_NODE = "NOTEBOOK_ELASTIC_NODE"  # the node (agent) name: node-0, a pod name, ...
 ENV_CHECKPOINT_DIR = "NOTEBOOK_ELASTIC_CHECKPOINT_DIR"
 ENV_PAYLOAD = "NOTEBOOK_ELASTIC_PAYLOAD"  # path of the payload file, when not beside the script
+# A zip of the notebook-folder files the code reads by a relative name (pods): the agent unpacks
+# it into its working directory before the workers start.
+ENV_WORKDIR_FILES = "NOTEBOOK_ELASTIC_WORKDIR_FILES"
 ENV_COLLECTIVE_TIMEOUT_S = "NOTEBOOK_ELASTIC_COLLECTIVE_TIMEOUT_S"
 ENV_SUPERVISOR_PID = "NOTEBOOK_ELASTIC_SUPERVISOR_PID"  # an agent exits when this process dies
 ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend restarts all agents

@@ -169,8 +169,8 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
         handler = get_error_handler()
         handler.initialize()
     try:
-        if init_process_group:
-            init()
+        if init_process_group and init():
+            _adopt_user_init_calls()
         result = main()
         _run_finish_hooks()
     except BaseException as exc:
@@ -207,6 +207,64 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
     _shutdown_process_group()
     emit("worker_finished", rank=info.rank, node=info.node, pid=info.pid)
     return result
+
+
+_USER_INIT_NOTE = (
+    "notebook-elastic: this worker's process group is already set up ({backend}, world size {world}); "
+    "the training code's init_process_group() call uses it"
+)
+
+
+def _adopt_user_init_calls() -> None:
+    """Make the training code's own ``init_process_group()`` use the group ``run`` set up.
+
+    The packager leaves the group to the code when it can see a call (the cell or a
+    definition shipped by source); a call it cannot see (a function shipped by value, a
+    local module) would otherwise fail with "trying to initialize the default process group
+    twice". Re-creating the group is no answer: a second rendezvous on the same store is not
+    reliable. So the call keeps the group when it asks for nothing else, and says what to
+    change when it asks for another backend. ``destroy_process_group()`` needs no help:
+    ``run`` only shuts down a group that is still there.
+    """
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+    if getattr(original, "_notebook_elastic_adopts", False):
+        return
+    noted = False
+
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
+        nonlocal noted
+        if not (_initialized_here and dist.is_initialized()):
+            return original(backend, *args, **kwargs)
+        current = str(dist.get_backend())
+        requested = backend if backend is not None else kwargs.get("backend")
+        if requested is not None and str(requested).lower() not in current.lower():
+            raise RuntimeError(
+                f"init_process_group(backend={requested!r}): notebook-elastic already set up this worker's "
+                f"process group with {current!r}, and a second rendezvous cannot be made safely; call "
+                f"init_process_group() without a backend (or with {current!r}), or call it in the training "
+                "cell itself so that the group is left to your code"
+            )
+        if not noted:
+            noted = True
+            print(_USER_INIT_NOTE.format(backend=current, world=dist.get_world_size()), file=sys.stderr)
+        return None
+
+    init_process_group._notebook_elastic_adopts = True  # type: ignore[attr-defined]
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    dist.init_process_group = init_process_group
+    # `from torch.distributed import init_process_group` ran before run(): rebind those
+    # names too (the script, local modules), never torch's own.
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if (
+            isinstance(namespace, dict)
+            and namespace.get("init_process_group") is original
+            and not getattr(module, "__name__", "").startswith("torch")
+        ):
+            namespace["init_process_group"] = init_process_group
 
 
 def caused_by_a_peer(exc: BaseException) -> bool:

@@ -98,6 +98,8 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "damaged": info.damaged,
             "reason": s.get("reason"),
             "waiting": s.get("waiting"),
+            "stall": Event(Kind.STALL, 0, None, s["stall"]).describe() if s.get("stall") else None,
+            "warning": s.get("warning"),
             "world_size": s.get("world_size"),
             "nodes_running": s.get("nodes_running"),
             "target": s.get("target"),

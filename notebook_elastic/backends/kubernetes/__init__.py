@@ -54,9 +54,27 @@ class KubernetesBackend(Backend):
         run_id = secrets.token_hex(4)
         objects = m.build(spec, bundle, options, run_id=run_id)
         namespace = options.namespace or self._namespace or "<the context's namespace>"
+        shipped = sorted(getattr(bundle, "modules", {}) or {})
         text = (
             f"# kubernetes backend: {len(objects)} objects in namespace {namespace}; every object but the ConfigMap\n"
             "# gets an ownerReference to it at creation, so deleting the ConfigMap deletes the job.\n"
+            f"# working directory of the workers: {m.pod_workdir(options.image)}; relative paths resolve there,\n"
+            "# and what the code writes there vanishes with the pod.\n"
+            + (
+                f"# the notebook's own modules, shipped in the ConfigMap ({m.MODULES_ZIP}, on the workers' path): "
+                + ", ".join(shipped)
+                + "\n"
+                if shipped
+                else ""
+            )
+            + (
+                f"# files the code reads by a relative name, unpacked into that working directory ({m.FILES_ZIP}): "
+                + ", ".join(sorted(bundle.workdir_files))
+                + "\n"
+                if getattr(bundle, "workdir_files", None)
+                else ""
+            )
+            + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
             + m.to_yaml(objects)
         )
         return DryRun(

@@ -31,7 +31,7 @@ from ... import __version__, defaults
 from ...errors import SpecError
 from ...runtime import protocol
 from ...runtime.payload import PAYLOAD_SUFFIX
-from .options import KubernetesOptions
+from .options import DEFAULT_IMAGE, KubernetesOptions
 
 NAME = "app.kubernetes.io/name"
 INSTANCE = "app.kubernetes.io/instance"
@@ -48,6 +48,8 @@ CODE_MOUNT = "/opt/notebook-elastic"
 SCRIPT = "script.py"
 PAYLOAD = "script" + PAYLOAD_SUFFIX
 RUNTIME_ZIP = "runtime.zip"
+MODULES_ZIP = "modules.zip"  # the notebook's own modules the code imports, when there are any
+FILES_ZIP = "files.zip"  # files the code reads by a relative name, unpacked into the working directory
 CHECKPOINT_MOUNT = "/checkpoints"
 MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's data
 
@@ -122,12 +124,36 @@ def runtime_zip() -> bytes:
     return buf.getvalue()
 
 
+def pod_workdir(image: str | None) -> str:
+    """Where relative paths land in a worker pod: the image's own working directory (we keep it,
+    so images that run code from their WORKDIR keep working), inside the container's
+    filesystem, which is gone when the pod is."""
+    if not image or image == DEFAULT_IMAGE:
+        return f"/workspace, the working directory of the default image {DEFAULT_IMAGE}"
+    return f"the working directory (WORKDIR) of the image {image}"
+
+
+def modules_zip(files: dict[str, bytes]) -> bytes:
+    """The notebook's own files, zipped with fixed timestamps (modules import from the zip)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for arcname in sorted(files):
+            info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, files[arcname])
+    return buf.getvalue()
+
+
 def code_configmap(
     spec: Any, bundle: Any, options: KubernetesOptions, *, run_id: str, epoch: int = 0
 ) -> dict[str, Any]:
     binary = {RUNTIME_ZIP: runtime_zip()}
     if bundle.payload:
         binary[PAYLOAD] = bundle.payload
+    if getattr(bundle, "modules", None):
+        binary[MODULES_ZIP] = modules_zip(bundle.modules)
+    if getattr(bundle, "workdir_files", None):
+        binary[FILES_ZIP] = modules_zip(bundle.workdir_files)
     size = len(bundle.script.encode()) + sum(len(v) for v in binary.values())
     if size > MAX_CONFIGMAP_BYTES:
         biggest = sorted((i for i in bundle.manifest.items if i.size), key=lambda i: -i.size)[:2]
@@ -162,7 +188,9 @@ def _base_env(spec: Any, options: KubernetesOptions, epoch: int) -> list[dict[st
         {"name": protocol.ENV_CHECKPOINT_DIR, "value": spec.checkpoint_dir or CHECKPOINT_MOUNT},
         {"name": protocol.ENV_RDZV_EPOCH, "value": str(epoch)},
         {"name": protocol.ENV_COLLECTIVE_TIMEOUT_S, "value": str(int(spec.collective_timeout_s))},
-        {"name": "PYTHONPATH", "value": f"{CODE_MOUNT}/{RUNTIME_ZIP}"},
+        # The notebook's own modules (if shipped) import from their zip; a missing entry is harmless.
+        {"name": "PYTHONPATH", "value": f"{CODE_MOUNT}/{RUNTIME_ZIP}:{CODE_MOUNT}/{MODULES_ZIP}"},
+        {"name": protocol.ENV_WORKDIR_FILES, "value": f"{CODE_MOUNT}/{FILES_ZIP}"},  # unpacked if shipped
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
         {"name": "LOGLEVEL", "value": "INFO"},

@@ -34,6 +34,7 @@ from .folder import (
     write_json_atomic,
 )
 from .gpus import placement_problem, visible_gpus
+from .history import history_file, parse, read_all
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
@@ -82,6 +83,7 @@ class LocalBackend(Backend):
             "files": {"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
             "nodes": spec.initial_nodes,
             "agent_command": " ".join(agent),
+            "working_directory": spec.backend_options.get("cwd") or os.getcwd(),
             "environment": {
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or str(folder.checkpoints),
@@ -94,6 +96,8 @@ class LocalBackend(Backend):
                 f"  supervisor: hosts the rendezvous store, starts {spec.initial_nodes} agent(s) of:",
                 "    " + " \\\n      ".join(agent),
                 f"  checkpoints: {request['environment'][protocol.ENV_CHECKPOINT_DIR]}",
+                f"  working directory of the workers: {request['working_directory']} (the notebook's folder, on "
+                "their path: relative paths and the notebook's own modules resolve as in the notebook)",
             ]
         )
         return DryRun("local", spec, bundle, request, text)
@@ -159,6 +163,18 @@ class LocalBackend(Backend):
         finally:
             os.close(log)
         proc.wait()  # the detaching parent exits at once
+        if not folder.guardian_alive():
+            guardian = [sys.executable, "-m", "notebook_elastic.backends.local.guardian", "--detach", str(folder.path)]
+            with open(folder.supervisor_log, "ab") as log:
+                subprocess.Popen(
+                    guardian,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=str(folder.path),
+                    start_new_session=True,
+                ).wait()
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:
@@ -166,7 +182,7 @@ class LocalBackend(Backend):
                 raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
             time.sleep(0.01)
 
-    def resume(self, name: str) -> None:
+    def resume(self, name: str, *, guarded: bool = False) -> None:
         """Continue a lost, failed or stopped job in its folder, from its latest checkpoint.
 
         The history stays (events, logs, checkpoints); a new supervisor takes over with the
@@ -176,7 +192,7 @@ class LocalBackend(Backend):
         info = self.describe(name)
         if info is None:
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if info.status not in RESUMABLE_STATUSES:
+        if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
             raise BackendError(
                 f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
                 + (" (a succeeded job is done: run the cell again to train anew)" if info.status == "succeeded" else "")
@@ -218,7 +234,9 @@ class LocalBackend(Backend):
             )
         status = folder.status() or {}
         state = status.get("status", "pending")
-        if state not in FINAL_STATUSES and not folder.supervisor_alive():
+        if state not in FINAL_STATUSES and not folder.supervisor_alive() and folder.guardian_alive():
+            state = "recovering"  # its guardian is bringing it back
+        elif state not in FINAL_STATUSES and not folder.supervisor_alive():
             started = (folder.supervisor() or {}).get("started")
             if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
                 state = "lost"
@@ -324,50 +342,55 @@ class LocalBackend(Backend):
         folder = self.folder(name)
         if not folder.exists():
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        with open(folder.events_file, "rb") as f:
-            for line in f:
-                if line.endswith(b"\n") and line.strip():
-                    try:
-                        yield Event.from_line(line.decode("utf-8", "replace"))
-                    except ValueError:
-                        continue
+        yield from read_all(folder.events_file)
 
     def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
         folder = self.folder(name)
         if not folder.exists():
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
+        try:  # the compacted history first (it is replaced whole, never appended to)
+            with open(history_file(folder.events_file), "rb") as h:
+                for line in h:
+                    event = parse(line)
+                    if event is not None:
+                        yield event
+                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+        except FileNotFoundError:
+            pass
         buffer = b""
         idle_checks = 0
-        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
         gone_since: float | None = None
-        with open(folder.events_file, "rb") as f:
+        f = open(folder.events_file, "rb")
+        try:
             while not stop.is_set():
                 chunk = f.read(1 << 20)
                 if chunk:
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
-                        if not line.strip():
-                            continue
-                        try:
-                            event = Event.from_line(line.decode("utf-8", "replace"))
-                        except ValueError:
+                        event = parse(line)
+                        if event is None:
                             continue
                         yield event
                         finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+                    continue
+                if _rotated(folder.events_file, f):
+                    f.close()  # read to its end: the rest is in the new file
+                    f, buffer = open(folder.events_file, "rb"), b""
                     continue
                 if finished and not folder.supervisor_alive():
                     return  # the end of the file, the job's last word was its outcome, and no
                     # supervisor (a resumed one) will write more
                 idle_checks += 1
-                if idle_checks % 50 == 0 and os.fstat(f.fileno()).st_nlink == 0:
+                if idle_checks % 50 == 0 and not folder.events_file.exists():
                     # Deleted under the job: its supervisor says so in the (unlinked) file we
                     # still read, as it stops; if it is gone too, say it here.
                     gone_since = gone_since or time.monotonic()
                     if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
                         yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
                         return
-                elif idle_checks % 50 == 0 and not folder.supervisor_alive():
+                elif idle_checks % 50 == 0 and not folder.supervisor_alive() and not folder.guardian_alive():
                     time.sleep(0.2)  # one last read: it may have just written its last line
                     if f.read(1):
                         f.seek(-1, os.SEEK_CUR)
@@ -380,6 +403,16 @@ class LocalBackend(Backend):
                         yield event
                         return
                 stop.wait(FOLLOW_POLL_S)
+        finally:
+            f.close()
+
+
+def _rotated(path: Path, f: Any) -> bool:
+    """Whether ``path`` is now another file than the one ``f`` reads (the supervisor rotated it)."""
+    try:
+        return os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _record_outcome(folder: JobFolder, event: Event) -> None:

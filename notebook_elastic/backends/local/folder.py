@@ -146,6 +146,7 @@ class JobFolder:
     secret_file = property(lambda self: self.path / "secret.json")
     supervisor_file = property(lambda self: self.path / "supervisor.json")
     supervisor_log = property(lambda self: self.path / "supervisor.log")
+    guardian_file = property(lambda self: self.path / "guardian.json")
     logs = property(lambda self: self.path / "logs")
     torchelastic_logs = property(lambda self: self.path / "logs" / "torchelastic")
     checkpoints = property(lambda self: self.path / "checkpoints")
@@ -182,6 +183,14 @@ class JobFolder:
     def supervisor_alive(self) -> bool:
         info = self.supervisor()
         if not info or info.get("exited"):
+            return False
+        return pid_alive(int(info["pid"]), info.get("start_ticks"))
+
+    def guardian_alive(self) -> bool:
+        """Whether the job's guardian runs (it brings a dead supervisor back)."""
+        try:
+            info = self.read_json(self.guardian_file)
+        except (FileNotFoundError, ValueError):
             return False
         return pid_alive(int(info["pid"]), info.get("start_ticks"))
 

@@ -49,6 +49,7 @@ from ...spec import JobSpec
 from .control import listen
 from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
 from .gpus import placement_problem, visible_gpus
+from .history import ROTATE_BYTES, read_all, rotate
 
 STOP_GRACE_S = 10.0
 #: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
@@ -120,8 +121,20 @@ class EventSink:
     job says so once. Worker output in the history is capped (the node logs keep it all).
     """
 
-    def __init__(self, path: Path, state: JobState, observe: Any, room_for_output: Any = lambda: True) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+
+    def __init__(
+        self,
+        path: Path,
+        state: JobState,
+        observe: Any,
+        room_for_output: Any = lambda: True,
+        rotate_bytes: int = ROTATE_BYTES,
+    ) -> None:
+        self.path = path
+        self.fd = os.open(path, self.FLAGS, FILE_MODE)
+        self.size = os.fstat(self.fd).st_size
+        self.rotate_bytes = rotate_bytes
         self.room_for_output = room_for_output
         self.state = state
         self.observe = observe
@@ -196,8 +209,12 @@ class EventSink:
         view = memoryview(data.encode())
         try:
             while view:
-                view = view[os.write(self.fd, view) :]
+                written = os.write(self.fd, view)
+                self.size += written
+                view = view[written:]
             self.torn = False
+            if self.size > self.rotate_bytes:
+                self._rotate()
         except OSError as exc:
             self.torn = self.torn or len(view) < len(data.encode())
             self.quiet_until = time.monotonic() + DISK_RETRY_S
@@ -213,6 +230,15 @@ class EventSink:
                     },
                 )
                 self.state.apply(told)
+
+    def _rotate(self) -> None:
+        """Past rotate_bytes: the file joins the compacted history (history.py), a new one starts."""
+        try:
+            fd = rotate(self.path, self.FLAGS)
+        except OSError:
+            return  # no room to compact: the file grows on (a full disk is told elsewhere)
+        os.close(self.fd)
+        self.fd, self.size = fd, 0
 
     def close(self) -> None:
         self.queue.put(None)
@@ -251,7 +277,13 @@ class Supervisor:
         self.folder.logs.mkdir(exist_ok=True)
         self._space_checked = 0.0
         self._space_ok = True
-        self.sink = EventSink(folder.events_file, self.state, self._observe, self._output_allowed)
+        self.sink = EventSink(
+            folder.events_file,
+            self.state,
+            self._observe,
+            self._output_allowed,
+            int(self.spec.backend_options.get("events_rotate_bytes", ROTATE_BYTES)),
+        )
         self.authkey = secrets.token_bytes(32)
         self.gpus = visible_gpus()
         self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
@@ -724,8 +756,7 @@ class Supervisor:
         before = None
         if self.resume:
             # The history so far, folded, so status.json goes on from it (steps, metrics).
-            with open(self.folder.events_file, "rb") as f:
-                history = [e for e in (_parse(line) for line in f) if e is not None]
+            history = list(read_all(self.folder.events_file))
             with self.sink.lock:
                 self.state.apply_all(history)
                 before = self.state.status if self.state.finished else "lost"
@@ -807,11 +838,8 @@ class Supervisor:
 
     def _folder_deleted(self) -> bool:
         """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
-        one at the same path since: the events file we write is then unlinked all the same)."""
-        try:
-            return os.fstat(self.sink.fd).st_nlink == 0 or not self.folder.path.is_dir()
-        except (OSError, ValueError):
-            return True
+        one at the same path since: it has no events file)."""
+        return not self.folder.events_file.exists()
 
     def _watch_for_stalls(self, now: float) -> None:
         """A running job whose step has not moved for max(stall_after_s, 10 x the median step
@@ -946,13 +974,6 @@ def main(argv: list[str] | None = None) -> int:
     folder = JobFolder(args[1] if resume else args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
     return Supervisor(folder, resume=resume).run()
-
-
-def _parse(line: bytes) -> Event | None:
-    try:
-        return Event.from_line(line.decode("utf-8", "replace"))
-    except (ValueError, KeyError, TypeError):
-        return None  # a torn last line of a supervisor that died mid-write
 
 
 if __name__ == "__main__":

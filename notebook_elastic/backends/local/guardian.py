@@ -1,0 +1,89 @@
+"""``python -m notebook_elastic.backends.local.guardian JOB_DIR``: brings a dead supervisor back.
+
+One small process per local job, in a session of its own, that watches the job's supervisor.
+When the supervisor dies without having written the job's outcome (OOM-killed, a stray
+``kill -9``) and the job has recoveries left, the guardian says ``recovering`` (event and
+status.json, so every observer agrees) and resumes the job from its latest checkpoint, in the
+same folder: at most the steps since that checkpoint are lost. It exits when the job ends,
+when the job is stopped, or when its folder is deleted. It imports neither torch nor the
+packager: it costs a few MB and no CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ...errors import NotebookElasticError
+from ...events import FINAL_STATUSES, Event, Kind
+from .folder import JobFolder, process_start_ticks, write_json_atomic
+
+POLL_S = 0.5
+#: Supervisor deaths a job recovers from by itself; past that it is lost (resume() by hand).
+MAX_RECOVERIES = 3
+
+
+def ended(folder: JobFolder) -> bool:
+    """Whether the job wrote its outcome (or its folder is gone): nothing left to guard."""
+    if not folder.path.is_dir():
+        return True
+    info = folder.supervisor() or {}
+    status = (folder.status() or {}).get("status")
+    return bool(info.get("exited")) or (status in FINAL_STATUSES and not folder.supervisor_alive())
+
+
+def guard(folder: JobFolder) -> int:
+    from . import LocalBackend, _append_event
+
+    me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
+    write_json_atomic(folder.guardian_file, me, mode=0o600)
+    recoveries = 0
+    try:
+        while True:
+            time.sleep(POLL_S)
+            if ended(folder):
+                return 0
+            if folder.supervisor_alive() or folder.supervisor() is None:
+                continue  # alive, or still starting
+            if recoveries >= MAX_RECOVERIES:
+                reason = f"its supervisor died {recoveries + 1} times; resume() to try again"
+                lost = Event(Kind.JOB_FINISHED, time.time(), None, {"status": "lost", "reason": reason})
+                _append_event(folder, lost)
+                _write_status(folder, "lost", reason)
+                return 1
+            recoveries += 1
+            reason = (
+                f"its supervisor died; resuming from the latest checkpoint (recovery {recoveries}/{MAX_RECOVERIES})"
+            )
+            _append_event(folder, Event(Kind.RECOVERING, time.time(), None, {"reason": reason, "recovery": recoveries}))
+            _write_status(folder, "recovering", reason)
+            try:
+                LocalBackend(folder.path.parent).resume(folder.name, guarded=True)
+            except (NotebookElasticError, OSError) as exc:
+                _append_event(folder, Event(Kind.ERROR, time.time(), None, {"message": f"recovery failed: {exc}"}))
+    finally:
+        folder.guardian_file.unlink(missing_ok=True)
+
+
+def _write_status(folder: JobFolder, status: str, reason: str) -> None:
+    try:
+        current = folder.status() or {}
+        current.update(status=status, reason=reason, updated=time.time())
+        write_json_atomic(folder.status_file, current, mode=0o600)
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "--detach":
+        args = args[1:]
+        if os.fork() > 0:
+            os._exit(0)
+    return guard(JobFolder(Path(args[0])))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
