@@ -7,6 +7,9 @@ Our agent wrapper starts one *zygote* per node that imports them once and waits.
 starts each worker as ``python -u -m notebook_elastic._warm SCRIPT [ARGS]``: a launcher
 that imports nothing heavy, hands the zygote its standard streams, environment, working
 directory and arguments over a Unix socket, and stays the process torchrun watches. The
+socket lives in Linux's abstract namespace (no file anywhere, gone with the zygote); since
+any local user could connect to such a name, both ends check that the other runs as the
+same user (SO_PEERCRED) before a byte of environment crosses. The
 zygote forks a child that runs SCRIPT as ``__main__`` with exactly those; the launcher
 forwards signals to the child and exits with the child's status (a signal as a signal).
 A pipe ties the child to the launcher: if the launcher dies, the child dies.
@@ -23,10 +26,11 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 
-ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # the zygote's socket path, for launchers
+ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # the zygote's socket name ("@..." = abstract), for launchers
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
 ENV_WARM = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo", "cloudpickle")
@@ -35,6 +39,20 @@ CONNECT_WAIT_S = 15.0  # the zygote may still be importing torch on a node's fir
 
 def enabled() -> bool:
     return os.environ.get(ENV_WARM, "1") != "0" and sys.platform.startswith("linux")
+
+
+def _address(name: str) -> str:
+    """``@name`` -> the abstract socket address (environment values cannot hold the NUL)."""
+    return "\0" + name[1:] if name.startswith("@") else name
+
+
+def same_user(conn: socket.socket) -> bool:
+    """Whether the process at the other end of ``conn`` runs as our user (SO_PEERCRED)."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return False
+    return uid == os.getuid()
 
 
 def _send(conn: socket.socket, message: dict, fds: list[int] | None = None) -> None:
@@ -73,13 +91,18 @@ def serve(path: str) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    abstract = path.startswith("@")
+    if not abstract:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path + ".tmp")
-    os.rename(path + ".tmp", path)  # appears only once it is ready
+    if abstract:
+        listener.bind(_address(path))  # launchers that come before listen() are refused and retry
+    else:
+        listener.bind(path + ".tmp")
+        os.rename(path + ".tmp", path)  # appears only once it is ready
     listener.listen(64)
     children: dict[int, socket.socket] = {}
     try:
@@ -90,15 +113,20 @@ def serve(path: str) -> None:
                 _reap(children)
             if listener in ready:
                 conn, _ = listener.accept()
+                if not same_user(conn):  # another local user found the name: no worker for them
+                    conn.close()
+                    continue
                 try:
                     _start(conn, listener, wake_r, wake_w, children)
                 except Exception:
                     conn.close()
     finally:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        listener.close()
+        if not abstract:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -270,7 +298,10 @@ def _connect(path: str) -> socket.socket | None:
     while True:
         try:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(path)
+            conn.connect(_address(path))
+            if not same_user(conn):  # someone else holds the name: our environment is not for them
+                conn.close()
+                return None
             return conn
         except (FileNotFoundError, ConnectionRefusedError):
             conn.close()
@@ -294,9 +325,9 @@ def start_zygote() -> str | None:
     if not enabled():
         return None
     import subprocess
-    import tempfile
 
-    path = os.path.join(tempfile.gettempdir(), f"ne-zygote-{os.getpid()}-{os.urandom(4).hex()}.sock")
+    # Abstract: nothing in the system temp folder, nothing to remove, gone with the zygote.
+    path = f"@notebook-elastic-zygote-{os.getpid()}-{os.urandom(16).hex()}"
     subprocess.Popen([sys.executable, "-m", "notebook_elastic._warm", "serve", path], stdin=subprocess.DEVNULL)
     os.environ[ENV_ZYGOTE] = path
     return path

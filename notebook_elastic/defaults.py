@@ -32,6 +32,9 @@ MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 
 BACKENDS = ("local", "kubernetes")
 
+#: What dry-runs show instead of an ``--env`` value (values are treated as secrets).
+HIDDEN_VALUE = "<hidden>"
+
 
 def rdzv_conf(*, join_timeout_s: int, is_host: bool | None = None) -> dict[str, str]:
     conf = {

@@ -55,6 +55,7 @@ class Kind:
     CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
     FENCED = "fenced"
     ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
+    FILES_CHANGED = "files_changed"  # the script or payload differs from what was launched: not run
     LOG = "log"
 
 
@@ -312,6 +313,8 @@ def describe(e: Event) -> str:
         return f"stale worker group (generation {d.get('generation')}) refused to write: generation {d.get('newer_generation')} exists"
     if k == Kind.ERROR:
         return f"{node}: {d.get('message')}"
+    if k == Kind.FILES_CHANGED:
+        return f"{node}: {d.get('reason')}" if node else str(d.get("reason"))
     if k == Kind.AGENT_STARTED:
         return f"{node}: agent started (pid {d.get('pid')})"
     if k == Kind.LOG:

@@ -231,7 +231,10 @@ class JobSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as it is stored (job folder, Kubernetes annotation): ``env`` as names only,
+        because its values may be credentials; each backend carries the values apart."""
         data = dataclasses.asdict(self)
+        data["env"] = sorted(self.env)
         data["nnodes"] = list(self.nnodes)
         data["ship"] = list(self.ship)
         return data
@@ -242,6 +245,9 @@ class JobSpec:
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["nnodes"] = tuple(kwargs.get("nnodes", (1, 1)))
         kwargs["ship"] = tuple(kwargs.get("ship", ()))
+        env = kwargs.get("env") or {}
+        # Names only (see to_json): the values are filled in by whoever holds them.
+        kwargs["env"] = {str(k): "" for k in env} if not isinstance(env, Mapping) else dict(env)
         return cls(**kwargs)
 
 

@@ -4,7 +4,8 @@ No API server can be had on these machines (no kube-apiserver, k3s, kind or kwok
 Docker engine), so this is the boundary we fake, faithfully enough for our backend:
 
 - HTTP on 127.0.0.1 (stdlib), the REST paths and verbs the client uses for ConfigMaps,
-  Services, Pods (+ logs), PVCs, Namespaces, batch/v1 Jobs, CRDs and kubeflow PyTorchJobs:
+  Secrets (``stringData`` stored as base64 ``data``, as the real server does), Services,
+  Pods (+ logs), PVCs, Namespaces, batch/v1 Jobs, CRDs and kubeflow PyTorchJobs:
   create (201, 409 when taken), get, list with label selectors, watch (chunked JSON lines;
   ADDED for what exists first, then changes; increasing resourceVersions; 410 for a
   resourceVersion too old), merge patch, delete (pods terminate gracefully; ownerReference
@@ -12,8 +13,9 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
 - A scheduler with N GPU slots: pods asking for more ``nvidia.com/gpu`` than is free stay
   Pending with the scheduler's Unschedulable message; ``set_gpu_slots`` and ``preempt``
   reproduce a reclaim (DisruptionTarget condition, then deletion).
-- A kubelet that runs each container's command as a local process: env (values and the
-  downward API), ``$(VAR)`` expansion in args, ConfigMap volumes written to a temp dir (paths
+- A kubelet that runs each container's command as a local process: env (values, the
+  downward API and ``secretKeyRef``; a missing Secret or key leaves the container waiting in
+  CreateContainerConfigError, as a real kubelet does), ``$(VAR)`` expansion in args, ConfigMap volumes written to a temp dir (paths
   under their mountPath rewritten), one 127.A.B.N address per pod (each cluster has a /24 of
   its own), Service names resolved to their pod's address (the cluster DNS), stdout+stderr
   kept as the pod log (``follow``, ``timestamps``, ``sinceSeconds``, ``previous``),
@@ -53,6 +55,7 @@ from urllib.parse import parse_qs, urlparse
 # (group/version, plural) -> kind
 RESOURCES = {
     ("v1", "configmaps"): "ConfigMap",
+    ("v1", "secrets"): "Secret",
     ("v1", "services"): "Service",
     ("v1", "pods"): "Pod",
     ("v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
@@ -61,6 +64,10 @@ RESOURCES = {
     ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
 }
 GROUPS = {"v1": "", "batch/v1": "batch", "kubeflow.org/v1": "kubeflow.org"}
+
+
+class ContainerConfigError(Exception):
+    """What the kubelet reports when a container's env cannot be built (a missing Secret)."""
 
 
 def now_rfc3339() -> str:
@@ -365,6 +372,11 @@ class FakeCluster:
                 body["status"]["phase"] = "Pending"
             if plural == "services":
                 body["spec"]["clusterIP"] = self._alloc_ip()
+            if plural == "secrets":
+                data = body.get("data") or {}
+                for key, value in (body.pop("stringData", None) or {}).items():
+                    data[key] = base64.b64encode(str(value).encode()).decode()
+                body["data"] = data
             if plural == "jobs":
                 body.setdefault("status", {})
                 body["spec"].setdefault("parallelism", 1)
@@ -889,6 +901,14 @@ class FakeCluster:
         for item in container.get("env", []):
             if "value" in item:
                 env[item["name"]] = self._expand(str(item["value"]), env)
+            elif "valueFrom" in item and "secretKeyRef" in item["valueFrom"]:
+                ref = item["valueFrom"]["secretKeyRef"]
+                secret = self.get("secrets", ref["name"], pod["metadata"]["namespace"])
+                if secret is None:
+                    raise ContainerConfigError(f'secret "{ref["name"]}" not found')
+                if ref["key"] not in (secret.get("data") or {}):
+                    raise ContainerConfigError(f"couldn't find key {ref['key']} in Secret {ref['name']}")
+                env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
             elif "valueFrom" in item and "fieldRef" in item["valueFrom"]:
                 path = item["valueFrom"]["fieldRef"]["fieldPath"]
                 value = {
@@ -928,6 +948,25 @@ class FakeCluster:
             for host in (f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}", name):
                 text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=[:/]|$)", ip, text)
         return text
+
+    def _wait_container(self, pod: dict[str, Any], container: dict[str, Any], reason: str, message: str) -> None:
+        """The container cannot start (yet): the pod stays Pending with the kubelet's reason."""
+        with self.lock:
+            current = self.objects.get(self._key(pod))
+            if current is None:
+                return
+            new = copy.deepcopy(current)
+            new["status"]["containerStatuses"] = [
+                {
+                    "name": container["name"],
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                }
+            ]
+            self._store("MODIFIED", new)
 
     def _start_container(self, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
@@ -978,7 +1017,11 @@ class FakeCluster:
             if mount["mountPath"] == "/dev/shm":
                 continue
             mounts[mount["mountPath"]] = str(host)
-        env = self._env(pod, container)
+        try:
+            env = self._env(pod, container)
+        except ContainerConfigError as exc:
+            self._wait_container(pod, container, "CreateContainerConfigError", str(exc))
+            return
 
         def rewrite(text: str) -> str:
             text = self._expand(text, env)

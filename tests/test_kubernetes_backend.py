@@ -16,6 +16,7 @@ from k8s_apiserver import FakeCluster
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.kubernetes import KubernetesBackend
+from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.events import Kind
 
 pytestmark = pytest.mark.slow
@@ -55,13 +56,13 @@ def cluster(tmp_path, monkeypatch, home):
     fake.close()
 
 
-def _post(fake, path, body):
+def _post(fake, path, body, method="POST"):
     import urllib.request
 
     req = urllib.request.Request(
         fake.url + path,
         data=json.dumps(body).encode(),
-        method="POST",
+        method=method,
         headers={"Content-Type": "application/json", "Authorization": "Bearer fake-token"},
     )
     with urllib.request.urlopen(req) as resp:
@@ -431,3 +432,54 @@ def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
         time.sleep(0.1)
     assert not any(e.get("error") == "RendezvousGone" for e in job.events)
     job.stop()
+
+
+READ_TOKEN = """
+import hashlib, os, time
+elastic.report(step=0, digest=int(hashlib.sha256(os.environ["HF_TOKEN"].encode()).hexdigest()[:12], 16))
+time.sleep(600)  # until stopped
+"""
+
+
+def test_env_values_reach_the_pods_through_a_secret_only(cluster):
+    """Under the README's Role: --env values go into the job's Secret (labelled and owned like
+    its other objects), pods read them by secretKeyRef, no other object holds them, and stop
+    deletes the Secret."""
+    import hashlib
+
+    token = "hf_" + "Wk4" * 12  # made up
+    cluster.grant_only([r for r in readme_role() if "pytorchjobs" not in r["resources"]])
+    job = ne.launch(
+        READ_TOKEN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        name="tokened",
+        env={"HF_TOKEN": token},
+        user_ns={"elastic": runtime},
+    )
+    wait_for(job, lambda: job.metrics.last("digest") is not None, "the worker's report")
+    assert job.metrics.last("digest") == int(hashlib.sha256(token.encode()).hexdigest()[:12], 16)
+    secret = cluster.get("secrets", "tokened-env")
+    assert secret is not None and secret["metadata"]["labels"][m.INSTANCE] == "tokened"
+    code = cluster.get("configmaps", "tokened-code")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == code["metadata"]["uid"]
+    leaks = [o["kind"] for o in cluster.all_objects() if o["kind"] != "Secret" and token in json.dumps(o)]
+    assert leaks == []
+    assert token not in job.dryrun.text and token not in json.dumps(job.dryrun.request, default=str)
+    # Someone deletes the Secret: a replacement pod cannot start, and the job says why.
+    status, _ = _post(cluster, "/api/v1/namespaces/default/secrets/tokened-env", {}, method="DELETE")
+    assert status == 200
+    job.preempt_node()
+    wait_for(
+        job,
+        lambda: any(e.kind == Kind.PENDING and e.get("reason") == "CreateContainerConfigError" for e in job.events),
+        "the replacement pod's CreateContainerConfigError",
+    )
+    pending = next(e for e in job.events if e.kind == Kind.PENDING and e.get("reason") == "CreateContainerConfigError")
+    assert 'secret "tokened-env" not found' in pending.get("message")
+    assert job.stop() == "stopped"
+    deletes = [r for r in cluster.requests if r == ("DELETE", "/api/v1/namespaces/default/secrets/tokened-env")]
+    assert len(deletes) == 2  # ours above, and stop's: not left to garbage collection
+    assert cluster.get("secrets", "tokened-env") is None
+    assert not cluster.forbidden, cluster.forbidden

@@ -70,15 +70,16 @@ def test_every_built_in_manifest_passes_strict_schema_validation(version):
     objects = m.build(spec, bundle, k8s, run_id="abcd")
     owner = dict(objects[0], metadata=dict(objects[0]["metadata"], uid="0b0c7d5e-1111-2222-3333-444455556666"))
     pods_mode = m.build(spec, bundle, parse_options(workload="pods", pvc="checkpoints"), run_id="abcd")
-    for obj in [objects[0]] + [m.owned_by(o, owner) for o in objects[1:]] + pods_mode[3:]:
+    assert [o["kind"] for o in objects[:2]] == ["ConfigMap", "Secret"]
+    for obj in [objects[0]] + [m.owned_by(o, owner) for o in objects[1:]] + pods_mode[4:]:
         kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_the_shape_of_the_job():
     spec, bundle, k8s = make(tolerations=["nvidia.com/gpu:NoSchedule"], rdzv_node_selector=["lifecycle=on-demand"])
-    code, service, rdzv, job = m.build(spec, bundle, k8s, run_id="abcd")
-    assert [o["kind"] for o in (code, service, rdzv, job)] == ["ConfigMap", "Service", "Pod", "Job"]
-    for obj in (code, service, rdzv, job):
+    code, secret, service, rdzv, job = m.build(spec, bundle, k8s, run_id="abcd")
+    assert [o["kind"] for o in (code, secret, service, rdzv, job)] == ["ConfigMap", "Secret", "Service", "Pod", "Job"]
+    for obj in (code, secret, service, rdzv, job):
         labels = obj["metadata"]["labels"]
         assert (
             labels[m.NAME] == "notebook-elastic"
@@ -122,7 +123,11 @@ def test_the_shape_of_the_job():
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     env = {e["name"]: e for e in worker["env"]}
     assert env["NOTEBOOK_ELASTIC_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1" and env["WANDB_MODE"]["value"] == "offline"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"
+    assert env["WANDB_MODE"] == {
+        "name": "WANDB_MODE",
+        "valueFrom": {"secretKeyRef": {"name": "spot-train-env", "key": "WANDB_MODE"}},
+    }
     mounts = {v["mountPath"]: v["name"] for v in worker["volumeMounts"]}
     assert mounts == {"/opt/notebook-elastic": "code", "/dev/shm": "dshm", "/checkpoints": "checkpoints"}
     assert worker["image"] == DEFAULT_IMAGE
@@ -130,7 +135,7 @@ def test_the_shape_of_the_job():
 
 def test_cpu_pods_ask_for_no_gpu_and_owner_references_point_at_the_configmap():
     spec, bundle, k8s = make(gpus=0)
-    code, service, rdzv, job = m.build(spec, bundle, k8s, run_id="abcd")
+    code, _secret, service, rdzv, job = m.build(spec, bundle, k8s, run_id="abcd")
     assert "resources" not in job["spec"]["template"]["spec"]["containers"][0]
     made = dict(code, metadata=dict(code["metadata"], uid="u-1"))
     owned = m.owned_by(job, made)
@@ -245,3 +250,41 @@ def test_dry_run_prints_every_object_as_yaml_and_sends_nothing(shell, capsys, mo
     assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Pod", "Job"]
     assert docs[-1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert "<" in docs[0]["binaryData"]["runtime.zip"]  # binary shown as a size, not dumped
+
+
+SECRET_VALUE = "hf_" + "Qx7" * 12  # made up
+
+
+def test_env_values_go_into_a_secret_and_nowhere_else():
+    """--env values: in the job's Secret (created with the values only at submit), read by
+    secretKeyRef; never in the ConfigMap, an annotation, a pod spec or the dry-run."""
+    k8s = parse_options(workload="job", pvc="checkpoints")
+    spec = build_spec(
+        nnodes="1:2",
+        name="tok",
+        backend="kubernetes",
+        backend_options={"kubernetes": k8s.to_json()},
+        env={"HF_TOKEN": SECRET_VALUE, "WANDB_MODE": "offline"},
+    )
+    bundle = package_cell("print(1)", NotebookContext(namespace={}), name=spec.name)
+    objects = m.build(spec, bundle, k8s, run_id="abcd")
+    assert SECRET_VALUE not in yaml.safe_dump_all(objects) and "offline" not in m.to_yaml(objects)
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert secret["metadata"]["name"] == "tok-env"
+    assert secret["metadata"]["labels"] == m.labels("tok", "env")
+    assert secret["stringData"] == {"HF_TOKEN": m.SECRET_PLACEHOLDER, "WANDB_MODE": m.SECRET_PLACEHOLDER}
+    created = m.with_env_values(secret, spec.env)
+    assert created["stringData"] == {"HF_TOKEN": SECRET_VALUE, "WANDB_MODE": "offline"}
+    assert secret["stringData"]["HF_TOKEN"] == m.SECRET_PLACEHOLDER  # the dry-run's copy is untouched
+    worker = objects[-1]["spec"]["template"]["spec"]["containers"][0]
+    refs = {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in worker["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert refs == {
+        "HF_TOKEN": {"name": "tok-env", "key": "HF_TOKEN"},
+        "WANDB_MODE": {"name": "tok-env", "key": "WANDB_MODE"},
+    }
+    # The annotation keeps the names, so set_range can rebuild the references.
+    assert '"env":["HF_TOKEN","WANDB_MODE"]' in objects[0]["metadata"]["annotations"][m.ANNOTATION_SPEC]
+    without = build_spec(nnodes="1", name="plain", backend="kubernetes", backend_options={"kubernetes": k8s.to_json()})
+    assert "Secret" not in [o["kind"] for o in m.build(without, bundle, k8s, run_id="abcd")]

@@ -95,3 +95,48 @@ def test_signals_reach_the_worker_and_the_worker_dies_with_its_launcher(tmp_path
 def test_without_a_zygote_the_launcher_runs_the_script_itself(tmp_path):
     done = launch(tmp_path, None, "4")
     assert done.returncode == 4 and not report(done.stdout)["torch_preloaded"]
+
+
+ANOTHER_USER_CONNECTS = """
+import socket, sys
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect("\\0" + sys.argv[1][1:])
+try:
+    conn.sendall(b'{"argv": ["x.py"], "cwd": "/", "env": {}}\\n')
+    print("closed" if conn.recv(100) == b"" else "answered")
+except (BrokenPipeError, ConnectionResetError):
+    print("closed")
+"""
+
+
+def abstract_listeners() -> str:
+    with open("/proc/net/unix") as f:
+        return f.read()
+
+
+def test_an_abstract_zygote_leaves_no_file_and_serves_only_its_own_user(tmp_path):
+    """The agent's zygote socket: no file in any temp folder, gone with the zygote, and a
+    process of another user that finds the name gets the connection closed, not a worker."""
+    name = f"@notebook-elastic-zygote-test-{os.urandom(8).hex()}"
+    proc = subprocess.Popen([sys.executable, "-m", "notebook_elastic._warm", "serve", name])
+    try:
+        deadline = time.monotonic() + 60
+        while name not in abstract_listeners():
+            assert time.monotonic() < deadline and proc.poll() is None, "the zygote did not start"
+            time.sleep(0.05)
+        done = launch(tmp_path, name, "0", env={"RANK": "2"})
+        assert done.returncode == 0 and report(done.stdout)["torch_preloaded"]  # our user: served warm
+        if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
+            other = subprocess.run(
+                ["/usr/bin/python3", "-c", ANOTHER_USER_CONNECTS, name],
+                user=65534,
+                group=65534,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert other.stdout.strip() == "closed", other
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert name not in abstract_listeners()

@@ -124,14 +124,15 @@ class Bundle:
     def withheld(self) -> list[str]:
         return self.manifest.withheld
 
-    def write(self, script_path: str | os.PathLike) -> tuple[Path, Path | None]:
-        """Write the script (and its payload beside it, if any) atomically."""
+    def write(self, script_path: str | os.PathLike, private: bool = False) -> tuple[Path, Path | None]:
+        """Write the script (and its payload beside it, if any) atomically; ``private``: readable
+        by their owner only (a job folder), else like any exported file."""
         script_path = Path(script_path)
         script_path.parent.mkdir(parents=True, exist_ok=True)
         payload_path = payload_path_for(script_path) if self.payload else None
         if payload_path is not None:
-            _atomic_write(payload_path, self.payload)
-        _atomic_write(script_path, self.script.encode(), mode=0o755)
+            _atomic_write(payload_path, self.payload, mode=0o600 if private else 0o644)
+        _atomic_write(script_path, self.script.encode(), mode=0o700 if private else 0o755)
         return script_path, payload_path
 
 

@@ -7,7 +7,9 @@ Every free name of the cell is resolved against the notebook's namespace:
   are resolved in turn;
 - a lambda, a closure, a function whose source is gone -> by value (cloudpickle);
 - anything else -> a data value in the payload (each value pickled on its own);
-- a string whose name looks like a credential -> withheld unless named in ``ship``.
+- a string whose name looks like a credential -> withheld unless named in ``ship``;
+- a value holding a credential (by shape, or under a credential's name, at any depth, see
+  ``credentials.py``) -> refused unless named in ``ship``.
 Problems are collected and raised together as one ``PackagingError``, one sentence each.
 """
 
@@ -34,6 +36,7 @@ import cloudpickle
 from ..errors import PackagingError
 from ..runtime.payload import main_attr
 from .analysis import CellNames, cell_names, definition_names, find_class, find_definition, magic_lines, node_source
+from .credentials import find_credential
 from .notebook import IPYTHON_ONLY, NotebookContext
 
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "apikey", "credential", "credentials", "passphrase"}
@@ -501,6 +504,15 @@ class Collector:
         reason = unshippable_reason(value)
         if reason:
             self.problems.append(_cannot_ship(name, value, origin, reason))
+            return
+        found = find_credential(name, value) if name not in self.ship else None
+        if found is not None:
+            place = f" (defined in {origin})" if origin else ""
+            self.problems.append(
+                f"`{found.path}`{place} looks like a credential ({found.why}) and would be copied into the "
+                f"payload every worker loads; pass --ship {name} to send it anyway, or take it out of `{name}` "
+                "and give it to the workers with --env NAME=VALUE (read with os.environ)"
+            )
             return
         self.items[name] = Shipped(name, "value", origin=origin, type_name=_type_name(value))
         self._values_pending.append(name)

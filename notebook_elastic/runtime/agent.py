@@ -5,6 +5,9 @@ A thin wrapper around ``torch.distributed.run.main()`` that
 - tells its workers who their agent is, so they exit with it (a SIGKILLed agent otherwise
   leaves its workers training beside the survivors);
 - turns off the rendezvous TCP store sharing that deadlocks scale-up in torch 2.13;
+- before every (re)start of its workers, checks the script and payload against the sha256
+  recorded at launch (``ENV_FILES_SHA256``) and exits with ``EXIT_FILES_CHANGED`` instead of
+  running files someone changed since;
 - after every completed rendezvous, writes a ``rendezvous`` event (round, group rank, world
   size, members) and passes the round to the workers it is about to start, as the job-wide
   generation that fences checkpoint writes;
@@ -156,6 +159,7 @@ def _hook_agent() -> None:
 
     def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
         _watch.agent = self
+        _refuse_changed_files()
         return original(self, worker_group)
 
     monitor = LocalElasticAgent._monitor_workers
@@ -183,6 +187,20 @@ def _hook_agent() -> None:
     _start_workers._notebook_elastic = True  # type: ignore[attr-defined]
     LocalElasticAgent._start_workers = _start_workers
     LocalElasticAgent._monitor_workers = _monitor_workers
+
+
+def _refuse_changed_files() -> None:
+    """torchrun restarts workers on its own (a crash, a new member): each time, run only the
+    files that were launched. The old workers are stopped by now; exiting takes the zygote
+    with us, so nothing of this node runs the changed code."""
+    changed = protocol.changed_files(os.environ.get(protocol.ENV_FILES_SHA256))
+    if not changed:
+        return
+    reason = protocol.files_changed_reason(changed)
+    emit("files_changed", node=_node_name(), files=changed, reason=reason)
+    print(f"notebook-elastic agent: {reason}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(protocol.EXIT_FILES_CHANGED)  # torchrun would catch SystemExit and retry
 
 
 def _hook_rendezvous() -> None:

@@ -7,6 +7,9 @@ names. Worker-side module: imports only the standard library.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 
 #: Every structured line a worker or agent writes starts with this prefix, then compact JSON.
@@ -24,6 +27,7 @@ ENV_WORKDIR_FILES = "NOTEBOOK_ELASTIC_WORKDIR_FILES"
 ENV_COLLECTIVE_TIMEOUT_S = "NOTEBOOK_ELASTIC_COLLECTIVE_TIMEOUT_S"
 ENV_SUPERVISOR_PID = "NOTEBOOK_ELASTIC_SUPERVISOR_PID"  # an agent exits when this process dies
 ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend restarts all agents
+ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the script and payload at launch
 # Set by our agent wrapper for its workers.
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
@@ -32,6 +36,9 @@ ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group wa
 #: (torchrun itself exits 1 then, as it does on SIGTERM). A Kubernetes Job fails at once on
 #: it (podFailurePolicy FailJob) instead of replacing the pod to fail the same way again.
 EXIT_RESTARTS_SPENT = 3
+#: Our agent's exit status when the job's script or payload is no longer what was launched:
+#: it refuses to start workers from files someone changed.
+EXIT_FILES_CHANGED = 4
 
 #: A worker's exit status when its collective broke because a peer went away (gloo's
 #: "connection closed by peer", a store that lost a member, a newer group fencing this one):
@@ -57,7 +64,37 @@ def exit_reason(code: int | None) -> str:
         return "finished"
     if code == EXIT_RESTARTS_SPENT:
         return "restart budget spent"
+    if code == EXIT_FILES_CHANGED:
+        return "its script or payload changed"
     return f"exited with code {code}"
+
+
+def sha256_of(path: str | os.PathLike) -> str | None:
+    """The file's sha256 (hex), or None when it is gone."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
+def changed_files(expected: dict[str, str] | str | None) -> list[str]:
+    """Which of the launched files (``{path: sha256}``, or its JSON) differ from what was launched."""
+    if isinstance(expected, str):
+        expected = json.loads(expected) if expected.strip() else {}
+    return [path for path, digest in sorted((expected or {}).items()) if sha256_of(path) != digest]
+
+
+def files_changed_reason(paths: list[str]) -> str:
+    """The one sentence a job that refused to run changed files fails with."""
+    names = ", ".join(os.path.basename(p) for p in paths)
+    return (
+        f"{names} changed after launch (sha256 differs from what was launched), so it was not run again; "
+        "relaunch the cell to run new code"
+    )
 
 
 #: Rendezvous rounds restart at 0 with each rendezvous epoch; a generation orders both.

@@ -51,6 +51,7 @@ EVENT_COLORS = {
     Kind.RESUMED: "#00838f",
     Kind.FENCED: "#c62828",
     Kind.ERROR: "#c62828",
+    Kind.FILES_CHANGED: "#c62828",
     Kind.STALL: "#c62828",
     Kind.STALL_CLEARED: "#2e7d32",
 }

@@ -112,6 +112,8 @@ class KubernetesBackend(Backend):
         created = [owner]
         try:
             for obj in objects[1:]:
+                if obj["kind"] == "Secret":  # the dry-run holds placeholders; the values, only now
+                    obj = m.with_env_values(obj, dryrun.spec.env)
                 created.append(
                     self._create(m.owned_by(obj, owner), f"create the {obj['kind']} {obj['metadata']['name']}")
                 )
@@ -148,6 +150,9 @@ class KubernetesBackend(Backend):
         try:
             if kind == "ConfigMap":
                 made = conn.core().create_namespaced_config_map(ns, obj)
+            elif kind == "Secret":
+                made = conn.core().create_namespaced_secret(ns, obj)
+                made.data = made.string_data = None  # the values stay out of everything we keep
             elif kind == "Service":
                 made = conn.core().create_namespaced_service(ns, obj)
             elif kind == "Pod":
@@ -291,8 +296,10 @@ class KubernetesBackend(Backend):
             raise JobNotFound(
                 f"no job named {name!r} in namespace {self.conn.namespace!r} (see %elastic_jobs kubernetes)"
             )
-        spec = json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
-        return cm, spec
+        return cm, self._spec_of(cm)
+
+    def _spec_of(self, cm: Any) -> dict[str, Any]:
+        return json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
 
     def _workload(self, cm: Any) -> str:
         return (cm.metadata.annotations or {}).get("notebook-elastic.io/workload", "job")
@@ -433,6 +440,8 @@ class KubernetesBackend(Backend):
         # The README's Role grants PyTorchJobs only to those who use them: touch one only
         # for a job that made one (or when the code ConfigMap, which says, is already gone).
         pytorchjob = cm is None or self._workload(cm) == "pytorchjob"
+        # Likewise the env Secret: only a job launched with --env has one.
+        has_env = cm is None or bool(self._spec_of(cm).get("env"))
         steps = [
             lambda: conn.batch().delete_namespaced_job(m.workers_name(name), ns, propagation_policy="Background"),
             lambda: (
@@ -443,6 +452,7 @@ class KubernetesBackend(Backend):
             ),
             lambda: conn.core().delete_collection_namespaced_pod(ns, label_selector=m.selector(name)),
             lambda: conn.core().delete_namespaced_service(m.rdzv_name(name), ns),
+            lambda: has_env and conn.core().delete_namespaced_secret(m.env_name(name), ns),
             lambda: conn.core().delete_namespaced_config_map(m.code_name(name), ns, propagation_policy="Background"),
         ]
         for step in steps:
@@ -453,8 +463,8 @@ class KubernetesBackend(Backend):
 
                 if is_missing(exc) or (isinstance(exc, ApiException) and exc.status == 405):
                     continue
-                if step is steps[1] and isinstance(exc, ApiException) and exc.status == 403:
-                    continue
+                if step in (steps[1], steps[4]) and cm is None and isinstance(exc, ApiException) and exc.status == 403:
+                    continue  # not granted, and nothing says the job made one
                 raise explain(exc, f"stop job {name!r}", conn) from None
 
 

@@ -3,6 +3,10 @@
 - ``<job>-code`` ConfigMap: the script, its payload and the worker runtime (a zip of
   ``notebook_elastic.runtime`` and cloudpickle), so any image with torch runs it. The owner
   of everything else: deleting it deletes the job.
+- ``<job>-env`` Secret (only when ``--env`` was given): the values, which pods read by
+  ``secretKeyRef``; never in the ConfigMap, an annotation or a pod spec. Built here with
+  placeholders (``SECRET_PLACEHOLDER``), so dry-runs never hold a value: ``with_env_values``
+  puts the values in right before it is created.
 - ``<job>-rdzv`` Pod + Service: the c10d rendezvous store, not a trainer (with its own node
   selector and tolerations, e.g. on-demand nodes), so losing any worker never takes the
   rendezvous down.
@@ -71,6 +75,33 @@ def rdzv_name(job: str) -> str:
 
 def workers_name(job: str) -> str:
     return f"{job}-workers"
+
+
+def env_name(job: str) -> str:
+    return f"{job}-env"
+
+
+SECRET_PLACEHOLDER = defaults.HIDDEN_VALUE
+
+
+def env_secret(spec: Any) -> dict[str, Any] | None:
+    """The Secret holding the ``--env`` values (placeholders here), or None without any."""
+    if not spec.env:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": env_name(spec.name), "labels": labels(spec.name, "env")},
+        "type": "Opaque",
+        "stringData": {key: SECRET_PLACEHOLDER for key in sorted(spec.env)},
+    }
+
+
+def with_env_values(secret: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The Secret to create: its placeholders replaced by the values (kept in memory only)."""
+    out = json.loads(json.dumps(secret))
+    out["stringData"] = {key: env[key] for key in out["stringData"]}
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -164,7 +195,11 @@ def _base_env(spec: Any, options: KubernetesOptions, epoch: int) -> list[dict[st
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
         {"name": "LOGLEVEL", "value": "INFO"},
     ]
-    env += [{"name": k, "value": v} for k, v in spec.env.items()]
+    # The values live in the job's Secret: a pod spec (readable by anyone who may list pods,
+    # and kept in the Job object) names them only.
+    env += [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": env_name(spec.name), "key": k}}} for k in sorted(spec.env)
+    ]
     return env
 
 
@@ -413,11 +448,11 @@ def build(
     check(spec, options)
     target = spec.initial_nodes if target is None else target
     rdzv_id = f"{spec.name}-{run_id}-e{epoch}"
-    objects = [
-        code_configmap(spec, bundle, options, run_id=run_id, epoch=epoch),
-        rendezvous_service(spec, options),
-        rendezvous_pod(spec, options),
-    ]
+    objects = [code_configmap(spec, bundle, options, run_id=run_id, epoch=epoch)]
+    secret = env_secret(spec)
+    if secret is not None:
+        objects.append(secret)  # before any pod that reads it
+    objects += [rendezvous_service(spec, options), rendezvous_pod(spec, options)]
     if options.workload == "pytorchjob":
         objects.append(pytorchjob(spec, options, rdzv_id=rdzv_id, epoch=epoch, target=target))
     elif options.workload == "pods":

@@ -7,6 +7,7 @@ one started after a crash) can list, follow, scale and stop any job.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -23,7 +24,15 @@ from ...events import FINAL_STATUSES, Event, Kind
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 from . import control
-from .folder import JobFolder, kill_all, write_json_atomic
+from .folder import (
+    FILE_MODE,
+    JobFolder,
+    jobs_root,
+    kill_all,
+    make_private_dir,
+    prepare_jobs_root,
+    write_json_atomic,
+)
 from .gpus import placement_problem, visible_gpus
 from .history import history_file, parse, read_all
 
@@ -39,7 +48,11 @@ class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, home: str | os.PathLike | None = None) -> None:
-        self.root = Path(home) if home is not None else defaults.home() / "jobs"
+        # ``home`` (tests, tools) names the jobs folder itself; by default it is found under
+        # $NOTEBOOK_ELASTIC_HOME, in a per-user subfolder when that is a shared one like /tmp.
+        self.explicit_root = home is not None
+        self.home = defaults.home() if home is None else Path(home).parent
+        self.root = jobs_root(self.home) if home is None else Path(home)
 
     def folder(self, name: str) -> JobFolder:
         return JobFolder(self.root / name)
@@ -62,6 +75,7 @@ class LocalBackend(Backend):
             "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<supervisor's store>",
             f"--rdzv-conf {','.join(f'{k}={v}' for k, v in conf.items())}",
             f"--monitor-interval {spec.monitor_interval_s}",
+            f"--log-dir {folder.torchelastic_logs}",
             str(folder.script),
         ]
         request = {
@@ -73,7 +87,7 @@ class LocalBackend(Backend):
             "environment": {
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or str(folder.checkpoints),
-                **spec.env,
+                **{key: defaults.HIDDEN_VALUE for key in spec.env},
             },
         }
         text = "\n".join(
@@ -90,6 +104,12 @@ class LocalBackend(Backend):
 
     def schedule(self, dryrun: DryRun) -> None:
         spec, bundle = dryrun.spec, dryrun.bundle
+        # Refuses a home another user could write before anything is written or started.
+        if self.explicit_root:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.root)
+        else:
+            self.root = prepare_jobs_root(self.home)
         folder = self.folder(spec.name)
         if folder.path.exists():
             info = self.describe(spec.name)
@@ -100,14 +120,23 @@ class LocalBackend(Backend):
                 )
             self._archive(folder)
         try:
-            folder.path.mkdir(parents=True)
-            folder.logs.mkdir()
-            bundle.write(folder.script)
+            make_private_dir(folder.path)
+            make_private_dir(folder.logs)
+            script_path, payload_path = bundle.write(folder.script, private=True)
+            # What was packaged, hashed from memory (not re-read from disk): the supervisor runs
+            # these files and nothing else.
+            files_sha256 = {str(script_path): hashlib.sha256(bundle.script.encode()).hexdigest()}
+            if payload_path is not None:
+                files_sha256[str(payload_path)] = hashlib.sha256(bundle.payload).hexdigest()
+            # The --env values and the launched files' sha256 in one 0600 file the supervisor (and
+            # a resumed one) reads; spec.json, which tools and the jobs routes read, names the
+            # variables only.
+            write_json_atomic(folder.secret_file, {"env": spec.env, "files_sha256": files_sha256})
             spec_json = spec.to_json()
             spec_json.setdefault("backend_options", {})["cwd"] = spec.backend_options.get("cwd") or os.getcwd()
             write_json_atomic(folder.spec_file, spec_json)
             write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
-            folder.events_file.touch()
+            os.close(os.open(folder.events_file, os.O_WRONLY | os.O_CREAT, FILE_MODE))
         except OSError as exc:
             shutil.rmtree(folder.path, ignore_errors=True)  # no half-written job left behind
             raise BackendError(
@@ -120,7 +149,8 @@ class LocalBackend(Backend):
         env = dict(os.environ)
         env[protocol.ENV_JOB_DIR] = str(folder.path)
         module = [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach"]
-        with open(folder.supervisor_log, "ab") as log:
+        log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        try:
             proc = subprocess.Popen(
                 [*module, *(["--resume"] if resume else []), str(folder.path)],
                 stdin=subprocess.DEVNULL,
@@ -130,6 +160,8 @@ class LocalBackend(Backend):
                 cwd=str(folder.path),
                 start_new_session=True,
             )
+        finally:
+            os.close(log)
         proc.wait()  # the detaching parent exits at once
         if not folder.guardian_alive():
             guardian = [sys.executable, "-m", "notebook_elastic.backends.local.guardian", "--detach", str(folder.path)]
@@ -177,7 +209,7 @@ class LocalBackend(Backend):
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
-        history.mkdir(parents=True, exist_ok=True)
+        make_private_dir(history)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         target = history / f"{folder.name}-{stamp}"
         n = 1

@@ -1,12 +1,16 @@
 """The local job folder: everything a job is, on disk, so any kernel can find and re-attach it.
 
-Layout (``$NOTEBOOK_ELASTIC_HOME/jobs/NAME/``):
+Layout (``$NOTEBOOK_ELASTIC_HOME/jobs/NAME/``; every folder 0700, every file 0600, the
+script 0700, whatever the umask, because a job folder holds code that runs as its owner):
     script.py, script.payload.pkl   the packaged cell (runs under plain torchrun too)
-    spec.json, manifest.json        what was asked for and what was shipped
+    spec.json, manifest.json        what was asked for (``--env`` names only) and what was shipped
+    secret.json                     the ``--env`` values and the sha256 of the script and payload
+                                    at launch: read by the supervisor (and a resumed one) only
     events.jsonl                    every event, in order (the job's history)
     status.json                     the latest summary, rewritten atomically
     supervisor.json                 pid and control address of the supervisor (0600)
     supervisor.log, logs/NODE.log   raw output of the supervisor and of each agent
+    logs/torchelastic/              torchrun's own per-worker files (error.json)
     checkpoints/                    default checkpoint folder
 """
 
@@ -15,16 +19,111 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
+from ...errors import BackendError
 from ...runtime.protocol import ENV_JOB_DIR
 
+#: Modes of everything a job leaves on disk: private to its owner, whatever the umask.
+DIR_MODE = 0o700
+FILE_MODE = 0o600  # the script is 0700 (see Bundle.write(private=True))
+#: The umask the supervisor (and so every agent and worker) runs with: logs, events and
+#: checkpoints they create are private too.
+JOB_UMASK = 0o077
 
-def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
+
+def _shared_sticky(st: os.stat_result) -> bool:
+    """A folder like /tmp: anyone may create entries, only owners may remove theirs."""
+    return bool(st.st_mode & stat.S_ISVTX) and bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def jobs_root(home: Path) -> Path:
+    """Where job folders live under ``home``. Inside a shared sticky folder (``/tmp``) each
+    user gets a private subfolder, so nobody shares a ``jobs/`` folder with anyone."""
+    try:
+        st = home.stat()
+    except FileNotFoundError:
+        return home / "jobs"
+    if _shared_sticky(st):
+        return home / f"notebook-elastic-{os.getuid()}" / "jobs"
+    return home / "jobs"
+
+
+_HOME_HINT = "point NOTEBOOK_ELASTIC_HOME at a folder of your own"
+
+
+def _check_private_dir(path: Path) -> None:
+    """Refuse a folder another user controls: whoever can write it can replace a job's
+    script and have their code run as us at the job's next restart."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        # A link of our own (a home moved to another disk) is judged by its target; one that
+        # someone else made (in /tmp) could be pointed elsewhere under a running job.
+        if st.st_uid != os.getuid():
+            raise BackendError(
+                f"the job home {path} is a link owned by another user (uid {st.st_uid}), who could point it "
+                f"elsewhere; {_HOME_HINT}"
+            )
+        st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise BackendError(f"the job home {path} is not a folder; {_HOME_HINT}")
+    if st.st_uid != os.getuid():
+        raise BackendError(
+            f"the job home {path} is owned by another user (uid {st.st_uid}), who could change the jobs in it; "
+            f"{_HOME_HINT}"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise BackendError(
+            f"the job home {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}), who could "
+            f"change the jobs in it; run `chmod 700 {path}` or {_HOME_HINT}"
+        )
+
+
+def _make_private(path: Path) -> None:
+    """Create ``path`` 0700 (or check that it is ours and make it 0700)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            pass
+    _check_private_dir(path)
+    if stat.S_IMODE(path.stat().st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)  # ours: tighten what a loose umask or an older version left
+
+
+def prepare_jobs_root(home: Path) -> Path:
+    """Check ``home``, create it and its ``jobs/`` folder 0700, and return that folder; a
+    ``BackendError`` naming the path and the fix when another user could change it. Called
+    before anything is launched."""
+    if home.exists():
+        st = home.stat()
+        if _shared_sticky(st):
+            private = home / f"notebook-elastic-{os.getuid()}"
+            _make_private(private)
+            root = private / "jobs"
+            _make_private(root)
+            return root
+        _check_private_dir(home)
+    _make_private(home)
+    root = home / "jobs"
+    _make_private(root)
+    return root
+
+
+def make_private_dir(path: Path) -> None:
+    """Create one folder 0700 whatever the umask (``mkdir(mode=)`` is filtered by it)."""
+    path.mkdir(mode=DIR_MODE, exist_ok=True)
+    os.chmod(path, DIR_MODE)
+
+
+def write_json_atomic(path: Path, data: Any, mode: int = FILE_MODE) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(fd, mode)  # os.open's mode is filtered by the umask
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, default=str)
@@ -44,10 +143,12 @@ class JobFolder:
     manifest_file = property(lambda self: self.path / "manifest.json")
     events_file = property(lambda self: self.path / "events.jsonl")
     status_file = property(lambda self: self.path / "status.json")
+    secret_file = property(lambda self: self.path / "secret.json")
     supervisor_file = property(lambda self: self.path / "supervisor.json")
     supervisor_log = property(lambda self: self.path / "supervisor.log")
     guardian_file = property(lambda self: self.path / "guardian.json")
     logs = property(lambda self: self.path / "logs")
+    torchelastic_logs = property(lambda self: self.path / "logs" / "torchelastic")
     checkpoints = property(lambda self: self.path / "checkpoints")
 
     def exists(self) -> bool:
@@ -65,6 +166,13 @@ class JobFolder:
             return self.read_json(self.status_file)
         except (FileNotFoundError, ValueError):
             return None
+
+    def secret(self) -> dict[str, Any]:
+        """What only the supervisor reads: ``env`` (the ``--env`` values) and ``files_sha256``."""
+        try:
+            return self.read_json(self.secret_file)
+        except (FileNotFoundError, ValueError):
+            return {}
 
     def supervisor(self) -> dict[str, Any] | None:
         try:

@@ -9,6 +9,10 @@ kernel is never forked. It
   survivors), and restarts all agents with a new rendezvous epoch when the range changes;
 - injects faults on request (SIGKILL a worker, SIGTERM an agent = preemption, SIGKILL an
   agent = node loss);
+- runs only the script and payload that were launched: their sha256 (given by the kernel)
+  goes to every agent, which checks it before every (re)start of its workers (torchrun
+  restarts them on its own); an agent that finds a changed file exits, and the job fails
+  (``files_changed``) instead of running it;
 - parses every line the agents and workers print into events (``events.LineParser``),
   appends them to ``events.jsonl``, keeps ``status.json`` current, and when the last agent
   is gone writes ``job_finished`` and leaves no process of the job behind.
@@ -38,11 +42,12 @@ from ... import defaults
 from ...events import Event, Kind, LineParser
 from ...job_state import JobState, budget_spent_reason, describe_failure
 from ...runtime import protocol
+from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
-from .folder import JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
+from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
 from .gpus import placement_problem, visible_gpus
 from .history import ROTATE_BYTES, read_all, rotate
 
@@ -127,7 +132,7 @@ class EventSink:
         rotate_bytes: int = ROTATE_BYTES,
     ) -> None:
         self.path = path
-        self.fd = os.open(path, self.FLAGS, 0o600)
+        self.fd = os.open(path, self.FLAGS, FILE_MODE)
         self.size = os.fstat(self.fd).st_size
         self.rotate_bytes = rotate_bytes
         self.room_for_output = room_for_output
@@ -245,6 +250,15 @@ class Supervisor:
         self.folder = folder
         self.resume = resume
         self.spec = JobSpec.from_json(folder.spec())
+        # spec.json names the --env variables; their values are in the 0600 secret.json.
+        secret = folder.secret()
+        self.spec.env.update(secret.get("env") or {})
+        files_sha256 = secret.get("files_sha256")
+        if files_sha256 is None:  # a folder written by hand: trust the files as they are now
+            paths = [folder.script, payload_path_for(folder.script)]
+            files_sha256 = {str(p): protocol.sha256_of(p) for p in paths if p.exists()}
+        self.files_sha256: dict[str, str] = dict(files_sha256)
+        self.files_reason: str | None = None  # set once a changed file stopped the job
         self.range = self.spec.nnodes
         self.target = self.spec.initial_nodes
         # Above every generation already in the checkpoint folder (a resumed job, a reused
@@ -334,6 +348,10 @@ class Supervisor:
             str(self.spec.monitor_interval_s),
             "--local-addr",
             "127.0.0.1",
+            # torchrun's per-worker error files: in the private job folder, not a
+            # /tmp/torchelastic_* folder left behind by every agent.
+            "--log-dir",
+            str(self.folder.torchelastic_logs),
             str(self.folder.script),
         ]  # [3:] are torchrun's own arguments
 
@@ -349,6 +367,7 @@ class Supervisor:
                 protocol.ENV_CHECKPOINT_DIR: self.spec.checkpoint_dir or str(self.folder.checkpoints),
                 protocol.ENV_SUPERVISOR_PID: str(os.getpid()),
                 protocol.ENV_RDZV_EPOCH: str(self.epoch),
+                protocol.ENV_FILES_SHA256: json.dumps(self.files_sha256),
                 protocol.ENV_COLLECTIVE_TIMEOUT_S: str(self.spec.collective_timeout_s),
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 "LOGLEVEL": "INFO",
@@ -529,6 +548,9 @@ class Supervisor:
             for t in agent.readers:
                 t.join(timeout=2.0)  # let its last lines in before it is declared gone
             code = agent.proc.returncode
+            if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
+                agent.exit_reason = protocol.exit_reason(code)
+                self._files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -639,6 +661,17 @@ class Supervisor:
             self.returns.append(time.monotonic() + float(return_after_s))
         self.emit(Kind.FAULT, agent.name, fault=f"{how}_node", target=agent.name, return_after_s=return_after_s)
         return {"node": agent.name, "target": self.target}
+
+    def _files_changed(self, paths: list[str], node: str | None) -> None:
+        """Someone changed the script or payload: stop everything rather than run it."""
+        if self.files_reason is not None:
+            return
+        self.files_reason = protocol.files_changed_reason(paths)
+        self.emit(Kind.FILES_CHANGED, node, files=paths, reason=self.files_reason)
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + STOP_GRACE_S
+        for agent in self.alive_agents():
+            self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
 
     def do_stop(self) -> dict:
         if not self.stopping:
@@ -791,6 +824,8 @@ class Supervisor:
                 last_status = time.monotonic()
                 self._write_status()
             if not self.alive_agents() and all(a.reaped for a in self.agents.values()):
+                if self.files_reason is not None:
+                    return "failed", self.files_reason
                 if self.fatal:
                     return "failed", self.fatal
                 if self.stopping:
@@ -926,6 +961,9 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    # Everything the job creates from here on (logs, events, checkpoints, by the supervisor,
+    # its agents and their workers) is private to its owner, whatever the kernel's umask.
+    os.umask(JOB_UMASK)
     if args and args[0] == "--detach":
         # Leave the kernel's process tree: the kernel reaps this short-lived parent at once,
         # and the supervisor lives on under init, in the session it was started in.
