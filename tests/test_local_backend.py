@@ -138,10 +138,11 @@ def test_a_killed_worker_costs_one_restart_and_the_job_finishes(home):
     started = [e for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 1]
     assert killed["pid"] == started[0].get("pid")  # the drill hit rank 1's own process
     # torchrun logs the first failure of the group it found: the killed rank (signal 9), a
-    # peer that lost its connection to it (exit code 1), or a worker ended by SIGTERM (seen
-    # once on CI with warm workers); always an abnormal exit, and the group restarted once.
+    # peer whose collective broke because it went (exit status 75, not charged), or a worker
+    # ended by SIGTERM (seen once on CI with warm workers); always an abnormal exit, and the
+    # group restarted once.
     exited = [e for e in job.events if e.kind == Kind.WORKER_EXITED]
-    assert exited and all(e.get("exitcode") in (-9, 1, -15) for e in exited), [e.data for e in exited]
+    assert exited and all(e.get("exitcode") in (-9, 1, -15, 75) for e in exited), [e.data for e in exited]
     resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
     assert resumed and 8 <= resumed[0] <= job.state.total_steps
 
@@ -294,7 +295,7 @@ elastic.report(step=2, loss=0.25)
     assert job.state.metrics["loss"].values.tolist()[-1] == 0.25 and job.state.step == 2
     info = LocalBackend().describe("odd-metrics")
     assert info.status == "succeeded"
-    logs = "".join(p.read_text() for p in (home / "jobs" / "odd-metrics" / "logs").iterdir())
+    logs = "".join(p.read_text() for p in (home / "jobs" / "odd-metrics" / "logs").glob("*.log"))
     assert "refused: report() takes numbers a chart can hold: big is an integer" in logs
 
 
@@ -373,7 +374,9 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
     recovering = next(e for e in job.events if e.kind == Kind.RECOVERING)
     assert "its supervisor died; resuming from the latest checkpoint (recovery 1/3)" in recovering.describe()
     resumed = [e for e in job.events if e.kind == Kind.RESUMED][-1]
-    assert died_at - 1 <= resumed.get("step") <= died_at + 1  # at most the step since the last commit is lost
+    # Every step the notebook saw reported was committed first (report after commit): none of
+    # them is run again. (The workers may have gone further than the notebook saw.)
+    assert resumed.get("step") >= died_at + 1
 
     # The guardian gone too (the machine restarted): lost, the same word everywhere; resume() by hand.
     os.kill(json.loads(folder.guardian_file.read_text())["pid"], signal.SIGKILL)

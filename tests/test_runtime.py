@@ -385,3 +385,28 @@ def test_temp_files_of_dead_writers_go_when_the_next_state_starts(ckpt):
         State(model=make_model())
     assert not ours.exists()  # its writer is gone: removed at once
     assert elsewhere.exists()  # another host's pid means nothing here: left to the age limit
+
+
+def test_a_new_run_reads_an_old_runs_checkpoints_instead_of_being_fenced(ckpt, monkeypatch):
+    # A Kubernetes job whose --pvc holds another job's checkpoints (generation 5_000_003): its
+    # own round 0 would be older, and every commit "superseded". With its run id, it numbers
+    # its generations above what is there, reads the old checkpoint and writes on.
+    from notebook_elastic.runtime.state import run_base
+
+    with redirect_stdout(io.StringIO()):
+        monkeypatch.setenv(protocol.ENV_RDZV_EPOCH, "5")
+        monkeypatch.setenv(protocol.ENV_ROUND, "3")
+        old = State(model=make_model())
+        old.commit(step=9)
+        old.flush()
+        assert old.generation == 5_000_003
+        monkeypatch.setenv(protocol.ENV_RDZV_EPOCH, "0")
+        monkeypatch.setenv(protocol.ENV_ROUND, "0")
+        monkeypatch.setenv(protocol.ENV_RUN, "newjob-abc-e0")
+        new = State(model=make_model())
+        assert new.step == 10 and new.generation == 6_000_000  # read, and above the old run
+        new.commit(step=10)
+        new.flush()
+        monkeypatch.setenv(protocol.ENV_ROUND, "1")  # its next round: the same base, one more
+        assert State(model=make_model()).generation == 6_000_001
+    assert run_base(ckpt, "newjob-abc-e0") == 6_000_000  # fixed once written

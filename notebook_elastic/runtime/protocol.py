@@ -31,6 +31,10 @@ ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the
 # Set by our agent wrapper for its workers.
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
+#: A job run's rendezvous id, where the backend does not number its runs itself (Kubernetes):
+#: the run's generations start above every one already in its checkpoint folder, so a new
+#: job reads an old job's checkpoints instead of being fenced off by them.
+ENV_RUN = "NOTEBOOK_ELASTIC_RUN"
 
 #: Our agent's exit status when its workers failed more often than --max-restarts allows
 #: (torchrun itself exits 1 then, as it does on SIGTERM). A Kubernetes Job fails at once on

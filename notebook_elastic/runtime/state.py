@@ -130,6 +130,29 @@ def newest_generation(folder: Path) -> int:
     return newest
 
 
+def run_base(folder: Path, run: str) -> int:
+    """The generation this run's numbering starts at: above every generation in ``folder`` when
+    the run first writes there, fixed from then on (the first writer's answer is kept)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"run-{''.join(c if c.isalnum() or c in '-_' else '_' for c in run)}.base"
+    for _attempt in range(50):
+        try:
+            return int(path.read_text())
+        except (FileNotFoundError, ValueError):
+            pass
+        newest = newest_generation(folder)
+        base = (newest // protocol.GENERATION_EPOCH_STRIDE + 1) * protocol.GENERATION_EPOCH_STRIDE if newest >= 0 else 0
+        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+        tmp.write_text(str(base))
+        try:
+            os.link(tmp, path)  # atomic, and only the first writer's base counts
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise RuntimeError(f"cannot agree on the generation base in {folder}")
+
+
 def claim_generation(folder: Path, generation: int | None) -> int:
     """Announce this group's generation in ``folder``; claim the next free one if None."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -291,6 +314,9 @@ class State:
     def _agree_on_generation(self) -> int:
         generation = self.info.generation
         if self.is_writer:
+            run = os.environ.get(protocol.ENV_RUN)
+            if run and generation is not None:
+                generation += run_base(self.folder, run)
             generation = claim_generation(self.folder, generation)
         elif generation is None:
             generation = -1

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import BackendError, JobNotFound, SpecError
 from ...events import FINAL_STATUSES, Event
+from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 from . import manifests as m
 from .client import Connection, connect, explain, is_missing
@@ -371,10 +372,8 @@ class KubernetesBackend(Backend):
         container = template["spec"]["containers"][0]
         new_container = new_job["spec"]["template"]["spec"]["containers"][0]
         container["args"] = new_container["args"]
-        container["env"] = [
-            e if e["name"] != "NOTEBOOK_ELASTIC_RDZV_EPOCH" else {"name": e["name"], "value": str(epoch)}
-            for e in container.get("env", [])
-        ]
+        fresh = {e["name"]: e for e in new_container["env"] if e["name"] in (protocol.ENV_RDZV_EPOCH, protocol.ENV_RUN)}
+        container["env"] = [fresh.get(e["name"], e) for e in container.get("env", [])]
         new_job["spec"]["template"] = template
         new_job["spec"]["template"].get("metadata", {}).get("labels", {}).pop("controller-uid", None)
         for key in ("batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name", "job-name", "controller-uid"):

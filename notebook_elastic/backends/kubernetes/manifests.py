@@ -317,7 +317,8 @@ def worker_pod_spec(
         "image": options.image,
         "command": ["python", "-m", "notebook_elastic.runtime.agent"],
         "args": agent_args(spec, options, rdzv_id=rdzv_id),
-        "env": _base_env(spec, options, epoch),
+        # The run's generations start above any in a reused checkpoint folder (runtime/state.py).
+        "env": [*_base_env(spec, options, epoch), {"name": protocol.ENV_RUN, "value": rdzv_id}],
         "volumeMounts": mounts,
     }
     if resources:

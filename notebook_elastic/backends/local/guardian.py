@@ -35,7 +35,7 @@ def ended(folder: JobFolder) -> bool:
 
 
 def guard(folder: JobFolder) -> int:
-    from . import LocalBackend, _append_event
+    from . import LocalBackend
 
     me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
     write_json_atomic(folder.guardian_file, me, mode=0o600)
@@ -50,21 +50,30 @@ def guard(folder: JobFolder) -> int:
             if recoveries >= MAX_RECOVERIES:
                 reason = f"its supervisor died {recoveries + 1} times; resume() to try again"
                 lost = Event(Kind.JOB_FINISHED, time.time(), None, {"status": "lost", "reason": reason})
-                _append_event(folder, lost)
+                _say(folder, lost)
                 _write_status(folder, "lost", reason)
                 return 1
             recoveries += 1
             reason = (
                 f"its supervisor died; resuming from the latest checkpoint (recovery {recoveries}/{MAX_RECOVERIES})"
             )
-            _append_event(folder, Event(Kind.RECOVERING, time.time(), None, {"reason": reason, "recovery": recoveries}))
+            _say(folder, Event(Kind.RECOVERING, time.time(), None, {"reason": reason, "recovery": recoveries}))
             _write_status(folder, "recovering", reason)
             try:
                 LocalBackend(folder.path.parent).resume(folder.name, guarded=True)
             except (NotebookElasticError, OSError) as exc:
-                _append_event(folder, Event(Kind.ERROR, time.time(), None, {"message": f"recovery failed: {exc}"}))
+                _say(folder, Event(Kind.ERROR, time.time(), None, {"message": f"recovery failed: {exc}"}))
     finally:
         folder.guardian_file.unlink(missing_ok=True)
+
+
+def _say(folder: JobFolder, event: Event) -> None:
+    from . import _append_event
+
+    try:
+        _append_event(folder, event)
+    except OSError:
+        pass  # a full disk: the status file may still take it
 
 
 def _write_status(folder: JobFolder, status: str, reason: str) -> None:

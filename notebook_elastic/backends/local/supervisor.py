@@ -76,12 +76,14 @@ class StallClock:
     restarted: bool = False
 
 
-def _is_zygote(pid: int) -> bool:
+def _is_ours(pid: int, *marks: bytes) -> bool:
+    """Whether the process's command line carries one of ``marks`` (a zygote, the guardian)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"notebook_elastic._warm\0serve" in f.read()
+            cmdline = f.read()
     except OSError:
         return False
+    return any(mark in cmdline for mark in marks)
 
 
 def process_state(pid: int) -> str | None:
@@ -277,6 +279,7 @@ class Supervisor:
         self.folder.logs.mkdir(exist_ok=True)
         self._space_checked = 0.0
         self._space_ok = True
+        self._written_since_check = 0
         self.sink = EventSink(
             folder.events_file,
             self.state,
@@ -315,9 +318,10 @@ class Supervisor:
             key = (e.get("rank"), e.get("step"), e.get("error"), e.get("message"))
             self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
             what = describe_failure(e)
+            budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
             if e.get("fatal"):
                 self.fatal = what
-            elif self.failures_seen[key] >= 2 and e.get("step") is not None:
+            elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
     # -- agents --------------------------------------------------------------------------
@@ -401,7 +405,9 @@ class Supervisor:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        agent = Agent(name, proc, time.time(), self.epoch, log=open(self.folder.logs / f"{name}.log", "ab"))
+        agent = Agent(
+            name, proc, time.time(), self.epoch, log=open(self.folder.logs / f"{name}.log", "ab", buffering=0)
+        )
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             parser = LineParser(name, stream)
             t = threading.Thread(target=self._read, args=(agent, parser, pipe), name=f"{name}-{stream}", daemon=True)
@@ -431,9 +437,12 @@ class Supervisor:
         if spare is not None and spare.alive:
             agent = spare
             with agent.log_lock:
-                agent.log.close()  # type: ignore[union-attr]
-                os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
-                agent.log = open(self.folder.logs / f"{name}.log", "ab")
+                agent.log.close()  # type: ignore[union-attr]  # unbuffered: nothing left to flush
+                try:
+                    os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
+                except OSError:
+                    pass
+                agent.log = open(self.folder.logs / f"{name}.log", "ab", buffering=0)
             agent.name = name
             agent.epoch = self.epoch
             agent.started = time.time()
@@ -491,7 +500,7 @@ class Supervisor:
                 agent.log.close()  # type: ignore[union-attr]
                 current = self.folder.logs / f"{agent.name}.log"
                 os.replace(current, current.with_name(current.name + ".1"))
-                agent.log = open(current, "ab")
+                agent.log = open(current, "ab", buffering=0)
                 agent.log_bytes = 0
             agent.log.write(raw)  # type: ignore[union-attr]
             agent.log_bytes += len(raw)
@@ -502,8 +511,10 @@ class Supervisor:
         """Whether the disk has room for output above the floor (checked once a second): below
         it, output is dropped so that events and the status still find room."""
         now = time.monotonic()
-        if now - self._space_checked < 1.0:
-            return self._space_ok
+        self._written_since_check += 1
+        if now - self._space_checked < 1.0 and self._written_since_check < 64:
+            return self._space_ok  # looked again each second, or every 64 lines (fast printers)
+        self._written_since_check = 0
         self._space_checked = now
         try:
             fs = os.statvfs(self.folder.path)
@@ -929,12 +940,16 @@ class Supervisor:
             spare_pid = self.spare.proc.pid
             self.spare.proc.stdin.close()  # type: ignore[union-attr]  # "not needed": it exits
             self.spare = None
+
+        # The spare agent and the zygotes (still importing torch under load, they read their
+        # orders only afterwards) and the job's guardian are machinery, not orphans: ended here.
+        def machinery_of(pid: int) -> bool:
+            return pid == spare_pid or _is_ours(pid, b"notebook_elastic._warm\0serve", b"local.guardian")
+
         deadline = time.monotonic() + EXIT_GRACE_S
-        while processes_of(self.folder.path) and time.monotonic() < deadline:
+        while [p for p in processes_of(self.folder.path) if not machinery_of(p)] and time.monotonic() < deadline:
             time.sleep(0.05)
-        # Still here under load: the spare agent and the zygotes (still importing torch, they
-        # read their orders only afterwards) are machinery on its way out, not orphans.
-        machinery = [p for p in processes_of(self.folder.path) if p == spare_pid or _is_zygote(p)]
+        machinery = [p for p in processes_of(self.folder.path) if machinery_of(p)]
         for pid in machinery:
             try:
                 os.kill(pid, signal.SIGKILL)
