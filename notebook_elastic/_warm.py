@@ -62,7 +62,9 @@ def _recv_line(conn: socket.socket, buffer: bytearray) -> dict | None:
 def serve(path: str) -> None:
     from .runtime.worker import set_parent_death_signal
 
-    set_parent_death_signal(signal.SIGKILL, os.getppid())  # dies with its agent
+    # Dies with its agent; by SIGTERM, whose handler (below) removes the socket on the way out:
+    # a SIGKILLed zygote left one stale socket per node per job in the temp folder.
+    set_parent_death_signal(signal.SIGTERM, os.getppid())
     for name in PRELOAD:
         try:
             __import__(name)
@@ -289,6 +291,23 @@ def _cold(argv: list[str]) -> None:
     runpy.run_path(argv[0], run_name="__main__")
 
 
+_SOCKET_PREFIX = "ne-zygote-"  # + the agent's pid: what remove_sockets_of() finds
+
+
+def remove_sockets_of(agent_pid: int) -> None:
+    """Remove the socket of the zygote of a dead agent. A zygote removes its own socket when
+    it exits (SIGTERM, also its parent-death signal); one SIGKILLed with its agent's process
+    group (a lost node, a stop past its grace) cannot, so whoever reaped the agent does."""
+    import glob
+    import tempfile
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_SOCKET_PREFIX}{int(agent_pid)}-*.sock")):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def start_zygote() -> str | None:
     """Called by the agent wrapper: start this node's zygote; returns its socket path."""
     if not enabled():
@@ -296,7 +315,7 @@ def start_zygote() -> str | None:
     import subprocess
     import tempfile
 
-    path = os.path.join(tempfile.gettempdir(), f"ne-zygote-{os.getpid()}-{os.urandom(4).hex()}.sock")
+    path = os.path.join(tempfile.gettempdir(), f"{_SOCKET_PREFIX}{os.getpid()}-{os.urandom(4).hex()}.sock")
     subprocess.Popen([sys.executable, "-m", "notebook_elastic._warm", "serve", path], stdin=subprocess.DEVNULL)
     os.environ[ENV_ZYGOTE] = path
     return path

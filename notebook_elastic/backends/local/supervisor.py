@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ... import defaults
+from ..._warm import remove_sockets_of
 from ...events import Event, Kind, LineParser
 from ...job_state import JobState, budget_spent_reason
 from ...runtime import protocol
@@ -304,6 +305,7 @@ class Supervisor:
             if agent.reaped or agent.alive:
                 continue
             agent.reaped = True
+            remove_sockets_of(agent.proc.pid)
             for t in agent.readers:
                 t.join(timeout=2.0)  # let its last lines in before it is declared gone
             code = agent.proc.returncode
