@@ -135,7 +135,7 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
     assert sorted(job.metrics["loss"].points()) == reported
 
 
-def test_a_killed_worker_costs_one_restart_and_the_job_finishes(home):
+def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=2, name="crash", max_restarts=3, user_ns=namespace(total=40))
     wait_for(job, at_step(job, 8), "step 8")
     killed = job.kill_worker(rank=1)

@@ -137,6 +137,7 @@ def test_an_interrupted_write_leaves_the_previous_checkpoint_loadable(ckpt, tmp_
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ), text=True
     )
+    line = ""
     try:
         for line in proc.stdout:  # until the writer is inside commit(step=4)'s write (or exits)
             if line == "mid-write\n":
