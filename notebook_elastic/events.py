@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runtime.protocol import EVENT_PREFIX
+from .runtime.protocol import EVENT_PREFIX, EXIT_PEER_LOST
 
 
 class Kind:
@@ -25,6 +25,7 @@ class Kind:
 
     JOB_SUBMITTED = "job_submitted"
     JOB_FINISHED = "job_finished"
+    JOB_RESUMED = "job_resumed"
     SCALED = "scaled"  # target nodes or range changed
     FAULT = "fault"  # a fault drill was injected
     NODE_JOINED = "node_joined"
@@ -207,6 +208,11 @@ def describe(e: Event) -> str:
     k = e.kind
     if k == Kind.JOB_SUBMITTED:
         return f"submitted: {d.get('nodes')} node(s) x {d.get('nproc_per_node')} process(es), range {d.get('min_nodes')}:{d.get('max_nodes')}"
+    if k == Kind.JOB_RESUMED:
+        return (
+            f"resumed after it was {d.get('after')}: training continues from the latest checkpoint; "
+            f"restart budget {d.get('max_restarts')} again"
+        )
     if k == Kind.JOB_FINISHED:
         reason = d.get("reason")
         return f"job {d.get('status')}" + (f": {reason}" if reason else "")
@@ -228,6 +234,8 @@ def describe(e: Event) -> str:
     if k == Kind.RENDEZVOUS:
         return f"{node}: rendezvous round {d.get('round')}, group rank {d.get('group_rank')} of {d.get('group_world_size')} node(s)"
     if k == Kind.RESTART:
+        if d.get("reason") == "departure":
+            return f"{node}: a node left its round; regrouping (not counted against the budget)"
         if d.get("reason") == "membership_change":
             return (
                 f"{node}: {d.get('new_nodes')} new node(s) waiting; restarting workers (not counted against the budget)"
@@ -236,8 +244,12 @@ def describe(e: Event) -> str:
     if k == Kind.WORKER_STARTED:
         return f"rank {d.get('rank')} started on {node} (local rank {d.get('local_rank')}, world size {d.get('world_size')}, pid {d.get('pid')})"
     if k == Kind.WORKER_FAILED:
+        if d.get("cause") == "peer":
+            return f"rank {d.get('rank')} on {node} stopped: a peer left ({d.get('error')}: {d.get('message')})"
         return f"rank {d.get('rank')} on {node} failed: {d.get('error')}: {d.get('message')}"
     if k == Kind.WORKER_EXITED:
+        if d.get("exitcode") == EXIT_PEER_LOST:
+            return f"{node}: worker local rank {d.get('local_rank')} (pid {d.get('pid')}) stopped: a peer left"
         how = f"signal {d['signal']}" if "signal" in d else f"exit code {d.get('exitcode')}"
         return f"{node}: worker local rank {d.get('local_rank')} (pid {d.get('pid')}) died with {how}"
     if k == Kind.WORKER_FINISHED:

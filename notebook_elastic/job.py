@@ -116,8 +116,8 @@ class ElasticJob:
                         callback(event, self)
                     except Exception:
                         traceback.print_exc()
-                if event.kind == Kind.JOB_FINISHED:
-                    self._finished.set()
+                # No _finished.set() on job_finished here: a resumed job's history goes on after
+                # one. The stream ends after the job's last word; then it is finished.
         except Exception as exc:
             with self._lock:
                 self._state.apply(
@@ -277,14 +277,39 @@ class ElasticJob:
             self._finished.wait(timeout)
         return self.status
 
+    def resume(self) -> ElasticJob:
+        """Continue this lost, failed or stopped job from its latest checkpoint, in its folder,
+        with the same spec: the step counter and the data cursor carry on, the history stays
+        (a "resumed" marker on the chart), and the restart budget starts again."""
+        self.backend.resume(self.name)
+        self._prepared = False
+        self._stop_following.set()
+        if self._follower is not None:
+            self._follower.join(timeout=5)
+        with self._lock:
+            # Replayed from the first event: the history, then the resumed run, live.
+            self._state = JobState(
+                max_restarts=self._state.max_restarts, nnodes=self._state.nnodes, target=self._state.target
+            )
+            if self.spec is not None:
+                self._state.nproc_per_node = self.spec.nproc_per_node
+        self._finished.clear()
+        self._stop_following = threading.Event()
+        self._follower = None
+        self._follow()
+        return self
+
     # -- display -------------------------------------------------------------------------
 
     def summary(self) -> str:
         s = self._state
         parts = [f"{self.name}: {s.status}"]
+        finished = s.status in FINAL_STATUSES
         if s.world_size:
-            parts.append(f"world size {s.world_size}")
-        parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
+            # While regrouping or after the end, the last world size is history, not the present.
+            parts.append(f"world size {s.world_size}" if s.status == "running" else f"last world size {s.world_size}")
+        if not finished:
+            parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
         if s.step is not None:
             parts.append(f"step {s.step}" + (f"/{s.total_steps}" if s.total_steps else ""))
         loss = s.metrics.last("loss")

@@ -8,6 +8,7 @@ I/O, no threads (callers lock).
 
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections import deque
@@ -112,10 +113,16 @@ class Metrics:
         self.count = 0
 
     def add(self, step: float, values: dict[str, Any], t: float) -> None:
+        try:
+            step = float(step)
+        except (TypeError, ValueError, OverflowError):
+            return  # not a step a chart can place ("seven", 10**400): dropped, never fatal
+        if not math.isfinite(step) or not isinstance(values, dict):
+            return
         for name, value in values.items():
             try:
                 v = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 continue
             series = self._series.get(name)
             if series is None:
@@ -180,6 +187,8 @@ class JobState:
         self.finished_at: float | None = None
         self.first_step_at: float | None = None
         self.last_event_at: float | None = None
+        self.dropped_events = 0  # events the fold could not take (malformed), dropped
+        self.last_dropped: str | None = None
         # Status changes with their time and cause, newest last: a restart that heals in
         # less than a poll interval still shows in the jobs panel.
         self.transitions: deque[dict[str, Any]] = deque(maxlen=16)
@@ -255,12 +264,21 @@ class JobState:
             self.apply(event)
 
     def apply(self, e: Event) -> None:
+        """Fold one event. Workers may send anything: an event the fold cannot take is counted
+        in ``dropped_events`` and dropped, never fatal to whoever folds (the supervisor)."""
+        try:
+            self._apply(e)
+        except Exception as exc:
+            self.dropped_events += 1
+            self.last_dropped = f"{getattr(e, 'kind', '?')}: {type(exc).__name__}: {exc}"[:300]
+
+    def _apply(self, e: Event) -> None:
         self.last_event_at = e.time
         k = e.kind
         if k == Kind.METRIC:
             step = e.get("step")
             self.metrics.add(step if step is not None else self.metrics.count, e.get("values") or {}, e.time)
-            if isinstance(step, (int, float)):
+            if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._saw_step(int(step), e.time)
             return
         if k == Kind.LOG:
@@ -322,6 +340,19 @@ class JobState:
         self.target = e.get("nodes", self.target)
         self.nproc_per_node = e.get("nproc_per_node")
 
+    def _on_job_resumed(self, e: Event) -> None:
+        """The same job, continued in its folder: its history stays, its outcome does not."""
+        self.status = "pending"
+        self.reason = None
+        self.finished_at = None
+        self.waiting = None
+        self.restarts = 0  # the budget starts again, as the event says
+        self.failures.clear()
+        for node in self.nodes.values():
+            node.restart_count = 0
+        self._mark(e, "resumed", "job resumed")
+        self._on_job_submitted(e)
+
     def _on_scaled(self, e: Event) -> None:
         self.target = e.get("target", self.target)
         self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
@@ -350,7 +381,8 @@ class JobState:
         node.left_reason = e.get("reason")
         node.left_at = e.time
         self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
-        if not self.finished and e.get("reason") not in ("finished",) and self.status == "running":
+        # A node stopped with the job or done with its work is no reason to regroup.
+        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == "running":
             self.status = "restarting"
 
     def _on_rendezvous(self, e: Event) -> None:
@@ -400,6 +432,10 @@ class JobState:
             self.status = "running"
 
     def _on_worker_failed(self, e: Event) -> None:
+        if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
+            if not self.finished:
+                self.status = "restarting"
+            return
         self.failures.append(e)
         if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
             self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")

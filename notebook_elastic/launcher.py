@@ -10,9 +10,10 @@ from typing import Any
 from . import defaults
 from .backends import get_backend
 from .backends.base import Backend, JobInfo
-from .errors import JobNotFound, PackagingError, SpecError
+from .errors import BackendError, JobNotFound, PackagingError, SpecError
 from .job import ElasticJob
 from .packaging import Bundle, NotebookContext, package_cell, package_function
+from .packaging.render import same_training_code
 from .spec import JobSpec, new_name, parse_nnodes
 
 
@@ -69,6 +70,44 @@ def bundle_for(
     if isinstance(code_or_function, str):
         return package_cell(code_or_function, ctx, **options)
     return package_function(code_or_function, ctx, **options)
+
+
+RESUMABLE = ("lost", "failed", "stopped")
+
+
+def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = None, fresh: bool = False) -> str | None:
+    """Start ``job``, or continue the earlier run of the same name: what a re-run cell means.
+
+    An earlier run that was lost, failed or stopped is resumed from its latest checkpoint when
+    the code is the same (``resume=None``, the default, or ``True``); with other code it is
+    refused with the ways out, unless ``fresh=True`` starts over. An earlier run that
+    succeeded is kept in the history and the job starts anew. Returns one sentence saying
+    what happened to the earlier run (None when there was none)."""
+    runner = job.backend
+    info = runner.describe(job.name) if runner.name == "local" else None  # the backend that resumes
+    status = info.status if info is not None else None
+    if resume and status not in RESUMABLE:
+        raise BackendError(
+            f"job {job.name!r} cannot be resumed: "
+            + (f"it is {status}" if status else "there is no earlier run of that name")
+            + "; only a lost, failed or stopped job can be"
+        )
+    if status in RESUMABLE and not fresh:
+        old = runner.script(job.name) or ""
+        if not same_training_code(old, bundle.script):
+            step = info.summary.get("step") if info else None
+            at = f" at step {step}" if step is not None else ""
+            raise BackendError(
+                f"job {job.name!r} was {status}{at} running other code than this cell's: "
+                f"%elastic_resume {job.name} (or job.resume()) continues the code it ran; add --fresh "
+                f"(fresh=True) to start this code over (the earlier run moves to the history), or pick another --name"
+            )
+        job.resume()
+        return f"job {job.name!r} was {status}: resumed from its latest checkpoint (same code), restart budget reset"
+    job.start()
+    if info is not None:
+        return f"the earlier run of {job.name!r} ({status}) is kept in {runner.root / '.history'}"  # type: ignore[attr-defined]
+    return None
 
 
 def check_withheld(bundle: Bundle, spec: JobSpec) -> None:
@@ -145,6 +184,8 @@ def launch(
     checkpoint_dir: str | None = None,
     env: Mapping[str, str] | Iterable[str] | None = None,
     dry_run: bool = False,
+    resume: bool | None = None,
+    fresh: bool = False,
     ship: Iterable[str] = (),
     user_ns: Mapping[str, Any] | None = None,
     notebook_context: NotebookContext | None = None,
@@ -156,7 +197,9 @@ def launch(
     caller's globals, i.e. the notebook) or a function taking no arguments. Returns at once
     with a live ``ElasticJob``; with ``dry_run=True`` nothing starts and ``job.start()``
     launches it later. Every error (bad option, unshippable value) is raised before
-    anything starts.
+    anything starts. A job of the same name that was lost, failed or stopped is resumed
+    from its checkpoint when the code is the same (``resume=True`` insists on it,
+    ``fresh=True`` starts over); see ``start_or_resume``.
     """
     ctx = notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
     extra = kubernetes_options(backend, options)
@@ -181,7 +224,9 @@ def launch(
     dryrun = runner.submit_dryrun(spec, bundle)
     job = ElasticJob(spec.name, runner, spec, dryrun)
     if not dry_run:
-        job.start()
+        said = start_or_resume(job, bundle, resume=resume, fresh=fresh)
+        if said:
+            print(said)
     return job
 
 

@@ -7,6 +7,8 @@ raises on purpose is shown as one ``UsageError`` line, without a traceback.
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import os
 import shlex
 import sys
@@ -18,7 +20,16 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import defaults
 from .errors import NotebookElasticError
-from .launcher import attach, backend_for, build_spec, bundle_for, check_withheld, jobs, kubernetes_options
+from .launcher import (
+    attach,
+    backend_for,
+    build_spec,
+    bundle_for,
+    check_withheld,
+    jobs,
+    kubernetes_options,
+    start_or_resume,
+)
 from .packaging import NotebookContext
 
 
@@ -55,6 +66,44 @@ def _errors_as_usage(func: Any) -> Any:
     wrapper.__name__ = func.__name__
     wrapper.__doc__ = func.__doc__
     return wrapper
+
+
+def job_variable(namespace: dict[str, Any], name: str) -> str | None:
+    """The notebook variable that will hold job ``name``, checked before anything launches.
+
+    A name bound to anything but a job handle is refused: the user's tensor ``inputs`` must never
+    be replaced by a job called ``inputs``. Re-running the cell rebinds its own handle. ``None``
+    when the name makes no identifier (``2024-run``): the job is then only in ``_``.
+    """
+    from .job import ElasticJob
+
+    var = name.replace("-", "_")
+    if not var.isidentifier() or keyword.iskeyword(var):
+        return None
+    current = namespace.get(var, _UNBOUND)
+    if isinstance(current, ElasticJob):
+        return var
+    if current is _UNBOUND and not hasattr(builtins, var):
+        return var
+    what = (
+        f"the notebook variable `{var}` (a {type(current).__name__})"
+        if current is not _UNBOUND
+        else (f"Python's built-in `{var}`")
+    )
+    raise UsageError(
+        f"--name {name!r} would overwrite {what} with the job handle; pick another name, "
+        f"like --name {name}-job" + (f", or `del {var}` first" if current is not _UNBOUND else "")
+    )
+
+
+_UNBOUND = object()
+
+
+def _stop_quietly(runner: Any, name: str) -> None:
+    try:
+        runner.cancel(name)
+    except (NotebookElasticError, KeyboardInterrupt):
+        pass
 
 
 @magics_class
@@ -187,6 +236,12 @@ class ElasticMagics(Magics):
         help="write the script to PATH and its payload beside it; launch nothing.",
     )
     @argument("--wait", action="store_true", help="block until the job finishes.")
+    @argument(
+        "--fresh",
+        action="store_true",
+        help="start over even if a stopped, failed or lost job of this name could be resumed "
+        "(its run moves to the history).",
+    )
     @argument("-h", "--help", action="store_true", help="show this help; launch nothing.")
     @cell_magic
     @_errors_as_usage
@@ -246,6 +301,7 @@ class ElasticMagics(Magics):
             backend_options={"cwd": ctx.cwd, **extra},
             notebook=ctx.notebook,
         )
+        var = job_variable(self.shell.user_ns, spec.name) if not (args.export or args.dry_run) else None
         if args.export:
             path = os.path.abspath(os.path.expanduser(args.export))
             if not path.endswith(".py"):
@@ -260,9 +316,12 @@ class ElasticMagics(Magics):
             return None
         from .job import ElasticJob
 
-        bundle = bundle_for(cell, spec, ctx)
-        runner = backend_for(spec)
-        dryrun = runner.submit_dryrun(spec, bundle)
+        try:
+            bundle = bundle_for(cell, spec, ctx)
+            runner = backend_for(spec)
+            dryrun = runner.submit_dryrun(spec, bundle)
+        except KeyboardInterrupt:
+            raise UsageError("interrupted while packaging the cell; nothing was launched") from None
         if args.dry_run:
             if spec.backend == "kubernetes":
                 # One multi-document YAML (the script is in the ConfigMap), the manifest as comments.
@@ -277,9 +336,19 @@ class ElasticMagics(Magics):
             return None
         check_withheld(bundle, spec)
         job = ElasticJob(spec.name, runner, spec, dryrun)
-        job.start()
-        var = spec.name.replace("-", "_")
-        if var.isidentifier():
+        try:
+            said = start_or_resume(job, bundle, fresh=args.fresh)
+        except KeyboardInterrupt:
+            # The supervisor runs in its own session and may be up already: a job nobody holds a
+            # handle to must not train on, so stop whatever started before saying so.
+            _stop_quietly(runner, spec.name)
+            raise UsageError(
+                f"interrupted while launching job {spec.name!r}; it was stopped and nothing is left "
+                "running (run the cell again to launch it)"
+            ) from None
+        if said:
+            print(said)
+        if var:
             self.shell.user_ns[var] = job
         if args.wait:
             from .views.text import TextView, outcome_lines
@@ -310,9 +379,23 @@ class ElasticMagics(Magics):
         parts = shlex.split(line)
         if not parts:
             raise UsageError("usage: %elastic_attach NAME (see %elastic_jobs for names)")
+        var = job_variable(self.shell.user_ns, parts[0])
         job = attach(parts[0], *(parts[1:2] or ["local"]))
-        var = parts[0].replace("-", "_")
-        if var.isidentifier():
+        if var:
+            self.shell.user_ns[var] = job
+        return job
+
+    @line_magic
+    @_errors_as_usage
+    def elastic_resume(self, line: str) -> Any:
+        """%elastic_resume NAME: continue a lost, failed or stopped job from its latest checkpoint."""
+        parts = shlex.split(line)
+        if not parts:
+            raise UsageError("usage: %elastic_resume NAME (see %elastic_jobs for names)")
+        var = job_variable(self.shell.user_ns, parts[0])
+        job = attach(parts[0])
+        job.resume()
+        if var:
             self.shell.user_ns[var] = job
         return job
 

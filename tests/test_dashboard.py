@@ -196,3 +196,36 @@ def test_a_prepared_job_is_shaped_and_started_from_the_dashboard(home):
         assert job.spec.nproc_per_node == 2 and job.spec.nnodes == (1, 1) and job.world_size == 2
     finally:
         dash.close()
+
+
+@pytest.mark.slow
+def test_a_number_typed_in_the_nodes_box_survives_the_jobs_events_until_scale(home):
+    from notebook_elastic.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:3",
+        name="typed",
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
+    )
+    dash = Dashboard(job)
+    try:
+        wait_for(lambda: job.status == "running" and job.state.step is not None, "the job to run")
+        dash.target.value = 3  # typed, Scale not pressed yet
+        seen = len(job.events)
+        renders = dash.renders
+        # Events of every kind keep arriving (checkpoints, metrics) and the view re-renders.
+        wait_for(
+            lambda: any(e.kind == Kind.CHECKPOINT for e in job.events[seen:]) and dash.renders > renders + 2,
+            "a checkpoint event and a few renders after the typing",
+        )
+        wait_for(lambda: dash.renders > renders + 4, "more renders")
+        assert dash.target.value == 3
+        dash.scale_button.click()
+        wait_for(lambda: "scaling to 3 node(s)" in dash.message.value, "the Scale answer")
+        wait_for(lambda: 'class="ne-world-size">3<' in dash.header.value, "world size 3 on the page")
+        checkpoints = [e for e in job.events if e.kind == Kind.CHECKPOINT]
+        assert len(checkpoints) < job.state.step / 5  # coalesced, not one per commit
+    finally:
+        dash.close()
+        job.stop()

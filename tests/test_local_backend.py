@@ -120,7 +120,7 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
 
     sizes = world_sizes(job)
     assert (sizes[0], max(sizes), sizes[-1]) == (2, 4, 2), sizes
-    assert job.restarts >= 1  # scaling down costs the survivor a restart
+    assert job.restarts == 0  # a scale-down is a membership change: never charged to the budget
     left = [(e.node, e.get("reason")) for e in job.events if e.kind == Kind.NODE_LEFT]
     assert ("node-1", "scaled_down") in left
     reports = committed_reports(job)
@@ -276,3 +276,147 @@ def test_workers_need_only_torch_and_cloudpickle(home, tmp_path, monkeypatch):
     job = ne.launch(TRAIN, nnodes="1", nproc_per_node=2, name="no-numpy", user_ns=namespace(total=10))
     assert job.wait(120) == "succeeded", job.reason
     assert job.world_size == 2
+
+
+def test_nothing_a_worker_sends_can_kill_the_supervisor(home):
+    # report() refuses these in the worker; a worker that writes event lines itself (or an old
+    # runtime) still must not take the job down: the fold drops what it cannot take.
+    cell = """
+elastic.emit("metric", t=time.time(), rank=0, step="seven", values={"loss": 1.0})
+elastic.emit("metric", t=time.time(), rank=0, step=0, values={"big": 10**400})
+elastic.emit("metric", t=time.time(), rank=0, step=10**400, values={"loss": 1.0})
+elastic.emit("worker_started", rank="x", world_size=None)
+try:
+    elastic.report(step=1, big=10**400)
+except TypeError as exc:
+    print("refused:", str(exc)[:60])
+elastic.report(step=2, loss=0.25)
+"""
+    job = ne.launch(cell, nnodes="1", name="odd-metrics", user_ns={"elastic": runtime, "time": time})
+    assert job.wait(120) == "succeeded", job.summary()
+    assert job.state.metrics["loss"].values.tolist()[-1] == 0.25 and job.state.step == 2
+    info = LocalBackend().describe("odd-metrics")
+    assert info.status == "succeeded"
+    logs = "".join(p.read_text() for p in (home / "jobs" / "odd-metrics" / "logs").iterdir())
+    assert "refused: report() takes numbers a chart can hold: big is an integer" in logs
+
+
+def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_follows(home):
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=2, nproc_per_node=1, name="oldest", max_restarts=5, user_ns=namespace(total=100_000)
+    )
+    wait_for(job, lambda: job.world_size == 2 and at_step(job, 3)(), "two nodes training")
+    job.preempt_node("node-0")
+    wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-0" for e in job.events), "node-0 to go")
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor training alone")
+    left = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
+    assert left == {"node-0": "preempted"}, left  # node-1 was never scaled down with it
+    assert not any(e.kind == Kind.NODE_JOINED and e.node == "node-2" for e in job.events)
+
+    # The summaries every view reads (status.json: GET /jobs, %elastic_jobs) follow scale and set_range.
+    def described():
+        return LocalBackend().describe("oldest").summary
+
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "world size 2 again")
+    wait_for(job, lambda: described()["target"] == 2, "target 2 in the job's summary")
+    job.set_range(2, 3)
+    wait_for(job, lambda: (described()["min_nodes"], described()["max_nodes"]) == (2, 3), "range 2:3 in the summary")
+    assert "oldest" in repr(ne.jobs()) and "2:3" in repr(ne.jobs())
+    wait_for(job, lambda: job.status == "running", "running on the new range")
+    assert job.stop() == "stopped"
+    # Stopping is not a restart: no orange "restarting: node left (stopped)" after the stop.
+    stop_at = next(e.time for e in job.events if e.kind == Kind.NODE_LEFT and e.get("reason") == "stopped")
+    assert not [t for t in job.state.transitions if t["status"] == "restarting" and t["at"] >= stop_at]
+    assert "nodes 0" not in job.summary() and "last world size 2" in job.summary()
+
+
+def test_departures_never_spend_the_restart_budget(home):
+    # --max-restarts 0: any departure charged as a failure would end the job at once.
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="free-leaves", max_restarts=0, user_ns=namespace(total=200)
+    )
+    wait_for(job, lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training")
+    job.preempt_node("node-0")  # the oldest: SIGTERM, leaves the rendezvous on its way out
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes after the preemption")
+    step = job.state.step
+    job.lose_node()  # SIGKILL: its peers only learn from its heartbeat
+    wait_for(job, lambda: job.world_size == 1 and at_step(job, step + 3)(), "one node after the loss")
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+    job.preempt_node()
+    assert job.wait(240) == "succeeded", job.summary()
+    assert job.state.restarts == 0
+    own_failures = [e for e in job.events if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer"]
+    assert own_failures == [], [e.describe() for e in own_failures]
+    assert any(e.kind == Kind.RESTART and e.get("reason") == "departure" for e in job.events)
+    assert sorted(committed_reports(job)) == list(range(200))
+    assert_every_sample_once(committed_reports(job), batch=2)
+
+
+def test_a_bug_in_the_cell_still_spends_the_budget_on_several_nodes(home):
+    cell = TRAIN.replace("    time.sleep(STEP_S)", "    time.sleep(STEP_S)\n    if step >= 4: 1 / 0")
+    job = ne.launch(cell, nnodes="2", nproc_per_node=1, name="buggy-two", max_restarts=1, user_ns=namespace(total=50))
+    assert job.wait(180) == "failed", job.summary()
+    assert "restart budget spent" in (job.state.reason or "") and "ZeroDivisionError" in job.state.reason
+
+
+def test_a_job_whose_supervisor_was_killed_resumes_from_its_checkpoint(home):
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=1, name="phoenix", user_ns=namespace(total=60))
+    wait_for(job, at_step(job, 15), "step 15")
+    folder = LocalBackend().folder("phoenix")
+    os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9
+    assert job.wait(60) == "failed" and "supervisor" in job.state.reason
+    wait_for(job, lambda: job_processes(home) == [], "the workers to die with their supervisor")
+    died_at = job.state.step
+    assert LocalBackend().describe("phoenix").status in ("lost", "failed")
+
+    job.resume()
+    assert job.wait(180) == "succeeded", job.summary()
+    back = next(e for e in job.events if e.kind == Kind.JOB_RESUMED)
+    assert back.get("after") == "lost" and "resumed after it was lost" in back.describe()
+    assert [e.get("status") for e in job.events if e.kind == Kind.JOB_FINISHED] == ["succeeded"]
+    resumed = [e for e in job.events if e.kind == Kind.RESUMED][-1]
+    assert died_at - 1 <= resumed.get("step") <= died_at + 1  # at most the step since the last commit is lost
+    reports = committed_reports(job)
+    assert sorted(reports) == list(range(60))
+    assert_every_sample_once(reports, batch=2)
+    # A new kernel sees the whole history and the outcome of the resumed run.
+    again = ne.attach("phoenix")
+    assert again.wait(60) == "succeeded" and any(e.kind == Kind.JOB_RESUMED for e in again.events)
+    assert LocalBackend().describe("phoenix").status == "succeeded"
+
+
+def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, capsys):
+    job = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    wait_for(job, at_step(job, 8), "step 8")
+    assert job.stop() == "stopped"
+    stopped_at = job.state.step
+
+    other = TRAIN.replace("lr=0.01", "lr=0.02")
+    with pytest.raises(ne.BackendError, match=r"job 'again' was stopped at step \d+ running other code"):
+        ne.launch(other, nnodes="1", name="again", user_ns=namespace(total=40))
+    assert LocalBackend().describe("again").status == "stopped"  # nothing was touched
+
+    same = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    assert "resumed from its latest checkpoint" in capsys.readouterr().out
+    assert same.wait(180) == "succeeded", same.summary()
+    assert [e for e in same.events if e.kind == Kind.RESUMED][-1].get("step") >= stopped_at
+    assert sorted(committed_reports(same)) == list(range(40))
+
+    fresh = ne.launch(other, nnodes="1", name="again", fresh=True, user_ns=namespace(total=5))
+    assert "is kept in" in capsys.readouterr().out
+    assert fresh.wait(120) == "succeeded"
+    assert not any(e.kind == Kind.JOB_RESUMED for e in fresh.events)
+    assert len(list((home / "jobs" / ".history").iterdir())) == 1
+
+
+def test_a_new_job_reads_another_jobs_checkpoint_dir(home, tmp_path):
+    shared = tmp_path / "shared-ckpt"
+    first = ne.launch(TRAIN, nnodes="1", name="first", checkpoint_dir=str(shared), user_ns=namespace(total=20))
+    assert first.wait(120) == "succeeded"
+    second = ne.launch(TRAIN, nnodes="1", name="second", checkpoint_dir=str(shared), user_ns=namespace(total=30))
+    assert second.wait(120) == "succeeded", second.summary()
+    resumed = [e for e in second.events if e.kind == Kind.RESUMED]
+    assert resumed and resumed[0].get("step") == 20  # read, not rejected as stale
+    assert not any(e.kind == Kind.FENCED for e in second.events)

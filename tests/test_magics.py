@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import job_processes, run_cells, torchrun
 from IPython.core.error import UsageError
@@ -154,3 +156,76 @@ def test_job_magics_launch_list_attach_and_stop(shell, home, capsys):
     assert job.wait(30) == "stopped"
     with pytest.raises(UsageError, match=r"no local job named 'nope'"):
         shell.run_line_magic("elastic_stop", "nope")
+
+
+def test_a_job_name_never_overwrites_a_notebook_variable(shell, home):
+    run_cells(shell, "import torch\ninputs = torch.randn(4, 3)")
+    with pytest.raises(
+        UsageError, match=r"--name 'inputs' would overwrite the notebook variable `inputs` \(a Tensor\)"
+    ):
+        shell.run_cell_magic("elastic_train", "--name inputs", CELL)
+    assert shell.user_ns["inputs"].shape == (4, 3)
+    assert not (home / "jobs" / "inputs").exists()  # refused before anything launched
+    with pytest.raises(UsageError, match=r"--name 'list' would overwrite Python's built-in `list`"):
+        shell.run_cell_magic("elastic_train", "--name list", CELL)
+    with pytest.raises(UsageError, match=r"`inputs`"):
+        shell.run_line_magic("elastic_attach", "inputs")
+    # A dry run binds nothing, so it may use any name.
+    assert shell.run_cell_magic("elastic_train", "--name inputs --dry-run", CELL) is None
+
+
+@pytest.mark.slow
+def test_interrupting_a_launch_stops_the_job_and_says_so_in_one_line(shell, home, monkeypatch):
+    from notebook_elastic.backends.local import LocalBackend
+
+    schedule = LocalBackend.schedule
+
+    def interrupted(self, dryrun):
+        schedule(self, dryrun)  # the supervisor is up, in its own session, when the user presses stop
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalBackend, "schedule", interrupted)
+    run_cells(shell, "import time")
+    with pytest.raises(UsageError, match=r"interrupted while launching job 'halted'; it was stopped") as info:
+        shell.run_cell_magic("elastic_train", "--name halted", "time.sleep(600)\n")
+    assert "\n" not in str(info.value)
+    assert "halted" not in shell.user_ns
+    assert LocalBackend().describe("halted").status == "stopped"
+    assert job_processes(home) == []
+
+
+@pytest.mark.slow
+def test_elastic_resume_and_a_rerun_cell_continue_a_stopped_job(shell, home, capsys):
+    run_cells(shell, "import time\nimport torch")
+    cell = (
+        "model = torch.nn.Linear(2, 1)\n"
+        "state = elastic.State(model=model)\n"
+        "for step in state.steps(TOTAL):\n"
+        "    elastic.report(step=step, loss=0.5)\n"
+        "    state.commit()\n"
+        "    time.sleep(0.05)\n"
+    )
+    run_cells(shell, "TOTAL = 100000")
+    job = shell.run_cell_magic("elastic_train", "--name comeback", cell)
+    deadline = time.monotonic() + 90
+    while job.state.step is None or job.state.step < 3:
+        assert time.monotonic() < deadline, job.summary()
+        time.sleep(0.1)
+    shell.run_line_magic("elastic_stop", "comeback")
+    assert job.wait(30) == "stopped"
+    back = shell.run_line_magic("elastic_resume", "comeback")
+    assert shell.user_ns["comeback"] is back
+    deadline = time.monotonic() + 90
+    while back.status != "running" or back.state.step is None or back.state.step <= job.state.step:
+        assert time.monotonic() < deadline, back.summary()
+        time.sleep(0.1)
+    with pytest.raises(UsageError, match=r"job 'comeback' is running; only a lost, failed or stopped job"):
+        shell.run_line_magic("elastic_resume", "comeback")
+    shell.run_line_magic("elastic_stop", "comeback")
+    # The same cell again: resumed, said in one line; a changed cell: refused with the ways out.
+    run_cells(shell, "TOTAL = 100001")
+    with pytest.raises(UsageError, match=r"running other code than this cell's: %elastic_resume comeback .* --fresh"):
+        shell.run_cell_magic("elastic_train", "--name comeback", cell)
+    fresh = shell.run_cell_magic("elastic_train", "--name comeback --fresh", cell)
+    assert "is kept in" in capsys.readouterr().out
+    fresh.stop()

@@ -277,3 +277,54 @@ def test_the_data_cursor_works_with_a_prefetching_dataloader(ckpt):
         loader = DataLoader(list(range(100)), batch_sampler=resumed.batch_sampler(100, 4, shuffle=False))
         assert next(iter(loader)).tolist() == [20, 21, 22, 23]
     assert got[-1] == [16, 17, 18, 19]
+
+
+def test_checkpoint_events_are_coalesced_not_one_per_commit(ckpt, monkeypatch):
+    from notebook_elastic.runtime import state as state_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(state_module.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with redirect_stdout(out):
+        model = make_model()
+        state = State(model=model, async_commit=False)
+        for _step in state.steps(40):
+            state.commit()
+            clock[0] += 1.0  # one commit a second: 40 commits over 40 s
+        state.flush()
+    announced = [e for e in events_of(out.getvalue()) if e["kind"] == "checkpoint"]
+    assert len(list_checkpoints(ckpt)) == 3  # every commit was written (keep=3)
+    # The first of the generation, one per 10 s, and the last step: not 40.
+    assert [e["step"] for e in announced] == [1, 11, 21, 31, 40]
+    assert sum(e["commits"] for e in announced) == 40
+
+
+def test_report_refuses_what_a_chart_cannot_hold_in_the_worker():
+    with pytest.raises(TypeError, match=r"report\(step=\.\.\.\) takes a whole number, not 'seven' \(a str\)"):
+        report(step="seven", loss=1.0)
+    with pytest.raises(TypeError, match=r"big is an integer of about 401 digits, more than a float holds"):
+        report(step=0, big=10**400)
+    with pytest.raises(TypeError, match=r"takes a whole number, not 1.5"):
+        report(step=1.5, loss=1.0)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        report(step=torch.tensor(4), loss=2.0)  # a 0-d integer tensor is a step
+    assert events_of(out.getvalue())[0]["step"] == 4
+
+
+def test_the_fold_drops_a_malformed_event_instead_of_dying():
+    from notebook_elastic.events import Event, Kind
+    from notebook_elastic.job_state import JobState
+
+    state = JobState(max_restarts=1, nnodes=(1, 1))
+    bad = [
+        Event(Kind.METRIC, 1.0, "node-0", {"step": "seven", "values": {"loss": 1.0}}),
+        Event(Kind.METRIC, 1.0, "node-0", {"step": 0, "values": {"big": 10**400, "loss": 3.0}}),
+        Event(Kind.METRIC, 1.0, "node-0", {"step": 10**400, "values": {"loss": 1.0}}),
+        Event(Kind.METRIC, 1.0, "node-0", {"step": 1, "values": ["not", "a", "dict"]}),
+        Event(Kind.WORKER_STARTED, 1.0, "node-0", {"rank": "x", "world_size": None}),
+    ]
+    state.apply_all(bad)
+    state.apply(Event(Kind.METRIC, 2.0, "node-0", {"step": 2, "values": {"loss": 0.5}}))
+    assert state.metrics["loss"].values.tolist() == [3.0, 0.5] and state.step == 2
+    assert "big" not in state.metrics.names

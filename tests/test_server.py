@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import pytest
@@ -129,3 +130,49 @@ async def test_errors_are_clear_and_routes_need_auth(jp_fetch, jp_base_url, jp_s
     with pytest.raises(HTTPClientError) as info:
         await AsyncHTTPClient().fetch(url)  # no token
     assert info.value.code == 403
+
+
+BAD_QUERIES = [
+    ({"since": "abc"}, r"since='abc' must be a whole number"),
+    ({"since": "-5"}, r"since='-5' must be a whole number"),
+    ({"since": "1" * 20}, r"since='1{20}' must be a whole number from 0 to 10\^15"),
+    ({"since": "1.5"}, r"since='1.5' must be a whole number"),
+    ({"since": "١٢"}, r"must be a whole number"),  # Arabic-Indic digits: str.isdigit() alone says yes
+    ({"limit": "abc"}, r"limit='abc' must be a whole number"),
+    ({"limit": "-1"}, r"limit='-1' must be a whole number"),
+    ({"all": "yes"}, r"all='yes' must be 1, 0, true or false"),
+    ({"backend": "slurm"}, r"backend='slurm' is unknown; use one of: local, kubernetes"),
+    ({"backend": "kubernetes"}, r"events are served for local jobs; follow a Kubernetes job with %elastic_attach"),
+]
+
+
+async def test_every_route_refuses_bad_input_with_400_and_a_sentence(jp_fetch, home):
+    job = ne.launch(TRAIN, nnodes="1", name="table-job", user_ns=ns(3))
+    assert job.wait(120) == "succeeded"
+    for params, message in BAD_QUERIES:
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("notebook-elastic", "api", "jobs", "table-job", "events", params=params)
+        assert info.value.code == 400, (params, info.value)
+        reply = json.loads(info.value.response.body)
+        assert re.search(message, reply["message"]), (params, reply)
+
+    everything = await get_json(jp_fetch, "jobs", "table-job", "events", all="1", limit="5000")
+    assert len(everything["events"]) > 3
+    nothing = await get_json(jp_fetch, "jobs", "table-job", "events", limit="0", since="0")
+    assert nothing == {"events": [], "next": 0}
+    one = await get_json(jp_fetch, "jobs", "table-job", "events", limit="1", all="1")
+    assert one["events"] == everything["events"][:1] and 0 < one["next"] < everything["next"]
+    past_the_end = await get_json(jp_fetch, "jobs", "table-job", "events", since=str(10**12), all="1")
+    assert past_the_end["events"] == everything["events"][:500]  # a stale cursor starts over
+    long_name = "a" * 60
+    for path, method, body in [
+        (("jobs", long_name, "events"), "GET", None),
+        (("jobs", long_name, "stop"), "POST", "{}"),
+        (("jobs", "table-job", "stop"), "POST", "[1]"),
+        (("jobs", "table-job", "stop"), "POST", '{"backend": "slurm"}'),
+        (("jobs", "table-job", "stop"), "POST", "{not json"),
+    ]:
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("notebook-elastic", "api", *path, method=method, body=body)
+        assert info.value.code == 400, (path, body, info.value)
+        assert json.loads(info.value.response.body)["message"], (path, body)

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import BackendError
+
 if TYPE_CHECKING:
     from ..events import Event
     from ..packaging import Bundle
@@ -67,6 +69,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, name: str) -> None:
         """Stop the job and everything it started. Idempotent: stopping a stopped job is a no-op."""
+
+    def resume(self, name: str) -> None:
+        """Continue a lost, failed or stopped job from its latest checkpoint, history kept."""
+        raise BackendError(f"the {self.name} backend cannot resume jobs yet; launch the cell again")
 
     @abc.abstractmethod
     def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import tokenize
 from collections.abc import Iterable
 
@@ -72,6 +73,7 @@ def render_script(
     payload_bytes = sum(i.size for i in values)
 
     out: list[str] = ["#!/usr/bin/env python3"]
+    # (same_training_code() knows this line: keep the two together.)
     source = f"notebook {notebook}" if notebook else "a notebook"
     out.append(f'"""{title}: training cell packaged from {source} by notebook-elastic on {created}.')
     out.append("")
@@ -149,3 +151,12 @@ def indent_code(source: str, prefix: str = "    ") -> str:
 
 def payload_checksum(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
+
+
+_CREATED = re.compile(r" by notebook-elastic on [^\n]*")
+
+
+def same_training_code(script_a: str, script_b: str) -> bool:
+    """Whether two packaged scripts run the same code on the same data (the payload's hash
+    is in the script); only the packaging time in the header may differ."""
+    return _CREATED.sub("", script_a, count=1) == _CREATED.sub("", script_b, count=1)

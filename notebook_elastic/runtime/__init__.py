@@ -7,6 +7,7 @@ any container image that has torch and cloudpickle.
 
 from __future__ import annotations
 
+import operator
 import os as _os
 import time as _time
 from typing import Any
@@ -47,6 +48,19 @@ def world_size() -> int:
     return int(_os.environ.get("WORLD_SIZE", 1))
 
 
+_FLOAT_MAX = 1.7976931348623157e308
+
+
+def _step(step: Any) -> int:
+    """``step=`` must be a whole number (a Python, NumPy or 0-d integer tensor one)."""
+    if isinstance(step, bool):
+        raise TypeError(f"report(step=...) takes a whole number, not {step!r}")
+    try:
+        return operator.index(step)
+    except TypeError:
+        raise TypeError(f"report(step=...) takes a whole number, not {step!r} (a {type(step).__name__})") from None
+
+
 def _number(name: str, value: Any) -> float | int:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
@@ -70,7 +84,15 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     if step is None:
         step = _auto_step
         _auto_step += 1
+    elif type(step) is not int:
+        step = _step(step)
     for name, value in metrics.items():
         if type(value) is not float and type(value) is not int:
             metrics[name] = _number(name, value)
+        elif type(value) is int and not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+            digits = int(value.bit_length() * 0.30103) + 1
+            raise TypeError(
+                f"report() takes numbers a chart can hold: {name} is an integer of about {digits} digits, "
+                "more than a float holds; report it scaled (or as a float)"
+            )
     emit("metric", t=_time.time(), rank=_RANK, step=step, values=metrics)

@@ -12,7 +12,11 @@ A thin wrapper around ``torch.distributed.run.main()`` that
   ones, so when a peer vanishes while the workers sit in a store wait (``init_process_group``,
   a barrier) they hang until the collective timeout. When a member's heartbeat expires
   (keep_alive_interval x keep_alive_max_attempt), the watch ends the local workers, and the
-  agent restarts them into a new round at once (one restart, as any departure costs).
+  agent restarts them into a new round at once;
+- never charges a departure to the user's restart budget: when the local workers failed only
+  because a peer went away (they exit with ``EXIT_PEER_LOST``, or the watch ended them) and
+  the round has really lost a member, the agent regroups as it does for a new node, without
+  spending one of ``--max-restarts``. Only a worker's own failure is charged.
 """
 
 from __future__ import annotations
@@ -43,14 +47,17 @@ class _DepartureWatch:
     def __init__(self) -> None:
         self.agent = None  # torchrun's LocalElasticAgent, once it starts workers
         self.handler = None
-        self.round: int | None = None
+        self.round: int | None = None  # the round being watched (None once acted on)
         self.members: frozenset = frozenset()
+        self.latest: tuple[int | None, frozenset] = (None, frozenset())  # the latest round joined
+        self.killed_round: int | None = None  # the round whose workers the watch ended
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
 
     def joined(self, handler, round_: int | None, members: frozenset) -> None:
         with self.lock:
             self.handler, self.round, self.members = handler, round_, members
+            self.latest = (round_, members)
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="notebook-elastic-departures", daemon=True)
             self.thread.start()
@@ -83,6 +90,7 @@ class _DepartureWatch:
             if self.round != round_:
                 return
             self.round = None  # act once per round
+            self.killed_round = round_
         pids = list(agent._pcontext.pids().values()) if getattr(agent, "_pcontext", None) else []
         emit(
             "peer_lost",
@@ -101,7 +109,45 @@ class _DepartureWatch:
 _watch = _DepartureWatch()
 
 
+def _round_lost_a_member(grace_s: float) -> bool:
+    """Whether a member of the round these workers were formed in is gone (left, or its
+    heartbeat expired), waiting up to ``grace_s`` for a dead peer's heartbeat to expire."""
+    handler = _watch.handler
+    round_, members = _watch.latest
+    if handler is None or round_ is None or len(members) < 2:
+        return False  # alone in the round: no peer could have left
+    deadline = time.monotonic() + grace_s
+    while True:
+        with handler._heartbeat_lock:
+            handler._state_holder.sync()
+            state = handler._state_holder.state
+        if state.round != round_ or any(m not in state.participants for m in members):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _failed_because_a_peer_left(result) -> list:  # type: ignore[no-untyped-def]
+    """The failures, if every one of them is a departure's symptom and a member really left."""
+    failures = list(getattr(result, "failures", {}).values())
+    if not failures:
+        return []
+    watch_ended_them = _watch.killed_round is not None and _watch.killed_round == _watch.latest[0]
+    for failure in failures:
+        code = failure.exitcode
+        if code == protocol.EXIT_PEER_LOST or (watch_ended_them and code == -signal.SIGKILL):
+            continue
+        return []  # a worker's own failure: charged, as torchrun does
+    settings = getattr(_watch.handler, "_settings", None)
+    grace_s = 1.0
+    if settings is not None:
+        grace_s += settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+    return failures if _round_lost_a_member(grace_s) else []
+
+
 def _hook_agent() -> None:
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     original = LocalElasticAgent._start_workers
@@ -112,8 +158,31 @@ def _hook_agent() -> None:
         _watch.agent = self
         return original(self, worker_group)
 
+    monitor = LocalElasticAgent._monitor_workers
+
+    def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        result = monitor(self, worker_group)
+        if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            return result
+        failures = _failed_because_a_peer_left(result)
+        if not failures:
+            return result
+        # torchrun would charge this to --max-restarts (and give up at 0). Regroup as for a
+        # new node instead: the loop then sees a healthy group and carries on.
+        round_, _members = _watch.latest
+        emit(
+            "restart",
+            node=_node_name(),
+            reason="departure",
+            round=round_,
+            local_ranks=sorted(f.local_rank for f in failures),
+        )
+        self._restart_workers(worker_group)
+        return RunResult(state=WorkerState.HEALTHY)
+
     _start_workers._notebook_elastic = True  # type: ignore[attr-defined]
     LocalElasticAgent._start_workers = _start_workers
+    LocalElasticAgent._monitor_workers = _monitor_workers
 
 
 def _hook_rendezvous() -> None:

@@ -30,6 +30,23 @@ ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group wa
 #: it (podFailurePolicy FailJob) instead of replacing the pod to fail the same way again.
 EXIT_RESTARTS_SPENT = 3
 
+#: A worker's exit status when its collective broke because a peer went away (gloo's
+#: "connection closed by peer", a store that lost a member, a newer group fencing this one):
+#: not its own failure. The agent restarts such a group without charging --max-restarts,
+#: once it has seen the membership change (EX_TEMPFAIL: try again).
+EXIT_PEER_LOST = 75
+
+# What a broken collective says when a peer vanished, in torch's gloo/NCCL/store errors.
+PEER_LOST_PATTERNS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connectfullmesh",
+    "communicator was aborted",
+    "remote process exited",
+    "socket closed",
+)
+
 
 def exit_reason(code: int | None) -> str:
     """Why an agent (a local node, a worker pod's container) ended, from its exit status."""

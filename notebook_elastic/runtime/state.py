@@ -29,6 +29,9 @@ from .worker import WorkerInfo, device, on_finish
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 TMP_MAX_AGE_S = 600
+# A checkpoint event per commit is one event per step (600 for a 600-step job): the history
+# keeps the first checkpoint of each generation, one every this many seconds, and the last step.
+CHECKPOINT_EVENT_EVERY_S = 10.0
 
 
 class StaleGenerationError(RuntimeError):
@@ -179,6 +182,8 @@ class State:
         self._writer: threading.Thread | None = None
         self._writer_error: BaseException | None = None
         self._stale = False
+        self._announced: tuple[int, float] | None = None  # (generation, monotonic time) of the last event
+        self._unannounced = 0  # commits written since the last checkpoint event
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
@@ -407,13 +412,23 @@ class State:
         _fsync_dir(self.folder)
         size = final.stat().st_size
         self._prune(final)
-        emit(
-            "checkpoint",
-            step=tree["step"],
-            generation=self.generation,
-            bytes=size,
-            ms=round((time.perf_counter() - started) * 1000, 2),
-        )
+        self._unannounced += 1
+        now = time.monotonic()
+        if (
+            self._announced is None
+            or self._announced[0] != self.generation
+            or now - self._announced[1] >= CHECKPOINT_EVENT_EVERY_S
+            or tree["step"] == self.total
+        ):
+            emit(
+                "checkpoint",
+                step=tree["step"],
+                generation=self.generation,
+                bytes=size,
+                ms=round((time.perf_counter() - started) * 1000, 2),
+                commits=self._unannounced,
+            )
+            self._announced, self._unannounced = (self.generation, now), 0
 
     def _prune(self, newest_written: Path) -> None:
         """Keep the last ``keep`` checkpoints; never delete one that sorts above ours."""

@@ -180,6 +180,7 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
         _run_finish_hooks()
         if isinstance(exc, KeyboardInterrupt):
             raise
+        by_peer = caused_by_a_peer(exc)
         emit(
             "worker_failed",
             rank=info.rank,
@@ -188,13 +189,36 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             error=type(exc).__name__,
             message=str(exc)[:500],
             traceback="".join(traceback.format_exception(exc))[-2800:],
+            **({"cause": "peer"} if by_peer else {}),
         )
+        if by_peer:
+            # Not this worker's failure: a distinct status lets the agent regroup without
+            # charging the user's restart budget (it checks the membership change itself).
+            raise SystemExit(protocol.EXIT_PEER_LOST) from exc
         if handler is not None and isinstance(exc, Exception):
             handler.record_exception(exc)
         raise
     _shutdown_process_group()
     emit("worker_finished", rank=info.rank, node=info.node, pid=info.pid)
     return result
+
+
+def caused_by_a_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is what a collective or the store raises when a peer went away, or
+    the fence telling this group a newer one exists: a membership change, not a bug."""
+    from .state import StaleGenerationError
+
+    if isinstance(exc, StaleGenerationError):
+        return True
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    network_error = getattr(dist, "DistNetworkError", None)
+    if network_error is not None and isinstance(exc, network_error):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc).lower()
+    return any(p in text for p in protocol.PEER_LOST_PATTERNS)
 
 
 def _preimport_in_background() -> None:

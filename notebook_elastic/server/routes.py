@@ -23,12 +23,51 @@ from jupyter_server.utils import url_path_join
 
 from ..backends.base import JobInfo
 from ..backends.local import LocalBackend
-from ..errors import JobNotFound, NotebookElasticError
+from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..events import Event, Kind
+from ..spec import validate_name
 
 NAME = r"(?P<name>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
 K8S_REFRESH_S = 5.0
 QUIET = {Kind.METRIC, Kind.LOG, Kind.CHECKPOINT}
+MAX_EVENTS = 5000
+BACKENDS = ("local", "kubernetes")
+
+
+def bad_request(message: str) -> tornado.web.HTTPError:
+    """A 400 whose sentence reaches the client as is (passed as an argument: a '%' in it is text)."""
+    return tornado.web.HTTPError(400, "%s", message)
+
+
+def whole_number(handler: APIHandler, name: str, default: int, *, maximum: int | None = None) -> int:
+    """A query argument that must be a whole number >= 0; anything else is a 400 naming it."""
+    raw = handler.get_argument(name, None)
+    if raw is None or raw == "":
+        return default
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 15:
+        raise bad_request(f"{name}={raw!r} must be a whole number from 0 to 10^15, like {name}={default}")
+    value = int(raw)
+    return value if maximum is None else min(value, maximum)
+
+
+def flag(handler: APIHandler, name: str) -> bool:
+    raw = handler.get_argument(name, "0").lower()
+    if raw not in ("0", "1", "true", "false", ""):
+        raise bad_request(f"{name}={raw!r} must be 1, 0, true or false")
+    return raw in ("1", "true")
+
+
+def job_name(name: str) -> str:
+    try:
+        return validate_name(name)
+    except SpecError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def backend_argument(value: Any) -> str:
+    if value not in BACKENDS:
+        raise bad_request(f"backend={value!r} is unknown; use one of: {', '.join(BACKENDS)}")
+    return value
 
 
 def _finite(value: Any) -> Any:
@@ -140,7 +179,19 @@ class Registry:
         return self.local
 
 
-class JobsHandler(APIHandler):
+class Handler(APIHandler):
+    """Errors as JSON ``{"message": sentence}``, the sentence formatted as tornado logs it."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = (kwargs.get("exc_info") or (None, None))[1]
+        if isinstance(exc, tornado.web.HTTPError) and exc.log_message:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"message": exc.log_message % exc.args, "reason": exc.reason}))
+            return
+        super().write_error(status_code, **kwargs)
+
+
+class JobsHandler(Handler):
     @tornado.web.authenticated
     def get(self) -> None:
         started = time.perf_counter()
@@ -153,26 +204,28 @@ class JobsHandler(APIHandler):
         )
 
 
-class EventsHandler(APIHandler):
+class EventsHandler(Handler):
     @tornado.web.authenticated
     def get(self, name: str, _tail: str | None = None) -> None:
         registry: Registry = self.settings["notebook_elastic_registry"]
-        backend = self.get_argument("backend", "local")
-        since = int(self.get_argument("since", "0") or 0)
-        limit = min(int(self.get_argument("limit", "500") or 500), 5000)
-        include_all = self.get_argument("all", "0") in ("1", "true")
+        name = job_name(name)
+        backend = backend_argument(self.get_argument("backend", "local"))
+        since = whole_number(self, "since", 0)
+        limit = whole_number(self, "limit", 500, maximum=MAX_EVENTS)
+        include_all = flag(self, "all")
         if backend != "local":
-            raise tornado.web.HTTPError(
-                400, "events are served for local jobs; follow a Kubernetes job with %elastic_attach"
-            )
+            raise bad_request("events are served for local jobs; follow a Kubernetes job with %elastic_attach")
         folder = registry.local.folder(name)
         if not folder.exists():
-            raise tornado.web.HTTPError(404, f"no local job named {name!r}")
+            raise tornado.web.HTTPError(404, "%s", f"no local job named {name!r}")
         events: list[dict] = []
         offset = since
         with open(folder.events_file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if since > size:  # a cursor from a longer log (another run of this name): start over
+                since = offset = 0
             f.seek(since)
-            for line in f:
+            for line in f if limit else ():
                 if not line.endswith(b"\n"):
                     break  # a line being written: next time
                 offset += len(line)
@@ -187,22 +240,23 @@ class EventsHandler(APIHandler):
         self.finish(json.dumps({"events": events, "next": offset}))
 
 
-class StopHandler(APIHandler):
+class StopHandler(Handler):
     @tornado.web.authenticated
     async def post(self, name: str, _tail: str | None = None) -> None:
         registry: Registry = self.settings["notebook_elastic_registry"]
+        name = job_name(name)
         body = self.get_json_body() or {}
-        backend_name = body.get("backend") or self.get_argument("backend", "local")
-        if backend_name not in ("local", "kubernetes"):
-            raise tornado.web.HTTPError(400, f"unknown backend {backend_name!r}")
+        if not isinstance(body, dict):
+            raise bad_request('the body must be a JSON object, like {"backend": "local"}')
+        backend_name = backend_argument(body.get("backend") or self.get_argument("backend", "local"))
         backend = registry.backend(name, backend_name)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, backend.cancel, name)  # waits for the processes to go
         except JobNotFound as exc:
-            raise tornado.web.HTTPError(404, str(exc)) from None
+            raise tornado.web.HTTPError(404, "%s", str(exc)) from None
         except NotebookElasticError as exc:
-            raise tornado.web.HTTPError(409, str(exc)) from None
+            raise tornado.web.HTTPError(409, "%s", str(exc)) from None
         info = await loop.run_in_executor(None, backend.describe, name)
         self.finish(json.dumps({"name": name, "status": info.status if info else "gone"}))
 

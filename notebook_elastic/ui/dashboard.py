@@ -109,6 +109,7 @@ class Dashboard(W.VBox):
         self.preempt_button.on_click(lambda _b: self._act("preempt", self.preempt_button, self._preempt))
         self.metric.observe(lambda _c: self._mark("chart"), names="value")
         self._stop_armed_until = 0.0
+        self._synced_target = state.target
 
         controls = W.VBox(
             [
@@ -142,6 +143,8 @@ class Dashboard(W.VBox):
                 self._dirty.update(("chart", "header"))
             elif k == Kind.LOG:
                 self._dirty.add("logs")
+            elif k == Kind.CHECKPOINT:
+                self._dirty.add("header")  # nothing else shows it; the controls keep what is typed
             else:
                 self._dirty.update(("header", "ranks", "timeline", "chart", "controls"))
         if k == Kind.JOB_FINISHED:
@@ -249,8 +252,11 @@ class Dashboard(W.VBox):
                 t.max, t.min = hi, lo
             else:
                 t.min, t.max = lo, hi
-            if state.target is not None and lo <= state.target <= hi:
+            # Only a change of the job's own target moves the box: a number the user is typing
+            # stays until they press Scale, whatever else the job reports meanwhile.
+            if state.target is not None and lo <= state.target <= hi and state.target != self._synced_target:
                 t.value = state.target
+                self._synced_target = state.target
         self.range.disabled = not (live or prepared) or "range" in self._busy
         self.target.disabled = not (live or prepared) or "scale" in self._busy
         self.scale_button.disabled = not live or "scale" in self._busy

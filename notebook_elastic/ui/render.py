@@ -51,6 +51,17 @@ EVENT_COLORS = {
     Kind.FENCED: "#c62828",
     Kind.ERROR: "#c62828",
 }
+NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failures
+
+
+def event_color(e: Event) -> str:
+    if (e.kind == Kind.WORKER_FAILED and e.get("cause") == "peer") or (
+        e.kind == Kind.RESTART and e.get("reason") in ("departure", "membership_change")
+    ):
+        return NEUTRAL
+    return EVENT_COLORS.get(e.kind, "#555")
+
+
 TIMELINE_HIDDEN = {
     Kind.METRIC,
     Kind.LOG,
@@ -251,7 +262,7 @@ def timeline_html(events: Sequence[Event], limit: int = 150) -> str:
     shown = [e for e in events if e.kind not in TIMELINE_HIDDEN][-limit:]
     items = []
     for e in reversed(shown):
-        color = EVENT_COLORS.get(e.kind, "#555")
+        color = event_color(e)
         when = time.strftime("%H:%M:%S", time.localtime(e.time))
         text = esc(describe(e))
         if e.kind == Kind.WORKER_FAILED and e.get("traceback"):

@@ -26,6 +26,7 @@ from . import control
 from .folder import JobFolder, kill_all, write_json_atomic
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
+RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 FOLLOW_POLL_S = 0.03
 
 
@@ -95,11 +96,15 @@ class LocalBackend(Backend):
         write_json_atomic(folder.spec_file, spec_json)
         write_json_atomic(folder.manifest_file, bundle.manifest.to_json())
         folder.events_file.touch()
+        self._start_supervisor(folder, spec.name)
+
+    def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:
         env = dict(os.environ)
         env[protocol.ENV_JOB_DIR] = str(folder.path)
+        module = [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach"]
         with open(folder.supervisor_log, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach", str(folder.path)],
+                [*module, *(["--resume"] if resume else []), str(folder.path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -112,8 +117,33 @@ class LocalBackend(Backend):
         while folder.supervisor() is None:
             if time.monotonic() > deadline:
                 kill_all(folder.path)
-                raise BackendError(f"the supervisor of job {spec.name!r} did not start: {_tail(folder.supervisor_log)}")
+                raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
             time.sleep(0.01)
+
+    def resume(self, name: str) -> None:
+        """Continue a lost, failed or stopped job in its folder, from its latest checkpoint.
+
+        The history stays (events, logs, checkpoints); a new supervisor takes over with the
+        same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
+        starts again (said in the ``job_resumed`` event)."""
+        folder = self.folder(name)
+        info = self.describe(name)
+        if info is None:
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        if info.status not in RESUMABLE_STATUSES:
+            raise BackendError(
+                f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
+                + (" (a succeeded job is done: run the cell again to train anew)" if info.status == "succeeded" else "")
+            )
+        kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
+        folder.supervisor_file.unlink(missing_ok=True)
+        with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+        self._start_supervisor(folder, name, resume=True)
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
@@ -152,10 +182,11 @@ class LocalBackend(Backend):
             backend="local",
             status=state,
             summary={
-                **status,
-                "nproc_per_node": spec.get("nproc_per_node"),
+                # The launch spec's range until the job reports its own (set_range moves it).
                 "min_nodes": spec["nnodes"][0],
                 "max_nodes": spec["nnodes"][1],
+                **{k: v for k, v in status.items() if v is not None},
+                "nproc_per_node": spec.get("nproc_per_node"),
             },
             notebook=spec.get("notebook"),
             created=folder.spec_file.stat().st_mtime,
@@ -258,6 +289,7 @@ class LocalBackend(Backend):
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
         buffer = b""
         idle_checks = 0
+        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
         with open(folder.events_file, "rb") as f:
             while not stop.is_set():
                 chunk = f.read(1 << 20)
@@ -272,9 +304,10 @@ class LocalBackend(Backend):
                         except ValueError:
                             continue
                         yield event
-                        if event.kind == Kind.JOB_FINISHED:
-                            return
+                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
                     continue
+                if finished:
+                    return  # the end of the file, and the job's last word was its outcome
                 idle_checks += 1
                 if idle_checks % 50 == 0 and not folder.supervisor_alive():
                     time.sleep(0.2)  # one last read: it may have just written its last line

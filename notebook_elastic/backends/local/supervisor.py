@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from ..._warm import remove_sockets_of
 from ...events import Event, Kind, LineParser
 from ...job_state import JobState, budget_spent_reason
 from ...runtime import protocol
+from ...runtime.state import newest_generation
 from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
@@ -95,9 +97,16 @@ class EventSink:
                     if item is None:
                         done = True
                         continue
-                    self.file.write(item.to_line() + "\n")
-                    self.state.apply(item)
-                    self.observe(item)
+                    try:
+                        line = item.to_line()
+                    except (TypeError, ValueError):  # not JSON (a worker sent something odd): dropped
+                        continue
+                    self.file.write(line + "\n")
+                    self.state.apply(item)  # never raises: a bad event is dropped there
+                    try:
+                        self.observe(item)
+                    except Exception:  # an observer's bug must not stop the history
+                        traceback.print_exc()
                 self.file.flush()
             self.changed.set()
             if done:
@@ -110,12 +119,16 @@ class EventSink:
 
 
 class Supervisor:
-    def __init__(self, folder: JobFolder) -> None:
+    def __init__(self, folder: JobFolder, resume: bool = False) -> None:
         self.folder = folder
+        self.resume = resume
         self.spec = JobSpec.from_json(folder.spec())
         self.range = self.spec.nnodes
         self.target = self.spec.initial_nodes
-        self.epoch = 0
+        # Above every generation already in the checkpoint folder (a resumed job, a reused
+        # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
+        newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
+        self.epoch = newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0
         self.rdzv_base = f"{self.spec.name}-{uuid.uuid4().hex[:8]}"
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
@@ -300,6 +313,10 @@ class Supervisor:
     def alive_agents(self) -> list[Agent]:
         return [a for a in self.agents.values() if not a.reaped and a.alive]
 
+    def staying_agents(self) -> list[Agent]:
+        """Live agents not already told to go (a preempted node takes a moment to leave)."""
+        return [a for a in self.alive_agents() if a.exit_reason is None]
+
     def _reap(self) -> None:
         for agent in list(self.agents.values()):
             if agent.reaped or agent.alive:
@@ -322,7 +339,9 @@ class Supervisor:
         """Start or stop agents until as many run as the target says."""
         if self.stopping:
             return
-        alive = self.alive_agents()
+        # Agents on their way out do not count: counting a preempted node-0 that is still
+        # shutting down made the target look exceeded, and the survivor was scaled down too.
+        alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
         while len(alive) < self.target:
@@ -334,7 +353,7 @@ class Supervisor:
     # -- commands ------------------------------------------------------------------------
 
     def _pick_agent(self, node: str | None) -> Agent:
-        alive = self.alive_agents()
+        alive = self.staying_agents()
         if node is None:
             if not alive:
                 raise ValueError("no node is running right now")
@@ -490,8 +509,17 @@ class Supervisor:
         )
         threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
         spec = self.spec
+        before = None
+        if self.resume:
+            # The history so far, folded, so status.json goes on from it (steps, metrics).
+            with open(self.folder.events_file, "rb") as f:
+                history = [e for e in (_parse(line) for line in f) if e is not None]
+            with self.sink.lock:
+                self.state.apply_all(history)
+                before = self.state.status if self.state.finished else "lost"
         self.emit(
-            Kind.JOB_SUBMITTED,
+            Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
+            **({"after": before} if self.resume else {}),
             name=spec.name,
             nodes=self.target,
             min_nodes=self.range[0],
@@ -613,9 +641,17 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
         if os.fork() > 0:
             os._exit(0)
-    folder = JobFolder(args[0])
+    resume = args[:1] == ["--resume"]
+    folder = JobFolder(args[1] if resume else args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
-    return Supervisor(folder).run()
+    return Supervisor(folder, resume=resume).run()
+
+
+def _parse(line: bytes) -> Event | None:
+    try:
+        return Event.from_line(line.decode("utf-8", "replace"))
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn last line of a supervisor that died mid-write
 
 
 if __name__ == "__main__":
