@@ -62,9 +62,7 @@ def _recv_line(conn: socket.socket, buffer: bytearray) -> dict | None:
 def serve(path: str) -> None:
     from .runtime.worker import set_parent_death_signal
 
-    # Dies with its agent; by SIGTERM, whose handler (below) removes the socket on the way out:
-    # a SIGKILLed zygote left one stale socket per node per job in the temp folder.
-    set_parent_death_signal(signal.SIGTERM, os.getppid())
+    set_parent_death_signal(signal.SIGKILL, os.getppid())  # dies with its agent (remove_sockets_of)
     for name in PRELOAD:
         try:
             __import__(name)
@@ -296,8 +294,8 @@ _SOCKET_PREFIX = "ne-zygote-"  # + the agent's pid: what remove_sockets_of() fin
 
 def remove_sockets_of(agent_pid: int) -> None:
     """Remove the socket of the zygote of a dead agent. A zygote removes its own socket when
-    it exits (SIGTERM, also its parent-death signal); one SIGKILLed with its agent's process
-    group (a lost node, a stop past its grace) cannot, so whoever reaped the agent does."""
+    it exits on SIGTERM; one SIGKILLed with its agent (its parent-death signal, a lost node's
+    process group, a stop past its grace) cannot, so whoever reaped the agent does."""
     import glob
     import tempfile
 

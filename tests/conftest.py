@@ -141,6 +141,13 @@ def stray_sockets(*folders: Path | str | None) -> list[str]:
 # --- fixtures ----------------------------------------------------------------------------
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "leaves_sockets(reason): the test knowingly leaves zygote sockets behind (the check tells, not fails)",
+    )
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
@@ -186,7 +193,10 @@ def _check_and_clean(request, test_id: str, tmp: str) -> list[str]:
     kill_all(find)
     folders = [tmp] + [request.node.funcargs.get(name) for name in ("home", "tmp_path")]
     sockets = stray_sockets(*folders)
-    if sockets and not left and not failed:  # a SIGKILLed zygote cannot clean up: told above
+    known = request.node.get_closest_marker("leaves_sockets")
+    if sockets and known:  # declared by the test, with the reason: told, not failed
+        print(f"sockets left behind, as declared ({known.args[0]}):\n  " + "\n  ".join(sockets), file=sys.stderr)
+    elif sockets and not left and not failed:  # a SIGKILLed zygote cannot clean up: told above
         problems.append("sockets left behind (a zygote that did not clean up?):\n  " + "\n  ".join(sockets))
     shutil.rmtree(tmp, ignore_errors=True)
     return problems

@@ -361,6 +361,9 @@ def test_a_bug_in_the_cell_still_spends_the_budget_on_several_nodes(home):
     assert "restart budget spent" in (job.state.reason or "") and "ZeroDivisionError" in job.state.reason
 
 
+@pytest.mark.leaves_sockets(
+    "a SIGKILLed supervisor never reaps its agents, so nobody removes their SIGKILLed zygotes' sockets"
+)
 def test_a_job_whose_supervisor_was_killed_resumes_from_its_checkpoint(home):
     job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=1, name="phoenix", user_ns=namespace(total=60))
     wait_for(job, at_step(job, 15), "step 15")
