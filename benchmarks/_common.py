@@ -9,6 +9,14 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+# What the browser tests measure (never assert) lands here; the benchmarks show it.
+BROWSER_FIGURES = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def browser_figures(name: str) -> dict | None:
+    """The figures a browser test recorded in test-artifacts/NAME.json, if it has run."""
+    path = BROWSER_FIGURES / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def median(values: list[float]) -> float:

@@ -4,7 +4,7 @@ Targets (issue 4): kernel CPU spent on UI updates <= 5 % of one core; bytes sent
 front end <= 100 KB/s. Starts an ipykernel with jupyter_client, runs the same streaming
 job twice (without, then with the dashboard displayed) and measures the kernel's CPU time
 (getrusage inside the kernel) and the size of the widget messages on the iopub channel.
-The report()-to-page latency comes from the browser test (results/dashboard_browser.json).
+The report()-to-page latency comes from the browser test (test-artifacts/dashboard_browser.json).
 usage: python benchmarks/dashboard.py
 """
 
@@ -17,7 +17,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import report, row, stop_all_jobs  # noqa: E402
+from _common import browser_figures, report, row, stop_all_jobs  # noqa: E402
 
 SETUP = """
 %load_ext notebook_elastic
@@ -41,9 +41,10 @@ while not len(job.metrics):
     time.sleep(0.01)
 {display}
 c0, w0, n0 = cpu(), time.time(), len(job.metrics)
+r0 = dash.renders if "dash" in globals() else 0
 job.wait(300)
 time.sleep(0.5)
-print("RESULT", cpu() - c0, time.time() - w0, len(job.metrics) - n0)
+print("RESULT", cpu() - c0, time.time() - w0, len(job.metrics) - n0, (dash.renders - r0) if "dash" in globals() else 0)
 """
 
 
@@ -71,11 +72,12 @@ def run_kernel(total: int) -> dict:
             started = time.time()
             kc.execute_interactive(code, timeout=600, output_hook=on_output)
             line = next(text for text in "".join(seen["printed"]).splitlines() if text.startswith("RESULT"))
-            _, cpu_s, wall_s, metrics = line.split()
+            _, cpu_s, wall_s, metrics, renders = line.split()
             results[label] = {
                 "cpu_s": float(cpu_s),
                 "wall_s": float(wall_s),
                 "metrics": int(metrics),
+                "renders": int(renders),
                 "comm_bytes": seen["comm_bytes"],
                 "elapsed_s": time.time() - started,
             }
@@ -97,16 +99,23 @@ def main() -> None:
     dash_cpu = dash["cpu_s"] / dash["wall_s"] * 100
     ui_cpu = dash_cpu - base_cpu
     kbps = dash["comm_bytes"] / dash["wall_s"] / 1000
+    renders_per_s = dash["renders"] / dash["wall_s"]
     rows = [
         row("metrics reported (with dashboard)", rate, "metrics/s"),
         row("kernel CPU, job followed, no dashboard", base_cpu, "% of a core"),
         row("kernel CPU, job followed + dashboard", dash_cpu, "% of a core"),
         row("kernel CPU spent on UI updates", ui_cpu, "% of a core", "<= 5 %", ui_cpu <= 5),
         row("bytes sent to the front end", kbps, "KB/s", "<= 100 KB/s", kbps <= 100),
+        row(
+            "dashboard renders while streaming (throttled)",
+            renders_per_s,
+            "renders/s",
+            "<= 4 /s",
+            dash["renders"] <= 4 * dash["wall_s"] + 2,
+        ),
     ]
-    browser = os.path.join(os.path.dirname(__file__), "results", "dashboard_browser.json")
-    if os.path.exists(browser):
-        b = json.load(open(browser))
+    b = browser_figures("dashboard_browser")
+    if b:
         rows.append(
             row(
                 f"report() -> chart on the page, p95 of {b['samples']} (browser test, {b['when']})",

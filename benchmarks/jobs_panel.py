@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import median, p95, report, row, stop_all_jobs  # noqa: E402
+from _common import browser_figures, median, p95, report, row, stop_all_jobs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = """
@@ -123,6 +123,13 @@ def run(home: Path) -> None:
         row("labextension bundle (static/, as served)", raw / 1000, "KB", "<= 300 KB", raw <= 300_000),
         row("labextension bundle, gzipped", zipped / 1000, "KB"),
     ]
+    b = browser_figures("panel_browser")
+    if b:
+        listed = b["listed_after_launch_s"]
+        rows.append(
+            row(f"job listed in the panel after launch (browser test, {b['when']})", listed, "s", "<= 2 s", listed <= 2)
+        )
+        rows.append(row("  preemption drill healed after (browser test)", b["preemption_healed_s"], "s"))
     report(
         "jobs_panel",
         rows,

@@ -121,6 +121,24 @@ def first_step_torchrun(script: str, args: list[str], workdir: str) -> float:
     return took
 
 
+def stop_time(rows: list[dict], runs: int) -> None:
+    """job.stop() on a running 2-node x 2-proc job, until every process is gone (the test
+    checks that stop leaves nothing; how fast it is lives here)."""
+    took = []
+    for n in range(runs):
+        job = ne.launch(
+            TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name=f"bench-stop-{n}", user_ns=namespace(100000, 0.05)
+        )
+        wait(
+            lambda job=job: job.world_size == 4 and job.status == "running" and (job.state.step or 0) >= 2,
+            what="running",
+        )
+        started = time.monotonic()
+        job.stop()
+        took.append(time.monotonic() - started)
+    rows.append(row("stop a running job, 2 nodes x 2 procs", median(took), "s", "<= 15 s", median(took) <= 15))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -403,6 +421,7 @@ def run() -> None:
         rows.append(row("first step, --nnodes 1:3: torchrun's default rendezvous settings", slow, "s"))
         rows.append(row("  speed-up from our rendezvous settings", slow / median(elastic_ours), "x"))
     resume_times(rows, runs)
+    stop_time(rows, runs)
     warm_vs_cold(rows, runs)
     report_cost(rows)
     checkpoint_overhead(rows, workdir)

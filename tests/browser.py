@@ -38,6 +38,8 @@ def require_chromium() -> None:
 
 
 def free_port() -> int:
+    """A port free right now. Another process may take it before ours binds it: callers
+    must tell their server not to move elsewhere and retry on conflict (jupyter_lab does)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -71,8 +73,13 @@ class Lab:
 
 @contextmanager
 def jupyter_lab(root: Path, env: dict[str, str]):
-    """Start `jupyter lab` on 127.0.0.1 with a token; yield a ``Lab``; stop it."""
-    port, token = free_port(), secrets.token_hex(16)
+    """Start `jupyter lab` on 127.0.0.1 with a token; yield a ``Lab``; stop it.
+
+    Jupyter is told its port and not to move to another one when it is taken
+    (port_retries=0): a port lost to another process between free_port() and the bind ends
+    the attempt at once, and the next attempt takes a new port. Ready means our own server
+    answers with our token on that very port."""
+    token = secrets.token_hex(16)
     settings = root / "lab-settings"
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True, exist_ok=True)
     (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
@@ -85,45 +92,65 @@ def jupyter_lab(root: Path, env: dict[str, str]):
         JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
         JUPYTER_RUNTIME_DIR=str(root / "runtime"),
     )
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                f"--port={port}",
-                "--ServerApp.ip=127.0.0.1",
-                f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={root}",
-                "--LabApp.expose_app_in_browser=True",
-                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                "--allow-root",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=root,
-        )
-    lab = Lab(root, f"http://127.0.0.1:{port}", token, log)
+    proc = None
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if lab.api("api/status")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
+        for _attempt in range(5):
+            port = free_port()
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "jupyterlab",
+                        "--no-browser",
+                        f"--port={port}",
+                        "--ServerApp.port_retries=0",
+                        "--ServerApp.ip=127.0.0.1",
+                        f"--IdentityProvider.token={token}",
+                        f"--ServerApp.root_dir={root}",
+                        "--LabApp.expose_app_in_browser=True",
+                        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                        "--allow-root",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                    cwd=root,
+                )
+            lab = Lab(root, f"http://127.0.0.1:{port}", token, log)
+            if _wait_until_serving(lab, proc):
+                break
+            if "already in use" not in log.read_text(errors="replace"):
                 raise RuntimeError(f"jupyter lab did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
+        else:
+            raise RuntimeError(f"jupyter lab found no free port in 5 attempts:\n{log.read_text()[-3000:]}")
         yield lab
     finally:
-        proc.terminate()
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_until_serving(lab: Lab, proc: subprocess.Popen, timeout_s: float = 180) -> bool:
+    """True once ``lab`` answers api/status with our token; False if the process exited
+    (its port was taken); raises if neither happens within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
+            if lab.api("api/status")[0] == 200:
+                return True
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            return False
+        if time.monotonic() > deadline:
             proc.kill()
+            raise RuntimeError(f"jupyter lab did not answer within {timeout_s:.0f} s:\n{lab.log.read_text()[-3000:]}")
+        time.sleep(0.3)
 
 
 @contextmanager
@@ -147,6 +174,17 @@ def chromium_page(artifacts: Path):
         finally:
             context.close()
             shutil.rmtree(profile, ignore_errors=True)
+
+
+def record_figures(name: str, figures: dict) -> Path:
+    """Write what a browser test measured to test-artifacts/NAME.json (ignored by git; the
+    benchmarks show it beside their own rows). Measured, never asserted."""
+    from conftest import ARTIFACTS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "when": time.strftime("%Y-%m-%d %H:%M:%S"), **figures}, indent=1))
+    return path
 
 
 def training_cells(flags: str) -> list[str]:

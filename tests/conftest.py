@@ -1,10 +1,26 @@
-"""Shared fixtures: a real IPython shell, a private job home, and the no-orphan check."""
+"""Shared fixtures: a real IPython shell, a private job home, and the no-leftover check.
+
+Every test runs with ``NOTEBOOK_ELASTIC_TEST_ID=<unique>`` and a private ``TMPDIR`` in its
+environment. Every process the test causes inherits both: jobs (supervisor, agents, zygotes,
+workers), the fake kubelet's pods (it passes them through), JupyterLab and its kernels,
+nbclient kernels. After the test, the process table is scanned for the marker: what is still
+there after a grace period long enough for a correct but slow cleanup on a loaded 2-core
+machine is printed, SIGKILLed (also when the test failed) and fails the test. Zygote sockets
+left in the test's temp folder or fixture folders are listed (and fail the test with
+NOTEBOOK_ELASTIC_STRICT_SOCKETS=1; see STRICT_SOCKETS).
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
+import secrets
+import shutil
+import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,6 +28,189 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
+
+TEST_ID_ENV = "NOTEBOOK_ELASTIC_TEST_ID"  # tests/k8s_apiserver.py's kubelet passes it to pods
+LEFTOVER_GRACE_S = 60.0  # a correct cleanup on 2 loaded cores can take this long; polled, not slept
+SYSTEM_TMP = tempfile.gettempdir()
+# Zygote sockets still leak in a few paths (a standby or SIGKILLed agent's zygote; issue #15):
+# they are listed after every test and fail it only with NOTEBOOK_ELASTIC_STRICT_SOCKETS=1,
+# which becomes the default once the leak is fixed.
+STRICT_SOCKETS = (
+    os.environ.get("NOTEBOOK_ELASTIC_STRICT_SOCKETS") == "1"
+)  # cached now: this process keeps the real temp folder
+_test_numbers = itertools.count()
+
+
+# --- the process table ---------------------------------------------------------------
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:  # the process is gone (or not ours to read): never exists()-then-open()
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, waiting for its parent to reap it, does not)."""
+    raw = _read(f"/proc/{pid}/stat")
+    if raw is None:
+        return False
+    return raw.rsplit(b")", 1)[1].split()[0] != b"Z"  # the name in (...) may hold spaces
+
+
+def cmdline(pid: int) -> str:
+    raw = _read(f"/proc/{pid}/cmdline")
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip() if raw else "?"
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """Live processes (not this one) whose environment holds exactly ``KEY=VALUE`` ``entry``."""
+    needle = b"\0" + entry.encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        env = _read(f"/proc/{name}/environ")
+        if env and needle in b"\0" + env + (b"" if env.endswith(b"\0") else b"\0") and pid_alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+def wait_until_gone(find, grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
+    """Poll ``find()`` until it returns nothing (at once when clean) or ``grace_s`` passes;
+    return what is left then."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        found = find()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def kill_all(find) -> None:
+    """SIGSTOP everything ``find()`` returns (nothing can respawn a child any more), then
+    SIGKILL it, until nothing is found."""
+    for _ in range(20):
+        pids = find()
+        if not pids:
+            return
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        time.sleep(0.1)
+
+
+def job_processes(home: Path, grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
+    """Live processes of the jobs under ``home`` (supervisors, agents, zygotes, workers: they
+    carry their job folder in their environment), after waiting up to ``grace_s`` for them to
+    exit; ``[]`` as soon as there are none."""
+    prefix = f"NOTEBOOK_ELASTIC_JOB_DIR={home}{os.sep}".encode()
+
+    def find() -> list[int]:
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            env = _read(f"/proc/{name}/environ")
+            if env and any(item.startswith(prefix) for item in env.split(b"\0")) and pid_alive(int(name)):
+                found.append(int(name))
+        return found
+
+    return wait_until_gone(find, grace_s)
+
+
+# --- leftover sockets --------------------------------------------------------------------
+
+
+def stray_sockets(*folders: Path | str | None) -> list[str]:
+    """Unix sockets under ``folders`` (zygote sockets live in the temp folder or, later, in
+    the job folder): a socket whose server exited cleanly has been removed."""
+    found = []
+    for folder in folders:
+        if folder is None or not os.path.isdir(folder):
+            continue
+        for root, _dirs, files in os.walk(folder):
+            for name in files:
+                path = os.path.join(root, name)
+                try:
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        found.append(path)
+                except OSError:
+                    pass
+    return sorted(set(found))
+
+
+# --- fixtures ----------------------------------------------------------------------------
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "leaves_sockets(reason): the test knowingly leaves zygote sockets behind (the check tells, not fails)",
+    )
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        item._ne_failed = True  # the leftover check then kills at once instead of waiting
+    return report
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(request):
+    """The marker, a private TMPDIR, and after the test the check that nothing is left."""
+    test_id = f"{os.getpid()}-{next(_test_numbers)}-{secrets.token_hex(4)}"
+    tmp = tempfile.mkdtemp(prefix="ne-t-", dir=SYSTEM_TMP)  # short: Unix socket paths are <= 107 bytes
+    saved = {key: os.environ.get(key) for key in (TEST_ID_ENV, "TMPDIR")}
+    os.environ[TEST_ID_ENV] = test_id
+    os.environ["TMPDIR"] = tmp
+    try:
+        yield test_id
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        problems = _check_and_clean(request, test_id, tmp)
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+def _check_and_clean(request, test_id: str, tmp: str) -> list[str]:
+    def find() -> list[int]:
+        return processes_with_env(f"{TEST_ID_ENV}={test_id}")
+
+    failed = getattr(request.node, "_ne_failed", False)
+    left = wait_until_gone(find, 0 if failed else LEFTOVER_GRACE_S)
+    problems = []
+    if left:
+        listing = "\n".join(f"  {pid}: {cmdline(pid)[:300]}" for pid in left)
+        # Printed also when the test failed anyway: a job it never stopped is killed, not kept.
+        print(f"processes left behind by {request.node.nodeid} (killed):\n{listing}", file=sys.stderr)
+        if not failed:
+            problems.append(f"{len(left)} process(es) left behind {LEFTOVER_GRACE_S:.0f} s after the test:\n{listing}")
+    kill_all(find)
+    folders = [tmp] + [request.node.funcargs.get(name) for name in ("home", "tmp_path")]
+    sockets = stray_sockets(*folders)
+    known = request.node.get_closest_marker("leaves_sockets")
+    if sockets and known:  # declared by the test, with the reason: told, not failed
+        print(f"sockets left behind, as declared ({known.args[0]}):\n  " + "\n  ".join(sockets), file=sys.stderr)
+    elif sockets and not left and not failed:  # a SIGKILLed zygote cannot clean up: told above
+        message = "sockets left behind (a zygote that did not clean up?):\n  " + "\n  ".join(sockets)
+        if STRICT_SOCKETS:
+            problems.append(message)
+        else:  # a known package leak (issue #15): told on every test until it is fixed, then strict
+            print(message, file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return problems
 
 
 @pytest.fixture(scope="session")
@@ -44,41 +243,10 @@ def run_cells(shell, *cells: str) -> None:
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    """A private NOTEBOOK_ELASTIC_HOME, checked for leftover processes afterwards."""
+    """A private NOTEBOOK_ELASTIC_HOME (the leftover check covers its jobs' processes)."""
     path = tmp_path / "ne-home"
     monkeypatch.setenv("NOTEBOOK_ELASTIC_HOME", str(path))
-    yield path
-    leftovers = job_processes(path)
-    for pid in leftovers:
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
-    assert not leftovers, f"processes left behind by the test: {leftovers}"
-
-
-def job_processes(home: Path) -> list[int]:
-    """Live processes whose environment points into ``home`` (job supervisors, agents, workers)."""
-    marker = f"={home}".encode()
-    found = []
-    deadline = time.monotonic() + 10
-    while True:
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read()
-                with open(f"/proc/{entry}/stat") as f:
-                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-            except OSError:
-                continue
-            if b"NOTEBOOK_ELASTIC_JOB_DIR" + marker in env and not zombie:
-                found.append(int(entry))
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
+    return path
 
 
 def python(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

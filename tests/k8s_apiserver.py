@@ -895,7 +895,9 @@ class FakeCluster:
             "HOME": os.environ.get("HOME", "/root"),
             "HOSTNAME": pod["metadata"]["name"],
         }
-        for key in ("NOTEBOOK_ELASTIC_TEST_MARKER", "LANG", "TMPDIR"):
+        # The test marker (tests/conftest.py: the leftover check finds pods by it) and the test's
+        # private temp folder (where zygote sockets go) reach every pod.
+        for key in ("NOTEBOOK_ELASTIC_TEST_ID", "LANG", "TMPDIR"):
             if key in os.environ:
                 env[key] = os.environ[key]
         for item in container.get("env", []):

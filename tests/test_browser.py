@@ -4,17 +4,14 @@ A notebook runs a %%elastic_train cell on the local backend; the page must show 
 gaining points, follow a move of the replica-range slider with a new world size, and stop
 the job from its Stop button, with zero console errors. Screenshots go to
 test-artifacts/; the report()-to-chart latency seen on the page goes to
-benchmarks/results/dashboard_browser.json (measured, not asserted).
+test-artifacts/dashboard_browser.json (measured, not asserted; benchmarks/dashboard.py shows it).
 """
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
-from browser import chromium_page, jupyter_lab, require_chromium, training_cells, write_notebook
-from conftest import ARTIFACTS, REPO, job_processes
+from browser import chromium_page, jupyter_lab, record_figures, require_chromium, training_cells, write_notebook
+from conftest import ARTIFACTS, job_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -105,19 +102,13 @@ def test_dashboard_in_jupyterlab(tmp_path):
     assert errors == [], errors
     lat = sorted(latency)
     if lat:
-        results = REPO / "benchmarks" / "results"
-        results.mkdir(exist_ok=True)
-        (results / "dashboard_browser.json").write_text(
-            json.dumps(
-                {
-                    "benchmark": "dashboard_browser",
-                    "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "what": "time from report() in the worker to the chart's SVG in the page (JupyterLab, Chromium)",
-                    "samples": len(lat),
-                    "p50_ms": round(lat[len(lat) // 2] * 1000, 1),
-                    "p95_ms": round(lat[int(0.95 * (len(lat) - 1))] * 1000, 1),
-                    "target_p95_ms": 500,
-                },
-                indent=1,
-            )
+        record_figures(
+            "dashboard_browser",
+            {
+                "what": "time from report() in the worker to the chart's SVG in the page (JupyterLab, Chromium)",
+                "samples": len(lat),
+                "p50_ms": round(lat[len(lat) // 2] * 1000, 1),
+                "p95_ms": round(lat[int(0.95 * (len(lat) - 1))] * 1000, 1),
+                "target_p95_ms": 500,
+            },
         )

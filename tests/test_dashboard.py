@@ -152,15 +152,13 @@ def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
         wait_for(lambda: 'data-kind="restart"' in dash.timeline.value, "the restart in the timeline")
         wait_for(lambda: "killed rank" in dash.message.value, "the drill's result")
 
-        # Updates are throttled: at most 4 renders a second whatever the event rate.
-        r0, t0 = dash.renders, time.monotonic()
-        time.sleep(3)
-        assert dash.renders - r0 <= 4 * (time.monotonic() - t0) + 2
+        # (Renders are throttled to at most 4 a second: benchmarks/dashboard.py measures it.)
 
-        # Closing the view does not stop the job.
+        # Closing the view does not stop the job: it goes on training.
         dash.close()
-        time.sleep(0.5)
-        assert not job.finished
+        closed_at = job.state.step
+        wait_for(lambda: job.finished or job.state.step >= closed_at + 10, "ten more steps after closing the view")
+        assert not job.finished, job.summary()
         dash = Dashboard(job)
         # Stop asks once, then stops.
         dash.stop_button.click()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TEST_ID_ENV, cmdline, processes_with_env
 from k8s_apiserver import FakeCluster
 
 import notebook_elastic as ne
@@ -79,7 +80,7 @@ def wait_for(job, predicate, what, timeout=180):
         time.sleep(0.1)
 
 
-def test_spot_story_on_the_fake_cluster(cluster):
+def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
     """Launch 1:3 on 2 GPU slots; a worker pod is reclaimed mid-training and the job goes on;
     scaling to 3 waits Pending (insufficient GPUs) until a slot frees up; stop leaves nothing."""
     job = ne.launch(
@@ -97,12 +98,15 @@ def test_spot_story_on_the_fake_cluster(cluster):
     wait_for(
         job, lambda: job.world_size == 2 and job.state.step is not None and job.state.step >= 10, "two pods training"
     )
-    joined = [e.node for e in job.events if e.kind == Kind.NODE_JOINED]
-    assert len(joined) == 2 and all(n.startswith("spot-workers-") for n in joined)
+    joined = {e.node for e in job.events if e.kind == Kind.NODE_JOINED}
+    assert len(joined) >= 2 and {n.split("-")[2] for n in joined} >= {"0", "1"}, joined  # spot-workers-INDEX-xxxxx
+    # The pods are real processes that carry the test's marker (the leftover check finds them).
+    pods = processes_with_env(f"{TEST_ID_ENV}={no_leftovers}")
+    assert any("notebook_elastic" in cmdline(p) or "torch" in cmdline(p) for p in pods), [cmdline(p) for p in pods]
     rdzv_before = cluster.get("pods", "spot-rdzv")["metadata"]["uid"]
 
     # A spot interruption: the scheduler reclaims one worker pod.
-    victim = joined[0]
+    victim = job.nodes[0]
     step_before = job.state.step
     cluster.preempt(victim)
     wait_for(
@@ -118,7 +122,7 @@ def test_spot_story_on_the_fake_cluster(cluster):
         lambda: (
             job.status == "running"
             and job.world_size == 2
-            and len({e.node for e in job.events if e.kind == Kind.NODE_JOINED}) == 3
+            and {e.node for e in job.events if e.kind == Kind.NODE_JOINED} - joined  # a new pod joined
             and any(e.kind == Kind.RESUMED for e in job.events)
         ),
         "the replacement pod",
@@ -176,14 +180,14 @@ def test_a_finished_job_succeeds_and_logs_survive_dropped_connections(cluster):
     wait_for(job, lambda: job.state.step is not None and job.state.step >= 20, "training")
     dropped = cluster.drop_streams()
     assert dropped >= 3  # the pod watch and both log streams
-    time.sleep(1)
+    wait_for(job, lambda: len(cluster.streams) >= 3 or job.finished, "the follower to open its streams again")
     cluster.drop_streams()
     assert job.wait(240) == "succeeded", job.summary()
     reports = {}
     for point in zip(job.metrics["gen"].steps, job.metrics["gen"].values):
         reports.setdefault(point, 0)
         reports[point] += 1
-    assert all(count == 1 for count in reports.values()), "a log line was delivered twice"
+    assert reports and max(reports.values()) == 1, "a log line was delivered twice"
     assert sorted({int(s) for s, _ in reports}) == list(range(120)), "a log line was lost"
     left = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert set(left.values()) == {"finished"}, "\n".join(
@@ -370,8 +374,13 @@ def test_the_readme_role_is_enough_and_events_are_optional(cluster):
     job.preempt_node()
     wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT for e in job.events), "the preemption")
     assert [j.name for j in ne.jobs("kubernetes")] == ["least"]
+    attached_at = job.state.step
     again = ne.attach("least", backend="kubernetes")
-    wait_for(again, lambda: again.state.step is not None, "the re-attached job's history")
+    wait_for(
+        again,
+        lambda: any(e.kind == Kind.JOB_SUBMITTED for e in again.events) and (again.state.step or 0) > attached_at,
+        "the re-attached job's history, then live steps",
+    )
     again.detach()
     job.stop()
     deadline = time.monotonic() + 60
@@ -395,15 +404,25 @@ def test_the_readme_role_is_enough_and_events_are_optional(cluster):
     job.stop()
 
 
+BUGGY = """
+model = torch.nn.Linear(4, 1)
+state = elastic.State(model=model)
+for step in state.steps(TOTAL):
+    if step == 3:
+        1 / 0
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    time.sleep(0.05)
+"""
+
+
 def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
     """A deterministic error: each pod's agent spends its restarts, then the Job fails at
     once (podFailurePolicy FailJob on our agent's exit status) instead of replacing pods
     that would fail the same way; the reason names the rank and the error; the finished
     job's rendezvous pod is released."""
-    buggy = TRAIN.replace("    state.commit()\n", "    if step == 3:\n        1 / 0\n    state.commit()\n")
-    assert "1 / 0" in buggy
     job = ne.launch(
-        buggy,
+        BUGGY,
         backend="kubernetes",
         nnodes="1:2",
         nodes=2,

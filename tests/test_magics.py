@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import job_processes, run_cells
+from conftest import job_processes, run_cells, torchrun
 from IPython.core.error import UsageError
 
 CELL = "print('training')\n"
@@ -106,14 +106,20 @@ def test_dry_run_prints_manifest_and_script(shell, home, capsys):
     assert not (home / "jobs").exists()
 
 
-def test_export_writes_script_and_payload(shell, home, tmp_path, capsys):
-    run_cells(shell, "import torch\nweights = torch.ones(3)")
+@pytest.mark.slow  # runs the export under a real torchrun
+def test_export_writes_script_and_payload_that_torchrun_runs(shell, home, tmp_path, capsys):
+    run_cells(shell, "import torch\nweights = torch.ones(3) * 2")
     target = tmp_path / "exported" / "train.py"
     target.parent.mkdir()
-    shell.run_cell_magic("elastic_train", f"--export {target}", "print(weights.sum().item())\n")
+    shell.run_cell_magic("elastic_train", f"--export {target}", "print('sum', weights.sum().item())\n")
     assert target.exists() and (target.parent / "train.payload.pkl").exists()
     assert "torchrun --nproc-per-node 1" in capsys.readouterr().out
     assert not (home / "jobs").exists()
+    # What it prints is what it does: torchrun runs the script, from another folder, with
+    # nothing but the payload beside it.
+    done = torchrun("--standalone", "--nproc-per-node", "1", str(target), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sum 6.0" in done.stdout.splitlines(), done.stdout[-2000:]
 
 
 @pytest.mark.slow
@@ -137,12 +143,14 @@ def test_job_magics_launch_list_attach_and_stop(shell, home, capsys):
         time.sleep(0.1)
     listed = shell.run_line_magic("elastic_jobs", "")
     assert "magic-job" in repr(listed) and "running" in repr(listed)
+    attached_at = job.state.step
     again = shell.run_line_magic("elastic_attach", "magic-job")
-    deadline = time.monotonic() + 30
-    while again.state.step is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
     assert again.name == "magic-job" and again is not job
+    # It replays the history (from the submission on) and then follows the live job.
+    deadline = time.monotonic() + 90
+    while not (any(e.kind == "job_submitted" for e in again.events) and (again.state.step or 0) > attached_at):
+        assert time.monotonic() < deadline, again.summary()
+        time.sleep(0.1)
     shell.run_line_magic("elastic_stop", "magic-job")
     assert "magic-job: stopped" in capsys.readouterr().out
     assert job.wait(30) == "stopped"

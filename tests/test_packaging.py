@@ -8,13 +8,14 @@ payload to disk and executes it in a new interpreter, checking what it prints.
 from __future__ import annotations
 
 import json
-import sys
+import re
 
 import pytest
 from conftest import python, run_cells, torchrun
 
 from notebook_elastic.errors import PackagingError
 from notebook_elastic.packaging import NotebookContext, package_cell
+from notebook_elastic.packaging.render import human_bytes
 
 
 def build(shell, cell: str, **kwargs):
@@ -381,8 +382,11 @@ def test_manifest_lists_sources_and_sizes(shell):
     run_cells(shell, "import torch", "w = torch.zeros(1000)", "def f():\n    return w.sum()")
     bundle = build(shell, "print(f())")
     table = bundle.manifest.format()
-    assert "w" in table and "value" in table and "cell [2]" in table and "4.3 KiB" in table
-    assert "def f()" in table and "cell [3]" in table
+    rows = {r[0]: r for r in (re.split(r"\s{2,}", line.strip()) for line in table.splitlines()[2:])}
+    w = next(i for i in bundle.manifest.items if i.name == "w")
+    assert 4000 <= w.size < 5000  # 1000 float32s, pickled
+    assert rows["w"] == ["w", "value", "cell [2]", human_bytes(w.size), "Tensor[float32, 1000]"], table
+    assert rows["f"] == ["f", "function", "cell [3]", "def f()"], table
     data = bundle.manifest.to_json()
     assert json.loads(json.dumps(data))["payload_bytes"] == bundle.manifest.payload_bytes
 
@@ -426,8 +430,7 @@ def test_the_runtime_imports_nothing_from_the_notebook_side():
         "print(bad)",
         cwd=__import__("pathlib").Path("/"),
     )
-    assert done.stdout.strip() == "[]", done.stderr
-    assert sys.modules  # the check above ran in a fresh interpreter
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 def test_a_notebook_main_of_its_own_is_not_hidden_by_the_cells_wrapper(shell, tmp_path):

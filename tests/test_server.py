@@ -3,6 +3,7 @@ folders made by real local jobs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -44,22 +45,34 @@ async def get_json(jp_fetch, *path, **params):
     return json.loads(response.body)
 
 
+async def poll_json(jp_fetch, predicate, what, *path, timeout=120, **params):
+    """GET until ``predicate(reply)`` holds; fail only when it never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = await get_json(jp_fetch, *path, **params)
+        if predicate(reply):
+            return reply
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {reply}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.slow  # two real jobs
 async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
     assert (await get_json(jp_fetch, "jobs"))["jobs"] == []
 
     done = ne.launch(TRAIN, nnodes="1", name="finished-one", user_ns=ns(8))
     live = ne.launch(TRAIN, nnodes="1:2", name="live-one", user_ns=ns(100_000))
     assert done.wait(120) == "succeeded"
-    deadline = time.monotonic() + 60
-    while live.state.step is None or live.state.step < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    time.sleep(0.6)  # status.json is rewritten at most 4 times a second
     damaged = home / "jobs" / "broken-one"
     damaged.mkdir()
     (damaged / "spec.json").write_text("{not json")
 
-    reply = await get_json(jp_fetch, "jobs")
+    def settled(reply):  # status.json is rewritten at most 4 times a second: wait for it
+        jobs = {j["name"]: j for j in reply["jobs"]}
+        live_one = jobs.get("live-one") or {}
+        return live_one.get("status") == "running" and (live_one.get("step") or 0) >= 3
+
+    reply = await poll_json(jp_fetch, settled, "live-one running at step 3", "jobs")
     jobs = {j["name"]: j for j in reply["jobs"]}
     assert set(jobs) == {"finished-one", "live-one", "broken-one"}
     assert jobs["finished-one"]["status"] == "succeeded" and jobs["finished-one"]["step"] == 7
@@ -74,18 +87,31 @@ async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
     assert jobs["live-one"]["waiting"] is None
     assert [t["status"] for t in jobs["finished-one"]["transitions"]][-2:] == ["running", "succeeded"]
     assert jobs["broken-one"]["status"] == "damaged" and "spec.json is unreadable" in jobs["broken-one"]["damaged"]
-    assert reply["server_ms"] < 1000
+    assert isinstance(reply["server_ms"], (int, float))  # its speed: benchmarks/jobs_panel.py
 
     first = await get_json(jp_fetch, "jobs", "live-one", "events", since="0")
     kinds = [e["kind"] for e in first["events"]]
     assert kinds[0] == "job_submitted" and "worker_started" in kinds and "metric" not in kinds
-    again = await get_json(jp_fetch, "jobs", "live-one", "events", since=str(first["next"]), all="1")
-    assert all(e["kind"] != "job_submitted" for e in again["events"])  # only what came after the cursor
+    upto = await get_json(jp_fetch, "jobs", "live-one", "events", since="0", all="1")
+    again = await poll_json(
+        jp_fetch,
+        lambda r: r["events"],
+        "events after the cursor",
+        "jobs",
+        "live-one",
+        "events",
+        since=str(upto["next"]),
+        all="1",
+    )
+    seen = {json.dumps(e, sort_keys=True) for e in upto["events"]}
+    assert not [e for e in again["events"] if json.dumps(e, sort_keys=True) in seen]  # only what came after
+    assert "job_submitted" not in [e["kind"] for e in again["events"]]
 
     stopped = json.loads(
         (await jp_fetch("notebook-elastic", "api", "jobs", "live-one", "stop", method="POST", body="{}")).body
     )
     assert stopped == {"name": "live-one", "status": "stopped"}
+    assert live.wait(60) == "stopped"  # the notebook's handle sees the panel's stop
     assert job_processes(home) == []
     again = json.loads(
         (await jp_fetch("notebook-elastic", "api", "jobs", "live-one", "stop", method="POST", body="{}")).body

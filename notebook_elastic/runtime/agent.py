@@ -142,10 +142,12 @@ def _failed_because_a_peer_left(result) -> list:  # type: ignore[no-untyped-def]
         if code == protocol.EXIT_PEER_LOST or (watch_ended_them and code == -signal.SIGKILL):
             continue
         return []  # a worker's own failure: charged, as torchrun does
+    # A leaving peer takes itself out of the round once its own workers are stopped, which on
+    # a loaded machine can take a while; a dead one is dropped when its heartbeat expires.
     settings = getattr(_watch.handler, "_settings", None)
-    grace_s = 1.0
+    grace_s = 2.0
     if settings is not None:
-        grace_s += settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+        grace_s += 2 * settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
     return failures if _round_lost_a_member(grace_s) else []
 
 
