@@ -100,6 +100,14 @@ def job_variable(namespace: dict[str, Any], name: str) -> str | None:
 _UNBOUND = object()
 
 
+def _names(line: str, magic: str) -> list[str]:
+    """A line magic's ``NAME [BACKEND]``, or the usage sentence."""
+    parts = shlex.split(line)
+    if not parts:
+        raise UsageError(f"usage: %{magic} NAME (see %elastic_jobs for names)")
+    return parts
+
+
 def _stop_quietly(runner: Any, name: str) -> None:
     try:
         runner.cancel(name)
@@ -386,9 +394,7 @@ class ElasticMagics(Magics):
     @_errors_as_usage
     def elastic_attach(self, line: str) -> Any:
         """%elastic_attach NAME [BACKEND]: re-open a job's dashboard and replay its history."""
-        parts = shlex.split(line)
-        if not parts:
-            raise UsageError("usage: %elastic_attach NAME (see %elastic_jobs for names)")
+        parts = _names(line, "elastic_attach")
         var = job_variable(self.shell.user_ns, parts[0])
         job = attach(parts[0], *(parts[1:2] or ["local"]))
         if var:
@@ -399,9 +405,7 @@ class ElasticMagics(Magics):
     @_errors_as_usage
     def elastic_resume(self, line: str) -> Any:
         """%elastic_resume NAME: continue a lost, failed or stopped job from its latest checkpoint."""
-        parts = shlex.split(line)
-        if not parts:
-            raise UsageError("usage: %elastic_resume NAME (see %elastic_jobs for names)")
+        parts = _names(line, "elastic_resume")
         var = job_variable(self.shell.user_ns, parts[0])
         job = attach(parts[0])
         job.resume()
@@ -413,9 +417,7 @@ class ElasticMagics(Magics):
     @_errors_as_usage
     def elastic_stop(self, line: str) -> None:
         """%elastic_stop NAME [BACKEND]: stop a job and every process or pod it started."""
-        parts = shlex.split(line)
-        if not parts:
-            raise UsageError("usage: %elastic_stop NAME (see %elastic_jobs for names)")
+        parts = _names(line, "elastic_stop")
         from .backends import get_backend
 
         runner = get_backend(parts[1] if len(parts) > 1 else "local")

@@ -148,33 +148,9 @@ class LocalBackend(Backend):
     def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:
         env = dict(os.environ)
         env[protocol.ENV_JOB_DIR] = str(folder.path)
-        module = [sys.executable, "-m", "notebook_elastic.backends.local.supervisor", "--detach"]
-        log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
-        try:
-            proc = subprocess.Popen(
-                [*module, *(["--resume"] if resume else []), str(folder.path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=str(folder.path),
-                start_new_session=True,
-            )
-        finally:
-            os.close(log)
-        proc.wait()  # the detaching parent exits at once
+        _detach(folder, env, "supervisor", *(["--resume"] if resume else []))
         if not folder.guardian_alive():
-            guardian = [sys.executable, "-m", "notebook_elastic.backends.local.guardian", "--detach", str(folder.path)]
-            with open(folder.supervisor_log, "ab") as log:
-                subprocess.Popen(
-                    guardian,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=str(folder.path),
-                    start_new_session=True,
-                ).wait()
+            _detach(folder, env, "guardian")
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:
@@ -405,6 +381,24 @@ class LocalBackend(Backend):
                 stop.wait(FOLLOW_POLL_S)
         finally:
             f.close()
+
+
+def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
+    """Start ``python -m notebook_elastic.backends.local.MODULE --detach [options] FOLDER`` in a
+    session of its own, logging to supervisor.log; returns once its short-lived parent exited."""
+    log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", f"notebook_elastic.backends.local.{module}", "--detach", *options, str(folder.path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(folder.path),
+            start_new_session=True,
+        ).wait()  # the detaching parent exits at once
+    finally:
+        os.close(log)
 
 
 def _rotated(path: Path, f: Any) -> bool:
