@@ -69,10 +69,12 @@ def supervisor_death(name: str) -> tuple[float, int]:
         died_at = job.state.step
         os.kill(folder.supervisor()["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        wait(lambda: any(e.kind == Kind.JOB_RESUMED for e in job.events))
+        wait(lambda: any(e.kind == Kind.RESUMED and e.get("generation", 0) >= 1_000_000 for e in job.events))
         wait(training_after(job, died_at))
         back = time.monotonic() - killed
-        resumed = [e for e in job.events if e.kind == Kind.RESUMED][-1].get("step")
+        resumed = [e for e in job.events if e.kind == Kind.RESUMED and e.get("generation", 0) >= 1_000_000][0].get(
+            "step"
+        )
         return back, max(0, died_at + 1 - resumed)
     finally:
         job.stop()

@@ -371,11 +371,14 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
     os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9
     killed_at, died_at = time.monotonic(), job.state.step
     wait_for(job, lambda: any(e.kind == Kind.JOB_RESUMED for e in job.events), "the guardian's recovery")
-    wait_for(job, lambda: job.status == "running" and job.state.step > died_at, "training again")
+    # The new supervisor's groups are a rendezvous epoch above the old ones; the old workers'
+    # last reports may still be on their way to this handle, so wait for the new group's restore.
+    restored = lambda: [e for e in job.events if e.kind == Kind.RESUMED and e.get("generation", 0) >= 1_000_000]  # noqa: E731
+    wait_for(job, lambda: restored() and job.status == "running" and job.state.step > died_at, "training again")
     print(f"supervisor SIGKILL -> training again: {time.monotonic() - killed_at:.1f} s")
     recovering = next(e for e in job.events if e.kind == Kind.RECOVERING)
     assert "its supervisor died; resuming from the latest checkpoint (recovery 1/3)" in recovering.describe()
-    resumed = [e for e in job.events if e.kind == Kind.RESUMED][-1]
+    resumed = restored()[0]
     # Every step the notebook saw reported was committed first (report after commit): none of
     # them is run again. (The workers may have gone further than the notebook saw.)
     assert resumed.get("step") >= died_at + 1
@@ -530,7 +533,11 @@ def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_th
     from notebook_elastic.ui.render import header_html
 
     assert 'class="ne-stall"' in header_html("frozen", "local", job.state)
-    assert LocalBackend().describe("frozen").summary["stall"]["stopped"] == [1]
+    wait_for(  # status.json (the panel, jobs()) follows within its 0.25 s rewrite
+        job,
+        lambda: (LocalBackend().describe("frozen").summary.get("stall") or {}).get("stopped") == [1],
+        "the stall in the job's summary",
+    )
     os.kill(worker_pid(job, 1), signal.SIGCONT)
     wait_for(job, lambda: job.state.stall is None and any(e.kind == Kind.STALL_CLEARED for e in job.events), "cleared")
     wait_for(job, at_step(job, job.state.step + 3), "training again")

@@ -132,15 +132,19 @@ def _round_lost_a_member(grace_s: float) -> bool:
 
 
 def _failed_because_a_peer_left(result) -> list:  # type: ignore[no-untyped-def]
-    """The failures, if every one of them is a departure's symptom and a member really left."""
+    """The failures, if they are a departure's doing: one of them at least is a departure's
+    symptom (a worker that says its collective broke because a peer left, or that the watch
+    ended) and the round has really lost a member. A sibling that failed some other way in
+    the same moment (gloo words it differently under load) goes with it; a bug of the user's
+    comes back in the next round and is charged there."""
     failures = list(getattr(result, "failures", {}).values())
-    if not failures:
-        return []
     watch_ended_them = _watch.killed_round is not None and _watch.killed_round == _watch.latest[0]
-    for failure in failures:
-        code = failure.exitcode
-        if code == protocol.EXIT_PEER_LOST or (watch_ended_them and code == -signal.SIGKILL):
-            continue
+    symptoms = [
+        f
+        for f in failures
+        if f.exitcode == protocol.EXIT_PEER_LOST or (watch_ended_them and f.exitcode == -signal.SIGKILL)
+    ]
+    if not symptoms:
         return []  # a worker's own failure: charged, as torchrun does
     # A leaving peer takes itself out of the round once its own workers are stopped, which on
     # a loaded machine can take a while; a dead one is dropped when its heartbeat expires.
