@@ -191,22 +191,10 @@ class JobSpec:
             raise SpecError(
                 f"--monitor-interval {monitor} must be between 0 and 60 seconds (torchrun's default is 0.1)"
             )
-        try:
-            collective = float(self.collective_timeout_s)
-        except (TypeError, ValueError):
-            raise SpecError(
-                f"--collective-timeout must be a number of seconds, not {self.collective_timeout_s!r}"
-            ) from None
-        if collective < 1:
-            raise SpecError(f"--collective-timeout {collective} must be at least 1 second")
+        collective = _seconds(self.collective_timeout_s, "--collective-timeout")
         stall = self.stall_timeout_s
         if stall is not None:
-            try:
-                stall = float(stall)
-            except (TypeError, ValueError):
-                raise SpecError(f"--stall-timeout must be a number of seconds, not {stall!r}") from None
-            if stall < 1:
-                raise SpecError(f"--stall-timeout {stall} must be at least 1 second (a stall is told after 30 s)")
+            stall = _seconds(stall, "--stall-timeout", " (a stall is told after 30 s)")
         max_payload = _int(self.max_payload_bytes, "max payload size", "67108864")
         if max_payload < 1:
             raise SpecError("the payload size limit must be positive")
@@ -249,6 +237,17 @@ class JobSpec:
         # Names only (see to_json): the values are filled in by whoever holds them.
         kwargs["env"] = {str(k): "" for k in env} if not isinstance(env, Mapping) else dict(env)
         return cls(**kwargs)
+
+
+def _seconds(value: Any, flag: str, why: str = "") -> float:
+    """A timeout of at least 1 second, or a ``SpecError`` naming the flag."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{flag} must be a number of seconds, not {value!r}") from None
+    if seconds < 1:
+        raise SpecError(f"{flag} {seconds} must be at least 1 second{why}")
+    return seconds
 
 
 def check_scale(spec_range: tuple[int, int], nodes: Any) -> int:

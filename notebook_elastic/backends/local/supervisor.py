@@ -207,8 +207,8 @@ class EventSink:
     def _write(self, lines: list[str]) -> None:
         if not lines:
             return
-        data = ("\n" if self.torn else "") + "".join(lines)
-        view = memoryview(data.encode())
+        data = (("\n" if self.torn else "") + "".join(lines)).encode()
+        view = memoryview(data)
         try:
             while view:
                 written = os.write(self.fd, view)
@@ -218,7 +218,7 @@ class EventSink:
             if self.size > self.rotate_bytes:
                 self._rotate()
         except OSError as exc:
-            self.torn = self.torn or len(view) < len(data.encode())
+            self.torn = self.torn or len(view) < len(data)
             self.quiet_until = time.monotonic() + DISK_RETRY_S
             if not self.disk_told:
                 self.disk_told = True
