@@ -276,11 +276,16 @@ def test_the_pytorch_ddp_tutorial_survives_a_live_scale_up(home, notebook_dir):
             "%%elastic_train --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 --name tutorial\n"
             "main(save_every, total_epochs, batch_size)"
         )
-        # As a person would: once the first snapshot is on disk, add a node.
+        # As a person would: once a snapshot past epoch 0 is on disk, add a node. The
+        # tutorial logs an epoch's row before saving its snapshot, so three rows mean the
+        # snapshot of epoch 1 (at least) was written; waiting only for the file raced with
+        # the epoch-0 snapshot, and a resume from epoch 0 proves nothing.
         nb.run(
             """
+            def _epochs_logged():
+                return len(open("train_log.csv").readlines()) if os.path.exists("train_log.csv") else 0
             deadline = time.monotonic() + 180
-            while not (os.path.exists("snapshot.pt") and tutorial.status == "running"):
+            while not (_epochs_logged() >= 3 and tutorial.status == "running"):
                 assert not tutorial.finished and time.monotonic() < deadline, tutorial.summary()
                 time.sleep(0.1)
             tutorial.scale(2)
