@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import BackendError, JobNotFound, SpecError
 from ...events import FINAL_STATUSES, Event
+from ...plan import rdzv_id
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 from . import manifests as m
@@ -54,6 +55,7 @@ class KubernetesBackend(Backend):
         options = self._options(spec)
         run_id = secrets.token_hex(4)
         objects = m.build(spec, bundle, options, run_id=run_id)
+        plan = m.plan_for(spec, options, rdzv_id=rdzv_id(spec.name, run_id, 0), epoch=0)
         namespace = options.namespace or self._namespace or "<the context's namespace>"
         shipped = sorted(getattr(bundle, "modules", {}) or {})
         text = (
@@ -76,6 +78,8 @@ class KubernetesBackend(Backend):
                 else ""
             )
             + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
+            + "# each worker pod runs the launch plan:\n"
+            + "".join(f"#{line}\n" for line in plan.text().splitlines())
             + m.to_yaml(objects)
         )
         return DryRun(
@@ -366,7 +370,7 @@ class KubernetesBackend(Backend):
             {**json.loads((cm.metadata.annotations or {}).get("notebook-elastic.io/options", "{}"))}
         )
         run_id = (cm.metadata.annotations or {}).get(m.ANNOTATION_RUN, "r")
-        new_job = m.workers_job(spec, options, rdzv_id=f"{name}-{run_id}-e{epoch}", epoch=epoch, target=target)
+        new_job = m.workers_job(spec, options, rdzv_id=rdzv_id(name, run_id, epoch), epoch=epoch, target=target)
         # Keep the running job's pod template except for the agent's range and epoch.
         template = conn.api.sanitize_for_serialization(job.spec.template)
         container = template["spec"]["containers"][0]

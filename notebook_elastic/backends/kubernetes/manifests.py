@@ -29,6 +29,8 @@ from typing import Any
 
 from ... import __version__, defaults
 from ...errors import SpecError
+from ...plan import LaunchPlan, Place, launch_plan
+from ...plan import rdzv_id as run_rdzv_id
 from ...runtime import protocol
 from ...runtime.payload import PAYLOAD_SUFFIX
 from .options import DEFAULT_IMAGE, KubernetesOptions
@@ -180,25 +182,39 @@ def code_configmap(
     }
 
 
-def _base_env(spec: Any, options: KubernetesOptions, epoch: int) -> list[dict[str, Any]]:
+def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
+    """A cluster as a launch plan sees it: the store behind the job's Service, the script in
+    the code ConfigMap, each pod advertising its own IP; GPUs are the device plugin's."""
+    return Place(
+        rdzv_endpoint=f"{rdzv_name(spec.name)}:{options.rdzv_port}",
+        local_addr="$(POD_IP)",
+        script=f"{CODE_MOUNT}/{SCRIPT}",
+        join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER,
+        checkpoint_dir=CHECKPOINT_MOUNT,
+        env={
+            # The notebook's own modules (if shipped) import from their zip; a missing entry is harmless.
+            "PYTHONPATH": f"{CODE_MOUNT}/{RUNTIME_ZIP}:{CODE_MOUNT}/{MODULES_ZIP}",
+            protocol.ENV_WORKDIR_FILES: f"{CODE_MOUNT}/{FILES_ZIP}",  # unpacked if shipped
+        },
+    )
+
+
+def plan_for(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int) -> LaunchPlan:
+    return launch_plan(spec, cluster_place(spec, options), rdzv_id=rdzv_id, epoch=epoch)
+
+
+def _env(spec: Any, plan: LaunchPlan) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": protocol.ENV_NODE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": protocol.ENV_JOB, "value": spec.name},
-        {"name": protocol.ENV_CHECKPOINT_DIR, "value": spec.checkpoint_dir or CHECKPOINT_MOUNT},
-        {"name": protocol.ENV_RDZV_EPOCH, "value": str(epoch)},
-        {"name": protocol.ENV_COLLECTIVE_TIMEOUT_S, "value": str(int(spec.collective_timeout_s))},
-        # The notebook's own modules (if shipped) import from their zip; a missing entry is harmless.
-        {"name": "PYTHONPATH", "value": f"{CODE_MOUNT}/{RUNTIME_ZIP}:{CODE_MOUNT}/{MODULES_ZIP}"},
-        {"name": protocol.ENV_WORKDIR_FILES, "value": f"{CODE_MOUNT}/{FILES_ZIP}"},  # unpacked if shipped
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
-        {"name": "LOGLEVEL", "value": "INFO"},
+        *({"name": k, "value": v} for k, v in plan.env.items()),
+        # The run's generations start above any in a reused checkpoint folder (runtime/state.py).
+        {"name": protocol.ENV_RUN, "value": plan.rdzv_id},
     ]
     # The values live in the job's Secret: a pod spec (readable by anyone who may list pods,
     # and kept in the Job object) names them only.
     env += [
-        {"name": k, "valueFrom": {"secretKeyRef": {"name": env_name(spec.name), "key": k}}} for k in sorted(spec.env)
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": env_name(spec.name), "key": k}}} for k in plan.secret_env
     ]
     return env
 
@@ -265,33 +281,6 @@ def rendezvous_service(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
     }
 
 
-def agent_args(spec: Any, options: KubernetesOptions, *, rdzv_id: str) -> list[str]:
-    lo, hi = spec.nnodes
-    conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
-    conf.update(spec.rdzv_conf)
-    return [
-        "--nnodes",
-        f"{lo}:{hi}",
-        "--nproc-per-node",
-        str(spec.nproc_per_node),
-        "--max-restarts",
-        str(spec.max_restarts),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"{rdzv_name(spec.name)}:{options.rdzv_port}",
-        "--rdzv-id",
-        rdzv_id,
-        "--rdzv-conf",
-        ",".join(f"{k}={v}" for k, v in conf.items()),
-        "--monitor-interval",
-        str(spec.monitor_interval_s),
-        "--local-addr",
-        "$(POD_IP)",
-        f"{CODE_MOUNT}/{SCRIPT}",
-    ]
-
-
 def worker_pod_spec(
     spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, restart_policy: str = "Never"
 ) -> dict[str, Any]:
@@ -312,13 +301,13 @@ def worker_pod_spec(
     if options.pvc:
         mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint_dir or CHECKPOINT_MOUNT})
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": options.pvc}})
+    plan = plan_for(spec, options, rdzv_id=rdzv_id, epoch=epoch)
     container: dict[str, Any] = {
         "name": "worker",
         "image": options.image,
-        "command": ["python", "-m", "notebook_elastic.runtime.agent"],
-        "args": agent_args(spec, options, rdzv_id=rdzv_id),
-        # The run's generations start above any in a reused checkpoint folder (runtime/state.py).
-        "env": [*_base_env(spec, options, epoch), {"name": protocol.ENV_RUN, "value": rdzv_id}],
+        "command": list(plan.agent_prefix),
+        "args": list(plan.torchrun_args),
+        "env": _env(spec, plan),
         "volumeMounts": mounts,
     }
     if resources:
@@ -391,9 +380,8 @@ def worker_pod(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
 
 def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
     """A Kubeflow PyTorchJob with an elasticPolicy, pointed at our rendezvous service."""
-    lo, hi = spec.nnodes
-    conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
-    conf.update(spec.rdzv_conf)
+    plan = plan_for(spec, options, rdzv_id=rdzv_id, epoch=epoch)
+    lo, hi = plan.nnodes
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -410,7 +398,7 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
                 "rdzvHost": rdzv_name(spec.name),
                 "rdzvPort": options.rdzv_port,
                 "rdzvId": rdzv_id,
-                "rdzvConf": [{"key": k, "value": v} for k, v in conf.items()],
+                "rdzvConf": [{"key": k, "value": v} for k, v in plan.rdzv_conf.items()],
                 "maxRestarts": spec.max_restarts,
             },
             "nprocPerNode": str(spec.nproc_per_node),
@@ -448,7 +436,7 @@ def build(
     """Every object of the job, in creation order (owner first)."""
     check(spec, options)
     target = spec.initial_nodes if target is None else target
-    rdzv_id = f"{spec.name}-{run_id}-e{epoch}"
+    rdzv_id = run_rdzv_id(spec.name, run_id, epoch)
     objects = [code_configmap(spec, bundle, options, run_id=run_id, epoch=epoch)]
     secret = env_secret(spec)
     if secret is not None:

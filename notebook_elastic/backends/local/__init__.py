@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ... import defaults
-from ...errors import BackendError, JobNotFound, SpecError
+from ...errors import BackendError, JobNotFound
 from ...events import FINAL_STATUSES, Event, Kind
+from ...plan import launch_plan, rdzv_id
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 from . import control
@@ -33,8 +34,8 @@ from .folder import (
     prepare_jobs_root,
     write_json_atomic,
 )
-from .gpus import placement_problem, visible_gpus
 from .history import history_file, parse, read_all
+from .place import local_place, visible_gpus
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
@@ -61,41 +62,21 @@ class LocalBackend(Backend):
 
     def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
         folder = self.folder(spec.name)
-        lo, hi = spec.nnodes
-        problem = placement_problem(hi, spec.nproc_per_node, visible_gpus())
-        if problem:
-            raise SpecError(f"--nnodes {lo}:{hi}: {problem}")
-        conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_LOCAL, is_host=False)
-        conf.update(spec.rdzv_conf)
-        agent = [
-            "python -m notebook_elastic.runtime.agent",
-            f"--nnodes {lo}:{hi}",
-            f"--nproc-per-node {spec.nproc_per_node}",
-            f"--max-restarts {spec.max_restarts}",
-            "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<supervisor's store>",
-            f"--rdzv-conf {','.join(f'{k}={v}' for k, v in conf.items())}",
-            f"--monitor-interval {spec.monitor_interval_s}",
-            f"--log-dir {folder.torchelastic_logs}",
-            str(folder.script),
-        ]
+        place = local_place(spec, folder, gpus=visible_gpus())
+        plan = launch_plan(spec, place, rdzv_id=rdzv_id(spec.name, "<run>", 0))  # refuses a range the GPUs cannot hold
         request = {
             "folder": str(folder.path),
             "files": {"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
             "nodes": spec.initial_nodes,
-            "agent_command": " ".join(agent),
+            "plan": plan.as_dict(),
             "working_directory": spec.backend_options.get("cwd") or os.getcwd(),
-            "environment": {
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or str(folder.checkpoints),
-                **{key: defaults.HIDDEN_VALUE for key in spec.env},
-            },
         }
         text = "\n".join(
             [
                 f"local backend: job folder {folder.path}",
-                f"  supervisor: hosts the rendezvous store, starts {spec.initial_nodes} agent(s) of:",
-                "    " + " \\\n      ".join(agent),
-                f"  checkpoints: {request['environment'][protocol.ENV_CHECKPOINT_DIR]}",
+                f"  a supervisor hosts the rendezvous store and starts {spec.initial_nodes} agent(s):",
+                plan.text(),
+                f"  checkpoints: {plan.env[protocol.ENV_CHECKPOINT_DIR]}",
                 f"  working directory of the workers: {request['working_directory']} (the notebook's folder, on "
                 "their path: relative paths and the notebook's own modules resolve as in the notebook)",
             ]

@@ -39,8 +39,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from ... import defaults
+from ...errors import SpecError
 from ...events import Event, Kind, LineParser
 from ...job_state import JobState, budget_spent_reason, describe_failure
+from ...plan import LaunchPlan, launch_plan, rdzv_id
 from ...runtime import protocol
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
@@ -48,8 +50,8 @@ from ...runtime.store import host_store
 from ...spec import JobSpec
 from .control import listen
 from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
-from .gpus import placement_problem, visible_gpus
 from .history import ROTATE_BYTES, read_all, rotate
+from .place import local_place, visible_gpus
 
 STOP_GRACE_S = 10.0
 #: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
@@ -267,7 +269,7 @@ class Supervisor:
         # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
         newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
         self.epoch = newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0
-        self.rdzv_base = f"{self.spec.name}-{uuid.uuid4().hex[:8]}"
+        self.run_id = uuid.uuid4().hex[:8]
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
         self.returns: list[float] = []  # times at which preempted capacity comes back
@@ -326,62 +328,30 @@ class Supervisor:
 
     # -- agents --------------------------------------------------------------------------
 
-    def _agent_command(self) -> list[str]:
-        lo, hi = self.range
-        conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_LOCAL, is_host=False)
-        conf.update(self.spec.rdzv_conf)
-        return [
-            sys.executable,
-            "-m",
-            "notebook_elastic.runtime.agent",
-            "--nnodes",
-            f"{lo}:{hi}",
-            "--nproc-per-node",
-            str(self.spec.nproc_per_node),
-            "--max-restarts",
-            str(self.spec.max_restarts),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"127.0.0.1:{self.store_port}",
-            "--rdzv-id",
-            f"{self.rdzv_base}-e{self.epoch}",
-            "--rdzv-conf",
-            ",".join(f"{k}={v}" for k, v in conf.items()),
-            "--monitor-interval",
-            str(self.spec.monitor_interval_s),
-            "--local-addr",
-            "127.0.0.1",
-            # torchrun's per-worker error files: in the private job folder, not a
-            # /tmp/torchelastic_* folder left behind by every agent.
-            "--log-dir",
-            str(self.folder.torchelastic_logs),
-            str(self.folder.script),
-        ]  # [3:] are torchrun's own arguments
-
-    def _agent_env(self, name: str, index: int, gpus: list[str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.spec.env)
-        cwd = self.spec.backend_options.get("cwd") or os.getcwd()
-        env.update(
-            {
-                protocol.ENV_JOB: self.spec.name,
-                protocol.ENV_JOB_DIR: str(self.folder.path),
-                protocol.ENV_NODE: name,
-                protocol.ENV_CHECKPOINT_DIR: self.spec.checkpoint_dir or str(self.folder.checkpoints),
-                protocol.ENV_SUPERVISOR_PID: str(os.getpid()),
-                protocol.ENV_RDZV_EPOCH: str(self.epoch),
-                protocol.ENV_FILES_SHA256: json.dumps(self.files_sha256),
-                protocol.ENV_COLLECTIVE_TIMEOUT_S: str(self.spec.collective_timeout_s),
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                "LOGLEVEL": "INFO",
-                "PYTHONUNBUFFERED": "1",
-                # Files the notebook imports from its own folder import the same way here.
-                "PYTHONPATH": os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH", "")) if p),
-            }
+    def _plan(self, nnodes: tuple[int, int] | None = None) -> LaunchPlan:
+        """What the agents of this epoch run (every node is started from it)."""
+        place = local_place(
+            self.spec,
+            self.folder,
+            gpus=self.gpus,
+            store_port=self.store_port,
+            supervisor_pid=os.getpid(),
+            files_sha256=self.files_sha256,
         )
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return launch_plan(
+            self.spec,
+            place,
+            rdzv_id=rdzv_id(self.spec.name, self.run_id, self.epoch),
+            epoch=self.epoch,
+            nnodes=nnodes or self.range,
+            nodes=0,
+        )
+
+    def _agent_env(self, plan: LaunchPlan, node_env: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.env)  # the --env values (from secret.json): the plan only names them
+        env.update(plan.env)
+        env.update(node_env)
         return env
 
     def _take_gpus(self) -> list[str] | None:
@@ -422,13 +392,15 @@ class Supervisor:
             return None
         index = self.next_index
         self.next_index += 1
-        name = f"node-{index}"
-        env = self._agent_env(name, index, gpus)
+        plan = self._plan()
+        node = plan.node(index, gpus)
+        name = node.name
+        env = self._agent_env(plan, dict(node.env))
         spare, self.spare = self.spare, None
         if spare is not None and spare.alive:
             # A warm spare: Python and torch are already imported; tell it who it is.
             node_env = {k: v for k, v in env.items() if os.environ.get(k) != v}
-            order = json.dumps({"env": node_env, "argv": self._agent_command()[3:]}) + "\n"
+            order = json.dumps({"env": node_env, "argv": list(plan.torchrun_args)}) + "\n"
             try:
                 spare.proc.stdin.write(order.encode())  # type: ignore[union-attr]
                 spare.proc.stdin.close()  # type: ignore[union-attr]
@@ -449,7 +421,7 @@ class Supervisor:
             for parser in agent.parsers:
                 parser.node = name
         else:
-            agent = self._spawn(name, self._agent_command(), env)
+            agent = self._spawn(name, list(node.argv), env)
             agent.proc.stdin.close()  # type: ignore[union-attr]
         agent.gpus = gpus
         self.agents[name] = agent
@@ -475,8 +447,9 @@ class Supervisor:
             self.spare = None
             self.spare_retry_at = time.monotonic() + 30  # it died unused: do not respawn in a loop
         if wanted and self.spare is None and time.monotonic() >= self.spare_retry_at:
-            env = self._agent_env("spare", self.next_index)
-            self.spare = self._spawn(f"spare-{self.next_index}", [*self._agent_command()[:3], "--standby"], env)
+            plan = self._plan()
+            env = self._agent_env(plan, {protocol.ENV_NODE: "spare"})
+            self.spare = self._spawn(f"spare-{self.next_index}", [*plan.agent_prefix, "--standby"], env)
         elif not wanted and self.spare is not None:
             self.spare.proc.stdin.close()  # type: ignore[union-attr]
             self.spare = None
@@ -619,9 +592,10 @@ class Supervisor:
             raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
         if (min_nodes, max_nodes) == tuple(self.range):
             return {"target": self.target, "reconfigured": False}
-        problem = placement_problem(max_nodes, self.spec.nproc_per_node, self.gpus)
-        if problem:
-            raise ValueError(f"range {min_nodes}:{max_nodes}: {problem}")
+        try:
+            self._plan((min_nodes, max_nodes))  # refused here, before any agent is stopped
+        except SpecError as e:
+            raise ValueError(str(e).replace("--nnodes", "range", 1)) from None
         self.range = (min_nodes, max_nodes)
         self.target = min(max(self.target, min_nodes), max_nodes)
         # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
