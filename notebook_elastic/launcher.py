@@ -7,10 +7,10 @@ import inspect
 import os
 import sys
 from collections import ChainMap
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import defaults
+from . import options
 from .backends import get_backend
 from .backends.base import Backend, JobInfo
 from .errors import BackendError, JobNotFound, PackagingError, SpecError
@@ -22,42 +22,53 @@ from .spec import JobSpec, new_name, parse_nnodes
 
 def build_spec(
     *,
-    nnodes: str | int | tuple[int, int] = "1:1",
-    nproc_per_node: int = 1,
-    max_restarts: int = defaults.MAX_RESTARTS,
-    backend: str = "local",
-    name: str | None = None,
-    nodes: int | None = None,
-    checkpoint_dir: str | None = None,
-    env: Mapping[str, str] | Iterable[str] | None = None,
-    ship: Iterable[str] = (),
-    monitor_interval_s: float = defaults.MONITOR_INTERVAL_S,
-    rdzv_conf: str | Mapping[str, str] | None = None,
-    collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S,
-    stall_timeout_s: float | None = None,
-    max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES,
     backend_options: Mapping[str, Any] | None = None,
     notebook: str | None = None,
+    **values: Any,
 ) -> JobSpec:
-    """A validated ``JobSpec`` from keyword options (``SpecError`` on the first bad one)."""
+    """A validated ``JobSpec`` from the spec's options (``options.OPTIONS`` with ``goes_to``
+    "spec"), the table's defaults for the rest (``SpecError`` on the first bad one)."""
+    spec_values, k8s, launching = options.split(values, surface="build_spec()")
+    if k8s or launching:
+        raise SpecError(f"build_spec() takes the job's own options, not {', '.join([*k8s, *launching])}")
+    given = {**options.spec_defaults(), **spec_values}
     return JobSpec(
-        name=name or new_name(),
-        nnodes=parse_nnodes(nnodes),
-        nodes=nodes,
-        nproc_per_node=nproc_per_node,
-        max_restarts=max_restarts,
-        backend=backend,
-        checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
-        env=env or {},  # type: ignore[arg-type]
-        monitor_interval_s=monitor_interval_s,
-        rdzv_conf=rdzv_conf or {},  # type: ignore[arg-type]
-        collective_timeout_s=collective_timeout_s,
-        stall_timeout_s=stall_timeout_s,
-        max_payload_bytes=max_payload_bytes,
-        ship=tuple(ship),
+        name=given.get("name") or new_name(),
+        nnodes=parse_nnodes(given["nnodes"]),
+        nodes=given.get("nodes"),
+        nproc_per_node=given["nproc_per_node"],
+        max_restarts=given["max_restarts"],
+        backend=given["backend"],
+        checkpoint_dir=os.path.abspath(os.path.expanduser(given["checkpoint_dir"]))
+        if given.get("checkpoint_dir")
+        else None,
+        env=given.get("env") or {},
+        monitor_interval_s=given["monitor_interval_s"],
+        rdzv_conf=given.get("rdzv_conf") or {},
+        collective_timeout_s=given["collective_timeout_s"],
+        stall_timeout_s=given.get("stall_timeout_s"),
+        max_payload_bytes=given["max_payload_bytes"],
+        ship=tuple(given.get("ship") or ()),
         backend_options=dict(backend_options or {}),
         notebook=notebook,
     ).validated()
+
+
+def spec_from_options(
+    values: Mapping[str, Any], ctx: NotebookContext, *, surface: str, backend_options: Mapping[str, Any] | None = None
+) -> JobSpec:
+    """The spec of a launch from the options given to ``surface`` (the magic or ``launch()``):
+    unknown options, Kubernetes options on the local backend and bad values are refused
+    in one sentence, before anything is packaged."""
+    spec_values, k8s, launching = options.split(values, surface=surface)
+    if launching:
+        raise SpecError(f"{surface}: {', '.join(launching)} say how to launch, not what; pass them apart")
+    extra = kubernetes_options(spec_values.get("backend", "local"), k8s)
+    return build_spec(
+        **spec_values,
+        notebook=ctx.notebook,
+        backend_options={"cwd": ctx.cwd, **extra, **(backend_options or {})},
+    )
 
 
 def bundle_for(
@@ -137,26 +148,6 @@ def check_withheld(bundle: Bundle, spec: JobSpec) -> None:
         )
 
 
-KUBERNETES_KEYWORDS = (
-    "namespace",
-    "context",
-    "image",
-    "gpus",
-    "cpu",
-    "memory",
-    "tolerations",
-    "node_selector",
-    "rdzv_tolerations",
-    "rdzv_node_selector",
-    "priority_class",
-    "service_account",
-    "image_pull_secrets",
-    "pvc",
-    "shm_size",
-    "workload",
-)
-
-
 def backend_for(spec: JobSpec) -> Backend:
     if spec.backend == "kubernetes":
         k8s = spec.backend_options.get("kubernetes") or {}
@@ -164,9 +155,9 @@ def backend_for(spec: JobSpec) -> Backend:
     return get_backend(spec.backend)
 
 
-def kubernetes_options(backend: str, given: dict[str, Any]) -> dict[str, Any]:
-    """Split the Kubernetes keywords of launch() off, validated (SpecError on a bad one)."""
-    picked = {k: given.pop(k) for k in list(given) if k in KUBERNETES_KEYWORDS and given[k] is not None}
+def kubernetes_options(backend: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The Kubernetes options, validated (SpecError on a bad one, or on any with another backend)."""
+    picked = {k: v for k, v in given.items() if v is not None}
     if not picked:
         return {} if backend != "kubernetes" else {"kubernetes": _k8s_parse({}).to_json()}
     if backend != "kubernetes":
@@ -203,21 +194,10 @@ def _caller_namespace() -> Mapping[str, Any]:
 def launch(
     code_or_function: str | Callable[[], Any],
     *,
-    nnodes: str | int | tuple[int, int] = "1:1",
-    nproc_per_node: int = 1,
-    max_restarts: int = defaults.MAX_RESTARTS,
-    backend: str = "local",
-    name: str | None = None,
-    nodes: int | None = None,
-    checkpoint_dir: str | None = None,
-    env: Mapping[str, str] | Iterable[str] | None = None,
-    dry_run: bool = False,
-    resume: bool | None = None,
-    fresh: bool = False,
-    ship: Iterable[str] = (),
     user_ns: Mapping[str, Any] | None = None,
     notebook_context: NotebookContext | None = None,
-    **options: Any,
+    backend_options: Mapping[str, Any] | None = None,
+    **options_given: Any,
 ) -> ElasticJob:
     """Package the training code and run it as an elastic torchrun job.
 
@@ -232,21 +212,10 @@ def launch(
     ctx = with_elastic(
         notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
     )
-    extra = kubernetes_options(backend, options)
-    spec = build_spec(
-        nnodes=nnodes,
-        nproc_per_node=nproc_per_node,
-        max_restarts=max_restarts,
-        backend=backend,
-        name=name,
-        nodes=nodes,
-        checkpoint_dir=checkpoint_dir,
-        env=env,
-        ship=ship,
-        notebook=ctx.notebook,
-        backend_options={"cwd": ctx.cwd, **extra, **options.pop("backend_options", {})},
-        **options,
-    )
+    resume = options_given.pop("resume", None)  # False is an answer here, not "not given"
+    values = options.given(options_given)
+    dry_run, fresh = bool(values.pop("dry_run", False)), bool(values.pop("fresh", False))
+    spec = spec_from_options(values, ctx, surface="launch()", backend_options=backend_options)
     bundle = bundle_for(code_or_function, spec, ctx)
     if not dry_run:
         check_withheld(bundle, spec)
@@ -259,6 +228,9 @@ def launch(
         if said:
             print(said)
     return job
+
+
+launch.__signature__ = options.signature(launch)  # type: ignore[attr-defined]  # what Shift-Tab shows
 
 
 def _backends(backend: str | None, **options: Any) -> list[Backend]:

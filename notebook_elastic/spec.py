@@ -195,9 +195,9 @@ class JobSpec:
         stall = self.stall_timeout_s
         if stall is not None:
             stall = _seconds(stall, "--stall-timeout", " (a stall is told after 30 s)")
-        max_payload = _int(self.max_payload_bytes, "max payload size", "67108864")
+        max_payload = parse_size(self.max_payload_bytes)
         if max_payload < 1:
-            raise SpecError("the payload size limit must be positive")
+            raise SpecError(f"--max-payload {self.max_payload_bytes!r}: the payload size limit must be positive")
         for name in self.ship:
             if not str(name).isidentifier():
                 raise SpecError(f"--ship {name!r} must name a notebook variable")
@@ -237,6 +237,24 @@ class JobSpec:
         # Names only (see to_json): the values are filled in by whoever holds them.
         kwargs["env"] = {str(k): "" for k in env} if not isinstance(env, Mapping) else dict(env)
         return cls(**kwargs)
+
+
+def parse_size(value: Any, what: str = "--max-payload") -> int:
+    """``64MiB``, ``100MB``, ``1048576`` (or an int) -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "b": 1}
+    number = text
+    factor = 1
+    for unit, size in units.items():
+        if text.endswith(unit):
+            number, factor = text[: -len(unit)], size
+            break
+    try:
+        return int(float(number) * factor)
+    except (ValueError, OverflowError):
+        raise SpecError(f"{what} {value!r} must be a size like 64MiB or 100MB") from None
 
 
 def _seconds(value: Any, flag: str, why: str = "") -> float:
