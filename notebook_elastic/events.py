@@ -30,6 +30,7 @@ class Kind:
     STALL = "stall"
     DISK_FULL = "disk_full"
     OUTPUT_CAPPED = "output_capped"
+    DEGRADED = "degraded"  # the installed torch lacks internals we use: the job runs, heals slower
     STALL_CLEARED = "stall_cleared"
     SCALED = "scaled"  # target nodes or range changed
     FAULT = "fault"  # a fault drill was injected
@@ -207,6 +208,11 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
+def degraded_text(d: dict[str, Any]) -> str:
+    lost = sorted(set((d.get("missing") or {}).values()))
+    return f"torch {d.get('torch')} lacks internals notebook-elastic uses; the job runs, but " + "; ".join(lost)
+
+
 FAULT_WORDS = {"kill_worker": "killed", "preempt_node": "preempted", "lose_node": "lost (SIGKILL)"}
 
 
@@ -220,6 +226,8 @@ def describe(e: Event) -> str:
         return f"worker output beyond {d.get('cap_bytes', 0) // 2**20} MiB is kept only in the node logs (logs/)"
     if k == Kind.DISK_FULL:
         return str(d.get("message"))
+    if k == Kind.DEGRADED:
+        return degraded_text(d)
     if k == Kind.STALL:
         stopped, waiting = d.get("stopped") or [], d.get("waiting") or []
         who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"

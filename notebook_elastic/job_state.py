@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import FINAL_STATUSES, Event, Kind, describe
+from .events import FINAL_STATUSES, Event, Kind, degraded_text, describe
 
 # Events that tell why workers stop: listed under a restart in its transition.
 SYMPTOMS = frozenset(
@@ -482,6 +482,9 @@ class JobState:
 
     def _on_disk_full(self, e: Event) -> None:
         self.warning = e.get("message")
+
+    def _on_degraded(self, e: Event) -> None:
+        self.warning = degraded_text(e.data)
 
     def _on_checkpoint(self, e: Event) -> None:
         if self.warning and self.warning.startswith("checkpoints are not being saved"):

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from . import protocol
+from . import protocol, torch_compat
 from ._emit import emit
 from .worker import set_parent_death_signal
 
@@ -78,15 +78,12 @@ class _DepartureWatch:
             handler, round_, members, agent = self.handler, self.round, self.members, self.agent
         if handler is None or agent is None or round_ is None or len(members) < 2:
             return
-        group = getattr(agent, "_worker_group", None)
-        if group is None or getattr(group.state, "name", "") != "HEALTHY":
+        if not torch_compat.group_is_healthy(agent):
             return
-        with handler._heartbeat_lock:
-            handler._state_holder.sync()
-            state = handler._state_holder.state
-        if state.round != round_:
+        now = torch_compat.round_state(handler)
+        if now is None or now[0] != round_:
             return
-        gone = [n for n in members if n not in state.participants]
+        gone = [n for n in members if n not in now[1]]
         if not gone:
             return
         with self.lock:
@@ -94,7 +91,7 @@ class _DepartureWatch:
                 return
             self.round = None  # act once per round
             self.killed_round = round_
-        pids = list(agent._pcontext.pids().values()) if getattr(agent, "_pcontext", None) else []
+        pids = torch_compat.worker_pids(agent)
         emit(
             "peer_lost",
             node=_node_name(),
@@ -121,10 +118,10 @@ def _round_lost_a_member(grace_s: float) -> bool:
         return False  # alone in the round: no peer could have left
     deadline = time.monotonic() + grace_s
     while True:
-        with handler._heartbeat_lock:
-            handler._state_holder.sync()
-            state = handler._state_holder.state
-        if state.round != round_ or any(m not in state.participants for m in members):
+        now = torch_compat.round_state(handler)
+        if now is None:
+            return False  # this torch does not say: charged, as torchrun would
+        if now[0] != round_ or any(m not in now[1] for m in members):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -148,51 +145,28 @@ def _failed_because_a_peer_left(result) -> list:  # type: ignore[no-untyped-def]
         return []  # a worker's own failure: charged, as torchrun does
     # A leaving peer takes itself out of the round once its own workers are stopped, which on
     # a loaded machine can take a while; a dead one is dropped when its heartbeat expires.
-    settings = getattr(_watch.handler, "_settings", None)
-    grace_s = 2.0
-    if settings is not None:
-        grace_s += 2 * settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+    window_s = torch_compat.keep_alive_window_s(_watch.handler)
+    grace_s = 2.0 + 2 * (window_s or 0.0)
     return failures if _round_lost_a_member(grace_s) else []
 
 
 def _hook_agent() -> None:
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    original = LocalElasticAgent._start_workers
-    if getattr(original, "_notebook_elastic", False):
-        return
-
-    def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
-        _watch.agent = self
+    def before_start(agent) -> None:  # type: ignore[no-untyped-def]
+        _watch.agent = agent
         _refuse_changed_files()
-        return original(self, worker_group)
 
-    monitor = LocalElasticAgent._monitor_workers
-
-    def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
-        result = monitor(self, worker_group)
-        if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-            return result
-        failures = _failed_because_a_peer_left(result)
-        if not failures:
-            return result
+    def on_departure(failures: list) -> None:
         # torchrun would charge this to --max-restarts (and give up at 0). Regroup as for a
         # new node instead: the loop then sees a healthy group and carries on.
-        round_, _members = _watch.latest
         emit(
             "restart",
             node=_node_name(),
             reason="departure",
-            round=round_,
+            round=_watch.latest[0],
             local_ranks=sorted(f.local_rank for f in failures),
         )
-        self._restart_workers(worker_group)
-        return RunResult(state=WorkerState.HEALTHY)
 
-    _start_workers._notebook_elastic = True  # type: ignore[attr-defined]
-    LocalElasticAgent._start_workers = _start_workers
-    LocalElasticAgent._monitor_workers = _monitor_workers
+    torch_compat.hook_agent(before_start, _failed_because_a_peer_left, on_departure)
 
 
 def _refuse_changed_files() -> None:
@@ -210,21 +184,12 @@ def _refuse_changed_files() -> None:
 
 
 def _hook_rendezvous() -> None:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    original = dr.DynamicRendezvousHandler.next_rendezvous
-    if getattr(original, "_notebook_elastic", False):
-        return
-
-    def next_rendezvous(self):  # type: ignore[no-untyped-def]
-        info = original(self)
-        state = getattr(getattr(self, "_state_holder", None), "state", None)
-        round_ = getattr(state, "round", None)
-        participants = dict(getattr(state, "participants", {}))
+    def after(handler, info) -> None:  # type: ignore[no-untyped-def]
+        round_, participants = torch_compat.joined_round(handler)
         members = []
         for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
             members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
-        _watch.joined(self, round_, frozenset(participants))
+        _watch.joined(handler, round_, frozenset(participants))
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
         emit(
@@ -237,10 +202,17 @@ def _hook_rendezvous() -> None:
             members=members,
             agent_pid=os.getpid(),
         )
-        return info
 
-    next_rendezvous._notebook_elastic = True  # type: ignore[attr-defined]
-    dr.DynamicRendezvousHandler.next_rendezvous = next_rendezvous
+    torch_compat.hook_next_rendezvous(after)
+
+
+def _report_degraded() -> None:
+    """One event naming what this torch lacks and what the job loses for it."""
+    lacking = torch_compat.missing()
+    if lacking:
+        import torch
+
+        emit("degraded", node=_node_name(), torch=torch.__version__, missing=lacking)
 
 
 def _start_zygote() -> bool:
@@ -256,14 +228,7 @@ def _leave_rendezvous() -> None:
     scale-down, preemption, pod deletion). Otherwise the survivors wait for its heartbeat
     to expire (keep_alive_interval x keep_alive_max_attempt) before they can regroup."""
     handler = _watch.handler
-    if handler is None:
-        return
-    try:
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
-
-        handler._stop_heartbeats()
-        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 5)
-    except Exception:
+    if handler is None or not torch_compat.leave_round(handler):
         return
     emit("left_rendezvous", node=_node_name(), pid=os.getpid())
 
@@ -318,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"notebook-elastic agent: could not unpack the notebook's files: {exc}", file=sys.stderr, flush=True)
     _hook_rendezvous()
     _hook_agent()
+    _report_degraded()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 

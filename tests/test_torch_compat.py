@@ -1,0 +1,105 @@
+"""The contract of every private torch internal we use (runtime/torch_compat.py), checked on
+real torch objects: a real rendezvous handler over a real TCPStore, torchrun's real agent
+class. A torch release that moves one of them fails here, by name, before any job does; a
+torch that lacks one is reported as a ``degraded`` event and the job runs on."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+from notebook_elastic.events import Event, Kind, describe
+from notebook_elastic.job_state import JobState
+from notebook_elastic.runtime import torch_compat
+
+
+def test_the_installed_torch_has_every_internal_we_use():
+    assert torch_compat.missing() == {}, f"torch {torch.__version__} moved internals we use"
+
+
+@pytest.fixture
+def store():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    served = torch_compat.serve_store(sock, timeout_s=10)
+    yield served
+    del served
+    sock.close()
+
+
+def handler_on(store, run_id: str) -> dr.DynamicRendezvousHandler:
+    from datetime import timedelta
+
+    backend = C10dRendezvousBackend(store, run_id)
+    return dr.DynamicRendezvousHandler.from_backend(
+        run_id,
+        store,
+        backend,
+        min_nodes=1,
+        max_nodes=1,
+        timeout=dr.RendezvousTimeout(join=timedelta(seconds=20), last_call=timedelta(seconds=1)),
+        keep_alive_interval=1,
+        keep_alive_max_attempt=3,
+    )
+
+
+def test_a_real_round_is_read_left_and_hooked(store):
+    seen = []
+    assert torch_compat.hook_next_rendezvous(lambda handler, info: seen.append((handler, info.world_size)))
+    assert torch_compat.hook_next_rendezvous(lambda *_: None)  # idempotent: one hook, not two
+    handler = handler_on(store, "contract")
+    info = handler.next_rendezvous()
+    assert info.world_size == 1 and seen == [(handler, 1)]
+    round_, participants = torch_compat.joined_round(handler)
+    assert round_ == 0 and list(participants.values()) == [0]
+    # The store's view agrees with the handler's own.
+    assert torch_compat.round_state(handler) == (0, frozenset(participants))
+    assert torch_compat.keep_alive_window_s(handler) == 3.0
+    assert torch_compat.leave_round(handler)
+    # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
+    deadline = time.monotonic() + 10
+    while torch_compat.round_state(handler)[1]:
+        assert time.monotonic() < deadline, "the node is still a participant after leaving"
+        time.sleep(0.05)
+
+
+def test_the_agent_hooks_wrap_torchruns_own_methods():
+    start, monitor = LocalElasticAgent._start_workers, LocalElasticAgent._monitor_workers
+    try:
+        assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert LocalElasticAgent._start_workers is not start and LocalElasticAgent._monitor_workers is not monitor
+        assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert getattr(LocalElasticAgent._start_workers, "_notebook_elastic", False)
+    finally:
+        LocalElasticAgent._start_workers, LocalElasticAgent._monitor_workers = start, monitor
+    assert torch_compat.worker_pids(object()) == [] and not torch_compat.group_is_healthy(object())
+
+
+def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch):
+    monkeypatch.delattr(SimpleElasticAgent, "_restart_workers")  # defined on the base class
+    monkeypatch.delattr(dr, "_RendezvousExitOp")
+    lacking = torch_compat.missing()
+    assert set(lacking) == {"LocalElasticAgent._restart_workers", "dynamic_rendezvous._RendezvousExitOp"}
+    assert not torch_compat.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
+    event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking})
+    text = describe(event)
+    assert text.startswith("torch 9.9 lacks internals") and "departures are charged to --max-restarts" in text
+    state = JobState(max_restarts=3, nnodes=(1, 1), target=1)
+    state.apply(event)
+    assert state.warning == text
+
+
+def test_the_store_serves_on_the_socket_it_was_given(store):
+    client = torch.distributed.TCPStore(
+        "127.0.0.1", store.port, is_master=False, timeout=__import__("datetime").timedelta(seconds=5)
+    )
+    client.set("k", "v")
+    assert store.get("k") == b"v"
