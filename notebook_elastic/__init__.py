@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _LAZY = {
     "launch": ("notebook_elastic.launcher", "launch"),

@@ -15,8 +15,8 @@ from typing import Any
 from ._emit import emit
 from .payload import load_payload, secret
 from .protocol import EVENT_PREFIX
-from .state import StaleGenerationError, State, StateNotSaveable
-from .worker import WorkerInfo, device, guard_against_orphaning, init, run
+from .state import State
+from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, guard_against_orphaning, init, run
 
 __all__ = [
     "EVENT_PREFIX",

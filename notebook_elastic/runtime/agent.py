@@ -216,10 +216,8 @@ def _report_degraded() -> None:
 
 
 def _start_zygote() -> bool:
-    try:
-        from .._warm import start_zygote
-    except ImportError:  # the runtime shipped without it
-        return False
+    from .warm import start_zygote
+
     return start_zygote() is not None
 
 
@@ -291,8 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["--standby"]:
         args = _standby()
     if warm and args and args[-1].endswith(".py") and not {"-m", "--module", "--no-python", "--no_python"} & set(args):
-        # Workers start as `python -u -m notebook_elastic._warm SCRIPT`: forked by the zygote.
-        args = [*args[:-1], "-m", "notebook_elastic._warm", args[-1]]
+        # Workers start as `python -u -m notebook_elastic.runtime.warm SCRIPT`: forked by the zygote.
+        args = [*args[:-1], "-m", "notebook_elastic.runtime.warm", args[-1]]
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

@@ -13,10 +13,7 @@ so a DataLoader that prefetches ahead does not move the cursor.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .state import State
+from typing import Any
 
 
 class ElasticBatchSampler:
@@ -28,7 +25,7 @@ class ElasticBatchSampler:
 
     def __init__(
         self,
-        state: State,
+        state: Any,  # the State whose position this is (data sits below state: no import)
         dataset_or_len: Any,
         batch_size: int,
         *,

@@ -27,7 +27,7 @@ from typing import Any
 
 from . import protocol
 from ._emit import emit
-from .worker import WorkerInfo, device, on_finish
+from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, on_finish, set_step_source
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 TMP_MAX_AGE_S = 600
@@ -38,23 +38,6 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # A checkpoint event per commit is one event per step (600 for a 600-step job): the history
 # keeps the first checkpoint of each generation, one every this many seconds, and the last step.
 CHECKPOINT_EVENT_EVERY_S = 10.0
-
-
-class StateNotSaveable(TypeError):
-    """A value kept in ``State`` cannot be saved: every commit would fail the same way, so the
-    job stops at the first one instead of retrying to the end of its budget."""
-
-
-_active: State | None = None  # the State of this worker, for the failure report's step
-
-
-def current_step() -> int | None:
-    """The step this worker was running when it failed (None outside ``state.steps()``)."""
-    return _active.current_step if _active is not None else None
-
-
-class StaleGenerationError(RuntimeError):
-    """This worker group was superseded by a newer one; it must not write checkpoints."""
 
 
 def checkpoint_dir_from_env(explicit: str | os.PathLike | None = None) -> Path:
@@ -266,8 +249,7 @@ class State:
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
-        global _active
-        _active = self
+        set_step_source(lambda: self.current_step)  # the failure report's step
 
     # -- start ---------------------------------------------------------------------------
 

@@ -21,6 +21,24 @@ from . import protocol
 from ._emit import emit
 
 
+class StateNotSaveable(TypeError):
+    """A value kept in ``State`` cannot be saved: every commit would fail the same way, so the
+    job stops at the first one instead of retrying to the end of its budget."""
+
+
+class StaleGenerationError(RuntimeError):
+    """This worker group was superseded by a newer one; it must not write checkpoints."""
+
+
+_step_source: Callable[[], int | None] | None = None  # the State of this worker: its step
+
+
+def set_step_source(source: Callable[[], int | None]) -> None:
+    """Where a failure report reads the step the worker was running (``State`` sets it)."""
+    global _step_source
+    _step_source = source
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     """Who this process is in the job, read from the environment torchrun sets."""
@@ -181,8 +199,6 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
         if isinstance(exc, KeyboardInterrupt):
             raise
         by_peer = caused_by_a_peer(exc)
-        from .state import StateNotSaveable, current_step
-
         extra: dict[str, Any] = {"cause": "peer"} if by_peer else {}
         if isinstance(exc, StateNotSaveable):
             extra["fatal"] = True  # the same at every retry: no point spending the budget
@@ -194,7 +210,7 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             error=type(exc).__name__,
             message=str(exc)[:500],
             traceback="".join(traceback.format_exception(exc))[-2800:],
-            step=current_step(),
+            step=_step_source() if _step_source is not None else None,
             **extra,
         )
         if by_peer:
@@ -270,8 +286,6 @@ def _adopt_user_init_calls() -> None:
 def caused_by_a_peer(exc: BaseException) -> bool:
     """Whether ``exc`` is what a collective or the store raises when a peer went away, or
     the fence telling this group a newer one exists: a membership change, not a bug."""
-    from .state import StaleGenerationError
-
     if isinstance(exc, StaleGenerationError):
         return True
     torch = sys.modules.get("torch")

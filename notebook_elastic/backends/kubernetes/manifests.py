@@ -27,7 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ... import __version__, defaults
+from ... import defaults
+from ..._version import __version__
 from ...errors import SpecError
 from ...plan import LaunchPlan, Place, launch_plan
 from ...plan import rdzv_id as run_rdzv_id
@@ -113,7 +114,7 @@ def runtime_zip() -> bytes:
     import cloudpickle
 
     package = Path(__file__).resolve().parents[2]
-    files: list[tuple[str, Path]] = [(f"notebook_elastic/{n}", package / n) for n in ("__init__.py", "_warm.py")]
+    files: list[tuple[str, Path]] = [(f"notebook_elastic/{n}", package / n) for n in ("__init__.py", "_version.py")]
     files += [(f"notebook_elastic/runtime/{p.name}", p) for p in sorted((package / "runtime").glob("*.py"))]
     cp = Path(cloudpickle.__file__).parent
     files += [(f"cloudpickle/{p.name}", p) for p in sorted(cp.glob("*.py"))]

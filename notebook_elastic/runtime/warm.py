@@ -4,7 +4,7 @@ Every restart of a worker group (a crash, a scale-up, a scale-down, a preemption
 fresh worker processes, and each spends ~1 s importing torch and ~0.9 s importing
 torch._dynamo (the first optimizer) before its first step: most of the time to resume.
 Our agent wrapper starts one *zygote* per node that imports them once and waits. torchrun
-starts each worker as ``python -u -m notebook_elastic._warm SCRIPT [ARGS]``: a launcher
+starts each worker as ``python -u -m notebook_elastic.runtime.warm SCRIPT [ARGS]``: a launcher
 that imports nothing heavy, hands the zygote its standard streams, environment, working
 directory and arguments over a Unix socket, and stays the process torchrun watches. The
 socket lives in Linux's abstract namespace (no file anywhere, gone with the zygote); since
@@ -78,7 +78,7 @@ def _recv_line(conn: socket.socket, buffer: bytearray) -> dict | None:
 
 
 def serve(path: str) -> None:
-    from .runtime.worker import set_parent_death_signal
+    from .worker import set_parent_death_signal
 
     set_parent_death_signal(signal.SIGKILL, os.getppid())  # dies with its agent
     for name in PRELOAD:
@@ -242,8 +242,8 @@ def _child(request: dict, fds: list[int]) -> None:
 
 
 def launch(argv: list[str]) -> None:
-    from .runtime import protocol
-    from .runtime.worker import set_parent_death_signal
+    from . import protocol
+    from .worker import set_parent_death_signal
 
     agent = os.environ.get(protocol.ENV_AGENT_PID)
     if agent:
@@ -328,7 +328,7 @@ def start_zygote() -> str | None:
 
     # Abstract: nothing in the system temp folder, nothing to remove, gone with the zygote.
     path = f"@notebook-elastic-zygote-{os.getpid()}-{os.urandom(16).hex()}"
-    subprocess.Popen([sys.executable, "-m", "notebook_elastic._warm", "serve", path], stdin=subprocess.DEVNULL)
+    subprocess.Popen([sys.executable, "-m", "notebook_elastic.runtime.warm", "serve", path], stdin=subprocess.DEVNULL)
     os.environ[ENV_ZYGOTE] = path
     return path
 
@@ -339,7 +339,7 @@ def main() -> None:
     elif len(sys.argv) >= 2:
         launch(sys.argv[1:])
     else:
-        sys.exit("usage: python -m notebook_elastic._warm SCRIPT [ARGS] | serve SOCKET")
+        sys.exit("usage: python -m notebook_elastic.runtime.warm SCRIPT [ARGS] | serve SOCKET")
 
 
 if __name__ == "__main__":
