@@ -167,6 +167,8 @@ def test_the_header_says_status_world_size_step_eta_and_loss_in_one_line():
         'class="ne-loss">0.1<',
     ):
         assert part in glance, part
+    text = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", glance))  # what a person reads
+    assert "world size 2 · nodes 1 (1:2) · step 10 / 100" in text and "loss 0.1" in text, text
 
 
 TRAIN = """

@@ -114,7 +114,9 @@ class Dashboard(W.VBox):
             description="chart",
             layout=W.Layout(width="190px"),
         )
-        self.log_scale = W.Checkbox(value=False, description="log scale", indent=False, layout=W.Layout(width="auto"))
+        self.log_scale = W.Checkbox(
+            value=False, description="log scale", indent=False, layout=W.Layout(width="auto", margin="0 16px 0 8px")
+        )
         self.smoothing = W.Dropdown(
             options=[("off", 0.0), ("light", 0.6), ("strong", 0.9)],
             value=0.0,

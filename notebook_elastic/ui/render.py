@@ -350,7 +350,8 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         f'<span style="color:{FG_DIM}">restarts <span class="ne-restarts">{state.restarts}</span>/{state.max_restarts}</span>'
     )
     cells.append(f'<span style="color:{FG_FAINT}">{duration(elapsed_s(state, now))}</span>')
-    stats = " <span style='color:" + FG_FAINT + "'>·</span> ".join(cells)
+    sep = f' <span style="color:{FG_FAINT}">·</span> '
+    stats = sep.join(cells)
     notes = []
     if state.reason and state.finished:
         notes.append(f'<div class="ne-reason" style="color:{FG_DIM}">{esc(state.reason)}</div>')
