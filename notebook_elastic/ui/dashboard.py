@@ -60,8 +60,8 @@ class Dashboard(W.VBox):
 
         state = job.state
         lo, hi = state.nnodes
-        self.header = W.HTML(layout=W.Layout(width="100%"))
-        self.offline = W.HTML(offline_html(job.name), layout=W.Layout(width="100%"))
+        self.header = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.offline = W.HTML(offline_html(job.name), layout=W.Layout(width="100%", margin="0"))
         self.progress = W.FloatProgress(
             value=0, min=0, max=1, description="", layout=W.Layout(width="100%", height="8px", margin="0")
         )
@@ -123,11 +123,11 @@ class Dashboard(W.VBox):
             description="smoothing",
             layout=W.Layout(width="170px"),
         )
-        self.chart = W.HTML(layout=W.Layout(width="100%"))
-        self.legend = W.HTML(layout=W.Layout(width="100%"))
-        self.ranks = W.HTML(layout=W.Layout(width="100%"))
-        self.timeline = W.HTML(layout=W.Layout(width="100%"))
-        self.logs = W.HTML(layout=W.Layout(width="100%"))
+        self.chart = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.legend = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.ranks = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.timeline = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.logs = W.HTML(layout=W.Layout(width="100%", margin="0"))
 
         self.range.observe(self._on_range, names="value")
         self.scale_button.on_click(lambda _b: self._act("scale", self.scale_button, self._scale))
@@ -140,7 +140,7 @@ class Dashboard(W.VBox):
         self._stop_armed_until = 0.0
         self._synced_target = state.target
 
-        row = W.Layout(flex_flow="row wrap", align_items="center", width="100%", overflow="hidden")
+        row = W.Layout(flex_flow="row wrap", align_items="center", width="100%", margin="0", overflow="hidden")
         # What shapes a job before it starts: shown only while it is prepared.
         self.setup = W.HBox([self.nproc, self.max_restarts, self.start_button], layout=W.Layout(flex_flow="row wrap"))
         self.drills = W.HBox([self.kill_button, self.preempt_button], layout=W.Layout(flex_flow="row wrap"))
@@ -148,7 +148,7 @@ class Dashboard(W.VBox):
             [self.range, self.target, self.scale_button, self.setup, self.stop_button, self.drills], layout=row
         )
         chart_tools = W.HBox([self.metric, self.log_scale, self.smoothing], layout=row)
-        bottom = W.Tab(children=[self.timeline, self.ranks, self.logs], layout=W.Layout(width="100%"))
+        bottom = W.Tab(children=[self.timeline, self.ranks, self.logs], layout=W.Layout(width="100%", margin="0"))
         for i, title in enumerate(("events", "nodes", "output")):
             bottom.set_title(i, title)
         super().__init__(

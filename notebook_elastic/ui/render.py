@@ -117,7 +117,7 @@ MARKER_WORDS = {
     "failure": "a rank failed",
     "node_joined": "node joined",
     "node_left": "node left",
-    "resumed": "job resumed",
+    "resumed": "resumed",
     "stall": "stall",
 }
 # Why a node left, in the user's words (the supervisor's exit reasons are identifiers).
@@ -495,6 +495,9 @@ def logs_html(lines: Sequence[str], limit: int = 60) -> str:
 
 
 OFFLINE_CSS = """<style>
+.notebook-elastic-dashboard,.notebook-elastic-dashboard .widget-tab-contents{box-sizing:border-box}
+.notebook-elastic-dashboard.jupyter-widgets-disconnected::before,
+.notebook-elastic-dashboard .jupyter-widgets-disconnected::before{display:none!important}
 .notebook-elastic-dashboard.jupyter-widgets-disconnected .ne-offline{display:block!important}
 .notebook-elastic-dashboard.jupyter-widgets-disconnected .widget-button,
 .notebook-elastic-dashboard.jupyter-widgets-disconnected .widget-inline-hbox input{opacity:.45;pointer-events:none}
