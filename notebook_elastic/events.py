@@ -252,6 +252,8 @@ def describe(e: Event) -> str:
         reason = d.get("reason")
         return f"job {d.get('status')}" + (f": {reason}" if reason else "")
     if k == Kind.SCALED:
+        if d.get("reason"):  # the target followed a node taken away
+            return f"{node} {d.get('reason')}: target {d.get('target')} node(s)"
         return f"target {d.get('target')} node(s), range {d.get('min_nodes')}:{d.get('max_nodes')}" + (
             " (agents restarted with the new range)" if d.get("reconfigured") else ""
         )

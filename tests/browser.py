@@ -154,7 +154,7 @@ def _wait_until_serving(lab: Lab, proc: subprocess.Popen, timeout_s: float = 180
 
 
 @contextmanager
-def chromium_page(artifacts: Path):
+def chromium_page(artifacts: Path, width: int = 1400):
     """A Playwright page in Debian's Chromium with a fresh profile; console errors collected."""
     from playwright.sync_api import sync_playwright
 
@@ -163,7 +163,7 @@ def chromium_page(artifacts: Path):
     with sync_playwright() as p:
         # A fresh --user-data-dir, the way Playwright takes it.
         context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000}
+            str(profile), executable_path=CHROMIUM, args=CHROMIUM_FLAGS, viewport={"width": width, "height": 1000}
         )
         page = context.new_page()
         page.console_errors = []  # type: ignore[attr-defined]
@@ -174,6 +174,29 @@ def chromium_page(artifacts: Path):
         finally:
             context.close()
             shutil.rmtree(profile, ignore_errors=True)
+
+
+def worktree_extension_env(root: Path) -> dict[str, str]:
+    """Environment for ``jupyter_lab`` that serves this checkout's built extension
+    (notebook_elastic/labextension, if built here) ahead of any installed copy: JupyterLab
+    takes the first labextensions folder on JUPYTER_PATH that has the name."""
+    from conftest import REPO
+
+    built = REPO / "notebook_elastic" / "labextension"
+    if not (built / "package.json").exists():
+        return {}
+    data = root / "jupyter-data" / "labextensions"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "notebook-elastic").symlink_to(built)
+    return {"JUPYTER_PATH": str(root / "jupyter-data")}
+
+
+def save_widget_state(root: Path) -> None:
+    """JupyterLab's "Save Widget State Automatically", on: the notebook file keeps the
+    widget models, as a user who wants dashboards to survive a reload sets it."""
+    folder = root / "lab-settings" / "@jupyter-widgets" / "jupyterlab-manager"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
 
 
 def record_figures(name: str, figures: dict) -> Path:

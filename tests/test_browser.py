@@ -112,3 +112,172 @@ def test_dashboard_in_jupyterlab(tmp_path):
                 "target_p95_ms": 500,
             },
         )
+
+
+STATES_CELLS = [
+    "%load_ext notebook_elastic",
+    "import time\nimport torch",
+    "%%elastic_train --nnodes 1:2 --nproc-per-node 1 --max-restarts 5 --name states\n"
+    """model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(STEPS):
+    loss = ddp(torch.randn(8, 8)).pow(2).mean() + 10.0 / (step + 1)
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item(), gen=state.generation)
+    time.sleep(0.05)""",
+    "%%elastic_train --nnodes 1:1 --nproc-per-node 1 --max-restarts 0 --name broken\n"
+    """state = elastic.State()
+for step in state.steps(100):
+    elastic.report(step=step, loss=1.0 / (step + 1))
+    if step == 5:
+        raise ValueError(f"bad batch at step {step}")
+    time.sleep(0.05)""",
+]
+
+STATUS = "(name) => {{ const d = [...document.querySelectorAll('.notebook-elastic-dashboard')].find(e => e.querySelector('.ne-header b').textContent === name); return d && d.querySelector('.ne-status').dataset.status; }}"
+
+
+def dashboard(page, name: str):
+    return page.locator(".notebook-elastic-dashboard", has=page.locator(".ne-header b", has_text=name)).first
+
+
+def wait_status(page, name: str, statuses: tuple[str, ...], timeout: int = 120_000) -> None:
+    page.wait_for_function(
+        f"([name, want]) => want.includes(({STATUS.format()})(name))", arg=[name, list(statuses)], timeout=timeout
+    )
+
+
+def no_horizontal_overflow(page) -> list[str]:
+    """Elements of the dashboards wider than their box (a horizontal scrollbar or a cut)."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('.notebook-elastic-dashboard, .notebook-elastic-dashboard *')]
+          .filter(e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible')
+          .map(e => (e.className && e.className.baseVal !== undefined ? e.className.baseVal : e.className) + ' ' + e.scrollWidth + '>' + e.clientWidth)"""
+    )
+
+
+def test_dashboard_states_kernel_restart_and_reload(tmp_path):
+    """#11 items 7 and 8 in a real JupyterLab at 800 px of notebook: a screenshot of each
+    state (pending, running, scaled, restarting, succeeded, failed with its traceback, dark
+    theme); after a kernel restart the old dashboards keep their picture with the word and a
+    button that follows the job again; after a reload the picture is still there."""
+    from browser import save_widget_state, worktree_extension_env
+
+    require_chromium()
+    home = tmp_path / "ne-home"
+    cells = list(STATES_CELLS)
+    cells[1] += "\nSTEPS = 1500"
+    write_notebook(tmp_path / "states.ipynb", cells)
+    save_widget_state(tmp_path)
+    env = {"NOTEBOOK_ELASTIC_HOME": str(home), **worktree_extension_env(tmp_path)}
+    shots = ARTIFACTS / "dashboard-states"
+    shots.mkdir(parents=True, exist_ok=True)
+
+    def snap(name: str, locator=None) -> None:
+        (locator or page).screenshot(path=str(shots / f"{name}.png"))
+
+    with jupyter_lab(tmp_path, env) as lab, chromium_page(tmp_path, width=1000) as page:
+        page.goto(lab.page_url("lab/tree/states.ipynb"))
+        page.wait_for_selector(".jp-Notebook", timeout=60_000)
+        page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext && window.jupyterapp.shell.currentWidget.sessionContext.session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+            timeout=60_000,
+        )
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        states = dashboard(page, "states")
+        states.wait_for(timeout=60_000)
+        wait_status(page, "states", ("pending",), timeout=60_000)
+        snap("1-pending", states)
+        wait_status(page, "states", ("running",))
+        page.wait_for_function(
+            "() => { const s = document.querySelector('svg.ne-chart'); return s && +s.getAttribute('data-total-points') > 20; }",
+            timeout=90_000,
+        )
+        assert states.locator(".ne-loss").inner_text()
+        assert states.get_by_role("button", name="Start").is_hidden()  # a running job needs no Start
+        snap("2-running", states)
+
+        # Scale to 2 from the nodes box.
+        box = states.locator(".widget-text", has_text="nodes").locator("input")
+        box.fill("2")
+        box.press("Enter")
+        states.get_by_role("button", name="Scale").click()
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.ne-world-size')].some(e => e.textContent === '2')", timeout=120_000
+        )
+        wait_status(page, "states", ("running",))
+        states.locator(".widget-checkbox input").check()  # log scale
+        page.wait_for_function("() => document.querySelector('svg.ne-chart').dataset.scale === 'log'", timeout=30_000)
+        snap("3-scaled", states)
+        overflow = no_horizontal_overflow(page)
+
+        states.get_by_role("button", name="Preempt a node").click()
+        wait_status(page, "states", ("restarting",))
+        snap("4-restarting", states)
+        wait_status(page, "states", ("running",))
+        page.wait_for_function(
+            "() => document.querySelector('.ne-timeline').textContent.includes('back at world size 1 after')",
+            timeout=60_000,
+        )
+
+        broken = dashboard(page, "broken")
+        wait_status(page, "broken", ("failed",))
+        broken.locator(".ne-timeline summary").first.click()
+        snap("5-failed-with-traceback", broken)
+        assert "ValueError: bad batch at step 5" in broken.inner_text()
+
+        wait_status(page, "states", ("succeeded",), timeout=300_000)
+        snap("6-succeeded", states)
+        page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+        page.wait_for_function(
+            "() => document.body.dataset.jpThemeLight === 'false' && !document.querySelector('#jupyterlab-splash')",
+            timeout=30_000,
+        )
+        snap("7-succeeded-dark", states)
+        page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+
+        # Kernel restart: the old dashboards keep their picture and say so.
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+        page.wait_for_selector(".notebook-elastic-dashboard.jupyter-widgets-disconnected .ne-offline", timeout=60_000)
+        assert "%elastic_attach states" in states.locator(".ne-offline").inner_text()
+        follow = states.locator("button.ne-attach")
+        page.wait_for_function(
+            "() => { const b = document.querySelector('.jupyter-widgets-disconnected button.ne-attach'); return b && !b.disabled; }",
+            timeout=60_000,
+        )
+        snap("8-kernel-restarted", states)
+        follow.click()
+        page.wait_for_function(
+            "() => document.querySelectorAll('.notebook-elastic-dashboard:not(.jupyter-widgets-disconnected)').length >= 1",
+            timeout=120_000,
+        )
+        attached = page.locator(".notebook-elastic-dashboard:not(.jupyter-widgets-disconnected)").first
+        page.wait_for_function(
+            "() => { const d = document.querySelector('.notebook-elastic-dashboard:not(.jupyter-widgets-disconnected)'); return d && d.querySelector('.ne-status').dataset.status === 'succeeded'; }",
+            timeout=60_000,
+        )
+        assert attached.locator(".ne-offline").is_hidden()
+        snap("9-followed-again", attached)
+
+        # Save and reload: every dashboard still shows a picture, none "model not found".
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+        page.reload()
+        page.wait_for_selector(".jp-Notebook", timeout=60_000)
+        page.wait_for_function(
+            "() => document.querySelectorAll('.ne-header').length >= 3 && ![...document.querySelectorAll('.jp-OutputArea-output')].some(e => e.textContent === 'Error displaying widget: model not found')",
+            timeout=90_000,
+        )
+        page.wait_for_selector(".ne-snapshot .ne-offline", timeout=30_000)
+        snap("10-reloaded", None)
+        errors = [e for e in page.console_errors if "model not found" not in e]
+
+    assert job_processes(home) == []
+    assert overflow == [], overflow
+    assert errors == [], errors

@@ -12,7 +12,16 @@ import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.events import Event, Kind
 from notebook_elastic.job_state import JobState, Marker
-from notebook_elastic.ui.render import chart_svg, downsample, header_html, ranks_html, timeline_html
+from notebook_elastic.ui.render import (
+    chart_metrics,
+    chart_svg,
+    downsample,
+    header_html,
+    legend_html,
+    ranks_html,
+    story,
+    timeline_html,
+)
 
 
 def test_downsampling_keeps_at_most_1000_points_and_the_spikes():
@@ -76,8 +85,90 @@ def test_header_ranks_and_timeline_render_the_state():
     assert 'data-node="node-1" data-status="left" style="color:#aaa"' in ranks and "preempted" in ranks
     assert "0 (local 0, pid 11)" in ranks
     timeline = timeline_html(state.events)
-    assert timeline.index("node-1 left") < timeline.index("rank 1 on node-0 failed")  # newest first
+    assert timeline.index("node-1 preempted") < timeline.index("rank 1 on node-0 failed")  # newest first
     assert "<details><summary>" in timeline and "ValueError: bad" in timeline
+
+
+def test_the_timeline_tells_a_preemption_in_plain_words_without_its_symptoms():
+    state = JobState(max_restarts=5, nnodes=(1, 2))
+    ws = {"local_rank": 0, "pid": 1}
+    state.apply_all(
+        [
+            Event(Kind.WORKER_STARTED, 10.0, "node-0", {"rank": 0, "world_size": 2, "generation": 1, **ws}),
+            Event(Kind.WORKER_STARTED, 10.0, "node-1", {"rank": 1, "world_size": 2, "generation": 1, **ws}),
+            Event(Kind.FAULT, 20.0, "node-1", {"fault": "preempt_node", "target": "node-1"}),
+            Event(Kind.SCALED, 20.0, "node-1", {"target": 1, "min_nodes": 1, "max_nodes": 2, "reason": "preempted"}),
+            Event(Kind.WORKER_FAILED, 20.2, "node-0", {"rank": 0, "cause": "peer", "error": "RuntimeError"}),
+            Event(Kind.RESTART, 20.3, "node-0", {"reason": "departure"}),
+            Event(Kind.NODE_LEFT, 20.4, "node-1", {"reason": "preempted"}),
+            Event(Kind.RENDEZVOUS, 21.0, "node-0", {"round": 2, "group_rank": 0, "group_world_size": 1}),
+            Event(Kind.WORKER_STARTED, 22.0, "node-0", {"rank": 0, "world_size": 1, "generation": 2, **ws}),
+            Event(Kind.NODE_LEFT, 30.0, "node-0", {"reason": "scaled_down"}),
+        ]
+    )
+    lines = [text for _e, text in story(state.events)]
+    assert lines == [
+        "training at world size 2",
+        "drill: node-1 preempted",
+        "node-1 preempted — back at world size 1 after 1.6 s",
+        "training at world size 1",
+        "node-0 released (scaled down) — regrouping…",
+    ]
+    timeline = timeline_html(state.events)
+    assert "scaled_down" not in timeline and "a peer left" not in timeline and "rendezvous" not in timeline
+    assert "scaled_down" not in ranks_html(state) and "released (scaled down)" in ranks_html(state)
+
+
+def test_chart_ticks_read_as_numbers_and_log_scale_and_smoothing_apply():
+    steps = list(range(0, 5000))
+    values = [10.0 / (s + 1) for s in steps]
+    svg = chart_svg(steps, values)
+    ticks = re.findall(r'class="ne-tick"[^>]*>([^<]*)<', svg)
+    assert ticks and not any("e+" in t for t in ticks), ticks
+    assert "1k" in ticks and "2k" in ticks
+    log = chart_svg(steps, values, log_scale=True)
+    assert 'data-scale="log"' in log
+    log_ticks = re.findall(r'class="ne-tick"[^>]*>([^<]*)<', log)
+    assert {"0.01", "0.1", "1", "10"} <= set(log_ticks), log_ticks
+    assert 'data-scale="linear"' in chart_svg(steps, [v - 1 for v in values], log_scale=True)  # not all positive
+    smoothed = chart_svg(steps, values, smoothing=0.9)
+    assert 'class="ne-raw"' in smoothed and 'data-smoothing="0.9"' in smoothed
+    assert 'width="100%"' in svg and "viewBox" in svg  # follows its container's width
+
+
+def test_the_legend_names_each_marker_shown_and_the_menu_hides_bookkeeping():
+    markers = [Marker(10, 0.0, "world_size", "world size 2 → 4"), Marker(20, 0.0, "node_left", "node-1 left")]
+    legend = legend_html(markers, "loss", 0.6)
+    assert "loss (smoothed 0.6)" in legend and "world size changed" in legend and "node left" in legend
+    assert "restart" not in legend
+    assert chart_metrics(["gen", "loss", "lr", "start"]) == ["loss", "lr"]
+
+
+def test_the_header_says_status_world_size_step_eta_and_loss_in_one_line():
+    state = JobState(max_restarts=3, nnodes=(1, 2))
+    state.apply_all(
+        [
+            Event(Kind.PLAN, 1.0, "node-0", {"start": 0, "total": 100}),
+            Event(Kind.WORKER_STARTED, 1.0, "node-0", {"rank": 0, "local_rank": 0, "world_size": 2, "generation": 0}),
+        ]
+        + [
+            Event(Kind.METRIC, 2.0 + i, "node-0", {"step": i, "values": {"loss": 1.0 / (i + 1), "gen": 0}})
+            for i in range(10)
+        ]
+    )
+    head = header_html("toy", "local", state)
+    glance = re.search(r'<div class="ne-glance".*?</div>', head).group(0)
+    for part in (
+        'data-status="running"',
+        'class="ne-world-size">2<',
+        'class="ne-step">10<',
+        "/ 100",
+        "ETA",
+        'class="ne-loss">0.1<',
+    ):
+        assert part in glance, part
+    text = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", glance))  # what a person reads
+    assert "world size 2 · nodes 1 (1:2) · step 10 / 100" in text and "loss 0.1" in text, text
 
 
 TRAIN = """
@@ -226,6 +317,70 @@ def test_a_number_typed_in_the_nodes_box_survives_the_jobs_events_until_scale(ho
         wait_for(lambda: 'class="ne-world-size">3<' in dash.header.value, "world size 3 on the page")
         checkpoints = [e for e in job.events if e.kind == Kind.CHECKPOINT]
         assert len(checkpoints) < job.state.step / 5  # coalesced, not one per commit
+    finally:
+        dash.close()
+        job.stop()
+
+
+def test_a_dashboard_carries_its_kernel_gone_word_and_a_static_twin(home):
+    """Item 7 of #11: the word shows once ipywidgets marks the view disconnected (kernel
+    restarted, or models restored from saved widget state); the mime bundle's text/html is
+    the last picture for front ends without live models, with the word visible."""
+    from notebook_elastic.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        name="twin",
+        dry_run=True,
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 30},
+    )
+    dash = Dashboard(job)
+    try:
+        offline = dash.offline.value
+        assert "kernel restarted" in offline and "%elastic_attach twin" in offline
+        assert 'class="ne-offline" data-job="twin" style="display:none' in offline  # hidden while live
+        assert ".jupyter-widgets-disconnected .ne-offline{display:block!important}" in offline
+        assert 'class="ne-attach' in offline and 'data-command="%elastic_attach twin"' in offline
+        bundle = dash._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        twin = bundle["text/html"]
+        assert 'class="ne-snapshot"' in twin and 'style="display:block' in twin and "%elastic_attach twin" in twin
+        assert 'class="ne-chart"' in twin and 'class="ne-header"' in twin
+        # Only the controls a prepared job needs: set-up shown, drills not.
+        assert dash.setup.layout.display is None and dash.drills.layout.display == "none"
+    finally:
+        dash.close()
+
+
+@pytest.mark.slow
+def test_the_nodes_box_follows_a_preemption(home):
+    """A preemption lowers the job's target: the supervisor says so in a scaled event, and
+    the nodes box follows (it read 2 on one node before, #11)."""
+    from notebook_elastic.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nodes=2,
+        name="preempted",
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
+    )
+    dash = Dashboard(job)
+    try:
+        wait_for(lambda: job.status == "running" and job.state.world_size == 2, "world size 2")
+        assert dash.target.value == 2 and dash.drills.layout.display is None and dash.setup.layout.display == "none"
+        dash.preempt_button.click()
+        wait_for(lambda: "preempted node-" in dash.message.value, "the drill's answer")
+        wait_for(lambda: job.state.target == 1, "the target to follow the preemption")
+        wait_for(lambda: dash.target.value == 1, "the nodes box to follow the preemption")
+        wait_for(lambda: 'class="ne-world-size">1<' in dash.header.value, "world size 1")
+        wait_for(lambda: "back at world size 1 after" in dash.timeline.value, "the preemption told in plain words")
+        job.stop()
+        wait_for(
+            lambda: dash.drills.layout.display == "none" and dash.stop_button.layout.display == "none",
+            "a finished job's controls gone",
+        )
     finally:
         dash.close()
         job.stop()

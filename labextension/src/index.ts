@@ -1,6 +1,7 @@
 /**
  * notebook-elastic for JupyterLab: the "Elastic jobs" side panel, a status bar item and two
- * commands, over the server extension's routes (see request.ts).
+ * commands, over the server extension's routes (see request.ts); and the word and the
+ * "follow again" button of dashboards whose kernel is gone (see dashboards.ts).
  */
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
@@ -8,6 +9,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
+import { watchDashboards } from './dashboards';
 import { JobsPanel } from './panel';
 import { IJob } from './request';
 
@@ -46,6 +48,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const panel = new JobsPanel(path => void app.commands.execute('docmanager:open', { path }));
     panel.title.icon = ICON;
     shell.add(panel, 'left', { rank: 900 });
+    watchDashboards(app, shell);
 
     app.commands.addCommand(COMMANDS.show, {
       label: 'Elastic jobs: show panel',

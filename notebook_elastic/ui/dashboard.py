@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as W
 
 from ..events import FINAL_STATUSES, Event, Kind
-from .render import chart_svg, header_html, logs_html, ranks_html, timeline_html
+from .render import (
+    chart_metrics,
+    chart_svg,
+    header_html,
+    legend_html,
+    logs_html,
+    offline_html,
+    ranks_html,
+    snapshot_html,
+    timeline_html,
+)
 
 if TYPE_CHECKING:
     from ..job import ElasticJob
@@ -46,67 +56,78 @@ class Dashboard(W.VBox):
         self._closed = False
         self._busy: set[str] = set()
         self.renders = 0
-        self._last_chart_state: tuple = ()
+        self._last_chart: tuple = ((), "")
 
         state = job.state
         lo, hi = state.nnodes
-        self.header = W.HTML(layout=W.Layout(width="100%"))
+        self.header = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.offline = W.HTML(offline_html(job.name), layout=W.Layout(width="100%", margin="0"))
         self.progress = W.FloatProgress(
-            value=0, min=0, max=1, description="", layout=W.Layout(width="100%", height="14px")
+            value=0, min=0, max=1, description="", layout=W.Layout(width="100%", height="8px", margin="0")
         )
-        self.progress_text = W.HTML()
         self.range = W.IntRangeSlider(
             value=(lo, hi),
             min=1,
             max=slider_max(state, hi),
             step=1,
-            description="replicas",
+            description="range",
+            tooltip="how many nodes the job may run on (min:max)",
             continuous_update=False,
-            layout=W.Layout(width="340px"),
+            layout=W.Layout(width="230px"),
         )
         self.target = W.BoundedIntText(
-            value=state.target, min=lo, max=hi, description="nodes", layout=W.Layout(width="150px")
+            value=state.target, min=lo, max=hi, description="nodes", layout=W.Layout(width="120px")
         )
         self.scale_button = W.Button(
-            description="Scale", tooltip="run on this many nodes", layout=W.Layout(width="70px")
+            description="Scale", tooltip="run on this many nodes", layout=W.Layout(width="auto")
         )
         nproc = job.spec.nproc_per_node if job.spec else (state.nproc_per_node or 1)
         self.nproc = W.BoundedIntText(
-            value=nproc, min=1, max=256, description="procs/node", layout=W.Layout(width="160px")
+            value=nproc, min=1, max=256, description="procs/node", layout=W.Layout(width="150px")
         )
         self.max_restarts = W.BoundedIntText(
-            value=state.max_restarts, min=0, max=10_000, description="max restarts", layout=W.Layout(width="170px")
+            value=state.max_restarts, min=0, max=10_000, description="max restarts", layout=W.Layout(width="160px")
         )
         self.start_button = W.Button(
-            description="Start", button_style="success", icon="play", layout=W.Layout(width="90px")
+            description="Start", button_style="success", icon="play", layout=W.Layout(width="auto")
         )
         self.stop_button = W.Button(
-            description="Stop", button_style="danger", icon="stop", layout=W.Layout(width="120px")
+            description="Stop", button_style="danger", icon="stop", layout=W.Layout(width="auto")
         )
         self.kill_button = W.Button(
             description="Kill a worker",
             icon="bolt",
             tooltip="drill: SIGKILL one worker process",
-            layout=W.Layout(width="130px"),
+            layout=W.Layout(width="auto"),
         )
         self.preempt_button = W.Button(
             description="Preempt a node",
             icon="cloud",
-            tooltip="drill: take a node away (SIGTERM to its agent)",
-            layout=W.Layout(width="140px"),
+            tooltip="drill: take the newest node away (SIGTERM to its agent)",
+            layout=W.Layout(width="auto"),
         )
         self.message = W.HTML(layout=W.Layout(min_height="18px"))
-        names = sorted(state.metrics.names) or ["loss"]
+        names = chart_metrics(state.metrics.names) or ["loss"]
         self.metric = W.Dropdown(
             options=names,
             value="loss" if "loss" in names else names[0],
-            description="metric",
-            layout=W.Layout(width="220px"),
+            description="chart",
+            layout=W.Layout(width="190px"),
         )
-        self.chart = W.HTML()
-        self.ranks = W.HTML(layout=W.Layout(width="100%"))
-        self.timeline = W.HTML(layout=W.Layout(width="100%"))
-        self.logs = W.HTML(layout=W.Layout(width="100%"))
+        self.log_scale = W.Checkbox(
+            value=False, description="log scale", indent=False, layout=W.Layout(width="auto", margin="0 16px 0 8px")
+        )
+        self.smoothing = W.Dropdown(
+            options=[("off", 0.0), ("light", 0.6), ("strong", 0.9)],
+            value=0.0,
+            description="smoothing",
+            layout=W.Layout(width="170px"),
+        )
+        self.chart = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.legend = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.ranks = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.timeline = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        self.logs = W.HTML(layout=W.Layout(width="100%", margin="0"))
 
         self.range.observe(self._on_range, names="value")
         self.scale_button.on_click(lambda _b: self._act("scale", self.scale_button, self._scale))
@@ -114,25 +135,41 @@ class Dashboard(W.VBox):
         self.stop_button.on_click(self._on_stop)
         self.kill_button.on_click(lambda _b: self._act("kill", self.kill_button, self._kill))
         self.preempt_button.on_click(lambda _b: self._act("preempt", self.preempt_button, self._preempt))
-        self.metric.observe(lambda _c: self._mark("chart"), names="value")
+        for control in (self.metric, self.log_scale, self.smoothing):
+            control.observe(lambda _c: self._mark("chart"), names="value")
         self._stop_armed_until = 0.0
         self._synced_target = state.target
 
-        controls = W.VBox(
-            [
-                W.HBox([self.range, self.target, self.scale_button, self.nproc, self.max_restarts]),
-                W.HBox([self.start_button, self.stop_button, self.kill_button, self.preempt_button, self.message]),
-            ]
+        row = W.Layout(flex_flow="row wrap", align_items="center", width="100%", margin="0", overflow="hidden")
+        # What shapes a job before it starts: shown only while it is prepared.
+        self.setup = W.HBox([self.nproc, self.max_restarts, self.start_button], layout=W.Layout(flex_flow="row wrap"))
+        self.drills = W.HBox([self.kill_button, self.preempt_button], layout=W.Layout(flex_flow="row wrap"))
+        controls = W.HBox(
+            [self.range, self.target, self.scale_button, self.setup, self.stop_button, self.drills], layout=row
         )
-        left = W.VBox([self.metric, self.chart], layout=W.Layout(width="580px"))
-        right = W.VBox([W.HTML("<b>ranks</b>"), self.ranks], layout=W.Layout(flex="1 1 auto", min_width="280px"))
-        body = W.HBox([left, right], layout=W.Layout(width="100%", flex_flow="row wrap"))
-        bottom = W.Tab(children=[self.timeline, self.logs])
-        bottom.set_title(0, "events")
-        bottom.set_title(1, "output")
+        chart_tools = W.HBox([self.metric, self.log_scale, self.smoothing], layout=row)
+        bottom = W.Tab(children=[self.timeline, self.ranks, self.logs], layout=W.Layout(width="100%", margin="0"))
+        for i, title in enumerate(("events", "nodes", "output")):
+            bottom.set_title(i, title)
         super().__init__(
-            [self.header, W.HBox([self.progress, self.progress_text]), controls, body, bottom],
-            layout=W.Layout(border="1px solid #ddd", padding="6px", width="100%"),
+            [
+                self.offline,
+                self.header,
+                self.progress,
+                controls,
+                self.message,
+                chart_tools,
+                self.chart,
+                self.legend,
+                bottom,
+            ],
+            layout=W.Layout(
+                border="1px solid var(--jp-border-color2, #ddd)",
+                padding="6px",
+                width="100%",
+                max_width="100%",
+                overflow="hidden",
+            ),
             **kwargs,
         )
         self.add_class("notebook-elastic-dashboard")
@@ -200,32 +237,18 @@ class Dashboard(W.VBox):
                 if state.total_steps:
                     done = (state.step + 1) if state.step is not None else 0
                     self._set(self.progress, "value", min(1.0, done / state.total_steps))
-                    self._set(
-                        self.progress_text,
-                        "value",
-                        f"<span style='font-size:12px;white-space:nowrap'>&nbsp;{done} / {state.total_steps}</span>",
-                    )
             if "chart" in dirty:
-                names = sorted(state.metrics.names)
+                names = chart_metrics(state.metrics.names)
                 if names and tuple(names) != tuple(self.metric.options):
                     current = (
                         self.metric.value if self.metric.value in names else ("loss" if "loss" in names else names[0])
                     )
                     self.metric.options = names
                     self.metric.value = current
-                metric = self.metric.value or "loss"
-                if metric in state.metrics:
-                    series = state.metrics[metric]
-                    steps, values, times = series.steps, series.values, series.times
-                    key = (metric, len(values), len(state.markers))
-                    if key != self._last_chart_state:
-                        self._last_chart_state = key
-                        svg = chart_svg(
-                            steps, values, state.markers, metric=metric, last_report_t=times[-1] if len(times) else None
-                        )
-                        self._set(self.chart, "value", svg)
-                elif not self.chart.value:
-                    self._set(self.chart, "value", chart_svg([], [], metric=metric))
+                self._set(self.chart, "value", self._chart(state))
+                self._set(
+                    self.legend, "value", legend_html(state.markers, self.metric.value or "loss", self.smoothing.value)
+                )
             if "ranks" in dirty:
                 self._set(self.ranks, "value", ranks_html(state))
             if "timeline" in dirty:
@@ -237,6 +260,33 @@ class Dashboard(W.VBox):
             if "controls" in dirty:
                 self._sync_controls()
         self.renders += 1
+
+    def _chart(self, state: Any) -> str:
+        """The chart's SVG; drawn again only when its points, markers or options changed."""
+        metric = self.metric.value or "loss"
+        series = state.metrics[metric] if metric in state.metrics else None
+        key = (
+            metric,
+            len(series.values) if series else 0,
+            len(state.markers),
+            self.log_scale.value,
+            self.smoothing.value,
+        )
+        if key != self._last_chart[0]:
+            if series is None:
+                svg = chart_svg([], [], metric=metric)
+            else:
+                svg = chart_svg(
+                    series.steps,
+                    series.values,
+                    state.markers,
+                    metric=metric,
+                    last_report_t=series.times[-1] if len(series.times) else None,
+                    log_scale=self.log_scale.value,
+                    smoothing=self.smoothing.value,
+                )
+            self._last_chart = (key, svg)
+        return self._last_chart[1]
 
     @staticmethod
     def _set(widget: W.Widget, name: str, value: Any) -> None:
@@ -267,8 +317,13 @@ class Dashboard(W.VBox):
         self.range.disabled = not (live or prepared) or "range" in self._busy
         self.target.disabled = not (live or prepared) or "scale" in self._busy
         self.scale_button.disabled = not live or "scale" in self._busy
-        self.nproc.disabled = not prepared
-        self.max_restarts.disabled = not prepared
+        # Only the controls this job can use are shown: set-up before the start, drills while
+        # it runs, nothing but the picture once it ended.
+        self.setup.layout.display = None if prepared else "none"
+        self.drills.layout.display = None if live else "none"
+        self.stop_button.layout.display = None if not job.finished else "none"
+        for control in (self.range, self.target, self.scale_button):
+            control.layout.display = None if (live or prepared) else "none"
         self.start_button.disabled = not prepared or "start" in self._busy
         self.stop_button.disabled = job.finished or "stop" in self._busy
         self.kill_button.disabled = not live or "kill" in self._busy
@@ -362,7 +417,24 @@ class Dashboard(W.VBox):
             self._unsubscribe = None
         super().close()
 
+    def snapshot(self) -> str:
+        """The current picture as static HTML (header, chart, legend, events), marked as a
+        picture of a kernel that is gone: what a notebook without live widget models shows."""
+        job, state = self.job, self.job.state
+        with job._lock:
+            return snapshot_html(
+                job.name,
+                getattr(job.backend, "name", ""),
+                state,
+                self._chart(state),
+                legend_html(state.markers, self.metric.value or "loss", self.smoothing.value),
+                timeline_html(state.events, limit=12),
+            )
+
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        # Beside the widget view: a text/html twin for front ends (and saved notebooks)
+        # without the live models, and the summary as text.
         bundle = super()._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.job.summary()
+        bundle["text/html"] = self.snapshot()
         return bundle

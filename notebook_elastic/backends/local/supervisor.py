@@ -539,7 +539,7 @@ class Supervisor:
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
                 # outside): a lost node, not replaced.
-                self.target = max(0, self.target - 1)
+                self._lower_target(agent.name, "lost")
             self.emit(Kind.NODE_LEFT, agent.name, reason=reason, exitcode=code)
             if agent.log:
                 agent.log.close()
@@ -633,11 +633,19 @@ class Supervisor:
         self.emit(Kind.FAULT, node, fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid)
         return {"rank": rank, "pid": pid, "node": node}
 
+    def _lower_target(self, node: str, reason: str) -> None:
+        """A node taken away is not replaced: the target says so, in an event of its own, so
+        every view of the target (the dashboard's nodes box, the panel) follows."""
+        self.target = max(0, self.target - 1)
+        self.emit(
+            Kind.SCALED, node, target=self.target, min_nodes=self.range[0], max_nodes=self.range[1], reason=reason
+        )
+
     def do_remove_node(
         self, node: str | None = None, how: str = "preempt", return_after_s: float | None = None
     ) -> dict:
         agent = self._pick_agent(node)
-        self.target = max(0, self.target - 1)
+        self._lower_target(agent.name, "lost" if how == "lose" else "preempted")
         if how == "lose":
             self.signal_agent(agent, signal.SIGKILL, "lost")
         else:

@@ -1,0 +1,122 @@
+/**
+ * Dashboards whose kernel is gone (#11 item 7).
+ *
+ * The dashboard itself is plain ipywidgets; two things only a front end can do live here:
+ * - its "follow again" button (`.ne-attach`, shown by the dashboard's own CSS once ipywidgets
+ *   marks the view disconnected) runs `%elastic_attach NAME` in a new cell below, enabled
+ *   only while the notebook's kernel is idle;
+ * - a dashboard output whose widget model is gone ("Error displaying widget: model not
+ *   found": the kernel restarted and the widget state was not saved) shows the text/html
+ *   twin the dashboard put in the same mime bundle: its last picture, with the word.
+ * Nothing here needs the notebook package: notebook panels are recognised by shape.
+ */
+import { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
+import { Widget } from '@lumino/widgets';
+
+const MODEL_NOT_FOUND = 'Error displaying widget: model not found';
+
+/* eslint-disable @typescript-eslint/no-explicit-any */
+type NotebookPanel = Widget & { sessionContext: any; content: any };
+
+function isNotebookPanel(w: Widget | null): w is NotebookPanel {
+  return !!w && !!(w as any).sessionContext && !!(w as any).content && Array.isArray((w as any).content.widgets);
+}
+
+/** The code cell (a widget of the notebook) that holds ``node``, and its index. */
+function cellOf(panel: NotebookPanel, node: Element): { cell: any; index: number } | null {
+  const cells: any[] = panel.content.widgets;
+  const index = cells.findIndex(c => c.node.contains(node));
+  return index < 0 ? null : { cell: cells[index], index };
+}
+
+/** The code a "follow again" button runs: the magic needs the extension loaded first. */
+export function attachCode(command: string): string {
+  return `%load_ext notebook_elastic\n${command}`;
+}
+
+async function follow(app: JupyterFrontEnd, panel: NotebookPanel, button: HTMLButtonElement): Promise<void> {
+  const where = cellOf(panel, button);
+  const command = button.dataset.command;
+  if (!where || !command) {
+    return;
+  }
+  button.disabled = true;
+  panel.content.activeCellIndex = where.index;
+  await app.commands.execute('notebook:insert-cell-below');
+  panel.content.activeCell.model.sharedModel.setSource(attachCode(command));
+  await app.commands.execute('notebook:run-cell');
+}
+
+/** Show the text/html twin where the widget model is gone. */
+function fallBack(panel: NotebookPanel): void {
+  for (const node of Array.from(panel.node.querySelectorAll<HTMLElement>('.jp-OutputArea-output.jupyter-widgets'))) {
+    if (node.dataset.neFallback || node.textContent !== MODEL_NOT_FOUND) {
+      continue;
+    }
+    const child = node.closest('.jp-OutputArea-child');
+    const where = child ? cellOf(panel, child) : null;
+    if (!child || !child.parentElement || !where || !where.cell.model.outputs) {
+      continue;
+    }
+    const index = Array.from(child.parentElement.children).indexOf(child);
+    const output = where.cell.model.outputs.get(index);
+    const html = output && output.data && output.data['text/html'];
+    if (typeof html !== 'string' || !html.includes('ne-snapshot')) {
+      continue;
+    }
+    node.dataset.neFallback = '1';
+    const renderer = panel.content.rendermime.createRenderer('text/html');
+    void renderer.renderModel(output).then(() => {
+      node.textContent = '';
+      node.classList.remove('jupyter-widgets');
+      node.appendChild(renderer.node);
+      refreshButtons(panel);
+    });
+  }
+}
+
+function refreshButtons(panel: NotebookPanel): void {
+  const ctx = panel.sessionContext;
+  const ready = !!(ctx.session && ctx.session.kernel) && ctx.kernelDisplayStatus === 'idle';
+  for (const button of Array.from(panel.node.querySelectorAll<HTMLButtonElement>('button.ne-attach'))) {
+    button.disabled = !ready;
+  }
+}
+
+export function watchDashboards(app: JupyterFrontEnd, shell: ILabShell): void {
+  const seen = new WeakSet<Widget>();
+  const hook = (w: Widget | null) => {
+    if (!isNotebookPanel(w) || seen.has(w)) {
+      return;
+    }
+    seen.add(w);
+    let pending = 0;
+    const check = () => {
+      pending = 0;
+      fallBack(w);
+      refreshButtons(w);
+    };
+    // Outputs change often (a live dashboard re-renders a few times a second): look at
+    // most every 300 ms, and only at the few nodes that matter.
+    const observer = new MutationObserver(() => {
+      if (!pending) {
+        pending = window.setTimeout(check, 300);
+      }
+    });
+    observer.observe(w.node, { childList: true, subtree: true, characterData: true });
+    w.sessionContext.statusChanged.connect(check);
+    w.node.addEventListener('click', event => {
+      const button = (event.target as HTMLElement).closest('button.ne-attach') as HTMLButtonElement | null;
+      if (button && !button.disabled) {
+        event.preventDefault();
+        void follow(app, w, button);
+      }
+    });
+    w.disposed.connect(() => observer.disconnect());
+    check();
+  };
+  shell.currentChanged.connect((_s, args) => hook(args.newValue));
+  for (const w of shell.widgets('main')) {
+    hook(w);
+  }
+}
