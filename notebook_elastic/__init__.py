@@ -32,7 +32,12 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        value = getattr(importlib.import_module(module), attr)
+        if module in ("notebook_elastic.launcher", "notebook_elastic.job"):
+            from .views import register_display
+
+            register_display()  # jobs show as dashboards in a notebook, %load_ext or not
+        return value
     raise AttributeError(f"module 'notebook_elastic' has no attribute {name!r}")
 
 

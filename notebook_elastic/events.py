@@ -11,6 +11,7 @@ unless the caller passes none.
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import time
@@ -206,6 +207,18 @@ def _ranks(ranks: list[int]) -> str:
     if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
         return f"{ranks[0]}-{ranks[-1]}"
     return ",".join(map(str, ranks))
+
+
+def format_duration(seconds: float | None) -> str:
+    """42s, 3m 05s, 2h 10m; a dash when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "–"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
 def degraded_text(d: dict[str, Any]) -> str:

@@ -326,8 +326,3 @@ class ElasticJob:
 
     def __repr__(self) -> str:
         return f"<ElasticJob {self.summary()}>"
-
-    def _ipython_display_(self) -> None:
-        from .views import display_job
-
-        display_job(self)

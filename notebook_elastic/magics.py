@@ -239,7 +239,10 @@ class ElasticMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    from .views import register_display
+
     ipython.register_magics(ElasticMagics)
+    register_display(ipython)
     import notebook_elastic.runtime as runtime
 
     # The cells use `elastic.report(...)`, `elastic.State(...)`, as workers will.

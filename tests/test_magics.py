@@ -229,3 +229,14 @@ def test_elastic_resume_and_a_rerun_cell_continue_a_stopped_job(shell, home, cap
     fresh = shell.run_cell_magic("elastic_train", "--name comeback --fresh", cell)
     assert "is kept in" in capsys.readouterr().out
     fresh.stop()
+
+
+def test_a_job_is_shown_by_the_views_the_extension_registers(shell, home, capsys):
+    """The job knows no view: %load_ext registers the display, and a job shown without a
+    kernel front end prints its summary (the text view)."""
+    from notebook_elastic.launcher import launch
+
+    job = launch("print(1)\n", dry_run=True, name="shown", user_ns={})
+    assert not hasattr(job, "_ipython_display_")
+    assert shell.display_formatter.ipython_display_formatter(job) is True
+    assert "shown" in capsys.readouterr().out

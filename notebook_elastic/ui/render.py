@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 
 from ..events import FAULT_WORDS, Event, Kind, describe
+from ..events import format_duration as duration
 from ..job_state import JobState, Marker, elapsed_s
-from ..views.text import format_duration as duration
 
 MAX_POINTS = 1000
 STATUS_COLORS = {

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .text import TextView
 
 if TYPE_CHECKING:
     from ..job import ElasticJob
 
-__all__ = ["TextView", "display_job", "widgets_available"]
+__all__ = ["TextView", "display_job", "register_display", "widgets_available"]
 
 
 def widgets_available() -> bool:
@@ -20,6 +20,23 @@ def widgets_available() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def register_display(shell: Any = None) -> bool:
+    """Have IPython show every ``ElasticJob`` with ``display_job`` (the job itself knows no
+    view). Registered by name, so the job module need not be imported yet; idempotent.
+    False outside IPython."""
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+    if shell is None:
+        return False
+    formatter = shell.display_formatter.ipython_display_formatter
+    formatter.for_type_by_name("notebook_elastic.job", "ElasticJob", display_job)
+    return True
 
 
 def display_job(job: ElasticJob) -> None:

@@ -7,32 +7,19 @@ when a rank raised, that rank's traceback (not "exit code 1").
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from ..events import Event, Kind, describe
+from ..events import Event, Kind, describe, format_duration
 from ..job_state import JobState
 
 if TYPE_CHECKING:
     from ..job import ElasticJob
 
 QUIET_KINDS = {Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.AGENT_STARTED, Kind.WORKER_FINISHED, Kind.GROUP_SUCCEEDED}
-
-
-def format_duration(seconds: float | None) -> str:
-    """42s, 3m 05s, 2h 10m; a dash when unknown."""
-    if seconds is None or not math.isfinite(seconds):
-        return "–"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
 def progress_line(state: JobState) -> str:

@@ -1,0 +1,104 @@
+"""The import graph is the layering (every import, lazy ones included):
+runtime <- packaging/spec <- plan <- events/state (the contract) <- backends <- job <- views/ui/magics/server/cli.
+The contract sits below the backends because they speak it: each backend reports Events and
+folds them with the one JobState. No cycles; worker-side code imports nothing of ours outside the runtime; the job never
+imports a view (IPython shows it through a formatter the views register)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "notebook_elastic"
+
+# A module may import only modules of its own layer or of a lower one.
+LAYERS = [
+    {"_version", "errors", "defaults", "runtime"},
+    {"packaging", "spec", "options"},
+    {"plan"},
+    {"events", "job_state"},
+    {"backends"},
+    {"job", "launcher"},
+    {"views", "ui", "magics", "server", "cli", "export", "__init__"},
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def graph() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "labextension" in path.parts:
+            continue
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith("notebook_elastic"):
+                    continue
+                for alias in node.names:
+                    candidate = f"{target}.{alias.name}"
+                    as_path = PACKAGE.parent / candidate.replace(".", "/")
+                    deps.add(candidate if as_path.with_suffix(".py").exists() or as_path.is_dir() else target)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("notebook_elastic")}
+        out[name] = deps - {name}
+    return out
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for i, layer in enumerate(LAYERS):
+        if top in layer:
+            return i
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS")
+
+
+def test_no_import_cycles():
+    g = graph()
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for dep in sorted(g.get(node, ())):
+            if dep in path:
+                cycles.append(" -> ".join([*path[path.index(dep) :], dep]))
+            elif dep not in seen:
+                seen.add(dep)
+                visit(dep, [*path, dep])
+
+    for start in sorted(g):
+        seen = {start}
+        visit(start, [start])
+    assert not cycles, "\n".join(sorted(set(cycles)))
+
+
+def test_every_import_goes_down_the_layers():
+    against = [
+        f"{module} imports {dep}"
+        for module, deps in graph().items()
+        for dep in deps
+        if dep != "notebook_elastic" and layer_of(dep) > layer_of(module)
+    ]
+    assert not against, "\n".join(sorted(against))
+
+
+def test_the_runtime_and_the_job_import_nothing_above_them():
+    g = graph()
+    for module, deps in g.items():
+        if module.startswith("notebook_elastic.runtime"):
+            outside = {d for d in deps if not d.startswith("notebook_elastic.runtime")}
+            assert not outside, f"{module} runs in workers and pods, yet imports {outside}"
+    views = {d for d in g["notebook_elastic.job"] if d.split(".")[1] in ("views", "ui")}
+    assert not views, f"the job draws itself: {views}"
