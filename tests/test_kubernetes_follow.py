@@ -1,0 +1,77 @@
+"""Following a job through the API server's bad moments (#17 defects 3 and 4): a transient
+error (503, 429) is retried and never ends the view; a 403 is told once, in one sentence
+naming the missing verb and resource, instead of silent retries."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from k8s_apiserver import FakeCluster
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.events import Kind
+
+pytestmark = pytest.mark.slow
+
+CELL = """
+for step in range(TOTAL):
+    elastic.report(step=step, loss=1.0 / (step + 1))
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, home):
+    fake = FakeCluster(gpu_slots=0)
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    yield fake
+    fake.close()
+
+
+def launch(name, total):
+    return ne.launch(
+        CELL,
+        backend="kubernetes",
+        nnodes="1",
+        nproc_per_node=1,
+        gpus=0,
+        name=name,
+        user_ns={"elastic": runtime, "time": time, "TOTAL": total, "torch": torch},
+    )
+
+
+def until(job, predicate, what, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never reached: {what}: {job.summary()}"
+        time.sleep(0.1)
+
+
+def test_transient_api_errors_do_not_end_the_job_view(cluster):
+    job = launch("flaky", total=200)
+    until(job, lambda: job.state.step is not None and job.state.step >= 5, "training")
+    seen = len(cluster.requests)
+    for status in (503, 429, 500, 503):  # a control-plane upgrade, a throttled client
+        cluster.fail_next("GET", r"/configmaps/flaky-code$", status)
+    until(job, lambda: not cluster.failures, "the follower to meet every injected error")
+    assert len(cluster.requests) > seen
+    assert job.wait(240) == "succeeded", job.summary()  # old code: "stopped on request"
+    assert job.state.step == 199
+
+
+def test_a_forbidden_watch_is_told_once_naming_the_verb_and_resource(cluster):
+    cluster.deny("watch", "pods")
+    job = launch("denied", total=100_000)
+    until(job, lambda: any(e.kind == Kind.ERROR and e.get("error") == "Forbidden" for e in job.events), "the 403 told")
+    told = [e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]
+    assert "may not watch pods" in told[0].get("message"), told[0].get("message")
+    assert "README" in told[0].get("message")
+    refused = len(cluster.forbidden)
+    until(job, lambda: len(cluster.forbidden) >= refused + 2, "the follower to retry")  # it still tries, slowly
+    assert len([e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]) == 1
+    cluster.denied.clear()  # the admin grants it: the view catches up
+    until(job, lambda: job.state.step is not None and job.state.step >= 3, "training seen once granted")
+    job.stop()
