@@ -257,6 +257,18 @@ def validate(
         containers = (obj.get("spec") or {}).get("containers") or []
         if not containers:
             return status_error_422(shown, name, "spec.containers: Required value")
+    if plural == "pytorchjobs":
+        # Kubeflow's validating webhook (pkg/webhooks/pytorch/pytorchjob_webhook.go).
+        for rtype, rspec in ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items():
+            containers = (((rspec or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+            if not any(c.get("name") == "pytorch" for c in containers):
+                return 422, status_error(
+                    422,
+                    "Invalid",
+                    'admission webhook "validate-kubeflow-org-v1-pytorchjob.kubeflow.org" denied the request: '
+                    f"spec.pytorchReplicaSpecs[{rtype}].template.spec.containers: Required value: must have at least "
+                    "one container with name pytorch",
+                )
     if plural == "jobs":
         spec = obj.get("spec") or {}
         if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:

@@ -502,3 +502,35 @@ def test_env_values_reach_the_pods_through_a_secret_only(cluster):
     assert len(deletes) == 2  # ours above, and stop's: not left to garbage collection
     assert cluster.get("secrets", "tokened-env") is None
     assert not cluster.forbidden, cluster.forbidden
+
+
+def test_names_are_refused_before_anything_is_created_and_a_pytorchjob_passes_the_webhook(cluster):
+    """#17 defect 8, against the fixture that now refuses what a real server refuses."""
+    from notebook_elastic.errors import SpecError
+
+    before = {o["metadata"]["name"] for o in cluster.all_objects()}
+    with pytest.raises(SpecError, match=r"starts with a digit"):
+        ne.launch("print(1)", backend="kubernetes", nnodes="1", gpus=0, name="2024-run", user_ns={})
+    assert {o["metadata"]["name"] for o in cluster.all_objects()} == before  # nothing created
+    cluster.crds.add("pytorchjobs.kubeflow.org")
+    backend = KubernetesBackend()
+    from notebook_elastic.launcher import build_spec
+
+    spec = build_spec(
+        nnodes="1",
+        nproc_per_node=1,
+        name="ptj",
+        backend="kubernetes",
+        backend_options={"kubernetes": {"gpus": 0, "workload": "pytorchjob"}},
+    )
+    from notebook_elastic.packaging import NotebookContext, package_cell
+
+    bundle = package_cell("print(1)", NotebookContext(namespace={}), name="ptj")
+    backend.schedule(backend.submit_dryrun(spec, bundle))  # old code: the webhook's 422
+    made = cluster.get("pytorchjobs", "ptj-workers", gv="kubeflow.org/v1")
+    assert made["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] == "pytorch"
+    backend.cancel("ptj")
+    deadline = time.monotonic() + 60
+    while any(o["metadata"]["name"].startswith("ptj") for o in cluster.all_objects() if o["kind"] != "Event"):
+        assert time.monotonic() < deadline, [o["metadata"]["name"] for o in cluster.all_objects()]
+        time.sleep(0.1)

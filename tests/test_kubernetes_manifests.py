@@ -186,6 +186,10 @@ def test_pytorchjob_passes_the_kubeflow_crd_schema():
         "spot-train-rdzv",
         "c10d",
     )
+    # Kubeflow's webhook requires a container named "pytorch" in every replica spec (#17).
+    assert [c["name"] for c in job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]] == [
+        "pytorch"
+    ]
     broken = copy.deepcopy(job)
     broken["spec"]["elasticPolicy"]["maxReplica"] = 4  # a typo must not pass
     with pytest.raises(jsonschema.ValidationError):
@@ -288,3 +292,24 @@ def test_env_values_go_into_a_secret_and_nowhere_else():
     assert '"env":["HF_TOKEN","WANDB_MODE"]' in objects[0]["metadata"]["annotations"][m.ANNOTATION_SPEC]
     without = build_spec(nnodes="1", name="plain", backend="kubernetes", backend_options={"kubernetes": k8s.to_json()})
     assert "Secret" not in [o["kind"] for o in m.build(without, bundle, k8s, run_id="abcd")]
+
+
+def named(name, nnodes="1:4"):
+    k8s = parse_options(pvc="checkpoints")
+    spec = build_spec(
+        nnodes=nnodes, nproc_per_node=1, name=name, backend="kubernetes", backend_options={"kubernetes": k8s.to_json()}
+    )
+    return spec, package_cell("print(1)", NotebookContext(namespace={}), name=spec.name), k8s
+
+
+def test_names_a_real_server_would_refuse_are_refused_first():
+    """#17 defect 8: `2024-run` made a Service `2024-run-rdzv` (not DNS-1035) after its
+    ConfigMap existed; an Indexed Job's pod hostnames (<job>-workers-<index>) passed 63."""
+    with pytest.raises(SpecError, match=r"--name '2024-run' starts with a digit.*DNS-1035.*like 'run-2024-run'"):
+        m.build(*named("2024-run"), run_id="x")
+    long = "a" * 52  # the longest --name allows
+    m.build(*named(long, nnodes="1:4"), run_id="x")  # a-...-workers-3: 62 characters
+    with pytest.raises(
+        SpecError, match=r"too long for 101 nodes: .* 64 characters, over Kubernetes' 63; use a name of at most 51"
+    ):
+        m.build(*named(long, nnodes="1:101"), run_id="x")

@@ -51,6 +51,8 @@ RUNTIME_ZIP = "runtime.zip"
 MODULES_ZIP = "modules.zip"  # the notebook's own modules the code imports, when there are any
 FILES_ZIP = "files.zip"  # files the code reads by a relative name, unpacked into the working directory
 CHECKPOINT_MOUNT = "/checkpoints"
+PYTORCHJOB_CONTAINER = "pytorch"  # the name Kubeflow's PyTorchJob webhook requires
+MAX_HOSTNAME = 63  # a pod's hostname (an Indexed Job's pods: <job>-<index>) is a DNS-1123 label
 MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's data
 
 
@@ -394,6 +396,9 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
     lo, hi = spec.nnodes
     conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
     conf.update(spec.rdzv_conf)
+    pod_spec = worker_pod_spec(spec, options, rdzv_id=rdzv_id, epoch=epoch, restart_policy="OnFailure")
+    # Kubeflow's webhook refuses a PyTorchJob without a container named "pytorch".
+    pod_spec["containers"][0]["name"] = PYTORCHJOB_CONTAINER
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -421,9 +426,7 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
                     "restartPolicy": "OnFailure",
                     "template": {
                         "metadata": {"labels": labels(spec.name, "worker")},
-                        "spec": worker_pod_spec(
-                            spec, options, rdzv_id=rdzv_id, epoch=epoch, restart_policy="OnFailure"
-                        ),
+                        "spec": pod_spec,
                     },
                 }
             },
@@ -433,6 +436,20 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
 
 def check(spec: Any, options: KubernetesOptions) -> None:
     """Refusals that depend on the cluster shape, before anything is sent."""
+    if not spec.name[:1].isalpha():
+        hint = f"run-{spec.name}"
+        raise SpecError(
+            f"--name {spec.name!r} starts with a digit, but the job's rendezvous Service ({rdzv_name(spec.name)}) "
+            f"must be a DNS-1035 name that starts with a letter; use a name like {hint!r}"
+        )
+    hostname = f"{workers_name(spec.name)}-{spec.max_nodes - 1}"  # the Job controller names pods' hosts so
+    if len(hostname) > MAX_HOSTNAME:
+        room = MAX_HOSTNAME - (len(hostname) - len(spec.name))
+        raise SpecError(
+            f"--name {spec.name!r} is too long for {spec.max_nodes} nodes: the last worker's hostname "
+            f"{hostname!r} would be {len(hostname)} characters, over Kubernetes' {MAX_HOSTNAME}; "
+            f"use a name of at most {room} characters"
+        )
     if spec.max_nodes > 1 and not options.pvc:
         raise SpecError(
             f"--nnodes {spec.nnodes[0]}:{spec.nnodes[1]} may run on several pods, which must share their "
