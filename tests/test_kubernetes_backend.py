@@ -534,3 +534,45 @@ def test_names_are_refused_before_anything_is_created_and_a_pytorchjob_passes_th
     while any(o["metadata"]["name"].startswith("ptj") for o in cluster.all_objects() if o["kind"] != "Event"):
         assert time.monotonic() < deadline, [o["metadata"]["name"] for o in cluster.all_objects()]
         time.sleep(0.1)
+
+
+def test_five_preemptions_on_max_restarts_1(cluster):
+    """The spot story of notebooks/kubernetes.ipynb (#17 defect 7, "What must hold" 8):
+    preempt_node evicts through the Eviction API (DisruptionTarget), so five reclaims on a
+    job allowed one restart neither spend its budget nor the Job's backoffLimit. Old code: a
+    plain DELETE ended each pod Failed, and the second one failed the Job."""
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        gpus=0,
+        pvc="ckpt",
+        name="spot5",
+        max_restarts=1,
+        user_ns=ns(),
+    )
+    wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
+    for n in range(1, 6):
+        victim = job.preempt_node()["node"]
+        wait_for(
+            job,
+            lambda victim=victim: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events),
+            f"preemption {n} seen",
+        )
+        assert next(e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == victim).get("reason") == "evicted"
+        step = job.state.step or 0
+        wait_for(
+            job,
+            lambda victim=victim, step=step: (
+                job.world_size == 2 and victim not in job.nodes and (job.state.step or 0) > step + 3
+            ),
+            f"two pods training again after preemption {n}",
+            timeout=300,
+        )
+    assert len(cluster.evictions) == 5
+    workers = cluster.get("jobs", "spot5-workers", gv="batch/v1")
+    assert workers["status"].get("failed", 0) == 0 and not workers["status"].get("conditions"), workers["status"]
+    assert job.status == "running", job.summary()
+    job.stop()

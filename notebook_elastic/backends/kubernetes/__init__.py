@@ -3,7 +3,7 @@
 Objects come from ``manifests.py`` (pure); this class creates them in order with the
 official client, lists and re-attaches jobs by label, scales (patching an Indexed Job's
 completions and parallelism together), changes the range (new workers in a new rendezvous
-epoch), runs the preemption drill (deleting a worker pod), stops (deleting everything,
+epoch), runs the preemption drill (evicting a worker pod through the Eviction API), stops (deleting everything,
 idempotently), and follows pods and logs (``follow.py``).
 """
 
@@ -424,11 +424,21 @@ class KubernetesBackend(Backend):
                     f"{target!r} is not a running worker pod of {name!r} (running: {', '.join(p.metadata.name for p in pods) or 'none'})"
                 )
             victim = target
-        grace = 0 if fault == "lose_node" else None
         try:
-            conn.core().delete_namespaced_pod(victim, conn.namespace, grace_period_seconds=grace)
+            if fault == "preempt_node":
+                # The Eviction API, as a drain or a spot handler uses it: the pod gets the
+                # DisruptionTarget condition, so the Job's podFailurePolicy ignores it (a plain
+                # DELETE ends it Failed and spends backoffLimit), and PodDisruptionBudgets apply.
+                from kubernetes import client
+
+                eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=victim, namespace=conn.namespace))
+                conn.core().create_namespaced_pod_eviction(victim, conn.namespace, eviction)
+            else:  # lose_node: the node dies without notice, and nothing marks the pod
+                conn.core().delete_namespaced_pod(victim, conn.namespace, grace_period_seconds=0)
         except Exception as exc:
-            raise explain(exc, f"delete pod {victim}", conn) from None
+            raise explain(
+                exc, f"evict pod {victim}" if fault == "preempt_node" else f"delete pod {victim}", conn
+            ) from None
         return {"node": victim}
 
     def cancel(self, name: str) -> None:
