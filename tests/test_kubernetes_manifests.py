@@ -112,11 +112,14 @@ def test_the_shape_of_the_job():
     assert args[args.index("--nnodes") + 1] == "1:4" and args[args.index("--nproc-per-node") + 1] == "2"
     assert args[args.index("--rdzv-endpoint") + 1] == "spot-train-rdzv:29400"
     conf = dict(kv.split("=") for kv in args[args.index("--rdzv-conf") + 1].split(","))
+    # Heartbeats sized for clusters (#17: 1 s x 3 declared live agents dead under load), and
+    # the store client waits as long as the join for a rendezvous pod still starting.
     assert conf == {
         "join_timeout": "1800",
         "last_call_timeout": "1",
-        "keep_alive_interval": "1",
-        "keep_alive_max_attempt": "3",
+        "keep_alive_interval": "5",
+        "keep_alive_max_attempt": "6",
+        "read_timeout": "1800",
         "is_host": "false",
     }
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "2"  # --gpus defaults to --nproc-per-node
@@ -313,3 +316,27 @@ def test_names_a_real_server_would_refuse_are_refused_first():
         SpecError, match=r"too long for 101 nodes: .* 64 characters, over Kubernetes' 63; use a name of at most 51"
     ):
         m.build(*named(long, nnodes="1:101"), run_id="x")
+
+
+def test_cluster_heartbeats_are_overridable():
+    k8s = parse_options(pvc="checkpoints")
+    spec = build_spec(
+        nnodes="1:2",
+        nproc_per_node=1,
+        name="hb",
+        backend="kubernetes",
+        backend_options={"kubernetes": k8s.to_json()},
+        rdzv_conf="keep_alive_interval=2,keep_alive_max_attempt=10",
+    )
+    for obj in m.build(spec, package_cell("print(1)", NotebookContext(namespace={}), name="hb"), k8s, run_id="x"):
+        if obj["kind"] == "Job":
+            args = obj["spec"]["template"]["spec"]["containers"][0]["args"]
+            conf = dict(kv.split("=") for kv in args[args.index("--rdzv-conf") + 1].split(","))
+            assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"], conf["read_timeout"]) == (
+                "2",
+                "10",
+                "1800",
+            )
+    pytorchjob = m.pytorchjob(spec, k8s, rdzv_id="r", epoch=0, target=1)
+    conf = {kv["key"]: kv["value"] for kv in pytorchjob["spec"]["elasticPolicy"]["rdzvConf"]}
+    assert (conf["keep_alive_interval"], conf["read_timeout"]) == ("2", "1800")

@@ -267,10 +267,29 @@ def rendezvous_service(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
     }
 
 
+# Rendezvous settings sized for clusters, under the user's --rdzv-conf (which wins): the local
+# 1 s x 3 heartbeat declared live agents dead under CPU load on the fixture (network, image
+# pulls and starved nodes are worse), so a departure is noticed after 30 s here; and the
+# agents' store client waits as long as the join (torch's read_timeout default is 60 s), so
+# workers that start before the rendezvous pod serves (image pull, autoscaled pool) wait.
+CLUSTER_RDZV_CONF = {
+    "keep_alive_interval": "5",
+    "keep_alive_max_attempt": "6",
+    "read_timeout": str(defaults.JOIN_TIMEOUT_S_CLUSTER),
+}
+
+
+def cluster_rdzv_conf(spec: Any) -> dict[str, str]:
+    """The agents' --rdzv-conf on a cluster: the defaults, the cluster sizing, the user's own."""
+    conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
+    conf.update(CLUSTER_RDZV_CONF)
+    conf.update(spec.rdzv_conf)
+    return conf
+
+
 def agent_args(spec: Any, options: KubernetesOptions, *, rdzv_id: str) -> list[str]:
     lo, hi = spec.nnodes
-    conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
-    conf.update(spec.rdzv_conf)
+    conf = cluster_rdzv_conf(spec)
     return [
         "--nnodes",
         f"{lo}:{hi}",
@@ -394,8 +413,7 @@ def worker_pod(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
 def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
     """A Kubeflow PyTorchJob with an elasticPolicy, pointed at our rendezvous service."""
     lo, hi = spec.nnodes
-    conf = defaults.rdzv_conf(join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER, is_host=False)
-    conf.update(spec.rdzv_conf)
+    conf = cluster_rdzv_conf(spec)
     pod_spec = worker_pod_spec(spec, options, rdzv_id=rdzv_id, epoch=epoch, restart_policy="OnFailure")
     # Kubeflow's webhook refuses a PyTorchJob without a container named "pytorch".
     pod_spec["containers"][0]["name"] = PYTORCHJOB_CONTAINER
