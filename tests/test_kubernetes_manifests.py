@@ -66,6 +66,7 @@ def test_every_built_in_manifest_passes_strict_schema_validation(version):
         image_pull_secrets=["registry"],
         cpu="8",
         memory="32Gi",
+        pod_security="restricted",
     )
     objects = m.build(spec, bundle, k8s, run_id="abcd")
     owner = dict(objects[0], metadata=dict(objects[0]["metadata"], uid="0b0c7d5e-1111-2222-3333-444455556666"))
@@ -139,7 +140,9 @@ def test_the_shape_of_the_job():
 def test_cpu_pods_ask_for_no_gpu_and_owner_references_point_at_the_configmap():
     spec, bundle, k8s = make(gpus=0)
     code, _secret, service, rdzv, job = m.build(spec, bundle, k8s, run_id="abcd")
-    assert "resources" not in job["spec"]["template"]["spec"]["containers"][0]
+    # No GPU, but requests (#17: without any, CPU workers ran BestEffort, evicted first): one
+    # CPU and 2 GiB per process by default, and no limit that was not asked for.
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
     made = dict(code, metadata=dict(code["metadata"], uid="u-1"))
     owned = m.owned_by(job, made)
     assert owned["metadata"]["ownerReferences"] == [
@@ -340,3 +343,26 @@ def test_cluster_heartbeats_are_overridable():
     pytorchjob = m.pytorchjob(spec, k8s, rdzv_id="r", epoch=0, target=1)
     conf = {kv["key"]: kv["value"] for kv in pytorchjob["spec"]["elasticPolicy"]["rdzvConf"]}
     assert (conf["keep_alive_interval"], conf["read_timeout"]) == ("2", "1800")
+
+
+def test_pod_security_restricted_pods_pass_that_level():
+    """#17: a namespace enforcing the "restricted" Pod Security Standard refused our pods.
+    The checks below are that standard's (non-root, no privilege escalation, all
+    capabilities dropped, RuntimeDefault seccomp), on every container we make."""
+    spec, bundle, k8s = make(pod_security="restricted")
+    objects = m.build(spec, bundle, k8s, run_id="abcd")
+    pods = [o["spec"] for o in objects if o["kind"] == "Pod"] + [
+        o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Job"
+    ]
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    baseline = m.build(*make()[:2], make()[2], run_id="abcd")
+    assert all("securityContext" not in o.get("spec", {}) for o in baseline if o["kind"] == "Pod")
+    with pytest.raises(SpecError, match=r"--pod-security 'strict' is unknown; choose one of: baseline, restricted"):
+        parse_options(pod_security="strict")

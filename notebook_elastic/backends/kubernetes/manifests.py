@@ -209,6 +209,31 @@ def _code_volume(spec: Any) -> dict[str, Any]:
     return {"name": "code", "configMap": {"name": code_name(spec.name)}}
 
 
+# The Pod Security Standard "restricted" (namespaces may enforce it): not root, no privilege
+# escalation, every capability dropped, the runtime's default seccomp profile. The official
+# torch images run as root, so a non-root uid is named; fsGroup makes the volumes writable.
+RESTRICTED_UID = 1000
+
+
+def _secure(pod_spec: dict[str, Any], options: KubernetesOptions) -> None:
+    if options.pod_security != "restricted":
+        return
+    pod_spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": RESTRICTED_UID,
+        "runAsGroup": RESTRICTED_UID,
+        "fsGroup": RESTRICTED_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for container in pod_spec["containers"]:
+        container["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
+
 def _place(pod_spec: dict[str, Any], options: KubernetesOptions, node_selector: dict, tolerations: list) -> None:
     """Where a pod may run and as whom: its own selector/tolerations, the job's identity."""
     if node_selector:
@@ -247,6 +272,7 @@ def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
         "terminationGracePeriodSeconds": 5,
     }
     _place(pod_spec, options, options.rdzv_node_selector, options.rdzv_tolerations)
+    _secure(pod_spec, options)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -320,11 +346,10 @@ def worker_pod_spec(
     resources: dict[str, Any] = {}
     if gpus:
         resources["limits"] = {"nvidia.com/gpu": str(gpus)}
-    requests = {k: v for k, v in (("cpu", options.cpu), ("memory", options.memory)) if v}
-    if requests:
-        resources["requests"] = requests
-        if options.memory:
-            resources.setdefault("limits", {})["memory"] = options.memory
+    # Always some requests (Burstable, not BestEffort: evicted last); a memory limit only when asked.
+    resources["requests"] = options.requests(spec.nproc_per_node)
+    if options.memory:
+        resources.setdefault("limits", {})["memory"] = options.memory
     mounts = [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [_code_volume(spec)]
     if options.shm_size:
@@ -352,6 +377,7 @@ def worker_pod_spec(
         "terminationGracePeriodSeconds": 30,
     }
     _place(pod_spec, options, options.node_selector, options.tolerations)
+    _secure(pod_spec, options)
     return pod_spec
 
 
