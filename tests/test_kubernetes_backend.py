@@ -576,3 +576,65 @@ def test_five_preemptions_on_max_restarts_1(cluster):
     assert workers["status"].get("failed", 0) == 0 and not workers["status"].get("conditions"), workers["status"]
     assert job.status == "running", job.summary()
     job.stop()
+
+
+def test_a_job_that_ran_on_fewer_nodes_than_asked_succeeds(cluster):
+    """#17 defect 6: 1:2 nodes asked, room for one (1 GPU slot, 1 GPU a pod). The run
+    finishes on one node; the Pending index must not keep the Job open (old
+    code: the Job never completed), and its late pod is terminated, not retried to failure."""
+    cluster.set_gpu_slots(1)
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        gpus=1,
+        pvc="ckpt",
+        name="fewer",
+        user_ns=ns(total=60),
+    )
+    assert job.wait(300) == "succeeded", job.summary()
+    workers = cluster.get("jobs", "fewer-workers", gv="batch/v1")
+    types = {c["type"] for c in workers["status"]["conditions"]}
+    assert {"SuccessCriteriaMet", "Complete"} <= types and "Failed" not in types, workers["status"]
+    assert job.state.step == 59
+    job.stop()
+
+
+def test_the_workers_job_owns_everything_and_a_job_without_workers_is_expired(cluster):
+    """#17 defects 5, 6: the TTL controller deletes only the Job; the ConfigMap, Service,
+    Secret and the rendezvous pod (restartPolicy Always) must go with it. A job whose
+    workers are gone reads `expired`, not `pending`."""
+    from notebook_elastic.launcher import build_spec
+    from notebook_elastic.packaging import NotebookContext, package_cell
+
+    backend = KubernetesBackend()
+    spec = build_spec(
+        nnodes="1",
+        nproc_per_node=1,
+        name="ttl",
+        backend="kubernetes",
+        env={"TOKEN": "s3cret"},
+        backend_options={"kubernetes": {"gpus": 0, "ttl_seconds_after_finished": 1}},
+    )
+    bundle = package_cell("print('done')", NotebookContext(namespace={}), name="ttl")
+    backend.schedule(backend.submit_dryrun(spec, bundle))
+    kinds = {o["kind"] for o in cluster.all_objects() if o["metadata"].get("labels", {}).get(m.INSTANCE) == "ttl"}
+    assert {"ConfigMap", "Secret", "Service", "Pod", "Job"} <= kinds, kinds
+    deadline = time.monotonic() + 180
+    while left := [o["kind"] for o in cluster.all_objects() if o["kind"] not in ("Event", "PersistentVolumeClaim")]:
+        assert time.monotonic() < deadline, f"left after the TTL: {left}"  # old code: all but the Job
+        time.sleep(0.1)
+
+    job = ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="gone", user_ns=ns())
+    wait_for(job, lambda: (job.state.step or 0) >= 3, "training")
+    job.detach()
+    backend._own_code_by("gone", None)  # as a job made before this change: the ConfigMap owns all
+    cluster._delete(("batch/v1", "jobs", "default", "gone-workers"), policy="Background")
+    deadline = time.monotonic() + 120
+    while cluster.pods(selector=m.selector("gone", "worker")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert {i.name: i.status for i in backend.list()}["gone"] == "expired"  # old code: pending
+    backend.cancel("gone")

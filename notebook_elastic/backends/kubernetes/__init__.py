@@ -118,9 +118,41 @@ class KubernetesBackend(Backend):
                 created.append(
                     self._create(m.owned_by(obj, owner), f"create the {obj['kind']} {obj['metadata']['name']}")
                 )
+            if created[-1]["kind"] in ("Job", "PyTorchJob"):
+                self._own_code_by(dryrun.spec.name, created[-1])
         except BackendError:
             self.cancel(dryrun.spec.name)  # nothing half-created is left behind
             raise
+
+    def _own_code_by(self, name: str, workers: dict[str, Any] | None) -> None:
+        """The workers' Job (or PyTorchJob) owns the code ConfigMap, which owns the rest: so
+        the TTL controller, `kubectl delete job` or a `stop` that deletes the workers removes
+        every object of the job, not only the Job (a dead kernel left the ConfigMap, Service
+        and the always-restarting rendezvous pod forever). The ConfigMap still owns the Job,
+        so deleting it removes everything too. Not blocking: with a reference each way,
+        foreground deletion of either must not wait on the other. None: no owner (the
+        workers are being replaced)."""
+        refs = (
+            [
+                {
+                    "apiVersion": workers["apiVersion"],
+                    "kind": workers["kind"],
+                    "name": workers["metadata"]["name"],
+                    "uid": workers["metadata"]["uid"],
+                    "blockOwnerDeletion": False,
+                }
+            ]
+            if workers
+            else []
+        )
+        try:
+            self.conn.core().patch_namespaced_config_map(
+                m.code_name(name),
+                self.conn.namespace,
+                [{"op": "add", "path": "/metadata/ownerReferences", "value": refs}],
+            )
+        except Exception as exc:
+            raise explain(exc, f"make the workers of {name!r} own its code ConfigMap", self.conn) from None
 
     def _check_namespace(self) -> None:
         conn = self.conn
@@ -207,8 +239,12 @@ class KubernetesBackend(Backend):
                 if cond.status == "True" and cond.type in ("Complete", "Failed"):
                     status = "succeeded" if cond.type == "Complete" else "failed"
             target = job.spec.parallelism
-        except Exception:
+        except Exception as exc:
             target = len(pods)
+            if is_missing(exc) and self._workload(cm) == "job" and not pods:
+                # The workers and their Job are gone (deleted, or the TTL) while the code
+                # ConfigMap stayed: nothing will run again. Not "pending" forever.
+                status = "expired"
         lo, hi = spec.get("nnodes", [1, 1])
         waiting = None
         if status in ("pending", "running") and target and phases.count("Running") < target:
@@ -379,6 +415,7 @@ class KubernetesBackend(Backend):
         for key in ("batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name", "job-name", "controller-uid"):
             new_job["spec"]["template"].get("metadata", {}).get("labels", {}).pop(key, None)
         try:
+            self._own_code_by(name, None)  # else deleting the old Job would delete the whole job
             conn.batch().delete_namespaced_job(
                 m.workers_name(name), conn.namespace, propagation_policy="Background", grace_period_seconds=30
             )
@@ -393,7 +430,8 @@ class KubernetesBackend(Backend):
             owner = conn.api.sanitize_for_serialization(cm)
             owner.setdefault("apiVersion", "v1")
             owner.setdefault("kind", "ConfigMap")
-            self._create(m.owned_by(new_job, owner), f"create the new workers of {name!r}")
+            made = self._create(m.owned_by(new_job, owner), f"create the new workers of {name!r}")
+            self._own_code_by(name, made)
         except BackendError:
             raise
         except Exception as exc:

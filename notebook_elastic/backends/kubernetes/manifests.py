@@ -414,6 +414,11 @@ def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: i
                     },
                 ]
             },
+            # The agents finish together, so one index that succeeded means the training is
+            # done: an index still Pending (fewer nodes than asked ran the job) must not keep
+            # the Job open, nor a late pod meeting a closed rendezvous fail it (Kubernetes >=
+            # 1.31, beta and on by default; GA in 1.33). Lingering pods are terminated.
+            "successPolicy": {"rules": [{"succeededCount": 1}]},
             "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
             "template": {
                 "metadata": {"labels": labels(spec.name, "worker")},
