@@ -75,3 +75,27 @@ def test_a_forbidden_watch_is_told_once_naming_the_verb_and_resource(cluster):
     cluster.denied.clear()  # the admin grants it: the view catches up
     until(job, lambda: job.state.step is not None and job.state.step >= 3, "training seen once granted")
     job.stop()
+
+
+def test_a_pod_deleted_while_the_watch_was_away_past_410_still_leaves(cluster):
+    """The watch is away (its connection dropped, and refused while a pod goes); by the time
+    it is back, its resourceVersion is too old (410 Gone). The fresh list lacks the pod:
+    it is told as gone (old code: relisted only what exists, and the pod never left)."""
+    from notebook_elastic.backends.kubernetes import manifests as m
+
+    job = launch("gap", total=100_000)
+    until(job, lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training")
+    victim = job.nodes[0]
+    cluster.deny("watch", "pods")
+    cluster.deny("list", "pods")
+    refused = len(cluster.forbidden)
+    cluster.drop_streams()
+    until(job, lambda: len(cluster.forbidden) > refused, "the follower to be refused")
+    cluster.preempt(victim)
+    until(job, lambda: cluster.get("pods", victim) is None, "the pod gone")
+    with cluster.lock:
+        del cluster.history[:-1]  # compacted: the follower's resourceVersion is now too old
+    cluster.denied.clear()
+    until(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events), "the pod told gone")
+    assert cluster.pods(selector=m.selector("gap", "worker"))  # and the replacement exists
+    job.stop()

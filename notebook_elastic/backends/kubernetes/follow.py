@@ -232,16 +232,38 @@ class ClusterFollower:
 
     # -- pods -------------------------------------------------------------------------
 
-    def _watch(self, list_fn: Any, handle: Any, *, optional: bool = False, **selector: str) -> None:
-        """A watch that lives as long as the follower: after a dropped connection it resumes
-        from the last resourceVersion it saw, after 410 Gone it relists (ADDED again for
-        what exists; the handlers dedupe). ``optional``: a 401/403 ends it quietly."""
+    def _watch(
+        self, list_fn: Any, handle: Any, *, optional: bool = False, relisted: Any = None, **selector: str
+    ) -> None:
+        """A watch that lives as long as the follower, as an informer does it: list, then
+        watch from the list's resourceVersion; after a dropped connection resume from the
+        last resourceVersion seen; after 410 Gone list again (ADDED for what exists; the
+        handlers dedupe) and give ``relisted`` the names listed, so what was deleted while
+        the watch was away is told too. ``optional``: a 401/403 ends it quietly."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
         rv: str | None = None
         backoff = Backoff(self.stop)
         while not self.stop.is_set():
+            if rv is None:
+                try:
+                    listed = list_fn(self.conn.namespace, **selector)
+                except ApiException as exc:
+                    if optional and exc.status in (401, 403):
+                        return
+                    if exc.status in (401, 403):
+                        self._forbidden(exc, f"follow job {self.job!r}")
+                    backoff.wait()
+                    continue
+                except Exception:
+                    backoff.wait()
+                    continue
+                for obj in listed.items:
+                    handle("ADDED", obj)
+                if relisted is not None:
+                    relisted({obj.metadata.name for obj in listed.items})
+                rv = listed.metadata.resource_version
             w = watch.Watch()
             try:
                 for item in w.stream(
@@ -267,7 +289,26 @@ class ClusterFollower:
                 backoff.wait()  # dropped connection: resume from rv
 
     def _watch_pods(self) -> None:
-        self._watch(self.core.list_namespaced_pod, self._on_pod, label_selector=m.selector(self.job))
+        self._watch(
+            self.core.list_namespaced_pod,
+            self._on_pod,
+            relisted=self._pods_relisted,
+            label_selector=m.selector(self.job),
+        )
+
+    def _pods_relisted(self, present: set[str]) -> None:
+        """Worker pods we followed that a fresh list no longer has were deleted while the
+        watch was away (a 410 after a long disconnection): they left."""
+        with self.lock:
+            gone = [
+                v
+                for v in self.pods.values()
+                if v.name not in present and not v.left and v.name != m.rdzv_name(self.job)
+            ]
+            for view in gone:
+                view.left = True
+        for view in gone:
+            self.emit(Kind.NODE_LEFT, view.name, reason="deleted", exitcode=None)
 
     def _on_pod(self, kind: str, pod: Any) -> None:
         name = pod.metadata.name
