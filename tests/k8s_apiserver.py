@@ -468,6 +468,9 @@ class FakeCluster:
         self.requests: list[tuple[str, str]] = []
         self.failures: list[tuple[str, str, int]] = []  # (method, path regex, status) answered once each
         self.evictions: list[str] = []  # pods evicted through the Eviction API
+        self.expired_watches: list[str] = []  # plurals of watches answered 410 Gone
+        self.bookmarks: list[int] = []  # resourceVersions sent in BOOKMARK events
+        self.bookmark_interval_s = 1.0  # the real server sends one about every minute
         self.finished_pods: dict[str, dict[str, Any]] = {}  # pod uid -> its last state, until its Job counted it
         self.closed = False
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -1312,6 +1315,7 @@ class FakeCluster:
         with self.lock:
             oldest = self.history[0][0] if self.history else self.rv
             if since and since not in ("0", "") and int(since) < oldest - 1:
+                self.expired_watches.append(plural)
                 gone = status_error(410, "Expired", f"too old resource version: {since} ({oldest})")
                 self._start_stream(h, "application/json")
                 self._chunk(h, json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
@@ -1328,6 +1332,8 @@ class FakeCluster:
                 cursor = int(since)
         self._start_stream(h, "application/json")
         deadline = time.monotonic() + timeout
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        last_bookmark = time.monotonic()
         try:
             for kind, obj in initial:
                 if match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields):
@@ -1340,11 +1346,25 @@ class FakeCluster:
                         if rv > cursor and key[0] == gv and key[1] == plural and key[2] == ns
                     ]
                     if not pending:
-                        self.changed.wait(0.5)
-                        continue
+                        if bookmarks and time.monotonic() - last_bookmark >= self.bookmark_interval_s:
+                            # Nothing of this kind is unsent up to the latest resourceVersion:
+                            # a BOOKMARK carries it, so a quiet watch can resume after compaction.
+                            cursor, last_bookmark = self.rv, time.monotonic()
+                            mark = {
+                                "kind": RESOURCES[(gv, plural)],
+                                "apiVersion": gv,
+                                "metadata": {"resourceVersion": str(cursor)},
+                            }
+                            self.bookmarks.append(cursor)
+                            pending = [(cursor, "BOOKMARK", mark)]
+                        else:
+                            self.changed.wait(0.5)
+                            continue
                 for rv, kind, obj in pending:
                     cursor = rv
-                    if match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields):
+                    if kind == "BOOKMARK" or (
+                        match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields)
+                    ):
                         self._chunk(h, json.dumps({"type": kind, "object": obj}).encode() + b"\n")
         except OSError:
             return

@@ -4,6 +4,7 @@ naming the missing verb and resource, instead of silent retries."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -98,4 +99,27 @@ def test_a_pod_deleted_while_the_watch_was_away_past_410_still_leaves(cluster):
     cluster.denied.clear()
     until(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events), "the pod told gone")
     assert cluster.pods(selector=m.selector("gap", "worker"))  # and the replacement exists
+    job.stop()
+
+
+def test_a_quiet_pod_watch_resumes_after_compaction_thanks_to_bookmarks(cluster):
+    """#17: no watch bookmarks. While the job's pods do not change, the rest of the cluster
+    does and the server compacts its history; a reconnecting watch then resumes from the
+    bookmark's resourceVersion instead of meeting 410 Gone and relisting."""
+    from kubernetes import client, config
+
+    job = launch("quiet", total=100_000)
+    until(job, lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training")
+    api = client.CoreV1Api(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
+    for i in range(20):  # churn elsewhere: newer resourceVersions the pod watch never sees
+        api.create_namespaced_config_map("default", {"metadata": {"name": f"churn-{i}"}})
+    churned = cluster.rv
+    until(job, lambda: any(b >= churned for b in cluster.bookmarks), "a bookmark past the churn")
+    with cluster.lock:
+        del cluster.history[:-1]  # compacted
+    cluster.drop_streams()
+    until(job, lambda: len(cluster.streams) >= 3, "the follower to resume its streams")
+    step = job.state.step
+    until(job, lambda: (job.state.step or 0) > step + 3, "training still followed")
+    assert "pods" not in cluster.expired_watches, cluster.expired_watches  # old code: 410, relist
     job.stop()

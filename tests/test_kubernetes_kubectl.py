@@ -95,13 +95,14 @@ def test_kubectl_reads_describes_logs_applies_and_deletes_our_objects(cluster, t
     # Server-side dry run of a whole job's manifests: validated, nothing stored.
     objects = json.loads(kubectl(cluster, tmp_path, "get", "job", "kc-workers", "-o", "json").stdout)
     assert objects["spec"]["completionMode"] == "Indexed"
-    dry = job.spec  # the same spec under another name, through our own manifests
-    other = dict(dry.to_json(), name="kc-dry")
+    # The same job under another name, through our own manifests.
+    from notebook_elastic.backends.kubernetes.options import KubernetesOptions
+    from notebook_elastic.packaging import NotebookContext, package_cell
     from notebook_elastic.spec import JobSpec
 
-    built = m.build(
-        JobSpec.from_json(other), job._bundle if hasattr(job, "_bundle") else _bundle(job), _options(), run_id="x"
-    )
+    other = JobSpec.from_json(dict(job.spec.to_json(), name="kc-dry"))
+    bundle = package_cell("print(1)", NotebookContext(namespace={}), name="kc-dry")
+    built = m.build(other, bundle, KubernetesOptions(gpus=0), run_id="x")
     manifest = "\n".join(json.dumps(o) for o in built)
     before = len(cluster.all_objects())
     applied = kubectl(cluster, tmp_path, "apply", "--dry-run=server", "--validate=false", "-f", "-", stdin=manifest)
@@ -125,15 +126,3 @@ def test_kubectl_reads_describes_logs_applies_and_deletes_our_objects(cluster, t
         "every object gone",
     )
     assert "No resources found" in kubectl(cluster, tmp_path, "get", "pods,services,configmaps").stderr
-
-
-def _options():
-    from notebook_elastic.backends.kubernetes.options import KubernetesOptions
-
-    return KubernetesOptions(gpus=0)
-
-
-def _bundle(job):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(script=job.script or "", payload=b"", modules={}, workdir_files={}, manifest=None)

@@ -233,7 +233,14 @@ class ClusterFollower:
     # -- pods -------------------------------------------------------------------------
 
     def _watch(
-        self, list_fn: Any, handle: Any, *, optional: bool = False, relisted: Any = None, **selector: str
+        self,
+        list_fn: Any,
+        handle: Any,
+        *,
+        optional: bool = False,
+        relisted: Any = None,
+        bookmarks: bool = False,
+        **selector: str,
     ) -> None:
         """A watch that lives as long as the follower, as an informer does it: list, then
         watch from the list's resourceVersion; after a dropped connection resume from the
@@ -267,11 +274,23 @@ class ClusterFollower:
             w = watch.Watch()
             try:
                 for item in w.stream(
-                    list_fn, self.conn.namespace, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S, **selector
+                    list_fn,
+                    self.conn.namespace,
+                    resource_version=rv,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                    # A quiet watch keeps a fresh resourceVersion (only where the model's required
+                    # fields allow a bookmark's bare metadata: V1Pod yes, CoreV1Event no).
+                    **({"allow_watch_bookmarks": True} if bookmarks else {}),
+                    **selector,
                 ):
                     if self.stop.is_set():
                         w.stop()
                         return
+                    if item["type"] == "BOOKMARK":
+                        # Only a resourceVersion (the client keeps the object a raw dict): resume
+                        # from there, not from before the server's compaction.
+                        rv = w.resource_version or rv
+                        continue
                     obj = item["object"]
                     rv = obj.metadata.resource_version
                     handle(item["type"], obj)
@@ -293,6 +312,7 @@ class ClusterFollower:
             self.core.list_namespaced_pod,
             self._on_pod,
             relisted=self._pods_relisted,
+            bookmarks=True,
             label_selector=m.selector(self.job),
         )
 
