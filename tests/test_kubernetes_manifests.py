@@ -366,3 +366,17 @@ def test_pod_security_restricted_pods_pass_that_level():
     assert all("securityContext" not in o.get("spec", {}) for o in baseline if o["kind"] == "Pod")
     with pytest.raises(SpecError, match=r"--pod-security 'strict' is unknown; choose one of: baseline, restricted"):
         parse_options(pod_security="strict")
+
+
+def test_the_store_never_gets_the_workers_priority_class():
+    """#17: a low, preemptible priority class for spot workers made the rendezvous pod the
+    scheduler's first victim too. The store has its own (--rdzv-priority-class), or none."""
+    spec, bundle, k8s = make(priority_class="preemptible")
+    objects = m.build(spec, bundle, k8s, run_id="x")
+    rdzv = next(o for o in objects if o["kind"] == "Pod")
+    job = next(o for o in objects if o["kind"] == "Job")
+    assert "priorityClassName" not in rdzv["spec"]
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "preemptible"
+    spec, bundle, k8s = make(priority_class="preemptible", rdzv_priority_class="training-critical")
+    rdzv = next(o for o in m.build(spec, bundle, k8s, run_id="x") if o["kind"] == "Pod")
+    assert rdzv["spec"]["priorityClassName"] == "training-critical"

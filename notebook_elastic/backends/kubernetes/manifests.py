@@ -234,14 +234,20 @@ def _secure(pod_spec: dict[str, Any], options: KubernetesOptions) -> None:
         }
 
 
-def _place(pod_spec: dict[str, Any], options: KubernetesOptions, node_selector: dict, tolerations: list) -> None:
-    """Where a pod may run and as whom: its own selector/tolerations, the job's identity."""
+def _place(
+    pod_spec: dict[str, Any],
+    options: KubernetesOptions,
+    node_selector: dict,
+    tolerations: list,
+    priority_class: str | None,
+) -> None:
+    """Where a pod may run and as whom: its own selector/tolerations/priority, the job's identity."""
     if node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
     if tolerations:
         pod_spec["tolerations"] = list(tolerations)
-    if options.priority_class:
-        pod_spec["priorityClassName"] = options.priority_class
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
     if options.service_account:
         pod_spec["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
@@ -271,7 +277,9 @@ def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
         "volumes": [_code_volume(spec)],
         "terminationGracePeriodSeconds": 5,
     }
-    _place(pod_spec, options, options.rdzv_node_selector, options.rdzv_tolerations)
+    # Its own priority class, never the workers' (a low "preemptible" one for spot workers would
+    # make the store the scheduler's first victim, and every agent would fail with it).
+    _place(pod_spec, options, options.rdzv_node_selector, options.rdzv_tolerations, options.rdzv_priority_class)
     _secure(pod_spec, options)
     return {
         "apiVersion": "v1",
@@ -376,7 +384,7 @@ def worker_pod_spec(
         # torchrun's agent stops its workers on SIGTERM, then leaves the rendezvous.
         "terminationGracePeriodSeconds": 30,
     }
-    _place(pod_spec, options, options.node_selector, options.tolerations)
+    _place(pod_spec, options, options.node_selector, options.tolerations, options.priority_class)
     _secure(pod_spec, options)
     return pod_spec
 

@@ -93,7 +93,8 @@ class KubernetesOptions:
     node_selector: dict[str, str] = field(default_factory=dict)
     rdzv_tolerations: list[dict[str, Any]] = field(default_factory=list)
     rdzv_node_selector: dict[str, str] = field(default_factory=dict)
-    priority_class: str | None = None
+    priority_class: str | None = None  # the workers' (often a low, preemptible one for spot)
+    rdzv_priority_class: str | None = None  # the store's own; never the workers'
     service_account: str | None = None
     image_pull_secrets: list[str] = field(default_factory=list)
     pvc: str | None = None
@@ -135,6 +136,7 @@ def parse_options(
     rdzv_tolerations: Iterable[str] = (),
     rdzv_node_selector: Iterable[str] | Mapping[str, str] = (),
     priority_class: str | None = None,
+    rdzv_priority_class: str | None = None,
     service_account: str | None = None,
     image_pull_secrets: Iterable[str] = (),
     pvc: str | None = None,
@@ -171,6 +173,7 @@ def parse_options(
         rdzv_tolerations=[parse_toleration(t, "--rdzv-toleration") for t in rdzv_tolerations],
         rdzv_node_selector=parse_selector(rdzv_node_selector, "--rdzv-node-selector"),
         priority_class=_name(priority_class, "--priority-class"),
+        rdzv_priority_class=_name(rdzv_priority_class, "--rdzv-priority-class"),
         service_account=_name(service_account, "--service-account"),
         image_pull_secrets=[_name(s, "--image-pull-secret") or "" for s in image_pull_secrets],
         pvc=_name(pvc, "--pvc"),
