@@ -1048,6 +1048,36 @@ class FakeCluster:
             )
         gv = m.group("core") or f"{m.group('group')}/{m.group('version')}"
         ns, plural, name, sub = m.group("ns"), m.group("plural"), m.group("name"), m.group("sub")
+        if gv == "v1" and ns is None and plural == "nodes" and method == "GET":
+            # The one node the scheduler places pods on (cluster-scoped: RBAC by ClusterRole).
+            if not self._granted("list" if not name else "get", "", "nodes"):
+                self.forbidden.append((method, url.path))
+                return h._json(
+                    403,
+                    status_error(
+                        403,
+                        "Forbidden",
+                        'nodes is forbidden: User "tester" cannot list resource "nodes" in API group "" at the cluster scope',
+                    ),
+                )
+            allocatable = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+            if self.gpu_slots:
+                allocatable["nvidia.com/gpu"] = str(self.gpu_slots)
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": "fake-node", "uid": "fake-node-uid"},
+                "status": {"allocatable": allocatable, "capacity": allocatable},
+            }
+            return h._json(
+                200,
+                {
+                    "apiVersion": "v1",
+                    "kind": "NodeList",
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": [node],
+                },
+            )
         if plural is None and ns is not None and gv == "v1":
             # GET /api/v1/namespaces/NAME
             if ns in self.namespaces:

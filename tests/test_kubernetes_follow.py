@@ -123,3 +123,23 @@ def test_a_quiet_pod_watch_resumes_after_compaction_thanks_to_bookmarks(cluster)
     until(job, lambda: (job.state.step or 0) > step + 3, "training still followed")
     assert "pods" not in cluster.expired_watches, cluster.expired_watches  # old code: 410, relist
     job.stop()
+
+
+def test_gpus_default_to_none_on_a_cluster_without_gpus(cluster):
+    """#17: --gpus defaulted to --nproc-per-node even where no node has a GPU, so every worker
+    stayed Pending (Insufficient nvidia.com/gpu). Where nodes can be listed and none offers
+    nvidia.com/gpu, the default is CPU pods."""
+    from notebook_elastic.backends.kubernetes import manifests as m
+
+    job = ne.launch(
+        CELL,
+        backend="kubernetes",
+        nnodes="1",
+        nproc_per_node=1,
+        name="cpu",
+        user_ns={"elastic": runtime, "time": time, "TOTAL": 100_000, "torch": torch},
+    )
+    until(job, lambda: job.state.step is not None and job.state.step >= 3, "CPU pods training")
+    pod = cluster.pods(selector=m.selector("cpu", "worker"))[0]
+    assert "nvidia.com/gpu" not in str(pod["spec"]["containers"][0].get("resources")), pod["spec"]["containers"][0]
+    job.stop()

@@ -75,6 +75,12 @@ class KubernetesBackend(Backend):
                 if getattr(bundle, "workdir_files", None)
                 else ""
             )
+            + (
+                "# --gpus not given: --nproc-per-node GPUs per worker pod, or none on a cluster where no node\n"
+                "# offers nvidia.com/gpu (checked at launch where nodes may be listed).\n"
+                if options.gpus is None
+                else ""
+            )
             + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
             + m.to_yaml(objects)
         )
@@ -100,6 +106,11 @@ class KubernetesBackend(Backend):
             raise BackendError(
                 "--workload pytorchjob needs the Kubeflow training operator (CRD pytorchjobs.kubeflow.org) on this cluster; use the default --workload job"
             )
+        if options.gpus is None and not self._cluster_has_gpus():
+            # --gpus defaults to --nproc-per-node, which on a cluster without GPUs leaves every
+            # worker Pending forever: there, the default is CPU pods.
+            options.gpus = 0
+            objects = [m.without_gpus(o) for o in objects]
         code = dict(objects[0])
         code["metadata"] = dict(
             code["metadata"],
@@ -168,6 +179,17 @@ class KubernetesBackend(Backend):
             if isinstance(exc, ApiException) and exc.status == 403:
                 return  # may not read namespaces: fine, creating objects will tell
             raise explain(exc, "check the namespace", conn) from None
+
+    def _cluster_has_gpus(self) -> bool:
+        """Whether any node offers nvidia.com/gpu. Unknown (nodes are cluster-scoped, and the
+        README's Role does not grant them) counts as yes: the default stays as it was."""
+        try:
+            nodes = self.conn.core().list_node().items
+        except Exception:
+            return True
+        if not nodes:
+            return True
+        return any(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0") or 0) > 0 for n in nodes)
 
     def has_pytorchjob_crd(self) -> bool:
         try:

@@ -537,6 +537,25 @@ def build(
     return objects
 
 
+def without_gpus(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with no ``nvidia.com/gpu`` limit in its pod specs (CPU pods on a CPU cluster)."""
+    out = json.loads(json.dumps(obj))
+    specs = []
+    if out["kind"] == "Pod":
+        specs.append(out["spec"])
+    elif out["kind"] == "Job":
+        specs.append(out["spec"]["template"]["spec"])
+    elif out["kind"] == "PyTorchJob":
+        specs += [r["template"]["spec"] for r in out["spec"]["pytorchReplicaSpecs"].values()]
+    for pod_spec in specs:
+        for c in pod_spec.get("containers", []):
+            limits = (c.get("resources") or {}).get("limits") or {}
+            limits.pop("nvidia.com/gpu", None)
+            if not limits:
+                (c.get("resources") or {}).pop("limits", None)
+    return out
+
+
 def owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     """``obj`` with an ownerReference to ``owner`` (as created: it has a uid)."""
     ref = {
