@@ -135,6 +135,7 @@ class ClusterFollower:
         self.finished = threading.Event()
         self.core = conn.core()
         self.refused: set[str] = set()  # the 403 sentences told (each once)
+        self.success_met = False  # the workers' Job met its successPolicy
 
     def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
         self.events.put(Event(kind, t if t is not None else time.time(), node, data))
@@ -412,12 +413,32 @@ class ClusterFollower:
                 reason = "deleted"
             if kind == "DELETED" or phase in ("Succeeded", "Failed"):
                 view.left = True
+                if reason != "finished" and not disruption and self._success_met():
+                    # The Job met its successPolicy (another index succeeded: the agents
+                    # finish together) and the controller terminated this one while it
+                    # exited: it finished, it did not fail.
+                    reason = "finished"
                 self.emit(
                     Kind.NODE_LEFT,
                     name,
                     reason=reason,
                     exitcode=terminated.exit_code if terminated is not None else None,
                 )
+
+    def _success_met(self) -> bool:
+        """Whether the workers' Job has met its successPolicy (SuccessCriteriaMet, or
+        Complete). Read when a worker pod ends, not from the 0.5 s poll: the controller sets
+        the condition before it terminates the lingering pods."""
+        if self.success_met:
+            return True
+        try:
+            job = self.conn.batch().read_namespaced_job(m.workers_name(self.job), self.conn.namespace)
+        except Exception:
+            return False  # not a Job workload, gone, or unreadable: say what the pod says
+        self.success_met = any(
+            c.status == "True" and c.type in ("SuccessCriteriaMet", "Complete") for c in job.status.conditions or []
+        )
+        return self.success_met
 
     def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
         if kind == "DELETED" and not self.stop.is_set() and not self.released:
