@@ -132,6 +132,12 @@ OPTIONS: tuple[Option, ...] = (
         goes_to="kubernetes",
     ),
     Option("priority_class", "priorityClassName of the pods.", backends=K8S, goes_to="kubernetes"),
+    Option(
+        "rdzv_priority_class",
+        "priorityClassName of the rendezvous pod (never the workers').",
+        backends=K8S,
+        goes_to="kubernetes",
+    ),
     Option("service_account", "serviceAccountName of the pods.", backends=K8S, goes_to="kubernetes"),
     Option(
         "image_pull_secrets",
@@ -150,6 +156,13 @@ OPTIONS: tuple[Option, ...] = (
         "workload",
         "job (an elastic Indexed Job), pods, or pytorchjob (Kubeflow).",
         "job",
+        backends=K8S,
+        goes_to="kubernetes",
+    ),
+    Option(
+        "pod_security",
+        "baseline, or restricted: non-root, no privilege escalation, capabilities dropped, RuntimeDefault seccomp "
+        "(for namespaces that enforce that Pod Security level).",
         backends=K8S,
         goes_to="kubernetes",
     ),

@@ -40,6 +40,7 @@ class Place:
     local_addr: str  # the address each agent advertises to its peers
     script: str  # the training script, as the agents see it
     join_timeout_s: int
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)  # the place's sizing, under the job's own
     python: str = "python"
     log_dir: str | None = None  # torchrun's per-worker error files
     checkpoint_dir: str = ""  # where State writes, unless the spec names a folder
@@ -155,8 +156,10 @@ def placement_problem(max_nodes: int, nproc_per_node: int, gpus: Sequence[str], 
 
 
 def rdzv_conf(spec: Any, place: Place) -> dict[str, str]:
-    """Our measured rendezvous settings (defaults.py), then the job's own ``--rdzv-conf``."""
+    """Our measured rendezvous settings (defaults.py), the place's sizing (a cluster's slower
+    heartbeats), then the job's own ``--rdzv-conf``, which wins."""
     conf = defaults.rdzv_conf(join_timeout_s=place.join_timeout_s, is_host=False)
+    conf.update(place.rdzv_conf)
     conf.update(spec.rdzv_conf)
     return conf
 

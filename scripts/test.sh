@@ -12,6 +12,15 @@ if [[ ! -x /usr/bin/chromium ]] && command -v apt-get >/dev/null; then
     echo "setup: could not install chromium (see /tmp/notebook-elastic-apt.log); browser tests will say so" >&2
   fi
 fi
+# The Kubernetes tests drive the real kubectl as a second client of the API-server fixture
+# (tests/test_kubernetes_kubectl.py; skipped with a reason without it).
+if ! command -v kubectl >/dev/null && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian kubectl for the Kubernetes tests"
+  sudo_=""; [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && sudo_="sudo"
+  if ! { $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq kubectl; } >/tmp/notebook-elastic-apt-kubectl.log 2>&1; then
+    echo "setup: could not install kubectl (see /tmp/notebook-elastic-apt-kubectl.log); the kubectl tests will say so" >&2
+  fi
+fi
 .venv/bin/ruff check notebook_elastic tests benchmarks scripts
 .venv/bin/ruff format --check notebook_elastic tests benchmarks scripts
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

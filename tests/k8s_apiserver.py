@@ -26,6 +26,20 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
   not created and the Job gets a FailedCreate Warning Event (aggregated, 1 s backoff).
 - Events (list/watch with fieldSelector), RBAC as a Role's rules (``grant_only``) or single
   denials (403 with the API server's message), and dropped connections, on demand.
+- Strict where the real server is (#17): names (DNS-1123; Services DNS-1035), a ConfigMap
+  over 1 MiB, a pod hostname over 63, immutable Job fields (completions only with an equal
+  parallelism in an Indexed Job; completionMode, podFailurePolicy, template), 422 as the
+  real server words it; server-side dry-run (``dryRun=All``: validated, never stored); JSON,
+  merge and strategic-merge patches; a deleted pod is Failed before it goes and its Job
+  counts it, unless evicted through the Eviction API (``pods/eviction``: DisruptionTarget);
+  the TTL controller; garbage collection honouring ``propagationPolicy`` (a Job deleted
+  without one orphans its pods, as the API's default for Jobs); the Job's defaulted selector.
+- For the real ``kubectl`` (``kubectl_config``): a TLS listener, discovery (``/api``,
+  ``/apis``, resource lists), Table output for ``get``. No OpenAPI documents: ``/openapi/*``
+  answers 404, so ``kubectl apply`` needs ``--validate=false`` (it says so itself).
+- Not real, and so not pretended: Service names are rewritten to the selected pod's address
+  when a container starts (no ClusterIP routing; a Service whose pod is recreated later is
+  not re-resolved); no PodDisruptionBudgets, admission webhooks or Pod Security admission.
 """
 
 from __future__ import annotations
@@ -164,6 +178,258 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+CONFIGMAP_LIMIT = 1024 * 1024  # the API server's limit on a ConfigMap's data + binaryData
+KINDS_SHORT = {
+    "pods": ["po"],
+    "services": ["svc"],
+    "configmaps": ["cm"],
+    "persistentvolumeclaims": ["pvc"],
+    "events": ["ev"],
+}
+SUBRESOURCES = {"pods": ["log", "eviction", "status"], "jobs": ["status"], "pytorchjobs": ["status"]}
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+def invalid(kind: str, name: str, field: str, value: Any, detail: str) -> tuple[int, dict[str, Any]]:
+    """A 422 as the API server words it: `Kind "name" is invalid: field: Invalid value: ...`."""
+    message = f'{kind} "{name}" is invalid: {field}: Invalid value: {json.dumps(value)}: {detail}'
+    body = status_error(422, "Invalid", message)
+    body["details"] = {
+        "name": name,
+        "kind": kind.split(".")[0].lower(),
+        "causes": [{"reason": "FieldValueInvalid", "message": detail, "field": field}],
+    }
+    return 422, body
+
+
+def validate(
+    gv: str, plural: str, obj: dict[str, Any], old: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]] | None:
+    """What the real API server refuses among what our backend sends: object names (DNS-1123
+    subdomains; Services and namespaces DNS-1035/1123 labels), a ConfigMap over 1 MiB, a Pod's
+    hostname over 63 characters, and the Job fields that may not change (elastic Indexed Jobs:
+    completions only together with an equal parallelism). None when it passes."""
+    kind = RESOURCES[(gv, plural)]
+    shown = kind if not GROUPS[gv] else f"{kind}.{GROUPS[gv]}"
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "")
+    if plural == "services":
+        if not DNS1035_LABEL.match(name) or len(name) > 63:
+            return invalid(
+                shown,
+                name,
+                "metadata.name",
+                name,
+                "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')",
+            )
+    elif not DNS1123_SUBDOMAIN.match(name) or len(name) > 253:
+        return invalid(
+            shown,
+            name,
+            "metadata.name",
+            name,
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+        )
+    if plural == "jobs" and len(name) > 63:
+        return invalid(shown, name, "metadata.name", name, "must be no more than 63 characters")
+    if plural == "configmaps":
+        size = sum(len(k) + len(v) for k, v in (obj.get("data") or {}).items())
+        size += sum(len(k) + len(base64.b64decode(v)) for k, v in (obj.get("binaryData") or {}).items())
+        if size > CONFIGMAP_LIMIT:
+            code, body = (
+                422,
+                status_error(
+                    422,
+                    "Invalid",
+                    f'ConfigMap "{name}" is invalid: []: Too long: must have at most {CONFIGMAP_LIMIT} bytes',
+                ),
+            )
+            return code, body
+    if plural == "pods":
+        hostname = (obj.get("spec") or {}).get("hostname")
+        if hostname is not None and (len(hostname) > 63 or not DNS1123_LABEL.match(hostname)):
+            return invalid(
+                shown, name, "spec.hostname", hostname, "must be no more than 63 characters and a DNS-1123 label"
+            )
+        containers = (obj.get("spec") or {}).get("containers") or []
+        if not containers:
+            return status_error_422(shown, name, "spec.containers: Required value")
+    if plural == "pytorchjobs":
+        # Kubeflow's validating webhook (pkg/webhooks/pytorch/pytorchjob_webhook.go).
+        for rtype, rspec in ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items():
+            containers = (((rspec or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+            if not any(c.get("name") == "pytorch" for c in containers):
+                return 422, status_error(
+                    422,
+                    "Invalid",
+                    'admission webhook "validate-kubeflow-org-v1-pytorchjob.kubeflow.org" denied the request: '
+                    f"spec.pytorchReplicaSpecs[{rtype}].template.spec.containers: Required value: must have at least "
+                    "one container with name pytorch",
+                )
+    if plural == "jobs":
+        spec = obj.get("spec") or {}
+        for rule in (spec.get("successPolicy") or {}).get("rules", []):
+            if "succeededIndexes" in rule:  # not implemented here: refused, never half-honoured
+                return status_error_422(
+                    shown, name, "spec.successPolicy.rules[0].succeededIndexes: not supported by the test API server"
+                )
+            if spec.get("completionMode") != "Indexed":
+                return status_error_422(
+                    shown, name, "spec.successPolicy: Invalid value: requires Indexed completion mode"
+                )
+            if int(rule.get("succeededCount", 0)) > int(spec.get("completions") or 0):
+                return invalid(
+                    shown,
+                    name,
+                    "spec.successPolicy.rules[0].succeededCount",
+                    rule["succeededCount"],
+                    "must be less than or equal to 'completions'",
+                )
+        if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+            return status_error_422(shown, name, "spec.completions: Required value: when completion mode is Indexed")
+        if old is not None:
+            before = old.get("spec") or {}
+            for field in (
+                "completionMode",
+                "podFailurePolicy",
+                "successPolicy",
+                "selector",
+                "template",
+                "backoffLimitPerIndex",
+            ):
+                if json.dumps(spec.get(field), sort_keys=True) != json.dumps(before.get(field), sort_keys=True):
+                    return invalid(shown, name, f"spec.{field}", spec.get(field), "field is immutable")
+            if spec.get("completions") != before.get("completions"):
+                elastic = spec.get("completionMode") == "Indexed" and spec.get("completions") == spec.get("parallelism")
+                if not elastic:
+                    return invalid(shown, name, "spec.completions", spec.get("completions"), "field is immutable")
+    return None
+
+
+def status_error_422(kind: str, name: str, detail: str) -> tuple[int, dict[str, Any]]:
+    return 422, status_error(422, "Invalid", f'{kind} "{name}" is invalid: {detail}')
+
+
+def json_patch(target: Any, ops: list[dict[str, Any]]) -> Any:
+    """RFC 6902 (add, replace, remove, test), the `application/json-patch+json` kind."""
+    out = copy.deepcopy(target)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
+        parent = out
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        last = parts[-1]
+        if op["op"] == "test":
+            current = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if current != op["value"]:
+                raise ValueError(f"test operation failed at {op['path']}")
+        elif op["op"] == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            else:
+                parent.pop(last)
+        elif op["op"] in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                elif op["op"] == "add":
+                    parent.insert(int(last), op["value"])
+                else:
+                    parent[int(last)] = op["value"]
+            else:
+                parent[last] = op["value"]
+        else:
+            raise ValueError(f"unsupported json patch op {op['op']!r}")
+    return out
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A strategic merge patch, for the fields we use: maps merge; lists of objects with a
+    `name` merge by name (containers, env, ports, volumes); other lists replace."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):
+            continue
+        if v is None:
+            out.pop(k, None)
+        elif (
+            isinstance(v, list)
+            and isinstance(out.get(k), list)
+            and all(isinstance(i, dict) and "name" in i for i in v + out[k])
+        ):
+            merged = {i["name"]: i for i in out[k]}
+            for item in v:
+                merged[item["name"]] = strategic_merge_patch(merged.get(item["name"]), item)
+            out[k] = list(merged.values())
+        else:
+            out[k] = strategic_merge_patch(out.get(k), v)
+    return out
+
+
+def age(created: str | None) -> str:
+    seconds = max(0, int(time.time() - _parse(created or now_rfc3339())))
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
+
+
+def table(gv: str, plural: str, items: list[dict[str, Any]], rv: str) -> dict[str, Any]:
+    """A meta.k8s.io/v1 Table, what `kubectl get` asks for (server-side printing)."""
+    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+    extra: list[tuple[str, Any]] = []
+    if plural == "pods":
+        extra = [
+            (
+                "Ready",
+                lambda o: (
+                    f"{sum(1 for c in o['status'].get('containerStatuses', []) if c.get('ready'))}/{len(o['spec'].get('containers', []))}"
+                ),
+            ),
+            (
+                "Status",
+                lambda o: "Terminating" if o["metadata"].get("deletionTimestamp") else o["status"].get("phase", ""),
+            ),
+            ("Restarts", lambda o: sum(c.get("restartCount", 0) for c in o["status"].get("containerStatuses", []))),
+        ]
+    elif plural == "jobs":
+        extra = [
+            (
+                "Status",
+                lambda o: next(
+                    (c["type"] for c in o.get("status", {}).get("conditions", []) if c.get("status") == "True"),
+                    "Running",
+                ),
+            ),
+            ("Completions", lambda o: f"{o.get('status', {}).get('succeeded', 0)}/{o['spec'].get('completions')}"),
+        ]
+    elif plural == "services":
+        extra = [
+            ("Type", lambda o: o["spec"].get("type", "ClusterIP")),
+            ("Cluster-IP", lambda o: o["spec"].get("clusterIP", "")),
+        ]
+    elif plural == "configmaps":
+        extra = [("Data", lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {}))]
+    columns += [{"name": n, "type": "string", "format": "", "description": n, "priority": 0} for n, _ in extra]
+    columns.append({"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0})
+    rows = [
+        {
+            "cells": [o["metadata"]["name"], *[f(o) for _, f in extra], age(o["metadata"].get("creationTimestamp"))],
+            "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
+        }
+        for o in items
+    ]
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": rv},
+        "columnDefinitions": columns,
+        "rows": rows,
+    }
+
+
 class Container:
     """A pod's container, run as a local process by the fake kubelet."""
 
@@ -200,14 +466,25 @@ class FakeCluster:
         self.subnet = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"  # within 127.0.0.0/8
         self.streams: list[Any] = []  # open watch/log connections, for drop_streams()
         self.requests: list[tuple[str, str]] = []
+        self.failures: list[tuple[str, str, int]] = []  # (method, path regex, status) answered once each
+        self.evictions: list[str] = []  # pods evicted through the Eviction API
+        self.expired_watches: list[str] = []  # plurals of watches answered 410 Gone
+        self.bookmarks: list[int] = []  # resourceVersions sent in BOOKMARK events
+        self.bookmark_interval_s = 1.0  # the real server sends one about every minute
+        self.finished_pods: dict[str, dict[str, Any]] = {}  # pod uid -> its last state, until its Job counted it
         self.closed = False
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        # The same API over TLS, for kubectl: client-go sends no bearer token over plain HTTP.
+        self.tls_server = self._tls_server()
+        self.tls_url = f"https://127.0.0.1:{self.tls_server.server_address[1]}" if self.tls_server else None
         self.threads = [
             threading.Thread(target=self.server.serve_forever, daemon=True),
             threading.Thread(target=self._controllers, daemon=True),
         ]
+        if self.tls_server is not None:
+            self.threads.append(threading.Thread(target=self.tls_server.serve_forever, daemon=True))
         for t in self.threads:
             t.start()
 
@@ -229,6 +506,72 @@ class FakeCluster:
             )
         )
         return path
+
+    def _tls_server(self) -> ThreadingHTTPServer | None:
+        """A TLS listener with a throwaway self-signed certificate (openssl), or None without openssl."""
+        import ssl
+
+        if shutil.which("openssl") is None:
+            return None
+        cert, key = self.root / "tls.crt", self.root / "tls.key"
+        made = subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ],
+            capture_output=True,
+        )
+        if made.returncode != 0:
+            return None
+        server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        server.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        self.tls_ca = cert
+        return server
+
+    def kubectl_config(self, path: Path, namespace: str = "default") -> Path:
+        """A kubeconfig for the real kubectl: the TLS listener, its certificate as the CA."""
+        if self.tls_url is None:
+            raise RuntimeError("no TLS listener (openssl is missing)")
+        ca = base64.b64encode(self.tls_ca.read_bytes()).decode()
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "fake", "cluster": {"server": self.tls_url, "certificate-authority-data": ca}}
+                    ],
+                    "users": [{"name": "tester", "user": {"token": self.token}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "tester", "namespace": namespace}}
+                    ],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    def fail_next(self, method: str, path_regex: str, status: int = 500) -> None:
+        """Answer the next `method` request whose path matches with `status` (a transient
+        API error: 429, 500, 503), once; call again for more."""
+        self.failures.append((method, path_regex, status))
 
     def set_quota(self, gpus: int | None) -> None:
         """A namespace ResourceQuota: pods beyond it are refused at creation (403)."""
@@ -325,6 +668,9 @@ class FakeCluster:
             self._kill_container(uid, grace=2)
         self.server.shutdown()
         self.server.server_close()
+        if self.tls_server is not None:
+            self.tls_server.shutdown()
+            self.tls_server.server_close()
         self.drop_streams()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -350,7 +696,9 @@ class FakeCluster:
             self.changed.notify_all()
             return copy.deepcopy(obj)
 
-    def _create(self, gv: str, plural: str, ns: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _create(
+        self, gv: str, plural: str, ns: str, body: dict[str, Any], dry_run: bool = False
+    ) -> tuple[int, dict[str, Any]]:
         if ns not in self.namespaces:
             return 404, status_error(404, "NotFound", f'namespaces "{ns}" not found')
         meta = body.setdefault("metadata", {})
@@ -359,18 +707,25 @@ class FakeCluster:
         name = meta.get("name")
         if not name:
             return 422, status_error(422, "Invalid", f"{plural} is invalid: metadata.name: Required value")
+        body["apiVersion"], body["kind"] = gv, RESOURCES[(gv, plural)]
+        if plural == "jobs":
+            body.setdefault("spec", {}).setdefault("parallelism", 1)
+            if body["spec"].get("completionMode", "NonIndexed") != "Indexed":
+                body["spec"].setdefault("completions", body["spec"]["parallelism"])
+        refused = validate(gv, plural, body)
+        if refused:
+            return refused
         with self.lock:
             if (gv, plural, ns, name) in self.objects:
                 group = GROUPS[gv]
                 return 409, status_error(
                     409, "AlreadyExists", f'{plural}{"." + group if group else ""} "{name}" already exists'
                 )
-            body["apiVersion"], body["kind"] = gv, RESOURCES[(gv, plural)]
             meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
             if plural == "pods":
                 body.setdefault("status", {"phase": "Pending", "conditions": []})
                 body["status"]["phase"] = "Pending"
-            if plural == "services":
+            if plural == "services" and not dry_run:
                 body["spec"]["clusterIP"] = self._alloc_ip()
             if plural == "secrets":
                 data = body.get("data") or {}
@@ -379,8 +734,21 @@ class FakeCluster:
                 body["data"] = data
             if plural == "jobs":
                 body.setdefault("status", {})
-                body["spec"].setdefault("parallelism", 1)
-                body["spec"].setdefault("completions", body["spec"]["parallelism"])
+                # The API server's defaulting: a selector on the Job's uid, and its labels on the template.
+                uid_labels = {
+                    "batch.kubernetes.io/controller-uid": meta["uid"],
+                    "batch.kubernetes.io/job-name": name,
+                    "controller-uid": meta["uid"],
+                    "job-name": name,
+                }
+                body["spec"].setdefault(
+                    "selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": meta["uid"]}}
+                )
+                template_meta = body["spec"].setdefault("template", {}).setdefault("metadata", {})
+                template_meta["labels"] = {**(template_meta.get("labels") or {}), **uid_labels}
+            if dry_run:  # validated and defaulted, never stored
+                meta.pop("uid")
+                return 201, copy.deepcopy(body)
             return 201, self._store("ADDED", body)
 
     def _quota_refusal(self, ns: str, pod: dict[str, Any]) -> str | None:
@@ -467,11 +835,26 @@ class FakeCluster:
             self.next_ip = 2
         return f"{self.subnet}.{ip}"
 
-    def _delete(self, key: tuple[str, str, str, str], grace: float | None = None) -> dict[str, Any] | None:
+    def _delete(
+        self, key: tuple[str, str, str, str], grace: float | None = None, policy: str | None = None
+    ) -> dict[str, Any] | None:
+        """Delete as the API server and the garbage collector do: `Orphan` strips the owner
+        reference from dependents, `Background` deletes them after the owner, `Foreground`
+        before it. Without a policy a batch/v1 Job orphans its pods (the API's default for
+        Jobs, kept for compatibility; kubectl asks for Background), everything else cascades."""
+        if policy is None:
+            policy = "Orphan" if key[1] == "jobs" else "Background"
         with self.lock:
             obj = self.objects.get(key)
             if obj is None:
                 return None
+            if policy == "Orphan":
+                self._orphan(obj["metadata"]["uid"])
+            elif policy == "Foreground" and key[1] != "pods":
+                self._collect_garbage(obj["metadata"]["uid"], wait=True)
+                obj = self.objects.get(key)
+                if obj is None:
+                    return None
             if key[1] == "pods":
                 if obj["metadata"].get("deletionTimestamp"):
                     return copy.deepcopy(obj)
@@ -487,7 +870,18 @@ class FakeCluster:
         self._collect_garbage(obj["metadata"]["uid"])
         return obj
 
-    def _collect_garbage(self, owner_uid: str) -> None:
+    def _orphan(self, owner_uid: str) -> None:
+        with self.lock:
+            for o in list(self.objects.values()):
+                refs = o["metadata"].get("ownerReferences", [])
+                if any(r.get("uid") == owner_uid for r in refs):
+                    new = copy.deepcopy(o)
+                    new["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != owner_uid]
+                    self._store("MODIFIED", new)
+
+    def _collect_garbage(self, owner_uid: str, wait: bool = False) -> None:
+        """Delete the dependents of a deleted owner (those whose every owner is gone). With
+        `wait` (foreground deletion) the lock is released while pods terminate."""
         with self.lock:
             dependents = [
                 k
@@ -495,7 +889,11 @@ class FakeCluster:
                 if any(r.get("uid") == owner_uid for r in o["metadata"].get("ownerReferences", []))
             ]
         for key in dependents:
-            self._delete(key, grace=1)
+            self._delete(key, grace=1, policy="Foreground" if wait else "Background")
+        if wait:
+            with self.lock:
+                while any(k in self.objects for k in dependents) and not self.closed:
+                    self.changed.wait(0.1)
 
     # -- HTTP --------------------------------------------------------------------------
 
@@ -553,6 +951,70 @@ class FakeCluster:
         r"(?:/namespaces/(?P<ns>[^/]+))?(?:/(?P<plural>[a-z]+))?(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
     )
 
+    def _discovery(self, path: str) -> dict[str, Any] | None:
+        """The legacy discovery documents kubectl reads before anything else (it asks for the
+        aggregated kind first and falls back to these)."""
+        if path == "/api":
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+            }
+        groups = sorted({gv for gv in GROUPS if gv != "v1" and (gv != "kubeflow.org/v1" or self.crds)} | {"policy/v1"})
+        if path == "/apis":
+            return {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": gv.split("/")[0],
+                        "versions": [{"groupVersion": gv, "version": "v1"}],
+                        "preferredVersion": {"groupVersion": gv, "version": "v1"},
+                    }
+                    for gv in groups
+                ],
+            }
+        gv = "v1" if path == "/api/v1" else path.removeprefix("/apis/")
+        if gv not in groups and gv != "v1":
+            return None
+        resources = []
+        for (g, plural), kind in RESOURCES.items():
+            if g != gv:
+                continue
+            resources.append(
+                {
+                    "name": plural,
+                    "singularName": kind.lower(),
+                    "namespaced": True,
+                    "kind": kind,
+                    "verbs": VERBS,
+                    "shortNames": KINDS_SHORT.get(plural, []),
+                }
+            )
+            for sub in SUBRESOURCES.get(plural, []):
+                verbs = {"log": ["get"], "eviction": ["create"], "status": ["get", "patch", "update"]}[sub]
+                resources.append(
+                    {
+                        "name": f"{plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": True,
+                        "kind": "Eviction" if sub == "eviction" else kind,
+                        "verbs": verbs,
+                    }
+                )
+        if gv == "v1":
+            resources.append(
+                {
+                    "name": "namespaces",
+                    "singularName": "namespace",
+                    "namespaced": False,
+                    "kind": "Namespace",
+                    "verbs": ["get", "list"],
+                    "shortNames": ["ns"],
+                }
+            )
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+
     def _route(self, h: Any, method: str) -> None:
         url = urlparse(h.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
@@ -561,6 +1023,17 @@ class FakeCluster:
             return h._json(401, status_error(401, "Unauthorized", "Unauthorized"))
         if url.path == "/version":
             return h._json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake", "platform": "linux/amd64"})
+        path = url.path.rstrip("/") or "/"
+        if method == "GET" and (
+            path in ("/api", "/apis", "/api/v1") or path.count("/") == 3 and path.startswith("/apis/")
+        ):
+            doc = self._discovery(path)
+            if doc is not None:
+                return h._json(200, doc)
+        if url.path.startswith("/openapi/"):
+            # No OpenAPI documents: kubectl then uses its built-in schemas (apply, explain
+            # are the only users); a 404 is what a server with them disabled answers.
+            return h._json(404, status_error(404, "NotFound", "the server could not find the requested resource"))
         if url.path.startswith("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"):
             name = url.path.rsplit("/", 1)[1]
             if name in self.crds:
@@ -575,6 +1048,36 @@ class FakeCluster:
             )
         gv = m.group("core") or f"{m.group('group')}/{m.group('version')}"
         ns, plural, name, sub = m.group("ns"), m.group("plural"), m.group("name"), m.group("sub")
+        if gv == "v1" and ns is None and plural == "nodes" and method == "GET":
+            # The one node the scheduler places pods on (cluster-scoped: RBAC by ClusterRole).
+            if not self._granted("list" if not name else "get", "", "nodes"):
+                self.forbidden.append((method, url.path))
+                return h._json(
+                    403,
+                    status_error(
+                        403,
+                        "Forbidden",
+                        'nodes is forbidden: User "tester" cannot list resource "nodes" in API group "" at the cluster scope',
+                    ),
+                )
+            allocatable = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+            if self.gpu_slots:
+                allocatable["nvidia.com/gpu"] = str(self.gpu_slots)
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": "fake-node", "uid": "fake-node-uid"},
+                "status": {"allocatable": allocatable, "capacity": allocatable},
+            }
+            return h._json(
+                200,
+                {
+                    "apiVersion": "v1",
+                    "kind": "NodeList",
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": [node],
+                },
+            )
         if plural is None and ns is not None and gv == "v1":
             # GET /api/v1/namespaces/NAME
             if ns in self.namespaces:
@@ -586,6 +1089,10 @@ class FakeCluster:
         if (gv, plural) not in RESOURCES:
             return h._json(
                 404, status_error(404, "NotFound", f"the server could not find the requested resource ({plural})")
+            )
+        if sub is not None and sub not in SUBRESOURCES.get(plural, []):
+            return h._json(
+                404, status_error(404, "NotFound", f"the server could not find the requested resource ({plural}/{sub})")
             )
         verb = {
             "GET": "get" if name else ("watch" if q.get("watch") in ("true", "1") else "list"),
@@ -606,20 +1113,40 @@ class FakeCluster:
                     f'{plural}{"." + group if group else ""} is forbidden: User "tester" cannot {verb} resource "{resource}" in API group "{group}" in the namespace "{ns}"',
                 ),
             )
+        if self.failures:
+            method_, path_, code_ = self.failures[0]
+            if method_ == method and re.search(path_, url.path):
+                self.failures.pop(0)
+                reason = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}.get(code_, "Unknown")
+                return h._json(code_, status_error(code_, reason, f"injected {code_} for {url.path}"))
         ns = ns or "default"
+        dry_run = q.get("dryRun") == "All"
+        if "dryRun" in q and not dry_run:
+            return h._json(
+                400, status_error(400, "BadRequest", f"unsupported dryRun value {q['dryRun']!r}; only All is supported")
+            )
+        if method == "POST" and sub == "eviction":
+            return self._evict(h, ns, name, h._body(), dry_run)
+        if method == "POST" and sub is not None:
+            return h._json(405, status_error(405, "MethodNotAllowed", f"create is not supported on {plural}/{sub}"))
         if method == "POST" and plural == "pods":
             refusal = self._quota_refusal(ns, h._body())
             if refusal:
                 return h._json(403, status_error(403, "Forbidden", refusal))
         if method == "POST":
-            code, body = self._create(gv, plural, ns, h._body())
+            code, body = self._create(gv, plural, ns, h._body(), dry_run=dry_run)
             return h._json(code, body)
         if method == "GET" and sub == "log":
             return self._serve_log(h, ns, name, q)
+        wants_table = "as=Table" in (h.headers.get("Accept") or "")
         if method == "GET" and name:
             obj = self.get(plural, name, ns, gv)
             if obj is None:
-                return h._json(404, status_error(404, "NotFound", f'{plural} "{name}" not found'))
+                return h._json(
+                    404, status_error(404, "NotFound", f'{plural}{"." + group if group else ""} "{name}" not found')
+                )
+            if wants_table:
+                return h._json(200, table(gv, plural, [obj], obj["metadata"]["resourceVersion"]))
             return h._json(200, obj)
         if method == "GET" and q.get("watch") in ("true", "1"):
             return self._serve_watch(h, gv, plural, ns, q)
@@ -635,6 +1162,8 @@ class FakeCluster:
                     and match_fields(o, q.get("fieldSelector"))
                 ]
                 rv = str(self.rv)
+            if wants_table:
+                return h._json(200, table(gv, plural, items, rv))
             return h._json(
                 200,
                 {
@@ -646,34 +1175,96 @@ class FakeCluster:
             )
         if method in ("PATCH", "PUT"):
             patch = h._body()
+            content_type = (h.headers.get("Content-Type") or "").split(";")[0]
             with self.lock:
                 obj = self.objects.get((gv, plural, ns, name))
                 if obj is None:
                     return h._json(404, status_error(404, "NotFound", f'{plural} "{name}" not found'))
-                if plural == "jobs" and "template" in (patch.get("spec") or {}):
-                    return h._json(
-                        422,
-                        status_error(
-                            422,
-                            "Invalid",
-                            f'Job.batch "{name}" is invalid: spec.template: Invalid value: field is immutable',
-                        ),
-                    )
-                new = merge_patch(obj, patch) if method == "PATCH" else dict(patch, metadata=obj["metadata"])
+                try:
+                    if method == "PUT":
+                        new = dict(
+                            patch,
+                            metadata=dict(
+                                obj["metadata"],
+                                **{
+                                    k: v
+                                    for k, v in (patch.get("metadata") or {}).items()
+                                    if k in ("labels", "annotations", "ownerReferences")
+                                },
+                            ),
+                        )
+                    elif content_type == "application/json-patch+json" or isinstance(patch, list):
+                        new = json_patch(obj, patch)
+                    elif content_type == "application/strategic-merge-patch+json":
+                        if (gv, plural) == ("kubeflow.org/v1", "pytorchjobs"):
+                            return h._json(
+                                415,
+                                status_error(
+                                    415,
+                                    "UnsupportedMediaType",
+                                    "strategic merge patch is not supported for custom resources; use a merge patch",
+                                ),
+                            )
+                        new = strategic_merge_patch(obj, patch)
+                    elif content_type in ("application/merge-patch+json", ""):
+                        new = merge_patch(obj, patch)
+                    else:
+                        return h._json(
+                            415,
+                            status_error(
+                                415,
+                                "UnsupportedMediaType",
+                                f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type})",
+                            ),
+                        )
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    return h._json(422, status_error(422, "Invalid", f"the patch could not be applied: {exc}"))
+                for immutable in ("name", "namespace", "uid", "creationTimestamp"):
+                    new.setdefault("metadata", {})[immutable] = obj["metadata"][immutable]
+                new["apiVersion"], new["kind"] = obj["apiVersion"], obj["kind"]
+                refused = validate(gv, plural, new, old=obj)
+                if refused:
+                    return h._json(*refused)
+                if dry_run:
+                    return h._json(200, new)
                 return h._json(200, self._store("MODIFIED", new))
         if method == "DELETE" and name:
             body = h._body()
             grace = body.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
-            obj = self._delete((gv, plural, ns, name), grace=float(grace) if grace is not None else None)
+            policy = body.get("propagationPolicy") or q.get("propagationPolicy")
+            if policy not in (None, "Orphan", "Background", "Foreground"):
+                return h._json(
+                    400,
+                    status_error(
+                        400, "BadRequest", f"propagationPolicy {policy!r} is not one of Orphan, Background, Foreground"
+                    ),
+                )
+            if dry_run:
+                obj = self.get(plural, name, ns, gv)
+                if obj is None:
+                    return h._json(404, status_error(404, "NotFound", f'{plural} "{name}" not found'))
+                return h._json(200, obj)
+            obj = self._delete((gv, plural, ns, name), grace=float(grace) if grace is not None else None, policy=policy)
             if obj is None:
-                return h._json(404, status_error(404, "NotFound", f'{plural} "{name}" not found'))
-            if plural in ("pods", "services", "persistentvolumeclaims"):
+                return h._json(
+                    404, status_error(404, "NotFound", f'{plural}{"." + group if group else ""} "{name}" not found')
+                )
+            if plural in ("pods", "services", "persistentvolumeclaims") or obj["metadata"].get("deletionTimestamp"):
                 return h._json(200, obj)  # these answer with the object, as the real API does
             return h._json(
                 200,
-                {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "kind": plural}},
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Success",
+                    "details": {"name": name, "kind": plural, "uid": obj["metadata"]["uid"]},
+                },
             )
         if method == "DELETE":
+            if dry_run:
+                return h._json(
+                    200, {"apiVersion": gv, "kind": RESOURCES[(gv, plural)] + "List", "metadata": {}, "items": []}
+                )
             with self.lock:
                 keys = [
                     k
@@ -689,6 +1280,39 @@ class FakeCluster:
                 200, {"apiVersion": gv, "kind": RESOURCES[(gv, plural)] + "List", "metadata": {}, "items": []}
             )
         return h._json(405, status_error(405, "MethodNotAllowed", "method not allowed"))
+
+    def _evict(self, h: Any, ns: str, name: str, body: dict[str, Any], dry_run: bool) -> None:
+        """The Eviction API (policy/v1 Eviction on pods/NAME/eviction): the pod gets the
+        DisruptionTarget condition (reason EvictionByEvictionAPI), then is deleted gracefully;
+        a Job's podFailurePolicy can then ignore it. No PodDisruptionBudgets here."""
+        if body.get("kind") not in (None, "Eviction") or (body.get("metadata") or {}).get("name") not in (None, name):
+            return h._json(
+                400,
+                status_error(400, "BadRequest", "the body of an eviction must be a policy/v1 Eviction naming the pod"),
+            )
+        key = ("v1", "pods", ns, name)
+        with self.lock:
+            pod = self.objects.get(key)
+            if pod is None:
+                return h._json(404, status_error(404, "NotFound", f'pods "{name}" not found'))
+            if dry_run:
+                return h._json(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
+            if not pod["metadata"].get("deletionTimestamp"):
+                pod = copy.deepcopy(pod)
+                pod["status"].setdefault("conditions", []).append(
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "EvictionByEvictionAPI",
+                        "message": "Eviction API: evicting",
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                )
+                self._store("MODIFIED", pod)
+        grace = (body.get("deleteOptions") or {}).get("gracePeriodSeconds")
+        self._delete(key, grace=float(grace) if grace is not None else None)
+        self.evictions.append(name)
+        return h._json(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
     def _start_stream(self, h: Any, content_type: str) -> None:
         h.send_response(200)
@@ -721,6 +1345,7 @@ class FakeCluster:
         with self.lock:
             oldest = self.history[0][0] if self.history else self.rv
             if since and since not in ("0", "") and int(since) < oldest - 1:
+                self.expired_watches.append(plural)
                 gone = status_error(410, "Expired", f"too old resource version: {since} ({oldest})")
                 self._start_stream(h, "application/json")
                 self._chunk(h, json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
@@ -737,6 +1362,8 @@ class FakeCluster:
                 cursor = int(since)
         self._start_stream(h, "application/json")
         deadline = time.monotonic() + timeout
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        last_bookmark = time.monotonic()
         try:
             for kind, obj in initial:
                 if match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields):
@@ -749,11 +1376,25 @@ class FakeCluster:
                         if rv > cursor and key[0] == gv and key[1] == plural and key[2] == ns
                     ]
                     if not pending:
-                        self.changed.wait(0.5)
-                        continue
+                        if bookmarks and time.monotonic() - last_bookmark >= self.bookmark_interval_s:
+                            # Nothing of this kind is unsent up to the latest resourceVersion:
+                            # a BOOKMARK carries it, so a quiet watch can resume after compaction.
+                            cursor, last_bookmark = self.rv, time.monotonic()
+                            mark = {
+                                "kind": RESOURCES[(gv, plural)],
+                                "apiVersion": gv,
+                                "metadata": {"resourceVersion": str(cursor)},
+                            }
+                            self.bookmarks.append(cursor)
+                            pending = [(cursor, "BOOKMARK", mark)]
+                        else:
+                            self.changed.wait(0.5)
+                            continue
                 for rv, kind, obj in pending:
                     cursor = rv
-                    if match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields):
+                    if kind == "BOOKMARK" or (
+                        match_labels(obj["metadata"].get("labels", {}), selector) and match_fields(obj, fields)
+                    ):
                         self._chunk(h, json.dumps({"type": kind, "object": obj}).encode() + b"\n")
         except OSError:
             return
@@ -1150,6 +1791,15 @@ class FakeCluster:
             statuses = gone["status"].get("containerStatuses") or []
             if statuses and "running" in (statuses[0].get("state") or {}):
                 statuses[0]["state"] = {"terminated": {"exitCode": 143, "reason": "Error", "finishedAt": now_rfc3339()}}
+            if gone["status"].get("phase") not in ("Succeeded", "Failed"):
+                # A deleted pod that was not done is Failed before it goes (Kubernetes >= 1.26):
+                # its Job counts it against backoffLimit unless a DisruptionTarget condition
+                # (the Eviction API, a preemption) lets podFailurePolicy ignore it.
+                gone["status"]["phase"] = "Failed"
+                self._store("MODIFIED", gone)
+                gone = copy.deepcopy(gone)
+            if any(r.get("kind") == "Job" for r in gone["metadata"].get("ownerReferences", [])):
+                self.finished_pods[gone["metadata"]["uid"]] = copy.deepcopy(gone)  # the Job's tracking finalizer
             self._store("DELETED", gone)
         self._collect_garbage(pod["metadata"]["uid"])
 
@@ -1161,7 +1811,13 @@ class FakeCluster:
 
     def _reconcile_job(self, job: dict[str, Any]) -> None:
         spec, status = job["spec"], job.setdefault("status", {})
-        if any(c.get("status") == "True" and c["type"] in ("Complete", "Failed") for c in status.get("conditions", [])):
+        done = [
+            c for c in status.get("conditions", []) if c.get("status") == "True" and c["type"] in ("Complete", "Failed")
+        ]
+        if done:
+            ttl = spec.get("ttlSecondsAfterFinished")
+            if ttl is not None and time.time() >= _parse(done[0]["lastTransitionTime"]) + int(ttl):
+                self._delete(self._key(job), policy="Background")  # the TTL controller
             return
         ns, uid = job["metadata"]["namespace"], job["metadata"]["uid"]
         with self.lock:
@@ -1171,6 +1827,12 @@ class FakeCluster:
                 if k[1] == "pods"
                 and k[2] == ns
                 and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences", []))
+            ]
+            live = {p["metadata"]["uid"] for p in pods}
+            pods += [
+                copy.deepcopy(o)
+                for pod_uid, o in self.finished_pods.items()
+                if pod_uid not in live and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences", []))
             ]
         completions, parallelism = int(spec.get("completions", 1)), int(spec.get("parallelism", 1))
         succeeded = set(status.get("completedIndexesList", []))
@@ -1184,6 +1846,8 @@ class FakeCluster:
             phase = pod["status"].get("phase")
             if phase == "Succeeded":
                 succeeded.add(idx)
+            elif phase == "Failed" and idx >= completions:
+                continue  # an index scaled away: the controller deleted it, not a failure
             elif phase == "Failed":
                 action, message = pod_failure_action(rules, pod)
                 if action == "FailJob":
@@ -1193,6 +1857,8 @@ class FakeCluster:
                     counted.add(pod["metadata"]["uid"])
             elif not pod["metadata"].get("deletionTimestamp"):
                 active[idx] = pod
+            if phase in ("Succeeded", "Failed"):
+                self.finished_pods.pop(pod["metadata"]["uid"], None)  # counted: the finalizer goes
         new_status = dict(
             status,
             completedIndexesList=sorted(succeeded),
@@ -1216,6 +1882,19 @@ class FakeCluster:
                 self._delete(self._key(pod), grace=5)
         elif completions and len([i for i in succeeded if i < completions]) >= completions:
             conditions = [{"type": "Complete", "status": "True", "lastTransitionTime": now_rfc3339()}]
+        elif self._success_policy_met(spec, succeeded):
+            # successPolicy: SuccessCriteriaMet, the lingering pods terminated, then Complete.
+            conditions = [
+                {
+                    "type": "SuccessCriteriaMet",
+                    "status": "True",
+                    "reason": "SuccessPolicy",
+                    "lastTransitionTime": now_rfc3339(),
+                },
+                {"type": "Complete", "status": "True", "reason": "SuccessPolicy", "lastTransitionTime": now_rfc3339()},
+            ]
+            for pod in active.values():
+                self._delete(self._key(pod), grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
         else:
             for idx, pod in list(active.items()):
                 if idx >= completions:  # scaled down: the highest indexes go
@@ -1252,6 +1931,14 @@ class FakeCluster:
                 updated["status"] = new_status
                 self._store("MODIFIED", updated)
 
+    @staticmethod
+    def _success_policy_met(spec: dict[str, Any], succeeded: set[int]) -> bool:
+        for rule in (spec.get("successPolicy") or {}).get("rules", []):
+            count = rule.get("succeededCount")
+            if count is not None and len(succeeded) >= int(count):
+                return True
+        return False
+
     def _create_job_pod(self, job: dict[str, Any], index: int) -> bool:
         template = copy.deepcopy(job["spec"]["template"])
         meta = template.setdefault("metadata", {})
@@ -1284,6 +1971,8 @@ class FakeCluster:
         }
         for c in pod["spec"].get("containers", []):
             c.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "value": str(index)})
+        if job["spec"].get("completionMode") == "Indexed":
+            pod["spec"]["hostname"] = f"{job['metadata']['name']}-{index}"  # as the real controller does
         # Admission applies to the controller too: a pod over quota is not created, and the
         # Job gets a FailedCreate Warning (the controller retries on its next sync).
         uid = job["metadata"]["uid"]
@@ -1294,7 +1983,11 @@ class FakeCluster:
             self.record_event(job, "Warning", "FailedCreate", f"Error creating: {refusal}")
             self.create_backoff[uid] = time.monotonic() + 1.0
             return False
-        self._create("v1", "pods", job["metadata"]["namespace"], pod)
+        code, answer = self._create("v1", "pods", job["metadata"]["namespace"], pod)
+        if code != 201:
+            self.record_event(job, "Warning", "FailedCreate", f"Error creating: {answer['message']}")
+            self.create_backoff[uid] = time.monotonic() + 1.0
+            return False
         return True
 
 

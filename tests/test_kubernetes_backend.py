@@ -502,3 +502,139 @@ def test_env_values_reach_the_pods_through_a_secret_only(cluster):
     assert len(deletes) == 2  # ours above, and stop's: not left to garbage collection
     assert cluster.get("secrets", "tokened-env") is None
     assert not cluster.forbidden, cluster.forbidden
+
+
+def test_names_are_refused_before_anything_is_created_and_a_pytorchjob_passes_the_webhook(cluster):
+    """#17 defect 8, against the fixture that now refuses what a real server refuses."""
+    from notebook_elastic.errors import SpecError
+
+    before = {o["metadata"]["name"] for o in cluster.all_objects()}
+    with pytest.raises(SpecError, match=r"starts with a digit"):
+        ne.launch("print(1)", backend="kubernetes", nnodes="1", gpus=0, name="2024-run", user_ns={})
+    assert {o["metadata"]["name"] for o in cluster.all_objects()} == before  # nothing created
+    cluster.crds.add("pytorchjobs.kubeflow.org")
+    backend = KubernetesBackend()
+    from notebook_elastic.launcher import build_spec
+
+    spec = build_spec(
+        nnodes="1",
+        nproc_per_node=1,
+        name="ptj",
+        backend="kubernetes",
+        backend_options={"kubernetes": {"gpus": 0, "workload": "pytorchjob"}},
+    )
+    from notebook_elastic.packaging import NotebookContext, package_cell
+
+    bundle = package_cell("print(1)", NotebookContext(namespace={}), name="ptj")
+    backend.schedule(backend.submit_dryrun(spec, bundle))  # old code: the webhook's 422
+    made = cluster.get("pytorchjobs", "ptj-workers", gv="kubeflow.org/v1")
+    assert made["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] == "pytorch"
+    backend.cancel("ptj")
+    deadline = time.monotonic() + 60
+    while any(o["metadata"]["name"].startswith("ptj") for o in cluster.all_objects() if o["kind"] != "Event"):
+        assert time.monotonic() < deadline, [o["metadata"]["name"] for o in cluster.all_objects()]
+        time.sleep(0.1)
+
+
+def test_five_preemptions_on_max_restarts_1(cluster):
+    """The spot story of notebooks/kubernetes.ipynb (#17 defect 7, "What must hold" 8):
+    preempt_node evicts through the Eviction API (DisruptionTarget), so five reclaims on a
+    job allowed one restart neither spend its budget nor the Job's backoffLimit. Old code: a
+    plain DELETE ended each pod Failed, and the second one failed the Job."""
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        gpus=0,
+        pvc="ckpt",
+        name="spot5",
+        max_restarts=1,
+        user_ns=ns(),
+    )
+    wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
+    for n in range(1, 6):
+        victim = job.preempt_node()["node"]
+        wait_for(
+            job,
+            lambda victim=victim: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events),
+            f"preemption {n} seen",
+        )
+        assert next(e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == victim).get("reason") == "evicted"
+        step = job.state.step or 0
+        wait_for(
+            job,
+            lambda victim=victim, step=step: (
+                job.world_size == 2 and victim not in job.nodes and (job.state.step or 0) > step + 3
+            ),
+            f"two pods training again after preemption {n}",
+            timeout=300,
+        )
+    assert len(cluster.evictions) == 5
+    workers = cluster.get("jobs", "spot5-workers", gv="batch/v1")
+    assert workers["status"].get("failed", 0) == 0 and not workers["status"].get("conditions"), workers["status"]
+    assert job.status == "running", job.summary()
+    job.stop()
+
+
+def test_a_job_that_ran_on_fewer_nodes_than_asked_succeeds(cluster):
+    """#17 defect 6: 1:2 nodes asked, room for one (1 GPU slot, 1 GPU a pod). The run
+    finishes on one node; the Pending index must not keep the Job open (old
+    code: the Job never completed), and its late pod is terminated, not retried to failure."""
+    cluster.set_gpu_slots(1)
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        gpus=1,
+        pvc="ckpt",
+        name="fewer",
+        user_ns=ns(total=60),
+    )
+    assert job.wait(300) == "succeeded", job.summary()
+    workers = cluster.get("jobs", "fewer-workers", gv="batch/v1")
+    types = {c["type"] for c in workers["status"]["conditions"]}
+    assert {"SuccessCriteriaMet", "Complete"} <= types and "Failed" not in types, workers["status"]
+    assert job.state.step == 59
+    job.stop()
+
+
+def test_the_workers_job_owns_everything_and_a_job_without_workers_is_expired(cluster):
+    """#17 defects 5, 6: the TTL controller deletes only the Job; the ConfigMap, Service,
+    Secret and the rendezvous pod (restartPolicy Always) must go with it. A job whose
+    workers are gone reads `expired`, not `pending`."""
+    from notebook_elastic.launcher import build_spec
+    from notebook_elastic.packaging import NotebookContext, package_cell
+
+    backend = KubernetesBackend()
+    spec = build_spec(
+        nnodes="1",
+        nproc_per_node=1,
+        name="ttl",
+        backend="kubernetes",
+        env={"TOKEN": "s3cret"},
+        backend_options={"kubernetes": {"gpus": 0, "ttl_seconds_after_finished": 1}},
+    )
+    bundle = package_cell("print('done')", NotebookContext(namespace={}), name="ttl")
+    backend.schedule(backend.submit_dryrun(spec, bundle))
+    kinds = {o["kind"] for o in cluster.all_objects() if o["metadata"].get("labels", {}).get(m.INSTANCE) == "ttl"}
+    assert {"ConfigMap", "Secret", "Service", "Pod", "Job"} <= kinds, kinds
+    deadline = time.monotonic() + 180
+    while left := [o["kind"] for o in cluster.all_objects() if o["kind"] not in ("Event", "PersistentVolumeClaim")]:
+        assert time.monotonic() < deadline, f"left after the TTL: {left}"  # old code: all but the Job
+        time.sleep(0.1)
+
+    job = ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="gone", user_ns=ns())
+    wait_for(job, lambda: (job.state.step or 0) >= 3, "training")
+    job.detach()
+    backend._own_code_by("gone", None)  # as a job made before this change: the ConfigMap owns all
+    cluster._delete(("batch/v1", "jobs", "default", "gone-workers"), policy="Background")
+    deadline = time.monotonic() + 120
+    while cluster.pods(selector=m.selector("gone", "worker")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert {i.name: i.status for i in backend.list()}["gone"] == "expired"  # old code: pending
+    backend.cancel("gone")

@@ -66,6 +66,7 @@ def test_every_built_in_manifest_passes_strict_schema_validation(version):
         image_pull_secrets=["registry"],
         cpu="8",
         memory="32Gi",
+        pod_security="restricted",
     )
     objects = m.build(spec, bundle, k8s, run_id="abcd")
     owner = dict(objects[0], metadata=dict(objects[0]["metadata"], uid="0b0c7d5e-1111-2222-3333-444455556666"))
@@ -112,11 +113,14 @@ def test_the_shape_of_the_job():
     assert args[args.index("--nnodes") + 1] == "1:4" and args[args.index("--nproc-per-node") + 1] == "2"
     assert args[args.index("--rdzv-endpoint") + 1] == "spot-train-rdzv:29400"
     conf = dict(kv.split("=") for kv in args[args.index("--rdzv-conf") + 1].split(","))
+    # Heartbeats sized for clusters (#17: 1 s x 3 declared live agents dead under load), and
+    # the store client waits as long as the join for a rendezvous pod still starting.
     assert conf == {
         "join_timeout": "1800",
         "last_call_timeout": "1",
-        "keep_alive_interval": "1",
-        "keep_alive_max_attempt": "3",
+        "keep_alive_interval": "5",
+        "keep_alive_max_attempt": "6",
+        "read_timeout": "1800",
         "is_host": "false",
     }
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "2"  # --gpus defaults to --nproc-per-node
@@ -136,7 +140,9 @@ def test_the_shape_of_the_job():
 def test_cpu_pods_ask_for_no_gpu_and_owner_references_point_at_the_configmap():
     spec, bundle, k8s = make(gpus=0)
     code, _secret, service, rdzv, job = m.build(spec, bundle, k8s, run_id="abcd")
-    assert "resources" not in job["spec"]["template"]["spec"]["containers"][0]
+    # No GPU, but requests (#17: without any, CPU workers ran BestEffort, evicted first): one
+    # CPU and 2 GiB per process by default, and no limit that was not asked for.
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
     made = dict(code, metadata=dict(code["metadata"], uid="u-1"))
     owned = m.owned_by(job, made)
     assert owned["metadata"]["ownerReferences"] == [
@@ -186,6 +192,10 @@ def test_pytorchjob_passes_the_kubeflow_crd_schema():
         "spot-train-rdzv",
         "c10d",
     )
+    # Kubeflow's webhook requires a container named "pytorch" in every replica spec (#17).
+    assert [c["name"] for c in job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]] == [
+        "pytorch"
+    ]
     broken = copy.deepcopy(job)
     broken["spec"]["elasticPolicy"]["maxReplica"] = 4  # a typo must not pass
     with pytest.raises(jsonschema.ValidationError):
@@ -288,3 +298,85 @@ def test_env_values_go_into_a_secret_and_nowhere_else():
     assert '"env":["HF_TOKEN","WANDB_MODE"]' in objects[0]["metadata"]["annotations"][m.ANNOTATION_SPEC]
     without = build_spec(nnodes="1", name="plain", backend="kubernetes", backend_options={"kubernetes": k8s.to_json()})
     assert "Secret" not in [o["kind"] for o in m.build(without, bundle, k8s, run_id="abcd")]
+
+
+def named(name, nnodes="1:4"):
+    k8s = parse_options(pvc="checkpoints")
+    spec = build_spec(
+        nnodes=nnodes, nproc_per_node=1, name=name, backend="kubernetes", backend_options={"kubernetes": k8s.to_json()}
+    )
+    return spec, package_cell("print(1)", NotebookContext(namespace={}), name=spec.name), k8s
+
+
+def test_names_a_real_server_would_refuse_are_refused_first():
+    """#17 defect 8: `2024-run` made a Service `2024-run-rdzv` (not DNS-1035) after its
+    ConfigMap existed; an Indexed Job's pod hostnames (<job>-workers-<index>) passed 63."""
+    with pytest.raises(SpecError, match=r"--name '2024-run' starts with a digit.*DNS-1035.*like 'run-2024-run'"):
+        m.build(*named("2024-run"), run_id="x")
+    long = "a" * 52  # the longest --name allows
+    m.build(*named(long, nnodes="1:4"), run_id="x")  # a-...-workers-3: 62 characters
+    with pytest.raises(
+        SpecError, match=r"too long for 101 nodes: .* 64 characters, over Kubernetes' 63; use a name of at most 51"
+    ):
+        m.build(*named(long, nnodes="1:101"), run_id="x")
+
+
+def test_cluster_heartbeats_are_overridable():
+    k8s = parse_options(pvc="checkpoints")
+    spec = build_spec(
+        nnodes="1:2",
+        nproc_per_node=1,
+        name="hb",
+        backend="kubernetes",
+        backend_options={"kubernetes": k8s.to_json()},
+        rdzv_conf="keep_alive_interval=2,keep_alive_max_attempt=10",
+    )
+    for obj in m.build(spec, package_cell("print(1)", NotebookContext(namespace={}), name="hb"), k8s, run_id="x"):
+        if obj["kind"] == "Job":
+            args = obj["spec"]["template"]["spec"]["containers"][0]["args"]
+            conf = dict(kv.split("=") for kv in args[args.index("--rdzv-conf") + 1].split(","))
+            assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"], conf["read_timeout"]) == (
+                "2",
+                "10",
+                "1800",
+            )
+    pytorchjob = m.pytorchjob(spec, k8s, rdzv_id="r", epoch=0, target=1)
+    conf = {kv["key"]: kv["value"] for kv in pytorchjob["spec"]["elasticPolicy"]["rdzvConf"]}
+    assert (conf["keep_alive_interval"], conf["read_timeout"]) == ("2", "1800")
+
+
+def test_pod_security_restricted_pods_pass_that_level():
+    """#17: a namespace enforcing the "restricted" Pod Security Standard refused our pods.
+    The checks below are that standard's (non-root, no privilege escalation, all
+    capabilities dropped, RuntimeDefault seccomp), on every container we make."""
+    spec, bundle, k8s = make(pod_security="restricted")
+    objects = m.build(spec, bundle, k8s, run_id="abcd")
+    pods = [o["spec"] for o in objects if o["kind"] == "Pod"] + [
+        o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Job"
+    ]
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    baseline = m.build(*make()[:2], make()[2], run_id="abcd")
+    assert all("securityContext" not in o.get("spec", {}) for o in baseline if o["kind"] == "Pod")
+    with pytest.raises(SpecError, match=r"--pod-security 'strict' is unknown; choose one of: baseline, restricted"):
+        parse_options(pod_security="strict")
+
+
+def test_the_store_never_gets_the_workers_priority_class():
+    """#17: a low, preemptible priority class for spot workers made the rendezvous pod the
+    scheduler's first victim too. The store has its own (--rdzv-priority-class), or none."""
+    spec, bundle, k8s = make(priority_class="preemptible")
+    objects = m.build(spec, bundle, k8s, run_id="x")
+    rdzv = next(o for o in objects if o["kind"] == "Pod")
+    job = next(o for o in objects if o["kind"] == "Job")
+    assert "priorityClassName" not in rdzv["spec"]
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "preemptible"
+    spec, bundle, k8s = make(priority_class="preemptible", rdzv_priority_class="training-critical")
+    rdzv = next(o for o in m.build(spec, bundle, k8s, run_id="x") if o["kind"] == "Pod")
+    assert rdzv["spec"]["priorityClassName"] == "training-critical"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import run_cells
@@ -216,3 +217,12 @@ def test_the_local_dry_run_says_the_workers_work_in_the_notebooks_folder(shell, 
     shell.run_cell_magic("elastic_train", "--name where --dry-run", "print(open('data.csv').read())\n")
     text = capsys.readouterr().out
     assert f"working directory of the workers: {tmp_path} (the notebook's folder, on their path" in text
+
+
+def test_our_own_package_never_ships_as_a_notebook_module():
+    """A notebook inside a checkout of notebook-elastic imports it from its folder: it ships
+    in the runtime zip, never again (over the size limit) as the notebook's own module."""
+    from notebook_elastic.packaging.modules import local_modules
+
+    repo = Path(__file__).resolve().parents[1]
+    assert local_modules(["notebook_elastic.runtime", "notebook_elastic"], repo).modules == {}

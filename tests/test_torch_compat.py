@@ -29,7 +29,7 @@ def store():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    served = torch_compat.serve_store(sock, timeout_s=10)
+    served = torch_compat.tcp_store_server(sock, timeout_s=10)
     yield served
     del served
     sock.close()

@@ -132,7 +132,9 @@ def local_modules(
     root = Path(folder).resolve()
     found = LocalModules(str(root))
     pending = sorted({n.split(".")[0] for n in names if n and not n.startswith(".")})
-    seen: set[str] = set()
+    # Our own package ships apart (the runtime zip, first on the pods' path), even when the
+    # notebook sits in a checkout of it.
+    seen: set[str] = {"notebook_elastic"}
     while pending:
         top = pending.pop(0)
         if top in seen:

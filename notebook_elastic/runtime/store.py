@@ -14,15 +14,16 @@ import signal
 import socket
 import threading
 
-from . import torch_compat
 from ._emit import emit
+from .torch_compat import tcp_store_server
 
 
 def host_store(sock: socket.socket) -> object:
     """The job's c10d TCPStore, served on `sock` (bound and listening already, so agents
     may connect while torch imports): the one configuration both backends' rendezvous
-    stores use (the local supervisor's and the Kubernetes rendezvous pod's)."""
-    return torch_compat.serve_store(sock, timeout_s=60)
+    stores use (the local supervisor's and the Kubernetes rendezvous pod's). torch < 2.7
+    needs the legacy server for a listen fd (torch_compat)."""
+    return tcp_store_server(sock, timeout_s=60)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,8 @@
 
 torchrun gives no public hook for what an elastic notebook job needs: the members of a
 rendezvous round, leaving a round at once, a say in whether a failure is charged to
-``--max-restarts``, and a store served on a socket bound before torch is imported. What we
+``--max-restarts``. And the versions differ: a store served on a socket bound before torch is
+imported needs the legacy server before torch 2.7 (``tcp_store_server``). What we
 use is listed in ``INTERNALS`` with what is lost without it; ``missing()`` checks them all
 against the installed torch, and the agent reports the missing ones in one ``degraded``
 event: the job still runs, it heals slower. ``tests/test_torch_compat.py`` is the contract,
@@ -11,6 +12,8 @@ run against the torch in pyproject's tested range (``torch>=2.13,<2.14``).
 
 from __future__ import annotations
 
+import re
+import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,7 +32,6 @@ INTERNALS = {
     "LocalElasticAgent._restart_workers": "departures are charged to --max-restarts like failures",
     "LocalElasticAgent._pcontext": "departed peers are noticed at the collective timeout, not at once",
     "LocalElasticAgent._worker_group": "departed peers are noticed at the collective timeout, not at once",
-    "TCPStore(master_listen_fd)": "the store starts after torch is imported, not while",
 }
 
 
@@ -69,7 +71,6 @@ def missing() -> dict[str, str]:
         "LocalElasticAgent._restart_workers": hasattr(agent, "_restart_workers"),
         "LocalElasticAgent._pcontext": "_pcontext" in agent_names,
         "LocalElasticAgent._worker_group": "_worker_group" in agent_names,
-        "TCPStore(master_listen_fd)": _store_takes_a_listen_fd(),
     }
     return {name: INTERNALS[name] for name, ok in present.items() if not ok}
 
@@ -185,26 +186,46 @@ def hook_agent(
     return True
 
 
-# -- the store -----------------------------------------------------------------------------
+# -- the store (torch versions differ) ---------------------------------------------------
 
 
-def _store_takes_a_listen_fd() -> bool:
-    """torch's libuv store (the default since 2.4) accepts a listen fd from 2.7 on."""
-    import torch
+def torch_version(text: str | None = None) -> tuple[int, int]:
+    """(major, minor) of the installed torch (or of `text`), e.g. (2, 5) for "2.5.1+cu124"."""
+    if text is None:
+        import torch
 
-    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    return (major, minor) >= (2, 7)
+        text = torch.__version__
+    m = re.match(r"(\d+)\.(\d+)", str(text))
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def serve_store(sock: Any, timeout_s: float = 60) -> Any:
-    """A c10d TCPStore served on ``sock`` (bound and listening already, so agents may
-    connect while torch imports). Before torch 2.7 the libuv store refuses a listen fd: the
-    socket is closed and the same address served by the classic store instead."""
+def libuv_store_takes_listen_fd(version: tuple[int, int] | None = None) -> bool:
+    """torch's libuv TCPStore (the default server since 2.4) refuses ``master_listen_fd``
+    before 2.7 ("NotImplementedError: The libuv TCPStore backend does not support
+    initialization with an listen fd")."""
+    return (version or torch_version()) >= (2, 7)
+
+
+def tcp_store_server(sock: socket.socket, timeout_s: float) -> Any:
+    """A multi-tenant c10d TCPStore server on `sock` (bound and listening already, so
+    clients may connect while torch imports). Where the libuv server cannot take the socket,
+    the legacy server does (``use_libuv=False``): same protocol, every client works."""
     import torch.distributed as dist
 
     host, port = sock.getsockname()[:2]
-    common = dict(is_master=True, wait_for_workers=False, multi_tenant=True, timeout=timedelta(seconds=timeout_s))
-    if _store_takes_a_listen_fd():
-        return dist.TCPStore(host, port, master_listen_fd=sock.fileno(), **common)
-    sock.close()
-    return dist.TCPStore(host, port, use_libuv=False, **common)
+    kwargs: dict[str, Any] = dict(
+        is_master=True,
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=sock.fileno(),
+        timeout=timedelta(seconds=timeout_s),
+    )
+    if not libuv_store_takes_listen_fd():
+        kwargs["use_libuv"] = False
+    try:
+        return dist.TCPStore(host, port, **kwargs)
+    except NotImplementedError:
+        if kwargs.get("use_libuv") is False:
+            raise
+        # A build whose libuv server still refuses the fd (a backport without the support).
+        return dist.TCPStore(host, port, **kwargs, use_libuv=False)

@@ -3,7 +3,7 @@
 Objects come from ``manifests.py`` (pure); this class creates them in order with the
 official client, lists and re-attaches jobs by label, scales (patching an Indexed Job's
 completions and parallelism together), changes the range (new workers in a new rendezvous
-epoch), runs the preemption drill (deleting a worker pod), stops (deleting everything,
+epoch), runs the preemption drill (evicting a worker pod through the Eviction API), stops (deleting everything,
 idempotently), and follows pods and logs (``follow.py``).
 """
 
@@ -77,6 +77,12 @@ class KubernetesBackend(Backend):
                 if getattr(bundle, "workdir_files", None)
                 else ""
             )
+            + (
+                "# --gpus not given: --nproc-per-node GPUs per worker pod, or none on a cluster where no node\n"
+                "# offers nvidia.com/gpu (checked at launch where nodes may be listed).\n"
+                if options.gpus is None
+                else ""
+            )
             + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
             + "# each worker pod runs the launch plan:\n"
             + "".join(f"#{line}\n" for line in plan.text().splitlines())
@@ -104,6 +110,11 @@ class KubernetesBackend(Backend):
             raise BackendError(
                 "--workload pytorchjob needs the Kubeflow training operator (CRD pytorchjobs.kubeflow.org) on this cluster; use the default --workload job"
             )
+        if options.gpus is None and not self._cluster_has_gpus():
+            # --gpus defaults to --nproc-per-node, which on a cluster without GPUs leaves every
+            # worker Pending forever: there, the default is CPU pods.
+            options.gpus = 0
+            objects = [m.without_gpus(o) for o in objects]
         code = dict(objects[0])
         code["metadata"] = dict(
             code["metadata"],
@@ -122,9 +133,41 @@ class KubernetesBackend(Backend):
                 created.append(
                     self._create(m.owned_by(obj, owner), f"create the {obj['kind']} {obj['metadata']['name']}")
                 )
+            if created[-1]["kind"] in ("Job", "PyTorchJob"):
+                self._own_code_by(dryrun.spec.name, created[-1])
         except BackendError:
             self.cancel(dryrun.spec.name)  # nothing half-created is left behind
             raise
+
+    def _own_code_by(self, name: str, workers: dict[str, Any] | None) -> None:
+        """The workers' Job (or PyTorchJob) owns the code ConfigMap, which owns the rest: so
+        the TTL controller, `kubectl delete job` or a `stop` that deletes the workers removes
+        every object of the job, not only the Job (a dead kernel left the ConfigMap, Service
+        and the always-restarting rendezvous pod forever). The ConfigMap still owns the Job,
+        so deleting it removes everything too. Not blocking: with a reference each way,
+        foreground deletion of either must not wait on the other. None: no owner (the
+        workers are being replaced)."""
+        refs = (
+            [
+                {
+                    "apiVersion": workers["apiVersion"],
+                    "kind": workers["kind"],
+                    "name": workers["metadata"]["name"],
+                    "uid": workers["metadata"]["uid"],
+                    "blockOwnerDeletion": False,
+                }
+            ]
+            if workers
+            else []
+        )
+        try:
+            self.conn.core().patch_namespaced_config_map(
+                m.code_name(name),
+                self.conn.namespace,
+                [{"op": "add", "path": "/metadata/ownerReferences", "value": refs}],
+            )
+        except Exception as exc:
+            raise explain(exc, f"make the workers of {name!r} own its code ConfigMap", self.conn) from None
 
     def _check_namespace(self) -> None:
         conn = self.conn
@@ -140,6 +183,17 @@ class KubernetesBackend(Backend):
             if isinstance(exc, ApiException) and exc.status == 403:
                 return  # may not read namespaces: fine, creating objects will tell
             raise explain(exc, "check the namespace", conn) from None
+
+    def _cluster_has_gpus(self) -> bool:
+        """Whether any node offers nvidia.com/gpu. Unknown (nodes are cluster-scoped, and the
+        README's Role does not grant them) counts as yes: the default stays as it was."""
+        try:
+            nodes = self.conn.core().list_node().items
+        except Exception:
+            return True
+        if not nodes:
+            return True
+        return any(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0") or 0) > 0 for n in nodes)
 
     def has_pytorchjob_crd(self) -> bool:
         try:
@@ -211,8 +265,12 @@ class KubernetesBackend(Backend):
                 if cond.status == "True" and cond.type in ("Complete", "Failed"):
                     status = "succeeded" if cond.type == "Complete" else "failed"
             target = job.spec.parallelism
-        except Exception:
+        except Exception as exc:
             target = len(pods)
+            if is_missing(exc) and self._workload(cm) == "job" and not pods:
+                # The workers and their Job are gone (deleted, or the TTL) while the code
+                # ConfigMap stayed: nothing will run again. Not "pending" forever.
+                status = "expired"
         lo, hi = spec.get("nnodes", [1, 1])
         waiting = None
         if status in ("pending", "running") and target and phases.count("Running") < target:
@@ -383,6 +441,7 @@ class KubernetesBackend(Backend):
         for key in ("batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name", "job-name", "controller-uid"):
             new_job["spec"]["template"].get("metadata", {}).get("labels", {}).pop(key, None)
         try:
+            self._own_code_by(name, None)  # else deleting the old Job would delete the whole job
             conn.batch().delete_namespaced_job(
                 m.workers_name(name), conn.namespace, propagation_policy="Background", grace_period_seconds=30
             )
@@ -397,7 +456,8 @@ class KubernetesBackend(Backend):
             owner = conn.api.sanitize_for_serialization(cm)
             owner.setdefault("apiVersion", "v1")
             owner.setdefault("kind", "ConfigMap")
-            self._create(m.owned_by(new_job, owner), f"create the new workers of {name!r}")
+            made = self._create(m.owned_by(new_job, owner), f"create the new workers of {name!r}")
+            self._own_code_by(name, made)
         except BackendError:
             raise
         except Exception as exc:
@@ -428,11 +488,21 @@ class KubernetesBackend(Backend):
                     f"{target!r} is not a running worker pod of {name!r} (running: {', '.join(p.metadata.name for p in pods) or 'none'})"
                 )
             victim = target
-        grace = 0 if fault == "lose_node" else None
         try:
-            conn.core().delete_namespaced_pod(victim, conn.namespace, grace_period_seconds=grace)
+            if fault == "preempt_node":
+                # The Eviction API, as a drain or a spot handler uses it: the pod gets the
+                # DisruptionTarget condition, so the Job's podFailurePolicy ignores it (a plain
+                # DELETE ends it Failed and spends backoffLimit), and PodDisruptionBudgets apply.
+                from kubernetes import client
+
+                eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=victim, namespace=conn.namespace))
+                conn.core().create_namespaced_pod_eviction(victim, conn.namespace, eviction)
+            else:  # lose_node: the node dies without notice, and nothing marks the pod
+                conn.core().delete_namespaced_pod(victim, conn.namespace, grace_period_seconds=0)
         except Exception as exc:
-            raise explain(exc, f"delete pod {victim}", conn) from None
+            raise explain(
+                exc, f"evict pod {victim}" if fault == "preempt_node" else f"delete pod {victim}", conn
+            ) from None
         return {"node": victim}
 
     def cancel(self, name: str) -> None:

@@ -27,6 +27,7 @@ def _with_timeouts(api: Any) -> Any:
     request = rest.request
 
     def request_with_timeout(*args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        # Read at call time, so the limits stay one setting (and tests may shorten them).
         return request(*args, _request_timeout=_request_timeout or (CONNECT_TIMEOUT_S, READ_TIMEOUT_S), **kwargs)
 
     rest.request = request_with_timeout
@@ -86,12 +87,16 @@ def connect(context: str | None = None, namespace: str | None = None) -> Connect
         return Connection(
             _with_timeouts(client.ApiClient(configuration)), namespace or default_ns, None, configuration.host
         )
-    path = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
-    if not os.path.exists(path):
+    # KUBECONFIG may list several files: kubectl merges them (the first to set a value wins),
+    # and so does the client's loader when given them joined; files that do not exist are skipped.
+    listed = [os.path.expanduser(p) for p in os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep) if p]
+    present = [p for p in listed if os.path.exists(p)]
+    if not present:
         raise BackendError(
-            f"no Kubernetes configuration: {path} does not exist and this is not a pod in a cluster; "
-            "get a kubeconfig from your cluster admin (or set KUBECONFIG)"
+            f"no Kubernetes configuration: {', '.join(listed)} {'does' if len(listed) == 1 else 'do'} not exist "
+            "and this is not a pod in a cluster; get a kubeconfig from your cluster admin (or set KUBECONFIG)"
         )
+    path = os.pathsep.join(present)
     try:
         contexts, active = config.list_kube_config_contexts(config_file=path)
     except ConfigException as exc:
@@ -108,7 +113,10 @@ def connect(context: str | None = None, namespace: str | None = None) -> Connect
         raise BackendError(f"cannot use context {context or (chosen or {}).get('name')!r} of {path}: {exc}") from None
     default_ns = ((chosen or {}).get("context") or {}).get("namespace") or "default"
     return Connection(
-        client.ApiClient(configuration), namespace or default_ns, (chosen or {}).get("name"), configuration.host
+        _with_timeouts(client.ApiClient(configuration)),
+        namespace or default_ns,
+        (chosen or {}).get("name"),
+        configuration.host,
     )
 
 

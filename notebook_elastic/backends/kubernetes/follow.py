@@ -27,9 +27,38 @@ from ...events import Event, Kind, LineParser
 from ...job_state import budget_spent_reason
 from ...runtime import protocol
 from . import manifests as m
-from .client import Connection, is_missing
+from .client import Connection, explain, is_missing
 
 WATCH_TIMEOUT_S = 30
+RETRY_FIRST_S = 0.5  # a transient API error (429, 5xx, a dropped connection) is retried after this,
+RETRY_MAX_S = 15.0  # doubling up to this: a control-plane upgrade takes minutes, not forever
+
+
+class Transient(Exception):
+    """The API server could not answer now (429, 5xx, unreachable): try again later."""
+
+
+def is_forbidden(exc: BaseException) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    return isinstance(exc, ApiException) and exc.status in (401, 403)
+
+
+class Backoff:
+    """Doubling waits between retries of one failing call; reset by a success."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.delay_s = RETRY_FIRST_S
+
+    def wait(self) -> None:
+        self.stop.wait(self.delay_s)
+        self.delay_s = min(self.delay_s * 2, RETRY_MAX_S)
+
+    def reset(self) -> None:
+        self.delay_s = RETRY_FIRST_S
+
+
 POD_NAME = re.compile(r'pods "[^"]*"')
 
 
@@ -105,14 +134,37 @@ class ClusterFollower:
         self.lock = threading.Lock()
         self.finished = threading.Event()
         self.core = conn.core()
+        self.refused: set[str] = set()  # the 403 sentences told (each once)
+        self.success_met = False  # the workers' Job met its successPolicy
 
     def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
         self.events.put(Event(kind, t if t is not None else time.time(), node, data))
 
+    def _forbidden(self, exc: BaseException, action: str) -> None:
+        """Say once which right is missing (the verb and resource from the API server's
+        message, in client.explain's words); the caller keeps retrying slowly, so a Role
+        granted later is picked up."""
+        message = str(explain(exc, action, self.conn))
+        with self.lock:
+            if message in self.refused:
+                return
+            self.refused.add(message)
+        self.emit(Kind.ERROR, None, error="Forbidden", message=message)
+
     # -- the stream -------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Event]:
-        code = self._read_code()
+        backoff = Backoff(self.stop)
+        while True:  # a transient error (or a 403, told once) is no answer about the job
+            try:
+                code = self._code()
+                break
+            except Transient:
+                while not self.events.empty():
+                    yield self.events.get()
+                if self.stop.is_set():
+                    return
+                backoff.wait()
         if code is None:
             yield Event(
                 Kind.JOB_FINISHED,
@@ -121,6 +173,7 @@ class ClusterFollower:
                 {"status": "stopped", "reason": "the job's objects are gone from the cluster"},
             )
             return
+        self._submitted(code)
         threads = [
             threading.Thread(target=self._watch_pods, name=f"watch-pods-{self.job}", daemon=True),
             threading.Thread(target=self._watch_workload, name=f"watch-job-{self.job}", daemon=True),
@@ -158,13 +211,7 @@ class ClusterFollower:
             return Event(event.kind, event.time, event.node, data)
         return event
 
-    def _read_code(self) -> Any:
-        try:
-            cm = self.core.read_namespaced_config_map(m.code_name(self.job), self.conn.namespace)
-        except Exception as exc:
-            if is_missing(exc):
-                return None
-            raise
+    def _submitted(self, cm: Any) -> None:
         import json
 
         spec = json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
@@ -183,42 +230,106 @@ class ClusterFollower:
             namespace=self.conn.namespace,
             notebook=spec.get("notebook"),
         )
-        return cm
 
     # -- pods -------------------------------------------------------------------------
 
-    def _watch(self, list_fn: Any, handle: Any, *, optional: bool = False, **selector: str) -> None:
-        """A watch that lives as long as the follower: after a dropped connection it resumes
-        from the last resourceVersion it saw, after 410 Gone it relists (ADDED again for
-        what exists; the handlers dedupe). ``optional``: a 401/403 ends it quietly."""
+    def _watch(
+        self,
+        list_fn: Any,
+        handle: Any,
+        *,
+        optional: bool = False,
+        relisted: Any = None,
+        bookmarks: bool = False,
+        **selector: str,
+    ) -> None:
+        """A watch that lives as long as the follower, as an informer does it: list, then
+        watch from the list's resourceVersion; after a dropped connection resume from the
+        last resourceVersion seen; after 410 Gone list again (ADDED for what exists; the
+        handlers dedupe) and give ``relisted`` the names listed, so what was deleted while
+        the watch was away is told too. ``optional``: a 401/403 ends it quietly."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
         rv: str | None = None
+        backoff = Backoff(self.stop)
         while not self.stop.is_set():
+            if rv is None:
+                try:
+                    listed = list_fn(self.conn.namespace, **selector)
+                except ApiException as exc:
+                    if optional and exc.status in (401, 403):
+                        return
+                    if exc.status in (401, 403):
+                        self._forbidden(exc, f"follow job {self.job!r}")
+                    backoff.wait()
+                    continue
+                except Exception:
+                    backoff.wait()
+                    continue
+                for obj in listed.items:
+                    handle("ADDED", obj)
+                if relisted is not None:
+                    relisted({obj.metadata.name for obj in listed.items})
+                rv = listed.metadata.resource_version
             w = watch.Watch()
             try:
                 for item in w.stream(
-                    list_fn, self.conn.namespace, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S, **selector
+                    list_fn,
+                    self.conn.namespace,
+                    resource_version=rv,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                    # A quiet watch keeps a fresh resourceVersion (only where the model's required
+                    # fields allow a bookmark's bare metadata: V1Pod yes, CoreV1Event no).
+                    **({"allow_watch_bookmarks": True} if bookmarks else {}),
+                    **selector,
                 ):
                     if self.stop.is_set():
                         w.stop()
                         return
+                    if item["type"] == "BOOKMARK":
+                        # Only a resourceVersion (the client keeps the object a raw dict): resume
+                        # from there, not from before the server's compaction.
+                        rv = w.resource_version or rv
+                        continue
                     obj = item["object"]
                     rv = obj.metadata.resource_version
                     handle(item["type"], obj)
+                    backoff.reset()
             except ApiException as exc:
                 if optional and exc.status in (401, 403):
                     return
                 if exc.status == 410:
                     rv = None
-                else:
-                    time.sleep(0.5)
+                    continue
+                if exc.status in (401, 403):
+                    self._forbidden(exc, f"follow job {self.job!r}")
+                backoff.wait()
             except Exception:
-                time.sleep(0.2)  # dropped connection: resume from rv
+                backoff.wait()  # dropped connection: resume from rv
 
     def _watch_pods(self) -> None:
-        self._watch(self.core.list_namespaced_pod, self._on_pod, label_selector=m.selector(self.job))
+        self._watch(
+            self.core.list_namespaced_pod,
+            self._on_pod,
+            relisted=self._pods_relisted,
+            bookmarks=True,
+            label_selector=m.selector(self.job),
+        )
+
+    def _pods_relisted(self, present: set[str]) -> None:
+        """Worker pods we followed that a fresh list no longer has were deleted while the
+        watch was away (a 410 after a long disconnection): they left."""
+        with self.lock:
+            gone = [
+                v
+                for v in self.pods.values()
+                if v.name not in present and not v.left and v.name != m.rdzv_name(self.job)
+            ]
+            for view in gone:
+                view.left = True
+        for view in gone:
+            self.emit(Kind.NODE_LEFT, view.name, reason="deleted", exitcode=None)
 
     def _on_pod(self, kind: str, pod: Any) -> None:
         name = pod.metadata.name
@@ -302,12 +413,32 @@ class ClusterFollower:
                 reason = "deleted"
             if kind == "DELETED" or phase in ("Succeeded", "Failed"):
                 view.left = True
+                if reason != "finished" and not disruption and self._success_met():
+                    # The Job met its successPolicy (another index succeeded: the agents
+                    # finish together) and the controller terminated this one while it
+                    # exited: it finished, it did not fail.
+                    reason = "finished"
                 self.emit(
                     Kind.NODE_LEFT,
                     name,
                     reason=reason,
                     exitcode=terminated.exit_code if terminated is not None else None,
                 )
+
+    def _success_met(self) -> bool:
+        """Whether the workers' Job has met its successPolicy (SuccessCriteriaMet, or
+        Complete). Read when a worker pod ends, not from the 0.5 s poll: the controller sets
+        the condition before it terminates the lingering pods."""
+        if self.success_met:
+            return True
+        try:
+            job = self.conn.batch().read_namespaced_job(m.workers_name(self.job), self.conn.namespace)
+        except Exception:
+            return False  # not a Job workload, gone, or unreadable: say what the pod says
+        self.success_met = any(
+            c.status == "True" and c.type in ("SuccessCriteriaMet", "Complete") for c in job.status.conditions or []
+        )
+        return self.success_met
 
     def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
         if kind == "DELETED" and not self.stop.is_set() and not self.released:
@@ -341,6 +472,7 @@ class ClusterFollower:
         parser = LineParser(pod)
         last_ts: str | None = None  # RFC 3339 with nanoseconds: sorts as text
         at_last_ts = 0  # lines seen with exactly that timestamp
+        backoff = Backoff(self.stop)
         while not self.stop.is_set():
             since = None
             if last_ts is not None:
@@ -358,8 +490,11 @@ class ClusterFollower:
             except Exception as exc:
                 if is_missing(exc):
                     return
-                time.sleep(0.5)
+                if is_forbidden(exc):
+                    self._forbidden(exc, f"read the log of pod {pod}")
+                backoff.wait()
                 continue
+            backoff.reset()
             skipped_at_last = 0
             buffer = b""
             try:
@@ -444,8 +579,13 @@ class ClusterFollower:
         batch = self.conn.batch()
         last_parallelism = None
         last_range = None
+        backoff = Backoff(self.stop)
         while not self.stop.is_set():
-            cm = self._code()
+            try:
+                cm = self._code()
+            except Transient:
+                backoff.wait()  # the job is still there as far as we know: ask again
+                continue
             if cm is None or cm.metadata.deletion_timestamp:
                 self._finish("stopped", "stopped on request (the job's objects were deleted)")
                 return
@@ -497,18 +637,26 @@ class ClusterFollower:
                             return
             except Exception as exc:
                 if not is_missing(exc):
-                    time.sleep(1)
+                    if is_forbidden(exc):
+                        self._forbidden(exc, f"read the workers of job {self.job!r}")
+                    backoff.wait()
                     continue
                 # The workload is being replaced (range change) or was deleted.
+            backoff.reset()
             self.stop.wait(0.5)
 
     def _code(self) -> Any:
+        """The job's code ConfigMap, None once it is gone (404). Any other failure is no
+        answer about the job: ``Transient`` (a 403 is told once), and the caller asks again;
+        only a real end (the object deleted, the workload finished) ends the view."""
         try:
             return self.core.read_namespaced_config_map(m.code_name(self.job), self.conn.namespace)
         except Exception as exc:
             if is_missing(exc):
                 return None
-            return self._last_code if hasattr(self, "_last_code") else None
+            if is_forbidden(exc):
+                self._forbidden(exc, f"read job {self.job!r}")
+            raise Transient(str(exc)) from exc
 
     def _finish(self, status: str, reason: str | None, budget_spent: bool = False) -> None:
         time.sleep(1.0)  # let the log followers deliver the last lines first

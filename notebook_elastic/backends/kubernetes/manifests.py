@@ -54,6 +54,8 @@ RUNTIME_ZIP = "runtime.zip"
 MODULES_ZIP = "modules.zip"  # the notebook's own modules the code imports, when there are any
 FILES_ZIP = "files.zip"  # files the code reads by a relative name, unpacked into the working directory
 CHECKPOINT_MOUNT = "/checkpoints"
+PYTORCHJOB_CONTAINER = "pytorch"  # the name Kubeflow's PyTorchJob webhook requires
+MAX_HOSTNAME = 63  # a pod's hostname (an Indexed Job's pods: <job>-<index>) is a DNS-1123 label
 MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's data
 
 
@@ -191,6 +193,7 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
         local_addr="$(POD_IP)",
         script=f"{CODE_MOUNT}/{SCRIPT}",
         join_timeout_s=defaults.JOIN_TIMEOUT_S_CLUSTER,
+        rdzv_conf=CLUSTER_RDZV_CONF,
         checkpoint_dir=CHECKPOINT_MOUNT,
         env={
             # The notebook's own modules (if shipped) import from their zip; a missing entry is harmless.
@@ -224,14 +227,45 @@ def _code_volume(spec: Any) -> dict[str, Any]:
     return {"name": "code", "configMap": {"name": code_name(spec.name)}}
 
 
-def _place(pod_spec: dict[str, Any], options: KubernetesOptions, node_selector: dict, tolerations: list) -> None:
-    """Where a pod may run and as whom: its own selector/tolerations, the job's identity."""
+# The Pod Security Standard "restricted" (namespaces may enforce it): not root, no privilege
+# escalation, every capability dropped, the runtime's default seccomp profile. The official
+# torch images run as root, so a non-root uid is named; fsGroup makes the volumes writable.
+RESTRICTED_UID = 1000
+
+
+def _secure(pod_spec: dict[str, Any], options: KubernetesOptions) -> None:
+    if options.pod_security != "restricted":
+        return
+    pod_spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": RESTRICTED_UID,
+        "runAsGroup": RESTRICTED_UID,
+        "fsGroup": RESTRICTED_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for container in pod_spec["containers"]:
+        container["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
+
+def _place(
+    pod_spec: dict[str, Any],
+    options: KubernetesOptions,
+    node_selector: dict,
+    tolerations: list,
+    priority_class: str | None,
+) -> None:
+    """Where a pod may run and as whom: its own selector/tolerations/priority, the job's identity."""
     if node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
     if tolerations:
         pod_spec["tolerations"] = list(tolerations)
-    if options.priority_class:
-        pod_spec["priorityClassName"] = options.priority_class
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
     if options.service_account:
         pod_spec["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
@@ -261,7 +295,10 @@ def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
         "volumes": [_code_volume(spec)],
         "terminationGracePeriodSeconds": 5,
     }
-    _place(pod_spec, options, options.rdzv_node_selector, options.rdzv_tolerations)
+    # Its own priority class, never the workers' (a low "preemptible" one for spot workers would
+    # make the store the scheduler's first victim, and every agent would fail with it).
+    _place(pod_spec, options, options.rdzv_node_selector, options.rdzv_tolerations, options.rdzv_priority_class)
+    _secure(pod_spec, options)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -282,6 +319,18 @@ def rendezvous_service(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
     }
 
 
+# Rendezvous settings sized for clusters, under the user's --rdzv-conf (which wins): the local
+# 1 s x 3 heartbeat declared live agents dead under CPU load on the fixture (network, image
+# pulls and starved nodes are worse), so a departure is noticed after 30 s here; and the
+# agents' store client waits as long as the join (torch's read_timeout default is 60 s), so
+# workers that start before the rendezvous pod serves (image pull, autoscaled pool) wait.
+CLUSTER_RDZV_CONF = {
+    "keep_alive_interval": "5",
+    "keep_alive_max_attempt": "6",
+    "read_timeout": str(defaults.JOIN_TIMEOUT_S_CLUSTER),
+}
+
+
 def worker_pod_spec(
     spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, restart_policy: str = "Never"
 ) -> dict[str, Any]:
@@ -289,11 +338,10 @@ def worker_pod_spec(
     resources: dict[str, Any] = {}
     if gpus:
         resources["limits"] = {"nvidia.com/gpu": str(gpus)}
-    requests = {k: v for k, v in (("cpu", options.cpu), ("memory", options.memory)) if v}
-    if requests:
-        resources["requests"] = requests
-        if options.memory:
-            resources.setdefault("limits", {})["memory"] = options.memory
+    # Always some requests (Burstable, not BestEffort: evicted last); a memory limit only when asked.
+    resources["requests"] = options.requests(spec.nproc_per_node)
+    if options.memory:
+        resources.setdefault("limits", {})["memory"] = options.memory
     mounts = [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [_code_volume(spec)]
     if options.shm_size:
@@ -320,7 +368,8 @@ def worker_pod_spec(
         # torchrun's agent stops its workers on SIGTERM, then leaves the rendezvous.
         "terminationGracePeriodSeconds": 30,
     }
-    _place(pod_spec, options, options.node_selector, options.tolerations)
+    _place(pod_spec, options, options.node_selector, options.tolerations, options.priority_class)
+    _secure(pod_spec, options)
     return pod_spec
 
 
@@ -357,6 +406,11 @@ def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: i
                     },
                 ]
             },
+            # The agents finish together, so one index that succeeded means the training is
+            # done: an index still Pending (fewer nodes than asked ran the job) must not keep
+            # the Job open, nor a late pod meeting a closed rendezvous fail it (Kubernetes >=
+            # 1.31, beta and on by default; GA in 1.33). Lingering pods are terminated.
+            "successPolicy": {"rules": [{"succeededCount": 1}]},
             "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
             "template": {
                 "metadata": {"labels": labels(spec.name, "worker")},
@@ -383,6 +437,9 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
     """A Kubeflow PyTorchJob with an elasticPolicy, pointed at our rendezvous service."""
     plan = plan_for(spec, options, rdzv_id=rdzv_id, epoch=epoch)
     lo, hi = plan.nnodes
+    pod_spec = worker_pod_spec(spec, options, rdzv_id=rdzv_id, epoch=epoch, restart_policy="OnFailure")
+    # Kubeflow's webhook refuses a PyTorchJob without a container named "pytorch".
+    pod_spec["containers"][0]["name"] = PYTORCHJOB_CONTAINER
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -410,9 +467,7 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
                     "restartPolicy": "OnFailure",
                     "template": {
                         "metadata": {"labels": labels(spec.name, "worker")},
-                        "spec": worker_pod_spec(
-                            spec, options, rdzv_id=rdzv_id, epoch=epoch, restart_policy="OnFailure"
-                        ),
+                        "spec": pod_spec,
                     },
                 }
             },
@@ -422,6 +477,20 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
 
 def check(spec: Any, options: KubernetesOptions) -> None:
     """Refusals that depend on the cluster shape, before anything is sent."""
+    if not spec.name[:1].isalpha():
+        hint = f"run-{spec.name}"
+        raise SpecError(
+            f"--name {spec.name!r} starts with a digit, but the job's rendezvous Service ({rdzv_name(spec.name)}) "
+            f"must be a DNS-1035 name that starts with a letter; use a name like {hint!r}"
+        )
+    hostname = f"{workers_name(spec.name)}-{spec.max_nodes - 1}"  # the Job controller names pods' hosts so
+    if len(hostname) > MAX_HOSTNAME:
+        room = MAX_HOSTNAME - (len(hostname) - len(spec.name))
+        raise SpecError(
+            f"--name {spec.name!r} is too long for {spec.max_nodes} nodes: the last worker's hostname "
+            f"{hostname!r} would be {len(hostname)} characters, over Kubernetes' {MAX_HOSTNAME}; "
+            f"use a name of at most {room} characters"
+        )
     if spec.max_nodes > 1 and not options.pvc:
         raise SpecError(
             f"--nnodes {spec.nnodes[0]}:{spec.nnodes[1]} may run on several pods, which must share their "
@@ -450,6 +519,25 @@ def build(
     else:
         objects.append(workers_job(spec, options, rdzv_id=rdzv_id, epoch=epoch, target=target))
     return objects
+
+
+def without_gpus(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with no ``nvidia.com/gpu`` limit in its pod specs (CPU pods on a CPU cluster)."""
+    out = json.loads(json.dumps(obj))
+    specs = []
+    if out["kind"] == "Pod":
+        specs.append(out["spec"])
+    elif out["kind"] == "Job":
+        specs.append(out["spec"]["template"]["spec"])
+    elif out["kind"] == "PyTorchJob":
+        specs += [r["template"]["spec"] for r in out["spec"]["pytorchReplicaSpecs"].values()]
+    for pod_spec in specs:
+        for c in pod_spec.get("containers", []):
+            limits = (c.get("resources") or {}).get("limits") or {}
+            limits.pop("nvidia.com/gpu", None)
+            if not limits:
+                (c.get("resources") or {}).pop("limits", None)
+    return out
 
 
 def owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,11 @@ from ...errors import SpecError
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 WORKLOADS = ("job", "pods", "pytorchjob")
+POD_SECURITY_LEVELS = ("baseline", "restricted")  # the Pod Security Standards a namespace may enforce
+# Requests per torchrun process when --cpu/--memory are not given: without any, CPU workers
+# run BestEffort and are the first a node evicts under pressure.
+DEFAULT_CPU_PER_PROCESS = 1
+DEFAULT_MEMORY_PER_PROCESS_GI = 2
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 _LABEL_NAME = re.compile(
@@ -88,17 +93,26 @@ class KubernetesOptions:
     node_selector: dict[str, str] = field(default_factory=dict)
     rdzv_tolerations: list[dict[str, Any]] = field(default_factory=list)
     rdzv_node_selector: dict[str, str] = field(default_factory=dict)
-    priority_class: str | None = None
+    priority_class: str | None = None  # the workers' (often a low, preemptible one for spot)
+    rdzv_priority_class: str | None = None  # the store's own; never the workers'
     service_account: str | None = None
     image_pull_secrets: list[str] = field(default_factory=list)
     pvc: str | None = None
     shm_size: str | None = "2Gi"
     workload: str = "job"
+    pod_security: str = "baseline"  # "restricted": pods pass a namespace enforcing that level
     ttl_seconds_after_finished: int = 3600
     rdzv_port: int = 29400
 
     def gpus_per_pod(self, nproc_per_node: int) -> int:
         return nproc_per_node if self.gpus is None else self.gpus
+
+    def requests(self, nproc_per_node: int) -> dict[str, str]:
+        """The worker's cpu/memory requests: the flags, else a default per process."""
+        return {
+            "cpu": self.cpu or str(DEFAULT_CPU_PER_PROCESS * nproc_per_node),
+            "memory": self.memory or f"{DEFAULT_MEMORY_PER_PROCESS_GI * nproc_per_node}Gi",
+        }
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -122,11 +136,13 @@ def parse_options(
     rdzv_tolerations: Iterable[str] = (),
     rdzv_node_selector: Iterable[str] | Mapping[str, str] = (),
     priority_class: str | None = None,
+    rdzv_priority_class: str | None = None,
     service_account: str | None = None,
     image_pull_secrets: Iterable[str] = (),
     pvc: str | None = None,
     shm_size: str | None = "2Gi",
     workload: str = "job",
+    pod_security: str | None = None,
 ) -> KubernetesOptions:
     """Validated options from flag values (``SpecError`` on the first bad one)."""
     if gpus is not None:
@@ -136,6 +152,11 @@ def parse_options(
             raise SpecError(f"--gpus {gpus!r} must be a whole number of GPUs per pod (0 for CPU pods)") from None
         if gpus < 0:
             raise SpecError(f"--gpus {gpus} must be 0 or more")
+    if pod_security is not None and pod_security not in POD_SECURITY_LEVELS:
+        raise SpecError(
+            f"--pod-security {pod_security!r} is unknown; choose one of: {', '.join(POD_SECURITY_LEVELS)} "
+            "(the level your namespace enforces: kubectl get ns NAME --show-labels)"
+        )
     if workload not in WORKLOADS:
         raise SpecError(f"--workload {workload!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
     if image is not None and (not image.strip() or any(c.isspace() for c in image)):
@@ -152,9 +173,11 @@ def parse_options(
         rdzv_tolerations=[parse_toleration(t, "--rdzv-toleration") for t in rdzv_tolerations],
         rdzv_node_selector=parse_selector(rdzv_node_selector, "--rdzv-node-selector"),
         priority_class=_name(priority_class, "--priority-class"),
+        rdzv_priority_class=_name(rdzv_priority_class, "--rdzv-priority-class"),
         service_account=_name(service_account, "--service-account"),
         image_pull_secrets=[_name(s, "--image-pull-secret") or "" for s in image_pull_secrets],
         pvc=_name(pvc, "--pvc"),
         shm_size=_quantity(shm_size, "--shm-size"),
         workload=workload,
+        pod_security=pod_security or "baseline",
     )

@@ -1,0 +1,210 @@
+"""The API-server fixture refuses what a real API server refuses and runs the controllers our
+backend depends on (#17): names, sizes, immutable Job fields, server-side dry-run, deleted
+pods counted as failures unless evicted, the TTL controller, garbage collection by
+propagation policy. Driven with the real `kubernetes` client; pods are short local
+processes (no torch)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from k8s_apiserver import FakeCluster
+
+
+@pytest.fixture
+def fake(no_leftovers):
+    cluster = FakeCluster(gpu_slots=0)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def api(fake, tmp_path):
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(
+        config_file=str(fake.kubeconfig(tmp_path / "kubeconfig")), client_configuration=configuration
+    )
+    with client.ApiClient(configuration) as api_client:
+        yield client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+
+
+def until(predicate, what, timeout=60):
+    """Wait for a state (the timeout only bounds a broken run)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never reached: {what}"
+        time.sleep(0.05)
+
+
+SLEEPER = {"name": "main", "image": "busybox", "command": [sys.executable, "-c", "import time; time.sleep(120)"]}
+
+
+def indexed_job(name, n=1, **spec):
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": n,
+            "parallelism": n,
+            "backoffLimit": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [dict(SLEEPER)]}},
+            **spec,
+        },
+    }
+
+
+def status_of(exc_info):
+    return exc_info.value.status, exc_info.value.body
+
+
+def test_names_and_sizes_are_refused_as_a_real_server_does(api):
+    from kubernetes.client.exceptions import ApiException
+
+    core, batch = api
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_service(
+            "default", {"metadata": {"name": "2024-run-rdzv"}, "spec": {"ports": [{"port": 1}]}}
+        )
+    assert err.value.status == 422 and "DNS-1035" in err.value.body
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "Big_Name"}, "data": {}})
+    assert err.value.status == 422 and "RFC 1123" in err.value.body
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "big"}, "data": {"a": "x" * (1024 * 1024)}})
+    assert err.value.status == 422 and "at most 1048576 bytes" in err.value.body
+    with pytest.raises(ApiException) as err:
+        batch.create_namespaced_job("default", indexed_job("j" * 64))
+    assert err.value.status == 422
+    assert core.list_namespaced_config_map("default").items == []  # nothing was stored
+
+
+def test_immutable_job_fields_and_elastic_indexed_scaling(api, fake):
+    from kubernetes.client.exceptions import ApiException
+
+    _, batch = api
+    rules = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    batch.create_namespaced_job("default", indexed_job("w", n=1, podFailurePolicy=rules))
+    # Elastic Indexed Job: completions and parallelism move together.
+    batch.patch_namespaced_job("w", "default", {"spec": {"completions": 2, "parallelism": 2}})
+    for patch in (
+        {"spec": {"completions": 3}},  # completions != parallelism
+        {"spec": {"completionMode": "NonIndexed"}},
+        {"spec": {"podFailurePolicy": None}},  # removing it
+        {"spec": {"template": {"spec": {"restartPolicy": "OnFailure"}}}},
+    ):
+        with pytest.raises(ApiException) as err:
+            batch.patch_namespaced_job("w", "default", patch)
+        assert err.value.status == 422 and "immutable" in err.value.body, patch
+    job = batch.read_namespaced_job("w", "default")
+    assert (job.spec.completions, job.spec.parallelism, job.spec.completion_mode) == (2, 2, "Indexed")
+    assert job.spec.pod_failure_policy is not None
+    until(lambda: len(fake.pods()) == 2, "two pods")
+    assert sorted(p["spec"]["hostname"] for p in fake.pods()) == ["w-0", "w-1"]  # as the controller names them
+
+
+def test_server_side_dry_run_validates_and_stores_nothing(api, fake):
+    from kubernetes.client.exceptions import ApiException
+
+    core, batch = api
+    made = core.create_namespaced_config_map("default", {"metadata": {"name": "c"}, "data": {"a": "b"}}, dry_run="All")
+    assert made.metadata.name == "c" and fake.get("configmaps", "c") is None
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_service(
+            "default", {"metadata": {"name": "9-svc"}, "spec": {"ports": [{"port": 1}]}}, dry_run="All"
+        )
+    assert err.value.status == 422
+    batch.create_namespaced_job("default", indexed_job("w"))
+    batch.patch_namespaced_job("w", "default", {"spec": {"completions": 3, "parallelism": 3}}, dry_run="All")
+    batch.delete_namespaced_job("w", "default", dry_run="All")
+    assert fake.get("jobs", "w", gv="batch/v1")["spec"]["completions"] == 1
+
+
+def test_a_deleted_pod_fails_and_counts_an_evicted_one_does_not(api, fake):
+    """Deleting a Job's pod makes it Failed and spends backoffLimit; the Eviction API adds
+    DisruptionTarget, which the podFailurePolicy's Ignore rule skips."""
+    core, batch = api
+    rules = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
+    batch.create_namespaced_job("default", indexed_job("w", backoffLimit=1, podFailurePolicy=rules))
+
+    def running():
+        return [
+            p
+            for p in fake.pods()
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    for _ in range(3):  # three evictions: none counts
+        until(lambda: len(running()) == 1, "a running pod")
+        victim = running()[0]["metadata"]["name"]
+        core.create_namespaced_pod_eviction(
+            victim, "default", {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": victim}}
+        )
+        until(lambda victim=victim: fake.get("pods", victim) is None, "the evicted pod to go")
+    assert fake.evictions and (batch.read_namespaced_job("w", "default").status.failed or 0) == 0
+    for expected_failed in (1, 2):  # plain deletes count; the second goes past backoffLimit 1
+        until(lambda: len(running()) == 1, "a running pod")
+        victim = running()[0]["metadata"]["name"]
+        core.delete_namespaced_pod(victim, "default", grace_period_seconds=0)
+        until(
+            lambda n=expected_failed: (batch.read_namespaced_job("w", "default").status.failed or 0) == n,
+            "the failure counted",
+        )
+    until(
+        lambda: any(
+            c.type == "Failed" and c.reason == "BackoffLimitExceeded"
+            for c in batch.read_namespaced_job("w", "default").status.conditions or []
+        ),
+        "BackoffLimitExceeded",
+    )
+
+
+def test_ttl_after_finished_and_propagation_policies(api, fake):
+    core, batch = api
+    job = indexed_job("t", ttlSecondsAfterFinished=1)
+    job["spec"]["template"]["spec"]["containers"] = [dict(SLEEPER, command=[sys.executable, "-c", "pass"])]
+    batch.create_namespaced_job("default", job)
+    until(lambda: fake.get("jobs", "t", gv="batch/v1") is None, "the TTL controller to delete the finished Job")
+    until(lambda: not fake.pods(), "its pods to be collected")
+
+    # A ConfigMap owning a Service: Background deletes the dependent, Orphan keeps it.
+    for policy, kept in (("Background", False), ("Orphan", True)):
+        owner = core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
+        ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+        core.create_namespaced_service(
+            "default", {"metadata": {"name": "dep", "ownerReferences": [ref]}, "spec": {"ports": [{"port": 1}]}}
+        )
+        core.delete_namespaced_config_map("owner", "default", propagation_policy=policy)
+        until(lambda: fake.get("configmaps", "owner") is None, "the owner gone")
+        assert (fake.get("services", "dep") is not None) == kept, policy
+        if kept:
+            assert fake.get("services", "dep")["metadata"]["ownerReferences"] == []
+            core.delete_namespaced_service("dep", "default")
+    # A Job deleted without a policy orphans its pods (the API's default for Jobs).
+    batch.create_namespaced_job("default", indexed_job("o"))
+    until(lambda: len(fake.pods()) == 1, "a pod")
+    batch.delete_namespaced_job("o", "default")
+    assert len(fake.pods()) == 1 and fake.pods()[0]["metadata"]["ownerReferences"] == []
+    core.delete_namespaced_pod(fake.pods()[0]["metadata"]["name"], "default", grace_period_seconds=0)
+    until(lambda: not fake.pods(), "the orphan deleted")
+
+
+def test_discovery_and_transient_errors(api, fake):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core, _ = api
+    groups = client.ApisApi(core.api_client).get_api_versions()
+    assert {g.name for g in groups.groups} >= {"batch", "policy"}
+    resources = {r.name for r in core.get_api_resources().resources}
+    assert {"pods", "pods/log", "pods/eviction", "services", "configmaps"} <= resources
+    fake.fail_next("GET", r"/configmaps$", 503)
+    with pytest.raises(ApiException) as err:
+        core.list_namespaced_config_map("default")
+    assert err.value.status == 503
+    core.list_namespaced_config_map("default")  # once only

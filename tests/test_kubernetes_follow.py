@@ -1,0 +1,145 @@
+"""Following a job through the API server's bad moments (#17 defects 3 and 4): a transient
+error (503, 429) is retried and never ends the view; a 403 is told once, in one sentence
+naming the missing verb and resource, instead of silent retries."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from k8s_apiserver import FakeCluster
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.events import Kind
+
+pytestmark = pytest.mark.slow
+
+CELL = """
+for step in range(TOTAL):
+    elastic.report(step=step, loss=1.0 / (step + 1))
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, home):
+    fake = FakeCluster(gpu_slots=0)
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    yield fake
+    fake.close()
+
+
+def launch(name, total):
+    return ne.launch(
+        CELL,
+        backend="kubernetes",
+        nnodes="1",
+        nproc_per_node=1,
+        gpus=0,
+        name=name,
+        user_ns={"elastic": runtime, "time": time, "TOTAL": total, "torch": torch},
+    )
+
+
+def until(job, predicate, what, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never reached: {what}: {job.summary()}"
+        time.sleep(0.1)
+
+
+def test_transient_api_errors_do_not_end_the_job_view(cluster):
+    job = launch("flaky", total=200)
+    until(job, lambda: job.state.step is not None and job.state.step >= 5, "training")
+    seen = len(cluster.requests)
+    for status in (503, 429, 500, 503):  # a control-plane upgrade, a throttled client
+        cluster.fail_next("GET", r"/configmaps/flaky-code$", status)
+    until(job, lambda: not cluster.failures, "the follower to meet every injected error")
+    assert len(cluster.requests) > seen
+    assert job.wait(240) == "succeeded", job.summary()  # old code: "stopped on request"
+    assert job.state.step == 199
+
+
+def test_a_forbidden_watch_is_told_once_naming_the_verb_and_resource(cluster):
+    cluster.deny("watch", "pods")
+    job = launch("denied", total=100_000)
+    until(job, lambda: any(e.kind == Kind.ERROR and e.get("error") == "Forbidden" for e in job.events), "the 403 told")
+    told = [e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]
+    assert "may not watch pods" in told[0].get("message"), told[0].get("message")
+    assert "README" in told[0].get("message")
+    refused = len(cluster.forbidden)
+    until(job, lambda: len(cluster.forbidden) >= refused + 2, "the follower to retry")  # it still tries, slowly
+    assert len([e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]) == 1
+    cluster.denied.clear()  # the admin grants it: the view catches up
+    until(job, lambda: job.state.step is not None and job.state.step >= 3, "training seen once granted")
+    job.stop()
+
+
+def test_a_pod_deleted_while_the_watch_was_away_past_410_still_leaves(cluster):
+    """The watch is away (its connection dropped, and refused while a pod goes); by the time
+    it is back, its resourceVersion is too old (410 Gone). The fresh list lacks the pod:
+    it is told as gone (old code: relisted only what exists, and the pod never left)."""
+    from notebook_elastic.backends.kubernetes import manifests as m
+
+    job = launch("gap", total=100_000)
+    until(job, lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training")
+    victim = job.nodes[0]
+    cluster.deny("watch", "pods")
+    cluster.deny("list", "pods")
+    refused = len(cluster.forbidden)
+    cluster.drop_streams()
+    until(job, lambda: len(cluster.forbidden) > refused, "the follower to be refused")
+    cluster.preempt(victim)
+    until(job, lambda: cluster.get("pods", victim) is None, "the pod gone")
+    with cluster.lock:
+        del cluster.history[:-1]  # compacted: the follower's resourceVersion is now too old
+    cluster.denied.clear()
+    until(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events), "the pod told gone")
+    assert cluster.pods(selector=m.selector("gap", "worker"))  # and the replacement exists
+    job.stop()
+
+
+def test_a_quiet_pod_watch_resumes_after_compaction_thanks_to_bookmarks(cluster):
+    """#17: no watch bookmarks. While the job's pods do not change, the rest of the cluster
+    does and the server compacts its history; a reconnecting watch then resumes from the
+    bookmark's resourceVersion instead of meeting 410 Gone and relisting."""
+    from kubernetes import client, config
+
+    job = launch("quiet", total=100_000)
+    until(job, lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training")
+    api = client.CoreV1Api(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
+    for i in range(20):  # churn elsewhere: newer resourceVersions the pod watch never sees
+        api.create_namespaced_config_map("default", {"metadata": {"name": f"churn-{i}"}})
+    churned = cluster.rv
+    until(job, lambda: any(b >= churned for b in cluster.bookmarks), "a bookmark past the churn")
+    with cluster.lock:
+        del cluster.history[:-1]  # compacted
+    cluster.drop_streams()
+    until(job, lambda: len(cluster.streams) >= 3, "the follower to resume its streams")
+    step = job.state.step
+    until(job, lambda: (job.state.step or 0) > step + 3, "training still followed")
+    assert "pods" not in cluster.expired_watches, cluster.expired_watches  # old code: 410, relist
+    job.stop()
+
+
+def test_gpus_default_to_none_on_a_cluster_without_gpus(cluster):
+    """#17: --gpus defaulted to --nproc-per-node even where no node has a GPU, so every worker
+    stayed Pending (Insufficient nvidia.com/gpu). Where nodes can be listed and none offers
+    nvidia.com/gpu, the default is CPU pods."""
+    from notebook_elastic.backends.kubernetes import manifests as m
+
+    job = ne.launch(
+        CELL,
+        backend="kubernetes",
+        nnodes="1",
+        nproc_per_node=1,
+        name="cpu",
+        user_ns={"elastic": runtime, "time": time, "TOTAL": 100_000, "torch": torch},
+    )
+    until(job, lambda: job.state.step is not None and job.state.step >= 3, "CPU pods training")
+    pod = cluster.pods(selector=m.selector("cpu", "worker"))[0]
+    assert "nvidia.com/gpu" not in str(pod["spec"]["containers"][0].get("resources")), pod["spec"]["containers"][0]
+    job.stop()
