@@ -169,6 +169,10 @@ def test_the_header_says_status_world_size_step_eta_and_loss_in_one_line():
         assert part in glance, part
     text = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", glance))  # what a person reads
     assert "world size 2 · nodes 1 (1:2) · step 10 / 100" in text and "loss 0.1" in text, text
+    # Ended, the job runs on no node: the header gives its range, not "nodes 0" (#11 item 6).
+    state.apply(Event(Kind.JOB_FINISHED, 20.0, None, {"status": "succeeded", "reason": "finished"}))
+    ended = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", header_html("toy", "local", state)))
+    assert "nodes 0" not in ended and "range 1:2" in ended, ended
 
 
 TRAIN = """
@@ -351,6 +355,41 @@ def test_a_dashboard_carries_its_kernel_gone_word_and_a_static_twin(home):
         assert dash.setup.layout.display is None and dash.drills.layout.display == "none"
     finally:
         dash.close()
+
+
+@pytest.mark.slow
+def test_the_output_is_republished_at_each_status_so_a_saved_notebook_keeps_the_last_picture(home):
+    """Item 7 of #11: the display is updated (its text/html twin with it) when the job ends,
+    so a notebook saved and reloaded after the kernel is gone shows how the job ended, not
+    how it began. Once: a re-published widget is redrawn, which a person would see."""
+    import re
+
+    from notebook_elastic.ui import Dashboard
+
+    class Handle:  # IPython's DisplayHandle, as the front end receives its updates
+        def __init__(self) -> None:
+            self.pictures: list[str] = []
+
+        def update(self, obj) -> None:
+            html = obj._repr_mimebundle_()["text/html"]
+            self.pictures.append(re.search(r'class="ne-status" data-status="(\w+)"', html).group(1))
+
+    job = ne.launch(
+        TRAIN, name="pictures", dry_run=True, user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 30}
+    )
+    dash = Dashboard(job)
+    handle = dash.display_handle = Handle()
+    try:
+        job.start()
+        job.wait(300)
+        deadline = time.monotonic() + 60
+        while not handle.pictures or handle.pictures[-1] != "succeeded":
+            assert time.monotonic() < deadline, handle.pictures
+            time.sleep(0.1)
+    finally:
+        dash.close()
+    time.sleep(1.5)  # a second publication would come within the dashboard's next renders
+    assert handle.pictures == ["succeeded"], handle.pictures
 
 
 @pytest.mark.slow

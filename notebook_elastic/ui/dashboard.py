@@ -174,6 +174,11 @@ class Dashboard(W.VBox):
         )
         self.add_class("notebook-elastic-dashboard")
         self._render(set(SECTIONS))
+        # Set by whoever displayed it with a display_id: the output is re-published when the
+        # job ends, so its text/html twin (what a saved notebook shows once the kernel is
+        # gone) is the last picture, not the first.
+        self.display_handle: Any = None
+        self._published_status: str | None = job.status  # what the first display shows
         self._unsubscribe: Callable[[], None] | None = job.on_event(self._on_event)
         self._thread = threading.Thread(target=self._loop, name=f"dashboard-{job.name}", daemon=True)
         self._thread.start()
@@ -217,6 +222,7 @@ class Dashboard(W.VBox):
                 except Exception:
                     traceback.print_exc()
                 last = time.monotonic()
+            self._publish_if_changed()
             if (
                 self.job.finished
                 and not self._dirty
@@ -225,7 +231,23 @@ class Dashboard(W.VBox):
                 and time.monotonic() - last > 1
             ):
                 self._render(set(SECTIONS))
+                self._publish_if_changed(force=True)
                 break
+
+    def _publish_if_changed(self, force: bool = False) -> None:
+        """Re-publish the output (widget view and its HTML twin) once the job has ended, so
+        that a notebook saved afterwards keeps how it ended. Only then: a re-published
+        widget view is drawn anew, which a person would notice at every status change."""
+        status = self.job.status
+        if self.display_handle is None or status == self._published_status:
+            return
+        if status not in FINAL_STATUSES and not force:
+            return
+        self._published_status = status
+        try:
+            self.display_handle.update(self)
+        except Exception:  # the front end is gone: nothing to keep the picture in
+            pass
 
     def _render(self, dirty: set[str]) -> None:
         job = self.job

@@ -333,7 +333,10 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     eta = None if state.finished else state.eta_s
     cells = [
         f'world size <b class="ne-world-size">{state.world_size}</b>',
-        f'nodes <span class="ne-nodes">{nodes}</span> <span style="color:{FG_FAINT}">'
+        # An ended job runs on no node: its range, not "nodes 0" (#11 item 6).
+        f'range <span style="color:{FG_FAINT}">{state.nnodes[0]}:{state.nnodes[1]}</span>'
+        if state.finished
+        else f'nodes <span class="ne-nodes">{nodes}</span> <span style="color:{FG_FAINT}">'
         f"({state.nnodes[0]}:{state.nnodes[1]})</span>",
     ]
     if state.step is not None:

@@ -47,7 +47,8 @@ def display_job(job: ElasticJob) -> None:
 
         from ..ui import Dashboard
 
-        display(Dashboard(job))
+        dashboard = Dashboard(job)
+        dashboard.display_handle = display(dashboard, display_id=True)
         return
     print(job.summary())
     if not job.finished:
