@@ -83,10 +83,6 @@ class LaunchPlan:
     def argv(self) -> tuple[str, ...]:
         return (*self.agent_prefix, *self.torchrun_args)
 
-    @property
-    def rdzv_conf_text(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.rdzv_conf.items())
-
     def node(self, index: int, gpus: Sequence[str] = ()) -> NodePlan:
         """Node ``index`` (``node-INDEX``), on ``gpus`` (one per local rank, or none)."""
         if gpus and len(gpus) != self.nproc_per_node:
