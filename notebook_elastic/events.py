@@ -18,52 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runtime.protocol import EVENT_PREFIX, EXIT_PEER_LOST
+from .runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, EXIT_PEER_LOST, FINAL_STATUSES, Kind, Status
 
+__all__ = ["ATTENTION_ORDER", "FINAL_STATUSES", "Event", "Kind", "LineParser", "Status", "describe"]
 
-class Kind:
-    """Event kinds. Strings, so events serialize as plain JSON."""
-
-    JOB_SUBMITTED = "job_submitted"
-    JOB_FINISHED = "job_finished"
-    JOB_RESUMED = "job_resumed"
-    RECOVERING = "recovering"  # its supervisor died; the guardian brings it back
-    STALL = "stall"
-    DISK_FULL = "disk_full"
-    OUTPUT_CAPPED = "output_capped"
-    DEGRADED = "degraded"  # the installed torch lacks internals we use: the job runs, heals slower
-    STALL_CLEARED = "stall_cleared"
-    SCALED = "scaled"  # target nodes or range changed
-    FAULT = "fault"  # a fault drill was injected
-    NODE_JOINED = "node_joined"
-    NODE_LEFT = "node_left"
-    PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
-    AGENT_STARTED = "agent_started"
-    RENDEZVOUS = "rendezvous"
-    RESTART = "restart"
-    WORKER_STARTED = "worker_started"
-    WORKER_FAILED = "worker_failed"
-    WORKER_EXITED = "worker_exited"  # the agent saw a worker process die (exit code / signal)
-    WORKER_FINISHED = "worker_finished"
-    AGENT_SIGNALED = "agent_signaled"
-    PEER_LOST = "peer_lost"
-    LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round  # an agent saw a member of its round vanish and ended its workers
-    GROUP_SUCCEEDED = "group_succeeded"
-    METRIC = "metric"
-    PLAN = "plan"
-    RESUMED = "resumed"
-    CHECKPOINT = "checkpoint"
-    CHECKPOINT_FAILED = "checkpoint_failed"
-    CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
-    FENCED = "fenced"
-    ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
-    FILES_CHANGED = "files_changed"  # the script or payload differs from what was launched: not run
-    LOG = "log"
-
-
-# "lost": its supervisor is gone (killed, the machine restarted, its folder deleted). Final
-# until resume(); every view says "lost" for it, the notebook as much as jobs() and the panel.
-FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+_KINDS = Kind._value2member_map_
 
 
 @dataclass(frozen=True)
@@ -90,6 +49,7 @@ class Event:
     def from_json(cls, obj: dict[str, Any]) -> Event:
         obj = dict(obj)
         kind = str(obj.pop("kind", Kind.LOG))
+        kind = _KINDS.get(kind, kind)  # a kind this version does not know stays a plain string
         t = obj.pop("t", None)
         node = obj.pop("node", None)
         return cls(kind=kind, time=float(t) if t is not None else time.time(), node=node, data=obj)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import FINAL_STATUSES, Event, Kind, degraded_text, describe
+from .events import FINAL_STATUSES, Event, Kind, Status, degraded_text, describe
 
 # Events that tell why workers stop: listed under a restart in its transition.
 SYMPTOMS = frozenset(
@@ -163,7 +163,7 @@ class JobState:
     """Everything known about a job, folded from its events."""
 
     def __init__(self, *, max_restarts: int = 0, nnodes: tuple[int, int] = (1, 1), target: int | None = None) -> None:
-        self.status = "pending"
+        self.status = Status.PENDING
         self.reason: str | None = None
         self.waiting: str | None = None  # why capacity the job asked for is not coming
         self.max_restarts = max_restarts
@@ -305,7 +305,7 @@ class JobState:
         root = _is_root_cause(e)
         if self.status != before:
             entry: dict[str, Any] = {"status": self.status, "at": e.time, "cause": describe(e)}
-            if self.status == "restarting":
+            if self.status == Status.RESTARTING:
                 entry["events"] = [describe(e)]
                 recent = self._last_root
                 if not root and recent is not None and 0 <= e.time - recent.time <= ROOT_WINDOW_S:
@@ -313,9 +313,9 @@ class JobState:
                     entry["events"].insert(0, describe(recent))
                 entry["rooted"] = root or entry["cause"] != describe(e)
             self.transitions.append(entry)
-        elif self.status == "restarting" and e.kind in SYMPTOMS and self.transitions:
+        elif self.status == Status.RESTARTING and e.kind in SYMPTOMS and self.transitions:
             entry = self.transitions[-1]
-            if entry["status"] == "restarting" and len(entry.setdefault("events", [])) < 8:
+            if entry["status"] == Status.RESTARTING and len(entry.setdefault("events", [])) < 8:
                 entry["events"].append(describe(e))
                 if root and not entry.get("rooted"):
                     entry["cause"], entry["rooted"] = describe(e), True
@@ -347,12 +347,12 @@ class JobState:
         self.gpus = e.get("gpus") or 0
 
     def _on_recovering(self, e: Event) -> None:
-        self.status = "recovering"
+        self.status = Status.RECOVERING
         self.reason = e.get("reason")
 
     def _on_job_resumed(self, e: Event) -> None:
         """The same job, continued in its folder: its history stays, its outcome does not."""
-        self.status = "pending"
+        self.status = Status.PENDING
         self.reason = None
         self.finished_at = None
         self.waiting = None
@@ -399,8 +399,8 @@ class JobState:
         node.left_at = e.time
         self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
         # A node stopped with the job or done with its work is no reason to regroup.
-        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == "running":
-            self.status = "restarting"
+        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == Status.RUNNING:
+            self.status = Status.RESTARTING
 
     def _on_rendezvous(self, e: Event) -> None:
         node = self._node(e.node)
@@ -420,7 +420,7 @@ class JobState:
             self.membership_changes += 1
         node.status = "restarting"
         if not self.finished:
-            self.status = "restarting"
+            self.status = Status.RESTARTING
 
     def _on_worker_started(self, e: Event) -> None:
         node = self._node(e.node or e.get("node"))
@@ -446,26 +446,26 @@ class JobState:
         if self.started_at is None:
             self.started_at = e.time
         if not self.finished:
-            self.status = "running"
+            self.status = Status.RUNNING
 
     def _on_worker_failed(self, e: Event) -> None:
         if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
             if not self.finished:
-                self.status = "restarting"
+                self.status = Status.RESTARTING
             return
         self.failures.append(e)
         if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
             self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")
         if not self.finished:
-            self.status = "restarting"
+            self.status = Status.RESTARTING
 
     def _on_peer_lost(self, e: Event) -> None:
         if not self.finished:
-            self.status = "restarting"
+            self.status = Status.RESTARTING
 
     def _on_worker_exited(self, e: Event) -> None:
-        if not self.finished and self.status == "running":
-            self.status = "restarting"
+        if not self.finished and self.status == Status.RUNNING:
+            self.status = Status.RESTARTING
 
     def _on_plan(self, e: Event) -> None:
         self.total_steps = e.get("total")
@@ -494,7 +494,7 @@ class JobState:
             self._saw_step(step - 1, e.time)
 
     def _on_job_finished(self, e: Event) -> None:
-        self.status = e.get("status", "failed")
+        self.status = e.get("status", Status.FAILED)
         self.reason = e.get("reason")
         self.finished_at = e.time
         for node in self.nodes.values():

@@ -8,6 +8,10 @@ there after a grace period long enough for a correct but slow cleanup on a loade
 machine is printed, SIGKILLed (also when the test failed) and fails the test. Zygote sockets
 left in the test's temp folder or fixture folders are listed (and fail the test with
 NOTEBOOK_ELASTIC_STRICT_SOCKETS=1; see STRICT_SOCKETS).
+
+The same check holds the event contract: every event in the history of every local job the
+test ran (``events.jsonl`` under its folders) must be of a known kind and match that kind's
+schema in ``notebook_elastic/runtime/protocol.py`` (``EVENT_SCHEMAS``).
 """
 
 from __future__ import annotations
@@ -153,6 +157,10 @@ def pytest_configure(config):
         "markers",
         "leaves_sockets(reason): the test knowingly leaves zygote sockets behind (the check tells, not fails)",
     )
+    config.addinivalue_line(
+        "markers",
+        "breaks_contract(reason): the test sends malformed events on purpose (the contract check skips it)",
+    )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -209,8 +217,47 @@ def _check_and_clean(request, test_id: str, tmp: str) -> list[str]:
             problems.append(message)
         else:  # a known package leak (issue #15): told on every test until it is fixed, then strict
             print(message, file=sys.stderr)
+    if not failed and request.node.get_closest_marker("breaks_contract") is None:
+        problems.extend(contract_problems(*folders))
     shutil.rmtree(tmp, ignore_errors=True)
     return problems
+
+
+def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
+    """Events in the job histories under ``folders`` that break the event contract."""
+    import json
+
+    import jsonschema
+
+    from notebook_elastic.runtime.protocol import EVENT_SCHEMAS
+
+    validators = {kind.value: jsonschema.Draft202012Validator(schema) for kind, schema in EVENT_SCHEMAS.items()}
+    found: list[str] = []
+    for folder in {str(f) for f in folders if f}:
+        for history in Path(folder).rglob("events.jsonl"):
+            try:
+                lines = history.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for number, line in enumerate(lines, 1):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line torn by a full disk is the writer's to tell, not the contract's
+                kind = event.get("kind")
+                validator = validators.get(kind)
+                if validator is None:
+                    found.append(f"{history}:{number}: kind {kind!r} has no schema in EVENT_SCHEMAS")
+                    continue
+                data = {k: v for k, v in event.items() if k not in ("kind", "t", "node")}
+                for error in validator.iter_errors(data):
+                    where = "/".join(str(p) for p in error.absolute_path) or "(event)"
+                    found.append(f"{history}:{number}: {kind} {where}: {error.message}")
+            if len(found) >= limit:
+                break
+    if found:
+        return ["events break the contract (runtime/protocol.py EVENT_SCHEMAS):\n  " + "\n  ".join(found[:limit])]
+    return []
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ tests/data/agent-node-*.log are the raw stdout+stderr of two agents of a real lo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,49 @@ def test_a_compacted_history_replays_to_the_same_state_with_every_spike():
     assert values.count(max(values)) == 1 and 50.0 + 1 / 54_322 in values
     assert compacted.metrics.last("loss") == full.metrics.last("loss")
     assert not [e for e in kept if e.kind == Kind.LOG]  # output lives in the node logs
+
+
+@pytest.mark.breaks_contract("it writes a history that breaks the contract, to see the check fail")
+def test_every_kind_has_a_schema_and_the_contract_check_can_fail(tmp_path):
+    """The typed contract (#12 item 3): kinds and statuses are enums, each kind has a JSON
+    schema, and the check conftest runs on every job history of the suite goes red on an event
+    that breaks it (so its silence elsewhere means something)."""
+    import jsonschema
+    from conftest import contract_problems
+
+    from notebook_elastic.runtime.protocol import EVENT_SCHEMAS, FINAL_STATUSES, Kind, Status
+
+    assert set(EVENT_SCHEMAS) == set(Kind)
+    for schema in EVENT_SCHEMAS.values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+    # A kind read back from a line is the member; it prints and serializes as its string.
+    e = Event.from_line('{"kind":"node_left","t":1.0,"node":"node-1","reason":"preempted"}')
+    assert e.kind is Kind.NODE_LEFT and f"{e.kind}" == "node_left" and json.loads(e.to_line())["kind"] == "node_left"
+    assert Event.from_line('{"kind":"from_a_newer_worker","t":1.0}').kind == "from_a_newer_worker"
+    assert set(FINAL_STATUSES) <= set(Status) and f"{Status.LOST}" == "lost"
+
+    job = tmp_path / "job"
+    job.mkdir()
+    good = [
+        Event(
+            Kind.JOB_SUBMITTED,
+            1.0,
+            None,
+            {"nodes": 2, "min_nodes": 1, "max_nodes": 2, "nproc_per_node": 1, "max_restarts": 3},
+        ),
+        Event(Kind.WORKER_STARTED, 2.0, "node-0", {"rank": 0, "local_rank": 0, "world_size": 2, "pid": 12}),
+        Event(Kind.JOB_FINISHED, 3.0, None, {"status": "succeeded", "reason": None}),
+    ]
+    (job / "events.jsonl").write_text("".join(e.to_line() + "\n" for e in good))
+    assert contract_problems(tmp_path) == []
+    bad = [
+        Event(Kind.WORKER_STARTED, 2.0, "node-0", {"rank": "x", "world_size": 2}),
+        Event(Kind.JOB_FINISHED, 3.0, None, {"status": "restarting"}),
+        Event("gossip", 4.0, None, {}),
+    ]
+    (job / "events.jsonl").write_text("".join(e.to_line() + "\n" for e in good + bad))
+    (problem,) = contract_problems(tmp_path, limit=10)
+    assert "worker_started rank: 'x' is not of type 'integer'" in problem
+    assert "'local_rank' is a required property" in problem
+    assert "job_finished status: 'restarting' is not one of" in problem
+    assert "kind 'gossip' has no schema" in problem

@@ -11,9 +11,171 @@ import hashlib
 import json
 import os
 import re
+from enum import StrEnum
+from typing import Any
 
 #: Every structured line a worker or agent writes starts with this prefix, then compact JSON.
 EVENT_PREFIX = "@@elastic "
+
+
+class Kind(StrEnum):
+    """Event kinds. A ``StrEnum``: each one is its own string, so events serialize as plain
+    JSON and a kind read back from a line compares equal to the member."""
+
+    JOB_SUBMITTED = "job_submitted"
+    JOB_FINISHED = "job_finished"
+    JOB_RESUMED = "job_resumed"
+    RECOVERING = "recovering"  # its supervisor died; the guardian brings it back
+    STALL = "stall"
+    DISK_FULL = "disk_full"
+    OUTPUT_CAPPED = "output_capped"
+    DEGRADED = "degraded"  # the installed torch lacks internals we use: the job runs, heals slower
+    STALL_CLEARED = "stall_cleared"
+    SCALED = "scaled"  # target nodes or range changed
+    FAULT = "fault"  # a fault drill was injected
+    NODE_JOINED = "node_joined"
+    NODE_LEFT = "node_left"
+    PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
+    AGENT_STARTED = "agent_started"
+    STORE_READY = "store_ready"  # the c10d store serves (Kubernetes: the rendezvous pod)
+    RENDEZVOUS = "rendezvous"
+    RESTART = "restart"
+    WORKER_STARTED = "worker_started"
+    WORKER_FAILED = "worker_failed"
+    WORKER_EXITED = "worker_exited"  # the agent saw a worker process die (exit code / signal)
+    WORKER_FINISHED = "worker_finished"
+    AGENT_SIGNALED = "agent_signaled"
+    PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
+    LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round
+    GROUP_SUCCEEDED = "group_succeeded"
+    METRIC = "metric"
+    PLAN = "plan"
+    RESUMED = "resumed"
+    CHECKPOINT = "checkpoint"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
+    FENCED = "fenced"
+    ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
+    FILES_CHANGED = "files_changed"  # the script or payload differs from what was launched: not run
+    LOG = "log"
+
+
+class Status(StrEnum):
+    """A job's status: the one word every view (dashboard, panel, ``jobs()``, the CLI) shows."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    RECOVERING = "recovering"  # its supervisor died; its guardian brings it back
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    # Its supervisor is gone (killed, the machine restarted, its folder deleted). Final until
+    # resume(); every view says "lost" for it, the notebook as much as jobs() and the panel.
+    LOST = "lost"
+    EXPIRED = "expired"  # Kubernetes: its workers and their Job are gone (deleted, the TTL)
+    DAMAGED = "damaged"  # its records cannot be read (listed, never followed)
+
+
+FINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.LOST)
+#: Listing order (jobs(), %elastic_jobs, GET /jobs, the panel): what needs attention first.
+ATTENTION_ORDER = (
+    Status.RESTARTING,
+    Status.RUNNING,
+    Status.RECOVERING,
+    Status.PENDING,
+    Status.FAILED,
+    Status.LOST,
+    Status.STOPPED,
+    Status.SUCCEEDED,
+    Status.EXPIRED,
+    Status.DAMAGED,
+)
+
+# -- the schema of each event kind -------------------------------------------------------
+# JSON Schema (draft 2020-12) of each kind's fields beside "kind", "t" and "node". A field
+# listed is one some consumer reads (the fold, the views, the CLI); "required" ones are always
+# there. Extra fields are allowed: a newer worker may say more. tests/conftest.py validates
+# every event of every local job the suite runs against these (``event_problems``).
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_OPT_INT = {"type": ["integer", "null"]}
+_OPT_STR = {"type": ["string", "null"]}
+_INTS = {"type": "array", "items": _INT}
+
+
+def _fields(required: dict[str, Any] | None = None, **optional: Any) -> dict[str, Any]:
+    properties = {**(required or {}), **optional}
+    return {"type": "object", "properties": properties, "required": sorted(required or {})}
+
+
+EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
+    Kind.JOB_SUBMITTED: _fields(
+        {"nodes": _INT, "min_nodes": _INT, "max_nodes": _INT, "nproc_per_node": _INT, "max_restarts": _INT},
+        gpus=_INT,
+    ),
+    Kind.JOB_RESUMED: _fields(
+        {"nodes": _INT, "min_nodes": _INT, "max_nodes": _INT, "max_restarts": _INT}, after=_STR, nproc_per_node=_INT
+    ),
+    Kind.JOB_FINISHED: _fields({"status": {"enum": [s.value for s in FINAL_STATUSES]}}, reason=_OPT_STR),
+    Kind.RECOVERING: _fields({"reason": _STR}),
+    Kind.STALL: _fields(
+        {"step": _OPT_INT, "for_s": _NUM}, stopped=_INTS, waiting=_INTS, restart_after_s={"type": ["number", "null"]}
+    ),
+    Kind.STALL_CLEARED: _fields({"for_s": _NUM}, step=_OPT_INT, restarted=_BOOL),
+    Kind.DISK_FULL: _fields({"message": _STR}),
+    Kind.OUTPUT_CAPPED: _fields({"cap_bytes": _INT}),
+    Kind.DEGRADED: _fields({"missing": {"type": "array"}}, torch=_STR),
+    Kind.SCALED: _fields({"target": _INT}, min_nodes=_INT, max_nodes=_INT, reason=_STR, reconfigured=_BOOL),
+    Kind.FAULT: _fields({"fault": _STR}, target=_STR, rank=_INT, return_after_s={"type": ["number", "null"]}),
+    Kind.NODE_JOINED: _fields(pid=_OPT_INT),
+    Kind.NODE_LEFT: _fields({"reason": _STR}, exitcode=_OPT_INT),
+    Kind.PENDING: _fields({"reason": _STR}, message=_STR),
+    Kind.AGENT_STARTED: _fields({"pid": _INT}, host=_STR),
+    Kind.STORE_READY: _fields({"port": _INT}, host=_STR, pid=_INT),
+    Kind.RENDEZVOUS: _fields({"round": _OPT_INT, "group_rank": _INT}, group_world_size=_INT, epoch=_INT),
+    Kind.RESTART: _fields(
+        {"reason": {"enum": ["worker_failed", "departure", "membership_change"]}},
+        restarts_used=_INT,
+        max_restarts=_INT,
+        new_nodes=_INT,
+    ),
+    Kind.WORKER_STARTED: _fields(
+        {"rank": _INT, "local_rank": _INT, "world_size": _INT, "pid": _INT},
+        generation=_OPT_INT,
+        restart_count=_INT,
+    ),
+    Kind.WORKER_FAILED: _fields(
+        {"rank": _INT, "error": _STR, "message": _STR},
+        traceback=_STR,
+        step=_OPT_INT,
+        cause={"const": "peer"},
+        fatal=_BOOL,
+        generation=_OPT_INT,
+    ),
+    Kind.WORKER_EXITED: _fields(
+        {"local_rank": _INT}, pid=_OPT_INT, exitcode=_OPT_INT, signal={"type": ["integer", "string"]}
+    ),
+    Kind.WORKER_FINISHED: _fields({"rank": _INT}, pid=_INT),
+    Kind.AGENT_SIGNALED: _fields({"signal": _STR}),
+    Kind.PEER_LOST: _fields({"round": _OPT_INT, "lost": {"type": "array"}}, workers=_INTS),
+    Kind.LEFT_RENDEZVOUS: _fields(pid=_INT),
+    Kind.GROUP_SUCCEEDED: _fields(),
+    Kind.METRIC: _fields({"values": {"type": "object"}}, step={"type": ["number", "null"]}, rank=_INT),
+    Kind.PLAN: _fields({"total": _INT, "start": _INT}, generation=_OPT_INT),
+    Kind.RESUMED: _fields(
+        {"step": _INT}, generation=_OPT_INT, from_world_size=_OPT_INT, world_size=_INT, samples_seen=_INT
+    ),
+    Kind.CHECKPOINT: _fields({"step": _INT}, generation=_OPT_INT, bytes=_INT, ms=_NUM, commits=_INT),
+    Kind.CHECKPOINT_FAILED: _fields({"error": _STR}, step=_OPT_INT, disk_full=_BOOL, retry_s=_NUM, folder=_STR),
+    Kind.CHECKPOINT_UNREADABLE: _fields({"path": _STR, "error": _STR}),
+    Kind.FENCED: _fields({"generation": _INT, "newer_generation": _INT}, rank=_INT, step=_OPT_INT),
+    Kind.ERROR: _fields({"message": _STR}, error=_STR),
+    Kind.FILES_CHANGED: _fields({"reason": _STR}, files={"type": "array", "items": _STR}),
+    Kind.LOG: _fields({"text": _STR}, stream=_STR),
+}
 
 # Environment set by a backend (the supervisor or a pod spec) for agents and workers.
 ENV_JOB = "NOTEBOOK_ELASTIC_JOB"  # the job's name
