@@ -12,7 +12,7 @@ from typing import Any
 
 from . import options
 from .backends import get_backend
-from .backends.base import Backend, JobInfo
+from .backends.base import Backend, JobInfo, attention_order
 from .errors import BackendError, JobNotFound, PackagingError, SpecError
 from .job import ElasticJob
 from .packaging import Bundle, NotebookContext, package_cell, package_function
@@ -275,10 +275,10 @@ class JobList(list):
 def jobs(backend: str | None = None, **options: Any) -> JobList:
     """Every job the backend knows, including those started by earlier kernels
     (``jobs("kubernetes", namespace=..., context=...)`` for a cluster)."""
-    out = JobList()
+    found: list[JobInfo] = []
     for runner in _backends(backend, **options):
-        out.extend(sorted(runner.list(), key=lambda j: j.created or 0))
-    return out
+        found.extend(runner.list())
+    return JobList(attention_order(found))
 
 
 def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:

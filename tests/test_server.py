@@ -88,6 +88,11 @@ async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
     assert [t["status"] for t in jobs["finished-one"]["transitions"]][-2:] == ["running", "succeeded"]
     assert jobs["broken-one"]["status"] == "damaged" and "spec.json is unreadable" in jobs["broken-one"]["damaged"]
     assert isinstance(reply["server_ms"], (int, float))  # its speed: benchmarks/jobs_panel.py
+    # What needs attention first, ended jobs after (#11: the listing was alphabetical), the
+    # same order in GET /jobs, jobs() and %elastic_jobs (which returns jobs()).
+    order = ["live-one", "finished-one", "broken-one"]
+    assert [j["name"] for j in reply["jobs"]] == order
+    assert [j.name for j in ne.jobs()] == order
 
     first = await get_json(jp_fetch, "jobs", "live-one", "events", since="0")
     kinds = [e["kind"] for e in first["events"]]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendError
+from ..runtime.protocol import ATTENTION_ORDER
 
 if TYPE_CHECKING:
     from ..events import Event
@@ -48,6 +49,20 @@ class JobInfo:
     created: float | None = None
     location: str | None = None  # a job folder, a namespace, ...
     damaged: str | None = None  # why the job's records could not be read, if so
+
+
+def attention_order(jobs: list[JobInfo]) -> list[JobInfo]:
+    """Jobs as every listing shows them (``jobs()``, ``%elastic_jobs``, ``GET /jobs``, the
+    panel): those that need attention first (restarting, running, recovering, pending), then
+    ended ones; newest first within each status."""
+
+    def key(info: JobInfo) -> tuple[int, float, str]:
+        status = info.status
+        rank = ATTENTION_ORDER.index(status) if status in ATTENTION_ORDER else ATTENTION_ORDER.index("pending")
+        started = info.summary.get("started_at") or info.created or 0.0
+        return rank, -float(started), info.name
+
+    return sorted(jobs, key=key)
 
 
 class Backend(abc.ABC):

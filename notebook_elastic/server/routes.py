@@ -21,7 +21,7 @@ import tornado
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from ..backends.base import JobInfo
+from ..backends.base import JobInfo, attention_order
 from ..backends.local import LocalBackend
 from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..events import Event, Kind
@@ -169,7 +169,7 @@ class Registry:
             k8s = list(self.k8s_jobs)
             if self.k8s_error:
                 errors["kubernetes"] = self.k8s_error
-        return [*self.local.list(), *k8s], errors
+        return attention_order([*self.local.list(), *k8s]), errors
 
     def backend(self, name: str, backend: str) -> Any:
         if backend == "kubernetes":
