@@ -109,8 +109,7 @@ def test_the_timeline_tells_a_preemption_in_plain_words_without_its_symptoms():
     lines = [text for _e, text in story(state.events)]
     assert lines == [
         "training at world size 2",
-        "drill: node-1 preempted",
-        "node-1 preempted — back at world size 1 after 1.6 s",
+        "node-1 preempted (drill) — back at world size 1 after 2.0 s",  # once (#11), from the drill
         "training at world size 1",
         "node-0 released (scaled down) — regrouping…",
     ]

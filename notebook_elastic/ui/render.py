@@ -426,6 +426,7 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
     symptoms of a membership change folded into the line of its cause."""
     out: list[tuple[Event, str]] = []
     groups: set = set()
+    drilled: dict[str, Event] = {}  # node -> the drill that takes it away: told in its node_left line
     for i, e in enumerate(events):
         k, d = e.kind, e.data
         if k in STORY_HIDDEN:
@@ -448,13 +449,20 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
             continue  # the node_left line tells it
         elif k == Kind.SCALED:
             out.append((e, f"asked for {d.get('target')} node(s), range {d.get('min_nodes')}:{d.get('max_nodes')}"))
+        elif k == Kind.FAULT and str(d.get("fault")).endswith("_node") and e.node:
+            drilled[e.node] = e  # one line for it: the node's departure, marked as a drill
         elif k == Kind.FAULT:
             out.append((e, f"drill: {d.get('target')} {FAULT_WORDS.get(str(d.get('fault')), d.get('fault'))}"))
         elif k == Kind.NODE_LEFT:
             reason = d.get("reason")
-            if reason in ("stopped", "finished"):
+            drill = drilled.pop(e.node, None) if e.node else None
+            if reason in ("stopped", "finished") and drill is None:
                 continue
-            out.append((e, f"{e.node} {left_words(reason)}" + _back_after(e, events, i)))
+            if drill is not None:  # the outage counts from the drill, not from when the node was gone
+                words = FAULT_WORDS.get(str(drill.get("fault")), str(drill.get("fault")))
+                out.append((drill, f"{e.node} {words} (drill)" + _back_after(drill, events, i)))
+            else:
+                out.append((e, f"{e.node} {left_words(reason)}" + _back_after(e, events, i)))
         elif k == Kind.RESUMED:
             if d.get("rank") not in (None, 0):
                 continue
