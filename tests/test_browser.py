@@ -291,3 +291,66 @@ def test_dashboard_states_kernel_restart_and_reload(tmp_path):
     assert job_processes(home) == []
     assert overflow == [], overflow
     assert errors == [], errors
+
+
+def test_a_kernel_that_dies_mid_run_leaves_its_last_picture(tmp_path, monkeypatch):
+    """#11 item 3: the kernel goes while its job trains on. The notebook, saved afterwards and
+    reloaded, shows the dashboard as it was when the kernel went (running, at a step), marked
+    "kernel restarted", not the picture from when the cell ran (pending, no step)."""
+    from browser import worktree_extension_env
+
+    require_chromium()
+    home = tmp_path / "ne-home"
+    monkeypatch.setenv("NOTEBOOK_ELASTIC_HOME", str(home))
+    cells = list(STATES_CELLS[:3])
+    cells[1] += "\nSTEPS = 1_000_000"
+    cells[2] = cells[2].replace("--name states", "--name midrun")
+    write_notebook(tmp_path / "midrun.ipynb", cells)
+    env = {"NOTEBOOK_ELASTIC_HOME": str(home), **worktree_extension_env(tmp_path)}
+    twin = (
+        "() => { const p = window.jupyterapp.shell.currentWidget; const c = p.content.widgets[2];"
+        " const o = c.model.outputs; for (let i = 0; i < o.length; i++) { const h = o.get(i).data['text/html'];"
+        " if (typeof h === 'string' && h.includes('ne-snapshot')) return h; } return ''; }"
+    )
+    try:
+        with jupyter_lab(tmp_path, env) as lab, chromium_page(tmp_path, width=1000) as page:
+            page.goto(lab.page_url("lab/tree/midrun.ipynb"))
+            page.wait_for_selector(".jp-Notebook", timeout=60_000)
+            page.wait_for_function(
+                "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext && window.jupyterapp.shell.currentWidget.sessionContext.session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+                timeout=60_000,
+            )
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            wait_status(page, "midrun", ("running",), timeout=120_000)
+            page.wait_for_function(
+                "() => { const s = document.querySelector('svg.ne-chart'); return s && +s.getAttribute('data-total-points') > 20; }",
+                timeout=90_000,
+            )
+            assert 'data-status="pending"' in page.evaluate(twin)  # the cell's first picture
+            # The hidden picture the dashboard keeps current has caught up with the steps.
+            page.wait_for_function(
+                "() => { const t = document.querySelector('template.ne-twin-html'); return t && t.innerHTML.includes('ne-step'); }",
+                timeout=30_000,
+            )
+
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+            page.wait_for_selector(".notebook-elastic-dashboard.jupyter-widgets-disconnected", timeout=60_000)
+            page.wait_for_function(f"() => ({twin})().includes('data-status=\"running\"')", timeout=30_000)
+            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+            page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+            page.reload()
+            page.wait_for_selector('.ne-snapshot[data-job="midrun"] .ne-offline', timeout=90_000)
+            status = page.locator('.ne-snapshot[data-job="midrun"] .ne-status').first.get_attribute("data-status")
+            step = page.locator('.ne-snapshot[data-job="midrun"] .ne-step').first.inner_text()
+            (ARTIFACTS / "dashboard-states").mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-states" / "11-kernel-died-mid-run-reloaded.png"))
+            errors = [e for e in page.console_errors if "model not found" not in e]
+    finally:
+        from notebook_elastic.backends.local import LocalBackend
+
+        LocalBackend().cancel("midrun")  # the job outlives its kernel, as it should: stop it
+    assert status == "running", status
+    assert any(ch.isdigit() and ch != "0" for ch in step), step  # at a step, not before the first
+    assert job_processes(home) == []
+    assert errors == [], errors

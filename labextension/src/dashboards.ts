@@ -7,7 +7,10 @@
  *   only while the notebook's kernel is idle;
  * - a dashboard output whose widget model is gone ("Error displaying widget: model not
  *   found": the kernel restarted and the widget state was not saved) shows the text/html
- *   twin the dashboard put in the same mime bundle: its last picture, with the word.
+ *   twin the dashboard put in the same mime bundle: its last picture, with the word;
+ * - a dashboard whose kernel went while its job ran (restarted, died) hands its last picture
+ *   (a hidden `<template class="ne-twin-html">` the dashboard keeps current) to that twin, so a
+ *   notebook saved afterwards shows the picture from when the kernel went, not the first one.
  * Nothing here needs the notebook package: notebook panels are recognised by shape.
  */
 import { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
@@ -75,6 +78,27 @@ function fallBack(panel: NotebookPanel): void {
   }
 }
 
+/** Copy each disconnected dashboard's last picture into its output's text/html twin. */
+function keepLastPicture(panel: NotebookPanel): void {
+  const selector = '.notebook-elastic-dashboard.jupyter-widgets-disconnected template.ne-twin-html';
+  for (const template of Array.from(panel.node.querySelectorAll<HTMLTemplateElement>(selector))) {
+    const html = template.innerHTML;
+    const child = template.closest('.jp-OutputArea-child');
+    const where = child ? cellOf(panel, child) : null;
+    if (!html.includes('ne-snapshot') || !child || !child.parentElement || !where || !where.cell.model.outputs) {
+      continue;
+    }
+    const outputs = where.cell.model.outputs;
+    const index = Array.from(child.parentElement.children).indexOf(child);
+    const output = outputs.get(index);
+    if (!output || !output.data || output.data['text/html'] === undefined || output.data['text/html'] === html) {
+      continue;
+    }
+    const json = output.toJSON();
+    outputs.set(index, { ...json, data: { ...(json.data as object), 'text/html': html } });
+  }
+}
+
 function refreshButtons(panel: NotebookPanel): void {
   const ctx = panel.sessionContext;
   const ready = !!(ctx.session && ctx.session.kernel) && ctx.kernelDisplayStatus === 'idle';
@@ -93,6 +117,7 @@ export function watchDashboards(app: JupyterFrontEnd, shell: ILabShell): void {
     let pending = 0;
     const check = () => {
       pending = 0;
+      keepLastPicture(w);
       fallBack(w);
       refreshButtons(w);
     };

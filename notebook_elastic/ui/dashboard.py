@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..job import ElasticJob
 
 SECTIONS = ("header", "chart", "ranks", "timeline", "logs", "controls")
+TWIN_EVERY_S = 2.0  # how stale the hidden static picture may get while only metrics move
 
 
 def slider_max(state: Any, hi: int) -> int:
@@ -128,6 +129,12 @@ class Dashboard(W.VBox):
         self.ranks = W.HTML(layout=W.Layout(width="100%", margin="0"))
         self.timeline = W.HTML(layout=W.Layout(width="100%", margin="0"))
         self.logs = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        # The last picture as static HTML, never shown: if the kernel dies while the job runs,
+        # the JupyterLab extension copies it into the output's text/html twin, so a notebook
+        # saved afterwards keeps the picture from when the kernel went, not the first one.
+        self.twin = W.HTML(layout=W.Layout(display="none"))
+        self.twin.add_class("ne-twin")
+        self._twin_at = 0.0
 
         self.range.observe(self._on_range, names="value")
         self.scale_button.on_click(lambda _b: self._act("scale", self.scale_button, self._scale))
@@ -162,6 +169,7 @@ class Dashboard(W.VBox):
                 self.chart,
                 self.legend,
                 bottom,
+                self.twin,
             ],
             layout=W.Layout(
                 border="1px solid var(--jp-border-color2, #ddd)",
@@ -174,6 +182,7 @@ class Dashboard(W.VBox):
         )
         self.add_class("notebook-elastic-dashboard")
         self._render(set(SECTIONS))
+        self._refresh_twin(force=True)
         # Set by whoever displayed it with a display_id: the output is re-published when the
         # job ends, so its text/html twin (what a saved notebook shows once the kernel is
         # gone) is the last picture, not the first.
@@ -219,6 +228,7 @@ class Dashboard(W.VBox):
             if dirty:
                 try:
                     self._render(dirty)
+                    self._refresh_twin(force="timeline" in dirty)
                 except Exception:
                     traceback.print_exc()
                 last = time.monotonic()
@@ -233,6 +243,15 @@ class Dashboard(W.VBox):
                 self._render(set(SECTIONS))
                 self._publish_if_changed(force=True)
                 break
+
+    def _refresh_twin(self, force: bool = False) -> None:
+        """Keep the hidden static picture current: at every change of what the timeline
+        tells, else every TWIN_EVERY_S (it is a few KB through the comm)."""
+        now = time.monotonic()
+        if force or now - self._twin_at >= TWIN_EVERY_S:
+            self._twin_at = now
+            # In a <template>: inert, and out of the page's DOM (no second .ne-status to find).
+            self._set(self.twin, "value", f'<template class="ne-twin-html">{self.snapshot()}</template>')
 
     def _publish_if_changed(self, force: bool = False) -> None:
         """Re-publish the output (widget view and its HTML twin) once the job has ended, so
