@@ -571,7 +571,9 @@ def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     wait_for(job, at_step(job, 3), "step 3")
     import shutil
 
-    shutil.rmtree(LocalBackend().folder("doomed").path)
+    doomed = LocalBackend().folder("doomed").path
+    # As `rm -rf` would: the supervisor may write a file in it meanwhile ("directory not empty").
+    wait_for(job, lambda: shutil.rmtree(doomed, ignore_errors=True) or not doomed.exists(), "the folder gone")
     assert job.wait(60) == "lost", job.summary()
     assert job.state.reason == "its job folder was deleted while it ran"
     job.stop()  # no JobNotFound: it ends whatever is left
