@@ -503,6 +503,40 @@ class JobState:
                 node.left_reason = node.left_reason or "finished"
 
 
+#: What a listing that reads a cluster (pods, the workers' Job) takes from a fold of the job's
+#: events kept beside it: the cluster knows its pods, only the events know the training.
+FOLDED_FIELDS = (
+    "world_size",
+    "restarts",
+    "step",
+    "total_steps",
+    "loss",
+    "loss_tail",
+    "transitions",
+    "generation",
+    "stall",
+    "warning",
+    "reason",
+)
+
+
+def with_fold(status: str, summary: dict[str, Any], state: JobState | None) -> tuple[str, dict[str, Any]]:
+    """A listed job's status and summary, overlaid with what ``state`` (a fold of its events)
+    knows: the Kubernetes rows of the jobs panel gain restarts, step and loss as local ones
+    have them (a local job's summary is its supervisor's fold already). The cluster's word on
+    its pods stays; a restart in progress or an ending the events told wins over it."""
+    if state is None or state.last_event_at is None:
+        return status, summary
+    folded = state.summary()
+    out = {**summary, **{k: folded[k] for k in FOLDED_FIELDS}}
+    if state.finished or (
+        status in (Status.PENDING, Status.RUNNING) and state.status in (Status.RUNNING, Status.RESTARTING)
+    ):
+        status = state.status
+    out["status"] = status
+    return status, out
+
+
 OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")
 
 

@@ -638,3 +638,56 @@ def test_the_workers_job_owns_everything_and_a_job_without_workers_is_expired(cl
         time.sleep(0.1)
     assert {i.name: i.status for i in backend.list()}["gone"] == "expired"  # old code: pending
     backend.cancel("gone")
+
+
+def test_the_panels_cluster_rows_show_restarts_step_and_loss_from_one_fold(cluster, tmp_path):
+    """#12 item 3: one JobState fold serves both backends. The jobs panel's row of a cluster job
+    (the server's registry, as GET /jobs serves it) gains restarts, step and loss, as a local
+    job's row has them; the cluster's pod counts stay beside them."""
+    from notebook_elastic.server.routes import Registry
+
+    mark = tmp_path / "failed-once"
+    flaky = (
+        "    state.commit()\n"
+        "    if step == 5 and not os.path.exists(MARK):\n"
+        "        open(MARK, 'w').close()\n"
+        "        raise ValueError('a flaky batch')\n"
+    )
+    job = ne.launch(
+        TRAIN.replace("    state.commit()\n", flaky),
+        backend="kubernetes",
+        nnodes="1",
+        nproc_per_node=1,
+        gpus=0,
+        pvc="ckpt",
+        name="rows",
+        max_restarts=3,
+        user_ns={**ns(total=80), "os": __import__("os"), "MARK": str(mark)},
+    )
+    registry = Registry()
+
+    def row():
+        infos, errors = registry.jobs()
+        assert not errors, errors
+        return next((i for i in infos if i.name == "rows"), None)
+
+    try:
+        wait_for(
+            job,
+            lambda: (
+                (r := row()) is not None
+                and r.summary.get("restarts") == 1
+                and (r.summary.get("step") or 0) >= 10
+                and r.summary.get("nodes_running") == 1
+            ),  # the cluster's word, refreshed every few seconds
+            "the panel's row to show the restart, the step and the running pod",
+        )
+        live = row()
+        assert live.status == "running" and live.summary["loss"] is not None and live.summary["loss_tail"]
+        assert live.summary["max_restarts"] == 3
+        assert job.wait(240) == "succeeded", job.summary()
+        wait_for(job, lambda: row().status == "succeeded", "the row to end")
+        done = row()
+        assert done.summary["step"] == 79 and done.summary["restarts"] == 1, done.summary
+    finally:
+        registry.close()

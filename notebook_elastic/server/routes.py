@@ -10,6 +10,7 @@ shell; stopping only touches this server user's job folders and kubeconfig.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -24,7 +25,8 @@ from jupyter_server.utils import url_path_join
 from ..backends.base import JobInfo, attention_order
 from ..backends.local import LocalBackend
 from ..errors import JobNotFound, NotebookElasticError, SpecError
-from ..events import Event, Kind
+from ..events import Event, Kind, Status
+from ..job_state import JobState, with_fold
 from ..spec import validate_name
 
 NAME = r"(?P<name>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
@@ -120,11 +122,43 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
     )
 
 
+class ClusterFold:
+    """A Kubernetes job's events, followed and folded in a thread while the job is listed: a
+    cluster keeps pods, not a history, so this is where its row's restarts, step and loss
+    come from (a local job's supervisor keeps that fold itself, in status.json)."""
+
+    def __init__(self, backend: Any, info: JobInfo) -> None:
+        s = info.summary
+        self.state = JobState(
+            max_restarts=s.get("max_restarts") or 0, nnodes=(s.get("min_nodes") or 1, s.get("max_nodes") or 1)
+        )
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(backend, info.name), name=f"notebook-elastic-fold-{info.name}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, backend: Any, name: str) -> None:
+        try:
+            for event in backend.follow(name, self.stop):
+                with self.lock:
+                    self.state.apply(event)
+        except Exception:  # the row keeps what the cluster says; the list reports cluster errors
+            pass
+
+    def row(self, info: JobInfo) -> JobInfo:
+        with self.lock:
+            status, summary = with_fold(info.status, info.summary, self.state)
+        return dataclasses.replace(info, status=status, summary=summary)
+
+
 class Registry:
     """Where jobs are found: the local job folders, and (cached) the current kubeconfig context."""
 
     def __init__(self) -> None:
         self.local = LocalBackend()
+        self.k8s_folds: dict[str, ClusterFold] = {}
         self.k8s_jobs: list[JobInfo] = []
         self.k8s_error: str | None = None
         self.k8s_checked = 0.0
@@ -154,6 +188,7 @@ class Registry:
             jobs = self._k8s_backend.list()
             with self._lock:
                 self.k8s_jobs, self.k8s_error = jobs, None
+                self._fold(jobs)
         except Exception as exc:  # reported to the panel, never raised into a request
             with self._lock:
                 self.k8s_jobs, self.k8s_error = [], str(exc)
@@ -162,11 +197,27 @@ class Registry:
                 self.k8s_checked = time.monotonic()
                 self._refreshing = False
 
+    def _fold(self, jobs: list[JobInfo]) -> None:
+        """Follow each listed job that can still change (one fold each); forget jobs gone."""
+        listed = {info.name: info for info in jobs}
+        for name in list(self.k8s_folds):
+            if name not in listed:
+                self.k8s_folds.pop(name).stop.set()
+        for name, info in listed.items():
+            if name not in self.k8s_folds and info.status in (Status.PENDING, Status.RUNNING, Status.RESTARTING):
+                self.k8s_folds[name] = ClusterFold(self._k8s_backend, info)
+
+    def close(self) -> None:
+        with self._lock:
+            for fold in self.k8s_folds.values():
+                fold.stop.set()
+            self.k8s_folds.clear()
+
     def jobs(self) -> tuple[list[JobInfo], dict[str, str]]:
         self.refresh_kubernetes()
         errors = {}
         with self._lock:
-            k8s = list(self.k8s_jobs)
+            k8s = [self.k8s_folds[i.name].row(i) if i.name in self.k8s_folds else i for i in self.k8s_jobs]
             if self.k8s_error:
                 errors["kubernetes"] = self.k8s_error
         return attention_order([*self.local.list(), *k8s]), errors
