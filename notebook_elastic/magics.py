@@ -38,9 +38,7 @@ def _option_flags(func: Any) -> Any:
     groups = {"kubernetes": "Kubernetes (with --backend kubernetes)", "launch": "launching"}
     decorators: list[Any] = []
     group = None
-    for (flags, kwargs), option in zip(
-        options.argparse_arguments(), (o for o in options.OPTIONS if o.magic), strict=True
-    ):
+    for option, flags, kwargs in options.argparse_arguments():
         if option.goes_to in groups and group != option.goes_to:
             group = option.goes_to
             decorators.append(argument_group(groups[group]))

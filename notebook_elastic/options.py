@@ -218,8 +218,8 @@ def signature(function: Any) -> inspect.Signature:
     return inspect.signature(function).replace(parameters=params)
 
 
-def argparse_arguments() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
-    """``(args, kwargs)`` for each flag of ``%%elastic_train``, in table order. Every value
+def argparse_arguments() -> list[tuple[Option, tuple[str, ...], dict[str, Any]]]:
+    """``(option, args, kwargs)`` for each flag of ``%%elastic_train``, in table order. Every value
     defaults to None (or [] / False): what was not given is not passed on, so the table's
     and the spec's defaults apply once, in one place."""
     out = []
@@ -235,7 +235,7 @@ def argparse_arguments() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
             kwargs["default"] = None
         if o.metavar and not o.switch:
             kwargs["metavar"] = o.metavar
-        out.append(((o.flag,), kwargs))
+        out.append((o, (o.flag,), kwargs))
     return out
 
 

@@ -5,6 +5,7 @@ real process: the rendezvous store, torchrun agents, gloo workers."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -662,7 +663,7 @@ def test_the_panels_cluster_rows_show_restarts_step_and_loss_from_one_fold(clust
         pvc="ckpt",
         name="rows",
         max_restarts=3,
-        user_ns={**ns(total=80), "os": __import__("os"), "MARK": str(mark)},
+        user_ns={**ns(total=80), "os": os, "MARK": str(mark)},
     )
     registry = Registry()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -98,8 +99,6 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
 
 
 def test_the_store_serves_on_the_socket_it_was_given(store):
-    client = torch.distributed.TCPStore(
-        "127.0.0.1", store.port, is_master=False, timeout=__import__("datetime").timedelta(seconds=5)
-    )
+    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=5))
     client.set("k", "v")
     assert store.get("k") == b"v"
