@@ -21,7 +21,8 @@ from .. import defaults
 from ..errors import PackagingError
 from ..runtime.payload import payload_path_for
 from .analysis import imported_modules, relative_reads, relative_writes
-from .collect import Collection, Collector, Shipped, looks_like_credential
+from .collect import Collection, Collector, Shipped
+from .credentials import looks_like_credential
 from .modules import check_size, local_files, local_modules
 from .notebook import NotebookContext
 from .render import human_bytes, payload_checksum, render_script

@@ -17,41 +17,20 @@ from __future__ import annotations
 
 import builtins
 import inspect
-import io
-import json
 import linecache
 import os
-import re
-import socket
-import subprocess
 import sys
-import threading
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from ..errors import PackagingError
-from ..runtime.payload import main_attr
 from .analysis import CellNames, cell_names, definition_names, find_class, find_definition, magic_lines, node_source
-from .credentials import find_credential
+from .credentials import find_credential, looks_like_credential
 from .notebook import IPYTHON_ONLY, NotebookContext
-
-_SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "apikey", "credential", "credentials", "passphrase"}
-_SECRET_PHRASES = ("api_key", "apikey", "access_key", "private_key", "secret", "password")
-
-
-def looks_like_credential(name: str, value: Any) -> bool:
-    """Names like HF_TOKEN, db_password, OPENAI_API_KEY holding text (numbers never are)."""
-    if not isinstance(value, (str, bytes)) and not (
-        isinstance(value, dict) and value and all(isinstance(v, (str, bytes)) for v in value.values())
-    ):
-        return False
-    lower = name.lower()
-    words = set(re.split(r"[^a-z]+", lower))
-    return bool(words & _SECRET_WORDS) or any(p in lower for p in _SECRET_PHRASES)
+from .paths import fresh_sys_path, module_location
+from .values import ValueShipping, cannot_ship, type_name, unshippable_reason
 
 
 @dataclass
@@ -91,86 +70,7 @@ class Collection:
     payload_modules: set[str] = field(default_factory=set)  # modules the payload's pickles refer to
 
 
-class _Unshippable(Exception):
-    pass
-
-
-def _type_name(value: Any) -> str:
-    t = type(value)
-    name = t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
-    try:
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            shape = "x".join(str(d) for d in value.shape) or "scalar"
-            return f"Tensor[{str(value.dtype).replace('torch.', '')}, {shape}]"
-    except ImportError:
-        pass
-    if isinstance(value, (list, tuple, dict, set)):
-        return f"{t.__name__} of {len(value)}"
-    return name
-
-
-_LOCK_TYPES = tuple({type(threading.Lock()), type(threading.RLock())})
-
-
-def unshippable_reason(value: Any) -> str | None:
-    """Why a value cannot be copied into another process, in the user's words (or None)."""
-    if isinstance(value, io.IOBase):
-        return "an open file: its handle belongs to this kernel; open the file inside the training cell instead"
-    if isinstance(value, socket.socket):
-        return "a network socket: connections cannot be copied; connect inside the training cell instead"
-    if isinstance(value, _LOCK_TYPES) or isinstance(value, (threading.Condition, threading.Semaphore, threading.Event)):
-        return "a lock: synchronization objects belong to this kernel's threads"
-    if isinstance(value, threading.Thread):
-        return "a thread of this kernel"
-    if inspect.isgenerator(value) or inspect.iscoroutine(value) or inspect.isasyncgen(value):
-        return "a generator: its paused state cannot be copied; create it inside the training cell instead"
-    if isinstance(value, subprocess.Popen):
-        return "a running subprocess of this kernel"
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        if isinstance(value, torch.Tensor) and value.is_cuda:
-            return "a CUDA tensor: it lives in this kernel's GPU memory; move it to the CPU with .cpu() or create it in the cell"
-        if isinstance(value, torch.nn.Module) and any(p.is_cuda for p in value.parameters()):
-            return "a model on the GPU: its weights live in this kernel's GPU memory; move it with .cpu() or build it in the cell"
-    return None
-
-
-_FRESH_PATH_CACHE: dict[tuple, frozenset[str]] = {}
-
-
-def fresh_sys_path(extra: Iterable[str] = ()) -> frozenset[str]:
-    """sys.path of a fresh interpreter like the workers' (this Python, this environment)."""
-    key = (sys.executable, os.environ.get("PYTHONPATH", ""), tuple(extra))
-    if key not in _FRESH_PATH_CACHE:
-        out = subprocess.run(
-            [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"],
-            capture_output=True,
-            text=True,
-            cwd="/",
-            timeout=60,
-        )
-        paths = json.loads(out.stdout) if out.returncode == 0 else list(sys.path)
-        _FRESH_PATH_CACHE[key] = frozenset(os.path.realpath(p) for p in [*paths, *extra] if p)
-    return _FRESH_PATH_CACHE[key]
-
-
-def module_location(module: types.ModuleType) -> list[str]:
-    """The sys.path entries a module was found under ([] for built-in modules)."""
-    spec = getattr(module, "__spec__", None)
-    origin = getattr(spec, "origin", None) or getattr(module, "__file__", None)
-    is_package = hasattr(module, "__path__")
-    if origin in (None, "built-in", "frozen", "namespace"):
-        if is_package:
-            return [os.path.dirname(os.path.realpath(p)) for p in module.__path__]
-        return []
-    path = os.path.realpath(origin)
-    parent = os.path.dirname(path)
-    return [os.path.dirname(parent) if is_package else parent]
-
-
-class Collector:
+class Collector(ValueShipping):
     """Resolves a cell's names against a notebook and produces what to ship."""
 
     def __init__(
@@ -380,7 +280,7 @@ class Collector:
         target_module = statement.split()[1]
         self._check_importable(target_module, name, origin)
         self.items[name] = Shipped(
-            name, "import", origin=origin, code=statement, order=order, type_name=_type_name(value)
+            name, "import", origin=origin, code=statement, order=order, type_name=type_name(value)
         )
         return True
 
@@ -503,7 +403,7 @@ class Collector:
         origin = self._origin_of_value(name)
         reason = unshippable_reason(value)
         if reason:
-            self.problems.append(_cannot_ship(name, value, origin, reason))
+            self.problems.append(cannot_ship(name, value, origin, reason))
             return
         found = find_credential(name, value) if name not in self.ship else None
         if found is not None:
@@ -514,79 +414,8 @@ class Collector:
                 "and give it to the workers with --env NAME=VALUE (read with os.environ)"
             )
             return
-        self.items[name] = Shipped(name, "value", origin=origin, type_name=_type_name(value))
+        self.items[name] = Shipped(name, "value", origin=origin, type_name=type_name(value))
         self._values_pending.append(name)
-
-    # -- pickling ----------------------------------------------------------------------------
-
-    def _pickle_value(self, name: str) -> None:
-        item = self.items[name]
-        value = self.ns[name]
-        buf = io.BytesIO()
-        refs: set[str] = set()
-        pickler = _PayloadPickler(buf, self._reference_for, refs, self._payload_modules)
-        try:
-            pickler.dump(value)
-        except _Unshippable as exc:
-            del self.items[name]
-            self.problems.append(_cannot_ship(name, value, item.origin, str(exc)))
-            return
-        except Exception as exc:
-            del self.items[name]
-            reason = f"it cannot be pickled ({type(exc).__name__}: {str(exc)[:200]})"
-            self.problems.append(_cannot_ship(name, value, item.origin, reason))
-            return
-        item.blob = buf.getvalue()
-        item.size = len(item.blob)
-        item.late = bool(refs - {name})
-        # Kept alive until grouping, so that the ids of the pickler's temporaries stay unique.
-        self._holds[name] = {key: obj for key, (_index, obj) in pickler.memo.copy().items() if _mutable(obj)}
-
-    def _ship_shared_values_together(self) -> None:
-        """Values that hold the same objects are pickled together, so they still do in the
-        worker: an optimizer built in the notebook over ``model.parameters()`` must step the
-        shipped model's parameters, not copies of them (each pickled on its own, they part)."""
-        names = [n for n in self._holds if n in self.items and self.items[n].blob is not None]
-        parent = {n: n for n in names}
-
-        def root(n: str) -> str:
-            while parent[n] != n:
-                parent[n] = parent[parent[n]]
-                n = parent[n]
-            return n
-
-        owner: dict[int, str] = {}
-        for name in names:
-            for key in self._holds[name]:
-                other = owner.setdefault(key, name)
-                if other != name:
-                    parent[root(name)] = root(other)
-        groups: dict[str, list[str]] = {}
-        for name in names:
-            groups.setdefault(root(name), []).append(name)
-        for members in groups.values():
-            if len(members) < 2:
-                continue
-            members.sort(key=lambda n: self.items[n].order)
-            key = "shared:" + ",".join(members)
-            buf = io.BytesIO()
-            refs: set[str] = set()
-            try:
-                _PayloadPickler(buf, self._reference_for, refs, self._payload_modules).dump(
-                    {n: self.ns[n] for n in members}
-                )
-            except Exception as exc:  # each pickled alone just now; together is no different
-                self.problems.append(f"{', '.join(members)} cannot be pickled together ({type(exc).__name__}: {exc})")
-                return
-            self._shared[key] = buf.getvalue()
-            late = any(self.items[n].late for n in members) or bool(refs - set(members))
-            for i, name in enumerate(members):
-                item = self.items[name]
-                item.blob = ("shared", key)
-                item.size = len(self._shared[key]) if i == 0 else 0
-                item.late = late  # one unpickling serves them all: after the definitions if any needs it
-                others = ", ".join(f"`{m}`" for m in members if m != name)
-                item.note = f"{item.type_name}, shipped with {others} (they share objects)"
 
     def _reference_for(self, obj: Any) -> str | None:
         """Notebook classes and functions inside values travel as references to the script's
@@ -608,46 +437,7 @@ class Collector:
         return self._by_source_ids.get(id(obj))
 
 
-class _PayloadPickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, reference_for: Any, refs: set[str], modules: set[str]) -> None:
-        super().__init__(file, protocol=5)
-        self._reference_for = reference_for
-        self._refs = refs
-        self._modules = modules  # what unpickling will import: the notebook's own modules must ship
-        self._torch = sys.modules.get("torch")
-
-    def reducer_override(self, obj: Any) -> Any:
-        owner = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
-        if not isinstance(owner, str):
-            owner = type(obj).__module__
-        self._modules.add(owner)
-        torch = self._torch
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda:
-            raise _Unshippable(
-                "it holds a CUDA tensor, which lives in this kernel's GPU memory; move it to the CPU with .cpu() first"
-            )
-        if isinstance(obj, (type, types.FunctionType)):
-            name = self._reference_for(obj)
-            if name is not None:
-                self._refs.add(name)
-                return main_attr, (name,)
-        reason = None
-        if isinstance(obj, (io.IOBase, socket.socket, threading.Thread)) or inspect.isgenerator(obj):
-            reason = unshippable_reason(obj)
-        if reason:
-            raise _Unshippable(f"it contains {reason.split(':')[0]}")
-        return super().reducer_override(obj)
-
-
 _MISSING = object()
-_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset, range, type, types.ModuleType)
-
-
-def _mutable(obj: Any) -> bool:
-    """Objects two values can share and mutate through each other (not strings, classes, functions)."""
-    return not isinstance(
-        obj, (*_IMMUTABLE, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
-    )
 
 
 def _statement_binds(statement: str, name: str, value: Any) -> bool:
@@ -665,11 +455,6 @@ def _code_globals(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):
             names |= _code_globals(const)
     return names
-
-
-def _cannot_ship(name: str, value: Any, origin: str | None, reason: str) -> str:
-    place = f", defined in {origin}," if origin else ""
-    return f"`{name}` ({type(value).__name__}){place} cannot be shipped to the workers: {reason}"
 
 
 def _join_problems(problems: list[str]) -> str:

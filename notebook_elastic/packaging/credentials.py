@@ -208,3 +208,18 @@ def _secret_like_text(text: str) -> bool:
 
 
 __all__ = ["Found", "credential_name", "credential_shape", "find_credential"]
+
+
+_SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "apikey", "credential", "credentials", "passphrase"}
+_SECRET_PHRASES = ("api_key", "apikey", "access_key", "private_key", "secret", "password")
+
+
+def looks_like_credential(name: str, value: Any) -> bool:
+    """Names like HF_TOKEN, db_password, OPENAI_API_KEY holding text (numbers never are)."""
+    if not isinstance(value, (str, bytes)) and not (
+        isinstance(value, dict) and value and all(isinstance(v, (str, bytes)) for v in value.values())
+    ):
+        return False
+    lower = name.lower()
+    words = set(re.split(r"[^a-z]+", lower))
+    return bool(words & _SECRET_WORDS) or any(p in lower for p in _SECRET_PHRASES)
