@@ -20,9 +20,10 @@ from typing import Any
 from .. import defaults
 from ..errors import PackagingError
 from ..runtime.payload import payload_path_for
-from .analysis import imported_modules, relative_reads, relative_writes
+from .analysis import imported_modules
 from .collect import Collection, Collector, Shipped
 from .credentials import looks_like_credential
+from .files import relative_reads, relative_writes
 from .modules import check_size, local_files, local_modules
 from .notebook import NotebookContext
 from .render import human_bytes, payload_checksum, render_script
