@@ -258,3 +258,36 @@ def test_every_kind_has_a_schema_and_the_contract_check_can_fail(tmp_path):
     assert "'local_rank' is a required property" in problem
     assert "job_finished status: 'restarting' is not one of" in problem
     assert "kind 'gossip' has no schema" in problem
+
+
+def test_a_cluster_row_takes_training_from_the_fold_and_pods_from_the_cluster():
+    """with_fold (#12 item 3), pure: the cluster's row keeps its pod counts and range; the fold
+    brings restarts, step, loss and world size; a restart in progress or an ending the events
+    told wins over the cluster's 'running'/'pending', never over its other words."""
+    from notebook_elastic.job_state import with_fold
+
+    cluster = {"status": "running", "nodes_running": 2, "target": 2, "min_nodes": 1, "max_nodes": 3, "step": None}
+    assert with_fold("running", cluster, None) == ("running", cluster)
+    assert with_fold("running", cluster, JobState()) == ("running", cluster)  # a fold that saw nothing
+
+    state = JobState(max_restarts=3, nnodes=(1, 3))
+    ws = {"local_rank": 0, "pid": 1, "generation": 1}
+    state.apply_all(
+        [
+            Event(Kind.WORKER_STARTED, 1.0, "pod-a", {"rank": 0, "world_size": 2, **ws}),
+            Event(Kind.METRIC, 2.0, "pod-a", {"step": 7, "values": {"loss": 0.5}}),
+            Event(Kind.RESTART, 3.0, "pod-a", {"reason": "worker_failed", "restarts_used": 1, "max_restarts": 3}),
+        ]
+    )
+    status, row = with_fold("running", cluster, state)
+    assert status == "restarting" and row["status"] == "restarting"
+    assert (row["restarts"], row["step"], row["loss"], row["world_size"]) == (1, 7, 0.5, 2)
+    assert (row["nodes_running"], row["target"], row["min_nodes"], row["max_nodes"]) == (2, 2, 1, 3)
+    assert row["loss_tail"] == [0.5] and row["transitions"][-1]["status"] == "restarting"
+    assert with_fold("pending", cluster, state)[0] == "restarting"
+    assert with_fold("expired", cluster, state)[0] == "expired"  # the cluster's own word stays
+    assert cluster["step"] is None  # the cluster's row is not changed in place
+
+    state.apply(Event(Kind.JOB_FINISHED, 4.0, None, {"status": "succeeded"}))
+    assert with_fold("running", cluster, state)[0] == "succeeded"  # pods still terminating
+    assert with_fold("expired", cluster, state)[0] == "succeeded"
