@@ -47,6 +47,7 @@ class Kind:
     WORKER_FINISHED = "worker_finished"
     AGENT_SIGNALED = "agent_signaled"
     PEER_LOST = "peer_lost"
+    STORE_LOST = "store_lost"  # the rendezvous store's pod went (deleted, evicted); a new one replaces it
     LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round  # an agent saw a member of its round vanish and ended its workers
     GROUP_SUCCEEDED = "group_succeeded"
     METRIC = "metric"
@@ -286,6 +287,11 @@ def describe(e: Event) -> str:
     if k == Kind.RESTART:
         if d.get("reason") == "departure":
             return f"{node}: a node left its round; regrouping (not counted against the budget)"
+        if d.get("reason") == "store_replaced":
+            return (
+                f"{node}: the rendezvous store was replaced; rejoining in round {d.get('round')} "
+                "(not counted against the budget)"
+            )
         if d.get("reason") == "membership_change":
             return (
                 f"{node}: {d.get('new_nodes')} new node(s) waiting; restarting workers (not counted against the budget)"
@@ -308,6 +314,8 @@ def describe(e: Event) -> str:
         return f"{node}: agent received {d.get('signal')}; stopping its workers"
     if k == Kind.LEFT_RENDEZVOUS:
         return f"{node}: left the rendezvous"
+    if k == Kind.STORE_LOST:
+        return f"rendezvous store {node} {d.get('reason', 'deleted')}: a new one replaces it; the agents re-form their round on it"
     if k == Kind.PEER_LOST:
         return f"{node}: {len(d.get('lost') or [])} node(s) of round {d.get('round')} vanished; restarting its workers"
     if k == Kind.GROUP_SUCCEEDED:
