@@ -86,6 +86,9 @@ class KubernetesOptions:
     namespace: str | None = None  # None: the kubeconfig context's namespace, else "default"
     context: str | None = None
     image: str = DEFAULT_IMAGE
+    # The store's image. None: the workers' (it must speak their torch's TCPStore protocol;
+    # no official small CPU image carries torch, so a smaller one is the user's to name).
+    rdzv_image: str | None = None
     gpus: int | None = None  # per pod; None: --nproc-per-node; 0: CPU pods
     cpu: str | None = None
     memory: str | None = None
@@ -103,6 +106,10 @@ class KubernetesOptions:
     pod_security: str = "baseline"  # "restricted": pods pass a namespace enforcing that level
     ttl_seconds_after_finished: int = 3600
     rdzv_port: int = 29400
+
+    @property
+    def store_image(self) -> str:
+        return self.rdzv_image or self.image
 
     def gpus_per_pod(self, nproc_per_node: int) -> int:
         return nproc_per_node if self.gpus is None else self.gpus
@@ -128,6 +135,7 @@ def parse_options(
     namespace: str | None = None,
     context: str | None = None,
     image: str | None = None,
+    rdzv_image: str | None = None,
     gpus: int | str | None = None,
     cpu: str | None = None,
     memory: str | None = None,
@@ -159,12 +167,14 @@ def parse_options(
         )
     if workload not in WORKLOADS:
         raise SpecError(f"--workload {workload!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
-    if image is not None and (not image.strip() or any(c.isspace() for c in image)):
-        raise SpecError(f"--image {image!r} is not an image reference (for example {DEFAULT_IMAGE})")
+    for flag, value in (("--image", image), ("--rdzv-image", rdzv_image)):
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise SpecError(f"{flag} {value!r} is not an image reference (for example {DEFAULT_IMAGE})")
     return KubernetesOptions(
         namespace=_name(namespace, "--namespace"),
         context=context,
         image=image or DEFAULT_IMAGE,
+        rdzv_image=rdzv_image or None,
         gpus=gpus,  # type: ignore[arg-type]
         cpu=_quantity(cpu, "--cpu"),
         memory=_quantity(memory, "--memory"),
