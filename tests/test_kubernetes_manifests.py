@@ -429,3 +429,28 @@ def test_the_store_image_is_an_option():
     assert _store_pod(image="registry.example/train:1")["containers"][0]["image"] == "registry.example/train:1"
     with pytest.raises(SpecError, match=r"--rdzv-image 'a b' is not an image reference"):
         parse_options(rdzv_image="a b")
+
+
+def test_the_default_image_carries_a_tested_torch_and_an_untested_one_is_told(monkeypatch, tmp_path, home):
+    """#17: the default image carried torch 2.5.1, outside the range pyproject declares
+    tested (the agent reaches into torch internals). The default now names the tested torch,
+    and an official PyTorch image with another is told in one sentence, in the dry-run and
+    at launch, before anything starts."""
+    import notebook_elastic as ne
+    from notebook_elastic.backends.kubernetes.options import image_torch
+    from notebook_elastic.runtime import torch_compat
+
+    assert torch_compat.torch_is_tested(image_torch(DEFAULT_IMAGE))
+    assert image_torch("ghcr.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime") == (2, 5)
+    assert image_torch("registry.example/team/train:2.5.1") is None  # unknown until the pod runs
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "does-not-exist"))  # a dry run needs no cluster
+    old = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    job = ne.launch("print(1)", backend="kubernetes", image=old, gpus=0, name="old-torch", dry_run=True, user_ns={})
+    (warning,) = [w for w in job.dryrun.bundle.launch_warnings if "torch" in w]
+    assert warning == (
+        f"--image {old} carries torch 2.5, outside the torch notebook-elastic is tested with (>=2.13,<2.14): "
+        f"the job may run degraded or fail; use an image with a tested torch, like {DEFAULT_IMAGE}"
+    )
+    assert f"# warning: {warning}" in job.dryrun.text
+    quiet = ne.launch("print(1)", backend="kubernetes", gpus=0, name="new-torch", dry_run=True, user_ns={})
+    assert not [w for w in quiet.dryrun.bundle.launch_warnings if "torch" in w]

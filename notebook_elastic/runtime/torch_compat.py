@@ -321,6 +321,20 @@ def hook_agent(
 # -- the store (torch versions differ) ---------------------------------------------------
 
 
+#: The torch versions the contract tests ran on, as pyproject declares them
+#: (``torch>=2.13,<2.14``; tests/test_torch_compat.py keeps the two in step).
+TESTED_TORCH = ((2, 13), (2, 14))
+
+
+def tested_torch_text() -> str:
+    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_TORCH
+    return f">={lo_major}.{lo_minor},<{hi_major}.{hi_minor}"
+
+
+def torch_is_tested(version: tuple[int, int]) -> bool:
+    return TESTED_TORCH[0] <= version < TESTED_TORCH[1]
+
+
 def torch_version(text: str | None = None) -> tuple[int, int]:
     """(major, minor) of the installed torch (or of `text`), e.g. (2, 5) for "2.5.1+cu124"."""
     if text is None:

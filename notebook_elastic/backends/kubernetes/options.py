@@ -14,7 +14,11 @@ from typing import Any
 
 from ...errors import SpecError
 
-DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+# The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
+# tests/test_kubernetes_manifests.py keeps them in step).
+DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime"
+# Official PyTorch images name their torch in the tag: pytorch/pytorch:2.13.0-cuda12.8-...
+_OFFICIAL_IMAGE = re.compile(r"^(?:(?:docker\.io|ghcr\.io)/)?pytorch/pytorch:(\d+)\.(\d+)(?:\.\d+)?(?:-|$)")
 WORKLOADS = ("job", "pods", "pytorchjob")
 POD_SECURITY_LEVELS = ("baseline", "restricted")  # the Pod Security Standards a namespace may enforce
 # Requests per torchrun process when --cpu/--memory are not given: without any, CPU workers
@@ -28,6 +32,28 @@ _LABEL_NAME = re.compile(
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def image_torch(image: str) -> tuple[int, int] | None:
+    """The (major, minor) torch an official PyTorch image carries, read from its tag; None
+    for any other image (its torch is known only inside the pod)."""
+    m = _OFFICIAL_IMAGE.match(image.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def untested_torch_warning(image: str, flag: str = "--image") -> str | None:
+    """One sentence when ``image`` is an official PyTorch image whose torch is outside the
+    range notebook-elastic is tested with (its agent reaches into torch internals)."""
+    from ...runtime.torch_compat import tested_torch_text, torch_is_tested
+
+    version = image_torch(image)
+    if version is None or torch_is_tested(version):
+        return None
+    return (
+        f"{flag} {image} carries torch {version[0]}.{version[1]}, outside the torch notebook-elastic is tested "
+        f"with ({tested_torch_text()}): the job may run degraded or fail; use an image with a tested torch, "
+        f"like {DEFAULT_IMAGE}"
+    )
 
 
 def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, Any]:
