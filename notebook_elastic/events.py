@@ -246,6 +246,11 @@ def describe(e: Event) -> str:
     if k == Kind.RESTART:
         if d.get("reason") == "departure":
             return f"{node}: a node left its round; regrouping (not counted against the budget)"
+        if d.get("reason") == "store_replaced":
+            return (
+                f"{node}: the rendezvous store was replaced; rejoining in round {d.get('round')} "
+                "(not counted against the budget)"
+            )
         if d.get("reason") == "membership_change":
             return (
                 f"{node}: {d.get('new_nodes')} new node(s) waiting; restarting workers (not counted against the budget)"
@@ -268,6 +273,8 @@ def describe(e: Event) -> str:
         return f"{node}: agent received {d.get('signal')}; stopping its workers"
     if k == Kind.LEFT_RENDEZVOUS:
         return f"{node}: left the rendezvous"
+    if k == Kind.STORE_LOST:
+        return f"rendezvous store {node} {d.get('reason', 'deleted')}: a new one replaces it; the agents re-form their round on it"
     if k == Kind.PEER_LOST:
         return f"{node}: {len(d.get('lost') or [])} node(s) of round {d.get('round')} vanished; restarting its workers"
     if k == Kind.GROUP_SUCCEEDED:

@@ -90,8 +90,18 @@ def bundle_for(
         options["ship_local_modules"] = True
         options["pod_workdir"] = pod_workdir((spec.backend_options.get("kubernetes") or {}).get("image"))
     if isinstance(code_or_function, str):
-        return package_cell(code_or_function, ctx, **options)
-    return package_function(code_or_function, ctx, **options)
+        bundle = package_cell(code_or_function, ctx, **options)
+    else:
+        bundle = package_function(code_or_function, ctx, **options)
+    if spec.backend == "kubernetes":
+        from .backends.kubernetes.options import KubernetesOptions, untested_torch_warning
+
+        k8s = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
+        for flag, image in (("--image", k8s.image), ("--rdzv-image", k8s.rdzv_image)):
+            warning = untested_torch_warning(image, flag) if image else None
+            if warning:
+                bundle.launch_warnings.append(warning)
+    return bundle
 
 
 def announce(bundle: Bundle) -> None:

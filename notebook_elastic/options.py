@@ -125,13 +125,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "rdzv_node_selector",
-        "node selector of the rendezvous pod (e.g. on-demand nodes).",
+        "node selector of the rendezvous pod (e.g. on-demand nodes; without one it is kept off spot nodes "
+        "when the workers tolerate spot).",
         backends=K8S,
         repeatable=True,
         metavar="LABEL=VALUE",
         goes_to="kubernetes",
     ),
     Option("priority_class", "priorityClassName of the pods.", backends=K8S, goes_to="kubernetes"),
+    Option(
+        "rdzv_image",
+        "image of the rendezvous store (any image with the workers' torch; default: --image).",
+        backends=K8S,
+        goes_to="kubernetes",
+    ),
     Option(
         "rdzv_priority_class",
         "priorityClassName of the rendezvous pod (never the workers').",

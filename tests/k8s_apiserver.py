@@ -5,7 +5,8 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
 
 - HTTP on 127.0.0.1 (stdlib), the REST paths and verbs the client uses for ConfigMaps,
   Secrets (``stringData`` stored as base64 ``data``, as the real server does), Services,
-  Pods (+ logs), PVCs, Namespaces, batch/v1 Jobs, CRDs and kubeflow PyTorchJobs:
+  Pods (+ logs), PVCs, Namespaces, batch/v1 Jobs, apps/v1 Deployments and ReplicaSets, CRDs
+  and kubeflow PyTorchJobs:
   create (201, 409 when taken), get, list with label selectors, watch (chunked JSON lines;
   ADDED for what exists first, then changes; increasing resourceVersions; 410 for a
   resourceVersion too old), merge patch, delete (pods terminate gracefully; ownerReference
@@ -17,9 +18,15 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
   downward API and ``secretKeyRef``; a missing Secret or key leaves the container waiting in
   CreateContainerConfigError, as a real kubelet does), ``$(VAR)`` expansion in args, ConfigMap volumes written to a temp dir (paths
   under their mountPath rewritten), one 127.A.B.N address per pod (each cluster has a /24 of
-  its own), Service names resolved to their pod's address (the cluster DNS), stdout+stderr
+  its own), Service names resolved to their ClusterIP (the cluster DNS), stdout+stderr
   kept as the pod log (``follow``, ``timestamps``, ``sinceSeconds``, ``previous``),
-  restartPolicy honoured.
+  restartPolicy honoured, tcpSocket readiness probes (a pod is Ready once its probe passes).
+- kube-proxy: each Service port's ClusterIP listens while the Service has Ready endpoints and
+  forwards every connection to one of them (a userspace proxy); without any, connections are
+  refused. So a Service follows its pods: a replaced store pod is reached at the same name.
+- The Deployment controller (one ReplicaSet per Deployment, named by its pod-template-hash;
+  a changed template, a rollout, is refused) and the ReplicaSet controller (a pod deleted or
+  evicted is replaced at once, without waiting for it to terminate).
 - An Indexed Job controller: one pod per index up to parallelism, replacements for pods
   that failed or vanished, scale by completions/parallelism, Complete/Failed conditions,
   podFailurePolicy's Ignore for DisruptionTarget; a pod over the namespace's GPU quota is
@@ -37,9 +44,10 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
 - For the real ``kubectl`` (``kubectl_config``): a TLS listener, discovery (``/api``,
   ``/apis``, resource lists), Table output for ``get``. No OpenAPI documents: ``/openapi/*``
   answers 404, so ``kubectl apply`` needs ``--validate=false`` (it says so itself).
-- Not real, and so not pretended: Service names are rewritten to the selected pod's address
-  when a container starts (no ClusterIP routing; a Service whose pod is recreated later is
-  not re-resolved); no PodDisruptionBudgets, admission webhooks or Pod Security admission.
+- Not real, and so not pretended: Service names are rewritten to the ClusterIP in a
+  container's command and env when it starts (no DNS server); nodeSelector and affinity are
+  not evaluated (one node); no PodDisruptionBudgets, admission webhooks or Pod Security
+  admission.
 """
 
 from __future__ import annotations
@@ -48,12 +56,14 @@ import base64
 import copy
 import datetime as dt
 import fnmatch
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
 import signal
+import socket
 import string
 import subprocess
 import sys
@@ -75,9 +85,11 @@ RESOURCES = {
     ("v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
     ("v1", "events"): "Event",
     ("batch/v1", "jobs"): "Job",
+    ("apps/v1", "deployments"): "Deployment",
+    ("apps/v1", "replicasets"): "ReplicaSet",
     ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
 }
-GROUPS = {"v1": "", "batch/v1": "batch", "kubeflow.org/v1": "kubeflow.org"}
+GROUPS = {"v1": "", "batch/v1": "batch", "apps/v1": "apps", "kubeflow.org/v1": "kubeflow.org"}
 
 
 class ContainerConfigError(Exception):
@@ -188,6 +200,8 @@ KINDS_SHORT = {
     "configmaps": ["cm"],
     "persistentvolumeclaims": ["pvc"],
     "events": ["ev"],
+    "deployments": ["deploy"],
+    "replicasets": ["rs"],
 }
 SUBRESOURCES = {"pods": ["log", "eviction", "status"], "jobs": ["status"], "pytorchjobs": ["status"]}
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -268,6 +282,28 @@ def validate(
                     'admission webhook "validate-kubeflow-org-v1-pytorchjob.kubeflow.org" denied the request: '
                     f"spec.pytorchReplicaSpecs[{rtype}].template.spec.containers: Required value: must have at least "
                     "one container with name pytorch",
+                )
+    if plural in ("deployments", "replicasets"):
+        spec = obj.get("spec") or {}
+        want = ((spec.get("selector") or {}).get("matchLabels")) or {}
+        have = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if not want or (spec.get("selector") or {}).get("matchExpressions"):
+            return status_error_422(shown, name, "spec.selector: Required value (matchLabels only here)")
+        if any(have.get(k) != v for k, v in want.items()):
+            return invalid(
+                shown, name, "spec.template.metadata.labels", have, "`selector` does not match template `labels`"
+            )
+        strategy = (spec.get("strategy") or {}).get("type", "RollingUpdate")
+        if plural == "deployments" and strategy not in ("Recreate", "RollingUpdate"):
+            return status_error_422(shown, name, f'spec.strategy.type: Unsupported value: "{strategy}"')
+        if old is not None:
+            before = old.get("spec") or {}
+            if json.dumps(spec.get("selector"), sort_keys=True) != json.dumps(before.get("selector"), sort_keys=True):
+                return invalid(shown, name, "spec.selector", spec.get("selector"), "field is immutable")
+            if json.dumps(spec.get("template"), sort_keys=True) != json.dumps(before.get("template"), sort_keys=True):
+                # A rollout (a new ReplicaSet, the old scaled down) is not implemented: refused.
+                return status_error_422(
+                    shown, name, "spec.template: changing the pod template is not supported by the test API server"
                 )
     if plural == "jobs":
         spec = obj.get("spec") or {}
@@ -430,6 +466,71 @@ def table(gv: str, plural: str, items: list[dict[str, Any]], rv: str) -> dict[st
     }
 
 
+class ServiceProxy:
+    """kube-proxy for one port of a Service: a listener on its ClusterIP that forwards each
+    connection to one Ready endpoint (a userspace proxy). It listens only while the Service
+    has Ready endpoints: without any, a connection is refused, as kube-proxy's REJECT rule
+    does. Forwarded connections end when either side closes (a deleted pod's do)."""
+
+    def __init__(self, ip: str, port: int, endpoints: Any) -> None:
+        self.endpoints = endpoints  # () -> [(ip, port)] of the Ready endpoints, read per connection
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((ip, port))
+        self.sock.listen(128)
+        self.sock.settimeout(0.2)
+        self.closed = False
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True, name=f"kube-proxy-{ip}:{port}").start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            targets = self.endpoints()
+            try:
+                if not targets:
+                    raise OSError("no endpoints")
+                backend = socket.create_connection(random.choice(targets), timeout=2)
+                backend.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            self.open += [client, backend]
+            for a, b in ((client, backend), (backend, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+            if s in self.open:
+                self.open.remove(s)
+
+    def close(self, connections: bool = False) -> None:
+        self.closed = True
+        self.sock.close()
+        if connections:
+            for s in list(self.open):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
 class Container:
     """A pod's container, run as a local process by the fake kubelet."""
 
@@ -472,6 +573,8 @@ class FakeCluster:
         self.bookmarks: list[int] = []  # resourceVersions sent in BOOKMARK events
         self.bookmark_interval_s = 1.0  # the real server sends one about every minute
         self.finished_pods: dict[str, dict[str, Any]] = {}  # pod uid -> its last state, until its Job counted it
+        self.proxies: dict[tuple[str, str, int], ServiceProxy] = {}  # (ns, service, port) -> kube-proxy
+        self.probes: dict[str, tuple[float, int]] = {}  # container's pod uid -> (last probe, failures in a row)
         self.closed = False
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -663,6 +766,10 @@ class FakeCluster:
     def close(self) -> None:
         self.closed = True
         with self.lock:
+            proxies, self.proxies = list(self.proxies.values()), {}
+        for proxy in proxies:
+            proxy.close(connections=True)
+        with self.lock:
             uids = list(self.containers)
         for uid in uids:
             self._kill_container(uid, grace=2)
@@ -708,6 +815,10 @@ class FakeCluster:
         if not name:
             return 422, status_error(422, "Invalid", f"{plural} is invalid: metadata.name: Required value")
         body["apiVersion"], body["kind"] = gv, RESOURCES[(gv, plural)]
+        if plural in ("deployments", "replicasets"):
+            body.setdefault("spec", {}).setdefault("replicas", 1)
+            if plural == "deployments":
+                body["spec"].setdefault("strategy", {"type": "RollingUpdate"})
         if plural == "jobs":
             body.setdefault("spec", {}).setdefault("parallelism", 1)
             if body["spec"].get("completionMode", "NonIndexed") != "Indexed":
@@ -732,6 +843,8 @@ class FakeCluster:
                 for key, value in (body.pop("stringData", None) or {}).items():
                     data[key] = base64.b64encode(str(value).encode()).decode()
                 body["data"] = data
+            if plural in ("deployments", "replicasets"):
+                body.setdefault("status", {})
             if plural == "jobs":
                 body.setdefault("status", {})
                 # The API server's defaulting: a selector on the Job's uid, and its labels on the template.
@@ -1475,7 +1588,11 @@ class FakeCluster:
             try:
                 self._schedule()
                 self._reap_containers()
+                self._probe_readiness()
+                self._run_services()
                 self._run_jobs()
+                self._run_deployments()
+                self._run_replicasets()
             except Exception:  # a controller bug must surface in the test, not kill the thread silently
                 import traceback
 
@@ -1571,23 +1688,18 @@ class FakeCluster:
         return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text)
 
     def _resolve_services(self, text: str, ns: str) -> str:
-        """Cluster DNS: a Service name becomes the address of the pod it selects."""
+        """Cluster DNS: a Service name becomes its ClusterIP (kube-proxy forwards to a Ready
+        endpoint: ``_run_services``); a headless Service's, the address of a Ready pod."""
         with self.lock:
             services = [o for k, o in self.objects.items() if k[1] == "services" and k[2] == ns]
-            pods = [o for k, o in self.objects.items() if k[1] == "pods" and k[2] == ns]
         for svc in services:
             name = svc["metadata"]["name"]
-            sel = svc["spec"].get("selector", {})
-            backing = [
-                p
-                for p in pods
-                if p["status"].get("podIP")
-                and all(p["metadata"].get("labels", {}).get(k) == v for k, v in sel.items())
-                and not p["metadata"].get("deletionTimestamp")
-            ]
-            if not backing:
-                continue
-            ip = backing[0]["status"]["podIP"]
+            ip = svc["spec"].get("clusterIP")
+            if not ip or ip == "None":
+                ready = self._ready_pods(svc)
+                if not ready:
+                    continue
+                ip = ready[0]["status"]["podIP"]
             for host in (f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}", name):
                 text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=[:/]|$)", ip, text)
         return text
@@ -1698,10 +1810,14 @@ class FakeCluster:
             new = copy.deepcopy(current)
             new["status"]["phase"] = "Running"
             restarts = (new["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0)
+            # With a readinessProbe the container is Ready only once the probe passes.
+            ready = not container.get("readinessProbe")
+            self.probes.pop(uid, None)
+            _set_ready(new, ready)
             new["status"]["containerStatuses"] = [
                 {
                     "name": container["name"],
-                    "ready": True,
+                    "ready": ready,
                     "restartCount": restarts,
                     "image": container.get("image", ""),
                     "imageID": "",
@@ -1744,7 +1860,9 @@ class FakeCluster:
                 restarts = pod["status"]["containerStatuses"][0].get("restartCount", 0)
                 policy = pod["spec"].get("restartPolicy", "Always")
                 if policy == "Always" or (policy == "OnFailure" and code != 0):
+                    _set_ready(pod, False)
                     pod["status"]["containerStatuses"][0].update(
+                        ready=False,
                         restartCount=restarts + 1,
                         state={"waiting": {"reason": "ContainerCreating"}},
                         lastState={"terminated": {"exitCode": exit_code, "reason": reason}},
@@ -1753,6 +1871,7 @@ class FakeCluster:
                     self._start_container(stored)
                     continue
                 pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+                _set_ready(pod, False)
                 pod["status"]["containerStatuses"][0].update(
                     ready=False,
                     state={"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": now_rfc3339()}},
@@ -1802,6 +1921,249 @@ class FakeCluster:
                 self.finished_pods[gone["metadata"]["uid"]] = copy.deepcopy(gone)  # the Job's tracking finalizer
             self._store("DELETED", gone)
         self._collect_garbage(pod["metadata"]["uid"])
+
+    # -- readiness, Services (kube-proxy), Deployments and ReplicaSets -------------------
+
+    def _probe_readiness(self) -> None:
+        """The kubelet's tcpSocket readiness probes: every periodSeconds; Ready after one
+        success, not Ready after failureThreshold failures in a row (default 3)."""
+        now = time.monotonic()
+        with self.lock:
+            due = []
+            for key, pod in self.objects.items():
+                uid = pod["metadata"]["uid"]
+                if key[1] != "pods" or uid not in self.containers or pod["metadata"].get("deletionTimestamp"):
+                    continue
+                container = pod["spec"]["containers"][0]
+                probe = container.get("readinessProbe") or {}
+                if "tcpSocket" not in probe:
+                    continue
+                last, failures = self.probes.get(uid, (0.0, 0))
+                if now - last < float(probe.get("periodSeconds", 10)):
+                    continue
+                port = probe["tcpSocket"]["port"]
+                if isinstance(port, str):
+                    port = next((p["containerPort"] for p in container.get("ports", []) if p.get("name") == port), 0)
+                due.append((key, uid, pod["status"].get("podIP"), int(port), failures, probe))
+        for key, uid, ip, port, failures, probe in due:
+            try:
+                socket.create_connection((ip, port), timeout=float(probe.get("timeoutSeconds", 1))).close()
+                ok = True
+            except OSError:
+                ok = False
+            failures = 0 if ok else failures + 1
+            with self.lock:
+                self.probes[uid] = (now, failures)
+                pod = self.objects.get(key)
+                if pod is None or pod["metadata"]["uid"] != uid or uid not in self.containers:
+                    continue
+                statuses = pod["status"].get("containerStatuses") or [{}]
+                ready = bool(statuses[0].get("ready"))
+                if ok and not ready or not ok and ready and failures >= int(probe.get("failureThreshold", 3)):
+                    new = copy.deepcopy(pod)
+                    new["status"]["containerStatuses"][0]["ready"] = ok
+                    _set_ready(new, ok)
+                    self._store("MODIFIED", new)
+
+    def _ready_pods(self, svc: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pods behind a Service: selected, with an address, Ready, not terminating."""
+        sel = svc["spec"].get("selector") or {}
+        ns = svc["metadata"]["namespace"]
+        with self.lock:
+            return [
+                p
+                for k, p in self.objects.items()
+                if k[1] == "pods"
+                and k[2] == ns
+                and sel
+                and p["status"].get("podIP")
+                and all(p["metadata"].get("labels", {}).get(k2) == v for k2, v in sel.items())
+                and not p["metadata"].get("deletionTimestamp")
+                and any(
+                    c.get("type") == "Ready" and c.get("status") == "True" for c in p["status"].get("conditions", [])
+                )
+            ]
+
+    def _endpoints(self, ns: str, name: str, port: int) -> list[tuple[str, int]]:
+        with self.lock:
+            svc = self.objects.get(("v1", "services", ns, name))
+        if svc is None:
+            return []
+        spec_port = next((p for p in svc["spec"].get("ports", []) if int(p["port"]) == port), None)
+        if spec_port is None:
+            return []
+        target = spec_port.get("targetPort", port)
+        out = []
+        for pod in self._ready_pods(svc):
+            number = target
+            if isinstance(target, str):
+                number = next(
+                    (
+                        p["containerPort"]
+                        for c in pod["spec"].get("containers", [])
+                        for p in c.get("ports", [])
+                        if p.get("name") == target
+                    ),
+                    None,
+                )
+            if number is not None:
+                out.append((pod["status"]["podIP"], int(number)))
+        return out
+
+    def _run_services(self) -> None:
+        """kube-proxy: a listener on each Service port's ClusterIP while it has Ready endpoints."""
+        with self.lock:
+            services = [copy.deepcopy(o) for k, o in self.objects.items() if k[1] == "services"]
+        wanted = set()
+        for svc in services:
+            ip, ns, name = svc["spec"].get("clusterIP"), svc["metadata"]["namespace"], svc["metadata"]["name"]
+            if not ip or ip == "None":
+                continue
+            for spec_port in svc["spec"].get("ports", []):
+                key = (ns, name, int(spec_port["port"]))
+                if not self._endpoints(*key):
+                    continue
+                wanted.add(key)
+                if key not in self.proxies:
+                    self.proxies[key] = ServiceProxy(ip, key[2], lambda key=key: self._endpoints(*key))
+        for key in [k for k in self.proxies if k not in wanted]:
+            self.proxies.pop(key).close()
+
+    def _run_deployments(self) -> None:
+        """The Deployment controller, for what our backend uses: one ReplicaSet per Deployment,
+        named and labelled by its pod-template-hash, with the Deployment's replicas; its status
+        from the ReplicaSet's. (Rollouts are not implemented: a changed template is refused.)"""
+        with self.lock:
+            deployments = [copy.deepcopy(o) for k, o in self.objects.items() if k[1] == "deployments"]
+        for dep in deployments:
+            meta, spec = dep["metadata"], dep["spec"]
+            ns = meta["namespace"]
+            template = spec["template"]
+            digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+            rs_name = f"{meta['name']}-{digest}"
+            with self.lock:
+                current = self.objects.get(self._key(dep))
+                if current is None or current["metadata"]["uid"] != meta["uid"]:
+                    continue  # deleted meanwhile: nothing for it
+                rs = self.objects.get(("apps/v1", "replicasets", ns, rs_name))
+                if rs is None:
+                    labels = {**(template.get("metadata") or {}).get("labels", {}), "pod-template-hash": digest}
+                    self._create(
+                        "apps/v1",
+                        "replicasets",
+                        ns,
+                        {
+                            "metadata": {
+                                "name": rs_name,
+                                "labels": labels,
+                                "ownerReferences": [
+                                    {
+                                        "apiVersion": "apps/v1",
+                                        "kind": "Deployment",
+                                        "name": meta["name"],
+                                        "uid": meta["uid"],
+                                        "controller": True,
+                                        "blockOwnerDeletion": True,
+                                    }
+                                ],
+                            },
+                            "spec": {
+                                "replicas": spec.get("replicas", 1),
+                                "selector": {
+                                    "matchLabels": {**spec["selector"]["matchLabels"], "pod-template-hash": digest}
+                                },
+                                "template": {"metadata": {"labels": labels}, "spec": copy.deepcopy(template["spec"])},
+                            },
+                        },
+                    )
+                    continue
+                if rs["spec"].get("replicas") != spec.get("replicas", 1):
+                    updated = copy.deepcopy(rs)
+                    updated["spec"]["replicas"] = spec.get("replicas", 1)
+                    self._store("MODIFIED", updated)
+                rs_status = rs.get("status") or {}
+                status = {
+                    "replicas": rs_status.get("replicas", 0),
+                    "updatedReplicas": rs_status.get("replicas", 0),
+                    "readyReplicas": rs_status.get("readyReplicas", 0),
+                    "availableReplicas": rs_status.get("readyReplicas", 0),
+                }
+                if current.get("status") != status:
+                    updated = copy.deepcopy(current)
+                    updated["status"] = status
+                    self._store("MODIFIED", updated)
+
+    def _run_replicasets(self) -> None:
+        """The ReplicaSet controller: as many active pods (not terminating, not finished) as
+        its replicas, a new one at once for one deleted or evicted (it does not wait for the
+        old one to terminate); the extras deleted."""
+        with self.lock:
+            sets = [copy.deepcopy(o) for k, o in self.objects.items() if k[1] == "replicasets"]
+        for rs in sets:
+            meta = rs["metadata"]
+            ns, uid = meta["namespace"], meta["uid"]
+            with self.lock:
+                current = self.objects.get(self._key(rs))
+                if current is None or current["metadata"]["uid"] != uid:
+                    continue
+                owned = [
+                    o
+                    for k, o in self.objects.items()
+                    if k[1] == "pods"
+                    and k[2] == ns
+                    and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences", []))
+                ]
+                active = [
+                    p
+                    for p in owned
+                    if not p["metadata"].get("deletionTimestamp")
+                    and p["status"].get("phase") not in ("Succeeded", "Failed")
+                ]
+                want = int(current["spec"].get("replicas", 1))
+                for _ in range(want - len(active)):
+                    template = copy.deepcopy(current["spec"]["template"])
+                    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+                    code, answer = self._create(
+                        "v1",
+                        "pods",
+                        ns,
+                        {
+                            "metadata": {
+                                "name": f"{meta['name']}-{suffix}",
+                                "labels": (template.get("metadata") or {}).get("labels", {}),
+                                "ownerReferences": [
+                                    {
+                                        "apiVersion": "apps/v1",
+                                        "kind": "ReplicaSet",
+                                        "name": meta["name"],
+                                        "uid": uid,
+                                        "controller": True,
+                                        "blockOwnerDeletion": True,
+                                    }
+                                ],
+                            },
+                            "spec": template["spec"],
+                        },
+                    )
+                    if code != 201:
+                        self.record_event(current, "Warning", "FailedCreate", f"Error creating: {answer['message']}")
+                        break
+                extras = sorted(active, key=lambda p: p["metadata"]["creationTimestamp"])[want:]
+                ready = sum(
+                    1
+                    for p in active
+                    if any(
+                        c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in p["status"].get("conditions", [])
+                    )
+                )
+                status = {"replicas": len(active), "readyReplicas": ready, "availableReplicas": ready}
+                if current.get("status") != status:
+                    updated = copy.deepcopy(current)
+                    updated["status"] = status
+                    self._store("MODIFIED", updated)
+            for pod in extras:
+                self._delete(self._key(pod))
 
     def _run_jobs(self) -> None:
         with self.lock:
@@ -1989,6 +2351,13 @@ class FakeCluster:
             self.create_backoff[uid] = time.monotonic() + 1.0
             return False
         return True
+
+
+def _set_ready(pod: dict[str, Any], ready: bool) -> None:
+    """The pod's Ready condition (what Services and `kubectl get` read)."""
+    conditions = [c for c in pod["status"].get("conditions", []) if c.get("type") != "Ready"]
+    conditions.append({"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339()})
+    pod["status"]["conditions"] = conditions
 
 
 def _parse(stamp: str) -> float:

@@ -104,7 +104,7 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
     # The pods are real processes that carry the test's marker (the leftover check finds them).
     pods = processes_with_env(f"{TEST_ID_ENV}={no_leftovers}")
     assert any("notebook_elastic" in cmdline(p) or "torch" in cmdline(p) for p in pods), [cmdline(p) for p in pods]
-    rdzv_before = cluster.get("pods", "spot-rdzv")["metadata"]["uid"]
+    (rdzv_before,) = [p["metadata"]["uid"] for p in cluster.pods(selector=m.selector("spot", "rendezvous"))]
 
     # A spot interruption: the scheduler reclaims one worker pod.
     victim = job.nodes[0]
@@ -130,7 +130,7 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
     )
     resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
     assert resumed and resumed[-1] >= step_before
-    assert cluster.get("pods", "spot-rdzv")["metadata"]["uid"] == rdzv_before  # the rendezvous survived
+    assert [p["metadata"]["uid"] for p in cluster.pods(selector=m.selector("spot", "rendezvous"))] == [rdzv_before]
 
     # Scale to 3 with only 2 GPUs: the new pod waits, and says why.
     job.scale(3)
@@ -447,10 +447,10 @@ def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
     failed = next(c for c in made["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PodFailurePolicy" and "exit code 3" in failed["message"]
     deadline = time.monotonic() + 30
-    while cluster.get("pods", "buggy-rdzv") is not None:  # released: a finished job holds no node
+    while cluster.pods(selector=m.selector("buggy", "rendezvous")):  # released: a finished job holds no node
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert not any(e.get("error") == "RendezvousGone" for e in job.events)
+    assert not any(e.kind == Kind.STORE_LOST for e in job.events)
     job.stop()
 
 
@@ -622,7 +622,7 @@ def test_the_workers_job_owns_everything_and_a_job_without_workers_is_expired(cl
     bundle = package_cell("print('done')", NotebookContext(namespace={}), name="ttl")
     backend.schedule(backend.submit_dryrun(spec, bundle))
     kinds = {o["kind"] for o in cluster.all_objects() if o["metadata"].get("labels", {}).get(m.INSTANCE) == "ttl"}
-    assert {"ConfigMap", "Secret", "Service", "Pod", "Job"} <= kinds, kinds
+    assert {"ConfigMap", "Secret", "Service", "Deployment", "Job"} <= kinds, kinds
     deadline = time.monotonic() + 180
     while left := [o["kind"] for o in cluster.all_objects() if o["kind"] not in ("Event", "PersistentVolumeClaim")]:
         assert time.monotonic() < deadline, f"left after the TTL: {left}"  # old code: all but the Job

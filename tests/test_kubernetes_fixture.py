@@ -6,6 +6,7 @@ processes (no torch)."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 
@@ -208,3 +209,98 @@ def test_discovery_and_transient_errors(api, fake):
         core.list_namespaced_config_map("default")
     assert err.value.status == 503
     core.list_namespaced_config_map("default")  # once only
+
+
+# A server that starts listening a moment after its container starts, and answers each
+# connection with its pod's address: which pod a Service reached, and when it is ready.
+LATE_SERVER = (
+    "import os, socket, time; time.sleep(3); s = socket.socket(); "
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((os.environ['POD_IP'], 7000)); s.listen(8)\n"
+    "while True:\n    c, _ = s.accept(); c.sendall(os.environ['POD_IP'].encode()); c.close()"
+)
+
+
+def test_a_deployment_replaces_its_pod_and_a_service_reaches_only_ready_pods(api, fake):
+    """#17 item 5: the rendezvous store runs under a one-replica Deployment, behind a Service.
+    The fixture runs the Deployment and ReplicaSet controllers (a deleted or evicted pod is
+    replaced at once), the kubelet's tcpSocket readiness probe, and kube-proxy: the Service's
+    ClusterIP forwards to Ready pods only, and refuses connections while there are none.
+    Old fixture: no apps/v1 (404), Service names rewritten to one pod's address for good."""
+    from kubernetes import client
+
+    core, _ = api
+    apps = client.AppsV1Api(core.api_client)
+    labels = {"app": "store"}
+    container = {
+        "name": "store",
+        "image": "python",
+        "command": [sys.executable, "-c", LATE_SERVER],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "c10d", "containerPort": 7000}],
+        "readinessProbe": {"tcpSocket": {"port": "c10d"}, "periodSeconds": 1},
+    }
+    service = core.create_namespaced_service(
+        "default",
+        {"metadata": {"name": "store"}, "spec": {"selector": labels, "ports": [{"port": 7001, "targetPort": "c10d"}]}},
+    )
+    address = (service.spec.cluster_ip, 7001)
+    apps.create_namespaced_deployment(
+        "default",
+        {
+            "metadata": {"name": "store"},
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+            },
+        },
+    )
+
+    def pod():
+        live = [p for p in fake.pods(selector="app=store") if not p["metadata"].get("deletionTimestamp")]
+        return live[0] if len(live) == 1 else None
+
+    def ready(p):
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+
+    def answer():
+        with socket.create_connection(address, timeout=2) as s:
+            return s.recv(100).decode()
+
+    until(lambda: pod() and pod()["status"].get("phase") == "Running", "the Deployment's pod running")
+    first = pod()
+    assert first["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    if not ready(first):  # running, not yet serving: not an endpoint, so the ClusterIP refuses
+        with pytest.raises(ConnectionRefusedError):
+            answer()
+    until(lambda: (p := pod()) and ready(p), "the readiness probe to pass")
+    until(lambda: _answers(answer) == first["status"]["podIP"], "the Service to reach the pod")
+
+    # Deleted, then evicted: each time another pod, and the Service follows it.
+    for how in ("delete", "evict"):
+        gone = pod()
+        name = gone["metadata"]["name"]
+        if how == "delete":
+            core.delete_namespaced_pod(name, "default")
+        else:
+            eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace="default"))
+            core.create_namespaced_pod_eviction(name, "default", eviction)
+        until(lambda uid=gone["metadata"]["uid"]: (p := pod()) and p["metadata"]["uid"] != uid, f"a new pod ({how})")
+        until(lambda: (p := pod()) and ready(p), "the replacement ready")
+        new = pod()
+        until(lambda ip=new["status"]["podIP"]: _answers(answer) == ip, "the Service to reach the replacement")
+    until(lambda: fake.get("deployments", "store", gv="apps/v1")["status"]["readyReplicas"] == 1, "its status")
+
+    apps.delete_namespaced_deployment("store", "default", propagation_policy="Background")
+    until(lambda: not fake.pods(selector="app=store"), "the ReplicaSet and its pods collected")
+    assert not [o for o in fake.all_objects() if o["kind"] == "ReplicaSet"]
+    until(lambda: _answers(answer) is None, "the Service without endpoints refusing")
+    core.delete_namespaced_service("store", "default")
+
+
+def _answers(ask):
+    try:
+        return ask()
+    except OSError:
+        return None

@@ -78,10 +78,11 @@ def test_kubectl_reads_describes_logs_applies_and_deletes_our_objects(cluster, t
     until(lambda: job.state.step is not None and job.state.step >= 3, "the job to report steps")
 
     listed = kubectl(
-        cluster, tmp_path, "get", "configmaps,services,pods,jobs", "-l", m.selector("kc"), "-o", "name"
+        cluster, tmp_path, "get", "configmaps,services,deployments,pods,jobs", "-l", m.selector("kc"), "-o", "name"
     ).stdout
     names = set(listed.split())
-    assert {"configmap/kc-code", "service/kc-rdzv", "pod/kc-rdzv", "job.batch/kc-workers"} <= names, names
+    assert {"configmap/kc-code", "service/kc-rdzv", "deployment.apps/kc-rdzv", "job.batch/kc-workers"} <= names, names
+    assert any(n.startswith("pod/kc-rdzv-") for n in names), names  # the store's pod, its ReplicaSet's
     worker = next(n.split("/")[1] for n in names if n.startswith("pod/kc-workers-"))
     table = kubectl(cluster, tmp_path, "get", "pods").stdout
     assert "NAME" in table and "STATUS" in table and worker in table  # server-side printing (Table)

@@ -79,7 +79,13 @@ def test_every_built_in_manifest_passes_strict_schema_validation(version):
 def test_the_shape_of_the_job():
     spec, bundle, k8s = make(tolerations=["nvidia.com/gpu:NoSchedule"], rdzv_node_selector=["lifecycle=on-demand"])
     code, secret, service, rdzv, job = m.build(spec, bundle, k8s, run_id="abcd")
-    assert [o["kind"] for o in (code, secret, service, rdzv, job)] == ["ConfigMap", "Secret", "Service", "Pod", "Job"]
+    assert [o["kind"] for o in (code, secret, service, rdzv, job)] == [
+        "ConfigMap",
+        "Secret",
+        "Service",
+        "Deployment",
+        "Job",
+    ]
     for obj in (code, secret, service, rdzv, job):
         labels = obj["metadata"]["labels"]
         assert (
@@ -97,9 +103,14 @@ def test_the_shape_of_the_job():
         "notebook_elastic/runtime/store.py",
         "cloudpickle/__init__.py",
     } <= names
-    # The rendezvous is its own pod, on its own nodes, not a trainer.
-    assert rdzv["spec"]["containers"][0]["command"] == ["python", "-m", "notebook_elastic.runtime.store"]
-    assert rdzv["spec"]["nodeSelector"] == {"lifecycle": "on-demand"} and "tolerations" not in rdzv["spec"]
+    # The rendezvous is its own pod, on its own nodes, not a trainer, under a one-replica
+    # Deployment (replaced when deleted, evicted or lost with its node; never two at once).
+    assert rdzv["spec"]["replicas"] == 1 and rdzv["spec"]["strategy"] == {"type": "Recreate"}
+    assert rdzv["spec"]["selector"]["matchLabels"].items() <= rdzv["spec"]["template"]["metadata"]["labels"].items()
+    store = rdzv["spec"]["template"]["spec"]
+    assert store["containers"][0]["command"] == ["python", "-m", "notebook_elastic.runtime.store"]
+    assert store["nodeSelector"] == {"lifecycle": "on-demand"} and "tolerations" not in store
+    assert store["containers"][0]["image"] == k8s.image  # the workers' torch, unless --rdzv-image
     assert service["spec"]["selector"] == {m.INSTANCE: "spot-train", m.COMPONENT: "rendezvous"}
     # Workers: an elastic Indexed Job running our agent with the fast rendezvous settings.
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == job["spec"]["parallelism"] == 1
@@ -257,7 +268,7 @@ def test_dry_run_prints_every_object_as_yaml_and_sends_nothing(shell, capsys, mo
     out = capsys.readouterr().out
     docs = [d for d in yaml.safe_load_all(out) if d]  # the whole output is one YAML stream
     assert "# Manifest of job 'spot-demo'" in out
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Pod", "Job"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Deployment", "Job"]
     assert docs[-1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert "<" in docs[0]["binaryData"]["runtime.zip"]  # binary shown as a size, not dumped
 
@@ -351,9 +362,7 @@ def test_pod_security_restricted_pods_pass_that_level():
     capabilities dropped, RuntimeDefault seccomp), on every container we make."""
     spec, bundle, k8s = make(pod_security="restricted")
     objects = m.build(spec, bundle, k8s, run_id="abcd")
-    pods = [o["spec"] for o in objects if o["kind"] == "Pod"] + [
-        o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Job"
-    ]
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "Job")]
     assert len(pods) == 2
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
@@ -363,7 +372,7 @@ def test_pod_security_restricted_pods_pass_that_level():
             assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
             assert sc["seccompProfile"]["type"] == "RuntimeDefault"
     baseline = m.build(*make()[:2], make()[2], run_id="abcd")
-    assert all("securityContext" not in o.get("spec", {}) for o in baseline if o["kind"] == "Pod")
+    assert all("securityContext" not in o["spec"]["template"]["spec"] for o in baseline if o["kind"] == "Deployment")
     with pytest.raises(SpecError, match=r"--pod-security 'strict' is unknown; choose one of: baseline, restricted"):
         parse_options(pod_security="strict")
 
@@ -373,10 +382,75 @@ def test_the_store_never_gets_the_workers_priority_class():
     scheduler's first victim too. The store has its own (--rdzv-priority-class), or none."""
     spec, bundle, k8s = make(priority_class="preemptible")
     objects = m.build(spec, bundle, k8s, run_id="x")
-    rdzv = next(o for o in objects if o["kind"] == "Pod")
+    rdzv = next(o for o in objects if o["kind"] == "Deployment")
     job = next(o for o in objects if o["kind"] == "Job")
-    assert "priorityClassName" not in rdzv["spec"]
+    assert "priorityClassName" not in rdzv["spec"]["template"]["spec"]
     assert job["spec"]["template"]["spec"]["priorityClassName"] == "preemptible"
     spec, bundle, k8s = make(priority_class="preemptible", rdzv_priority_class="training-critical")
-    rdzv = next(o for o in m.build(spec, bundle, k8s, run_id="x") if o["kind"] == "Pod")
-    assert rdzv["spec"]["priorityClassName"] == "training-critical"
+    rdzv = next(o for o in m.build(spec, bundle, k8s, run_id="x") if o["kind"] == "Deployment")
+    assert rdzv["spec"]["template"]["spec"]["priorityClassName"] == "training-critical"
+
+
+def _store_pod(**options):
+    spec, bundle, k8s = make(**options)
+    return next(o for o in m.build(spec, bundle, k8s, run_id="x") if o["kind"] == "Deployment")["spec"]["template"][
+        "spec"
+    ]
+
+
+@pytest.mark.parametrize(
+    "tolerations",
+    [
+        ["spot=true:NoSchedule"],
+        ["cloud.google.com/gke-spot=true:NoSchedule"],
+        ["kubernetes.azure.com/scalesetpriority=spot:NoSchedule"],
+    ],
+)
+def test_the_store_keeps_off_spot_nodes_when_the_workers_tolerate_spot(tolerations):
+    """#17 item 5: workers on spot, the store on on-demand nodes by default. A NotIn affinity
+    on the clouds' spot labels, not an "on-demand" nodeSelector: that would leave the store
+    Pending forever on a cluster whose nodes carry no such label."""
+    affinity = _store_pod(tolerations=tolerations)["affinity"]["nodeAffinity"]
+    (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    avoided = {e["key"]: e["values"] for e in term["matchExpressions"] if e["operator"] == "NotIn"}
+    assert avoided["karpenter.sh/capacity-type"] == ["spot"] and avoided["cloud.google.com/gke-spot"] == ["true"]
+    assert avoided["eks.amazonaws.com/capacityType"] == ["SPOT"]
+    # The user's own choice wins; without spot workers there is nothing to keep off.
+    assert "affinity" not in _store_pod(tolerations=tolerations, rdzv_node_selector=["pool=system"])
+    assert "affinity" not in _store_pod(tolerations=["nvidia.com/gpu:NoSchedule"])
+
+
+def test_the_store_image_is_an_option():
+    """The store needs only torch's TCPStore: --rdzv-image names a smaller image (with the
+    workers' torch: the store speaks their TCPStore protocol); by default, the workers'."""
+    assert _store_pod(rdzv_image="registry.example/torch-cpu:2.13")["containers"][0]["image"] == (
+        "registry.example/torch-cpu:2.13"
+    )
+    assert _store_pod(image="registry.example/train:1")["containers"][0]["image"] == "registry.example/train:1"
+    with pytest.raises(SpecError, match=r"--rdzv-image 'a b' is not an image reference"):
+        parse_options(rdzv_image="a b")
+
+
+def test_the_default_image_carries_a_tested_torch_and_an_untested_one_is_told(monkeypatch, tmp_path, home):
+    """#17: the default image carried torch 2.5.1, outside the range pyproject declares
+    tested (the agent reaches into torch internals). The default now names the tested torch,
+    and an official PyTorch image with another is told in one sentence, in the dry-run and
+    at launch, before anything starts."""
+    import notebook_elastic as ne
+    from notebook_elastic.backends.kubernetes.options import image_torch
+    from notebook_elastic.runtime import torch_compat
+
+    assert torch_compat.torch_is_tested(image_torch(DEFAULT_IMAGE))
+    assert image_torch("ghcr.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime") == (2, 5)
+    assert image_torch("registry.example/team/train:2.5.1") is None  # unknown until the pod runs
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "does-not-exist"))  # a dry run needs no cluster
+    old = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    job = ne.launch("print(1)", backend="kubernetes", image=old, gpus=0, name="old-torch", dry_run=True, user_ns={})
+    (warning,) = [w for w in job.dryrun.bundle.launch_warnings if "torch" in w]
+    assert warning == (
+        f"--image {old} carries torch 2.5, outside the torch notebook-elastic is tested with (>=2.13,<2.14): "
+        f"the job may run degraded or fail; use an image with a tested torch, like {DEFAULT_IMAGE}"
+    )
+    assert f"# warning: {warning}" in job.dryrun.text
+    quiet = ne.launch("print(1)", backend="kubernetes", gpus=0, name="new-torch", dry_run=True, user_ns={})
+    assert not [w for w in quiet.dryrun.bundle.launch_warnings if "torch" in w]

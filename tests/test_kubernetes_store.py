@@ -12,7 +12,11 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from test_kubernetes_backend import TRAIN, _post, cluster, ns, wait_for  # noqa: F401 (cluster: the fixture)
 
+import notebook_elastic as ne
+from notebook_elastic.backends.kubernetes import manifests as m
+from notebook_elastic.events import Kind
 from notebook_elastic.runtime import torch_compat
 
 
@@ -41,3 +45,95 @@ def test_the_store_serves_clients_on_a_listen_fd(monkeypatch, seen):
     assert server.get("k") == b"v"
     del client, server
     sock.detach()  # the store owned the descriptor and closed it
+
+
+# -- the store under a controller, its loss survived (#17 item 5) ----------------------------
+
+
+def _reports_once(job) -> tuple[dict[int, int], list[int]]:
+    """The generation that last reported each step, and the steps no generation reported.
+    A step may go unreported only as the last of its generation (committed, then the
+    workers were restarted before the report): resuming repeats none and skips none."""
+    newest: dict[int, int] = {}
+    for step, gen in job.metrics["gen"].points():
+        newest[int(step)] = max(int(gen), newest.get(int(step), int(gen)))
+    missing = sorted(set(range(max(newest) + 1)) - set(newest))
+    return newest, missing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["deleted", "evicted"])
+def test_a_job_survives_the_loss_of_its_store_pod(cluster, how):  # noqa: F811 (the fixture)
+    """The store runs under a one-replica Deployment: its pod deleted (or evicted, as a drain
+    does) is replaced, and the agents, whose store client never reconnects by itself (torch
+    2.13: every call raises DistNetworkError once its server is gone, even when a new one
+    serves at the same address), re-form their round on the new, empty store: a membership
+    change, not a failure. Old code: a bare store pod, never replaced, and every agent failed
+    on its next rendezvous sync."""
+    name = f"store-{how}"
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        gpus=0,
+        pvc="ckpt",
+        name=name,
+        max_restarts=1,
+        user_ns=ns(),
+    )
+    wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
+    (store,) = cluster.pods(selector=m.selector(name, "rendezvous"))
+    workers_before = set(job.nodes)
+    round_before = max(e.get("round") for e in job.events if e.kind == Kind.RENDEZVOUS)
+    path = f"/api/v1/namespaces/default/pods/{store['metadata']['name']}"
+    if how == "deleted":
+        _post(cluster, path, {}, method="DELETE")
+    else:
+        _post(
+            cluster,
+            path + "/eviction",
+            {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": store["metadata"]["name"]}},
+        )
+    step = job.state.step or 0
+
+    def regrouped() -> bool:
+        # One agent sees its store connection fail first and restarts its workers; the other
+        # either does the same or sees its peer's workers go first (a departure: not charged
+        # either). Both then meet in a later round on the new store.
+        assert job.status not in ("failed", "succeeded", "stopped"), job.summary()  # old code: failed
+        replaced = [e for e in job.events if e.kind == Kind.RESTART and e.get("reason") == "store_replaced"]
+        latest = {e.node: e.get("round") for e in job.events if e.kind == Kind.RENDEZVOUS}
+        return (
+            bool(replaced)
+            and all(latest.get(n, -1) > round_before for n in workers_before)
+            and job.world_size == 2
+            and job.status == "running"
+            and (job.state.step or 0) > step + 5
+            and any(e.kind == Kind.RESUMED for e in job.events)
+        )
+
+    wait_for(job, regrouped, "both agents re-formed their round on the new store and trained on", timeout=300)
+    lost = [e for e in job.events if e.kind == Kind.STORE_LOST]
+    assert lost and lost[0].get("reason") == how, lost
+    (new_store,) = [
+        p for p in cluster.pods(selector=m.selector(name, "rendezvous")) if not p["metadata"].get("deletionTimestamp")
+    ]
+    assert new_store["metadata"]["uid"] != store["metadata"]["uid"]
+    assert new_store["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    # Not a failure: no restart charged, no worker pod lost or replaced, the Job untouched.
+    assert job.restarts == 0 and not [
+        e for e in job.events if e.kind == Kind.RESTART and e.get("reason") == "worker_failed"
+    ]
+    assert set(job.nodes) == workers_before and not [e for e in job.events if e.kind == Kind.NODE_LEFT]
+    workers = cluster.get("jobs", f"{name}-workers", gv="batch/v1")
+    assert workers["status"].get("failed", 0) == 0, workers["status"]
+    assert job.state.membership_changes >= 2  # a regroup of each agent
+    # Resumed from the latest checkpoint in a later generation: every step once.
+    resumed = [e for e in job.events if e.kind == Kind.RESUMED]
+    assert resumed and resumed[-1].get("step") >= step
+    job.stop()
+    newest, missing = _reports_once(job)
+    for s in missing:
+        assert s + 1 in newest and newest[s + 1] > newest.get(s - 1, -1), (s, missing)

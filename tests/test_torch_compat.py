@@ -102,3 +102,15 @@ def test_the_store_serves_on_the_socket_it_was_given(store):
     client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=5))
     client.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def test_the_tested_torch_is_the_range_pyproject_declares():
+    """The default image and the untested-torch warning read ``TESTED_TORCH``: it must be the
+    range pyproject.toml installs and the contract tests run on."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    (declared,) = re.findall(r'"torch(>=[\d.]+,<[\d.]+)"', text)
+    assert declared == torch_compat.tested_torch_text()
+    assert torch_compat.torch_is_tested(torch_compat.torch_version())

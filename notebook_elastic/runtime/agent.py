@@ -16,6 +16,10 @@ A thin wrapper around ``torch.distributed.run.main()`` that
   a barrier) they hang until the collective timeout. When a member's heartbeat expires
   (keep_alive_interval x keep_alive_max_attempt), the watch ends the local workers, and the
   agent restarts them into a new round at once;
+- survives the replacement of its rendezvous store (a Kubernetes store pod deleted, evicted or
+  lost with its node, and started again by its Deployment): torch's store client never
+  reconnects, so the agent did not either and failed; now it reconnects, and on a new, empty
+  store it re-forms its round there (a membership change, not charged);
 - never charges a departure to the user's restart budget: when the local workers failed only
   because a peer went away (they exit with ``EXIT_PEER_LOST``, or the watch ended them) and
   the round has really lost a member, the agent regroups as it does for a new node, without
@@ -109,6 +113,27 @@ class _DepartureWatch:
 _watch = _DepartureWatch()
 
 
+class _StoreReplaced:
+    """Set when this node's rendezvous backend found a new store (torch_compat); the agent
+    then restarts its workers into a round on it, as for a new member."""
+
+    def __init__(self) -> None:
+        self.round: int | None = None  # the round seeded in the new store, until regrouped
+
+    def replaced(self, seeded_round: int) -> None:
+        self.round = seeded_round
+
+    def regroup_now(self) -> bool:
+        seeded, self.round = self.round, None
+        if seeded is None:
+            return False
+        emit("restart", node=_node_name(), reason="store_replaced", round=seeded)
+        return True
+
+
+_store = _StoreReplaced()
+
+
 def _round_lost_a_member(grace_s: float) -> bool:
     """Whether a member of the round these workers were formed in is gone (left, or its
     heartbeat expired), waiting up to ``grace_s`` for a dead peer's heartbeat to expire."""
@@ -166,7 +191,8 @@ def _hook_agent() -> None:
             local_ranks=sorted(f.local_rank for f in failures),
         )
 
-    torch_compat.hook_agent(before_start, _failed_because_a_peer_left, on_departure)
+    torch_compat.hook_agent(before_start, _failed_because_a_peer_left, on_departure, _store.regroup_now)
+    torch_compat.hook_store_reconnect(lambda: _watch.latest[0], _store.replaced)
 
 
 def _refuse_changed_files() -> None:
@@ -190,6 +216,7 @@ def _hook_rendezvous() -> None:
         for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
             members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
         _watch.joined(handler, round_, frozenset(participants))
+        _store.round = None  # a round formed on the store there is now: nothing to re-form
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
         emit(

@@ -46,6 +46,7 @@ class Kind(StrEnum):
     WORKER_FINISHED = "worker_finished"
     AGENT_SIGNALED = "agent_signaled"
     PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
+    STORE_LOST = "store_lost"  # the rendezvous store's pod went (deleted, evicted); a new one replaces it
     LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round
     GROUP_SUCCEEDED = "group_succeeded"
     METRIC = "metric"
@@ -137,7 +138,7 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.STORE_READY: _fields({"port": _INT}, host=_STR, pid=_INT),
     Kind.RENDEZVOUS: _fields({"round": _OPT_INT, "group_rank": _INT}, group_world_size=_INT, epoch=_INT),
     Kind.RESTART: _fields(
-        {"reason": {"enum": ["worker_failed", "departure", "membership_change"]}},
+        {"reason": {"enum": ["worker_failed", "departure", "membership_change", "store_replaced"]}},
         restarts_used=_INT,
         max_restarts=_INT,
         new_nodes=_INT,
@@ -161,6 +162,7 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.WORKER_FINISHED: _fields({"rank": _INT}, pid=_INT),
     Kind.AGENT_SIGNALED: _fields({"signal": _STR}),
     Kind.PEER_LOST: _fields({"round": _OPT_INT, "lost": {"type": "array"}}, workers=_INTS),
+    Kind.STORE_LOST: _fields({"reason": _STR}),
     Kind.LEFT_RENDEZVOUS: _fields(pid=_INT),
     Kind.GROUP_SUCCEEDED: _fields(),
     Kind.METRIC: _fields({"values": {"type": "object"}}, step={"type": ["number", "null"]}, rank=_INT),

@@ -13,17 +13,21 @@ import os
 import signal
 import socket
 import threading
+import uuid
 
 from ._emit import emit
-from .torch_compat import tcp_store_server
+from .torch_compat import STORE_ID_KEY, tcp_store_server
 
 
 def host_store(sock: socket.socket) -> object:
     """The job's c10d TCPStore, served on `sock` (bound and listening already, so agents
     may connect while torch imports): the one configuration both backends' rendezvous
     stores use (the local supervisor's and the Kubernetes rendezvous pod's). torch < 2.7
-    needs the legacy server for a listen fd (torch_compat)."""
-    return tcp_store_server(sock, timeout_s=60)
+    needs the legacy server for a listen fd (torch_compat). It holds a random id, by which
+    agents that reconnect tell a replacement store from the one they lost."""
+    store = tcp_store_server(sock, timeout_s=60)
+    store.set(STORE_ID_KEY, uuid.uuid4().hex)
+    return store
 
 
 def main(argv: list[str] | None = None) -> None:

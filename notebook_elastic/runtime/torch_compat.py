@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -32,6 +33,9 @@ INTERNALS = {
     "LocalElasticAgent._restart_workers": "departures are charged to --max-restarts like failures",
     "LocalElasticAgent._pcontext": "departed peers are noticed at the collective timeout, not at once",
     "LocalElasticAgent._worker_group": "departed peers are noticed at the collective timeout, not at once",
+    "C10dRendezvousBackend._call_store": "a replaced rendezvous store ends every agent (the pods are retried)",
+    "C10dRendezvousBackend._store": "a replaced rendezvous store ends every agent (the pods are retried)",
+    "DynamicRendezvousHandler._store": "a replaced rendezvous store ends every agent (the pods are retried)",
 }
 
 
@@ -59,7 +63,13 @@ def missing() -> dict[str, str]:
         init = klass.__dict__.get("__init__")
         if init is not None and hasattr(init, "__code__"):
             agent_names |= set(init.__code__.co_names)
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
+
+    backend_init = set(cb.C10dRendezvousBackend.__init__.__code__.co_names)
     present = {
+        "C10dRendezvousBackend._call_store": hasattr(cb.C10dRendezvousBackend, "_call_store"),
+        "C10dRendezvousBackend._store": "_store" in backend_init,
+        "DynamicRendezvousHandler._store": "_store" in handler_init,
         "DynamicRendezvousHandler._heartbeat_lock": "_heartbeat_lock" in handler_init,
         "DynamicRendezvousHandler._state_holder": "_state_holder" in handler_init,
         "DynamicRendezvousHandler._settings": "_settings" in handler_init,
@@ -130,7 +140,124 @@ def hook_next_rendezvous(after: Callable[[Any, Any], None]) -> bool:
 
     next_rendezvous._notebook_elastic = True  # type: ignore[attr-defined]
     handler.next_rendezvous = next_rendezvous
+    get_store = getattr(handler, "_get_store", None)
+    if get_store is not None:
+
+        def _get_store(self):  # type: ignore[no-untyped-def]
+            _follow_replaced_store(self)  # the round's store on the store joined, not a lost one
+            return get_store(self)
+
+        handler._get_store = _get_store
     return True
+
+
+# -- a replaced store ------------------------------------------------------------------------
+#
+# torch's TCPStore client never reconnects: once its server is gone, every call raises
+# DistNetworkError at once, even when a new server serves at the same address (measured on
+# 2.13). torchrun's agent then fails on its next rendezvous sync (RendezvousConnectionError
+# from num_nodes_waiting) and exits: a store pod that Kubernetes replaced would end every
+# agent. So the rendezvous backend reconnects: on a failed call it opens a new client to the
+# same endpoint (waiting up to the store's timeout for the replacement to serve), and when the
+# store there is another one (``STORE_ID_KEY`` differs, or the rendezvous state is gone) it
+# seeds an empty round numbered after the last one (rounds fence checkpoint writes, so they
+# must not start over at 0) and says so; the agent then re-forms its round on it.
+
+STORE_ID_KEY = "notebook_elastic/store_id"  # set by our store server (runtime/store.py)
+_reconnect_lock = threading.Lock()
+
+
+def store_id(store: Any) -> str | None:
+    """The id our store server put in the store, or None (another server, or none)."""
+    try:
+        if store.check([STORE_ID_KEY]):
+            return store.get(STORE_ID_KEY).decode()
+    except Exception:
+        return None
+    return None
+
+
+def hook_store_reconnect(last_round: Callable[[], int | None], on_replaced: Callable[[int], None]) -> bool:
+    """Make the c10d rendezvous backend survive its store's replacement (idempotent).
+    ``last_round()`` is the round this node was in; ``on_replaced(seeded_round)`` is called
+    once per replacement this node sees. False when this torch lacks what it takes."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    except ImportError:
+        return False
+    backend = cb.C10dRendezvousBackend
+    original = getattr(backend, "_call_store", None)
+    if original is None:
+        return False
+    if getattr(original, "_notebook_elastic", False):
+        return True
+
+    def _call_store(self, store_op, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not hasattr(self, "_ne_store_id"):
+            self._ne_store_id = store_id(self._store)
+        try:
+            return original(self, store_op, *args, **kwargs)
+        except RendezvousConnectionError as exc:
+            if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
+                raise  # a timeout or a bad request, not a lost connection
+            failed = self._store
+        with _reconnect_lock:
+            if self._store is failed:  # no other thread has reconnected meanwhile
+                try:
+                    _reconnect(self, failed, last_round, on_replaced)
+                except (ValueError, RuntimeError, TimeoutError) as exc:
+                    raise RendezvousConnectionError("The C10d store is gone and none came back in time.") from exc
+        return original(self, store_op, *args, **kwargs)
+
+    _call_store._notebook_elastic = True  # type: ignore[attr-defined]
+    backend._call_store = _call_store
+    return True
+
+
+def _reconnect(backend: Any, failed: Any, last_round: Callable[[], int | None], on_replaced: Any) -> None:
+    import pickle
+    from base64 import b64decode, b64encode
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    # The Service has no endpoint until the replacement store serves: the constructor retries
+    # refused connections; one accepted and then dropped (a proxy still routing to the store
+    # that went) raises, and is tried again, until the store's timeout.
+    deadline = time.monotonic() + failed.timeout.total_seconds()
+    while True:
+        try:
+            store = dist.TCPStore(failed.host, failed.port, is_master=False, timeout=failed.timeout)
+            break
+        except (RuntimeError, TimeoutError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    new_id = store_id(store)
+    sentinel = backend._NULL_SENTINEL
+    current = store.compare_set(backend._key, "", sentinel)  # the state, or the sentinel just set
+    replaced = new_id != backend._ne_store_id or (new_id is None and current == sentinel.encode())
+    backend._store, backend._ne_store_id = store, new_id
+    if not replaced:
+        return  # the same store, reached again
+    if current == sentinel.encode():
+        state = _RendezvousState()
+        state.round = (last_round() or 0) + 1
+        store.compare_set(backend._key, sentinel, b64encode(pickle.dumps(state)).decode())
+    won = store.get(backend._key)
+    seeded = pickle.loads(b64decode(won)).round if won != sentinel.encode() else 0
+    on_replaced(seeded)
+
+
+def _follow_replaced_store(handler: Any) -> None:
+    """The handler keeps its own reference to the store (for the round's PrefixStore): the
+    backend's, which a reconnection replaced."""
+    backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
+    store = getattr(backend, "_store", None)
+    if store is not None and getattr(handler, "_store", None) is not store:
+        handler._store = store
 
 
 # -- the agent -----------------------------------------------------------------------------
@@ -150,10 +277,12 @@ def hook_agent(
     before_start: Callable[[Any], None],
     departures: Callable[[Any], list],
     on_departure: Callable[[list], None],
+    regroup_now: Callable[[], bool] = lambda: False,
 ) -> bool:
     """Hook torchrun's agent: ``before_start(agent)`` before every (re)start of its workers;
     a failed or unhealthy round whose ``departures(result)`` is not empty is regrouped as for
-    a new node (``on_departure(failures)`` first) instead of being charged to the budget.
+    a new node (``on_departure(failures)`` first) instead of being charged to the budget; so
+    is a healthy one when ``regroup_now()`` says so (its rendezvous store was replaced).
     False when this torch lacks what it takes (then the agent runs unhooked)."""
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
@@ -171,6 +300,9 @@ def hook_agent(
 
     def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
         result = monitor(self, worker_group)
+        if result.state == WorkerState.HEALTHY and regroup_now():
+            self._restart_workers(worker_group)
+            return RunResult(state=WorkerState.HEALTHY)
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             return result
         failures = departures(result)
@@ -187,6 +319,20 @@ def hook_agent(
 
 
 # -- the store (torch versions differ) ---------------------------------------------------
+
+
+#: The torch versions the contract tests ran on, as pyproject declares them
+#: (``torch>=2.13,<2.14``; tests/test_torch_compat.py keeps the two in step).
+TESTED_TORCH = ((2, 13), (2, 14))
+
+
+def tested_torch_text() -> str:
+    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_TORCH
+    return f">={lo_major}.{lo_minor},<{hi_major}.{hi_minor}"
+
+
+def torch_is_tested(version: tuple[int, int]) -> bool:
+    return TESTED_TORCH[0] <= version < TESTED_TORCH[1]
 
 
 def torch_version(text: str | None = None) -> tuple[int, int]:

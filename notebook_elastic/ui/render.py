@@ -60,7 +60,7 @@ NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failur
 
 def event_color(e: Event) -> str:
     if (e.kind == Kind.WORKER_FAILED and e.get("cause") == "peer") or (
-        e.kind == Kind.RESTART and e.get("reason") in ("departure", "membership_change")
+        e.kind == Kind.RESTART and e.get("reason") in ("departure", "membership_change", "store_replaced")
     ):
         return NEUTRAL
     return EVENT_COLORS.get(e.kind, "#555")
@@ -439,7 +439,7 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
             out.append((e, f"training at world size {d.get('world_size')}"))
         elif k == Kind.WORKER_FAILED and d.get("cause") == "peer":
             continue
-        elif k == Kind.RESTART and d.get("reason") in ("departure", "membership_change"):
+        elif k == Kind.RESTART and d.get("reason") in ("departure", "membership_change", "store_replaced"):
             continue
         elif k == Kind.RESTART:
             out.append(

@@ -216,6 +216,8 @@ class KubernetesBackend(Backend):
                 made = conn.core().create_namespaced_service(ns, obj)
             elif kind == "Pod":
                 made = conn.core().create_namespaced_pod(ns, obj)
+            elif kind == "Deployment":
+                made = conn.apps().create_namespaced_deployment(ns, obj)
             elif kind == "Job":
                 made = conn.batch().create_namespaced_job(ns, obj)
             elif kind == "PyTorchJob":
@@ -523,6 +525,7 @@ class KubernetesBackend(Backend):
                     "kubeflow.org", "v1", ns, "pytorchjobs", m.workers_name(name)
                 )
             ),
+            lambda: conn.apps().delete_namespaced_deployment(m.rdzv_name(name), ns, propagation_policy="Background"),
             lambda: conn.core().delete_collection_namespaced_pod(ns, label_selector=m.selector(name)),
             lambda: conn.core().delete_namespaced_service(m.rdzv_name(name), ns),
             lambda: has_env and conn.core().delete_namespaced_secret(m.env_name(name), ns),
@@ -536,7 +539,7 @@ class KubernetesBackend(Backend):
 
                 if is_missing(exc) or (isinstance(exc, ApiException) and exc.status == 405):
                     continue
-                if step in (steps[1], steps[4]) and cm is None and isinstance(exc, ApiException) and exc.status == 403:
+                if step in (steps[1], steps[5]) and cm is None and isinstance(exc, ApiException) and exc.status == 403:
                     continue  # not granted, and nothing says the job made one
                 raise explain(exc, f"stop job {name!r}", conn) from None
 

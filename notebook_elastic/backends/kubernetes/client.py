@@ -51,6 +51,11 @@ class Connection:
 
         return client.BatchV1Api(self.api)
 
+    def apps(self) -> Any:
+        from kubernetes import client
+
+        return client.AppsV1Api(self.api)
+
     def custom(self) -> Any:
         from kubernetes import client
 

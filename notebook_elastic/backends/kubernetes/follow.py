@@ -324,7 +324,7 @@ class ClusterFollower:
             gone = [
                 v
                 for v in self.pods.values()
-                if v.name not in present and not v.left and v.name != m.rdzv_name(self.job)
+                if v.name not in present and not v.left and not v.name.startswith(m.rdzv_name(self.job))
             ]
             for view in gone:
                 view.left = True
@@ -442,7 +442,12 @@ class ClusterFollower:
 
     def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
         if kind == "DELETED" and not self.stop.is_set() and not self.released:
-            self.emit(Kind.ERROR, pod.metadata.name, error="RendezvousGone", message="the rendezvous pod was deleted")
+            # Its Deployment starts another; the agents re-form their round on it.
+            evicted = any(
+                c.type == "DisruptionTarget" and c.status == "True"
+                for c in ((pod.status.conditions or []) if pod.status else [])
+            )
+            self.emit(Kind.STORE_LOST, pod.metadata.name, reason="evicted" if evicted else "deleted")
         if container and container.restart_count and container.restart_count > view.restart_count:
             view.restart_count = container.restart_count
             self.emit(
@@ -670,11 +675,14 @@ class ClusterFollower:
         self.emit(Kind.JOB_FINISHED, **data)
 
     def _release_rendezvous(self) -> None:
-        """The workers are done: the rendezvous pod (its store serves until stopped) and its
-        Service go, so a finished job holds no node. The code ConfigMap, the Job and the
-        worker pods stay for their logs until `stop` or ttlSecondsAfterFinished."""
+        """The workers are done: the rendezvous store's Deployment (its store serves until
+        stopped) and its Service go, so a finished job holds no node. The code ConfigMap, the
+        Job and the worker pods stay for their logs until `stop` or ttlSecondsAfterFinished."""
         self.released = True
-        for delete in (self.core.delete_namespaced_pod, self.core.delete_namespaced_service):
+        for delete in (
+            lambda name, ns: self.conn.apps().delete_namespaced_deployment(name, ns, propagation_policy="Background"),
+            self.core.delete_namespaced_service,
+        ):
             try:
                 delete(m.rdzv_name(self.job), self.conn.namespace)
             except Exception:

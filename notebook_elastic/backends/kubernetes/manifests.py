@@ -7,9 +7,11 @@
   ``secretKeyRef``; never in the ConfigMap, an annotation or a pod spec. Built here with
   placeholders (``SECRET_PLACEHOLDER``), so dry-runs never hold a value: ``with_env_values``
   puts the values in right before it is created.
-- ``<job>-rdzv`` Pod + Service: the c10d rendezvous store, not a trainer (with its own node
-  selector and tolerations, e.g. on-demand nodes), so losing any worker never takes the
-  rendezvous down.
+- ``<job>-rdzv`` Deployment (one replica) + Service: the c10d rendezvous store, not a trainer
+  (with its own image, node selector, tolerations and priority class; kept off spot nodes by
+  default when the workers tolerate spot), so losing any worker never takes the rendezvous
+  down, and a store pod that is deleted, evicted or loses its node is replaced: the agents
+  re-form their round on the new store (runtime/torch_compat.py).
 - ``<job>-workers``: an Indexed Job (elastic: scaled by patching completions and
   parallelism together, Kubernetes >= 1.31), or plain pods, or a Kubeflow PyTorchJob with
   an elasticPolicy. Each worker pod runs our torchrun agent with the fast rendezvous
@@ -272,13 +274,45 @@ def _place(
         pod_spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
 
 
-def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
+# Labels of spot (preemptible) nodes across the clouds and autoscalers that set one, with
+# the values that mean spot. A NotIn affinity on each keeps a pod off spot nodes and, unlike
+# an "on-demand" nodeSelector, never leaves it Pending on a cluster whose nodes carry none.
+SPOT_NODE_LABELS = {
+    "karpenter.sh/capacity-type": ["spot"],
+    "eks.amazonaws.com/capacityType": ["SPOT"],
+    "cloud.google.com/gke-spot": ["true"],
+    "cloud.google.com/gke-preemptible": ["true"],
+    "kubernetes.azure.com/scalesetpriority": ["spot"],
+    "node.kubernetes.io/lifecycle": ["spot", "preemptible"],
+}
+
+
+def tolerates_spot(tolerations: list[dict[str, Any]]) -> bool:
+    """Whether the workers' tolerations are for spot nodes (a key or value naming spot or
+    preemptible, or a cloud's spot label)."""
+    for tol in tolerations:
+        words = f"{tol.get('key', '')}={tol.get('value', '')}".lower()
+        if tol.get("key") in SPOT_NODE_LABELS or "spot" in words or "preemptible" in words:
+            return True
+    return False
+
+
+def off_spot_affinity() -> dict[str, Any]:
+    expressions = [{"key": k, "operator": "NotIn", "values": v} for k, v in SPOT_NODE_LABELS.items()]
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+        }
+    }
+
+
+def rendezvous_pod_spec(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "containers": [
             {
                 "name": "rendezvous",
-                "image": options.image,
+                "image": options.store_image,
                 "command": ["python", "-m", "notebook_elastic.runtime.store"],
                 "args": ["--host", "$(POD_IP)", "--port", str(options.rdzv_port)],
                 "env": [
@@ -288,6 +322,8 @@ def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
                 ],
                 "ports": [{"name": "c10d", "containerPort": options.rdzv_port}],
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                # Only a store that serves is behind the Service: a replacement still starting
+                # is not an endpoint, so agents keep waiting for it instead of failing on it.
                 "readinessProbe": {"tcpSocket": {"port": options.rdzv_port}, "periodSeconds": 2},
                 "volumeMounts": [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}],
             }
@@ -298,12 +334,28 @@ def rendezvous_pod(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
     # Its own priority class, never the workers' (a low "preemptible" one for spot workers would
     # make the store the scheduler's first victim, and every agent would fail with it).
     _place(pod_spec, options, options.rdzv_node_selector, options.rdzv_tolerations, options.rdzv_priority_class)
+    if not options.rdzv_node_selector and tolerates_spot(options.tolerations):
+        pod_spec["affinity"] = off_spot_affinity()
     _secure(pod_spec, options)
+    return pod_spec
+
+
+def rendezvous_deployment(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
+    """The store under a one-replica Deployment: its pod deleted, evicted (a drain, a
+    preemption) or lost with its node is replaced by the ReplicaSet controller, and a drain or
+    the Cluster Autoscaler may move it (a bare pod blocks both). ``Recreate``: never two
+    stores at once."""
+    pod_labels = labels(spec.name, "rendezvous")
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": rdzv_name(spec.name), "labels": labels(spec.name, "rendezvous")},
-        "spec": pod_spec,
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {INSTANCE: spec.name, COMPONENT: "rendezvous"}},
+            "template": {"metadata": {"labels": pod_labels}, "spec": rendezvous_pod_spec(spec, options)},
+        },
     }
 
 
@@ -511,7 +563,7 @@ def build(
     secret = env_secret(spec)
     if secret is not None:
         objects.append(secret)  # before any pod that reads it
-    objects += [rendezvous_service(spec, options), rendezvous_pod(spec, options)]
+    objects += [rendezvous_service(spec, options), rendezvous_deployment(spec, options)]
     if options.workload == "pytorchjob":
         objects.append(pytorchjob(spec, options, rdzv_id=rdzv_id, epoch=epoch, target=target))
     elif options.workload == "pods":

@@ -14,7 +14,11 @@ from typing import Any
 
 from ...errors import SpecError
 
-DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+# The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
+# tests/test_kubernetes_manifests.py keeps them in step).
+DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime"
+# Official PyTorch images name their torch in the tag: pytorch/pytorch:2.13.0-cuda12.8-...
+_OFFICIAL_IMAGE = re.compile(r"^(?:(?:docker\.io|ghcr\.io)/)?pytorch/pytorch:(\d+)\.(\d+)(?:\.\d+)?(?:-|$)")
 WORKLOADS = ("job", "pods", "pytorchjob")
 POD_SECURITY_LEVELS = ("baseline", "restricted")  # the Pod Security Standards a namespace may enforce
 # Requests per torchrun process when --cpu/--memory are not given: without any, CPU workers
@@ -28,6 +32,28 @@ _LABEL_NAME = re.compile(
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def image_torch(image: str) -> tuple[int, int] | None:
+    """The (major, minor) torch an official PyTorch image carries, read from its tag; None
+    for any other image (its torch is known only inside the pod)."""
+    m = _OFFICIAL_IMAGE.match(image.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def untested_torch_warning(image: str, flag: str = "--image") -> str | None:
+    """One sentence when ``image`` is an official PyTorch image whose torch is outside the
+    range notebook-elastic is tested with (its agent reaches into torch internals)."""
+    from ...runtime.torch_compat import tested_torch_text, torch_is_tested
+
+    version = image_torch(image)
+    if version is None or torch_is_tested(version):
+        return None
+    return (
+        f"{flag} {image} carries torch {version[0]}.{version[1]}, outside the torch notebook-elastic is tested "
+        f"with ({tested_torch_text()}): the job may run degraded or fail; use an image with a tested torch, "
+        f"like {DEFAULT_IMAGE}"
+    )
 
 
 def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, Any]:
@@ -86,6 +112,9 @@ class KubernetesOptions:
     namespace: str | None = None  # None: the kubeconfig context's namespace, else "default"
     context: str | None = None
     image: str = DEFAULT_IMAGE
+    # The store's image. None: the workers' (it must speak their torch's TCPStore protocol;
+    # no official small CPU image carries torch, so a smaller one is the user's to name).
+    rdzv_image: str | None = None
     gpus: int | None = None  # per pod; None: --nproc-per-node; 0: CPU pods
     cpu: str | None = None
     memory: str | None = None
@@ -103,6 +132,10 @@ class KubernetesOptions:
     pod_security: str = "baseline"  # "restricted": pods pass a namespace enforcing that level
     ttl_seconds_after_finished: int = 3600
     rdzv_port: int = 29400
+
+    @property
+    def store_image(self) -> str:
+        return self.rdzv_image or self.image
 
     def gpus_per_pod(self, nproc_per_node: int) -> int:
         return nproc_per_node if self.gpus is None else self.gpus
@@ -128,6 +161,7 @@ def parse_options(
     namespace: str | None = None,
     context: str | None = None,
     image: str | None = None,
+    rdzv_image: str | None = None,
     gpus: int | str | None = None,
     cpu: str | None = None,
     memory: str | None = None,
@@ -159,12 +193,14 @@ def parse_options(
         )
     if workload not in WORKLOADS:
         raise SpecError(f"--workload {workload!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
-    if image is not None and (not image.strip() or any(c.isspace() for c in image)):
-        raise SpecError(f"--image {image!r} is not an image reference (for example {DEFAULT_IMAGE})")
+    for flag, value in (("--image", image), ("--rdzv-image", rdzv_image)):
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise SpecError(f"{flag} {value!r} is not an image reference (for example {DEFAULT_IMAGE})")
     return KubernetesOptions(
         namespace=_name(namespace, "--namespace"),
         context=context,
         image=image or DEFAULT_IMAGE,
+        rdzv_image=rdzv_image or None,
         gpus=gpus,  # type: ignore[arg-type]
         cpu=_quantity(cpu, "--cpu"),
         memory=_quantity(memory, "--memory"),
