@@ -37,6 +37,7 @@ class Kind:
     FAULT = "fault"  # a fault drill was injected
     NODE_JOINED = "node_joined"
     NODE_LEFT = "node_left"
+    NODE_EVICTED = "node_evicted"  # a node whose workers failed while joining was sent away
     PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
     AGENT_STARTED = "agent_started"
     RENDEZVOUS = "rendezvous"
@@ -277,6 +278,11 @@ def describe(e: Event) -> str:
         return f"{node} joined"
     if k == Kind.NODE_LEFT:
         return f"{node} left ({d.get('reason', 'unknown')})"
+    if k == Kind.NODE_EVICTED:
+        return (
+            f"{node} evicted: it failed while joining ({d.get('failure')}); the other nodes train on at their size "
+            f"(target {d.get('target')} node(s)), and it was charged once to the restart budget"
+        )
     if k == Kind.PENDING:
         if not node and d.get("reason") == "FailedCreate":
             return f"a worker pod could not be created: {d.get('message', '')}"

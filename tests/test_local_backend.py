@@ -687,3 +687,30 @@ def test_the_history_is_rotated_and_compacted_and_followers_miss_nothing(home):
         assert getattr(again.state, field) == getattr(job.state, field), field
     assert len(again.state.metrics["loss"]) < len(job.state.metrics["loss"])  # downsampled, not lost
     assert max(again.state.metrics["ws"].values) == 2  # the scale-up is in the replayed chart
+
+
+def test_a_node_that_fails_while_joining_is_evicted_and_the_job_trains_on(home):
+    # node-1 is a broken machine: its network interface is not where the job says (gloo,
+    # like NCCL, then fails in init_process_group on that node only). The job must not die
+    # of it, nor spend its budget retrying it.
+    broken = {"node_env": {"node-1": {"GLOO_SOCKET_IFNAME": "nosuch0"}}}
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nproc_per_node=1,
+        name="bad-joiner",
+        max_restarts=3,
+        backend_options=broken,
+        user_ns=namespace(total=120),
+    )
+    wait_for(job, at_step(job, 5), "one node training")
+    job.scale(2)
+    wait_for(job, lambda: any(e.kind == Kind.NODE_EVICTED for e in job.events), "node-1 evicted", timeout=180)
+    assert job.wait(240) == "succeeded", job.summary()
+    evicted = [e for e in job.events if e.kind == Kind.NODE_EVICTED]
+    assert [e.node for e in evicted] == ["node-1"], [e.describe() for e in evicted]
+    assert "Unable to find address for: nosuch0" in evicted[0].describe(), evicted[0].describe()
+    assert world_sizes(job)[-1] == 1, world_sizes(job)
+    assert job.restarts == 1, job.summary()  # charged once, not once per retry until spent
+    assert sorted(committed_reports(job)) == list(range(120))
+    assert_every_sample_once(committed_reports(job), batch=2)

@@ -128,6 +128,7 @@ LEFT_WORDS = {
     "stopped": "stopped with the job",
     "finished": "finished",
     "files_changed": "stopped: its files changed",
+    "evicted": "evicted: it failed while joining",
 }
 # Integer counters a training loop reports for its own bookkeeping (the quickstart's `gen`,
 # `start`): shown in the history, not offered as a chart.

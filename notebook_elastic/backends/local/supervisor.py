@@ -105,6 +105,8 @@ class Agent:
     epoch: int
     exit_reason: str | None = None  # set when we signal it on purpose
     gpus: list[str] = field(default_factory=list)  # its ranks' devices, its own alone
+    progressed: bool = False  # a worker group it was part of made a step (a report or a commit)
+    failure: str | None = None  # its workers' latest own failure, in words
     log_bytes: int = 0  # written to its current log file
     reaped: bool = False
     readers: list[threading.Thread] = field(default_factory=list)
@@ -299,6 +301,7 @@ class Supervisor:
         self.stall = StallClock(since=time.monotonic())
         self.failures_seen: dict[tuple, int] = {}
         self.fatal: str | None = None  # why the job stops now, when retrying is pointless
+        self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
 
     # -- events --------------------------------------------------------------------------
 
@@ -307,6 +310,7 @@ class Supervisor:
 
     def _observe(self, e: Event) -> None:
         """Called by the sink thread for every event: track where each rank's process is."""
+        self._watch_joiners(e)
         if e.kind == Kind.WORKER_STARTED:
             gen = e.get("generation")
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
@@ -325,6 +329,44 @@ class Supervisor:
                 self.fatal = what
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
+
+    def _watch_joiners(self, e: Event) -> None:
+        """A node whose workers fail before any group it joined made a step, while other nodes
+        have trained, fails while joining (a module missing there, a broken GPU, NCCL or gloo
+        init failing on it alone): torchrun would retry it, pulling the healthy nodes into
+        every retry, until its budget is spent, and then close the rendezvous on them all.
+        It is sent away once its first failure has been charged (one restart)."""
+        agent = self.agents.get(e.node or "")
+        if e.kind in (Kind.METRIC, Kind.CHECKPOINT):
+            rank = e.get("rank")
+            newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
+            if rank in self.workers and self.workers[rank][2] == newest:
+                for _pid, node, gen in list(self.workers.values()):
+                    if gen == newest and node in self.agents:
+                        self.agents[node].progressed = True
+            return
+        if agent is None or agent.progressed:
+            return
+        if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer":
+            agent.failure = describe_failure(e)
+        elif (
+            e.kind == Kind.WORKER_EXITED
+            and (e.get("exitcode") or 0) > 0
+            and e.get("exitcode") != protocol.EXIT_PEER_LOST
+        ):
+            agent.failure = agent.failure or f"a worker on {agent.name} exited with code {e.get('exitcode')}"
+        elif e.kind == Kind.RESTART and e.get("reason") == "worker_failed" and agent.failure:
+            if any(a.progressed for a in self.staying_agents() if a is not agent):
+                self.evictions.put(agent.name)
+
+    def _evict(self, name: str) -> None:
+        """Send away a node that failed while joining: the others go on at their size."""
+        agent = self.agents.get(name)
+        if agent is None or not agent.alive or agent.exit_reason is not None or self.stopping:
+            return
+        self.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
+        self._lower_target(agent.name, "evicted")
+        self.emit(Kind.NODE_EVICTED, agent.name, failure=agent.failure, target=self.target)
 
     # -- agents --------------------------------------------------------------------------
 
@@ -395,7 +437,10 @@ class Supervisor:
         plan = self._plan()
         node = plan.node(index, gpus)
         name = node.name
-        env = self._agent_env(plan, dict(node.env))
+        # A drill for a broken machine: this node's own environment (a wrong network interface,
+        # a module missing from its path), as in backend_options={"node_env": {"node-1": {...}}}.
+        node_env = {**node.env, **(self.spec.backend_options.get("node_env") or {}).get(name, {})}
+        env = self._agent_env(plan, node_env)
         spare, self.spare = self.spare, None
         if spare is not None and spare.alive:
             # A warm spare: Python and torch are already imported; tell it who it is.
@@ -786,6 +831,8 @@ class Supervisor:
                     reply.put({"ok": False, "error": str(exc)})
             except queue.Empty:
                 pass
+            while not self.evictions.empty():
+                self._evict(self.evictions.get())
             self._reap()
             now = time.monotonic()
             while self.returns and self.returns[0] <= now and not self.stopping:
