@@ -222,6 +222,15 @@ class _Snapshotter:
         return tree
 
 
+_sampling_state: Any = None  # the State whose batch sampler sets the samples per step
+
+
+def samples_per_step() -> int:
+    """Samples the whole job consumes per step, as the latest State's batch sampler says (0:
+    no sampler, the user may report ``samples=`` or ``tokens=`` themselves)."""
+    return _sampling_state._samples_per_step if _sampling_state is not None else 0
+
+
 class State:
     """What a training loop needs to survive restarts and rescales.
 
@@ -404,6 +413,8 @@ class State:
             self, dataset_or_len, batch_size, shuffle=shuffle, seed=seed, batches_per_step=batches_per_step
         )
         self._samples_per_step = sampler.global_batch_size * batches_per_step
+        global _sampling_state
+        _sampling_state = self
         return sampler
 
     # -- commit --------------------------------------------------------------------------

@@ -52,6 +52,8 @@ from .control import listen
 from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
 from .history import ROTATE_BYTES, read_all, rotate
 from .place import local_place, visible_gpus
+from .tensorboard import TensorBoardWriter
+from .tensorboard import available as tensorboard_available
 
 STOP_GRACE_S = 10.0
 #: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
@@ -194,7 +196,7 @@ class EventSink:
     def _keep(self, item: Event, line: str) -> bool:
         """Whether ``item`` goes to the file: output beyond the cap and, while the disk is
         full, metrics, output and checkpoints do not (they are still folded in memory)."""
-        quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT)
+        quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.GPU)
         if quiet and time.monotonic() < self.quiet_until:
             return False
         if item.kind == Kind.LOG:
@@ -284,6 +286,7 @@ class Supervisor:
         self._space_checked = 0.0
         self._space_ok = True
         self._written_since_check = 0
+        self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.sink = EventSink(
             folder.events_file,
             self.state,
@@ -311,6 +314,8 @@ class Supervisor:
     def _observe(self, e: Event) -> None:
         """Called by the sink thread for every event: track where each rank's process is."""
         self._watch_joiners(e)
+        if self.tensorboard is not None:
+            self.tensorboard.observe(e, self.state)
         if e.kind == Kind.WORKER_STARTED:
             gen = e.get("generation")
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
@@ -813,6 +818,8 @@ class Supervisor:
         )
         self._converge()
         store = host_store(sock)
+        if tensorboard_available():  # metrics come only through the store: none was missed
+            self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
         status = self._loop()
         self._finish(status)
         del store
@@ -992,6 +999,8 @@ class Supervisor:
             data["orphans_killed"] = len(leftovers)
         self.emit(Kind.JOB_FINISHED, **data)
         self.sink.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if not self.folder.events_file.exists():
             return  # deleted under us: nothing left to record in
         self._write_status()
