@@ -299,7 +299,7 @@ def describe(e: Event) -> str:
     if k == Kind.NODE_EVICTED:
         return (
             f"{node} evicted: it failed while joining ({d.get('failure')}); the other nodes train on at their size "
-            f"(target {d.get('target')} node(s)), and it was charged once to the restart budget"
+            f"(target {d.get('target')} node(s))"
         )
     if k == Kind.PENDING:
         if not node and d.get("reason") == "FailedCreate":

@@ -30,6 +30,7 @@ ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend res
 ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the script and payload at launch
 # Set by our agent wrapper for its workers.
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
+ENV_JOINER = "NOTEBOOK_ELASTIC_JOINER"  # "1": this node joins a job that trains (it may be evicted)
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
 #: A job run's rendezvous id, where the backend does not number its runs itself (Kubernetes):
 #: the run's generations start above every one already in its checkpoint folder, so a new

@@ -445,6 +445,8 @@ class Supervisor:
         # A drill for a broken machine: this node's own environment (a wrong network interface,
         # a module missing from its path), as in backend_options={"node_env": {"node-1": {...}}}.
         node_env = {**node.env, **(self.spec.backend_options.get("node_env") or {}).get(name, {})}
+        if any(a.progressed for a in self.staying_agents()):
+            node_env[protocol.ENV_JOINER] = "1"  # it joins a job that trains: its failure must not end it
         env = self._agent_env(plan, node_env)
         spare, self.spare = self.spare, None
         if spare is not None and spare.alive:
@@ -585,6 +587,19 @@ class Supervisor:
             if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
                 agent.exit_reason = protocol.exit_reason(code)
                 self._files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
+            if (
+                code == protocol.EXIT_RESTARTS_SPENT
+                and agent.exit_reason is None
+                and not agent.progressed
+                and not self.stopping
+                and any(a.progressed for a in self.staying_agents())
+            ):
+                # A joiner whose budget (--max-restarts 0) was spent failing to join: it left its
+                # round without closing it; the others train on.
+                agent.exit_reason = "evicted"
+                self._lower_target(agent.name, "evicted")
+                failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
+                self.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.target)
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
