@@ -181,6 +181,23 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
+def gib(n: Any) -> str:
+    """Bytes as people read GPU memory: 1.5 GiB, 300 MiB."""
+    if not isinstance(n, (int, float)):
+        return "–"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def rate(per_s: float | None, unit: str) -> str:
+    """1.2k samples/s, 35 tokens/s."""
+    if per_s is None or not math.isfinite(per_s):
+        return "–"
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if per_s >= scale:
+            return f"{per_s / scale:.3g}{suffix} {unit}/s"
+    return f"{per_s:.3g} {unit}/s"
+
+
 def degraded_text(d: dict[str, Any]) -> str:
     lost = sorted(set((d.get("missing") or {}).values()))
     return f"torch {d.get('torch')} lacks internals notebook-elastic uses; the job runs, but " + "; ".join(lost)
@@ -237,6 +254,11 @@ def describe(e: Event) -> str:
         return f"{node} joined"
     if k == Kind.NODE_LEFT:
         return f"{node} left ({d.get('reason', 'unknown')})"
+    if k == Kind.NODE_EVICTED:
+        return (
+            f"{node} evicted: it failed while joining ({d.get('failure')}); the other nodes train on at their size "
+            f"(target {d.get('target')} node(s))"
+        )
     if k == Kind.PENDING:
         if not node and d.get("reason") == "FailedCreate":
             return f"a worker pod could not be created: {d.get('message', '')}"
@@ -284,6 +306,9 @@ def describe(e: Event) -> str:
             f"{n}={v:.4g}" if isinstance(v, float) else f"{n}={v}" for n, v in (d.get("values") or {}).items()
         )
         return f"step {d.get('step')}: {values}"
+    if k == Kind.GPU:
+        util = f", {d.get('util_percent')}% busy" if d.get("util_percent") is not None else ""
+        return f"rank {d.get('rank')}: GPU {d.get('device')} peak {gib(d.get('mem_peak_bytes'))} allocated{util}"
     if k == Kind.PLAN:
         return f"training steps {d.get('start')}..{d.get('total')}"
     if k == Kind.RESUMED:
@@ -312,4 +337,4 @@ def describe(e: Event) -> str:
     return f"{k} {d}"
 
 
-__all__ = ["Event", "FINAL_STATUSES", "Kind", "LineParser", "describe", "_ranks"]
+__all__ = ["Event", "FINAL_STATUSES", "Kind", "LineParser", "describe", "gib", "rate", "_ranks"]

@@ -197,6 +197,9 @@ class JobState:
         self.transitions: deque[dict[str, Any]] = deque(maxlen=16)
         self._last_root: Event | None = None
         self._rates: deque[tuple[float, float]] = deque(maxlen=64)
+        self.samples_per_step: float | None = None  # the data cursor's global batch, or reported samples=
+        self.tokens_per_step: float | None = None  # reported tokens=
+        self.gpu: dict[int, dict[str, Any]] = {}  # rank -> its latest gpu event's figures
         self._world_sizes: dict[int | None, int] = {}
 
     # -- derived -------------------------------------------------------------------------
@@ -217,6 +220,36 @@ class JobState:
         if t1 - t0 <= 0 or s1 <= s0:
             return None
         return (s1 - s0) / (t1 - t0)
+
+    @property
+    def step_time_s(self) -> float | None:
+        """Seconds per step: the median over the recent steps (a restart's gap is an outlier)."""
+        per_step = []
+        pairs = list(self._rates)
+        for (t0, s0), (t1, s1) in zip(pairs, pairs[1:]):
+            if s1 > s0 and t1 >= t0:
+                per_step.append((t1 - t0) / (s1 - s0))
+        if not per_step:
+            return None
+        per_step.sort()
+        return per_step[len(per_step) // 2]
+
+    def _throughput(self, per_step: float | None) -> float | None:
+        step_s = self.step_time_s
+        return per_step / step_s if per_step and step_s else None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        return self._throughput(self.samples_per_step)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self._throughput(self.tokens_per_step)
+
+    @property
+    def gpu_ranks(self) -> list[dict[str, Any]]:
+        """The GPU figures of the ranks of the current world, by rank (empty on CPU)."""
+        return [{"rank": r, **self.gpu[r]} for r in sorted(self.gpu) if r < max(self.world_size, 1)]
 
     @property
     def eta_s(self) -> float | None:
@@ -260,6 +293,10 @@ class JobState:
             "generation": self.generation,
             "transitions": list(self.transitions)[-8:],
             "nodes": [n.to_json() for n in self.nodes.values()],
+            "step_time_s": self.step_time_s,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            **({"gpu": self.gpu_ranks} if self.gpu_ranks else {}),
         }
 
     # -- the fold ------------------------------------------------------------------------
@@ -285,9 +322,18 @@ class JobState:
             self.metrics.add(step if step is not None else self.metrics.count, e.get("values") or {}, e.time)
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._saw_step(int(step), e.time)
+            values = e.get("values") or {}
+            samples = values.get("samples", e.get("samples_per_step"))
+            if isinstance(samples, (int, float)) and samples > 0:
+                self.samples_per_step = float(samples)
+            if isinstance(values.get("tokens"), (int, float)) and values["tokens"] > 0:
+                self.tokens_per_step = float(values["tokens"])
             return
         if k == Kind.LOG:
             self.logs.append(e)
+            return
+        if k == Kind.GPU:  # a figure, every few seconds per rank: not history
+            self._on_gpu(e)
             return
         self.events.append(e)
         handler = getattr(self, f"_on_{k}", None)
@@ -421,6 +467,10 @@ class JobState:
         node.status = "restarting"
         if not self.finished:
             self.status = Status.RESTARTING
+
+    def _on_gpu(self, e: Event) -> None:
+        figures = {k: e.get(k) for k in ("device", "mem_peak_bytes", "mem_total_bytes", "util_percent")}
+        self.gpu[int(e.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
 
     def _on_worker_started(self, e: Event) -> None:
         node = self._node(e.node or e.get("node"))

@@ -690,3 +690,85 @@ def test_the_history_is_rotated_and_compacted_and_followers_miss_nothing(home):
         assert getattr(again.state, field) == getattr(job.state, field), field
     assert len(again.state.metrics["loss"]) < len(job.state.metrics["loss"])  # downsampled, not lost
     assert max(again.state.metrics["ws"].values) == 2  # the scale-up is in the replayed chart
+
+
+@pytest.mark.parametrize("max_restarts", [3, 0])
+def test_a_node_that_fails_while_joining_is_evicted_and_the_job_trains_on(home, max_restarts):
+    # node-1 is a broken machine: its network interface is not where the job says (gloo,
+    # like NCCL, then fails in init_process_group on that node only). The job must not die
+    # of it, nor spend its budget retrying it.
+    broken = {"node_env": {"node-1": {"GLOO_SOCKET_IFNAME": "nosuch0"}}}
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nproc_per_node=1,
+        name="bad-joiner",
+        max_restarts=max_restarts,
+        backend_options=broken,
+        user_ns=namespace(total=120),
+    )
+    wait_for(job, at_step(job, 5), "one node training")
+    job.scale(2)
+    wait_for(job, lambda: any(e.kind == Kind.NODE_EVICTED for e in job.events), "node-1 evicted", timeout=180)
+    assert job.wait(240) == "succeeded", job.summary()
+    evicted = [e for e in job.events if e.kind == Kind.NODE_EVICTED]
+    assert [e.node for e in evicted] == ["node-1"], [e.describe() for e in evicted]
+    failed = [e.describe() for e in job.events if e.kind == Kind.WORKER_FAILED and e.node == "node-1"]
+    assert failed and "Unable to find address for: nosuch0" in failed[0], failed
+    if max_restarts:  # with a budget its failure is named in the eviction (with none, it may come after)
+        assert "Unable to find address for: nosuch0" in evicted[0].describe(), evicted[0].describe()
+    assert world_sizes(job)[-1] == 1, world_sizes(job)
+    # Charged once, not once per retry until spent (and with no budget, not the end of the job).
+    assert job.restarts == min(1, max_restarts), job.summary()
+    assert sorted(committed_reports(job)) == list(range(120))
+    assert_every_sample_once(committed_reports(job), batch=2)
+
+
+SPEED_TRAIN = TRAIN.replace(
+    "ws=elastic.world_size(),", "ws=elastic.world_size(), tokens=BATCH * elastic.world_size() * 64,"
+)
+
+
+def test_step_time_samples_and_tokens_per_s_are_read_beside_the_loss_and_in_tensorboard(home):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from notebook_elastic.server.routes import job_json
+    from notebook_elastic.ui.render import header_html
+
+    job = ne.launch(SPEED_TRAIN, nnodes="1", nproc_per_node=2, name="speed", user_ns=namespace(total=40))
+    wait_for(job, lambda: at_step(job, 10)() and job.state.samples_per_s is not None, "ten steps")
+    state = job.state
+    # The data cursor's global batch (2 per rank x 2 ranks) and the reported tokens, per step time.
+    assert state.samples_per_step == 4 and state.tokens_per_step == 4 * 64
+    assert state.samples_per_s == pytest.approx(4 / state.step_time_s)
+    assert state.tokens_per_s == pytest.approx(64 * state.samples_per_s)
+    assert "s/step" in header_html("speed", "local", state) and "samples/s" in header_html("speed", "local", state)
+    assert "GPU" not in header_html("speed", "local", state)  # a CPU job has no GPU figures: absent
+    wait_for(job, lambda: (LocalBackend().describe("speed").summary.get("samples_per_s") or 0) > 0, "the summary")
+    row = job_json(LocalBackend().describe("speed"))
+    assert row["samples_per_s"] > 0 and row["tokens_per_s"] > 0 and row["step_time_s"] > 0
+    assert row["gpu_mem_peak_bytes"] is None and row["gpu_util_percent"] is None
+    assert job.wait(180) == "succeeded", job.summary()
+
+    # tensorboard --logdir JOB_DIR: the supervisor wrote the run there, read back by TensorBoard's own reader.
+    logdir = LocalBackend().folder("speed").path / "tensorboard"
+    accumulator = EventAccumulator(str(logdir))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {
+        "loss",
+        "tokens",
+        "speed/step_time_s",
+        "speed/samples_per_s",
+        "speed/tokens_per_s",
+        "job/world_size",
+    } <= tags
+    loss = accumulator.Scalars("loss")
+    assert sorted({s.step for s in loss}) == list(range(40))
+    reported = {m["step"]: m["values"]["loss"] for m in metric_events(job) if m.get("rank", 0) == 0}
+    assert all(s.value == pytest.approx(reported[s.step], rel=1e-6) for s in loss)
+    assert all(s.value == 2 for s in accumulator.Scalars("job/world_size"))
+    assert {s.value for s in accumulator.Scalars("speed/samples_per_s")} and all(
+        s.value > 0 for s in accumulator.Scalars("speed/samples_per_s")
+    )
+    assert oct(logdir.stat().st_mode & 0o777) == oct(0o700)  # private, like the rest of the folder

@@ -82,6 +82,7 @@ def test_a_job_folder_is_private_and_holds_no_env_value(home, umask):
     assert modes["jobs/private/logs"] == 0o700
     assert any(p.startswith("jobs/private/logs/") for p in modes)
     assert any(p.startswith("jobs/private/checkpoints/ckpt-") for p in modes), sorted(modes)
+    assert any(p.startswith("jobs/private/tensorboard/events.out.tfevents.") for p in modes), sorted(modes)
     # torchrun's error files too, instead of a /tmp/torchelastic_* folder per agent.
     assert any(p.startswith("jobs/private/logs/torchelastic/") for p in modes), sorted(modes)
     assert "log directory set to: /tmp/torchelastic_" not in (folder.logs / "node-0.log").read_text()

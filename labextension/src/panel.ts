@@ -26,6 +26,33 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/** "0.21 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy": what GPU users read first. */
+function speedText(job: IJob): string {
+  const perS = (v: number | null | undefined, unit: string): string => {
+    if (v === null || v === undefined || !isFinite(v)) {
+      return '';
+    }
+    for (const [scale, suffix] of [[1e9, 'G'], [1e6, 'M'], [1e3, 'k']] as [number, string][]) {
+      if (v >= scale) {
+        return `${(v / scale).toPrecision(3)}${suffix} ${unit}/s`;
+      }
+    }
+    return `${v.toPrecision(3)} ${unit}/s`;
+  };
+  const parts: string[] = [];
+  if (job.step_time_s) {
+    parts.push(`${job.step_time_s.toPrecision(3)} s/step`);
+  }
+  parts.push(perS(job.samples_per_s, 'samples'), perS(job.tokens_per_s, 'tokens'));
+  if (job.gpu_mem_peak_bytes) {
+    parts.push(`GPU peak ${(job.gpu_mem_peak_bytes / 2 ** 30).toFixed(1)} GiB`);
+  }
+  if (job.gpu_util_percent !== null && job.gpu_util_percent !== undefined) {
+    parts.push(`${Math.round(job.gpu_util_percent)}% busy`);
+  }
+  return parts.filter(Boolean).join(' · ');
+}
+
 /** A small SVG line of the latest losses. */
 /** Jobs that need attention first (restarting, running, pending), then ended ones; newest
  * first within each (#11: it sorted by name). */
@@ -269,6 +296,10 @@ export class JobsPanel extends Widget {
       const loss = job.loss === null || job.loss === undefined ? '' : `loss ${job.loss.toPrecision(4)}`;
       bottom.appendChild(el('span', { class: 'ne-sub' }, [loss, `${job.backend} · ${ago(job.started_at)}`].filter(Boolean).join(' · ')));
       card.appendChild(bottom);
+      const speed = speedText(job);
+      if (speed && !FINAL.has(job.status)) {
+        card.appendChild(el('div', { class: 'ne-sub ne-speed' }, speed));
+      }
       for (const alert of [job.waiting, job.stall, job.warning]) {
         if (alert && !FINAL.has(job.status)) {
           card.appendChild(el('div', { class: 'ne-sub ne-waiting', title: alert }, alert));

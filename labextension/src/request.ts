@@ -36,6 +36,11 @@ export interface IJob {
   total_steps: number | null;
   loss: number | null;
   loss_tail: number[];
+  step_time_s?: number | null;
+  samples_per_s?: number | null;
+  tokens_per_s?: number | null;
+  gpu_mem_peak_bytes?: number | null;
+  gpu_util_percent?: number | null;
   transitions: ITransition[];
   started_at: number | null;
   finished_at: number | null;

@@ -12,10 +12,12 @@ import os as _os
 import time as _time
 from typing import Any
 
+from . import gpu as _gpu
 from ._emit import emit
 from .payload import load_payload, secret
 from .protocol import EVENT_PREFIX
 from .state import State
+from .state import samples_per_step as _samples_per_step
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, guard_against_orphaning, init, run
 
 __all__ = [
@@ -80,6 +82,9 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     Without ``step``, a per-process counter numbers the calls.
     """
     global _auto_step
+    gpu = _gpu.sample()  # every rank, at most every few seconds, only on CUDA
+    if gpu is not None:
+        emit("gpu", t=_time.time(), rank=_RANK, **gpu)
     if _RANK != 0 and not all_ranks:
         return
     if step is None:
@@ -96,4 +101,8 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
                 f"report() takes numbers a chart can hold: {name} is an integer of about {digits} digits, "
                 "more than a float holds; report it scaled (or as a float)"
             )
-    emit("metric", t=_time.time(), rank=_RANK, step=step, values=metrics)
+    extra = {}
+    samples = _samples_per_step()
+    if samples:  # the State's data cursor knows the global batch: samples/s without asking
+        extra["samples_per_step"] = samples
+    emit("metric", t=_time.time(), rank=_RANK, step=step, values=metrics, **extra)

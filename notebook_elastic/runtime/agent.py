@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     if warm and args and args[-1].endswith(".py") and not {"-m", "--module", "--no-python", "--no_python"} & set(args):
         # Workers start as `python -u -m notebook_elastic.runtime.warm SCRIPT`: forked by the zygote.
         args = [*args[:-1], "-m", "notebook_elastic.runtime.warm", args[-1]]
+    if os.environ.get(protocol.ENV_JOINER) == "1":
+        # It joins a job that trains: if it spends its budget failing to join, the job goes on.
+        torch_compat.leave_instead_of_closing()
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

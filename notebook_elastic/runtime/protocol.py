@@ -35,6 +35,7 @@ class Kind(StrEnum):
     FAULT = "fault"  # a fault drill was injected
     NODE_JOINED = "node_joined"
     NODE_LEFT = "node_left"
+    NODE_EVICTED = "node_evicted"  # a node whose workers failed while joining was sent away
     PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
     AGENT_STARTED = "agent_started"
     STORE_READY = "store_ready"  # the c10d store serves (Kubernetes: the rendezvous pod)
@@ -50,6 +51,7 @@ class Kind(StrEnum):
     LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round
     GROUP_SUCCEEDED = "group_succeeded"
     METRIC = "metric"
+    GPU = "gpu"  # a rank's peak GPU memory and its device's utilisation, every few seconds
     PLAN = "plan"
     RESUMED = "resumed"
     CHECKPOINT = "checkpoint"
@@ -133,6 +135,7 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.FAULT: _fields({"fault": _STR}, target=_STR, rank=_INT, return_after_s={"type": ["number", "null"]}),
     Kind.NODE_JOINED: _fields(pid=_OPT_INT),
     Kind.NODE_LEFT: _fields({"reason": _STR}, exitcode=_OPT_INT),
+    Kind.NODE_EVICTED: _fields({"failure": _OPT_STR}, target=_INT),
     Kind.PENDING: _fields({"reason": _STR}, message=_STR),
     Kind.AGENT_STARTED: _fields({"pid": _INT}, host=_STR),
     Kind.STORE_READY: _fields({"port": _INT}, host=_STR, pid=_INT),
@@ -166,6 +169,9 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.LEFT_RENDEZVOUS: _fields(pid=_INT),
     Kind.GROUP_SUCCEEDED: _fields(),
     Kind.METRIC: _fields({"values": {"type": "object"}}, step={"type": ["number", "null"]}, rank=_INT),
+    Kind.GPU: _fields(
+        {"rank": _INT, "mem_peak_bytes": _INT}, device=_INT, mem_total_bytes=_INT, util_percent=_INT
+    ),
     Kind.PLAN: _fields({"total": _INT, "start": _INT}, generation=_OPT_INT),
     Kind.RESUMED: _fields(
         {"step": _INT}, generation=_OPT_INT, from_world_size=_OPT_INT, world_size=_INT, samples_seen=_INT
@@ -194,6 +200,7 @@ ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend res
 ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the script and payload at launch
 # Set by our agent wrapper for its workers.
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
+ENV_JOINER = "NOTEBOOK_ELASTIC_JOINER"  # "1": this node joins a job that trains (it may be evicted)
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
 #: A job run's rendezvous id, where the backend does not number its runs itself (Kubernetes):
 #: the run's generations start above every one already in its checkpoint folder, so a new

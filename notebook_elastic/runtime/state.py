@@ -159,12 +159,43 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+#: Prefixes a wrapper adds to its module's state-dict keys: ``torch.compile``'s
+#: OptimizedModule (``_orig_mod.``) and DDP (``module.``), as a checkpoint saved from the
+#: wrapper itself (``compiled.state_dict()``) has them.
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
 def _state_dict_owner(obj: Any) -> Any:
-    """DDP/FSDP wrappers keep the real module in ``.module``; save that one."""
-    module = getattr(obj, "module", None)
-    if module is not None and type(obj).__name__ in {"DistributedDataParallel", "DataParallel"}:
-        return module
-    return obj
+    """The module a wrapper trains: DDP/DataParallel keep it in ``.module``, a
+    ``torch.compile``d one in ``._orig_mod`` (in any nesting). Its state dict has the plain
+    names, so a checkpoint of a compiled model loads into an uncompiled one and back."""
+    while True:
+        name = type(obj).__name__
+        if name in {"DistributedDataParallel", "DataParallel"} and getattr(obj, "module", None) is not None:
+            obj = obj.module
+        elif name == "OptimizedModule" and getattr(obj, "_orig_mod", None) is not None:
+            obj = obj._orig_mod
+        else:
+            return obj
+
+
+def _load_into(obj: Any, saved: Any) -> None:
+    """``load_state_dict`` on the unwrapped object, with what wrappers did to a saved state
+    undone: keys saved from a compiled or DDP module lose their prefix, and a GradScaler's
+    empty state (saved where it was disabled, e.g. a CPU run of ``GradScaler(enabled=cuda)``)
+    leaves an enabled scaler at its initial scale instead of failing the restore."""
+    owner = _state_dict_owner(obj)
+    if isinstance(saved, dict) and saved and hasattr(owner, "named_parameters"):
+        expected = set(owner.state_dict())
+        plain = saved
+        for prefix in _WRAPPER_PREFIXES:  # only when the keys do not fit as they are
+            if set(plain) != expected and all(isinstance(k, str) and k.startswith(prefix) for k in plain):
+                plain = type(plain)((k[len(prefix) :], v) for k, v in plain.items())
+        if set(plain) == expected:
+            saved = plain
+    if isinstance(saved, dict) and not saved and type(owner).__name__ == "GradScaler":
+        return
+    owner.load_state_dict(saved)
 
 
 class _Snapshotter:
@@ -189,6 +220,15 @@ class _Snapshotter:
             copied = [self.copy(v, path + (i,)) for i, v in enumerate(tree)]
             return copied if isinstance(tree, list) else tuple(copied)
         return tree
+
+
+_sampling_state: Any = None  # the State whose batch sampler sets the samples per step
+
+
+def samples_per_step() -> int:
+    """Samples the whole job consumes per step, as the latest State's batch sampler says (0:
+    no sampler, the user may report ``samples=`` or ``tokens=`` themselves)."""
+    return _sampling_state._samples_per_step if _sampling_state is not None else 0
 
 
 class State:
@@ -321,7 +361,7 @@ class State:
         payload = torch.load(chosen, map_location=map_location, weights_only=False)
         for name, obj in self._objects.items():
             if name in payload.get("objects", {}):
-                _state_dict_owner(obj).load_state_dict(payload["objects"][name])
+                _load_into(obj, payload["objects"][name])
         self.extra.update(payload.get("extra", {}))
         self.step = self._restored_step = int(payload["step"])
         self.samples_seen = self._restored_samples = int(payload.get("samples_seen", 0))
@@ -373,6 +413,8 @@ class State:
             self, dataset_or_len, batch_size, shuffle=shuffle, seed=seed, batches_per_step=batches_per_step
         )
         self._samples_per_step = sampler.global_batch_size * batches_per_step
+        global _sampling_state
+        _sampling_state = self
         return sampler
 
     # -- commit --------------------------------------------------------------------------

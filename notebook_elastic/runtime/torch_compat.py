@@ -126,6 +126,26 @@ def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
     return True
 
 
+def leave_instead_of_closing() -> bool:
+    """An agent whose budget is spent shuts its rendezvous down, which closes it for every
+    node: the whole job ends. Make ``shutdown()`` take this node out of its round instead
+    (a joiner that fails while joining must not end the job it joins)."""
+    handler = _handler_class()
+    original = handler.shutdown
+    if getattr(original, "_notebook_elastic", False):
+        return True
+
+    def shutdown(self):  # type: ignore[no-untyped-def]
+        try:
+            return leave_round(self)
+        except Exception:  # the store is gone already: nothing to leave, nothing to close
+            return False
+
+    shutdown._notebook_elastic = True  # type: ignore[attr-defined]
+    handler.shutdown = shutdown
+    return True
+
+
 def hook_next_rendezvous(after: Callable[[Any, Any], None]) -> bool:
     """Call ``after(handler, info)`` each time a rendezvous completes (idempotent)."""
     handler = _handler_class()

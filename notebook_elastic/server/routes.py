@@ -83,6 +83,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
     s = info.summary
     notebook = info.notebook
@@ -113,6 +117,12 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "total_steps": s.get("total_steps"),
             "loss": s.get("loss"),
             "loss_tail": s.get("loss_tail") or [],
+            # What GPU users read beside the loss; absent figures (a CPU job's GPU) are null.
+            "step_time_s": s.get("step_time_s"),
+            "samples_per_s": s.get("samples_per_s"),
+            "tokens_per_s": s.get("tokens_per_s"),
+            "gpu_mem_peak_bytes": max((g.get("mem_peak_bytes") or 0 for g in s.get("gpu") or []), default=None),
+            "gpu_util_percent": _mean([g["util_percent"] for g in s.get("gpu") or [] if "util_percent" in g]),
             "transitions": s.get("transitions") or [],
             "started_at": s.get("started_at") or info.created,
             "finished_at": s.get("finished_at"),

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ..events import FAULT_WORDS, Event, Kind, describe
+from ..events import FAULT_WORDS, Event, Kind, describe, gib, rate
 from ..events import format_duration as duration
 from ..job_state import JobState, Marker, elapsed_s
 
@@ -128,6 +128,7 @@ LEFT_WORDS = {
     "stopped": "stopped with the job",
     "finished": "finished",
     "files_changed": "stopped: its files changed",
+    "evicted": "evicted: it failed while joining",
 }
 # Integer counters a training loop reports for its own bookkeeping (the quickstart's `gen`,
 # `start`): shown in the history, not offered as a chart.
@@ -326,6 +327,32 @@ def status_badge(status: str) -> str:
     )
 
 
+def speed_text(state: JobState) -> str:
+    """ "0.21 s/step · 1.52k samples/s · 97.3k tokens/s": what a GPU user reads first."""
+    step_s = state.step_time_s
+    if step_s is None:
+        return ""
+    parts = [f"{step_s:.3g} s/step"]
+    if state.samples_per_s is not None:
+        parts.append(rate(state.samples_per_s, "samples"))
+    if state.tokens_per_s is not None:
+        parts.append(rate(state.tokens_per_s, "tokens"))
+    return " · ".join(parts)
+
+
+def gpu_text(state: JobState) -> str:
+    """ "GPU peak 31.2 GiB (rank 3) · 87% busy": the fullest rank, the mean utilisation; "" on CPU."""
+    ranks = state.gpu_ranks
+    if not ranks:
+        return ""
+    fullest = max(ranks, key=lambda r: r.get("mem_peak_bytes") or 0)
+    text = f"GPU peak {gib(fullest.get('mem_peak_bytes'))}" + (f" (rank {fullest['rank']})" if len(ranks) > 1 else "")
+    busy = [r["util_percent"] for r in ranks if r.get("util_percent") is not None]
+    if busy:
+        text += f" · {sum(busy) / len(busy):.0f}% busy"
+    return text
+
+
 def header_html(name: str, backend: str, state: JobState, now: float | None = None) -> str:
     """One line with the state at a glance: status, world size, nodes, step / ETA, loss,
     restarts; below it only what needs a word (why it ended, a warning, a stall)."""
@@ -349,6 +376,12 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     last = state.metrics.last(loss_name) if loss_name else None
     if last is not None:
         cells.append(f'{esc(loss_name)} <b class="ne-loss">{last:.4g}</b>')
+    speed = speed_text(state)
+    if speed and not state.finished:
+        cells.append(f'<span class="ne-speed">{esc(speed)}</span>')
+    gpu = gpu_text(state)
+    if gpu:
+        cells.append(f'<span class="ne-gpu">{esc(gpu)}</span>')
     cells.append(
         f'<span style="color:{FG_DIM}">restarts <span class="ne-restarts">{state.restarts}</span>/{state.max_restarts}</span>'
     )

@@ -52,6 +52,8 @@ from .control import listen
 from .folder import FILE_MODE, JOB_UMASK, JobFolder, kill_all, process_start_ticks, processes_of, write_json_atomic
 from .history import ROTATE_BYTES, read_all, rotate
 from .place import local_place, visible_gpus
+from .tensorboard import TensorBoardWriter
+from .tensorboard import available as tensorboard_available
 
 STOP_GRACE_S = 10.0
 #: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
@@ -105,6 +107,8 @@ class Agent:
     epoch: int
     exit_reason: str | None = None  # set when we signal it on purpose
     gpus: list[str] = field(default_factory=list)  # its ranks' devices, its own alone
+    progressed: bool = False  # a worker group it was part of made a step (a report or a commit)
+    failure: str | None = None  # its workers' latest own failure, in words
     log_bytes: int = 0  # written to its current log file
     reaped: bool = False
     readers: list[threading.Thread] = field(default_factory=list)
@@ -192,7 +196,7 @@ class EventSink:
     def _keep(self, item: Event, line: str) -> bool:
         """Whether ``item`` goes to the file: output beyond the cap and, while the disk is
         full, metrics, output and checkpoints do not (they are still folded in memory)."""
-        quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT)
+        quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.GPU)
         if quiet and time.monotonic() < self.quiet_until:
             return False
         if item.kind == Kind.LOG:
@@ -282,6 +286,7 @@ class Supervisor:
         self._space_checked = 0.0
         self._space_ok = True
         self._written_since_check = 0
+        self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.sink = EventSink(
             folder.events_file,
             self.state,
@@ -299,6 +304,7 @@ class Supervisor:
         self.stall = StallClock(since=time.monotonic())
         self.failures_seen: dict[tuple, int] = {}
         self.fatal: str | None = None  # why the job stops now, when retrying is pointless
+        self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
 
     # -- events --------------------------------------------------------------------------
 
@@ -307,6 +313,9 @@ class Supervisor:
 
     def _observe(self, e: Event) -> None:
         """Called by the sink thread for every event: track where each rank's process is."""
+        self._watch_joiners(e)
+        if self.tensorboard is not None:
+            self.tensorboard.observe(e, self.state)
         if e.kind == Kind.WORKER_STARTED:
             gen = e.get("generation")
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
@@ -325,6 +334,44 @@ class Supervisor:
                 self.fatal = what
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
+
+    def _watch_joiners(self, e: Event) -> None:
+        """A node whose workers fail before any group it joined made a step, while other nodes
+        have trained, fails while joining (a module missing there, a broken GPU, NCCL or gloo
+        init failing on it alone): torchrun would retry it, pulling the healthy nodes into
+        every retry, until its budget is spent, and then close the rendezvous on them all.
+        It is sent away once its first failure has been charged (one restart)."""
+        agent = self.agents.get(e.node or "")
+        if e.kind in (Kind.METRIC, Kind.CHECKPOINT):
+            rank = e.get("rank")
+            newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
+            if rank in self.workers and self.workers[rank][2] == newest:
+                for _pid, node, gen in list(self.workers.values()):
+                    if gen == newest and node in self.agents:
+                        self.agents[node].progressed = True
+            return
+        if agent is None or agent.progressed:
+            return
+        if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer":
+            agent.failure = describe_failure(e)
+        elif (
+            e.kind == Kind.WORKER_EXITED
+            and (e.get("exitcode") or 0) > 0
+            and e.get("exitcode") != protocol.EXIT_PEER_LOST
+        ):
+            agent.failure = agent.failure or f"a worker on {agent.name} exited with code {e.get('exitcode')}"
+        elif e.kind == Kind.RESTART and e.get("reason") == "worker_failed" and agent.failure:
+            if any(a.progressed for a in self.staying_agents() if a is not agent):
+                self.evictions.put(agent.name)
+
+    def _evict(self, name: str) -> None:
+        """Send away a node that failed while joining: the others go on at their size."""
+        agent = self.agents.get(name)
+        if agent is None or not agent.alive or agent.exit_reason is not None or self.stopping:
+            return
+        self.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
+        self._lower_target(agent.name, "evicted")
+        self.emit(Kind.NODE_EVICTED, agent.name, failure=agent.failure, target=self.target)
 
     # -- agents --------------------------------------------------------------------------
 
@@ -395,7 +442,12 @@ class Supervisor:
         plan = self._plan()
         node = plan.node(index, gpus)
         name = node.name
-        env = self._agent_env(plan, dict(node.env))
+        # A drill for a broken machine: this node's own environment (a wrong network interface,
+        # a module missing from its path), as in backend_options={"node_env": {"node-1": {...}}}.
+        node_env = {**node.env, **(self.spec.backend_options.get("node_env") or {}).get(name, {})}
+        if any(a.progressed for a in self.staying_agents()):
+            node_env[protocol.ENV_JOINER] = "1"  # it joins a job that trains: its failure must not end it
+        env = self._agent_env(plan, node_env)
         spare, self.spare = self.spare, None
         if spare is not None and spare.alive:
             # A warm spare: Python and torch are already imported; tell it who it is.
@@ -535,6 +587,19 @@ class Supervisor:
             if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
                 agent.exit_reason = protocol.exit_reason(code)
                 self._files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
+            if (
+                code == protocol.EXIT_RESTARTS_SPENT
+                and agent.exit_reason is None
+                and not agent.progressed
+                and not self.stopping
+                and any(a.progressed for a in self.staying_agents())
+            ):
+                # A joiner whose budget (--max-restarts 0) was spent failing to join: it left its
+                # round without closing it; the others train on.
+                agent.exit_reason = "evicted"
+                self._lower_target(agent.name, "evicted")
+                failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
+                self.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.target)
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -768,6 +833,8 @@ class Supervisor:
         )
         self._converge()
         store = host_store(sock)
+        if tensorboard_available():  # metrics come only through the store: none was missed
+            self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
         status = self._loop()
         self._finish(status)
         del store
@@ -786,6 +853,8 @@ class Supervisor:
                     reply.put({"ok": False, "error": str(exc)})
             except queue.Empty:
                 pass
+            while not self.evictions.empty():
+                self._evict(self.evictions.get())
             self._reap()
             now = time.monotonic()
             while self.returns and self.returns[0] <= now and not self.stopping:
@@ -945,6 +1014,8 @@ class Supervisor:
             data["orphans_killed"] = len(leftovers)
         self.emit(Kind.JOB_FINISHED, **data)
         self.sink.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if not self.folder.events_file.exists():
             return  # deleted under us: nothing left to record in
         self._write_status()

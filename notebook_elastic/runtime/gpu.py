@@ -1,0 +1,42 @@
+"""What a GPU user reads beside the loss, sampled in the worker: this rank's peak allocated
+memory (``torch.cuda.max_memory_allocated``) and its device's utilisation (NVML, through
+``torch.cuda.utilization``, only when ``pynvml`` is installed).
+
+Sampled from ``report()`` at most once every ``SAMPLE_EVERY_S`` per rank, only once CUDA is
+initialised in the process: a CPU job pays one clock read per report and sends nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+SAMPLE_EVERY_S = 5.0
+
+_next_at = 0.0
+_nvml_ok = True  # False once NVML failed: never tried again in this process
+
+
+def sample(now: float | None = None) -> dict[str, Any] | None:
+    """This rank's GPU figures, or None (not yet time, no CUDA, torch not imported)."""
+    global _next_at, _nvml_ok
+    now = time.monotonic() if now is None else now
+    if now < _next_at:
+        return None
+    _next_at = now + SAMPLE_EVERY_S
+    torch = sys.modules.get("torch")  # never imported here: a job without torch has no GPU figures
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    index = torch.cuda.current_device()
+    out: dict[str, Any] = {
+        "device": index,
+        "mem_peak_bytes": int(torch.cuda.max_memory_allocated(index)),
+        "mem_total_bytes": int(torch.cuda.get_device_properties(index).total_memory),
+    }
+    if _nvml_ok:
+        try:
+            out["util_percent"] = int(torch.cuda.utilization(index))  # maps CUDA_VISIBLE_DEVICES to NVML
+        except Exception:  # no pynvml, no NVML library, a MIG slice: the figure is just absent
+            _nvml_ok = False
+    return out
