@@ -169,9 +169,7 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.LEFT_RENDEZVOUS: _fields(pid=_INT),
     Kind.GROUP_SUCCEEDED: _fields(),
     Kind.METRIC: _fields({"values": {"type": "object"}}, step={"type": ["number", "null"]}, rank=_INT),
-    Kind.GPU: _fields(
-        {"rank": _INT, "mem_peak_bytes": _INT}, device=_INT, mem_total_bytes=_INT, util_percent=_INT
-    ),
+    Kind.GPU: _fields({"rank": _INT, "mem_peak_bytes": _INT}, device=_INT, mem_total_bytes=_INT, util_percent=_INT),
     Kind.PLAN: _fields({"total": _INT, "start": _INT}, generation=_OPT_INT),
     Kind.RESUMED: _fields(
         {"step": _INT}, generation=_OPT_INT, from_world_size=_OPT_INT, world_size=_INT, samples_seen=_INT
