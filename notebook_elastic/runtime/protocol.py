@@ -104,13 +104,14 @@ def files_changed_reason(paths: list[str]) -> str:
 #: Rendezvous rounds restart at 0 with each rendezvous epoch; a generation orders both.
 GENERATION_EPOCH_STRIDE = 1_000_000
 
-# Checkpoint files: ordered by (generation, step); the name sorts the same way.
-CHECKPOINT_RE = re.compile(r"^ckpt-g(\d{12})-s(\d{10})\.pt$")
+# Checkpoint files: ordered by (generation, step); the name sorts the same way. A sharded
+# model's checkpoint is a folder (``.dcp``: every rank's shards, torch.distributed.checkpoint).
+CHECKPOINT_RE = re.compile(r"^ckpt-g(\d{12})-s(\d{10})\.(?:pt|dcp)$")
 CLAIM_RE = re.compile(r"^gen-(\d{12})\.claim$")
 
 
-def checkpoint_name(generation: int, step: int) -> str:
-    return f"ckpt-g{generation:012d}-s{step:010d}.pt"
+def checkpoint_name(generation: int, step: int, sharded: bool = False) -> str:
+    return f"ckpt-g{generation:012d}-s{step:010d}.{'dcp' if sharded else 'pt'}"
 
 
 def claim_name(generation: int) -> str:

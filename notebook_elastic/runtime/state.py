@@ -12,12 +12,18 @@ checkpoint folder. A new group announces its generation with a claim file as soo
 starts; a group that finds a newer generation on disk refuses to write and stops
 (``StaleGenerationError``). So a stale group (split brain, an orphaned worker) can neither
 overwrite a newer checkpoint nor be restored in preference to one.
+
+Sharded models (FSDP, DTensor) are saved by every rank into one folder through
+torch.distributed.checkpoint (``sharded.py``) and resharded on load when the world size
+changed; the folder is written under a temporary name and renamed by rank 0, fenced the same
+way, and rank 0 tells the other ranks each commit whether to write, so they never disagree.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
 import threading
 import time
@@ -25,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from . import protocol, sharded
 from ._emit import emit
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, on_finish, set_step_source
 
@@ -87,6 +93,17 @@ def dead_writers_files(folder: Path, names: list[str] | None = None) -> list[str
         except FileNotFoundError:
             pass
     return doomed
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint file, or a sharded checkpoint's folder."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _alive(pid: int) -> bool:
@@ -245,7 +262,12 @@ class State:
         self._check_saveable()
         if self.is_writer:  # what writers killed mid-commit left behind, before it adds up
             for name in dead_writers_files(self.folder):
-                (self.folder / name).unlink(missing_ok=True)
+                _remove(self.folder / name)
+        # A sharded model is written by every rank into rank 0's temporary folder: its name.
+        self._sharded = sharded.is_sharded(model)
+        self._writer_tag = f"{_HOST}-{os.getpid()}"
+        if self._sharded:
+            self._writer_tag = self._broadcast(self._writer_tag)
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
@@ -307,7 +329,9 @@ class State:
         if self.is_writer or self._dist() is None:
             for _gen, _step, path in reversed(list_checkpoints(self.folder)):
                 try:
-                    payload = torch.load(path, map_location="cpu", weights_only=False)
+                    if sharded.is_sharded_checkpoint(path) and not sharded.complete(path):
+                        raise FileNotFoundError(f"{sharded.DCP_METADATA} or {sharded.META_FILE} missing")
+                    payload = torch.load(_meta_path(path), map_location="cpu", weights_only=False)
                 except Exception as exc:  # a torn or foreign file: fall back to the previous one
                     emit("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"[:300])
                     continue
@@ -318,9 +342,17 @@ class State:
             return
         if map_location is None:
             map_location = device()
-        payload = torch.load(chosen, map_location=map_location, weights_only=False)
+        payload = torch.load(_meta_path(Path(chosen)), map_location=map_location, weights_only=False)
+        in_shards = payload.get("sharded", [])
+        if in_shards:  # every rank reads its part of the shards, however many ranks wrote them
+            sharded.load_into(self._objects.get("model"), self._objects.get("optimizer"), Path(chosen))
+        elif self._sharded:
+            raise RuntimeError(
+                f"{chosen} holds an unsharded model's checkpoint; State cannot load it into a sharded "
+                "(FSDP/DTensor) model: start the job with --fresh, or load it before sharding the model"
+            )
         for name, obj in self._objects.items():
-            if name in payload.get("objects", {}):
+            if name in payload.get("objects", {}) and name not in in_shards:
                 _state_dict_owner(obj).load_state_dict(payload["objects"][name])
         self.extra.update(payload.get("extra", {}))
         self.step = self._restored_step = int(payload["step"])
@@ -389,6 +421,9 @@ class State:
             step = self._current
         self.step = step + 1
         self.samples_seen = self._cursor_at(self.step)
+        if self._sharded:
+            self._commit_sharded()
+            return
         if not self.is_writer:
             return
         self._check_saveable()
@@ -419,6 +454,85 @@ class State:
             except OSError as exc:
                 if not self._disk_is_full(exc, tree["step"]):
                     raise
+
+    # Rank 0's word to all ranks before a sharded commit (every rank writes, so all must agree).
+    _WRITE, _SKIP, _STALE, _FAILED = range(4)
+
+    def _commit_sharded(self) -> None:
+        verdict, error = self._WRITE, None
+        if self.is_writer:
+            try:
+                self._check_saveable()
+                self._raise_pending()
+                self._wait_for_writer()
+                self._raise_pending()
+                if self._check_fence():
+                    verdict = self._STALE
+                elif time.monotonic() < self._disk_full_until:
+                    verdict = self._SKIP
+            except StaleGenerationError:
+                verdict = self._STALE
+            except BaseException as exc:
+                verdict, error = self._FAILED, exc
+        verdict = self._broadcast_int(verdict)
+        if verdict == self._STALE:
+            raise StaleGenerationError(self._stale_message())
+        if verdict == self._FAILED:
+            if error is not None:
+                raise error
+            raise RuntimeError("rank 0 could not save the checkpoint (its traceback says why); this rank stops with it")
+        if verdict == self._SKIP:
+            return
+        final = self.folder / protocol.checkpoint_name(self.generation, self.step, sharded=True)
+        tmp = self.folder / f".{final.name}.tmp-{self._writer_tag}"
+        meta = {
+            "format": 1,
+            "step": self.step,
+            "generation": self.generation,
+            "world_size": self.info.world_size,
+            "samples_seen": self.samples_seen,
+            "time": time.time(),
+            "sharded": [n for n in ("model", "optimizer") if n in self._objects],
+            "objects": {
+                name: _state_dict_owner(obj).state_dict()
+                for name, obj in self._objects.items()
+                if name not in ("model", "optimizer")
+            },
+            "extra": dict(self.extra),
+        }
+        started = time.perf_counter()
+        try:
+            if self.is_writer:
+                tmp.mkdir(parents=True, exist_ok=True)
+                with open(tmp / sharded.META_FILE, "wb") as f:
+                    torch_save(meta, f)
+            # Collective; when it returns on rank 0, DCP has gathered every rank's write result
+            # and written its metadata: the folder is complete.
+            sharded.save(sharded.state_dicts(self._objects.get("model"), self._objects.get("optimizer")), tmp)
+            if self.is_writer:
+                self._land(tmp, final, meta["step"], started)
+        except StaleGenerationError:
+            raise
+        except Exception as exc:  # a full disk pauses saving on every rank alike (DCP tells all)
+            os_error = sharded.os_error_in(exc)
+            if os_error is None or os_error.errno not in _DISK_FULL:
+                raise
+            if self.is_writer:
+                self._disk_is_full(os_error, meta["step"])
+        finally:
+            if self.is_writer and tmp.exists():
+                _remove(tmp)
+
+    def _broadcast_int(self, value: int) -> int:
+        dist = self._dist()
+        if dist is None:
+            return value
+        import torch
+
+        on = device() if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([value], dtype=torch.long, device=on)
+        dist.broadcast(t, src=0)
+        return int(t.item())
 
     def _check_saveable(self) -> None:
         """Plain values kept in the state must pickle (cheap: they are small); a class defined
@@ -519,15 +633,19 @@ class State:
                     raise OSError(full, os.strerror(full)) from exc
                 f.flush()
                 os.fsync(f.fileno())
-            # Last look before the rename: a newer group may have started meanwhile.
-            if self._check_fence():
-                raise StaleGenerationError(self._stale_message())
-            os.replace(tmp, final)
+            self._land(tmp, final, tree["step"], started)
         finally:
             if tmp.exists():
                 tmp.unlink()
+
+    def _land(self, tmp: Path, final: Path, step: int, started: float) -> None:
+        """Rename a written checkpoint into place (fenced), prune, and tell the notebook."""
+        # Last look before the rename: a newer group may have started meanwhile.
+        if self._check_fence():
+            raise StaleGenerationError(self._stale_message())
+        os.replace(tmp, final)
         _fsync_dir(self.folder)
-        size = final.stat().st_size
+        size = _size(final)
         self._prune(final)
         self._unannounced += 1
         now = time.monotonic()
@@ -537,11 +655,11 @@ class State:
             or self._announced is None
             or self._announced[0] != self.generation
             or now - self._announced[1] >= CHECKPOINT_EVENT_EVERY_S
-            or tree["step"] == self.total
+            or step == self.total
         ):
             emit(
                 "checkpoint",
-                step=tree["step"],
+                step=step,
                 generation=self.generation,
                 bytes=size,
                 ms=round((time.perf_counter() - started) * 1000, 2),
@@ -556,16 +674,30 @@ class State:
             return
         candidates = files[: files.index(newest_written) + 1]
         for path in candidates[: -self.keep]:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            _remove(path)
         names = os.listdir(self.folder)
         claims = sorted(n for n in names if protocol.CLAIM_RE.match(n))
         doomed = [n for n in claims[: -self.keep] if int(protocol.CLAIM_RE.match(n).group(1)) < self.generation]
         doomed += dead_writers_files(self.folder, names)
         for name in doomed:
-            try:
-                (self.folder / name).unlink()
-            except FileNotFoundError:
-                pass
+            _remove(self.folder / name)
+
+
+def _meta_path(checkpoint: Path) -> Path:
+    """The file holding a checkpoint's step, cursor and unsharded state."""
+    return checkpoint / sharded.META_FILE if sharded.is_sharded_checkpoint(checkpoint) else checkpoint
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir())
+    return path.stat().st_size
+
+
+def torch_save(obj: Any, f: Any) -> None:
+    """``torch.save`` in the legacy format (see ``State._write``), durable once it returns."""
+    import torch
+
+    torch.save(obj, f, _use_new_zipfile_serialization=False)
+    f.flush()
+    os.fsync(f.fileno())
