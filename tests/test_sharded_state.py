@@ -1,4 +1,4 @@
-"""Sharded models through State: a real FSDP2 job on the local backend (real torchrun, gloo on
+"""Sharded models through State: a real FSDP job (FSDP2 ``fully_shard``, and FSDP1) on the local backend (real torchrun, gloo on
 CPU) is scaled 2 -> 1 -> 2 ranks; its checkpoints reshard on each load and its loss curve is
 the unscaled run's."""
 
@@ -24,14 +24,17 @@ if not hasattr(fsdp, "fully_shard"):
 # all ranks: the curve does not depend on how many ranks computed it.
 FSDP_TRAIN = """
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
-mesh = init_device_mesh("cpu", (elastic.world_size(),))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-for layer in (model[0], model[2]):
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
+if FSDP == 2:
+    mesh = init_device_mesh("cpu", (elastic.world_size(),))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+else:
+    model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
 state = elastic.State(model=model, optimizer=opt)
 batches = iter(state.batch_sampler(len(X), GLOBAL // elastic.world_size(), seed=1))
@@ -47,7 +50,7 @@ for step in state.steps(TOTAL):
 """
 
 
-def namespace(total: int) -> dict:
+def namespace(total: int, fsdp: int) -> dict:
     import time
 
     g = torch.Generator().manual_seed(0)
@@ -62,6 +65,7 @@ def namespace(total: int) -> dict:
         "TOTAL": total,
         "GLOBAL": 8,
         "STEP_S": 0.05,
+        "FSDP": fsdp,
     }
 
 
@@ -74,14 +78,17 @@ def at_step(job, step: int):
     return lambda: job.state.step is not None and job.state.step >= step and job.status == "running"
 
 
-def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(home):
+@pytest.mark.parametrize("fsdp", [2, 1], ids=["fsdp2-fully_shard", "fsdp1"])
+def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(home, fsdp):
     total = 60
-    plain = ne.launch(FSDP_TRAIN, nnodes="2", name="fsdp-plain", max_restarts=0, user_ns=namespace(total))
+    plain = ne.launch(FSDP_TRAIN, nnodes="2", name="fsdp-plain", max_restarts=0, user_ns=namespace(total, fsdp))
     assert plain.wait(300) == "succeeded", plain.summary()
     expected = losses(plain)
     assert sorted(expected) == list(range(total))
 
-    job = ne.launch(FSDP_TRAIN, nnodes="1:2", nodes=2, name="fsdp-scaled", max_restarts=0, user_ns=namespace(total))
+    job = ne.launch(
+        FSDP_TRAIN, nnodes="1:2", nodes=2, name="fsdp-scaled", max_restarts=0, user_ns=namespace(total, fsdp)
+    )
     wait_for(job, lambda: job.world_size == 2 and at_step(job, 10)(), "step 10 on two ranks")
     job.scale(1)
     wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one rank")

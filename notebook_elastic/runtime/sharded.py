@@ -87,7 +87,11 @@ def load_into(model: Any, optimizer: Any, path: Path) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     tree = state_dicts(model, optimizer)
-    dcp.load(tree, storage_reader=dcp.FileSystemReader(os.fspath(path)))
+    # FSDP1's ShardedTensors, flattened the default way, lose a rank's optimizer keys in torch
+    # 2.13 ("Missing key in checkpoint state_dict: optimizer.param_groups" on rank 1); left
+    # whole, DCP reshards them itself. DTensors (FSDP2, tensor parallel) are not affected.
+    planner = dcp.DefaultLoadPlanner(flatten_sharded_tensors=False)
+    dcp.load(tree, storage_reader=dcp.FileSystemReader(os.fspath(path)), planner=planner)
     if optimizer is None:
         set_model_state_dict(model, tree["model"])
     else:
