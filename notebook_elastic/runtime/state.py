@@ -266,8 +266,11 @@ class State:
         # A sharded model is written by every rank into rank 0's temporary folder: its name.
         self._sharded = sharded.is_sharded(model)
         self._writer_tag = f"{_HOST}-{os.getpid()}"
+        self._pending_save: Any = None  # a non-writer rank's unfinished async sharded save
+        self._save_group: Any = None  # async sharded saves talk on a group of their own
         if self._sharded:
             self._writer_tag = self._broadcast(self._writer_tag)
+            self._save_group = self._group_for_saves()
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
@@ -381,6 +384,8 @@ class State:
             self._current = step
             yield step
         self._current = None
+        if self._sharded:  # before the cell's own destroy_process_group() ends the save's group
+            self._wait_for_writer()
 
     @property
     def current_step(self) -> int | None:
@@ -501,27 +506,69 @@ class State:
             "extra": dict(self.extra),
         }
         started = time.perf_counter()
+        future = None
         try:
             if self.is_writer:
                 tmp.mkdir(parents=True, exist_ok=True)
                 with open(tmp / sharded.META_FILE, "wb") as f:
                     torch_save(meta, f)
-            # Collective; when it returns on rank 0, DCP has gathered every rank's write result
-            # and written its metadata: the folder is complete.
-            sharded.save(sharded.state_dicts(self._objects.get("model"), self._objects.get("optimizer")), tmp)
-            if self.is_writer:
-                self._land(tmp, final, meta["step"], started)
+            tree = sharded.state_dicts(self._objects.get("model"), self._objects.get("optimizer"))
+            if self._save_group is not None:  # copied to CPU memory now, written in the background
+                future = sharded.async_save(tree, tmp, self._save_group)
+            if future is None:
+                # Collective; when it returns on rank 0, DCP has gathered every rank's write
+                # result and written its metadata: the folder is complete.
+                sharded.save(tree, tmp)
+                if self.is_writer:
+                    self._land(tmp, final, meta["step"], started)
         except StaleGenerationError:
             raise
-        except Exception as exc:  # a full disk pauses saving on every rank alike (DCP tells all)
-            os_error = sharded.os_error_in(exc)
-            if os_error is None or os_error.errno not in _DISK_FULL:
+        except Exception as exc:
+            if not self._sharded_save_failed(exc, meta["step"]):
                 raise
-            if self.is_writer:
-                self._disk_is_full(os_error, meta["step"])
         finally:
-            if self.is_writer and tmp.exists():
+            if future is None and self.is_writer and tmp.exists():
                 _remove(tmp)
+        if future is not None:
+            if self.is_writer:
+                args = (future, tmp, final, meta["step"], started)
+                self._writer = threading.Thread(target=self._finish_sharded_save, args=args, daemon=True)
+                self._writer.start()
+            else:
+                self._pending_save = (future, meta["step"])
+
+    def _sharded_save_failed(self, exc: BaseException, step: int) -> bool:
+        """A full disk pauses saving on every rank alike (DCP tells every rank); True if it was that."""
+        os_error = sharded.os_error_in(exc)
+        if os_error is None or os_error.errno not in _DISK_FULL:
+            return False
+        if self.is_writer:
+            self._disk_is_full(os_error, step)
+        return True
+
+    def _finish_sharded_save(self, future: Any, tmp: Path, final: Path, step: int, started: float) -> None:
+        """Rank 0's background half of an async sharded save: wait for every rank's shards, land."""
+        try:
+            future.result()
+            self._land(tmp, final, step, started)
+        except StaleGenerationError:
+            pass  # _stale is set; the next commit tells every rank
+        except BaseException as exc:
+            if not self._sharded_save_failed(exc, step):
+                self._writer_error = exc
+                emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=step)
+        finally:
+            if tmp.exists():
+                _remove(tmp)
+
+    def _group_for_saves(self) -> Any:
+        """A gloo group for async sharded saves: their collectives run in a background thread
+        and must not interleave with the training loop's on the default group. None (saves
+        stay synchronous) without a process group or without ``async_commit``."""
+        dist = self._dist()
+        if dist is None or not self.async_commit:
+            return None
+        return dist.new_group(backend="gloo")
 
     def _broadcast_int(self, value: int) -> int:
         dist = self._dist()
@@ -560,6 +607,13 @@ class State:
         if self._writer is not None:
             self._writer.join()
             self._writer = None
+        if self._pending_save is not None:
+            (future, step), self._pending_save = self._pending_save, None
+            try:
+                future.result()
+            except BaseException as exc:
+                if not self._sharded_save_failed(exc, step):
+                    raise
 
     def _raise_pending(self) -> None:
         if self._writer_error is not None:
