@@ -25,6 +25,7 @@ ENV_PAYLOAD = "NOTEBOOK_ELASTIC_PAYLOAD"  # path of the payload file, when not b
 # it into its working directory before the workers start.
 ENV_WORKDIR_FILES = "NOTEBOOK_ELASTIC_WORKDIR_FILES"
 ENV_COLLECTIVE_TIMEOUT_S = "NOTEBOOK_ELASTIC_COLLECTIVE_TIMEOUT_S"
+ENV_CHECKPOINT_EVERY = "NOTEBOOK_ELASTIC_CHECKPOINT_EVERY"  # State saves every N steps (unset: chosen)
 ENV_SUPERVISOR_PID = "NOTEBOOK_ELASTIC_SUPERVISOR_PID"  # an agent exits when this process dies
 ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend restarts all agents
 ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the script and payload at launch

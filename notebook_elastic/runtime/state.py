@@ -44,6 +44,23 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # A checkpoint event per commit is one event per step (600 for a 600-step job): the history
 # keeps the first checkpoint of each generation, one every this many seconds, and the last step.
 CHECKPOINT_EVENT_EVERY_S = 10.0
+#: The share of the training loop's time that commit() may block, when State chooses how often
+#: to save (no --checkpoint-every): after a save that blocked c seconds, the next one waits
+#: until the loop has trained c / BLOCKING_TARGET seconds (the last step is always saved).
+BLOCKING_TARGET = 0.10
+
+
+def checkpoint_every_from_env(explicit: int | None = None) -> int | None:
+    """Save every N steps (``State(checkpoint_every=N)``, ``--checkpoint-every N``), or None:
+    State chooses, keeping the time commit() blocks under ``BLOCKING_TARGET``."""
+    if explicit is None:
+        text = os.environ.get(protocol.ENV_CHECKPOINT_EVERY, "").strip()
+        explicit = int(text) if text else None
+    if explicit is not None and int(explicit) < 1:
+        raise ValueError(
+            f"checkpoint every {explicit} steps: give 1 or more steps, or leave it out to let State choose"
+        )
+    return None if explicit is None else int(explicit)
 
 
 def checkpoint_dir_from_env(explicit: str | os.PathLike | None = None) -> Path:
@@ -227,6 +244,7 @@ class State:
         keep: int = 3,
         async_commit: bool = True,
         map_location: Any = None,
+        checkpoint_every: int | None = None,
         **extra: Any,
     ) -> None:
         if keep < 1:
@@ -235,6 +253,14 @@ class State:
         self.folder = checkpoint_dir_from_env(checkpoint_dir)
         self.keep = keep
         self.async_commit = async_commit
+        self.checkpoint_every = checkpoint_every_from_env(checkpoint_every)
+        # How much commit() blocks the loop: what the automatic interval is chosen from, and
+        # what the checkpoint events tell the notebook (blocked_pct).
+        self._commit_ended: float | None = None  # perf_counter when the last commit() returned
+        self._trained_since_save = 0.0  # loop time outside commit() since the last save
+        self._steps_since_save = 0
+        self._save_cost: float | None = None  # how long the last saving commit() blocked
+        self._window = [0.0, 0.0]  # [blocked, trained] seconds since the last checkpoint event
         self._objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         for name, value in (("model", model), ("optimizer", optimizer), *extra.items()):
@@ -426,11 +452,40 @@ class State:
             step = self._current
         self.step = step + 1
         self.samples_seen = self._cursor_at(self.step)
-        if self._sharded:
-            self._commit_sharded()
-            return
+        started = time.perf_counter()
+        if self._commit_ended is not None:
+            trained = started - self._commit_ended
+            self._trained_since_save += trained
+            self._window[1] += trained
+        self._steps_since_save += 1
+        saved = False
+        try:
+            saved = self._commit_sharded() if self._sharded else self._commit_plain()
+        finally:
+            self._commit_ended = ended = time.perf_counter()
+            self._window[0] += ended - started
+            if saved:
+                self._save_cost = ended - started
+                self._trained_since_save = 0.0
+                self._steps_since_save = 0
+
+    def _due(self) -> bool:
+        """Whether this commit saves: every ``checkpoint_every`` steps, or (chosen) once the loop
+        has trained long enough since the last save for its cost to stay under the target."""
+        if self.total is not None and self.step >= self.total:
+            return True  # the last step is always saved
+        if self.checkpoint_every is not None:
+            return self._steps_since_save >= self.checkpoint_every
+        return self._save_cost is None or self._save_cost <= BLOCKING_TARGET * self._trained_since_save
+
+    def _commit_plain(self) -> bool:
         if not self.is_writer:
-            return
+            return False
+        if not self._due():
+            self._raise_pending()
+            if self._check_fence():
+                raise StaleGenerationError(self._stale_message())
+            return False
         self._check_saveable()
         self._raise_pending()
         self._wait_for_writer()
@@ -438,7 +493,7 @@ class State:
         if self._check_fence():
             raise StaleGenerationError(self._stale_message())
         if time.monotonic() < self._disk_full_until:
-            return  # the checkpoint disk is full: train on, try again later (the notebook knows)
+            return False  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
             "format": 1,
             "step": self.step,
@@ -446,6 +501,7 @@ class State:
             "world_size": self.info.world_size,
             "samples_seen": self.samples_seen,
             "time": time.time(),
+            "every": self._steps_since_save,  # steps since the previous save
             "objects": {name: _state_dict_owner(obj).state_dict() for name, obj in self._objects.items()},
             "extra": dict(self.extra),
         }
@@ -459,21 +515,25 @@ class State:
             except OSError as exc:
                 if not self._disk_is_full(exc, tree["step"]):
                     raise
+        return True
 
     # Rank 0's word to all ranks before a sharded commit (every rank writes, so all must agree).
     _WRITE, _SKIP, _STALE, _FAILED = range(4)
 
-    def _commit_sharded(self) -> None:
+    def _commit_sharded(self) -> bool:
         verdict, error = self._WRITE, None
         if self.is_writer:
             try:
-                self._check_saveable()
+                due = self._due()
+                if due:
+                    self._check_saveable()
                 self._raise_pending()
-                self._wait_for_writer()
+                if due:
+                    self._wait_for_writer()
                 self._raise_pending()
                 if self._check_fence():
                     verdict = self._STALE
-                elif time.monotonic() < self._disk_full_until:
+                elif not due or time.monotonic() < self._disk_full_until:
                     verdict = self._SKIP
             except StaleGenerationError:
                 verdict = self._STALE
@@ -487,7 +547,9 @@ class State:
                 raise error
             raise RuntimeError("rank 0 could not save the checkpoint (its traceback says why); this rank stops with it")
         if verdict == self._SKIP:
-            return
+            return False
+        if not self.is_writer:
+            self._wait_for_writer()  # this rank's previous async save
         final = self.folder / protocol.checkpoint_name(self.generation, self.step, sharded=True)
         tmp = self.folder / f".{final.name}.tmp-{self._writer_tag}"
         meta = {
@@ -497,6 +559,7 @@ class State:
             "world_size": self.info.world_size,
             "samples_seen": self.samples_seen,
             "time": time.time(),
+            "every": self._steps_since_save,  # steps since the previous save
             "sharded": [n for n in ("model", "optimizer") if n in self._objects],
             "objects": {
                 name: _state_dict_owner(obj).state_dict()
@@ -520,7 +583,7 @@ class State:
                 # result and written its metadata: the folder is complete.
                 sharded.save(tree, tmp)
                 if self.is_writer:
-                    self._land(tmp, final, meta["step"], started)
+                    self._land(tmp, final, meta["step"], started, meta["every"])
         except StaleGenerationError:
             raise
         except Exception as exc:
@@ -531,11 +594,12 @@ class State:
                 _remove(tmp)
         if future is not None:
             if self.is_writer:
-                args = (future, tmp, final, meta["step"], started)
+                args = (future, tmp, final, meta["step"], started, meta["every"])
                 self._writer = threading.Thread(target=self._finish_sharded_save, args=args, daemon=True)
                 self._writer.start()
             else:
                 self._pending_save = (future, meta["step"])
+        return True
 
     def _sharded_save_failed(self, exc: BaseException, step: int) -> bool:
         """A full disk pauses saving on every rank alike (DCP tells every rank); True if it was that."""
@@ -546,11 +610,11 @@ class State:
             self._disk_is_full(os_error, step)
         return True
 
-    def _finish_sharded_save(self, future: Any, tmp: Path, final: Path, step: int, started: float) -> None:
+    def _finish_sharded_save(self, future: Any, tmp: Path, final: Path, step: int, started: float, every: int) -> None:
         """Rank 0's background half of an async sharded save: wait for every rank's shards, land."""
         try:
             future.result()
-            self._land(tmp, final, step, started)
+            self._land(tmp, final, step, started, every)
         except StaleGenerationError:
             pass  # _stale is set; the next commit tells every rank
         except BaseException as exc:
@@ -687,12 +751,12 @@ class State:
                     raise OSError(full, os.strerror(full)) from exc
                 f.flush()
                 os.fsync(f.fileno())
-            self._land(tmp, final, tree["step"], started)
+            self._land(tmp, final, tree["step"], started, tree["every"])
         finally:
             if tmp.exists():
                 tmp.unlink()
 
-    def _land(self, tmp: Path, final: Path, step: int, started: float) -> None:
+    def _land(self, tmp: Path, final: Path, step: int, started: float, every: int) -> None:
         """Rename a written checkpoint into place (fenced), prune, and tell the notebook."""
         # Last look before the rename: a newer group may have started meanwhile.
         if self._check_fence():
@@ -711,6 +775,8 @@ class State:
             or now - self._announced[1] >= CHECKPOINT_EVENT_EVERY_S
             or step == self.total
         ):
+            blocked, trained = self._window
+            self._window = [0.0, 0.0]
             emit(
                 "checkpoint",
                 step=step,
@@ -718,6 +784,11 @@ class State:
                 bytes=size,
                 ms=round((time.perf_counter() - started) * 1000, 2),
                 commits=self._unannounced,
+                # The share of the loop's time commit() blocked since the last such event, and
+                # how often it saves (steps), chosen or given.
+                blocked_pct=round(100 * blocked / (blocked + trained), 1) if blocked + trained > 0 else 0.0,
+                every=every,
+                chosen=self.checkpoint_every is None,
             )
             self._announced, self._unannounced = (self.generation, now), 0
 
