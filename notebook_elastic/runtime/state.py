@@ -45,8 +45,9 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # keeps the first checkpoint of each generation, one every this many seconds, and the last step.
 CHECKPOINT_EVENT_EVERY_S = 10.0
 #: The share of the training loop's time that commit() may block, when State chooses how often
-#: to save (no --checkpoint-every): after a save that blocked c seconds, the next one waits
-#: until the loop has trained c / BLOCKING_TARGET seconds (the last step is always saved).
+#: to save (no --checkpoint-every): a save waits until everything commit() blocked so far, plus
+#: the last save's cost, is within this share of the loop's time; and until the writer has
+#: rested as long as it last wrote. The last step is always saved.
 BLOCKING_TARGET = 0.10
 
 
@@ -257,9 +258,11 @@ class State:
         # How much commit() blocks the loop: what the automatic interval is chosen from, and
         # what the checkpoint events tell the notebook (blocked_pct).
         self._commit_ended: float | None = None  # perf_counter when the last commit() returned
-        self._trained_since_save = 0.0  # loop time outside commit() since the last save
+        self._trained = 0.0  # loop time outside commit() since this State started
+        self._blocked = 0.0  # time inside commit(), saving or not, over the same span
         self._steps_since_save = 0
         self._save_cost: float | None = None  # how long the last saving commit() blocked
+        self._last_write: tuple[float, float] | None = None  # perf_counter at its start and end
         self._window = [0.0, 0.0]  # [blocked, trained] seconds since the last checkpoint event
         self._objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
@@ -455,7 +458,7 @@ class State:
         started = time.perf_counter()
         if self._commit_ended is not None:
             trained = started - self._commit_ended
-            self._trained_since_save += trained
+            self._trained += trained
             self._window[1] += trained
         self._steps_since_save += 1
         saved = False
@@ -464,9 +467,9 @@ class State:
         finally:
             self._commit_ended = ended = time.perf_counter()
             self._window[0] += ended - started
+            self._blocked += ended - started
             if saved:
                 self._save_cost = ended - started
-                self._trained_since_save = 0.0
                 self._steps_since_save = 0
 
     def _due(self) -> bool:
@@ -476,7 +479,20 @@ class State:
             return True  # the last step is always saved
         if self.checkpoint_every is not None:
             return self._steps_since_save >= self.checkpoint_every
-        return self._save_cost is None or self._save_cost <= BLOCKING_TARGET * self._trained_since_save
+        if self._save_cost is None:
+            return True
+        if self._writer is not None and self._writer.is_alive():
+            return False  # the last save is still being written: saving now would wait for it
+        if self._last_write is not None:
+            # The writer is busy at most half the time: a background write still takes a core
+            # and the disk from the loop, which on a few-core machine slows every step.
+            began, ended = self._last_write
+            if time.perf_counter() - ended < ended - began:
+                return False
+        # A budget over the whole run: everything commit() blocked (saves, and the cheap commits
+        # that did not save) plus the next save's expected cost stays under the target share of
+        # the loop's time. A save that cost more than expected is paid back by waiting longer.
+        return self._blocked + self._save_cost <= BLOCKING_TARGET * self._trained
 
     def _commit_plain(self) -> bool:
         if not self.is_writer:
@@ -763,6 +779,7 @@ class State:
             raise StaleGenerationError(self._stale_message())
         os.replace(tmp, final)
         _fsync_dir(self.folder)
+        self._last_write = (started, time.perf_counter())
         size = _size(final)
         self._prune(final)
         self._unannounced += 1
