@@ -320,7 +320,7 @@ def checkpoint_overhead(rows: list[dict], workdir: str) -> None:
 
 
 def State_(model, opt, async_commit):
-    return runtime.State(model=model, optimizer=opt, async_commit=async_commit, keep=1)
+    return runtime.State(model=model, optimizer=opt, async_commit=async_commit, keep=1, checkpoint_every=1)
 
 
 def latency_and_cpu(rows: list[dict]) -> None:

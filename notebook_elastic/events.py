@@ -314,7 +314,10 @@ def describe(e: Event) -> str:
     if k == Kind.RESUMED:
         return f"resumed from step {d.get('step')} (checkpoint of world size {d.get('from_world_size')}, now {d.get('world_size')})"
     if k == Kind.CHECKPOINT:
-        return f"checkpoint at step {d.get('step')} ({d.get('bytes', 0) / 1e6:.1f} MB, {d.get('ms')} ms)"
+        text = f"checkpoint at step {d.get('step')} ({d.get('bytes', 0) / 1e6:.1f} MB, {d.get('ms')} ms"
+        if d.get("blocked_pct") is not None:
+            text += f"; saving every {d.get('every')} step(s) blocks {d.get('blocked_pct')} % of the loop"
+        return text + ")"
     if k == Kind.CHECKPOINT_FAILED:
         if d.get("disk_full"):
             return (

@@ -186,6 +186,9 @@ class JobState:
         self.failures: list[Event] = []  # worker_failed events, oldest first
         self.total_steps: int | None = None
         self.step: int | None = None  # the latest step seen (metric or checkpoint)
+        # How the job saves: {"every": steps between saves, "chosen": by State or given,
+        # "blocked_pct": share of the loop commit() blocked}, from the latest checkpoint event.
+        self.checkpointing: dict[str, Any] | None = None
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.first_step_at: float | None = None
@@ -539,6 +542,8 @@ class JobState:
     def _on_checkpoint(self, e: Event) -> None:
         if self.warning and self.warning.startswith("checkpoints are not being saved"):
             self.warning = None
+        if e.get("blocked_pct") is not None:
+            self.checkpointing = {k: e.get(k) for k in ("every", "chosen", "blocked_pct")}
         step = e.get("step")
         if isinstance(step, int) and (self.step is None or step - 1 > self.step):
             self._saw_step(step - 1, e.time)

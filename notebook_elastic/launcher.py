@@ -42,6 +42,7 @@ def build_spec(
         checkpoint_dir=os.path.abspath(os.path.expanduser(given["checkpoint_dir"]))
         if given.get("checkpoint_dir")
         else None,
+        checkpoint_every=given.get("checkpoint_every"),
         env=given.get("env") or {},
         monitor_interval_s=given["monitor_interval_s"],
         rdzv_conf=given.get("rdzv_conf") or {},

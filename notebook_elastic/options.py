@@ -60,6 +60,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("backend", "where to run: local or kubernetes.", "local"),
     Option("checkpoint_dir", "where State() keeps checkpoints (default: the job folder)."),
     Option(
+        "checkpoint_every",
+        "State() saves every N steps (and the last); default: chosen so that saving blocks "
+        "at most a tenth of the training loop's time.",
+        metavar="N",
+    ),
+    Option(
         "env", "environment variable for the workers; values are kept private.", repeatable=True, metavar="KEY=VALUE"
     ),
     Option("ship", "ship this notebook variable even if it looks like a credential.", repeatable=True, metavar="NAME"),

@@ -208,6 +208,7 @@ def launch_plan(
         protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or place.checkpoint_dir,
         protocol.ENV_RDZV_EPOCH: str(epoch),
         protocol.ENV_COLLECTIVE_TIMEOUT_S: f"{float(spec.collective_timeout_s):g}",
+        **({protocol.ENV_CHECKPOINT_EVERY: str(spec.checkpoint_every)} if spec.checkpoint_every else {}),
         **FIXED_ENV,
         **place.env,
     }

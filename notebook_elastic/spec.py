@@ -137,6 +137,7 @@ class JobSpec:
     max_restarts: int = defaults.MAX_RESTARTS
     backend: str = "local"
     checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None  # State saves every N steps (None: State chooses)
     env: dict[str, str] = field(default_factory=dict)
     monitor_interval_s: float = defaults.MONITOR_INTERVAL_S
     rdzv_conf: dict[str, str] = field(default_factory=dict)
@@ -203,6 +204,14 @@ class JobSpec:
                 raise SpecError(f"--ship {name!r} must name a notebook variable")
         if self.checkpoint_dir is not None and not str(self.checkpoint_dir).strip():
             raise SpecError("--checkpoint-dir must not be empty")
+        every = self.checkpoint_every
+        if every is not None:
+            every = _int(every, "--checkpoint-every", "50")
+            if every < 1:
+                raise SpecError(
+                    f"--checkpoint-every {every}: give 1 or more steps, or leave it out to let State "
+                    "choose (saving then blocks at most 10 % of the loop)"
+                )
         return dataclasses.replace(
             self,
             nnodes=nnodes,
@@ -216,6 +225,7 @@ class JobSpec:
             stall_timeout_s=stall,
             max_payload_bytes=max_payload,
             ship=tuple(self.ship),
+            checkpoint_every=every,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -143,6 +143,16 @@ def test_the_legend_names_each_marker_shown_and_the_menu_hides_bookkeeping():
     assert chart_metrics(["gen", "loss", "lr", "start"]) == ["loss", "lr"]
 
 
+def test_the_header_says_how_often_the_job_saves_and_what_share_of_the_loop_it_blocks():
+    state = JobState(max_restarts=3, nnodes=(1, 1))
+    state.apply(Event(Kind.WORKER_STARTED, 1.0, "node-0", {"rank": 0, "local_rank": 0, "world_size": 1}))
+    saved = {"step": 40, "bytes": 10**6, "ms": 30.0, "commits": 5, "every": 8, "chosen": True, "blocked_pct": 6.5}
+    state.apply(Event(Kind.CHECKPOINT, 2.0, "node-0", saved))
+    text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))  # what a person reads
+    assert "checkpoint every 8 steps, blocks 6.5 %" in text, text
+    assert "blocks 6.5 % of the loop" in Event(Kind.CHECKPOINT, 2.0, "node-0", saved).describe()
+
+
 def test_the_header_says_status_world_size_step_eta_and_loss_in_one_line():
     state = JobState(max_restarts=3, nnodes=(1, 2))
     state.apply_all(

@@ -61,6 +61,17 @@ def test_every_option_reaches_torchrun_as_torchrun_reads_it():
     assert [n.name for n in plan.nodes] == ["node-0", "node-1", "node-2"]
 
 
+def test_checkpoint_every_reaches_the_workers_and_a_bad_one_is_one_sentence():
+    spec = JobSpec(name="toy", checkpoint_every="25").validated()
+    assert launch_plan(spec, place(), rdzv_id="toy-1").env[protocol.ENV_CHECKPOINT_EVERY] == "25"
+    chosen = launch_plan(JobSpec(name="toy").validated(), place(), rdzv_id="toy-1")
+    assert protocol.ENV_CHECKPOINT_EVERY not in chosen.env  # State chooses
+    with pytest.raises(SpecError, match=r"^--checkpoint-every 0: give 1 or more steps, or leave it out"):
+        JobSpec(name="toy", checkpoint_every=0).validated()
+    with pytest.raises(SpecError, match=r"^--checkpoint-every must be a whole number, not 'often'"):
+        JobSpec(name="toy", checkpoint_every="often").validated()
+
+
 def test_a_range_change_is_a_new_plan_with_the_new_range_and_nothing_else():
     spec = JobSpec(name="toy", nnodes=(1, 2))
     before = launch_plan(spec, place(), rdzv_id="toy-r-e0")

@@ -27,6 +27,8 @@ def ckpt(tmp_path, monkeypatch):
     monkeypatch.setenv(protocol.ENV_CHECKPOINT_DIR, str(folder))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", protocol.ENV_ROUND, protocol.ENV_RDZV_EPOCH):
         monkeypatch.delenv(key, raising=False)
+    # These tests are about what each commit writes, not about how often State chooses to save.
+    monkeypatch.setenv(protocol.ENV_CHECKPOINT_EVERY, "1")
     return folder
 
 
@@ -425,3 +427,58 @@ def test_a_new_run_reads_an_old_runs_checkpoints_instead_of_being_fenced(ckpt, m
         monkeypatch.setenv(protocol.ENV_ROUND, "1")  # its next round: the same base, one more
         assert State(model=make_model()).generation == 6_000_001
     assert run_base(ckpt, "newjob-abc-e0") == 6_000_000  # fixed once written
+
+
+def big_model_and_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 1000))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 1000)).sum().backward()
+    opt.step()  # Adam's state exists: ~24 MB to snapshot at each save
+    return model, opt
+
+
+def quick_steps(state, model, total):
+    """Steps much cheaper than a save of the model: a save at every one would block most of the loop."""
+    for _step in state.steps(total):
+        with torch.no_grad():
+            model[0].bias.add_(1e-3)
+        state.commit()
+
+
+def saves(out: str) -> list[dict]:
+    return [e for e in events_of(out) if e["kind"] == "checkpoint"]
+
+
+def test_state_chooses_how_often_to_save_so_commits_block_little_and_the_last_step_is_saved(ckpt, monkeypatch):
+    monkeypatch.delenv(protocol.ENV_CHECKPOINT_EVERY)  # State chooses
+    model, opt = big_model_and_optimizer()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        state = State(model=model, optimizer=opt, keep=1)
+        quick_steps(state, model, 60)
+        state.flush()
+    announced = saves(out.getvalue())
+    written = sum(e["commits"] for e in announced)
+    assert 1 <= written <= 20, written  # far fewer saves than the 60 commits
+    assert announced[-1]["step"] == 60 and announced[-1]["chosen"] is True
+    assert all(0 <= e["blocked_pct"] <= 100 for e in announced)  # the share the dashboard shows
+    # The last step's state is what a restart finds.
+    with redirect_stdout(io.StringIO()):
+        again = State(model=big_model_and_optimizer()[0])
+    assert again.step == 60
+    assert torch.equal(again._objects["model"][0].bias, model[0].bias)
+
+
+def test_checkpoint_every_saves_every_n_steps_and_the_last(ckpt, monkeypatch):
+    monkeypatch.setenv(protocol.ENV_CHECKPOINT_EVERY, "4")  # what --checkpoint-every 4 sets
+    model = make_model()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        state = State(model=model, async_commit=False, keep=100)
+        for _step in state.steps(10):
+            state.commit()
+    assert [s for _, s, _ in list_checkpoints(ckpt)] == [4, 8, 10]
+    assert saves(out.getvalue())[-1]["every"] == 2 and saves(out.getvalue())[-1]["chosen"] is False
+    with pytest.raises(ValueError, match="checkpoint every 0 steps: give 1 or more steps"):
+        State(model=model, checkpoint_every=0)

@@ -193,6 +193,7 @@ ENV_PAYLOAD = "NOTEBOOK_ELASTIC_PAYLOAD"  # path of the payload file, when not b
 # it into its working directory before the workers start.
 ENV_WORKDIR_FILES = "NOTEBOOK_ELASTIC_WORKDIR_FILES"
 ENV_COLLECTIVE_TIMEOUT_S = "NOTEBOOK_ELASTIC_COLLECTIVE_TIMEOUT_S"
+ENV_CHECKPOINT_EVERY = "NOTEBOOK_ELASTIC_CHECKPOINT_EVERY"  # State saves every N steps (unset: chosen)
 ENV_SUPERVISOR_PID = "NOTEBOOK_ELASTIC_SUPERVISOR_PID"  # an agent exits when this process dies
 ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend restarts all agents
 ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the script and payload at launch
@@ -273,13 +274,14 @@ def files_changed_reason(paths: list[str]) -> str:
 #: Rendezvous rounds restart at 0 with each rendezvous epoch; a generation orders both.
 GENERATION_EPOCH_STRIDE = 1_000_000
 
-# Checkpoint files: ordered by (generation, step); the name sorts the same way.
-CHECKPOINT_RE = re.compile(r"^ckpt-g(\d{12})-s(\d{10})\.pt$")
+# Checkpoint files: ordered by (generation, step); the name sorts the same way. A sharded
+# model's checkpoint is a folder (``.dcp``: every rank's shards, torch.distributed.checkpoint).
+CHECKPOINT_RE = re.compile(r"^ckpt-g(\d{12})-s(\d{10})\.(?:pt|dcp)$")
 CLAIM_RE = re.compile(r"^gen-(\d{12})\.claim$")
 
 
-def checkpoint_name(generation: int, step: int) -> str:
-    return f"ckpt-g{generation:012d}-s{step:010d}.pt"
+def checkpoint_name(generation: int, step: int, sharded: bool = False) -> str:
+    return f"ckpt-g{generation:012d}-s{step:010d}.{'dcp' if sharded else 'pt'}"
 
 
 def claim_name(generation: int) -> str:

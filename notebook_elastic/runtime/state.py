@@ -12,12 +12,18 @@ checkpoint folder. A new group announces its generation with a claim file as soo
 starts; a group that finds a newer generation on disk refuses to write and stops
 (``StaleGenerationError``). So a stale group (split brain, an orphaned worker) can neither
 overwrite a newer checkpoint nor be restored in preference to one.
+
+Sharded models (FSDP, DTensor) are saved by every rank into one folder through
+torch.distributed.checkpoint (``sharded.py``) and resharded on load when the world size
+changed; the folder is written under a temporary name and renamed by rank 0, fenced the same
+way, and rank 0 tells the other ranks each commit whether to write, so they never disagree.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
 import threading
 import time
@@ -25,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from . import protocol, sharded
 from ._emit import emit
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, on_finish, set_step_source
 
@@ -38,6 +44,24 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # A checkpoint event per commit is one event per step (600 for a 600-step job): the history
 # keeps the first checkpoint of each generation, one every this many seconds, and the last step.
 CHECKPOINT_EVENT_EVERY_S = 10.0
+#: The share of the training loop's time that commit() may block, when State chooses how often
+#: to save (no --checkpoint-every): a save waits until everything commit() blocked so far, plus
+#: the last save's cost, is within this share of the loop's time; and until the writer has
+#: rested as long as it last wrote. The last step is always saved.
+BLOCKING_TARGET = 0.10
+
+
+def checkpoint_every_from_env(explicit: int | None = None) -> int | None:
+    """Save every N steps (``State(checkpoint_every=N)``, ``--checkpoint-every N``), or None:
+    State chooses, keeping the time commit() blocks under ``BLOCKING_TARGET``."""
+    if explicit is None:
+        text = os.environ.get(protocol.ENV_CHECKPOINT_EVERY, "").strip()
+        explicit = int(text) if text else None
+    if explicit is not None and int(explicit) < 1:
+        raise ValueError(
+            f"checkpoint every {explicit} steps: give 1 or more steps, or leave it out to let State choose"
+        )
+    return None if explicit is None else int(explicit)
 
 
 def checkpoint_dir_from_env(explicit: str | os.PathLike | None = None) -> Path:
@@ -87,6 +111,17 @@ def dead_writers_files(folder: Path, names: list[str] | None = None) -> list[str
         except FileNotFoundError:
             pass
     return doomed
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint file, or a sharded checkpoint's folder."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _alive(pid: int) -> bool:
@@ -250,6 +285,7 @@ class State:
         keep: int = 3,
         async_commit: bool = True,
         map_location: Any = None,
+        checkpoint_every: int | None = None,
         **extra: Any,
     ) -> None:
         if keep < 1:
@@ -258,6 +294,16 @@ class State:
         self.folder = checkpoint_dir_from_env(checkpoint_dir)
         self.keep = keep
         self.async_commit = async_commit
+        self.checkpoint_every = checkpoint_every_from_env(checkpoint_every)
+        # How much commit() blocks the loop: what the automatic interval is chosen from, and
+        # what the checkpoint events tell the notebook (blocked_pct).
+        self._commit_ended: float | None = None  # perf_counter when the last commit() returned
+        self._trained = 0.0  # loop time outside commit() since this State started
+        self._blocked = 0.0  # time inside commit(), saving or not, over the same span
+        self._steps_since_save = 0
+        self._save_cost: float | None = None  # how long the last saving commit() blocked
+        self._last_write: tuple[float, float] | None = None  # perf_counter at its start and end
+        self._window = [0.0, 0.0]  # [blocked, trained] seconds since the last checkpoint event
         self._objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         for name, value in (("model", model), ("optimizer", optimizer), *extra.items()):
@@ -285,7 +331,15 @@ class State:
         self._check_saveable()
         if self.is_writer:  # what writers killed mid-commit left behind, before it adds up
             for name in dead_writers_files(self.folder):
-                (self.folder / name).unlink(missing_ok=True)
+                _remove(self.folder / name)
+        # A sharded model is written by every rank into rank 0's temporary folder: its name.
+        self._sharded = sharded.is_sharded(model)
+        self._writer_tag = f"{_HOST}-{os.getpid()}"
+        self._pending_save: Any = None  # a non-writer rank's unfinished async sharded save
+        self._save_group: Any = None  # async sharded saves talk on a group of their own
+        if self._sharded:
+            self._writer_tag = self._broadcast(self._writer_tag)
+            self._save_group = self._group_for_saves()
         self.generation = self._agree_on_generation()
         self._restore(map_location)
         on_finish(self.flush)
@@ -347,7 +401,9 @@ class State:
         if self.is_writer or self._dist() is None:
             for _gen, _step, path in reversed(list_checkpoints(self.folder)):
                 try:
-                    payload = torch.load(path, map_location="cpu", weights_only=False)
+                    if sharded.is_sharded_checkpoint(path) and not sharded.complete(path):
+                        raise FileNotFoundError(f"{sharded.DCP_METADATA} or {sharded.META_FILE} missing")
+                    payload = torch.load(_meta_path(path), map_location="cpu", weights_only=False)
                 except Exception as exc:  # a torn or foreign file: fall back to the previous one
                     emit("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"[:300])
                     continue
@@ -358,9 +414,17 @@ class State:
             return
         if map_location is None:
             map_location = device()
-        payload = torch.load(chosen, map_location=map_location, weights_only=False)
+        payload = torch.load(_meta_path(Path(chosen)), map_location=map_location, weights_only=False)
+        in_shards = payload.get("sharded", [])
+        if in_shards:  # every rank reads its part of the shards, however many ranks wrote them
+            sharded.load_into(self._objects.get("model"), self._objects.get("optimizer"), Path(chosen))
+        elif self._sharded:
+            raise RuntimeError(
+                f"{chosen} holds an unsharded model's checkpoint; State cannot load it into a sharded "
+                "(FSDP/DTensor) model: start the job with --fresh, or load it before sharding the model"
+            )
         for name, obj in self._objects.items():
-            if name in payload.get("objects", {}):
+            if name in payload.get("objects", {}) and name not in in_shards:
                 _load_into(obj, payload["objects"][name])
         self.extra.update(payload.get("extra", {}))
         self.step = self._restored_step = int(payload["step"])
@@ -389,6 +453,8 @@ class State:
             self._current = step
             yield step
         self._current = None
+        if self._sharded:  # before the cell's own destroy_process_group() ends the save's group
+            self._wait_for_writer()
 
     @property
     def current_step(self) -> int | None:
@@ -431,8 +497,53 @@ class State:
             step = self._current
         self.step = step + 1
         self.samples_seen = self._cursor_at(self.step)
+        started = time.perf_counter()
+        if self._commit_ended is not None:
+            trained = started - self._commit_ended
+            self._trained += trained
+            self._window[1] += trained
+        self._steps_since_save += 1
+        saved = False
+        try:
+            saved = self._commit_sharded() if self._sharded else self._commit_plain()
+        finally:
+            self._commit_ended = ended = time.perf_counter()
+            self._window[0] += ended - started
+            self._blocked += ended - started
+            if saved:
+                self._save_cost = ended - started
+                self._steps_since_save = 0
+
+    def _due(self) -> bool:
+        """Whether this commit saves: every ``checkpoint_every`` steps, or (chosen) once the loop
+        has trained long enough since the last save for its cost to stay under the target."""
+        if self.total is not None and self.step >= self.total:
+            return True  # the last step is always saved
+        if self.checkpoint_every is not None:
+            return self._steps_since_save >= self.checkpoint_every
+        if self._save_cost is None:
+            return True
+        if self._writer is not None and self._writer.is_alive():
+            return False  # the last save is still being written: saving now would wait for it
+        if self._last_write is not None:
+            # The writer is busy at most half the time: a background write still takes a core
+            # and the disk from the loop, which on a few-core machine slows every step.
+            began, ended = self._last_write
+            if time.perf_counter() - ended < ended - began:
+                return False
+        # A budget over the whole run: everything commit() blocked (saves, and the cheap commits
+        # that did not save) plus the next save's expected cost stays under the target share of
+        # the loop's time. A save that cost more than expected is paid back by waiting longer.
+        return self._blocked + self._save_cost <= BLOCKING_TARGET * self._trained
+
+    def _commit_plain(self) -> bool:
         if not self.is_writer:
-            return
+            return False
+        if not self._due():
+            self._raise_pending()
+            if self._check_fence():
+                raise StaleGenerationError(self._stale_message())
+            return False
         self._check_saveable()
         self._raise_pending()
         self._wait_for_writer()
@@ -440,7 +551,7 @@ class State:
         if self._check_fence():
             raise StaleGenerationError(self._stale_message())
         if time.monotonic() < self._disk_full_until:
-            return  # the checkpoint disk is full: train on, try again later (the notebook knows)
+            return False  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
             "format": 1,
             "step": self.step,
@@ -448,6 +559,7 @@ class State:
             "world_size": self.info.world_size,
             "samples_seen": self.samples_seen,
             "time": time.time(),
+            "every": self._steps_since_save,  # steps since the previous save
             "objects": {name: _state_dict_owner(obj).state_dict() for name, obj in self._objects.items()},
             "extra": dict(self.extra),
         }
@@ -461,6 +573,135 @@ class State:
             except OSError as exc:
                 if not self._disk_is_full(exc, tree["step"]):
                     raise
+        return True
+
+    # Rank 0's word to all ranks before a sharded commit (every rank writes, so all must agree).
+    _WRITE, _SKIP, _STALE, _FAILED = range(4)
+
+    def _commit_sharded(self) -> bool:
+        verdict, error = self._WRITE, None
+        if self.is_writer:
+            try:
+                due = self._due()
+                if due:
+                    self._check_saveable()
+                self._raise_pending()
+                if due:
+                    self._wait_for_writer()
+                self._raise_pending()
+                if self._check_fence():
+                    verdict = self._STALE
+                elif not due or time.monotonic() < self._disk_full_until:
+                    verdict = self._SKIP
+            except StaleGenerationError:
+                verdict = self._STALE
+            except BaseException as exc:
+                verdict, error = self._FAILED, exc
+        verdict = self._broadcast_int(verdict)
+        if verdict == self._STALE:
+            raise StaleGenerationError(self._stale_message())
+        if verdict == self._FAILED:
+            if error is not None:
+                raise error
+            raise RuntimeError("rank 0 could not save the checkpoint (its traceback says why); this rank stops with it")
+        if verdict == self._SKIP:
+            return False
+        if not self.is_writer:
+            self._wait_for_writer()  # this rank's previous async save
+        final = self.folder / protocol.checkpoint_name(self.generation, self.step, sharded=True)
+        tmp = self.folder / f".{final.name}.tmp-{self._writer_tag}"
+        meta = {
+            "format": 1,
+            "step": self.step,
+            "generation": self.generation,
+            "world_size": self.info.world_size,
+            "samples_seen": self.samples_seen,
+            "time": time.time(),
+            "every": self._steps_since_save,  # steps since the previous save
+            "sharded": [n for n in ("model", "optimizer") if n in self._objects],
+            "objects": {
+                name: _state_dict_owner(obj).state_dict()
+                for name, obj in self._objects.items()
+                if name not in ("model", "optimizer")
+            },
+            "extra": dict(self.extra),
+        }
+        started = time.perf_counter()
+        future = None
+        try:
+            if self.is_writer:
+                tmp.mkdir(parents=True, exist_ok=True)
+                with open(tmp / sharded.META_FILE, "wb") as f:
+                    torch_save(meta, f)
+            tree = sharded.state_dicts(self._objects.get("model"), self._objects.get("optimizer"))
+            if self._save_group is not None:  # copied to CPU memory now, written in the background
+                future = sharded.async_save(tree, tmp, self._save_group)
+            if future is None:
+                # Collective; when it returns on rank 0, DCP has gathered every rank's write
+                # result and written its metadata: the folder is complete.
+                sharded.save(tree, tmp)
+                if self.is_writer:
+                    self._land(tmp, final, meta["step"], started, meta["every"])
+        except StaleGenerationError:
+            raise
+        except Exception as exc:
+            if not self._sharded_save_failed(exc, meta["step"]):
+                raise
+        finally:
+            if future is None and self.is_writer and tmp.exists():
+                _remove(tmp)
+        if future is not None:
+            if self.is_writer:
+                args = (future, tmp, final, meta["step"], started, meta["every"])
+                self._writer = threading.Thread(target=self._finish_sharded_save, args=args, daemon=True)
+                self._writer.start()
+            else:
+                self._pending_save = (future, meta["step"])
+        return True
+
+    def _sharded_save_failed(self, exc: BaseException, step: int) -> bool:
+        """A full disk pauses saving on every rank alike (DCP tells every rank); True if it was that."""
+        os_error = sharded.os_error_in(exc)
+        if os_error is None or os_error.errno not in _DISK_FULL:
+            return False
+        if self.is_writer:
+            self._disk_is_full(os_error, step)
+        return True
+
+    def _finish_sharded_save(self, future: Any, tmp: Path, final: Path, step: int, started: float, every: int) -> None:
+        """Rank 0's background half of an async sharded save: wait for every rank's shards, land."""
+        try:
+            future.result()
+            self._land(tmp, final, step, started, every)
+        except StaleGenerationError:
+            pass  # _stale is set; the next commit tells every rank
+        except BaseException as exc:
+            if not self._sharded_save_failed(exc, step):
+                self._writer_error = exc
+                emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=step)
+        finally:
+            if tmp.exists():
+                _remove(tmp)
+
+    def _group_for_saves(self) -> Any:
+        """A gloo group for async sharded saves: their collectives run in a background thread
+        and must not interleave with the training loop's on the default group. None (saves
+        stay synchronous) without a process group or without ``async_commit``."""
+        dist = self._dist()
+        if dist is None or not self.async_commit:
+            return None
+        return dist.new_group(backend="gloo")
+
+    def _broadcast_int(self, value: int) -> int:
+        dist = self._dist()
+        if dist is None:
+            return value
+        import torch
+
+        on = device() if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([value], dtype=torch.long, device=on)
+        dist.broadcast(t, src=0)
+        return int(t.item())
 
     def _check_saveable(self) -> None:
         """Plain values kept in the state must pickle (cheap: they are small); a class defined
@@ -488,6 +729,13 @@ class State:
         if self._writer is not None:
             self._writer.join()
             self._writer = None
+        if self._pending_save is not None:
+            (future, step), self._pending_save = self._pending_save, None
+            try:
+                future.result()
+            except BaseException as exc:
+                if not self._sharded_save_failed(exc, step):
+                    raise
 
     def _raise_pending(self) -> None:
         if self._writer_error is not None:
@@ -561,15 +809,20 @@ class State:
                     raise OSError(full, os.strerror(full)) from exc
                 f.flush()
                 os.fsync(f.fileno())
-            # Last look before the rename: a newer group may have started meanwhile.
-            if self._check_fence():
-                raise StaleGenerationError(self._stale_message())
-            os.replace(tmp, final)
+            self._land(tmp, final, tree["step"], started, tree["every"])
         finally:
             if tmp.exists():
                 tmp.unlink()
+
+    def _land(self, tmp: Path, final: Path, step: int, started: float, every: int) -> None:
+        """Rename a written checkpoint into place (fenced), prune, and tell the notebook."""
+        # Last look before the rename: a newer group may have started meanwhile.
+        if self._check_fence():
+            raise StaleGenerationError(self._stale_message())
+        os.replace(tmp, final)
         _fsync_dir(self.folder)
-        size = final.stat().st_size
+        self._last_write = (started, time.perf_counter())
+        size = _size(final)
         self._prune(final)
         self._unannounced += 1
         now = time.monotonic()
@@ -579,15 +832,22 @@ class State:
             or self._announced is None
             or self._announced[0] != self.generation
             or now - self._announced[1] >= CHECKPOINT_EVENT_EVERY_S
-            or tree["step"] == self.total
+            or step == self.total
         ):
+            blocked, trained = self._window
+            self._window = [0.0, 0.0]
             emit(
                 "checkpoint",
-                step=tree["step"],
+                step=step,
                 generation=self.generation,
                 bytes=size,
                 ms=round((time.perf_counter() - started) * 1000, 2),
                 commits=self._unannounced,
+                # The share of the loop's time commit() blocked since the last such event, and
+                # how often it saves (steps), chosen or given.
+                blocked_pct=round(100 * blocked / (blocked + trained), 1) if blocked + trained > 0 else 0.0,
+                every=every,
+                chosen=self.checkpoint_every is None,
             )
             self._announced, self._unannounced = (self.generation, now), 0
 
@@ -598,16 +858,30 @@ class State:
             return
         candidates = files[: files.index(newest_written) + 1]
         for path in candidates[: -self.keep]:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            _remove(path)
         names = os.listdir(self.folder)
         claims = sorted(n for n in names if protocol.CLAIM_RE.match(n))
         doomed = [n for n in claims[: -self.keep] if int(protocol.CLAIM_RE.match(n).group(1)) < self.generation]
         doomed += dead_writers_files(self.folder, names)
         for name in doomed:
-            try:
-                (self.folder / name).unlink()
-            except FileNotFoundError:
-                pass
+            _remove(self.folder / name)
+
+
+def _meta_path(checkpoint: Path) -> Path:
+    """The file holding a checkpoint's step, cursor and unsharded state."""
+    return checkpoint / sharded.META_FILE if sharded.is_sharded_checkpoint(checkpoint) else checkpoint
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir())
+    return path.stat().st_size
+
+
+def torch_save(obj: Any, f: Any) -> None:
+    """``torch.save`` in the legacy format (see ``State._write``), durable once it returns."""
+    import torch
+
+    torch.save(obj, f, _use_new_zipfile_serialization=False)
+    f.flush()
+    os.fsync(f.fileno())

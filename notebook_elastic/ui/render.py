@@ -385,6 +385,16 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     cells.append(
         f'<span style="color:{FG_DIM}">restarts <span class="ne-restarts">{state.restarts}</span>/{state.max_restarts}</span>'
     )
+    saving = state.checkpointing
+    if saving and not state.finished:
+        every = saving.get("every")
+        how = f"every {every} steps" if isinstance(every, int) and every > 1 else "every step"
+        cells.append(
+            f'<span class="ne-checkpointing" style="color:{FG_DIM}" title="how often State saves '
+            f"({'chosen to block at most 10 % of the loop' if saving.get('chosen') else '--checkpoint-every'}) "
+            f'and the share of the loop its commits blocked">checkpoint {how}, blocks '
+            f'<span class="ne-blocked">{saving.get("blocked_pct")}</span> %</span>'
+        )
     cells.append(f'<span style="color:{FG_FAINT}">{duration(elapsed_s(state, now))}</span>')
     sep = f' <span style="color:{FG_FAINT}">·</span> '
     stats = sep.join(cells)

@@ -1,0 +1,112 @@
+"""Sharded models through State: a real FSDP job (FSDP2 ``fully_shard``, and FSDP1) on the local backend (real torchrun, gloo on
+CPU) is scaled 2 -> 1 -> 2 ranks; its checkpoints reshard on each load and its loss curve is
+the unscaled run's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_local_backend import committed_reports, wait_for, world_sizes
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.events import Kind
+
+pytestmark = pytest.mark.slow
+
+fsdp = pytest.importorskip("torch.distributed.fsdp")
+if not hasattr(fsdp, "fully_shard"):
+    pytest.skip("this torch has no FSDP2 (fully_shard)", allow_module_level=True)
+
+# A fixed global batch (GLOBAL samples per step whatever the world size) and the mean loss over
+# all ranks: the curve does not depend on how many ranks computed it.
+FSDP_TRAIN = """
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+if FSDP == 2:
+    mesh = init_device_mesh("cpu", (elastic.world_size(),))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+else:
+    model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+batches = iter(state.batch_sampler(len(X), GLOBAL // elastic.world_size(), seed=1))
+for step in state.steps(TOTAL):
+    idx = next(batches)
+    loss = (model(X[idx]) - Y[idx]).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    mean = loss.detach().clone()
+    torch.distributed.all_reduce(mean)
+    elastic.report(step=step, loss=mean.item() / elastic.world_size(), ws=elastic.world_size(), gen=state.generation)
+    time.sleep(STEP_S)
+"""
+
+
+def namespace(total: int, fsdp: int) -> dict:
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 8, generator=g)
+    y = (x * torch.linspace(-1, 1, 8)).sum(1, keepdim=True).sin()
+    return {
+        "torch": torch,
+        "elastic": runtime,
+        "time": time,
+        "X": x,
+        "Y": y,
+        "TOTAL": total,
+        "GLOBAL": 8,
+        "STEP_S": 0.05,
+        "FSDP": fsdp,
+    }
+
+
+def losses(job) -> dict[int, float]:
+    reports = committed_reports(job)
+    return {step: rs[0]["values"]["loss"] for step, rs in reports.items()}
+
+
+def at_step(job, step: int):
+    return lambda: job.state.step is not None and job.state.step >= step and job.status == "running"
+
+
+@pytest.mark.parametrize("fsdp", [2, 1], ids=["fsdp2-fully_shard", "fsdp1"])
+def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(home, fsdp):
+    total = 60
+    plain = ne.launch(FSDP_TRAIN, nnodes="2", name="fsdp-plain", max_restarts=0, user_ns=namespace(total, fsdp))
+    assert plain.wait(300) == "succeeded", plain.summary()
+    expected = losses(plain)
+    assert sorted(expected) == list(range(total))
+
+    job = ne.launch(
+        FSDP_TRAIN, nnodes="1:2", nodes=2, name="fsdp-scaled", max_restarts=0, user_ns=namespace(total, fsdp)
+    )
+    wait_for(job, lambda: job.world_size == 2 and at_step(job, 10)(), "step 10 on two ranks")
+    job.scale(1)
+    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one rank")
+    wait_for(job, at_step(job, job.state.step + 10), "ten steps on one rank")
+    job.scale(2)
+    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two ranks again")
+    assert job.wait(300) == "succeeded", job.summary()
+
+    sizes = world_sizes(job)
+    assert (sizes[0], min(sizes), sizes[-1]) == (2, 1, 2), sizes
+    assert job.restarts == 0  # membership changes, never charged (max_restarts=0)
+    # Each load resharded a checkpoint written by another world size: 2 -> 1, then 1 -> 2.
+    resumed = [(e.get("from_world_size"), e.get("world_size")) for e in job.events if e.kind == Kind.RESUMED]
+    assert (2, 1) in resumed and (1, 2) in resumed, resumed
+    assert all(e.get("path", "").endswith(".dcp") for e in job.events if e.kind == Kind.RESUMED)
+    got = losses(job)
+    assert sorted(got) == list(range(total))  # every step, none skipped
+    for step in range(total):
+        assert math.isclose(got[step], expected[step], rel_tol=1e-4, abs_tol=1e-6), (step, got[step], expected[step])
+    # ... and it trained: the curve is not flat.
+    assert expected[total - 1] < expected[0] / 2, (expected[0], expected[total - 1])
