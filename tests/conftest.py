@@ -289,6 +289,21 @@ def run_cells(shell, *cells: str) -> None:
 
 
 @pytest.fixture
+def ckpt(tmp_path, monkeypatch):
+    """A checkpoint folder for State used in this process, as rank 0 of a one-rank world that
+    saves at every commit: these tests are about what each commit writes, not about how often
+    State chooses to save (that has its own tests)."""
+    from notebook_elastic.runtime import protocol
+
+    folder = tmp_path / "ckpt"
+    monkeypatch.setenv(protocol.ENV_CHECKPOINT_DIR, str(folder))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", protocol.ENV_ROUND, protocol.ENV_RDZV_EPOCH):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(protocol.ENV_CHECKPOINT_EVERY, "1")
+    return folder
+
+
+@pytest.fixture
 def home(tmp_path, monkeypatch):
     """A private NOTEBOOK_ELASTIC_HOME (the leftover check covers its jobs' processes)."""
     path = tmp_path / "ne-home"

@@ -15,15 +15,6 @@ from notebook_elastic.runtime import State, protocol
 from notebook_elastic.runtime import state as state_module
 
 
-@pytest.fixture
-def ckpt(tmp_path, monkeypatch):
-    folder = tmp_path / "ckpt"
-    monkeypatch.setenv(protocol.ENV_CHECKPOINT_DIR, str(folder))
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", protocol.ENV_ROUND, protocol.ENV_RDZV_EPOCH):
-        monkeypatch.delenv(key, raising=False)
-    return folder
-
-
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))

@@ -81,6 +81,7 @@ def test_a_job_survives_the_loss_of_its_store_pod(cluster, how):  # noqa: F811 (
         pvc="ckpt",
         name=name,
         max_restarts=1,
+        checkpoint_every=1,  # "resumed from the step it was at" is every-step saving's bound
         user_ns=ns(),
     )
     wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")

@@ -107,7 +107,17 @@ def world_sizes(job) -> list[int]:
 
 
 def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
-    job = ne.launch(TRAIN, nnodes="1:3", nproc_per_node=2, name="rescale", max_restarts=5, user_ns=namespace(total=300))
+    # Every step saved (--checkpoint-every 1): the bound "at most the step in flight is redone"
+    # below is that policy's; the chosen interval redoes at most the steps since its last save.
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:3",
+        nproc_per_node=2,
+        name="rescale",
+        max_restarts=5,
+        checkpoint_every=1,
+        user_ns=namespace(total=300),
+    )
     wait_for(job, at_step(job, 10), "step 10 on one node")
     assert job.world_size == 2 and job.nodes == ["node-0"]
     job.scale(2)
@@ -366,7 +376,15 @@ def test_a_bug_in_the_cell_still_spends_the_budget_on_several_nodes(home):
 
 
 def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by_hand(home):
-    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=1, name="phoenix", user_ns=namespace(total=150))
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        name="phoenix",
+        checkpoint_every=1,  # "every step reported was saved first" is every-step saving's promise
+        user_ns=namespace(total=150),
+    )
     wait_for(job, at_step(job, 15), "step 15")
     folder = LocalBackend().folder("phoenix")
     os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9

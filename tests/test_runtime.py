@@ -21,17 +21,6 @@ def events_of(text: str) -> list[dict]:
     return [json.loads(line.split(" ", 1)[1]) for line in text.splitlines() if line.startswith(protocol.EVENT_PREFIX)]
 
 
-@pytest.fixture
-def ckpt(tmp_path, monkeypatch):
-    folder = tmp_path / "ckpt"
-    monkeypatch.setenv(protocol.ENV_CHECKPOINT_DIR, str(folder))
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", protocol.ENV_ROUND, protocol.ENV_RDZV_EPOCH):
-        monkeypatch.delenv(key, raising=False)
-    # These tests are about what each commit writes, not about how often State chooses to save.
-    monkeypatch.setenv(protocol.ENV_CHECKPOINT_EVERY, "1")
-    return folder
-
-
 def test_report_writes_one_prefixed_json_line_per_call():
     out = io.StringIO()
     with redirect_stdout(out):
