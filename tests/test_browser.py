@@ -33,6 +33,20 @@ LATENCY_PROBE = """() => {
 }"""
 
 
+def run_notebook(page, lab, notebook: str, *, collapse_left: bool = False) -> None:
+    """Open ``notebook`` in JupyterLab, wait for its kernel, and run all its cells."""
+    page.goto(lab.page_url(f"lab/tree/{notebook}"))
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext && window.jupyterapp.shell.currentWidget.sessionContext.session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+        timeout=60_000,
+    )
+    if collapse_left:
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
 def chart_points(page) -> int:
     value = page.eval_on_selector("svg.ne-chart", "e => e.getAttribute('data-total-points')")
     return int(value or 0)
@@ -48,14 +62,7 @@ def test_dashboard_in_jupyterlab(tmp_path):
     home = tmp_path / "ne-home"
     write_notebook(tmp_path / "train.ipynb", CELLS)
     with jupyter_lab(tmp_path, {"NOTEBOOK_ELASTIC_HOME": str(home)}) as lab, chromium_page(tmp_path) as page:
-        page.goto(lab.page_url("lab/tree/train.ipynb"))
-        page.wait_for_selector(".jp-Notebook", timeout=60_000)
-        page.wait_for_function(
-            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext && window.jupyterapp.shell.currentWidget.sessionContext.session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-            timeout=60_000,
-        )
-        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        run_notebook(page, lab, "train.ipynb")
 
         page.wait_for_selector(".notebook-elastic-dashboard", timeout=60_000)
         page.evaluate(LATENCY_PROBE)
@@ -186,15 +193,7 @@ def test_dashboard_states_kernel_restart_and_reload(tmp_path):
                     raise
 
     with jupyter_lab(tmp_path, env) as lab, chromium_page(tmp_path, width=1000) as page:
-        page.goto(lab.page_url("lab/tree/states.ipynb"))
-        page.wait_for_selector(".jp-Notebook", timeout=60_000)
-        page.wait_for_function(
-            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext && window.jupyterapp.shell.currentWidget.sessionContext.session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-            timeout=60_000,
-        )
-        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        run_notebook(page, lab, "states.ipynb", collapse_left=True)
         states = dashboard(page, "states")
         states.wait_for(timeout=60_000)
         wait_status(page, "states", ("pending",), timeout=60_000)
@@ -314,14 +313,7 @@ def test_a_kernel_that_dies_mid_run_leaves_its_last_picture(tmp_path, monkeypatc
     )
     try:
         with jupyter_lab(tmp_path, env) as lab, chromium_page(tmp_path, width=1000) as page:
-            page.goto(lab.page_url("lab/tree/midrun.ipynb"))
-            page.wait_for_selector(".jp-Notebook", timeout=60_000)
-            page.wait_for_function(
-                "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext && window.jupyterapp.shell.currentWidget.sessionContext.session && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-                timeout=60_000,
-            )
-            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            run_notebook(page, lab, "midrun.ipynb")
             wait_status(page, "midrun", ("running",), timeout=120_000)
             page.wait_for_function(
                 "() => { const s = document.querySelector('svg.ne-chart'); return s && +s.getAttribute('data-total-points') > 20; }",

@@ -536,6 +536,18 @@ class State:
         # the loop's time. A save that cost more than expected is paid back by waiting longer.
         return self._blocked + self._save_cost <= BLOCKING_TARGET * self._trained
 
+    def _checkpoint_header(self) -> dict[str, Any]:
+        """What every checkpoint says about itself, beside the objects' states."""
+        return {
+            "format": 1,
+            "step": self.step,
+            "generation": self.generation,
+            "world_size": self.info.world_size,
+            "samples_seen": self.samples_seen,
+            "time": time.time(),
+            "every": self._steps_since_save,  # steps since the previous save
+        }
+
     def _commit_plain(self) -> bool:
         if not self.is_writer:
             return False
@@ -553,13 +565,7 @@ class State:
         if time.monotonic() < self._disk_full_until:
             return False  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
-            "format": 1,
-            "step": self.step,
-            "generation": self.generation,
-            "world_size": self.info.world_size,
-            "samples_seen": self.samples_seen,
-            "time": time.time(),
-            "every": self._steps_since_save,  # steps since the previous save
+            **self._checkpoint_header(),
             "objects": {name: _state_dict_owner(obj).state_dict() for name, obj in self._objects.items()},
             "extra": dict(self.extra),
         }
@@ -611,13 +617,7 @@ class State:
         final = self.folder / protocol.checkpoint_name(self.generation, self.step, sharded=True)
         tmp = self.folder / f".{final.name}.tmp-{self._writer_tag}"
         meta = {
-            "format": 1,
-            "step": self.step,
-            "generation": self.generation,
-            "world_size": self.info.world_size,
-            "samples_seen": self.samples_seen,
-            "time": time.time(),
-            "every": self._steps_since_save,  # steps since the previous save
+            **self._checkpoint_header(),
             "sharded": [n for n in ("model", "optimizer") if n in self._objects],
             "objects": {
                 name: _state_dict_owner(obj).state_dict()
