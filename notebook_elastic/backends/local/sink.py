@@ -1,0 +1,158 @@
+"""The job's history on disk as it happens: ``events.jsonl``, written by one thread.
+
+Every event the supervisor hears (its own, the agents' and workers' lines) goes through the
+sink: folded into the supervisor's ``JobState``, shown to its observers, and appended to the
+file in batches, rotated into the compacted history (``history.py``) past its size.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ...events import Event, Kind
+from ...job_state import JobState
+from .folder import FILE_MODE
+from .history import ROTATE_BYTES, rotate
+
+#: Worker output kept in events.jsonl (the chart's history); the node logs keep all of it.
+EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024
+#: While the disk is full, quiet kinds (metrics, output, checkpoints) are not even tried for this long.
+DISK_RETRY_S = 5.0
+
+
+class EventSink:
+    """The single writer of events.jsonl; folds every event into the supervisor's JobState.
+
+    A full disk is a state, not a crash: every event is still folded (status, the chart, the
+    control channel carry on); what cannot be written is dropped, quiet kinds first, and the
+    job says so once. Worker output in the history is capped (the node logs keep it all).
+    """
+
+    FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+
+    def __init__(
+        self,
+        path: Path,
+        state: JobState,
+        observe: Any,
+        room_for_output: Any = lambda: True,
+        rotate_bytes: int = ROTATE_BYTES,
+    ) -> None:
+        self.path = path
+        self.fd = os.open(path, self.FLAGS, FILE_MODE)
+        self.size = os.fstat(self.fd).st_size
+        self.rotate_bytes = rotate_bytes
+        self.room_for_output = room_for_output
+        self.state = state
+        self.observe = observe
+        self.lock = threading.Lock()
+        self.queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
+        self.changed = threading.Event()
+        self.torn = False  # the last write stopped mid-line (disk full): end that line first
+        self.quiet_until = 0.0  # disk full: quiet kinds are not even tried before this time
+        self.disk_told = False
+        self.log_bytes = 0
+        self.log_capped = False
+        self.thread = threading.Thread(target=self._run, name="event-sink", daemon=True)
+        self.thread.start()
+
+    def put(self, event: Event) -> None:
+        self.queue.put(event)
+
+    def _run(self) -> None:
+        while True:
+            event = self.queue.get()
+            batch = [event]
+            while True:  # drain what is waiting, then write once
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = False
+            with self.lock:
+                lines = []
+                for item in batch:
+                    if item is None:
+                        done = True
+                        continue
+                    try:
+                        line = item.to_line() + "\n"
+                    except (TypeError, ValueError):  # not JSON (a worker sent something odd): dropped
+                        continue
+                    self.state.apply(item)  # never raises: a bad event is dropped there
+                    try:
+                        self.observe(item)
+                    except Exception:  # an observer's bug must not stop the history
+                        traceback.print_exc()
+                    if self._keep(item, line):
+                        lines.append(line)
+                self._write(lines)
+            self.changed.set()
+            if done:
+                os.close(self.fd)
+                return
+
+    def _keep(self, item: Event, line: str) -> bool:
+        """Whether ``item`` goes to the file: output beyond the cap and, while the disk is
+        full, metrics, output and checkpoints do not (they are still folded in memory)."""
+        quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.GPU)
+        if quiet and time.monotonic() < self.quiet_until:
+            return False
+        if item.kind == Kind.LOG:
+            if not self.room_for_output():
+                return False
+            self.log_bytes += len(line)
+            if self.log_bytes > EVENTS_OUTPUT_CAP_BYTES:
+                if not self.log_capped:
+                    self.log_capped = True
+                    self.queue.put(Event(Kind.OUTPUT_CAPPED, time.time(), None, {"cap_bytes": EVENTS_OUTPUT_CAP_BYTES}))
+                return False
+        return True
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        data = (("\n" if self.torn else "") + "".join(lines)).encode()
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self.fd, view)
+                self.size += written
+                view = view[written:]
+            self.torn = False
+            if self.size > self.rotate_bytes:
+                self._rotate()
+        except OSError as exc:
+            self.torn = self.torn or len(view) < len(data)
+            self.quiet_until = time.monotonic() + DISK_RETRY_S
+            if not self.disk_told:
+                self.disk_told = True
+                told = Event(
+                    Kind.DISK_FULL,
+                    time.time(),
+                    None,
+                    {
+                        "message": f"the job folder's disk cannot be written ({exc.strerror}): training goes on; "
+                        "its history and logs are incomplete until there is room"
+                    },
+                )
+                self.state.apply(told)
+
+    def _rotate(self) -> None:
+        """Past rotate_bytes: the file joins the compacted history (history.py), a new one starts."""
+        try:
+            fd = rotate(self.path, self.FLAGS)
+        except OSError:
+            return  # no room to compact: the file grows on (a full disk is told elsewhere)
+        os.close(self.fd)
+        self.fd, self.size = fd, 0
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
