@@ -54,13 +54,6 @@ function speedText(job: IJob): string {
 }
 
 /** A small SVG line of the latest losses. */
-/** Jobs that need attention first (restarting, running, pending), then ended ones; newest
- * first within each (#11: it sorted by name). */
-export function panelOrder(jobs: IJob[]): IJob[] {
-  const rank = (j: IJob) => (j.status === 'restarting' ? 0 : j.status === 'running' ? 1 : FINAL.has(j.status) ? 3 : 2);
-  return [...jobs].sort((a, b) => rank(a) - rank(b) || (b.started_at || 0) - (a.started_at || 0) || a.name.localeCompare(b.name));
-}
-
 export function sparkline(values: number[], width = 80, height = 18): SVGSVGElement {
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
@@ -246,10 +239,10 @@ export class JobsPanel extends Widget {
       this._banner.classList.toggle('ne-visible', true);
     }
     this._body.textContent = '';
-    const shown = panelOrder(
-      this._jobs.filter(j =>
-        this._filter === 'all' ? true : this._filter === 'running' ? !FINAL.has(j.status) : FINAL.has(j.status)
-      )
+    // In the order GET /jobs gives: what needs attention first, newest first within a status
+    // (backends/base.py attention_order, the same for jobs() and %elastic_jobs).
+    const shown = this._jobs.filter(j =>
+      this._filter === 'all' ? true : this._filter === 'running' ? !FINAL.has(j.status) : FINAL.has(j.status)
     );
     if (!shown.length) {
       this._body.appendChild(
