@@ -236,6 +236,9 @@ def hook_store_reconnect(last_round: Callable[[], int | None], on_replaced: Call
     return True
 
 
+RECONNECT_ATTEMPT_S = 5.0
+
+
 def _reconnect(backend: Any, failed: Any, last_round: Callable[[], int | None], on_replaced: Any) -> None:
     import pickle
     from base64 import b64decode, b64encode
@@ -246,10 +249,14 @@ def _reconnect(backend: Any, failed: Any, last_round: Callable[[], int | None], 
     # The Service has no endpoint until the replacement store serves: the constructor retries
     # refused connections; one accepted and then dropped (a proxy still routing to the store
     # that went) raises, and is tried again, until the store's timeout.
+    # Each attempt is short: signals (SIGTERM from the kubelet, or the parent-death signal)
+    # are handled between attempts, never held off for the whole timeout inside C++.
     deadline = time.monotonic() + failed.timeout.total_seconds()
     while True:
+        attempt = timedelta(seconds=max(0.5, min(RECONNECT_ATTEMPT_S, deadline - time.monotonic())))
         try:
-            store = dist.TCPStore(failed.host, failed.port, is_master=False, timeout=failed.timeout)
+            store = dist.TCPStore(failed.host, failed.port, is_master=False, timeout=attempt)
+            store.set_timeout(failed.timeout)
             break
         except (RuntimeError, TimeoutError):
             if time.monotonic() >= deadline:
