@@ -223,6 +223,9 @@ def _check_and_clean(request, test_id: str, tmp: str) -> list[str]:
     return problems
 
 
+_VALIDATORS: dict = {}  # one validator per event kind, built once a run
+
+
 def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
     """Events in the job histories under ``folders`` that break the event contract."""
     import json
@@ -231,7 +234,9 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
 
     from notebook_elastic.runtime.protocol import EVENT_SCHEMAS
 
-    validators = {kind.value: jsonschema.Draft202012Validator(schema) for kind, schema in EVENT_SCHEMAS.items()}
+    if not _VALIDATORS:
+        _VALIDATORS.update({k.value: jsonschema.Draft202012Validator(s) for k, s in EVENT_SCHEMAS.items()})
+    validators = _VALIDATORS
     found: list[str] = []
     for folder in {str(f) for f in folders if f}:
         for history in Path(folder).rglob("events.jsonl"):

@@ -143,6 +143,8 @@ def test_the_local_place_and_its_dry_run_print_the_plan_the_supervisor_runs(tmp_
     assert args.training_script == str(folder.script) and args.log_dir == str(folder.torchelastic_logs)
     assert running.env[protocol.ENV_SUPERVISOR_PID] == "99" and running.env[protocol.ENV_JOB_DIR] == str(folder.path)
     assert running.env[protocol.ENV_CHECKPOINT_DIR] == str(folder.checkpoints)
+    # The local store lives in the supervisor: agents never wait for one to come back.
+    assert protocol.ENV_STORE_REPLACEABLE not in running.env
     assert running.env["PYTHONPATH"].split(os.pathsep)[0] == "/nb"
 
     class Bundle:
@@ -178,6 +180,8 @@ def test_the_kubernetes_manifests_embed_the_plan():
     for key, value in plan.env.items():
         assert env[key]["value"] == value
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "HF_TOKEN"
+    # The store pod comes back under its Deployment: the agents are told to wait for it.
+    assert env[protocol.ENV_STORE_REPLACEABLE]["value"] == "1"
     assert "secret-value" not in repr(container)
     # POD_IP is defined, so $(POD_IP) in the arguments expands.
     assert "POD_IP" in env and env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

@@ -192,10 +192,10 @@ def _hook_agent() -> None:
         )
 
     torch_compat.hook_agent(before_start, _failed_because_a_peer_left, on_departure, _store.regroup_now)
-    # A store that can come back (a cluster's store pod, under its Deployment): wait for it. The
-    # local store lives in the supervisor; when that dies, its agents must go with it (its
-    # guardian starts new ones), not wait for a store that never returns.
-    if not os.environ.get(protocol.ENV_SUPERVISOR_PID):
+    # A store that can come back (the place says so: a cluster's store pod, under its
+    # Deployment): wait for it. The local store lives in the supervisor; when that dies, its
+    # agents must go with it (its guardian starts new ones), not wait for a store that never returns.
+    if os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1":
         torch_compat.hook_store_reconnect(lambda: _watch.latest[0], _store.replaced)
 
 

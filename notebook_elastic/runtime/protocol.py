@@ -195,6 +195,9 @@ ENV_WORKDIR_FILES = "NOTEBOOK_ELASTIC_WORKDIR_FILES"
 ENV_COLLECTIVE_TIMEOUT_S = "NOTEBOOK_ELASTIC_COLLECTIVE_TIMEOUT_S"
 ENV_CHECKPOINT_EVERY = "NOTEBOOK_ELASTIC_CHECKPOINT_EVERY"  # State saves every N steps (unset: chosen)
 ENV_SUPERVISOR_PID = "NOTEBOOK_ELASTIC_SUPERVISOR_PID"  # an agent exits when this process dies
+# "1" where the rendezvous store can come back at the same endpoint when it is lost (a cluster's
+# store pod, under its Deployment): the agents wait for it instead of failing.
+ENV_STORE_REPLACEABLE = "NOTEBOOK_ELASTIC_STORE_REPLACEABLE"
 ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend restarts all agents
 ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the script and payload at launch
 # Set by our agent wrapper for its workers.

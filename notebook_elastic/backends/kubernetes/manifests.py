@@ -201,6 +201,7 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
             # The notebook's own modules (if shipped) import from their zip; a missing entry is harmless.
             "PYTHONPATH": f"{CODE_MOUNT}/{RUNTIME_ZIP}:{CODE_MOUNT}/{MODULES_ZIP}",
             protocol.ENV_WORKDIR_FILES: f"{CODE_MOUNT}/{FILES_ZIP}",  # unpacked if shipped
+            protocol.ENV_STORE_REPLACEABLE: "1",  # the store pod's Deployment brings it back
         },
     )
 
