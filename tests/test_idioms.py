@@ -76,29 +76,23 @@ def log_lines(result: dict, pattern: str) -> list[re.Match]:
     return found
 
 
+#: Idiom jobs in flight at once. Each is its own job, launched as a user launches one (the
+#: kernel stays free), so the next idiom's cells run while earlier jobs train; a few at a time
+#: keep 2 loaded cores and the memory of their torch imports in bounds.
+IN_FLIGHT = 3
+
+
 def run_idioms(kernel: NotebookKernel, idioms: list[Idiom]) -> dict[str, dict]:
     """Run each idiom as its own job to the end; fail once, naming every idiom that broke."""
     kernel.run("%load_ext notebook_elastic\n" + RESULT_HELPER)
     results: dict[str, dict] = {}
     broken: list[str] = []
-    for idiom in idioms:
-        for path, text in idiom.files.items():
-            target = kernel.folder / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(textwrap.dedent(text).lstrip())
-        kernel.markdown(f"## {idiom.name}")
+    flying: list[Idiom] = []
+
+    def finish(idiom: Idiom) -> None:
+        job = idiom.name.replace("-", "_")
         try:
-            for cell in idiom.cells:
-                kernel.run(textwrap.dedent(cell))
-            job = idiom.name.replace("-", "_")
-            launched = kernel.run(
-                f"%%elastic_train {idiom.flags} --name {idiom.name} --wait\n"
-                + textwrap.dedent(idiom.train).strip("\n"),
-                may_fail=True,
-            )
-            if "UsageError" in launched:
-                raise AssertionError(f"the training cell did not launch:\n{launched[-3000:]}")
-            out = kernel.run(f"print(_json.dumps(_job_result({job})))")
+            out = kernel.run(f"{job}.wait()\nprint(_json.dumps(_job_result({job})))")
             result = json.loads(out.strip().splitlines()[-1])
             results[idiom.name] = result
             assert result["status"] == "succeeded", (
@@ -108,6 +102,30 @@ def run_idioms(kernel: NotebookKernel, idioms: list[Idiom]) -> dict[str, dict]:
             idiom.check(result)
         except AssertionError as exc:
             broken.append(f"--- idiom {idiom.name}: {str(exc)[-4000:]}")
+
+    for idiom in idioms:
+        for path, text in idiom.files.items():
+            target = kernel.folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(textwrap.dedent(text).lstrip())
+        kernel.markdown(f"## {idiom.name}")
+        try:
+            for cell in idiom.cells:
+                kernel.run(textwrap.dedent(cell))
+            launched = kernel.run(
+                f"%%elastic_train {idiom.flags} --name {idiom.name}\n" + textwrap.dedent(idiom.train).strip("\n"),
+                may_fail=True,
+            )
+            if "UsageError" in launched:
+                raise AssertionError(f"the training cell did not launch:\n{launched[-3000:]}")
+        except AssertionError as exc:
+            broken.append(f"--- idiom {idiom.name}: {str(exc)[-4000:]}")
+            continue
+        flying.append(idiom)
+        if len(flying) >= IN_FLIGHT:
+            finish(flying.pop(0))
+    for idiom in flying:
+        finish(idiom)
     assert not broken, f"{len(broken)} of {len(idioms)} idioms broke:\n" + "\n".join(broken)
     return results
 
