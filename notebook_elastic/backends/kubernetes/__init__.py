@@ -24,8 +24,10 @@ from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 from . import manifests as m
 from .client import Connection, connect, explain, is_missing
-from .follow import ClusterFollower, _ts, refusal
+from .follow import ClusterFollower
 from .options import KubernetesOptions
+from .watch import _ts
+from .workload import refusal
 
 __all__ = ["KubernetesBackend", "KubernetesOptions"]
 
