@@ -14,8 +14,6 @@ from typing import Any
 from . import protocol, sharded
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
-
-
 TMP_MAX_AGE_S = 600
 
 

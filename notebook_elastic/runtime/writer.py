@@ -19,11 +19,7 @@ from .worker import StaleGenerationError, device
 #: A full checkpoint disk is a state, not a crash: training goes on, saving is tried again
 #: this often, and the notebook is told once per episode.
 DISK_FULL_RETRY_S = 30.0
-
-
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 # A checkpoint event per commit is one event per step (600 for a 600-step job): the history
 # keeps the first checkpoint of each generation, one every this many seconds, and the last step.
 CHECKPOINT_EVENT_EVERY_S = 10.0

@@ -12,11 +12,7 @@ from ...events import Kind
 from .client import explain
 
 WATCH_TIMEOUT_S = 30
-
-
 RETRY_FIRST_S = 0.5  # a transient API error (429, 5xx, a dropped connection) is retried after this,
-
-
 RETRY_MAX_S = 15.0  # doubling up to this: a control-plane upgrade takes minutes, not forever
 
 

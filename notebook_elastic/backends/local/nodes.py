@@ -22,8 +22,6 @@ from .place import local_place
 
 #: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
 NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
-
-
 #: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
 #: so events and status still find room.
 LOG_FLOOR_BYTES = 64 * 1024 * 1024
