@@ -17,7 +17,7 @@ def _env(spec: Any, plan: LaunchPlan) -> list[dict[str, Any]]:
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": protocol.ENV_NODE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         *({"name": k, "value": v} for k, v in plan.env.items()),
-        # The run's generations start above any in a reused checkpoint folder (runtime/state.py).
+        # The run's generations start above any in a reused checkpoint folder (runtime/checkpoints.py).
         {"name": protocol.ENV_RUN, "value": plan.rdzv_id},
     ]
     # The values live in the job's Secret: a pod spec (readable by anyone who may list pods,
