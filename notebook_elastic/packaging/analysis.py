@@ -268,8 +268,9 @@ class CellNames:
     star_import_lines: list[int]
 
 
-def cell_names(source: str, filename: str = "<cell>") -> CellNames:
-    """Free names of a cell in evaluation order (raises SyntaxError on bad source)."""
+def _read_in_order(source: str, filename: str) -> tuple[dict[str, int], _OrderedReads]:
+    """The free names of ``source`` with a line of use, in evaluation order (a name read in a
+    function defined there counts unless the top level binds it), and the walk that found them."""
     tree = ast.parse(source, filename)
     _top, index = _index_tables(source, filename)
     walker = _OrderedReads(index)
@@ -279,21 +280,18 @@ def cell_names(source: str, filename: str = "<cell>") -> CellNames:
     for name, line in walker.deferred.items():
         if name not in walker.bound:
             free.setdefault(name, line)
+    return free, walker
+
+
+def cell_names(source: str, filename: str = "<cell>") -> CellNames:
+    """Free names of a cell in evaluation order (raises SyntaxError on bad source)."""
+    free, walker = _read_in_order(source, filename)
     return CellNames(free=free, assigned=set(walker.bound), star_import_lines=walker.stars)
 
 
 def definition_names(source: str, filename: str = "<definition>") -> dict[str, int]:
     """Global names a def/class snippet (with its decorators) needs, with a line of use."""
-    tree = ast.parse(source, filename)
-    _top, index = _index_tables(source, filename)
-    walker = _OrderedReads(index)
-    for stmt in tree.body:
-        walker.visit(stmt)
-    out = dict(walker.free)
-    for name, line in walker.deferred.items():
-        if name not in walker.bound:
-            out.setdefault(name, line)
-    return out
+    return _read_in_order(source, filename)[0]
 
 
 def assigned_at_top(source: str) -> set[str]:
