@@ -8,6 +8,9 @@ use is listed in ``INTERNALS`` with what is lost without it; ``missing()`` check
 against the installed torch, and the agent reports the missing ones in one ``degraded``
 event: the job still runs, it heals slower. ``tests/test_torch_compat.py`` is the contract,
 run against the torch in pyproject's tested range (``torch>=2.13,<2.14``).
+
+One module on purpose, a little over 400 lines: one adapter owns every private torch
+internal (#12 item 5), so a torch upgrade is checked in one place.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ it. Events mark sections dirty; one background thread re-renders what is dirty a
 ``max_updates_per_s`` times a second, so a job reporting thousands of metrics a second
 costs the kernel a few renders, not thousands. Actions (scale, stop, drills) run in a
 thread of their own, with their control disabled until they return, so the kernel stays
-responsive. Closing the dashboard does not stop the job.
+responsive (``controls.py``). Closing the dashboard does not stop the job.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as W
 
 from ..events import FINAL_STATUSES, Event, Kind
+from .controls import Controls
 from .render import (
     chart_metrics,
     chart_svg,
@@ -45,7 +46,7 @@ def slider_max(state: Any, hi: int) -> int:
     return max(8, 2 * hi)
 
 
-class Dashboard(W.VBox):
+class Dashboard(Controls, W.VBox):
     """``Dashboard(job)``: header, controls, loss chart, rank map, event timeline, output."""
 
     def __init__(self, job: ElasticJob, *, max_updates_per_s: float = 4.0, **kwargs: Any) -> None:
@@ -333,119 +334,6 @@ class Dashboard(W.VBox):
     def _set(widget: W.Widget, name: str, value: Any) -> None:
         if getattr(widget, name) != value:
             setattr(widget, name, value)
-
-    def _sync_controls(self) -> None:
-        job, state = self.job, self.job.state
-        prepared = job.status == "prepared"
-        live = not job.finished and not prepared
-        lo, hi = state.nnodes
-        with self.range.hold_trait_notifications():
-            if "range" not in self._busy and tuple(self.range.value) != (lo, hi):
-                self._quiet_range = True
-                self.range.value = (lo, hi)
-                self._quiet_range = False
-        if "scale" not in self._busy:
-            t = self.target
-            if lo > t.max:  # keep min <= max at every step
-                t.max, t.min = hi, lo
-            else:
-                t.min, t.max = lo, hi
-            # Only a change of the job's own target moves the box: a number the user is typing
-            # stays until they press Scale, whatever else the job reports meanwhile.
-            if state.target is not None and lo <= state.target <= hi and state.target != self._synced_target:
-                t.value = state.target
-                self._synced_target = state.target
-        self.range.disabled = not (live or prepared) or "range" in self._busy
-        self.target.disabled = not (live or prepared) or "scale" in self._busy
-        self.scale_button.disabled = not live or "scale" in self._busy
-        # Only the controls this job can use are shown: set-up before the start, drills while
-        # it runs, nothing but the picture once it ended.
-        self.setup.layout.display = None if prepared else "none"
-        self.drills.layout.display = None if live else "none"
-        self.stop_button.layout.display = None if not job.finished else "none"
-        for control in (self.range, self.target, self.scale_button):
-            control.layout.display = None if (live or prepared) else "none"
-        self.start_button.disabled = not prepared or "start" in self._busy
-        self.stop_button.disabled = job.finished or "stop" in self._busy
-        self.kill_button.disabled = not live or "kill" in self._busy
-        self.preempt_button.disabled = not live or "preempt" in self._busy
-
-    # -- actions -------------------------------------------------------------------------
-
-    def _say(self, text: str, ok: bool = True) -> None:
-        color = "#2e7d32" if ok else "#c62828"
-        self.message.value = f"<span class='ne-message' style='color:{color};font-size:12px'>{text}</span>"
-
-    def _act(self, name: str, widget: W.Widget | None, action: Callable[[], str]) -> None:
-        """Run ``action`` in a thread; its control stays disabled until it returns."""
-        if name in self._busy:
-            return
-        self._busy.add(name)
-        if widget is not None:
-            widget.disabled = True
-        self._say(f"{name}…")
-
-        def run() -> None:
-            try:
-                self._say(action())
-            except Exception as exc:
-                self._say(str(exc), ok=False)
-            finally:
-                self._busy.discard(name)
-                self._mark("controls", "header", "ranks")
-
-        threading.Thread(target=run, name=f"dashboard-{name}", daemon=True).start()
-
-    _quiet_range = False
-
-    def _on_range(self, change: dict) -> None:
-        if self._quiet_range:
-            return
-        lo, hi = change["new"]
-        if self.job.status == "prepared":
-            self.job.configure(nnodes=(lo, hi))
-            self._mark("controls", "header")
-            return
-        self._act("range", self.range, lambda: self._set_range(lo, hi))
-
-    def _set_range(self, lo: int, hi: int) -> str:
-        result = self.job.set_range(lo, hi)
-        return f"range {lo}:{hi}" + (" (agents restarted with the new range)" if result.get("reconfigured") else "")
-
-    def _scale(self) -> str:
-        n = int(self.target.value)
-        self.job.scale(n)
-        return f"scaling to {n} node(s)"
-
-    def _start(self) -> str:
-        self.job.configure(nproc_per_node=int(self.nproc.value), max_restarts=int(self.max_restarts.value))
-        self.job.start()
-        return "started"
-
-    def _kill(self) -> str:
-        r = self.job.kill_worker()
-        return f"killed rank {r['rank']} (pid {r['pid']}) on {r['node']}"
-
-    def _preempt(self) -> str:
-        r = self.job.preempt_node()
-        return f"preempted {r['node']}"
-
-    def _on_stop(self, _button: W.Button) -> None:
-        # One confirmation, once: the first click arms the button for five seconds.
-        now = time.monotonic()
-        if now > self._stop_armed_until:
-            self._stop_armed_until = now + 5
-            self.stop_button.description = "Confirm stop"
-            self._say("click again to stop the job and all its processes", ok=True)
-            threading.Timer(5.0, self._disarm_stop).start()
-            return
-        self._stop_armed_until = 0.0
-        self.stop_button.description = "Stop"
-        self._act("stop", self.stop_button, lambda: f"job {self.job.stop()}")
-
-    def _disarm_stop(self) -> None:
-        if time.monotonic() >= self._stop_armed_until and self.stop_button.description == "Confirm stop":
-            self.stop_button.description = "Stop"
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Each job gets a folder and a detached supervisor process (see ``supervisor.py``); this
 class only writes folders, starts supervisors and talks to them, so any kernel (including
-one started after a crash) can list, follow, scale and stop any job.
+one started after a crash) can list, follow (``follow.py``), scale and stop any job.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +32,21 @@ from .folder import (
     prepare_jobs_root,
     write_json_atomic,
 )
-from .history import history_file, parse, read_all
+from .follow import (
+    FOLDER_GONE_WAIT_S,
+    FOLLOW_POLL_S,
+    LOST_FOLDER,
+    LOST_SUPERVISOR,
+    SUPERVISOR_START_TIMEOUT_S,
+    Following,
+    _append_event,
+)
 from .place import local_place, visible_gpus
 
-SUPERVISOR_START_TIMEOUT_S = 30.0
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
-FOLDER_GONE_WAIT_S = 3.0
-LOST_SUPERVISOR = {"status": "lost", "reason": "its supervisor process is gone (killed, or the machine restarted)"}
-LOST_FOLDER = {"status": "lost", "reason": "its job folder was deleted while it ran"}
-FOLLOW_POLL_S = 0.03
 
 
-class LocalBackend(Backend):
+class LocalBackend(Following, Backend):
     name = "local"
 
     def __init__(self, home: str | os.PathLike | None = None) -> None:
@@ -293,76 +294,6 @@ class LocalBackend(Backend):
             status.update(status="stopped", updated=time.time())
             write_json_atomic(folder.status_file, status)
 
-    # -- follow --------------------------------------------------------------------------
-
-    def history(self, name: str) -> Iterator[Event]:
-        folder = self.folder(name)
-        if not folder.exists():
-            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        yield from read_all(folder.events_file)
-
-    def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
-        folder = self.folder(name)
-        if not folder.exists():
-            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
-        try:  # the compacted history first (it is replaced whole, never appended to)
-            with open(history_file(folder.events_file), "rb") as h:
-                for line in h:
-                    event = parse(line)
-                    if event is not None:
-                        yield event
-                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
-        except FileNotFoundError:
-            pass
-        buffer = b""
-        idle_checks = 0
-        gone_since: float | None = None
-        f = open(folder.events_file, "rb")
-        try:
-            while not stop.is_set():
-                chunk = f.read(1 << 20)
-                if chunk:
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        event = parse(line)
-                        if event is None:
-                            continue
-                        yield event
-                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
-                    continue
-                if _rotated(folder.events_file, f):
-                    f.close()  # read to its end: the rest is in the new file
-                    f, buffer = open(folder.events_file, "rb"), b""
-                    continue
-                if finished and not folder.supervisor_alive():
-                    return  # the end of the file, the job's last word was its outcome, and no
-                    # supervisor (a resumed one) will write more
-                idle_checks += 1
-                if idle_checks % 50 == 0 and not folder.events_file.exists():
-                    # Deleted under the job: its supervisor says so in the (unlinked) file we
-                    # still read, as it stops; if it is gone too, say it here.
-                    gone_since = gone_since or time.monotonic()
-                    if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
-                        yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
-                        return
-                elif idle_checks % 50 == 0 and not folder.supervisor_alive() and not folder.guardian_alive():
-                    time.sleep(0.2)  # one last read: it may have just written its last line
-                    if f.read(1):
-                        f.seek(-1, os.SEEK_CUR)
-                        continue
-                    info = folder.supervisor()
-                    if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
-                        # Whoever notices writes it down, so every observer says the same.
-                        event = Event(Kind.JOB_FINISHED, time.time(), None, LOST_SUPERVISOR)
-                        _record_outcome(folder, event)
-                        yield event
-                        return
-                stop.wait(FOLLOW_POLL_S)
-        finally:
-            f.close()
-
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
     """Start ``python -m notebook_elastic.backends.local.MODULE --detach [options] FOLDER`` in a
@@ -382,33 +313,6 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
         os.close(log)
 
 
-def _rotated(path: Path, f: Any) -> bool:
-    """Whether ``path`` is now another file than the one ``f`` reads (the supervisor rotated it)."""
-    try:
-        return os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
-    except FileNotFoundError:
-        return False
-
-
-def _record_outcome(folder: JobFolder, event: Event) -> None:
-    """Append an outcome the supervisor could not write (it is dead) and put it in status.json,
-    unless another observer already did."""
-    try:
-        status = folder.status() or {}
-        if status.get("status") == event.get("status"):
-            return
-        _append_event(folder, event)
-        status.update(status=event.get("status"), reason=event.get("reason"), updated=time.time())
-        write_json_atomic(folder.status_file, status)
-    except OSError:
-        pass  # a full or vanished disk: the event still reaches this observer
-
-
-def _append_event(folder: JobFolder, event: Event) -> None:
-    with open(folder.events_file, "a") as f:
-        f.write(event.to_line() + "\n")
-
-
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -417,4 +321,5 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
-__all__ = ["JobFolder", "LocalBackend"]
+# FOLDER_GONE_WAIT_S, FOLLOW_POLL_S, LOST_FOLDER: defined here before follow.py, still imported from here.
+__all__ = ["FOLDER_GONE_WAIT_S", "FOLLOW_POLL_S", "LOST_FOLDER", "JobFolder", "LocalBackend"]

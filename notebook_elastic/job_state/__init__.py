@@ -4,19 +4,42 @@
 kernel replays its event log into exactly the state the old kernel had. Used by the
 notebook side (``ElasticJob``) and by the local supervisor (for ``status.json``). Pure: no
 I/O, no threads (callers lock).
+
+Its parts: ``records.py`` (nodes, ranks, markers, metrics), ``handlers.py`` (what each
+event kind does), ``failures.py`` (failures in words).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from array import array
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from .events import FINAL_STATUSES, Event, Kind, Status, degraded_text, describe
+from ..events import FINAL_STATUSES, Event, Kind, Status, describe
+from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
+from .handlers import Handlers
+from .records import Marker, Metrics, MetricSeries, NodeInfo, RankInfo
+
+# The fold, and the names that were defined here before its parts moved out (still imported from here).
+__all__ = [
+    "FOLDED_FIELDS",
+    "OUT_OF_MEMORY",
+    "ROOT_WINDOW_S",
+    "SYMPTOMS",
+    "JobState",
+    "Marker",
+    "MetricSeries",
+    "Metrics",
+    "NodeInfo",
+    "RankInfo",
+    "budget_spent_reason",
+    "describe_failure",
+    "elapsed_s",
+    "first_failure",
+    "with_fold",
+]
 
 # Events that tell why workers stop: listed under a restart in its transition.
 SYMPTOMS = frozenset(
@@ -38,128 +61,7 @@ def _is_root_cause(e: Event) -> bool:
     return e.kind == Kind.FAULT or (e.kind == Kind.NODE_LEFT and e.get("reason") not in ("finished", "stopped"))
 
 
-@dataclass
-class RankInfo:
-    rank: int
-    local_rank: int
-    pid: int | None
-    restart_count: int
-    generation: int | None
-
-
-@dataclass
-class NodeInfo:
-    name: str
-    status: str = "starting"  # starting | running | restarting | pending | left
-    agent_pid: int | None = None
-    group_rank: int | None = None
-    ranks: dict[int, RankInfo] = field(default_factory=dict)
-    restart_count: int = 0
-    left_reason: str | None = None
-    joined_at: float | None = None
-    left_at: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "group_rank": self.group_rank,
-            "ranks": sorted(self.ranks),
-            "restart_count": self.restart_count,
-            "left_reason": self.left_reason,
-        }
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A point on the metric chart where something happened to the job."""
-
-    step: int | None
-    time: float
-    kind: str  # world_size | restart | node_joined | node_left | resumed | failure
-    label: str
-
-
-class MetricSeries:
-    """Steps, values and arrival times of one metric, compactly (array of doubles)."""
-
-    __slots__ = ("steps", "values", "times")
-
-    def __init__(self) -> None:
-        self.steps = array("d")
-        self.values = array("d")
-        self.times = array("d")
-
-    def append(self, step: float, value: float, t: float) -> None:
-        self.steps.append(step)
-        self.values.append(value)
-        self.times.append(t)
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def last(self) -> tuple[float, float] | None:
-        return (self.steps[-1], self.values[-1]) if self.values else None
-
-    def points(self) -> list[tuple[float, float]]:
-        return list(zip(self.steps, self.values))
-
-
-class Metrics:
-    """All reported metrics, by name: ``metrics["loss"].points()``, ``metrics.last("loss")``."""
-
-    def __init__(self) -> None:
-        self._series: dict[str, MetricSeries] = {}
-        self.count = 0
-
-    def add(self, step: float, values: dict[str, Any], t: float) -> None:
-        try:
-            step = float(step)
-        except (TypeError, ValueError, OverflowError):
-            return  # not a step a chart can place ("seven", 10**400): dropped, never fatal
-        if not math.isfinite(step) or not isinstance(values, dict):
-            return
-        for name, value in values.items():
-            try:
-                v = float(value)
-            except (TypeError, ValueError, OverflowError):
-                continue
-            series = self._series.get(name)
-            if series is None:
-                series = self._series[name] = MetricSeries()
-            series.append(step, v, t)
-        self.count += 1
-
-    @property
-    def names(self) -> list[str]:
-        return list(self._series)
-
-    def __getitem__(self, name: str) -> MetricSeries:
-        return self._series[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._series
-
-    def __len__(self) -> int:
-        return self.count
-
-    def last(self, name: str) -> float | None:
-        series = self._series.get(name)
-        return series.values[-1] if series else None
-
-    def to_records(self) -> list[dict[str, float]]:
-        rows: dict[float, dict[str, float]] = {}
-        for name, series in self._series.items():
-            for step, value in zip(series.steps, series.values):
-                rows.setdefault(step, {"step": step})[name] = value
-        return [rows[k] for k in sorted(rows)]
-
-    def __repr__(self) -> str:
-        parts = ", ".join(f"{n}: {len(s)} points, last {s.values[-1]:.4g}" for n, s in self._series.items())
-        return f"Metrics({parts or 'none yet'})"
-
-
-class JobState:
+class JobState(Handlers):
     """Everything known about a job, folded from its events."""
 
     def __init__(self, *, max_restarts: int = 0, nnodes: tuple[int, int] = (1, 1), target: int | None = None) -> None:
@@ -387,176 +289,6 @@ class JobState:
             node = self.nodes[name] = NodeInfo(name)
         return node
 
-    def _on_job_submitted(self, e: Event) -> None:
-        self.started_at = self.started_at or e.time
-        self.max_restarts = e.get("max_restarts", self.max_restarts)
-        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
-        self.target = e.get("nodes", self.target)
-        self.nproc_per_node = e.get("nproc_per_node")
-        self.gpus = e.get("gpus") or 0
-
-    def _on_recovering(self, e: Event) -> None:
-        self.status = Status.RECOVERING
-        self.reason = e.get("reason")
-
-    def _on_job_resumed(self, e: Event) -> None:
-        """The same job, continued in its folder: its history stays, its outcome does not."""
-        self.status = Status.PENDING
-        self.reason = None
-        self.finished_at = None
-        self.waiting = None
-        self.restarts = 0  # the budget starts again, as the event says
-        self.failures.clear()
-        for node in self.nodes.values():
-            node.restart_count = 0
-        self._mark(e, "resumed", "job resumed")
-        self._on_job_submitted(e)
-
-    def _on_stall(self, e: Event) -> None:
-        self.stall = dict(e.data)
-        self._mark(e, "stall", f"stalled at step {e.get('step')}")
-
-    def _on_stall_cleared(self, e: Event) -> None:
-        self.stall = None
-
-    def _on_scaled(self, e: Event) -> None:
-        self.target = e.get("target", self.target)
-        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
-
-    def _on_node_joined(self, e: Event) -> None:
-        self.waiting = None
-        node = self._node(e.node)
-        node.status = "starting"
-        node.agent_pid = e.get("pid")
-        node.joined_at = e.time
-        node.left_reason = None
-        node.left_at = None
-        node.ranks.clear()
-        self._mark(e, "node_joined", f"{node.name} joined")
-
-    def _on_pending(self, e: Event) -> None:
-        if e.node is None:  # about the job, not a node (its controller cannot create a pod)
-            self.waiting = describe(e)
-            return
-        node = self._node(e.node)
-        node.status = "pending"
-
-    def _on_node_left(self, e: Event) -> None:
-        node = self._node(e.node)
-        node.status = "left"
-        node.left_reason = e.get("reason")
-        node.left_at = e.time
-        self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
-        # A node stopped with the job or done with its work is no reason to regroup.
-        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == Status.RUNNING:
-            self.status = Status.RESTARTING
-
-    def _on_rendezvous(self, e: Event) -> None:
-        node = self._node(e.node)
-        node.group_rank = e.get("group_rank")
-        if node.status not in ("left",):
-            node.status = "starting"
-        self.round = e.get("round")
-
-    def _on_restart(self, e: Event) -> None:
-        node = self._node(e.node)
-        if e.get("reason") == "worker_failed":
-            node.restart_count = max(node.restart_count, int(e.get("restarts_used", 0)))
-            if node.restart_count > self.restarts:
-                self.restarts = node.restart_count
-                self._mark(e, "restart", f"restart {self.restarts}/{self.max_restarts}")
-        else:
-            self.membership_changes += 1
-        node.status = "restarting"
-        if not self.finished:
-            self.status = Status.RESTARTING
-
-    def _on_gpu(self, e: Event) -> None:
-        figures = {k: e.get(k) for k in ("device", "mem_peak_bytes", "mem_total_bytes", "util_percent")}
-        self.gpu[int(e.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
-
-    def _on_worker_started(self, e: Event) -> None:
-        node = self._node(e.node or e.get("node"))
-        generation = e.get("generation")
-        if generation is not None and self.generation is not None and generation < self.generation:
-            return  # a late line from a superseded group
-        if generation != self.generation:
-            # A new worker group: drop ranks of the previous one everywhere.
-            for other in self.nodes.values():
-                other.ranks.clear()
-            self.generation = generation
-        rank = int(e.get("rank", 0))
-        node.ranks[rank] = RankInfo(
-            rank, int(e.get("local_rank", 0)), e.get("pid"), int(e.get("restart_count", 0)), generation
-        )
-        node.status = "running"
-        node.restart_count = max(node.restart_count, int(e.get("restart_count", 0)))
-        world = int(e.get("world_size", 1))
-        if world != self.world_size:
-            if self.world_size:
-                self._mark(e, "world_size", f"world size {self.world_size} \u2192 {world}")
-            self.world_size = world
-        if self.started_at is None:
-            self.started_at = e.time
-        if not self.finished:
-            self.status = Status.RUNNING
-
-    def _on_worker_failed(self, e: Event) -> None:
-        if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
-            if not self.finished:
-                self.status = Status.RESTARTING
-            return
-        self.failures.append(e)
-        if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
-            self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")
-        if not self.finished:
-            self.status = Status.RESTARTING
-
-    def _on_peer_lost(self, e: Event) -> None:
-        if not self.finished:
-            self.status = Status.RESTARTING
-
-    def _on_worker_exited(self, e: Event) -> None:
-        if not self.finished and self.status == Status.RUNNING:
-            self.status = Status.RESTARTING
-
-    def _on_plan(self, e: Event) -> None:
-        self.total_steps = e.get("total")
-
-    def _on_resumed(self, e: Event) -> None:
-        self._mark(e, "resumed", f"resumed from step {e.get('step')}")
-
-    def _on_checkpoint_failed(self, e: Event) -> None:
-        if e.get("disk_full"):
-            self.warning = (
-                f"checkpoints are not being saved: {e.get('folder') or 'the checkpoint disk'} is full; "
-                f"training goes on and saving is tried again every {e.get('retry_s', 30):.0f} s"
-            )
-
-    def _on_disk_full(self, e: Event) -> None:
-        self.warning = e.get("message")
-
-    def _on_degraded(self, e: Event) -> None:
-        self.warning = degraded_text(e.data)
-
-    def _on_checkpoint(self, e: Event) -> None:
-        if self.warning and self.warning.startswith("checkpoints are not being saved"):
-            self.warning = None
-        if e.get("blocked_pct") is not None:
-            self.checkpointing = {k: e.get(k) for k in ("every", "chosen", "blocked_pct")}
-        step = e.get("step")
-        if isinstance(step, int) and (self.step is None or step - 1 > self.step):
-            self._saw_step(step - 1, e.time)
-
-    def _on_job_finished(self, e: Event) -> None:
-        self.status = e.get("status", Status.FAILED)
-        self.reason = e.get("reason")
-        self.finished_at = e.time
-        for node in self.nodes.values():
-            if node.status != "left":
-                node.status = "left"
-                node.left_reason = node.left_reason or "finished"
-
 
 #: What a listing that reads a cluster (pods, the workers' Job) takes from a fold of the job's
 #: events kept beside it: the cluster knows its pods, only the events know the training.
@@ -590,35 +322,6 @@ def with_fold(status: str, summary: dict[str, Any], state: JobState | None) -> t
         status = state.status
     out["status"] = status
     return status, out
-
-
-OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")
-
-
-def describe_failure(e: Event) -> str:
-    """ "rank 0 on node-1 raised ZeroDivisionError: division by zero"; memory said plainly."""
-    where = f"rank {e.get('rank')}" + (f" on {e.node or e.get('node')}" if (e.node or e.get("node")) else "")
-    if e.get("error") in OUT_OF_MEMORY:
-        return f"{where} ran out of memory ({e.get('error')}: {e.get('message')})"
-    return f"{where} raised {e.get('error')}: {e.get('message')}"
-
-
-def first_failure(failures: list[Event]) -> Event | None:
-    """The root cause: the earliest worker failure of the latest failed generation."""
-    if not failures:
-        return None
-    latest_gen = failures[-1].get("generation")
-    return min((f for f in failures if f.get("generation") == latest_gen), key=lambda f: f.time)
-
-
-def budget_spent_reason(failures: list[Event], restarts: int, max_restarts: int | None, fallback: str) -> str:
-    """Why a job whose restart budget is spent failed, the same words on every backend:
-    "restart budget spent (1/1); rank 0 on node-0 raised ValueError: bad batch"."""
-    budget = "restart budget spent" + (f" ({restarts}/{max_restarts})" if max_restarts is not None else "")
-    first = first_failure(failures)
-    if first is None:
-        return f"{budget}; {fallback}" if fallback else budget
-    return f"{budget}; {describe_failure(first)}"
 
 
 def elapsed_s(state: JobState, now: float | None = None) -> float | None:

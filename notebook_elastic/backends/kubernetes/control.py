@@ -1,0 +1,210 @@
+"""Controlling a job on a cluster: scale (an Indexed Job's completions and parallelism
+patched together), change the range (new workers in a new rendezvous epoch), the preemption
+and node-loss drills (the Eviction API, or a pod deleted without notice), and stop
+(every object deleted, idempotently). Mixed into ``KubernetesBackend``."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+from ...errors import BackendError, JobNotFound, SpecError
+from ...plan import rdzv_id
+from ...runtime import protocol
+from . import manifests as m
+from .client import explain, is_missing
+from .options import KubernetesOptions
+
+
+class Control:
+    """What may be done to a running job."""
+
+    def _require(self, name: str) -> tuple[Any, dict[str, Any]]:
+        cm = self._code(name)
+        if cm is None:
+            raise JobNotFound(
+                f"no job named {name!r} in namespace {self.conn.namespace!r} (see %elastic_jobs kubernetes)"
+            )
+        return cm, self._spec_of(cm)
+
+    def _spec_of(self, cm: Any) -> dict[str, Any]:
+        return json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
+
+    def _workload(self, cm: Any) -> str:
+        return (cm.metadata.annotations or {}).get("notebook-elastic.io/workload", "job")
+
+    def scale(self, name: str, nodes: int) -> dict[str, Any]:
+        conn = self.conn
+        cm, spec = self._require(name)
+        lo, hi = self._range(name, spec)
+        if not lo <= nodes <= hi:
+            raise SpecError(
+                f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
+            )
+        workload = self._workload(cm)
+        try:
+            if workload == "job":
+                # Elastic Indexed Jobs (Kubernetes >= 1.31): completions and parallelism move together.
+                conn.batch().patch_namespaced_job(
+                    m.workers_name(name), conn.namespace, {"spec": {"completions": nodes, "parallelism": nodes}}
+                )
+            elif workload == "pytorchjob":
+                conn.custom().patch_namespaced_custom_object(
+                    "kubeflow.org",
+                    "v1",
+                    conn.namespace,
+                    "pytorchjobs",
+                    m.workers_name(name),
+                    {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": nodes}}}},
+                )
+            else:
+                raise BackendError("scaling plain worker pods is not supported; use the default --workload job")
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise explain(exc, f"scale job {name!r} to {nodes} pods", conn) from None
+        return {"target": nodes}
+
+    def _range(self, name: str, spec: dict[str, Any]) -> tuple[int, int]:
+        try:
+            job = self.conn.batch().read_namespaced_job(m.workers_name(name), self.conn.namespace)
+            lo, hi = (int(x) for x in (job.metadata.annotations or {})["notebook-elastic.io/nnodes"].split(":"))
+            return lo, hi
+        except Exception:
+            lo, hi = spec.get("nnodes", [1, 1])
+            return int(lo), int(hi)
+
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
+        """torchrun fixes --nnodes per agent, and a Job's pod template cannot change: new
+        workers are created in a new rendezvous epoch; they resume from the checkpoint."""
+        conn = self.conn
+        cm, spec_json = self._require(name)
+        if self._workload(cm) != "job":
+            raise BackendError("changing the range is supported for the default --workload job")
+        from ...spec import JobSpec
+
+        try:
+            job = conn.batch().read_namespaced_job(m.workers_name(name), conn.namespace)
+        except Exception as exc:
+            raise explain(exc, f"read the workers of {name!r}", conn) from None
+        epoch = int((job.metadata.annotations or {}).get(m.ANNOTATION_EPOCH, "0")) + 1
+        spec = JobSpec.from_json({**spec_json, "nnodes": [min_nodes, max_nodes]}).validated()
+        target = min(max(job.spec.parallelism or min_nodes, min_nodes), max_nodes)
+        options = KubernetesOptions.from_json(
+            {**json.loads((cm.metadata.annotations or {}).get("notebook-elastic.io/options", "{}"))}
+        )
+        run_id = (cm.metadata.annotations or {}).get(m.ANNOTATION_RUN, "r")
+        new_job = m.workers_job(spec, options, rdzv_id=rdzv_id(name, run_id, epoch), epoch=epoch, target=target)
+        # Keep the running job's pod template except for the agent's range and epoch.
+        template = conn.api.sanitize_for_serialization(job.spec.template)
+        container = template["spec"]["containers"][0]
+        new_container = new_job["spec"]["template"]["spec"]["containers"][0]
+        container["args"] = new_container["args"]
+        fresh = {e["name"]: e for e in new_container["env"] if e["name"] in (protocol.ENV_RDZV_EPOCH, protocol.ENV_RUN)}
+        container["env"] = [fresh.get(e["name"], e) for e in container.get("env", [])]
+        new_job["spec"]["template"] = template
+        new_job["spec"]["template"].get("metadata", {}).get("labels", {}).pop("controller-uid", None)
+        for key in ("batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name", "job-name", "controller-uid"):
+            new_job["spec"]["template"].get("metadata", {}).get("labels", {}).pop(key, None)
+        try:
+            self._own_code_by(name, None)  # else deleting the old Job would delete the whole job
+            conn.batch().delete_namespaced_job(
+                m.workers_name(name), conn.namespace, propagation_policy="Background", grace_period_seconds=30
+            )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    conn.batch().read_namespaced_job(m.workers_name(name), conn.namespace)
+                except Exception as exc:
+                    if is_missing(exc):
+                        break
+                time.sleep(0.2)
+            owner = conn.api.sanitize_for_serialization(cm)
+            owner.setdefault("apiVersion", "v1")
+            owner.setdefault("kind", "ConfigMap")
+            made = self._create(m.owned_by(new_job, owner), f"create the new workers of {name!r}")
+            self._own_code_by(name, made)
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise explain(exc, f"change the range of {name!r}", conn) from None
+        return {"target": target, "reconfigured": True, "epoch": epoch}
+
+    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
+        conn = self.conn
+        self._require(name)
+        if fault == "kill_worker":
+            raise BackendError(
+                "the kill-a-worker drill is local only; on Kubernetes use preempt_node (it deletes a worker pod)"
+            )
+        if fault not in ("preempt_node", "lose_node"):
+            raise BackendError(f"unknown fault {fault!r}: use preempt_node or lose_node")
+        pods = [
+            p
+            for p in conn.core().list_namespaced_pod(conn.namespace, label_selector=m.selector(name, "worker")).items
+            if p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp
+        ]
+        if target is None:
+            if not pods:
+                raise BackendError(f"job {name!r} has no running worker pod to preempt")
+            victim = random.choice(pods).metadata.name
+        else:
+            if target not in {p.metadata.name for p in pods}:
+                raise BackendError(
+                    f"{target!r} is not a running worker pod of {name!r} (running: {', '.join(p.metadata.name for p in pods) or 'none'})"
+                )
+            victim = target
+        try:
+            if fault == "preempt_node":
+                # The Eviction API, as a drain or a spot handler uses it: the pod gets the
+                # DisruptionTarget condition, so the Job's podFailurePolicy ignores it (a plain
+                # DELETE ends it Failed and spends backoffLimit), and PodDisruptionBudgets apply.
+                from kubernetes import client
+
+                eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=victim, namespace=conn.namespace))
+                conn.core().create_namespaced_pod_eviction(victim, conn.namespace, eviction)
+            else:  # lose_node: the node dies without notice, and nothing marks the pod
+                conn.core().delete_namespaced_pod(victim, conn.namespace, grace_period_seconds=0)
+        except Exception as exc:
+            raise explain(
+                exc, f"evict pod {victim}" if fault == "preempt_node" else f"delete pod {victim}", conn
+            ) from None
+        return {"node": victim}
+
+    def cancel(self, name: str) -> None:
+        """Delete every object of the job. Idempotent."""
+        conn = self.conn
+        ns = conn.namespace
+        cm = self._code(name)
+        # The README's Role grants PyTorchJobs only to those who use them: touch one only
+        # for a job that made one (or when the code ConfigMap, which says, is already gone).
+        pytorchjob = cm is None or self._workload(cm) == "pytorchjob"
+        # Likewise the env Secret: only a job launched with --env has one.
+        has_env = cm is None or bool(self._spec_of(cm).get("env"))
+        steps = [
+            lambda: conn.batch().delete_namespaced_job(m.workers_name(name), ns, propagation_policy="Background"),
+            lambda: (
+                pytorchjob
+                and conn.custom().delete_namespaced_custom_object(
+                    "kubeflow.org", "v1", ns, "pytorchjobs", m.workers_name(name)
+                )
+            ),
+            lambda: conn.apps().delete_namespaced_deployment(m.rdzv_name(name), ns, propagation_policy="Background"),
+            lambda: conn.core().delete_collection_namespaced_pod(ns, label_selector=m.selector(name)),
+            lambda: conn.core().delete_namespaced_service(m.rdzv_name(name), ns),
+            lambda: has_env and conn.core().delete_namespaced_secret(m.env_name(name), ns),
+            lambda: conn.core().delete_namespaced_config_map(m.code_name(name), ns, propagation_policy="Background"),
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                from kubernetes.client.exceptions import ApiException
+
+                if is_missing(exc) or (isinstance(exc, ApiException) and exc.status == 405):
+                    continue
+                if step in (steps[1], steps[5]) and cm is None and isinstance(exc, ApiException) and exc.status == 403:
+                    continue  # not granted, and nothing says the job made one
+                raise explain(exc, f"stop job {name!r}", conn) from None

@@ -1,0 +1,210 @@
+"""Worker and rendezvous pods as events: ``pending`` with the scheduler's or the kubelet's
+reason, ``node_joined`` when a pod runs (its log followed from then on), a restarted
+container, ``node_left`` with why (finished, preempted, evicted, deleted, OOMKilled, exit
+code), ``store_lost`` when the rendezvous pod goes. Mixed into ``ClusterFollower``."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...events import Kind
+from ...runtime import protocol
+from . import manifests as m
+
+WAITING_REASONS = {
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "InvalidImageName",
+    "CreateContainerError",
+}
+
+
+@dataclass
+class PodView:
+    """What we last knew of a pod, to turn changes into events."""
+
+    name: str
+    phase: str = ""
+    running_seen: bool = False
+    reported_pending: str = ""
+    restart_count: int = 0
+    left: bool = False
+    log_threads: list[threading.Thread] = field(default_factory=list)
+
+
+def pod_disruption(pod: Any) -> str | None:
+    for cond in pod.status.conditions or [] if pod.status else []:
+        if cond.type == "DisruptionTarget" and cond.status == "True":
+            reason = cond.reason or ""
+            if "Preemption" in reason:
+                return "preempted"
+            if "Eviction" in reason or "Taint" in reason:
+                return "evicted"
+            return reason or "disrupted"
+    return None
+
+
+class PodEvents:
+    """The pod watch's handlers."""
+
+    def _watch_pods(self) -> None:
+        self._watch(
+            self.core.list_namespaced_pod,
+            self._on_pod,
+            relisted=self._pods_relisted,
+            bookmarks=True,
+            label_selector=m.selector(self.job),
+        )
+
+    def _pods_relisted(self, present: set[str]) -> None:
+        """Worker pods we followed that a fresh list no longer has were deleted while the
+        watch was away (a 410 after a long disconnection): they left."""
+        with self.lock:
+            gone = [
+                v
+                for v in self.pods.values()
+                if v.name not in present and not v.left and not v.name.startswith(m.rdzv_name(self.job))
+            ]
+            for view in gone:
+                view.left = True
+        for view in gone:
+            self.emit(Kind.NODE_LEFT, view.name, reason="deleted", exitcode=None)
+
+    def _on_pod(self, kind: str, pod: Any) -> None:
+        name = pod.metadata.name
+        component = (pod.metadata.labels or {}).get(m.COMPONENT)
+        with self.lock:
+            view = self.pods.setdefault(name, PodView(name))
+        status = pod.status
+        phase = (status.phase if status else "") or "Pending"
+        statuses = (status.container_statuses or []) if status else []
+        container = statuses[0] if statuses else None
+        if component == "rendezvous":
+            self._on_rendezvous_pod(kind, pod, view, phase, container)
+            return
+        if view.left:
+            return
+        # Pending: why.
+        if phase == "Pending":
+            reason = ""
+            for cond in status.conditions or [] if status else []:
+                if cond.type == "PodScheduled" and cond.status == "False":
+                    reason = f"{cond.reason}: {cond.message}"
+            if (
+                container
+                and container.state
+                and container.state.waiting
+                and container.state.waiting.reason in WAITING_REASONS
+            ):
+                w = container.state.waiting
+                reason = f"{w.reason}: {w.message or ''}".strip()
+            if reason and reason != view.reported_pending:
+                view.reported_pending = reason
+                head, _, message = reason.partition(": ")
+                self.emit(Kind.PENDING, name, reason=head, message=message)
+        if (
+            container
+            and container.state
+            and container.state.waiting
+            and container.state.waiting.reason == "CrashLoopBackOff"
+        ):
+            reason = f"CrashLoopBackOff: {container.state.waiting.message or ''}"
+            if reason != view.reported_pending:
+                view.reported_pending = reason
+                self.emit(Kind.PENDING, name, reason="CrashLoopBackOff", message=container.state.waiting.message or "")
+        # Running: it joined; follow its log.
+        started = container and container.state and (container.state.running or container.state.terminated)
+        if started and not view.running_seen:
+            view.running_seen = True
+            with self.lock:
+                self.warned.clear()  # a pod could be created: tell a new refusal again
+            self.emit(
+                Kind.NODE_JOINED,
+                name,
+                ip=status.pod_ip,
+                index=(pod.metadata.labels or {}).get("batch.kubernetes.io/job-completion-index"),
+            )
+            self._start_log_follower(view, previous=False)
+        if container and container.restart_count and container.restart_count > view.restart_count:
+            view.restart_count = container.restart_count
+            self.emit(
+                Kind.ERROR,
+                name,
+                error="ContainerRestarted",
+                message=f"container restarted ({container.restart_count}x)",
+            )
+            self._start_log_follower(view, previous=True)
+        # Gone: why.
+        disruption = pod_disruption(pod)
+        terminated = container.state.terminated if container and container.state else None
+        if phase in ("Succeeded", "Failed") or kind == "DELETED" or pod.metadata.deletion_timestamp:
+            if phase == "Succeeded":
+                reason = "finished"
+            elif disruption:
+                reason = disruption
+            elif status and status.reason == "Evicted":
+                reason = "evicted"
+            elif terminated is not None and terminated.reason == "OOMKilled":
+                reason = "OOMKilled"
+            elif phase == "Failed":
+                reason = protocol.exit_reason(terminated.exit_code) if terminated is not None else "failed"
+            else:
+                reason = "deleted"
+            if kind == "DELETED" or phase in ("Succeeded", "Failed"):
+                view.left = True
+                if reason != "finished" and not disruption and self._success_met():
+                    # The Job met its successPolicy (another index succeeded: the agents
+                    # finish together) and the controller terminated this one while it
+                    # exited: it finished, it did not fail.
+                    reason = "finished"
+                self.emit(
+                    Kind.NODE_LEFT,
+                    name,
+                    reason=reason,
+                    exitcode=terminated.exit_code if terminated is not None else None,
+                )
+
+    def _success_met(self) -> bool:
+        """Whether the workers' Job has met its successPolicy (SuccessCriteriaMet, or
+        Complete). Read when a worker pod ends, not from the 0.5 s poll: the controller sets
+        the condition before it terminates the lingering pods."""
+        if self.success_met:
+            return True
+        try:
+            job = self.conn.batch().read_namespaced_job(m.workers_name(self.job), self.conn.namespace)
+        except Exception:
+            return False  # not a Job workload, gone, or unreadable: say what the pod says
+        self.success_met = any(
+            c.status == "True" and c.type in ("SuccessCriteriaMet", "Complete") for c in job.status.conditions or []
+        )
+        return self.success_met
+
+    def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
+        if kind == "DELETED" and not self.stop.is_set() and not self.released:
+            # Its Deployment starts another; the agents re-form their round on it.
+            evicted = any(
+                c.type == "DisruptionTarget" and c.status == "True"
+                for c in ((pod.status.conditions or []) if pod.status else [])
+            )
+            self.emit(Kind.STORE_LOST, pod.metadata.name, reason="evicted" if evicted else "deleted")
+        if container and container.restart_count and container.restart_count > view.restart_count:
+            view.restart_count = container.restart_count
+            self.emit(
+                Kind.ERROR,
+                pod.metadata.name,
+                error="RendezvousRestarted",
+                message="the rendezvous store restarted; agents rejoin",
+            )
+        if phase == "Pending":
+            reason = ""
+            for cond in pod.status.conditions or [] if pod.status else []:
+                if cond.type == "PodScheduled" and cond.status == "False":
+                    reason = f"{cond.reason}: {cond.message}"
+            if reason and reason != view.reported_pending:
+                view.reported_pending = reason
+                head, _, message = reason.partition(": ")
+                self.emit(Kind.PENDING, pod.metadata.name, reason=head, message=message, component="rendezvous")

@@ -1,0 +1,199 @@
+"""Submitting a job to a cluster: the dry-run (the objects and the launch plan, as text),
+and creating them in order, the code ConfigMap first as the owner of the rest, with nothing
+half-created left behind on a refusal. Mixed into ``KubernetesBackend``."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from ...errors import BackendError
+from ...plan import rdzv_id
+from ..base import DryRun
+from . import manifests as m
+from .client import explain, is_missing
+from .options import KubernetesOptions
+
+
+class Submitting:
+    """``submit_dryrun`` and ``schedule``, and the creation of each object."""
+
+    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+        options = self._options(spec)
+        run_id = secrets.token_hex(4)
+        objects = m.build(spec, bundle, options, run_id=run_id)
+        plan = m.plan_for(spec, options, rdzv_id=rdzv_id(spec.name, run_id, 0), epoch=0)
+        namespace = options.namespace or self._namespace or "<the context's namespace>"
+        shipped = sorted(getattr(bundle, "modules", {}) or {})
+        text = (
+            f"# kubernetes backend: {len(objects)} objects in namespace {namespace}; every object but the ConfigMap\n"
+            "# gets an ownerReference to it at creation, so deleting the ConfigMap deletes the job.\n"
+            f"# working directory of the workers: {m.pod_workdir(options.image)}; relative paths resolve there,\n"
+            "# and what the code writes there vanishes with the pod.\n"
+            + (
+                f"# the notebook's own modules, shipped in the ConfigMap ({m.MODULES_ZIP}, on the workers' path): "
+                + ", ".join(shipped)
+                + "\n"
+                if shipped
+                else ""
+            )
+            + (
+                f"# files the code reads by a relative name, unpacked into that working directory ({m.FILES_ZIP}): "
+                + ", ".join(sorted(bundle.workdir_files))
+                + "\n"
+                if getattr(bundle, "workdir_files", None)
+                else ""
+            )
+            + (
+                "# --gpus not given: --nproc-per-node GPUs per worker pod, or none on a cluster where no node\n"
+                "# offers nvidia.com/gpu (checked at launch where nodes may be listed).\n"
+                if options.gpus is None
+                else ""
+            )
+            + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
+            + "# each worker pod runs the launch plan:\n"
+            + "".join(f"#{line}\n" for line in plan.text().splitlines())
+            + m.to_yaml(objects)
+        )
+        return DryRun(
+            "kubernetes", spec, bundle, {"objects": objects, "run_id": run_id, "options": options.to_json()}, text
+        )
+
+    def schedule(self, dryrun: DryRun) -> None:
+        conn = self.conn
+        objects = dryrun.request["objects"]
+        options = KubernetesOptions.from_json(dryrun.request["options"])
+        self._check_namespace()
+        if options.pvc:
+            try:
+                conn.core().read_namespaced_persistent_volume_claim(options.pvc, conn.namespace)
+            except Exception as exc:
+                if is_missing(exc):
+                    raise BackendError(
+                        f"--pvc {options.pvc!r}: no such PersistentVolumeClaim in namespace {conn.namespace!r}; create it first"
+                    ) from None
+                raise explain(exc, "read the checkpoint volume claim", conn) from None
+        if options.workload == "pytorchjob" and not self.has_pytorchjob_crd():
+            raise BackendError(
+                "--workload pytorchjob needs the Kubeflow training operator (CRD pytorchjobs.kubeflow.org) on this cluster; use the default --workload job"
+            )
+        if options.gpus is None and not self._cluster_has_gpus():
+            # --gpus defaults to --nproc-per-node, which on a cluster without GPUs leaves every
+            # worker Pending forever: there, the default is CPU pods.
+            options.gpus = 0
+            objects = [m.without_gpus(o) for o in objects]
+        code = dict(objects[0])
+        code["metadata"] = dict(
+            code["metadata"],
+            annotations={
+                **code["metadata"]["annotations"],
+                "notebook-elastic.io/workload": options.workload,
+                "notebook-elastic.io/options": json.dumps(options.to_json(), separators=(",", ":")),
+            },
+        )
+        owner = self._create(code, "create the job's code ConfigMap")
+        created = [owner]
+        try:
+            for obj in objects[1:]:
+                if obj["kind"] == "Secret":  # the dry-run holds placeholders; the values, only now
+                    obj = m.with_env_values(obj, dryrun.spec.env)
+                created.append(
+                    self._create(m.owned_by(obj, owner), f"create the {obj['kind']} {obj['metadata']['name']}")
+                )
+            if created[-1]["kind"] in ("Job", "PyTorchJob"):
+                self._own_code_by(dryrun.spec.name, created[-1])
+        except BackendError:
+            self.cancel(dryrun.spec.name)  # nothing half-created is left behind
+            raise
+
+    def _own_code_by(self, name: str, workers: dict[str, Any] | None) -> None:
+        """The workers' Job (or PyTorchJob) owns the code ConfigMap, which owns the rest: so
+        the TTL controller, `kubectl delete job` or a `stop` that deletes the workers removes
+        every object of the job, not only the Job (a dead kernel left the ConfigMap, Service
+        and the always-restarting rendezvous pod forever). The ConfigMap still owns the Job,
+        so deleting it removes everything too. Not blocking: with a reference each way,
+        foreground deletion of either must not wait on the other. None: no owner (the
+        workers are being replaced)."""
+        refs = (
+            [
+                {
+                    "apiVersion": workers["apiVersion"],
+                    "kind": workers["kind"],
+                    "name": workers["metadata"]["name"],
+                    "uid": workers["metadata"]["uid"],
+                    "blockOwnerDeletion": False,
+                }
+            ]
+            if workers
+            else []
+        )
+        try:
+            self.conn.core().patch_namespaced_config_map(
+                m.code_name(name),
+                self.conn.namespace,
+                [{"op": "add", "path": "/metadata/ownerReferences", "value": refs}],
+            )
+        except Exception as exc:
+            raise explain(exc, f"make the workers of {name!r} own its code ConfigMap", self.conn) from None
+
+    def _check_namespace(self) -> None:
+        conn = self.conn
+        try:
+            conn.core().read_namespace(conn.namespace)
+        except Exception as exc:
+            if is_missing(exc):
+                raise BackendError(
+                    f"namespace {conn.namespace!r} does not exist; create it or pass --namespace NAME"
+                ) from None
+            from kubernetes.client.exceptions import ApiException
+
+            if isinstance(exc, ApiException) and exc.status == 403:
+                return  # may not read namespaces: fine, creating objects will tell
+            raise explain(exc, "check the namespace", conn) from None
+
+    def _cluster_has_gpus(self) -> bool:
+        """Whether any node offers nvidia.com/gpu. Unknown (nodes are cluster-scoped, and the
+        README's Role does not grant them) counts as yes: the default stays as it was."""
+        try:
+            nodes = self.conn.core().list_node().items
+        except Exception:
+            return True
+        if not nodes:
+            return True
+        return any(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0") or 0) > 0 for n in nodes)
+
+    def has_pytorchjob_crd(self) -> bool:
+        try:
+            self.conn.extensions().read_custom_resource_definition("pytorchjobs.kubeflow.org")
+            return True
+        except Exception:
+            return False
+
+    def _create(self, obj: dict[str, Any], action: str) -> dict[str, Any]:
+        conn = self.conn
+        ns = conn.namespace
+        kind = obj["kind"]
+        try:
+            if kind == "ConfigMap":
+                made = conn.core().create_namespaced_config_map(ns, obj)
+            elif kind == "Secret":
+                made = conn.core().create_namespaced_secret(ns, obj)
+                made.data = made.string_data = None  # the values stay out of everything we keep
+            elif kind == "Service":
+                made = conn.core().create_namespaced_service(ns, obj)
+            elif kind == "Pod":
+                made = conn.core().create_namespaced_pod(ns, obj)
+            elif kind == "Deployment":
+                made = conn.apps().create_namespaced_deployment(ns, obj)
+            elif kind == "Job":
+                made = conn.batch().create_namespaced_job(ns, obj)
+            elif kind == "PyTorchJob":
+                return conn.custom().create_namespaced_custom_object("kubeflow.org", "v1", ns, "pytorchjobs", obj)
+            else:
+                raise BackendError(f"cannot create a {kind}")
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise explain(exc, action, conn) from None
+        return conn.api.sanitize_for_serialization(made)

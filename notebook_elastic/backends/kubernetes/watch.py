@@ -1,0 +1,147 @@
+"""Talking to the API server while following a job: retries with a doubling wait, a 403
+told once in words, and a watch that lives as long as the follower (list, watch, resume,
+relist on 410 Gone), as an informer does it. Mixed into ``ClusterFollower``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Any
+
+from ...events import Kind
+from .client import explain
+
+WATCH_TIMEOUT_S = 30
+RETRY_FIRST_S = 0.5  # a transient API error (429, 5xx, a dropped connection) is retried after this,
+RETRY_MAX_S = 15.0  # doubling up to this: a control-plane upgrade takes minutes, not forever
+
+
+class Transient(Exception):
+    """The API server could not answer now (429, 5xx, unreachable): try again later."""
+
+
+def is_forbidden(exc: BaseException) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    return isinstance(exc, ApiException) and exc.status in (401, 403)
+
+
+class Backoff:
+    """Doubling waits between retries of one failing call; reset by a success."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.delay_s = RETRY_FIRST_S
+
+    def wait(self) -> None:
+        self.stop.wait(self.delay_s)
+        self.delay_s = min(self.delay_s * 2, RETRY_MAX_S)
+
+    def reset(self) -> None:
+        self.delay_s = RETRY_FIRST_S
+
+
+def parse_time(text: str) -> float:
+    """RFC 3339 (nanoseconds allowed) -> epoch seconds."""
+    text = text.rstrip("Z")
+    whole, _, frac = text.partition(".")
+    base = dt.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+def _ts(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.timestamp()
+    return parse_time(str(value))
+
+
+class Watching:
+    """The follower's watches and its one sentence per missing right."""
+
+    def _forbidden(self, exc: BaseException, action: str) -> None:
+        """Say once which right is missing (the verb and resource from the API server's
+        message, in client.explain's words); the caller keeps retrying slowly, so a Role
+        granted later is picked up."""
+        message = str(explain(exc, action, self.conn))
+        with self.lock:
+            if message in self.refused:
+                return
+            self.refused.add(message)
+        self.emit(Kind.ERROR, None, error="Forbidden", message=message)
+
+    def _watch(
+        self,
+        list_fn: Any,
+        handle: Any,
+        *,
+        optional: bool = False,
+        relisted: Any = None,
+        bookmarks: bool = False,
+        **selector: str,
+    ) -> None:
+        """A watch that lives as long as the follower, as an informer does it: list, then
+        watch from the list's resourceVersion; after a dropped connection resume from the
+        last resourceVersion seen; after 410 Gone list again (ADDED for what exists; the
+        handlers dedupe) and give ``relisted`` the names listed, so what was deleted while
+        the watch was away is told too. ``optional``: a 401/403 ends it quietly."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        rv: str | None = None
+        backoff = Backoff(self.stop)
+        while not self.stop.is_set():
+            if rv is None:
+                try:
+                    listed = list_fn(self.conn.namespace, **selector)
+                except ApiException as exc:
+                    if optional and exc.status in (401, 403):
+                        return
+                    if exc.status in (401, 403):
+                        self._forbidden(exc, f"follow job {self.job!r}")
+                    backoff.wait()
+                    continue
+                except Exception:
+                    backoff.wait()
+                    continue
+                for obj in listed.items:
+                    handle("ADDED", obj)
+                if relisted is not None:
+                    relisted({obj.metadata.name for obj in listed.items})
+                rv = listed.metadata.resource_version
+            w = watch.Watch()
+            try:
+                for item in w.stream(
+                    list_fn,
+                    self.conn.namespace,
+                    resource_version=rv,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                    # A quiet watch keeps a fresh resourceVersion (only where the model's required
+                    # fields allow a bookmark's bare metadata: V1Pod yes, CoreV1Event no).
+                    **({"allow_watch_bookmarks": True} if bookmarks else {}),
+                    **selector,
+                ):
+                    if self.stop.is_set():
+                        w.stop()
+                        return
+                    if item["type"] == "BOOKMARK":
+                        # Only a resourceVersion (the client keeps the object a raw dict): resume
+                        # from there, not from before the server's compaction.
+                        rv = w.resource_version or rv
+                        continue
+                    obj = item["object"]
+                    rv = obj.metadata.resource_version
+                    handle(item["type"], obj)
+                    backoff.reset()
+            except ApiException as exc:
+                if optional and exc.status in (401, 403):
+                    return
+                if exc.status == 410:
+                    rv = None
+                    continue
+                if exc.status in (401, 403):
+                    self._forbidden(exc, f"follow job {self.job!r}")
+                backoff.wait()
+            except Exception:
+                backoff.wait()  # dropped connection: resume from rv

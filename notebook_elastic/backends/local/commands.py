@@ -1,0 +1,181 @@
+"""The supervisor's commands, as the kernel sends them over the control connection
+(``control.py``): scale, set the range (new agents in a new rendezvous epoch), the drills
+(kill a worker, preempt or lose a node), stop, status. ``_answer`` queues each request; the
+supervisor's main loop runs them one at a time. Mixed into ``Supervisor``."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+from ...errors import SpecError
+from ...events import Kind
+from ...runtime import protocol
+from .nodes import Agent
+
+STOP_GRACE_S = 10.0
+
+
+class Commands:
+    """What the kernel may ask of a running job."""
+
+    def _pick_agent(self, node: str | None) -> Agent:
+        alive = self.staying_agents()
+        if node is None:
+            if not alive:
+                raise ValueError("no node is running right now")
+            return random.choice(alive)
+        for agent in alive:
+            if agent.name == node:
+                return agent
+        names = ", ".join(a.name for a in alive) or "none"
+        raise ValueError(f"node {node!r} is not running (running: {names})")
+
+    def do_scale(self, nodes: int) -> dict:
+        lo, hi = self.range
+        if not lo <= nodes <= hi:
+            raise ValueError(
+                f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
+            )
+        self.target = nodes
+        self.emit(Kind.SCALED, target=nodes, min_nodes=lo, max_nodes=hi)
+        self._converge()
+        return {"target": nodes}
+
+    def do_set_range(self, min_nodes: int, max_nodes: int) -> dict:
+        if not 1 <= min_nodes <= max_nodes:
+            raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
+        if (min_nodes, max_nodes) == tuple(self.range):
+            return {"target": self.target, "reconfigured": False}
+        try:
+            self._plan((min_nodes, max_nodes))  # refused here, before any agent is stopped
+        except SpecError as e:
+            raise ValueError(str(e).replace("--nnodes", "range", 1)) from None
+        self.range = (min_nodes, max_nodes)
+        self.target = min(max(self.target, min_nodes), max_nodes)
+        # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
+        # rendezvous epoch, resuming from the latest checkpoint.
+        self.epoch += 1
+        old = self.alive_agents()
+        for agent in old:
+            self.signal_agent(agent, signal.SIGTERM, "reconfigured")
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(a.alive for a in old) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for agent in old:
+            if agent.alive:
+                self.signal_agent(agent, signal.SIGKILL, "reconfigured")
+                agent.proc.wait()
+        self._reap()
+        self.emit(Kind.SCALED, target=self.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True)
+        self._converge()
+        return {"target": self.target, "reconfigured": True}
+
+    def do_kill_worker(self, rank: int | None = None) -> dict:
+        if not self.workers:
+            raise ValueError(
+                "no worker is running right now (the job is starting or restarting); try again in a moment"
+            )
+        if rank is None:
+            rank = random.choice(sorted(self.workers))
+        if rank not in self.workers:
+            raise ValueError(f"rank {rank} is not running (running ranks: {sorted(self.workers)})")
+        pid, node, _gen = self.workers[rank]
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            raise ValueError(f"rank {rank} (pid {pid}) already exited") from None
+        self.emit(Kind.FAULT, node, fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid)
+        return {"rank": rank, "pid": pid, "node": node}
+
+    def _lower_target(self, node: str, reason: str) -> None:
+        """A node taken away is not replaced: the target says so, in an event of its own, so
+        every view of the target (the dashboard's nodes box, the panel) follows."""
+        self.target = max(0, self.target - 1)
+        self.emit(
+            Kind.SCALED, node, target=self.target, min_nodes=self.range[0], max_nodes=self.range[1], reason=reason
+        )
+
+    def do_remove_node(
+        self, node: str | None = None, how: str = "preempt", return_after_s: float | None = None
+    ) -> dict:
+        agent = self._pick_agent(node)
+        self._lower_target(agent.name, "lost" if how == "lose" else "preempted")
+        if how == "lose":
+            self.signal_agent(agent, signal.SIGKILL, "lost")
+        else:
+            self.signal_agent(agent, signal.SIGTERM, "preempted")
+        if return_after_s is not None:
+            self.returns.append(time.monotonic() + float(return_after_s))
+        self.emit(Kind.FAULT, agent.name, fault=f"{how}_node", target=agent.name, return_after_s=return_after_s)
+        return {"node": agent.name, "target": self.target}
+
+    def _files_changed(self, paths: list[str], node: str | None) -> None:
+        """Someone changed the script or payload: stop everything rather than run it."""
+        if self.files_reason is not None:
+            return
+        self.files_reason = protocol.files_changed_reason(paths)
+        self.emit(Kind.FILES_CHANGED, node, files=paths, reason=self.files_reason)
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + STOP_GRACE_S
+        for agent in self.alive_agents():
+            self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
+
+    def do_stop(self) -> dict:
+        if not self.stopping:
+            self.stopping = True
+            self.stop_deadline = time.monotonic() + STOP_GRACE_S
+            for agent in self.alive_agents():
+                self.signal_agent(agent, signal.SIGTERM, "stopped")
+        return {"stopping": True}
+
+    def do_status(self) -> dict:
+        with self.sink.lock:
+            return self.state.summary()
+
+    def _handle(self, request: dict) -> Any:
+        command = request.get("command")
+        args = request.get("args") or {}
+        if self.stopping and command not in ("stop", "status"):
+            raise ValueError(f"the job is stopping, so it cannot {command.replace('_', ' ')}")
+        if command == "scale":
+            return self.do_scale(int(args["nodes"]))
+        if command == "set_range":
+            return self.do_set_range(int(args["min_nodes"]), int(args["max_nodes"]))
+        if command == "kill_worker":
+            return self.do_kill_worker(args.get("rank"))
+        if command in ("preempt_node", "lose_node"):
+            how = "lose" if command == "lose_node" else "preempt"
+            return self.do_remove_node(args.get("node"), how, args.get("return_after_s"))
+        if command == "stop":
+            return self.do_stop()
+        if command == "status":
+            return self.do_status()
+        raise ValueError(f"unknown command {command!r}")
+
+    def _serve(self, listener: Any) -> None:
+        while True:
+            try:
+                conn = listener.accept()
+            except Exception:
+                if self.closed:
+                    return
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        try:
+            request = json.loads(conn.recv_bytes())
+            done: queue.SimpleQueue = queue.SimpleQueue()
+            self.commands.put((request, done))
+            conn.send_bytes(json.dumps(done.get(timeout=120), default=str).encode())
+        except Exception:
+            pass
+        finally:
+            conn.close()

@@ -1,0 +1,131 @@
+"""Following a local job from any kernel: its history (the compacted part, then the live
+file, across rotations) as events, until its outcome; a supervisor that died without one, or
+a job folder deleted under it, is told as the job's end, written down by whoever notices it
+first so that every observer says the same. Mixed into ``LocalBackend``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ...errors import JobNotFound
+from ...events import Event, Kind
+from .folder import JobFolder, write_json_atomic
+from .history import history_file, parse, read_all
+
+SUPERVISOR_START_TIMEOUT_S = 30.0
+
+
+FOLDER_GONE_WAIT_S = 3.0
+
+
+LOST_SUPERVISOR = {"status": "lost", "reason": "its supervisor process is gone (killed, or the machine restarted)"}
+
+
+LOST_FOLDER = {"status": "lost", "reason": "its job folder was deleted while it ran"}
+
+
+FOLLOW_POLL_S = 0.03
+
+
+def _rotated(path: Path, f: Any) -> bool:
+    """Whether ``path`` is now another file than the one ``f`` reads (the supervisor rotated it)."""
+    try:
+        return os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _record_outcome(folder: JobFolder, event: Event) -> None:
+    """Append an outcome the supervisor could not write (it is dead) and put it in status.json,
+    unless another observer already did."""
+    try:
+        status = folder.status() or {}
+        if status.get("status") == event.get("status"):
+            return
+        _append_event(folder, event)
+        status.update(status=event.get("status"), reason=event.get("reason"), updated=time.time())
+        write_json_atomic(folder.status_file, status)
+    except OSError:
+        pass  # a full or vanished disk: the event still reaches this observer
+
+
+def _append_event(folder: JobFolder, event: Event) -> None:
+    with open(folder.events_file, "a") as f:
+        f.write(event.to_line() + "\n")
+
+
+class Following:
+    """``history`` and ``follow`` of a job folder."""
+
+    def history(self, name: str) -> Iterator[Event]:
+        folder = self.folder(name)
+        if not folder.exists():
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        yield from read_all(folder.events_file)
+
+    def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
+        folder = self.folder(name)
+        if not folder.exists():
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
+        try:  # the compacted history first (it is replaced whole, never appended to)
+            with open(history_file(folder.events_file), "rb") as h:
+                for line in h:
+                    event = parse(line)
+                    if event is not None:
+                        yield event
+                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+        except FileNotFoundError:
+            pass
+        buffer = b""
+        idle_checks = 0
+        gone_since: float | None = None
+        f = open(folder.events_file, "rb")
+        try:
+            while not stop.is_set():
+                chunk = f.read(1 << 20)
+                if chunk:
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        event = parse(line)
+                        if event is None:
+                            continue
+                        yield event
+                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+                    continue
+                if _rotated(folder.events_file, f):
+                    f.close()  # read to its end: the rest is in the new file
+                    f, buffer = open(folder.events_file, "rb"), b""
+                    continue
+                if finished and not folder.supervisor_alive():
+                    return  # the end of the file, the job's last word was its outcome, and no
+                    # supervisor (a resumed one) will write more
+                idle_checks += 1
+                if idle_checks % 50 == 0 and not folder.events_file.exists():
+                    # Deleted under the job: its supervisor says so in the (unlinked) file we
+                    # still read, as it stops; if it is gone too, say it here.
+                    gone_since = gone_since or time.monotonic()
+                    if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
+                        yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
+                        return
+                elif idle_checks % 50 == 0 and not folder.supervisor_alive() and not folder.guardian_alive():
+                    time.sleep(0.2)  # one last read: it may have just written its last line
+                    if f.read(1):
+                        f.seek(-1, os.SEEK_CUR)
+                        continue
+                    info = folder.supervisor()
+                    if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
+                        # Whoever notices writes it down, so every observer says the same.
+                        event = Event(Kind.JOB_FINISHED, time.time(), None, LOST_SUPERVISOR)
+                        _record_outcome(folder, event)
+                        yield event
+                        return
+                stop.wait(FOLLOW_POLL_S)
+        finally:
+            f.close()

@@ -1,0 +1,305 @@
+"""The supervisor's nodes: each a torchrun agent (``notebook_elastic.runtime.agent``) in a
+process group of its own, started cold or from the warm spare, given its share of the GPUs;
+its output logged (rotated, above the disk's free-space floor) and parsed into the sink;
+signalled, reaped, and started or stopped until as many run as the target says.
+Mixed into ``Supervisor``, whose state (spec, folder, agents, target, sink) it uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+from ...events import Kind, LineParser
+from ...plan import LaunchPlan, launch_plan, rdzv_id
+from ...runtime import protocol
+from .place import local_place
+
+#: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
+NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
+#: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
+#: so events and status still find room.
+LOG_FLOOR_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class Agent:
+    name: str
+    proc: subprocess.Popen
+    started: float
+    epoch: int
+    exit_reason: str | None = None  # set when we signal it on purpose
+    gpus: list[str] = field(default_factory=list)  # its ranks' devices, its own alone
+    progressed: bool = False  # a worker group it was part of made a step (a report or a commit)
+    failure: str | None = None  # its workers' latest own failure, in words
+    log_bytes: int = 0  # written to its current log file
+    reaped: bool = False
+    readers: list[threading.Thread] = field(default_factory=list)
+    parsers: list[LineParser] = field(default_factory=list)
+    log: IO[bytes] | None = None
+    log_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Nodes:
+    """Starting, logging, signalling and reaping the job's agents."""
+
+    def _plan(self, nnodes: tuple[int, int] | None = None) -> LaunchPlan:
+        """What the agents of this epoch run (every node is started from it)."""
+        place = local_place(
+            self.spec,
+            self.folder,
+            gpus=self.gpus,
+            store_port=self.store_port,
+            supervisor_pid=os.getpid(),
+            files_sha256=self.files_sha256,
+        )
+        return launch_plan(
+            self.spec,
+            place,
+            rdzv_id=rdzv_id(self.spec.name, self.run_id, self.epoch),
+            epoch=self.epoch,
+            nnodes=nnodes or self.range,
+            nodes=0,
+        )
+
+    def _agent_env(self, plan: LaunchPlan, node_env: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.env)  # the --env values (from secret.json): the plan only names them
+        env.update(plan.env)
+        env.update(node_env)
+        return env
+
+    def _take_gpus(self) -> list[str] | None:
+        """GPUs for one more node, one per local rank, none in use by a live node (None: not
+        enough are free yet, a node on its way out still holds its own)."""
+        if not self.gpus:
+            return []
+        n = self.spec.nproc_per_node
+        if len(self.free_gpus) < n:
+            return None
+        taken, self.free_gpus = self.free_gpus[:n], self.free_gpus[n:]
+        return taken
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=self.spec.backend_options.get("cwd") or None,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        agent = Agent(
+            name, proc, time.time(), self.epoch, log=open(self.folder.logs / f"{name}.log", "ab", buffering=0)
+        )
+        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            parser = LineParser(name, stream)
+            t = threading.Thread(target=self._read, args=(agent, parser, pipe), name=f"{name}-{stream}", daemon=True)
+            t.start()
+            agent.parsers.append(parser)
+            agent.readers.append(t)
+        return agent
+
+    def start_agent(self) -> Agent | None:
+        gpus = self._take_gpus()
+        if gpus is None:
+            return None
+        index = self.next_index
+        self.next_index += 1
+        plan = self._plan()
+        node = plan.node(index, gpus)
+        name = node.name
+        # A drill for a broken machine: this node's own environment (a wrong network interface,
+        # a module missing from its path), as in backend_options={"node_env": {"node-1": {...}}}.
+        node_env = {**node.env, **(self.spec.backend_options.get("node_env") or {}).get(name, {})}
+        if any(a.progressed for a in self.staying_agents()):
+            node_env[protocol.ENV_JOINER] = "1"  # it joins a job that trains: its failure must not end it
+        env = self._agent_env(plan, node_env)
+        spare, self.spare = self.spare, None
+        if spare is not None and spare.alive:
+            # A warm spare: Python and torch are already imported; tell it who it is.
+            node_env = {k: v for k, v in env.items() if os.environ.get(k) != v}
+            order = json.dumps({"env": node_env, "argv": list(plan.torchrun_args)}) + "\n"
+            try:
+                spare.proc.stdin.write(order.encode())  # type: ignore[union-attr]
+                spare.proc.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                spare = None
+        if spare is not None and spare.alive:
+            agent = spare
+            with agent.log_lock:
+                agent.log.close()  # type: ignore[union-attr]  # unbuffered: nothing left to flush
+                try:
+                    os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
+                except OSError:
+                    pass
+                agent.log = open(self.folder.logs / f"{name}.log", "ab", buffering=0)
+            agent.name = name
+            agent.epoch = self.epoch
+            agent.started = time.time()
+            for parser in agent.parsers:
+                parser.node = name
+        else:
+            agent = self._spawn(name, list(node.argv), env)
+            agent.proc.stdin.close()  # type: ignore[union-attr]
+        agent.gpus = gpus
+        self.agents[name] = agent
+        self.emit(
+            Kind.NODE_JOINED,
+            name,
+            pid=agent.proc.pid,
+            epoch=self.epoch,
+            warm=agent is spare,
+            **({"gpus": gpus} if gpus else {}),
+        )
+        return agent
+
+    def _keep_a_spare(self) -> None:
+        """Once the job runs and can still grow, keep one standby agent warm."""
+        wanted = (
+            self.warm_spare
+            and not self.stopping
+            and self.state.world_size > 0
+            and len(self.alive_agents()) < self.range[1]
+        )
+        if self.spare is not None and not self.spare.alive:
+            self.spare = None
+            self.spare_retry_at = time.monotonic() + 30  # it died unused: do not respawn in a loop
+        if wanted and self.spare is None and time.monotonic() >= self.spare_retry_at:
+            plan = self._plan()
+            env = self._agent_env(plan, {protocol.ENV_NODE: "spare"})
+            self.spare = self._spawn(f"spare-{self.next_index}", [*plan.agent_prefix, "--standby"], env)
+        elif not wanted and self.spare is not None:
+            self.spare.proc.stdin.close()  # type: ignore[union-attr]
+            self.spare = None
+
+    def _read(self, agent: Agent, parser: LineParser, pipe: IO[bytes]) -> None:
+        for raw in iter(pipe.readline, b""):
+            now = time.time()
+            if self._output_allowed():
+                with agent.log_lock:
+                    self._log(agent, raw)
+            event = parser.feed(raw.decode("utf-8", "replace"), now)
+            if event is not None and not agent.name.startswith("spare-"):
+                self.sink.put(event)
+        pipe.close()
+
+    def _log(self, agent: Agent, raw: bytes) -> None:
+        """Append to the node's log, rotated at NODE_LOG_CAP_BYTES (node-N.log.1 keeps the last
+        part); a write that fails (disk full) is dropped, never fatal."""
+        try:
+            if agent.log_bytes + len(raw) > NODE_LOG_CAP_BYTES:
+                agent.log.close()  # type: ignore[union-attr]
+                current = self.folder.logs / f"{agent.name}.log"
+                os.replace(current, current.with_name(current.name + ".1"))
+                agent.log = open(current, "ab", buffering=0)
+                agent.log_bytes = 0
+            agent.log.write(raw)  # type: ignore[union-attr]
+            agent.log_bytes += len(raw)
+        except (OSError, ValueError):
+            pass
+
+    def _output_allowed(self) -> bool:
+        """Whether the disk has room for output above the floor (checked once a second): below
+        it, output is dropped so that events and the status still find room."""
+        now = time.monotonic()
+        self._written_since_check += 1
+        if now - self._space_checked < 1.0 and self._written_since_check < 64:
+            return self._space_ok  # looked again each second, or every 64 lines (fast printers)
+        self._written_since_check = 0
+        self._space_checked = now
+        try:
+            fs = os.statvfs(self.folder.path)
+        except OSError:
+            return self._space_ok
+        floor = min(LOG_FLOOR_BYTES, fs.f_blocks * fs.f_frsize // 20)
+        ok = fs.f_bavail * fs.f_frsize >= floor
+        if self._space_ok and not ok:
+            free = fs.f_bavail * fs.f_frsize
+            self.emit(
+                Kind.DISK_FULL,
+                message=f"the job folder's disk has {free // 1024} KiB free: worker output is no longer written "
+                "to logs/ (training goes on)",
+            )
+        self._space_ok = ok
+        return ok
+
+    def signal_agent(self, agent: Agent, sig: int, reason: str) -> None:
+        if agent.exit_reason is None:
+            agent.exit_reason = reason
+        try:
+            if sig == signal.SIGKILL:
+                os.killpg(agent.proc.pid, signal.SIGKILL)  # the whole node: agent and anything in its group
+            else:
+                agent.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def alive_agents(self) -> list[Agent]:
+        return [a for a in self.agents.values() if not a.reaped and a.alive]
+
+    def staying_agents(self) -> list[Agent]:
+        """Live agents not already told to go (a preempted node takes a moment to leave)."""
+        return [a for a in self.alive_agents() if a.exit_reason is None]
+
+    def _reap(self) -> None:
+        for agent in list(self.agents.values()):
+            if agent.reaped or agent.alive:
+                continue
+            agent.reaped = True
+            self.free_gpus = [g for g in self.gpus if g in self.free_gpus or g in agent.gpus]
+            for t in agent.readers:
+                t.join(timeout=2.0)  # let its last lines in before it is declared gone
+            code = agent.proc.returncode
+            if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
+                agent.exit_reason = protocol.exit_reason(code)
+                self._files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
+            if (
+                code == protocol.EXIT_RESTARTS_SPENT
+                and agent.exit_reason is None
+                and not agent.progressed
+                and not self.stopping
+                and any(a.progressed for a in self.staying_agents())
+            ):
+                # A joiner whose budget (--max-restarts 0) was spent failing to join: it left its
+                # round without closing it; the others train on.
+                agent.exit_reason = "evicted"
+                self._lower_target(agent.name, "evicted")
+                failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
+                self.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.target)
+            reason = agent.exit_reason or protocol.exit_reason(code)
+            if agent.exit_reason is None and code != 0 and not self.stopping:
+                # It died on its own (restart budget spent, rendezvous error, killed from
+                # outside): a lost node, not replaced.
+                self._lower_target(agent.name, "lost")
+            self.emit(Kind.NODE_LEFT, agent.name, reason=reason, exitcode=code)
+            if agent.log:
+                agent.log.close()
+
+    def _converge(self) -> None:
+        """Start or stop agents until as many run as the target says."""
+        if self.stopping:
+            return
+        # Agents on their way out do not count: counting a preempted node-0 that is still
+        # shutting down made the target look exceeded, and the survivor was scaled down too.
+        alive = self.staying_agents()
+        if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
+            return  # the job is finishing: workers succeeded somewhere
+        while len(alive) < self.target:
+            agent = self.start_agent()
+            if agent is None:
+                break  # its GPUs are still held by a node on its way out: next round
+            alive.append(agent)
+        if len(alive) > self.target:
+            for agent in sorted(alive, key=lambda a: a.started)[self.target :]:
+                self.signal_agent(agent, signal.SIGTERM, "scaled_down")

@@ -1,0 +1,102 @@
+"""How a job ends: the reason when every node is gone, ``status.json`` kept current, and at
+the end ``job_finished`` written after every process of the job is gone (machinery ended,
+orphans killed and counted). Mixed into ``Supervisor``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from ...events import Kind
+from ...job_state import budget_spent_reason
+from .folder import kill_all, processes_of, write_json_atomic
+
+#: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
+#: by themselves; what is left after it is an orphan, killed and counted.
+EXIT_GRACE_S = 5.0
+
+
+def _is_ours(pid: int, *marks: bytes) -> bool:
+    """Whether the process's command line carries one of ``marks`` (a zygote, the guardian)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return any(mark in cmdline for mark in marks)
+
+
+class Outcome:
+    """The job's status file and its last record."""
+
+    def _failure_reason(self) -> str:
+        with self.sink.lock:
+            state = self.state
+            if state.failures:
+                return budget_spent_reason(state.failures, state.restarts, state.max_restarts, "")
+            reasons = sorted({a.exit_reason or f"exit code {a.proc.returncode}" for a in self.agents.values()})
+            if all(a.exit_reason in ("preempted", "lost") for a in self.agents.values()):
+                return f"no node left to run on (all {', '.join(reasons)})"
+            return f"every node's agent exited ({', '.join(reasons)})"
+
+    def _write_status(self) -> None:
+        with self.sink.lock:
+            summary = self.state.summary()
+        summary.update(
+            name=self.spec.name,
+            backend="local",
+            target=self.target,
+            min_nodes=self.range[0],
+            max_nodes=self.range[1],
+            supervisor_pid=os.getpid(),
+            notebook=self.spec.notebook,
+            updated=time.time(),
+        )
+        try:
+            write_json_atomic(self.folder.status_file, summary)
+        except OSError:
+            self.sink.changed.set()  # a full disk: try again at the next round
+
+    def _finish(self, outcome: tuple[str, str | None]) -> None:
+        status, reason = outcome
+        spare_pid = None
+        if self.spare is not None:
+            spare_pid = self.spare.proc.pid
+            self.spare.proc.stdin.close()  # type: ignore[union-attr]  # "not needed": it exits
+            self.spare = None
+
+        # The spare agent and the zygotes (still importing torch under load, they read their
+        # orders only afterwards) and the job's guardian are machinery, not orphans: ended here.
+        def machinery_of(pid: int) -> bool:
+            return pid == spare_pid or _is_ours(pid, b"notebook_elastic.runtime.warm\0serve", b"local.guardian")
+
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while [p for p in processes_of(self.folder.path) if not machinery_of(p)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        machinery = [p for p in processes_of(self.folder.path) if machinery_of(p)]
+        for pid in machinery:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        leftovers = [p for p in kill_all(self.folder.path, grace_s=2.0) if p not in machinery]
+        data: dict[str, Any] = {"status": status}
+        if reason:
+            data["reason"] = reason
+        if leftovers:
+            data["orphans_killed"] = len(leftovers)
+        self.emit(Kind.JOB_FINISHED, **data)
+        self.sink.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if not self.folder.events_file.exists():
+            return  # deleted under us: nothing left to record in
+        self._write_status()
+        info = self.folder.supervisor() or {}
+        info["exited"] = True
+        try:
+            write_json_atomic(self.folder.supervisor_file, info, mode=0o600)
+        except OSError:
+            pass  # a full disk: the process is gone all the same, which is what readers check

@@ -1,0 +1,88 @@
+"""Stall watching: a running job whose step has not moved for long enough is stalled; the
+supervisor says which ranks stopped and which wait, and with ``--stall-timeout`` restarts
+the group. Mixed into ``Supervisor``."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+
+from ...events import Kind
+
+
+@dataclass
+class StallClock:
+    """When the job last made progress, and what was said about a stall since."""
+
+    step: int | None = None
+    since: float = 0.0  # monotonic time of the last progress (or of the group's start)
+    step_s: list[float] = field(default_factory=list)  # recent seconds per step, for the median
+    announced: bool = False
+    restarted: bool = False
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process (R, S, D, T for stopped, ...), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class Stalls:
+    """Watches the job's step for a stall (called from the supervisor's main loop)."""
+
+    def _watch_for_stalls(self, now: float) -> None:
+        """A running job whose step has not moved for max(stall_after_s, 10 x the median step
+        time) is stalled (a SIGSTOPped rank, a hung collective, a stuck filesystem look the
+        same): say which ranks stopped and which wait; with --stall-timeout, restart the group."""
+        with self.sink.lock:
+            step, status = self.state.step, self.state.status
+        clock = self.stall
+        if step != clock.step or status != "running":
+            if clock.announced and status == "running":
+                self.emit(Kind.STALL_CLEARED, step=step, for_s=round(now - clock.since, 1))
+            if step is not None and clock.step is not None and step > clock.step and status == "running":
+                clock.step_s = [*clock.step_s[-49:], (now - clock.since) / (step - clock.step)]
+            clock.step, clock.since, clock.announced, clock.restarted = step, now, False, False
+            return
+        if step is None:
+            return
+        stalled_s = now - clock.since
+        median = sorted(clock.step_s)[len(clock.step_s) // 2] if clock.step_s else 0.0
+        threshold = max(self.stall_after_s, 10 * median)
+        if not clock.announced and stalled_s >= threshold:
+            stopped, waiting = self._stalled_ranks()
+            self.emit(
+                Kind.STALL,
+                step=step,
+                for_s=round(stalled_s, 1),
+                stopped=stopped,
+                waiting=waiting,
+                restart_after_s=self.spec.stall_timeout_s,
+            )
+            clock.announced = True
+        limit = self.spec.stall_timeout_s
+        if clock.announced and limit and not clock.restarted and stalled_s >= max(threshold, limit):
+            stopped, waiting = self._stalled_ranks()
+            for rank in stopped or waiting:  # a hang with no stopped rank: the whole group
+                pid = self.workers.get(rank, (None,))[0]
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)  # the agent restarts the group: one restart
+                    except OSError:
+                        pass
+            self.emit(Kind.STALL_CLEARED, step=step, for_s=round(stalled_s, 1), restarted=True)
+            clock.restarted = True
+
+    def _stalled_ranks(self) -> tuple[list[int], list[int]]:
+        """Ranks of the newest group whose process is stopped (T), and the others (waiting)."""
+        newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
+        stopped, waiting = [], []
+        for rank, (pid, _node, gen) in sorted(self.workers.items()):
+            if gen != newest:
+                continue
+            (stopped if process_state(pid) in ("T", "t") else waiting).append(rank)
+        return stopped, waiting

@@ -1,0 +1,182 @@
+"""What each kind of event does to a job's state: one ``_on_<kind>`` method per kind,
+called by ``JobState._apply`` (a kind without one is only kept in the history). Mixed into
+``JobState``."""
+
+from __future__ import annotations
+
+from ..events import Event, Status, degraded_text, describe
+from .records import RankInfo
+
+
+class Handlers:
+    """The fold's per-kind steps."""
+
+    def _on_job_submitted(self, e: Event) -> None:
+        self.started_at = self.started_at or e.time
+        self.max_restarts = e.get("max_restarts", self.max_restarts)
+        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
+        self.target = e.get("nodes", self.target)
+        self.nproc_per_node = e.get("nproc_per_node")
+        self.gpus = e.get("gpus") or 0
+
+    def _on_recovering(self, e: Event) -> None:
+        self.status = Status.RECOVERING
+        self.reason = e.get("reason")
+
+    def _on_job_resumed(self, e: Event) -> None:
+        """The same job, continued in its folder: its history stays, its outcome does not."""
+        self.status = Status.PENDING
+        self.reason = None
+        self.finished_at = None
+        self.waiting = None
+        self.restarts = 0  # the budget starts again, as the event says
+        self.failures.clear()
+        for node in self.nodes.values():
+            node.restart_count = 0
+        self._mark(e, "resumed", "job resumed")
+        self._on_job_submitted(e)
+
+    def _on_stall(self, e: Event) -> None:
+        self.stall = dict(e.data)
+        self._mark(e, "stall", f"stalled at step {e.get('step')}")
+
+    def _on_stall_cleared(self, e: Event) -> None:
+        self.stall = None
+
+    def _on_scaled(self, e: Event) -> None:
+        self.target = e.get("target", self.target)
+        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
+
+    def _on_node_joined(self, e: Event) -> None:
+        self.waiting = None
+        node = self._node(e.node)
+        node.status = "starting"
+        node.agent_pid = e.get("pid")
+        node.joined_at = e.time
+        node.left_reason = None
+        node.left_at = None
+        node.ranks.clear()
+        self._mark(e, "node_joined", f"{node.name} joined")
+
+    def _on_pending(self, e: Event) -> None:
+        if e.node is None:  # about the job, not a node (its controller cannot create a pod)
+            self.waiting = describe(e)
+            return
+        node = self._node(e.node)
+        node.status = "pending"
+
+    def _on_node_left(self, e: Event) -> None:
+        node = self._node(e.node)
+        node.status = "left"
+        node.left_reason = e.get("reason")
+        node.left_at = e.time
+        self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
+        # A node stopped with the job or done with its work is no reason to regroup.
+        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == Status.RUNNING:
+            self.status = Status.RESTARTING
+
+    def _on_rendezvous(self, e: Event) -> None:
+        node = self._node(e.node)
+        node.group_rank = e.get("group_rank")
+        if node.status not in ("left",):
+            node.status = "starting"
+        self.round = e.get("round")
+
+    def _on_restart(self, e: Event) -> None:
+        node = self._node(e.node)
+        if e.get("reason") == "worker_failed":
+            node.restart_count = max(node.restart_count, int(e.get("restarts_used", 0)))
+            if node.restart_count > self.restarts:
+                self.restarts = node.restart_count
+                self._mark(e, "restart", f"restart {self.restarts}/{self.max_restarts}")
+        else:
+            self.membership_changes += 1
+        node.status = "restarting"
+        if not self.finished:
+            self.status = Status.RESTARTING
+
+    def _on_gpu(self, e: Event) -> None:
+        figures = {k: e.get(k) for k in ("device", "mem_peak_bytes", "mem_total_bytes", "util_percent")}
+        self.gpu[int(e.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
+
+    def _on_worker_started(self, e: Event) -> None:
+        node = self._node(e.node or e.get("node"))
+        generation = e.get("generation")
+        if generation is not None and self.generation is not None and generation < self.generation:
+            return  # a late line from a superseded group
+        if generation != self.generation:
+            # A new worker group: drop ranks of the previous one everywhere.
+            for other in self.nodes.values():
+                other.ranks.clear()
+            self.generation = generation
+        rank = int(e.get("rank", 0))
+        node.ranks[rank] = RankInfo(
+            rank, int(e.get("local_rank", 0)), e.get("pid"), int(e.get("restart_count", 0)), generation
+        )
+        node.status = "running"
+        node.restart_count = max(node.restart_count, int(e.get("restart_count", 0)))
+        world = int(e.get("world_size", 1))
+        if world != self.world_size:
+            if self.world_size:
+                self._mark(e, "world_size", f"world size {self.world_size} \u2192 {world}")
+            self.world_size = world
+        if self.started_at is None:
+            self.started_at = e.time
+        if not self.finished:
+            self.status = Status.RUNNING
+
+    def _on_worker_failed(self, e: Event) -> None:
+        if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
+            if not self.finished:
+                self.status = Status.RESTARTING
+            return
+        self.failures.append(e)
+        if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
+            self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")
+        if not self.finished:
+            self.status = Status.RESTARTING
+
+    def _on_peer_lost(self, e: Event) -> None:
+        if not self.finished:
+            self.status = Status.RESTARTING
+
+    def _on_worker_exited(self, e: Event) -> None:
+        if not self.finished and self.status == Status.RUNNING:
+            self.status = Status.RESTARTING
+
+    def _on_plan(self, e: Event) -> None:
+        self.total_steps = e.get("total")
+
+    def _on_resumed(self, e: Event) -> None:
+        self._mark(e, "resumed", f"resumed from step {e.get('step')}")
+
+    def _on_checkpoint_failed(self, e: Event) -> None:
+        if e.get("disk_full"):
+            self.warning = (
+                f"checkpoints are not being saved: {e.get('folder') or 'the checkpoint disk'} is full; "
+                f"training goes on and saving is tried again every {e.get('retry_s', 30):.0f} s"
+            )
+
+    def _on_disk_full(self, e: Event) -> None:
+        self.warning = e.get("message")
+
+    def _on_degraded(self, e: Event) -> None:
+        self.warning = degraded_text(e.data)
+
+    def _on_checkpoint(self, e: Event) -> None:
+        if self.warning and self.warning.startswith("checkpoints are not being saved"):
+            self.warning = None
+        if e.get("blocked_pct") is not None:
+            self.checkpointing = {k: e.get(k) for k in ("every", "chosen", "blocked_pct")}
+        step = e.get("step")
+        if isinstance(step, int) and (self.step is None or step - 1 > self.step):
+            self._saw_step(step - 1, e.time)
+
+    def _on_job_finished(self, e: Event) -> None:
+        self.status = e.get("status", Status.FAILED)
+        self.reason = e.get("reason")
+        self.finished_at = e.time
+        for node in self.nodes.values():
+            if node.status != "left":
+                node.status = "left"
+                node.left_reason = node.left_reason or "finished"

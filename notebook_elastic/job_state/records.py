@@ -1,0 +1,130 @@
+"""The parts of a job's state: a rank, a node (what the panel shows of it), a marker on the
+loss chart, and the metrics as compact columns per name."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    local_rank: int
+    pid: int | None
+    restart_count: int
+    generation: int | None
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    status: str = "starting"  # starting | running | restarting | pending | left
+    agent_pid: int | None = None
+    group_rank: int | None = None
+    ranks: dict[int, RankInfo] = field(default_factory=dict)
+    restart_count: int = 0
+    left_reason: str | None = None
+    joined_at: float | None = None
+    left_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "group_rank": self.group_rank,
+            "ranks": sorted(self.ranks),
+            "restart_count": self.restart_count,
+            "left_reason": self.left_reason,
+        }
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A point on the metric chart where something happened to the job."""
+
+    step: int | None
+    time: float
+    kind: str  # world_size | restart | node_joined | node_left | resumed | failure
+    label: str
+
+
+class MetricSeries:
+    """Steps, values and arrival times of one metric, compactly (array of doubles)."""
+
+    __slots__ = ("steps", "values", "times")
+
+    def __init__(self) -> None:
+        self.steps = array("d")
+        self.values = array("d")
+        self.times = array("d")
+
+    def append(self, step: float, value: float, t: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+        self.times.append(t)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def last(self) -> tuple[float, float] | None:
+        return (self.steps[-1], self.values[-1]) if self.values else None
+
+    def points(self) -> list[tuple[float, float]]:
+        return list(zip(self.steps, self.values))
+
+
+class Metrics:
+    """All reported metrics, by name: ``metrics["loss"].points()``, ``metrics.last("loss")``."""
+
+    def __init__(self) -> None:
+        self._series: dict[str, MetricSeries] = {}
+        self.count = 0
+
+    def add(self, step: float, values: dict[str, Any], t: float) -> None:
+        try:
+            step = float(step)
+        except (TypeError, ValueError, OverflowError):
+            return  # not a step a chart can place ("seven", 10**400): dropped, never fatal
+        if not math.isfinite(step) or not isinstance(values, dict):
+            return
+        for name, value in values.items():
+            try:
+                v = float(value)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            series = self._series.get(name)
+            if series is None:
+                series = self._series[name] = MetricSeries()
+            series.append(step, v, t)
+        self.count += 1
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._series)
+
+    def __getitem__(self, name: str) -> MetricSeries:
+        return self._series[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._series
+
+    def __len__(self) -> int:
+        return self.count
+
+    def last(self, name: str) -> float | None:
+        series = self._series.get(name)
+        return series.values[-1] if series else None
+
+    def to_records(self) -> list[dict[str, float]]:
+        rows: dict[float, dict[str, float]] = {}
+        for name, series in self._series.items():
+            for step, value in zip(series.steps, series.values):
+                rows.setdefault(step, {"step": step})[name] = value
+        return [rows[k] for k in sorted(rows)]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {len(s)} points, last {s.values[-1]:.4g}" for n, s in self._series.items())
+        return f"Metrics({parts or 'none yet'})"

@@ -1,0 +1,219 @@
+"""The metric chart: an SVG polyline of one metric against the step, downsampled to at most
+``MAX_POINTS`` points (min and max of each bucket, so spikes survive), optionally smoothed,
+with a vertical marker wherever the world size changed, a restart happened, or a node joined
+or left; and its legend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..job_state import Marker
+from .theme import BG_PLOT, FG_DIM, FG_FAINT, GRID, LINE, MARKER_COLORS, MARKER_WORDS, esc
+
+MAX_POINTS = 1000
+
+
+def downsample(
+    steps: Sequence[float], values: Sequence[float], max_points: int = MAX_POINTS
+) -> list[tuple[float, float]]:
+    """At most ``max_points`` points: each bucket keeps its min and max, in step order."""
+    pairs = [(s, v) for s, v in zip(steps, values) if math.isfinite(v)]
+    if len(pairs) <= max_points:
+        return pairs
+    buckets = max_points // 2
+    size = len(pairs) / buckets
+    out = []
+    for b in range(buckets):
+        chunk = pairs[int(b * size) : int((b + 1) * size)]
+        if not chunk:
+            continue
+        lo = min(chunk, key=lambda p: p[1])
+        hi = max(chunk, key=lambda p: p[1])
+        out.extend(sorted({lo, hi}, key=lambda p: p[0]))
+    return out
+
+
+# Integer counters a training loop reports for its own bookkeeping (the quickstart's `gen`,
+# `start`): shown in the history, not offered as a chart.
+BOOKKEEPING = {"step", "epoch", "gen", "generation", "start", "rank", "world_size", "restart_count"}
+
+
+def chart_metrics(names: Sequence[str]) -> list[str]:
+    """The metrics worth a chart: the reported ones less the loop's bookkeeping counters."""
+    shown = [n for n in names if n not in BOOKKEEPING]
+    return sorted(shown) or sorted(names)
+
+
+def fmt_number(v: float) -> str:
+    """Tick labels a person reads: 0.003, 0.25, 12, 1k, 2.5k, 1.2M (never 1e+03)."""
+    if v == 0:
+        return "0"
+    a = abs(v)
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= scale:
+            return f"{v / scale:.3g}{suffix}"
+    if a >= 0.001:
+        return f"{v:.3g}"
+    return f"{v:.0e}".replace("e-0", "e-")
+
+
+_fmt = fmt_number
+
+
+def _nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = min((m * mag for m in (1, 2, 5, 10) if m * mag >= raw), default=raw)
+    first = math.ceil(lo / step) * step
+    ticks = []
+    t = first
+    while t <= hi + 1e-12 and len(ticks) < 12:
+        ticks.append(round(t, 12))
+        t += step
+    return ticks
+
+
+def smooth(values: Sequence[float], weight: float) -> list[float]:
+    """Exponential moving average (TensorBoard's smoothing), debiased so the start is not
+    pulled towards zero; ``weight`` 0 returns the values."""
+    if weight <= 0:
+        return list(values)
+    out, avg, n = [], 0.0, 0
+    for v in values:
+        n += 1
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight**n))
+    return out
+
+
+def chart_svg(
+    steps: Sequence[float],
+    values: Sequence[float],
+    markers: Sequence[Marker] = (),
+    *,
+    metric: str = "loss",
+    width: int = 760,
+    height: int = 220,
+    last_report_t: float | None = None,
+    log_scale: bool = False,
+    smoothing: float = 0.0,
+) -> str:
+    """An SVG line chart of ``metric`` by step, with event markers and a legend.
+
+    It scales to its container's width (viewBox), so one layout fits 800 px. ``log_scale``
+    applies when every value is positive; ``smoothing`` draws an EMA over a faint raw line."""
+    pad_l, pad_r, pad_t, pad_b = 46, 12, 10, 24
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+    points = downsample(steps, values)
+    log = log_scale and bool(points) and all(p[1] > 0 for p in points)
+    head = (
+        f'<svg class="ne-chart" xmlns="http://www.w3.org/2000/svg" width="100%" '
+        f'viewBox="0 0 {width} {height}" preserveAspectRatio="xMinYMin meet" style="max-width:{width}px;display:block" '
+        f'data-metric="{esc(metric)}" data-points="{len(points)}" data-total-points="{len(values)}" '
+        f'data-scale="{"log" if log else "linear"}" data-smoothing="{smoothing:g}"'
+        + (f' data-last-report-t="{last_report_t:.3f}"' if last_report_t else "")
+        + ">"
+    )
+    parts = [head, f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" style="fill:{BG_PLOT};stroke:{GRID}"/>']
+    if not points:
+        parts.append(
+            f'<text x="{pad_l + w / 2}" y="{pad_t + h / 2}" text-anchor="middle" font-size="12" '
+            f'style="fill:{FG_FAINT}">waiting for {esc(metric)}…</text></svg>'
+        )
+        return "".join(parts)
+    ys = [math.log10(p[1]) if log else p[1] for p in points]
+    shown = smooth(ys, smoothing) if smoothing > 0 else ys
+    x_lo = min(p[0] for p in points)
+    x_hi = max(p[0] for p in points)
+    y_lo, y_hi = min(ys), max(ys)
+    marker_steps = [m.step for m in markers if m.step is not None]
+    if marker_steps:
+        x_lo, x_hi = min(x_lo, min(marker_steps)), max(x_hi, max(marker_steps))
+    if x_hi == x_lo:
+        x_hi = x_lo + 1
+    if y_hi == y_lo:
+        y_lo, y_hi = y_lo - 0.5, y_hi + 0.5
+    span_y = y_hi - y_lo
+    y_lo -= span_y * 0.05
+    y_hi += span_y * 0.05
+
+    def sx(x: float) -> float:
+        return pad_l + (x - x_lo) / (x_hi - x_lo) * w
+
+    def sy(y: float) -> float:
+        return pad_t + h - (y - y_lo) / (y_hi - y_lo) * h
+
+    if log:  # decades, and 2x/5x between them when the range is narrow
+        ticks = [float(d) for d in range(math.ceil(y_lo), math.floor(y_hi) + 1)]
+        if len(ticks) < 3:
+            ticks = sorted(
+                {math.log10(m * 10.0**d) for d in range(math.floor(y_lo), math.ceil(y_hi) + 1) for m in (1, 2, 5)}
+            )
+            ticks = [t for t in ticks if y_lo <= t <= y_hi]
+        y_ticks = [(t, fmt_number(10**t)) for t in ticks]
+    else:
+        y_ticks = [(t, fmt_number(t)) for t in _nice_ticks(y_lo, y_hi)]
+    for t, label in y_ticks:
+        y = sy(t)
+        parts.append(f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{y:.1f}" y2="{y:.1f}" style="stroke:{GRID}"/>')
+        parts.append(
+            f'<text class="ne-tick" x="{pad_l - 4}" y="{y + 4:.1f}" text-anchor="end" font-size="10" '
+            f'style="fill:{FG_DIM}">{label}</text>'
+        )
+    for t in _nice_ticks(x_lo, x_hi, 6):
+        parts.append(
+            f'<text class="ne-tick" x="{sx(t):.1f}" y="{height - 8}" text-anchor="middle" font-size="10" '
+            f'style="fill:{FG_DIM}">{fmt_number(t)}</text>'
+        )
+    for m in markers:
+        if m.step is None:
+            continue
+        x = sx(m.step)
+        color = MARKER_COLORS.get(m.kind, "#999")
+        dash = "" if m.kind in ("world_size", "failure") else ' stroke-dasharray="3,3"'
+        parts.append(
+            f'<line class="ne-marker ne-marker-{m.kind}" data-step="{m.step}" x1="{x:.1f}" x2="{x:.1f}" y1="{pad_t}" '
+            f'y2="{pad_t + h}" stroke="{color}" stroke-width="1.5"{dash}><title>step {m.step}: {esc(m.label)}</title></line>'
+        )
+    if smoothing > 0:
+        raw = " ".join(f"{sx(s):.1f},{sy(v):.1f}" for (s, _), v in zip(points, ys))
+        parts.append(
+            f'<polyline class="ne-raw" fill="none" stroke-width="1" points="{raw}" style="stroke:{LINE};opacity:0.25"/>'
+        )
+    coords = " ".join(f"{sx(s):.1f},{sy(v):.1f}" for (s, _), v in zip(points, shown))
+    last_s, last_v = points[-1]
+    parts.append(
+        f'<polyline class="ne-line" fill="none" stroke-width="1.6" points="{coords}" style="stroke:{LINE}">'
+        f"<title>{esc(metric)} at step {fmt_number(last_s)}: {last_v:.5g}</title></polyline>"
+    )
+    parts.append(
+        f'<circle cx="{sx(last_s):.1f}" cy="{sy(shown[-1]):.1f}" r="2.5" style="fill:{LINE}">'
+        f"<title>step {fmt_number(last_s)}: {last_v:.5g}</title></circle></svg>"
+    )
+    return "".join(parts)
+
+
+def legend_html(markers: Sequence[Marker], metric: str = "loss", smoothing: float = 0.0) -> str:
+    """What the chart's lines mean: the metric, and each kind of marker it shows."""
+    line = f"{esc(metric)}" + (f" (smoothed {smoothing:g})" if smoothing > 0 else "")
+    items = [
+        f'<span class="ne-legend-item"><span style="display:inline-block;width:14px;border-top:2px solid {LINE};vertical-align:middle"></span> {line}</span>'
+    ]
+    seen = []
+    for m in markers:
+        if m.step is not None and m.kind not in seen:
+            seen.append(m.kind)
+    for kind in seen:
+        style = "solid" if kind in ("world_size", "failure") else "dashed"
+        items.append(
+            f'<span class="ne-legend-item" data-kind="{esc(kind)}"><span style="display:inline-block;height:11px;'
+            f'border-left:2px {style} {MARKER_COLORS.get(kind, "#999")};vertical-align:middle"></span> '
+            f"{esc(MARKER_WORDS.get(kind, kind))}</span>"
+        )
+    return (
+        f'<div class="ne-legend" style="font-size:11px;color:{FG_DIM};display:flex;flex-wrap:wrap;gap:4px 14px">'
+        f"{''.join(items)}</div>"
+    )

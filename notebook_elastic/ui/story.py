@@ -1,0 +1,143 @@
+"""The job's timeline as a story: its events as sentences, oldest first, the symptoms of a
+membership change folded into the line of its cause and a drill told once with the
+departure it caused; and that story as the dashboard's timeline list."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ..events import FAULT_WORDS, Event, Kind, describe
+from .theme import FG, FG_FAINT, esc, left_words
+
+EVENT_COLORS = {
+    Kind.WORKER_FAILED: "#c62828",
+    Kind.JOB_FINISHED: "#1565c0",
+    Kind.RESTART: "#ef6c00",
+    Kind.PEER_LOST: "#ef6c00",
+    Kind.NODE_JOINED: "#2e7d32",
+    Kind.NODE_LEFT: "#8d6e63",
+    Kind.RENDEZVOUS: "#1565c0",
+    Kind.FAULT: "#6a1b9a",
+    Kind.PENDING: "#9e9e9e",
+    Kind.RESUMED: "#00838f",
+    Kind.FENCED: "#c62828",
+    Kind.ERROR: "#c62828",
+    Kind.FILES_CHANGED: "#c62828",
+    Kind.STALL: "#c62828",
+    Kind.STALL_CLEARED: "#2e7d32",
+}
+NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failures
+
+
+def event_color(e: Event) -> str:
+    if (e.kind == Kind.WORKER_FAILED and e.get("cause") == "peer") or (
+        e.kind == Kind.RESTART and e.get("reason") in ("departure", "membership_change", "store_replaced")
+    ):
+        return NEUTRAL
+    return EVENT_COLORS.get(e.kind, "#555")
+
+
+TIMELINE_HIDDEN = {
+    Kind.METRIC,
+    Kind.LOG,
+    Kind.CHECKPOINT,
+    Kind.AGENT_STARTED,
+    Kind.PLAN,
+    Kind.GROUP_SUCCEEDED,
+    Kind.WORKER_FINISHED,
+}
+# Symptoms and machinery: true, but a person reading the story needs the cause, not these.
+STORY_HIDDEN = TIMELINE_HIDDEN | {
+    Kind.RENDEZVOUS,
+    Kind.AGENT_SIGNALED,
+    Kind.LEFT_RENDEZVOUS,
+    Kind.PEER_LOST,
+    Kind.WORKER_EXITED,
+}
+
+
+def _back_after(e: Event, events: Sequence[Event], index: int) -> str:
+    """' — back at world size 2 after 1.6 s': when training started again after ``e``."""
+    for later in events[index + 1 :]:
+        if later.kind == Kind.WORKER_STARTED:
+            return f" — back at world size {later.get('world_size')} after {later.time - e.time:.1f} s"
+        if later.kind == Kind.JOB_FINISHED:
+            return ""
+    return " — regrouping…"
+
+
+def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
+    """The job's history as sentences, oldest first: one line per thing that happened, the
+    symptoms of a membership change folded into the line of its cause."""
+    out: list[tuple[Event, str]] = []
+    groups: set = set()
+    drilled: dict[str, Event] = {}  # node -> the drill that takes it away: told in its node_left line
+    for i, e in enumerate(events):
+        k, d = e.kind, e.data
+        if k in STORY_HIDDEN:
+            continue
+        if k == Kind.WORKER_STARTED:
+            key = d.get("generation")
+            if key in groups:
+                continue
+            groups.add(key)
+            out.append((e, f"training at world size {d.get('world_size')}"))
+        elif k == Kind.WORKER_FAILED and d.get("cause") == "peer":
+            continue
+        elif k == Kind.RESTART and d.get("reason") in ("departure", "membership_change", "store_replaced"):
+            continue
+        elif k == Kind.RESTART:
+            out.append(
+                (e, f"{e.node}: worker group restarted — restart {d.get('restarts_used')} of {d.get('max_restarts')}")
+            )
+        elif k == Kind.SCALED and d.get("reason"):
+            continue  # the node_left line tells it
+        elif k == Kind.SCALED:
+            out.append((e, f"asked for {d.get('target')} node(s), range {d.get('min_nodes')}:{d.get('max_nodes')}"))
+        elif k == Kind.FAULT and str(d.get("fault")).endswith("_node") and e.node:
+            drilled[e.node] = e  # one line for it: the node's departure, marked as a drill
+        elif k == Kind.FAULT:
+            out.append((e, f"drill: {d.get('target')} {FAULT_WORDS.get(str(d.get('fault')), d.get('fault'))}"))
+        elif k == Kind.NODE_LEFT:
+            reason = d.get("reason")
+            drill = drilled.pop(e.node, None) if e.node else None
+            if reason in ("stopped", "finished") and drill is None:
+                continue
+            if drill is not None:  # the outage counts from the drill, not from when the node was gone
+                words = FAULT_WORDS.get(str(drill.get("fault")), str(drill.get("fault")))
+                out.append((drill, f"{e.node} {words} (drill)" + _back_after(drill, events, i)))
+            else:
+                out.append((e, f"{e.node} {left_words(reason)}" + _back_after(e, events, i)))
+        elif k == Kind.RESUMED:
+            if d.get("rank") not in (None, 0):
+                continue
+            out.append((e, f"resumed from the checkpoint of step {d.get('step')}"))
+        elif k == Kind.JOB_FINISHED:
+            reason = d.get("reason")
+            out.append((e, f"{d.get('status')}" + (f": {reason}" if reason else "")))
+        else:
+            out.append((e, describe(e)))
+    return out
+
+
+def timeline_html(events: Sequence[Event], limit: int = 150) -> str:
+    items = []
+    for e, text in reversed(story(events)[-limit:]):
+        color = event_color(e)
+        when = time.strftime("%H:%M:%S", time.localtime(e.time))
+        body = esc(text)
+        if e.kind == Kind.WORKER_FAILED and e.get("traceback"):
+            body = (
+                f"<details><summary>{body}</summary><pre style='font-size:11px;white-space:pre-wrap;"
+                f"overflow-wrap:anywhere;margin:2px 0'>{esc(e.get('traceback'))}</pre></details>"
+            )
+        items.append(
+            f'<li class="ne-event" data-kind="{esc(e.kind)}" style="list-style:none;border-left:3px solid {color};'
+            f'padding-left:6px;margin:2px 0;overflow-wrap:anywhere">'
+            f'<span style="color:{FG_FAINT}">{when}</span> {body}</li>'
+        )
+    return (
+        f'<ul class="ne-timeline" style="margin:0;padding:0;max-height:260px;overflow-y:auto;overflow-x:hidden;'
+        f'font-size:12px;color:{FG}">{"".join(items)}</ul>'
+    )
