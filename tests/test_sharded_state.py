@@ -5,6 +5,7 @@ the unscaled run's."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +40,8 @@ opt = torch.optim.Adam(model.parameters(), lr=0.01)
 state = elastic.State(model=model, optimizer=opt)
 batches = iter(state.batch_sampler(len(X), GLOBAL // elastic.world_size(), seed=1))
 for step in state.steps(TOTAL):
+    while step in HOLD and not os.path.exists(HOLD[step]):  # the test opens it: states, not seconds
+        time.sleep(0.05)
     idx = next(batches)
     loss = (model(X[idx]) - Y[idx]).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
@@ -50,7 +53,10 @@ for step in state.steps(TOTAL):
 """
 
 
-def namespace(total: int, fsdp: int) -> dict:
+def namespace(total: int, fsdp: int, hold: dict[int, Path] | None = None) -> dict:
+    """What the cell's names are. ``hold``: the step each gate holds every rank before, until
+    its file exists (a job that cannot run ahead of the test's scaling, however loaded the machine)."""
+    import os
     import time
 
     g = torch.Generator().manual_seed(0)
@@ -66,6 +72,8 @@ def namespace(total: int, fsdp: int) -> dict:
         "GLOBAL": 8,
         "STEP_S": 0.05,
         "FSDP": fsdp,
+        "HOLD": {step: str(path) for step, path in (hold or {}).items()},
+        "os": os,
     }
 
 
@@ -79,22 +87,27 @@ def at_step(job, step: int):
 
 
 @pytest.mark.parametrize("fsdp", [2, 1], ids=["fsdp2-fully_shard", "fsdp1"])
-def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(home, fsdp):
+def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(home, tmp_path, fsdp):
     total = 60
     plain = ne.launch(FSDP_TRAIN, nnodes="2", name="fsdp-plain", max_restarts=0, user_ns=namespace(total, fsdp))
     assert plain.wait(300) == "succeeded", plain.summary()
     expected = losses(plain)
     assert sorted(expected) == list(range(total))
 
+    # Gates hold the job before steps 20 and 40 until the test has seen the state it waits for,
+    # so it scales 2 -> 1 -> 2 where planned however fast or slow the machine runs.
+    gates = {20: tmp_path / "after-one-rank", 40: tmp_path / "after-two-ranks"}
     job = ne.launch(
-        FSDP_TRAIN, nnodes="1:2", nodes=2, name="fsdp-scaled", max_restarts=0, user_ns=namespace(total, fsdp)
+        FSDP_TRAIN, nnodes="1:2", nodes=2, name="fsdp-scaled", max_restarts=0, user_ns=namespace(total, fsdp, gates)
     )
-    wait_for(job, lambda: job.world_size == 2 and at_step(job, 10)(), "step 10 on two ranks")
+    wait_for(job, lambda: job.world_size == 2 and at_step(job, 19)(), "step 19 on two ranks")
     job.scale(1)
     wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one rank")
-    wait_for(job, at_step(job, job.state.step + 10), "ten steps on one rank")
+    gates[20].touch()
+    wait_for(job, lambda: job.world_size == 1 and at_step(job, 39)(), "steps 20-39 on one rank")
     job.scale(2)
     wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two ranks again")
+    gates[40].touch()
     assert job.wait(300) == "succeeded", job.summary()
 
     sizes = world_sizes(job)
