@@ -42,8 +42,14 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
   the TTL controller; garbage collection honouring ``propagationPolicy`` (a Job deleted
   without one orphans its pods, as the API's default for Jobs); the Job's defaulted selector.
 - For the real ``kubectl`` (``kubectl_config``): a TLS listener, discovery (``/api``,
-  ``/apis``, resource lists), Table output for ``get``. No OpenAPI documents: ``/openapi/*``
-  answers 404, so ``kubectl apply`` needs ``--validate=false`` (it says so itself).
+  ``/apis``, resource lists), Table output for ``get``, and OpenAPI v3 (``/openapi/v3`` and
+  one document per group-version, built from real schemas: ``k8s_openapi.py``), so
+  ``kubectl apply`` validates as it does against a real server: server-side, with
+  ``fieldValidation=Strict``. Field validation as the API server does it on create, update
+  and patch: ``Strict`` refuses unknown and duplicate fields in its words (400 for a
+  body, 422 for a patch), ``Warn`` (the default) says them in ``Warning`` headers,
+  ``Ignore`` says nothing; unknown fields are never stored. ``/openapi/v2`` answers 404
+  (kubectl only reads it from a server without v3).
 - Not real, and so not pretended: Service names are rewritten to the ClusterIP in a
   container's command and env when it starts (no DNS server); nodeSelector and affinity are
   not evaluated (one node); no PodDisruptionBudgets, admission webhooks or Pod Security
@@ -75,6 +81,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import k8s_openapi
 
 # (group/version, plural) -> kind
 RESOURCES = {
@@ -1024,6 +1032,8 @@ class FakeCluster:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for warning in self.warnings:  # as the API server sends them (RFC 7234 warn-code 299)
+                    self.send_header("Warning", f"299 - {json.dumps(warning)}")
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -1032,6 +1042,8 @@ class FakeCluster:
                 # connection is kept alive and the next request starts after it.
                 length = int(self.headers.get("Content-Length", 0) or 0)
                 raw = self.rfile.read(length) if length else b""
+                self.raw = raw
+                self.warnings: list[str] = []
                 self.body = json.loads(raw) if raw.strip() else {}
 
             def _body(self) -> Any:
@@ -1143,9 +1155,10 @@ class FakeCluster:
             doc = self._discovery(path)
             if doc is not None:
                 return h._json(200, doc)
+        if method == "GET" and url.path.startswith("/openapi/v3") and url.path.rstrip("/") in self._openapi_paths():
+            return self._serve_openapi(h, url.path.rstrip("/"))
         if url.path.startswith("/openapi/"):
-            # No OpenAPI documents: kubectl then uses its built-in schemas (apply, explain
-            # are the only users); a 404 is what a server with them disabled answers.
+            # /openapi/v2 (protobuf-first; kubectl reads it only from servers without v3).
             return h._json(404, status_error(404, "NotFound", "the server could not find the requested resource"))
         if url.path.startswith("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"):
             name = url.path.rsplit("/", 1)[1]
@@ -1238,6 +1251,36 @@ class FakeCluster:
             return h._json(
                 400, status_error(400, "BadRequest", f"unsupported dryRun value {q['dryRun']!r}; only All is supported")
             )
+        directive = q.get("fieldValidation", "Warn")  # the server's default since 1.27
+        if method in ("POST", "PUT", "PATCH") and directive not in ("Ignore", "Warn", "Strict"):
+            return h._json(
+                400,
+                status_error(
+                    400,
+                    "BadRequest",
+                    f'fieldValidation: Unsupported value: "{directive}": supported values: "Ignore", "Strict", "Warn"',
+                ),
+            )
+        if method in ("POST", "PUT") and sub is None and directive != "Ignore" and h.raw.strip():
+            # Server-side field validation: the strict decoder's unknown and duplicate fields.
+            body_kind = h._body().get("kind") if isinstance(h._body(), dict) else None
+            kind = body_kind if isinstance(body_kind, str) and body_kind else RESOURCES[(gv, plural)]
+            issues = k8s_openapi.create_issues(gv, RESOURCES[(gv, plural)], k8s_openapi.parse_pairs(h.raw))
+            stored = self.get(plural, name, ns or "default", gv) if method == "PUT" and name else None
+            if stored is not None:  # the fixture's own bookkeeping sent back (see _patch_field_validation)
+                issues = [i for i in issues if i not in k8s_openapi.unknown_fields(gv, RESOURCES[(gv, plural)], stored)]
+            if issues and directive == "Strict":
+                version = gv.rsplit("/", 1)[-1]
+                return h._json(
+                    400,
+                    status_error(
+                        400,
+                        "BadRequest",
+                        f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: '
+                        + ", ".join(issues),
+                    ),
+                )
+            h.warnings.extend(issues)
         if method == "POST" and sub == "eviction":
             return self._evict(h, ns, name, h._body(), dry_run)
         if method == "POST" and sub is not None:
@@ -1247,7 +1290,8 @@ class FakeCluster:
             if refusal:
                 return h._json(403, status_error(403, "Forbidden", refusal))
         if method == "POST":
-            code, body = self._create(gv, plural, ns, h._body(), dry_run=dry_run)
+            body = k8s_openapi.prune(gv, RESOURCES[(gv, plural)], h._body())  # unknown fields never stored
+            code, body = self._create(gv, plural, ns, body, dry_run=dry_run)
             return h._json(code, body)
         if method == "GET" and sub == "log":
             return self._serve_log(h, ns, name, q)
@@ -1335,6 +1379,17 @@ class FakeCluster:
                 for immutable in ("name", "namespace", "uid", "creationTimestamp"):
                     new.setdefault("metadata", {})[immutable] = obj["metadata"][immutable]
                 new["apiVersion"], new["kind"] = obj["apiVersion"], obj["kind"]
+                if method == "PATCH" and sub is None and directive != "Ignore":
+                    refused = self._patch_field_validation(h, gv, plural, content_type, patch, new, obj, directive)
+                    if refused:
+                        return h._json(*refused)
+                if sub is None:
+                    # Unknown fields are never stored; the status is kept as it was patched
+                    # (the Job controller's own bookkeeping lives there, see _reconcile_job).
+                    pruned = k8s_openapi.prune(gv, RESOURCES[(gv, plural)], new)
+                    if "status" in new:
+                        pruned["status"] = new["status"]
+                    new = pruned
                 refused = validate(gv, plural, new, old=obj)
                 if refused:
                     return h._json(*refused)
@@ -1393,6 +1448,83 @@ class FakeCluster:
                 200, {"apiVersion": gv, "kind": RESOURCES[(gv, plural)] + "List", "metadata": {}, "items": []}
             )
         return h._json(405, status_error(405, "MethodNotAllowed", "method not allowed"))
+
+    def _openapi_documents(self) -> dict[str, bytes]:
+        """Each served group-version's OpenAPI v3 document (kubeflow.org/v1 once its CRD is)."""
+        with self.lock:
+            key = tuple(sorted(self.crds))
+            if getattr(self, "_openapi_cache", (None,))[0] != key:
+                by_gv: dict[str, dict[str, str]] = {}
+                for (gv, plural), kind in RESOURCES.items():
+                    if gv != "kubeflow.org/v1" or self.crds:
+                        by_gv.setdefault(gv, {})[plural] = kind
+                docs = {gv: json.dumps(k8s_openapi.gv_document(gv, res)).encode() for gv, res in by_gv.items()}
+                self._openapi_cache = (key, docs)
+            return self._openapi_cache[1]
+
+    def _openapi_paths(self) -> tuple[str, ...]:
+        return (
+            "/openapi/v3",
+            *("/openapi/v3/api/v1" if gv == "v1" else f"/openapi/v3/apis/{gv}" for gv in self._openapi_documents()),
+        )
+
+    def _serve_openapi(self, h: Any, path: str) -> None:
+        docs = self._openapi_documents()
+        if path == "/openapi/v3":
+            body = json.dumps(k8s_openapi.root(docs)).encode()
+        else:
+            gv = path.removeprefix("/openapi/v3/").removeprefix("api/").removeprefix("apis/")
+            body = docs[gv]
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _patch_field_validation(
+        self,
+        h: Any,
+        gv: str,
+        plural: str,
+        content_type: str,
+        patch: Any,
+        new: dict[str, Any],
+        old: dict[str, Any],
+        directive: str,
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Strict/Warn field validation of a patch, as the API server's patch handler does it:
+        a refusal is a 422 naming the field `patch` (the patch map as Go prints it for a
+        strategic merge patch, the patched object's JSON otherwise)."""
+        kind = RESOURCES[(gv, plural)]
+        pairs = k8s_openapi.parse_pairs(h.raw)
+        if content_type == "application/json-patch+json" or isinstance(patch, list):
+            issues = k8s_openapi.json_patch_issues(gv, kind, pairs, new)
+        else:
+            issues = k8s_openapi.patch_issues(gv, kind, pairs, new)
+        # Fields the fixture itself keeps in a stored object (the Job controller's counters
+        # in its status) are no client's doing: a real server's stored objects have none.
+        issues = [i for i in issues if i not in k8s_openapi.unknown_fields(gv, kind, old)]
+        if not issues:
+            return None
+        if directive == "Warn":
+            h.warnings.extend(issues)
+            return None
+        if content_type == "application/strategic-merge-patch+json":
+            value = k8s_openapi.go_value(patch)
+        else:
+            value = json.dumps(new, separators=(",", ":"))
+        detail = "strict decoding error: " + ", ".join(issues)
+        body = status_error(422, "Invalid", f' "" is invalid: patch: Invalid value: {json.dumps(value)}: {detail}')
+        body["details"] = {
+            "causes": [
+                {
+                    "reason": "FieldValueInvalid",
+                    "message": f"Invalid value: {json.dumps(value)}: {detail}",
+                    "field": "patch",
+                }
+            ]
+        }
+        return 422, body
 
     def _evict(self, h: Any, ns: str, name: str, body: dict[str, Any], dry_run: bool) -> None:
         """The Eviction API (policy/v1 Eviction on pods/NAME/eviction): the pod gets the

@@ -304,3 +304,139 @@ def _answers(ask):
         return ask()
     except OSError:
         return None
+
+
+# The body of the API server's own field-validation integration test
+# (kubernetes test/integration/apiserver/field_validation_test.go, invalidBodyJSON): the
+# expected sentences below are that test's, word for word.
+INVALID_DEPLOYMENT = b"""{
+  "apiVersion": "apps/v1", "kind": "Deployment",
+  "metadata": {"name": "dupename", "name": "NAME", "labels": {"app": "nginx"}, "unknownMeta": "metaVal"},
+  "spec": {
+    "unknown1": "val1", "unknownDupe": "valDupe", "unknownDupe": "valDupe2", "paused": true, "paused": false,
+    "selector": {"matchLabels": {"app": "nginx"}},
+    "template": {"metadata": {"labels": {"app": "nginx"}}, "spec": {"containers": [{
+      "name": "nginx", "image": "nginx:latest", "unknownNested": "val1",
+      "imagePullPolicy": "Always", "imagePullPolicy": "Never"}]}}}}"""
+STRICT_POST = (
+    'strict decoding error: duplicate field "metadata.name", unknown field "metadata.unknownMeta", '
+    'unknown field "spec.unknown1", unknown field "spec.unknownDupe", duplicate field "spec.paused", '
+    'unknown field "spec.template.spec.containers[0].unknownNested", '
+    'duplicate field "spec.template.spec.containers[0].imagePullPolicy"'
+)
+SMP = b"""{"spec": {"unknown1": "val1", "unknownDupe": "valDupe", "unknownDupe": "valDupe2",
+  "paused": true, "paused": false,
+  "template": {"spec": {"containers": [{"name": "nginx", "unknownNested": "val1",
+    "imagePullPolicy": "Always", "imagePullPolicy": "Never"}]}}}}"""
+STRICT_SMP = (
+    'strict decoding error: duplicate field "spec.unknownDupe", duplicate field "spec.paused", '
+    'duplicate field "spec.template.spec.containers[0].imagePullPolicy", '
+    'unknown field "spec.template.spec.containers[0].unknownNested", unknown field "spec.unknown1", '
+    'unknown field "spec.unknownDupe"'
+)
+
+
+def raw_request(fake, method, path, body, content_type="application/json"):
+    """A request as bytes: duplicate keys cannot be sent through a client that builds JSON
+    from a dict. Returns (status, Status or object, the Warning headers' texts)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        fake.url + path,
+        data=body,
+        method=method,
+        headers={"Authorization": f"Bearer {fake.token}", "Content-Type": content_type},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, headers, data = response.status, response.headers, response.read()
+    except urllib.error.HTTPError as err:
+        status, headers, data = err.code, err.headers, err.read()
+    warnings = [json.loads(w.split(" - ", 1)[1]) for w in headers.get_all("Warning") or []]
+    return status, json.loads(data), warnings
+
+
+def test_field_validation_strict_warn_and_ignore_as_the_api_server_words_them(fake):
+    deployments = "/apis/apps/v1/namespaces/default/deployments"
+    status, body, warnings = raw_request(
+        fake, "POST", deployments + "?fieldValidation=Strict", INVALID_DEPLOYMENT.replace(b"NAME", b"strict")
+    )
+    assert status == 400 and body["reason"] == "BadRequest", body
+    assert body["message"] == f'Deployment in version "v1" cannot be handled as a Deployment: {STRICT_POST}'
+    assert fake.get("deployments", "strict", gv="apps/v1") is None
+
+    # Warn (also the default without the parameter): created, each issue in a Warning header.
+    for name, query in (("warn", "?fieldValidation=Warn"), ("default", "")):
+        status, body, warnings = raw_request(
+            fake, "POST", deployments + query, INVALID_DEPLOYMENT.replace(b"NAME", name.encode())
+        )
+        assert status == 201, body
+        assert ", ".join(warnings) == STRICT_POST.removeprefix("strict decoding error: ")
+    status, body, warnings = raw_request(
+        fake, "POST", deployments + "?fieldValidation=Ignore", INVALID_DEPLOYMENT.replace(b"NAME", b"ignore")
+    )
+    assert status == 201 and warnings == [], (body, warnings)
+
+    # A strategic merge patch: the patch's duplicates, then the patched object's unknown fields.
+    status, body, _ = raw_request(
+        fake,
+        "PATCH",
+        deployments + "/warn?fieldValidation=Strict",
+        SMP,
+        "application/strategic-merge-patch+json",
+    )
+    assert status == 422 and body["reason"] == "Invalid", body
+    assert body["message"].startswith(' "" is invalid: patch: Invalid value: "map[spec:map[') and body[
+        "message"
+    ].endswith(STRICT_SMP), body["message"]
+    status, _, warnings = raw_request(
+        fake, "PATCH", deployments + "/warn", SMP, "application/strategic-merge-patch+json"
+    )
+    assert status == 200 and ", ".join(warnings) == STRICT_SMP.removeprefix("strict decoding error: ")
+
+    # A custom resource: duplicates first, then what pruning would drop, sorted.
+    fake.crds.add("pytorchjobs.kubeflow.org")
+    status, body, _ = raw_request(
+        fake,
+        "POST",
+        "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs?fieldValidation=Strict",
+        b'{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "p", "name": "p", "x": 1},'
+        b' "spec": {"runPolicy": {}, "pytorchReplicaSpecs": {"Worker": {"replicas": 1, "replicas": 2,'
+        b' "template": {"spec": {"containerz": []}}}}}}',
+    )
+    assert status == 400, body
+    assert body["message"] == (
+        'PyTorchJob in version "v1" cannot be handled as a PyTorchJob: strict decoding error: '
+        'duplicate field "metadata.name", duplicate field "spec.pytorchReplicaSpecs.Worker.replicas", '
+        'unknown field "metadata.x", unknown field "spec.pytorchReplicaSpecs.Worker.template.spec.containerz"'
+    )
+    status, body, _ = raw_request(fake, "POST", deployments + "?fieldValidation=strict", b"{}")
+    assert status == 400 and '"strict"' in body["message"] and "Strict" in body["message"], body
+
+
+def test_openapi_v3_documents_say_where_each_kind_takes_field_validation(fake):
+    """What kubectl reads before `apply`: the root lists one document per group-version; in
+    it, each kind's PATCH carries its group-version-kind and a fieldValidation parameter, and
+    the schemas are the real ones (Kubernetes 1.31, the Kubeflow CRD)."""
+    fake.crds.add("pytorchjobs.kubeflow.org")
+    status, root, _ = raw_request(fake, "GET", "/openapi/v3", None)
+    assert status == 200 and set(root["paths"]) == {"api/v1", "apis/apps/v1", "apis/batch/v1", "apis/kubeflow.org/v1"}
+    for gv_path, kind, schema in (
+        ("api/v1", "Pod", "io.k8s.api.core.v1.Pod"),
+        ("apis/batch/v1", "Job", "io.k8s.api.batch.v1.Job"),
+        ("apis/kubeflow.org/v1", "PyTorchJob", "org.kubeflow.v1.PyTorchJob"),
+    ):
+        status, doc, _ = raw_request(fake, "GET", root["paths"][gv_path]["serverRelativeURL"], None)
+        assert status == 200, doc
+        patches = [
+            item["patch"]
+            for item in doc["paths"].values()
+            if "patch" in item and item["patch"]["x-kubernetes-group-version-kind"]["kind"] == kind
+        ]
+        assert len(patches) == 1 and any(p["name"] == "fieldValidation" for p in patches[0]["parameters"])
+        assert doc["components"]["schemas"][schema]["x-kubernetes-group-version-kind"][0]["kind"] == kind
+        if kind == "Job":  # what kubectl's strategic merge patches are computed from
+            containers = doc["components"]["schemas"]["io.k8s.api.core.v1.PodSpec"]["properties"]["containers"]
+            assert containers["x-kubernetes-patch-merge-key"] == "name" and containers["type"] == "array"
