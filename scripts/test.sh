@@ -23,4 +23,8 @@ if ! command -v kubectl >/dev/null && command -v apt-get >/dev/null; then
 fi
 .venv/bin/ruff check notebook_elastic tests benchmarks scripts
 .venv/bin/ruff format --check notebook_elastic tests benchmarks scripts
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+# Three test workers (pytest-xdist): most of an end-to-end test's time is spent waiting on its
+# job's processes (rendezvous, restarts, a kernel), which the other workers' tests fill.
+# NOTEBOOK_ELASTIC_TEST_WORKERS=0 runs everything in one process (as does -n 0 after the command).
+workers="${NOTEBOOK_ELASTIC_TEST_WORKERS:-3}"
+exec .venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal "$@"
