@@ -48,7 +48,7 @@ def labels(state: JobState, kind: str) -> list[str]:
 def test_metrics_keep_what_a_chart_can_place_and_drop_the_rest():
     metrics = Metrics()
     assert repr(metrics) == "Metrics(none yet)" and metrics.last("loss") is None and metrics.names == []
-    metrics.add(0, {"loss": 2, "lr": "0.1", "note": "warmup"}, 10.0)
+    metrics.add(0, {"note": "warmup", "loss": 2, "lr": "0.1"}, 10.0)
     metrics.add("1", {"loss": 0.5}, 11.0)
     for bad_step in ("seven", 10**400, float("nan"), float("inf"), None):
         metrics.add(bad_step, {"loss": 99.0}, 12.0)
@@ -58,6 +58,10 @@ def test_metrics_keep_what_a_chart_can_place_and_drop_the_rest():
     assert metrics["loss"].points() == [(0.0, 2.0), (1.0, 0.5)] and metrics.last("loss") == 0.5
     assert list(metrics["loss"].times) == [10.0, 11.0] and len(metrics["lr"]) == 1
     assert metrics["loss"].last() == (1.0, 0.5) and MetricSeries().last() is None
+    series = MetricSeries()
+    for step, value in ((0, 3.0), (1, 2.0), (2, 1.0)):
+        series.append(step, value, 0.0)
+    assert series.last() == (2.0, 1.0)
     assert metrics.to_records() == [{"step": 0.0, "loss": 2.0, "lr": 0.1}, {"step": 1.0, "loss": 0.5}]
     assert repr(metrics) == "Metrics(loss: 2 points, last 0.5, lr: 1 points, last 0.1)"
 
@@ -78,8 +82,10 @@ def test_a_metric_without_a_step_is_charted_at_its_count_but_moves_no_progress()
 
 
 def test_samples_and_tokens_per_step_come_from_the_values_or_the_cursor():
-    state = fold(metric(1.0, 0, loss=1.0, samples=0, tokens=-3))
+    state = fold(metric(1.0, 0, loss=1.0, samples=0, tokens=0), metric(1.0, 0, loss=1.0, samples=-2, tokens=-3))
     assert state.samples_per_step is None and state.tokens_per_step is None
+    one = fold(metric(1.0, 0, loss=1.0, samples=1, tokens=1))  # a batch of one sample, one token
+    assert (one.samples_per_step, one.tokens_per_step) == (1.0, 1.0)
     state.apply(ev(Kind.METRIC, 2.0, "node-0", step=1, values={"loss": 1.0}, samples_per_step=64))
     assert state.samples_per_step == 64.0 and state.tokens_per_step is None
     state.apply(metric(3.0, 2, loss=1.0, samples=32, tokens=4096))
@@ -128,6 +134,8 @@ def test_a_checkpoint_moves_the_step_forward_but_never_repeats_it():
     assert state.step == 19 and state.steps_per_s == pytest.approx(19 / 30)
     state.apply(ev(Kind.CHECKPOINT, 31.0, "node-0", step="20"))
     assert state.step == 19
+    state.apply(ev(Kind.CHECKPOINT, 32.0, "node-0", step=21))  # one step more
+    assert state.step == 20
     fresh = fold(ev(Kind.CHECKPOINT, 5.0, "node-0", step=3))
     assert fresh.step == 2 and fresh.first_step_at == 5.0 and fresh.checkpointing is None
 
@@ -180,14 +188,15 @@ def test_a_stall_is_held_until_it_clears_and_marks_the_chart():
 def test_submission_sets_the_range_target_and_budget():
     state = JobState()
     assert (state.status, state.target, state.nnodes, state.max_restarts, state.gpus) == ("pending", 1, (1, 1), 0, 0)
+    assert (state.nproc_per_node, state.round, state.last_dropped, state.dropped_events) == (None, None, None, 0)
     assert JobState(nnodes=(2, 4)).target == 2 and JobState(nnodes=(2, 4), target=3).target == 3
     state.apply(
-        ev(Kind.JOB_SUBMITTED, 5.0, None, nodes=2, min_nodes=1, max_nodes=3, nproc_per_node=4, max_restarts=7, gpus=8)
+        ev(Kind.JOB_SUBMITTED, 5.0, None, nodes=2, min_nodes=2, max_nodes=3, nproc_per_node=4, max_restarts=7, gpus=8)
     )
-    assert (state.target, state.nnodes, state.nproc_per_node, state.max_restarts, state.gpus) == (2, (1, 3), 4, 7, 8)
+    assert (state.target, state.nnodes, state.nproc_per_node, state.max_restarts, state.gpus) == (2, (2, 3), 4, 7, 8)
     assert state.started_at == 5.0
     state.apply(ev(Kind.JOB_SUBMITTED, 9.0, None, gpus=None))  # says nothing: keeps what it knew
-    assert (state.target, state.nnodes, state.max_restarts, state.gpus, state.started_at) == (2, (1, 3), 7, 0, 5.0)
+    assert (state.target, state.nnodes, state.max_restarts, state.gpus, state.started_at) == (2, (2, 3), 7, 0, 5.0)
     assert state.nproc_per_node is None
 
 
@@ -238,6 +247,7 @@ def test_a_new_generation_drops_the_old_ranks_and_a_late_line_from_an_old_one_is
     state.apply(started(6.0, "node-1", 1, 2, generation=3))
     assert state.nodes["node-1"].ranks == {} and state.world_size == 1 and state.generation == 4
     assert state.nodes["node-1"].status == "running" and len(state.events) == 4  # the line is history
+    assert state.events[-1].time == 6.0 and state.events[-1].kind == Kind.WORKER_STARTED
     # A lower restart count on a later group never lowers the node's.
     state.apply(started(7.0, "node-0", 0, 1, generation=5, restart_count=1))
     assert state.nodes["node-0"].restart_count == 2 and state.nodes["node-0"].ranks[0].restart_count == 1
@@ -323,6 +333,10 @@ def test_restarts_count_the_most_any_agent_used_and_departures_are_free():
     ]
     state.apply(ev(Kind.RESTART, 7.0, "node-1", reason="worker_failed"))  # says no count: none used
     assert state.restarts == 2 and state.summary()["restarts"] == 2 and state.summary()["max_restarts"] == 3
+    uncounted = _running()
+    uncounted.apply(ev(Kind.RESTART, 7.0, "node-1", reason="worker_failed"))
+    assert uncounted.restarts == 0 and uncounted.nodes["node-1"].restart_count == 0
+    assert uncounted.status == "restarting" and uncounted.dropped_events == 0
     state.apply(ev(Kind.RESTART, 7.5, "node-1", reason="departure"))
     assert state.membership_changes == 2
     state.apply(ev(Kind.JOB_FINISHED, 8.0, None, status="failed", reason="restart budget spent"))
@@ -337,12 +351,10 @@ def test_a_failure_marks_the_chart_once_per_group_and_a_peers_loss_is_only_a_sym
     state.apply(ev(Kind.WORKER_FAILED, 4.0, "node-1", cause="peer", **peer))
     assert state.status == "restarting" and state.failures == [] and labels(state, "failure") == []
     state = _running()
-    for t, rank, gen in ((4.0, 0, 1), (4.1, 1, 1), (9.0, 1, 2)):
-        state.apply(
-            ev(Kind.WORKER_FAILED, t, f"node-{rank}", rank=rank, error="ValueError", message="bad", generation=gen)
-        )
-    assert state.status == "restarting" and len(state.failures) == 3
-    assert labels(state, "failure") == ["rank 0 failed: ValueError", "rank 1 failed: ValueError"]
+    for t, rank, gen, error in ((4.0, 0, 1, "A"), (4.1, 1, 1, "B"), (9.0, 1, 2, "C"), (9.1, 0, 2, "D")):
+        state.apply(ev(Kind.WORKER_FAILED, t, f"node-{rank}", rank=rank, error=error, message="bad", generation=gen))
+    assert state.status == "restarting" and len(state.failures) == 4 and state.dropped_events == 0
+    assert labels(state, "failure") == ["rank 0 failed: A", "rank 1 failed: C"]
     assert state.first_failure is state.failures[2]
 
 
@@ -616,6 +628,8 @@ def test_a_malformed_event_is_counted_and_named_not_fatal():
     assert state.last_dropped.startswith("worker_started: ValueError: invalid literal for int()")
     state.apply(Event(Kind.GPU, 3.0, "node-0", {"rank": None}))
     assert state.dropped_events == 2 and state.last_dropped.startswith("gpu: TypeError")
+    state.apply({"kind": "metric", "t": 4.0})  # not an Event at all
+    assert state.dropped_events == 3 and state.last_dropped.startswith("?: AttributeError")
 
 
 # -- the listing overlay and the failure sentences ---------------------------------------
@@ -682,3 +696,16 @@ def test_elapsed_runs_from_the_start_to_the_end_or_now():
     assert elapsed_s(state) > 0  # the wall clock: long after 5.0
     state.apply(ev(Kind.JOB_FINISHED, 8.0, None, status="succeeded"))
     assert elapsed_s(state, now=100.0) == 3.0
+
+
+def test_the_symptoms_of_a_second_restart_are_listed_under_it_not_under_the_first():
+    state = _running()
+    state.apply(ev(Kind.WORKER_FAILED, 10.0, "node-0", rank=0, error="First", message="m", generation=1))
+    state.apply(started(12.0, "node-0", 0, 2, generation=2))
+    state.apply(ev(Kind.WORKER_FAILED, 20.0, "node-0", rank=0, error="Second", message="m", generation=2))
+    exited = ev(Kind.WORKER_EXITED, 20.1, "node-0", local_rank=0, pid=3, exitcode=1)
+    state.apply(exited)
+    first, healed, second = list(state.transitions)[-3:]
+    assert [t["status"] for t in (first, healed, second)] == ["restarting", "running", "restarting"]
+    assert len(first["events"]) == 1 and "First" in first["events"][0]
+    assert len(second["events"]) == 2 and "Second" in second["events"][0] and second["events"][1] == describe(exited)
