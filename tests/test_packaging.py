@@ -508,6 +508,9 @@ def test_analysis_a_function_needs_its_decorators_defaults_and_annotations_now_a
     # A name the cell binds after the definition is the cell's own; one read first is not.
     assert free("print(later)\ndef f():\n    return later\nlater = 1") == {"print": 1, "later": 1}
     assert free("def fib(n):\n    return fib(n - 1) if n else 0\nfib(3)") == {}
+    # A function with a function inside needs what both read.
+    nested = "def outer():\n    x = OUTER\n    def inner():\n        return INNER\n    return inner, x\nouter()"
+    assert free(nested) == {"OUTER": 1, "INNER": 1}
 
 
 def test_analysis_a_class_body_runs_at_once_its_methods_later():
@@ -541,7 +544,7 @@ def test_analysis_definition_names_are_what_a_shipped_def_needs():
     assert analysis.definition_names(source) == {"twice": 1, "OFFSET": 2, "helper": 2, "K": 2}
     cls = "class Model(Base):\n    n = N\n    def f(self):\n        return g()\n"
     assert analysis.definition_names(cls) == {"Base": 1, "N": 1, "g": 1}
-    assert analysis.assigned_at_top("a = 1\nfor b in c: pass\nimport d.e") == {"a", "b", "d"}
+    assert analysis.assigned_at_top("a = 1\nfor b in c: pass\nimport d.e\nf += 1") == {"a", "b", "d", "f"}
     assert analysis.assigned_at_top("def (:") == set()
     with pytest.raises(SyntaxError):
         analysis.cell_names("x = (")
@@ -568,6 +571,12 @@ def test_analysis_every_import_binding_among_other_code_but_not_inside_functions
         "    import hidden\n"
         "class C:\n"
         "    import hidden_too\n"
+        "try:\n"
+        "    pass\n"
+        "except KeyError:\n"
+        "    import first_handler\n"
+        "except ValueError:\n"
+        "    import second_handler\n"
     )
     # By line: a try's handlers are walked after its finally (which of two imports of one name wins).
     bindings = sorted(analysis.import_bindings(source), key=lambda b: b.lineno)
@@ -582,6 +591,8 @@ def test_analysis_every_import_binding_among_other_code_but_not_inside_functions
         ("js", "import json as js", "json", 10, False),
         ("re", "import re", "re", 12, False),
         ("csv", "import csv", "csv", 15, False),
+        ("first_handler", "import first_handler", "first_handler", 23, False),
+        ("second_handler", "import second_handler", "second_handler", 25, False),
     ]
     assert analysis.import_bindings("import (") == []
 
@@ -638,6 +649,7 @@ def test_analysis_the_class_containing_a_line_and_the_last_one_otherwise():
     assert analysis.find_class(source, "A").lineno == 4
     assert analysis.find_class(source, "A", containing_line=2).lineno == 1
     assert analysis.find_class(source, "A", containing_line=6).lineno == 4
+    assert analysis.find_class(source, "A", containing_line=4).lineno == 4  # its own first line
     assert analysis.find_class(source, "A", containing_line=3) is None
     assert analysis.find_class(source, "B") is None and analysis.find_class("class (:", "A") is None
 
