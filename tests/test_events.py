@@ -291,3 +291,27 @@ def test_a_cluster_row_takes_training_from_the_fold_and_pods_from_the_cluster():
     state.apply(Event(Kind.JOB_FINISHED, 4.0, None, {"status": "succeeded"}))
     assert with_fold("running", cluster, state)[0] == "succeeded"  # pods still terminating
     assert with_fold("expired", cluster, state)[0] == "succeeded"
+
+
+def test_the_degraded_event_the_agent_sends_keeps_the_contract_and_the_fold_reads_it(tmp_path, monkeypatch):
+    """On a torch that lacks an internal, the agent names each one with what the job loses
+    (``torch_compat.missing()``, a mapping); the contract and the fold read that same shape."""
+    from conftest import contract_problems
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from notebook_elastic.runtime import agent
+
+    monkeypatch.delattr(dynamic_rendezvous, "_RendezvousExitOp")
+    sent: list[Event] = []
+    monkeypatch.setattr(agent, "emit", lambda kind, **fields: sent.append(Event.from_json({"kind": kind, **fields})))
+    agent._report_degraded()
+    (event,) = sent
+    assert event.kind == Kind.DEGRADED and list(event.get("missing")) == ["dynamic_rendezvous._RendezvousExitOp"]
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "events.jsonl").write_text(event.to_line() + "\n")
+    assert contract_problems(tmp_path) == []
+    state = JobState()
+    state.apply(event)
+    assert state.dropped_events == 0 and state.warning == describe(event)
+    assert state.warning.startswith(f"torch {event.get('torch')} lacks internals")

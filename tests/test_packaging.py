@@ -14,7 +14,7 @@ import pytest
 from conftest import python, run_cells, torchrun
 
 from notebook_elastic.errors import PackagingError
-from notebook_elastic.packaging import NotebookContext, package_cell
+from notebook_elastic.packaging import NotebookContext, analysis, package_cell
 from notebook_elastic.packaging.render import human_bytes
 
 
@@ -443,3 +443,229 @@ def test_a_notebook_main_of_its_own_is_not_hidden_by_the_cells_wrapper(shell, tm
     assert "def training_cell():" in cell_main.script
     assert run_script(cell_main, tmp_path) == ["7"]
     assert "def main():" in build(shell, "print(1)").script  # the readable default otherwise
+
+
+# -- the name analysis, pure (no shell, no process): what decides what is shipped ---------
+# Named test_analysis_* so mutmut can run them alone against packaging/analysis.py.
+
+
+def free(source: str) -> dict[str, int]:
+    return analysis.cell_names(source).free
+
+
+def test_analysis_a_name_read_before_the_cell_binds_it_comes_from_the_notebook():
+    assert free("lr = lr * 2") == {"lr": 1}
+    assert free("model = Net()\nmodel.train()") == {"Net": 2 - 1}
+    assert free("x += step\nprint(x)") == {"x": 1, "step": 1, "print": 2}
+    assert free("obj.count += 1") == {"obj": 1}
+    assert free("a: Tensor = b\nc: Model\nprint(a, c)") == {"Tensor": 1, "b": 1, "Model": 2, "print": 3, "c": 3}
+    assert free("if (n := len(data)) > 2:\n    print(n)") == {"len": 1, "data": 1, "print": 2}
+    names = analysis.cell_names("import os.path, numpy as np\nfrom math import sqrt as root, pi\nfrom torch import *")
+    assert names.free == {} and names.assigned == {"os", "np", "root", "pi"} and names.star_import_lines == [3]
+
+
+def test_analysis_loops_withs_handlers_and_patterns_bind_their_names():
+    loop = "for i in range(n):\n    total = total + i\nelse:\n    done = i\nprint(done)"
+    assert free(loop) == {"range": 1, "n": 1, "total": 2, "print": 5}
+    assert free("with open(path) as f, lock:\n    text = f.read()") == {"open": 1, "path": 1, "lock": 1}
+    handler = "try:\n    run()\nexcept (ValueError, KeyError) as err:\n    log(err)\nfinally:\n    close()"
+    assert free(handler) == {"run": 2, "ValueError": 3, "KeyError": 3, "log": 4, "close": 6}
+    assert free("try:\n    run()\nexcept:\n    pass") == {"run": 2}
+    match = (
+        "match command:\n"
+        "    case [first, *rest]:\n        use(first, rest)\n"
+        "    case {'k': value, **others}:\n        use(value, others)\n"
+        "    case Point(x=0) as p:\n        use(p)\n"
+        "    case [*_]:\n        pass\n"
+        "    case (1 | 2) as small:\n        use(small)\n"
+    )
+    assert free(match) == {"command": 1, "use": 3, "Point": 6}
+    assert free("def f():\n    global g\n    g = 1\nf()") == {}
+    assert analysis.cell_names("global g\ng = 1").assigned == {"g"}
+
+
+def test_analysis_a_function_needs_its_decorators_defaults_and_annotations_now_and_its_body_later():
+    cell = (
+        "@register(REGISTRY)\n"
+        "def step(batch: Batch, lr=LR, *args: Extra, scale: Scale = SCALE, **kw: Kw) -> Out:\n"
+        "    return helper(batch) * later\n"
+        "later = 3\n"
+    )
+    assert free(cell) == {
+        "register": 1,
+        "REGISTRY": 1,
+        "LR": 2,
+        "SCALE": 2,
+        "Batch": 2,
+        "Extra": 2,
+        "Scale": 2,
+        "Kw": 2,
+        "Out": 2,
+        "helper": 2,
+    }
+    assert free("async def go():\n    await fetch()\ngo()") == {"fetch": 1}
+    assert free("f = lambda v, k=DEFAULT, *, j=J: v * scale + k\nf(1)") == {"DEFAULT": 1, "J": 1, "scale": 1}
+    # A name the cell binds after the definition is the cell's own; one read first is not.
+    assert free("print(later)\ndef f():\n    return later\nlater = 1") == {"print": 1, "later": 1}
+    assert free("def fib(n):\n    return fib(n - 1) if n else 0\nfib(3)") == {}
+    # A function with a function inside needs what both read.
+    nested = "def outer():\n    x = OUTER\n    def inner():\n        return INNER\n    return inner, x\nouter()"
+    assert free(nested) == {"OUTER": 1, "INNER": 1}
+
+
+def test_analysis_a_class_body_runs_at_once_its_methods_later():
+    cell = (
+        "class Net(Base, metaclass=Meta, flag=FLAG):\n"
+        "    size = SIZE\n"
+        "    def forward(self, x):\n"
+        "        return act(x) + later\n"
+        "later = 1\n"
+    )
+    assert free(cell) == {"Base": 1, "Meta": 1, "FLAG": 1, "SIZE": 1, "act": 1}
+    assert analysis.cell_names(cell).assigned == {"Net", "later"}
+    assert free("@dataclass\nclass P:\n    x: int = 0") == {"dataclass": 1, "int": 2}
+    nested = "class Outer:\n    class Inner:\n        def m(self):\n            return deep()\n"
+    assert free(nested) == {"deep": 1}
+
+
+def test_analysis_comprehension_variables_do_not_leak():
+    assert free("ys = [i * k for i in xs if i > lim]\nprint(i)") == {"xs": 1, "k": 1, "lim": 1, "print": 2, "i": 2}
+    assert free("d = {k: v * w for k, v in items}\ns = {a for a in b}\ng = (c for c in e)") == {
+        "items": 1,
+        "w": 1,
+        "b": 2,
+        "e": 3,
+    }
+    assert free("n = 1\nys = [n for _ in range(2)]") == {"range": 2}
+
+
+def test_analysis_definition_names_are_what_a_shipped_def_needs():
+    source = "@twice\ndef base(x, y=OFFSET):\n    return helper(x) + K + base(y)\n"
+    assert analysis.definition_names(source) == {"twice": 1, "OFFSET": 2, "helper": 2, "K": 2}
+    cls = "class Model(Base):\n    n = N\n    def f(self):\n        return g()\n"
+    assert analysis.definition_names(cls) == {"Base": 1, "N": 1, "g": 1}
+    assert analysis.assigned_at_top("a = 1\nfor b in c: pass\nimport d.e\nf += 1") == {"a", "b", "d", "f"}
+    assert analysis.assigned_at_top("def (:") == set()
+    with pytest.raises(SyntaxError):
+        analysis.cell_names("x = (")
+
+
+def test_analysis_every_import_binding_among_other_code_but_not_inside_functions():
+    source = (
+        "import torch.nn.functional\n"
+        "import numpy as np, os\n"
+        "if FAST:\n"
+        "    from math import sqrt as root, pi as pi\n"
+        "else:\n"
+        "    from . import sibling\n"
+        "try:\n"
+        "    from .pkg.mod import *\n"
+        "except ImportError:\n"
+        "    import json as js\n"
+        "finally:\n"
+        "    import re\n"
+        "with ctx:\n"
+        "    for _ in x:\n"
+        "        import csv\n"
+        "def f():\n"
+        "    import hidden\n"
+        "class C:\n"
+        "    import hidden_too\n"
+        "try:\n"
+        "    pass\n"
+        "except KeyError:\n"
+        "    import first_handler\n"
+        "except ValueError:\n"
+        "    import second_handler\n"
+    )
+    # By line: a try's handlers are walked after its finally (which of two imports of one name wins).
+    bindings = sorted(analysis.import_bindings(source), key=lambda b: b.lineno)
+    assert [(b.name, b.statement, b.module, b.lineno, b.star) for b in bindings] == [
+        ("torch", "import torch.nn.functional", "torch.nn.functional", 1, False),
+        ("np", "import numpy as np", "numpy", 2, False),
+        ("os", "import os", "os", 2, False),
+        ("root", "from math import sqrt as root", "math", 4, False),
+        ("pi", "from math import pi", "math", 4, False),
+        ("sibling", "from . import sibling", ".", 6, False),
+        ("*", "from .pkg.mod import *", ".pkg.mod", 8, True),
+        ("js", "import json as js", "json", 10, False),
+        ("re", "import re", "re", 12, False),
+        ("csv", "import csv", "csv", 15, False),
+        ("first_handler", "import first_handler", "first_handler", 23, False),
+        ("second_handler", "import second_handler", "second_handler", 25, False),
+    ]
+    assert analysis.import_bindings("import (") == []
+
+
+def test_analysis_imported_modules_names_submodules_and_imports_inside_functions():
+    source = "import a.b\nfrom c import d\nfrom c import *\nfrom . import e\nfrom .f import g\ndef h():\n    import i\n"
+    assert analysis.imported_modules(source) == {"a.b", "c", "c.d", "i"}
+    assert analysis.imported_modules("import (") == set()
+
+
+def test_analysis_a_definition_is_found_by_its_line_or_its_decorators_and_told_if_nested():
+    source = (
+        "@outer_deco\n"  # 1
+        "@another\n"  # 2
+        "def top():\n"  # 3
+        "    def inner():\n"  # 4
+        "        pass\n"  # 5
+        "class Box:\n"  # 6
+        "    @staticmethod\n"  # 7
+        "    def method():\n"  # 8
+        "        pass\n"  # 9
+        "if True:\n"  # 10
+        "    def in_if():\n"  # 11
+        "        pass\n"  # 12
+        "else:\n"  # 13
+        "    def in_else():\n"  # 14
+        "        pass\n"  # 15
+        "try:\n"  # 16
+        "    pass\n"  # 17
+        "except Exception:\n"  # 18
+        "    def in_handler():\n"  # 19
+        "        pass\n"  # 20
+        "finally:\n"  # 21
+        "    def in_finally():\n"  # 22
+        "        pass\n"  # 23
+    )
+
+    def found(line, name):
+        result = analysis.find_definition(source, line, name)
+        return None if result is None else (result[0].name, result[0].lineno, result[1])
+
+    assert found(3, "top") == found(1, "top") == ("top", 3, True)
+    assert found(2, "top") is None and found(3, "other") is None
+    assert found(4, "inner") == ("inner", 4, False)
+    assert found(8, "method") == found(7, "method") == ("method", 8, True)
+    assert found(11, "in_if") == ("in_if", 11, True) and found(14, "in_else") == ("in_else", 14, True)
+    assert found(19, "in_handler") == ("in_handler", 19, True)
+    assert found(22, "in_finally") == ("in_finally", 22, True)
+    assert analysis.find_definition("def (:", 1, "x") is None
+
+
+def test_analysis_the_class_containing_a_line_and_the_last_one_otherwise():
+    source = "class A:\n    x = 1\n\nclass A:\n    y = 2\n    z = 3\n"
+    assert analysis.find_class(source, "A").lineno == 4
+    assert analysis.find_class(source, "A", containing_line=2).lineno == 1
+    assert analysis.find_class(source, "A", containing_line=6).lineno == 4
+    assert analysis.find_class(source, "A", containing_line=4).lineno == 4  # its own first line
+    assert analysis.find_class(source, "A", containing_line=3) is None
+    assert analysis.find_class(source, "B") is None and analysis.find_class("class (:", "A") is None
+
+
+def test_analysis_a_definitions_source_keeps_its_decorators_and_is_dedented():
+    source = 'class Box:\n    @staticmethod\n    @cache\n    def m():\n        text = """\nat column 0\n"""\n        return text\n\nx = 1\n'
+    node = analysis.find_definition(source, 2, "m")[0]
+    assert analysis.node_source(source, node) == (
+        '@staticmethod\n@cache\ndef m():\n    text = """\nat column 0\n"""\n    return text'
+    )
+    top = "def f():\n    return 1\n"
+    assert analysis.node_source(top, analysis.find_definition(top, 1, "f")[0]) == "def f():\n    return 1"
+
+
+def test_analysis_ipython_syntax_lines_are_found_with_their_text():
+    cell = "x = 1\n%time y = 2\n!ls -l\nfiles = !ls\nx?\nprint(x)"
+    assert analysis.magic_lines(cell) == [(2, "%time y = 2"), (3, "!ls -l"), (4, "files = !ls"), (5, "x?")]
+    assert analysis.magic_lines("x = 1\nprint(get_ipython)\nip.run_line_magic('time', '')") == []
+    assert analysis.magic_lines("def (:") == []

@@ -130,7 +130,7 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.STALL_CLEARED: _fields({"for_s": _NUM}, step=_OPT_INT, restarted=_BOOL),
     Kind.DISK_FULL: _fields({"message": _STR}),
     Kind.OUTPUT_CAPPED: _fields({"cap_bytes": _INT}),
-    Kind.DEGRADED: _fields({"missing": {"type": "array"}}, torch=_STR),
+    Kind.DEGRADED: _fields({"missing": {"type": "object", "additionalProperties": _STR}}, torch=_STR),
     Kind.SCALED: _fields({"target": _INT}, min_nodes=_INT, max_nodes=_INT, reason=_STR, reconfigured=_BOOL),
     Kind.FAULT: _fields({"fault": _STR}, target=_STR, rank=_INT, return_after_s={"type": ["number", "null"]}),
     Kind.NODE_JOINED: _fields(pid=_OPT_INT),
