@@ -645,6 +645,7 @@ def test_a_full_checkpoint_disk_trains_on_with_one_warning_not_a_retry_loop(home
         name="full-ckpt",
         max_restarts=1,
         checkpoint_dir=str(disk),
+        checkpoint_every=1,  # saves enough to fill the disk: the chosen interval may save only twice
         user_ns={**namespace(total=60, step_s=0.02), "PRINT": False},
     )
     assert job.wait(180) == "succeeded", job.summary()
