@@ -22,7 +22,7 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NODES_LIMIT = 1024
 
 
-def _int(value: Any, what: str, example: str) -> int:
+def whole_number(value: Any, what: str, example: str) -> int:
     if isinstance(value, bool):
         raise SpecError(f"{what} must be a whole number, not {value!r} (for example {example})")
     if isinstance(value, int):
@@ -38,17 +38,17 @@ def parse_nnodes(value: str | int | tuple[int, int]) -> tuple[int, int]:
     if isinstance(value, tuple):
         if len(value) != 2:
             raise SpecError(f"--nnodes must be MIN:MAX, not {value!r}")
-        lo, hi = (_int(v, "--nnodes", "1:4") for v in value)
+        lo, hi = (whole_number(v, "--nnodes", "1:4") for v in value)
     else:
         text = str(value).strip()
         if ":" in text:
             parts = text.split(":")
             if len(parts) != 2 or not all(p.strip() for p in parts):
                 raise SpecError(f"--nnodes must be N or MIN:MAX (for example 1:4), not {text!r}")
-            lo = _int(parts[0], f"--nnodes {text!r}: MIN", "1:4")
-            hi = _int(parts[1], f"--nnodes {text!r}: MAX", "1:4")
+            lo = whole_number(parts[0], f"--nnodes {text!r}: MIN", "1:4")
+            hi = whole_number(parts[1], f"--nnodes {text!r}: MAX", "1:4")
         else:
-            lo = hi = _int(text, "--nnodes", "2 or 1:4")
+            lo = hi = whole_number(text, "--nnodes", "2 or 1:4")
     if lo < 1:
         raise SpecError(f"--nnodes {lo}:{hi}: the minimum number of nodes must be at least 1")
     if hi < lo:
@@ -119,7 +119,7 @@ def parse_rdzv_conf(text: str | Mapping[str, str] | None) -> dict[str, str]:
         conf[key.strip()] = value.strip()
     for key in ("join_timeout", "last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt"):
         if key in conf:
-            if _int(conf[key], f"--rdzv-conf {key}", f"{key}=1") < 1:
+            if whole_number(conf[key], f"--rdzv-conf {key}", f"{key}=1") < 1:
                 raise SpecError(f"--rdzv-conf {key}={conf[key]} must be at least 1")
     if "is_host" in conf:
         raise SpecError("--rdzv-conf is_host is chosen by the backend (the store is hosted apart from the agents)")
@@ -164,19 +164,19 @@ class JobSpec:
         """A normalized copy, or a ``SpecError`` naming the first bad option."""
         validate_name(self.name)
         nnodes = parse_nnodes(self.nnodes)
-        nproc = _int(self.nproc_per_node, "--nproc-per-node", "2")
+        nproc = whole_number(self.nproc_per_node, "--nproc-per-node", "2")
         if nproc < 1:
             raise SpecError(f"--nproc-per-node {nproc}: each node needs at least 1 process")
         if nproc > 256:
             raise SpecError(f"--nproc-per-node {nproc}: at most 256 processes per node are supported")
-        restarts = _int(self.max_restarts, "--max-restarts", "3")
+        restarts = whole_number(self.max_restarts, "--max-restarts", "3")
         if restarts < 0:
             raise SpecError(f"--max-restarts {restarts} must be 0 or more")
         if self.backend not in defaults.BACKENDS:
             raise SpecError(f"--backend {self.backend!r} is unknown; choose one of: {', '.join(defaults.BACKENDS)}")
         nodes = self.nodes
         if nodes is not None:
-            nodes = _int(nodes, "--nodes", "2")
+            nodes = whole_number(nodes, "--nodes", "2")
             if not nnodes[0] <= nodes <= nnodes[1]:
                 raise SpecError(
                     f"--nodes {nodes} is outside --nnodes {nnodes[0]}:{nnodes[1]}; start with a "
@@ -206,7 +206,7 @@ class JobSpec:
             raise SpecError("--checkpoint-dir must not be empty")
         every = self.checkpoint_every
         if every is not None:
-            every = _int(every, "--checkpoint-every", "50")
+            every = whole_number(every, "--checkpoint-every", "50")
             if every < 1:
                 raise SpecError(
                     f"--checkpoint-every {every}: give 1 or more steps, or leave it out to let State "
@@ -279,7 +279,7 @@ def _seconds(value: Any, flag: str, why: str = "") -> float:
 
 
 def check_scale(spec_range: tuple[int, int], nodes: Any) -> int:
-    n = _int(nodes, "scale(nodes)", "2")
+    n = whole_number(nodes, "scale(nodes)", "2")
     lo, hi = spec_range
     if not lo <= n <= hi:
         raise SpecError(f"cannot scale to {n} nodes: the job's range is {lo}:{hi}; widen it with set_range() first")

@@ -230,7 +230,8 @@ def test_refusals_before_anything_is_sent():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"gpus": "two"}, r"--gpus 'two' must be a whole number"),
+        ({"gpus": "two"}, r"--gpus \(GPUs per pod\) must be a whole number, not 'two' \(for example 1, or 0"),
+        ({"gpus": 2.5}, r"--gpus \(GPUs per pod\) must be a whole number, not 2\.5"),
         ({"gpus": -1}, r"--gpus -1 must be 0 or more"),
         ({"cpu": "lots"}, r"--cpu 'lots' is not a Kubernetes quantity"),
         ({"memory": "16 GB"}, r"--memory '16 GB' is not a Kubernetes quantity"),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SpecError
+from ...spec import whole_number
 
 # The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
 # tests/test_kubernetes_manifests.py keeps them in step).
@@ -180,10 +181,7 @@ def parse_options(
 ) -> KubernetesOptions:
     """Validated options from flag values (``SpecError`` on the first bad one)."""
     if gpus is not None:
-        try:
-            gpus = int(gpus)
-        except (TypeError, ValueError):
-            raise SpecError(f"--gpus {gpus!r} must be a whole number of GPUs per pod (0 for CPU pods)") from None
+        gpus = whole_number(gpus, "--gpus (GPUs per pod)", "1, or 0 for CPU pods")
         if gpus < 0:
             raise SpecError(f"--gpus {gpus} must be 0 or more")
     if pod_security is not None and pod_security not in POD_SECURITY_LEVELS:
