@@ -227,7 +227,7 @@ def test_dashboard_states_kernel_restart_and_reload(tmp_path):
         wait_status(page, "states", ("running",))
         page.wait_for_function(
             "() => document.querySelector('.ne-timeline').textContent.includes('back at world size 1 after')",
-            timeout=60_000,
+            timeout=120_000,
         )
 
         broken = dashboard(page, "broken")

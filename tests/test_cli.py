@@ -111,7 +111,7 @@ def test_export_runs_the_notebook_and_writes_a_script_plain_torchrun_runs(home, 
     assert done.returncode == 0, done.stderr
     assert f"wrote {out / 'train.py'}" in done.stdout
     assert not (home / "jobs").exists()  # exporting launched nothing
-    ran = torchrun("--nproc-per-node", "2", "train.py", cwd=out, env={"PYTHONPATH": str(folder)})
+    ran = torchrun("--standalone", "--nproc-per-node", "2", "train.py", cwd=out, env={"PYTHONPATH": str(folder)})
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert sorted(line for line in ran.stdout.splitlines() if line.startswith("rank")) == [
         "rank 0 sum 12.0",

@@ -118,6 +118,25 @@ def test_the_timeline_tells_a_preemption_in_plain_words_without_its_symptoms():
     assert "scaled_down" not in ranks_html(state) and "released (scaled down)" in ranks_html(state)
 
 
+def test_a_drill_is_back_from_the_survivors_restart_even_when_its_node_left_is_told_late():
+    """Under load the supervisor may tell the preempted node's node_left after the survivors
+    started again (seen in the browser test on 5 test workers: the line said "regrouping…"
+    for good): the outage still ends at the first start after the drill."""
+    ws = {"local_rank": 0, "pid": 1}
+    events = [
+        Event(Kind.WORKER_STARTED, 10.0, "node-0", {"rank": 0, "world_size": 2, "generation": 1, **ws}),
+        Event(Kind.FAULT, 20.0, "node-1", {"fault": "preempt_node", "target": "node-1"}),
+        Event(Kind.WORKER_STARTED, 23.5, "node-0", {"rank": 0, "world_size": 1, "generation": 2, **ws}),
+        Event(Kind.NODE_LEFT, 24.0, "node-1", {"reason": "preempted"}),
+    ]
+    lines = [text for _e, text in story(events)]
+    assert lines == [
+        "training at world size 2",
+        "training at world size 1",
+        "node-1 preempted (drill) — back at world size 1 after 3.5 s",
+    ]
+
+
 def test_chart_ticks_read_as_numbers_and_log_scale_and_smoothing_apply():
     steps = list(range(0, 5000))
     values = [10.0 / (s + 1) for s in steps]

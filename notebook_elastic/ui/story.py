@@ -72,7 +72,10 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
     symptoms of a membership change folded into the line of its cause."""
     out: list[tuple[Event, str]] = []
     groups: set = set()
-    drilled: dict[str, Event] = {}  # node -> the drill that takes it away: told in its node_left line
+    # node -> the drill that takes it away and where it stands: told in the node's node_left line,
+    # its outage counted from the drill (a loaded supervisor may tell node_left after the survivors
+    # already started again)
+    drilled: dict[str, tuple[Event, int]] = {}
     for i, e in enumerate(events):
         k, d = e.kind, e.data
         if k in STORY_HIDDEN:
@@ -96,17 +99,18 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
         elif k == Kind.SCALED:
             out.append((e, f"asked for {d.get('target')} node(s), range {d.get('min_nodes')}:{d.get('max_nodes')}"))
         elif k == Kind.FAULT and str(d.get("fault")).endswith("_node") and e.node:
-            drilled[e.node] = e  # one line for it: the node's departure, marked as a drill
+            drilled[e.node] = (e, i)  # one line for it: the node's departure, marked as a drill
         elif k == Kind.FAULT:
             out.append((e, f"drill: {d.get('target')} {FAULT_WORDS.get(str(d.get('fault')), d.get('fault'))}"))
         elif k == Kind.NODE_LEFT:
             reason = d.get("reason")
-            drill = drilled.pop(e.node, None) if e.node else None
-            if reason in ("stopped", "finished") and drill is None:
+            drilled_at = drilled.pop(e.node, None) if e.node else None
+            if reason in ("stopped", "finished") and drilled_at is None:
                 continue
-            if drill is not None:  # the outage counts from the drill, not from when the node was gone
+            if drilled_at is not None:  # the outage counts from the drill, not from when the node was gone
+                drill, at = drilled_at
                 words = FAULT_WORDS.get(str(drill.get("fault")), str(drill.get("fault")))
-                out.append((drill, f"{e.node} {words} (drill)" + _back_after(drill, events, i)))
+                out.append((drill, f"{e.node} {words} (drill)" + _back_after(drill, events, at)))
             else:
                 out.append((e, f"{e.node} {left_words(reason)}" + _back_after(e, events, i)))
         elif k == Kind.RESUMED:
