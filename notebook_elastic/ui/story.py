@@ -58,9 +58,12 @@ STORY_HIDDEN = TIMELINE_HIDDEN | {
 
 
 def _back_after(e: Event, events: Sequence[Event], index: int) -> str:
-    """' — back at world size 2 after 1.6 s': when training started again after ``e``."""
+    """' — back at world size 2 after 1.6 s': when a new worker group started after ``e``. A
+    worker of a group already started before ``e`` (a slower node's rank of the same group,
+    told a moment later) is not training starting again."""
+    started = {x.get("generation") for x in events[: index + 1] if x.kind == Kind.WORKER_STARTED}
     for later in events[index + 1 :]:
-        if later.kind == Kind.WORKER_STARTED:
+        if later.kind == Kind.WORKER_STARTED and later.get("generation") not in started:
             return f" — back at world size {later.get('world_size')} after {later.time - e.time:.1f} s"
         if later.kind == Kind.JOB_FINISHED:
             return ""
