@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_elastic.events import Event, Kind, describe
+from notebook_elastic.events import Event, Kind, Status, describe
 from notebook_elastic.job_state import (
     JobState,
     Metrics,
@@ -709,3 +709,26 @@ def test_the_symptoms_of_a_second_restart_are_listed_under_it_not_under_the_firs
     assert [t["status"] for t in (first, healed, second)] == ["restarting", "running", "restarting"]
     assert len(first["events"]) == 1 and "First" in first["events"][0]
     assert len(second["events"]) == 2 and "Second" in second["events"][0] and second["events"][1] == describe(exited)
+
+
+def test_a_node_left_told_after_the_survivors_regrouped_leaves_the_job_running():
+    """Under load the supervisor may tell a preempted node's node_left after the survivors
+    already started their new group without it (seen in CI: the dashboard then read
+    'restarting' until the job ended). Its departure ends nothing that is training now; a node
+    that has ranks in the running group still means a regroup."""
+    state = JobState(max_restarts=5, nnodes=(1, 2))
+    state.apply_all(
+        [
+            started(18.0, "node-0", 0, 2, generation=1),  # node-1's rank of group 1 never started
+            ev(Kind.FAULT, 18.7, "node-1", fault="preempt_node", target="node-1"),
+            ev(Kind.RESTART, 19.1, "node-0", reason="departure"),
+            started(20.7, "node-0", 0, 1, generation=2),
+            ev(Kind.NODE_LEFT, 20.8, "node-1", reason="preempted"),
+        ]
+    )
+    assert state.status == Status.RUNNING and state.world_size == 1
+    assert state.nodes["node-1"].status == "left"
+
+    state.apply_all([started(30.0, "node-1", 1, 2, generation=3), started(30.0, "node-0", 0, 2, generation=3)])
+    state.apply(ev(Kind.NODE_LEFT, 31.0, "node-1", reason="preempted"))  # a member of the running group
+    assert state.status == Status.RESTARTING

@@ -67,12 +67,20 @@ class Handlers:
 
     def _on_node_left(self, e: Event) -> None:
         node = self._node(e.node)
+        in_the_running_group = bool(node.ranks)  # cleared when a group without it started
         node.status = "left"
         node.left_reason = e.get("reason")
         node.left_at = e.time
         self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
-        # A node stopped with the job or done with its work is no reason to regroup.
-        if not self.finished and e.get("reason") not in ("finished", "stopped") and self.status == Status.RUNNING:
+        # A node stopped with the job or done with its work is no reason to regroup, and neither
+        # is one with no rank in the group now training (a joiner, or a departure the survivors
+        # already regrouped without: a loaded supervisor may tell node_left after their restart).
+        if (
+            not self.finished
+            and e.get("reason") not in ("finished", "stopped")
+            and self.status == Status.RUNNING
+            and in_the_running_group
+        ):
             self.status = Status.RESTARTING
 
     def _on_rendezvous(self, e: Event) -> None:
