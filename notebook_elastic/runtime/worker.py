@@ -97,6 +97,11 @@ def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> Non
     """
     if not sys.platform.startswith("linux"):
         return
+    if os.environ.get("NOTEBOOK_ELASTIC_FORKED") == str(os.getpid()):
+        # Forked by the warm pool (runtime.pool): its parent is the pool, which it must not die
+        # with; its launcher, a child of the real parent, holds this signal and forwards it,
+        # and the process dies with its launcher.
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -334,4 +339,11 @@ def _shutdown_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
+        # No rank leaves while a peer is still connecting to it: a short cell on ranks started
+        # a moment apart finished on rank 0 while rank 1 was still inside gloo's full-mesh
+        # connect, which then failed ("Connection closed by peer") and charged the budget.
+        try:
+            dist.barrier()
+        except Exception:  # a peer gone at the very end: this rank's own work is done all the same
+            pass
         dist.destroy_process_group()
