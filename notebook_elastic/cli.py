@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -62,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p = sub.add_parser("resume", parents=[common], help="continue a lost, failed or stopped job")
     p.add_argument("name")
+    p = sub.add_parser("pool", help="the warm pool local jobs are forked from: whether it runs, or stop it")
+    p.add_argument("action", nargs="?", choices=("status", "stop"), default="status")
     p = sub.add_parser("export", help="write a notebook's training cell as a standalone script")
     p.add_argument("notebook", help="the .ipynb file")
     p.add_argument("--cell", type=int, required=True, help="the training cell: its number, counting code cells from 1")
@@ -235,6 +238,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pool(args: argparse.Namespace) -> int:
+    """The warm pool of this user and environment (runtime/pool.py): its pid, or stop it."""
+    import signal
+
+    from .runtime import pool
+
+    name = os.environ.get(pool.ENV_POOL) or pool.pool_name()
+    pid = pool.ping(name)
+    if pid is None:
+        print(f"no warm pool runs for this environment ({name[1:]})")
+        return 0
+    if args.action == "stop":
+        os.kill(pid, signal.SIGTERM)  # its children (running jobs) are not its: they go on
+        print(f"stopped the warm pool (pid {pid}); running jobs go on")
+        return 0
+    print(f"warm pool: pid {pid}, {name[1:]}, exits after {pool.idle_seconds():g} s idle")
+    return 0
+
+
 COMMANDS = {
     "jobs": cmd_jobs,
     "status": cmd_status,
@@ -244,6 +266,7 @@ COMMANDS = {
     "stop": cmd_stop,
     "resume": cmd_resume,
     "export": cmd_export,
+    "pool": cmd_pool,
 }
 
 

@@ -245,6 +245,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
     # The cells use `elastic.report(...)`, `elastic.State(...)`, as workers will.
     ipython.user_ns.setdefault("elastic", runtime)
+    # The warm pool imports torch now, in the background, so the first job's processes are
+    # forks of it (runtime/pool.py); a job starts it too when none answers.
+    from .runtime.pool import ensure_pool
+
+    ensure_pool()
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -265,6 +265,34 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
     return []
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_pool():
+    """One warm pool per test process (runtime/pool.py), started outside any test (it carries
+    no test's marker, and stays up between tests), stopped at the end. Every job, kernel and
+    JupyterLab the tests start inherits its name; the processes it forks carry their own
+    test's marker (``pool.retitle``), so the leftover check sees them as it sees cold ones."""
+    from notebook_elastic.runtime import pool
+
+    if not pool.enabled():
+        yield None
+        return
+    name = f"@notebook-elastic-pool-test-{os.getpid()}-{secrets.token_hex(8)}"
+    env = {k: v for k, v in os.environ.items() if k != TEST_ID_ENV}
+    env[pool.ENV_IDLE] = "0"
+    proc = pool.start(name, env)
+    os.environ[pool.ENV_POOL] = name
+    try:
+        yield name
+    finally:
+        os.environ.pop(pool.ENV_POOL, None)
+        proc.terminate()
+        try:
+            proc.wait(120)  # it may still be importing torch on loaded cores
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="session")
 def _ipython():
     from IPython.testing.globalipapp import start_ipython

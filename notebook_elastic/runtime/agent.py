@@ -247,8 +247,15 @@ def _report_degraded() -> None:
 
 
 def _start_zygote() -> bool:
-    from .warm import start_zygote
+    """Where this node's workers are forked from: the user's warm pool when the job has one
+    (``runtime.pool``), else a zygote of the node's own."""
+    from . import pool
+    from .warm import ENV_ZYGOTE, enabled, start_zygote
 
+    name = os.environ.get(pool.ENV_POOL)
+    if name and enabled() and pool.enabled():
+        os.environ[ENV_ZYGOTE] = name
+        return True
     return start_zygote() is not None
 
 

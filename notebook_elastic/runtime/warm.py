@@ -15,8 +15,12 @@ forwards signals to the child and exits with the child's status (a signal as a s
 A pipe ties the child to the launcher: if the launcher dies, the child dies.
 
 Without a zygote (disabled with NOTEBOOK_ELASTIC_WARM_WORKERS=0, or not answering) the
-launcher runs SCRIPT itself: a cold start, as before. Lives outside notebook_elastic.runtime
-so that forked workers import the runtime fresh, with their own environment.
+launcher runs SCRIPT itself: a cold start, as before. The launcher lives in ``warm_launch``.
+
+The same server, started as ``... warm pool NAME``, is the user's warm pool (``runtime.pool``):
+it outlives jobs, forks supervisors and agents too (``-m MODULE`` requests), puts each child in
+a session of its own tied to its launcher rather than to the pool, and is reaped when idle.
+Forked children import our package afresh, with their own environment.
 """
 
 from __future__ import annotations
@@ -26,88 +30,77 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 
-ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # the zygote's socket name ("@..." = abstract), for launchers
+from .wire import ENV_ZYGOTE, _address, _send, enabled, same_user
+
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
-ENV_WARM = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo", "cloudpickle")
-CONNECT_WAIT_S = 15.0  # the zygote may still be importing torch on a node's first start
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV_WARM, "1") != "0" and sys.platform.startswith("linux")
-
-
-def _address(name: str) -> str:
-    """``@name`` -> the abstract socket address (environment values cannot hold the NUL)."""
-    return "\0" + name[1:] if name.startswith("@") else name
-
-
-def same_user(conn: socket.socket) -> bool:
-    """Whether the process at the other end of ``conn`` runs as our user (SO_PEERCRED)."""
-    try:
-        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    except OSError:
-        return False
-    return uid == os.getuid()
-
-
-def _send(conn: socket.socket, message: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(message).encode() + b"\n"
-    if fds:
-        socket.send_fds(conn, [data], fds)
-    else:
-        conn.sendall(data)
-
-
-def _recv_line(conn: socket.socket, buffer: bytearray) -> dict | None:
-    while b"\n" not in buffer:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        buffer.extend(chunk)
-    line, _, rest = bytes(buffer).partition(b"\n")
-    buffer[:] = rest
-    return json.loads(line)
+#: The pool also forks agents (torchrun) and supervisors (the store, TensorBoard's writer).
+POOL_PRELOAD = (
+    "torch.distributed.run",
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+    "torch.utils.data",
+    "tensorboard",
+)
 
 
 # -- the zygote ----------------------------------------------------------------------------
 
 
-def serve(path: str) -> None:
-    from .worker import set_parent_death_signal
+def serve(path: str, *, as_pool: bool = False) -> None:
+    """Serve forks at ``path``: a node's zygote (dies with its agent) or, ``as_pool``, the
+    user's warm pool (``runtime.pool``: outlives jobs, reaped when idle)."""
+    abstract = path.startswith("@")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if as_pool:
+        os.environ.setdefault("LOGLEVEL", "INFO")  # torchelastic's loggers read it at import, as agents set it
+        try:
+            # The name first: a second pool started meanwhile finds it taken and exits at once,
+            # before importing anything; launchers are refused until listen() and retry.
+            listener.bind(_address(path))
+        except OSError:
+            return
+    else:
+        from .worker import set_parent_death_signal
 
-    set_parent_death_signal(signal.SIGKILL, os.getppid())  # dies with its agent
-    for name in PRELOAD:
+        set_parent_death_signal(signal.SIGKILL, os.getppid())  # dies with its agent
+    for name in PRELOAD + (POOL_PRELOAD if as_pool else ()):
         try:
             __import__(name)
         except Exception:
             pass
+    idle_s = _idle_seconds() if as_pool else 0.0
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    abstract = path.startswith("@")
-    if not abstract:
+    if abstract and not as_pool:
+        listener.bind(_address(path))  # launchers that come before listen() are refused and retry
+    elif not abstract:
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if abstract:
-        listener.bind(_address(path))  # launchers that come before listen() are refused and retry
-    else:
         listener.bind(path + ".tmp")
         os.rename(path + ".tmp", path)  # appears only once it is ready
     listener.listen(64)
     children: dict[int, socket.socket] = {}
+    busy = time.monotonic()
     try:
         while True:
-            ready, _, _ = select.select([listener, wake_r], [], [])
+            timeout = None
+            if idle_s > 0:
+                if children:
+                    busy = time.monotonic()
+                elif time.monotonic() - busy >= idle_s:
+                    return  # idle: reaped
+                timeout = max(0.1, busy + idle_s - time.monotonic())
+            ready, _, _ = select.select([listener, wake_r], [], [], timeout)
             if wake_r in ready:
                 os.read(wake_r, 4096)
                 _reap(children)
@@ -116,8 +109,9 @@ def serve(path: str) -> None:
                 if not same_user(conn):  # another local user found the name: no worker for them
                     conn.close()
                     continue
+                busy = time.monotonic()
                 try:
-                    _start(conn, listener, wake_r, wake_w, children)
+                    _start(conn, listener, wake_r, wake_w, children, as_pool)
                 except Exception:
                     conn.close()
     finally:
@@ -148,7 +142,12 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 
 def _start(
-    conn: socket.socket, listener: socket.socket, wake_r: int, wake_w: int, children: dict[int, socket.socket]
+    conn: socket.socket,
+    listener: socket.socket,
+    wake_r: int,
+    wake_w: int,
+    children: dict[int, socket.socket],
+    as_pool: bool = False,
 ) -> None:
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 8)
     while not data.endswith(b"\n"):  # a large environment may come in several pieces
@@ -157,6 +156,10 @@ def _start(
             raise ConnectionError("launcher went away")
         data += more
     request = json.loads(data)
+    if request.get("op") == "ping":
+        _send(conn, {"pool" if as_pool else "zygote": os.getpid()})
+        conn.close()
+        return
     pid = os.fork()
     if pid == 0:
         try:
@@ -166,7 +169,7 @@ def _start(
             conn.close()
             os.close(wake_r)
             os.close(wake_w)
-            _child(request, fds)
+            _child(request, fds, as_pool)
         finally:
             os._exit(70)  # not reached
     for fd in fds:
@@ -175,7 +178,7 @@ def _start(
     _send(conn, {"pid": pid})
 
 
-def _child(request: dict, fds: list[int]) -> None:
+def _child(request: dict, fds: list[int], as_pool: bool = False) -> None:
     """In the forked worker: become the process a cold start would have been, then run."""
     import atexit
     import random
@@ -183,14 +186,19 @@ def _child(request: dict, fds: list[int]) -> None:
     import threading
     import traceback
 
+    from . import pool
+
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    stdin, stdout, stderr, life = fds
+    stdin, stdout, stderr, life = fds[:4]
+    status = fds[4] if len(fds) > 4 else None  # where its exit status goes if the pool is gone by then
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
         os.close(fd)
+    for fd in fds[3:]:
+        os.set_inheritable(fd, False)
 
     def die_with_launcher() -> None:
         while os.read(life, 1):
@@ -199,18 +207,29 @@ def _child(request: dict, fds: list[int]) -> None:
 
     threading.Thread(target=die_with_launcher, name="warm-launcher-watch", daemon=True).start()
     os.chdir(request["cwd"])
+    pool.inherit(request.get("inherit") or {})
     os.environ.clear()
     os.environ.update(request["env"])
-    os.environ[ENV_WARM_PARENT] = str(os.getppid())
-    # Our runtime reads who it is (RANK, ...) from the environment when imported: the
-    # worker must import it afresh, with its own environment, not reuse the zygote's.
-    for name in [
-        m for m in sys.modules if m == "notebook_elastic.runtime" or m.startswith("notebook_elastic.runtime.")
-    ]:
-        del sys.modules[name]
+    module = request.get("module")
     argv = request["argv"]
+    if as_pool:
+        # Its own session, as a cold start in one would be; tied to its launcher, not the pool.
+        os.setsid()
+        os.environ[pool.ENV_FORKED] = str(os.getpid())
+        os.environ[pool.ENV_LAUNCHER] = str(request.get("launcher", ""))
+        pool.retitle(["-m", module, *argv[1:]] if module else ["-u", *argv], dict(os.environ))
+    else:
+        os.environ[ENV_WARM_PARENT] = str(os.getppid())
+    # Our package reads who it is (RANK, ...) from the environment when imported: the child
+    # must import it afresh, with its own environment, not reuse the zygote's.
+    fresh = "notebook_elastic" if as_pool else "notebook_elastic.runtime"
+    for name in [m for m in sys.modules if m == fresh or m.startswith(fresh + ".")]:
+        del sys.modules[name]
     sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    if request.get("path"):
+        sys.path[:] = request["path"]
+    if not module:
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
     random.seed()  # a fresh process would not share the zygote's random state
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -219,7 +238,10 @@ def _child(request: dict, fds: list[int]) -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # the OpenMP runtime read its env in the zygote
     code = 0
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -235,89 +257,12 @@ def _child(request: dict, fds: list[int]) -> None:
                 stream.flush()
             except Exception:
                 pass
+        if status is not None:
+            try:
+                os.write(status, str(code).encode())
+            except OSError:
+                pass
         os._exit(code)
-
-
-# -- the launcher (what torchrun starts) -----------------------------------------------------
-
-
-def launch(argv: list[str]) -> None:
-    from . import protocol
-    from .worker import set_parent_death_signal
-
-    agent = os.environ.get(protocol.ENV_AGENT_PID)
-    if agent:
-        set_parent_death_signal(signal.SIGKILL, int(agent))
-    path = os.environ.get(ENV_ZYGOTE)
-    conn = _connect(path) if path and enabled() else None
-    if conn is None:
-        _cold(argv)
-        return
-    life_r, life_w = os.pipe()
-    try:
-        _send(conn, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2, life_r])
-    except OSError:
-        os.close(life_r)
-        os.close(life_w)
-        _cold(argv)
-        return
-    os.close(life_r)
-    buffer = bytearray()
-    first = _recv_line(conn, buffer)
-    if not first or "pid" not in first:
-        _cold(argv)  # the zygote could not fork: nothing has run yet
-        return
-    child = int(first["pid"])
-
-    def forward(sig: int, _frame: object) -> None:
-        try:
-            os.kill(child, sig)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, forward)
-    while True:
-        try:
-            done = _recv_line(conn, buffer)
-            break
-        except InterruptedError:
-            continue
-    code = done["exit"] if done else 1
-    if code < 0:
-        if -code not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        time.sleep(1)
-        os._exit(128 - code)
-    os._exit(code)
-
-
-def _connect(path: str) -> socket.socket | None:
-    deadline = time.monotonic() + CONNECT_WAIT_S
-    while True:
-        try:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(_address(path))
-            if not same_user(conn):  # someone else holds the name: our environment is not for them
-                conn.close()
-                return None
-            return conn
-        except (FileNotFoundError, ConnectionRefusedError):
-            conn.close()
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.02)
-        except OSError:
-            return None
-
-
-def _cold(argv: list[str]) -> None:
-    import runpy
-
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-    runpy.run_path(argv[0], run_name="__main__")
 
 
 def start_zygote() -> str | None:
@@ -333,13 +278,26 @@ def start_zygote() -> str | None:
     return path
 
 
+def _idle_seconds() -> float:
+    from .pool import idle_seconds
+
+    return idle_seconds()
+
+
 def main() -> None:
     if len(sys.argv) >= 3 and sys.argv[1] == "serve":
         serve(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "pool":
+        serve(sys.argv[2], as_pool=True)
     elif len(sys.argv) >= 2:
+        from .warm_launch import launch
+
         launch(sys.argv[1:])
     else:
-        sys.exit("usage: python -m notebook_elastic.runtime.warm SCRIPT [ARGS] | serve SOCKET")
+        sys.exit(
+            "usage: python -m notebook_elastic.runtime.warm [--detach] SCRIPT [ARGS] | [--detach] -m MODULE [ARGS]"
+            " | serve SOCKET | pool SOCKET"
+        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from ...errors import BackendError, JobNotFound
 from ...events import FINAL_STATUSES, Event, Kind
 from ...plan import launch_plan, rdzv_id
 from ...runtime import protocol
+from ...runtime.pool import ENV_POOL, ensure_pool
 from ..base import Backend, DryRun, JobInfo
 from . import control
 from .folder import (
@@ -129,6 +130,9 @@ class LocalBackend(Following, Backend):
 
     def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:
         env = dict(os.environ)
+        warm_pool = ensure_pool(env)  # the job's processes are forked from it (started now if none runs)
+        if warm_pool:
+            env[ENV_POOL] = warm_pool
         env[protocol.ENV_JOB_DIR] = str(folder.path)
         _detach(folder, env, "supervisor", *(["--resume"] if resume else []))
         if not folder.guardian_alive():
@@ -299,9 +303,13 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
     """Start ``python -m notebook_elastic.backends.local.MODULE --detach [options] FOLDER`` in a
     session of its own, logging to supervisor.log; returns once its short-lived parent exited."""
     log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    command = [sys.executable, "-m", f"notebook_elastic.backends.local.{module}", "--detach", *options]
+    if module == "supervisor" and env.get(ENV_POOL):
+        # Forked by the warm pool; the launcher detaches and stands in for it.
+        command = [sys.executable, "-m", "notebook_elastic.runtime.warm", "--detach", *command[1:3], *options]
     try:
         subprocess.Popen(
-            [sys.executable, "-m", f"notebook_elastic.backends.local.{module}", "--detach", *options, str(folder.path)],
+            [*command, str(folder.path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

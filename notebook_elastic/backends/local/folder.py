@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError
+from ...runtime.pool import own_launcher
 from ...runtime.protocol import ENV_JOB_DIR
 
 #: Modes of everything a job leaves on disk: private to its owner, whatever the umask.
@@ -228,9 +229,9 @@ def processes_of(job_dir: str | os.PathLike) -> list[int]:
     environment). The process table is the ground truth for "no orphan left"."""
     marker = f"{ENV_JOB_DIR}={os.fspath(job_dir)}".encode()
     found = []
-    me = os.getpid()
+    me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
+        if not entry.isdigit() or int(entry) in me:
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:

@@ -17,7 +17,7 @@ from typing import IO
 
 from ...events import Kind, LineParser
 from ...plan import LaunchPlan, launch_plan, rdzv_id
-from ...runtime import protocol
+from ...runtime import pool, protocol
 from .place import local_place
 
 #: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
@@ -90,6 +90,9 @@ class Nodes:
         return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
+        if env.get(pool.ENV_POOL) and pool.enabled(env) and command[1:2] == ["-m"]:
+            # Forked by the warm pool: a light launcher stands in for the agent (signals, status).
+            command = [command[0], "-m", "notebook_elastic.runtime.warm", *command[1:]]
         proc = subprocess.Popen(
             command,
             env=env,

@@ -36,7 +36,7 @@ from typing import Any
 from ... import defaults
 from ...events import Event, Kind
 from ...job_state import JobState, describe_failure
-from ...runtime import protocol
+from ...runtime import pool, protocol
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
@@ -103,7 +103,10 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
-        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True))
+        # A warm spare agent saves a scale-up its torch import; the warm pool forks agents warm.
+        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True)) and not (
+            os.environ.get(pool.ENV_POOL) and pool.enabled()
+        )
         self.stall_after_s = float(self.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.stall = StallClock(since=time.monotonic())
         self.failures_seen: dict[tuple, int] = {}

@@ -1,0 +1,234 @@
+"""The warm pool: one process per user and Python environment that has imported torch (and
+torchrun's agent, and the supervisor's store) once, outlives jobs, and forks every process a
+local job needs: its supervisor, its agents and their workers.
+
+Without it each job imports torch four times before its first step (the supervisor's store,
+each agent, each agent's zygote, the spare agent): ~6 CPU-seconds, most of the time to the
+first step on 2 cores. With it a job's processes start as forks of a process that has paid
+for that already. The pool is ``runtime.warm``'s zygote in pool mode; this module names it,
+starts it, and makes its children look like the processes they stand for.
+
+- **Started** at ``%load_ext notebook_elastic`` (in the background) or by the first local
+  job, as ``python -m notebook_elastic.runtime.warm pool NAME``, in a session of its own.
+- **Named** by the user and the environment: ``@notebook-elastic-pool-UID-KEY`` in Linux's
+  abstract namespace, KEY a hash of the interpreter, its version, ``PYTHONPATH`` and the
+  variables read when torch is imported; a kernel in another environment gets a pool of its
+  own. Both ends check the other runs as the same user (SO_PEERCRED) before a byte crosses.
+- **Reaped** after ``NOTEBOOK_ELASTIC_POOL_IDLE_S`` (default 600) seconds with no child and
+  no request; 0 keeps it until SIGTERM.
+- **Never holds CUDA:** it imports torch and never touches a device; each child picks its own
+  GPUs from its environment after the fork, as a cold process would.
+- **Its children do not die with it:** each forked process is tied to its *launcher* (the
+  light ``python -m notebook_elastic.runtime.warm ...`` process its parent started, which
+  forwards signals and exits with the child's status), not to the pool.
+- ``NOTEBOOK_ELASTIC_WARM_POOL=0`` turns it off (each agent keeps a zygote of its own, as
+  before); ``NOTEBOOK_ELASTIC_WARM_WORKERS=0`` turns every warm start off.
+
+A forked child would show the pool's command line and environment in ``/proc`` (the kernel
+reads them from the memory the pool was started with), and tools that find a job's processes
+there (``ps``, the job's own orphan scan, the test suite's leftover check) would not see it.
+``retitle`` rewrites that memory with the child's own argv and environment, as setproctitle
+does; the pool is started with room for them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+
+ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
+ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
+ENV_IDLE = "NOTEBOOK_ELASTIC_POOL_IDLE_S"
+ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
+ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
+IDLE_S = 600.0
+#: Read when torch and the preloaded modules are imported: a pool imported under other values
+#: would hand children the wrong ones. (CUDA_VISIBLE_DEVICES is read only when CUDA starts.)
+_IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "LD_", "LOGLEVEL", "PYTHON")
+#: Room kept in the pool's argv and environment for its children's own (see ``retitle``).
+ARGV_ROOM = 4096
+ENV_ROOM = 32768
+
+
+def enabled(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return (
+        env.get(ENV_POOL_ON, "1") != "0" and env.get("NOTEBOOK_ELASTIC_WARM_WORKERS", "1") != "0"
+    ) and sys.platform.startswith("linux")
+
+
+def pool_name(env: dict[str, str] | None = None) -> str:
+    """This user's pool for this interpreter and import-time environment."""
+    env = os.environ if env is None else env
+    key = hashlib.sha256()
+    key.update(f"{sys.executable}\0{sys.version}\0".encode())
+    for name in sorted(env):
+        if name.startswith(_IMPORT_TIME_PREFIXES) and not name.startswith("NOTEBOOK_ELASTIC"):
+            key.update(f"{name}={env[name]}\0".encode())
+    return f"@notebook-elastic-pool-{os.getuid()}-{key.hexdigest()[:20]}"
+
+
+def idle_seconds() -> float:
+    try:
+        return float(os.environ.get(ENV_IDLE, IDLE_S))
+    except ValueError:
+        return IDLE_S
+
+
+def ping(name: str, timeout_s: float = 2.0) -> int | None:
+    """The pid of the pool answering at ``name`` (run by our user), or None."""
+    from .wire import _address, _recv_line, _send, same_user
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout_s)
+    try:
+        conn.connect(_address(name))
+        if not same_user(conn):
+            return None
+        _send(conn, {"op": "ping"})
+        reply = _recv_line(conn, bytearray())
+        return int(reply["pool"]) if reply and "pool" in reply else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        conn.close()
+
+
+def ensure_pool(env: dict[str, str] | None = None) -> str | None:
+    """The name of a pool for ``env`` (started now, in the background, when none answers), or
+    None when pools are off. Returns at once: the pool imports torch on its own time, and
+    launchers that come before it is ready wait for it (or start cold)."""
+    env = dict(os.environ if env is None else env)
+    if not enabled(env):
+        return None
+    name = env.get(ENV_POOL) or pool_name(env)
+    if ping(name) is None:
+        start(name, env)
+    return name
+
+
+def start(name: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start the pool ``name`` (one that finds the name taken exits at once)."""
+    from .protocol import ENV_JOB_DIR
+
+    env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job
+    env[ENV_POOL] = name
+    env["NOTEBOOK_ELASTIC_POOL_ROOM"] = "." * ENV_ROOM
+    return subprocess.Popen(
+        [sys.executable, "-m", "notebook_elastic.runtime.warm", "pool", name, "." * ARGV_ROOM],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd="/",
+        start_new_session=True,
+    )
+
+
+def forked() -> bool:
+    """Whether this process was forked by the pool (not a child of one that was)."""
+    return os.environ.get(ENV_FORKED) == str(os.getpid())
+
+
+def own_launcher() -> int | None:
+    """The launcher standing in for this process, if the pool forked it."""
+    if not forked():
+        return None
+    try:
+        return int(os.environ[ENV_LAUNCHER])
+    except (KeyError, ValueError):
+        return None
+
+
+# -- what a cold start inherits that a fork does not ----------------------------------------
+
+_LIMITS = ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_MEMLOCK", "RLIMIT_NPROC")
+
+
+def inheritance() -> dict:
+    """The launcher's side: what its child would have inherited from it had it been exec'd:
+    the umask (a job's files are private: its supervisor sets 077), CPU affinity (taskset),
+    priority (nice) and resource limits (ulimit)."""
+    import resource
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return {
+        "umask": mask,
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "rlimits": {name: list(resource.getrlimit(getattr(resource, name))) for name in _LIMITS},
+    }
+
+
+def inherit(given: dict) -> None:
+    """The forked child's side: take on what ``inheritance()`` sent (what cannot be taken on,
+    a limit above the pool's hard one, stays the pool's)."""
+    import resource
+
+    if "umask" in given:
+        os.umask(int(given["umask"]))
+    try:
+        if given.get("affinity"):
+            os.sched_setaffinity(0, given["affinity"])
+        if "nice" in given and given["nice"] != os.getpriority(os.PRIO_PROCESS, 0):
+            os.setpriority(os.PRIO_PROCESS, 0, int(given["nice"]))
+    except OSError:
+        pass
+    for name, (soft, hard) in (given.get("rlimits") or {}).items():
+        try:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
+# -- what /proc shows of a forked child ------------------------------------------------------
+
+
+def retitle(argv: list[str], env: dict[str, str]) -> None:
+    """Make ``/proc/self/cmdline`` and ``/proc/self/environ`` read as ``argv`` and ``env``
+    (as much as the pool's room holds; our own variables first). Call it only after
+    ``os.environ`` was replaced: nothing may still point into the memory it overwrites."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # proc(5): fields 48-51 are arg_start, arg_end, env_start, env_end; index 0 is field 3.
+        arg_start, arg_end, env_start, env_end = (int(fields[n - 3]) for n in (48, 49, 50, 51))
+    except (OSError, IndexError, ValueError):
+        return
+    ours = sorted(k for k in env if k.startswith("NOTEBOOK_ELASTIC") and k != "NOTEBOOK_ELASTIC_POOL_ROOM")
+    rest = sorted(k for k in env if not k.startswith("NOTEBOOK_ELASTIC"))
+    _overwrite(arg_start, arg_end, [sys.executable, *argv], truncate=True)
+    _overwrite(env_start, env_end, [f"{k}={env[k]}" for k in (*ours, *rest)], truncate=False)
+
+
+def _overwrite(start: int, end: int, items: list[str], *, truncate: bool) -> None:
+    size = end - start
+    if size <= 1:
+        return
+    data = bytearray()
+    for item in items:
+        raw = item.encode(errors="replace") + b"\0"
+        if len(data) + len(raw) > size:
+            if truncate:
+                data += raw[: size - len(data) - 1] + b"\0"
+                break
+            continue  # a variable that does not fit is left out, the next may fit
+        data += raw
+    data += b"\0" * (size - len(data))
+    ctypes.memmove(start, bytes(data), size)
+
+
+def wait_for(name: str, timeout_s: float) -> int | None:
+    """Poll until the pool ``name`` answers (its pid) or ``timeout_s`` passes (None)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = ping(name)
+        if pid is not None or time.monotonic() > deadline:
+            return pid
+        time.sleep(0.05)

@@ -1,0 +1,148 @@
+"""The launcher of a warm start (``python -m notebook_elastic.runtime.warm [--detach] SCRIPT
+ARGS`` or ``... [--detach] -m MODULE ARGS``): what torchrun starts for a worker, the supervisor
+for an agent and the kernel for a supervisor. It imports nothing heavy, hands its standard
+streams, environment, working directory, ``sys.path`` and arguments to the node's zygote or the
+user's warm pool (``runtime.warm``, ``runtime.pool``), and stays the process its starter
+watches: it forwards signals to the forked child and exits with the child's status (a signal as
+a signal). A pipe ties the child to it: if the launcher dies, the child dies. Without a zygote
+or pool that answers, it runs the script or module itself: a cold start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+from .wire import CONNECT_WAIT_S, ENV_ZYGOTE, _address, _recv_line, _send, enabled, same_user
+
+
+def launch(argv: list[str]) -> None:
+    """``[--detach] SCRIPT ARGS`` (a worker, forked by its node's zygote or the pool) or
+    ``[--detach] -m MODULE ARGS`` (a supervisor or an agent, forked by the pool)."""
+    from . import pool, protocol
+    from .worker import set_parent_death_signal
+
+    detach = argv[:1] == ["--detach"]
+    argv = argv[1:] if detach else argv
+    module = argv[1] if argv[:1] == ["-m"] and len(argv) > 1 else None
+    argv = [module, *argv[2:]] if module else argv
+    if detach and os.fork() > 0:
+        os._exit(0)  # the starter reaps this short-lived parent; the launcher lives on under init
+    agent = os.environ.get(protocol.ENV_AGENT_PID)
+    if module is None and agent:
+        set_parent_death_signal(signal.SIGKILL, int(agent))
+    elif module is not None and not detach:
+        set_parent_death_signal(signal.SIGTERM, os.getppid())  # forwarded to the child, as it would get it
+    path = os.environ.get(pool.ENV_POOL if module else ENV_ZYGOTE)
+    on = enabled() and (module is None or pool.enabled())
+    conn = _connect(path) if path and on else None
+    if conn is None:
+        _cold(argv, module)
+        return
+    life_r, life_w = os.pipe()
+    status_r, status_w = os.pipe()
+    request = {
+        "argv": argv,
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "path": sys.path,
+        "launcher": os.getpid(),
+        "inherit": pool.inheritance(),
+    }
+    if module:
+        request["module"] = module
+    try:
+        _send(conn, request, [0, 1, 2, life_r, status_w])
+    except OSError:
+        os.close(life_r)
+        os.close(life_w)
+        _cold(argv, module)
+        return
+    os.close(life_r)
+    os.close(status_w)
+    buffer = bytearray()
+    try:
+        first = _recv_line(conn, buffer)
+    except OSError:
+        first = None
+    if not first or "pid" not in first:
+        _cold(argv, module)  # the zygote could not fork: nothing has run yet
+        return
+    child = int(first["pid"])
+
+    def forward(sig: int, _frame: object) -> None:
+        try:
+            os.kill(child, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            done = _recv_line(conn, buffer)
+            break
+        except InterruptedError:
+            continue
+        except OSError:
+            done = None
+            break
+    code = done["exit"] if done else _status_from(status_r)
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+        os._exit(128 - code)
+    os._exit(code)
+
+
+def _status_from(status_r: int) -> int:
+    """The child's exit status from its own pipe (its forker is gone): what it wrote when it
+    exited, or a kill when it wrote nothing."""
+    data = b""
+    while True:
+        try:
+            chunk = os.read(status_r, 64)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return int(data)
+    except ValueError:
+        return -signal.SIGKILL
+
+
+def _connect(path: str) -> socket.socket | None:
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while True:
+        try:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(_address(path))
+            if not same_user(conn):  # someone else holds the name: our environment is not for them
+                conn.close()
+                return None
+            return conn
+        except (FileNotFoundError, ConnectionRefusedError):
+            conn.close()
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+        except OSError:
+            return None
+
+
+def _cold(argv: list[str], module: str | None = None) -> None:
+    import runpy
+
+    sys.argv = list(argv)
+    if module:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    runpy.run_path(argv[0], run_name="__main__")

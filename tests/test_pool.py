@@ -1,0 +1,165 @@
+"""The warm pool (runtime/pool.py): a local job's supervisor, agents and workers are forks of
+one process per user that imported torch once and outlives jobs. Its children read as
+themselves in /proc (so ``ps``, the job's orphan scan and the leftover check see them), do
+not die with it, and it is reaped when idle; it serves only its own user."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from test_warm import ANOTHER_USER_CONNECTS
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.events import Kind
+from notebook_elastic.runtime import pool
+
+pytestmark = pytest.mark.slow
+
+GATED = """
+import os
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(TOTAL):
+    loss = ddp(torch.randn(2, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item(), pid=os.getpid(), ppid=os.getppid(), all_ranks=True)
+    while step == HOLD_AT and not os.path.exists(GATE):
+        time.sleep(0.05)
+"""
+
+
+def namespace(gate: str, total: int = 12, hold_at: int = 5) -> dict:
+    return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total, "HOLD_AT": hold_at, "GATE": gate}
+
+
+def wait_until(predicate, what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def proc_file(pid: int, name: str) -> bytes:
+    with open(f"/proc/{pid}/{name}", "rb") as f:
+        return f.read()
+
+
+def reports(job) -> list[dict]:
+    """The values every rank reported, from the job's history (all of them, undecimated)."""
+    events = LocalBackend().folder(job.name).events_file.read_text().splitlines()
+    return [json.loads(line)["values"] for line in events if '"kind":"metric"' in line]
+
+
+def start_private_pool(name: str, **env: str) -> subprocess.Popen:
+    proc = pool.start(name, {**os.environ, **env})
+    assert pool.wait_for(name, 180) == proc.pid, "the pool did not come up"
+    return proc
+
+
+def test_a_jobs_processes_are_forks_of_the_pool_which_outlives_it(home, tmp_path, warm_pool):
+    pool_pid = pool.wait_for(warm_pool, 180)
+    assert pool_pid is not None
+    gate = str(tmp_path / "gate")
+    job = ne.launch(GATED, nproc_per_node=2, name="pooled", user_ns=namespace(gate))
+    wait_until(lambda: job.state.step is not None and job.state.step >= 5, "the held step")
+    folder = home / "jobs" / "pooled"
+    supervisor = json.loads((folder / "supervisor.json").read_text())["pid"]
+    agents = [e.data["pid"] for e in job.events if e.kind == Kind.AGENT_STARTED]
+    workers = {r["pid"] for r in reports(job)}
+    assert agents and len(workers) == 2
+    for pid in [supervisor, *agents, *workers]:
+        assert ppid(pid) == pool_pid, f"{pid} is not a child of the pool"
+        # It reads as itself, with its own job folder and this test's marker in its environment.
+        environ = proc_file(pid, "environ").split(b"\0")
+        assert f"NOTEBOOK_ELASTIC_JOB_DIR={folder}".encode() in environ
+        assert f"NOTEBOOK_ELASTIC_TEST_ID={os.environ['NOTEBOOK_ELASTIC_TEST_ID']}".encode() in environ
+    assert b"notebook_elastic.backends.local.supervisor" in proc_file(supervisor, "cmdline")
+    assert all(b"notebook_elastic.runtime.agent" in proc_file(pid, "cmdline") for pid in agents)
+    assert all(b"script.py" in proc_file(pid, "cmdline") for pid in workers)
+    open(gate, "w").close()
+    assert job.wait(timeout=180) == "succeeded"
+    assert pool.ping(warm_pool) == pool_pid  # it outlives the job
+    again = ne.launch(GATED, nproc_per_node=1, name="pooled-again", user_ns=namespace(gate, total=3))
+    assert again.wait(timeout=180) == "succeeded"
+    assert {r["ppid"] for r in reports(again)} == {pool_pid}  # the next job's workers: the same pool
+
+
+def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):
+    """The pool is SIGKILLed while a job trains: its supervisor, agent and workers (forks of
+    it) go on, their launchers learn their exit statuses from the children themselves, and
+    the job succeeds without a restart."""
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    proc = start_private_pool(name)
+    monkeypatch.setenv(pool.ENV_POOL, name)
+    gate = str(tmp_path / "gate")
+    try:
+        job = ne.launch(GATED, nproc_per_node=2, name="orphaned-pool", user_ns=namespace(gate))
+        wait_until(lambda: job.state.step is not None and job.state.step >= 5, "the held step")
+        assert {r["ppid"] for r in reports(job)} == {proc.pid}
+        supervisor = json.loads((home / "jobs" / "orphaned-pool" / "supervisor.json").read_text())["pid"]
+        proc.kill()
+        proc.wait()
+        open(gate, "w").close()
+        assert job.wait(timeout=180) == "succeeded", job.logs[-20:]
+        assert job.state.restarts == 0
+        assert job.state.step == 11
+        # The same supervisor saw it through: it was not lost and brought back by its guardian.
+        assert not [e for e in job.events if e.kind == Kind.JOB_RESUMED]
+        assert json.loads((home / "jobs" / "orphaned-pool" / "supervisor.json").read_text())["pid"] == supervisor
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_idle_pool_is_reaped_gives_way_to_none_and_serves_only_its_user():
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    first = start_private_pool(name, **{pool.ENV_IDLE: "2"})
+    try:
+        # A second pool started for the same name finds it taken and exits before importing.
+        second = pool.start(name, dict(os.environ))
+        assert second.wait(60) == 0
+        assert pool.ping(name) == first.pid
+        if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
+            other = subprocess.run(
+                ["/usr/bin/python3", "-c", ANOTHER_USER_CONNECTS, name],
+                user=65534,
+                group=65534,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert other.stdout.strip() == "closed", other
+        # Idle (no child, no request) for 2 s: it exits by itself.
+        assert first.wait(180) == 0
+        assert pool.ping(name) is None
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+
+
+def test_the_pool_is_off_with_its_switch(monkeypatch):
+    monkeypatch.setenv(pool.ENV_POOL_ON, "0")
+    assert pool.ensure_pool() is None
+    monkeypatch.setenv(pool.ENV_POOL_ON, "1")
+    monkeypatch.setenv("NOTEBOOK_ELASTIC_WARM_WORKERS", "0")
+    assert pool.ensure_pool() is None
