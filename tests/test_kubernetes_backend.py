@@ -94,6 +94,7 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
         pvc="ckpt",
         name="spot",
         max_restarts=10,
+        checkpoint_every=1,  # the resume below is bounded by the last reported step: save every step
         user_ns=ns(),
     )
     wait_for(

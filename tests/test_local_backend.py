@@ -425,7 +425,8 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
 
 
 def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, capsys):
-    job = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    # Saved every step: the resume below is bounded by the step it was stopped at.
+    job = ne.launch(TRAIN, nnodes="1", name="again", checkpoint_every=1, user_ns=namespace(total=40))
     wait_for(job, at_step(job, 8), "step 8")
     assert job.stop() == "stopped"
     stopped_at = job.state.step
@@ -435,7 +436,7 @@ def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, 
         ne.launch(other, nnodes="1", name="again", user_ns=namespace(total=40))
     assert LocalBackend().describe("again").status == "stopped"  # nothing was touched
 
-    same = ne.launch(TRAIN, nnodes="1", name="again", user_ns=namespace(total=40))
+    same = ne.launch(TRAIN, nnodes="1", name="again", checkpoint_every=1, user_ns=namespace(total=40))
     assert "resumed from its latest checkpoint" in capsys.readouterr().out
     assert same.wait(180) == "succeeded", same.summary()
     assert [e for e in same.events if e.kind == Kind.RESUMED][-1].get("step") >= stopped_at
@@ -668,7 +669,8 @@ def test_a_full_job_disk_is_a_state_not_a_crash(home, small_disk):
         user_ns={**namespace(total=400, step_s=0.01), "PRINT": True},  # ~4 MB of output
     )
     try:
-        assert job.wait(240) == "succeeded", job.summary()
+        log = home / "jobs" / "full-home" / "supervisor.log"
+        assert job.wait(240) == "succeeded", f"{job.summary()}\n{log.read_text(errors='replace')[-3000:]}"
         assert any(e.kind == Kind.DISK_FULL for e in job.events), "the job never said its disk was full"
         info = LocalBackend().describe("full-home")
         assert info.status == "succeeded"  # room was left for the outcome
