@@ -163,3 +163,18 @@ def test_the_pool_is_off_with_its_switch(monkeypatch):
     monkeypatch.setenv(pool.ENV_POOL_ON, "1")
     monkeypatch.setenv("NOTEBOOK_ELASTIC_WARM_WORKERS", "0")
     assert pool.ensure_pool() is None
+
+
+def test_the_pool_is_named_by_user_interpreter_torch_and_import_time_environment(monkeypatch):
+    """Jobs whose processes would import torch the same way share a pool; a variable read when
+    torch is imported, or a torch upgraded in place, gets another one."""
+    base = {"PATH": "/usr/bin", "PYTHONPATH": "/a"}
+    name = pool.pool_name(base)
+    assert name.startswith(f"@notebook-elastic-pool-{os.getuid()}-")
+    # Read only after the fork (a rank's GPUs, a job's folder): the same pool.
+    assert pool.pool_name({**base, "CUDA_VISIBLE_DEVICES": "1", "NOTEBOOK_ELASTIC_HOME": "/x"}) == name
+    assert pool.pool_name({**base, "PYTHONPATH": "/b"}) != name
+    assert pool.pool_name({**base, "TORCH_LOGS": "dynamo"}) != name
+    assert pool.pool_name({**base, "OMP_NUM_THREADS": "1"}) != name
+    monkeypatch.setattr(pool, "_torch_install", lambda: "/site/torch/version.py:2:313")
+    assert pool.pool_name(base) != name

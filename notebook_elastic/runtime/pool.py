@@ -66,11 +66,25 @@ def pool_name(env: dict[str, str] | None = None) -> str:
     """This user's pool for this interpreter and import-time environment."""
     env = os.environ if env is None else env
     key = hashlib.sha256()
-    key.update(f"{sys.executable}\0{sys.version}\0".encode())
+    key.update(f"{sys.executable}\0{sys.version}\0{_torch_install()}\0".encode())
     for name in sorted(env):
         if name.startswith(_IMPORT_TIME_PREFIXES) and not name.startswith("NOTEBOOK_ELASTIC"):
             key.update(f"{name}={env[name]}\0".encode())
     return f"@notebook-elastic-pool-{os.getuid()}-{key.hexdigest()[:20]}"
+
+
+def _torch_install() -> str:
+    """Where torch is installed and when it was: a torch upgraded in place gets a new pool
+    (an old pool would fork children with the old torch in memory and the new one on disk)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        version = os.path.join(os.path.dirname(spec.origin), "version.py")  # type: ignore[union-attr, arg-type]
+        info = os.stat(version)
+        return f"{version}:{info.st_mtime_ns}:{info.st_size}"
+    except (ImportError, AttributeError, TypeError, ValueError, OSError):
+        return ""
 
 
 def idle_seconds() -> float:
