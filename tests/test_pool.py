@@ -178,3 +178,29 @@ def test_the_pool_is_named_by_user_interpreter_torch_and_import_time_environment
     assert pool.pool_name({**base, "OMP_NUM_THREADS": "1"}) != name
     monkeypatch.setattr(pool, "_torch_install", lambda: "/site/torch/version.py:2:313")
     assert pool.pool_name(base) != name
+
+
+def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_path, monkeypatch):
+    """`%load_ext notebook_elastic` in an ipykernel starts this environment's pool without
+    waiting for it; the first job's processes are then its forks."""
+    from notebook_kernel import NotebookKernel
+
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    monkeypatch.setenv(pool.ENV_POOL, name)  # the kernel inherits it (the session's pool is not this one)
+    assert pool.ping(name) is None
+    pid = None
+    try:
+        with NotebookKernel(tmp_path / "nb") as nb:
+            out = nb.run("%load_ext notebook_elastic")
+            pid = pool.wait_for(name, 180)
+            assert pid is not None, out
+            nb.run("import os")
+            nb.run(
+                "%%elastic_train --name from-kernel --nproc-per-node 1 --wait\nelastic.report(step=0, ppid=os.getppid())"
+            )
+            reports_ = LocalBackend().folder("from-kernel").events_file.read_text()
+            assert f'"ppid":{pid}' in reports_.replace(" ", "")
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: ppid(pid) is None, "the pool to exit")
