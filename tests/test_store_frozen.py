@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 from test_kubernetes_backend import TRAIN, cluster, ns, wait_for  # noqa: F401 (cluster: the fixture)
@@ -33,7 +34,7 @@ ANSWER_BOUND_S = 120
 
 CLIENT = textwrap.dedent(
     """
-    import json, sys
+    import json, signal, sys
     from datetime import timedelta
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -59,7 +60,10 @@ CLIENT = textwrap.dedent(
     backend = C10dRendezvousBackend(store, "frozen")
     backend.set_state(b"round 3")
     print(json.dumps({"ready": True}), flush=True)
+    # As torchrun's agent does: SIGTERM (the kubelet's, a scale-down's) raises in the main thread.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for line in sys.stdin:
+        print(json.dumps({"calling": True}), flush=True)
         try:
             state = backend.get_state()
             print(json.dumps({"state": state[0].decode(), "replaced": replaced}), flush=True)
@@ -87,11 +91,15 @@ class _Lines:
             if line.startswith("{"):
                 self.lines.put(json.loads(line))
 
-    def next(self, what: str) -> dict:
-        try:
-            return self.lines.get(timeout=ANSWER_BOUND_S)
-        except queue.Empty:
-            raise AssertionError(f"no answer in {ANSWER_BOUND_S} s: {what}") from None
+    def next(self, what: str, calling: bool = False) -> dict:
+        """The next line (a ``calling`` line, said before each call, only when asked for)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=ANSWER_BOUND_S)
+            except queue.Empty:
+                raise AssertionError(f"no answer in {ANSWER_BOUND_S} s: {what}") from None
+            if calling or not line.get("calling"):
+                return line
 
 
 @pytest.fixture
@@ -170,6 +178,36 @@ def test_a_store_that_answers_again_is_the_same_store(frozen_store, replaceable)
     os.kill(store.pid, signal.SIGCONT)
     answer = lines.next("the call once the store answers again")
     assert answer == {"state": "round 3", "replaced": []}, answer
+
+
+def test_a_node_told_to_stop_while_its_store_is_frozen_stops(frozen_store):
+    """SIGTERM (the kubelet deleting the worker pod, a scale-down) reaches an agent whose store
+    call waits on a frozen store: its handler (torchrun's raises in the main thread) runs at
+    once. Old code: the main thread sat in C++ waiting for the reply, so the Python handler
+    never ran and only the kubelet's SIGKILL, a grace period later, ended it."""
+    store, client, lines = frozen_store(replaceable=True)
+    os.kill(store.pid, signal.SIGSTOP)
+    _ask(client)
+    assert lines.next("the client began its call", calling=True).get("calling")
+    _in_a_blocking_wait(client.pid)
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(ANSWER_BOUND_S) == 143
+
+
+def _in_a_blocking_wait(pid: int) -> None:
+    """Until every thread of ``pid`` sleeps (the call under way, not the print before it)."""
+    for _ in range(ANSWER_BOUND_S * 10):
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(s == "S" for s in states):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the client never waited: {states}")
 
 
 # -- the store pod's node cut off ---------------------------------------------------------------

@@ -268,7 +268,8 @@ def hook_store_reconnect(
                 raise  # the supervisor's store went with the supervisor, and its agents go too
             silent = False
         if _leaving.is_set():
-            raise RendezvousConnectionError(_store_gone(failed, silent, replaceable) + " Not waited for: leaving.")
+            how = "stopped answering" if silent else "closed its connection"
+            raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
         with _reconnect_lock:
             if self._store is failed:  # no other thread has reconnected meanwhile
                 try:
