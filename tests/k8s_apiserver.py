@@ -730,6 +730,36 @@ class FakeCluster:
             self._store("MODIFIED", pod)
         self._delete(("v1", "pods", namespace, pod_name), grace=5)
 
+    def cut_off(self, pod_name: str, namespace: str = "default") -> int:
+        """What losing a pod's node to a network partition does: its processes go silent where
+        they are, holding their connections open (SIGSTOP: no reply and no reset, as packets
+        dropped on the way), and the node lifecycle controller, no longer hearing from the
+        kubelet, evicts the pod (DisruptionTarget, then a deletionTimestamp). No kubelet
+        confirms the deletion: the pod stays Terminating, out of its Services' endpoints and
+        replaced by its ReplicaSet, and its processes stay frozen until the cluster closes
+        (SIGKILLed then, as a node that never comes back). Returns the frozen process group."""
+        key = ("v1", "pods", namespace, pod_name)
+        with self.lock:
+            pod = self.objects.get(key)
+            if pod is None:
+                raise KeyError(pod_name)
+            container = self.containers[pod["metadata"]["uid"]]
+            os.killpg(container.proc.pid, signal.SIGSTOP)
+            pod = copy.deepcopy(pod)
+            pod["status"].setdefault("conditions", []).append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint node.kubernetes.io/unreachable",
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            )
+            pod["metadata"]["deletionTimestamp"] = now_rfc3339()
+            pod["metadata"]["deletionGracePeriodSeconds"] = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+            self._store("MODIFIED", pod)
+            return container.proc.pid
+
     def drop_streams(self) -> int:
         """Cut every open watch and log stream mid-flight, as a flaky network would."""
         with self.lock:

@@ -19,7 +19,9 @@ A thin wrapper around ``torch.distributed.run.main()`` that
 - survives the replacement of its rendezvous store (a Kubernetes store pod deleted, evicted or
   lost with its node, and started again by its Deployment): torch's store client never
   reconnects, so the agent did not either and failed; now it reconnects, and on a new, empty
-  store it re-forms its round there (a membership change, not charged);
+  store it re-forms its round there (a membership change, not charged). A store that froze
+  without closing its connection (its process stopped, its node cut off) is treated the same:
+  every store call has a deadline, and one without a reply by then is a lost connection;
 - never charges a departure to the user's restart budget: when the local workers failed only
   because a peer went away (they exit with ``EXIT_PEER_LOST``, or the watch ended them) and
   the round has really lost a member, the agent regroups as it does for a new node, without
@@ -192,11 +194,14 @@ def _hook_agent() -> None:
         )
 
     torch_compat.hook_agent(before_start, _failed_because_a_peer_left, on_departure, _store.regroup_now)
-    # A store that can come back (the place says so: a cluster's store pod, under its
-    # Deployment): wait for it. The local store lives in the supervisor; when that dies, its
-    # agents must go with it (its guardian starts new ones), not wait for a store that never returns.
-    if os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1":
-        torch_compat.hook_store_reconnect(lambda: _watch.latest[0], _store.replaced)
+    # Every store call has a deadline; one that passes it is a lost connection. A store that can
+    # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
+    # and a replacement taken. The local store lives in the supervisor: when that dies, its
+    # agents go with it (its guardian starts new ones), not wait for a store that never returns;
+    # when it is frozen (stopped), they wait for that same store to answer again, for the
+    # store's timeout, then end with one sentence.
+    replaceable = os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1"
+    torch_compat.hook_store_reconnect(lambda: _watch.latest[0], _store.replaced, replaceable=replaceable)
 
 
 def _refuse_changed_files() -> None:
@@ -264,7 +269,11 @@ def _leave_rendezvous() -> None:
     scale-down, preemption, pod deletion). Otherwise the survivors wait for its heartbeat
     to expire (keep_alive_interval x keep_alive_max_attempt) before they can regroup."""
     handler = _watch.handler
-    if handler is None or not torch_compat.leave_round(handler):
+    try:
+        if handler is None or not torch_compat.leave_round(handler):
+            return
+    except Exception as exc:  # the store does not answer: peers drop this node at its heartbeat's expiry
+        print(f"notebook-elastic agent: could not leave the rendezvous: {exc}", file=sys.stderr, flush=True)
         return
     emit("left_rendezvous", node=_node_name(), pid=os.getpid())
 
@@ -334,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         torch_compat.leave_instead_of_closing()
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
     try:
         torchrun_main(args)
@@ -348,6 +358,10 @@ def main(argv: list[str] | None = None) -> None:
         # of our own, so "the restart budget is spent" is told apart from "stopped".
         print(f"notebook-elastic agent: restart budget spent: {exc}".splitlines()[0], file=sys.stderr, flush=True)
         sys.exit(protocol.EXIT_RESTARTS_SPENT)
+    except RendezvousConnectionError as exc:
+        # The store is gone or frozen and none answered in time (torch_compat): one sentence.
+        print(f"notebook-elastic agent: {exc}", file=sys.stderr, flush=True)
+        sys.exit(protocol.EXIT_STORE_LOST)
 
 
 if __name__ == "__main__":

@@ -216,6 +216,9 @@ EXIT_RESTARTS_SPENT = 3
 #: Our agent's exit status when the job's script or payload is no longer what was launched:
 #: it refuses to start workers from files someone changed.
 EXIT_FILES_CHANGED = 4
+#: Our agent's exit status when its rendezvous store stopped answering, or went, and no store
+#: answered again within the store's timeout (torchrun itself exits 1 after a traceback).
+EXIT_STORE_LOST = 5
 
 #: A worker's exit status when its collective broke because a peer went away (gloo's
 #: "connection closed by peer", a store that lost a member, a newer group fencing this one):
@@ -243,6 +246,8 @@ def exit_reason(code: int | None) -> str:
         return "restart budget spent"
     if code == EXIT_FILES_CHANGED:
         return "its script or payload changed"
+    if code == EXIT_STORE_LOST:
+        return "its rendezvous store stopped answering"
     return f"exited with code {code}"
 
 

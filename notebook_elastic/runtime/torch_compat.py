@@ -9,8 +9,9 @@ against the installed torch, and the agent reports the missing ones in one ``deg
 event: the job still runs, it heals slower. ``tests/test_torch_compat.py`` is the contract,
 run against the torch in pyproject's tested range (``torch>=2.13,<2.14``).
 
-One module on purpose, a little over 400 lines: one adapter owns every private torch
-internal (#12 item 5), so a torch upgrade is checked in one place.
+One module on purpose, well over 400 lines (some 470): one adapter owns every private torch
+internal (#12 item 5), so a torch upgrade is checked in one place. The deadline its store calls
+run under is plain Python and lives beside it (``deadline.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from .deadline import StoreSilent, call_with_deadline
 
 #: name -> what a job loses when the installed torch lacks it.
 INTERNALS = {
@@ -36,9 +39,9 @@ INTERNALS = {
     "LocalElasticAgent._restart_workers": "departures are charged to --max-restarts like failures",
     "LocalElasticAgent._pcontext": "departed peers are noticed at the collective timeout, not at once",
     "LocalElasticAgent._worker_group": "departed peers are noticed at the collective timeout, not at once",
-    "C10dRendezvousBackend._call_store": "a replaced rendezvous store ends every agent (the pods are retried)",
-    "C10dRendezvousBackend._store": "a replaced rendezvous store ends every agent (the pods are retried)",
-    "DynamicRendezvousHandler._store": "a replaced rendezvous store ends every agent (the pods are retried)",
+    "C10dRendezvousBackend._call_store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
+    "C10dRendezvousBackend._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
+    "DynamicRendezvousHandler._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
 }
 
 
@@ -119,6 +122,7 @@ def keep_alive_window_s(handler: Any) -> float | None:
 def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
     """Take this node out of its round now (False: this torch cannot, peers wait for its
     heartbeat to expire)."""
+    _leaving.set()  # a store lost now is not waited for
     try:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
 
@@ -174,7 +178,7 @@ def hook_next_rendezvous(after: Callable[[Any, Any], None]) -> bool:
     return True
 
 
-# -- a replaced store ------------------------------------------------------------------------
+# -- a replaced (or frozen) store -------------------------------------------------------------
 #
 # torch's TCPStore client never reconnects: once its server is gone, every call raises
 # DistNetworkError at once, even when a new server serves at the same address (measured on
@@ -185,23 +189,52 @@ def hook_next_rendezvous(after: Callable[[Any, Any], None]) -> bool:
 # store there is another one (``STORE_ID_KEY`` differs, or the rendezvous state is gone) it
 # seeds an empty round numbered after the last one (rounds fence checkpoint writes, so they
 # must not start over at 0) and says so; the agent then re-forms its round on it.
+#
+# A store that freezes without resetting the connection (its process stopped, its node cut off)
+# never fails a call: the client waits for its reply far past its own timeout (runtime/deadline.py).
+# So every call of the backend has a deadline, and one that passes it is a lost connection.
+# Where the store cannot be replaced (the local supervisor's own: it dies with its agents), only
+# the same store answering again is waited for; a store that went (a reset) ends the agent at once.
 
 STORE_ID_KEY = "notebook_elastic/store_id"  # set by our store server (runtime/store.py)
+#: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after
+#: this long, even on a loaded node, is a store that does not answer.
+STORE_CALL_TIMEOUT_S = 15.0
 _reconnect_lock = threading.Lock()
+_leaving = threading.Event()  # this node is leaving: a lost store is not waited for
 
 
 def store_id(store: Any) -> str | None:
-    """The id our store server put in the store, or None (another server, or none)."""
+    """The id our store server put in the store, or None (another server, or none).
+    ``StoreSilent`` when the store does not answer."""
+
+    def read() -> str | None:
+        return store.get(STORE_ID_KEY).decode() if store.check([STORE_ID_KEY]) else None
+
     try:
-        if store.check([STORE_ID_KEY]):
-            return store.get(STORE_ID_KEY).decode()
+        return call_with_deadline(read, STORE_CALL_TIMEOUT_S)
+    except StoreSilent:
+        raise
     except Exception:
         return None
-    return None
 
 
-def hook_store_reconnect(last_round: Callable[[], int | None], on_replaced: Callable[[int], None]) -> bool:
-    """Make the c10d rendezvous backend survive its store's replacement (idempotent).
+def _store_gone(store: Any, silent: bool, replaceable: bool) -> str:
+    where = f"The rendezvous store at {store.host}:{store.port}"
+    how = f"stopped answering (no reply in {STORE_CALL_TIMEOUT_S:g} s)" if silent else "closed its connection"
+    back = "no store answered there" if replaceable else "it did not answer again"
+    return (
+        f"{where} {how} and {back} within {store.timeout.total_seconds():g} s: its process is stopped or gone, "
+        "or its machine is unreachable."
+    )
+
+
+def hook_store_reconnect(
+    last_round: Callable[[], int | None], on_replaced: Callable[[int], None], replaceable: bool = True
+) -> bool:
+    """Give every call of the c10d rendezvous backend a deadline, and make it survive its
+    store's loss (idempotent): a store that stopped answering is waited for; with
+    ``replaceable`` a store that went is waited for too, and a replacement is taken.
     ``last_round()`` is the round this node was in; ``on_replaced(seeded_round)`` is called
     once per replacement this node sees. False when this torch lacks what it takes."""
     try:
@@ -217,22 +250,36 @@ def hook_store_reconnect(last_round: Callable[[], int | None], on_replaced: Call
     if getattr(original, "_notebook_elastic", False):
         return True
 
+    def bounded(self, store_op, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return call_with_deadline(original, STORE_CALL_TIMEOUT_S, self, store_op, *args, **kwargs)
+
     def _call_store(self, store_op, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if not hasattr(self, "_ne_store_id"):
-            self._ne_store_id = store_id(self._store)
+        failed = self._store
         try:
-            return original(self, store_op, *args, **kwargs)
+            if not hasattr(self, "_ne_store_id"):
+                self._ne_store_id = store_id(failed)
+            return bounded(self, store_op, *args, **kwargs)
+        except StoreSilent:
+            silent = True
         except RendezvousConnectionError as exc:
             if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
                 raise  # a timeout or a bad request, not a lost connection
-            failed = self._store
+            if not replaceable:
+                raise  # the supervisor's store went with the supervisor, and its agents go too
+            silent = False
+        if _leaving.is_set():
+            how = "stopped answering" if silent else "closed its connection"
+            raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
         with _reconnect_lock:
             if self._store is failed:  # no other thread has reconnected meanwhile
                 try:
-                    _reconnect(self, failed, last_round, on_replaced)
+                    _reconnect(self, failed, last_round, on_replaced, replaceable)
                 except (ValueError, RuntimeError, TimeoutError) as exc:
-                    raise RendezvousConnectionError("The C10d store is gone and none came back in time.") from exc
-        return original(self, store_op, *args, **kwargs)
+                    raise RendezvousConnectionError(_store_gone(failed, silent, replaceable)) from exc
+        try:
+            return bounded(self, store_op, *args, **kwargs)
+        except StoreSilent as exc:
+            raise RendezvousConnectionError(_store_gone(self._store, True, replaceable)) from exc
 
     _call_store._notebook_elastic = True  # type: ignore[attr-defined]
     backend._call_store = _call_store
@@ -242,7 +289,9 @@ def hook_store_reconnect(last_round: Callable[[], int | None], on_replaced: Call
 RECONNECT_ATTEMPT_S = 5.0
 
 
-def _reconnect(backend: Any, failed: Any, last_round: Callable[[], int | None], on_replaced: Any) -> None:
+def _reconnect(
+    backend: Any, failed: Any, last_round: Callable[[], int | None], on_replaced: Any, replaceable: bool
+) -> None:
     import pickle
     from base64 import b64decode, b64encode
 
@@ -251,32 +300,45 @@ def _reconnect(backend: Any, failed: Any, last_round: Callable[[], int | None], 
 
     # The Service has no endpoint until the replacement store serves: the constructor retries
     # refused connections; one accepted and then dropped (a proxy still routing to the store
-    # that went) raises, and is tried again, until the store's timeout.
+    # that went) raises, one accepted by a frozen store is never answered; either is tried
+    # again, until the store's timeout.
     # Each attempt is short: signals (SIGTERM from the kubelet, or the parent-death signal)
     # are handled between attempts, never held off for the whole timeout inside C++.
     deadline = time.monotonic() + failed.timeout.total_seconds()
+    sentinel = backend._NULL_SENTINEL
     while True:
-        attempt = timedelta(seconds=max(0.5, min(RECONNECT_ATTEMPT_S, deadline - time.monotonic())))
+        attempt_s = max(0.5, min(RECONNECT_ATTEMPT_S, deadline - time.monotonic()))
         try:
-            store = dist.TCPStore(failed.host, failed.port, is_master=False, timeout=attempt)
+            store = call_with_deadline(
+                dist.TCPStore,
+                attempt_s + RECONNECT_ATTEMPT_S,
+                failed.host,
+                failed.port,
+                is_master=False,
+                timeout=timedelta(seconds=attempt_s),
+            )
             store.set_timeout(failed.timeout)
+            new_id = store_id(store)
+            known = getattr(backend, "_ne_store_id", None)
+            if not replaceable and known is not None and new_id != known:
+                raise ValueError(f"another store serves at {failed.host}:{failed.port}")
+            # the state, or the sentinel just set
+            current = call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, "", sentinel)
             break
         except (RuntimeError, TimeoutError):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or _leaving.is_set():
                 raise
             time.sleep(0.5)
-    new_id = store_id(store)
-    sentinel = backend._NULL_SENTINEL
-    current = store.compare_set(backend._key, "", sentinel)  # the state, or the sentinel just set
-    replaced = new_id != backend._ne_store_id or (new_id is None and current == sentinel.encode())
+    replaced = new_id != getattr(backend, "_ne_store_id", None) or (new_id is None and current == sentinel.encode())
     backend._store, backend._ne_store_id = store, new_id
-    if not replaced:
+    if not replaced or not replaceable:
         return  # the same store, reached again
     if current == sentinel.encode():
         state = _RendezvousState()
         state.round = (last_round() or 0) + 1
-        store.compare_set(backend._key, sentinel, b64encode(pickle.dumps(state)).decode())
-    won = store.get(backend._key)
+        seed = b64encode(pickle.dumps(state)).decode()
+        call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, sentinel, seed)
+    won = call_with_deadline(store.get, STORE_CALL_TIMEOUT_S, backend._key)
     seeded = pickle.loads(b64decode(won)).round if won != sentinel.encode() else 0
     on_replaced(seeded)
 

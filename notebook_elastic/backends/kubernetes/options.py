@@ -42,6 +42,17 @@ def image_torch(image: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def runtime_twin(image: str) -> str:
+    """An official PyTorch ``-devel`` image's ``-runtime`` twin (the same tag but the last
+    word: the same torch build, without the CUDA compilers and headers the devel one adds);
+    any other image as it is. Official tags come in such pairs
+    (``pytorch/pytorch:2.13.0-cuda12.8-cudnn9-devel`` / ``...-runtime``)."""
+    text = image.strip()
+    if image_torch(text) is not None and text.endswith("-devel"):
+        return text[: -len("-devel")] + "-runtime"
+    return image
+
+
 def untested_torch_warning(image: str, flag: str = "--image") -> str | None:
     """One sentence when ``image`` is an official PyTorch image whose torch is outside the
     range notebook-elastic is tested with (its agent reaches into torch internals)."""
@@ -113,8 +124,10 @@ class KubernetesOptions:
     namespace: str | None = None  # None: the kubeconfig context's namespace, else "default"
     context: str | None = None
     image: str = DEFAULT_IMAGE
-    # The store's image. None: the workers' (it must speak their torch's TCPStore protocol;
-    # no official small CPU image carries torch, so a smaller one is the user's to name).
+    # The store's image. None: the workers' (it must speak their torch's TCPStore protocol),
+    # as its -runtime twin when that is an official -devel image. No official CPU-only image
+    # carries torch (pytorch/pytorch publishes CUDA tags only), so a smaller one is the user's
+    # to name; a third-party one by default would be a supply-chain choice made for them.
     rdzv_image: str | None = None
     gpus: int | None = None  # per pod; None: --nproc-per-node; 0: CPU pods
     cpu: str | None = None
@@ -136,7 +149,9 @@ class KubernetesOptions:
 
     @property
     def store_image(self) -> str:
-        return self.rdzv_image or self.image
+        """--rdzv-image, else the workers' image (its -runtime twin for an official -devel one:
+        the store needs torch's TCPStore, not a compiler)."""
+        return self.rdzv_image or runtime_twin(self.image)
 
     def gpus_per_pod(self, nproc_per_node: int) -> int:
         return nproc_per_node if self.gpus is None else self.gpus
