@@ -57,11 +57,10 @@ STORY_HIDDEN = TIMELINE_HIDDEN | {
 }
 
 
-def _back_after(e: Event, events: Sequence[Event], index: int) -> str:
+def _back_after(e: Event, events: Sequence[Event], index: int, started: frozenset) -> str:
     """' — back at world size 2 after 1.6 s': when a new worker group started after ``e``. A
-    worker of a group already started before ``e`` (a slower node's rank of the same group,
-    told a moment later) is not training starting again."""
-    started = {x.get("generation") for x in events[: index + 1] if x.kind == Kind.WORKER_STARTED}
+    worker of a group in ``started`` (those started before ``e``: a slower node's rank of the
+    same group, told a moment later) is not training starting again."""
     for later in events[index + 1 :]:
         if later.kind == Kind.WORKER_STARTED and later.get("generation") not in started:
             return f" — back at world size {later.get('world_size')} after {later.time - e.time:.1f} s"
@@ -78,7 +77,7 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
     # node -> the drill that takes it away and where it stands: told in the node's node_left line,
     # its outage counted from the drill (a loaded supervisor may tell node_left after the survivors
     # already started again)
-    drilled: dict[str, tuple[Event, int]] = {}
+    drilled: dict[str, tuple[Event, int, frozenset]] = {}
     for i, e in enumerate(events):
         k, d = e.kind, e.data
         if k in STORY_HIDDEN:
@@ -102,7 +101,7 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
         elif k == Kind.SCALED:
             out.append((e, f"asked for {d.get('target')} node(s), range {d.get('min_nodes')}:{d.get('max_nodes')}"))
         elif k == Kind.FAULT and str(d.get("fault")).endswith("_node") and e.node:
-            drilled[e.node] = (e, i)  # one line for it: the node's departure, marked as a drill
+            drilled[e.node] = (e, i, frozenset(groups))  # one line for it: the node's departure, marked as a drill
         elif k == Kind.FAULT:
             out.append((e, f"drill: {d.get('target')} {FAULT_WORDS.get(str(d.get('fault')), d.get('fault'))}"))
         elif k == Kind.NODE_LEFT:
@@ -111,11 +110,11 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
             if reason in ("stopped", "finished") and drilled_at is None:
                 continue
             if drilled_at is not None:  # the outage counts from the drill, not from when the node was gone
-                drill, at = drilled_at
+                drill, at, before = drilled_at
                 words = FAULT_WORDS.get(str(drill.get("fault")), str(drill.get("fault")))
-                out.append((drill, f"{e.node} {words} (drill)" + _back_after(drill, events, at)))
+                out.append((drill, f"{e.node} {words} (drill)" + _back_after(drill, events, at, before)))
             else:
-                out.append((e, f"{e.node} {left_words(reason)}" + _back_after(e, events, i)))
+                out.append((e, f"{e.node} {left_words(reason)}" + _back_after(e, events, i, frozenset(groups))))
         elif k == Kind.RESUMED:
             if d.get("rank") not in (None, 0):
                 continue
