@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from contextlib import redirect_stdout
 
 import pytest
@@ -437,6 +438,22 @@ def quick_steps(state, model, total):
 
 def saves(out: str) -> list[dict]:
     return [e for e in events_of(out) if e["kind"] == "checkpoint"]
+
+
+def test_the_first_save_of_a_worker_counts_its_first_step_as_training(ckpt):
+    """A restarted worker's first checkpoint event: the share of the loop commit() blocked
+    counts the step before it as the loop's time (it read 100 % of the loop before: the step
+    that trained was not counted)."""
+    model = torch.nn.Linear(2, 1)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        state = State(model=model, keep=1)
+        for _step in state.steps(1):
+            time.sleep(0.2)  # the step: training, not commit()
+            state.commit()
+        state.flush()
+    (first,) = saves(out.getvalue())
+    assert first["blocked_pct"] < 100
 
 
 def test_state_chooses_how_often_to_save_so_commits_block_little_and_the_last_step_is_saved(ckpt, monkeypatch):

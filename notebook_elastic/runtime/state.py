@@ -173,6 +173,10 @@ class State(Restore, SaveInterval, CheckpointWriter):
         self.total = int(total)
         if self.is_writer:
             emit("plan", total=self.total, start=self.step, generation=self.generation)
+        if self._commit_ended is None:
+            # The loop's time starts with its first step: without it the first save (every
+            # restarted worker's) counted no training, and the header read "blocks 100.0 %".
+            self._commit_ended = time.perf_counter()
         for step in range(self.step, self.total):
             self._current = step
             yield step
