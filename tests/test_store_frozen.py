@@ -143,6 +143,26 @@ def frozen_store(tmp_path):
         proc.wait()
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until every thread of it is stopped: the signal is not
+    synchronous, and on a loaded machine the store's server thread, woken by a request before
+    the stop reached it, answered one more call."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + ANSWER_BOUND_S
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                    states.append(f.read().rsplit(b")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(state in (b"T", b"t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"the store never stopped: {states}"
+        time.sleep(0.01)
+
+
 def _ask(client: subprocess.Popen) -> None:
     client.stdin.write("get_state\n")  # type: ignore[union-attr]
     client.stdin.flush()  # type: ignore[union-attr]
@@ -155,12 +175,12 @@ def test_a_frozen_store_that_never_answers_ends_the_call_with_one_sentence(froze
     store, client, lines = frozen_store(replaceable=False)
     _ask(client)
     assert lines.next("the store answered")["state"] == "round 3"
-    os.kill(store.pid, signal.SIGSTOP)
+    freeze(store.pid)
     _ask(client)
     answer = lines.next("the call on the frozen store")
     while answer.get("reconnecting"):
         answer = lines.next("the call on the frozen store, after waiting for it")
-    assert answer["error"] == "RendezvousConnectionError", answer
+    assert answer.get("error") == "RendezvousConnectionError", answer
     assert "stopped answering" in answer["message"] and f":{store.args[-1]}" in answer["message"], answer
     assert "\n" not in answer["message"]
 
@@ -172,7 +192,7 @@ def test_a_store_that_answers_again_is_the_same_store(frozen_store, replaceable)
     state, no replacement taken, no round re-formed. Old code: no waiting for a store at all
     (the call just hung in C++, past its deadline, until the thaw)."""
     store, client, lines = frozen_store(replaceable=replaceable)
-    os.kill(store.pid, signal.SIGSTOP)
+    freeze(store.pid)
     _ask(client)
     assert lines.next("the client gave up on the frozen store's reply").get("reconnecting")
     os.kill(store.pid, signal.SIGCONT)
@@ -186,7 +206,7 @@ def test_a_node_told_to_stop_while_its_store_is_frozen_stops(frozen_store):
     once. Old code: the main thread sat in C++ waiting for the reply, so the Python handler
     never ran and only the kubelet's SIGKILL, a grace period later, ended it."""
     store, client, lines = frozen_store(replaceable=True)
-    os.kill(store.pid, signal.SIGSTOP)
+    freeze(store.pid)
     _ask(client)
     assert lines.next("the client began its call", calling=True).get("calling")
     _in_a_blocking_wait(client.pid)
