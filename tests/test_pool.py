@@ -204,3 +204,23 @@ def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_p
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
             wait_until(lambda: ppid(pid) is None, "the pool to exit")
+
+
+def test_the_cli_tells_whether_the_pool_runs_and_stops_it(monkeypatch, capsys):
+    from notebook_elastic import cli
+
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    monkeypatch.setenv(pool.ENV_POOL, name)
+    assert cli.main(["pool"]) == 0
+    assert "no warm pool runs" in capsys.readouterr().out
+    proc = start_private_pool(name)
+    try:
+        assert cli.main(["pool"]) == 0
+        assert f"pid {proc.pid}" in capsys.readouterr().out
+        assert cli.main(["pool", "stop"]) == 0
+        assert "running jobs go on" in capsys.readouterr().out
+        assert proc.wait(180) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
