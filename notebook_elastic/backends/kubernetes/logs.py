@@ -12,8 +12,9 @@ The other pods are *caught up*: read once, without follow, from where we left th
 most ``CATCH_UP_READERS`` short requests at a time. A catch-up of every unfollowed pod is due
 shortly after rank 0's pod tells a group change (rendezvous, restart, a failure, its workers
 starting), when a pod ends or its container restarts (its tail), before the job's end is
-told, and otherwise at a slow pace that keeps the requests per second under
-``CATCH_UP_PER_S`` however many pods there are. Pod events (joined, left, pending, restarts)
+told, and otherwise one pod at a time, in turn, at a pace that reads each pod at least every
+``CATCH_UP_EVERY_S`` in a small job and never more than ``CATCH_UP_PER_S`` reads a second in
+a big one (a 256-pod job: each pod every ~2 minutes). Pod events (joined, left, pending, restarts)
 come from the one pod watch for every pod, unchanged.
 
 Lines are read with timestamps; each pod keeps a cursor (the last timestamp and how many
@@ -36,7 +37,7 @@ from .watch import Backoff, is_forbidden, parse_time
 LOG_STREAMS_MAX = 4  # held follow streams per job
 CATCH_UP_READERS = 2  # one-shot log reads at once
 CATCH_UP_PER_S = 2.0  # the background catch-up's budget of log requests per second
-CATCH_UP_EVERY_S = 10.0  # ...and how often it runs at most (small jobs)
+CATCH_UP_EVERY_S = 10.0  # ...and how often it reads each pod at most (small jobs)
 SETTLE_S = 1.0  # a group change is caught up this long after rank 0's pod tells it
 
 
@@ -113,7 +114,8 @@ class LogFollowing:
     def _schedule_logs(self) -> None:
         """Close the streams no longer wanted, open the wanted ones (never more than the
         bound at once), and queue the catch-ups that are due."""
-        next_sweep = time.monotonic()
+        next_trickle = time.monotonic()
+        last_trickled = ""
         while not self.stop.is_set():
             wanted = self._wanted()
             with self.log_wake:
@@ -134,18 +136,34 @@ class LogFollowing:
                             self.due.setdefault(pod, False)
                     if ready:
                         self.log_wake.notify_all()
-                if self.sweep_at is not None and now >= self.sweep_at or now >= next_sweep:
-                    self.sweep_at = None
-                    with self.lock:
-                        names = [v.name for v in self.pods.values() if v.running_seen and not v.left]
-                    for name in names:
-                        if name not in self.held:
-                            self.due.setdefault(name, False)
+                if self.sweep_at is not None and now >= self.sweep_at:
+                    self.sweep_at = None  # a group change: every unfollowed pod at once
+                    for name in self._unfollowed():
+                        self.due.setdefault(name, False)
                     self.log_wake.notify_all()
-                    pace = max(CATCH_UP_EVERY_S, len(names) / CATCH_UP_PER_S)
-                    next_sweep = now + pace
-                until = min(next_sweep, self.sweep_at or next_sweep, *(when for when, _ in self.first_words))
+                if now >= next_trickle:
+                    # Otherwise one pod at a time, in turn: each is read at least every
+                    # CATCH_UP_EVERY_S in a small job, and never more than CATCH_UP_PER_S reads
+                    # a second in a big one.
+                    names = self._unfollowed()
+                    if names:
+                        turn = next((n for n in names if n > last_trickled), names[0])
+                        last_trickled = turn
+                        self.due.setdefault(turn, False)
+                        self.log_wake.notify_all()
+                    next_trickle = now + max(CATCH_UP_EVERY_S / max(1, len(names)), 1 / CATCH_UP_PER_S)
+                until = min(next_trickle, self.sweep_at or next_trickle, *(when for when, _ in self.first_words))
                 self.log_wake.wait(max(0.05, min(1.0, until - now)))
+        with self.log_wake:  # stopped: a quiet pod's stream would stay open until its next line
+            for resp in self.held.values():
+                if resp is not None:
+                    _close(resp)
+
+    def _unfollowed(self) -> list[str]:
+        """Running pods whose log is not followed now, by name (called under ``log_wake``)."""
+        with self.lock:
+            names = [v.name for v in self.pods.values() if v.running_seen and not v.left]
+        return sorted(n for n in names if n not in self.held)
 
     def _catch_up(self, pod: str, previous: bool = False) -> None:
         with self.log_wake:
