@@ -20,11 +20,10 @@ import pytest
 from k8s_apiserver import FakeCluster
 
 from notebook_elastic.backends.kubernetes.client import connect
+from notebook_elastic.backends.kubernetes.cursor import LogCursor
 from notebook_elastic.backends.kubernetes.follow import ClusterFollower
 from notebook_elastic.backends.kubernetes.logs import CATCH_UP_READERS, LOG_STREAMS_MAX
 from notebook_elastic.events import Kind
-
-pytestmark = pytest.mark.slow
 
 NODES = 24
 FAILING = 5
@@ -71,6 +70,7 @@ def pod_of(cluster, index):
     )
 
 
+@pytest.mark.slow
 def test_a_big_job_is_followed_on_a_bounded_number_of_streams_and_loses_nothing(cluster, followed):
     follower, seen = followed
 
@@ -99,3 +99,17 @@ def test_a_big_job_is_followed_on_a_bounded_number_of_streams_and_loses_nothing(
     follower.follow_pod(asked)
     until(lambda: asked in follower.held, "the asked-for pod followed")
     assert cluster.log_follows_peak <= LOG_STREAMS_MAX, cluster.log_follows_peak
+
+
+def test_overlapping_reads_of_one_log_deliver_each_line_once():
+    """A catch-up may read a pod beside its followed stream, or a reconnect re-read the last
+    second: lines with equal timestamps included, whichever read reaches a line first tells it."""
+    log = [("t1", "a"), ("t2", "b"), ("t2", "c"), ("t3", "d"), ("t3", "e"), ("t3", "f"), ("t4", "g")]
+    cursor, told = LogCursor(), []
+    first, second = cursor.reading(), cursor.reading()
+    # The second read passes the first; the first then meets the second's last timestamp
+    # (the follower's old per-read count told "e" twice here).
+    reads = [(first, log[:2]), (second, log[:5]), (first, log[2:]), (cursor.reading(), log)]
+    for keep, lines in reads:
+        told += [text for stamp, text in lines if keep(stamp)]
+    assert told == list("abcdefg")
