@@ -90,6 +90,7 @@ class LogFollowing:
         self._rebalance()
 
     def unfollow_pod(self, pod: str) -> None:
+        """The pod is no longer asked for: its slot goes back to the others."""
         with self.log_wake:
             self.asked.discard(pod)
         self._rebalance()
@@ -101,11 +102,19 @@ class LogFollowing:
         with self.lock:
             live = [v for v in self.pods.values() if v.running_seen and not v.left]
         live.sort(key=lambda v: (v.index if v.index is not None else 1 << 30, v.name))
-        order = [v.name for v in live if v.name == self.lead]
-        order += [v.name for v in live if v.failing and v.name not in order]
-        order += [v.name for v in live if v.name in self.asked and v.name not in order]
-        order += [v.name for v in live if v.name not in order]
-        return order[:LOG_STREAMS_MAX]
+        order: dict[str, None] = {}  # insertion-ordered, no repeats
+        for rule in (
+            lambda v: v.name == self.lead,
+            lambda v: v.failing,
+            lambda v: v.name in self.asked,
+            lambda v: True,
+        ):
+            for v in live:
+                if len(order) >= LOG_STREAMS_MAX:
+                    return list(order)
+                if rule(v):
+                    order.setdefault(v.name)
+        return list(order)
 
     def _rebalance(self) -> None:
         with self.log_wake:
