@@ -577,7 +577,6 @@ class FakeCluster:
         self.subnet = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"  # within 127.0.0.0/8
         self.streams: list[Any] = []  # open watch/log connections, for drop_streams()
         self.requests: list[tuple[str, str]] = []
-        self.request_times: list[float] = []  # monotonic time of each request, beside ``requests``
         # Log requests being answered now, and the most at once since the last reset_log_peaks():
         # a follower's held streams (follow=true) and its one-shot reads.
         self.log_follows_open = 0
@@ -1157,7 +1156,6 @@ class FakeCluster:
         url = urlparse(h.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         self.requests.append((method, url.path))
-        self.request_times.append(time.monotonic())
         if h.headers.get("Authorization") != f"Bearer {self.token}":
             return h._json(401, status_error(401, "Unauthorized", "Unauthorized"))
         if url.path == "/version":
