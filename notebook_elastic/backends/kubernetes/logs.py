@@ -9,13 +9,14 @@ log followed, as before. Rank 0's pod is found in the logs themselves: every age
 pod's IP is in the pod watch.
 
 The other pods are *caught up*: read once, without follow, from where we left them, by at
-most ``CATCH_UP_READERS`` short requests at a time. A catch-up of every unfollowed pod is due
-shortly after rank 0's pod tells a group change (rendezvous, restart, a failure, its workers
-starting), when a pod ends or its container restarts (its tail), before the job's end is
-told, and otherwise one pod at a time, in turn, at a pace that reads each pod at least every
-``CATCH_UP_EVERY_S`` in a small job and never more than ``CATCH_UP_PER_S`` reads a second in
-a big one (a 256-pod job: each pod every ~2 minutes). Pod events (joined, left, pending, restarts)
-come from the one pod watch for every pod, unchanged.
+most ``CATCH_UP_READERS`` short requests at a time. Every unfollowed pod is caught up shortly
+after rank 0's pod tells a group change (rendezvous, restart, a failure, its workers starting)
+and again once the change settled, and before the job's end is told; one pod when it ends or
+its container restarts (its tail); otherwise one pod at a time, in turn, at a pace that reads
+each pod at least every ``CATCH_UP_EVERY_S`` in a small job and never more than
+``CATCH_UP_PER_S`` reads a second in a big one (a 256-pod job: each pod every ~2 minutes).
+Pod events (joined, left, pending, restarts) come from the one pod watch for every pod,
+unchanged.
 
 Lines are read with timestamps; each pod keeps a cursor (the last timestamp and how many
 lines carried it), so any mix of followed stretches, catch-ups and reconnects after a dropped
@@ -38,7 +39,7 @@ LOG_STREAMS_MAX = 4  # held follow streams per job
 CATCH_UP_READERS = 2  # one-shot log reads at once
 CATCH_UP_PER_S = 2.0  # the background catch-up's budget of log requests per second
 CATCH_UP_EVERY_S = 10.0  # ...and how often it reads each pod at most (small jobs)
-SETTLE_S = 1.0  # a group change is caught up this long after rank 0's pod tells it
+SETTLE_S = 1.0  # a group change is caught up this long after rank 0's pod tells it, and 5x that
 
 
 class LogFollowing:
@@ -51,7 +52,7 @@ class LogFollowing:
         self.held: dict[str, Any] = {}  # pod -> its open follow response (None while connecting)
         self.due: dict[str, bool] = {}  # pods to catch up (True: its previous log first)
         self.reading: set[str] = set()
-        self.sweep_at: float | None = None  # when a catch-up of every unfollowed pod is due
+        self.sweeps: list[float] = []  # when catch-ups of every unfollowed pod are due
         self.first_words: list[tuple[float, str]] = []  # (when, pod): a new pod read again until it speaks
 
     def _start_logs(self) -> list[threading.Thread]:
@@ -145,8 +146,8 @@ class LogFollowing:
                             self.due.setdefault(pod, False)
                     if ready:
                         self.log_wake.notify_all()
-                if self.sweep_at is not None and now >= self.sweep_at:
-                    self.sweep_at = None  # a group change: every unfollowed pod at once
+                if self.sweeps and now >= self.sweeps[0]:
+                    self.sweeps.pop(0)  # a group change: every unfollowed pod at once
                     for name in self._unfollowed():
                         self.due.setdefault(name, False)
                     self.log_wake.notify_all()
@@ -161,7 +162,7 @@ class LogFollowing:
                         self.due.setdefault(turn, False)
                         self.log_wake.notify_all()
                     next_trickle = now + max(CATCH_UP_EVERY_S / max(1, len(names)), 1 / CATCH_UP_PER_S)
-                until = min(next_trickle, self.sweep_at or next_trickle, *(when for when, _ in self.first_words))
+                until = min([next_trickle, *self.sweeps, *(when for when, _ in self.first_words)])
                 self.log_wake.wait(max(0.05, min(1.0, until - now)))
         with self.log_wake:  # stopped: a quiet pod's stream would stay open until its next line
             for resp in self.held.values():
@@ -180,10 +181,13 @@ class LogFollowing:
             self.log_wake.notify_all()
 
     def _sweep_soon(self) -> None:
+        """Catch every unfollowed pod up soon (the others' lines of a group change come about
+        when rank 0's do) and again once the change has settled (a slower node's): two sweeps
+        pending at most, the second pushed back by each further change."""
         with self.log_wake:
-            at = time.monotonic() + SETTLE_S
-            if self.sweep_at is None or self.sweep_at > at:
-                self.sweep_at = at
+            now = time.monotonic()
+            soon = min([now + SETTLE_S, *self.sweeps])
+            self.sweeps = [soon, max(soon, now + 5 * SETTLE_S)]
             self.log_wake.notify_all()
 
     def _catch_up_all(self, timeout_s: float = 30.0) -> None:
