@@ -67,6 +67,7 @@ import json
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import socket
@@ -572,9 +573,16 @@ class FakeCluster:
         self.containers: dict[str, Container] = {}  # pod uid -> running container
         self.previous_logs: dict[str, Path] = {}  # pod uid -> last terminated container's log
         self.next_ip = 2
+        self.next_block = 0  # which /24 after the cluster's own the next addresses come from
         self.subnet = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"  # within 127.0.0.0/8
         self.streams: list[Any] = []  # open watch/log connections, for drop_streams()
         self.requests: list[tuple[str, str]] = []
+        # Log requests being answered now, and the most at once since the last reset_log_peaks():
+        # a follower's held streams (follow=true) and its one-shot reads.
+        self.log_follows_open = 0
+        self.log_reads_open = 0
+        self.log_follows_peak = 0
+        self.log_reads_peak = 0
         self.failures: list[tuple[str, str, int]] = []  # (method, path regex, status) answered once each
         self.evictions: list[str] = []  # pods evicted through the Eviction API
         self.expired_watches: list[str] = []  # plurals of watches answered 410 Gone
@@ -979,12 +987,16 @@ class FakeCluster:
 
     def _alloc_ip(self) -> str:
         """The next address of this cluster's own loopback /24 (127.A.B.2-250), so two fake
-        clusters at once (a CI run beside a developer's) never share a pod's IP and port."""
+        clusters at once (a CI run beside a developer's) never share a pod's IP and port; a
+        cluster of more pods than that goes on in the next /24s (127.A.B+1...), so no two live
+        pods share an address (tests/k8s_light.py's hundreds of pods)."""
         ip = self.next_ip
         self.next_ip += 1
         if self.next_ip > 250:
             self.next_ip = 2
-        return f"{self.subnet}.{ip}"
+            self.next_block += 1
+        a, b = self.subnet.split(".")[1:]
+        return f"127.{a}.{(int(b) + self.next_block) % 256}.{ip}"
 
     def _delete(
         self, key: tuple[str, str, str, str], grace: float | None = None, policy: str | None = None
@@ -1675,7 +1687,39 @@ class FakeCluster:
             return
         self._end_stream(h)
 
+    def reset_log_peaks(self) -> None:
+        with self.lock:
+            self.log_follows_peak, self.log_reads_peak = self.log_follows_open, self.log_reads_open
+
     def _serve_log(self, h: Any, ns: str, name: str, q: dict[str, str]) -> None:
+        follow = q.get("follow") in ("true", "1") and q.get("previous") not in ("true", "1")
+        with self.lock:
+            if follow:
+                self.log_follows_open += 1
+                self.log_follows_peak = max(self.log_follows_peak, self.log_follows_open)
+            else:
+                self.log_reads_open += 1
+                self.log_reads_peak = max(self.log_reads_peak, self.log_reads_open)
+        try:
+            self._answer_log(h, ns, name, q)
+        finally:
+            with self.lock:
+                if follow:
+                    self.log_follows_open -= 1
+                else:
+                    self.log_reads_open -= 1
+
+    @staticmethod
+    def _client_gone(h: Any) -> bool:
+        """The client closed its end (a quiet followed log would otherwise be served until its
+        container ends, as a kubelet notices a closed connection at once)."""
+        try:
+            ready, _, _ = select.select([h.connection], [], [], 0)
+            return bool(ready) and h.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _answer_log(self, h: Any, ns: str, name: str, q: dict[str, str]) -> None:
         pod = self.get("pods", name, ns)
         if pod is None:
             return h._json(404, status_error(404, "NotFound", f'pods "{name}" not found'))
@@ -1738,6 +1782,8 @@ class FakeCluster:
                             break
                         f.seek(-1, os.SEEK_CUR)
                         continue
+                    if self._client_gone(h):
+                        return
                     time.sleep(0.05)
         except OSError:
             return

@@ -1,11 +1,19 @@
 """The metric chart: an SVG polyline of one metric against the step, downsampled to at most
 ``MAX_POINTS`` points (min and max of each bucket, so spikes survive), optionally smoothed,
 with a vertical marker wherever the world size changed, a restart happened, or a node joined
-or left; and its legend."""
+or left; and its legend.
+
+A job's series only grow (``MetricSeries``: arrays of doubles), and the dashboard draws the
+chart again whenever points arrive: each series' buckets are kept between draws and only the
+new points are read (``Decimation``), so a redraw costs the same at 100k points as at 1k
+(before: every draw read every point, 70 ms at 100k on one core, four times a second).
+"""
 
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections.abc import Sequence
 
 from ..job_state import Marker
@@ -32,6 +40,85 @@ def downsample(
         hi = max(chunk, key=lambda p: p[1])
         out.extend(sorted({lo, hi}, key=lambda p: p[0]))
     return out
+
+
+class Decimation:
+    """Min/max buckets of a growing series, kept up to date by reading only new points.
+
+    Buckets hold ``size`` points each (a power of two); when there are more than
+    ``max_points // 2`` buckets, neighbours merge and ``size`` doubles. So at most
+    ``max_points`` points come out, each bucket's min and max among them (spikes survive),
+    and each point of the series is read once however often the chart is drawn."""
+
+    def __init__(self, max_points: int = MAX_POINTS) -> None:
+        self.max_buckets = max(1, max_points // 2)
+        self.size = 1
+        self.buckets: list[list] = []  # [lo (step, value), hi (step, value), points in it]
+        self.read = 0  # how many points of the series are in the buckets
+
+    def extend(self, steps: Sequence[float], values: Sequence[float]) -> None:
+        n = min(len(steps), len(values))
+        if n <= self.read:
+            return
+        new_steps, new_values = steps[self.read : n], values[self.read : n]
+        self.read = n
+        buckets, size = self.buckets, self.size
+        for p in zip(new_steps, new_values):
+            if not math.isfinite(p[1]):
+                continue
+            if buckets and buckets[-1][2] < size:
+                b = buckets[-1]
+                if p[1] < b[0][1]:
+                    b[0] = p
+                if p[1] > b[1][1]:
+                    b[1] = p
+                b[2] += 1
+                continue
+            buckets.append([p, p, 1])
+            if len(buckets) > self.max_buckets:
+                merged = []
+                for i in range(0, len(buckets) - 1, 2):
+                    a, b = buckets[i], buckets[i + 1]
+                    merged.append(
+                        [min(a[0], b[0], key=lambda q: q[1]), max(a[1], b[1], key=lambda q: q[1]), a[2] + b[2]]
+                    )
+                if len(buckets) % 2:
+                    merged.append(buckets[-1])
+                buckets[:] = merged
+                self.size = size = size * 2
+
+    def points(self) -> list[tuple[float, float]]:
+        out: list[tuple[float, float]] = []
+        for lo, hi, _ in self.buckets:
+            out.extend(sorted({lo, hi}, key=lambda p: p[0]))
+        return out
+
+
+_kept: dict[int, tuple[weakref.ref, weakref.ref, Decimation]] = {}  # id(values) -> (values, steps, buckets)
+_kept_lock = threading.Lock()
+
+
+def series_points(steps: Sequence[float], values: Sequence[float]) -> list[tuple[float, float]]:
+    """``downsample`` for a series drawn again and again as it grows: the buckets of a
+    series that can be weakly referenced (``MetricSeries``' arrays) are kept between calls,
+    so a call reads only the points that arrived since the last one. A series that shrank or
+    another object starts over; anything else is downsampled afresh."""
+    if len(values) <= MAX_POINTS:
+        return downsample(steps, values)
+    try:
+        ref_values, ref_steps = weakref.ref(values), weakref.ref(steps)
+    except TypeError:
+        return downsample(steps, values)  # a list: nothing to keep it by
+    key = id(values)
+    with _kept_lock:
+        kept = _kept.get(key)
+        if kept is None or kept[0]() is not values or kept[1]() is not steps or kept[2].read > len(values):
+            kept = (ref_values, ref_steps, Decimation())
+            _kept[key] = kept
+            weakref.finalize(values, _kept.pop, key, None)
+        decimation = kept[2]
+        decimation.extend(steps, values)
+        return decimation.points()
 
 
 # Integer counters a training loop reports for its own bookkeeping (the quickstart's `gen`,
@@ -107,7 +194,7 @@ def chart_svg(
     applies when every value is positive; ``smoothing`` draws an EMA over a faint raw line."""
     pad_l, pad_r, pad_t, pad_b = 46, 12, 10, 24
     w, h = width - pad_l - pad_r, height - pad_t - pad_b
-    points = downsample(steps, values)
+    points = series_points(steps, values)
     log = log_scale and bool(points) and all(p[1] > 0 for p in points)
     head = (
         f'<svg class="ne-chart" xmlns="http://www.w3.org/2000/svg" width="100%" '

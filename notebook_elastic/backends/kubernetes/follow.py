@@ -1,11 +1,12 @@
-"""Following a job on a cluster: a pod watch plus a log follower per pod, as events.
+"""Following a job on a cluster: a pod watch plus a bounded number of log streams, as events.
 
 The watch is a real watch (not a one-off list): pods that appear later (a replacement
 for a preempted worker, a scale-up) are followed too, and it resumes from its last
-resourceVersion after a dropped connection (relisting on 410 Gone). Each worker pod's log
-is followed with timestamps; after a drop the follower reconnects and skips exactly the
-lines it already had, so nothing is duplicated or lost; a restarted container's previous
-log is read with ``previous=True``. Pod phases and reasons become events: ``pending`` with
+resourceVersion after a dropped connection (relisting on 410 Gone). Logs are read with
+timestamps: rank 0's pod and failing pods followed, the others caught up by short reads
+(``logs.py``: at most ``LOG_STREAMS_MAX`` streams per job, whatever its size); after a drop
+the follower skips exactly the lines it already had, so nothing is duplicated or lost; a
+restarted container's previous log is read with ``previous=True``. Pod phases and reasons become events: ``pending`` with
 the scheduler's message (Unschedulable: Insufficient nvidia.com/gpu), ImagePullBackOff,
 CrashLoopBackOff, and a worker pod the controller may not create (FailedCreate: quota);
 ``node_joined`` when a pod runs; ``node_left`` with the reason
@@ -81,6 +82,7 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
         self.core = conn.core()
         self.refused: set[str] = set()  # the 403 sentences told (each once)
         self.success_met = False  # the workers' Job met its successPolicy
+        self._init_logs()
 
     def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
         self.events.put(Event(kind, t if t is not None else time.time(), node, data))
@@ -115,6 +117,7 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
         ]
         for t in threads:
             t.start()
+        self._start_logs()
         while True:
             try:
                 event = self.events.get(timeout=0.1)

@@ -9,9 +9,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...events import Kind
+from ...events import Kind, LineParser
 from ...runtime import protocol
 from . import manifests as m
+from .cursor import LogCursor
 
 WAITING_REASONS = {
     "ImagePullBackOff",
@@ -33,7 +34,15 @@ class PodView:
     reported_pending: str = ""
     restart_count: int = 0
     left: bool = False
-    log_threads: list[threading.Thread] = field(default_factory=list)
+    ip: str | None = None  # its pod IP: the address its agent gives the rendezvous
+    index: int | None = None  # its Indexed Job completion index
+    failing: bool = False  # a rank of its raised (its log is followed until a new group starts)
+    cursor: LogCursor = field(default_factory=LogCursor)  # where its log was left
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    parser: LineParser = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parser = LineParser(self.name)
 
 
 def pod_disruption(pod: Any) -> str | None:
@@ -88,6 +97,11 @@ class PodEvents:
             return
         if view.left:
             return
+        if status and status.pod_ip:
+            view.ip = status.pod_ip
+        index = (pod.metadata.labels or {}).get("batch.kubernetes.io/job-completion-index")
+        if index is not None and index.isdigit():
+            view.index = int(index)
         # Pending: why.
         if phase == "Pending":
             reason = ""
@@ -116,7 +130,7 @@ class PodEvents:
             if reason != view.reported_pending:
                 view.reported_pending = reason
                 self.emit(Kind.PENDING, name, reason="CrashLoopBackOff", message=container.state.waiting.message or "")
-        # Running: it joined; follow its log.
+        # Running: it joined; its log is read (followed, or caught up: logs.py).
         started = container and container.state and (container.state.running or container.state.terminated)
         if started and not view.running_seen:
             view.running_seen = True
@@ -128,7 +142,7 @@ class PodEvents:
                 ip=status.pod_ip,
                 index=(pod.metadata.labels or {}).get("batch.kubernetes.io/job-completion-index"),
             )
-            self._start_log_follower(view, previous=False)
+            self._pod_started(view)
         if container and container.restart_count and container.restart_count > view.restart_count:
             view.restart_count = container.restart_count
             self.emit(
@@ -137,7 +151,7 @@ class PodEvents:
                 error="ContainerRestarted",
                 message=f"container restarted ({container.restart_count}x)",
             )
-            self._start_log_follower(view, previous=True)
+            self._pod_restarted(view)
         # Gone: why.
         disruption = pod_disruption(pod)
         terminated = container.state.terminated if container and container.state else None
@@ -167,6 +181,7 @@ class PodEvents:
                     reason=reason,
                     exitcode=terminated.exit_code if terminated is not None else None,
                 )
+                self._pod_ended(view)
 
     def _success_met(self) -> bool:
         """Whether the workers' Job has met its successPolicy (SuccessCriteriaMet, or

@@ -142,7 +142,8 @@ class WorkloadEvents:
             raise Transient(str(exc)) from exc
 
     def _finish(self, status: str, reason: str | None, budget_spent: bool = False) -> None:
-        time.sleep(1.0)  # let the log followers deliver the last lines first
+        time.sleep(1.0)  # let the followed streams deliver the last lines first
+        self._catch_up_all()  # and read the rest of every pod's log, so its tail is told before the end
         data: dict[str, Any] = {"status": status}
         if reason:
             data["reason"] = reason

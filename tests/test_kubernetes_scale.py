@@ -1,0 +1,115 @@
+"""Following a big job on a bounded number of log streams (#16 item 6).
+
+A job of 24 light pods (tests/k8s_light.py: pods print the lines an agent and its worker
+print, without torch) on the fixture cluster, followed by the real follower through the real
+client. The fixture counts the log requests it answers at once: the follower may hold at most
+``LOG_STREAMS_MAX`` followed streams and ``CATCH_UP_READERS`` one-shot reads, however many
+pods there are (before: one followed stream per pod), and still every line users saw before
+arrives: rank 0's losses (rank 0 lives on the last pod, so the follower must find it), a
+failing pod's traceback, every rank's start (the rank map), each once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import k8s_light
+import pytest
+from k8s_apiserver import FakeCluster
+
+from notebook_elastic.backends.kubernetes.client import connect
+from notebook_elastic.backends.kubernetes.cursor import LogCursor
+from notebook_elastic.backends.kubernetes.follow import ClusterFollower
+from notebook_elastic.backends.kubernetes.logs import CATCH_UP_READERS, LOG_STREAMS_MAX
+from notebook_elastic.events import Kind
+
+NODES = 24
+FAILING = 5
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    fake = FakeCluster(gpu_slots=0)
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def followed(cluster):
+    """The light job, and its follower running in a thread: (follower, events seen)."""
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
+    k8s_light.create(api, k8s_light.light_job("big", NODES, failing_index=FAILING))
+    stop = threading.Event()
+    follower = ClusterFollower(connect(), "big", stop)
+    seen: list = []
+    thread = threading.Thread(target=lambda: seen.extend(follower), daemon=True)
+    thread.start()
+    yield follower, seen
+    stop.set()
+    thread.join(10)
+
+
+def until(predicate, what, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never reached: {what}"
+        time.sleep(0.2)
+
+
+def pod_of(cluster, index):
+    return next(
+        p["metadata"]["name"]
+        for p in cluster.pods()
+        if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == str(index)
+        and p["status"].get("phase") == "Running"
+    )
+
+
+@pytest.mark.slow
+def test_a_big_job_is_followed_on_a_bounded_number_of_streams_and_loses_nothing(cluster, followed):
+    follower, seen = followed
+
+    def metrics():
+        return [e for e in list(seen) if e.kind == Kind.METRIC]
+
+    until(lambda: len(metrics()) >= 20, "rank 0's losses")
+    started = lambda: {e.node for e in list(seen) if e.kind == Kind.WORKER_STARTED}  # noqa: E731
+    until(lambda: len(started()) == NODES, f"every rank's start (seen {len(started())})")
+    failed = lambda: [e for e in list(seen) if e.kind == Kind.WORKER_FAILED]  # noqa: E731
+    until(lambda: failed(), "the failing pod's failure")
+    assert "ZeroDivisionError" in failed()[0].get("traceback"), failed()[0]
+    assert failed()[0].node == pod_of(cluster, FAILING)
+    count = len(metrics())
+    until(lambda: len(metrics()) >= count + 10, "rank 0's losses, still")
+
+    # Old code: one followed stream per pod (24 at once).
+    assert cluster.log_follows_peak <= LOG_STREAMS_MAX, (cluster.log_follows_peak, LOG_STREAMS_MAX)
+    assert cluster.log_reads_peak <= CATCH_UP_READERS, (cluster.log_reads_peak, CATCH_UP_READERS)
+    steps = [e.get("step") for e in metrics()]
+    assert len(steps) == len(set(steps)), "a line was told twice"
+    assert {e.node for e in metrics()} == {pod_of(cluster, NODES - 1)}
+
+    # On demand: a pod someone opens is followed live, within the bound.
+    asked = pod_of(cluster, 10)
+    follower.follow_pod(asked)
+    until(lambda: asked in follower.held, "the asked-for pod followed")
+    assert cluster.log_follows_peak <= LOG_STREAMS_MAX, cluster.log_follows_peak
+
+
+def test_overlapping_reads_of_one_log_deliver_each_line_once():
+    """A catch-up may read a pod beside its followed stream, or a reconnect re-read the last
+    second: lines with equal timestamps included, whichever read reaches a line first tells it."""
+    log = [("t1", "a"), ("t2", "b"), ("t2", "c"), ("t3", "d"), ("t3", "e"), ("t3", "f"), ("t4", "g")]
+    cursor, told = LogCursor(), []
+    first, second = cursor.reading(), cursor.reading()
+    # The second read passes the first; the first then meets the second's last timestamp
+    # (the follower's old per-read count told "e" twice here).
+    reads = [(first, log[:2]), (second, log[:5]), (first, log[2:]), (cursor.reading(), log)]
+    for keep, lines in reads:
+        told += [text for stamp, text in lines if keep(stamp)]
+    assert told == list("abcdefg")
