@@ -91,6 +91,8 @@ class Outcome:
         self.sink.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        if self.mlflow is not None:
+            self.mlflow.close()
         if not self.folder.events_file.exists():
             return  # deleted under us: nothing left to record in
         self._write_status()
