@@ -91,8 +91,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_payload_bytes", "refuse payloads above this size, like 64MiB.", "64MiB", flag_name="--max-payload"),
     Option(
         "track",
-        "log the metrics to MLflow, one run named after the job: mlflow, or none (default: MLflow when "
-        "MLFLOW_TRACKING_URI is set).",
+        "log the metrics to one run named after the job: mlflow, wandb, or none (default: MLflow when "
+        "MLFLOW_TRACKING_URI is set, W&B when WANDB_PROJECT is).",
         metavar="TRACKER",
         backends=("local",),
     ),

@@ -145,7 +145,7 @@ class JobSpec:
     collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
     stall_timeout_s: float | None = None  # restart the group after a stall this long (None: only say so)
     max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES
-    track: str | None = None  # "mlflow" or "none"; None: MLflow when MLFLOW_TRACKING_URI is set
+    track: str | None = None  # "mlflow", "wandb" or "none"; None: as their variables say (trackers.py)
     ship: tuple[str, ...] = ()
     backend_options: dict[str, Any] = field(default_factory=dict)
     notebook: str | None = None  # the notebook that launched it, for the jobs panel
@@ -256,12 +256,11 @@ class JobSpec:
 def _check_track(track: Any, backend: str) -> None:
     if backend != "local":
         raise SpecError(f"--track {track} applies to the local backend only; on {backend}, log from the training code")
-    if track not in ("mlflow", "none"):
-        raise SpecError(f"--track {track!r} is unknown; choose mlflow (or none to log nowhere)")
-    if track == "mlflow" and importlib.util.find_spec("mlflow") is None:
+    if track not in ("mlflow", "wandb", "none"):
+        raise SpecError(f"--track {track!r} is unknown; choose mlflow or wandb (or none to log nowhere)")
+    if track != "none" and importlib.util.find_spec(track) is None:
         raise SpecError(
-            "--track mlflow needs the mlflow package: pip install 'notebook-elastic[mlflow]' "
-            "(or mlflow-skinny), or leave --track out"
+            f"--track {track} needs the {track} package: pip install 'notebook-elastic[{track}]', or leave --track out"
         )
 
 
