@@ -49,6 +49,7 @@ def build_spec(
         collective_timeout_s=given["collective_timeout_s"],
         stall_timeout_s=given.get("stall_timeout_s"),
         max_payload_bytes=given["max_payload_bytes"],
+        track=given.get("track"),
         ship=tuple(given.get("ship") or ()),
         backend_options=dict(backend_options or {}),
         notebook=notebook,

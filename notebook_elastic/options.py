@@ -89,6 +89,13 @@ OPTIONS: tuple[Option, ...] = (
         flag_name="--stall-timeout",
     ),
     Option("max_payload_bytes", "refuse payloads above this size, like 64MiB.", "64MiB", flag_name="--max-payload"),
+    Option(
+        "track",
+        "log the metrics to one run named after the job: mlflow, wandb, or none (default: MLflow when "
+        "MLFLOW_TRACKING_URI is set, W&B when WANDB_PROJECT is).",
+        metavar="TRACKER",
+        backends=("local",),
+    ),
     # Kubernetes: where the pods run.
     Option("namespace", "the namespace (default: the context's).", backends=K8S, goes_to="kubernetes"),
     Option("context", "the kubeconfig context (default: the current one).", backends=K8S, goes_to="kubernetes"),

@@ -8,6 +8,7 @@ what would be accepted. Flag names follow torchrun's (``--nnodes MIN:MAX``,
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -144,6 +145,7 @@ class JobSpec:
     collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
     stall_timeout_s: float | None = None  # restart the group after a stall this long (None: only say so)
     max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES
+    track: str | None = None  # "mlflow", "wandb" or "none"; None: as their variables say (trackers.py)
     ship: tuple[str, ...] = ()
     backend_options: dict[str, Any] = field(default_factory=dict)
     notebook: str | None = None  # the notebook that launched it, for the jobs panel
@@ -204,6 +206,8 @@ class JobSpec:
                 raise SpecError(f"--ship {name!r} must name a notebook variable")
         if self.checkpoint_dir is not None and not str(self.checkpoint_dir).strip():
             raise SpecError("--checkpoint-dir must not be empty")
+        if self.track is not None:
+            _check_track(self.track, self.backend)
         every = self.checkpoint_every
         if every is not None:
             every = whole_number(every, "--checkpoint-every", "50")
@@ -247,6 +251,17 @@ class JobSpec:
         # Names only (see to_json): the values are filled in by whoever holds them.
         kwargs["env"] = {str(k): "" for k in env} if not isinstance(env, Mapping) else dict(env)
         return cls(**kwargs)
+
+
+def _check_track(track: Any, backend: str) -> None:
+    if backend != "local":
+        raise SpecError(f"--track {track} applies to the local backend only; on {backend}, log from the training code")
+    if track not in ("mlflow", "wandb", "none"):
+        raise SpecError(f"--track {track!r} is unknown; choose mlflow or wandb (or none to log nowhere)")
+    if track != "none" and importlib.util.find_spec(track) is None:
+        raise SpecError(
+            f"--track {track} needs the {track} package: pip install 'notebook-elastic[{track}]', or leave --track out"
+        )
 
 
 def parse_size(value: Any, what: str = "--max-payload") -> int:

@@ -41,6 +41,20 @@ class Outcome:
                 return f"no node left to run on (all {', '.join(reasons)})"
             return f"every node's agent exited ({', '.join(reasons)})"
 
+    def _finish_trackers(self, status: str) -> None:
+        """End the MLflow/W&B runs after the last metric, before the sweep for orphans below
+        (W&B's service process carries the job folder in its environment, as the job's do)."""
+        if not self.trackers:
+            return
+        for _ in range(2):  # every event the agents left is folded (and handed on), none in flight
+            while not self.sink.queue.empty():
+                time.sleep(0.01)
+            time.sleep(0.05)
+            with self.sink.lock:
+                pass
+        for tracker in self.trackers:
+            tracker.finish(status)
+
     def _write_status(self) -> None:
         with self.sink.lock:
             summary = self.state.summary()
@@ -61,6 +75,7 @@ class Outcome:
 
     def _finish(self, outcome: tuple[str, str | None]) -> None:
         status, reason = outcome
+        self._finish_trackers(status)
         spare_pid = None
         if self.spare is not None:
             spare_pid = self.spare.proc.pid

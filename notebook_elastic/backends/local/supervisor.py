@@ -52,6 +52,7 @@ from .sink import EventSink
 from .stall import StallClock, Stalls
 from .tensorboard import TensorBoardWriter
 from .tensorboard import available as tensorboard_available
+from .trackers import TRACKER_CLASSES, Tracker, requested
 
 
 class Supervisor(Nodes, Commands, Stalls, Outcome):
@@ -91,6 +92,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self._space_ok = True
         self._written_since_check = 0
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
+        self.trackers: list[Tracker] = []  # MLflow, W&B: --track or their variables (run())
         self.sink = EventSink(
             folder.events_file,
             self.state,
@@ -125,6 +127,9 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         # so the history and the outcome still find room on a filling disk.
         if self.tensorboard is not None and e.kind in (Kind.METRIC, Kind.GPU) and self._output_allowed():
             self.tensorboard.observe(e, self.state)
+        if e.kind == Kind.METRIC and self.trackers and self._output_allowed():
+            for tracker in self.trackers:
+                tracker.observe(e, self.state)
         if e.kind == Kind.WORKER_STARTED:
             gen = e.get("generation")
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
@@ -143,6 +148,10 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
                 self.fatal = what
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
+
+    def _tracker_failed(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)  # supervisor.log: told even after the history closed
+        self.emit(Kind.ERROR, error="tracker", message=message)
 
     def _watch_joiners(self, e: Event) -> None:
         """A node whose workers fail before any group it joined made a step, while other nodes
@@ -233,6 +242,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         store = host_store(sock)
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
+        self.trackers = [TRACKER_CLASSES[t](spec, self._tracker_failed) for t in requested(spec.track, os.environ)]
         status = self._loop()
         self._finish(status)
         del store
