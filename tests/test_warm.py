@@ -107,6 +107,22 @@ except (BrokenPipeError, ConnectionResetError):
 """
 
 
+def assert_another_user_is_refused(name: str) -> None:
+    """A process of another user (nobody) that finds the abstract name gets the connection
+    closed, not a fork (run where the tests run as root, so they can switch user)."""
+    if os.getuid() != 0 or not os.path.exists("/usr/bin/python3"):
+        return
+    other = subprocess.run(
+        ["/usr/bin/python3", "-c", ANOTHER_USER_CONNECTS, name],
+        user=65534,
+        group=65534,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert other.stdout.strip() == "closed", other
+
+
 def abstract_listeners() -> str:
     with open("/proc/net/unix") as f:
         return f.read()
@@ -124,16 +140,7 @@ def test_an_abstract_zygote_leaves_no_file_and_serves_only_its_own_user(tmp_path
             time.sleep(0.05)
         done = launch(tmp_path, name, "0", env={"RANK": "2"})
         assert done.returncode == 0 and report(done.stdout)["torch_preloaded"]  # our user: served warm
-        if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
-            other = subprocess.run(
-                ["/usr/bin/python3", "-c", ANOTHER_USER_CONNECTS, name],
-                user=65534,
-                group=65534,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            assert other.stdout.strip() == "closed", other
+        assert_another_user_is_refused(name)
     finally:
         proc.terminate()
         proc.wait(120)  # a zygote that has imported torch takes its time to finalize on 2 loaded cores
