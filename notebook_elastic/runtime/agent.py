@@ -255,10 +255,10 @@ def _start_zygote() -> bool:
     """Where this node's workers are forked from: the user's warm pool when the job has one
     (``runtime.pool``), else a zygote of the node's own."""
     from . import pool
-    from .warm import ENV_ZYGOTE, enabled, start_zygote
+    from .warm import ENV_ZYGOTE, start_zygote
 
-    name = os.environ.get(pool.ENV_POOL)
-    if name and enabled() and pool.enabled():
+    name = pool.in_use()
+    if name:
         os.environ[ENV_ZYGOTE] = name
         return True
     return start_zygote() is not None

@@ -40,10 +40,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
 ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
 ENV_IDLE = "NOTEBOOK_ELASTIC_POOL_IDLE_S"
+ENV_ROOM_VAR = "NOTEBOOK_ELASTIC_POOL_ROOM"  # the pool's padding: room for its children's environments
 ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
 ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
 IDLE_S = 600.0
@@ -55,11 +57,27 @@ ARGV_ROOM = 4096
 ENV_ROOM = 32768
 
 
-def enabled(env: dict[str, str] | None = None) -> bool:
+def enabled(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return (
         env.get(ENV_POOL_ON, "1") != "0" and env.get("NOTEBOOK_ELASTIC_WARM_WORKERS", "1") != "0"
     ) and sys.platform.startswith("linux")
+
+
+def in_use(env: Mapping[str, str] | None = None) -> str | None:
+    """The pool a job's processes are forked from: the one ``env`` names, when pools are on."""
+    env = os.environ if env is None else env
+    name = env.get(ENV_POOL)
+    return name if name and enabled(env) else None
+
+
+def through_pool(command: list[str], env: Mapping[str, str], *, detach: bool = False) -> list[str] | None:
+    """``python -m MODULE ARGS`` started through the warm launcher (``runtime.warm_launch``),
+    so the pool ``env`` names forks it; None when no pool is in use (start ``command`` as it
+    is). ``detach``: the launcher leaves its starter's process tree first."""
+    if in_use(env) is None or command[1:2] != ["-m"]:
+        return None
+    return [command[0], "-m", "notebook_elastic.runtime.warm", *(["--detach"] if detach else []), *command[1:]]
 
 
 def pool_name(env: dict[str, str] | None = None) -> str:
@@ -132,7 +150,7 @@ def start(name: str, env: dict[str, str]) -> subprocess.Popen:
 
     env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job
     env[ENV_POOL] = name
-    env["NOTEBOOK_ELASTIC_POOL_ROOM"] = "." * ENV_ROOM
+    env[ENV_ROOM_VAR] = "." * ENV_ROOM
     return subprocess.Popen(
         [sys.executable, "-m", "notebook_elastic.runtime.warm", "pool", name, "." * ARGV_ROOM],
         stdin=subprocess.DEVNULL,
@@ -215,7 +233,7 @@ def retitle(argv: list[str], env: dict[str, str]) -> None:
         arg_start, arg_end, env_start, env_end = (int(fields[n - 3]) for n in (48, 49, 50, 51))
     except (OSError, IndexError, ValueError):
         return
-    ours = sorted(k for k in env if k.startswith("NOTEBOOK_ELASTIC") and k != "NOTEBOOK_ELASTIC_POOL_ROOM")
+    ours = sorted(k for k in env if k.startswith("NOTEBOOK_ELASTIC") and k != ENV_ROOM_VAR)
     rest = sorted(k for k in env if not k.startswith("NOTEBOOK_ELASTIC"))
     _overwrite(arg_start, arg_end, [sys.executable, *argv], truncate=True)
     _overwrite(env_start, env_end, [f"{k}={env[k]}" for k in (*ours, *rest)], truncate=False)

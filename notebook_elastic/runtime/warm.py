@@ -73,7 +73,12 @@ def serve(path: str, *, as_pool: bool = False) -> None:
             __import__(name)
         except Exception:
             pass
-    idle_s = _idle_seconds() if as_pool else 0.0
+    if as_pool:
+        from .pool import idle_seconds
+
+        idle_s = idle_seconds()
+    else:
+        idle_s = 0.0
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -276,12 +281,6 @@ def start_zygote() -> str | None:
     subprocess.Popen([sys.executable, "-m", "notebook_elastic.runtime.warm", "serve", path], stdin=subprocess.DEVNULL)
     os.environ[ENV_ZYGOTE] = path
     return path
-
-
-def _idle_seconds() -> float:
-    from .pool import idle_seconds
-
-    return idle_seconds()
 
 
 def main() -> None:

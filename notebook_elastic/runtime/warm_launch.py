@@ -36,9 +36,8 @@ def launch(argv: list[str]) -> None:
         set_parent_death_signal(signal.SIGKILL, int(agent))
     elif module is not None and not detach:
         set_parent_death_signal(signal.SIGTERM, os.getppid())  # forwarded to the child, as it would get it
-    path = os.environ.get(pool.ENV_POOL if module else ENV_ZYGOTE)
-    on = enabled() and (module is None or pool.enabled())
-    conn = _connect(path) if path and on else None
+    path = pool.in_use() if module else (os.environ.get(ENV_ZYGOTE) if enabled() else None)
+    conn = _connect(path) if path else None
     if conn is None:
         _cold(argv, module)
         return
@@ -57,8 +56,8 @@ def launch(argv: list[str]) -> None:
     try:
         _send(conn, request, [0, 1, 2, life_r, status_w])
     except OSError:
-        os.close(life_r)
-        os.close(life_w)
+        for fd in (life_r, life_w, status_r, status_w):
+            os.close(fd)
         _cold(argv, module)
         return
     os.close(life_r)

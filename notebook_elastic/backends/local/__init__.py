@@ -21,7 +21,7 @@ from ...errors import BackendError, JobNotFound
 from ...events import FINAL_STATUSES, Event, Kind
 from ...plan import launch_plan, rdzv_id
 from ...runtime import protocol
-from ...runtime.pool import ENV_POOL, ensure_pool
+from ...runtime.pool import ENV_POOL, ensure_pool, through_pool
 from ..base import Backend, DryRun, JobInfo
 from . import control
 from .folder import (
@@ -303,10 +303,10 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
     """Start ``python -m notebook_elastic.backends.local.MODULE --detach [options] FOLDER`` in a
     session of its own, logging to supervisor.log; returns once its short-lived parent exited."""
     log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
-    command = [sys.executable, "-m", f"notebook_elastic.backends.local.{module}", "--detach", *options]
-    if module == "supervisor" and env.get(ENV_POOL):
-        # Forked by the warm pool; the launcher detaches and stands in for it.
-        command = [sys.executable, "-m", "notebook_elastic.runtime.warm", "--detach", *command[1:3], *options]
+    base = [sys.executable, "-m", f"notebook_elastic.backends.local.{module}"]
+    # The supervisor is forked by the warm pool when there is one; its launcher detaches instead.
+    pooled = through_pool([*base, *options], env, detach=True) if module == "supervisor" else None
+    command = pooled or [*base, "--detach", *options]
     try:
         subprocess.Popen(
             [*command, str(folder.path)],

@@ -90,9 +90,8 @@ class Nodes:
         return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
-        if env.get(pool.ENV_POOL) and pool.enabled(env) and command[1:2] == ["-m"]:
-            # Forked by the warm pool: a light launcher stands in for the agent (signals, status).
-            command = [command[0], "-m", "notebook_elastic.runtime.warm", *command[1:]]
+        # Forked by the warm pool when there is one: a light launcher stands in for the agent.
+        command = pool.through_pool(command, env) or command
         proc = subprocess.Popen(
             command,
             env=env,

@@ -106,9 +106,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
         # A warm spare agent saves a scale-up its torch import; the warm pool forks agents warm.
-        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True)) and not (
-            os.environ.get(pool.ENV_POOL) and pool.enabled()
-        )
+        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True)) and pool.in_use() is None
         self.stall_after_s = float(self.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.stall = StallClock(since=time.monotonic())
         self.failures_seen: dict[tuple, int] = {}
