@@ -58,6 +58,7 @@ class Outcome:
     def _write_status(self) -> None:
         with self.sink.lock:
             summary = self.state.summary()
+        self.status_written = summary.get("status")
         summary.update(
             name=self.spec.name,
             backend="local",

@@ -93,6 +93,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self._written_since_check = 0
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.trackers: list[Tracker] = []  # MLflow, W&B: --track or their variables (run())
+        self.status_written: str | None = None  # the status status.json last said
         self.sink = EventSink(
             folder.events_file,
             self.state,
@@ -287,7 +288,10 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             if self.stopping and self.stop_deadline and now > self.stop_deadline:
                 for agent in self.alive_agents():
                     self.signal_agent(agent, signal.SIGKILL, "stopped")
-            if self.sink.changed.is_set() and time.monotonic() - last_status > 0.25:
+            # At most 4 writes a second for steps and metrics; a change of status at once, so
+            # %elastic_jobs and the server never show "pending" beside a dashboard that trains.
+            fresh = self.state.status != self.status_written
+            if self.sink.changed.is_set() and (fresh or time.monotonic() - last_status > 0.25):
                 self.sink.changed.clear()
                 last_status = time.monotonic()
                 self._write_status()
