@@ -266,7 +266,7 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def warm_pool():
+def warm_pool(tmp_path_factory):
     """One warm pool per test process (runtime/pool.py), started outside any test (it carries
     no test's marker, and stays up between tests), stopped at the end. Every job, kernel and
     JupyterLab the tests start inherits its name; the processes it forks carry their own
@@ -279,7 +279,8 @@ def warm_pool():
     name = f"@notebook-elastic-pool-test-{os.getpid()}-{secrets.token_hex(8)}"
     env = {k: v for k, v in os.environ.items() if k != TEST_ID_ENV}
     env[pool.ENV_IDLE] = "0"
-    proc = pool.start(name, env)
+    env[pool.ENV_OWNER] = str(os.getpid())  # a killed pytest takes its pool with it
+    proc = pool.start(name, env, tmp_path_factory.mktemp("pool") / "pool.log")
     os.environ[pool.ENV_POOL] = name
     try:
         yield name

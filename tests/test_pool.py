@@ -148,6 +148,33 @@ def test_an_idle_pool_is_reaped_gives_way_to_none_and_serves_only_its_user():
             first.wait()
 
 
+def test_a_pool_ends_with_its_owner_and_never_follows_a_planted_log_link(tmp_path):
+    """``NOTEBOOK_ELASTIC_POOL_OWNER``: a test session's pool ends with it, even when the
+    session is killed. The log is opened without following links: one planted at its path
+    (by whoever could write there) is not written through."""
+    owner = subprocess.Popen(["sleep", "600"])
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    target = tmp_path / "someone-elses-file"
+    target.write_text("theirs\n")
+    (tmp_path / "pool.log").symlink_to(target)
+    proc = pool.start(name, {**os.environ, pool.ENV_OWNER: str(owner.pid)}, tmp_path / "pool.log")
+    try:
+        assert pool.wait_for(name, 180) == proc.pid, "the pool did not come up"
+        assert target.read_text() == "theirs\n"
+        owner.kill()
+        owner.wait()
+        assert proc.wait(180) == 0
+        assert pool.ping(name) is None
+        # An owner gone before the pool starts: it does not stay.
+        late = pool.start(name, {**os.environ, pool.ENV_OWNER: str(owner.pid)})
+        assert late.wait(180) == 0 and pool.ping(name) is None
+    finally:
+        for p in (owner, proc):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_the_pool_is_off_with_its_switch(monkeypatch):
     monkeypatch.setenv(pool.ENV_POOL_ON, "0")
     assert pool.ensure_pool() is None
@@ -191,6 +218,8 @@ def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_p
             )
             reports_ = LocalBackend().folder("from-kernel").events_file.read_text()
             assert f'"ppid":{pid}' in reports_.replace(" ", "")
+            # Its own messages go to the private jobs folder, readable by its user only.
+            assert (LocalBackend().root / ".pool.log").stat().st_mode & 0o777 == 0o600
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)

@@ -21,6 +21,8 @@ starts it, and makes its children look like the processes they stand for.
 - **Its children do not die with it:** each forked process is tied to its *launcher* (the
   light ``python -m notebook_elastic.runtime.warm ...`` process its parent started, which
   forwards signals and exits with the child's status), not to the pool.
+- **Its own messages** (an import that failed, a crash) go to ``.pool.log`` in the jobs
+  folder of whoever started it; ``NOTEBOOK_ELASTIC_POOL_OWNER=PID`` ends it with that process.
 - ``NOTEBOOK_ELASTIC_WARM_POOL=0`` turns it off (each agent keeps a zygote of its own, as
   before); ``NOTEBOOK_ELASTIC_WARM_WORKERS=0`` turns every warm start off.
 
@@ -48,6 +50,7 @@ ENV_IDLE = "NOTEBOOK_ELASTIC_POOL_IDLE_S"
 ENV_ROOM_VAR = "NOTEBOOK_ELASTIC_POOL_ROOM"  # the pool's padding: room for its children's environments
 ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
 ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
+ENV_OWNER = "NOTEBOOK_ELASTIC_POOL_OWNER"  # a pid: the pool ends with that process (a test session)
 IDLE_S = 600.0
 #: Read when torch and the preloaded modules are imported: a pool imported under other values
 #: would hand children the wrong ones. (CUDA_VISIBLE_DEVICES is read only when CUDA starts.)
@@ -131,35 +134,61 @@ def ping(name: str, timeout_s: float = 2.0) -> int | None:
         conn.close()
 
 
-def ensure_pool(env: dict[str, str] | None = None) -> str | None:
-    """The name of a pool for ``env`` (started now, in the background, when none answers), or
-    None when pools are off. Returns at once: the pool imports torch on its own time, and
-    launchers that come before it is ready wait for it (or start cold)."""
+def ensure_pool(env: dict[str, str] | None = None, log: str | os.PathLike | None = None) -> str | None:
+    """The name of a pool for ``env`` (started now, in the background, when none answers, its
+    output to ``log``), or None when pools are off. Returns at once: the pool imports torch on
+    its own time, and launchers that come before it is ready wait for it (or start cold)."""
     env = dict(os.environ if env is None else env)
     if not enabled(env):
         return None
     name = env.get(ENV_POOL) or pool_name(env)
     if ping(name) is None:
-        start(name, env)
+        start(name, env, log)
     return name
 
 
-def start(name: str, env: dict[str, str]) -> subprocess.Popen:
-    """Start the pool ``name`` (one that finds the name taken exits at once)."""
+def start(name: str, env: dict[str, str], log: str | os.PathLike | None = None) -> subprocess.Popen:
+    """Start the pool ``name`` (one that finds the name taken exits at once); its output goes
+    to ``log`` (a file of ours, 0600, in a private folder), else nowhere."""
     from .protocol import ENV_JOB_DIR
 
     env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job
     env[ENV_POOL] = name
     env[ENV_ROOM_VAR] = "." * ENV_ROOM
-    return subprocess.Popen(
-        [sys.executable, "-m", "notebook_elastic.runtime.warm", "pool", name, "." * ARGV_ROOM],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        cwd="/",
-        start_new_session=True,
-    )
+    out = None
+    if log is not None:
+        try:
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            out = None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "notebook_elastic.runtime.warm", "pool", name, "." * ARGV_ROOM],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if out is None else out,
+            stderr=subprocess.DEVNULL if out is None else subprocess.STDOUT,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+        )
+    finally:
+        if out is not None:
+            os.close(out)
+
+
+def owner_fd() -> int | None:
+    """A pidfd of the process the pool ends with (``ENV_OWNER``): readable once it has
+    exited; -1 when it is gone already; None when there is none."""
+    try:
+        pid = int(os.environ[ENV_OWNER])
+    except (KeyError, ValueError):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return -1
+    except (OSError, AttributeError):  # no pidfds (Linux < 5.3): idle reaping only
+        return None
 
 
 def forked() -> bool:

@@ -56,7 +56,13 @@ def serve(path: str, *, as_pool: bool = False) -> None:
     user's warm pool (``runtime.pool``: outlives jobs, reaped when idle)."""
     abstract = path.startswith("@")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    owner = None
     if as_pool:
+        from .pool import owner_fd
+
+        owner = owner_fd()
+        if owner == -1:
+            return  # the process it was to end with has ended already
         os.environ.setdefault("LOGLEVEL", "INFO")  # torchelastic's loggers read it at import, as agents set it
         try:
             # The name first: a second pool started meanwhile finds it taken and exits at once,
@@ -105,7 +111,9 @@ def serve(path: str, *, as_pool: bool = False) -> None:
                 elif time.monotonic() - busy >= idle_s:
                     return  # idle: reaped
                 timeout = max(0.1, busy + idle_s - time.monotonic())
-            ready, _, _ = select.select([listener, wake_r], [], [], timeout)
+            ready, _, _ = select.select([listener, wake_r, *([owner] if owner is not None else [])], [], [], timeout)
+            if owner is not None and owner in ready:
+                return  # its owner ended
             if wake_r in ready:
                 os.read(wake_r, 4096)
                 _reap(children)

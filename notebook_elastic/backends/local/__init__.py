@@ -30,6 +30,7 @@ from .folder import (
     jobs_root,
     kill_all,
     make_private_dir,
+    pool_log,
     prepare_jobs_root,
     write_json_atomic,
 )
@@ -130,7 +131,9 @@ class LocalBackend(Following, Backend):
 
     def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:
         env = dict(os.environ)
-        warm_pool = ensure_pool(env)  # the job's processes are forked from it (started now if none runs)
+        warm_pool = ensure_pool(
+            env, pool_log(self.root)
+        )  # the job's processes are forked from it (started now if none runs)
         if warm_pool:
             env[ENV_POOL] = warm_pool
         env[protocol.ENV_JOB_DIR] = str(folder.path)

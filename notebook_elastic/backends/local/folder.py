@@ -53,6 +53,18 @@ def jobs_root(home: Path) -> Path:
     return home / "jobs"
 
 
+def pool_log(root: Path) -> Path | None:
+    """Where a warm pool started for this jobs folder writes its own messages: in the folder
+    when it is ours and private (runtime/pool.py), else nowhere."""
+    try:
+        st = root.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return root / ".pool.log"
+
+
 _HOME_HINT = "point NOTEBOOK_ELASTIC_HOME at a folder of your own"
 
 
