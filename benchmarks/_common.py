@@ -13,6 +13,30 @@ RESULTS = Path(__file__).parent / "results"
 BROWSER_FIGURES = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
+#: A small DDP training cell the local-job benchmarks run (TOTAL steps of 20 ms each).
+DDP_TRAIN = """
+model = torch.nn.Linear(32, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(TOTAL):
+    loss = ddp(torch.randn(8, 32)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    elastic.report(step=step, loss=loss.item())
+    time.sleep(0.02)
+"""
+
+
+def ddp_namespace(total: int) -> dict:
+    """What DDP_TRAIN reads from the notebook."""
+    import torch
+
+    import notebook_elastic.runtime as runtime
+
+    return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total}
+
+
 def browser_figures(name: str) -> dict | None:
     """The figures a browser test recorded in test-artifacts/NAME.json, if it has run."""
     path = BROWSER_FIGURES / f"{name}.json"

@@ -21,32 +21,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-import torch  # noqa: E402
-from _common import median, report, row, stop_all_jobs  # noqa: E402
+from _common import DDP_TRAIN, ddp_namespace, median, report, row, stop_all_jobs  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
-import notebook_elastic.runtime as runtime  # noqa: E402
 from notebook_elastic.backends.local import LocalBackend  # noqa: E402
 from notebook_elastic.backends.local.history import compact  # noqa: E402
 from notebook_elastic.events import Event, Kind  # noqa: E402
 from notebook_elastic.job_state import JobState  # noqa: E402
-
-TRAIN = """
-model = torch.nn.Linear(32, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-state = elastic.State(model=model, optimizer=opt)
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-for step in state.steps(TOTAL):
-    loss = ddp(torch.randn(8, 32)).pow(2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    state.commit()
-    elastic.report(step=step, loss=loss.item())
-    time.sleep(0.02)
-"""
-
-
-def ns(total: int) -> dict:
-    return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total}
 
 
 def wait(predicate, timeout: float = 180.0) -> None:
@@ -62,7 +43,7 @@ def training_after(job, step: int):
 
 
 def supervisor_death(name: str) -> tuple[float, int]:
-    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, name=name, user_ns=ns(100_000))
+    job = ne.launch(DDP_TRAIN, nnodes="1:2", nodes=2, name=name, user_ns=ddp_namespace(100_000))
     try:
         wait(lambda: job.status == "running" and (job.state.step or 0) >= 20)
         folder = LocalBackend().folder(name)
@@ -81,7 +62,7 @@ def supervisor_death(name: str) -> tuple[float, int]:
 
 
 def worker_crash(name: str) -> float:
-    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, name=name, user_ns=ns(100_000))
+    job = ne.launch(DDP_TRAIN, nnodes="1:2", nodes=2, name=name, user_ns=ddp_namespace(100_000))
     try:
         wait(lambda: job.status == "running" and (job.state.step or 0) >= 20)
         at = job.state.step
@@ -95,7 +76,7 @@ def worker_crash(name: str) -> float:
 
 
 def stall_detection(name: str) -> float:
-    job = ne.launch(TRAIN, nproc_per_node=2, name=name, user_ns=ns(100_000))
+    job = ne.launch(DDP_TRAIN, nproc_per_node=2, name=name, user_ns=ddp_namespace(100_000))
     try:
         wait(lambda: job.status == "running" and (job.state.step or 0) >= 20)
         pid = [e for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 1][-1].get("pid")

@@ -29,39 +29,20 @@ import time
 from array import array
 
 sys.path.insert(0, os.path.dirname(__file__))
-import torch  # noqa: E402
-from _common import RESULTS, report, row, stop_all_jobs  # noqa: E402
+from _common import DDP_TRAIN, RESULTS, ddp_namespace, report, row, stop_all_jobs  # noqa: E402
 from replay import STEP_S, attach_time, synthesize  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
-import notebook_elastic.runtime as runtime  # noqa: E402
 from notebook_elastic.backends.local import LocalBackend  # noqa: E402
 from notebook_elastic.backends.local.history import read_all  # noqa: E402
 from notebook_elastic.events import Kind  # noqa: E402
 from notebook_elastic.ui import chart  # noqa: E402
 from notebook_elastic.ui.chart import chart_svg  # noqa: E402
 
-TRAIN = """
-model = torch.nn.Linear(16, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-state = elastic.State(model=model, optimizer=opt)
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-for step in state.steps(TOTAL):
-    loss = ddp(torch.randn(8, 16)).pow(2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    state.commit()
-    elastic.report(step=step, loss=loss.item())
-    time.sleep(0.02)
-"""
-
-
-def ns(total: int) -> dict:
-    return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total}
-
 
 def template(name: str) -> list:
     """A small real job's events, the templates of the synthetic histories."""
-    job = ne.launch(TRAIN, nnodes="1", nproc_per_node=1, name=name, user_ns=ns(30))
+    job = ne.launch(DDP_TRAIN, nnodes="1", nproc_per_node=1, name=name, user_ns=ddp_namespace(30))
     job.wait(180)
     return list(read_all(LocalBackend().folder(name).events_file))
 
@@ -128,7 +109,7 @@ def job_memory_mb(home: str) -> float:
 def nodes_figures(home: str, nodes: int, procs: int) -> dict:
     name = f"costs-{nodes}x{procs}"
     t0 = time.monotonic()
-    job = ne.launch(TRAIN, nnodes=str(nodes), nproc_per_node=procs, name=name, user_ns=ns(100_000))
+    job = ne.launch(DDP_TRAIN, nnodes=str(nodes), nproc_per_node=procs, name=name, user_ns=ddp_namespace(100_000))
     first = every = None
     deadline = t0 + 300
     while time.monotonic() < deadline and (first is None or every is None):
