@@ -348,7 +348,6 @@ def test_a_number_typed_in_the_nodes_box_survives_the_jobs_events_until_scale(ho
         dash.target.value = 3  # typed, Scale not pressed yet
         seen = len(job.events)
         renders = dash.renders
-        # Events of every kind keep arriving (checkpoints, metrics) and the view re-renders.
         wait_for(
             lambda: any(e.kind == Kind.CHECKPOINT for e in job.events[seen:]) and dash.renders > renders + 2,
             "a checkpoint event and a few renders after the typing",
@@ -462,3 +461,30 @@ def test_the_nodes_box_follows_a_preemption(home):
     finally:
         dash.close()
         job.stop()
+
+
+def test_a_dashboard_follows_a_range_changed_elsewhere_without_setting_it_back(home):
+    """The job's range moves (another kernel, the CLI, an attach that learns it late): the
+    slider follows and calls nothing. Before, its held notification fired after the quiet
+    flag was lowered, so opening a dashboard on a Kubernetes job restarted all its agents."""
+    from notebook_elastic.backends.local import LocalBackend
+    from notebook_elastic.job import ElasticJob
+    from notebook_elastic.ui import Dashboard
+
+    job = ElasticJob("elsewhere", LocalBackend())  # not followed: the test moves its state
+    calls: list = []
+    job.set_range = lambda *a, **k: calls.append(a)  # a spy: any call is the bug
+    job.scale = lambda *a, **k: calls.append(a)
+    dash = Dashboard(job)
+    try:
+        job.state.apply(Event(Kind.SCALED, time.time(), None, {"target": 3, "min_nodes": 2, "max_nodes": 5}))
+        dash._mark("controls")
+        wait_for(lambda: tuple(dash.range.value) == (2, 5), "the slider at the job's new range")
+        wait_for(lambda: dash.target.value == 3, "the nodes box at the job's new target")
+        # The held notification fires as the render ends; an echo would mark "range" busy
+        # then (before its thread calls the spy). Two renders later: none.
+        renders = dash.renders
+        wait_for(lambda: dash.renders >= renders + 2, "two more renders")  # a live job re-renders its header
+        assert "range" not in dash._busy and "scale" not in dash._busy and calls == []
+    finally:
+        dash.close()

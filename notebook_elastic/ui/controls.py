@@ -15,18 +15,23 @@ import ipywidgets as W
 class Controls:
     """The dashboard's buttons, sliders and boxes, as the job's state allows them."""
 
-    _quiet_range = False
+    _syncing: int | None = None  # the thread now moving the controls to the job's values
 
     def _sync_controls(self) -> None:
         job, state = self.job, self.job.state
         prepared = job.status == "prepared"
         live = not job.finished and not prepared
         lo, hi = state.nnodes
-        with self.range.hold_trait_notifications():
-            if "range" not in self._busy and tuple(self.range.value) != (lo, hi):
-                self._quiet_range = True
-                self.range.value = (lo, hi)
-                self._quiet_range = False
+        # Held notifications fire when the block ends: the whole block is "ours", so the
+        # slider's own observer does not echo the job's new range back as a user's set_range
+        # (on Kubernetes that restarted every agent of a job a dashboard was merely opened on).
+        self._syncing = threading.get_ident()
+        try:
+            with self.range.hold_trait_notifications():
+                if "range" not in self._busy and tuple(self.range.value) != (lo, hi):
+                    self.range.value = (lo, hi)
+        finally:
+            self._syncing = None
         if "scale" not in self._busy:
             t = self.target
             if lo > t.max:  # keep min <= max at every step
@@ -78,7 +83,7 @@ class Controls:
         threading.Thread(target=run, name=f"dashboard-{name}", daemon=True).start()
 
     def _on_range(self, change: dict) -> None:
-        if self._quiet_range:
+        if self._syncing == threading.get_ident():
             return
         lo, hi = change["new"]
         if self.job.status == "prepared":
