@@ -44,6 +44,8 @@ class ElasticJob:
         self._finished = threading.Event()
         self._stop_following = threading.Event()
         self._follower: threading.Thread | None = None
+        self._stream: Any = None  # what the backend's follow() gave (a cluster follower takes asks)
+        self._output_of: str | None = None  # the node whose output was asked for live
         self._prepared = dryrun is not None
         if dryrun is None:
             self._state.status = "pending"
@@ -107,7 +109,10 @@ class ElasticJob:
 
     def _run_follower(self) -> None:
         try:
-            for event in self.backend.follow(self.name, self._stop_following):
+            stream = self._stream = self.backend.follow(self.name, self._stop_following)
+            if self._output_of is not None:
+                self._ask_output(self._output_of, True)
+            for event in stream:
                 with self._lock:
                     self._state.apply(event)
                     callbacks = list(self._callbacks)
@@ -126,6 +131,25 @@ class ElasticJob:
         finally:
             if self._state.finished:
                 self._finished.set()
+
+    def follow_output(self, node: str | None) -> None:
+        """Stream ``node``'s output live (None: back to the default). A Kubernetes job's
+        follower holds a few pods' logs open at once (rank 0's and failing pods' first, the
+        others read in turns); the node asked for takes a slot before the ones nobody asked
+        for. A local job's nodes are all streamed already."""
+        if node is not None and node not in self._state.nodes:
+            known = ", ".join(sorted(self._state.nodes)) or "none yet"
+            raise BackendError(f"job {self.name!r} has no node named {node!r} (its nodes: {known})")
+        before, self._output_of = self._output_of, node
+        if before is not None and before != node:
+            self._ask_output(before, False)
+        if node is not None:
+            self._ask_output(node, True)
+
+    def _ask_output(self, node: str, live: bool) -> None:
+        ask = getattr(self._stream, "follow_pod" if live else "unfollow_pod", None)
+        if ask is not None:
+            ask(node)
 
     def detach(self) -> None:
         """Stop following the job (it keeps running; ``attach`` finds it again)."""

@@ -12,6 +12,7 @@ failing pod's traceback, every rank's start (the rank map), each once.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -113,3 +114,43 @@ def test_overlapping_reads_of_one_log_deliver_each_line_once():
     for keep, lines in reads:
         told += [text for stamp, text in lines if keep(stamp)]
     assert told == list("abcdefg")
+
+
+@pytest.mark.slow
+def test_a_node_picked_in_the_dashboard_is_followed_live_within_the_bound(cluster):
+    """The other half of "the rest on demand": the dashboard's "output of" menu lists the
+    job's pods; the one picked is followed live through the job (ElasticJob.follow_output),
+    taking a slot before pods nobody asked for, and the pane shows its lines only."""
+    from kubernetes import config
+
+    from notebook_elastic.backends.kubernetes import KubernetesBackend
+    from notebook_elastic.errors import BackendError
+    from notebook_elastic.job import ElasticJob
+    from notebook_elastic.ui import Dashboard
+
+    api = config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
+    k8s_light.create(api, k8s_light.light_job("picked", 8, quiet_every_s=0.5))
+    job = ElasticJob("picked", KubernetesBackend())
+    job._follow()
+    dash = Dashboard(job)
+    try:
+        until(lambda: len(job.state.nodes) == 8, "every pod among the job's nodes")
+        until(lambda: len(job._stream.held) == LOG_STREAMS_MAX, "the follower's streams")
+        # Not followed by default: the lead (rank 0, index 7) and the first indexes are.
+        running = lambda: [p for p in cluster.pods() if p["status"].get("phase") == "Running"]  # noqa: E731
+        until(lambda: len(running()) == 8, "every pod running")
+        picked = next(p for p in (pod_of(cluster, i) for i in range(8)) if p not in job._stream.held)
+        until(lambda: picked in [value for _label, value in dash.output_of.options], "the pod in the menu")
+        dash.output_of.value = picked
+        until(lambda: picked in job._stream.held, "the picked pod followed live")
+        assert len(job._stream.held) <= LOG_STREAMS_MAX
+        until(lambda: f"[{picked}] rank" in dash.logs.value, "its lines in the pane")
+        assert not [line for line in re.findall(r"\[([^\]]+)\] rank", dash.logs.value) if line != picked]
+        # Back to every node: its slot is given back.
+        dash.output_of.value = ""
+        until(lambda: picked not in job._stream.asked, "the ask withdrawn")
+        with pytest.raises(BackendError, match=r"has no node named 'nope' \(its nodes: "):
+            job.follow_output("nope")
+    finally:
+        dash.close()
+        job.detach()

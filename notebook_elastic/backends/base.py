@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,9 +90,10 @@ class Backend(abc.ABC):
         raise BackendError(f"the {self.name} backend cannot resume jobs yet; launch the cell again")
 
     @abc.abstractmethod
-    def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
+    def follow(self, name: str, stop: threading.Event) -> Iterable[Event]:
         """The job's events from the first one on, then live ones as they happen; ends after
-        ``job_finished`` or when ``stop`` is set."""
+        ``job_finished`` or when ``stop`` is set. A stream with ``follow_pod(node)`` /
+        ``unfollow_pod(node)`` takes asks for a node's output (``ElasticJob.follow_output``)."""
 
     @abc.abstractmethod
     def scale(self, name: str, nodes: int) -> dict[str, Any]: ...
@@ -108,7 +109,7 @@ class Backend(abc.ABC):
         """Every event recorded so far, metrics and output included; does not wait."""
         stop = threading.Event()
         stop.set()
-        return self.follow(name, stop)
+        return iter(self.follow(name, stop))
 
     def script(self, name: str) -> str | None:
         return None

@@ -130,6 +130,12 @@ class Dashboard(Controls, W.VBox):
         self.ranks = W.HTML(layout=W.Layout(width="100%", margin="0"))
         self.timeline = W.HTML(layout=W.Layout(width="100%", margin="0"))
         self.logs = W.HTML(layout=W.Layout(width="100%", margin="0"))
+        # Whose output the pane shows; on Kubernetes the node picked is also followed live
+        # (the follower holds a few pods' logs open at once: ElasticJob.follow_output).
+        self.output_of = W.Dropdown(
+            options=[("every node", "")], value="", description="output of", layout=W.Layout(width="260px")
+        )
+        self._output_choice = ""  # the user's pick (a new list of options resets the menu)
         # The last picture as static HTML, never shown: if the kernel dies while the job runs,
         # the JupyterLab extension copies it into the output's text/html twin, so a notebook
         # saved afterwards keeps the picture from when the kernel went, not the first one.
@@ -145,6 +151,7 @@ class Dashboard(Controls, W.VBox):
         self.preempt_button.on_click(lambda _b: self._act("preempt", self.preempt_button, self._preempt))
         for control in (self.metric, self.log_scale, self.smoothing):
             control.observe(lambda _c: self._mark("chart"), names="value")
+        self.output_of.observe(self._on_output_of, names="value")
         self._stop_armed_until = 0.0
         self._synced_target = state.target
 
@@ -156,7 +163,8 @@ class Dashboard(Controls, W.VBox):
             [self.range, self.target, self.scale_button, self.setup, self.stop_button, self.drills], layout=row
         )
         chart_tools = W.HBox([self.metric, self.log_scale, self.smoothing], layout=row)
-        bottom = W.Tab(children=[self.timeline, self.ranks, self.logs], layout=W.Layout(width="100%", margin="0"))
+        output = W.VBox([self.output_of, self.logs], layout=W.Layout(width="100%", margin="0"))
+        bottom = W.Tab(children=[self.timeline, self.ranks, output], layout=W.Layout(width="100%", margin="0"))
         for i, title in enumerate(("events", "nodes", "output")):
             bottom.set_title(i, title)
         super().__init__(
@@ -208,6 +216,16 @@ class Dashboard(Controls, W.VBox):
                 self._dirty.update(("header", "ranks", "timeline", "chart", "controls"))
         if k == Kind.JOB_FINISHED:
             self._wake.set()
+
+    def _on_output_of(self, change: dict) -> None:
+        if self._syncing == threading.get_ident():
+            return
+        self._output_choice = change["new"]
+        try:
+            self.job.follow_output(change["new"] or None)
+        except Exception as exc:  # the node left meanwhile
+            self._say(str(exc), ok=False)
+        self._mark("logs")
 
     def _mark(self, *sections: str) -> None:
         with self._lock:
@@ -293,12 +311,22 @@ class Dashboard(Controls, W.VBox):
                 )
             if "ranks" in dirty:
                 self._set(self.ranks, "value", ranks_html(state))
+                options = [("every node", ""), *((n, n) for n in list(state.nodes))]
+                if list(self.output_of.options) != options:
+                    # ipywidgets resets the value with the options: put the user's pick back.
+                    self._syncing = threading.get_ident()
+                    try:
+                        self.output_of.options = options
+                        choice = self._output_choice
+                        self.output_of.value = choice if choice in state.nodes else ""
+                    finally:
+                        self._syncing = None
             if "timeline" in dirty:
                 self._set(self.timeline, "value", timeline_html(state.events))
             if "logs" in dirty:
-                self._set(
-                    self.logs, "value", logs_html([f"[{e.node}] {e.get('text')}" for e in list(state.logs)[-60:]])
-                )
+                node = self.output_of.value
+                lines = [e for e in list(state.logs) if not node or e.node == node][-60:]
+                self._set(self.logs, "value", logs_html([f"[{e.node}] {e.get('text')}" for e in lines]))
             if "controls" in dirty:
                 self._sync_controls()
         self.renders += 1

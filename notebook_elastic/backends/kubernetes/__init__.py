@@ -161,8 +161,8 @@ class KubernetesBackend(Submitting, Control, Backend):
         cm = self._code(name)
         return (cm.data or {}).get(m.SCRIPT) if cm is not None else None
 
-    def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
-        return iter(ClusterFollower(self.conn, name, stop))
+    def follow(self, name: str, stop: threading.Event) -> ClusterFollower:
+        return ClusterFollower(self.conn, name, stop)  # iterable; takes follow_pod() asks
 
     def history(self, name: str) -> Iterator[Event]:
         """Everything the cluster still has: the pods' logs from their start, then stops."""
