@@ -27,6 +27,7 @@ from test_kubernetes_backend import TRAIN, cluster, ns, wait_for  # noqa: F401 (
 
 import notebook_elastic as ne
 from notebook_elastic.backends.kubernetes import manifests as m
+from notebook_elastic.backends.kubernetes.pods import STORE_CUT_OFF
 from notebook_elastic.events import Kind
 
 # Long enough for a loaded 2-core machine; old code never answers at all.
@@ -237,10 +238,12 @@ def _in_a_blocking_wait(pid: int) -> None:
 def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: F811 (the fixture)
     """The store pod's node drops out of the network: its store process freezes, holding the
     agents' connections open without a reply or a reset, and the node controller evicts the
-    pod, which its Deployment replaces. The agents give up on the silent store at their calls'
+    pod, which its Deployment replaces: the notebook says so once ("its node stopped
+    answering"). The agents give up on the silent store at their calls'
     deadline, find the new one and re-form their round on it: training resumes from the latest
     checkpoint, a membership change, nothing charged. Old code: the agents' store calls hung
-    (for the kernel's ~15 minutes of retransmissions on a real network, forever here)."""
+    (for the kernel's ~15 minutes of retransmissions on a real network, forever here); then, no
+    ``store_lost`` for a pod that stays Terminating."""
     name = "store-cut"
     job = ne.launch(
         TRAIN,
@@ -276,6 +279,12 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
         )
 
     wait_for(job, regrouped, "both agents re-formed their round on the replacement store", timeout=300)
+    # The notebook said why the agents regroup, once: the pod is never confirmed deleted (no
+    # kubelet), so its eviction for an unreachable node is the news. Old code: only a DELETED
+    # store pod was told, and this one stays Terminating: nothing was said.
+    lost = [e for e in job.events if e.kind == Kind.STORE_LOST]
+    assert [(e.node, e.get("reason")) for e in lost] == [(store["metadata"]["name"], STORE_CUT_OFF)], lost
+    assert "its node stopped answering" in lost[0].describe()
     serving = [
         p for p in cluster.pods(selector=m.selector(name, "rendezvous")) if not p["metadata"].get("deletionTimestamp")
     ]
