@@ -113,14 +113,7 @@ def frozen_store(tmp_path):
 
     def start(replaceable: bool):
         port = _free_port()
-        store = subprocess.Popen(
-            [sys.executable, "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        procs.append(store)
-        assert "store_ready" in store.stdout.readline()  # type: ignore[union-attr]
+        store = _serve_store(port, env, procs)
         script = tmp_path / "client.py"
         script.write_text(CLIENT)
         client = subprocess.Popen(
@@ -136,6 +129,23 @@ def frozen_store(tmp_path):
         return store, client, lines
 
     yield start
+    _thaw_and_kill(procs)
+
+
+def _serve_store(port: int, env: dict, procs: list) -> subprocess.Popen:
+    """A real store process serving on ``port``, once it says it is ready."""
+    store = subprocess.Popen(
+        [sys.executable, "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    procs.append(store)
+    assert "store_ready" in store.stdout.readline()  # type: ignore[union-attr]
+    return store
+
+
+def _thaw_and_kill(procs: list) -> None:
     for proc in procs:
         for sig in (signal.SIGCONT, signal.SIGKILL):
             try:
@@ -352,20 +362,9 @@ def agent_on_a_store(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env.pop("TORCH_ELASTIC_WORKER_IDENTICAL", None)  # ranks are assigned through the store
 
-    def serve(port: int) -> subprocess.Popen:
-        store = subprocess.Popen(
-            [sys.executable, "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        procs.append(store)
-        assert "store_ready" in store.stdout.readline()  # type: ignore[union-attr]
-        return store
-
     def start(where: str, replaceable: bool):
         port = _free_port()
-        store = serve(port)
+        store = _serve_store(port, env, procs)
         (tmp_path / "agent.py").write_text(AGENT)
         (tmp_path / "cell.py").write_text(CELL)
         agent_env = dict(env, **{protocol.ENV_NODE: "node-0"})
@@ -388,15 +387,9 @@ def agent_on_a_store(tmp_path):
         assert lines.next(f"the agent reached the seam ({where})") == {"at": where}
         return store, agent, lines
 
-    start.serve = serve  # type: ignore[attr-defined]
+    start.serve = lambda port: _serve_store(port, env, procs)  # type: ignore[attr-defined]
     yield start
-    for proc in procs:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(proc.pid, sig)
-            except OSError:
-                pass
-        proc.wait()
+    _thaw_and_kill(procs)
 
 
 class _AgentLines(_Lines):
