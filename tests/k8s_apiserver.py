@@ -742,10 +742,13 @@ class FakeCluster:
         """What losing a pod's node to a network partition does: its processes go silent where
         they are, holding their connections open (SIGSTOP: no reply and no reset, as packets
         dropped on the way), and the node lifecycle controller, no longer hearing from the
-        kubelet, evicts the pod (DisruptionTarget, then a deletionTimestamp). No kubelet
-        confirms the deletion: the pod stays Terminating, out of its Services' endpoints and
-        replaced by its ReplicaSet, and its processes stay frozen until the cluster closes
-        (SIGKILLed then, as a node that never comes back). Returns the frozen process group."""
+        kubelet, first marks the pod not ready (``MarkPodsNotReady``: its Ready condition
+        False, nothing else of its status changes, as no kubelet reports it), then evicts it
+        (the taint eviction controller: DisruptionTarget ``DeletionByTaintManager``, then a
+        deletionTimestamp). No kubelet confirms the deletion: the pod stays Terminating, out of
+        its Services' endpoints and replaced by its ReplicaSet, and its processes stay frozen
+        until the cluster closes (SIGKILLed then, as a node that never comes back). Returns the
+        frozen process group."""
         key = ("v1", "pods", namespace, pod_name)
         with self.lock:
             pod = self.objects.get(key)
@@ -754,6 +757,8 @@ class FakeCluster:
             container = self.containers[pod["metadata"]["uid"]]
             os.killpg(container.proc.pid, signal.SIGSTOP)
             pod = copy.deepcopy(pod)
+            _set_ready(pod, False)
+            pod = self._store("MODIFIED", pod)
             pod["status"].setdefault("conditions", []).append(
                 {
                     "type": "DisruptionTarget",

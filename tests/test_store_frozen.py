@@ -27,7 +27,9 @@ from test_kubernetes_backend import TRAIN, cluster, ns, wait_for  # noqa: F401 (
 
 import notebook_elastic as ne
 from notebook_elastic.backends.kubernetes import manifests as m
+from notebook_elastic.backends.kubernetes.pods import STORE_CUT_OFF
 from notebook_elastic.events import Kind
+from notebook_elastic.runtime import protocol
 
 # Long enough for a loaded 2-core machine; old code never answers at all.
 ANSWER_BOUND_S = 120
@@ -111,14 +113,7 @@ def frozen_store(tmp_path):
 
     def start(replaceable: bool):
         port = _free_port()
-        store = subprocess.Popen(
-            [sys.executable, "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        procs.append(store)
-        assert "store_ready" in store.stdout.readline()  # type: ignore[union-attr]
+        store = _serve_store(port, env, procs)
         script = tmp_path / "client.py"
         script.write_text(CLIENT)
         client = subprocess.Popen(
@@ -134,6 +129,23 @@ def frozen_store(tmp_path):
         return store, client, lines
 
     yield start
+    _thaw_and_kill(procs)
+
+
+def _serve_store(port: int, env: dict, procs: list) -> subprocess.Popen:
+    """A real store process serving on ``port``, once it says it is ready."""
+    store = subprocess.Popen(
+        [sys.executable, "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    procs.append(store)
+    assert "store_ready" in store.stdout.readline()  # type: ignore[union-attr]
+    return store
+
+
+def _thaw_and_kill(procs: list) -> None:
     for proc in procs:
         for sig in (signal.SIGCONT, signal.SIGKILL):
             try:
@@ -237,10 +249,12 @@ def _in_a_blocking_wait(pid: int) -> None:
 def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: F811 (the fixture)
     """The store pod's node drops out of the network: its store process freezes, holding the
     agents' connections open without a reply or a reset, and the node controller evicts the
-    pod, which its Deployment replaces. The agents give up on the silent store at their calls'
+    pod, which its Deployment replaces: the notebook says so once ("its node stopped
+    answering"). The agents give up on the silent store at their calls'
     deadline, find the new one and re-form their round on it: training resumes from the latest
     checkpoint, a membership change, nothing charged. Old code: the agents' store calls hung
-    (for the kernel's ~15 minutes of retransmissions on a real network, forever here)."""
+    (for the kernel's ~15 minutes of retransmissions on a real network, forever here); then, no
+    ``store_lost`` for a pod that stays Terminating."""
     name = "store-cut"
     job = ne.launch(
         TRAIN,
@@ -276,6 +290,12 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
         )
 
     wait_for(job, regrouped, "both agents re-formed their round on the replacement store", timeout=300)
+    # The notebook said why the agents regroup, once: the pod is never confirmed deleted (no
+    # kubelet), so its eviction for an unreachable node is the news. Old code: only a DELETED
+    # store pod was told, and this one stays Terminating: nothing was said.
+    lost = [e for e in job.events if e.kind == Kind.STORE_LOST]
+    assert [(e.node, e.get("reason")) for e in lost] == [(store["metadata"]["name"], STORE_CUT_OFF)], lost
+    assert "its node stopped answering" in lost[0].describe()
     serving = [
         p for p in cluster.pods(selector=m.selector(name, "rendezvous")) if not p["metadata"].get("deletionTimestamp")
     ]
@@ -286,3 +306,190 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
     assert set(job.nodes) == workers_before and not [e for e in job.events if e.kind == Kind.NODE_LEFT]
     assert job.state.membership_changes >= 1
     job.stop()
+
+
+# -- torchrun's agent's own store calls: rank assignment, the exit barrier ----------------------
+
+# The real agent (``runtime.agent``, torchrun inside) with one test seam: it says where it is
+# (before assigning ranks, or before the exit barrier) and waits for the test's go, so the store
+# is frozen exactly there. The seam speaks once; the store calls after it are torch's own.
+AGENT = textwrap.dedent(
+    """
+    import json, sys
+    from notebook_elastic.runtime import agent, torch_compat
+
+    torch_compat.STORE_CALL_TIMEOUT_S = 2.0
+    where, argv = sys.argv[1], sys.argv[2:]
+    said = []
+
+    def seam(original):
+        def wrapped(*args, **kwargs):
+            if not said:
+                said.append(where)
+                print(json.dumps({"at": where}), flush=True)
+                sys.stdin.readline()
+            return original(*args, **kwargs)
+
+        return wrapped
+
+    if where == "assign":
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+        SimpleElasticAgent._assign_worker_ranks = seam(SimpleElasticAgent._assign_worker_ranks)
+    else:
+        import torch.distributed.elastic.utils.store as store_util
+
+        store_util.barrier = seam(store_util.barrier)
+    reconnect = torch_compat._reconnect
+
+    def _reconnect(*args, **kwargs):  # say when the agent gives up on the silent store's reply
+        print(json.dumps({"reconnecting": True}), flush=True)
+        return reconnect(*args, **kwargs)
+
+    torch_compat._reconnect = _reconnect
+    agent.main(argv)
+    """
+)
+
+CELL = 'print("@@cell trained", flush=True)\n'
+
+
+@pytest.fixture
+def agent_on_a_store(tmp_path):
+    """``start(where, replaceable) -> (store, agent, lines)``: a real store process and a real
+    one-node agent of it, stopped at the seam ``where``; everything is thawed and killed after."""
+    procs: list[subprocess.Popen] = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("TORCH_ELASTIC_WORKER_IDENTICAL", None)  # ranks are assigned through the store
+
+    def start(where: str, replaceable: bool):
+        port = _free_port()
+        store = _serve_store(port, env, procs)
+        (tmp_path / "agent.py").write_text(AGENT)
+        (tmp_path / "cell.py").write_text(CELL)
+        agent_env = dict(env, **{protocol.ENV_NODE: "node-0"})
+        if replaceable:
+            agent_env[protocol.ENV_STORE_REPLACEABLE] = "1"
+        torchrun = ["--nnodes", "1", "--nproc-per-node", "1", "--max-restarts", "0", "--rdzv-backend", "c10d"]
+        torchrun += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "frozen-agent", "--monitor-interval", "0.1"]
+        torchrun += ["--rdzv-conf", "is_host=false,read_timeout=8,join_timeout=60,last_call_timeout=1"]
+        agent = subprocess.Popen(
+            [sys.executable, str(tmp_path / "agent.py"), where, *torchrun, str(tmp_path / "cell.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(tmp_path / "agent.err", "w"),  # noqa: SIM115 (the child holds it)
+            text=True,
+            env=agent_env,
+            cwd=tmp_path,
+        )
+        procs.append(agent)
+        lines = _AgentLines(agent)
+        assert lines.next(f"the agent reached the seam ({where})") == {"at": where}
+        return store, agent, lines
+
+    start.serve = lambda port: _serve_store(port, env, procs)  # type: ignore[attr-defined]
+    yield start
+    _thaw_and_kill(procs)
+
+
+class _AgentLines(_Lines):
+    """The agent's JSON lines (the seam's), and every line it wrote, events included."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.all: list[str] = []
+        super().__init__(proc)
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            self.all.append(line)
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+
+    def events(self, kind: str) -> list[dict]:
+        prefix = protocol.EVENT_PREFIX
+        found = [json.loads(line[len(prefix) :]) for line in list(self.all) if line.startswith(prefix)]
+        return [e for e in found if e.get("kind") == kind]
+
+
+def _go(agent: subprocess.Popen) -> None:
+    agent.stdin.write("go\n")  # type: ignore[union-attr]
+    agent.stdin.flush()  # type: ignore[union-attr]
+
+
+def test_a_store_frozen_while_the_agent_assigns_ranks_ends_it_with_one_sentence(agent_on_a_store, tmp_path):
+    """Rank assignment (``_assign_worker_ranks``: set, multi_get, get on the round's PrefixStore)
+    calls the store outside the rendezvous backend. Locally (the supervisor's store), frozen
+    there: the agent waits for that same store for its timeout, then ends as a frozen rendezvous
+    call does, with exit status 5 and one sentence. Old code: it waited in multi_get forever."""
+    store, agent, lines = agent_on_a_store("assign", replaceable=False)
+    freeze(store.pid)
+    _go(agent)
+    assert agent.wait(ANSWER_BOUND_S) == protocol.EXIT_STORE_LOST
+    said = [line for line in (tmp_path / "agent.err").read_text().splitlines() if "notebook-elastic agent:" in line]
+    assert said and "stopped answering" in said[-1] and f":{store.args[-1]}" in said[-1], said
+    assert not lines.events("rendezvous")[1:] and not [line for line in lines.all if "@@cell" in line]
+
+
+def test_a_store_replaced_while_the_agent_assigns_ranks_is_a_new_round(agent_on_a_store):
+    """On a cluster the store pod is replaced: frozen while the agent assigns ranks, then gone
+    and served again by a new store at the same address. The agent gives up on the silent call,
+    takes the new store, rendezvouses again there (a replaced store, told; nothing charged) and
+    its worker runs. Old code: the agent failed (exit status 1): its rank assignment's call raised
+    once the frozen store went, with no reconnection and no new round."""
+    store, agent, lines = agent_on_a_store("assign", replaceable=True)
+    freeze(store.pid)
+    _go(agent)
+    assert lines.next("the agent gave up on the frozen store's reply").get("reconnecting")
+    store.kill()
+    store.wait()
+    agent_on_a_store.serve(int(store.args[-1]))
+    assert agent.wait(ANSWER_BOUND_S) == 0
+    assert [e.get("reason") for e in lines.events("restart")] == ["store_replaced"]
+    rounds = [e["round"] for e in lines.events("rendezvous")]
+    assert len(rounds) == 2 and rounds[1] > rounds[0], rounds
+    assert [line for line in lines.all if "@@cell trained" in line]
+
+
+def test_a_store_frozen_at_the_exit_barrier_lets_the_agent_end(agent_on_a_store, tmp_path):
+    """The exit barrier (``store_util.barrier``: add, set, then a wait for the slowest node of up
+    to ``exit_barrier_timeout``) has a deadline per call, not per barrier: its worker done, an
+    agent whose store froze at the barrier stops waiting for the others and ends with its
+    workers' result. Old code: it waited in the barrier's add forever."""
+    store, agent, lines = agent_on_a_store("barrier", replaceable=False)
+    assert [line for line in lines.all if "@@cell trained" in line]
+    freeze(store.pid)
+    _go(agent)
+    assert agent.wait(ANSWER_BOUND_S) == 0
+    assert "stopped answering torchrun's agent (no reply to add" in (tmp_path / "agent.err").read_text()
+
+
+def test_an_agent_store_wait_outlasts_the_call_deadline_while_the_store_answers(monkeypatch):
+    """A key a peer is slow to write (rank 0's assigned ranks, the slowest node at the exit
+    barrier) is waited for past the per-call deadline, up to the store's own timeout: the wait
+    is a series of checks, each a round trip under the deadline, so only a store's silence ends
+    it early. Old code: no deadline at all (a frozen store hung the agent)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_elastic.runtime import torch_compat
+
+    monkeypatch.setattr(torch_compat, "STORE_CALL_TIMEOUT_S", 0.2)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60))
+    store = torch_compat._BoundedStore(dist.PrefixStore("round.3", client), client)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(store.get("torchelastic/assigned_ranks/1")), daemon=True)
+    reader.start()
+    waited_past = time.monotonic() + 5 * torch_compat.STORE_CALL_TIMEOUT_S
+    while time.monotonic() < waited_past:  # the reader waits on, many deadlines long
+        assert reader.is_alive(), got
+        time.sleep(0.05)
+    dist.PrefixStore("round.3", server).set("torchelastic/assigned_ranks/1", "[2, 4, 2, 4]")
+    reader.join(ANSWER_BOUND_S)
+    assert got == [b"[2, 4, 2, 4]"]
+    # The exit barrier's timeout is the agent's own: the client the rendezvous shares keeps its.
+    store.set_timeout(timedelta(seconds=300))
+    assert store.timeout == timedelta(seconds=300) and client.timeout == timedelta(seconds=60)
+    with pytest.raises(dist.DistStoreError):
+        store.wait(["never"], timedelta(seconds=0.3))

@@ -21,7 +21,8 @@ A thin wrapper around ``torch.distributed.run.main()`` that
   reconnects, so the agent did not either and failed; now it reconnects, and on a new, empty
   store it re-forms its round there (a membership change, not charged). A store that froze
   without closing its connection (its process stopped, its node cut off) is treated the same:
-  every store call has a deadline, and one without a reply by then is a lost connection;
+  every store call has a deadline (the rendezvous', and the agent's own: rank assignment, the
+  exit barrier), and one without a reply by then is a lost connection;
 - never charges a departure to the user's restart budget: when the local workers failed only
   because a peer went away (they exit with ``EXIT_PEER_LOST``, or the watch ended them) and
   the round has really lost a member, the agent regroups as it does for a new node, without
@@ -200,8 +201,12 @@ def _hook_agent() -> None:
     # agents go with it (its guardian starts new ones), not wait for a store that never returns;
     # when it is frozen (stopped), they wait for that same store to answer again, for the
     # store's timeout, then end with one sentence.
+    # The agent's own store calls (rank assignment, the exit barrier) have the same deadline; a
+    # store lost while it forms its group makes it rendezvous again (a replacement is told then).
     replaceable = os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1"
-    torch_compat.hook_store_reconnect(lambda: _watch.latest[0], _store.replaced, replaceable=replaceable)
+    torch_compat.hook_store_reconnect(
+        lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
+    )
 
 
 def _refuse_changed_files() -> None:

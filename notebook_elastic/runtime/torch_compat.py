@@ -9,7 +9,7 @@ against the installed torch, and the agent reports the missing ones in one ``deg
 event: the job still runs, it heals slower. ``tests/test_torch_compat.py`` is the contract,
 run against the torch in pyproject's tested range (``torch>=2.13,<2.14``).
 
-One module on purpose, well over 400 lines (some 470): one adapter owns every private torch
+One module on purpose, well over 400 lines (some 610): one adapter owns every private torch
 internal (#12 item 5), so a torch upgrade is checked in one place. The deadline its store calls
 run under is plain Python and lives beside it (``deadline.py``).
 """
@@ -42,6 +42,8 @@ INTERNALS = {
     "C10dRendezvousBackend._call_store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
     "C10dRendezvousBackend._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
     "DynamicRendezvousHandler._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
+    "DynamicRendezvousHandler._get_store": "a store frozen while ranks are assigned or at the exit barrier hangs the agent",
+    "LocalElasticAgent._rendezvous": "a store frozen while ranks are assigned or at the exit barrier hangs the agent",
 }
 
 
@@ -76,6 +78,8 @@ def missing() -> dict[str, str]:
         "C10dRendezvousBackend._call_store": hasattr(cb.C10dRendezvousBackend, "_call_store"),
         "C10dRendezvousBackend._store": "_store" in backend_init,
         "DynamicRendezvousHandler._store": "_store" in handler_init,
+        "DynamicRendezvousHandler._get_store": hasattr(handler, "_get_store"),
+        "LocalElasticAgent._rendezvous": hasattr(agent, "_rendezvous"),
         "DynamicRendezvousHandler._heartbeat_lock": "_heartbeat_lock" in handler_init,
         "DynamicRendezvousHandler._state_holder": "_state_holder" in handler_init,
         "DynamicRendezvousHandler._settings": "_settings" in handler_init,
@@ -230,13 +234,18 @@ def _store_gone(store: Any, silent: bool, replaceable: bool) -> str:
 
 
 def hook_store_reconnect(
-    last_round: Callable[[], int | None], on_replaced: Callable[[int], None], replaceable: bool = True
+    last_round: Callable[[], int | None],
+    on_replaced: Callable[[int], None],
+    replaceable: bool = True,
+    on_regroup: Callable[[], object] = lambda: None,
 ) -> bool:
-    """Give every call of the c10d rendezvous backend a deadline, and make it survive its
-    store's loss (idempotent): a store that stopped answering is waited for; with
-    ``replaceable`` a store that went is waited for too, and a replacement is taken.
-    ``last_round()`` is the round this node was in; ``on_replaced(seeded_round)`` is called
-    once per replacement this node sees. False when this torch lacks what it takes."""
+    """Give every call of the c10d rendezvous backend, and every call torchrun's agent makes on
+    its store, a deadline, and make them survive the store's loss (idempotent): a store that
+    stopped answering is waited for; with ``replaceable`` a store that went is waited for too,
+    and a replacement is taken. ``last_round()`` is the round this node was in;
+    ``on_replaced(seeded_round)`` is called once per replacement this node sees;
+    ``on_regroup()`` when the agent rendezvouses again because its store was lost while it
+    formed its group. False when this torch lacks what it takes."""
     try:
         import torch.distributed as dist
         from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
@@ -247,6 +256,7 @@ def hook_store_reconnect(
     original = getattr(backend, "_call_store", None)
     if original is None:
         return False
+    _recovery.update(last_round=last_round, on_replaced=on_replaced, replaceable=replaceable)
     if getattr(original, "_notebook_elastic", False):
         return True
 
@@ -264,26 +274,157 @@ def hook_store_reconnect(
         except RendezvousConnectionError as exc:
             if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
                 raise  # a timeout or a bad request, not a lost connection
-            if not replaceable:
+            if not _recovery["replaceable"]:
                 raise  # the supervisor's store went with the supervisor, and its agents go too
             silent = False
-        if _leaving.is_set():
-            how = "stopped answering" if silent else "closed its connection"
-            raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
-        with _reconnect_lock:
-            if self._store is failed:  # no other thread has reconnected meanwhile
-                try:
-                    _reconnect(self, failed, last_round, on_replaced, replaceable)
-                except (ValueError, RuntimeError, TimeoutError) as exc:
-                    raise RendezvousConnectionError(_store_gone(failed, silent, replaceable)) from exc
+        _regain_store(self, failed, silent)
         try:
             return bounded(self, store_op, *args, **kwargs)
         except StoreSilent as exc:
-            raise RendezvousConnectionError(_store_gone(self._store, True, replaceable)) from exc
+            raise RendezvousConnectionError(_store_gone(self._store, True, _recovery["replaceable"])) from exc
 
     _call_store._notebook_elastic = True  # type: ignore[attr-defined]
     backend._call_store = _call_store
+    _hook_agent_store(on_regroup)
     return True
+
+
+#: What a lost store is answered with (hook_store_reconnect's arguments).
+_recovery: dict[str, Any] = {"last_round": lambda: None, "on_replaced": lambda _round: None, "replaceable": False}
+
+
+def _regain_store(backend: Any, failed: Any, silent: bool) -> None:
+    """After a call on ``failed`` (the backend's store client) got no reply (``silent``) or found
+    its connection closed: wait for the store there to answer again, or (replaceable) for a
+    replacement, and give the backend a client of it. ``RendezvousConnectionError``, in one
+    sentence, when none answers within the store's timeout or this node is leaving."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    replaceable = _recovery["replaceable"]
+    if _leaving.is_set():
+        how = "stopped answering" if silent else "closed its connection"
+        raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
+    with _reconnect_lock:
+        if getattr(backend, "_ne_given_up", None) is failed:  # waited for once already: not again
+            raise RendezvousConnectionError(_store_gone(failed, silent, replaceable))
+        if backend._store is failed:  # no other thread has reconnected meanwhile
+            try:
+                _reconnect(backend, failed, _recovery["last_round"], _recovery["on_replaced"], replaceable)
+            except (ValueError, RuntimeError, TimeoutError) as exc:
+                backend._ne_given_up = failed
+                raise RendezvousConnectionError(_store_gone(failed, silent, replaceable)) from exc
+
+
+# torchrun's agent also calls the store outside the rendezvous backend, on the round's PrefixStore
+# over the same client (``DynamicRendezvousHandler._get_store``): the bootstrap address exchange
+# at the end of ``next_rendezvous``, rank assignment (``_assign_worker_ranks``: set, multi_get,
+# multi_set, get) and the exit barrier (``store_util.barrier``: add, set, wait). Those calls get
+# the same deadline. One without a reply while the agent forms its group (``_rendezvous``) is a
+# lost store: it is regained as above and the agent rendezvouses again (the keys it was waiting
+# for are on a store that may be gone), spending no restart. At the exit barrier torch logs the
+# error and the agent ends with its workers' result: they are done, and a silent store is a
+# reason to stop waiting for the other nodes, not to wait longer.
+
+#: Between two checks of a key a store wait is polling for (doubling from 10 ms).
+STORE_POLL_MAX_S = 0.5
+
+
+class AgentStoreLost(ConnectionError):
+    """A call of torchrun's agent on its store got no reply by the deadline, or (``silent``
+    False) found the connection closed."""
+
+    def __init__(self, message: str, client: Any, silent: bool) -> None:
+        super().__init__(message)
+        self.client, self.silent = client, silent
+
+
+class _BoundedStore:
+    """The agent's store (the round's PrefixStore over ``client``), each call under the deadline.
+    A call that waits for a key (``get``, ``multi_get``, ``wait``) waits as checks, each a round
+    trip under the deadline, for as long as the store's timeout allows: a peer slow to write
+    the key is waited for, a store that does not answer is not (the exit barrier waits
+    ``exit_barrier_timeout`` for the slowest node: a deadline per call, not per barrier)."""
+
+    def __init__(self, store: Any, client: Any) -> None:
+        self._ne_store, self._ne_client = store, client
+        self._ne_timeout: timedelta | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ne_store, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._call(attr, *args, **kwargs)
+
+    # The agent's waits only. On the PrefixStore it would be the client's, which the rendezvous
+    # backend shares: the exit barrier sets 300 s and, failing, never restores it (torch's
+    # ``store_timeout`` has no ``finally``), so waiting for a lost store would take 300 s.
+    @property
+    def timeout(self) -> timedelta:
+        return self._ne_timeout or self._ne_store.timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._ne_timeout = timeout
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
+        try:
+            return call_with_deadline(fn, STORE_CALL_TIMEOUT_S, *args, **kwargs)
+        except StoreSilent as exc:
+            where = f"{self._ne_client.host}:{self._ne_client.port}"
+            raise AgentStoreLost(
+                f"The rendezvous store at {where} stopped answering torchrun's agent "
+                f"(no reply to {getattr(fn, '__name__', 'a call')} in {STORE_CALL_TIMEOUT_S:g} s).",
+                self._ne_client,
+                silent=True,
+            ) from exc
+        except dist.DistNetworkError as exc:
+            if not _recovery["replaceable"]:
+                raise  # the supervisor's store went with the supervisor
+            raise AgentStoreLost(str(exc), self._ne_client, silent=False) from exc
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        import torch.distributed as dist
+
+        limit_s = (timeout or self.timeout).total_seconds()
+        end, pause = time.monotonic() + limit_s, 0.01
+        while not self._call(self._ne_store.check, list(keys)):
+            if time.monotonic() >= end:
+                raise dist.DistStoreError(f"wait timeout after {limit_s * 1000:.0f}ms, keys: {list(keys)}")
+            time.sleep(min(pause, max(0.0, end - time.monotonic())))
+            pause = min(2 * pause, STORE_POLL_MAX_S)
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        return self._call(self._ne_store.get, key)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.wait(keys)
+        return self._call(self._ne_store.multi_get, keys)
+
+
+def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
+    handler, agent = _handler_class(), _agent_class()
+    get_store, rendezvous = getattr(handler, "_get_store", None), getattr(agent, "_rendezvous", None)
+    if get_store is None or rendezvous is None:
+        return
+
+    def _get_store(self):  # type: ignore[no-untyped-def]
+        return _BoundedStore(get_store(self), self._store)
+
+    def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                return rendezvous(self, worker_group)
+            except AgentStoreLost as lost:
+                backend = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "_backend", None)
+                if backend is None or not hasattr(backend, "_store"):
+                    raise
+                _regain_store(backend, lost.client, lost.silent)
+            on_regroup()  # a round on the store there now, for every node: nothing charged
+
+    handler._get_store = _get_store
+    agent._rendezvous = _rendezvous
 
 
 RECONNECT_ATTEMPT_S = 5.0

@@ -57,6 +57,29 @@ def pod_disruption(pod: Any) -> str | None:
     return None
 
 
+#: ``store_lost``'s reason for a store pod whose node went silent (read after "rendezvous store POD").
+STORE_CUT_OFF = "lost (its node stopped answering)"
+
+
+def node_unreachable(pod: Any) -> bool:
+    """Whether the control plane evicted ``pod`` because its node stopped answering: the node
+    lifecycle controller marked it not ready (no kubelet reports it) and the taint eviction
+    controller deleted it for the node's NoExecute ``unreachable``/``not-ready`` taint
+    (DisruptionTarget ``DeletionByTaintManager``). A NoExecute taint someone put on a live node
+    evicts too, but leaves the pod ready until its kubelet stops it."""
+    if not pod.metadata.deletion_timestamp or not pod.status:
+        return False
+    conditions = {c.type: c for c in pod.status.conditions or []}
+    target, ready = conditions.get("DisruptionTarget"), conditions.get("Ready")
+    return (
+        target is not None
+        and target.status == "True"
+        and target.reason == "DeletionByTaintManager"
+        and ready is not None
+        and ready.status != "True"
+    )
+
+
 class PodEvents:
     """The pod watch's handlers."""
 
@@ -199,13 +222,18 @@ class PodEvents:
         return self.success_met
 
     def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
-        if kind == "DELETED" and not self.stop.is_set() and not self.released:
-            # Its Deployment starts another; the agents re-form their round on it.
+        cut_off = node_unreachable(pod)
+        if (kind == "DELETED" or cut_off) and not view.left and not self.stop.is_set() and not self.released:
+            # Its Deployment starts another; the agents re-form their round on it. A pod whose
+            # node stopped answering is never confirmed deleted (no kubelet): it stays
+            # Terminating, so its eviction is the news, told once.
+            view.left = True
             evicted = any(
                 c.type == "DisruptionTarget" and c.status == "True"
                 for c in ((pod.status.conditions or []) if pod.status else [])
             )
-            self.emit(Kind.STORE_LOST, pod.metadata.name, reason="evicted" if evicted else "deleted")
+            reason = STORE_CUT_OFF if cut_off else "evicted" if evicted else "deleted"
+            self.emit(Kind.STORE_LOST, pod.metadata.name, reason=reason)
         if container and container.restart_count and container.restart_count > view.restart_count:
             view.restart_count = container.restart_count
             self.emit(
