@@ -182,8 +182,8 @@ class PodEvents:
                     exitcode=terminated.exit_code if terminated is not None else None,
                 )
                 self._pod_ended(view)
-                if terminated is not None and terminated.exit_code == protocol.EXIT_EVICTED:
-                    self._size_without(view)
+                if kind == "MODIFIED" and terminated is not None and terminated.exit_code == protocol.EXIT_EVICTED:
+                    self._size_without(view)  # seen as it happened: an old pod a new kernel lists is history
 
     def _size_without(self, view: PodView) -> None:
         """A worker pod sent itself away: its workers failed while it joined (runtime/agent.py).
