@@ -80,6 +80,17 @@ def test_a_joiner_whose_own_workers_fail_alone_while_the_job_trains_is_sent_away
         node.leave_if_it_failed_joining(failed())
 
 
+def test_two_joiners_failing_in_the_same_round_both_go(node, store, handler):
+    store.set(key("progressed"), "1")
+    other = joiner.Joining(node.watch, lambda: "pod-d", lambda: None)
+    other.folder, other.rounds = node.folder, {2}
+    other._leave = node._leave
+    node.joined(2)
+    for joining in (node, other):
+        with pytest.raises(Left):
+            joining.leave_if_it_failed_joining(failed())
+
+
 def test_an_old_member_s_failure_in_the_same_round_makes_it_a_normal_restart(node, store):
     store.set(key("progressed"), "1")
     node.joined(2)

@@ -12,9 +12,10 @@ watches them but their agents, so each decides for itself from the rendezvous st
   round that trained (a round trains with all its members: it tells every member it trained);
 - a node that has been in no round that trained, while some round without it did, is joining
   a job that trains. When its own workers fail there (not a departed peer's symptom) and no
-  other member's workers failed on their own in that round (``failed/ROUND`` counts them,
+  old member's workers failed on their own in that round (``failed/ROUND`` counts them, read
   after a grace: a bug that fails every rank at one step fails the old members too, and that
-  is a normal, charged restart), it leaves: it stops its workers, leaves the round without
+  is a normal, charged restart; other joiners failing beside it are not counted, so two
+  broken joiners both go), it leaves: it stops its workers, leaves the round without
   closing it, says why (``node_evicted``) and exits with ``EXIT_EVICTED``. The others regroup
   at their size, uncharged, as for any departure.
 
@@ -150,15 +151,16 @@ class Joining:
         timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
         failed = self._key(handler, f"failed/{round_}")
         try:
-            # Every node whose workers failed on their own in this round says so, old or new.
-            call_with_deadline(store.add, timeout_s, failed, 1)
             trained = self._trained(store, handler)
-            if trained is None or trained in self.rounds:
-                return  # the job never trained (its first start), or this node trained with it
-            if any(protocol.progress_marked(self.folder, r) for r in self.rounds):
-                return  # its workers made a step (not yet written to the store)
+            if trained is None:
+                return  # the job never trained (its first start): torchrun's own retries
+            if trained in self.rounds or any(protocol.progress_marked(self.folder, r) for r in self.rounds):
+                # An old member (it trained with the job, if only in a round not yet written to
+                # the store): a normal restart, and counted, so a joiner failing now is not blamed.
+                call_with_deadline(store.add, timeout_s, failed, 1)
+                return
             time.sleep(FAILURE_GRACE_S)
-            if call_with_deadline(store.add, timeout_s, failed, 0) > 1:
+            if call_with_deadline(store.add, timeout_s, failed, 0) > 0:
                 return  # the old members' workers failed too: not this node's doing
         except Exception:  # the store does not say: fail as torchrun would
             return
