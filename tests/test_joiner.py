@@ -135,3 +135,36 @@ def test_a_replacement_for_an_evicted_index_backs_off_before_it_joins(node, stor
     (line,) = [json.loads(x[len(EVENT_PREFIX) :]) for x in capsys.readouterr().out.splitlines()]
     assert line["kind"] == "pending" and line["reason"] == "BackOff"
     assert "failed while joining 2 time(s)" in line["message"]
+
+
+def test_leaving_is_charged_once_per_node_index_and_never_without_a_budget(handler, store, monkeypatch, capsys):
+    """What the others and the timeline are told when a joiner goes, the process exit replaced."""
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "2")
+    monkeypatch.setattr(joiner.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    left = []
+
+    def agent(restarts_left, max_restarts):
+        return SimpleNamespace(
+            _remaining_restarts=restarts_left,
+            _worker_group=SimpleNamespace(spec=SimpleNamespace(max_restarts=max_restarts)),
+        )
+
+    def leave(pod, budget):
+        watch = SimpleNamespace(handler=handler, agent=agent(*budget), latest=(2, frozenset("abc")), killed_round=None)
+        node = joiner.Joining(watch, lambda: pod, lambda: left.append(pod))
+        with pytest.raises(SystemExit) as exited:
+            node._leave(store, handler, watch.agent, 2, 2, "RuntimeError: Unable to find address for: nosuch0")
+        assert exited.value.code == protocol.EXIT_EVICTED
+        return [json.loads(x[len(EVENT_PREFIX) :]) for x in capsys.readouterr().out.splitlines()]
+
+    first = leave("workers-2-aaaaa", (3, 3))
+    assert [e["kind"] for e in first] == ["restart", "node_evicted"]
+    assert first[0]["reason"] == "worker_failed" and first[0]["restarts_used"] == 1 and first[0]["max_restarts"] == 3
+    assert first[1]["failure"].endswith("nosuch0") and first[1]["target"] == 2 and first[1]["index"] == "2"
+    # Its replacement (same index, another pod) failing the same way is not charged again.
+    assert [e["kind"] for e in leave("workers-2-bbbbb", (3, 3))] == ["node_evicted"]
+    assert left == ["workers-2-aaaaa", "workers-2-bbbbb"]  # each left its round (never closed it)
+    assert store.add(key("evicted/2"), 0) == 2  # what the next replacement backs off by
+    # With --max-restarts 0 there is nothing to charge.
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "3")
+    assert [e["kind"] for e in leave("workers-3-ccccc", (0, 0))] == ["node_evicted"]
