@@ -127,7 +127,8 @@ def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: i
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                     # Its workers failed while it joined a job that trains: it left, and the
                     # job goes on without it. Not the job's failure; the index gets a new pod
-                    # (elsewhere, perhaps), charged once whatever it does (runtime/agent.py).
+                    # (elsewhere, perhaps), which backs off before it joins and is charged no
+                    # more (runtime/joiner.py), unless the follower lowers the Job first.
                     {
                         "action": "Ignore",
                         "onExitCodes": {
