@@ -20,7 +20,8 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
   under their mountPath rewritten), one 127.A.B.N address per pod (each cluster has a /24 of
   its own), Service names resolved to their ClusterIP (the cluster DNS), stdout+stderr
   kept as the pod log (``follow``, ``timestamps``, ``sinceSeconds``, ``previous``),
-  restartPolicy honoured, tcpSocket readiness probes (a pod is Ready once its probe passes).
+  restartPolicy honoured, tcpSocket readiness probes (a pod is Ready once its probe passes);
+  ``node_env_by_index`` puts a Job's index on a node unlike the others (a NIC named otherwise).
 - kube-proxy: each Service port's ClusterIP listens while the Service has Ready endpoints and
   forwards every connection to one of them (a userspace proxy); without any, connections are
   refused. So a Service follows its pods: a replaced store pod is reached at the same name.
@@ -568,6 +569,10 @@ class FakeCluster:
         self.forbidden: list[tuple[str, str]] = []  # (method, path) answered 403
         self.token = "fake-token"  # requests with another bearer token get 401
         self.quota_gpus: int | None = None  # a ResourceQuota on requests.nvidia.com/gpu
+        # A Job's pods of index N land on a node unlike the others (a NIC named otherwise, a
+        # broken driver, a library missing there): what that node does differently, as
+        # environment its containers see. The same index lands there again when replaced.
+        self.node_env_by_index: dict[int, dict[str, str]] = {}
         self.create_backoff: dict[str, float] = {}  # job uid -> when its controller may try again
         self.root = Path(tempfile.mkdtemp(prefix="fake-k8s-"))
         self.containers: dict[str, Container] = {}  # pod uid -> running container
@@ -1894,6 +1899,9 @@ class FakeCluster:
             "labels", {}
         ):
             env["JOB_COMPLETION_INDEX"] = pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+        index = pod["metadata"].get("labels", {}).get("batch.kubernetes.io/job-completion-index")
+        if index is not None and index.isdigit():
+            env.update(self.node_env_by_index.get(int(index), {}))
         return env
 
     @staticmethod

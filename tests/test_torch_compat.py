@@ -64,6 +64,7 @@ def test_a_real_round_is_read_left_and_hooked(store):
     # The store's view agrees with the handler's own.
     assert torch_compat.round_state(handler) == (0, frozenset(participants))
     assert torch_compat.keep_alive_window_s(handler) == 3.0
+    assert torch_compat.rendezvous_store(handler) is store  # where our keys go beside the round's
     assert torch_compat.leave_round(handler)
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10

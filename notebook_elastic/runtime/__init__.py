@@ -13,6 +13,7 @@ import time as _time
 from typing import Any
 
 from . import gpu as _gpu
+from . import protocol as _protocol
 from ._emit import emit
 from .payload import load_payload, secret
 from .protocol import EVENT_PREFIX
@@ -41,6 +42,7 @@ guard_against_orphaning()
 
 _RANK = int(_os.environ.get("RANK", 0))
 _auto_step = 0
+_progress_marked = False
 
 
 def rank() -> int:
@@ -81,7 +83,10 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     Only global rank 0 reports unless ``all_ranks=True`` (then each line carries its rank).
     Without ``step``, a per-process counter numbers the calls.
     """
-    global _auto_step
+    global _auto_step, _progress_marked
+    if not _progress_marked:  # once per process: this group has made a step (every rank says it)
+        _progress_marked = True
+        _protocol.mark_progress()
     gpu = _gpu.sample()  # every rank, at most every few seconds, only on CUDA
     if gpu is not None:
         emit("gpu", t=_time.time(), rank=_RANK, **gpu)

@@ -26,7 +26,11 @@ A thin wrapper around ``torch.distributed.run.main()`` that
 - never charges a departure to the user's restart budget: when the local workers failed only
   because a peer went away (they exit with ``EXIT_PEER_LOST``, or the watch ended them) and
   the round has really lost a member, the agent regroups as it does for a new node, without
-  spending one of ``--max-restarts``. Only a worker's own failure is charged.
+  spending one of ``--max-restarts``. Only a worker's own failure is charged;
+- on a cluster, where no supervisor watches the nodes (``ENV_AGENTS_EVICT``), sends itself away
+  when its workers fail while it joins a job that trains (``joiner.py``): it leaves the round
+  without closing it, says why (``node_evicted``) and exits with ``EXIT_EVICTED``; the others
+  regroup at their size, as for any departure.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import time
 
 from . import protocol, torch_compat
 from ._emit import emit
+from .joiner import Joining
 from .worker import set_parent_death_signal
 
 
@@ -114,6 +119,7 @@ class _DepartureWatch:
 
 
 _watch = _DepartureWatch()
+_joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
 
 class _StoreReplaced:
@@ -178,6 +184,16 @@ def _failed_because_a_peer_left(result) -> list:  # type: ignore[no-untyped-def]
     return failures if _round_lost_a_member(grace_s) else []
 
 
+def _departure_or_eviction(result) -> list:  # type: ignore[no-untyped-def]
+    """A departure's failures (regrouped uncharged); else, when this node failed while joining
+    a job that trains, it goes (``joiner.Joining``: the process ends there); else none: charged,
+    as torchrun does."""
+    failures = _failed_because_a_peer_left(result)
+    if not failures:
+        _joining.leave_if_it_failed_joining(result)
+    return failures
+
+
 def _hook_agent() -> None:
     def before_start(agent) -> None:  # type: ignore[no-untyped-def]
         _watch.agent = agent
@@ -194,7 +210,7 @@ def _hook_agent() -> None:
             local_ranks=sorted(f.local_rank for f in failures),
         )
 
-    torch_compat.hook_agent(before_start, _failed_because_a_peer_left, on_departure, _store.regroup_now)
+    torch_compat.hook_agent(before_start, _departure_or_eviction, on_departure, _store.regroup_now)
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
     # and a replacement taken. The local store lives in the supervisor: when that dies, its
@@ -230,6 +246,7 @@ def _hook_rendezvous() -> None:
         for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
             members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
         _watch.joined(handler, round_, frozenset(participants))
+        _joining.joined(round_)
         _store.round = None  # a round formed on the store there is now: nothing to re-form
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
@@ -244,7 +261,7 @@ def _hook_rendezvous() -> None:
             agent_pid=os.getpid(),
         )
 
-    torch_compat.hook_next_rendezvous(after)
+    torch_compat.hook_next_rendezvous(after, before=_joining.before_joining)
 
 
 def _report_degraded() -> None:
@@ -331,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
         unpack_workdir_files()
     except OSError as exc:  # a read-only working directory: the code will say what it misses
         print(f"notebook-elastic agent: could not unpack the notebook's files: {exc}", file=sys.stderr, flush=True)
+    if os.environ.get(protocol.ENV_AGENTS_EVICT) == "1":
+        _joining.start()
     _hook_rendezvous()
     _hook_agent()
     _report_degraded()

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -204,6 +205,12 @@ ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
 ENV_JOINER = "NOTEBOOK_ELASTIC_JOINER"  # "1": this node joins a job that trains (it may be evicted)
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
+#: Where a worker tells its agent that its group made a step (``mark_progress``): no
+#: supervisor reads a cluster's event lines, so an agent learns it from its workers this way.
+ENV_PROGRESS_DIR = "NOTEBOOK_ELASTIC_PROGRESS_DIR"
+#: "1" where no supervisor watches the nodes (a cluster): each agent sends itself away when its
+#: workers fail while it joins a job that trains (runtime/agent.py), instead of the supervisor.
+ENV_AGENTS_EVICT = "NOTEBOOK_ELASTIC_AGENTS_EVICT"
 #: A job run's rendezvous id, where the backend does not number its runs itself (Kubernetes):
 #: the run's generations start above every one already in its checkpoint folder, so a new
 #: job reads an old job's checkpoints instead of being fenced off by them.
@@ -219,6 +226,10 @@ EXIT_FILES_CHANGED = 4
 #: Our agent's exit status when its rendezvous store stopped answering, or went, and no store
 #: answered again within the store's timeout (torchrun itself exits 1 after a traceback).
 EXIT_STORE_LOST = 5
+#: Our agent's exit status when its workers failed while it joined a job that trains (a module
+#: missing on its node, a broken driver or NIC): it left the round and the job goes on without
+#: it. Not the job's failure: a Job's podFailurePolicy ignores it.
+EXIT_EVICTED = 6
 
 #: A worker's exit status when its collective broke because a peer went away (gloo's
 #: "connection closed by peer", a store that lost a member, a newer group fencing this one):
@@ -248,7 +259,29 @@ def exit_reason(code: int | None) -> str:
         return "its script or payload changed"
     if code == EXIT_STORE_LOST:
         return "its rendezvous store stopped answering"
+    if code == EXIT_EVICTED:
+        return "evicted"  # the local supervisor's word for the same departure
     return f"exited with code {code}"
+
+
+def mark_progress(environ: Mapping[str, str] | None = None) -> None:
+    """Called by a worker once its group has made a step: marks the round in its agent's
+    progress folder (``ENV_PROGRESS_DIR``), where the agent looks when it must tell a node that
+    joined a job that trains (and may be sent away) from one that trained with it."""
+    env = os.environ if environ is None else environ
+    folder, round_ = env.get(ENV_PROGRESS_DIR), env.get(ENV_ROUND)
+    if not folder or round_ is None:
+        return
+    try:
+        with open(os.path.join(folder, f"round-{int(round_)}"), "a"):
+            pass
+    except (OSError, ValueError):  # the folder is gone (the agent ended): nobody asks
+        pass
+
+
+def progress_marked(folder: str | None, round_: int) -> bool:
+    """Whether a worker of this node marked ``round_`` as one in which its group made a step."""
+    return bool(folder) and os.path.exists(os.path.join(folder, f"round-{round_}"))
 
 
 def sha256_of(path: str | os.PathLike) -> str | None:

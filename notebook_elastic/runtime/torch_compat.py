@@ -39,6 +39,7 @@ INTERNALS = {
     "LocalElasticAgent._restart_workers": "departures are charged to --max-restarts like failures",
     "LocalElasticAgent._pcontext": "departed peers are noticed at the collective timeout, not at once",
     "LocalElasticAgent._worker_group": "departed peers are noticed at the collective timeout, not at once",
+    "LocalElasticAgent._remaining_restarts": "a node sent away while joining is not charged to --max-restarts",
     "C10dRendezvousBackend._call_store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
     "C10dRendezvousBackend._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
     "DynamicRendezvousHandler._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
@@ -91,6 +92,7 @@ def missing() -> dict[str, str]:
         "LocalElasticAgent._restart_workers": hasattr(agent, "_restart_workers"),
         "LocalElasticAgent._pcontext": "_pcontext" in agent_names,
         "LocalElasticAgent._worker_group": "_worker_group" in agent_names,
+        "LocalElasticAgent._remaining_restarts": "_remaining_restarts" in agent_names,
     }
     return {name: INTERNALS[name] for name, ok in present.items() if not ok}
 
@@ -137,6 +139,13 @@ def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
     return True
 
 
+def rendezvous_store(handler: Any) -> Any | None:
+    """The store the rendezvous backend talks to now (a replacement, once reconnected), for
+    keys of our own beside the rendezvous state; None when this torch does not say."""
+    backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
+    return getattr(backend, "_store", None)
+
+
 def leave_instead_of_closing() -> bool:
     """An agent whose budget is spent shuts its rendezvous down, which closes it for every
     node: the whole job ends. Make ``shutdown()`` take this node out of its round instead
@@ -157,14 +166,17 @@ def leave_instead_of_closing() -> bool:
     return True
 
 
-def hook_next_rendezvous(after: Callable[[Any, Any], None]) -> bool:
-    """Call ``after(handler, info)`` each time a rendezvous completes (idempotent)."""
+def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None) -> bool:
+    """Call ``after(handler, info)`` each time a rendezvous completes, and ``before(handler)``
+    each time this node is about to join one (idempotent)."""
     handler = _handler_class()
     original = handler.next_rendezvous
     if getattr(original, "_notebook_elastic", False):
         return True
 
     def next_rendezvous(self):  # type: ignore[no-untyped-def]
+        if before is not None:
+            before(self)
         info = original(self)
         after(self, info)
         return info
@@ -499,6 +511,14 @@ def _follow_replaced_store(handler: Any) -> None:
 def worker_pids(agent: Any) -> list[int]:
     context = getattr(agent, "_pcontext", None)
     return list(context.pids().values()) if context is not None else []
+
+
+def restart_budget(agent: Any) -> tuple[int, int] | None:
+    """``(restarts left, --max-restarts)`` of this agent, or None when this torch does not say."""
+    left = getattr(agent, "_remaining_restarts", None)
+    group = getattr(agent, "_worker_group", None)
+    most = getattr(getattr(group, "spec", None), "max_restarts", None)
+    return (int(left), int(most)) if left is not None and most is not None else None
 
 
 def group_is_healthy(agent: Any) -> bool:

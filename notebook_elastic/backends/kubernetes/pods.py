@@ -205,6 +205,27 @@ class PodEvents:
                     exitcode=terminated.exit_code if terminated is not None else None,
                 )
                 self._pod_ended(view)
+                if kind == "MODIFIED" and terminated is not None and terminated.exit_code == protocol.EXIT_EVICTED:
+                    self._size_without(view)  # seen as it happened: an old pod a new kernel lists is history
+
+    def _size_without(self, view: PodView) -> None:
+        """A worker pod sent itself away: its workers failed while it joined (runtime/joiner.py).
+        The Job goes back to the size it had without it, as the local supervisor lowers its
+        target; else the controller replaces the pod (its podFailurePolicy ignores the exit)
+        and the replacement, on the same node, fails the same way. Only for the highest index
+        (an Indexed Job scales down from the top) and while the Job still asks for it."""
+        if view.index is None:
+            return
+        batch = self.conn.batch()
+        try:
+            job = batch.read_namespaced_job(m.workers_name(self.job), self.conn.namespace)
+            lo = int(((job.metadata.annotations or {}).get("notebook-elastic.io/nnodes") or "1:1").split(":")[0])
+            if job.spec.parallelism != view.index + 1 or job.spec.completions != view.index + 1 or view.index < lo:
+                return
+            size = {"spec": {"completions": view.index, "parallelism": view.index}}
+            batch.patch_namespaced_job(m.workers_name(self.job), self.conn.namespace, size)
+        except Exception:  # not a Job workload, gone, or not ours to patch: the pod is replaced
+            return
 
     def _success_met(self) -> bool:
         """Whether the workers' Job has met its successPolicy (SuccessCriteriaMet, or

@@ -41,6 +41,7 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
             "PYTHONPATH": f"{CODE_MOUNT}/{RUNTIME_ZIP}:{CODE_MOUNT}/{MODULES_ZIP}",
             protocol.ENV_WORKDIR_FILES: f"{CODE_MOUNT}/{FILES_ZIP}",  # unpacked if shipped
             protocol.ENV_STORE_REPLACEABLE: "1",  # the store pod's Deployment brings it back
+            protocol.ENV_AGENTS_EVICT: "1",  # no supervisor: a pod failing while it joins sends itself away
         },
     )
 
@@ -124,6 +125,18 @@ def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: i
                 "rules": [
                     # A preempted or evicted pod is replaced without counting as a failure.
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    # Its workers failed while it joined a job that trains: it left, and the
+                    # job goes on without it. Not the job's failure; the index gets a new pod
+                    # (elsewhere, perhaps), which backs off before it joins and is charged no
+                    # more (runtime/joiner.py), unless the follower lowers the Job first.
+                    {
+                        "action": "Ignore",
+                        "onExitCodes": {
+                            "containerName": "worker",
+                            "operator": "In",
+                            "values": [protocol.EXIT_EVICTED],
+                        },
+                    },
                     # Its workers failed --max-restarts times over: the job has failed. A new
                     # pod would only fail the same way again (a bug in the cell, say).
                     {
