@@ -197,3 +197,31 @@ def test_with_wandb_project_set_every_step_is_logged_once_to_an_offline_run_that
     (finished,) = [e for e in map(json.loads, events) if e["kind"] == Kind.JOB_FINISHED]
     assert "orphans_killed" not in finished  # W&B's service process ended with its run, not swept
     assert b"hunter2" not in b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*") if p.is_file())
+
+
+def test_the_sinks_flush_returns_once_every_event_put_before_it_is_folded_and_seen(tmp_path):
+    """What the trackers' end waits on (instead of polling the queue): a slow observer still
+    has every event before it when flush returns; a closed sink's flush says False at once."""
+    import threading
+    import time as _time
+
+    from notebook_elastic.backends.local.sink import EventSink
+    from notebook_elastic.events import Event
+    from notebook_elastic.job_state import JobState
+
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def observe(e: Event) -> None:
+        gate.wait(30)  # the sink thread is busy with a batch while the events below are queued
+        seen.append(e.get("step"))
+
+    sink = EventSink(tmp_path / "events.jsonl", JobState(), observe)
+    for step in range(50):
+        sink.put(Event(Kind.METRIC, _time.time(), None, {"step": step, "values": {"loss": 1.0}}))
+    threading.Timer(0.2, gate.set).start()
+    assert sink.flush(timeout_s=60)
+    assert seen == list(range(50))
+    assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 50
+    sink.close()
+    assert sink.flush(timeout_s=60) is False
