@@ -82,6 +82,186 @@ def test_a_stopped_job_s_run_ends_killed(home, tracking):
     assert run.info.run_name == "stopped" and run.info.status == "KILLED"
 
 
+def tracking_events(name: str) -> list[dict]:
+    lines = LocalBackend().folder(name).events_file.read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["kind"] == Kind.TRACKING]
+
+
+def dashboard_html(job) -> str:
+    """The live dashboard's header and its static twin, for a job that has ended."""
+    from notebook_elastic.ui import Dashboard
+
+    dash = Dashboard(job)
+    try:
+        wait_for(job, lambda: "ne-tracking" in dash.header.value, "the dashboard's header")
+        return dash.header.value + dash.snapshot()
+    finally:
+        dash.close()
+
+
+@needs_mlflow
+def test_where_the_run_is_tracked_is_an_event_every_view_reads_from_the_history(home, tmp_path, tracking):
+    """A file store has no page to link to: its path and the `mlflow ui` command that serves it;
+    the TensorBoard command for the job folder; in the events, the dashboard, summary(), the
+    route's row and a re-attached handle."""
+    pytest.importorskip("tensorboard")
+    job = ne.launch(TRAIN, nnodes="1", name="linked", user_ns=namespace(total=5))
+    assert job.wait(180) == "succeeded", job.summary()
+    (run,) = runs(tracking)
+    store = tmp_path / "store"
+
+    told = {e["tracker"]: e for e in tracking_events("linked")}
+    assert told["mlflow"]["run_id"] == run.info.run_id and told["mlflow"]["experiment_id"] == "0"
+    assert told["mlflow"]["path"] == str(store)
+    assert told["mlflow"]["command"] == f"mlflow ui --backend-store-uri {store.as_uri()}"
+    folder = LocalBackend().folder("linked").path
+    assert told["tensorboard"]["command"] == f"tensorboard --logdir {folder}"
+    assert list((folder / "tensorboard").glob("events.out.tfevents.*"))  # what the command shows
+
+    html = dashboard_html(job)
+    assert f"mlflow ui --backend-store-uri {store.as_uri()}" in html and f"tensorboard --logdir {folder}" in html
+    assert run.info.run_id in html
+    for handle in (job, ne.attach("linked")):  # the kernel that launched it, and a new one
+        assert handle.wait(60) == "succeeded"
+        assert f"MLflow run {run.info.run_id} in {store}: mlflow ui" in handle.summary()
+        assert f"TensorBoard: tensorboard --logdir {folder}" in handle.summary()
+    from notebook_elastic.server.routes import job_json
+
+    (info,) = [i for i in LocalBackend().list() if i.name == "linked"]
+    assert {t["tracker"] for t in job_json(info)["tracking"]} == {"mlflow", "tensorboard"}
+
+
+class FakeMlflowServer:
+    """The few routes of MLflow's REST API a run uses (create, get, log-batch, update), on loopback:
+    the real MlflowClient talks to it over HTTP. MLflow's own server is not in mlflow-skinny,
+    so this stands at that boundary; it records each request's Authorization header."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        import uuid
+
+        server = self
+        self.authorization: list[str] = []
+        self.runs: dict[str, dict] = {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                from urllib.parse import parse_qs, urlsplit
+
+                server.authorization.append(self.headers.get("Authorization") or "")
+                run_id = parse_qs(urlsplit(self.path).query).get("run_id", [""])[0]
+                if urlsplit(self.path).path.endswith("/runs/get") and run_id in server.runs:
+                    self.reply({"run": {"info": server.runs[run_id], "data": {}}})
+                else:
+                    self.send_error(404)
+
+            def reply(self, reply: dict) -> None:
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                server.authorization.append(self.headers.get("Authorization") or "")
+                path = self.path.split("?")[0]
+                if path.endswith("/runs/create"):
+                    run_id = uuid.uuid4().hex
+                    info = {
+                        "run_id": run_id,
+                        "run_uuid": run_id,
+                        "run_name": body.get("run_name", ""),
+                        "experiment_id": body.get("experiment_id", "0"),
+                        "user_id": "test",
+                        "status": "RUNNING",
+                        "start_time": body.get("start_time", 0),
+                        "artifact_uri": "",
+                        "lifecycle_stage": "active",
+                    }
+                    server.runs[run_id] = info
+                    reply = {"run": {"info": info, "data": {}}}
+                elif path.endswith("/runs/update"):
+                    info = server.runs[body["run_id"]]
+                    info["status"] = body.get("status", info["status"])
+                    reply = {"run_info": info}
+                elif path.endswith("/runs/log-batch"):
+                    reply = {}
+                else:
+                    self.send_error(404)
+                    return
+                self.reply(reply)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@needs_mlflow
+def test_a_tracking_uri_with_a_password_links_the_run_without_it(home, tmp_path, monkeypatch, no_tracking_variables):
+    import base64
+
+    monkeypatch.chdir(tmp_path)
+    server = FakeMlflowServer()
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:hunter2@127.0.0.1:{server.port}/mlflow")
+        job = ne.launch(TRAIN, nnodes="1", name="private", user_ns=namespace(total=5))
+        assert job.wait(180) == "succeeded", job.summary()
+        wait_for(job, lambda: not job_processes(home), "the supervisor to end the run")
+    finally:
+        server.close()
+    (run_id,) = server.runs
+    assert server.runs[run_id]["status"] == "FINISHED"
+    # The run was logged with the credentials: they are MLflow's to use, never ours to show.
+    assert f"Basic {base64.b64encode(b'alice:hunter2').decode()}" in server.authorization
+    (told,) = [e for e in tracking_events("private") if e["tracker"] == "mlflow"]
+    url = f"http://127.0.0.1:{server.port}/mlflow/#/experiments/0/runs/{run_id}"
+    assert told["url"] == url and told["uri"] == f"http://127.0.0.1:{server.port}/mlflow"
+    html = dashboard_html(job)
+    assert f'href="{url}"' in html
+    folder = LocalBackend().folder("private").path
+    written = b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "secret.json")
+    shown = html + job.summary() + json.dumps(told)
+    for secret in ("hunter2", "alice"):
+        assert secret not in shown and secret.encode() not in written
+
+
+def test_credentials_in_a_tracking_uri_are_never_shown_and_links_are_escaped():
+    from notebook_elastic.runtime.tracking import mlflow_link, public_uri
+    from notebook_elastic.ui.render import tracking_html
+
+    assert public_uri("https://u:p@mlflow.example.com/x?token=abc&workspace=2#/runs/1") == (
+        "https://mlflow.example.com/x?workspace=2#/runs/1"
+    )
+    assert public_uri("https://h/cb#access_token=abc") == "https://h/cb"
+    assert public_uri("postgresql://ml:pw@db/ml?sslmode=require") == "postgresql://db/ml?sslmode=require"
+    assert public_uri("https://ghp_token@h/?access_token=z&X-Amz-Signature=s") == "https://h/"
+    assert public_uri("sqlite:///mlflow.db") == "sqlite:///mlflow.db"
+    link = mlflow_link("https://me:pw@host/?api_key=k", "1", "ab")
+    assert link["url"] == "https://host/#/experiments/1/runs/ab" and "pw" not in json.dumps(link)
+    # An event may come from a pod: a link that is not http(s) is not a link, text is escaped,
+    # and a URI that kept its password in the event is stripped again when shown.
+    html = tracking_html(
+        [
+            {"tracker": "wandb", "run_id": "<b>x</b>", "url": "javascript:alert(1)"},
+            {"tracker": "mlflow", "run_id": "r", "uri": "sqlite:///m.db?token=t", "command": "mlflow ui ..."},
+            {"tracker": "mlflow", "run_id": "s", "url": "https://u:secret@h/#/experiments/0/runs/s"},
+        ]
+    )
+    assert "javascript:" not in html and "<b>x</b>" not in html and "&lt;b&gt;" not in html
+    assert "token" not in html and "secret" not in html and 'href="https://h/#/experiments/0/runs/s"' in html
+
+
 def test_nothing_is_logged_to_mlflow_or_wandb_unless_asked(home, tmp_path, monkeypatch, no_tracking_variables):
     monkeypatch.chdir(tmp_path)
     job = ne.launch(TRAIN, nnodes="1", name="quiet", user_ns=namespace(total=5))
@@ -197,6 +377,11 @@ def test_with_wandb_project_set_every_step_is_logged_once_to_an_offline_run_that
     (finished,) = [e for e in map(json.loads, events) if e["kind"] == Kind.JOB_FINISHED]
     assert "orphans_killed" not in finished  # W&B's service process ended with its run, not swept
     assert b"hunter2" not in b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*") if p.is_file())
+    # Offline there is no page: the run's folder and the command that uploads it.
+    (told,) = [e for e in tracking_events("wandb-run") if e["tracker"] == "wandb"]
+    assert told["offline"] and told["run_id"] == run.run_id and told["path"] == str(run_file.parent)
+    assert told["command"] == f"wandb sync {run_file.parent}"
+    assert f"W&B run {run.run_id} (offline) in {run_file.parent}: wandb sync" in job.summary()
 
 
 def test_the_sinks_flush_returns_once_every_event_put_before_it_is_folded_and_seen(tmp_path):

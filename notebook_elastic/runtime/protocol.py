@@ -60,6 +60,7 @@ class Kind(StrEnum):
     FENCED = "fenced"
     ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
     FILES_CHANGED = "files_changed"  # the script or payload differs from what was launched: not run
+    TRACKING = "tracking"  # where the run is tracked: MLflow/W&B run, TensorBoard (runtime/tracking.py)
     LOG = "log"
 
 
@@ -180,6 +181,17 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.FENCED: _fields({"generation": _INT, "newer_generation": _INT}, rank=_INT, step=_OPT_INT),
     Kind.ERROR: _fields({"message": _STR}, error=_STR),
     Kind.FILES_CHANGED: _fields({"reason": _STR}, files={"type": "array", "items": _STR}),
+    Kind.TRACKING: _fields(
+        {"tracker": {"enum": ["mlflow", "wandb", "tensorboard"]}},
+        run_id=_STR,
+        experiment_id=_STR,
+        project=_STR,
+        uri=_STR,
+        url={"type": "string", "pattern": "^https?://"},
+        path=_STR,
+        command=_STR,
+        offline=_BOOL,
+    ),
     Kind.LOG: _fields({"text": _STR}, stream=_STR),
 }
 
