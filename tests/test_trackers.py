@@ -128,7 +128,15 @@ def test_where_the_run_is_tracked_is_an_event_every_view_reads_from_the_history(
     from notebook_elastic.server.routes import job_json
 
     (info,) = [i for i in LocalBackend().list() if i.name == "linked"]
-    assert {t["tracker"] for t in job_json(info)["tracking"]} == {"mlflow", "tensorboard"}
+    row = {t["tracker"]: t for t in job_json(info)["tracking"]}  # what the jobs panel shows
+    assert row["mlflow"] == {
+        "tracker": "mlflow",
+        "label": f"MLflow run {run.info.run_id}",
+        "url": None,
+        "command": f"mlflow ui --backend-store-uri {store.as_uri()}",
+        "path": str(store),
+    }
+    assert row["tensorboard"]["command"] == f"tensorboard --logdir {folder}"
 
 
 class FakeMlflowServer:
@@ -229,6 +237,12 @@ def test_a_tracking_uri_with_a_password_links_the_run_without_it(home, tmp_path,
     assert told["url"] == url and told["uri"] == f"http://127.0.0.1:{server.port}/mlflow"
     html = dashboard_html(job)
     assert f'href="{url}"' in html
+    from notebook_elastic.server.routes import job_json
+
+    (info,) = [i for i in LocalBackend().list() if i.name == "private"]
+    (row,) = [t for t in job_json(info)["tracking"] if t["tracker"] == "mlflow"]  # the jobs panel's link
+    assert row["url"] == url
+    html += json.dumps(job_json(info))
     folder = LocalBackend().folder("private").path
     written = b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "secret.json")
     shown = html + job.summary() + json.dumps(told)

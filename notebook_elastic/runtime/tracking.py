@@ -101,6 +101,27 @@ def tensorboard_link(logdir: str) -> dict[str, Any]:
 TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B", "tensorboard": "TensorBoard"}
 
 
+def shown(d: dict[str, Any]) -> dict[str, Any]:
+    """What a view shows of a ``tracking`` event (which a pod's rank 0 may have written):
+    ``{"tracker", "label", "url" (http(s) only) or None, "command" or None, "path" or None}``,
+    stripped of credentials once more."""
+    tracker = str(d.get("tracker") or "")
+    label = TRACKER_NAMES.get(tracker, tracker) + (f" run {d.get('run_id')}" if d.get("run_id") else "")
+    if d.get("offline"):
+        label += " (offline)"
+    url = public_uri(str(d.get("url") or ""))
+    command = str(d["command"]) if d.get("command") else None
+    if tracker == "mlflow" and d.get("uri") and command:  # the store's URI is the command's
+        command = f"mlflow ui --backend-store-uri {shlex.quote(public_uri(str(d.get('uri'))))}"
+    return {
+        "tracker": tracker,
+        "label": label,
+        "url": url if url.startswith(("http://", "https://")) else None,
+        "command": None if command is None else scrub(command),
+        "path": str(d["path"]) if d.get("path") else None,
+    }
+
+
 def tracking_text(d: dict[str, Any]) -> str:
     """One line: "MLflow run 3f2a...: http://...", "W&B run x1 (offline) in DIR: wandb sync DIR"."""
     name = TRACKER_NAMES.get(str(d.get("tracker")), str(d.get("tracker")))

@@ -13,14 +13,13 @@ offline snapshot are here.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from typing import Any
 
 from ..events import Event, Kind, gib, rate
 from ..events import format_duration as duration
 from ..job_state import JobState, elapsed_s
-from ..runtime.tracking import TRACKER_NAMES, public_uri
+from ..runtime.tracking import shown
 from .chart import (
     BOOKKEEPING,
     MAX_POINTS,
@@ -140,24 +139,17 @@ def tracking_html(tracking: Sequence[dict[str, Any]]) -> str:
     Only http(s) links; what an event says is escaped and stripped of credentials again here
     (a pod's rank 0 wrote it)."""
     items = []
-    for d in tracking:
-        name = TRACKER_NAMES.get(str(d.get("tracker")), str(d.get("tracker")))
-        label = f"{name} run {d.get('run_id')}" if d.get("run_id") else name
-        url = public_uri(str(d.get("url") or ""))
-        if url.startswith(("http://", "https://")):
+    for d in map(shown, tracking):
+        if d["url"]:
             items.append(
-                f'<a class="ne-tracking-link" data-tracker="{esc(d.get("tracker"))}" href="{esc(url)}" '
-                f'target="_blank" rel="noopener noreferrer" title="{esc(url)}">{esc(label)}</a>'
+                f'<a class="ne-tracking-link" data-tracker="{esc(d["tracker"])}" href="{esc(d["url"])}" '
+                f'target="_blank" rel="noopener noreferrer" title="{esc(d["url"])}">{esc(d["label"])}</a>'
             )
-        elif d.get("command"):
-            command = str(d.get("command"))
-            if d.get("tracker") == "mlflow" and d.get("uri"):  # the store's URI is part of the command
-                command = f"mlflow ui --backend-store-uri {shlex.quote(public_uri(str(d.get('uri'))))}"
-            where = f" in {d.get('path')}" if d.get("path") else ""
+        elif d["command"]:
+            where = f" in {d['path']}" if d["path"] else ""
             items.append(
-                f'<span class="ne-tracking-item" data-tracker="{esc(d.get("tracker"))}" title="{esc(label + where)}">'
-                f'{esc(label)}{" (offline)" if d.get("offline") else ""}: <code class="ne-tracking-command" '
-                f'style="user-select:all">{esc(command)}</code></span>'
+                f'<span class="ne-tracking-item" data-tracker="{esc(d["tracker"])}" title="{esc(d["label"] + where)}">'
+                f'{esc(d["label"])}: <code class="ne-tracking-command" style="user-select:all">{esc(d["command"])}</code></span>'
             )
     if not items:
         return ""
