@@ -1,12 +1,14 @@
 """MLflow and W&B: a local job's metrics in one run named after the job, read back through
 MLflow's own client over a file store and from W&B's offline run file with W&B's own record
-schema; nothing logged unless asked; a failing server said once.
+schema; nothing logged unless asked; a failing server said once; where the run is, in every
+view, without credentials; on Kubernetes, rank 0's pod logging itself (the loopback cluster).
 
 Real jobs (torchrun, the supervisor) and the real packages; each test skips without its own."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -18,13 +20,30 @@ import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.errors import SpecError
 from notebook_elastic.events import Kind
-from notebook_elastic.launcher import build_spec
 
 try:
     import mlflow
 except ImportError:
     mlflow = None
 needs_mlflow = pytest.mark.skipif(mlflow is None, reason="mlflow is not installed")
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, home):
+    """The loopback Kubernetes API server (tests/k8s_apiserver.py): its pods are local processes.
+    With a PVC for checkpoints: a pod without one writes to the machine's own /checkpoints."""
+    from k8s_apiserver import FakeCluster
+    from test_kubernetes_backend import _post
+
+    fake = FakeCluster()
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    claim = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+    status, _ = _post(
+        fake, "/api/v1/namespaces/default/persistentvolumeclaims", {"metadata": {"name": "ckpt"}, "spec": claim}
+    )
+    assert status == 201
+    yield fake
+    fake.close()
 
 
 @pytest.fixture
@@ -323,9 +342,72 @@ def test_an_unknown_tracker_is_refused_in_one_sentence_before_anything_starts(ho
     assert not list(home.glob("*/*"))
 
 
-def test_track_on_kubernetes_is_refused_in_one_sentence():
-    with pytest.raises(SpecError, match=r"--track mlflow applies to the local backend only"):
-        build_spec(name="k8s-track", backend="kubernetes", track="mlflow")
+@needs_mlflow
+@pytest.mark.slow
+def test_on_kubernetes_rank_0s_pod_logs_every_step_to_one_mlflow_run_that_ends_with_training(
+    cluster, tmp_path, monkeypatch
+):
+    """The job lives in the cluster, so does its run: rank 0's pod logs to MLflow itself, with
+    the tracking URI given by --env (the job's Secret); a file store on the local disk here,
+    since the fixture's pods are local processes, read back with MlflowClient."""
+    from test_kubernetes_backend import TRAIN as POD_TRAIN
+    from test_kubernetes_backend import ns as pod_ns
+
+    store = tmp_path / "store"
+    job = ne.launch(
+        POD_TRAIN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        pvc="ckpt",
+        name="pod-tracked",
+        track="mlflow",
+        env=[f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"],
+        user_ns=pod_ns(total=20),
+    )
+    assert job.wait(300) == "succeeded", job.summary()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this reader, as for the pod
+    client = mlflow.MlflowClient(store.as_uri())
+    (run,) = client.search_runs(["0"])
+    assert run.info.run_name == "pod-tracked" and run.info.status == "FINISHED"
+    assert run.data.tags["notebook_elastic.backend"] == "kubernetes"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(20))  # every step, once
+    assert {m.value for m in client.get_metric_history(run.info.run_id, "job/world_size")} == {1}
+    (told,) = [e for e in job.events if e.kind == Kind.TRACKING]
+    assert told.get("run_id") == run.info.run_id and told.get("command") == (
+        f"mlflow ui --backend-store-uri {store.as_uri()}"
+    )
+    assert f"MLflow run {run.info.run_id}" in job.summary()
+
+
+@needs_mlflow
+@pytest.mark.slow
+def test_on_kubernetes_an_image_without_the_tracker_is_one_event_and_training_goes_on(cluster, tmp_path):
+    from test_kubernetes_backend import TRAIN as POD_TRAIN
+    from test_kubernetes_backend import ns as pod_ns
+
+    # The image lacks mlflow: a package that cannot be imported, first on the pods' path.
+    missing = tmp_path / "image-site" / "mlflow"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'mlflow\'", name="mlflow")\n')
+    path = os.pathsep.join([str(missing.parent), os.environ.get("PYTHONPATH", "")])
+    job = ne.launch(
+        POD_TRAIN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        pvc="ckpt",
+        name="pod-untracked",
+        track="mlflow",
+        env=[f"MLFLOW_TRACKING_URI={(tmp_path / 'store').as_uri()}", f"PYTHONPATH={path}"],
+        user_ns=pod_ns(total=10),
+    )
+    assert job.wait(300) == "succeeded", job.summary()
+    told = [e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "tracker"]
+    assert len(told) == 1, [e.describe() for e in told]
+    assert "the image has no mlflow (or mlflow-skinny) package" in told[0].get("message")
+    assert job.state.step == 9 and not (tmp_path / "store").exists()
 
 
 def wandb_records(run_file: Path) -> list:

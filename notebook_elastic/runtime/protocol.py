@@ -220,6 +220,9 @@ ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group wa
 #: the run's generations start above every one already in its checkpoint folder, so a new
 #: job reads an old job's checkpoints instead of being fenced off by them.
 ENV_RUN = "NOTEBOOK_ELASTIC_RUN"
+#: Kubernetes pods: the tracker rank 0 logs to itself (runtime/pod_tracking.py): mlflow, wandb,
+#: none, or auto (as MLFLOW_TRACKING_URI / WANDB_PROJECT say). Local jobs: unset (the supervisor logs).
+ENV_TRACK = "NOTEBOOK_ELASTIC_TRACK"
 
 #: Our agent's exit status when its workers failed more often than --max-restarts allows
 #: (torchrun itself exits 1 then, as it does on SIGTERM). A Kubernetes Job fails at once on
