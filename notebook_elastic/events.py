@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, EXIT_PEER_LOST, FINAL_STATUSES, Kind, Status
+from .runtime.tracking import tracking_text
 
 __all__ = ["ATTENTION_ORDER", "FINAL_STATUSES", "Event", "Kind", "LineParser", "Status", "describe"]
 
@@ -333,6 +334,8 @@ def describe(e: Event) -> str:
         return f"{node}: {d.get('message')}"
     if k == Kind.FILES_CHANGED:
         return f"{node}: {d.get('reason')}" if node else str(d.get("reason"))
+    if k == Kind.TRACKING:
+        return tracking_text(d)
     if k == Kind.AGENT_STARTED:
         return f"{node}: agent started (pid {d.get('pid')})"
     if k == Kind.LOG:

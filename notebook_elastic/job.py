@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import BackendError, SpecError
 from .events import FINAL_STATUSES, Event, Kind
 from .job_state import JobState, Metrics, elapsed_s
+from .runtime.tracking import tracking_text
 from .spec import JobSpec, check_scale
 
 if TYPE_CHECKING:
@@ -346,6 +347,8 @@ class ElasticJob:
         text = ", ".join(parts)
         if s.reason and s.status in FINAL_STATUSES:
             text += f"\n  reason: {s.reason}"
+        for where in s.tracking.values():
+            text += f"\n  {tracking_text(where)}"
         return text
 
     def __repr__(self) -> str:

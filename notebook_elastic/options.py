@@ -92,9 +92,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "track",
         "log the metrics to one run named after the job: mlflow, wandb, or none (default: MLflow when "
-        "MLFLOW_TRACKING_URI is set, W&B when WANDB_PROJECT is).",
+        "MLFLOW_TRACKING_URI is set, W&B when WANDB_PROJECT is; on Kubernetes rank 0's pod logs, with "
+        "the variables and credentials given by --env).",
         metavar="TRACKER",
-        backends=("local",),
     ),
     # Kubernetes: where the pods run.
     Option("namespace", "the namespace (default: the context's).", backends=K8S, goes_to="kubernetes"),

@@ -254,11 +254,10 @@ class JobSpec:
 
 
 def _check_track(track: Any, backend: str) -> None:
-    if backend != "local":
-        raise SpecError(f"--track {track} applies to the local backend only; on {backend}, log from the training code")
     if track not in ("mlflow", "wandb", "none"):
         raise SpecError(f"--track {track!r} is unknown; choose mlflow or wandb (or none to log nowhere)")
-    if track != "none" and importlib.util.find_spec(track) is None:
+    # On a cluster, rank 0's pod logs (runtime/pod_tracking.py): the package is the image's to have.
+    if backend == "local" and track != "none" and importlib.util.find_spec(track) is None:
         raise SpecError(
             f"--track {track} needs the {track} package: pip install 'notebook-elastic[{track}]', or leave --track out"
         )

@@ -183,6 +183,14 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
             "() => +(document.querySelector('.ne-job[data-name=\"panel-job\"] svg.ne-sparkline') || {getAttribute: () => 0}).getAttribute('data-points') >= 3",
             timeout=90_000,
         )
+        # Where its run is tracked: the TensorBoard command for its folder (a tracking event), as text.
+        page.wait_for_function(
+            """() => {
+              const code = document.querySelector('.ne-job[data-name="panel-job"] .ne-tracking-command');
+              return code && code.textContent.startsWith('tensorboard --logdir ') && code.textContent.endsWith('/panel-job');
+            }""",
+            timeout=30_000,
+        )
         page.evaluate(WATCH_STATUSES)
         shot(page, "1-running")
 

@@ -1,12 +1,14 @@
 """MLflow and W&B: a local job's metrics in one run named after the job, read back through
 MLflow's own client over a file store and from W&B's offline run file with W&B's own record
-schema; nothing logged unless asked; a failing server said once.
+schema; nothing logged unless asked; a failing server said once; where the run is, in every
+view, without credentials; on Kubernetes, rank 0's pod logging itself (the loopback cluster).
 
 Real jobs (torchrun, the supervisor) and the real packages; each test skips without its own."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -18,13 +20,30 @@ import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.errors import SpecError
 from notebook_elastic.events import Kind
-from notebook_elastic.launcher import build_spec
 
 try:
     import mlflow
 except ImportError:
     mlflow = None
 needs_mlflow = pytest.mark.skipif(mlflow is None, reason="mlflow is not installed")
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, home):
+    """The loopback Kubernetes API server (tests/k8s_apiserver.py): its pods are local processes.
+    With a PVC for checkpoints: a pod without one writes to the machine's own /checkpoints."""
+    from k8s_apiserver import FakeCluster
+    from test_kubernetes_backend import _post
+
+    fake = FakeCluster()
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    claim = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+    status, _ = _post(
+        fake, "/api/v1/namespaces/default/persistentvolumeclaims", {"metadata": {"name": "ckpt"}, "spec": claim}
+    )
+    assert status == 201
+    yield fake
+    fake.close()
 
 
 @pytest.fixture
@@ -82,6 +101,200 @@ def test_a_stopped_job_s_run_ends_killed(home, tracking):
     assert run.info.run_name == "stopped" and run.info.status == "KILLED"
 
 
+def tracking_events(name: str) -> list[dict]:
+    lines = LocalBackend().folder(name).events_file.read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["kind"] == Kind.TRACKING]
+
+
+def dashboard_html(job) -> str:
+    """The live dashboard's header and its static twin, for a job that has ended."""
+    from notebook_elastic.ui import Dashboard
+
+    dash = Dashboard(job)
+    try:
+        wait_for(job, lambda: "ne-tracking" in dash.header.value, "the dashboard's header")
+        return dash.header.value + dash.snapshot()
+    finally:
+        dash.close()
+
+
+@needs_mlflow
+def test_where_the_run_is_tracked_is_an_event_every_view_reads_from_the_history(home, tmp_path, tracking):
+    """A file store has no page to link to: its path and the `mlflow ui` command that serves it;
+    the TensorBoard command for the job folder; in the events, the dashboard, summary(), the
+    route's row and a re-attached handle."""
+    pytest.importorskip("tensorboard")
+    job = ne.launch(TRAIN, nnodes="1", name="linked", user_ns=namespace(total=5))
+    assert job.wait(180) == "succeeded", job.summary()
+    (run,) = runs(tracking)
+    store = tmp_path / "store"
+
+    told = {e["tracker"]: e for e in tracking_events("linked")}
+    assert told["mlflow"]["run_id"] == run.info.run_id and told["mlflow"]["experiment_id"] == "0"
+    assert told["mlflow"]["path"] == str(store)
+    assert told["mlflow"]["command"] == f"mlflow ui --backend-store-uri {store.as_uri()}"
+    folder = LocalBackend().folder("linked").path
+    assert told["tensorboard"]["command"] == f"tensorboard --logdir {folder}"
+    assert list((folder / "tensorboard").glob("events.out.tfevents.*"))  # what the command shows
+
+    html = dashboard_html(job)
+    assert f"mlflow ui --backend-store-uri {store.as_uri()}" in html and f"tensorboard --logdir {folder}" in html
+    assert run.info.run_id in html
+    for handle in (job, ne.attach("linked")):  # the kernel that launched it, and a new one
+        assert handle.wait(60) == "succeeded"
+        assert f"MLflow run {run.info.run_id} in {store}: mlflow ui" in handle.summary()
+        assert f"TensorBoard: tensorboard --logdir {folder}" in handle.summary()
+    from notebook_elastic.server.routes import job_json
+
+    (info,) = [i for i in LocalBackend().list() if i.name == "linked"]
+    row = {t["tracker"]: t for t in job_json(info)["tracking"]}  # what the jobs panel shows
+    assert row["mlflow"] == {
+        "tracker": "mlflow",
+        "label": f"MLflow run {run.info.run_id}",
+        "url": None,
+        "command": f"mlflow ui --backend-store-uri {store.as_uri()}",
+        "path": str(store),
+    }
+    assert row["tensorboard"]["command"] == f"tensorboard --logdir {folder}"
+
+
+class FakeMlflowServer:
+    """The few routes of MLflow's REST API a run uses (create, get, log-batch, update), on loopback:
+    the real MlflowClient talks to it over HTTP. MLflow's own server is not in mlflow-skinny,
+    so this stands at that boundary; it records each request's Authorization header."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        import uuid
+
+        server = self
+        self.authorization: list[str] = []
+        self.runs: dict[str, dict] = {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                from urllib.parse import parse_qs, urlsplit
+
+                server.authorization.append(self.headers.get("Authorization") or "")
+                run_id = parse_qs(urlsplit(self.path).query).get("run_id", [""])[0]
+                if urlsplit(self.path).path.endswith("/runs/get") and run_id in server.runs:
+                    self.reply({"run": {"info": server.runs[run_id], "data": {}}})
+                else:
+                    self.send_error(404)
+
+            def reply(self, reply: dict) -> None:
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                server.authorization.append(self.headers.get("Authorization") or "")
+                path = self.path.split("?")[0]
+                if path.endswith("/runs/create"):
+                    run_id = uuid.uuid4().hex
+                    info = {
+                        "run_id": run_id,
+                        "run_uuid": run_id,
+                        "run_name": body.get("run_name", ""),
+                        "experiment_id": body.get("experiment_id", "0"),
+                        "user_id": "test",
+                        "status": "RUNNING",
+                        "start_time": body.get("start_time", 0),
+                        "artifact_uri": "",
+                        "lifecycle_stage": "active",
+                    }
+                    server.runs[run_id] = info
+                    reply = {"run": {"info": info, "data": {}}}
+                elif path.endswith("/runs/update"):
+                    info = server.runs[body["run_id"]]
+                    info["status"] = body.get("status", info["status"])
+                    reply = {"run_info": info}
+                elif path.endswith("/runs/log-batch"):
+                    reply = {}
+                else:
+                    self.send_error(404)
+                    return
+                self.reply(reply)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@needs_mlflow
+def test_a_tracking_uri_with_a_password_links_the_run_without_it(home, tmp_path, monkeypatch, no_tracking_variables):
+    import base64
+
+    monkeypatch.chdir(tmp_path)
+    server = FakeMlflowServer()
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:hunter2@127.0.0.1:{server.port}/mlflow")
+        job = ne.launch(TRAIN, nnodes="1", name="private", user_ns=namespace(total=5))
+        assert job.wait(180) == "succeeded", job.summary()
+        wait_for(job, lambda: not job_processes(home), "the supervisor to end the run")
+    finally:
+        server.close()
+    (run_id,) = server.runs
+    assert server.runs[run_id]["status"] == "FINISHED"
+    # The run was logged with the credentials: they are MLflow's to use, never ours to show.
+    assert f"Basic {base64.b64encode(b'alice:hunter2').decode()}" in server.authorization
+    (told,) = [e for e in tracking_events("private") if e["tracker"] == "mlflow"]
+    url = f"http://127.0.0.1:{server.port}/mlflow/#/experiments/0/runs/{run_id}"
+    assert told["url"] == url and told["uri"] == f"http://127.0.0.1:{server.port}/mlflow"
+    html = dashboard_html(job)
+    assert f'href="{url}"' in html
+    from notebook_elastic.server.routes import job_json
+
+    (info,) = [i for i in LocalBackend().list() if i.name == "private"]
+    (row,) = [t for t in job_json(info)["tracking"] if t["tracker"] == "mlflow"]  # the jobs panel's link
+    assert row["url"] == url
+    html += json.dumps(job_json(info))
+    folder = LocalBackend().folder("private").path
+    written = b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "secret.json")
+    shown = html + job.summary() + json.dumps(told)
+    for secret in ("hunter2", "alice"):
+        assert secret not in shown and secret.encode() not in written
+
+
+def test_credentials_in_a_tracking_uri_are_never_shown_and_links_are_escaped():
+    from notebook_elastic.runtime.tracking import mlflow_link, public_uri
+    from notebook_elastic.ui.render import tracking_html
+
+    assert public_uri("https://u:p@mlflow.example.com/x?token=abc&workspace=2#/runs/1") == (
+        "https://mlflow.example.com/x?workspace=2#/runs/1"
+    )
+    assert public_uri("https://h/cb#access_token=abc") == "https://h/cb"
+    assert public_uri("postgresql://ml:pw@db/ml?sslmode=require") == "postgresql://db/ml?sslmode=require"
+    assert public_uri("https://ghp_token@h/?access_token=z&X-Amz-Signature=s") == "https://h/"
+    assert public_uri("sqlite:///mlflow.db") == "sqlite:///mlflow.db"
+    link = mlflow_link("https://me:pw@host/?api_key=k", "1", "ab")
+    assert link["url"] == "https://host/#/experiments/1/runs/ab" and "pw" not in json.dumps(link)
+    # An event may come from a pod: a link that is not http(s) is not a link, text is escaped,
+    # and a URI that kept its password in the event is stripped again when shown.
+    html = tracking_html(
+        [
+            {"tracker": "wandb", "run_id": "<b>x</b>", "url": "javascript:alert(1)"},
+            {"tracker": "mlflow", "run_id": "r", "uri": "sqlite:///m.db?token=t", "command": "mlflow ui ..."},
+            {"tracker": "mlflow", "run_id": "s", "url": "https://u:secret@h/#/experiments/0/runs/s"},
+        ]
+    )
+    assert "javascript:" not in html and "<b>x</b>" not in html and "&lt;b&gt;" not in html
+    assert "token" not in html and "secret" not in html and 'href="https://h/#/experiments/0/runs/s"' in html
+
+
 def test_nothing_is_logged_to_mlflow_or_wandb_unless_asked(home, tmp_path, monkeypatch, no_tracking_variables):
     monkeypatch.chdir(tmp_path)
     job = ne.launch(TRAIN, nnodes="1", name="quiet", user_ns=namespace(total=5))
@@ -129,9 +342,86 @@ def test_an_unknown_tracker_is_refused_in_one_sentence_before_anything_starts(ho
     assert not list(home.glob("*/*"))
 
 
-def test_track_on_kubernetes_is_refused_in_one_sentence():
-    with pytest.raises(SpecError, match=r"--track mlflow applies to the local backend only"):
-        build_spec(name="k8s-track", backend="kubernetes", track="mlflow")
+@needs_mlflow
+@pytest.mark.slow
+def test_on_kubernetes_rank_0s_pod_logs_every_step_to_one_mlflow_run_that_ends_with_training(
+    cluster, tmp_path, monkeypatch
+):
+    """The job lives in the cluster, so does its run: rank 0's pod logs to MLflow itself, with
+    the tracking URI given by --env (the job's Secret); a file store on the local disk here,
+    since the fixture's pods are local processes, read back with MlflowClient. Its pod is
+    preempted mid-run: the replacement's rank 0 logs on into the same run."""
+    from test_kubernetes_backend import TRAIN as POD_TRAIN
+    from test_kubernetes_backend import ns as pod_ns
+
+    store = tmp_path / "store"
+    job = ne.launch(
+        POD_TRAIN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        pvc="ckpt",
+        name="pod-tracked",
+        track="mlflow",
+        checkpoint_every=1,
+        env=[f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"],
+        user_ns=pod_ns(total=60),
+    )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this reader, as for the pod
+    client = mlflow.MlflowClient(store.as_uri())
+
+    def logged() -> set[int]:
+        found = client.search_runs(["0"]) if store.exists() else []
+        return {m.step for m in client.get_metric_history(found[0].info.run_id, "loss")} if found else set()
+
+    wait_for(job, lambda: len(logged()) >= 3, "three steps in the run")
+    before = logged()
+    job.preempt_node()
+    assert job.wait(300) == "succeeded", job.summary()
+    (run,) = client.search_runs(["0"])
+    assert run.info.run_name == "pod-tracked" and run.info.status == "FINISHED"
+    assert run.data.tags["notebook_elastic.backend"] == "kubernetes"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    # What the first pod logged, and every step from the replacement's resume on (what the evicted
+    # rank 0 still had queued when it was killed is lost; a step redone may be logged twice).
+    resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED][-1]
+    assert before | set(range(resumed, 60)) <= {m.step for m in history} <= set(range(60))
+    assert {m.value for m in client.get_metric_history(run.info.run_id, "job/world_size")} == {1}
+    told = [e for e in job.events if e.kind == Kind.TRACKING]
+    pods = {e.node for e in job.events if e.kind == Kind.NODE_JOINED}
+    assert len(pods) == 2 and len(told) == 2, [e.describe() for e in job.events]  # each pod's rank 0 told it
+    assert {e.get("run_id") for e in told} == {run.info.run_id}  # the same run
+    assert told[-1].get("command") == f"mlflow ui --backend-store-uri {store.as_uri()}"
+    assert f"MLflow run {run.info.run_id}" in job.summary()
+
+
+@needs_mlflow
+@pytest.mark.slow
+def test_on_kubernetes_an_image_without_the_tracker_is_one_event_and_training_goes_on(cluster, tmp_path):
+    from test_kubernetes_backend import TRAIN as POD_TRAIN
+    from test_kubernetes_backend import ns as pod_ns
+
+    # The image lacks mlflow: a package that cannot be imported, first on the pods' path.
+    missing = tmp_path / "image-site" / "mlflow"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'mlflow\'", name="mlflow")\n')
+    path = os.pathsep.join([str(missing.parent), os.environ.get("PYTHONPATH", "")])
+    job = ne.launch(
+        POD_TRAIN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        pvc="ckpt",
+        name="pod-untracked",
+        track="mlflow",
+        env=[f"MLFLOW_TRACKING_URI={(tmp_path / 'store').as_uri()}", f"PYTHONPATH={path}"],
+        user_ns=pod_ns(total=10),
+    )
+    assert job.wait(300) == "succeeded", job.summary()
+    told = [e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "tracker"]
+    assert len(told) == 1, [e.describe() for e in told]
+    assert "the image has no mlflow (or mlflow-skinny) package" in told[0].get("message")
+    assert job.state.step == 9 and not (tmp_path / "store").exists()
 
 
 def wandb_records(run_file: Path) -> list:
@@ -197,3 +487,36 @@ def test_with_wandb_project_set_every_step_is_logged_once_to_an_offline_run_that
     (finished,) = [e for e in map(json.loads, events) if e["kind"] == Kind.JOB_FINISHED]
     assert "orphans_killed" not in finished  # W&B's service process ended with its run, not swept
     assert b"hunter2" not in b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*") if p.is_file())
+    # Offline there is no page: the run's folder and the command that uploads it.
+    (told,) = [e for e in tracking_events("wandb-run") if e["tracker"] == "wandb"]
+    assert told["offline"] and told["run_id"] == run.run_id and told["path"] == str(run_file.parent)
+    assert told["command"] == f"wandb sync {run_file.parent}"
+    assert f"W&B run {run.run_id} (offline) in {run_file.parent}: wandb sync" in job.summary()
+
+
+def test_the_sinks_flush_returns_once_every_event_put_before_it_is_folded_and_seen(tmp_path):
+    """What the trackers' end waits on (instead of polling the queue): a slow observer still
+    has every event before it when flush returns; a closed sink's flush says False at once."""
+    import threading
+    import time as _time
+
+    from notebook_elastic.backends.local.sink import EventSink
+    from notebook_elastic.events import Event
+    from notebook_elastic.job_state import JobState
+
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def observe(e: Event) -> None:
+        gate.wait(30)  # the sink thread is busy with a batch while the events below are queued
+        seen.append(e.get("step"))
+
+    sink = EventSink(tmp_path / "events.jsonl", JobState(), observe)
+    for step in range(50):
+        sink.put(Event(Kind.METRIC, _time.time(), None, {"step": step, "values": {"loss": 1.0}}))
+    threading.Timer(0.2, gate.set).start()
+    assert sink.flush(timeout_s=60)
+    assert seen == list(range(50))
+    assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 50
+    sink.close()
+    assert sink.flush(timeout_s=60) is False

@@ -4,7 +4,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { IJob, IJobsReply, ITransition, listJobs, stopJob } from './request';
+import { IJob, IJobsReply, ITracking, ITransition, listJobs, stopJob } from './request';
 
 const POLL_MS = 2000;
 const FINAL = new Set(['succeeded', 'failed', 'stopped', 'lost', 'damaged']);
@@ -51,6 +51,30 @@ function speedText(job: IJob): string {
     parts.push(`${Math.round(job.gpu_util_percent)}% busy`);
   }
   return parts.filter(Boolean).join(' · ');
+}
+
+/** "MLflow run 3f2a · TensorBoard: tensorboard --logdir ...": a link to each run's page, else the
+ * command that shows it (selectable), built as text nodes; only http(s) links. */
+function trackingRow(tracking: ITracking[]): HTMLElement | null {
+  if (!tracking.length) {
+    return null;
+  }
+  const row = el('div', { class: 'ne-sub ne-tracking' });
+  tracking.forEach((t, i) => {
+    if (i) {
+      row.appendChild(document.createTextNode(' · '));
+    }
+    if (t.url && /^https?:\/\//.test(t.url)) {
+      row.appendChild(
+        el('a', { class: 'ne-tracking-link', 'data-tracker': t.tracker, href: t.url, target: '_blank', rel: 'noopener noreferrer', title: t.url }, t.label)
+      );
+    } else if (t.command) {
+      const item = el('span', { class: 'ne-tracking-item', 'data-tracker': t.tracker, title: t.path ? `${t.label} in ${t.path}` : t.label }, `${t.label}: `);
+      item.appendChild(el('code', { class: 'ne-tracking-command' }, t.command));
+      row.appendChild(item);
+    }
+  });
+  return row;
 }
 
 /** A small SVG line of the latest losses. */
@@ -301,6 +325,10 @@ export class JobsPanel extends Widget {
       const disruption = lastDisruption(history);
       if (disruption) {
         card.appendChild(el('div', { class: 'ne-sub ne-disruption', title: disruption.detail }, disruption.text));
+      }
+      const tracking = trackingRow(job.tracking || []);
+      if (tracking) {
+        card.appendChild(tracking);
       }
       if (job.damaged || (job.reason && FINAL.has(job.status))) {
         card.appendChild(el('div', { class: 'ne-sub ne-reason' }, job.damaged || job.reason || ''));

@@ -13,6 +13,17 @@ export interface ITransition {
   events?: string[];
 }
 
+/** Where a job's run is tracked (server/routes.py, runtime/tracking.py `shown`): credentials stripped. */
+export interface ITracking {
+  tracker: string;
+  label: string;
+  /** The run's page (http(s) only), or null where there is none (a store on disk, W&B offline). */
+  url: string | null;
+  /** The command that shows it: mlflow ui ..., wandb sync ..., tensorboard --logdir ... */
+  command: string | null;
+  path: string | null;
+}
+
 export interface IJob {
   name: string;
   backend: string;
@@ -42,6 +53,7 @@ export interface IJob {
   gpu_mem_peak_bytes?: number | null;
   gpu_util_percent?: number | null;
   transitions: ITransition[];
+  tracking?: ITracking[];
   started_at: number | null;
   finished_at: number | null;
   notebook: string | null;

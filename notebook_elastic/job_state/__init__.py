@@ -105,6 +105,7 @@ class JobState(Handlers):
         self.samples_per_step: float | None = None  # the data cursor's global batch, or reported samples=
         self.tokens_per_step: float | None = None  # reported tokens=
         self.gpu: dict[int, dict[str, Any]] = {}  # rank -> its latest gpu event's figures
+        self.tracking: dict[str, dict[str, Any]] = {}  # tracker -> where its run is (tracking events)
         self._world_sizes: dict[int | None, int] = {}
 
     # -- derived -------------------------------------------------------------------------
@@ -202,6 +203,7 @@ class JobState(Handlers):
             "samples_per_s": self.samples_per_s,
             "tokens_per_s": self.tokens_per_s,
             **({"gpu": self.gpu_ranks} if self.gpu_ranks else {}),
+            **({"tracking": list(self.tracking.values())} if self.tracking else {}),
         }
 
     # -- the fold ------------------------------------------------------------------------

@@ -168,6 +168,9 @@ class Handlers:
     def _on_disk_full(self, e: Event) -> None:
         self.warning = e.get("message")
 
+    def _on_tracking(self, e: Event) -> None:
+        self.tracking[str(e.get("tracker"))] = dict(e.data)
+
     def _on_degraded(self, e: Event) -> None:
         self.warning = degraded_text(e.data)
 

@@ -13,10 +13,11 @@ import time as _time
 from typing import Any
 
 from . import gpu as _gpu
+from . import pod_tracking as _pod_tracking
 from . import protocol as _protocol
 from ._emit import emit
 from .payload import load_payload, secret
-from .protocol import EVENT_PREFIX
+from .protocol import ENV_TRACK, EVENT_PREFIX
 from .state import State
 from .state import samples_per_step as _samples_per_step
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, guard_against_orphaning, init, run
@@ -41,6 +42,7 @@ __all__ = [
 guard_against_orphaning()
 
 _RANK = int(_os.environ.get("RANK", 0))
+_TRACKED = bool(_os.environ.get(ENV_TRACK))  # Kubernetes pods (runtime/pod_tracking.py)
 _auto_step = 0
 _progress_marked = False
 
@@ -111,3 +113,5 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     if samples:  # the State's data cursor knows the global batch: samples/s without asking
         extra["samples_per_step"] = samples
     emit("metric", t=_time.time(), rank=_RANK, step=step, values=metrics, **extra)
+    if _TRACKED and _RANK == 0:  # a pod's rank 0 logs to MLflow/W&B itself
+        _pod_tracking.observe(step, metrics)

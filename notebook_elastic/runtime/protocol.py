@@ -61,6 +61,7 @@ class Kind(StrEnum):
     FENCED = "fenced"
     ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
     FILES_CHANGED = "files_changed"  # the script or payload differs from what was launched: not run
+    TRACKING = "tracking"  # where the run is tracked: MLflow/W&B run, TensorBoard (runtime/tracking.py)
     LOG = "log"
 
 
@@ -181,6 +182,17 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.FENCED: _fields({"generation": _INT, "newer_generation": _INT}, rank=_INT, step=_OPT_INT),
     Kind.ERROR: _fields({"message": _STR}, error=_STR),
     Kind.FILES_CHANGED: _fields({"reason": _STR}, files={"type": "array", "items": _STR}),
+    Kind.TRACKING: _fields(
+        {"tracker": {"enum": ["mlflow", "wandb", "tensorboard"]}},
+        run_id=_STR,
+        experiment_id=_STR,
+        project=_STR,
+        uri=_STR,
+        url={"type": "string", "pattern": "^https?://"},
+        path=_STR,
+        command=_STR,
+        offline=_BOOL,
+    ),
     Kind.LOG: _fields({"text": _STR}, stream=_STR),
 }
 
@@ -215,6 +227,9 @@ ENV_AGENTS_EVICT = "NOTEBOOK_ELASTIC_AGENTS_EVICT"
 #: the run's generations start above every one already in its checkpoint folder, so a new
 #: job reads an old job's checkpoints instead of being fenced off by them.
 ENV_RUN = "NOTEBOOK_ELASTIC_RUN"
+#: Kubernetes pods: the tracker rank 0 logs to itself (runtime/pod_tracking.py): mlflow, wandb,
+#: none, or auto (as MLFLOW_TRACKING_URI / WANDB_PROJECT say). Local jobs: unset (the supervisor logs).
+ENV_TRACK = "NOTEBOOK_ELASTIC_TRACK"
 
 #: Our agent's exit status when its workers failed more often than --max-restarts allows
 #: (torchrun itself exits 1 then, as it does on SIGTERM). A Kubernetes Job fails at once on

@@ -27,6 +27,7 @@ from ..backends.local import LocalBackend
 from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..events import Event, Kind, Status
 from ..job_state import JobState, with_fold
+from ..runtime.tracking import shown
 from ..spec import validate_name
 
 NAME = r"(?P<name>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
@@ -123,6 +124,8 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "tokens_per_s": s.get("tokens_per_s"),
             "gpu_mem_peak_bytes": max((g.get("mem_peak_bytes") or 0 for g in s.get("gpu") or []), default=None),
             "gpu_util_percent": _mean([g["util_percent"] for g in s.get("gpu") or [] if "util_percent" in g]),
+            # Where the run is tracked (MLflow/W&B link or command, TensorBoard), as the events told it.
+            "tracking": [shown(t) for t in s.get("tracking") or []],
             "transitions": s.get("transitions") or [],
             "started_at": s.get("started_at") or info.created,
             "finished_at": s.get("finished_at"),

@@ -14,10 +14,12 @@ offline snapshot are here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..events import Event, Kind, gib, rate
 from ..events import format_duration as duration
 from ..job_state import JobState, elapsed_s
+from ..runtime.tracking import shown
 from .chart import (
     BOOKKEEPING,
     MAX_POINTS,
@@ -93,6 +95,7 @@ __all__ = [
     "status_badge",
     "story",
     "timeline_html",
+    "tracking_html",
 ]
 
 
@@ -128,6 +131,30 @@ def gpu_text(state: JobState) -> str:
     if busy:
         text += f" · {sum(busy) / len(busy):.0f}% busy"
     return text
+
+
+def tracking_html(tracking: Sequence[dict[str, Any]]) -> str:
+    """Where the run is tracked: a link to the MLflow/W&B run's page, else the command that shows
+    it (``mlflow ui ...`` for a store on disk, ``wandb sync ...`` offline, ``tensorboard ...``).
+    Only http(s) links; what an event says is escaped and stripped of credentials again here
+    (a pod's rank 0 wrote it)."""
+    items = []
+    for d in map(shown, tracking):
+        if d["url"]:
+            items.append(
+                f'<a class="ne-tracking-link" data-tracker="{esc(d["tracker"])}" href="{esc(d["url"])}" '
+                f'target="_blank" rel="noopener noreferrer" title="{esc(d["url"])}">{esc(d["label"])}</a>'
+            )
+        elif d["command"]:
+            where = f" in {d['path']}" if d["path"] else ""
+            items.append(
+                f'<span class="ne-tracking-item" data-tracker="{esc(d["tracker"])}" title="{esc(d["label"] + where)}">'
+                f'{esc(d["label"])}: <code class="ne-tracking-command" style="user-select:all">{esc(d["command"])}</code></span>'
+            )
+    if not items:
+        return ""
+    sep = f' <span style="color:{FG_FAINT}">·</span> '
+    return f'<div class="ne-tracking" style="color:{FG_DIM};font-size:12px">{sep.join(items)}</div>'
 
 
 def header_html(name: str, backend: str, state: JobState, now: float | None = None) -> str:
@@ -186,6 +213,7 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         )
     if state.waiting and not state.finished:
         notes.append(f'<div class="ne-waiting" style="color:#e65100">{esc(state.waiting)}</div>')
+    notes.append(tracking_html(list(state.tracking.values())))
     return (
         f'<div class="ne-header" style="font-family:{FONT};font-size:13px;color:{FG};line-height:1.6">'
         f'<div class="ne-glance" style="display:flex;flex-wrap:wrap;align-items:center;gap:2px 8px">'

@@ -46,6 +46,7 @@ TIMELINE_HIDDEN = {
     Kind.PLAN,
     Kind.GROUP_SUCCEEDED,
     Kind.WORKER_FINISHED,
+    Kind.TRACKING,  # the header links the run
 }
 # Symptoms and machinery: true, but a person reading the story needs the cause, not these.
 STORY_HIDDEN = TIMELINE_HIDDEN | {

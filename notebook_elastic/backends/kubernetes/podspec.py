@@ -19,6 +19,8 @@ def _env(spec: Any, plan: LaunchPlan) -> list[dict[str, Any]]:
         *({"name": k, "value": v} for k, v in plan.env.items()),
         # The run's generations start above any in a reused checkpoint folder (runtime/checkpoints.py).
         {"name": protocol.ENV_RUN, "value": plan.rdzv_id},
+        # Rank 0 logs to MLflow/W&B itself: the job lives on without the notebook.
+        {"name": protocol.ENV_TRACK, "value": getattr(spec, "track", None) or "auto"},
     ]
     # The values live in the job's Secret: a pod spec (readable by anyone who may list pods,
     # and kept in the Job object) names them only.

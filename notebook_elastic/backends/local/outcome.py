@@ -46,12 +46,9 @@ class Outcome:
         (W&B's service process carries the job folder in its environment, as the job's do)."""
         if not self.trackers:
             return
-        for _ in range(2):  # every event the agents left is folded (and handed on), none in flight
-            while not self.sink.queue.empty():
-                time.sleep(0.01)
-            time.sleep(0.05)
-            with self.sink.lock:
-                pass
+        # Every agent is reaped (its readers joined), so every line it left is queued: once the
+        # sink has folded them, each tracker has been handed its last metric.
+        self.sink.flush(timeout_s=10.0)
         for tracker in self.trackers:
             tracker.finish(status)
 

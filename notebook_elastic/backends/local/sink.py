@@ -52,18 +52,30 @@ class EventSink:
         self.state = state
         self.observe = observe
         self.lock = threading.Lock()
-        self.queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
+        # Events; None to close; a threading.Event to set once everything before it is folded.
+        self.queue: queue.SimpleQueue[Event | threading.Event | None] = queue.SimpleQueue()
         self.changed = threading.Event()
         self.torn = False  # the last write stopped mid-line (disk full): end that line first
         self.quiet_until = 0.0  # disk full: quiet kinds are not even tried before this time
         self.disk_told = False
         self.log_bytes = 0
         self.log_capped = False
+        self.closing = False
         self.thread = threading.Thread(target=self._run, name="event-sink", daemon=True)
         self.thread.start()
 
     def put(self, event: Event) -> None:
         self.queue.put(event)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every event put before this call is folded, handed to the observers and
+        written (or dropped as a full disk drops it); False if that took over ``timeout_s``
+        (or the sink is closed). Events put meanwhile by other threads may or may not be in."""
+        drained = threading.Event()
+        if self.closing or not self.thread.is_alive():
+            return False
+        self.queue.put(drained)
+        return drained.wait(timeout_s)
 
     def _run(self) -> None:
         while True:
@@ -75,11 +87,15 @@ class EventSink:
                 except queue.Empty:
                     break
             done = False
+            drained = []
             with self.lock:
                 lines = []
                 for item in batch:
                     if item is None:
                         done = True
+                        continue
+                    if isinstance(item, threading.Event):
+                        drained.append(item)
                         continue
                     try:
                         line = item.to_line() + "\n"
@@ -94,6 +110,8 @@ class EventSink:
                         lines.append(line)
                 self._write(lines)
             self.changed.set()
+            for marker in drained:  # everything queued before it is folded and written now
+                marker.set()
             if done:
                 os.close(self.fd)
                 return
@@ -154,5 +172,6 @@ class EventSink:
         self.fd, self.size = fd, 0
 
     def close(self) -> None:
+        self.closing = True
         self.queue.put(None)
         self.thread.join(timeout=10)

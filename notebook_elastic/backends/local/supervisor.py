@@ -40,6 +40,7 @@ from ...runtime import pool, protocol
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
+from ...runtime.tracking import tensorboard_link
 from ...spec import JobSpec
 from .commands import Commands
 from .control import listen
@@ -148,6 +149,9 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
+    def _tracker_opened(self, where: dict[str, Any]) -> None:
+        self.emit(Kind.TRACKING, **where)
+
     def _tracker_failed(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)  # supervisor.log: told even after the history closed
         self.emit(Kind.ERROR, error="tracker", message=message)
@@ -241,7 +245,11 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         store = host_store(sock)
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
-        self.trackers = [TRACKER_CLASSES[t](spec, self._tracker_failed) for t in requested(spec.track, os.environ)]
+            self.emit(Kind.TRACKING, **tensorboard_link(str(self.folder.path)))
+        self.trackers = [
+            TRACKER_CLASSES[t](spec, self._tracker_failed, self._tracker_opened)
+            for t in requested(spec.track, os.environ)
+        ]
         status = self._loop()
         self._finish(status)
         del store

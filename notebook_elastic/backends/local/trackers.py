@@ -6,7 +6,8 @@ them off); nothing is logged anywhere else. Where and how (URI, experiment, W&B'
 dir, credentials) are each library's own settings, read by it from that environment. Like
 ``tensorboard.py``, the supervisor feeds them from the event stream: rank 0's metrics of each
 step, the speed figures and the world size, on a thread per tracker, in batches, so a slow or
-unreachable server never holds up the history. A failure is said once (an ``error`` event)
+unreachable server never holds up the history. Once a run is open, where it is (its link, or
+the command that shows it; credentials stripped) is told as a ``tracking`` event. A failure is said once (an ``error`` event)
 and that tracker stops; training goes on. A run's params are the job's elastic limits, never
 its ``--env`` values; it ends with the job's status. Needs ``mlflow`` (or ``mlflow-skinny``)
 or ``wandb``: ``pip install 'notebook-elastic[mlflow]'`` / ``[wandb]``.
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...events import Event, Kind
+from ...runtime.tracking import mlflow_link, scrub, wandb_link
 from ...spec import JobSpec
 
 TRACKERS = ("mlflow", "wandb")
@@ -72,17 +74,21 @@ def params_of(spec: JobSpec) -> dict[str, str]:
 
 
 class Tracker:
-    """``observe(event, state)`` from the supervisor's event sink; ``close()`` at the end.
+    """``observe(event, state)`` from the supervisor's event sink; ``finish()`` at the end.
 
     Never blocks its caller and never raises: the run is opened at once on a thread of its
-    own (a server that is not there is told while the job runs), metrics go in batches, the
-    first failure is told through ``say`` and everything after it is dropped."""
+    own (a server that is not there is told while the job runs) and where it is goes to
+    ``tell`` (the fields of a ``tracking`` event), metrics go in batches, the first failure is
+    told through ``say`` and everything after it is dropped."""
 
     name = ""
 
-    def __init__(self, spec: JobSpec, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+    ) -> None:
         self.spec = spec
         self.say = say
+        self.tell = tell
         self.queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self.failed = False
         self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -95,6 +101,7 @@ class Tracker:
     def _run(self) -> None:
         try:  # imported here, after the supervisor's main thread has imported torch
             self._open()
+            self.tell(self._where())
         except Exception as exc:
             self._fail(exc)
         while True:
@@ -120,9 +127,14 @@ class Tracker:
     def _fail(self, exc: Exception) -> None:
         """An unreachable server, a refused store, a bad key: told once, and logging stops."""
         self.failed = True
-        self.say(f"{self.name} logging stopped: {type(exc).__name__}: {str(exc)[:300]} (training goes on)")
+        # A client's error may quote the URL it called, credentials and all: they are left out.
+        self.say(f"{self.name} logging stopped: {type(exc).__name__}: {scrub(str(exc))[:300]} (training goes on)")
 
     def _open(self) -> None:
+        raise NotImplementedError
+
+    def _where(self) -> dict[str, Any]:
+        """The open run's ``tracking`` event (``runtime/tracking.py``)."""
         raise NotImplementedError
 
     def _log(self, metrics: list[tuple[str, float, float, int]]) -> None:
@@ -161,7 +173,13 @@ class MlflowTracker(Tracker):
             tags={"notebook_elastic.job": self.spec.name, "notebook_elastic.backend": "local"},
         )
         self.run_id = run.info.run_id
+        self.experiment_id = run.info.experiment_id
         client.log_batch(self.run_id, params=[Param(k, v) for k, v in params_of(self.spec).items()])
+
+    def _where(self) -> dict[str, Any]:
+        import mlflow
+
+        return mlflow_link(mlflow.get_tracking_uri(), self.experiment_id, self.run_id)
 
     def _log(self, metrics: list[tuple[str, float, float, int]]) -> None:
         from mlflow.entities import Metric
@@ -169,6 +187,9 @@ class MlflowTracker(Tracker):
         self.client.log_batch(self.run_id, metrics=[Metric(n, v, int(t * 1000), s) for n, v, t, s in metrics])
 
     def _end(self, status: str) -> None:
+        # MLflow prints the run's link as it ends, with the URI's credentials: the job tells its
+        # own, stripped (a tracking event), and keeps them out of supervisor.log.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.client.set_terminated(self.run_id, RUN_STATUS.get(status, "FAILED"))
 
 
@@ -184,6 +205,9 @@ class WandbTracker(Tracker):
             name=self.spec.name, config=params_of(self.spec), tags=["notebook-elastic"], reinit="create_new"
         )
         self.step = -1
+
+    def _where(self) -> dict[str, Any]:
+        return wandb_link(self.run)
 
     def _log(self, metrics: list[tuple[str, float, float, int]]) -> None:
         by_step: dict[int, dict[str, float]] = {}
