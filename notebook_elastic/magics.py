@@ -247,16 +247,12 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.user_ns.setdefault("elastic", runtime)
     # The warm pool imports torch now, in the background, so the first job's processes are
     # forks of it (runtime/pool.py); a job starts it too when none answers.
-    from . import defaults
-    from .backends.local.folder import pool_log, prepare_jobs_root
-    from .errors import BackendError
+    from .backends.local import LocalBackend
+    from .backends.local.folder import pool_log
     from .runtime.pool import ensure_pool
 
-    try:  # the pool's own messages go to the jobs folder (made now, as the first job would)
-        log = pool_log(prepare_jobs_root(defaults.home()))
-    except (BackendError, OSError):
-        log = None
-    ensure_pool(log=log)
+    # Its own messages go to the jobs folder when there is one (loading makes no folder).
+    ensure_pool(log=pool_log(LocalBackend().root))
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -17,7 +17,8 @@ Docker engine), so this is the boundary we fake, faithfully enough for our backe
 - A kubelet that runs each container's command as a local process: env (values, the
   downward API and ``secretKeyRef``; a missing Secret or key leaves the container waiting in
   CreateContainerConfigError, as a real kubelet does), ``$(VAR)`` expansion in args, ConfigMap volumes written to a temp dir (paths
-  under their mountPath rewritten), one 127.A.B.N address per pod (each cluster has a /24 of
+  under their mountPath rewritten; ``/checkpoints`` with no volume there is the pod's own folder, as
+  a container's writable layer is, never the machine's), one 127.A.B.N address per pod (each cluster has a /24 of
   its own), Service names resolved to their ClusterIP (the cluster DNS), stdout+stderr
   kept as the pod log (``follow``, ``timestamps``, ``sinceSeconds``, ``previous``),
   restartPolicy honoured, tcpSocket readiness probes (a pod is Ready once its probe passes);
@@ -85,6 +86,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import k8s_openapi
+
+CONTAINER_CHECKPOINTS = "/checkpoints"  # the backend's default checkpoint folder (naming.CHECKPOINT_MOUNT)
 
 # (group/version, plural) -> kind
 RESOURCES = {
@@ -1993,6 +1996,9 @@ class FakeCluster:
             if mount["mountPath"] == "/dev/shm":
                 continue
             mounts[mount["mountPath"]] = str(host)
+        # A path in the image's own filesystem (the default checkpoint folder without a PVC)
+        # is the container's, not the machine's: jobs never share it, as on a real node.
+        mounts.setdefault(CONTAINER_CHECKPOINTS, str(pod_dir / "rootfs" / CONTAINER_CHECKPOINTS.lstrip("/")))
         try:
             env = self._env(pod, container)
         except ContainerConfigError as exc:

@@ -18,6 +18,7 @@ from test_warm import assert_another_user_is_refused
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.backends.local.folder import prepare_jobs_root
 from notebook_elastic.events import Kind
 from notebook_elastic.runtime import pool
 
@@ -206,6 +207,7 @@ def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_p
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
     monkeypatch.setenv(pool.ENV_POOL, name)  # the kernel inherits it (the session's pool is not this one)
     assert pool.ping(name) is None
+    prepare_jobs_root(home)  # a user who has run jobs before: the pool logs there
     pid = None
     try:
         with NotebookKernel(tmp_path / "nb") as nb:
