@@ -10,27 +10,13 @@ import time
 import urllib.request
 
 import pytest
-import torch
 from k8s_apiserver import FakeCluster
+from test_kubernetes_backend import TRAIN, ns  # the same training cell
 
 import notebook_elastic as ne
-import notebook_elastic.runtime as runtime
 from notebook_elastic.events import Kind
 
 pytestmark = pytest.mark.slow
-
-TRAIN = """
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-state = elastic.State(model=model, optimizer=opt)
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-for step in state.steps(TOTAL):
-    loss = ddp(torch.randn(4, 4)).pow(2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    state.commit()
-    elastic.report(step=step, loss=loss.item(), ws=elastic.world_size())
-    time.sleep(0.05)
-"""
 
 
 @pytest.fixture
@@ -83,7 +69,7 @@ def test_a_pod_whose_workers_fail_while_joining_is_sent_away_and_the_job_trains_
         pvc="ckpt",
         name="joiner",
         max_restarts=3,
-        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
+        user_ns=ns(),
     )
     wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
     healthy = {e.node for e in job.events if e.kind == Kind.NODE_JOINED}

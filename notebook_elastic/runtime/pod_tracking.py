@@ -24,9 +24,8 @@ from typing import Any
 
 from . import protocol
 from ._emit import emit
-from .tracking import mlflow_link, scrub, wandb_link
+from .tracking import MAX_BATCH, mlflow_link, next_batch, scrub, wandb_link
 
-MAX_BATCH = 1000
 PACKAGES = {"mlflow": "mlflow (or mlflow-skinny)", "wandb": "wandb"}
 
 
@@ -78,12 +77,7 @@ class PodRun:
                 f"{self.tracker} logging stopped: {type(exc).__name__}: {scrub(str(exc))[:300]} (training goes on)"
             )
         while True:
-            batch = [self.queue.get()]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self.queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = next_batch(self.queue)
             if not self.failed:
                 try:
                     steps = [b for b in batch if b and b[0] != "end"]

@@ -11,6 +11,7 @@ module: imports only the standard library.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shlex
 from typing import Any
@@ -18,6 +19,21 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 #: Query parameters that may grant access (a token, a key, a signature): never shown.
 _SECRET_PARAM = re.compile(r"token|key|secret|pass|pwd|auth|credential|sig|session|cookie", re.I)
+
+
+MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch
+
+
+def next_batch(q: queue.SimpleQueue | queue.Queue) -> list[Any]:
+    """What a tracker's thread logs at once: the next item (waited for) and those behind it,
+    up to ``MAX_BATCH``."""
+    batch = [q.get()]
+    while len(batch) < MAX_BATCH:
+        try:
+            batch.append(q.get_nowait())
+        except queue.Empty:
+            break
+    return batch
 
 
 def public_uri(uri: str) -> str:

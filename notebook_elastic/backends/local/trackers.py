@@ -24,13 +24,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...events import Event, Kind
-from ...runtime.tracking import mlflow_link, scrub, wandb_link
+from ...runtime.tracking import mlflow_link, next_batch, scrub, wandb_link
 from ...spec import JobSpec
 
 TRACKERS = ("mlflow", "wandb")
 #: The job's final status -> MLflow's RunStatus.
 RUN_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED", "lost": "FAILED"}
-MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch
 
 
 def available(tracker: str) -> bool:
@@ -105,12 +104,7 @@ class Tracker:
         except Exception as exc:
             self._fail(exc)
         while True:
-            batch = [self.queue.get()]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self.queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = next_batch(self.queue)
             if not self.failed:
                 try:
                     metrics = [b[1:] for b in batch if b and b[0] == "metric"]
