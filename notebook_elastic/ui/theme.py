@@ -57,7 +57,7 @@ LEFT_WORDS = {
     "stopped": "stopped with the job",
     "finished": "finished",
     "files_changed": "stopped: its files changed",
-    "evicted": "evicted: it failed while joining",
+    "evicted": "evicted",  # a node sent away (node_evicted says why) or a pod the cluster evicted
 }
 
 
