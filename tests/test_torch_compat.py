@@ -115,3 +115,22 @@ def test_the_tested_torch_is_the_range_pyproject_declares():
     (declared,) = re.findall(r'"torch(>=[\d.]+,<[\d.]+)"', text)
     assert declared == torch_compat.tested_torch_text()
     assert torch_compat.torch_is_tested(torch_compat.torch_version())
+
+
+def test_the_store_leaves_its_callers_socket_open_when_it_goes():
+    """torch's TCPStore closes the listening descriptor it is given when it goes; given the
+    caller's own, the caller's close was a second close of that number, by then another
+    socket's (in the suite: a fixture API server's listener, at a random GC)."""
+    import gc
+    import os
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    store = torch_compat.tcp_store_server(sock, timeout_s=5)
+    store.set("k", "v")
+    del store
+    gc.collect()
+    os.fstat(sock.fileno())  # still the caller's: raises EBADF when the store took it along
+    sock.close()

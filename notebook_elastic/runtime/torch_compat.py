@@ -16,6 +16,7 @@ run under is plain Python and lives beside it (``deadline.py``).
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
@@ -608,7 +609,11 @@ def libuv_store_takes_listen_fd(version: tuple[int, int] | None = None) -> bool:
 def tcp_store_server(sock: socket.socket, timeout_s: float) -> Any:
     """A multi-tenant c10d TCPStore server on `sock` (bound and listening already, so
     clients may connect while torch imports). Where the libuv server cannot take the socket,
-    the legacy server does (``use_libuv=False``): same protocol, every client works."""
+    the legacy server does (``use_libuv=False``): same protocol, every client works.
+
+    The store closes the descriptor it is given when it goes, so it gets a duplicate of its
+    own: handing it ``sock.fileno()`` made the socket's own close a second close of that
+    number, by then perhaps another socket's (a test's API server lost its listener so)."""
     import torch.distributed as dist
 
     host, port = sock.getsockname()[:2]
@@ -616,15 +621,16 @@ def tcp_store_server(sock: socket.socket, timeout_s: float) -> Any:
         is_master=True,
         wait_for_workers=False,
         multi_tenant=True,
-        master_listen_fd=sock.fileno(),
         timeout=timedelta(seconds=timeout_s),
     )
     if not libuv_store_takes_listen_fd():
         kwargs["use_libuv"] = False
     try:
-        return dist.TCPStore(host, port, **kwargs)
+        return dist.TCPStore(host, port, **kwargs, master_listen_fd=os.dup(sock.fileno()))
     except NotImplementedError:
         if kwargs.get("use_libuv") is False:
             raise
         # A build whose libuv server still refuses the fd (a backport without the support).
-        return dist.TCPStore(host, port, **kwargs, use_libuv=False)
+        # (The refused duplicate is left open: closing a number the store may have closed is
+        # the very double close avoided above.)
+        return dist.TCPStore(host, port, **kwargs, use_libuv=False, master_listen_fd=os.dup(sock.fileno()))
