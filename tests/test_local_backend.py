@@ -331,10 +331,21 @@ def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_fol
     job.scale(2)
     wait_for(job, lambda: job.world_size == 2 and job.status == "running", "world size 2 again")
     wait_for(job, lambda: described()["target"] == 2, "target 2 in the job's summary")
-    job.set_range(2, 3)
+    before = len(job.events)
+    reconfigured = job.set_range(2, 3).get("reconfigured")
     wait_for(job, lambda: (described()["min_nodes"], described()["max_nodes"]) == (2, 3), "range 2:3 in the summary")
     assert "oldest" in repr(ne.jobs()) and "2:3" in repr(ne.jobs())
-    wait_for(job, lambda: job.status == "running", "running on the new range")
+    # Agents restarted with the new range: training again after that, not merely "running"
+    # (the status said so before the restart began; a stop then lands mid-restart).
+    wait_for(
+        job,
+        lambda: (
+            job.status == "running"
+            and job.world_size == 2
+            and (not reconfigured or any(e.kind == Kind.RESUMED for e in job.events[before:]))
+        ),
+        "running on the new range",
+    )
     assert job.stop() == "stopped"
     # Stopping is not a restart: no orange "restarting: node left (stopped)" after the stop.
     stop_at = next(e.time for e in job.events if e.kind == Kind.NODE_LEFT and e.get("reason") == "stopped")
