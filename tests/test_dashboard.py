@@ -245,6 +245,7 @@ def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
         nproc_per_node=1,
         max_restarts=5,
         name="dash",
+        checkpoint_every=1,  # the resume is one step back, not an automatic interval back (load-dependent)
         user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
     )
     dash = Dashboard(job)
