@@ -5,9 +5,10 @@ stays responsive. Mixed into ``Dashboard``."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import ipywidgets as W
 
@@ -17,6 +18,19 @@ class Controls:
 
     _syncing: int | None = None  # the thread now moving the controls to the job's values
 
+    @contextlib.contextmanager
+    def _following_the_job(self) -> Iterator[None]:
+        """Controls changed in this block follow the job: their observers, which act for the
+        user, let changes made on this thread pass (``_by_the_user``)."""
+        self._syncing = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._syncing = None
+
+    def _by_the_user(self) -> bool:
+        return self._syncing != threading.get_ident()
+
     def _sync_controls(self) -> None:
         job, state = self.job, self.job.state
         prepared = job.status == "prepared"
@@ -25,13 +39,9 @@ class Controls:
         # Held notifications fire when the block ends: the whole block is "ours", so the
         # slider's own observer does not echo the job's new range back as a user's set_range
         # (on Kubernetes that restarted every agent of a job a dashboard was merely opened on).
-        self._syncing = threading.get_ident()
-        try:
-            with self.range.hold_trait_notifications():
-                if "range" not in self._busy and tuple(self.range.value) != (lo, hi):
-                    self.range.value = (lo, hi)
-        finally:
-            self._syncing = None
+        with self._following_the_job(), self.range.hold_trait_notifications():
+            if "range" not in self._busy and tuple(self.range.value) != (lo, hi):
+                self.range.value = (lo, hi)
         if "scale" not in self._busy:
             t = self.target
             if lo > t.max:  # keep min <= max at every step
@@ -83,7 +93,7 @@ class Controls:
         threading.Thread(target=run, name=f"dashboard-{name}", daemon=True).start()
 
     def _on_range(self, change: dict) -> None:
-        if self._syncing == threading.get_ident():
+        if not self._by_the_user():
             return
         lo, hi = change["new"]
         if self.job.status == "prepared":

@@ -218,7 +218,7 @@ class Dashboard(Controls, W.VBox):
             self._wake.set()
 
     def _on_output_of(self, change: dict) -> None:
-        if self._syncing == threading.get_ident():
+        if not self._by_the_user():
             return
         self._output_choice = change["new"]
         try:
@@ -314,13 +314,10 @@ class Dashboard(Controls, W.VBox):
                 options = [("every node", ""), *((n, n) for n in list(state.nodes))]
                 if list(self.output_of.options) != options:
                     # ipywidgets resets the value with the options: put the user's pick back.
-                    self._syncing = threading.get_ident()
-                    try:
+                    with self._following_the_job():
                         self.output_of.options = options
                         choice = self._output_choice
                         self.output_of.value = choice if choice in state.nodes else ""
-                    finally:
-                        self._syncing = None
             if "timeline" in dirty:
                 self._set(self.timeline, "value", timeline_html(state.events))
             if "logs" in dirty:
