@@ -21,9 +21,11 @@ from .runtime.tracking import tracking_text
 from .spec import JobSpec, check_scale
 
 if TYPE_CHECKING:
-    from .backends.base import Backend, DryRun
+    from .backends.base import Backend, DryRun, JobInfo
 
 Callback = Callable[["Event", "ElasticJob"], None]
+#: How long resume() waits for the replay of the job's history to reach the resumed run.
+RESUME_REPLAY_TIMEOUT_S = 30.0
 
 
 class ElasticJob:
@@ -47,6 +49,9 @@ class ElasticJob:
         self._follower: threading.Thread | None = None
         self._stream: Any = None  # what the backend's follow() gave (a cluster follower takes asks)
         self._output_of: str | None = None  # the node whose output was asked for live
+        # The job_resumed events its backend has recorded (status.json's count, at attach or
+        # resume()): until the replay has folded that many, the outcomes it passes are history.
+        self._resumes_recorded = 0
         self._prepared = dryrun is not None
         if dryrun is None:
             self._state.status = "pending"
@@ -219,7 +224,15 @@ class ElasticJob:
 
     @property
     def finished(self) -> bool:
-        return self._state.finished
+        # A resumed job replaying its history is not finished at an old outcome it passes.
+        return self._state.finished and self._replayed()
+
+    def _replayed(self) -> bool:
+        return self._state.resumes >= self._resumes_recorded
+
+    def _expect_resumes(self, info: JobInfo | None) -> None:
+        """Take the count of runs resumed from the backend's listing (0 where it keeps none)."""
+        self._resumes_recorded = int(((info.summary if info is not None else None) or {}).get("resumes") or 0)
 
     def on_event(self, callback: Callback) -> Callable[[], None]:
         """Call ``callback(event, job)`` for every event from now on (from a background
@@ -305,8 +318,9 @@ class ElasticJob:
     def resume(self) -> ElasticJob:
         """Continue this lost, failed or stopped job from its latest checkpoint, in its folder,
         with the same spec: the step counter and the data cursor carry on, the history stays
-        (a "resumed" marker on the chart), and the restart budget starts again."""
-        self.backend.resume(self.name)
+        (a "resumed" marker on the chart), and the restart budget starts again. Returns once
+        the job's state shows the resumed run (not the outcome it continues from)."""
+        self.backend.resume(self.name)  # returns once job_resumed is written and counted
         self._prepared = False
         self._stop_following.set()
         if self._follower is not None:
@@ -321,7 +335,11 @@ class ElasticJob:
         self._finished.clear()
         self._stop_following = threading.Event()
         self._follower = None
+        self._expect_resumes(self.backend.describe(self.name))
         self._follow()
+        deadline = time.monotonic() + RESUME_REPLAY_TIMEOUT_S  # the replay up to it reads a file
+        while not self._replayed() and self._follower.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return self
 
     # -- display -------------------------------------------------------------------------

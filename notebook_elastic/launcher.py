@@ -317,5 +317,6 @@ def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
     except (OSError, ValueError, TypeError):
         spec = None
     job = ElasticJob(name, runner, spec)
+    job._expect_resumes(info)
     job._follow()
     return job

@@ -415,6 +415,7 @@ def test_recovery_and_resumption_keep_the_history_and_start_the_budget_again():
     state.apply(ev(Kind.JOB_RESUMED, 7.0, None, after="failed", max_restarts=5, nodes=2, min_nodes=1, max_nodes=2))
     assert (state.status, state.reason, state.finished_at, state.waiting) == ("pending", None, None, None)
     assert state.restarts == 0 and state.failures == [] and state.max_restarts == 5
+    assert state.resumes == 1 and state.summary()["resumes"] == 1  # what a new handle replays up to
     assert [n.restart_count for n in state.nodes.values()] == [0, 0]
     assert state.started_at == 2.0 and len(state.events) == history + 1  # the history stays
     assert [(m.time, m.label) for m in state.markers if m.kind == "resumed"] == [(7.0, "job resumed")]
@@ -542,6 +543,7 @@ def test_the_summary_is_the_fold_in_a_few_fields():
         "max_nodes": 3,
         "restarts": 0,
         "max_restarts": 2,
+        "resumes": 0,
         "step": None,
         "total_steps": None,
         "loss": None,

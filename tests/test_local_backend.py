@@ -22,7 +22,7 @@ from conftest import job_processes, pid_alive, wait_until_gone
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.local import LocalBackend
-from notebook_elastic.events import Kind
+from notebook_elastic.events import FINAL_STATUSES, Kind
 
 pytestmark = pytest.mark.slow
 
@@ -458,6 +458,31 @@ def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, 
     assert fresh.wait(120) == "succeeded"
     assert not any(e.kind == Kind.JOB_RESUMED for e in fresh.events)
     assert len(list((home / "jobs" / ".history").iterdir())) == 1
+
+
+def test_a_resumed_job_is_never_seen_finished_while_its_history_replays(home):
+    """resume() replays the job's history from its first event, through the outcome it
+    continues from: none of that may read as this job's present (finished, a final status),
+    to a callback, to the caller when resume() returns, or to the listing."""
+    job = ne.launch(TRAIN, nnodes="1", name="replayed", checkpoint_every=1, user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 3), "step 3")
+    assert job.stop() == "stopped" and job.finished
+    stopped_at = job.state.step
+    seen: list[tuple[str, bool, str]] = []
+    job.on_event(lambda e, j: seen.append((e.kind, j.finished, j.status)))
+    job.resume()
+    assert not job.finished and job.status not in FINAL_STATUSES, job.summary()
+    assert LocalBackend().describe("replayed").status not in FINAL_STATUSES
+    replayed = [kind for kind, _f, _s in seen]
+    assert Kind.JOB_FINISHED in replayed and Kind.JOB_RESUMED in replayed  # the history was replayed
+    assert not any(finished for _k, finished, _s in seen), [x for x in seen if x[1]]
+    wait_for(job, lambda: at_step(job, stopped_at + 2)() and job.state.resumes == 1, "training again")
+    assert job.stop() == "stopped" and job.finished
+    last = [x for x in seen if x[0] == Kind.JOB_FINISHED][-1]
+    assert last[1:] == (True, "stopped")
+    # A new handle replays the same history, resume included, and ends at the same outcome.
+    again = ne.attach("replayed")
+    assert again.wait(60) == "stopped" and again.state.resumes == 1
 
 
 def test_a_new_job_reads_another_jobs_checkpoint_dir(home, tmp_path):

@@ -80,6 +80,7 @@ class JobState(Handlers):
         self.generation: int | None = None
         self.round: int | None = None
         self.restarts = 0  # worker-failure restarts, the most any agent used
+        self.resumes = 0  # job_resumed events folded: runs continued after an outcome (or a loss)
         self.membership_changes = 0
         self.metrics = Metrics()
         self.events: list[Event] = []  # everything but metrics and logs
@@ -191,6 +192,7 @@ class JobState(Handlers):
             "max_nodes": self.nnodes[1],
             "restarts": self.restarts,
             "max_restarts": self.max_restarts,
+            "resumes": self.resumes,
             "step": self.step,
             "total_steps": self.total_steps,
             "loss": loss,

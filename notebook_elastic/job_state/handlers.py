@@ -30,6 +30,7 @@ class Handlers:
         self.finished_at = None
         self.waiting = None
         self.restarts = 0  # the budget starts again, as the event says
+        self.resumes += 1
         self.failures.clear()
         for node in self.nodes.values():
             node.restart_count = 0

@@ -29,7 +29,9 @@ def ended(folder: JobFolder) -> bool:
     """Whether the job wrote its outcome (or its folder is gone): nothing left to guard."""
     if not folder.path.is_dir():
         return True
-    info = folder.supervisor() or {}
+    info = folder.supervisor()
+    if info is None:
+        return False  # a supervisor still starting (resume() removed the last one's file)
     status = (folder.status() or {}).get("status")
     return bool(info.get("exited")) or (status in FINAL_STATUSES and not folder.supervisor_alive())
 

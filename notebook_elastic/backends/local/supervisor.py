@@ -207,19 +207,6 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         sock.listen(512)
         self.store_port = sock.getsockname()[1]
         listener = listen(self.authkey)
-        write_json_atomic(
-            self.folder.supervisor_file,
-            {
-                "pid": os.getpid(),
-                "start_ticks": process_start_ticks(os.getpid()),
-                "control": list(listener.address),
-                "authkey": self.authkey.hex(),
-                "rdzv_port": self.store_port,
-                "started": time.time(),
-            },
-            mode=0o600,
-        )
-        threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
         spec = self.spec
         before = None
         if self.resume:
@@ -241,6 +228,24 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             gpus=len(self.gpus),
             notebook=spec.notebook,
         )
+        # Announced after the job's first event is written and status.json counts it: a
+        # launcher that sees this file (launch, resume) returns to a stream and a listing that
+        # already say the job (re)started, never the outcome a resumed job continues from.
+        self.sink.flush(timeout_s=10.0)
+        self._write_status()
+        write_json_atomic(
+            self.folder.supervisor_file,
+            {
+                "pid": os.getpid(),
+                "start_ticks": process_start_ticks(os.getpid()),
+                "control": list(listener.address),
+                "authkey": self.authkey.hex(),
+                "rdzv_port": self.store_port,
+                "started": time.time(),
+            },
+            mode=0o600,
+        )
+        threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
         self._converge()
         store = host_store(sock)
         if tensorboard_available():  # metrics come only through the store: none was missed
