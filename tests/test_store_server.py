@@ -1,0 +1,250 @@
+"""The Kubernetes rendezvous pod's store (#17: the store on a small image): a c10d TCPStore
+server in the standard library alone, run as the pod runs it (from the runtime zip the
+ConfigMap carries, on a Python without site-packages, as in ``python:3.12-slim``).
+
+Checked by clients nobody here wrote: torch's own TCPStore client gets the same answers from
+it as from torch's own server, call by call; several clients wait and meet at a barrier;
+plain ``torchrun`` agents and their workers rendezvous and all-reduce through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from notebook_elastic.backends.kubernetes.code import runtime_zip
+from notebook_elastic.runtime import store_server
+from notebook_elastic.runtime.protocol import EVENT_PREFIX
+from notebook_elastic.runtime.store import host_store
+from notebook_elastic.runtime.torch_compat import store_id
+
+
+@pytest.fixture
+def bare_store(tmp_path):
+    """``python -m notebook_elastic.runtime.store`` with the standard library alone (-S: no
+    site-packages, so no torch and no cloudpickle) and the runtime zip on its path."""
+    archive = tmp_path / "runtime.zip"
+    archive.write_bytes(runtime_zip())
+    proc = subprocess.Popen(
+        [sys.executable, "-S", "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", "0"],
+        env={"PYTHONPATH": str(archive), "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith(EVENT_PREFIX), line + proc.stdout.read()  # type: ignore[union-attr]
+        ready = json.loads(line[len(EVENT_PREFIX) :])
+        assert ready["kind"] == "store_ready"
+        yield proc, ready["port"]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def client(port: int, timeout_s: float = 30) -> dist.TCPStore:
+    return dist.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def exercise(c: dist.TCPStore) -> list:
+    """Every call of torch's client, with the cases where servers could differ."""
+    out: list = []
+    c.set("a", "1")
+    out.append(c.get("a"))
+    out += [c.add("n", 5), c.add("n", -2), c.get("n"), c.add("fresh", 0)]
+    out += [
+        c.compare_set("a", "1", "2"),  # matches: swapped
+        c.compare_set("a", "x", "3"),  # does not: the current value
+        c.compare_set("missing", "x", "y"),  # no key, an expected value: torch answers it back
+        c.compare_set("new", "", "v"),  # no key, nothing expected: set
+    ]
+    out += [c.check(["a", "n"]), c.check(["a", "nope"])]
+    out.append(c.num_keys())
+    out += [c.delete_key("new"), c.delete_key("new"), c.check(["new"])]
+    c.append("ap", "x")
+    c.append("ap", "y")
+    out.append(c.get("ap"))
+    c.multi_set(["m1", "m2"], ["1", "2"])
+    out.append(c.multi_get(["m1", "m2", "a"]))
+    c.queue_push("q", "first")
+    c.queue_push("q", "second")
+    out += [c.queue_len("q"), c.check(["q"]), c.queue_pop("q"), c.queue_pop("q", block=False), c.queue_len("q")]
+    out.append(c.queue_len("never-pushed"))
+    started = time.monotonic()
+    with pytest.raises(dist.DistStoreError) as timed_out:
+        c.wait(["never"], timedelta(seconds=0.3))
+    out.append((type(timed_out.value).__name__, time.monotonic() - started < 20))
+    out.append(c.get("a"))  # the connection still serves after a cancelled wait
+    c.wait(["a", "m1"])  # keys there already: at once
+    c.barrier("alone", 1)
+    out.append(c.get("alone"))
+    out.append(sorted(c.list_keys()))
+    c.set("big", b"\x00\xff" * 100_000)  # binary, 200 kB
+    out.append(len(c.get("big")))
+    return out
+
+
+def test_torchs_client_gets_the_same_answers_as_from_torchs_own_server(bare_store):
+    _proc, port = bare_store
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    torchs = host_store(sock)  # torch's server as the local supervisor hosts it (with the id key)
+    try:
+        theirs = exercise(client(sock.getsockname()[1]))
+        ours = exercise(client(port))
+        assert ours == theirs
+        assert theirs[0] == b"1" and theirs[-1] == 200_000  # the calls did something
+        # The id by which reconnecting agents tell a replacement store from the one they lost.
+        first, again = store_id(client(port)), store_id(client(port))
+        assert re.fullmatch(r"[0-9a-f]{32}", first or "") and first == again
+    finally:
+        del torchs
+        sock.close()
+
+
+WAITER = """
+import datetime, sys, torch.distributed as dist
+c = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=120), wait_for_workers=False)
+c.add("arrived", 1)
+c.wait(["go", "also"])
+c.barrier("meet", 3)
+print("through", c.get("go").decode(), flush=True)
+"""
+
+
+def test_waiters_wake_when_their_keys_come_and_a_barrier_releases_everyone(bare_store):
+    proc, port = bare_store
+    waiters = [
+        subprocess.Popen([sys.executable, "-c", WAITER, str(port)], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    try:
+        c = client(port)
+        deadline = time.monotonic() + 120
+        while c.add("arrived", 0) < 2:  # both connected and about to wait
+            assert time.monotonic() < deadline and all(w.poll() is None for w in waiters)
+            time.sleep(0.05)
+        c.set("go", "now")
+        assert all(w.poll() is None for w in waiters)  # one of two keys: still waiting
+        c.set("also", "1")
+        c.barrier("meet", 3)  # the third: releases the two already there
+        outs = [w.communicate(timeout=120)[0] for w in waiters]
+        assert [w.returncode for w in waiters] == [0, 0] and outs == ["through now\n"] * 2
+        assert c.get("meet") == b"3" and proc.poll() is None
+    finally:
+        for w in waiters:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+
+
+def _raw(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    return s
+
+
+def _closed(s: socket.socket) -> bool:
+    try:
+        return s.recv(64) == b""
+    except ConnectionResetError:
+        return True
+    finally:
+        s.close()
+
+
+def test_a_client_that_breaks_the_protocol_is_closed_and_nobody_else(bare_store):
+    proc, port = bare_store
+    good = client(port)
+    good.set("k", "v")
+    validated = bytes([store_server.VALIDATE]) + struct.pack("<I", store_server.VALIDATION_MAGIC)
+    broken = {
+        "a first command other than VALIDATE": bytes([store_server.SET]) + struct.pack("<Q", 1) + b"k",
+        "a wrong magic number": bytes([store_server.VALIDATE]) + struct.pack("<I", 0x12345678),
+        "an unknown command": validated + bytes([99]),
+        "a key over torch's 8 KiB": validated + bytes([store_server.GET]) + struct.pack("<Q", 9000),
+        "a value over torch's 8 MiB": validated
+        + bytes([store_server.SET])
+        + struct.pack("<Q", 1)
+        + b"k"
+        + struct.pack("<Q", 9 << 20),
+        "ADD to a value that is not a number": validated
+        + bytes([store_server.ADD])
+        + struct.pack("<Q", 2)
+        + b"/k"
+        + struct.pack("<q", 1),
+    }
+    for what, data in broken.items():
+        s = _raw(port)
+        s.sendall(data)
+        assert _closed(s), what
+    # A command cut in half waits for the rest (a slow link, not a broken client).
+    s = _raw(port)
+    get = validated + bytes([store_server.GET]) + struct.pack("<Q", 2) + b"/k"
+    s.sendall(get[:7])
+    good.set("unrelated", "1")  # the server went on serving meanwhile
+    s.sendall(get[7:])
+    assert s.recv(64) == struct.pack("<Q", 1) + b"v"
+    s.close()
+    assert good.get("k") == b"v" and good.add("/n", 1) == 1 and proc.poll() is None
+
+
+def test_it_ends_on_sigterm(bare_store):
+    proc, port = bare_store
+    c = client(port)
+    c.set("k", "v")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+TRAIN = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_plain_torchrun_agents_and_workers_meet_through_it(bare_store, tmp_path):
+    """Two torchrun agents (c10d rendezvous, as the pods run them) and their workers' process
+    group (TORCHELASTIC_USE_AGENT_STORE: the workers are clients of the same store)."""
+    proc, port = bare_store
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bare"]
+    cmd += ["--rdzv-conf", "is_host=false", "--max-restarts", "0", str(script)]
+    agents = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for _ in range(2)
+    ]
+    try:
+        outs = [a.communicate(timeout=300)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    assert [a.returncode for a in agents] == [0, 0], outs
+    lines = sorted(line for out in outs for line in out.splitlines() if " sum " in line)
+    assert lines == ["rank 0 of 2 sum 3.0", "rank 1 of 2 sum 3.0"], outs
+    keys = client(port).list_keys()
+    assert any(k.startswith("torch.rendezvous.bare") for k in keys), keys  # c10d's round state
+    assert proc.poll() is None
