@@ -99,10 +99,9 @@ def bundle_for(
         from .backends.kubernetes.options import KubernetesOptions, untested_torch_warning
 
         k8s = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
-        for flag, image in (("--image", k8s.image), ("--rdzv-image", k8s.rdzv_image)):
-            warning = untested_torch_warning(image, flag) if image else None
-            if warning:
-                bundle.launch_warnings.append(warning)
+        warning = untested_torch_warning(k8s.image, "--image")  # the store's image needs no torch
+        if warning:
+            bundle.launch_warnings.append(warning)
     return bundle
 
 

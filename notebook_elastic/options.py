@@ -148,7 +148,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("priority_class", "priorityClassName of the pods.", backends=K8S, goes_to="kubernetes"),
     Option(
         "rdzv_image",
-        "image of the rendezvous store (any image with the workers' torch; default: --image, or its -runtime twin for an official -devel image).",
+        "image of the rendezvous store (any image with Python 3: the store needs no torch; default: python:3.12-slim beside Docker Hub's pytorch/pytorch images, else --image, or its -runtime twin for an official -devel image).",
         backends=K8S,
         goes_to="kubernetes",
     ),

@@ -2015,6 +2015,11 @@ class FakeCluster:
         argv = [rewrite(a) for a in container.get("command", []) + container.get("args", [])]
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable
+            if _bare_python_image(container.get("image", "")):
+                # Docker's official Python image has the standard library and nothing else:
+                # no site-packages here either (no torch, no cloudpickle), so code that needs
+                # more fails here as it would in that image.
+                argv[1:1] = ["-S"]
         log_path = pod_dir / f"log-{int(time.time() * 1000)}.txt"
         log = open(log_path, "wb")
         reader_r, reader_w = os.pipe()
@@ -2578,6 +2583,12 @@ class FakeCluster:
             self.create_backoff[uid] = time.monotonic() + 1.0
             return False
         return True
+
+
+def _bare_python_image(image: str) -> bool:
+    """Docker's official Python images (python:3.12-slim, docker.io/library/python:3.12)."""
+    name = image.strip().removeprefix("docker.io/").removeprefix("library/")
+    return name == "python" or name.startswith(("python:", "python@"))
 
 
 def _set_ready(pod: dict[str, Any], ready: bool) -> None:

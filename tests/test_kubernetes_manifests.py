@@ -110,7 +110,7 @@ def test_the_shape_of_the_job():
     store = rdzv["spec"]["template"]["spec"]
     assert store["containers"][0]["command"] == ["python", "-m", "notebook_elastic.runtime.store"]
     assert store["nodeSelector"] == {"lifecycle": "on-demand"} and "tolerations" not in store
-    assert store["containers"][0]["image"] == k8s.image  # the workers' torch, unless --rdzv-image
+    assert store["containers"][0]["image"] == "python:3.12-slim"  # Python alone, unless --rdzv-image
     assert service["spec"]["selector"] == {m.INSTANCE: "spot-train", m.COMPONENT: "rendezvous"}
     # Workers: an elastic Indexed Job running our agent with the fast rendezvous settings.
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == job["spec"]["parallelism"] == 1
@@ -422,8 +422,9 @@ def test_the_store_keeps_off_spot_nodes_when_the_workers_tolerate_spot(toleratio
 
 
 def test_the_store_image_is_an_option():
-    """The store needs only torch's TCPStore: --rdzv-image names a smaller image (with the
-    workers' torch: the store speaks their TCPStore protocol); by default, the workers'."""
+    """The store needs only Python (its server is the standard library): --rdzv-image names
+    any image with Python 3; by default a small Python image beside Docker Hub's PyTorch
+    images, the workers' own beside a private registry's (test_store_image.py)."""
     assert _store_pod(rdzv_image="registry.example/torch-cpu:2.13")["containers"][0]["image"] == (
         "registry.example/torch-cpu:2.13"
     )

@@ -16,6 +16,7 @@ from test_kubernetes_backend import TRAIN, _post, cluster, ns, wait_for  # noqa:
 
 import notebook_elastic as ne
 from notebook_elastic.backends.kubernetes import manifests as m
+from notebook_elastic.backends.kubernetes.options import STORE_IMAGE
 from notebook_elastic.events import Kind
 from notebook_elastic.runtime import torch_compat
 
@@ -86,6 +87,10 @@ def test_a_job_survives_the_loss_of_its_store_pod(cluster, how):  # noqa: F811 (
     )
     wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
     (store,) = cluster.pods(selector=m.selector(name, "rendezvous"))
+    # The store on a small Python image, which the fake cluster runs without site-packages
+    # (no torch): the agents and their workers above meet through the standard-library server.
+    assert store["spec"]["containers"][0]["image"] == STORE_IMAGE
+    assert "-S" in cluster.containers[store["metadata"]["uid"]].proc.args
     workers_before = set(job.nodes)
     round_before = max(e.get("round") for e in job.events if e.kind == Kind.RENDEZVOUS)
     path = f"/api/v1/namespaces/default/pods/{store['metadata']['name']}"

@@ -13,6 +13,7 @@ from kubernetes_validate import validate
 
 from notebook_elastic.backends.kubernetes.options import (
     DEFAULT_IMAGE,
+    STORE_IMAGE,
     image_torch,
     untested_torch_warning,
 )
@@ -29,22 +30,42 @@ def _images(**options) -> tuple[str, str]:
     return image, workers["spec"]["template"]["spec"]["containers"][0]["image"]
 
 
-@pytest.mark.parametrize("registry", ["", "docker.io/", "ghcr.io/"])
-def test_workers_on_an_official_devel_image_give_the_store_its_runtime_twin(registry):
-    devel = f"{registry}pytorch/pytorch:2.13.0-cuda12.8-cudnn9-devel"
+@pytest.mark.parametrize(
+    "workers",
+    [
+        DEFAULT_IMAGE,
+        "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-devel",
+        "docker.io/pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime",
+        "pytorch/pytorch:latest",
+        "pytorch/pytorch@sha256:" + "0" * 64,
+    ],
+)
+def test_beside_docker_hubs_pytorch_images_the_store_runs_a_small_python_image(workers):
+    store, workers_image = _images(image=workers)
+    assert workers_image == workers  # the workers keep what they asked for
+    assert store == STORE_IMAGE == "python:3.12-slim"
+
+
+def test_an_official_devel_image_elsewhere_gives_the_store_its_runtime_twin():
+    devel = "ghcr.io/pytorch/pytorch:2.13.0-cuda12.8-cudnn9-devel"
     store, workers = _images(image=devel)
-    assert workers == devel  # the workers keep what they asked for
-    assert store == f"{registry}pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime"
-    # The same torch as the workers', one the project is tested with: the store's TCPStore
-    # speaks the agents' protocol, and runtime/store.py runs on it.
+    assert workers == devel
+    assert store == "ghcr.io/pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime"  # the registry they pull from
     assert image_torch(store) == image_torch(workers) and untested_torch_warning(store) is None
 
 
 @pytest.mark.parametrize(
-    "image", [DEFAULT_IMAGE, "registry.example/train:1", "registry.example/pytorch-devel", "pytorch/pytorch:latest"]
+    "image",
+    [
+        "registry.example/train:1",
+        "registry.example/pytorch-devel",
+        "myorg/pytorch:2.13",
+        "ghcr.io/pytorch/pytorch:latest",
+    ],
 )
 def test_other_images_are_the_stores_as_they_are(image):
-    """A runtime image already, or one whose torch and variants we cannot know from its name."""
+    """A private registry's image (an air-gapped cluster pulls only from there), or one whose
+    variant we cannot know from its name: the workers' own, which has Python."""
     from notebook_elastic.backends.kubernetes.options import runtime_twin
 
     assert _images(image=image) == (image, image)

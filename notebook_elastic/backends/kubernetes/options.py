@@ -18,6 +18,11 @@ from ...spec import whole_number
 # The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
 # tests/test_kubernetes_manifests.py keeps them in step).
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime"
+# The store's image beside workers on Docker Hub's official PyTorch images: its server is the
+# standard library alone (runtime/store_server.py), so a Docker Official Python image of ~45 MB
+# from the same registry, instead of a CUDA image of several GB on the node that hosts it.
+STORE_IMAGE = "python:3.12-slim"
+_DOCKER_HUB_PYTORCH = re.compile(r"^(?:docker\.io/)?pytorch/pytorch(?::|@|$)")
 # Official PyTorch images name their torch in the tag: pytorch/pytorch:2.13.0-cuda12.8-...
 _OFFICIAL_IMAGE = re.compile(r"^(?:(?:docker\.io|ghcr\.io)/)?pytorch/pytorch:(\d+)\.(\d+)(?:\.\d+)?(?:-|$)")
 WORKLOADS = ("job", "pods", "pytorchjob")
@@ -124,10 +129,9 @@ class KubernetesOptions:
     namespace: str | None = None  # None: the kubeconfig context's namespace, else "default"
     context: str | None = None
     image: str = DEFAULT_IMAGE
-    # The store's image. None: the workers' (it must speak their torch's TCPStore protocol),
-    # as its -runtime twin when that is an official -devel image. No official CPU-only image
-    # carries torch (pytorch/pytorch publishes CUDA tags only), so a smaller one is the user's
-    # to name; a third-party one by default would be a supply-chain choice made for them.
+    # The store's image. None: a small Python image when the workers' is Docker Hub's official
+    # PyTorch image (the store needs Python alone), else the workers' own (a registry the
+    # cluster can pull from; its -runtime twin for an official -devel image).
     rdzv_image: str | None = None
     gpus: int | None = None  # per pod; None: --nproc-per-node; 0: CPU pods
     cpu: str | None = None
@@ -149,9 +153,15 @@ class KubernetesOptions:
 
     @property
     def store_image(self) -> str:
-        """--rdzv-image, else the workers' image (its -runtime twin for an official -devel one:
-        the store needs torch's TCPStore, not a compiler)."""
-        return self.rdzv_image or runtime_twin(self.image)
+        """--rdzv-image; else, beside Docker Hub's official PyTorch images, a small Python
+        image from the same registry (the store server is the standard library alone); else
+        the workers' image, which the cluster can pull (an official -devel one's -runtime
+        twin: the store needs no compiler)."""
+        if self.rdzv_image:
+            return self.rdzv_image
+        if _DOCKER_HUB_PYTORCH.match(self.image.strip()):
+            return STORE_IMAGE
+        return runtime_twin(self.image)
 
     def gpus_per_pod(self, nproc_per_node: int) -> int:
         return nproc_per_node if self.gpus is None else self.gpus
