@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -393,6 +394,64 @@ def test_on_kubernetes_rank_0s_pod_logs_every_step_to_one_mlflow_run_that_ends_w
     assert {e.get("run_id") for e in told} == {run.info.run_id}  # the same run
     assert told[-1].get("command") == f"mlflow ui --backend-store-uri {store.as_uri()}"
     assert f"MLflow run {run.info.run_id}" in job.summary()
+
+
+@needs_mlflow
+@pytest.mark.slow
+def test_on_kubernetes_a_job_that_fails_for_good_ends_its_mlflow_run_failed(cluster, tmp_path, monkeypatch):
+    """Nothing but rank 0's pod holds the run, and the notebook may be gone: a failure on the
+    last attempt the restart budget allows ends it FAILED (old code: RUNNING forever). The
+    first attempt's failure leaves it open, and the retry logs on into the same run."""
+    from test_kubernetes_backend import TRAIN as POD_TRAIN
+    from test_kubernetes_backend import ns as pod_ns
+
+    store = tmp_path / "store"
+    buggy = POD_TRAIN.replace("    time.sleep(0.05)", "    time.sleep(0.05)\n    if step >= 3: 1 / 0")
+    job = ne.launch(
+        buggy,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        pvc="ckpt",
+        name="pod-failing",
+        track="mlflow",
+        max_restarts=1,
+        env=[f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"],
+        user_ns=pod_ns(total=60),
+    )
+    assert job.wait(300) == "failed", job.summary()
+    assert "ZeroDivisionError" in (job.state.reason or ""), job.summary()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = mlflow.MlflowClient(store.as_uri())
+    (run,) = client.search_runs(["0"])  # one run for both attempts
+    assert run.info.status == "FAILED" and run.data.tags["notebook_elastic.run"]
+    told = [e for e in job.events if e.kind == Kind.TRACKING]
+    assert len(told) == 2 and {e.get("run_id") for e in told} == {run.info.run_id}  # each attempt's rank 0
+
+
+@needs_mlflow
+def test_a_rank_0_that_logs_on_into_an_ended_run_marks_it_running_again(tmp_path, monkeypatch):
+    """A run ended FAILED by a rank 0 on its last attempt whose group then re-formed (a peer's
+    departure, not charged) is running again when the new rank 0 logs on into it."""
+    from notebook_elastic.runtime import pod_tracking, protocol
+
+    store = tmp_path / "store"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv(protocol.ENV_JOB, "again")
+    monkeypatch.setenv(protocol.ENV_RUN, "again-run-1")
+    client = mlflow.MlflowClient(store.as_uri())
+    ended = client.create_run("0", tags={"notebook_elastic.run": "again-run-1"}).info.run_id
+    client.set_terminated(ended, "FAILED")
+    pod = pod_tracking.PodRun("mlflow")
+    pod.observe(7, {"loss": 0.5})
+    deadline = time.monotonic() + 60
+    while client.get_run(ended).info.status != "RUNNING":
+        assert time.monotonic() < deadline and not pod.failed
+        time.sleep(0.05)
+    pod.end(finished=True)
+    assert client.get_run(ended).info.status == "FINISHED" and len(client.search_runs(["0"])) == 1
+    assert [(m.step, m.value) for m in client.get_metric_history(ended, "loss")] == [(7, 0.5)]
 
 
 @needs_mlflow

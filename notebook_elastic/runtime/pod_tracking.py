@@ -7,7 +7,10 @@ this module, which logs them on a thread of its own, in batches. The pods carry
 ``--env``, say); the credentials come through ``--env`` too (the job's Secret). One run per
 job run: a worker that starts again (a restart, a new rank 0 pod after a scale) finds the run
 by its ``notebook_elastic.run`` tag (W&B: resumes the run of that id) and logs on into it. The
-run ends FINISHED when rank 0's training ends well; a failure leaves it open for the retry.
+run ends FINISHED when rank 0's training ends well; a failure leaves it open for the retry,
+except one on the last attempt the restart budget allows, which ends it FAILED (nothing else in
+the cluster would: the notebook may be gone). A rank 0 that logs on into an ended run (a group
+that re-formed after such a failure, a departure) marks it running again.
 A tracker the image lacks, or a server that fails, is one ``error`` event of that worker, and
 training goes on. Worker-side module: the trackers are imported on the thread, never at import.
 """
@@ -58,9 +61,10 @@ class PodRun:
     def observe(self, step: int, values: dict[str, Any]) -> None:
         self.queue.put((step, time.time(), values))
 
-    def end(self, finished: bool, timeout_s: float = 20.0) -> None:
-        """Log what is queued; end the run when training ``finished`` (else a retry logs on)."""
-        self.queue.put(("end", finished))
+    def end(self, finished: bool, last_attempt: bool = False, timeout_s: float = 20.0) -> None:
+        """Log what is queued; end the run FINISHED when training ``finished``, FAILED when it
+        failed on the ``last_attempt`` (else a retry logs on)."""
+        self.queue.put(("end", finished, last_attempt))
         self.queue.put(None)
         self.thread.join(timeout=timeout_s)
 
@@ -84,8 +88,8 @@ class PodRun:
                     if steps:
                         self._log(steps)
                     for b in batch:
-                        if b and b[0] == "end" and b[1]:
-                            self._finish()
+                        if b and b[0] == "end" and (b[1] or b[2]):
+                            self._finish(succeeded=b[1])
                 except Exception as exc:
                     self._fail(
                         f"{self.tracker} logging stopped: {type(exc).__name__}: {scrub(str(exc))[:300]} (training goes on)"
@@ -113,6 +117,8 @@ class PodRun:
             same = client.search_runs([experiment_id], f"tags.`notebook_elastic.run` = '{self.run_key}'", max_results=1)
             if same:
                 self.run_id = same[0].info.run_id
+                if same[0].info.status != "RUNNING":  # ended FAILED by a rank 0 that gave up too soon
+                    client.update_run(self.run_id, status="RUNNING")
             else:
                 tags = {"notebook_elastic.job": self.job, "notebook_elastic.backend": "kubernetes"}
                 run = client.create_run(
@@ -153,11 +159,11 @@ class PodRun:
                     self.run.log(dict(values), step=step)
                     self.logged_step = step
 
-    def _finish(self) -> None:
+    def _finish(self, succeeded: bool) -> None:
         if self.tracker == "mlflow":
-            self.client.set_terminated(self.run_id, "FINISHED")
+            self.client.set_terminated(self.run_id, "FINISHED" if succeeded else "FAILED")
         else:
-            self.run.finish(exit_code=0)
+            self.run.finish(exit_code=0 if succeeded else 1)
 
 
 _run: PodRun | None = None
@@ -184,4 +190,9 @@ def _end() -> None:
     """``run()``'s finish hook: inside its ``except`` while the cell's code is failing."""
     if _run is not None:
         exc = sys.exc_info()[1]
-        _run.end(finished=exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)))
+        finished = exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
+        # Only a worker's own failure is charged to the budget (departures are not), so the
+        # restart count is the attempts spent: on the last one a failure ends the job.
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        last = attempt >= int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0))
+        _run.end(finished=finished, last_attempt=not finished and last)
