@@ -238,6 +238,23 @@ def test_a_worker_group_sets_ranks_world_size_and_the_chart_marks_each_change():
     assert [n["ranks"] for n in state.summary()["nodes"]] == [[0, 1], [2, 3]]
 
 
+def test_a_size_change_is_marked_where_the_new_group_trains_from():
+    """Saved every 8 steps, reported every step: the new group of 2 resumes at step 16, so the
+    steps after it are trained again at the new size; the change and the resume are marked
+    there, not at step 21, the last step reported at the old size."""
+    state = fold(started(1.0, "node-0", 0, 1, generation=1))
+    for step in range(22):
+        state.apply(metric(2.0 + step / 100, step, loss=1.0))
+    state.apply(started(3.0, "node-0", 0, 2, generation=2))
+    assert [(m.step, m.label) for m in state.markers if m.kind == "world_size"] == [(21, "world size 1 \u2192 2")]
+    state.apply(ev(Kind.RESUMED, 3.1, "node-0", step=7, generation=1, world_size=1))  # a late line, the old group's
+    state.apply(ev(Kind.RESUMED, 3.2, "node-0", step=16, generation=2, world_size=2, from_world_size=1))
+    state.apply(ev(Kind.RESUMED, 3.3, "node-1", step=16, generation=2, world_size=2, from_world_size=1))
+    state.apply(metric(3.4, 16, loss=0.9))
+    assert [(m.step, m.time) for m in state.markers if m.kind == "world_size"] == [(16, 3.0)]
+    assert [m.step for m in state.markers if m.kind == "resumed"] == [7, 16, 16]
+
+
 def test_a_new_generation_drops_the_old_ranks_and_a_late_line_from_an_old_one_is_ignored():
     state = fold(started(1.0, "node-0", 0, 2, generation=3), started(1.0, "node-1", 1, 2, generation=3))
     state.apply(started(5.0, "node-0", 0, 1, generation=4, restart_count=2))

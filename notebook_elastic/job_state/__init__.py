@@ -108,6 +108,9 @@ class JobState(Handlers):
         self.gpu: dict[int, dict[str, Any]] = {}  # rank -> its latest gpu event's figures
         self.tracking: dict[str, dict[str, Any]] = {}  # tracker -> where its run is (tracking events)
         self._world_sizes: dict[int | None, int] = {}
+        # The world-size marker of the newest group, until that group's resume says the step it
+        # starts from (the marker is first placed at the last step reported before the change).
+        self._size_marker: int | None = None
 
     # -- derived -------------------------------------------------------------------------
 
@@ -283,8 +286,8 @@ class JobState(Handlers):
         self.step = step
         self._rates.append((t, step))
 
-    def _mark(self, e: Event, kind: str, label: str) -> None:
-        self.markers.append(Marker(self.step, e.time, kind, label))
+    def _mark(self, e: Event, kind: str, label: str, step: int | None = None) -> None:
+        self.markers.append(Marker(self.step if step is None else step, e.time, kind, label))
 
     def _node(self, name: str | None) -> NodeInfo:
         name = name or "?"

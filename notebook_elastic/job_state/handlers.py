@@ -5,7 +5,7 @@ called by ``JobState._apply`` (a kind without one is only kept in the history). 
 from __future__ import annotations
 
 from ..events import Event, Status, degraded_text, describe
-from .records import RankInfo
+from .records import Marker, RankInfo
 
 
 class Handlers:
@@ -128,6 +128,7 @@ class Handlers:
         if world != self.world_size:
             if self.world_size:
                 self._mark(e, "world_size", f"world size {self.world_size} \u2192 {world}")
+                self._size_marker = len(self.markers) - 1
             self.world_size = world
         if self.started_at is None:
             self.started_at = e.time
@@ -157,7 +158,16 @@ class Handlers:
         self.total_steps = e.get("total")
 
     def _on_resumed(self, e: Event) -> None:
-        self._mark(e, "resumed", f"resumed from step {e.get('step')}")
+        """Marked where training goes on: the checkpoint's next step, which is behind the last
+        step reported when the group saved less often than it reported. A world-size change
+        takes effect there too: its marker moves from the last step of the old size."""
+        step = e.get("step")
+        self._mark(e, "resumed", f"resumed from step {step}", step=step)
+        generation = e.get("generation")
+        if self._size_marker is not None and step is not None and generation in (None, self.generation):
+            old = self.markers[self._size_marker]
+            self.markers[self._size_marker] = Marker(step, old.time, old.kind, old.label)
+            self._size_marker = None
 
     def _on_checkpoint_failed(self, e: Event) -> None:
         if e.get("disk_full"):
