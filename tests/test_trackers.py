@@ -553,6 +553,44 @@ def test_with_wandb_project_set_every_step_is_logged_once_to_an_offline_run_that
     assert f"W&B run {run.run_id} (offline) in {run_file.parent}: wandb sync" in job.summary()
 
 
+@pytest.mark.slow
+def test_on_kubernetes_rank_0s_pod_logs_every_step_to_an_offline_wandb_run_that_ends_with_training(cluster, tmp_path):
+    """W&B in pods: the project and mode come through --env (the job's Secret); offline, the
+    run is written under WANDB_DIR, read back from its records."""
+    pytest.importorskip("wandb")
+    from test_kubernetes_backend import TRAIN as POD_TRAIN
+    from test_kubernetes_backend import ns as pod_ns
+
+    folder = tmp_path / "wandb-dir"
+    folder.mkdir()
+    job = ne.launch(
+        POD_TRAIN,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        pvc="ckpt",
+        name="pod-wandb",
+        track="wandb",
+        env=["WANDB_PROJECT=pods", "WANDB_MODE=offline", f"WANDB_DIR={folder}", "WANDB_SILENT=true"],
+        user_ns=pod_ns(total=20),
+    )
+    assert job.wait(300) == "succeeded", job.summary()
+    (run_file,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"][:1]
+    assert run.display_name == "pod-wandb" and run.project == "pods"
+    logged = [
+        {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+    assert sorted(h["_step"] for h in logged if "loss" in h) == list(range(20))  # every step, once
+    (exit_record,) = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
+    assert exit_record.exit_code == 0
+    (told,) = [e for e in job.events if e.kind == Kind.TRACKING and e.get("tracker") == "wandb"]
+    assert told.get("offline") and told.get("run_id") == run.run_id
+
+
 def test_the_sinks_flush_returns_once_every_event_put_before_it_is_folded_and_seen(tmp_path):
     """What the trackers' end waits on (instead of polling the queue): a slow observer still
     has every event before it when flush returns; a closed sink's flush says False at once."""
