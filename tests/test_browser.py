@@ -186,10 +186,14 @@ def test_dashboard_states_kernel_restart_and_reload(tmp_path):
     def snap(name: str, locator=None) -> None:
         for attempt in range(3):  # an ended job's output is re-published once: drawn anew
             try:
+                if locator is not None:  # the new one, once it is on the page
+                    locator.wait_for(state="visible", timeout=30_000)
                 (locator or page).screenshot(path=str(shots / f"{name}.png"))
                 return
             except Exception as e:
-                if "not attached" not in str(e) or attempt == 2:
+                # Caught between the old output's removal and the new one's drawing (CI saw
+                # both words: "not attached", "not visible or not an HTMLElement").
+                if not any(w in str(e) for w in ("not attached", "not visible")) or attempt == 2:
                     raise
 
     with jupyter_lab(tmp_path, env) as lab, chromium_page(tmp_path, width=1000) as page:
