@@ -393,7 +393,7 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
         nodes=2,
         nproc_per_node=1,
         name="phoenix",
-        checkpoint_every=1,  # "every step reported was saved first" is every-step saving's promise
+        checkpoint_every=1,  # every-step saving redoes at most the step whose write was in flight
         user_ns=namespace(total=150),
     )
     wait_for(job, at_step(job, 15), "step 15")
