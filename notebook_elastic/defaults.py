@@ -36,6 +36,10 @@ BACKENDS = ("local", "kubernetes")
 HIDDEN_VALUE = "<hidden>"
 
 
+#: How often a node waiting in a local rendezvous round looks at it again (torch: 1 s).
+RDZV_POLL_S_LOCAL = 0.1
+
+
 def rdzv_conf(*, join_timeout_s: int, is_host: bool | None = None) -> dict[str, str]:
     conf = {
         "join_timeout": str(join_timeout_s),

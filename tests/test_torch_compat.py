@@ -6,6 +6,7 @@ torch that lacks one is reported as a ``degraded`` event and the job runs on."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -134,3 +135,43 @@ def test_the_store_leaves_its_callers_socket_open_when_it_goes():
     gc.collect()
     os.fstat(sock.fileno())  # still the caller's: raises EBADF when the store took it along
     sock.close()
+
+
+def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store, monkeypatch):
+    """torch closes a round of 1:3 nodes last_call after it reached 1 (here 600 s): with the
+    job's target of 2 in the store, it closes as soon as the second node joins (old code:
+    both nodes still waiting at the test's limit)."""
+    for owner, name in (
+        (dr._RendezvousJoinOp, "__call__"),
+        (dr._DistributedRendezvousOpExecutor, "run"),
+        (dr, "_delay"),
+        (dr._BackendRendezvousStateHolder, "__init__"),
+    ):
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # this process's torch as it was, after
+    assert torch_compat.close_rounds_at_target(poll_s=0.1)
+    assert torch_compat.close_rounds_at_target(poll_s=0.1)  # idempotent: one wrapper, not two
+    store.set(torch_compat.TARGET_KEY, "2")
+    host, port = "127.0.0.1", store.port
+
+    def join(i: int, results: dict) -> None:
+        client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
+        handler = dr.DynamicRendezvousHandler.from_backend(
+            "target",
+            client,
+            C10dRendezvousBackend(client, "target"),
+            min_nodes=1,
+            max_nodes=3,
+            timeout=dr.RendezvousTimeout(join=timedelta(seconds=600), last_call=timedelta(seconds=600)),
+            keep_alive_interval=1,
+            keep_alive_max_attempt=3,
+        )
+        assert handler._state_holder._cache_duration == 0.1  # a look reads the store at most 0.1 s old
+        results[i] = handler.next_rendezvous().world_size
+
+    results: dict[int, int] = {}
+    nodes = [threading.Thread(target=join, args=(i, results), daemon=True) for i in range(2)]
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.join(timeout=120)
+    assert results == {0: 2, 1: 2}

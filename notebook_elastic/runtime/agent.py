@@ -352,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
         _joining.start()
     _hook_rendezvous()
     _hook_agent()
+    # A round closes once it holds the job's nodes (the supervisor's target, in the store).
+    torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
     _report_degraded()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main

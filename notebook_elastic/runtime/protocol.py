@@ -211,6 +211,8 @@ ENV_SUPERVISOR_PID = "NOTEBOOK_ELASTIC_SUPERVISOR_PID"  # an agent exits when th
 # "1" where the rendezvous store can come back at the same endpoint when it is lost (a cluster's
 # store pod, under its Deployment): the agents wait for it instead of failing.
 ENV_STORE_REPLACEABLE = "NOTEBOOK_ELASTIC_STORE_REPLACEABLE"
+# How often a node waiting in a rendezvous round looks at it again (seconds; unset: torch's 1 s).
+ENV_RDZV_POLL_S = "NOTEBOOK_ELASTIC_RDZV_POLL_S"
 ENV_RDZV_EPOCH = "NOTEBOOK_ELASTIC_RDZV_EPOCH"  # bumped each time a backend restarts all agents
 ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the script and payload at launch
 # Set by our agent wrapper for its workers.

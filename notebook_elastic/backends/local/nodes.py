@@ -292,6 +292,7 @@ class Nodes:
         """Start or stop agents until as many run as the target says."""
         if self.stopping:
             return
+        self._publish_target()  # before a new agent asks to join
         # Agents on their way out do not count: counting a preempted node-0 that is still
         # shutting down made the target look exceeded, and the survivor was scaled down too.
         alive = self.staying_agents()

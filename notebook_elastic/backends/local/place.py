@@ -54,6 +54,8 @@ def local_place(
     cwd = spec.backend_options.get("cwd") or os.getcwd()
     env = {
         protocol.ENV_JOB_DIR: str(folder.path),
+        # A round waiting on this machine looks again every 0.1 s (a store on loopback: cheap).
+        protocol.ENV_RDZV_POLL_S: str(defaults.RDZV_POLL_S_LOCAL),
         # Files the notebook imports from its own folder import the same way here.
         "PYTHONPATH": os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH", "")) if p),
     }

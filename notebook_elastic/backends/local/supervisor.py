@@ -40,6 +40,7 @@ from ...runtime import pool, protocol
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
+from ...runtime.torch_compat import TARGET_KEY
 from ...runtime.tracking import tensorboard_link
 from ...spec import JobSpec
 from .commands import Commands
@@ -95,6 +96,8 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.trackers: list[Tracker] = []  # MLflow, W&B: --track or their variables (run())
         self.status_written: str | None = None  # the status status.json last said
+        self.store: Any = None  # torch's TCPStore server, once run() hosts it
+        self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
         self.sink = EventSink(
             folder.events_file,
             self.state,
@@ -194,6 +197,17 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self._lower_target(agent.name, "evicted")
         self.emit(Kind.NODE_EVICTED, agent.name, failure=agent.failure, target=self.target)
 
+    def _publish_target(self) -> None:
+        """The number of nodes the job runs, in the store: a round that holds that many closes
+        at once instead of waiting last_call_timeout for nodes that will not come."""
+        if self.store is None or self.target == self._published_target:
+            return
+        try:
+            self.store.set(TARGET_KEY, str(self.target))
+            self._published_target = self.target
+        except Exception:  # the store is going (the job ends): rounds close as torch closes them
+            pass
+
     # -- main ----------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -247,7 +261,8 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         )
         threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
         self._converge()
-        store = host_store(sock)
+        self.store = host_store(sock)
+        self._publish_target()
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
             self.emit(Kind.TRACKING, **tensorboard_link(str(self.folder.path)))
@@ -257,7 +272,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         ]
         status = self._loop()
         self._finish(status)
-        del store
+        self.store = None  # the store server goes with the last reference
         self.closed = True
         listener.close()
         return 0
