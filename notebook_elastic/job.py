@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from .backends.base import Backend, DryRun, JobInfo
 
 Callback = Callable[["Event", "ElasticJob"], None]
-#: How long resume() waits for the replay of the job's history to reach the resumed run.
-RESUME_REPLAY_TIMEOUT_S = 30.0
+#: How long attach and resume() wait for the replay of the job's history (it reads a file).
+REPLAY_TIMEOUT_S = 30.0
 
 
 class ElasticJob:
@@ -230,6 +230,22 @@ class ElasticJob:
     def _replayed(self) -> bool:
         return self._state.resumes >= self._resumes_recorded
 
+    def _await_history(self, timeout_s: float = REPLAY_TIMEOUT_S) -> None:
+        """Wait until the follower has folded every event recorded before it began, where the
+        backend's stream says when (``caught_up``), or has ended: a handle that attaches then
+        shows the job's present (its status, step, finished) from the caller's next line."""
+        deadline = time.monotonic() + timeout_s
+        while self._follower is not None and self._follower.is_alive() and time.monotonic() < deadline:
+            stream = self._stream
+            if stream is not None:
+                caught_up = getattr(stream, "caught_up", None)
+                if caught_up is None:
+                    return  # a stream that cannot say (a cluster's pod logs)
+                if caught_up.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+                    return
+            else:
+                time.sleep(0.01)
+
     def _expect_resumes(self, info: JobInfo | None) -> None:
         """Take the count of runs resumed from the backend's listing (0 where it keeps none)."""
         self._resumes_recorded = int(((info.summary if info is not None else None) or {}).get("resumes") or 0)
@@ -335,11 +351,13 @@ class ElasticJob:
         self._finished.clear()
         self._stop_following = threading.Event()
         self._follower = None
+        self._stream = None  # the old stream's caught_up says nothing of the new one
         self._expect_resumes(self.backend.describe(self.name))
         self._follow()
-        deadline = time.monotonic() + RESUME_REPLAY_TIMEOUT_S  # the replay up to it reads a file
+        deadline = time.monotonic() + REPLAY_TIMEOUT_S  # the replay up to it reads a file
         while not self._replayed() and self._follower.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
+        self._await_history(max(0.0, deadline - time.monotonic()))
         return self
 
     # -- display -------------------------------------------------------------------------

@@ -227,6 +227,26 @@ def test_a_new_kernel_attaches_replays_history_and_follows_live(home, tmp_path):
     assert job.stop() == "stopped"  # idempotent
 
 
+def test_attach_returns_a_handle_that_already_shows_the_jobs_present(home):
+    """ne.attach (and %elastic_attach) hands back the job as it is, not a "pending" handle
+    whose replay is still on its way: a caller's next line reads the present (the status,
+    the step, finished), as resume() does."""
+    job = ne.launch(TRAIN, nnodes="1", name="present", user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 5), "step 5")
+    seen = job.state.step
+    live = ne.attach("present")
+    # No wait: attach() itself returns once the history written before it is folded.
+    assert live.status == "running" and not live.finished, live.summary()
+    assert live.state.step is not None and live.state.step >= seen, live.summary()
+    assert any(e.kind == Kind.WORKER_STARTED for e in live.events)
+    assert job.stop() == "stopped"
+    live.detach()
+    ended = ne.attach("present")
+    assert ended.finished and ended.status == "stopped", ended.summary()
+    assert ended.state.step is not None and ended.state.step >= seen
+    assert ended.wait(0) == "stopped"
+
+
 FAILING = """
 model = torch.nn.Linear(2, 1)
 state = elastic.State(model=model)
