@@ -184,8 +184,10 @@ def test_a_sigkilled_agent_takes_its_workers_with_it(home):
     )
     wait_for(job, lambda: job.world_size == 4 and at_step(job, 3)(), "two nodes training")
     agent_pid = next(e.get("pid") for e in job.events if e.kind == Kind.NODE_JOINED and e.node == "node-1")
+    # node-1's workers' start lines come through its own agent's pipe: rank 0's step 3 (node-0's
+    # pipe) does not order them, so wait for both rather than read them at this instant.
+    wait_for(job, lambda: len(job.state.nodes["node-1"].ranks) == 2, "node-1's two workers")
     workers = [r.pid for r in job.state.nodes["node-1"].ranks.values()]
-    assert len(workers) == 2
     os.kill(agent_pid, signal.SIGKILL)  # only the agent: its workers live in their own sessions
     # PR_SET_PDEATHSIG: they die with it (the deadline only bounds a wait on a loaded machine).
     assert wait_until_gone(lambda: [p for p in workers if pid_alive(p)]) == [], "the dead agent's workers kept running"
@@ -245,6 +247,36 @@ def test_attach_returns_a_handle_that_already_shows_the_jobs_present(home):
     assert ended.finished and ended.status == "stopped", ended.summary()
     assert ended.state.step is not None and ended.state.step >= seen
     assert ended.wait(0) == "stopped"
+
+
+def test_the_jobs_listing_is_never_behind_its_event_stream_on_status(home):
+    """status.json (%elastic_jobs, the CLI, the server's routes) says a change of status no
+    later than the event stream does: a caller that sees its handle training, restarting or
+    training again, then lists the job, reads the same (CI: %elastic_jobs said "pending" at the
+    instant the stream showed step 2). The outcome is the exception: written once the
+    supervisor is done with the folder (the handle's wait() returns after that)."""
+    backend = LocalBackend()
+    seen: list[tuple[str, str]] = []  # (the handle's new status, the listing's at that instant)
+
+    def listing_at_each_change(event, job) -> None:
+        if job.status not in FINAL_STATUSES and (not seen or seen[-1][0] != job.status):
+            seen.append((job.status, backend.describe(job.name).status))
+
+    job = ne.launch(
+        TRAIN, nnodes="1", nproc_per_node=2, name="listed", max_restarts=3, user_ns=namespace(total=100_000)
+    )
+    job.on_event(listing_at_each_change)
+    wait_for(job, at_step(job, 3), "step 3")
+    job.kill_worker(rank=1)
+    wait_for(job, lambda: job.restarts >= 1, "the restart")
+    wait_for(job, at_step(job, job.state.step + 3), "training after the restart")
+    assert job.stop() == "stopped"
+    changes = [status for status, _listed in seen]
+    assert "running" in changes and "running" in changes[changes.index("restarting") :], seen
+    # Each time the stream turned to training (the first group, the group after the restart),
+    # the listing already said so; it may be ahead of the stream, never behind it.
+    assert all(listed == "running" for status, listed in seen if status == "running"), seen
+    assert all(listed != "pending" for status, listed in seen if status != "pending"), seen
 
 
 FAILING = """
