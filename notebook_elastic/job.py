@@ -114,13 +114,23 @@ class ElasticJob:
         self._follower.start()
 
     def _run_follower(self) -> None:
+        # The state this follower folds into: resume() starts another follower on a new one,
+        # and an old follower still busy (a slow callback outlasting resume()'s wait for it)
+        # must neither fold into the new state nor end the resumed handle when it ends.
+        state = self._state
         try:
-            stream = self._stream = self.backend.follow(self.name, self._stop_following)
+            stream = self.backend.follow(self.name, self._stop_following)
+            with self._lock:
+                if self._state is not state:
+                    return
+                self._stream = stream
             if self._output_of is not None:
                 self._ask_output(self._output_of, True)
             for event in stream:
                 with self._lock:
-                    self._state.apply(event)
+                    if self._state is not state:
+                        break  # resume() replaced it: the new follower replays from the first event
+                    state.apply(event)
                     callbacks = list(self._callbacks)
                 for callback in callbacks:
                     try:
@@ -131,12 +141,14 @@ class ElasticJob:
                 # one. The stream ends after the job's last word; then it is finished.
         except Exception as exc:
             with self._lock:
-                self._state.apply(
-                    Event(Kind.ERROR, time.time(), None, {"message": f"lost the job's event stream: {exc}"})
-                )
+                if self._state is state:
+                    state.apply(
+                        Event(Kind.ERROR, time.time(), None, {"message": f"lost the job's event stream: {exc}"})
+                    )
         finally:
-            if self._state.finished:
-                self._finished.set()
+            with self._lock:
+                if state.finished and self._state is state:
+                    self._finished.set()
 
     def follow_output(self, node: str | None) -> None:
         """Stream ``node``'s output live (None: back to the default). A Kubernetes job's
@@ -348,7 +360,7 @@ class ElasticJob:
             )
             if self.spec is not None:
                 self._state.nproc_per_node = self.spec.nproc_per_node
-        self._finished.clear()
+            self._finished.clear()  # with the swap: an old follower ending sets it before, or not at all
         self._stop_following = threading.Event()
         self._follower = None
         self._stream = None  # the old stream's caught_up says nothing of the new one

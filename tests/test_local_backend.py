@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -535,6 +536,57 @@ def test_a_resumed_job_is_never_seen_finished_while_its_history_replays(home):
     # A new handle replays the same history, resume included, and ends at the same outcome.
     again = ne.attach("replayed")
     assert again.wait(60) == "stopped" and again.state.resumes == 1
+
+
+GATED = """
+import os
+state = elastic.State(model=torch.nn.Linear(2, 1))
+for step in state.steps(TOTAL):
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    while step >= HOLD_AT and not os.path.exists(GATE):
+        time.sleep(0.05)
+"""
+
+
+def test_a_callback_still_busy_when_the_job_resumes_does_not_end_the_resumed_handle(home, tmp_path):
+    """A subscriber (a dashboard's render, the user's callback) still busy with the stopped
+    run's outcome when resume() starts a new follower (it waits 5 s for the old one): when the
+    old follower then ends, it must not end the resumed handle (wait() returned at once, with
+    the resumed run still training, when it ended while the new one replayed that outcome)."""
+    gate = tmp_path / "gate"
+    job = ne.launch(
+        GATED,
+        nnodes="1",
+        name="busy",
+        checkpoint_every=1,
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 12, "HOLD_AT": 3, "GATE": str(gate)},
+    )
+    wait_for(job, at_step(job, 3), "the held step")
+    old_follower: list[threading.Thread] = []
+    replayed = threading.Event()
+
+    def busy_at_the_outcome(event, j) -> None:
+        if event.kind != Kind.JOB_FINISHED or replayed.is_set():
+            return
+        if not old_follower:  # the stopped run's outcome, live: the old follower stays busy
+            old_follower.append(threading.current_thread())
+            replayed.wait(120)
+        else:  # the new follower replays that outcome: now the old one ends
+            replayed.set()
+            old_follower[0].join(60)
+
+    job.on_event(busy_at_the_outcome)
+    LocalBackend().cancel("busy")  # %elastic_stop: from outside the handle, which is busy
+    deadline = time.monotonic() + 120  # (the handle is finished meanwhile: wait_for would stop there)
+    while not old_follower:
+        assert time.monotonic() < deadline, f"the outcome never reached the callback: {job.summary()}"
+        time.sleep(0.05)
+    job.resume()
+    assert replayed.is_set() and not old_follower[0].is_alive()
+    gate.touch()
+    assert job.wait(180) == "succeeded", job.summary()
+    assert job.state.step == 11 and job.state.resumes == 1
 
 
 def test_a_new_job_reads_another_jobs_checkpoint_dir(home, tmp_path):
