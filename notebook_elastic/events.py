@@ -119,9 +119,10 @@ class LineParser:
     def __init__(self, node: str | None, stream: str = "stdout", *, agent_clock: bool = False) -> None:
         self.node = node
         self.stream = stream
-        # An agent on this machine: its glog lines' own time (local time, this clock) is when
-        # they happened. The local supervisor reads an agent's lines and its workers' through
-        # two pipes, two threads: read times may put a restart after the group it started.
+        # An agent on this machine: its restart and exit lines say when the agent wrote them
+        # ("written", from the glog stamp: local time, this clock), besides when they were read.
+        # The local supervisor reads an agent's lines and its workers' through two pipes, two
+        # threads: by read time, a restart may come after the group it started.
         self.agent_clock = agent_clock
 
     def feed(self, line: str, t: float | None = None) -> Event | None:
@@ -142,8 +143,10 @@ class LineParser:
                 return event
         m = _GLOG.match(line)
         if m:
-            written = _glog_time(m.group("month_day"), m.group("clock"), now) if self.agent_clock else now
-            return self._agent_line(m.group("msg"), written)
+            event = self._agent_line(m.group("msg"), now)
+            if event is not None and self.agent_clock and event.kind in (Kind.RESTART, Kind.WORKER_EXITED):
+                event.data["written"] = _glog_time(m.group("month_day"), m.group("clock"), now)
+            return event
         return Event(Kind.LOG, now, self.node, {"stream": self.stream, "text": line[:4000]})
 
     def _agent_line(self, msg: str, t: float) -> Event | None:

@@ -111,7 +111,10 @@ class Handlers:
         """Whether an agent's line about its group (an exit, a restart) was written before the
         node's ranks now training started: read late (another pipe than its workers' lines,
         another reader thread), it tells of the group replaced, not of the one training."""
-        return any(r.started_at is not None and r.started_at > e.time for r in node.ranks.values())
+        written = e.get("written")  # the agent's own time (local agents); read times cannot tell
+        if not isinstance(written, (int, float)):
+            return False
+        return any(r.started_at is not None and r.started_at > written for r in node.ranks.values())
 
     def _on_gpu(self, e: Event) -> None:
         figures = {k: e.get(k) for k in ("device", "mem_peak_bytes", "mem_total_bytes", "util_percent")}
