@@ -10,6 +10,7 @@ unless the caller passes none.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -65,7 +66,7 @@ class Event:
 
 
 # torchelastic agent lines (glog format): "I1122 02:50:19.693000 3965 path.py:553] message"
-_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+\]\s?(?P<msg>.*)$")
+_GLOG = re.compile(r"^[IWEF](?P<month_day>\d{4}) (?P<clock>\d\d:\d\d:\d\d\.\d+)\s+\d+\s+\S+\]\s?(?P<msg>.*)$")
 _AGENT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (
         re.compile(
@@ -97,12 +98,32 @@ def _signal_name(text: str) -> str:
     return text
 
 
+def _glog_time(month_day: str, clock: str, now: float) -> float:
+    """The Unix time of a glog stamp ("1124", "04:37:26.684000": local time, no year) read at
+    ``now``: this year's, or last year's when that would be in the future; ``now`` if unreadable."""
+    year = time.localtime(now).tm_year
+    for y in (year, year - 1):
+        try:
+            stamp = datetime.datetime.strptime(f"{y}{month_day} {clock}", "%Y%m%d %H:%M:%S.%f")
+        except ValueError:
+            continue  # 29 February of a year without one
+        written = stamp.timestamp()  # naive: local time, as the agent wrote it
+        if written <= now + 60:  # a minute's slack for the clocks' rounding
+            return min(written, now)
+    return now
+
+
 class LineParser:
     """Parses the lines of one source (one agent, one pod) into events."""
 
-    def __init__(self, node: str | None, stream: str = "stdout") -> None:
+    def __init__(self, node: str | None, stream: str = "stdout", *, agent_clock: bool = False) -> None:
         self.node = node
         self.stream = stream
+        # An agent on this machine: its restart and exit lines say when the agent wrote them
+        # ("written", from the glog stamp: local time, this clock), besides when they were read.
+        # The local supervisor reads an agent's lines and its workers' through two pipes, two
+        # threads: by read time, a restart may come after the group it started.
+        self.agent_clock = agent_clock
 
     def feed(self, line: str, t: float | None = None) -> Event | None:
         line = line.rstrip("\r\n")
@@ -122,7 +143,10 @@ class LineParser:
                 return event
         m = _GLOG.match(line)
         if m:
-            return self._agent_line(m.group("msg"), now)
+            event = self._agent_line(m.group("msg"), now)
+            if event is not None and self.agent_clock and event.kind in (Kind.RESTART, Kind.WORKER_EXITED):
+                event.data["written"] = _glog_time(m.group("month_day"), m.group("clock"), now)
+            return event
         return Event(Kind.LOG, now, self.node, {"stream": self.stream, "text": line[:4000]})
 
     def _agent_line(self, msg: str, t: float) -> Event | None:

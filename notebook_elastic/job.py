@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from .backends.base import Backend, DryRun, JobInfo
 
 Callback = Callable[["Event", "ElasticJob"], None]
-#: How long resume() waits for the replay of the job's history to reach the resumed run.
-RESUME_REPLAY_TIMEOUT_S = 30.0
+#: How long attach and resume() wait for the replay of the job's history (it reads a file).
+REPLAY_TIMEOUT_S = 30.0
 
 
 class ElasticJob:
@@ -114,13 +114,23 @@ class ElasticJob:
         self._follower.start()
 
     def _run_follower(self) -> None:
+        # The state this follower folds into: resume() starts another follower on a new one,
+        # and an old follower still busy (a slow callback outlasting resume()'s wait for it)
+        # must neither fold into the new state nor end the resumed handle when it ends.
+        state = self._state
         try:
-            stream = self._stream = self.backend.follow(self.name, self._stop_following)
+            stream = self.backend.follow(self.name, self._stop_following)
+            with self._lock:
+                if self._state is not state:
+                    return
+                self._stream = stream
             if self._output_of is not None:
                 self._ask_output(self._output_of, True)
             for event in stream:
                 with self._lock:
-                    self._state.apply(event)
+                    if self._state is not state:
+                        break  # resume() replaced it: the new follower replays from the first event
+                    state.apply(event)
                     callbacks = list(self._callbacks)
                 for callback in callbacks:
                     try:
@@ -131,12 +141,14 @@ class ElasticJob:
                 # one. The stream ends after the job's last word; then it is finished.
         except Exception as exc:
             with self._lock:
-                self._state.apply(
-                    Event(Kind.ERROR, time.time(), None, {"message": f"lost the job's event stream: {exc}"})
-                )
+                if self._state is state:
+                    state.apply(
+                        Event(Kind.ERROR, time.time(), None, {"message": f"lost the job's event stream: {exc}"})
+                    )
         finally:
-            if self._state.finished:
-                self._finished.set()
+            with self._lock:
+                if state.finished and self._state is state:
+                    self._finished.set()
 
     def follow_output(self, node: str | None) -> None:
         """Stream ``node``'s output live (None: back to the default). A Kubernetes job's
@@ -229,6 +241,22 @@ class ElasticJob:
 
     def _replayed(self) -> bool:
         return self._state.resumes >= self._resumes_recorded
+
+    def _await_history(self, timeout_s: float = REPLAY_TIMEOUT_S) -> None:
+        """Wait until the follower has folded every event recorded before it began, where the
+        backend's stream says when (``caught_up``), or has ended: a handle that attaches then
+        shows the job's present (its status, step, finished) from the caller's next line."""
+        deadline = time.monotonic() + timeout_s
+        while self._follower is not None and self._follower.is_alive() and time.monotonic() < deadline:
+            stream = self._stream
+            if stream is not None:
+                caught_up = getattr(stream, "caught_up", None)
+                if caught_up is None:
+                    return  # a stream that cannot say (a cluster's pod logs)
+                if caught_up.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+                    return
+            else:
+                time.sleep(0.01)
 
     def _expect_resumes(self, info: JobInfo | None) -> None:
         """Take the count of runs resumed from the backend's listing (0 where it keeps none)."""
@@ -332,14 +360,16 @@ class ElasticJob:
             )
             if self.spec is not None:
                 self._state.nproc_per_node = self.spec.nproc_per_node
-        self._finished.clear()
+            self._finished.clear()  # with the swap: an old follower ending sets it before, or not at all
         self._stop_following = threading.Event()
         self._follower = None
+        self._stream = None  # the old stream's caught_up says nothing of the new one
         self._expect_resumes(self.backend.describe(self.name))
         self._follow()
-        deadline = time.monotonic() + RESUME_REPLAY_TIMEOUT_S  # the replay up to it reads a file
+        deadline = time.monotonic() + REPLAY_TIMEOUT_S  # the replay up to it reads a file
         while not self._replayed() and self._follower.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
+        self._await_history(max(0.0, deadline - time.monotonic()))
         return self
 
     # -- display -------------------------------------------------------------------------

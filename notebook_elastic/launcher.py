@@ -293,7 +293,8 @@ def jobs(backend: str | None = None, **options: Any) -> JobList:
 
 
 def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
-    """Re-open a job by name: replays its history, then follows it live."""
+    """Re-open a job by name: replays its history, then follows it live. Returns once the
+    history recorded so far is folded, so the handle shows the job as it is now."""
     runner = _backends(backend, **options)[0]
     info: JobInfo | None = runner.describe(name)
     if info is None:
@@ -318,4 +319,5 @@ def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
     job = ElasticJob(name, runner, spec)
     job._expect_resumes(info)
     job._follow()
+    job._await_history()  # returns showing the job's present, not an early point of its replay
     return job

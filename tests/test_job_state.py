@@ -270,6 +270,56 @@ def test_a_new_generation_drops_the_old_ranks_and_a_late_line_from_an_old_one_is
     assert state.nodes["node-0"].restart_count == 2 and state.nodes["node-0"].ranks[0].restart_count == 1
 
 
+def test_an_agents_restart_line_read_after_its_new_group_started_leaves_the_job_running():
+    """A local agent's own lines (stderr: "failed (exitcode: -9)", "will restart worker group")
+    and its workers' lines (stdout) come through two pipes, read by two threads: under load the
+    new group's start can be read first. The restart it announced is then over, not ahead:
+    the job stays running (it stayed "restarting" for good while the new group trained)."""
+    state = fold(started(1.0, "node-0", 0, 2, generation=1), started(1.0, "node-0", 1, 2, generation=1))
+    state.apply(ev(Kind.WORKER_EXITED, 5.0, "node-0", local_rank=1, pid=11, exitcode=-9, signal=9))
+    assert state.status == Status.RESTARTING  # in order: the group is restarting
+    state.apply(ev(Kind.RESTART, 5.0, "node-0", reason="worker_failed", restarts_used=1, max_restarts=3))
+    state.apply(started(7.0, "node-0", 0, 2, generation=2, restart_count=1))
+    assert state.status == Status.RUNNING
+
+    late = fold(started(1.0, "node-0", 0, 2, generation=1), started(1.0, "node-0", 1, 2, generation=1))
+    late.apply(started(7.0, "node-0", 0, 2, generation=2, restart_count=1))
+    late.apply(started(7.0, "node-0", 1, 2, generation=2, restart_count=1))
+    # Read at 8.0, written at 5.0, before the group now training started.
+    late.apply(ev(Kind.WORKER_EXITED, 8.0, "node-0", local_rank=1, pid=11, exitcode=-9, signal=9, written=5.0))
+    late.apply(ev(Kind.RESTART, 8.0, "node-0", reason="worker_failed", restarts_used=1, max_restarts=3, written=5.0))
+    late.apply(ev(Kind.RESTART, 8.0, "node-0", reason="membership_change", new_nodes=1, written=5.5))
+    assert late.status == Status.RUNNING and late.nodes["node-0"].status == "running"
+    assert late.restarts == 1  # still counted, and in the history
+    assert [e.kind for e in late.events][-3:] == [Kind.WORKER_EXITED, Kind.RESTART, Kind.RESTART]
+    # Written after the group started: a restart of the group training, as before.
+    late.apply(ev(Kind.RESTART, 9.0, "node-0", reason="worker_failed", restarts_used=2, max_restarts=3, written=8.5))
+    assert late.status == Status.RESTARTING
+
+
+def test_an_agents_line_carries_the_time_the_agent_wrote_it():
+    """The local supervisor reads an agent's restart and exit lines with the time the agent
+    wrote them (this machine's clock, local time) beside the time they were read, so the fold
+    can order them against the workers' lines by when they happened."""
+    import time as _time
+
+    from notebook_elastic.events import LineParser
+
+    written = _time.mktime((2026, 11, 24, 4, 37, 26, 0, 0, -1)) + 0.684
+    line = "I1124 04:37:26.684000 31873 torch/x.py:942] [default] Worker group FAILED. 3/3 attempts left; will restart worker group"
+    read_later = written + 3.0
+    event = LineParser("node-0", "stderr", agent_clock=True).feed(line, read_later)
+    assert event.kind == Kind.RESTART and event.get("written") == pytest.approx(written, abs=1e-3)
+    assert event.time == read_later  # the timeline's time is still when it was read
+    # Without the agent's clock (a pod's log: another machine's clock), only the time it was read.
+    assert "written" not in LineParser("node-0", "stderr").feed(line, read_later).data
+    # Read just after New Year: last year's December, not next December.
+    line = line.replace("I1124 04:37:26.684000", "I1231 23:59:59.000000")
+    new_year = _time.mktime((2027, 1, 1, 0, 0, 1, 0, 0, -1))
+    event = LineParser("node-0", "stderr", agent_clock=True).feed(line, new_year)
+    assert event.get("written") == pytest.approx(_time.mktime((2026, 12, 31, 23, 59, 59, 0, 0, -1)), abs=1e-3)
+
+
 def test_a_minimal_worker_start_line_still_counts():
     """The fold's defaults for a worker_started that says little (an older worker's line)."""
     state = fold(Event(Kind.WORKER_STARTED, 2.0, None, {"node": "pod-a"}))

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -184,8 +185,10 @@ def test_a_sigkilled_agent_takes_its_workers_with_it(home):
     )
     wait_for(job, lambda: job.world_size == 4 and at_step(job, 3)(), "two nodes training")
     agent_pid = next(e.get("pid") for e in job.events if e.kind == Kind.NODE_JOINED and e.node == "node-1")
+    # node-1's workers' start lines come through its own agent's pipe: rank 0's step 3 (node-0's
+    # pipe) does not order them, so wait for both rather than read them at this instant.
+    wait_for(job, lambda: len(job.state.nodes["node-1"].ranks) == 2, "node-1's two workers")
     workers = [r.pid for r in job.state.nodes["node-1"].ranks.values()]
-    assert len(workers) == 2
     os.kill(agent_pid, signal.SIGKILL)  # only the agent: its workers live in their own sessions
     # PR_SET_PDEATHSIG: they die with it (the deadline only bounds a wait on a loaded machine).
     assert wait_until_gone(lambda: [p for p in workers if pid_alive(p)]) == [], "the dead agent's workers kept running"
@@ -225,6 +228,56 @@ def test_a_new_kernel_attaches_replays_history_and_follows_live(home, tmp_path):
     assert job.stop() == "stopped"
     assert ne.jobs()[0].status == "stopped"
     assert job.stop() == "stopped"  # idempotent
+
+
+def test_attach_returns_a_handle_that_already_shows_the_jobs_present(home):
+    """ne.attach (and %elastic_attach) hands back the job as it is, not a "pending" handle
+    whose replay is still on its way: a caller's next line reads the present (the status,
+    the step, finished), as resume() does."""
+    job = ne.launch(TRAIN, nnodes="1", name="present", user_ns=namespace(total=100_000))
+    wait_for(job, at_step(job, 5), "step 5")
+    seen = job.state.step
+    live = ne.attach("present")
+    # No wait: attach() itself returns once the history written before it is folded.
+    assert live.status == "running" and not live.finished, live.summary()
+    assert live.state.step is not None and live.state.step >= seen, live.summary()
+    assert any(e.kind == Kind.WORKER_STARTED for e in live.events)
+    assert job.stop() == "stopped"
+    live.detach()
+    ended = ne.attach("present")
+    assert ended.finished and ended.status == "stopped", ended.summary()
+    assert ended.state.step is not None and ended.state.step >= seen
+    assert ended.wait(0) == "stopped"
+
+
+def test_the_jobs_listing_is_never_behind_its_event_stream_on_status(home):
+    """status.json (%elastic_jobs, the CLI, the server's routes) says a change of status no
+    later than the event stream does: a caller that sees its handle training, restarting or
+    training again, then lists the job, reads the same (CI: %elastic_jobs said "pending" at the
+    instant the stream showed step 2). The outcome is the exception: written once the
+    supervisor is done with the folder (the handle's wait() returns after that)."""
+    backend = LocalBackend()
+    seen: list[tuple[str, str]] = []  # (the handle's new status, the listing's at that instant)
+
+    def listing_at_each_change(event, job) -> None:
+        if job.status not in FINAL_STATUSES and (not seen or seen[-1][0] != job.status):
+            seen.append((job.status, backend.describe(job.name).status))
+
+    job = ne.launch(
+        TRAIN, nnodes="1", nproc_per_node=2, name="listed", max_restarts=3, user_ns=namespace(total=100_000)
+    )
+    job.on_event(listing_at_each_change)
+    wait_for(job, at_step(job, 3), "step 3")
+    job.kill_worker(rank=1)
+    wait_for(job, lambda: job.restarts >= 1, "the restart")
+    wait_for(job, at_step(job, job.state.step + 3), "training after the restart")
+    assert job.stop() == "stopped"
+    changes = [status for status, _listed in seen]
+    assert "running" in changes and "running" in changes[changes.index("restarting") :], seen
+    # Each time the stream turned to training (the first group, the group after the restart),
+    # the listing already said so; it may be ahead of the stream, never behind it.
+    assert all(listed == "running" for status, listed in seen if status == "running"), seen
+    assert all(listed != "pending" for status, listed in seen if status != "pending"), seen
 
 
 FAILING = """
@@ -486,6 +539,57 @@ def test_a_resumed_job_is_never_seen_finished_while_its_history_replays(home):
     # A new handle replays the same history, resume included, and ends at the same outcome.
     again = ne.attach("replayed")
     assert again.wait(60) == "stopped" and again.state.resumes == 1
+
+
+GATED = """
+import os
+state = elastic.State(model=torch.nn.Linear(2, 1))
+for step in state.steps(TOTAL):
+    state.commit()
+    elastic.report(step=step, loss=1.0)
+    while step >= HOLD_AT and not os.path.exists(GATE):
+        time.sleep(0.05)
+"""
+
+
+def test_a_callback_still_busy_when_the_job_resumes_does_not_end_the_resumed_handle(home, tmp_path):
+    """A subscriber (a dashboard's render, the user's callback) still busy with the stopped
+    run's outcome when resume() starts a new follower (it waits 5 s for the old one): when the
+    old follower then ends, it must not end the resumed handle (wait() returned at once, with
+    the resumed run still training, when it ended while the new one replayed that outcome)."""
+    gate = tmp_path / "gate"
+    job = ne.launch(
+        GATED,
+        nnodes="1",
+        name="busy",
+        checkpoint_every=1,
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 12, "HOLD_AT": 3, "GATE": str(gate)},
+    )
+    wait_for(job, at_step(job, 3), "the held step")
+    old_follower: list[threading.Thread] = []
+    replayed = threading.Event()
+
+    def busy_at_the_outcome(event, j) -> None:
+        if event.kind != Kind.JOB_FINISHED or replayed.is_set():
+            return
+        if not old_follower:  # the stopped run's outcome, live: the old follower stays busy
+            old_follower.append(threading.current_thread())
+            replayed.wait(120)
+        else:  # the new follower replays that outcome: now the old one ends
+            replayed.set()
+            old_follower[0].join(60)
+
+    job.on_event(busy_at_the_outcome)
+    LocalBackend().cancel("busy")  # %elastic_stop: from outside the handle, which is busy
+    deadline = time.monotonic() + 120  # (the handle is finished meanwhile: wait_for would stop there)
+    while not old_follower:
+        assert time.monotonic() < deadline, f"the outcome never reached the callback: {job.summary()}"
+        time.sleep(0.05)
+    job.resume()
+    assert replayed.is_set() and not old_follower[0].is_alive()
+    gate.touch()
+    assert job.wait(180) == "succeeded", job.summary()
+    assert job.state.step == 11 and job.state.resumes == 1
 
 
 def test_a_new_job_reads_another_jobs_checkpoint_dir(home, tmp_path):
@@ -798,10 +902,6 @@ def test_step_time_samples_and_tokens_per_s_are_read_beside_the_loss_and_in_tens
     job = ne.launch(SPEED_TRAIN, nnodes="1", nproc_per_node=2, name="speed", user_ns=namespace(total=40))
     wait_for(job, lambda: at_step(job, 10)() and job.state.samples_per_s is not None, "ten steps")
     state = job.state
-    # The data cursor's global batch (2 per rank x 2 ranks) and the reported tokens, per step time.
-    assert state.samples_per_step == 4 and state.tokens_per_step == 4 * 64
-    assert state.samples_per_s == pytest.approx(4 / state.step_time_s)
-    assert state.tokens_per_s == pytest.approx(64 * state.samples_per_s)
     assert "s/step" in header_html("speed", "local", state) and "samples/s" in header_html("speed", "local", state)
     assert "GPU" not in header_html("speed", "local", state)  # a CPU job has no GPU figures: absent
     wait_for(job, lambda: (LocalBackend().describe("speed").summary.get("samples_per_s") or 0) > 0, "the summary")
@@ -809,6 +909,12 @@ def test_step_time_samples_and_tokens_per_s_are_read_beside_the_loss_and_in_tens
     assert row["samples_per_s"] > 0 and row["tokens_per_s"] > 0 and row["step_time_s"] > 0
     assert row["gpu_mem_peak_bytes"] is None and row["gpu_util_percent"] is None
     assert job.wait(180) == "succeeded", job.summary()
+    # The data cursor's global batch (2 per rank x 2 ranks) and the reported tokens, per step time,
+    # read once the state holds still (while the job trains, a step folded between two reads
+    # moves the median step time the second one divides by).
+    assert state.samples_per_step == 4 and state.tokens_per_step == 4 * 64
+    assert state.samples_per_s == pytest.approx(4 / state.step_time_s)
+    assert state.tokens_per_s == pytest.approx(64 * state.samples_per_s)
 
     # tensorboard --logdir JOB_DIR: the supervisor wrote the run there, read back by TensorBoard's own reader.
     logdir = LocalBackend().folder("speed").path / "tensorboard"

@@ -5,7 +5,7 @@ called by ``JobState._apply`` (a kind without one is only kept in the history). 
 from __future__ import annotations
 
 from ..events import Event, Status, degraded_text, describe
-from .records import Marker, RankInfo
+from .records import Marker, NodeInfo, RankInfo
 
 
 class Handlers:
@@ -100,9 +100,21 @@ class Handlers:
                 self._mark(e, "restart", f"restart {self.restarts}/{self.max_restarts}")
         else:
             self.membership_changes += 1
+        if self._before_its_group(node, e):
+            return  # counted and kept, but the restart it announced is over
         node.status = "restarting"
         if not self.finished:
             self.status = Status.RESTARTING
+
+    @staticmethod
+    def _before_its_group(node: NodeInfo, e: Event) -> bool:
+        """Whether an agent's line about its group (an exit, a restart) was written before the
+        node's ranks now training started: read late (another pipe than its workers' lines,
+        another reader thread), it tells of the group replaced, not of the one training."""
+        written = e.get("written")  # the agent's own time (local agents); read times cannot tell
+        if not isinstance(written, (int, float)):
+            return False
+        return any(r.started_at is not None and r.started_at > written for r in node.ranks.values())
 
     def _on_gpu(self, e: Event) -> None:
         figures = {k: e.get(k) for k in ("device", "mem_peak_bytes", "mem_total_bytes", "util_percent")}
@@ -120,7 +132,7 @@ class Handlers:
             self.generation = generation
         rank = int(e.get("rank", 0))
         node.ranks[rank] = RankInfo(
-            rank, int(e.get("local_rank", 0)), e.get("pid"), int(e.get("restart_count", 0)), generation
+            rank, int(e.get("local_rank", 0)), e.get("pid"), int(e.get("restart_count", 0)), generation, e.time
         )
         node.status = "running"
         node.restart_count = max(node.restart_count, int(e.get("restart_count", 0)))
@@ -151,6 +163,9 @@ class Handlers:
             self.status = Status.RESTARTING
 
     def _on_worker_exited(self, e: Event) -> None:
+        node = self.nodes.get(e.node) if e.node else None
+        if node is not None and self._before_its_group(node, e):
+            return
         if not self.finished and self.status == Status.RUNNING:
             self.status = Status.RESTARTING
 

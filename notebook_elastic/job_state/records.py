@@ -16,6 +16,7 @@ class RankInfo:
     pid: int | None
     restart_count: int
     generation: int | None
+    started_at: float | None = None  # its worker_started line's time
 
 
 @dataclass

@@ -147,6 +147,7 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
         restarts_used=_INT,
         max_restarts=_INT,
         new_nodes=_INT,
+        written=_NUM,
     ),
     Kind.WORKER_STARTED: _fields(
         {"rank": _INT, "local_rank": _INT, "world_size": _INT, "pid": _INT},
@@ -162,7 +163,11 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
         generation=_OPT_INT,
     ),
     Kind.WORKER_EXITED: _fields(
-        {"local_rank": _INT}, pid=_OPT_INT, exitcode=_OPT_INT, signal={"type": ["integer", "string"]}
+        {"local_rank": _INT},
+        pid=_OPT_INT,
+        exitcode=_OPT_INT,
+        signal={"type": ["integer", "string"]},
+        written=_NUM,
     ),
     Kind.WORKER_FINISHED: _fields({"rank": _INT}, pid=_INT),
     Kind.AGENT_SIGNALED: _fields({"signal": _STR}),

@@ -59,6 +59,20 @@ def _append_event(folder: JobFolder, event: Event) -> None:
         f.write(event.to_line() + "\n")
 
 
+class FollowedHistory:
+    """A local job's event stream (iterate it once), and ``caught_up``: set once every event
+    recorded before it began has been taken from it (the history, then the live file read to
+    its end), or once it ended. ``ElasticJob`` waits for it so that a handle that attaches
+    returns showing the job's present, not an early point of its replay."""
+
+    def __init__(self, events: Iterator[Event], caught_up: threading.Event) -> None:
+        self._events = events
+        self.caught_up = caught_up
+
+    def __iter__(self) -> Iterator[Event]:
+        return self._events
+
+
 class Following:
     """``history`` and ``follow`` of a job folder."""
 
@@ -68,7 +82,17 @@ class Following:
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
         yield from read_all(folder.events_file)
 
-    def follow(self, name: str, stop: threading.Event) -> Iterator[Event]:
+    def follow(self, name: str, stop: threading.Event) -> FollowedHistory:
+        caught_up = threading.Event()
+        return FollowedHistory(self._follow(name, stop, caught_up), caught_up)
+
+    def _follow(self, name: str, stop: threading.Event, caught_up: threading.Event) -> Iterator[Event]:
+        try:
+            yield from self._read_on(name, stop, caught_up)
+        finally:
+            caught_up.set()  # ended (the job's end, a stop, an error): nothing more to wait for
+
+    def _read_on(self, name: str, stop: threading.Event, caught_up: threading.Event) -> Iterator[Event]:
         folder = self.folder(name)
         if not folder.exists():
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
@@ -103,6 +127,9 @@ class Following:
                     f.close()  # read to its end: the rest is in the new file
                     f, buffer = open(folder.events_file, "rb"), b""
                     continue
+                # At the end of the live file: everything written before the follower came is
+                # yielded, and (a generator runs on only when asked) taken by its consumer.
+                caught_up.set()
                 if finished and not folder.supervisor_alive():
                     return  # the end of the file, the job's last word was its outcome, and no
                     # supervisor (a resumed one) will write more

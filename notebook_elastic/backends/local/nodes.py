@@ -105,7 +105,7 @@ class Nodes:
             name, proc, time.time(), self.epoch, log=open(self.folder.logs / f"{name}.log", "ab", buffering=0)
         )
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            parser = LineParser(name, stream)
+            parser = LineParser(name, stream, agent_clock=True)  # an agent on this machine
             t = threading.Thread(target=self._read, args=(agent, parser, pipe), name=f"{name}-{stream}", daemon=True)
             t.start()
             agent.parsers.append(parser)

@@ -53,8 +53,22 @@ class Outcome:
             tracker.finish(status)
 
     def _write_status(self) -> None:
+        # Under the sink's lock, as the sink's own writes (_write_status_folded): one writer at
+        # a time, each with the newest fold, so status.json never steps back.
         with self.sink.lock:
-            summary = self.state.summary()
+            self._write_status_folded()
+
+    def _status_folded(self) -> None:
+        """The sink folded a change of status (its lock held), before writing the event that
+        made it: status.json says it first, so a listing is never behind the stream (%elastic_jobs
+        'pending' beside a dashboard that trains). Not the outcome: _finish writes that once
+        the supervisor is done with the folder, so no one resumes or replaces the job before."""
+        if not self.state.finished:
+            self._write_status_folded()
+
+    def _write_status_folded(self) -> None:
+        """status.json from the folded state; the caller holds the sink's lock."""
+        summary = self.state.summary()
         self.status_written = summary.get("status")
         summary.update(
             name=self.spec.name,

@@ -43,6 +43,7 @@ class EventSink:
         observe: Any,
         room_for_output: Any = lambda: True,
         rotate_bytes: int = ROTATE_BYTES,
+        status_changed: Any = None,
     ) -> None:
         self.path = path
         self.fd = os.open(path, self.FLAGS, FILE_MODE)
@@ -51,6 +52,9 @@ class EventSink:
         self.room_for_output = room_for_output
         self.state = state
         self.observe = observe
+        # Called with the lock held when a batch changed the folded status, before its lines
+        # are written: the job's listing (status.json) is never behind the stream on status.
+        self.status_changed = status_changed
         self.lock = threading.Lock()
         # Events; None to close; a threading.Event to set once everything before it is folded.
         self.queue: queue.SimpleQueue[Event | threading.Event | None] = queue.SimpleQueue()
@@ -90,6 +94,7 @@ class EventSink:
             drained = []
             with self.lock:
                 lines = []
+                status_before = self.state.status
                 for item in batch:
                     if item is None:
                         done = True
@@ -108,6 +113,11 @@ class EventSink:
                         traceback.print_exc()
                     if self._keep(item, line):
                         lines.append(line)
+                if self.status_changed is not None and self.state.status != status_before:
+                    try:
+                        self.status_changed()
+                    except Exception:  # the history goes on; the main loop writes it again
+                        traceback.print_exc()
                 self._write(lines)
             self.changed.set()
             for marker in drained:  # everything queued before it is folded and written now

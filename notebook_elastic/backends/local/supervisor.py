@@ -104,6 +104,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             self._observe,
             self._output_allowed,
             int(self.spec.backend_options.get("events_rotate_bytes", ROTATE_BYTES)),
+            status_changed=self._status_folded,
         )
         self.authkey = secrets.token_bytes(32)
         self.gpus = visible_gpus()
