@@ -343,6 +343,21 @@ def test_an_unknown_tracker_is_refused_in_one_sentence_before_anything_starts(ho
     assert not list(home.glob("*/*"))
 
 
+def pod_mlflow_job(cell: str, store, **options):
+    """A one-pod CPU job on the fake cluster whose rank 0 logs to an MLflow file store, the
+    tracking URI given as the user would (--env, the job's Secret)."""
+    return ne.launch(
+        cell,
+        backend="kubernetes",
+        nnodes="1",
+        gpus=0,
+        pvc="ckpt",
+        track="mlflow",
+        env=[f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"],
+        **options,
+    )
+
+
 @needs_mlflow
 @pytest.mark.slow
 def test_on_kubernetes_rank_0s_pod_logs_every_step_to_one_mlflow_run_that_ends_with_training(
@@ -356,18 +371,7 @@ def test_on_kubernetes_rank_0s_pod_logs_every_step_to_one_mlflow_run_that_ends_w
     from test_kubernetes_backend import ns as pod_ns
 
     store = tmp_path / "store"
-    job = ne.launch(
-        POD_TRAIN,
-        backend="kubernetes",
-        nnodes="1",
-        gpus=0,
-        pvc="ckpt",
-        name="pod-tracked",
-        track="mlflow",
-        checkpoint_every=1,
-        env=[f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"],
-        user_ns=pod_ns(total=60),
-    )
+    job = pod_mlflow_job(POD_TRAIN, store, name="pod-tracked", checkpoint_every=1, user_ns=pod_ns(total=60))
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this reader, as for the pod
     client = mlflow.MlflowClient(store.as_uri())
 
@@ -407,18 +411,7 @@ def test_on_kubernetes_a_job_that_fails_for_good_ends_its_mlflow_run_failed(clus
 
     store = tmp_path / "store"
     buggy = POD_TRAIN.replace("    time.sleep(0.05)", "    time.sleep(0.05)\n    if step >= 3: 1 / 0")
-    job = ne.launch(
-        buggy,
-        backend="kubernetes",
-        nnodes="1",
-        gpus=0,
-        pvc="ckpt",
-        name="pod-failing",
-        track="mlflow",
-        max_restarts=1,
-        env=[f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"],
-        user_ns=pod_ns(total=60),
-    )
+    job = pod_mlflow_job(buggy, store, name="pod-failing", max_restarts=1, user_ns=pod_ns(total=60))
     assert job.wait(300) == "failed", job.summary()
     assert "ZeroDivisionError" in (job.state.reason or ""), job.summary()
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
