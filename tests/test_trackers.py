@@ -343,18 +343,16 @@ def test_an_unknown_tracker_is_refused_in_one_sentence_before_anything_starts(ho
     assert not list(home.glob("*/*"))
 
 
+def pod_tracked_job(cell: str, track: str, env: list[str], **options):
+    """A one-pod CPU job on the fake cluster whose rank 0 logs to ``track``, configured as the
+    user would (``--env``: the job's Secret)."""
+    return ne.launch(cell, backend="kubernetes", nnodes="1", gpus=0, pvc="ckpt", track=track, env=env, **options)
+
+
 def pod_mlflow_job(cell: str, store, **options):
-    """A one-pod CPU job on the fake cluster whose rank 0 logs to an MLflow file store, the
-    tracking URI given as the user would (--env, the job's Secret)."""
-    return ne.launch(
-        cell,
-        backend="kubernetes",
-        nnodes="1",
-        gpus=0,
-        pvc="ckpt",
-        track="mlflow",
-        env=[f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"],
-        **options,
+    """... logging to an MLflow file store."""
+    return pod_tracked_job(
+        cell, "mlflow", [f"MLFLOW_TRACKING_URI={store.as_uri()}", "MLFLOW_ALLOW_FILE_STORE=true"], **options
     )
 
 
@@ -458,15 +456,11 @@ def test_on_kubernetes_an_image_without_the_tracker_is_one_event_and_training_go
     missing.mkdir(parents=True)
     (missing / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'mlflow\'", name="mlflow")\n')
     path = os.pathsep.join([str(missing.parent), os.environ.get("PYTHONPATH", "")])
-    job = ne.launch(
+    job = pod_tracked_job(
         POD_TRAIN,
-        backend="kubernetes",
-        nnodes="1",
-        gpus=0,
-        pvc="ckpt",
+        "mlflow",
+        [f"MLFLOW_TRACKING_URI={(tmp_path / 'store').as_uri()}", f"PYTHONPATH={path}"],
         name="pod-untracked",
-        track="mlflow",
-        env=[f"MLFLOW_TRACKING_URI={(tmp_path / 'store').as_uri()}", f"PYTHONPATH={path}"],
         user_ns=pod_ns(total=10),
     )
     assert job.wait(300) == "succeeded", job.summary()
@@ -556,15 +550,11 @@ def test_on_kubernetes_rank_0s_pod_logs_every_step_to_an_offline_wandb_run_that_
 
     folder = tmp_path / "wandb-dir"
     folder.mkdir()
-    job = ne.launch(
+    job = pod_tracked_job(
         POD_TRAIN,
-        backend="kubernetes",
-        nnodes="1",
-        gpus=0,
-        pvc="ckpt",
+        "wandb",
+        ["WANDB_PROJECT=pods", "WANDB_MODE=offline", f"WANDB_DIR={folder}", "WANDB_SILENT=true"],
         name="pod-wandb",
-        track="wandb",
-        env=["WANDB_PROJECT=pods", "WANDB_MODE=offline", f"WANDB_DIR={folder}", "WANDB_SILENT=true"],
         user_ns=pod_ns(total=20),
     )
     assert job.wait(300) == "succeeded", job.summary()
