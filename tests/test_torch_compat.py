@@ -5,6 +5,7 @@ torch that lacks one is reported as a ``degraded`` event and the job runs on."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -175,3 +176,63 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
     for node in nodes:
         node.join(timeout=120)
     assert results == {0: 2, 1: 2}
+
+
+PEER = """
+import sys, datetime, torch.distributed as dist
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+client = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=60))
+handler = dr.DynamicRendezvousHandler.from_backend(
+    "gone", client, C10dRendezvousBackend(client, "gone"), min_nodes=2, max_nodes=2,
+    timeout=dr.RendezvousTimeout(join=datetime.timedelta(seconds=120)),
+    keep_alive_interval=60, keep_alive_max_attempt=3,
+)
+handler.next_rendezvous()
+print("joined", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heartbeats_expiry(store, monkeypatch):
+    """Heartbeats every 60 s, 3 missed to be dead: torch drops a SIGKILLed peer 3 minutes
+    later. Named in GONE_KEY by the supervisor that reaped it, it is out of its peers' view of
+    the round at their next look (old code: still a participant at the test's limit)."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", dr._BackendRendezvousStateHolder._sanitize)
+    assert torch_compat.drop_gone_nodes()
+    assert torch_compat.drop_gone_nodes()  # idempotent
+    peer = subprocess.Popen(
+        [sys.executable, "-c", PEER, str(store.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
+        handler = dr.DynamicRendezvousHandler.from_backend(
+            "gone",
+            client,
+            C10dRendezvousBackend(client, "gone"),
+            min_nodes=2,
+            max_nodes=2,
+            timeout=dr.RendezvousTimeout(join=timedelta(seconds=120)),
+            keep_alive_interval=60,
+            keep_alive_max_attempt=3,
+        )
+        assert handler.next_rendezvous().world_size == 2
+        assert peer.stdout.readline() == "joined\n"
+        _round, members = torch_compat.round_state(handler)
+        assert {n.pid for n in members} == {os.getpid(), peer.pid}
+        peer.kill()
+        peer.wait()
+        store.set(torch_compat.GONE_KEY, json.dumps({str(peer.pid): time.time()}))
+        deadline = time.monotonic() + 60
+        while peer.pid in {n.pid for n in torch_compat.round_state(handler)[1]}:
+            assert time.monotonic() < deadline, "the dead peer is still in the round"
+            time.sleep(0.1)
+        assert {n.pid for n in torch_compat.round_state(handler)[1]} == {os.getpid()}
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()

@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     _hook_agent()
     # A round closes once it holds the job's nodes (the supervisor's target, in the store).
     torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
+    torch_compat.drop_gone_nodes()  # a node the supervisor saw die leaves its round at once
     _report_degraded()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main

@@ -50,6 +50,7 @@ INTERNALS = {
     "dynamic_rendezvous._DistributedRendezvousOpExecutor": "a round waits last_call_timeout past the nodes the job runs",
     "dynamic_rendezvous._delay": "a node waiting in a round looks again once a second",
     "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": "a node waiting in a round looks again once a second",
+    "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize": "a node that died is dropped when its heartbeat expires",
 }
 
 
@@ -103,6 +104,9 @@ def missing() -> dict[str, str]:
         "dynamic_rendezvous._delay": hasattr(dr, "_delay"),
         "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": "_cache_duration"
         in getattr(getattr(dr, "_BackendRendezvousStateHolder", None), "__annotations__", {}),
+        "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize": hasattr(
+            getattr(dr, "_BackendRendezvousStateHolder", None), "_sanitize"
+        ),
     }
     return {name: INTERNALS[name] for name, ok in present.items() if not ok}
 
@@ -254,6 +258,54 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
 
         dr._delay = _delay
         holder.__init__ = holder_init
+    return True
+
+
+#: Agents that died on this machine, {pid: when}, set in the store by the local supervisor.
+GONE_KEY = "notebook_elastic/gone"
+
+
+def _gone_pids(store: Any, window_s: float) -> set[int]:
+    """Pids of agents the supervisor saw die within ``window_s`` (a pid reused later is not
+    one of them: by then torch's own heartbeat expiry has dropped the dead node anyway)."""
+    try:
+        if store is None or not store.check([GONE_KEY]):
+            return set()
+        import json
+
+        now = time.time()
+        return {int(pid) for pid, when in json.loads(store.get(GONE_KEY)).items() if now - when <= window_s}
+    except Exception:  # unreadable, or the store lost: heartbeats decide, as in torch
+        return set()
+
+
+def drop_gone_nodes() -> bool:
+    """A node whose agent died is dropped from the rendezvous as soon as the supervisor saw it
+    die (``GONE_KEY``), not when its heartbeat expires (keep_alive_interval x max_attempt
+    later): a lost node's peers regroup at once. Idempotent; False where torch lacks it."""
+    from datetime import datetime, timezone
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    if "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize" in missing():
+        return False
+    holder = dr._BackendRendezvousStateHolder
+    sanitize = holder._sanitize
+    if getattr(sanitize, "_notebook_elastic", False):
+        return True
+    expired = datetime.min.replace(tzinfo=timezone.utc)
+
+    def _sanitize(self):  # type: ignore[no-untyped-def]
+        settings = self._settings
+        window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+        gone = _gone_pids(getattr(self._backend, "_store", None), window_s)
+        for node in list(self._state.last_heartbeats) if gone else ():
+            if node.pid in gone:
+                self._state.last_heartbeats[node] = expired  # torch's sanitize drops it now
+        return sanitize(self)
+
+    _sanitize._notebook_elastic = True  # type: ignore[attr-defined]
+    holder._sanitize = _sanitize
     return True
 
 

@@ -39,6 +39,7 @@ class Agent:
     failure: str | None = None  # its workers' latest own failure, in words
     log_bytes: int = 0  # written to its current log file
     reaped: bool = False
+    agent_pid: int | None = None  # the torchrun agent's own (forked by the warm pool): its rendezvous id
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
     log: IO[bytes] | None = None
@@ -279,6 +280,7 @@ class Nodes:
                 self._lower_target(agent.name, "evicted")
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
                 self.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.target)
+            self._publish_gone(agent)
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from

@@ -21,6 +21,7 @@ Requests come over an authenticated loopback connection (``control.py``).
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import secrets
@@ -40,7 +41,7 @@ from ...runtime import pool, protocol
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
-from ...runtime.torch_compat import TARGET_KEY
+from ...runtime.torch_compat import GONE_KEY, TARGET_KEY
 from ...runtime.tracking import tensorboard_link
 from ...spec import JobSpec
 from .commands import Commands
@@ -98,6 +99,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.status_written: str | None = None  # the status status.json last said
         self.store: Any = None  # torch's TCPStore server, once run() hosts it
         self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
+        self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
         self.sink = EventSink(
             folder.events_file,
             self.state,
@@ -134,6 +136,8 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         if e.kind == Kind.METRIC and self.trackers and self._output_allowed():
             for tracker in self.trackers:
                 tracker.observe(e, self.state)
+        if e.kind == Kind.AGENT_STARTED and e.node in self.agents:
+            self.agents[e.node].agent_pid = e.get("pid")
         if e.kind == Kind.WORKER_STARTED:
             gen = e.get("generation")
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
@@ -207,6 +211,19 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             self.store.set(TARGET_KEY, str(self.target))
             self._published_target = self.target
         except Exception:  # the store is going (the job ends): rounds close as torch closes them
+            pass
+
+    def _publish_gone(self, agent: Agent) -> None:
+        """An agent reaped: its peers drop it from their round now, not at its heartbeat's
+        expiry (a node left on purpose has left already; naming it again is harmless)."""
+        if self.store is None or agent.agent_pid is None:
+            return
+        now = time.time()
+        self._gone = {pid: t for pid, t in self._gone.items() if now - t < 60}
+        self._gone[str(agent.agent_pid)] = now
+        try:
+            self.store.set(GONE_KEY, json.dumps(self._gone))
+        except Exception:  # the store is going: heartbeats decide, as in torch
             pass
 
     # -- main ----------------------------------------------------------------------------
