@@ -167,14 +167,18 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
             keep_alive_max_attempt=3,
         )
         assert handler._state_holder._cache_duration == 0.1  # a look reads the store at most 0.1 s old
+        handlers.append(handler)
         results[i] = handler.next_rendezvous().world_size
 
     results: dict[int, int] = {}
+    handlers: list = []
     nodes = [threading.Thread(target=join, args=(i, results), daemon=True) for i in range(2)]
     for node in nodes:
         node.start()
     for node in nodes:
         node.join(timeout=120)
+    for handler in handlers:
+        handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
     assert results == {0: 2, 1: 2}
 
 
