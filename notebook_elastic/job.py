@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import BackendError, SpecError
-from .events import FINAL_STATUSES, Event, Kind
-from .job_state import JobState, Metrics, elapsed_s
-from .runtime.tracking import tracking_text
+from .events import Event, Kind
+from .job_state import JobState, Metrics, summary_text
 from .spec import JobSpec, check_scale
 
 if TYPE_CHECKING:
@@ -375,29 +374,7 @@ class ElasticJob:
     # -- display -------------------------------------------------------------------------
 
     def summary(self) -> str:
-        s = self._state
-        parts = [f"{self.name}: {s.status}"]
-        finished = s.status in FINAL_STATUSES
-        if s.world_size:
-            # While regrouping or after the end, the last world size is history, not the present.
-            parts.append(f"world size {s.world_size}" if s.status == "running" else f"last world size {s.world_size}")
-        if not finished:
-            parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
-        if s.step is not None:
-            parts.append(f"step {s.step}" + (f"/{s.total_steps}" if s.total_steps else ""))
-        loss = s.metrics.last("loss")
-        if loss is not None:
-            parts.append(f"loss {loss:.4g}")
-        parts.append(f"restarts {s.restarts}/{s.max_restarts}")
-        took = elapsed_s(s)
-        if took is not None:
-            parts.append(f"{took:.0f} s")
-        text = ", ".join(parts)
-        if s.reason and s.status in FINAL_STATUSES:
-            text += f"\n  reason: {s.reason}"
-        for where in s.tracking.values():
-            text += f"\n  {tracking_text(where)}"
-        return text
+        return summary_text(self.name, self._state)
 
     def __repr__(self) -> str:
         return f"<ElasticJob {self.summary()}>"

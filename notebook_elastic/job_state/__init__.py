@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe
+from ..runtime.tracking import tracking_text
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
 from .handlers import Handlers
 from .records import Marker, Metrics, MetricSeries, NodeInfo, RankInfo
@@ -38,6 +39,7 @@ __all__ = [
     "describe_failure",
     "elapsed_s",
     "first_failure",
+    "summary_text",
     "with_fold",
 ]
 
@@ -336,3 +338,30 @@ def elapsed_s(state: JobState, now: float | None = None) -> float | None:
         return None
     end = state.finished_at or (time.time() if now is None else now)
     return max(0.0, end - state.started_at)
+
+
+def summary_text(name: str, s: JobState) -> str:
+    """A job in a line or three (``ElasticJob.summary()``, its repr): status, size, step, loss,
+    restarts, time; the reason of an outcome and where the run is tracked."""
+    parts = [f"{name}: {s.status}"]
+    finished = s.status in FINAL_STATUSES
+    if s.world_size:
+        # While regrouping or after the end, the last world size is history, not the present.
+        parts.append(f"world size {s.world_size}" if s.status == "running" else f"last world size {s.world_size}")
+    if not finished:
+        parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
+    if s.step is not None:
+        parts.append(f"step {s.step}" + (f"/{s.total_steps}" if s.total_steps else ""))
+    loss = s.metrics.last("loss")
+    if loss is not None:
+        parts.append(f"loss {loss:.4g}")
+    parts.append(f"restarts {s.restarts}/{s.max_restarts}")
+    took = elapsed_s(s)
+    if took is not None:
+        parts.append(f"{took:.0f} s")
+    text = ", ".join(parts)
+    if s.reason and finished:
+        text += f"\n  reason: {s.reason}"
+    for where in s.tracking.values():
+        text += f"\n  {tracking_text(where)}"
+    return text
