@@ -236,6 +236,7 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
             assert time.monotonic() < deadline, "the dead peer is still in the round"
             time.sleep(0.1)
         assert {n.pid for n in torch_compat.round_state(handler)[1]} == {os.getpid()}
+        handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
     finally:
         if peer.poll() is None:
             peer.kill()
