@@ -2462,6 +2462,7 @@ class FakeCluster:
             succeeded=len(succeeded),
         )
         conditions = []
+        lingering: list[dict[str, Any]] = []  # pods to terminate once the status says why
         if fail_job is not None or failed > int(spec.get("backoffLimit", 6)):
             conditions = [
                 {
@@ -2487,8 +2488,9 @@ class FakeCluster:
                 },
                 {"type": "Complete", "status": "True", "reason": "SuccessPolicy", "lastTransitionTime": now_rfc3339()},
             ]
-            for pod in active.values():
-                self._delete(self._key(pod), grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
+            # As the real controller: the condition first, then the lingering pods terminated
+            # (a pod's end read before the condition looked like a failure, exit 143).
+            lingering = list(active.values())
         else:
             for idx, pod in list(active.items()):
                 if idx >= completions:  # scaled down: the highest indexes go
@@ -2524,6 +2526,8 @@ class FakeCluster:
                 updated = copy.deepcopy(current)
                 updated["status"] = new_status
                 self._store("MODIFIED", updated)
+        for pod in lingering:
+            self._delete(self._key(pod), grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
 
     @staticmethod
     def _success_policy_met(spec: dict[str, Any], succeeded: set[int]) -> bool:

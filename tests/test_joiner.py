@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -127,7 +129,12 @@ def test_a_departed_peer_s_symptom_is_not_the_joiner_s_own_failure(node, store):
 
 def test_a_replacement_for_an_evicted_index_backs_off_before_it_joins(node, store, monkeypatch, capsys):
     slept = []
-    monkeypatch.setattr(joiner.time, "sleep", slept.append)
+    here, sleep = threading.current_thread(), time.sleep
+    # time.sleep is the process's: only this thread's calls are the backoff (CI: a watcher thread
+    # left by another test slept in a loop and its 0.5 s sleeps filled the list).
+    monkeypatch.setattr(
+        joiner.time, "sleep", lambda s: slept.append(s) if threading.current_thread() is here else sleep(s)
+    )
     store.add(key("evicted/pod-c"), 2)  # this index was sent away twice (no Job index: the node name)
     node.before_joining(node.watch.handler)
     node.before_joining(node.watch.handler)  # once per agent
