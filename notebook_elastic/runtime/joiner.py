@@ -66,6 +66,7 @@ class Joining:
         self.rounds: set[int] = set()  # the rounds this node was a member of
         self.published: int | None = None  # the latest round this node wrote to ``progressed``
         self.thread: threading.Thread | None = None
+        self.ended = threading.Event()  # clean(): the publisher thread ends too
         self.waited = False  # a replacement waits once, before its first join
         self.index = os.environ.get("JOB_COMPLETION_INDEX") or node_name()  # what a replacement shares
 
@@ -78,6 +79,7 @@ class Joining:
         atexit.register(self.clean)
 
     def clean(self) -> None:
+        self.ended.set()
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -120,8 +122,7 @@ class Joining:
             self.thread.start()
 
     def _run(self) -> None:
-        while True:
-            time.sleep(WATCH_INTERVAL_S)
+        while not self.ended.wait(WATCH_INTERVAL_S):
             try:
                 self._publish()
             except Exception:  # the store does not answer now: tried again next time
