@@ -38,18 +38,24 @@ def store():
     sock.close()
 
 
-def handler_on(store, run_id: str) -> dr.DynamicRendezvousHandler:
-    from datetime import timedelta
-
-    backend = C10dRendezvousBackend(store, run_id)
+def handler_on(
+    store,
+    run_id: str,
+    *,
+    nodes: tuple[int, int] = (1, 1),
+    join_s: float = 20,
+    last_call_s: float = 1,
+    keep_alive_s: int = 1,
+) -> dr.DynamicRendezvousHandler:
+    """torchrun's rendezvous handler on ``store`` (3 missed heartbeats: dead)."""
     return dr.DynamicRendezvousHandler.from_backend(
         run_id,
         store,
-        backend,
-        min_nodes=1,
-        max_nodes=1,
-        timeout=dr.RendezvousTimeout(join=timedelta(seconds=20), last_call=timedelta(seconds=1)),
-        keep_alive_interval=1,
+        C10dRendezvousBackend(store, run_id),
+        min_nodes=nodes[0],
+        max_nodes=nodes[1],
+        timeout=dr.RendezvousTimeout(join=timedelta(seconds=join_s), last_call=timedelta(seconds=last_call_s)),
+        keep_alive_interval=keep_alive_s,
         keep_alive_max_attempt=3,
     )
 
@@ -156,16 +162,7 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
 
     def join(i: int, results: dict) -> None:
         client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-        handler = dr.DynamicRendezvousHandler.from_backend(
-            "target",
-            client,
-            C10dRendezvousBackend(client, "target"),
-            min_nodes=1,
-            max_nodes=3,
-            timeout=dr.RendezvousTimeout(join=timedelta(seconds=600), last_call=timedelta(seconds=600)),
-            keep_alive_interval=1,
-            keep_alive_max_attempt=3,
-        )
+        handler = handler_on(client, "target", nodes=(1, 3), join_s=600, last_call_s=600)
         assert handler._state_holder._cache_duration == 0.1  # a look reads the store at most 0.1 s old
         handlers.append(handler)
         results[i] = handler.next_rendezvous().world_size
@@ -214,16 +211,7 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     )
     try:
         client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
-        handler = dr.DynamicRendezvousHandler.from_backend(
-            "gone",
-            client,
-            C10dRendezvousBackend(client, "gone"),
-            min_nodes=2,
-            max_nodes=2,
-            timeout=dr.RendezvousTimeout(join=timedelta(seconds=120)),
-            keep_alive_interval=60,
-            keep_alive_max_attempt=3,
-        )
+        handler = handler_on(client, "gone", nodes=(2, 2), join_s=120, last_call_s=30, keep_alive_s=60)
         assert handler.next_rendezvous().world_size == 2
         assert peer.stdout.readline() == "joined\n"
         _round, members = torch_compat.round_state(handler)

@@ -194,12 +194,18 @@ TARGET_KEY = "notebook_elastic/target"
 _round_store = threading.local()
 
 
+def _value(store: Any, key: str) -> bytes | None:
+    """What ``key`` holds in ``store``, or None when it is not set (a get alone would wait)."""
+    return store.get(key) if store.check([key]) else None
+
+
 def _target_nodes() -> int | None:
     store = getattr(_round_store, "store", None)
     if store is None:
         return None
     try:
-        return int(store.get(TARGET_KEY)) if store.check([TARGET_KEY]) else None
+        value = _value(store, TARGET_KEY)
+        return None if value is None else int(value)
     except Exception:  # a store lost meanwhile: the rendezvous says so on its own next call
         return None
 
@@ -269,12 +275,13 @@ def _gone_pids(store: Any, window_s: float) -> set[int]:
     """Pids of agents the supervisor saw die within ``window_s`` (a pid reused later is not
     one of them: by then torch's own heartbeat expiry has dropped the dead node anyway)."""
     try:
-        if store is None or not store.check([GONE_KEY]):
+        value = None if store is None else _value(store, GONE_KEY)
+        if value is None:
             return set()
         import json
 
         now = time.time()
-        return {int(pid) for pid, when in json.loads(store.get(GONE_KEY)).items() if now - when <= window_s}
+        return {int(pid) for pid, when in json.loads(value).items() if now - when <= window_s}
     except Exception:  # unreadable, or the store lost: heartbeats decide, as in torch
         return set()
 
@@ -368,7 +375,8 @@ def store_id(store: Any) -> str | None:
     ``StoreSilent`` when the store does not answer."""
 
     def read() -> str | None:
-        return store.get(STORE_ID_KEY).decode() if store.check([STORE_ID_KEY]) else None
+        value = _value(store, STORE_ID_KEY)
+        return None if value is None else value.decode()
 
     try:
         return call_with_deadline(read, STORE_CALL_TIMEOUT_S)

@@ -202,16 +202,22 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self._lower_target(agent.name, "evicted")
         self.emit(Kind.NODE_EVICTED, agent.name, failure=agent.failure, target=self.target)
 
+    def _tell_agents(self, key: str, value: str) -> bool:
+        """Set what the agents' rendezvous reads beside its round (torch_compat); False when
+        the store is not hosted yet or is going (the job ends): the agents then do as torch."""
+        if self.store is None:
+            return False
+        try:
+            self.store.set(key, value)
+            return True
+        except Exception:
+            return False
+
     def _publish_target(self) -> None:
         """The number of nodes the job runs, in the store: a round that holds that many closes
         at once instead of waiting last_call_timeout for nodes that will not come."""
-        if self.store is None or self.target == self._published_target:
-            return
-        try:
-            self.store.set(TARGET_KEY, str(self.target))
+        if self.target != self._published_target and self._tell_agents(TARGET_KEY, str(self.target)):
             self._published_target = self.target
-        except Exception:  # the store is going (the job ends): rounds close as torch closes them
-            pass
 
     def _publish_gone(self, agent: Agent) -> None:
         """An agent reaped: its peers drop it from their round now, not at its heartbeat's
@@ -221,10 +227,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         now = time.time()
         self._gone = {pid: t for pid, t in self._gone.items() if now - t < 60}
         self._gone[str(agent.agent_pid)] = now
-        try:
-            self.store.set(GONE_KEY, json.dumps(self._gone))
-        except Exception:  # the store is going: heartbeats decide, as in torch
-            pass
+        self._tell_agents(GONE_KEY, json.dumps(self._gone))
 
     # -- main ----------------------------------------------------------------------------
 
