@@ -20,6 +20,7 @@ import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.kubernetes import KubernetesBackend
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.events import Kind
+from notebook_elastic.runtime import protocol
 
 pytestmark = pytest.mark.slow
 
@@ -452,6 +453,43 @@ def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert not any(e.kind == Kind.STORE_LOST for e in job.events)
+    job.stop()
+
+
+UNSAVEABLE = """
+class Odd:
+    pass
+state = elastic.State(model=torch.nn.Linear(2, 1), odd=Odd())
+for step in state.steps(TOTAL):
+    state.commit()
+"""
+
+
+def test_a_failure_no_retry_can_mend_fails_the_job_at_once_spending_no_restart(cluster):
+    """State that cannot be saved fails the same way at every retry: each pod's agent stops
+    on its worker's own exit status instead of restarting, and the Job fails at once on it
+    (podFailurePolicy FailJob), with the worker's sentence, not "restart budget spent"."""
+    job = ne.launch(
+        UNSAVEABLE,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        gpus=0,
+        pvc="ckpt",
+        name="odd",
+        max_restarts=5,
+        user_ns=ns(),
+    )
+    assert job.wait(240) == "failed", job.summary()
+    assert "State cannot save 'odd'" in job.state.reason and "budget" not in job.state.reason, job.state.reason
+    assert not [e for e in job.events if e.kind == Kind.RESTART], [e.describe() for e in job.events]
+    left = {e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
+    assert protocol.exit_reason(protocol.EXIT_FATAL) in left, left
+    workers = cluster.pods_created("app.kubernetes.io/instance=odd,app.kubernetes.io/component=worker")
+    assert workers == 2, "a pod was replaced only to fail the same way"
+    made = cluster.get("jobs", "odd-workers", gv="batch/v1")
+    failed = next(c for c in made["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy" and f"exit code {protocol.EXIT_FATAL}" in failed["message"]
     job.stop()
 
 

@@ -24,6 +24,7 @@ import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.events import FINAL_STATUSES, Kind
+from notebook_elastic.runtime import protocol
 
 pytestmark = pytest.mark.slow
 
@@ -766,7 +767,11 @@ for step in state.steps(10):
         "State cannot save 'odd'" in job.state.reason
         and "Define the class in an earlier notebook cell" in job.state.reason
     )
-    assert job.restarts == 0
+    assert job.restarts == 0 and not [e for e in job.events if e.kind == Kind.RESTART]
+    # The agent itself stopped on the worker's own exit status: the supervisor's stop did not
+    # have to win a race against torchrun's restart.
+    left = [(e.get("exitcode"), e.get("reason")) for e in job.events if e.kind == Kind.NODE_LEFT]
+    assert left == [(protocol.EXIT_FATAL, protocol.exit_reason(protocol.EXIT_FATAL))], left
 
 
 BIG_STATE = """

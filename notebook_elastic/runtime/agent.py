@@ -27,6 +27,9 @@ A thin wrapper around ``torch.distributed.run.main()`` that
   because a peer went away (they exit with ``EXIT_PEER_LOST``, or the watch ended them) and
   the round has really lost a member, the agent regroups as it does for a new node, without
   spending one of ``--max-restarts``. Only a worker's own failure is charged;
+- never restarts workers whose failure would repeat at every retry (a worker exits
+  ``EXIT_FATAL``: its State holds what cannot be saved): it stops them and exits ``EXIT_FATAL``
+  itself, so no retry is spent and a Job's podFailurePolicy fails the job at once;
 - on a cluster, where no supervisor watches the nodes (``ENV_AGENTS_EVICT``), sends itself away
   when its workers fail while it joins a job that trains (``joiner.py``): it leaves the round
   without closing it, says why (``node_evicted``) and exits with ``EXIT_EVICTED``; the others
@@ -40,85 +43,15 @@ import os
 import signal
 import socket
 import sys
-import threading
-import time
 
 from . import protocol, torch_compat
 from ._emit import emit
+from .departures import DepartureWatch
+from .departures import node_name as _node_name
 from .joiner import Joining
 from .worker import set_parent_death_signal
 
-
-def _node_name() -> str:
-    return os.environ.get(protocol.ENV_NODE) or socket.gethostname()
-
-
-WATCH_INTERVAL_S = 0.5
-
-
-class _DepartureWatch:
-    """Ends this node's workers when a member of their rendezvous round disappears."""
-
-    def __init__(self) -> None:
-        self.agent = None  # torchrun's LocalElasticAgent, once it starts workers
-        self.handler = None
-        self.round: int | None = None  # the round being watched (None once acted on)
-        self.members: frozenset = frozenset()
-        self.latest: tuple[int | None, frozenset] = (None, frozenset())  # the latest round joined
-        self.killed_round: int | None = None  # the round whose workers the watch ended
-        self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
-
-    def joined(self, handler, round_: int | None, members: frozenset) -> None:
-        with self.lock:
-            self.handler, self.round, self.members = handler, round_, members
-            self.latest = (round_, members)
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="notebook-elastic-departures", daemon=True)
-            self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(WATCH_INTERVAL_S)
-            try:
-                self._check()
-            except Exception:  # a torch without these internals: the watch just stops
-                return
-
-    def _check(self) -> None:
-        with self.lock:
-            handler, round_, members, agent = self.handler, self.round, self.members, self.agent
-        if handler is None or agent is None or round_ is None or len(members) < 2:
-            return
-        if not torch_compat.group_is_healthy(agent):
-            return
-        now = torch_compat.round_state(handler)
-        if now is None or now[0] != round_:
-            return
-        gone = [n for n in members if n not in now[1]]
-        if not gone:
-            return
-        with self.lock:
-            if self.round != round_:
-                return
-            self.round = None  # act once per round
-            self.killed_round = round_
-        pids = torch_compat.worker_pids(agent)
-        emit(
-            "peer_lost",
-            node=_node_name(),
-            round=round_,
-            lost=[{"addr": n.addr, "pid": n.pid} for n in gone],
-            workers=pids,
-        )
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-_watch = _DepartureWatch()
+_watch = DepartureWatch()
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
 
@@ -143,55 +76,24 @@ class _StoreReplaced:
 _store = _StoreReplaced()
 
 
-def _round_lost_a_member(grace_s: float) -> bool:
-    """Whether a member of the round these workers were formed in is gone (left, or its
-    heartbeat expired), waiting up to ``grace_s`` for a dead peer's heartbeat to expire."""
-    handler = _watch.handler
-    round_, members = _watch.latest
-    if handler is None or round_ is None or len(members) < 2:
-        return False  # alone in the round: no peer could have left
-    deadline = time.monotonic() + grace_s
-    while True:
-        now = torch_compat.round_state(handler)
-        if now is None:
-            return False  # this torch does not say: charged, as torchrun would
-        if now[0] != round_ or any(m not in now[1] for m in members):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
-def _failed_because_a_peer_left(result) -> list:  # type: ignore[no-untyped-def]
-    """The failures, if they are a departure's doing: one of them at least is a departure's
-    symptom (a worker that says its collective broke because a peer left, or that the watch
-    ended) and the round has really lost a member. A sibling that failed some other way in
-    the same moment (gloo words it differently under load) goes with it; a bug of the user's
-    comes back in the next round and is charged there."""
-    failures = list(getattr(result, "failures", {}).values())
-    watch_ended_them = _watch.killed_round is not None and _watch.killed_round == _watch.latest[0]
-    symptoms = [
-        f
-        for f in failures
-        if f.exitcode == protocol.EXIT_PEER_LOST or (watch_ended_them and f.exitcode == -signal.SIGKILL)
-    ]
-    if not symptoms:
-        return []  # a worker's own failure: charged, as torchrun does
-    # A leaving peer takes itself out of the round once its own workers are stopped, which on
-    # a loaded machine can take a while; a dead one is dropped when its heartbeat expires.
-    window_s = torch_compat.keep_alive_window_s(_watch.handler)
-    grace_s = 2.0 + 2 * (window_s or 0.0)
-    return failures if _round_lost_a_member(grace_s) else []
-
-
 def _departure_or_eviction(result) -> list:  # type: ignore[no-untyped-def]
     """A departure's failures (regrouped uncharged); else, when this node failed while joining
     a job that trains, it goes (``joiner.Joining``: the process ends there); else none: charged,
     as torchrun does."""
-    failures = _failed_because_a_peer_left(result)
+    failures = _watch.failed_because_a_peer_left(result)
     if not failures:
         _joining.leave_if_it_failed_joining(result)
     return failures
+
+
+def _gives_up(result) -> bool:  # type: ignore[no-untyped-def]
+    """A worker failed in a way no retry can mend (it exited ``EXIT_FATAL``): stop, not restart."""
+    global _fatal
+    _fatal = _fatal or any(f.exitcode == protocol.EXIT_FATAL for f in getattr(result, "failures", {}).values())
+    return _fatal
+
+
+_fatal = False  # set once a worker failed in a way no retry can mend
 
 
 def _hook_agent() -> None:
@@ -210,7 +112,7 @@ def _hook_agent() -> None:
             local_ranks=sorted(f.local_rank for f in failures),
         )
 
-    torch_compat.hook_agent(before_start, _departure_or_eviction, on_departure, _store.regroup_now)
+    torch_compat.hook_agent(before_start, _departure_or_eviction, on_departure, _store.regroup_now, _gives_up)
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
     # and a replacement taken. The local store lives in the supervisor: when that dies, its
@@ -383,6 +285,10 @@ def main(argv: list[str] | None = None) -> None:
     except ChildFailedError as exc:
         # torchrun has logged which rank failed how; say it plainly and exit with a status
         # of our own, so "the restart budget is spent" is told apart from "stopped".
+        if _fatal:
+            first = f"{exc}".splitlines()[0]
+            print(f"notebook-elastic agent: not restarted, the failure would repeat: {first}", file=sys.stderr)
+            sys.exit(protocol.EXIT_FATAL)
         print(f"notebook-elastic agent: restart budget spent: {exc}".splitlines()[0], file=sys.stderr, flush=True)
         sys.exit(protocol.EXIT_RESTARTS_SPENT)
     except RendezvousConnectionError as exc:

@@ -252,6 +252,11 @@ EXIT_STORE_LOST = 5
 #: missing on its node, a broken driver or NIC): it left the round and the job goes on without
 #: it. Not the job's failure: a Job's podFailurePolicy ignores it.
 EXIT_EVICTED = 6
+#: A worker's exit status, then its agent's, when its failure would be the same at every retry
+#: (its State holds what cannot be saved): the agent stops its workers instead of restarting
+#: them, so no retry of --max-restarts is spent on it, and a Job fails at once on it
+#: (podFailurePolicy FailJob) instead of replacing the pod to fail the same way again.
+EXIT_FATAL = 7
 
 #: A worker's exit status when its collective broke because a peer went away (gloo's
 #: "connection closed by peer", a store that lost a member, a newer group fencing this one):
@@ -283,6 +288,8 @@ def exit_reason(code: int | None) -> str:
         return "its rendezvous store stopped answering"
     if code == EXIT_EVICTED:
         return "evicted"  # the local supervisor's word for the same departure
+    if code == EXIT_FATAL:
+        return "its workers failed in a way no restart can mend"
     return f"exited with code {code}"
 
 

@@ -40,7 +40,10 @@ INTERNALS = {
     "LocalElasticAgent._restart_workers": "departures are charged to --max-restarts like failures",
     "LocalElasticAgent._pcontext": "departed peers are noticed at the collective timeout, not at once",
     "LocalElasticAgent._worker_group": "departed peers are noticed at the collective timeout, not at once",
-    "LocalElasticAgent._remaining_restarts": "a node sent away while joining is not charged to --max-restarts",
+    "LocalElasticAgent._remaining_restarts": (
+        "a node sent away while joining is not charged to --max-restarts; a failure no retry can mend "
+        "(state that cannot be saved) may spend one restart before the job stops"
+    ),
     "C10dRendezvousBackend._call_store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
     "C10dRendezvousBackend._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
     "DynamicRendezvousHandler._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
@@ -682,11 +685,14 @@ def hook_agent(
     departures: Callable[[Any], list],
     on_departure: Callable[[list], None],
     regroup_now: Callable[[], bool] = lambda: False,
+    gives_up: Callable[[Any], bool] = lambda result: False,
 ) -> bool:
     """Hook torchrun's agent: ``before_start(agent)`` before every (re)start of its workers;
     a failed or unhealthy round whose ``departures(result)`` is not empty is regrouped as for
     a new node (``on_departure(failures)`` first) instead of being charged to the budget; so
-    is a healthy one when ``regroup_now()`` says so (its rendezvous store was replaced).
+    is a healthy one when ``regroup_now()`` says so (its rendezvous store was replaced); a
+    failed one that ``gives_up(result)`` is not restarted at all: torchrun stops its workers
+    and ends as when its budget is spent (``ChildFailedError``).
     False when this torch lacks what it takes (then the agent runs unhooked)."""
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
@@ -708,6 +714,9 @@ def hook_agent(
             self._restart_workers(worker_group)
             return RunResult(state=WorkerState.HEALTHY)
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            return result
+        if result.state == WorkerState.FAILED and gives_up(result):
+            self._remaining_restarts = 0  # torchrun's own "no attempts left" path
             return result
         failures = departures(result)
         if not failures:

@@ -224,6 +224,10 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             raise SystemExit(protocol.EXIT_PEER_LOST) from exc
         if handler is not None and isinstance(exc, Exception):
             handler.record_exception(exc)
+        if extra.get("fatal"):
+            # A distinct status, so the agent itself stops instead of restarting: waiting for
+            # whoever reads this event to stop it raced torchrun's restart (one retry spent).
+            raise SystemExit(protocol.EXIT_FATAL) from exc
         raise
     _shutdown_process_group()
     emit("worker_finished", rank=info.rank, node=info.node, pid=info.pid)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...events import Event, Kind
-from ...job_state import budget_spent_reason
+from ...job_state import budget_spent_reason, describe_failure
 from . import manifests as m
 from .client import Connection
 from .logs import LogFollowing
@@ -142,9 +142,13 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
             self.max_restarts = event.get("max_restarts", self.max_restarts)
         elif event.kind == Kind.JOB_FINISHED and event.get("budget_spent"):
             data = {k: v for k, v in event.data.items() if k != "budget_spent"}
-            data["reason"] = budget_spent_reason(
-                self.failures, self.restarts, self.max_restarts, data.get("reason", "")
-            )
+            fatal = next((f for f in self.failures if f.get("fatal")), None)
+            if fatal is not None:  # not retried: no budget was spent on it
+                data["reason"] = describe_failure(fatal)
+            else:
+                data["reason"] = budget_spent_reason(
+                    self.failures, self.restarts, self.max_restarts, data.get("reason", "")
+                )
             return Event(event.kind, event.time, event.node, data)
         return event
 

@@ -137,14 +137,15 @@ def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: i
                             "values": [protocol.EXIT_EVICTED],
                         },
                     },
-                    # Its workers failed --max-restarts times over: the job has failed. A new
-                    # pod would only fail the same way again (a bug in the cell, say).
+                    # Its workers failed --max-restarts times over, or in a way no retry can
+                    # mend (state that cannot be saved): the job has failed. A new pod would
+                    # only fail the same way again (a bug in the cell, say).
                     {
                         "action": "FailJob",
                         "onExitCodes": {
                             "containerName": "worker",
                             "operator": "In",
-                            "values": [protocol.EXIT_RESTARTS_SPENT],
+                            "values": [protocol.EXIT_RESTARTS_SPENT, protocol.EXIT_FATAL],
                         },
                     },
                 ]

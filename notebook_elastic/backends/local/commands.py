@@ -127,12 +127,14 @@ class Commands:
         for agent in self.alive_agents():
             self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
 
-    def do_stop(self) -> dict:
+    def do_stop(self, leave: str | None = None) -> dict:
+        """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""
         if not self.stopping:
             self.stopping = True
             self.stop_deadline = time.monotonic() + STOP_GRACE_S
             for agent in self.alive_agents():
-                self.signal_agent(agent, signal.SIGTERM, "stopped")
+                if agent.name != leave:
+                    self.signal_agent(agent, signal.SIGTERM, "stopped")
         return {"stopping": True}
 
     def do_status(self) -> dict:

@@ -267,6 +267,10 @@ class Nodes:
             if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
                 agent.exit_reason = protocol.exit_reason(code)
                 self._files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
+            if code == protocol.EXIT_FATAL and agent.exit_reason is None:
+                # Its workers failed in a way a retry would repeat: the job stops (not a lost node).
+                agent.exit_reason = protocol.exit_reason(code)
+                self.fatal = self.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
             if (
                 code == protocol.EXIT_RESTARTS_SPENT
                 and agent.exit_reason is None

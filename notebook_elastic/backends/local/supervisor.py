@@ -119,6 +119,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.stall = StallClock(since=time.monotonic())
         self.failures_seen: dict[tuple, int] = {}
         self.fatal: str | None = None  # why the job stops now, when retrying is pointless
+        self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
         self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
 
     # -- events --------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             what = describe_failure(e)
             budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
             if e.get("fatal"):
-                self.fatal = what
+                self.fatal, self.fatal_node = what, e.node
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
@@ -324,7 +325,9 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             self._keep_a_spare()
             self._watch_for_stalls(now)
             if self.fatal and not self.stopping:
-                self.do_stop()
+                # The failed node's agent stops its workers and ends by itself; the others are
+                # stopped, as they would regroup and fail the same way.
+                self.do_stop(leave=self.fatal_node)
             if now - last_folder_check > 1.0:
                 last_folder_check = now
                 if self._folder_deleted():

@@ -1,0 +1,123 @@
+"""Departures, as the agent sees them: the watch that ends this node's workers when a member
+of their rendezvous round disappears (torchrun's agent notices new nodes, not departed ones),
+and the test that tells a failure a departure caused (regrouped, not charged to
+``--max-restarts``) from a worker's own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+from . import protocol, torch_compat
+from ._emit import emit
+
+
+def node_name() -> str:
+    return os.environ.get(protocol.ENV_NODE) or socket.gethostname()
+
+
+WATCH_INTERVAL_S = 0.5
+
+
+class DepartureWatch:
+    """Ends this node's workers when a member of their rendezvous round disappears."""
+
+    def __init__(self) -> None:
+        self.agent = None  # torchrun's LocalElasticAgent, once it starts workers
+        self.handler = None
+        self.round: int | None = None  # the round being watched (None once acted on)
+        self.members: frozenset = frozenset()
+        self.latest: tuple[int | None, frozenset] = (None, frozenset())  # the latest round joined
+        self.killed_round: int | None = None  # the round whose workers the watch ended
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def joined(self, handler, round_: int | None, members: frozenset) -> None:
+        with self.lock:
+            self.handler, self.round, self.members = handler, round_, members
+            self.latest = (round_, members)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="notebook-elastic-departures", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            try:
+                self._check()
+            except Exception:  # a torch without these internals: the watch just stops
+                return
+
+    def _check(self) -> None:
+        with self.lock:
+            handler, round_, members, agent = self.handler, self.round, self.members, self.agent
+        if handler is None or agent is None or round_ is None or len(members) < 2:
+            return
+        if not torch_compat.group_is_healthy(agent):
+            return
+        now = torch_compat.round_state(handler)
+        if now is None or now[0] != round_:
+            return
+        gone = [n for n in members if n not in now[1]]
+        if not gone:
+            return
+        with self.lock:
+            if self.round != round_:
+                return
+            self.round = None  # act once per round
+            self.killed_round = round_
+        pids = torch_compat.worker_pids(agent)
+        emit(
+            "peer_lost",
+            node=node_name(),
+            round=round_,
+            lost=[{"addr": n.addr, "pid": n.pid} for n in gone],
+            workers=pids,
+        )
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def round_lost_a_member(self, grace_s: float) -> bool:
+        """Whether a member of the round these workers were formed in is gone (left, or its
+        heartbeat expired), waiting up to ``grace_s`` for a dead peer's heartbeat to expire."""
+        handler = self.handler
+        round_, members = self.latest
+        if handler is None or round_ is None or len(members) < 2:
+            return False  # alone in the round: no peer could have left
+        deadline = time.monotonic() + grace_s
+        while True:
+            now = torch_compat.round_state(handler)
+            if now is None:
+                return False  # this torch does not say: charged, as torchrun would
+            if now[0] != round_ or any(m not in now[1] for m in members):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    def failed_because_a_peer_left(self, result) -> list:  # type: ignore[no-untyped-def]
+        """The failures, if they are a departure's doing: one of them at least is a departure's
+        symptom (a worker that says its collective broke because a peer left, or that the watch
+        ended) and the round has really lost a member. A sibling that failed some other way in
+        the same moment (gloo words it differently under load) goes with it; a bug of the user's
+        comes back in the next round and is charged there."""
+        failures = list(getattr(result, "failures", {}).values())
+        watch_ended_them = self.killed_round is not None and self.killed_round == self.latest[0]
+        symptoms = [
+            f
+            for f in failures
+            if f.exitcode == protocol.EXIT_PEER_LOST or (watch_ended_them and f.exitcode == -signal.SIGKILL)
+        ]
+        if not symptoms:
+            return []  # a worker's own failure: charged, as torchrun does
+        # A leaving peer takes itself out of the round once its own workers are stopped, which on
+        # a loaded machine can take a while; a dead one is dropped when its heartbeat expires.
+        window_s = torch_compat.keep_alive_window_s(self.handler)
+        grace_s = 2.0 + 2 * (window_s or 0.0)
+        return failures if self.round_lost_a_member(grace_s) else []
