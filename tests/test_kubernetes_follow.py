@@ -143,3 +143,53 @@ def test_gpus_default_to_none_on_a_cluster_without_gpus(cluster):
     pod = cluster.pods(selector=m.selector("cpu", "worker"))[0]
     assert "nvidia.com/gpu" not in str(pod["spec"]["containers"][0].get("resources")), pod["spec"]["containers"][0]
     job.stop()
+
+
+def test_a_job_failed_for_good_says_the_workers_sentence_or_at_least_why_it_was_not_retried():
+    """The follower's reason for a Job failed by podFailurePolicy FailJob, from the condition's
+    message (as the Job controller words it) and the worker failures its logs told."""
+    from types import SimpleNamespace
+
+    from notebook_elastic.backends.kubernetes.follow import ClusterFollower
+    from notebook_elastic.events import Event
+    from notebook_elastic.runtime import protocol
+
+    def finished(code: int) -> Event:
+        message = (
+            f"Container worker for pod default/odd-workers-0-x5e6z failed with exit code {code} "
+            "matching FailJob rule at index 2"
+        )
+        return Event(
+            Kind.JOB_FINISHED,
+            2.0,
+            None,
+            {"status": "failed", "reason": f"PodFailurePolicy: {message}", "budget_spent": True},
+        )
+
+    def reason(failures: list, code: int) -> str:
+        view = SimpleNamespace(failures=failures, restarts=1, max_restarts=1)
+        return ClusterFollower._explain(view, finished(code)).get("reason")
+
+    unsaveable = Event(
+        Kind.WORKER_FAILED,
+        1.0,
+        "odd-workers-0-x5e6z",
+        {"rank": 0, "error": "StateNotSaveable", "message": "State cannot save 'odd'", "fatal": True},
+    )
+    bug = Event(
+        Kind.WORKER_FAILED,
+        1.0,
+        "odd-workers-0-x5e6z",
+        {"rank": 1, "error": "ZeroDivisionError", "message": "division by zero"},
+    )
+    assert (
+        reason([unsaveable], protocol.EXIT_FATAL)
+        == "rank 0 on odd-workers-0-x5e6z raised StateNotSaveable: State cannot save 'odd'"
+    )
+    # Its logs missed: the condition still says it was not retried, never "restart budget spent".
+    missed = reason([], protocol.EXIT_FATAL)
+    assert missed.startswith(protocol.exit_reason(protocol.EXIT_FATAL)) and "budget" not in missed, missed
+    assert "exit code 7 matching FailJob" in missed
+    assert reason([bug], protocol.EXIT_RESTARTS_SPENT) == (
+        "restart budget spent (1/1); rank 1 on odd-workers-0-x5e6z raised ZeroDivisionError: division by zero"
+    )

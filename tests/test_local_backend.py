@@ -773,6 +773,14 @@ for step in state.steps(10):
     left = [(e.get("exitcode"), e.get("reason")) for e in job.events if e.kind == Kind.NODE_LEFT]
     assert left == [(protocol.EXIT_FATAL, protocol.exit_reason(protocol.EXIT_FATAL))], left
 
+    # The status is not the whole sign: the training code's own sys.exit(7) is retried as any failure.
+    cell = TRAIN.replace("    state.commit()", "    if step == 2:\n        raise SystemExit(7)\n    state.commit()")
+    job = ne.launch(cell, nnodes="1", name="exits-7", max_restarts=1, user_ns=namespace(total=10))
+    assert job.wait(120) == "failed", job.summary()
+    assert job.state.reason.startswith("restart budget spent (1/1)") and job.restarts == 1, job.summary()
+    left = [e.get("exitcode") for e in job.events if e.kind == Kind.NODE_LEFT]
+    assert left == [protocol.EXIT_RESTARTS_SPENT], left
+
 
 BIG_STATE = """
 model = torch.nn.Linear(256, 256)  # ~260 KB a checkpoint

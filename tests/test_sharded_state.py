@@ -123,3 +123,21 @@ def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(hom
         assert math.isclose(got[step], expected[step], rel_tol=1e-4, abs_tol=1e-6), (step, got[step], expected[step])
     # ... and it trained: the curve is not flat.
     assert expected[total - 1] < expected[0] / 2, (expected[0], expected[total - 1])
+
+
+def test_a_sharded_state_that_cannot_be_saved_stops_every_node_without_a_retry(home):
+    """Only rank 0 checks what State keeps before a sharded save; every rank must stop the way it
+    does (StateNotSaveable, exit status EXIT_FATAL), or the other nodes' agents spend restarts
+    on a failure that repeats at every one."""
+    cell = FSDP_TRAIN.replace(
+        "    state.commit()\n",
+        "    if step == 3:\n        state.extra['odd'] = type('Odd', (), {})()  # a class made in the cell\n    state.commit()\n",
+    )
+    job = ne.launch(
+        cell, nnodes="2", name="fsdp-odd", max_restarts=3, checkpoint_every=1, user_ns=namespace(40, fsdp=2)
+    )
+    assert job.wait(240) == "failed", job.summary()
+    assert "State cannot save 'odd'" in job.state.reason, job.state.reason
+    failed = {e.get("error") for e in job.events if e.kind == Kind.WORKER_FAILED}
+    assert failed == {"StateNotSaveable"}, [e.describe() for e in job.events if e.kind == Kind.WORKER_FAILED]
+    assert job.restarts == 0 and not [e for e in job.events if e.kind == Kind.RESTART], job.summary()

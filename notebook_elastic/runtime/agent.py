@@ -89,11 +89,33 @@ def _departure_or_eviction(result) -> list:  # type: ignore[no-untyped-def]
 def _gives_up(result) -> bool:  # type: ignore[no-untyped-def]
     """A worker failed in a way no retry can mend (it exited ``EXIT_FATAL``): stop, not restart."""
     global _fatal
-    _fatal = _fatal or any(f.exitcode == protocol.EXIT_FATAL for f in getattr(result, "failures", {}).values())
+    _fatal = _fatal or any(
+        f.exitcode == protocol.EXIT_FATAL and _message(f).startswith(f"{protocol.FATAL_ERROR}:")
+        for f in getattr(result, "failures", {}).values()
+    )
     return _fatal
 
 
 _fatal = False  # set once a worker failed in a way no retry can mend
+
+
+def _message(failure) -> str:  # type: ignore[no-untyped-def]
+    """A torchelastic ProcessFailure's message: the error file's "Type: text" (a dict there
+    when the worker recorded an exception, a string otherwise), or torch's words for a signal."""
+    message = getattr(failure, "message", "")
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return str(message)
+
+
+def _root(exc) -> str:  # type: ignore[no-untyped-def]
+    """torchrun's root failure in one line ("rank 0 (exit code 1): ZeroDivisionError: ...")."""
+    try:
+        rank, failure = exc.get_first_failure()
+        text = " ".join(_message(failure).split())
+        return f"rank {rank} (exit code {failure.exitcode}): {text}"[:500]
+    except Exception:  # another torch's ChildFailedError: its own first line that says something
+        return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def _hook_agent() -> None:
@@ -286,10 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         # torchrun has logged which rank failed how; say it plainly and exit with a status
         # of our own, so "the restart budget is spent" is told apart from "stopped".
         if _fatal:
-            first = f"{exc}".splitlines()[0]
-            print(f"notebook-elastic agent: not restarted, the failure would repeat: {first}", file=sys.stderr)
+            print(f"notebook-elastic agent: not restarted, it would fail the same way: {_root(exc)}", file=sys.stderr)
             sys.exit(protocol.EXIT_FATAL)
-        print(f"notebook-elastic agent: restart budget spent: {exc}".splitlines()[0], file=sys.stderr, flush=True)
+        print(f"notebook-elastic agent: restart budget spent: {_root(exc)}", file=sys.stderr, flush=True)
         sys.exit(protocol.EXIT_RESTARTS_SPENT)
     except RendezvousConnectionError as exc:
         # The store is gone or frozen and none answered in time (torch_compat): one sentence.

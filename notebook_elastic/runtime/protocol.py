@@ -257,6 +257,9 @@ EXIT_EVICTED = 6
 #: them, so no retry of --max-restarts is spent on it, and a Job fails at once on it
 #: (podFailurePolicy FailJob) instead of replacing the pod to fail the same way again.
 EXIT_FATAL = 7
+#: The error a worker exiting EXIT_FATAL recorded in torchelastic's error file: a user's own
+#: sys.exit(7) is an ordinary failure, retried as any other.
+FATAL_ERROR = "StateNotSaveable"
 
 #: A worker's exit status when its collective broke because a peer went away (gloo's
 #: "connection closed by peer", a store that lost a member, a newer group fencing this one):

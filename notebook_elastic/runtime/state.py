@@ -288,7 +288,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
         return True
 
     # Rank 0's word to all ranks before a sharded commit (every rank writes, so all must agree).
-    _WRITE, _SKIP, _STALE, _FAILED = range(4)
+    _WRITE, _SKIP, _STALE, _FAILED, _UNSAVEABLE = range(5)
 
     def _commit_sharded(self) -> bool:
         verdict, error = self._WRITE, None
@@ -307,11 +307,17 @@ class State(Restore, SaveInterval, CheckpointWriter):
                     verdict = self._SKIP
             except StaleGenerationError:
                 verdict = self._STALE
+            except StateNotSaveable as exc:
+                verdict, error = self._UNSAVEABLE, exc
             except BaseException as exc:
                 verdict, error = self._FAILED, exc
         verdict = self._broadcast_int(verdict)
         if verdict == self._STALE:
             raise StaleGenerationError(self._stale_message())
+        if verdict == self._UNSAVEABLE:
+            # Every rank stops the same way, so every node's agent stops instead of retrying.
+            message = self._broadcast_text(str(error) if error is not None else "")
+            raise error if error is not None else StateNotSaveable(message)
         if verdict == self._FAILED:
             if error is not None:
                 raise error

@@ -72,6 +72,15 @@ class CheckpointWriter:
         dist.broadcast(t, src=0)
         return int(t.item())
 
+    def _broadcast_text(self, text: str) -> str:
+        """Rank 0's ``text`` on every rank (a collective, as ``_broadcast_int``)."""
+        dist = self._dist()
+        if dist is None:
+            return text
+        box = [text]
+        dist.broadcast_object_list(box, src=0)
+        return str(box[0])
+
     def _wait_for_writer(self) -> None:
         if self._writer is not None:
             self._writer.join()

@@ -27,6 +27,7 @@ from typing import Any
 
 from ...events import Event, Kind
 from ...job_state import budget_spent_reason, describe_failure
+from ...runtime import protocol
 from . import manifests as m
 from .client import Connection
 from .logs import LogFollowing
@@ -145,6 +146,8 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
             fatal = next((f for f in self.failures if f.get("fatal")), None)
             if fatal is not None:  # not retried: no budget was spent on it
                 data["reason"] = describe_failure(fatal)
+            elif f"exit code {protocol.EXIT_FATAL} " in data.get("reason", ""):  # its log was missed
+                data["reason"] = f"{protocol.exit_reason(protocol.EXIT_FATAL)} ({data.get('reason')})"
             else:
                 data["reason"] = budget_spent_reason(
                     self.failures, self.restarts, self.max_restarts, data.get("reason", "")

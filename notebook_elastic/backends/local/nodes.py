@@ -270,6 +270,7 @@ class Nodes:
             if code == protocol.EXIT_FATAL and agent.exit_reason is None:
                 # Its workers failed in a way a retry would repeat: the job stops (not a lost node).
                 agent.exit_reason = protocol.exit_reason(code)
+                self.sink.flush()  # its worker's worker_failed, read above, says why: fold it first
                 self.fatal = self.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
             if (
                 code == protocol.EXIT_RESTARTS_SPENT

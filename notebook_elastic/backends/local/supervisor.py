@@ -154,7 +154,8 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             what = describe_failure(e)
             budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
             if e.get("fatal"):
-                self.fatal, self.fatal_node = what, e.node
+                self.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
+                self.fatal = what
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
