@@ -419,23 +419,35 @@ for step in state.steps(TOTAL):
 """
 
 
-def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
-    """A deterministic error: each pod's agent spends its restarts, then the Job fails at
-    once (podFailurePolicy FailJob on our agent's exit status) instead of replacing pods
-    that would fail the same way; the reason names the rank and the error; the finished
-    job's rendezvous pod is released."""
+def failed_for_good(cluster, cell: str, name: str, max_restarts: int, exit_code: int):
+    """Launch ``cell`` on two pods, wait for it to fail, and check that the Job failed at once
+    on the agents' ``exit_code`` (podFailurePolicy FailJob): no pod replaced to fail again."""
     job = ne.launch(
-        BUGGY,
+        cell,
         backend="kubernetes",
         nnodes="1:2",
         nodes=2,
         gpus=0,
         pvc="ckpt",
-        name="buggy",
-        max_restarts=1,
+        name=name,
+        max_restarts=max_restarts,
         user_ns=ns(),
     )
     assert job.wait(240) == "failed", job.summary()
+    workers = cluster.pods_created(f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker")
+    assert workers == 2, "a pod was replaced only to fail the same way"
+    made = cluster.get("jobs", f"{name}-workers", gv="batch/v1")
+    failed = next(c for c in made["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy" and f"exit code {exit_code} " in failed["message"], failed
+    return job
+
+
+def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
+    """A deterministic error: each pod's agent spends its restarts, then the Job fails at
+    once (podFailurePolicy FailJob on our agent's exit status) instead of replacing pods
+    that would fail the same way; the reason names the rank and the error; the finished
+    job's rendezvous pod is released."""
+    job = failed_for_good(cluster, BUGGY, "buggy", max_restarts=1, exit_code=protocol.EXIT_RESTARTS_SPENT)
     assert re.match(
         r"restart budget spent \(1/1\); rank \d on buggy-workers-\d-\w+ raised ZeroDivisionError: division by zero$",
         job.state.reason,
@@ -443,11 +455,6 @@ def test_a_bug_in_the_cell_fails_the_job_once_and_says_where(cluster):
     assert "1 / 0" in job.failure.get("traceback")
     left = {e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert "restart budget spent" in left, left
-    workers = cluster.pods_created("app.kubernetes.io/instance=buggy,app.kubernetes.io/component=worker")
-    assert workers == 2, "a pod was replaced only to fail the same way"
-    made = cluster.get("jobs", "buggy-workers", gv="batch/v1")
-    failed = next(c for c in made["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "PodFailurePolicy" and "exit code 3" in failed["message"]
     deadline = time.monotonic() + 30
     while cluster.pods(selector=m.selector("buggy", "rendezvous")):  # released: a finished job holds no node
         assert time.monotonic() < deadline
@@ -469,27 +476,11 @@ def test_a_failure_no_retry_can_mend_fails_the_job_at_once_spending_no_restart(c
     """State that cannot be saved fails the same way at every retry: each pod's agent stops
     on its worker's own exit status instead of restarting, and the Job fails at once on it
     (podFailurePolicy FailJob), with the worker's sentence, not "restart budget spent"."""
-    job = ne.launch(
-        UNSAVEABLE,
-        backend="kubernetes",
-        nnodes="1:2",
-        nodes=2,
-        gpus=0,
-        pvc="ckpt",
-        name="odd",
-        max_restarts=5,
-        user_ns=ns(),
-    )
-    assert job.wait(240) == "failed", job.summary()
+    job = failed_for_good(cluster, UNSAVEABLE, "odd", max_restarts=5, exit_code=protocol.EXIT_FATAL)
     assert "State cannot save 'odd'" in job.state.reason and "budget" not in job.state.reason, job.state.reason
     assert not [e for e in job.events if e.kind == Kind.RESTART], [e.describe() for e in job.events]
     left = {e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert protocol.exit_reason(protocol.EXIT_FATAL) in left, left
-    workers = cluster.pods_created("app.kubernetes.io/instance=odd,app.kubernetes.io/component=worker")
-    assert workers == 2, "a pod was replaced only to fail the same way"
-    made = cluster.get("jobs", "odd-workers", gv="batch/v1")
-    failed = next(c for c in made["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "PodFailurePolicy" and f"exit code {protocol.EXIT_FATAL}" in failed["message"]
     job.stop()
 
 
