@@ -207,6 +207,8 @@ def test_pytorchjob_passes_the_kubeflow_crd_schema():
     assert [c["name"] for c in job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]] == [
         "pytorch"
     ]
+    # Its pods restart in place (OnFailure): bounded, or an agent whose budget is spent restarts forever.
+    assert job["spec"]["runPolicy"]["backoffLimit"] == max(spec.max_restarts, 1) >= 1
     broken = copy.deepcopy(job)
     broken["spec"]["elasticPolicy"]["maxReplica"] = 4  # a typo must not pass
     with pytest.raises(jsonschema.ValidationError):

@@ -204,7 +204,14 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
                 "maxRestarts": spec.max_restarts,
             },
             "nprocPerNode": str(spec.nproc_per_node),
-            "runPolicy": {"cleanPodPolicy": "All", "ttlSecondsAfterFinished": options.ttl_seconds_after_finished},
+            "runPolicy": {
+                "cleanPodPolicy": "All",
+                "ttlSecondsAfterFinished": options.ttl_seconds_after_finished,
+                # Its pods restart in place (OnFailure): an agent that spent its budget, or gave
+                # up on a failure that repeats, would otherwise be restarted forever. The
+                # operator fails the job once its containers restarted this often, as a Job's.
+                "backoffLimit": max(spec.max_restarts, 1),
+            },
             "pytorchReplicaSpecs": {
                 "Worker": {
                     "replicas": target,
