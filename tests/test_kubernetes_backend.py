@@ -484,6 +484,25 @@ def test_a_failure_no_retry_can_mend_fails_the_job_at_once_spending_no_restart(c
     job.stop()
 
 
+def test_bare_pods_that_failed_for_good_say_which_rank_failed_how(cluster):
+    """--workload pods has no Job to fail: once every pod ended, the reason is still the
+    worker's sentence (State that cannot be saved) or the spent budget with its root cause."""
+    for cell, name, expected in (
+        (UNSAVEABLE, "odd-pods", r"rank 0 on odd-pods-workers-\S+ raised StateNotSaveable: State cannot save 'odd'"),
+        (
+            BUGGY,
+            "buggy-pods",
+            r"restart budget spent \(1/1\); rank 0 on \S+ raised ZeroDivisionError: division by zero$",
+        ),
+    ):
+        job = ne.launch(
+            cell, backend="kubernetes", nnodes="1", gpus=0, name=name, max_restarts=1, workload="pods", user_ns=ns()
+        )
+        assert job.wait(240) == "failed", job.summary()
+        assert re.match(expected, job.state.reason), job.state.reason
+        job.stop()
+
+
 READ_TOKEN = """
 import hashlib, os, time
 elastic.report(step=0, digest=int(hashlib.sha256(os.environ["HF_TOKEN"].encode()).hexdigest()[:12], 16))

@@ -20,6 +20,7 @@ workload's scale and end).
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -146,7 +147,7 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
             fatal = next((f for f in self.failures if f.get("fatal")), None)
             if fatal is not None:  # not retried: no budget was spent on it
                 data["reason"] = describe_failure(fatal)
-            elif f"exit code {protocol.EXIT_FATAL} " in data.get("reason", ""):  # its log was missed
+            elif re.search(rf"\bexit code {protocol.EXIT_FATAL}\b", data.get("reason", "")):  # its log was missed
                 data["reason"] = f"{protocol.exit_reason(protocol.EXIT_FATAL)} ({data.get('reason')})"
             else:
                 data["reason"] = budget_spent_reason(

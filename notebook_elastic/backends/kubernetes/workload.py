@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ...events import Kind
+from ...runtime import protocol
 from . import manifests as m
 from .client import is_missing
 from .watch import Backoff, Transient, _ts, is_forbidden
@@ -108,7 +109,11 @@ class WorkloadEvents:
                         self._finish("succeeded", None)
                         return
                     if pods and all(p in ("Succeeded", "Failed") for p in phases):
-                        self._finish("failed", "every worker pod failed")
+                        # As a Job's FailJob: an agent that spent its budget, or gave up on a
+                        # failure that repeats, says which rank failed how (the follower's words).
+                        code = next((c for c in map(_exit_code, pods) if c in GAVE_UP), None)
+                        why = f" (exit code {code})" if code is not None else ""
+                        self._finish("failed", f"every worker pod failed{why}", budget_spent=code is not None)
                         return
                 else:
                     obj = self.conn.custom().get_namespaced_custom_object(
@@ -166,3 +171,16 @@ class WorkloadEvents:
                 delete(m.rdzv_name(self.job), self.conn.namespace)
             except Exception:
                 pass  # gone already, or not ours to delete: `stop` removes it
+
+
+#: Our agent's exit statuses when its job failed for good (a Job's podFailurePolicy FailJob).
+GAVE_UP = (protocol.EXIT_RESTARTS_SPENT, protocol.EXIT_FATAL)
+
+
+def _exit_code(pod: Any) -> int | None:
+    """The exit status a pod's first container ended with, if it ended."""
+    for status in (pod.status.container_statuses or [])[:1]:
+        terminated = status.state.terminated if status.state is not None else None
+        if terminated is not None:
+            return terminated.exit_code
+    return None
