@@ -87,7 +87,8 @@ def _departure_or_eviction(result) -> list:  # type: ignore[no-untyped-def]
 
 
 def _gives_up(result) -> bool:  # type: ignore[no-untyped-def]
-    """A worker failed in a way no retry can mend (it exited ``EXIT_FATAL``): stop, not restart."""
+    """A worker failed in a way no retry can mend (it exited ``EXIT_FATAL``, its error file naming
+    ``FATAL_ERROR``): stop, not restart."""
     global _fatal
     _fatal = _fatal or any(
         f.exitcode == protocol.EXIT_FATAL and _message(f).startswith(f"{protocol.FATAL_ERROR}:")

@@ -257,6 +257,9 @@ EXIT_EVICTED = 6
 #: them, so no retry of --max-restarts is spent on it, and a Job fails at once on it
 #: (podFailurePolicy FailJob) instead of replacing the pod to fail the same way again.
 EXIT_FATAL = 7
+#: Our agent's exit statuses when its job has failed for good: a Job fails at once on them
+#: (podFailurePolicy FailJob), and bare pods that ended with them say which rank failed how.
+EXITS_FAILED_FOR_GOOD = (EXIT_RESTARTS_SPENT, EXIT_FATAL)
 #: The error a worker exiting EXIT_FATAL recorded in torchelastic's error file: a user's own
 #: sys.exit(7) is an ordinary failure, retried as any other.
 FATAL_ERROR = "StateNotSaveable"

@@ -244,9 +244,9 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
                 not state.complete
                 and ctx.node in state.participants
                 and settings.min_nodes <= held <= settings.max_nodes
+                and held == _target_nodes()  # last: a store read, only when the rest holds
             ):
-                if held == _target_nodes():
-                    return dr._Action.MARK_RENDEZVOUS_COMPLETE
+                return dr._Action.MARK_RENDEZVOUS_COMPLETE
         return action
 
     join_op._notebook_elastic = True  # type: ignore[attr-defined]

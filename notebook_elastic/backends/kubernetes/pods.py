@@ -45,6 +45,17 @@ class PodView:
         self.parser = LineParser(self.name)
 
 
+def first_container(pod: Any) -> Any:
+    """The status of a pod's container (ours run one); None before the kubelet reports it."""
+    statuses = (pod.status.container_statuses or []) if pod.status else []
+    return statuses[0] if statuses else None
+
+
+def terminated_state(container: Any) -> Any:
+    """How a container ended (exit code, reason), or None while it has not."""
+    return container.state.terminated if container is not None and container.state else None
+
+
 def pod_disruption(pod: Any) -> str | None:
     for cond in pod.status.conditions or [] if pod.status else []:
         if cond.type == "DisruptionTarget" and cond.status == "True":
@@ -113,8 +124,7 @@ class PodEvents:
             view = self.pods.setdefault(name, PodView(name))
         status = pod.status
         phase = (status.phase if status else "") or "Pending"
-        statuses = (status.container_statuses or []) if status else []
-        container = statuses[0] if statuses else None
+        container = first_container(pod)
         if component == "rendezvous":
             self._on_rendezvous_pod(kind, pod, view, phase, container)
             return
@@ -177,7 +187,7 @@ class PodEvents:
             self._pod_restarted(view)
         # Gone: why.
         disruption = pod_disruption(pod)
-        terminated = container.state.terminated if container and container.state else None
+        terminated = terminated_state(container)
         if phase in ("Succeeded", "Failed") or kind == "DELETED" or pod.metadata.deletion_timestamp:
             if phase == "Succeeded":
                 reason = "finished"

@@ -145,7 +145,7 @@ def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: i
                         "onExitCodes": {
                             "containerName": "worker",
                             "operator": "In",
-                            "values": [protocol.EXIT_RESTARTS_SPENT, protocol.EXIT_FATAL],
+                            "values": list(protocol.EXITS_FAILED_FOR_GOOD),
                         },
                     },
                 ]

@@ -13,6 +13,7 @@ from ...events import Kind
 from ...runtime import protocol
 from . import manifests as m
 from .client import is_missing
+from .pods import first_container, terminated_state
 from .watch import Backoff, Transient, _ts, is_forbidden
 
 POD_NAME = re.compile(r'pods "[^"]*"')
@@ -111,7 +112,9 @@ class WorkloadEvents:
                     if pods and all(p in ("Succeeded", "Failed") for p in phases):
                         # As a Job's FailJob: an agent that spent its budget, or gave up on a
                         # failure that repeats, says which rank failed how (the follower's words).
-                        code = next((c for c in map(_exit_code, pods) if c in GAVE_UP), None)
+                        ended = (terminated_state(first_container(p)) for p in pods)
+                        codes = (t.exit_code for t in ended if t is not None)
+                        code = next((c for c in codes if c in protocol.EXITS_FAILED_FOR_GOOD), None)
                         why = f" (exit code {code})" if code is not None else ""
                         self._finish("failed", f"every worker pod failed{why}", budget_spent=code is not None)
                         return
@@ -171,16 +174,3 @@ class WorkloadEvents:
                 delete(m.rdzv_name(self.job), self.conn.namespace)
             except Exception:
                 pass  # gone already, or not ours to delete: `stop` removes it
-
-
-#: Our agent's exit statuses when its job failed for good (a Job's podFailurePolicy FailJob).
-GAVE_UP = (protocol.EXIT_RESTARTS_SPENT, protocol.EXIT_FATAL)
-
-
-def _exit_code(pod: Any) -> int | None:
-    """The exit status a pod's first container ended with, if it ended."""
-    for status in (pod.status.container_statuses or [])[:1]:
-        terminated = status.state.terminated if status.state is not None else None
-        if terminated is not None:
-            return terminated.exit_code
-    return None
