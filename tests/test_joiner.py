@@ -20,6 +20,9 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from notebook_elastic.runtime import joiner, protocol, torch_compat
 from notebook_elastic.runtime.protocol import EVENT_PREFIX
 
+# What must hold on every torch of the declared range (scripts/torch_range.py).
+pytestmark = pytest.mark.torch_contract
+
 
 @pytest.fixture
 def store():

@@ -20,6 +20,9 @@ from notebook_elastic.backends.kubernetes.options import STORE_IMAGE
 from notebook_elastic.events import Kind
 from notebook_elastic.runtime import torch_compat
 
+# What must hold on every torch of the declared range (scripts/torch_range.py).
+pytestmark = pytest.mark.torch_contract
+
 
 @pytest.mark.parametrize(
     ("version", "takes_fd"),

@@ -31,6 +31,9 @@ from notebook_elastic.backends.kubernetes.pods import STORE_CUT_OFF
 from notebook_elastic.events import Kind
 from notebook_elastic.runtime import protocol
 
+# What must hold on every torch of the declared range (scripts/torch_range.py).
+pytestmark = pytest.mark.torch_contract
+
 # Long enough for a loaded 2-core machine; old code never answers at all.
 ANSWER_BOUND_S = 120
 
