@@ -195,7 +195,8 @@ def _report_degraded() -> None:
     if lacking:
         import torch
 
-        emit("degraded", node=_node_name(), torch=torch.__version__, missing=lacking)
+        tested = f"torch{torch_compat.tested_torch_text()}"
+        emit("degraded", node=_node_name(), torch=torch.__version__, missing=lacking, tested=tested)
 
 
 def _start_zygote() -> bool:
@@ -290,9 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     if warm and args and args[-1].endswith(".py") and not {"-m", "--module", "--no-python", "--no_python"} & set(args):
         # Workers start as `python -u -m notebook_elastic.runtime.warm SCRIPT`: forked by the zygote.
         args = [*args[:-1], "-m", "notebook_elastic.runtime.warm", args[-1]]
-    if os.environ.get(protocol.ENV_JOINER) == "1":
-        # It joins a job that trains: if it spends its budget failing to join, the job goes on.
-        torch_compat.leave_instead_of_closing()
+    # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
+    # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
+    torch_compat.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError

@@ -7,7 +7,8 @@ imported needs the legacy server before torch 2.7 (``tcp_store_server``). What w
 use is listed in ``INTERNALS`` with what is lost without it; ``missing()`` checks them all
 against the installed torch, and the agent reports the missing ones in one ``degraded``
 event: the job still runs, it heals slower. ``tests/test_torch_compat.py`` is the contract,
-run against the torch in pyproject's tested range (``torch>=2.13,<2.14``).
+run on the oldest and the newest torch of pyproject's range (``torch>=2.4,<2.16``) by
+``scripts/torch_range.py``.
 
 One module on purpose, well over 400 lines (some 610): one adapter owns every private torch
 internal (#12 item 5), so a torch upgrade is checked in one place. The deadline its store calls
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -163,16 +165,30 @@ def rendezvous_store(handler: Any) -> Any | None:
     return getattr(backend, "_store", None)
 
 
-def leave_instead_of_closing() -> bool:
-    """An agent whose budget is spent shuts its rendezvous down, which closes it for every
-    node: the whole job ends. Make ``shutdown()`` take this node out of its round instead
-    (a joiner that fails while joining must not end the job it joins)."""
+_leave_always = False  # a joiner's every shutdown leaves (leave_instead_of_closing)
+
+
+def leave_instead_of_closing(always: bool = True) -> bool:
+    """``shutdown()`` closes the rendezvous for every node: the whole job ends. Make it take
+    this node out of its round instead
+    - when the agent was stopped by a signal: torch 2.4's agent shuts its rendezvous down on
+      SIGTERM (``LocalElasticAgent._shutdown``; later releases do not), so a preempted or
+      scaled-down node closed the round under the survivors and the job failed;
+    - always, with ``always``: a joiner that spends its budget failing to join must not end
+      the job it joins.
+    Idempotent."""
+    global _leave_always
+    _leave_always = _leave_always or always
     handler = _handler_class()
     original = handler.shutdown
     if getattr(original, "_notebook_elastic", False):
         return True
 
     def shutdown(self):  # type: ignore[no-untyped-def]
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if not _leave_always and not isinstance(sys.exc_info()[1], SignalException):
+            return original(self)  # the job is done (or failed): close it, as torch does
         try:
             return leave_round(self)
         except Exception:  # the store is gone already: nothing to leave, nothing to close
@@ -303,15 +319,18 @@ def drop_gone_nodes() -> bool:
     sanitize = holder._sanitize
     if getattr(sanitize, "_notebook_elastic", False):
         return True
-    expired = datetime.min.replace(tzinfo=timezone.utc)
 
     def _sanitize(self):  # type: ignore[no-untyped-def]
         settings = self._settings
         window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
         gone = _gone_pids(getattr(self._backend, "_store", None), window_s)
-        for node in list(self._state.last_heartbeats) if gone else ():
+        for node, beat in list(self._state.last_heartbeats.items()) if gone else ():
             if node.pid in gone:
-                self._state.last_heartbeats[node] = expired  # torch's sanitize drops it now
+                # torch's sanitize drops it now. The same kind of time as torch's own: aware
+                # (UTC) since 2.5, naive before (2.4's utcnow(); comparing the two raised
+                # TypeError in every agent's next sync, and the job failed on a node's loss).
+                expired = datetime.min if beat.tzinfo is None else datetime.min.replace(tzinfo=timezone.utc)
+                self._state.last_heartbeats[node] = expired
         return sanitize(self)
 
     _sanitize._notebook_elastic = True  # type: ignore[attr-defined]
@@ -734,9 +753,10 @@ def hook_agent(
 # -- the store (torch versions differ) ---------------------------------------------------
 
 
-#: The torch versions the contract tests ran on, as pyproject declares them
-#: (``torch>=2.13,<2.14``; tests/test_torch_compat.py keeps the two in step).
-TESTED_TORCH = ((2, 13), (2, 14))
+#: The torch versions CI proves, as pyproject declares them (``torch>=2.4,<2.16``: the whole
+#: suite on 2.13, the contract subset on 2.4.1 and 2.15.0; tests/test_torch_range.py keeps them
+#: in step).
+TESTED_TORCH = ((2, 4), (2, 16))
 
 
 def tested_torch_text() -> str:
