@@ -10,14 +10,26 @@ The protocol: a connection's first command is VALIDATE with the magic number; ev
 is one byte, then its fields, little-endian: strings and byte vectors are a uint64 length
 and the bytes, integers int64, counts uint64. WAIT answers when every key exists; a client
 that timed out sends CANCEL_WAIT and gets WAIT_CANCELED. One thread, non-blocking sockets.
+
+It serves every rank of a cluster job, so no client may take it down (#26):
+- back-pressure: a client whose answers pile up unread (``OUTBOX_HIGH``) is not read until it
+  takes them, so one that sends GETs of an 8 MiB value without reading costs a few MiB, not
+  what it asks for (it grew the server past 1 GiB);
+- linear parsing: a command still arriving is not parsed again until the bytes it needs are in
+  (a MULTI_SET of 8 values of 8 MiB was re-parsed from its start on every read: 21 s, others'
+  calls waiting 370 ms), and one command is at most ``MAX_REQUEST_LEN`` bytes;
+- out of descriptors (EMFILE), the listening socket rests (``ACCEPT_PAUSE_S``, doubling)
+  instead of waking the loop at once, again and again; the backlog keeps the connections.
 """
 
 from __future__ import annotations
 
+import errno
 import selectors
 import socket
 import struct
 import threading
+import time
 import uuid
 from collections import deque
 
@@ -30,6 +42,13 @@ STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
 MAX_KEY_COUNT = 128 * 1024
 MAX_STRING_LEN = 8 * 1024
 MAX_PAYLOAD_LEN = 8 * 1024 * 1024
+# Ours: the most one command may take (torch's client sends kilobytes; a MULTI_SET of 8 values
+# of torch's largest fits), and the answers a client may leave unread before it is not read.
+MAX_REQUEST_LEN = 64 * 1024 * 1024
+OUTBOX_HIGH = 1024 * 1024
+# Out of descriptors: the listening socket rests this long, doubling up to the most.
+ACCEPT_PAUSE_S, ACCEPT_PAUSE_MAX_S = 0.05, 1.0
+_OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -37,7 +56,12 @@ _I64 = struct.Struct("<q")
 
 
 class _Incomplete(Exception):
-    """The command's bytes have not all arrived yet."""
+    """The command's bytes have not all arrived yet: ``end`` is where the data must reach
+    before the command is worth parsing again."""
+
+    def __init__(self, end: int) -> None:
+        super().__init__(end)
+        self.end = end
 
 
 class _Refused(Exception):
@@ -49,10 +73,12 @@ class _Reader:
         self.data, self.at = data, 0
 
     def take(self, n: int) -> bytes:
-        if len(self.data) - self.at < n:
-            raise _Incomplete
-        out = bytes(self.data[self.at : self.at + n])
-        self.at += n
+        end = self.at + n
+        if end > len(self.data):
+            raise _Incomplete(end)
+        with memoryview(self.data) as view:
+            out = bytes(view[self.at : end])
+        self.at = end
         return out
 
     def u32(self) -> int:
@@ -88,7 +114,7 @@ def _vector(value: bytes) -> bytes:
 
 
 class _Client:
-    __slots__ = ("sock", "inbox", "outbox", "validated", "awaited")
+    __slots__ = ("sock", "inbox", "outbox", "validated", "awaited", "need")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -96,6 +122,7 @@ class _Client:
         self.outbox = bytearray()
         self.validated = False
         self.awaited = 0  # keys its WAIT still waits for
+        self.need = 0  # bytes the command at the head of the inbox needs before it is parsed again
 
 
 class StoreServer:
@@ -118,13 +145,17 @@ class StoreServer:
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = False
+        self._accept_pause = ACCEPT_PAUSE_S
+        self._accept_resumes: float | None = None  # the listening socket rests until then
 
     # -- the loop --------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
         try:
             while not self._stopping:
-                for key, events in self._selector.select():
+                resumes = self._accept_resumes
+                timeout = None if resumes is None else max(0.0, resumes - time.monotonic())
+                for key, events in self._selector.select(timeout):
                     if key.fileobj is self.sock:
                         self._accept()
                     elif key.fileobj is self._wake_r:
@@ -137,6 +168,11 @@ class StoreServer:
                             self._read(client)
                         if events & selectors.EVENT_WRITE and client.sock in self.clients:
                             self._flush(client)
+                            if client.sock in self.clients and len(client.outbox) < OUTBOX_HIGH:
+                                self._process(client)  # commands held back while answers piled up
+                if resumes is not None and time.monotonic() >= resumes:
+                    self._accept_resumes = None
+                    self._selector.register(self.sock, selectors.EVENT_READ)
         finally:
             for client in list(self.clients.values()):
                 self._close(client)
@@ -163,8 +199,15 @@ class StoreServer:
                 conn, _addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
-                return  # out of descriptors for a moment: the backlog keeps the connection
+            except OSError as exc:
+                if exc.errno in _OUT_OF_DESCRIPTORS:
+                    # The backlog keeps the connection; the socket stays readable, so rest it
+                    # instead of waking the loop at once, again and again (it spun a core).
+                    self._selector.unregister(self.sock)
+                    self._accept_resumes = time.monotonic() + self._accept_pause
+                    self._accept_pause = min(2 * self._accept_pause, ACCEPT_PAUSE_MAX_S)
+                return
+            self._accept_pause = ACCEPT_PAUSE_S
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.clients[conn] = _Client(conn)
@@ -181,14 +224,25 @@ class StoreServer:
             self._close(client)
             return
         client.inbox += chunk
+        self._process(client)
+
+    def _process(self, client: _Client) -> None:
+        """Answer the whole commands in the client's inbox, while its unread answers stay
+        under ``OUTBOX_HIGH``; a command still arriving waits for the bytes it needs."""
+        if len(client.inbox) < client.need:
+            return  # not parsed again before its bytes are in: linear, however it arrives
         reader = _Reader(client.inbox)
         try:
-            while reader.at < len(client.inbox):
+            while reader.at < len(client.inbox) and len(client.outbox) < OUTBOX_HIGH:
                 start = reader.at
                 try:
                     self._command(client, reader)
-                except _Incomplete:
+                    client.need = 0
+                except _Incomplete as incomplete:
                     reader.at = start
+                    client.need = incomplete.end - start
+                    if client.need > MAX_REQUEST_LEN:
+                        raise _Refused(f"a command of over {MAX_REQUEST_LEN} bytes") from None
                     break
         except (_Refused, ValueError):
             self._close(client)
@@ -209,8 +263,10 @@ class StoreServer:
                 self._close(client)
                 return
             del client.outbox[:sent]
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbox else 0)
-        self._selector.modify(client.sock, want)
+        # Back-pressure: a client that leaves its answers unread is not read (nor answered
+        # more) until it takes them; its socket's buffers hold the rest of what it sends.
+        reading = selectors.EVENT_READ if len(client.outbox) < OUTBOX_HIGH else 0
+        self._selector.modify(client.sock, reading | (selectors.EVENT_WRITE if client.outbox else 0))
 
     def _close(self, client: _Client) -> None:
         if self.clients.pop(client.sock, None) is None:
