@@ -2,7 +2,8 @@
 
     notebook-elastic jobs [--json]                  every job, including finished ones
     notebook-elastic status NAME [--json]           one job's state
-    notebook-elastic logs NAME [-f] [--node N]      the agents' and workers' output
+    notebook-elastic logs NAME [-f] [--node N]      the agents' and workers' output (--protocol: with
+                                                    the ranks' '@@elastic' event lines)
     notebook-elastic events NAME [-f] [--json]      the job's history, then live events
     notebook-elastic scale NAME N                   run on N nodes
     notebook-elastic stop NAME                      stop it and everything it started
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -51,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     p.add_argument("--node", default=None, help="only this node (node-1, or 1)")
+    p.add_argument(
+        "--protocol",
+        action="store_true",
+        help="also the '@@elastic {...}' lines the ranks send the supervisor (hidden: `events` tells them)",
+    )
     p = sub.add_parser("events", parents=[common], help="a job's events")
     p.add_argument("name")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new events until the job ends")
@@ -128,6 +135,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from .runtime.protocol import EVENT_PREFIX
+
     backend = _backend(args)
     if args.backend != "local":
         raise NotebookElasticError("logs are read from local job folders; for a cluster use kubectl logs")
@@ -152,6 +161,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
             whole = data[: data.rfind(b"\n") + 1]  # a line being written: next time
             offsets[path.name] = offsets.get(path.name, 0) + len(whole)
             for line in whole.decode("utf-8", "replace").splitlines():
+                if not args.protocol and EVENT_PREFIX in line:
+                    continue  # a metric, a checkpoint: `notebook-elastic events NAME --all` says them in words
                 print(f"[{path.stem}] {line}" if prefix else line, flush=True)
 
     drain()
@@ -270,8 +281,30 @@ COMMANDS = {
 }
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """A job name is a name, never a path, as the server's routes take it (``status ..`` or
+    ``stop ../jobs/NAME`` must not act on another folder); a node is ``node-N`` or ``N``."""
+    from .errors import SpecError
+    from .spec import validate_name
+
+    if getattr(args, "name", None) is not None:
+        validate_name(args.name, what="the job name")
+    node = getattr(args, "node", None)
+    if node is not None and not re.fullmatch(r"(node-)?[0-9]{1,6}", node):
+        raise SpecError(
+            f"--node {node!r} is not a node of a job: give its number or name, like --node 1 or --node node-1"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from .errors import SpecError
+
+    try:
+        _check_arguments(args)
+    except SpecError as exc:
+        print(f"notebook-elastic: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return COMMANDS[args.command](args)
     except JobNotFound as exc:

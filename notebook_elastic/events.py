@@ -58,7 +58,15 @@ class Event:
 
     @classmethod
     def from_line(cls, line: str) -> Event:
-        return cls.from_json(json.loads(line))
+        """One line of an events file; ValueError for anything but a JSON object that is an
+        event (a damaged file's line: a list, a number, a time that is not a number)."""
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError(f"an event line is a JSON object, not {type(obj).__name__}")
+        try:
+            return cls.from_json(obj)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not an event: {exc}") from None
 
     def describe(self) -> str:
         """One line for people (timeline, text view)."""
@@ -225,7 +233,8 @@ def rate(per_s: float | None, unit: str) -> str:
 
 def degraded_text(d: dict[str, Any]) -> str:
     lost = sorted(set((d.get("missing") or {}).values()))
-    return f"torch {d.get('torch')} lacks internals notebook-elastic uses; the job runs, but " + "; ".join(lost)
+    tested = f" (tested with {d['tested']})" if d.get("tested") else ""
+    return f"torch {d.get('torch')} lacks internals notebook-elastic uses{tested}; the job runs, but " + "; ".join(lost)
 
 
 FAULT_WORDS = {"kill_worker": "killed", "preempt_node": "preempted", "lose_node": "lost (SIGKILL)"}
@@ -256,6 +265,11 @@ def describe(e: Event) -> str:
         if d.get("restarted"):
             return f"stalled {d.get('for_s', 0):.0f} s: the worker group was restarted (one restart)"
         return f"training again after a {d.get('for_s', 0):.0f} s stall"
+    if k == Kind.SUPERVISOR_FROZEN:
+        return (
+            f"the job's supervisor did not run for {d.get('for_s', 0):.0f} s (stopped, or the machine "
+            "suspended): its processes trained on meanwhile, and progress is judged afresh from now"
+        )
     if k == Kind.RECOVERING:
         return f"recovering: {d.get('reason')}"
     if k == Kind.JOB_RESUMED:

@@ -59,19 +59,21 @@ def parse_nnodes(value: str | int | tuple[int, int]) -> tuple[int, int]:
     return lo, hi
 
 
-def validate_name(name: str) -> str:
-    """Job names are DNS-1123 labels, because they become Kubernetes object names."""
+def validate_name(name: str, what: str = "--name") -> str:
+    """Job names are DNS-1123 labels, because they become Kubernetes object names (and local
+    job folders: a name is never a path). ``what`` names the input in the sentence."""
     if not isinstance(name, str) or not name:
-        raise SpecError("--name must not be empty; use lowercase letters, digits and '-', like 'toy-1'")
+        raise SpecError(f"{what} must not be empty; use lowercase letters, digits and '-', like 'toy-1'")
     if len(name) > 52:
+        shown = name if len(name) <= 60 else name[:57] + "..."
         raise SpecError(
-            f"--name {name!r} is {len(name)} characters; at most 52 are allowed (room for suffixes "
+            f"{what} {shown!r} is {len(name)} characters; at most 52 are allowed (room for suffixes "
             "of the Kubernetes objects made from it)"
         )
     if not _DNS1123_LABEL.match(name):
         hint = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "toy-1"
         raise SpecError(
-            f"--name {name!r} is not a valid name: use lowercase letters, digits and '-', starting "
+            f"{what} {name!r} is not a valid name: use lowercase letters, digits and '-', starting "
             f"and ending with a letter or digit (for example {hint!r})"
         )
     return name

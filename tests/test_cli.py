@@ -36,6 +36,29 @@ def test_the_console_script_is_installed_and_says_what_is_wrong(home):
     assert cli("frobnicate").returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["status", ".."], "the job name '..' is not a valid name"),
+        (["stop", "../jobs/term"], "the job name '../jobs/term' is not a valid name"),
+        (["events", "/etc"], "the job name '/etc' is not a valid name"),
+        (["logs", "term", "--node", "../../../../x"], "--node '../../../../x' is not a node of a job"),
+        (["status", "a" * 300], "the job name 'aaaa"),
+        (["resume", "Bad_Name"], "(for example 'bad-name')"),
+    ],
+)
+def test_a_name_that_is_a_path_or_too_long_is_refused_in_one_sentence_before_anything_is_read(home, args, said):
+    """The CLI takes job names as the server's routes do: a name, never a path (``stop
+    ../jobs/NAME`` acted on NAME, ``logs NAME --node ../../x`` printed a file outside the job,
+    a 300-character name ended in ``OSError: File name too long``)."""
+    (home / "jobs" / "term").mkdir(parents=True, exist_ok=True)
+    done = cli(*args)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("notebook-elastic: ") and said in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
 TRAIN = """
 model = torch.nn.Linear(2, 1)
 state = elastic.State(model=model)
@@ -66,6 +89,10 @@ def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(hom
         time.sleep(0.1)
     logs = cli("logs", "term", "--node", "0")
     assert logs.returncode == 0 and "hello from rank 0" in logs.stdout
+    # The ranks' protocol lines (one per metric) are the supervisor's, not the user's: shown on demand.
+    assert "@@elastic" not in logs.stdout
+    raw = cli("logs", "term", "--node", "0", "--protocol")
+    assert raw.returncode == 0 and '@@elastic {"kind":"metric"' in raw.stdout and "hello from rank 0" in raw.stdout
     assert "no node 'node-7'" in cli("logs", "term", "--node", "7").stderr
     stopped = cli("stop", "term")
     assert stopped.returncode == 0 and stopped.stdout.strip() == "term: stopped"

@@ -108,6 +108,7 @@ def world_sizes(job) -> list[int]:
     return sizes
 
 
+@pytest.mark.torch_contract
 def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
     # Every step saved (--checkpoint-every 1): the bound "at most the step in flight is redone"
     # below is that policy's; the chosen interval redoes at most the steps since its last save.
@@ -147,6 +148,7 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
     assert sorted(job.metrics["loss"].points()) == reported
 
 
+@pytest.mark.torch_contract
 def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=2, name="crash", max_restarts=3, user_ns=namespace(total=40))
     wait_for(job, at_step(job, 8), "step 8")
@@ -163,6 +165,7 @@ def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     assert resumed and 8 <= resumed[0] <= job.state.total_steps
 
 
+@pytest.mark.torch_contract
 def test_preemption_and_node_loss_continue_on_fewer_nodes(home):
     job = ne.launch(
         TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="spot", max_restarts=5, user_ns=namespace(total=80)
@@ -176,10 +179,13 @@ def test_preemption_and_node_loss_continue_on_fewer_nodes(home):
     reasons = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert reasons["node-2"] == "preempted" and reasons["node-1"] == "lost"
     sizes = world_sizes(job)
-    assert (sizes[0], min(sizes), sizes[-1]) == (3, 1, 1), sizes
+    # Under load the first round may close at 2 of 3 (its last call passed before the third
+    # agent came): the job reached 3, as waited for above, whatever round it took.
+    assert (max(sizes), min(sizes), sizes[-1]) == (3, 1, 1), sizes
     assert sorted(committed_reports(job)) == list(range(80))
 
 
+@pytest.mark.torch_contract
 def test_a_sigkilled_agent_takes_its_workers_with_it(home):
     job = ne.launch(
         TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="orphans", max_restarts=3, user_ns=namespace(total=400)
@@ -410,6 +416,7 @@ def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_fol
     assert "SignalException" not in preempted_log  # one line, not torchrun's traceback
 
 
+@pytest.mark.torch_contract
 def test_departures_never_spend_the_restart_budget(home):
     # --max-restarts 0: any departure charged as a failure would end the job at once.
     job = ne.launch(
@@ -440,6 +447,7 @@ def test_a_bug_in_the_cell_still_spends_the_budget_on_several_nodes(home):
     assert "restart budget spent" in (job.state.reason or "") and "ZeroDivisionError" in job.state.reason
 
 
+@pytest.mark.torch_contract
 def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by_hand(home):
     job = ne.launch(
         TRAIN,
@@ -724,6 +732,33 @@ def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_th
     assert sorted(committed_reports(healed)) == list(range(60))
 
 
+def test_a_frozen_supervisor_is_said_as_such_never_as_a_stall_and_restarts_nothing(home):
+    """SIGSTOP the supervisor, then SIGCONT (a laptop's suspend looks the same): the workers
+    trained on, yet it said "stalled at step 52 for 60 s" and, with --stall-timeout, SIGKILLed
+    the healthy group and charged a restart (#26)."""
+    fast = {"stall_after_s": 3}
+    job = ne.launch(
+        TRAIN,
+        nproc_per_node=2,
+        name="suspended",
+        stall_timeout_s=4,
+        backend_options=fast,
+        user_ns=namespace(total=100_000),
+    )
+    wait_for(job, at_step(job, 5), "step 5")
+    supervisor = LocalBackend().folder("suspended").supervisor()["pid"]
+    os.kill(supervisor, signal.SIGSTOP)
+    time.sleep(12)  # the freeze (4 x the stall threshold): the fault itself, not a wait for a state
+    os.kill(supervisor, signal.SIGCONT)
+    wait_for(job, lambda: any(e.kind == Kind.SUPERVISOR_FROZEN for e in job.events), "the freeze said")
+    wait_for(job, at_step(job, job.state.step + 5), "training on")
+    frozen = next(e for e in job.events if e.kind == Kind.SUPERVISOR_FROZEN)
+    assert frozen.get("for_s") >= 10 and "supervisor did not run for" in frozen.describe()
+    assert [e.describe() for e in job.events if e.kind in (Kind.STALL, Kind.STALL_CLEARED)] == []
+    assert job.restarts == 0 and job.status == "running"
+    job.stop()
+
+
 def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     clean = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="clean", user_ns=namespace(total=10))
     assert clean.wait(120) == "succeeded"
@@ -743,6 +778,7 @@ def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     wait_for(job, lambda: job_processes(home) == [], "every process of the job to end")
 
 
+@pytest.mark.torch_contract
 def test_a_failure_that_repeats_or_cannot_be_saved_stops_at_once_not_at_the_end_of_the_budget(home):
     # The same exception, same rank, same step, twice: stopped with a sentence, not retried 20 times.
     fails = "    if step == 6:\n        raise MemoryError('batch too big')\n    state.commit()"
@@ -869,6 +905,7 @@ def test_the_history_is_rotated_and_compacted_and_followers_miss_nothing(home):
     assert max(again.state.metrics["ws"].values) == 2  # the scale-up is in the replayed chart
 
 
+@pytest.mark.torch_contract
 @pytest.mark.parametrize("max_restarts", [3, 0])
 def test_a_node_that_fails_while_joining_is_evicted_and_the_job_trains_on(home, max_restarts):
     # node-1 is a broken machine: its network interface is not where the job says (gloo,

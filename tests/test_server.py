@@ -183,6 +183,31 @@ async def test_every_route_refuses_bad_input_with_400_and_a_sentence(jp_fetch, h
         assert json.loads(info.value.response.body)["message"], (path, body)
 
 
+async def test_a_damaged_job_folder_gets_a_404_or_its_readable_events_with_a_note_never_a_500(jp_fetch, home):
+    """No events.jsonl, a folder in its place, lines that are JSON but not events: the route
+    answered 500 for each."""
+    job = ne.launch(TRAIN, nnodes="1", name="damaged", user_ns=ns(3))
+    assert job.wait(120) == "succeeded"
+    events = job.backend.folder("damaged").events_file
+    whole = await get_json(jp_fetch, "jobs", "damaged", "events", all="1", limit="5000")
+    with open(events, "a") as f:
+        f.write('[1, 2]\n"text"\n{"kind": "metric", "t": "noon"}\n')
+    read = await get_json(jp_fetch, "jobs", "damaged", "events", all="1", limit="5000")
+    assert (
+        read["events"] == whole["events"]
+        and read["note"] == "3 line(s) of events.jsonl are not events and were skipped"
+    )
+    for damage in ("missing", "a folder"):
+        events.unlink() if events.is_file() else None
+        if damage == "a folder":
+            events.mkdir()
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("notebook-elastic", "api", "jobs", "damaged", "events")
+        assert info.value.code == 404, damage
+        message = json.loads(info.value.response.body)["message"]
+        assert message.startswith("job 'damaged' has no readable event history:"), message
+
+
 def test_the_panel_row_says_a_stall_and_a_warning_in_words():
     from notebook_elastic.backends.base import JobInfo
     from notebook_elastic.server.routes import job_json

@@ -32,6 +32,7 @@ class Kind(StrEnum):
     OUTPUT_CAPPED = "output_capped"
     DEGRADED = "degraded"  # the installed torch lacks internals we use: the job runs, heals slower
     STALL_CLEARED = "stall_cleared"
+    SUPERVISOR_FROZEN = "supervisor_frozen"  # our own supervisor did not run for a while (SIGSTOP, a suspend)
     SCALED = "scaled"  # target nodes or range changed
     FAULT = "fault"  # a fault drill was injected
     NODE_JOINED = "node_joined"
@@ -130,9 +131,10 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
         {"step": _OPT_INT, "for_s": _NUM}, stopped=_INTS, waiting=_INTS, restart_after_s={"type": ["number", "null"]}
     ),
     Kind.STALL_CLEARED: _fields({"for_s": _NUM}, step=_OPT_INT, restarted=_BOOL),
+    Kind.SUPERVISOR_FROZEN: _fields({"for_s": _NUM}, step=_OPT_INT),
     Kind.DISK_FULL: _fields({"message": _STR}),
     Kind.OUTPUT_CAPPED: _fields({"cap_bytes": _INT}),
-    Kind.DEGRADED: _fields({"missing": {"type": "object", "additionalProperties": _STR}}, torch=_STR),
+    Kind.DEGRADED: _fields({"missing": {"type": "object", "additionalProperties": _STR}}, torch=_STR, tested=_STR),
     Kind.SCALED: _fields({"target": _INT}, min_nodes=_INT, max_nodes=_INT, reason=_STR, reconfigured=_BOOL),
     Kind.FAULT: _fields({"fault": _STR}, target=_STR, rank=_INT, return_after_s={"type": ["number", "null"]}),
     Kind.NODE_JOINED: _fields(pid=_OPT_INT),

@@ -285,8 +285,15 @@ class EventsHandler(Handler):
         if not folder.exists():
             raise tornado.web.HTTPError(404, "%s", f"no local job named {name!r}")
         events: list[dict] = []
-        offset = since
-        with open(folder.events_file, "rb") as f:
+        offset, skipped = since, 0
+        try:
+            f = open(folder.events_file, "rb")  # noqa: SIM115 (closed below)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
+            # A damaged folder (deleted by hand, a folder in the file's place): a sentence, not a 500.
+            raise tornado.web.HTTPError(
+                404, "%s", f"job {name!r} has no readable event history: {folder.events_file} is missing or not a file"
+            ) from None
+        with f:
             size = os.fstat(f.fileno()).st_size
             if since > size:  # a cursor from a longer log (another run of this name): start over
                 since = offset = 0
@@ -298,12 +305,16 @@ class EventsHandler(Handler):
                 try:
                     event = Event.from_line(line.decode("utf-8", "replace"))
                 except ValueError:
+                    skipped += 1  # a damaged line: the readable ones are served, and how many were not
                     continue
                 if include_all or event.kind not in QUIET:
                     events.append(_finite(event.to_json()))
                     if len(events) >= limit:
                         break
-        self.finish(json.dumps({"events": events, "next": offset}))
+        reply: dict[str, Any] = {"events": events, "next": offset}
+        if skipped:
+            reply["note"] = f"{skipped} line(s) of {folder.events_file.name} are not events and were skipped"
+        self.finish(json.dumps(reply))
 
 
 class StopHandler(Handler):

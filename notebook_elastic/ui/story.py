@@ -26,6 +26,7 @@ EVENT_COLORS = {
     Kind.FILES_CHANGED: "#c62828",
     Kind.STALL: "#c62828",
     Kind.STALL_CLEARED: "#2e7d32",
+    Kind.SUPERVISOR_FROZEN: "#8d6e63",  # ours, not the job's
 }
 NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failures
 

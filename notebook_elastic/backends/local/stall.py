@@ -20,6 +20,13 @@ class StallClock:
     step_s: list[float] = field(default_factory=list)  # recent seconds per step, for the median
     announced: bool = False
     restarted: bool = False
+    tick: float | None = None  # monotonic time of the supervisor's previous look
+
+
+#: A gap this long between two turns of the supervisor's loop (it turns every 0.05 s) is a
+#: freeze of its own (SIGSTOP, a laptop's suspend, a machine that stopped scheduling it), not
+#: the job's: the workers trained on meanwhile, their reports wait unread in the pipes.
+FROZEN_S = 5.0
 
 
 def process_state(pid: int) -> str | None:
@@ -41,6 +48,13 @@ class Stalls:
         with self.sink.lock:
             step, status = self.state.step, self.state.status
         clock = self.stall
+        last, clock.tick = clock.tick, now
+        if last is not None and now - last >= FROZEN_S:
+            # Not the job's stall: ours. What the ranks did meanwhile is still being read, so
+            # the stall clock starts again (neither a "stalled" event nor a restart for it).
+            self.emit(Kind.SUPERVISOR_FROZEN, for_s=round(now - last, 1), step=step)
+            clock.since = now
+            return
         if step != clock.step or status != "running":
             if clock.announced and status == "running":
                 self.emit(Kind.STALL_CLEARED, step=step, for_s=round(now - clock.since, 1))
