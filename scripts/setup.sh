@@ -7,13 +7,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 log=$(mktemp -t notebook-elastic-setup.XXXXXX)
 trap 'rm -f "$log"' EXIT
-# Progress: pip's own lines for what it fetches and installs, and each step's duration.
+# Progress: pip's own lines for what it fetches and installs, as they come (every stage of the
+# pipe line-buffered: a plain `cut` held them back for a minute at a time), and each step's duration.
 pip_install() {
   local started=$SECONDS status
   set +o pipefail
   .venv/bin/python -m pip install --progress-bar off "$@" 2>&1 | tee "$log" \
     | { grep --line-buffered -E "^(Collecting|Downloading|Building|Installing collected|Successfully installed)" || true; } \
-    | cut -c1-150 | sed -u 's/^/  pip: /'
+    | sed -u -e 's/^\(.\{150\}\).*/\1/' -e 's/^/  pip: /'
   status=${PIPESTATUS[0]}
   set -o pipefail
   if [[ $status -ne 0 ]]; then
