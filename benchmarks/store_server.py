@@ -165,6 +165,7 @@ def hoarder(port: int, pid: int) -> tuple[float, float]:
     MB, then once that client has closed."""
     good = _client(port)
     good.set("big", b"x" * BIG)
+    good.get("big")  # SET has no answer: stored before the GETs come
     before = _rss_mb(pid)
     s = socket.create_connection(("127.0.0.1", port))
     s.sendall(VALIDATED + (bytes([GET]) + _key(b"/big")) * 150)

@@ -448,11 +448,12 @@ def test_the_default_image_carries_a_tested_torch_and_an_untested_one_is_told(mo
     assert image_torch("ghcr.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime") == (2, 5)
     assert image_torch("registry.example/team/train:2.5.1") is None  # unknown until the pod runs
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "does-not-exist"))  # a dry run needs no cluster
-    old = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    assert torch_compat.torch_is_tested(image_torch("pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"))  # in range now
+    old = "pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime"
     job = ne.launch("print(1)", backend="kubernetes", image=old, gpus=0, name="old-torch", dry_run=True, user_ns={})
     (warning,) = [w for w in job.dryrun.bundle.launch_warnings if "torch" in w]
     assert warning == (
-        f"--image {old} carries torch 2.5, outside the torch notebook-elastic is tested with (>=2.13,<2.14): "
+        f"--image {old} carries torch 2.3, outside the torch notebook-elastic is tested with (>=2.4,<2.16): "
         f"the job may run degraded or fail; use an image with a tested torch, like {DEFAULT_IMAGE}"
     )
     assert f"# warning: {warning}" in job.dryrun.text

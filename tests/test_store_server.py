@@ -23,7 +23,7 @@ import pytest
 import torch.distributed as dist
 
 from notebook_elastic.backends.kubernetes.code import runtime_zip
-from notebook_elastic.runtime import store_server
+from notebook_elastic.runtime import store_server, store_wire
 from notebook_elastic.runtime.protocol import EVENT_PREFIX
 from notebook_elastic.runtime.store import host_store
 from notebook_elastic.runtime.torch_compat import store_id
@@ -242,8 +242,9 @@ def test_a_client_that_never_reads_its_answers_costs_the_server_a_bounded_amount
     hoarder correctly once it reads."""
     proc, port = bare_store
     good = client(port)
-    big = bytes(range(256)) * (store_server.MAX_PAYLOAD_LEN // 256)  # 8 MiB, torch's largest value
+    big = bytes(range(256)) * (store_wire.MAX_PAYLOAD_LEN // 256)  # 8 MiB, torch's largest value
     good.set("big", big)
+    assert good.get("big") == big  # SET has no answer: this one says it is stored before the GETs come
     before = _rss_mib(proc.pid)
     hoarder = _raw(port)
     hoarder.sendall(VALIDATED + (bytes([store_server.GET]) + _key(b"/big")) * 150)
@@ -281,7 +282,7 @@ def test_a_command_arriving_in_pieces_is_parsed_again_only_once_its_bytes_are_in
     server = store_server.StoreServer(sock)
     thread = server.start()
     try:
-        values = [bytes([i]) * store_server.MAX_PAYLOAD_LEN for i in range(4)]
+        values = [bytes([i]) * store_wire.MAX_PAYLOAD_LEN for i in range(4)]
         body = bytes([store_server.MULTI_SET]) + struct.pack("<Q", 4)
         body += b"".join(_key(f"/v{i}".encode()) + _key(v) for i, v in enumerate(values))
         s = _raw(sock.getsockname()[1])
@@ -305,7 +306,7 @@ def test_a_command_arriving_in_pieces_is_parsed_again_only_once_its_bytes_are_in
 def test_one_command_over_the_bound_closes_that_client_and_nobody_else(bare_store):
     proc, port = bare_store
     good = client(port)
-    value = _key(b"x" * store_server.MAX_PAYLOAD_LEN)
+    value = _key(b"x" * store_wire.MAX_PAYLOAD_LEN)
     s = _raw(port)
     s.sendall(VALIDATED + bytes([store_server.MULTI_SET]) + struct.pack("<Q", 9))
     try:
