@@ -129,6 +129,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(repr(JobList([info])))
     if info.summary.get("reason"):
         print(f"reason: {info.summary['reason']}")
+    if info.summary.get("warning"):
+        print(f"warning: {info.summary['warning']}")
     if info.location:
         print(f"folder: {info.location}")
     return 0

@@ -193,6 +193,14 @@ class LineParser:
         return None
 
 
+def steps_done(step: Any) -> int | None:
+    """Every view counts steps done (#30): the ranks report the index of the step they just
+    made (0 for the first), a checkpoint and a resume the number made. The last index reported,
+    99 of a 100-step job, is 100 steps done: "step 100/100" in the dashboard, the summary, the
+    jobs listing, the panel and the CLI alike."""
+    return None if step is None else int(step) + 1
+
+
 def _ranks(ranks: list[int]) -> str:
     if not ranks:
         return "-"
@@ -257,7 +265,7 @@ def describe(e: Event) -> str:
         who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"
         then = f"; restarting the group after {d.get('restart_after_s'):.0f} s" if d.get("restart_after_s") else ""
         return (
-            f"stalled at step {d.get('step')} for {d.get('for_s', 0):.0f} s: {who}"
+            f"stalled at step {steps_done(d.get('step'))} for {d.get('for_s', 0):.0f} s: {who}"
             + (f", rank(s) {_ranks(waiting)} wait for them" if waiting else "")
             + then
         )
@@ -358,6 +366,13 @@ def describe(e: Event) -> str:
             text += f"; saving every {d.get('every')} step(s) blocks {d.get('blocked_pct')} % of the loop"
         return text + ")"
     if k == Kind.CHECKPOINT_FAILED:
+        if d.get("final"):
+            saved = d.get("saved_step")
+            held = f"the newest checkpoint holds step {saved}" if saved is not None else "no checkpoint was saved"
+            why = f"{d.get('folder') or 'the checkpoint disk'} is full" if d.get("disk_full") else str(d.get("error"))
+            return (
+                f"the last step's checkpoint (step {d.get('step')}) was not saved, {why}: {held}, a resume starts there"
+            )
         if d.get("disk_full"):
             return (
                 f"checkpoint at step {d.get('step')} not saved: the disk is full ({d.get('error')}); "

@@ -843,12 +843,21 @@ def test_a_full_checkpoint_disk_trains_on_with_one_warning_not_a_retry_loop(home
     )
     assert job.wait(180) == "succeeded", job.summary()
     failed = [e for e in job.events if e.kind == Kind.CHECKPOINT_FAILED]
-    assert len(failed) == 1 and failed[0].get("disk_full"), [e.describe() for e in failed]
+    # One warning for the episode, and the last step's save tried once more (not left to the
+    # 30 s pause): it failed too, and the job says which step the newest checkpoint holds (#26).
+    assert [bool(e.get("final")) for e in failed] == [False, True], [e.describe() for e in failed]
     assert "not saved: the disk is full" in failed[0].describe() and job.restarts == 0
     from notebook_elastic.runtime.state import list_checkpoints
 
     kept = list_checkpoints(disk)
     assert kept and all(torch.load(p, weights_only=False)["step"] > 0 for _g, _s, p in kept)  # intact
+    newest = kept[-1][1]
+    assert failed[-1].get("step") == 60 and failed[-1].get("saved_step") == newest < 60
+    said = failed[-1].describe()
+    assert said.startswith(f"the last step's checkpoint (step 60) was not saved, {disk}")
+    assert f"is full: the newest checkpoint holds step {newest}, a resume starts there" in said
+    assert job.state.warning == said and f"warning: {said}" in job.summary()
+    assert LocalBackend().describe("full-ckpt").summary["warning"] == said  # the panel, jobs, the CLI
 
 
 def test_a_full_job_disk_is_a_state_not_a_crash(home, small_disk):

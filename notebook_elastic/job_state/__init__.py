@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from ..events import FINAL_STATUSES, Event, Kind, Status, describe
+from ..events import FINAL_STATUSES, Event, Kind, Status, describe, steps_done
 from ..runtime.tracking import tracking_text
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
 from .handlers import Handlers
@@ -351,7 +351,7 @@ def summary_text(name: str, s: JobState) -> str:
     if not finished:
         parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
     if s.step is not None:
-        parts.append(f"step {s.step}" + (f"/{s.total_steps}" if s.total_steps else ""))
+        parts.append(f"step {steps_done(s.step)}" + (f"/{s.total_steps}" if s.total_steps else ""))
     loss = s.metrics.last("loss")
     if loss is not None:
         parts.append(f"loss {loss:.4g}")
@@ -362,6 +362,8 @@ def summary_text(name: str, s: JobState) -> str:
     text = ", ".join(parts)
     if s.reason and finished:
         text += f"\n  reason: {s.reason}"
+    if s.warning:
+        text += f"\n  warning: {s.warning}"
     for where in s.tracking.values():
         text += f"\n  {tracking_text(where)}"
     return text

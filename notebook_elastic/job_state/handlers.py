@@ -4,7 +4,7 @@ called by ``JobState._apply`` (a kind without one is only kept in the history). 
 
 from __future__ import annotations
 
-from ..events import Event, Status, degraded_text, describe
+from ..events import Event, Status, degraded_text, describe, steps_done
 from .records import Marker, NodeInfo, RankInfo
 
 
@@ -39,7 +39,7 @@ class Handlers:
 
     def _on_stall(self, e: Event) -> None:
         self.stall = dict(e.data)
-        self._mark(e, "stall", f"stalled at step {e.get('step')}")
+        self._mark(e, "stall", f"stalled at step {steps_done(e.get('step'))}")
 
     def _on_stall_cleared(self, e: Event) -> None:
         self.stall = None
@@ -185,7 +185,9 @@ class Handlers:
             self._size_marker = None
 
     def _on_checkpoint_failed(self, e: Event) -> None:
-        if e.get("disk_full"):
+        if e.get("final"):  # stays: the job ends without its last step saved
+            self.warning = describe(e)
+        elif e.get("disk_full"):
             self.warning = (
                 f"checkpoints are not being saved: {e.get('folder') or 'the checkpoint disk'} is full; "
                 f"training goes on and saving is tried again every {e.get('retry_s', 30):.0f} s"

@@ -184,7 +184,9 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
         {"step": _INT}, generation=_OPT_INT, from_world_size=_OPT_INT, world_size=_INT, samples_seen=_INT
     ),
     Kind.CHECKPOINT: _fields({"step": _INT}, generation=_OPT_INT, bytes=_INT, ms=_NUM, commits=_INT),
-    Kind.CHECKPOINT_FAILED: _fields({"error": _STR}, step=_OPT_INT, disk_full=_BOOL, retry_s=_NUM, folder=_STR),
+    Kind.CHECKPOINT_FAILED: _fields(
+        {"error": _STR}, step=_OPT_INT, disk_full=_BOOL, retry_s=_NUM, folder=_STR, final=_BOOL, saved_step=_OPT_INT
+    ),
     Kind.CHECKPOINT_UNREADABLE: _fields({"path": _STR, "error": _STR}),
     Kind.FENCED: _fields({"generation": _INT, "newer_generation": _INT}, rank=_INT, step=_OPT_INT),
     Kind.ERROR: _fields({"message": _STR}, error=_STR),

@@ -242,6 +242,11 @@ class State(Restore, SaveInterval, CheckpointWriter):
                 self._save_cost = ended - started
                 self._steps_since_save = 0
 
+    def _final(self) -> bool:
+        """Whether the step just committed is the loop's last: its save is tried even while a
+        full disk pauses saving (the README's promise: the last step is saved)."""
+        return self.total is not None and self.step >= self.total
+
     def _checkpoint_header(self) -> dict[str, Any]:
         """What every checkpoint says about itself, beside the objects' states."""
         return {
@@ -268,7 +273,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
         self._raise_pending()
         if self._check_fence():
             raise StaleGenerationError(self._stale_message())
-        if time.monotonic() < self._disk_full_until:
+        if time.monotonic() < self._disk_full_until and not self._final():
             return False  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
             **self._checkpoint_header(),
@@ -303,7 +308,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
                 self._raise_pending()
                 if self._check_fence():
                     verdict = self._STALE
-                elif not due or time.monotonic() < self._disk_full_until:
+                elif not due or (time.monotonic() < self._disk_full_until and not self._final()):
                     verdict = self._SKIP
             except StaleGenerationError:
                 verdict = self._STALE

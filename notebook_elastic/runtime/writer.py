@@ -132,7 +132,9 @@ class CheckpointWriter:
         saving instead of failing the worker, which would only fail again at every restart."""
         if exc.errno not in _DISK_FULL:
             return False
-        if self._disk_full_until == 0.0:  # once per episode
+        final = self.total is not None and step >= self.total
+        if self._disk_full_until == 0.0 or final:  # once per episode, and the last step's save
+            saved = list_checkpoints(self.folder)
             emit(
                 "checkpoint_failed",
                 error=f"{type(exc).__name__}: {exc}"[:500],
@@ -140,6 +142,9 @@ class CheckpointWriter:
                 disk_full=True,
                 retry_s=DISK_FULL_RETRY_S,
                 folder=str(self.folder),
+                final=final,
+                # What a resume would start from: the newest checkpoint on the disk.
+                saved_step=saved[-1][1] if saved else None,
             )
         self._disk_full_until = time.monotonic() + DISK_FULL_RETRY_S
         return True
