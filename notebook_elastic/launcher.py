@@ -14,6 +14,7 @@ from . import options
 from .backends import get_backend
 from .backends.base import Backend, JobInfo, attention_order
 from .errors import BackendError, JobNotFound, PackagingError, SpecError
+from .events import steps_done
 from .job import ElasticJob
 from .packaging import Bundle, NotebookContext, package_cell, package_function
 from .packaging.render import same_training_code
@@ -261,7 +262,7 @@ class JobList(list):
             step = (
                 ""
                 if s.get("step") is None
-                else f"{s['step']}" + (f"/{s['total_steps']}" if s.get("total_steps") else "")
+                else f"{steps_done(s['step'])}" + (f"/{s['total_steps']}" if s.get("total_steps") else "")
             )
             loss = s.get("loss")
             rows.append(

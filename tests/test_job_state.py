@@ -174,8 +174,9 @@ def test_a_full_checkpoint_disk_warns_until_a_checkpoint_is_saved_again():
 
 
 def test_a_stall_is_held_until_it_clears_and_marks_the_chart():
-    state = fold(metric(1.0, 4, loss=1.0), ev(Kind.STALL, 40.0, None, step=5, for_s=30.0, stopped=[1], waiting=[0]))
-    assert state.stall == {"step": 5, "for_s": 30.0, "stopped": [1], "waiting": [0]}
+    # The supervisor's step is the last one reported (index 4): 5 steps done, as every view says.
+    state = fold(metric(1.0, 4, loss=1.0), ev(Kind.STALL, 40.0, None, step=4, for_s=30.0, stopped=[1], waiting=[0]))
+    assert state.stall == {"step": 4, "for_s": 30.0, "stopped": [1], "waiting": [0]}
     assert state.summary()["stall"] == state.stall
     assert [(m.kind, m.step, m.time, m.label) for m in state.markers] == [("stall", 4, 40.0, "stalled at step 5")]
     state.apply(ev(Kind.STALL_CLEARED, 50.0, None, for_s=40.0))
@@ -801,3 +802,26 @@ def test_a_node_left_told_after_the_survivors_regrouped_leaves_the_job_running()
     state.apply_all([started(30.0, "node-1", 1, 2, generation=3), started(30.0, "node-0", 0, 2, generation=3)])
     state.apply(ev(Kind.NODE_LEFT, 31.0, "node-1", reason="preempted"))  # a member of the running group
     assert state.status == Status.RESTARTING
+
+
+def test_every_view_counts_steps_done_alike():
+    """A 100-step job whose last step (index 99) is done: the dashboard said "step 100 / 100"
+    and summary(), the jobs listing, the panel and the CLI "step 99/100" (#30 item 2)."""
+    from notebook_elastic.backends.base import JobInfo
+    from notebook_elastic.job_state import summary_text
+    from notebook_elastic.launcher import JobList
+    from notebook_elastic.server.routes import job_json
+    from notebook_elastic.ui.render import header_html
+    from notebook_elastic.views.text import progress_line
+
+    state = fold(
+        metric(1.0, 98, loss=0.5), metric(2.0, 99, loss=0.25), ev(Kind.PLAN, 0.5, "node-0", total=100, start=0)
+    )
+    assert 'step <b class="ne-step">100</b> / 100' in header_html("done", "local", state)
+    assert "step 100/100" in summary_text("done", state)
+    assert progress_line(state).startswith("step 100/100")
+    info = JobInfo("done", "local", "running", summary=state.summary())
+    assert " 100/100 " in repr(JobList([info]))
+    assert job_json(info)["step"] == 100 and job_json(info)["total_steps"] == 100
+    stall = ev(Kind.STALL, 3.0, None, step=state.step, for_s=31.0, stopped=[1], waiting=[0])
+    assert describe(stall).startswith("stalled at step 100 for 31 s")

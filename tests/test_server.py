@@ -213,7 +213,7 @@ def test_the_panel_row_says_a_stall_and_a_warning_in_words():
     from notebook_elastic.server.routes import job_json
 
     summary = {
-        "stall": {"step": 120, "for_s": 31.0, "stopped": [1], "waiting": [0, 2]},
+        "stall": {"step": 119, "for_s": 31.0, "stopped": [1], "waiting": [0, 2]},  # 120 steps done
         "warning": "checkpoints are not being saved: /ckpt is full",
     }
     row = job_json(JobInfo("stuck", "local", "running", summary=summary))

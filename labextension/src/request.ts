@@ -43,6 +43,7 @@ export interface IJob {
   max_nodes: number | null;
   restarts: number | null;
   max_restarts: number | null;
+  /** Steps done (the last step reported + 1), as every view counts them: 100 of a 100-step job. */
   step: number | null;
   total_steps: number | null;
   loss: number | null;

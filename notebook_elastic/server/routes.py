@@ -25,7 +25,7 @@ from jupyter_server.utils import url_path_join
 from ..backends.base import JobInfo, attention_order
 from ..backends.local import LocalBackend
 from ..errors import JobNotFound, NotebookElasticError, SpecError
-from ..events import Event, Kind, Status
+from ..events import Event, Kind, Status, steps_done
 from ..job_state import JobState, with_fold
 from ..runtime.tracking import shown
 from ..spec import validate_name
@@ -114,7 +114,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "max_nodes": s.get("max_nodes"),
             "restarts": s.get("restarts"),
             "max_restarts": s.get("max_restarts"),
-            "step": s.get("step"),
+            "step": steps_done(s.get("step")),  # steps done, as every view counts them
             "total_steps": s.get("total_steps"),
             "loss": s.get("loss"),
             "loss_tail": s.get("loss_tail") or [],

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from ..events import Event, Kind, describe, format_duration
+from ..events import Event, Kind, describe, format_duration, steps_done
 from ..job_state import JobState
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ QUIET_KINDS = {Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.AGENT_STARTED, Kind.
 def progress_line(state: JobState) -> str:
     parts = []
     if state.step is not None:
-        parts.append(f"step {state.step}" + (f"/{state.total_steps}" if state.total_steps else ""))
+        parts.append(f"step {steps_done(state.step)}" + (f"/{state.total_steps}" if state.total_steps else ""))
     for name in state.metrics.names[:3]:
         value = state.metrics.last(name)
         if value is not None:
