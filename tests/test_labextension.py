@@ -187,7 +187,7 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
         page.wait_for_function(
             """() => {
               const code = document.querySelector('.ne-job[data-name="panel-job"] .ne-tracking-command');
-              return code && code.textContent.startsWith('tensorboard --logdir ') && code.textContent.endsWith('/panel-job');
+              return code && /(^|[/])tensorboard --logdir /.test(code.textContent) && code.textContent.endsWith('/panel-job');
             }""",
             timeout=30_000,
         )

@@ -21,6 +21,7 @@ import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.errors import SpecError
 from notebook_elastic.events import Kind
+from notebook_elastic.runtime.tracking import tensorboard_command
 
 try:
     import mlflow
@@ -135,16 +136,18 @@ def test_where_the_run_is_tracked_is_an_event_every_view_reads_from_the_history(
     assert told["mlflow"]["path"] == str(store)
     assert told["mlflow"]["command"] == f"mlflow ui --backend-store-uri {store.as_uri()}"
     folder = LocalBackend().folder("linked").path
-    assert told["tensorboard"]["command"] == f"tensorboard --logdir {folder}"
+    # The full path of the `tensorboard` beside this Python: any shell runs it, whatever its PATH.
+    tensorboard = tensorboard_command()
+    assert told["tensorboard"]["command"] == f"{tensorboard} --logdir {folder}"
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))  # what the command shows
 
     html = dashboard_html(job)
-    assert f"mlflow ui --backend-store-uri {store.as_uri()}" in html and f"tensorboard --logdir {folder}" in html
+    assert f"mlflow ui --backend-store-uri {store.as_uri()}" in html and f"{tensorboard} --logdir {folder}" in html
     assert run.info.run_id in html
     for handle in (job, ne.attach("linked")):  # the kernel that launched it, and a new one
         assert handle.wait(60) == "succeeded"
         assert f"MLflow run {run.info.run_id} in {store}: mlflow ui" in handle.summary()
-        assert f"TensorBoard: tensorboard --logdir {folder}" in handle.summary()
+        assert f"TensorBoard: {tensorboard} --logdir {folder}" in handle.summary()
     from notebook_elastic.server.routes import job_json
 
     (info,) = [i for i in LocalBackend().list() if i.name == "linked"]
@@ -156,7 +159,7 @@ def test_where_the_run_is_tracked_is_an_event_every_view_reads_from_the_history(
         "command": f"mlflow ui --backend-store-uri {store.as_uri()}",
         "path": str(store),
     }
-    assert row["tensorboard"]["command"] == f"tensorboard --logdir {folder}"
+    assert row["tensorboard"]["command"] == f"{tensorboard} --logdir {folder}"
 
 
 class FakeMlflowServer:

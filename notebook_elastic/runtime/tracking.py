@@ -109,9 +109,25 @@ def wandb_link(run: Any) -> dict[str, Any]:
     return info
 
 
+def tensorboard_command() -> str:
+    """How to run TensorBoard from any terminal: the full path of the ``tensorboard`` installed
+    beside this Python (the hint said ``tensorboard``, which a shell whose PATH lacks the
+    quickstart's ``.venv`` did not have; whose PATH counts is the user's, not ours), else
+    ``tensorboard``."""
+    import os
+    import sys
+
+    beside = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    return shlex.quote(beside) if os.access(beside, os.X_OK) else "tensorboard"
+
+
 def tensorboard_link(logdir: str) -> dict[str, Any]:
     """The ``tracking`` event of a job's TensorBoard files."""
-    return {"tracker": "tensorboard", "path": logdir, "command": f"tensorboard --logdir {shlex.quote(logdir)}"}
+    return {
+        "tracker": "tensorboard",
+        "path": logdir,
+        "command": f"{tensorboard_command()} --logdir {shlex.quote(logdir)}",
+    }
 
 
 TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B", "tensorboard": "TensorBoard"}
