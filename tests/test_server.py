@@ -75,7 +75,7 @@ async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
     reply = await poll_json(jp_fetch, settled, "live-one running at step 3", "jobs")
     jobs = {j["name"]: j for j in reply["jobs"]}
     assert set(jobs) == {"finished-one", "live-one", "broken-one"}
-    assert jobs["finished-one"]["status"] == "succeeded" and jobs["finished-one"]["step"] == 7
+    assert jobs["finished-one"]["status"] == "succeeded" and jobs["finished-one"]["step"] == 8  # steps done: 8 of 8
     assert jobs["finished-one"]["loss"] == pytest.approx(1 / 8)
     assert len(jobs["finished-one"]["loss_tail"]) >= 2
     assert jobs["live-one"]["status"] == "running" and jobs["live-one"]["world_size"] == 1

@@ -68,6 +68,7 @@ def local_place(
         local_addr="127.0.0.1",
         script=str(folder.script),
         join_timeout_s=defaults.JOIN_TIMEOUT_S_LOCAL,
+        rdzv_conf={"last_call_timeout": str(defaults.LAST_CALL_TIMEOUT_S_LOCAL)},
         python=sys.executable,
         # torchrun's per-worker error files: in the private job folder, not a
         # /tmp/torchelastic_* folder left behind by every agent.
