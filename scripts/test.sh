@@ -23,8 +23,10 @@ if ! command -v kubectl >/dev/null && command -v apt-get >/dev/null; then
 fi
 .venv/bin/ruff check notebook_elastic tests benchmarks scripts
 .venv/bin/ruff format --check notebook_elastic tests benchmarks scripts
-# Three test workers (pytest-xdist): most of an end-to-end test's time is spent waiting on its
-# job's processes (rendezvous, restarts, a kernel), which the other workers' tests fill.
+# Two test workers (pytest-xdist): most of an end-to-end test's time is spent waiting on its
+# job's processes (rendezvous, restarts, a kernel), which the other worker's tests fill. Three
+# put three multi-node jobs on 2 cores at once too often: agents starved past their rendezvous
+# deadlines, and a scale-up could miss a job that ended first.
 # NOTEBOOK_ELASTIC_TEST_WORKERS=0 runs everything in one process (as does -n 0 after the command).
-workers="${NOTEBOOK_ELASTIC_TEST_WORKERS:-3}"
+workers="${NOTEBOOK_ELASTIC_TEST_WORKERS:-2}"
 exec .venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal "$@"

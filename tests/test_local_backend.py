@@ -691,9 +691,22 @@ def worker_pid(job, rank: int) -> int:
     return int(started[-1].get("pid"))
 
 
+def stall_watched(name: str, total: int, stall_timeout_s: float | None = None):
+    """A two-rank job whose stalls are told after 3 s (the floor is 30 s; the rule, 10 x the
+    median step, is the same)."""
+    restart = {} if stall_timeout_s is None else {"stall_timeout_s": stall_timeout_s}
+    return ne.launch(
+        TRAIN,
+        nproc_per_node=2,
+        name=name,
+        backend_options={"stall_after_s": 3},
+        user_ns=namespace(total=total),
+        **restart,
+    )
+
+
 def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_the_group(home):
-    fast = {"stall_after_s": 3}  # the floor is 30 s; the rule (10 x the median step) is the same
-    job = ne.launch(TRAIN, nproc_per_node=2, name="frozen", backend_options=fast, user_ns=namespace(total=100_000))
+    job = stall_watched("frozen", 100_000)
     wait_for(job, at_step(job, 5), "step 5")
     os.kill(worker_pid(job, 1), signal.SIGSTOP)  # a hung DataLoader, a stuck filesystem look the same
     stopped_at = time.monotonic()
@@ -716,14 +729,7 @@ def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_th
     assert job.restarts == 0
     job.stop()
 
-    healed = ne.launch(
-        TRAIN,
-        nproc_per_node=2,
-        name="healed",
-        stall_timeout_s=5,
-        backend_options=fast,
-        user_ns=namespace(total=60),
-    )
+    healed = stall_watched("healed", 60, stall_timeout_s=5)
     wait_for(healed, at_step(healed, 5), "step 5")
     os.kill(worker_pid(healed, 1), signal.SIGSTOP)
     wait_for(healed, lambda: any(e.kind == Kind.STALL_CLEARED and e.get("restarted") for e in healed.events), "restart")
@@ -736,15 +742,7 @@ def test_a_frozen_supervisor_is_said_as_such_never_as_a_stall_and_restarts_nothi
     """SIGSTOP the supervisor, then SIGCONT (a laptop's suspend looks the same): the workers
     trained on, yet it said "stalled at step 52 for 60 s" and, with --stall-timeout, SIGKILLed
     the healthy group and charged a restart (#26)."""
-    fast = {"stall_after_s": 3}
-    job = ne.launch(
-        TRAIN,
-        nproc_per_node=2,
-        name="suspended",
-        stall_timeout_s=4,
-        backend_options=fast,
-        user_ns=namespace(total=100_000),
-    )
+    job = stall_watched("suspended", 100_000, stall_timeout_s=4)
     wait_for(job, at_step(job, 5), "step 5")
     supervisor = LocalBackend().folder("suspended").supervisor()["pid"]
     os.kill(supervisor, signal.SIGSTOP)
