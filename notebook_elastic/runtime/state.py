@@ -242,10 +242,11 @@ class State(Restore, SaveInterval, CheckpointWriter):
                 self._save_cost = ended - started
                 self._steps_since_save = 0
 
-    def _final(self) -> bool:
-        """Whether the step just committed is the loop's last: its save is tried even while a
-        full disk pauses saving (the README's promise: the last step is saved)."""
-        return self.total is not None and self.step >= self.total
+    def _final(self, step: int | None = None) -> bool:
+        """Whether ``step`` (default: the step just committed) is the loop's last: its save is
+        tried even while a full disk pauses saving (the README's promise: the last step is saved)."""
+        step = self.step if step is None else step
+        return self.total is not None and step >= self.total
 
     def _checkpoint_header(self) -> dict[str, Any]:
         """What every checkpoint says about itself, beside the objects' states."""

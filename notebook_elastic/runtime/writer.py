@@ -132,7 +132,7 @@ class CheckpointWriter:
         saving instead of failing the worker, which would only fail again at every restart."""
         if exc.errno not in _DISK_FULL:
             return False
-        final = self.total is not None and step >= self.total
+        final = self._final(step)  # the write's own step: a background one may be older
         if self._disk_full_until == 0.0 or final:  # once per episode, and the last step's save
             saved = list_checkpoints(self.folder)
             emit(
