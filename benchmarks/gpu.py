@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 import time
-from contextlib import redirect_stdout
+from contextlib import contextmanager, redirect_stdout
 
 sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
@@ -48,6 +48,23 @@ for step in state.steps(TOTAL):
 """
 
 
+@contextmanager
+def cuda_visible(value: str | None):
+    """Jobs launched inside see these GPUs ("" for none: CPU ranks over gloo; None: all)."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
 def namespace(total: int, step_s: float = 0.05) -> dict:
     return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total, "STEP_S": step_s}
 
@@ -74,7 +91,12 @@ def longest_gap_s(job, after: float) -> float:
 
 def joiner(rows: list[dict], broken: bool) -> tuple[float, int]:
     name = "bench-bad-joiner" if broken else "bench-good-joiner"
-    options = {"node_env": {"node-1": {"GLOO_SOCKET_IFNAME": "nosuch0"}}} if broken else {}
+    ifname = (
+        "NCCL_SOCKET_IFNAME"
+        if os.environ.get("CUDA_VISIBLE_DEVICES") != "" and torch.cuda.is_available()
+        else "GLOO_SOCKET_IFNAME"
+    )
+    options = {"node_env": {"node-1": {ifname: "nosuch0"}}} if broken else {}
     job = ne.launch(TRAIN, nnodes="1:2", name=name, max_restarts=3, backend_options=options, user_ns=namespace(100_000))
     wait(lambda: job.state.step is not None and job.state.step >= 10, "ten steps")
     scaled_at = time.time()
@@ -142,17 +164,10 @@ def first_step(rows: list[dict]) -> None:
         rows.append(row("first step on GPU (nccl) vs CPU (gloo)", "no CUDA here: not measured", ""))
         return
     seconds = {}
-    for label, env in (("cpu", {"CUDA_VISIBLE_DEVICES": ""}), ("gpu", {})):
-        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-        os.environ.update(env)
-        try:
+    for label, visible in (("cpu", ""), ("gpu", os.environ.get("CUDA_VISIBLE_DEVICES"))):
+        with cuda_visible(visible):
             job = ne.launch(TRAIN, nnodes="1", name=f"bench-first-{label}", user_ns=namespace(30, 0.0))
             job.wait(300)
-        finally:
-            if saved is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = saved
         seconds[label] = job.state.first_step_at - job.state.started_at
         if label == "gpu" and job.state.gpu_ranks:
             g = job.state.gpu_ranks[0]
@@ -167,8 +182,10 @@ def first_step(rows: list[dict]) -> None:
 def run() -> None:
     os.environ.setdefault("NOTEBOOK_ELASTIC_HOME", tempfile.mkdtemp(prefix="ne-bench-gpu-"))
     rows: list[dict] = []
-    good_gap, _ = joiner(rows, broken=False)
-    bad_gap, bad_restarts = joiner(rows, broken=True)
+    # Two nodes need a GPU each; with fewer, the joiner figures are taken on CPU ranks (gloo).
+    with cuda_visible(None if torch.cuda.device_count() >= 2 else ""):
+        good_gap, _ = joiner(rows, broken=False)
+        bad_gap, bad_restarts = joiner(rows, broken=True)
     rows.append(row("training stalled by a joiner that fails in init (evicted)", bad_gap, "s"))
     rows.append(row("  by a healthy joiner (baseline)", good_gap, "s"))
     rows.append(row("  ratio", bad_gap / good_gap, "x"))
@@ -177,7 +194,14 @@ def run() -> None:
     with redirect_stdout(io.StringIO()):
         compile_cost(rows)
     first_step(rows)
-    report("gpu", rows, notes="CPU rows from this machine; GPU rows only where CUDA is present.")
+    gpus = torch.cuda.device_count()
+    report(
+        "gpu",
+        rows,
+        notes=f"{os.cpu_count()} CPUs, {gpus} GPU(s) ({torch.cuda.get_device_name(0) if gpus else 'none'}), torch "
+        f"{torch.__version__}. The joiner rows run on {'GPU ranks (nccl)' if gpus >= 2 else 'CPU ranks (gloo): two nodes need two GPUs'}; "
+        "the first-step and GPU rows only where CUDA is present.",
+    )
 
 
 def main() -> None:

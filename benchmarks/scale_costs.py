@@ -15,7 +15,7 @@
    machine 4x2 is 8 training processes on 2 cores: it shows the cost of the machinery, not
    speed-up; the 8x2 on 16 cores of item 5 needs a bigger machine.
 
-usage: python benchmarks/scale_costs.py [--quick] [--machine NAME]
+usage: python benchmarks/scale_costs.py [--quick] [--machine NAME] [--shapes 1x1,2x1,4x2,8x2]
 """
 
 from __future__ import annotations
@@ -139,6 +139,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="points only up to 10k, nodes 1x1 and 2x1")
     parser.add_argument("--machine", default=f"{os.cpu_count()}-core CPU machine (no GPU)")
+    parser.add_argument(
+        "--shapes", help="nodes x processes to launch, e.g. 1x1,2x1,4x2,8x2 (the 8x2 of item 5 wants 16 cores)"
+    )
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="ne-bench-costs-")
     os.environ["NOTEBOOK_ELASTIC_HOME"] = home
@@ -165,6 +168,8 @@ def main() -> None:
                 ratio = f[key] / base[key] if base[key] else float("nan")
                 rows.append(row(f"{label}, {f['points']:,} points (x{ratio:.2f} of 1k)", f[key], unit))
         shapes = ((1, 1), (2, 1)) if args.quick else ((1, 1), (2, 1), (4, 2))
+        if args.shapes:
+            shapes = tuple(tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(","))
         for nodes, procs in shapes:
             figures = nodes_figures(home, nodes, procs)
             by_nodes.append(figures)

@@ -77,11 +77,13 @@ def test_nccl_one_rank_per_gpu_through_a_killed_worker_and_a_scale_up(home):
     wait_for(job, at_step(job, 5), "the first steps on GPU", timeout=300)
     first_step_s = job.state.first_step_at - job.state.started_at
     print(f"first step on GPU {first_step_s:.1f} s after submission")
+    killed_at = job.state.step
     job.kill_worker(rank=0)
-    wait_for(job, lambda: job.restarts >= 1 and at_step(job, job.state.step + 5)(), "training again after the kill")
+    wait_for(job, lambda: job.restarts >= 1 and at_step(job, killed_at + 5)(), "training again after the kill")
     if nodes_max >= 2:
+        scaled_at = job.state.step
         job.scale(2)
-        wait_for(job, lambda: job.world_size == 2 and at_step(job, job.state.step + 5)(), "two nodes on two GPUs")
+        wait_for(job, lambda: job.world_size == 2 and at_step(job, scaled_at + 5)(), "two nodes on two GPUs")
     else:  # one GPU: a second node has no GPU of its own, so the range never allowed it
         with pytest.raises(ne.SpecError, match=r"cannot scale to 2 nodes: the job.s range is 1:1"):
             job.scale(2)
