@@ -192,14 +192,27 @@ class LocalBackend(Following, Backend):
         try:
             spec = folder.spec()
         except FileNotFoundError:
-            return JobInfo(name, "local", "damaged", location=str(folder.path), damaged="spec.json is missing")
+            outcome = folder.outcome()
+            if outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
+                summary = {k: v for k, v in outcome.items() if v is not None}
+                return JobInfo(name, "local", outcome["status"], summary=summary, location=str(folder.path))
+            return JobInfo(
+                name,
+                "local",
+                "damaged",
+                location=str(folder.path),
+                damaged="spec.json is missing (was the folder deleted while the job ran?)",
+            )
         except ValueError as exc:
             return JobInfo(
                 name, "local", "damaged", location=str(folder.path), damaged=f"spec.json is unreadable: {exc}"
             )
         status = folder.status() or {}
         state = status.get("status", "pending")
-        if state not in FINAL_STATUSES and not folder.supervisor_alive() and folder.guardian_alive():
+        outcome = folder.outcome() if state not in FINAL_STATUSES else None
+        if outcome is not None:  # status.json could not be written at the end (a full disk)
+            status, state = outcome, outcome["status"]
+        elif state not in FINAL_STATUSES and not folder.supervisor_alive() and folder.guardian_alive():
             state = "recovering"  # its guardian is bringing it back
         elif state not in FINAL_STATUSES and not folder.supervisor_alive():
             started = (folder.supervisor() or {}).get("started")

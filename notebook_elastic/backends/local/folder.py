@@ -8,6 +8,8 @@ script 0700, whatever the umask, because a job folder holds code that runs as it
                                     at launch: read by the supervisor (and a resumed one) only
     events.jsonl                    every event, in order (the job's history)
     status.json                     the latest summary, rewritten atomically
+    outcome.json                    the job's outcome, written in place into room taken at start
+    .reserve                        room kept for the last records, freed just before they are written
     supervisor.json                 pid and control address of the supervisor (0600)
     supervisor.log, logs/NODE.log   raw output of the supervisor and of each agent
     logs/torchelastic/              torchrun's own per-worker files (error.json)
@@ -34,6 +36,13 @@ FILE_MODE = 0o600  # the script is 0700 (see Bundle.write(private=True))
 #: The umask the supervisor (and so every agent and worker) runs with: logs, events and
 #: checkpoints they create are private too.
 JOB_UMASK = 0o077
+#: Room a running job keeps for its last records (the outcome event, status.json,
+#: supervisor.json): a file of this size written at start, deleted just before they are written,
+#: so a job whose folder's disk filled up still ends with its outcome on record.
+RESERVE_BYTES = 64 * 1024
+#: outcome.json's fixed size: taken (written with spaces) at start, then overwritten in place,
+#: so writing the outcome needs no new room at all (JSON allows the trailing spaces).
+OUTCOME_BYTES = 16 * 1024
 
 
 def _shared_sticky(st: os.stat_result) -> bool:
@@ -160,6 +169,8 @@ class JobFolder:
     supervisor_file = property(lambda self: self.path / "supervisor.json")
     supervisor_log = property(lambda self: self.path / "supervisor.log")
     guardian_file = property(lambda self: self.path / "guardian.json")
+    outcome_file = property(lambda self: self.path / "outcome.json")
+    reserve_file = property(lambda self: self.path / ".reserve")
     logs = property(lambda self: self.path / "logs")
     torchelastic_logs = property(lambda self: self.path / "logs" / "torchelastic")
     checkpoints = property(lambda self: self.path / "checkpoints")
@@ -179,6 +190,59 @@ class JobFolder:
             return self.read_json(self.status_file)
         except (FileNotFoundError, ValueError):
             return None
+
+    def outcome(self) -> dict[str, Any] | None:
+        """The outcome the supervisor wrote in place at its end (status, reason, the summary),
+        or None while the job runs (the file holds only the spaces taken at start)."""
+        try:
+            with open(self.outcome_file, "rb") as f:
+                data = json.loads(f.read() or b"null")
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("status"), str) else None
+
+    def keep_room(self) -> None:
+        """Take the room for the job's last records now, while there is some: the reserve file
+        and a blank outcome.json (a resumed job's earlier outcome is cleared). Best effort: on
+        a disk already full the job runs without it."""
+        for path, size in ((self.outcome_file, OUTCOME_BYTES), (self.reserve_file, RESERVE_BYTES)):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                try:
+                    view = memoryview(b" " * size)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass  # what was written of it still holds room
+
+    def write_outcome(self, outcome: dict[str, Any]) -> bool:
+        """Write the outcome into outcome.json's room, in place (then free the reserve for the
+        records that follow). The summary is left out if it does not fit. True if written."""
+        payload = json.dumps(outcome, default=str).encode()
+        if len(payload) >= OUTCOME_BYTES:
+            keep = ("status", "reason", "orphans_killed", "step", "total_steps", "world_size", "restarts")
+            payload = json.dumps({k: outcome[k] for k in keep if k in outcome}, default=str).encode()[
+                : OUTCOME_BYTES - 1
+            ]
+        written = False
+        try:
+            fd = os.open(self.outcome_file, os.O_WRONLY)
+            try:
+                written = os.pwrite(fd, payload.ljust(OUTCOME_BYTES), 0) == OUTCOME_BYTES
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        self.reserve_file.unlink(missing_ok=True)
+        if not written:  # no room was taken at start: try the ordinary way, now the reserve is free
+            try:
+                write_json_atomic(self.outcome_file, outcome)
+                written = True
+            except OSError:
+                pass
+        return written
 
     def secret(self) -> dict[str, Any]:
         """What only the supervisor reads: ``env`` (the ``--env`` values) and ``files_sha256``."""

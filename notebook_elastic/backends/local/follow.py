@@ -123,6 +123,12 @@ class Following:
                         yield event
                         finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
                     continue
+                if buffer and os.fstat(f.fileno()).st_size < f.tell():
+                    # The supervisor cut a line a full disk tore (sink.py): what we hold of it is
+                    # gone from the file; read on from where it began.
+                    f.seek(f.tell() - len(buffer))
+                    buffer = b""
+                    continue
                 if _rotated(folder.events_file, f):
                     f.close()  # read to its end: the rest is in the new file
                     f, buffer = open(folder.events_file, "rb"), b""
@@ -146,6 +152,13 @@ class Following:
                     if f.read(1):
                         f.seek(-1, os.SEEK_CUR)
                         continue
+                    outcome = folder.outcome()
+                    if outcome is not None:  # its last event found no room; its outcome did
+                        said = {
+                            k: outcome[k] for k in ("status", "reason", "orphans_killed") if outcome.get(k) is not None
+                        }
+                        yield Event(Kind.JOB_FINISHED, outcome.get("finished_at") or time.time(), None, said)
+                        return
                     info = folder.supervisor()
                     if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
                         # Whoever notices writes it down, so every observer says the same.

@@ -33,6 +33,8 @@ def ended(folder: JobFolder) -> bool:
     if info is None:
         return False  # a supervisor still starting (resume() removed the last one's file)
     status = (folder.status() or {}).get("status")
+    if (folder.outcome() or {}).get("status") in FINAL_STATUSES:
+        return True  # written in the room taken at start, even when nothing else could be
     return bool(info.get("exited")) or (status in FINAL_STATUSES and not folder.supervisor_alive())
 
 

@@ -114,6 +114,12 @@ class Outcome:
             data["reason"] = reason
         if leftovers:
             data["orphans_killed"] = len(leftovers)
+        # The outcome first, in the room taken at start (it needs no new room): whatever else a
+        # full disk refuses below, every reader (describe, a follower, the guardian) learns it.
+        self.sink.flush(timeout_s=10.0)
+        with self.sink.lock:
+            summary = self.state.summary()
+        self.folder.write_outcome({**summary, **data, "reason": reason, "finished_at": time.time()})
         self.emit(Kind.JOB_FINISHED, **data)
         self.sink.close()
         if self.tensorboard is not None:

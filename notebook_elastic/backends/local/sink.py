@@ -24,6 +24,9 @@ from .history import ROTATE_BYTES, rotate
 EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024
 #: While the disk is full, quiet kinds (metrics, output, checkpoints) are not even tried for this long.
 DISK_RETRY_S = 5.0
+#: Below the output floor (nodes.py), each rank's metric events are thinned to one per this many
+#: seconds, plus the one at every change of world size or restarts, and each rank's latest at the end.
+THIN_METRICS_S = 10.0
 
 
 class EventSink:
@@ -31,7 +34,9 @@ class EventSink:
 
     A full disk is a state, not a crash: every event is still folded (status, the chart, the
     control channel carry on); what cannot be written is dropped, quiet kinds first, and the
-    job says so once. Worker output in the history is capped (the node logs keep it all).
+    job says so once. Below the output floor, metrics are thinned (``THIN_METRICS_S``) so the
+    room left lasts. A write the disk cuts short is cut back to its last whole line: the file
+    never holds a torn one. Worker output in the history is capped (the node logs keep it all).
     """
 
     FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -62,6 +67,11 @@ class EventSink:
         self.torn = False  # the last write stopped mid-line (disk full): end that line first
         self.quiet_until = 0.0  # disk full: quiet kinds are not even tried before this time
         self.disk_told = False
+        self.thinning = False  # below the floor: metric events thinned (said once)
+        self.thin_last: dict[Any, float] = {}  # rank -> when its last metric was written
+        self.thin_mark: tuple[Any, ...] = ()  # (world size, restarts) at the last written metric
+        self.held: dict[Any, str] = {}  # rank -> its newest metric line not written (written at the end)
+        self.notes: list[str] = []  # the sink's own events, written before the line that caused them
         self.log_bytes = 0
         self.log_capped = False
         self.closing = False
@@ -111,7 +121,13 @@ class EventSink:
                         self.observe(item)
                     except Exception:  # an observer's bug must not stop the history
                         traceback.print_exc()
-                    if self._keep(item, line):
+                    if item.kind == Kind.JOB_FINISHED:  # each rank's latest metric before the outcome
+                        lines.extend(self.held.values())
+                        self.held.clear()
+                    keep = self._keep(item, line)
+                    lines.extend(self.notes)  # what the sink itself had to say about it
+                    self.notes.clear()
+                    if keep:
                         lines.append(line)
                 if self.status_changed is not None and self.state.status != status_before:
                     try:
@@ -131,7 +147,11 @@ class EventSink:
         full, metrics, output and checkpoints do not (they are still folded in memory)."""
         quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.GPU)
         if quiet and time.monotonic() < self.quiet_until:
+            if item.kind == Kind.METRIC:
+                self.held[item.get("rank")] = line
             return False
+        if item.kind == Kind.METRIC and not self.room_for_output():
+            return self._thinned(item, line)
         if item.kind == Kind.LOG:
             if not self.room_for_output():
                 return False
@@ -143,11 +163,40 @@ class EventSink:
                 return False
         return True
 
+    def _thinned(self, item: Event, line: str) -> bool:
+        """Below the floor: whether this metric event is one to write (the first of its rank in
+        THIN_METRICS_S, or the first after the world size or the restarts changed); the others
+        are held, each rank's newest written before the job's outcome."""
+        now = time.monotonic()
+        mark = (self.state.world_size, self.state.restarts)
+        if not self.thinning:
+            self.thinning = True
+            told = Event(
+                Kind.DISK_FULL,
+                time.time(),
+                None,
+                {
+                    "message": "the job folder's disk is nearly full: metrics are kept in its history once every "
+                    f"{THIN_METRICS_S:g} s per rank, at each change of world size or restarts, and the last of "
+                    "each rank (the job's own state keeps them all)"
+                },
+            )
+            self.state.apply(told)
+            self.notes.append(told.to_line() + "\n")
+        if mark != self.thin_mark or now - self.thin_last.get(item.get("rank"), -1e9) >= THIN_METRICS_S:
+            self.thin_mark = mark
+            self.thin_last[item.get("rank")] = now
+            self.held.pop(item.get("rank"), None)
+            return True
+        self.held[item.get("rank")] = line
+        return False
+
     def _write(self, lines: list[str]) -> None:
         if not lines:
             return
         data = (("\n" if self.torn else "") + "".join(lines)).encode()
         view = memoryview(data)
+        start = self.size
         try:
             while view:
                 written = os.write(self.fd, view)
@@ -157,7 +206,14 @@ class EventSink:
             if self.size > self.rotate_bytes:
                 self._rotate()
         except OSError as exc:
-            self.torn = self.torn or len(view) < len(data)
+            done = len(data) - len(view)
+            whole = data.rfind(b"\n", 0, done) + 1  # the bytes of the whole lines written
+            if whole < done:  # the disk cut a line: cut it back out (readers skip to its start)
+                try:
+                    os.ftruncate(self.fd, start + whole)
+                    self.size = start + whole
+                except OSError:
+                    self.torn = True  # the next write ends it first
             self.quiet_until = time.monotonic() + DISK_RETRY_S
             if not self.disk_told:
                 self.disk_told = True

@@ -246,6 +246,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         listener = listen(self.authkey)
         spec = self.spec
         before = None
+        self.folder.keep_room()  # the room for the last records; a resumed job's old outcome cleared
         if self.resume:
             # The history so far, folded, so status.json goes on from it (steps, metrics).
             history = list(read_all(self.folder.events_file))
@@ -337,7 +338,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
                         self.signal_agent(agent, signal.SIGKILL, "stopped")
                     for agent in self.agents.values():
                         agent.proc.wait()
-                    return "lost", "its job folder was deleted while it ran"
+                    return "lost", FOLDER_DELETED
             if self.stopping and self.stop_deadline and now > self.stop_deadline:
                 for agent in self.alive_agents():
                     self.signal_agent(agent, signal.SIGKILL, "stopped")
@@ -349,6 +350,8 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
                 last_status = time.monotonic()
                 self._write_status()
             if not self.alive_agents() and all(a.reaped for a in self.agents.values()):
+                if self._folder_deleted():  # its workers failed of it before the check above saw it
+                    return "lost", FOLDER_DELETED
                 if self.files_reason is not None:
                     return "failed", self.files_reason
                 if self.fatal:
@@ -365,6 +368,10 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
         one at the same path since: it has no events file)."""
         return not self.folder.events_file.exists()
+
+
+#: The reason of a job whose folder was deleted while it ran (follow.py's LOST_FOLDER says the same).
+FOLDER_DELETED = "its job folder was deleted while it ran"
 
 
 def main(argv: list[str] | None = None) -> int:
