@@ -5,7 +5,8 @@ events of its own (a node joined, a pod is pending). ``LineParser`` turns each l
 most one ``Event``: our prefixed JSON lines (worker and agent instrumentation) and the few
 torchelastic agent log lines that carry meaning (restarts, failed workers, signals). Other
 lines become ``log`` events, so nothing a worker prints is lost. Pure: no I/O, no clock
-unless the caller passes none.
+unless the caller passes none. A little over 400 lines: ``describe`` holds one sentence per
+event kind, the one place every view (timeline, text view, CLI, panel) takes them from.
 """
 
 from __future__ import annotations
@@ -258,6 +259,24 @@ def describe(e: Event) -> str:
         return f"worker output beyond {d.get('cap_bytes', 0) // 2**20} MiB is kept only in the node logs (logs/)"
     if k == Kind.DISK_FULL:
         return str(d.get("message"))
+    if k == Kind.NOTICE:
+        return f"{node} is to go in {d.get('grace_s', 0):g} s (notice): the job saves at its next step first"
+    if k == Kind.SAVED_ON_NOTICE:
+        if not d.get("saved", True):
+            return f"could not save on notice at step {d.get('step')}: {d.get('error') or 'the write failed'}"
+        who = f" ({d['notice_node']} goes)" if d.get("notice_node") else ""
+        return f"saved on notice at step {d.get('step')} in {d.get('seconds', 0):.1f} s{who}"
+    if k == Kind.NOTICE_EXPIRED:
+        lost = d.get("lost_steps")
+        cost = (
+            f"about {lost} step(s) since the last checkpoint are redone"
+            if lost is not None
+            else "work since the last checkpoint is redone"
+        )
+        return (
+            f"{node}'s grace of {d.get('grace_s', 0):g} s ended before a save on notice: {cost}; "
+            f"a grace of about {d.get('needed_s', 0):.0f} s would have been enough"
+        )
     if k == Kind.DEGRADED:
         return degraded_text(d)
     if k == Kind.STALL:

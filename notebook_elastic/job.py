@@ -320,11 +320,17 @@ class ElasticJob:
         self._require_running("kill a worker")
         return self.backend.inject(self.name, "kill_worker", rank)
 
-    def preempt_node(self, node: str | None = None, *, return_after_s: float | None = None) -> dict[str, Any]:
-        """Drill: take a node away with notice (SIGTERM to its agent), as a spot reclaim or
-        another team's quota would. With ``return_after_s`` the capacity comes back."""
+    def preempt_node(
+        self, node: str | None = None, *, return_after_s: float | None = None, grace_s: float | None = 30.0
+    ) -> dict[str, Any]:
+        """Drill: take a node away with notice, as a spot reclaim or another team's quota would.
+        With ``grace_s`` (the kubelet's default 30 s) the job is told first: its ``State`` saves
+        at the next step boundary and the node goes once that save is on disk (or when the
+        grace is over), so a grace that covers a step and a save loses no step; ``grace_s=0``
+        takes it at once (SIGTERM to its agent). With ``return_after_s`` the capacity comes back.
+        On Kubernetes the pod is evicted (the notice there is the kubelet's SIGTERM)."""
         self._require_running("preempt a node")
-        return self.backend.inject(self.name, "preempt_node", node, return_after_s=return_after_s)
+        return self.backend.inject(self.name, "preempt_node", node, return_after_s=return_after_s, grace_s=grace_s)
 
     def lose_node(self, node: str | None = None) -> dict[str, Any]:
         """Drill: a node dies without notice (SIGKILL to its agent)."""

@@ -207,6 +207,7 @@ def launch_plan(
         protocol.ENV_JOB: spec.name,
         protocol.ENV_CHECKPOINT_DIR: spec.checkpoint_dir or place.checkpoint_dir,
         protocol.ENV_RDZV_EPOCH: str(epoch),
+        protocol.ENV_NOTICE_STORE: place.rdzv_endpoint,  # notices before a node goes (runtime/notice.py)
         protocol.ENV_COLLECTIVE_TIMEOUT_S: f"{float(spec.collective_timeout_s):g}",
         **({protocol.ENV_CHECKPOINT_EVERY: str(spec.checkpoint_every)} if spec.checkpoint_every else {}),
         **FIXED_ENV,

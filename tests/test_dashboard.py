@@ -447,10 +447,14 @@ def test_the_nodes_box_follows_a_preemption(home):
     )
     dash = Dashboard(job)
     try:
-        wait_for(lambda: job.status == "running" and job.state.world_size == 2, "world size 2")
+        # Training (a step reported): its State can save on notice.
+        wait_for(lambda: job.status == "running" and job.state.world_size == 2 and job.state.step, "world size 2")
         assert dash.target.value == 2 and dash.drills.layout.display is None and dash.setup.layout.display == "none"
         dash.preempt_button.click()
-        wait_for(lambda: "preempted node-" in dash.message.value, "the drill's answer")
+        # The drill gives notice (30 s, a kubelet's default): the job saves, then the node goes.
+        wait_for(lambda: "preempting node-" in dash.message.value, "the drill's answer")
+        assert "30 s notice: the job saves first" in dash.message.value, dash.message.value
+        wait_for(lambda: "saved on notice at step" in dash.timeline.value, "the save on notice in the timeline")
         wait_for(lambda: job.state.target == 1, "the target to follow the preemption")
         wait_for(lambda: dash.target.value == 1, "the nodes box to follow the preemption")
         wait_for(lambda: 'class="ne-world-size">1<' in dash.header.value, "world size 1")

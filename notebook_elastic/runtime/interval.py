@@ -37,6 +37,8 @@ class SaveInterval:
         has trained long enough since the last save for its cost to stay under the target."""
         if self.total is not None and self.step >= self.total:
             return True  # the last step is always saved
+        if getattr(self, "_notice_now", None) is not None:
+            return True  # the node is to go: save before it does (runtime/notice.py)
         if self.checkpoint_every is not None:
             return self._steps_since_save >= self.checkpoint_every
         if self._save_cost is None:

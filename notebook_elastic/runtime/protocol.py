@@ -58,6 +58,9 @@ class Kind(StrEnum):
     RESUMED = "resumed"
     CHECKPOINT = "checkpoint"
     CHECKPOINT_FAILED = "checkpoint_failed"
+    NOTICE = "notice"  # a node is to go after a grace period: the job saves first (runtime/notice.py)
+    SAVED_ON_NOTICE = "saved_on_notice"  # rank 0 saved at the step boundary after a notice
+    NOTICE_EXPIRED = "notice_expired"  # the grace ended before a save on notice: what it cost
     CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
     FENCED = "fenced"
     ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
@@ -188,6 +191,11 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
         {"error": _STR}, step=_OPT_INT, disk_full=_BOOL, retry_s=_NUM, folder=_STR, final=_BOOL, saved_step=_OPT_INT
     ),
     Kind.CHECKPOINT_UNREADABLE: _fields({"path": _STR, "error": _STR}),
+    Kind.NOTICE: _fields({"grace_s": _NUM, "id": _INT}),
+    Kind.SAVED_ON_NOTICE: _fields(
+        {"step": _INT, "seconds": _NUM, "id": _INT}, grace_s=_NUM, notice_node=_STR, saved=_BOOL, error=_STR
+    ),
+    Kind.NOTICE_EXPIRED: _fields({"grace_s": _NUM, "id": _INT}, lost_steps=_OPT_INT, needed_s=_NUM),
     Kind.FENCED: _fields({"generation": _INT, "newer_generation": _INT}, rank=_INT, step=_OPT_INT),
     Kind.ERROR: _fields({"message": _STR}, error=_STR),
     Kind.FILES_CHANGED: _fields({"reason": _STR}, files={"type": "array", "items": _STR}),
@@ -227,6 +235,7 @@ ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the
 # Set by our agent wrapper for its workers.
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
 ENV_JOINER = "NOTEBOOK_ELASTIC_JOINER"  # "1": this node joins a job that trains (it may be evicted)
+ENV_NOTICE_STORE = "NOTEBOOK_ELASTIC_NOTICE_STORE"  # host:port of the store notices are posted in (notice.py)
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
 #: Where a worker tells its agent that its group made a step (``mark_progress``): no
 #: supervisor reads a cluster's event lines, so an agent learns it from its workers this way.

@@ -20,7 +20,8 @@ way, and rank 0 tells the other ranks each commit whether to write, so they neve
 
 Its parts, mixed in or called: ``checkpoints.py`` (the folder), ``restore.py`` (the start),
 ``interval.py`` (how often it saves), ``writer.py`` (the writes), ``state_dicts.py`` (what
-of each object is saved).
+of each object is saved), ``notice.py`` (a save on notice before a node goes). The module is a
+little over 400 lines: ``commit()`` and its plain and sharded paths read as one protocol.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .checkpoints import (
     torch_save,
 )
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env
+from .notice import NoticeBoard
 from .restore import Restore
 from .state_dicts import _Snapshotter, _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source
@@ -143,6 +145,10 @@ class State(Restore, SaveInterval, CheckpointWriter):
         self._disk_full_until = 0.0  # monotonic time before which commits skip the write
         self._announced: tuple[int, float] | None = None  # (generation, monotonic time) of the last event
         self._unannounced = 0  # commits written since the last checkpoint event
+        # A notice that this group's node is to go (runtime/notice.py): rank 0 polls for it and
+        # saves at the next commit; for a sharded model its verdict makes every rank save.
+        self._notice = NoticeBoard()
+        self._notice_now: dict[str, Any] | None = None  # the notice this commit answers
         self._check_saveable()
         if self.is_writer:  # what writers killed mid-commit left behind, before it adds up
             for name in dead_writers_files(self.folder):
@@ -159,6 +165,8 @@ class State(Restore, SaveInterval, CheckpointWriter):
         self._restore(map_location)
         on_finish(self.flush)
         set_step_source(lambda: self.current_step)  # the failure report's step
+        if self.is_writer:
+            self._notice.start()
 
     # -- start ---------------------------------------------------------------------------
 
@@ -232,15 +240,31 @@ class State(Restore, SaveInterval, CheckpointWriter):
             self._window[1] += trained
         self._steps_since_save += 1
         saved = False
+        self._notice_now = notice = self._notice.pending() if self.is_writer else None
         try:
             saved = self._commit_sharded() if self._sharded else self._commit_plain()
+            if notice is not None:  # the node may go once answered: the write must be done
+                saved = self._notice.saved(notice, self.step, saved and self._on_disk())
         finally:
+            self._notice_now = None
             self._commit_ended = ended = time.perf_counter()
             self._window[0] += ended - started
             self._blocked += ended - started
             if saved:
                 self._save_cost = ended - started
                 self._steps_since_save = 0
+        if notice is not None and saved:
+            self._notice.hold(notice)  # the group ends at this step: nothing after it is redone
+
+    def _on_disk(self) -> bool:
+        """Wait for the save in flight; whether it reached the disk (a notice answers with it)."""
+        self._wait_for_writer()
+        return self._writer_error is None and not self._stale and time.monotonic() >= self._disk_full_until
+
+    def _must_save(self) -> bool:
+        """This commit saves even while a full disk pauses saving: the loop's last step, or a
+        notice that the node is to go."""
+        return self._final() or self._notice_now is not None
 
     def _final(self, step: int | None = None) -> bool:
         """Whether ``step`` (default: the step just committed) is the loop's last: its save is
@@ -274,7 +298,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
         self._raise_pending()
         if self._check_fence():
             raise StaleGenerationError(self._stale_message())
-        if time.monotonic() < self._disk_full_until and not self._final():
+        if time.monotonic() < self._disk_full_until and not self._must_save():
             return False  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
             **self._checkpoint_header(),
@@ -309,7 +333,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
                 self._raise_pending()
                 if self._check_fence():
                     verdict = self._STALE
-                elif not due or (time.monotonic() < self._disk_full_until and not self._final()):
+                elif not due or (time.monotonic() < self._disk_full_until and not self._must_save()):
                     verdict = self._SKIP
             except StaleGenerationError:
                 verdict = self._STALE

@@ -122,6 +122,8 @@ class Controls:
 
     def _preempt(self) -> str:
         r = self.job.preempt_node()
+        if r.get("grace_s"):
+            return f"preempting {r['node']} with {r['grace_s']:g} s notice: the job saves first"
         return f"preempted {r['node']}"
 
     def _on_stop(self, _button: W.Button) -> None:

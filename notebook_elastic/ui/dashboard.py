@@ -105,7 +105,7 @@ class Dashboard(Controls, W.VBox):
         self.preempt_button = W.Button(
             description="Preempt a node",
             icon="cloud",
-            tooltip="drill: take the newest node away (SIGTERM to its agent)",
+            tooltip="drill: take a node away with 30 s notice, as a spot reclaim: the job saves first, then it goes",
             layout=W.Layout(width="auto"),
         )
         self.message = W.HTML(layout=W.Layout(min_height="18px"))

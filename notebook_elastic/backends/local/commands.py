@@ -103,18 +103,36 @@ class Commands:
         )
 
     def do_remove_node(
-        self, node: str | None = None, how: str = "preempt", return_after_s: float | None = None
+        self,
+        node: str | None = None,
+        how: str = "preempt",
+        return_after_s: float | None = None,
+        grace_s: float | None = None,
     ) -> dict:
+        """Take a node away: lost (SIGKILL, no notice), or preempted (SIGTERM), after a notice
+        of ``grace_s`` seconds when given (the job saves first: notices.py)."""
+        if grace_s is not None and not 0 <= float(grace_s) <= 3600:
+            raise ValueError(f"grace_s={grace_s!r}: give 0 to 3600 seconds (0: no notice)")
         agent = self._pick_agent(node)
         self._lower_target(agent.name, "lost" if how == "lose" else "preempted")
+        noticed = False
         if how == "lose":
             self.signal_agent(agent, signal.SIGKILL, "lost")
+        elif grace_s and self.notices.give(agent, float(grace_s)):
+            agent.exit_reason = noticed = "preempted"  # going: not a node to keep, pick or stop again
         else:
             self.signal_agent(agent, signal.SIGTERM, "preempted")
         if return_after_s is not None:
             self.returns.append(time.monotonic() + float(return_after_s))
-        self.emit(Kind.FAULT, agent.name, fault=f"{how}_node", target=agent.name, return_after_s=return_after_s)
-        return {"node": agent.name, "target": self.target}
+        self.emit(
+            Kind.FAULT,
+            agent.name,
+            fault=f"{how}_node",
+            target=agent.name,
+            return_after_s=return_after_s,
+            **({"grace_s": float(grace_s)} if noticed else {}),
+        )
+        return {"node": agent.name, "target": self.target, **({"grace_s": float(grace_s)} if noticed else {})}
 
     def _files_changed(self, paths: list[str], node: str | None) -> None:
         """Someone changed the script or payload: stop everything rather than run it."""
@@ -154,7 +172,7 @@ class Commands:
             return self.do_kill_worker(args.get("rank"))
         if command in ("preempt_node", "lose_node"):
             how = "lose" if command == "lose_node" else "preempt"
-            return self.do_remove_node(args.get("node"), how, args.get("return_after_s"))
+            return self.do_remove_node(args.get("node"), how, args.get("return_after_s"), args.get("grace_s"))
         if command == "stop":
             return self.do_stop()
         if command == "status":

@@ -47,8 +47,10 @@ from ...spec import JobSpec
 from .commands import Commands
 from .control import listen
 from .folder import JOB_UMASK, JobFolder, process_start_ticks, write_json_atomic
+from .follow import LOST_FOLDER
 from .history import ROTATE_BYTES, read_all
 from .nodes import Agent, Nodes
+from .notices import Notices
 from .outcome import Outcome
 from .place import visible_gpus
 from .sink import EventSink
@@ -121,6 +123,10 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.fatal: str | None = None  # why the job stops now, when retrying is pointless
         self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
         self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
+        # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
+        self.notices = Notices(
+            lambda: self.store, self.emit, lambda agent: self.signal_agent(agent, signal.SIGTERM, "preempted")
+        )
 
     # -- events --------------------------------------------------------------------------
 
@@ -130,6 +136,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
     def _observe(self, e: Event) -> None:
         """Called by the sink thread for every event: track where each rank's process is."""
         self._watch_joiners(e)
+        self.notices.observe(e)
         # TensorBoard files are output like the workers' lines: above the free-space floor only,
         # so the history and the outcome still find room on a filling disk.
         if self.tensorboard is not None and e.kind in (Kind.METRIC, Kind.GPU) and self._output_allowed():
@@ -315,6 +322,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             while not self.evictions.empty():
                 self._evict(self.evictions.get())
             self._reap()
+            self.notices.watch(self.state.step, self.state.step_time_s)
             now = time.monotonic()
             while self.returns and self.returns[0] <= now and not self.stopping:
                 self.returns.pop(0)
@@ -338,7 +346,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
                         self.signal_agent(agent, signal.SIGKILL, "stopped")
                     for agent in self.agents.values():
                         agent.proc.wait()
-                    return "lost", FOLDER_DELETED
+                    return "lost", LOST_FOLDER["reason"]
             if self.stopping and self.stop_deadline and now > self.stop_deadline:
                 for agent in self.alive_agents():
                     self.signal_agent(agent, signal.SIGKILL, "stopped")
@@ -351,7 +359,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
                 self._write_status()
             if not self.alive_agents() and all(a.reaped for a in self.agents.values()):
                 if self._folder_deleted():  # its workers failed of it before the check above saw it
-                    return "lost", FOLDER_DELETED
+                    return "lost", LOST_FOLDER["reason"]
                 if self.files_reason is not None:
                     return "failed", self.files_reason
                 if self.fatal:
@@ -368,10 +376,6 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
         one at the same path since: it has no events file)."""
         return not self.folder.events_file.exists()
-
-
-#: The reason of a job whose folder was deleted while it ran (follow.py's LOST_FOLDER says the same).
-FOLDER_DELETED = "its job folder was deleted while it ran"
 
 
 def main(argv: list[str] | None = None) -> int:

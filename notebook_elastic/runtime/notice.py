@@ -1,0 +1,147 @@
+"""Notice before a node is taken: the job saves at the next step boundary, and loses no step.
+
+Every reclaimer gives notice first (the kubelet's SIGTERM and grace period, Slurm's
+``--signal``, a cloud's spot notice; locally ``preempt_node(grace_s=...)``). Whoever learns of
+it (the local supervisor; on a cluster, the node's agent) sets ``NOTICE_KEY`` in the job's
+rendezvous store: ``{"id", "node", "grace_s", "at"}``. Rank 0 of the worker group (the writer:
+for a sharded model its verdict tells every rank to save) polls that key from a thread of its
+own, so a slow or frozen store never slows a step; ``State.commit()`` then saves at once,
+waits for the write, answers under ``answer_key(id)`` (``{"step", "seconds"}``) and holds the
+group until the node is gone (the notice withdrawn) or the grace is over: the group regroups at
+exactly the saved step, so no step is redone.
+
+Worker-side module: the standard library, and torch's public ``TCPStore`` once polled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from . import protocol
+from ._emit import emit
+
+#: The store key a notice is posted under (one at a time: a newer notice replaces it).
+NOTICE_KEY = "notebook_elastic/notice"
+#: How often rank 0 looks for a notice (from a thread: the training loop never waits for it).
+POLL_S = 0.1
+#: After the grace is over, how long a holding rank 0 still waits for its group to end.
+HOLD_MARGIN_S = 5.0
+
+
+def answer_key(notice_id: int) -> str:
+    return f"{NOTICE_KEY}/saved/{notice_id}"
+
+
+def post(store: Any, node: str, grace_s: float, notice_id: int) -> dict[str, Any]:
+    """Post a notice in ``store`` (a TCPStore, or anything with ``set``); returns it."""
+    notice = {"id": int(notice_id), "node": node, "grace_s": float(grace_s), "at": time.time()}
+    store.set(NOTICE_KEY, json.dumps(notice))
+    return notice
+
+
+def answer(store: Any, notice_id: int) -> dict[str, Any] | None:
+    """Rank 0's answer to a notice (``{"step", "seconds", "saved"}``), or None while none came."""
+    key = answer_key(notice_id)
+    if not store.check([key]):
+        return None
+    return json.loads(store.get(key))
+
+
+def withdraw(store: Any) -> None:
+    """The node is gone (or the notice is void): a holding rank 0 trains on."""
+    try:
+        store.delete_key(NOTICE_KEY)
+    except Exception:  # a store that is gone: nobody polls it any more either
+        pass
+
+
+class NoticeBoard:
+    """Rank 0's view of the notice key, polled every ``POLL_S`` from a daemon thread."""
+
+    def __init__(self, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint if endpoint is not None else os.environ.get(protocol.ENV_NOTICE_STORE, "")
+        self.current: dict[str, Any] | None = None  # the notice posted now, if any
+        self.answered: set[int] = set()
+        self._store: Any = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._io = threading.Lock()  # one store call at a time on the one connection
+
+    def start(self) -> None:
+        """Begin polling (once; nothing happens without an endpoint)."""
+        with self._lock:
+            if self._thread is not None or not self.endpoint:
+                return
+            self._thread = threading.Thread(target=self._poll, name="notebook-elastic-notice", daemon=True)
+            self._thread.start()
+
+    def pending(self) -> dict[str, Any] | None:
+        """The notice to act on now: posted, and not answered yet by this process."""
+        notice = self.current
+        if notice is None or notice.get("id") in self.answered:
+            return None
+        return notice
+
+    def saved(self, notice: dict[str, Any], step: int, saved: bool) -> bool:
+        """After the commit a notice made save (``step`` steps done): answer the notifier and
+        say so in an event. Returns ``saved``."""
+        seconds = max(0.0, time.time() - float(notice.get("at", time.time())))
+        error = "" if saved else "the checkpoint could not be written (see the checkpoint events)"
+        self.answer(notice, step, seconds, saved, error)
+        emit(
+            "saved_on_notice",
+            step=step,
+            seconds=round(seconds, 3),
+            id=int(notice["id"]),
+            grace_s=float(notice.get("grace_s", 0.0)),
+            notice_node=str(notice.get("node", "")),
+            saved=saved,
+            **({"error": error} if error else {}),
+        )
+        return saved
+
+    def answer(self, notice: dict[str, Any], step: int, seconds: float, saved: bool, error: str = "") -> None:
+        self.answered.add(int(notice["id"]))
+        body = {"step": step, "seconds": round(seconds, 3), "saved": saved, **({"error": error} if error else {})}
+        try:
+            with self._io:
+                self._client().set(answer_key(int(notice["id"])), json.dumps(body))
+        except Exception:  # the notifier then waits out the grace: said there
+            self._store = None
+
+    def hold(self, notice: dict[str, Any]) -> None:
+        """Wait while the notice stands (until the node is gone or its grace is over): the group
+        is torn down at the saved step, so nothing after it is trained and redone."""
+        deadline = float(notice.get("at", time.time())) + float(notice.get("grace_s", 0.0)) + HOLD_MARGIN_S
+        while time.time() < deadline:
+            current = self.current
+            if current is None or current.get("id") != notice.get("id"):
+                return
+            time.sleep(0.02)
+
+    def _client(self) -> Any:
+        if self._store is None:
+            from datetime import timedelta
+
+            import torch.distributed as dist
+
+            host, _, port = self.endpoint.rpartition(":")
+            self._store = dist.TCPStore(
+                host, int(port), is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False
+            )
+        return self._store
+
+    def _poll(self) -> None:
+        while True:
+            try:
+                with self._io:
+                    store = self._client()
+                    self.current = json.loads(store.get(NOTICE_KEY)) if store.check([NOTICE_KEY]) else None
+                time.sleep(POLL_S)
+            except Exception:  # the store is away (being replaced, frozen): look again later
+                self._store = None
+                time.sleep(1.0)

@@ -1,0 +1,146 @@
+"""A node taken with notice (issue 28 item 1): the job saves at the next step boundary, the node
+goes once that save is on disk, and the group regroups at exactly the saved step; a grace too
+short is said with what it cost and what grace would have been enough.
+
+End to end on the local backend (real torchrun agents, the supervisor's real store, rank 0's
+real poll); the supervisor's bookkeeping of notices also on its own, against a store that
+holds keys as torch's does (``set``/``check``/``get``/``delete_key``), for the timings a real
+job cannot pin down (a grace that ends before any answer).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from test_local_backend import TRAIN, at_step, committed_reports, metric_events, namespace, wait_for
+
+import notebook_elastic as ne
+from notebook_elastic.backends.local.notices import GRACE_SLACK_S, Notices
+from notebook_elastic.events import Event, Kind
+from notebook_elastic.runtime import notice as board
+
+
+def redone_steps(job, since: int) -> list[int]:
+    """Steps from ``since`` on that rank 0 reported in more than one worker group (trained,
+    lost with a group, trained again)."""
+    gens: dict[int, set] = {}
+    for e in metric_events(job):
+        if e.get("rank") == 0 and e["step"] >= since:
+            gens.setdefault(e["step"], set()).add(e["values"]["gen"])
+    return sorted(step for step, g in gens.items() if len(g) > 1)
+
+
+@pytest.mark.parametrize("grace_s", [60.0, 0.0])
+def test_a_preemption_with_notice_saves_first_and_loses_no_step(home, grace_s):
+    # Saves every 10,000 steps on its own: mid-run, only a notice makes it save.
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nodes=2,
+        name=f"noticed-{int(grace_s)}",
+        checkpoint_every=10_000,
+        user_ns=namespace(total=300, step_s=0.02),
+    )
+    wait_for(job, lambda: job.world_size == 2 and at_step(job, 30)(), "two nodes at step 30")
+    before = job.state.step
+    answer = job.preempt_node("node-1", grace_s=grace_s)
+    assert answer["node"] == "node-1" and answer.get("grace_s") == (grace_s or None)
+    assert job.wait(300) == "succeeded", job.summary()
+    assert sorted(committed_reports(job)) == list(range(300))  # every step once, either way
+    resumed = [e for e in job.events if e.kind == Kind.RESUMED and e.get("rank") in (None, 0)]
+    if not grace_s:  # taken at once: the group falls back to the start (no checkpoint yet)
+        assert not [e for e in job.events if e.kind in (Kind.NOTICE, Kind.SAVED_ON_NOTICE)]
+        assert redone_steps(job, before), "without notice no step was redone: the test shows nothing"
+        return
+    [given] = [e for e in job.events if e.kind == Kind.NOTICE]
+    assert (given.node, given.get("grace_s")) == ("node-1", grace_s)
+    [saved] = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
+    assert saved.get("saved") is True and saved.get("notice_node") == "node-1"
+    assert saved.get("step") > before and saved.get("seconds") < grace_s
+    assert f"saved on notice at step {saved.get('step')} in " in saved.describe()
+    # The group regrouped at exactly the saved step: nothing after it trained and redone.
+    after = [e for e in resumed if e.time > saved.time]
+    assert after and after[0].get("step") == saved.get("step"), [e.data for e in resumed]
+    assert redone_steps(job, before) == []
+    assert not [e for e in job.events if e.kind == Kind.NOTICE_EXPIRED]
+    # The node went once the save was on disk, not at the end of its grace.
+    left = [e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == "node-1"]
+    assert left and left[0].time - given.time < grace_s / 2, left
+
+
+class FakeStore:
+    """Keys as torch's TCPStore holds them, for the supervisor's side alone."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.keys[key] = value.encode() if isinstance(value, str) else value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.keys for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.keys[key]
+
+    def delete_key(self, key: str) -> bool:
+        return self.keys.pop(key, None) is not None
+
+
+class FakeNode:
+    def __init__(self, name: str) -> None:
+        self.name, self.alive, self.reaped = name, True, False
+
+
+def notices_on(store: FakeStore) -> tuple[Notices, list[Event], list[str]]:
+    said: list[Event] = []
+    let_go: list[str] = []
+    notices = Notices(
+        lambda: store,
+        lambda kind, node=None, **data: said.append(Event(kind, time.time(), node, data)),
+        lambda node: let_go.append(node.name),
+    )
+    notices.observe(Event(Kind.PLAN, time.time(), None, {"total": 100, "start": 0}))
+    return notices, said, let_go
+
+
+def test_a_grace_that_ends_before_the_save_says_what_it_cost_and_what_grace_was_needed():
+    store = FakeStore()
+    notices, said, let_go = notices_on(store)
+    notices.observe(Event(Kind.CHECKPOINT, time.time(), None, {"step": 40, "ms": 2500.0}))
+    node = FakeNode("node-1")
+    assert notices.give(node, 0.05)
+    posted = json.loads(store.get(board.NOTICE_KEY))
+    assert (posted["node"], posted["grace_s"], posted["id"]) == ("node-1", 0.05, 1)
+    notices.watch(latest_step=51, step_s=0.5)
+    assert let_go == []  # within its grace, no answer yet: the node stays
+    time.sleep(0.06)
+    notices.watch(latest_step=52, step_s=0.5)
+    assert let_go == ["node-1"]
+    [expired] = [e for e in said if e.kind == Kind.NOTICE_EXPIRED]
+    assert expired.get("lost_steps") == 53 - 40
+    assert expired.get("needed_s") == round(2.5 + 0.5 + GRACE_SLACK_S, 1)
+    assert expired.describe() == (
+        "node-1's grace of 0.05 s ended before a save on notice: about 13 step(s) since the last "
+        "checkpoint are redone; a grace of about 4 s would have been enough"
+    )
+    assert store.check([board.NOTICE_KEY])  # still posted while the node is going
+    node.alive, node.reaped = False, True
+    notices.watch(latest_step=52, step_s=0.5)
+    assert not store.check([board.NOTICE_KEY]) and notices.given == {}  # withdrawn once it is gone
+
+
+def test_one_save_answers_every_notice_before_it_and_a_job_without_state_gets_none():
+    store = FakeStore()
+    notices, said, let_go = notices_on(store)
+    first, second = FakeNode("node-1"), FakeNode("node-2")
+    assert notices.give(first, 60) and notices.give(second, 60)
+    store.set(board.answer_key(2), json.dumps({"step": 70, "seconds": 0.4, "saved": True}))
+    notices.watch(latest_step=69, step_s=0.1)
+    assert sorted(let_go) == ["node-1", "node-2"]  # the newer notice's save covers the older one
+    assert not [e for e in said if e.kind == Kind.NOTICE_EXPIRED]
+
+    bare = Notices(lambda: store, lambda *a, **k: None, lambda node: None)  # no State.steps() seen
+    assert not bare.give(FakeNode("node-3"), 60)  # nothing could save: the caller takes it at once
