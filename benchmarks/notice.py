@@ -10,9 +10,11 @@ more, then node-1 is preempted:
   the save is on disk, the group regroups at the saved step.
 Figures: steps trained and then redone (rank 0's reports of one step by two worker groups),
 seconds of work lost (redone steps x the step time), and from the preemption to the node gone.
-The fixture (Kubernetes) row is not measured: the notice there (the kubelet's SIGTERM to the
-agent) is not built yet.
-usage: python benchmarks/notice.py
+On the Kubernetes fixture (its kubelet: SIGTERM to the container's first process, SIGKILL after
+the pod's 30 s grace) the same, the pod evicted through the Eviction API: with notice (the
+agent's keeper turns the SIGTERM into a save first) and without (the keeper switched off, as
+before it existed: the agent stops at once).
+usage: python benchmarks/notice.py [--no-fixture]
 """
 
 from __future__ import annotations
@@ -94,6 +96,79 @@ def reclaim(save_s: float, grace_s: float) -> dict:
     }
 
 
+def reclaim_on_fixture(save_s: float, notice: bool) -> dict:
+    """The same reclaim on the fixture: a worker pod evicted (the kubelet's SIGTERM, its grace)."""
+    name = f"pods-{int(save_s * 1000)}ms-{'notice' if notice else 'none'}"
+    ns = {"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000, "STEP_S": STEP_S, "SAVE_S": save_s}
+    # Without notice: the keeper switched off (an empty grace), as before it existed.
+    env = {} if notice else {"NOTEBOOK_ELASTIC_NOTICE_GRACE_S": ""}
+    job = ne.launch(
+        CELL, backend="kubernetes", nnodes="1:2", nodes=2, gpus=1, pvc="ckpt", name=name, env=env, user_ns=ns
+    )
+    try:
+        wait(lambda: job.world_size == 2 and job.state.step is not None, "two pods training")
+        at = job.state.step
+        wait(lambda: job.state.step >= at + int(8 / STEP_S), "8 s more")
+        taken = time.time()
+        victim = job.preempt_node()["node"]
+        wait(lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events), "the pod gone")
+        gone = next(e.time for e in job.events if e.kind == Kind.NODE_LEFT and e.node == victim) - taken
+        wait(
+            lambda: any(e.kind == Kind.RESUMED and e.time > taken for e in job.events) and job.status == "running",
+            "training again",
+        )
+        resumed = next(e for e in job.events if e.kind == Kind.RESUMED and e.time > taken)
+        series = job.metrics["loss"]
+        redone = len({s for s, t in zip(series.steps, series.times) if t < resumed.time and s >= resumed.get("step")})
+        saved = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
+        return {
+            "redone_steps": redone,
+            "lost_s": redone * (job.state.step_time_s or STEP_S),
+            "gone_s": gone,
+            "saved_on_notice_s": saved[0].get("seconds") if saved else None,
+        }
+    finally:
+        job.stop()
+
+
+def fixture_rows(rows: list[dict]) -> None:
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from k8s_apiserver import FakeCluster
+    from kubernetes_backend import _pvc
+
+    cluster = FakeCluster(gpu_slots=4)
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig(Path(os.environ["NOTEBOOK_ELASTIC_HOME"]) / "kubeconfig"))
+    _pvc(cluster)
+    try:
+        for save_s in (0.1, 5.0):
+            before, after = reclaim_on_fixture(save_s, False), reclaim_on_fixture(save_s, True)
+            print(json.dumps({"fixture": True, "save_s": save_s, "before": before, "after": after}), flush=True)
+            add(rows, f"fixture, save {save_s:g} s", before, after, "eviction")
+    finally:
+        cluster.close()
+
+
+def add(rows: list[dict], label: str, before: dict, after: dict, how: str) -> None:
+    rows.append(row(f"{label}: steps redone per reclaim, no notice (baseline)", before["redone_steps"], "steps"))
+    rows.append(
+        row(
+            f"{label}: steps redone per reclaim, 30 s notice",
+            after["redone_steps"],
+            "steps",
+            "0",
+            after["redone_steps"] == 0,
+        )
+    )
+    rows.append(row(f"{label}: work lost, no notice", before["lost_s"], "s"))
+    rows.append(row(f"{label}: work lost, 30 s notice", after["lost_s"], "s"))
+    rows.append(row(f"{label}: {how} -> node gone, no notice", before["gone_s"], "s"))
+    rows.append(
+        row(f"{label}: {how} -> node gone, 30 s notice (saved in {after['saved_on_notice_s']} s)", after["gone_s"], "s")
+    )
+
+
 def main() -> None:
     os.environ.setdefault("NOTEBOOK_ELASTIC_HOME", tempfile.mkdtemp(prefix="ne-bench-notice-"))
     rows: list[dict] = []
@@ -102,36 +177,16 @@ def main() -> None:
             before = reclaim(save_s, 0.0)
             after = reclaim(save_s, 30.0)
             print(json.dumps({"save_s": save_s, "before": before, "after": after}), flush=True)
-            label = f"save {save_s:g} s"
-            rows.append(
-                row(f"{label}: steps redone per reclaim, no notice (baseline)", before["redone_steps"], "steps")
-            )
-            rows.append(
-                row(
-                    f"{label}: steps redone per reclaim, 30 s notice",
-                    after["redone_steps"],
-                    "steps",
-                    "0",
-                    after["redone_steps"] == 0,
-                )
-            )
-            rows.append(row(f"{label}: work lost, no notice", before["lost_s"], "s"))
-            rows.append(row(f"{label}: work lost, 30 s notice", after["lost_s"], "s"))
-            rows.append(row(f"{label}: preemption -> node gone, no notice", before["gone_s"], "s"))
-            rows.append(
-                row(
-                    f"{label}: preemption -> node gone, 30 s notice (saved in {after['saved_on_notice_s']} s)",
-                    after["gone_s"],
-                    "s",
-                )
-            )
+            add(rows, f"local, save {save_s:g} s", before, after, "preemption")
+        if "--no-fixture" not in sys.argv:
+            fixture_rows(rows)
     finally:
         stop_all_jobs()
     report(
         "notice",
         rows,
-        notes=f"{os.cpu_count()} CPUs, torch {torch.__version__}, local backend, 2 nodes x 1 process, a {STEP_S * 1000:.0f} ms "
-        "step, State choosing the save interval. The Kubernetes fixture's figures wait for the agent-side notice.",
+        notes=f"{os.cpu_count()} CPUs, torch {torch.__version__}, 2 nodes x 1 process, a {STEP_S * 1000:.0f} ms "
+        "step, State choosing the save interval; local backend and the Kubernetes fixture.",
     )
 
 

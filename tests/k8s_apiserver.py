@@ -2115,18 +2115,22 @@ class FakeCluster:
             c = self.containers.get(uid)
         if c is None:
             return
+        # As a container runtime stops a container: SIGTERM to its first process alone (PID 1,
+        # which passes it on as it sees fit), SIGKILL at the end of the grace period; when the
+        # first process ends, whatever else ran in the container ends with it (the PID namespace).
         try:
-            os.killpg(c.proc.pid, signal.SIGTERM)
+            os.kill(c.proc.pid, signal.SIGTERM)
         except OSError:
             pass
         try:
             c.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(c.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            c.proc.wait()
+            pass
+        try:
+            os.killpg(c.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        c.proc.wait()
         with self.lock:
             self.containers.pop(uid, None)
             self.previous_logs[uid] = c.log_path

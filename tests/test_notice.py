@@ -14,6 +14,7 @@ import json
 import time
 
 import pytest
+from test_kubernetes_backend import cluster  # noqa: F401 (the fixture)
 from test_local_backend import TRAIN, at_step, committed_reports, metric_events, namespace, wait_for
 
 import notebook_elastic as ne
@@ -144,3 +145,49 @@ def test_one_save_answers_every_notice_before_it_and_a_job_without_state_gets_no
 
     bare = Notices(lambda: store, lambda *a, **k: None, lambda node: None)  # no State.steps() seen
     assert not bare.give(FakeNode("node-3"), 60)  # nothing could save: the caller takes it at once
+
+
+def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_step(cluster):  # noqa: F811
+    """On the fixture: the Eviction API, the kubelet's SIGTERM to the container's first process
+    (the agent's keeper), its 30 s grace, then SIGKILL. The keeper posts the notice; rank 0 saves;
+    only then does the agent stop its workers and leave; the job regroups at the saved step."""
+    from test_kubernetes_backend import TRAIN as POD_TRAIN
+    from test_kubernetes_backend import ns as pod_ns
+    from test_kubernetes_backend import wait_for as pod_wait_for
+
+    job = ne.launch(
+        POD_TRAIN,
+        backend="kubernetes",
+        nnodes="1:2",
+        nodes=2,
+        gpus=1,
+        pvc="ckpt",
+        name="noticed-pods",
+        checkpoint_every=10_000,  # mid-run, only a notice makes it save
+        user_ns=pod_ns(),
+    )
+    try:
+        pod_wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 20, "two pods training")
+        victim = job.preempt_node()["node"]
+        pod_wait_for(job, lambda: any(e.kind == Kind.SAVED_ON_NOTICE for e in job.events), "the save on notice")
+        [given] = [e for e in job.events if e.kind == Kind.NOTICE]
+        assert given.node == victim and given.get("grace_s") == 30.0, given.data
+        [saved] = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
+        assert saved.get("saved") is True and saved.get("notice_node") == victim and saved.get("seconds") < 27
+        pod_wait_for(
+            job,
+            lambda: (
+                any(e.kind == Kind.RESUMED and e.time > saved.time for e in job.events)
+                and job.world_size == 1
+                and job.status == "running"
+            ),
+            "training again at world size 1",
+        )
+        [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.time > saved.time][:1]
+        assert resumed.get("step") == saved.get("step"), (resumed.data, saved.data)
+        series = job.metrics["loss"]
+        trained_before = [s for s, t in zip(series.steps, series.times) if t < resumed.time]
+        assert max(trained_before) < saved.get("step"), "a step after the save was trained, then redone"
+        assert not [e for e in job.events if e.kind == Kind.NOTICE_EXPIRED]
+    finally:
+        job.stop()

@@ -44,7 +44,7 @@ import signal
 import socket
 import sys
 
-from . import protocol, torch_compat
+from . import notice_keeper, protocol, torch_compat
 from ._emit import emit
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
@@ -262,6 +262,9 @@ def unpack_workdir_files(cwd: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # On a cluster the kubelet's SIGTERM is a notice: a keeper (the parent, from here on) turns
+    # it into a save first, then passes it on (notice_keeper.py). Returns in the agent only.
+    notice_keeper.keep()
     supervisor = os.environ.get(protocol.ENV_SUPERVISOR_PID)
     if supervisor:
         set_parent_death_signal(signal.SIGTERM, int(supervisor))

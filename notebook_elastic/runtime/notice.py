@@ -32,6 +32,11 @@ POLL_S = 0.1
 HOLD_MARGIN_S = 5.0
 
 
+#: Rank 0's newest answer, whichever notice it answered: ``{"id", "notice_at", "step", "saved"}``
+#: (a notifier whose notice was replaced by a newer one learns from it that the save is done).
+LATEST_ANSWER_KEY = f"{NOTICE_KEY}/saved/latest"
+
+
 def answer_key(notice_id: int) -> str:
     return f"{NOTICE_KEY}/saved/{notice_id}"
 
@@ -108,8 +113,10 @@ class NoticeBoard:
         self.answered.add(int(notice["id"]))
         body = {"step": step, "seconds": round(seconds, 3), "saved": saved, **({"error": error} if error else {})}
         try:
+            latest = {**body, "id": int(notice["id"]), "notice_at": float(notice.get("at", 0.0))}
             with self._io:
                 self._client().set(answer_key(int(notice["id"])), json.dumps(body))
+                self._client().set(LATEST_ANSWER_KEY, json.dumps(latest))
         except Exception:  # the notifier then waits out the grace: said there
             self._store = None
 

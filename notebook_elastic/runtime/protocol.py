@@ -236,6 +236,9 @@ ENV_FILES_SHA256 = "NOTEBOOK_ELASTIC_FILES_SHA256"  # JSON {path: sha256} of the
 ENV_AGENT_PID = "NOTEBOOK_ELASTIC_AGENT_PID"  # a worker exits when its agent dies
 ENV_JOINER = "NOTEBOOK_ELASTIC_JOINER"  # "1": this node joins a job that trains (it may be evicted)
 ENV_NOTICE_STORE = "NOTEBOOK_ELASTIC_NOTICE_STORE"  # host:port of the store notices are posted in (notice.py)
+# A cluster pod's grace period (terminationGracePeriodSeconds): its agent runs under a keeper
+# that turns the kubelet's SIGTERM into a notice (notice_keeper.py). Unset locally.
+ENV_NOTICE_GRACE_S = "NOTEBOOK_ELASTIC_NOTICE_GRACE_S"
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
 #: Where a worker tells its agent that its group made a step (``mark_progress``): no
 #: supervisor reads a cluster's event lines, so an agent learns it from its workers this way.

@@ -1,0 +1,172 @@
+"""On a cluster, a node's notice comes as the kubelet gives it: SIGTERM to the container's first
+process, SIGKILL when ``terminationGracePeriodSeconds`` are over. The agent then runs under a
+keeper, its parent and the container's first process (``keep``; the standard library only, no
+torch): on SIGTERM the keeper posts a notice in the job's store (``notice.py``), waits until rank
+0 has saved (its answer to this notice, or to a newer one) or the grace is nearly over, and only
+then passes the SIGTERM on to the agent, which stops its workers and leaves its round as
+before. Any other signal is passed on at once; the keeper exits with the agent's exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from . import protocol
+from ._emit import emit
+from .notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
+from .store_wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
+
+#: What the agent needs, after the keeper passes the SIGTERM on, to stop its workers and leave
+#: its round before the kubelet's SIGKILL.
+LEAVE_S = 3.0
+_U64 = struct.Struct("<Q")
+
+
+def _vec(data: bytes) -> bytes:
+    return _U64.pack(len(data)) + data
+
+
+def _key(key: str) -> bytes:
+    return _vec(b"/" + key.encode())  # torch's TCPStore client keeps every key under "/"
+
+
+class StoreClient:
+    """torch's TCPStore protocol, the few commands a notice needs (SET, CHECK, GET, DELETE_KEY),
+    each key under "/" as torch's own client puts it (so both see the same keys)."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self.sock.sendall(bytes([VALIDATE]) + struct.pack("<I", VALIDATION_MAGIC))
+
+    def _recv(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the store closed the connection")
+            data += chunk
+        return data
+
+    def set(self, key: str, value: str) -> None:
+        self.sock.sendall(bytes([SET]) + _key(key) + _vec(value.encode()))
+
+    def check(self, keys: list[str]) -> bool:
+        self.sock.sendall(bytes([CHECK]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
+        return self._recv(1) == READY
+
+    def get(self, key: str) -> bytes:
+        self.sock.sendall(bytes([GET]) + _key(key))
+        return self._recv(_U64.unpack(self._recv(8))[0])
+
+    def delete_key(self, key: str) -> None:
+        self.sock.sendall(bytes([DELETE_KEY]) + _key(key))
+        self._recv(8)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def saved_after(store: StoreClient, notice: dict[str, Any]) -> bool:
+    """Whether rank 0 saved for this notice, or for one posted after it (one save covers both)."""
+    if store.check([answer_key(notice["id"])]):
+        return True
+    if store.check([LATEST_ANSWER_KEY]):
+        latest = json.loads(store.get(LATEST_ANSWER_KEY))
+        return float(latest.get("notice_at", 0)) >= notice["at"] and bool(latest.get("saved"))
+    return False
+
+
+class Keeper:
+    def __init__(self, child: int, endpoint: str, grace_s: float, node: str) -> None:
+        self.child, self.endpoint, self.grace_s, self.node = child, endpoint, grace_s, node
+        self.noticed = False
+        self.notice: dict[str, Any] | None = None
+
+    def on_term(self, signum: int, _frame: Any) -> None:
+        if self.noticed:  # a second SIGTERM: no more waiting
+            self._pass_on(signum)
+            return
+        self.noticed = True
+        threading.Thread(target=self._notice_then_pass_on, daemon=True).start()
+
+    def _pass_on(self, signum: int) -> None:
+        try:
+            os.kill(self.child, signum)
+        except ProcessLookupError:
+            pass
+
+    def _notice_then_pass_on(self) -> None:
+        store = None
+        try:
+            deadline = time.monotonic() + max(0.0, self.grace_s - LEAVE_S)
+            store = StoreClient(self.endpoint)
+            at = time.time()
+            self.notice = notice = {"id": int(at * 1000) % 2**31, "node": self.node, "grace_s": self.grace_s, "at": at}
+            store.set(NOTICE_KEY, json.dumps(notice))
+            emit("notice", node=self.node, grace_s=self.grace_s, id=notice["id"])
+            while time.monotonic() < deadline:
+                if saved_after(store, notice):
+                    break
+                time.sleep(POLL_S)
+            else:
+                emit("notice_expired", node=self.node, grace_s=self.grace_s, id=notice["id"])
+        except Exception as exc:  # no store to post in: the node goes as it would have
+            print(f"notebook-elastic keeper: could not give notice: {exc}", file=sys.stderr, flush=True)
+        finally:
+            if store is not None:
+                store.close()
+            self._pass_on(signal.SIGTERM)
+
+    def withdraw(self) -> None:
+        """The agent is gone: take this node's notice down (a newer one, another node's, stays)."""
+        if self.notice is None:
+            return
+        try:
+            store = StoreClient(self.endpoint, timeout_s=2.0)
+            try:
+                if store.check([NOTICE_KEY]) and json.loads(store.get(NOTICE_KEY)).get("id") == self.notice["id"]:
+                    store.delete_key(NOTICE_KEY)
+            finally:
+                store.close()
+        except Exception:
+            pass
+
+
+def keep() -> None:
+    """Fork: the child returns and goes on as the agent; this process becomes its keeper and
+    never returns (it exits with the agent's status). Only where a grace is given
+    (``ENV_NOTICE_GRACE_S``, set by the cluster backends) and a store to post notices in."""
+    grace = os.environ.get(protocol.ENV_NOTICE_GRACE_S)
+    endpoint = os.environ.get(protocol.ENV_NOTICE_STORE)
+    if not grace or not endpoint or os.environ.get("_NOTEBOOK_ELASTIC_KEPT") == "1":
+        return
+    os.environ["_NOTEBOOK_ELASTIC_KEPT"] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        return
+    keeper = Keeper(child, endpoint, float(grace), os.environ.get(protocol.ENV_NODE) or socket.gethostname())
+    signal.signal(signal.SIGTERM, keeper.on_term)
+    for other in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(other, lambda signum, _frame: keeper._pass_on(signum))
+    while True:
+        try:
+            _pid, status = os.waitpid(child, 0)
+            break
+        except ChildProcessError:
+            status = 0
+            break
+    keeper.withdraw()
+    code = os.waitstatus_to_exitcode(status)
+    sys.stdout.flush()
+    os._exit(code if code >= 0 else 128 - code)
