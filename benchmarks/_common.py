@@ -99,6 +99,15 @@ def row(metric: str, value: float, unit: str, target: str = "", ok: bool | None 
     }
 
 
+def wait(predicate, what: str, timeout: float = 300) -> None:  # noqa: ANN001
+    """Poll ``predicate`` until it holds; TimeoutError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
 def stop_all_jobs() -> None:
     """Stop every local job of this benchmark's home, so a failed run leaves nothing behind."""
     from notebook_elastic.backends.local import LocalBackend

@@ -21,7 +21,7 @@ from contextlib import contextmanager, redirect_stdout
 
 sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
-from _common import report, row, stop_all_jobs  # noqa: E402
+from _common import report, row, stop_all_jobs, wait  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
@@ -67,14 +67,6 @@ def cuda_visible(value: str | None):
 
 def namespace(total: int, step_s: float = 0.05) -> dict:
     return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total, "STEP_S": step_s}
-
-
-def wait(predicate, what: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
 
 
 def longest_gap_s(job, after: float) -> float:

@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
-from _common import report, row, stop_all_jobs  # noqa: E402
+from _common import report, row, stop_all_jobs, wait  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
@@ -56,14 +56,6 @@ for step in state.steps(TOTAL):
 STEP_S = 0.05
 
 
-def wait(predicate, what: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
-
-
 def reclaim(save_s: float, grace_s: float) -> dict:
     name = f"notice-{int(save_s * 1000)}ms-{int(grace_s)}"
     ns = {"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000, "STEP_S": STEP_S, "SAVE_S": save_s}
@@ -86,7 +78,10 @@ def reclaim(save_s: float, grace_s: float) -> dict:
         if '"kind":"metric"' in line:
             e = json.loads(line)
             gens.setdefault(e["step"], set()).add(e["values"]["gen"])
-    redone = sum(1 for g in gens.values() if len(g) > 1)
+    return figures(job, sum(1 for g in gens.values() if len(g) > 1), gone)
+
+
+def figures(job, redone: int, gone: float) -> dict:  # noqa: ANN001
     saved = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
     return {
         "redone_steps": redone,
@@ -120,13 +115,7 @@ def reclaim_on_fixture(save_s: float, notice: bool) -> dict:
         resumed = next(e for e in job.events if e.kind == Kind.RESUMED and e.time > taken)
         series = job.metrics["loss"]
         redone = len({s for s, t in zip(series.steps, series.times) if t < resumed.time and s >= resumed.get("step")})
-        saved = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
-        return {
-            "redone_steps": redone,
-            "lost_s": redone * (job.state.step_time_s or STEP_S),
-            "gone_s": gone,
-            "saved_on_notice_s": saved[0].get("seconds") if saved else None,
-        }
+        return figures(job, redone, gone)
     finally:
         job.stop()
 

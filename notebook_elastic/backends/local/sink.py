@@ -171,17 +171,11 @@ class EventSink:
         mark = (self.state.world_size, self.state.restarts)
         if not self.thinning:
             self.thinning = True
-            told = Event(
-                Kind.DISK_FULL,
-                time.time(),
-                None,
-                {
-                    "message": "the job folder's disk is nearly full: metrics are kept in its history once every "
-                    f"{THIN_METRICS_S:g} s per rank, at each change of world size or restarts, and the last of "
-                    "each rank (the job's own state keeps them all)"
-                },
+            told = self._disk_full(
+                "the job folder's disk is nearly full: metrics are kept in its history once every "
+                f"{THIN_METRICS_S:g} s per rank, at each change of world size or restarts, and the last of "
+                "each rank (the job's own state keeps them all)"
             )
-            self.state.apply(told)
             self.notes.append(told.to_line() + "\n")
         if mark != self.thin_mark or now - self.thin_last.get(item.get("rank"), -1e9) >= THIN_METRICS_S:
             self.thin_mark = mark
@@ -217,16 +211,17 @@ class EventSink:
             self.quiet_until = time.monotonic() + DISK_RETRY_S
             if not self.disk_told:
                 self.disk_told = True
-                told = Event(
-                    Kind.DISK_FULL,
-                    time.time(),
-                    None,
-                    {
-                        "message": f"the job folder's disk cannot be written ({exc.strerror}): training goes on; "
-                        "its history and logs are incomplete until there is room"
-                    },
+                self._disk_full(
+                    f"the job folder's disk cannot be written ({exc.strerror}): training goes on; "
+                    "its history and logs are incomplete until there is room"
                 )
-                self.state.apply(told)
+
+    def _disk_full(self, message: str) -> Event:
+        """A ``disk_full`` event of the sink's own, folded into the job's state (the caller
+        writes it, if there is room)."""
+        told = Event(Kind.DISK_FULL, time.time(), None, {"message": message})
+        self.state.apply(told)
+        return told
 
     def _rotate(self) -> None:
         """Past rotate_bytes: the file joins the compacted history (history.py), a new one starts."""
