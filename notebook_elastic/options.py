@@ -173,6 +173,16 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("shm_size", "size of /dev/shm in the workers.", "2Gi", backends=K8S, goes_to="kubernetes"),
     Option(
+        "grace",
+        "seconds a worker pod is given between the kubelet's SIGTERM and its SIGKILL "
+        "(terminationGracePeriodSeconds): the job saves on that notice first, within it less 3 s for the "
+        "agent to leave; give at least the save's time plus a step and 4 s.",
+        30,
+        backends=K8S,
+        metavar="SECONDS",
+        goes_to="kubernetes",
+    ),
+    Option(
         "workload",
         "job (an elastic Indexed Job), pods, or pytorchjob (Kubeflow).",
         "job",

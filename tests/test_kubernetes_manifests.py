@@ -243,6 +243,8 @@ def test_refusals_before_anything_is_sent():
         ({"workload": "deployment"}, r"--workload 'deployment' is unknown"),
         ({"image": "my image"}, r"--image 'my image' is not an image reference"),
         ({"pvc": "Bad/Name"}, r"--pvc 'Bad/Name' is not a valid Kubernetes name"),
+        ({"grace": 2}, r"--grace 2 is outside 5\.\.86400 seconds: the job saves on notice within the grace less 3 s"),
+        ({"grace": "soon"}, r"--grace \(seconds between the kubelet's SIGTERM and its SIGKILL\) must be a whole number"),
     ],
 )
 def test_bad_kubernetes_options_are_one_clear_sentence(kwargs, message):
@@ -274,6 +276,20 @@ def test_dry_run_prints_every_object_as_yaml_and_sends_nothing(shell, capsys, mo
     assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Deployment", "Job"]
     assert docs[-1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert "<" in docs[0]["binaryData"]["runtime.zip"]  # binary shown as a size, not dumped
+    assert "# notice: a worker pod is given 30 s (--grace) between the kubelet's SIGTERM" in out
+
+
+def test_the_grace_is_the_pods_and_the_notice_keepers():
+    """--grace sets the worker pods' terminationGracePeriodSeconds and tells the agent's keeper
+    the same (it passes the kubelet's SIGTERM on once the job saved, within that grace)."""
+    for grace in (None, 90):
+        spec, bundle, k8s = make(**({"grace": grace} if grace else {}))
+        job = m.build(spec, bundle, k8s, run_id="abcd")[-1]
+        pod = job["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert pod["terminationGracePeriodSeconds"] == (grace or 30)
+        assert env["NOTEBOOK_ELASTIC_NOTICE_GRACE_S"] == str(grace or 30)
+        assert env["NOTEBOOK_ELASTIC_NOTICE_STORE"] == "spot-train-rdzv:29400"
 
 
 SECRET_VALUE = "hf_" + "Qx7" * 12  # made up

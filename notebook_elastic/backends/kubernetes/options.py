@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SpecError
+from ...runtime.notice_keeper import LEAVE_S
 from ...spec import whole_number
 
 # The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
@@ -29,6 +30,9 @@ WORKLOADS = ("job", "pods", "pytorchjob")
 POD_SECURITY_LEVELS = ("baseline", "restricted")  # the Pod Security Standards a namespace may enforce
 # Requests per torchrun process when --cpu/--memory are not given: without any, CPU workers
 # run BestEffort and are the first a node evicts under pressure.
+# --grace: the notice's keeper passes the SIGTERM on this long before the end (runtime/notice_keeper.py);
+# the least grace leaves a second beside it for a save.
+MIN_GRACE_S = int(LEAVE_S) + 2
 DEFAULT_CPU_PER_PROCESS = 1
 DEFAULT_MEMORY_PER_PROCESS_GI = 2
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -146,6 +150,7 @@ class KubernetesOptions:
     image_pull_secrets: list[str] = field(default_factory=list)
     pvc: str | None = None
     shm_size: str | None = "2Gi"
+    grace: int = 30  # the worker pods' terminationGracePeriodSeconds: a save on notice fits in it
     workload: str = "job"
     pod_security: str = "baseline"  # "restricted": pods pass a namespace enforcing that level
     ttl_seconds_after_finished: int = 3600
@@ -201,6 +206,7 @@ def parse_options(
     image_pull_secrets: Iterable[str] = (),
     pvc: str | None = None,
     shm_size: str | None = "2Gi",
+    grace: int | str = 30,
     workload: str = "job",
     pod_security: str | None = None,
 ) -> KubernetesOptions:
@@ -213,6 +219,13 @@ def parse_options(
         raise SpecError(
             f"--pod-security {pod_security!r} is unknown; choose one of: {', '.join(POD_SECURITY_LEVELS)} "
             "(the level your namespace enforces: kubectl get ns NAME --show-labels)"
+        )
+    grace = whole_number(grace, "--grace (seconds between the kubelet's SIGTERM and its SIGKILL)", "30")
+    if not MIN_GRACE_S <= grace <= 86_400:
+        raise SpecError(
+            f"--grace {grace} is outside {MIN_GRACE_S}..86400 seconds: the job saves on notice within the grace "
+            f"less {LEAVE_S:g} s for its agent to leave, so give at least {MIN_GRACE_S} (the save's time plus a step "
+            "and 4 s is enough)"
         )
     if workload not in WORKLOADS:
         raise SpecError(f"--workload {workload!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
@@ -237,6 +250,7 @@ def parse_options(
         image_pull_secrets=[_name(s, "--image-pull-secret") or "" for s in image_pull_secrets],
         pvc=_name(pvc, "--pvc"),
         shm_size=_quantity(shm_size, "--shm-size"),
+        grace=grace,
         workload=workload,
         pod_security=pod_security or "baseline",
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import BackendError
 from ...plan import rdzv_id
+from ...runtime.notice_keeper import LEAVE_S
 from ..base import DryRun
 from . import manifests as m
 from .client import explain, is_missing
@@ -50,6 +51,10 @@ class Submitting:
                 "# offers nvidia.com/gpu (checked at launch where nodes may be listed).\n"
                 if options.gpus is None
                 else ""
+            )
+            + (
+                f"# notice: a worker pod is given {options.grace} s (--grace) between the kubelet's SIGTERM and its\n"
+                f"# SIGKILL; the job saves on that notice first, so a save must end within {options.grace - LEAVE_S:g} s.\n"
             )
             + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
             + "# each worker pod runs the launch plan:\n"

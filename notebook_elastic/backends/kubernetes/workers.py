@@ -43,7 +43,7 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
             protocol.ENV_STORE_REPLACEABLE: "1",  # the store pod's Deployment brings it back
             protocol.ENV_AGENTS_EVICT: "1",  # no supervisor: a pod failing while it joins sends itself away
             # The kubelet's SIGTERM is a notice: the job saves before the pod goes (notice_keeper.py).
-            protocol.ENV_NOTICE_GRACE_S: str(GRACE_S),
+            protocol.ENV_NOTICE_GRACE_S: str(options.grace),
         },
     )
 
@@ -51,10 +51,6 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
 def plan_for(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int) -> LaunchPlan:
     return launch_plan(spec, cluster_place(spec, options), rdzv_id=rdzv_id, epoch=epoch)
 
-
-#: A worker pod's grace period (terminationGracePeriodSeconds, the kubelet's default): a save on
-#: notice and the agent's leaving fit in it.
-GRACE_S = 30
 
 # Rendezvous settings sized for clusters, under the user's --rdzv-conf (which wins): the local
 # 1 s x 3 heartbeat declared live agents dead under CPU load on the fixture (network, image
@@ -104,7 +100,7 @@ def worker_pod_spec(
         "volumes": volumes,
         # The kubelet's SIGTERM is a notice: the agent's keeper has rank 0 save first, then the
         # agent stops its workers and leaves the rendezvous, all within this grace.
-        "terminationGracePeriodSeconds": GRACE_S,
+        "terminationGracePeriodSeconds": options.grace,
     }
     _place(pod_spec, options, options.node_selector, options.tolerations, options.priority_class)
     _secure(pod_spec, options)
