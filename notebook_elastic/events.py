@@ -273,10 +273,12 @@ def describe(e: Event) -> str:
             if lost is not None
             else "work since the last checkpoint is redone"
         )
-        return (
-            f"{node}'s grace of {d.get('grace_s', 0):g} s ended before a save on notice: {cost}; "
-            f"a grace of about {d.get('needed_s', 0):.0f} s would have been enough"
+        enough = (
+            f"a grace of about {d['needed_s']:.0f} s would have been enough"
+            if isinstance(d.get("needed_s"), (int, float))
+            else "give a grace longer than a save and a step (--grace)"
         )
+        return f"{node}'s grace of {d.get('grace_s', 0):g} s ended before a save on notice: {cost}; {enough}"
     if k == Kind.DEGRADED:
         return degraded_text(d)
     if k == Kind.STALL:

@@ -127,6 +127,12 @@ def test_a_grace_that_ends_before_the_save_says_what_it_cost_and_what_grace_was_
         "node-1's grace of 0.05 s ended before a save on notice: about 13 step(s) since the last "
         "checkpoint are redone; a grace of about 4 s would have been enough"
     )
+    # A pod's keeper knows neither what was lost nor the save's time: it says what to give instead.
+    keepers = Event(Kind.NOTICE_EXPIRED, time.time(), "pod-1", {"grace_s": 30.0, "id": 7}).describe()
+    assert keepers == (
+        "pod-1's grace of 30 s ended before a save on notice: work since the last checkpoint is redone; "
+        "give a grace longer than a save and a step (--grace)"
+    )
     assert store.check([board.NOTICE_KEY])  # still posted while the node is going
     node.alive, node.reaped = False, True
     notices.watch(latest_step=52, step_s=0.5)
