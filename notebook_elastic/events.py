@@ -349,8 +349,11 @@ def describe(e: Event) -> str:
     if k == Kind.WORKER_STARTED:
         return f"rank {d.get('rank')} started on {node} (local rank {d.get('local_rank')}, world size {d.get('world_size')}, pid {d.get('pid')})"
     if k == Kind.WORKER_FAILED:
-        if d.get("cause") == "peer":
-            return f"rank {d.get('rank')} on {node} stopped: a peer left ({d.get('error')}: {d.get('message')})"
+        if d.get("cause") == "peer":  # our words; torch's own text stays in the event (message)
+            return (
+                f"rank {d.get('rank')} on {node} stopped: a peer left the worker group mid-collective "
+                f"({d.get('error')}); the group re-forms without it"
+            )
         return f"rank {d.get('rank')} on {node} failed: {d.get('error')}: {d.get('message')}"
     if k == Kind.WORKER_EXITED:
         if d.get("exitcode") == EXIT_PEER_LOST:

@@ -315,3 +315,14 @@ def test_the_degraded_event_the_agent_sends_keeps_the_contract_and_the_fold_read
     state.apply(event)
     assert state.dropped_events == 0 and state.warning == describe(event)
     assert state.warning.startswith(f"torch {event.get('torch')} lacks internals")
+
+
+def test_a_peer_that_left_is_told_in_our_words_and_torchs_text_stays_in_the_event():
+    raw = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.2]:4321 \U0001f4a5"
+    e = Event(Kind.WORKER_FAILED, 0.0, "node-0", {"rank": 0, "error": "RuntimeError", "message": raw, "cause": "peer"})
+    said = e.describe()
+    assert said == (
+        "rank 0 on node-0 stopped: a peer left the worker group mid-collective (RuntimeError); "
+        "the group re-forms without it"
+    )
+    assert e.get("message") == raw  # kept for whoever reads the event itself
