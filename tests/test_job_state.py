@@ -825,3 +825,18 @@ def test_every_view_counts_steps_done_alike():
     assert job_json(info)["step"] == 100 and job_json(info)["total_steps"] == 100
     stall = ev(Kind.STALL, 3.0, None, step=state.step, for_s=31.0, stopped=[1], waiting=[0])
     assert describe(stall).startswith("stalled at step 100 for 31 s")
+
+
+def test_the_chart_is_rank_0s_loss_and_the_other_ranks_latest_are_on_demand():
+    """report(all_ranks=True): every rank's line at each step. The chart, the header, jobs and the
+    panel show rank 0's loss (not every rank's joined in one zigzag line); the others' latest
+    values are kept apart."""
+    state = fold(
+        ev(Kind.METRIC, 1.0, "node-0", rank=0, step=0, values={"loss": 2.0}),
+        ev(Kind.METRIC, 1.0, "node-1", rank=1, step=0, values={"loss": 9.0}),
+        ev(Kind.METRIC, 2.0, "node-0", rank=0, step=1, values={"loss": 1.0}),
+        ev(Kind.METRIC, 2.0, "node-1", rank=1, step=1, values={"loss": 8.0}),
+    )
+    assert state.metrics["loss"].points() == [(0.0, 2.0), (1.0, 1.0)]
+    assert state.metrics.last("loss") == 1.0 and state.summary()["loss"] == 1.0
+    assert state.rank_values == {1: {"loss": 8.0}} and state.step == 1

@@ -84,7 +84,9 @@ class JobState(Handlers):
         self.restarts = 0  # worker-failure restarts, the most any agent used
         self.resumes = 0  # job_resumed events folded: runs continued after an outcome (or a loss)
         self.membership_changes = 0
-        self.metrics = Metrics()
+        self.metrics = Metrics()  # rank 0's: the one loss every view shows (chart, header, jobs, panel)
+        # The other ranks' latest values (report(all_ranks=True)): rank -> {name: value}, on demand.
+        self.rank_values: dict[int, dict[str, Any]] = {}
         self.events: list[Event] = []  # everything but metrics and logs
         self.logs: deque[Event] = deque(maxlen=2000)
         self.markers: list[Marker] = []
@@ -233,7 +235,11 @@ class JobState(Handlers):
         k = e.kind
         if k == Kind.METRIC:
             step = e.get("step")
-            self.metrics.add(step if step is not None else self.metrics.count, e.get("values") or {}, e.time)
+            rank = e.get("rank")
+            if rank not in (None, 0):  # every rank reports (all_ranks=True): the chart is rank 0's
+                self.rank_values[int(rank)] = dict(e.get("values") or {})
+            else:
+                self.metrics.add(step if step is not None else self.metrics.count, e.get("values") or {}, e.time)
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._saw_step(int(step), e.time)
             values = e.get("values") or {}
