@@ -244,7 +244,10 @@ def test_refusals_before_anything_is_sent():
         ({"image": "my image"}, r"--image 'my image' is not an image reference"),
         ({"pvc": "Bad/Name"}, r"--pvc 'Bad/Name' is not a valid Kubernetes name"),
         ({"grace": 2}, r"--grace 2 is outside 5\.\.86400 seconds: the job saves on notice within the grace less 3 s"),
-        ({"grace": "soon"}, r"--grace \(seconds between the kubelet's SIGTERM and its SIGKILL\) must be a whole number"),
+        (
+            {"grace": "soon"},
+            r"--grace \(seconds between the kubelet's SIGTERM and its SIGKILL\) must be a whole number",
+        ),
     ],
 )
 def test_bad_kubernetes_options_are_one_clear_sentence(kwargs, message):
