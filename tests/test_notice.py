@@ -46,8 +46,10 @@ def test_a_preemption_with_notice_saves_first_and_loses_no_step(home, grace_s):
     )
     wait_for(job, lambda: job.world_size == 2 and at_step(job, 30)(), "two nodes at step 30")
     before = job.state.step
-    answer = job.preempt_node("node-1", grace_s=grace_s)
-    assert answer["node"] == "node-1" and answer.get("grace_s") == (grace_s or None)
+    # The node of rank 0, which saves: the saver itself goes (its last step's report must not).
+    [saver] = [e.node for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 0][-1:]
+    answer = job.preempt_node(saver, grace_s=grace_s)
+    assert answer["node"] == saver and answer.get("grace_s") == (grace_s or None)
     assert job.wait(300) == "succeeded", job.summary()
     assert sorted(committed_reports(job)) == list(range(300))  # every step once, either way
     resumed = [e for e in job.events if e.kind == Kind.RESUMED and e.get("rank") in (None, 0)]
@@ -56,9 +58,9 @@ def test_a_preemption_with_notice_saves_first_and_loses_no_step(home, grace_s):
         assert redone_steps(job, before), "without notice no step was redone: the test shows nothing"
         return
     [given] = [e for e in job.events if e.kind == Kind.NOTICE]
-    assert (given.node, given.get("grace_s")) == ("node-1", grace_s)
+    assert (given.node, given.get("grace_s")) == (saver, grace_s)
     [saved] = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
-    assert saved.get("saved") is True and saved.get("notice_node") == "node-1"
+    assert saved.get("saved") is True and saved.get("notice_node") == saver
     assert saved.get("step") > before and saved.get("seconds") < grace_s
     assert f"saved on notice at step {saved.get('step')} in " in saved.describe()
     # The group regrouped at exactly the saved step: nothing after it trained and redone.
@@ -67,7 +69,7 @@ def test_a_preemption_with_notice_saves_first_and_loses_no_step(home, grace_s):
     assert redone_steps(job, before) == []
     assert not [e for e in job.events if e.kind == Kind.NOTICE_EXPIRED]
     # The node went once the save was on disk, not at the end of its grace.
-    left = [e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == "node-1"]
+    left = [e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == saver]
     assert left and left[0].time - given.time < grace_s / 2, left
 
 

@@ -6,9 +6,11 @@ it (the local supervisor; on a cluster, the node's agent) sets ``NOTICE_KEY`` in
 rendezvous store: ``{"id", "node", "grace_s", "at"}``. Rank 0 of the worker group (the writer:
 for a sharded model its verdict tells every rank to save) polls that key from a thread of its
 own, so a slow or frozen store never slows a step; ``State.commit()`` then saves at once,
-waits for the write, answers under ``answer_key(id)`` (``{"step", "seconds"}``) and holds the
-group until the node is gone (the notice withdrawn) or the grace is over: the group regroups at
-exactly the saved step, so no step is redone.
+waits for the write and answers under ``answer_key(id)`` (``{"step", "seconds"}``); the loop's
+next turn of ``State.steps()`` (after the step's own report) holds the group until the node is
+gone (the notice withdrawn) or the grace is over: the group regroups at exactly the saved step,
+so no step is redone. (A loop that calls ``commit(step)`` without ``steps()`` is not held: it
+may train a step or two past the save, redone after the regroup.)
 
 Worker-side module: the standard library, and torch's public ``TCPStore`` once polled.
 """

@@ -149,6 +149,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
         # saves at the next commit; for a sharded model its verdict makes every rank save.
         self._notice = NoticeBoard()
         self._notice_now: dict[str, Any] | None = None  # the notice this commit answers
+        self._holding: dict[str, Any] | None = None  # answered: steps() waits before the next step
         self._check_saveable()
         if self.is_writer:  # what writers killed mid-commit left behind, before it adds up
             for name in dead_writers_files(self.folder):
@@ -186,6 +187,9 @@ class State(Restore, SaveInterval, CheckpointWriter):
             # restarted worker's) counted no training, and the header read "blocks 100.0 %".
             self._commit_ended = time.perf_counter()
         for step in range(self.step, self.total):
+            if self._holding is not None:  # saved on notice: the step's report went out; wait here
+                notice, self._holding = self._holding, None
+                self._notice.hold(notice)
             self._current = step
             yield step
         self._current = None
@@ -254,7 +258,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
                 self._save_cost = ended - started
                 self._steps_since_save = 0
         if notice is not None and saved:
-            self._notice.hold(notice)  # the group ends at this step: nothing after it is redone
+            self._holding = notice  # steps() holds before the next step: nothing after it is redone
 
     def _on_disk(self) -> bool:
         """Wait for the save in flight; whether it reached the disk (a notice answers with it)."""
