@@ -33,7 +33,7 @@ def redone_steps(job, since: int) -> list[int]:
     return sorted(step for step, g in gens.items() if len(g) > 1)
 
 
-@pytest.mark.parametrize("grace_s", [60.0, 0.0])
+@pytest.mark.parametrize("grace_s", [pytest.param(60.0, marks=pytest.mark.torch_contract), 0.0])
 def test_a_preemption_with_notice_saves_first_and_loses_no_step(home, grace_s):
     # Saves every 10,000 steps on its own: mid-run, only a notice makes it save.
     job = ne.launch(
@@ -155,6 +155,7 @@ def test_one_save_answers_every_notice_before_it_and_a_job_without_state_gets_no
     assert not bare.give(FakeNode("node-3"), 60)  # nothing could save: the caller takes it at once
 
 
+@pytest.mark.torch_contract
 def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_step(cluster):  # noqa: F811
     """On the fixture: the Eviction API, the kubelet's SIGTERM to the container's first process
     (the agent's keeper), its 30 s grace, then SIGKILL. The keeper posts the notice; rank 0 saves;
