@@ -54,7 +54,11 @@ def compact(events: list[Event]) -> list[Event]:
     metrics = [(i, e) for i, e in enumerate(events) if e.kind == Kind.METRIC]
     keep_metric: set[int] = set()
     by_name: dict[str, list[tuple[float, float, int]]] = {}
+    latest_of_rank: dict[int, int] = {}  # the other ranks' (all_ranks=True): only their latest is shown
     for i, e in metrics:
+        if e.get("rank") not in (None, 0):
+            latest_of_rank[int(e.get("rank"))] = i
+            continue
         step = e.get("step")
         values = e.get("values")
         if not isinstance(step, (int, float)) or not isinstance(values, dict):
@@ -72,6 +76,7 @@ def compact(events: list[Event]) -> list[Event]:
             keep_metric.add(min(bucket, key=lambda p: p[1])[2])
             keep_metric.add(max(bucket, key=lambda p: p[1])[2])
             keep_metric.add(bucket[-1][2])
+    keep_metric.update(latest_of_rank.values())
     return [e for i, e in enumerate(events) if e.kind != Kind.LOG and (e.kind != Kind.METRIC or i in keep_metric)]
 
 
