@@ -159,7 +159,8 @@ def test_one_save_answers_every_notice_before_it_and_a_job_without_state_gets_no
 def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_step(cluster):  # noqa: F811
     """On the fixture: the Eviction API, the kubelet's SIGTERM to the container's first process
     (the agent's keeper), its 30 s grace, then SIGKILL. The keeper posts the notice; rank 0 saves;
-    only then does the agent stop its workers and leave; the job regroups at the saved step."""
+    only then does the agent stop its workers and leave; the job regroups at the saved step
+    (alone, or with the pod the controller made in the evicted one's place when it joins that round)."""
     from test_kubernetes_backend import TRAIN as POD_TRAIN
     from test_kubernetes_backend import ns as pod_ns
     from test_kubernetes_backend import wait_for as pod_wait_for
@@ -187,10 +188,9 @@ def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_st
             job,
             lambda: (
                 any(e.kind == Kind.RESUMED and e.time > saved.time for e in job.events)
-                and job.world_size == 1
                 and job.status == "running"
             ),
-            "training again at world size 1",
+            "training again",  # at world size 1, or at 2 where the replacement pod joined the same round
         )
         [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.time > saved.time][:1]
         assert resumed.get("step") == saved.get("step"), (resumed.data, saved.data)
