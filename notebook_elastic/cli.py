@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import JobNotFound, NotebookElasticError
+from .events import FINAL_STATUSES
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -131,6 +132,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"reason: {info.summary['reason']}")
     if info.summary.get("warning"):
         print(f"warning: {info.summary['warning']}")
+    if info.summary.get("waiting") and info.status not in FINAL_STATUSES:
+        print(f"waiting: {info.summary['waiting']}")
     if info.location:
         print(f"folder: {info.location}")
     return 0

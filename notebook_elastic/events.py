@@ -331,6 +331,8 @@ def describe(e: Event) -> str:
         if not node and d.get("reason") == "FailedCreate":
             return f"a worker pod could not be created: {d.get('message', '')}"
         return f"{node} pending: {d.get('reason', '')} {d.get('message', '')}".rstrip()
+    if k == Kind.QUEUE:
+        return _describe_queue(d)
     if k == Kind.RENDEZVOUS:
         return f"{node}: rendezvous round {d.get('round')}, group rank {d.get('group_rank')} of {d.get('group_world_size')} node(s)"
     if k == Kind.RESTART:
@@ -421,3 +423,18 @@ def describe(e: Event) -> str:
 
 
 __all__ = ["Event", "FINAL_STATUSES", "Kind", "LineParser", "describe", "gib", "rate", "_ranks"]
+
+
+def _describe_queue(d: dict[str, Any]) -> str:
+    """Kueue's word on the job (backends/kubernetes/kueue.py), in ours."""
+    queue, state = d.get("queue", ""), d.get("state")
+    if state == "admitted":
+        where = f", cluster queue {d['cluster_queue']}" if d.get("cluster_queue") else ""
+        return f"admitted by Kueue at {d.get('count')} node(s) (queue {queue}{where})"
+    if state == "evicted":
+        return (
+            f"preempted by Kueue ({d.get('reason') or 'evicted'}): {d.get('message', '')}; the pods save on notice "
+            f"and go, and the job waits for quota in {queue} again"
+        ).replace(":  ;", ";")
+    what = f"a scale-up to {d.get('count')} node(s)" if d.get("slice") else f"{d.get('count')} node(s)"
+    return f"waiting for quota in {queue} ({what}): {d.get('message', '')}".rstrip(": ")

@@ -183,6 +183,14 @@ OPTIONS: tuple[Option, ...] = (
         goes_to="kubernetes",
     ),
     Option(
+        "queue",
+        "Kueue LocalQueue to queue the workers in: they are created suspended and start when Kueue admits "
+        "them; the views say what quota they wait for, and a Kueue preemption is a notice (the job saves first).",
+        backends=K8S,
+        metavar="NAME",
+        goes_to="kubernetes",
+    ),
+    Option(
         "workload",
         "job (an elastic Indexed Job), pods, or pytorchjob (Kubeflow).",
         "job",

@@ -85,9 +85,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import k8s_kueue
 import k8s_openapi
 
-CONTAINER_CHECKPOINTS = "/checkpoints"  # the backend's default checkpoint folder (naming.CHECKPOINT_MOUNT)
+CONTAINER_CHECKPOINTS = "/checkpoints"
+# The fixture's own mark on a pod its Job's suspension terminated (the real controller keeps
+# this in memory): such a pod's end is no failure of the Job.
+SUSPENDED_BY_JOB = "fake.k8s/terminated-by-suspend"  # the backend's default checkpoint folder (naming.CHECKPOINT_MOUNT)
 
 # (group/version, plural) -> kind
 RESOURCES = {
@@ -101,8 +105,17 @@ RESOURCES = {
     ("apps/v1", "deployments"): "Deployment",
     ("apps/v1", "replicasets"): "ReplicaSet",
     ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
+    # Kueue's (k8s_kueue.py), served only by a cluster made with kueue=True.
+    (k8s_kueue.GV, "workloads"): "Workload",
+    (k8s_kueue.GV, "localqueues"): "LocalQueue",
 }
-GROUPS = {"v1": "", "batch/v1": "batch", "apps/v1": "apps", "kubeflow.org/v1": "kubeflow.org"}
+GROUPS = {
+    "v1": "",
+    "batch/v1": "batch",
+    "apps/v1": "apps",
+    "kubeflow.org/v1": "kubeflow.org",
+    k8s_kueue.GV: k8s_kueue.GROUP,
+}
 
 
 class ContainerConfigError(Exception):
@@ -459,6 +472,17 @@ def table(gv: str, plural: str, items: list[dict[str, Any]], rv: str) -> dict[st
             ("Type", lambda o: o["spec"].get("type", "ClusterIP")),
             ("Cluster-IP", lambda o: o["spec"].get("clusterIP", "")),
         ]
+    elif plural == "workloads":  # Kueue's printer columns
+
+        def cond(o: dict[str, Any], type_: str) -> str:
+            return next((c["status"] for c in o.get("status", {}).get("conditions", []) if c["type"] == type_), "")
+
+        extra = [
+            ("Queue", lambda o: o["spec"].get("queueName", "")),
+            ("Reserved in", lambda o: (o.get("status", {}).get("admission") or {}).get("clusterQueue", "")),
+            ("Admitted", lambda o: cond(o, "Admitted")),
+            ("Finished", lambda o: cond(o, "Finished")),
+        ]
     elif plural == "configmaps":
         extra = [("Data", lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {}))]
     columns += [{"name": n, "type": "string", "format": "", "description": n, "priority": 0} for n, _ in extra]
@@ -557,7 +581,12 @@ class FakeCluster:
     """State, controllers and the HTTP front of the fake API server."""
 
     def __init__(
-        self, gpu_slots: int = 4, namespaces: tuple[str, ...] = ("default",), crds: tuple[str, ...] = ()
+        self,
+        gpu_slots: int = 4,
+        namespaces: tuple[str, ...] = ("default",),
+        crds: tuple[str, ...] = (),
+        kueue: bool = False,
+        kueue_elastic_slices: bool = False,
     ) -> None:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
@@ -567,6 +596,9 @@ class FakeCluster:
         self.gpu_slots = gpu_slots
         self.namespaces = set(namespaces)
         self.crds = set(crds)
+        # Kueue installed (its CRDs served, its controllers run), with or without its
+        # ElasticJobsViaWorkloadSlices feature gate.
+        self.kueue = k8s_kueue.Kueue(self, elastic_slices=kueue_elastic_slices) if kueue else None
         self.denied: set[tuple[str, str]] = set()  # (verb, plural)
         self.rules: list[dict[str, Any]] | None = None  # RBAC: only these rules, when set
         self.forbidden: list[tuple[str, str]] = []  # (method, path) answered 403
@@ -878,6 +910,8 @@ class FakeCluster:
             body.setdefault("spec", {}).setdefault("replicas", 1)
             if plural == "deployments":
                 body["spec"].setdefault("strategy", {"type": "RollingUpdate"})
+        if plural == "jobs" and self.kueue is not None:
+            self.kueue.default_job(body)  # Kueue's mutating webhook
         if plural == "jobs":
             body.setdefault("spec", {}).setdefault("parallelism", 1)
             if body["spec"].get("completionMode", "NonIndexed") != "Indexed":
@@ -1140,7 +1174,7 @@ class FakeCluster:
                 "versions": ["v1"],
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
             }
-        groups = sorted({gv for gv in GROUPS if gv != "v1" and (gv != "kubeflow.org/v1" or self.crds)} | {"policy/v1"})
+        groups = sorted({gv for gv in GROUPS if gv != "v1" and self._serves(gv)} | {"policy/v1"})
         if path == "/apis":
             return {
                 "kind": "APIGroupList",
@@ -1148,8 +1182,8 @@ class FakeCluster:
                 "groups": [
                     {
                         "name": gv.split("/")[0],
-                        "versions": [{"groupVersion": gv, "version": "v1"}],
-                        "preferredVersion": {"groupVersion": gv, "version": "v1"},
+                        "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+                        "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]},
                     }
                     for gv in groups
                 ],
@@ -1194,6 +1228,14 @@ class FakeCluster:
                 }
             )
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+
+    def _serves(self, gv: str) -> bool:
+        """Whether this cluster has the API group: the CRDs installed, or built in."""
+        if gv == "kubeflow.org/v1":
+            return bool(self.crds)
+        if gv == k8s_kueue.GV:
+            return self.kueue is not None
+        return True
 
     def _route(self, h: Any, method: str) -> None:
         url = urlparse(h.path)
@@ -1267,7 +1309,7 @@ class FakeCluster:
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}, "status": {"phase": "Active"}},
                 )
             return h._json(404, status_error(404, "NotFound", f'namespaces "{ns}" not found'))
-        if (gv, plural) not in RESOURCES:
+        if (gv, plural) not in RESOURCES or not self._serves(gv):
             return h._json(
                 404, status_error(404, "NotFound", f"the server could not find the requested resource ({plural})")
             )
@@ -1511,7 +1553,7 @@ class FakeCluster:
             if getattr(self, "_openapi_cache", (None,))[0] != key:
                 by_gv: dict[str, dict[str, str]] = {}
                 for (gv, plural), kind in RESOURCES.items():
-                    if gv != "kubeflow.org/v1" or self.crds:
+                    if self._serves(gv) and gv != k8s_kueue.GV:  # Kueue's schemas: tests/data, not served
                         by_gv.setdefault(gv, {})[plural] = kind
                 docs = {gv: json.dumps(k8s_openapi.gv_document(gv, res)).encode() for gv, res in by_gv.items()}
                 self._openapi_cache = (key, docs)
@@ -1814,6 +1856,8 @@ class FakeCluster:
                 self._run_jobs()
                 self._run_deployments()
                 self._run_replicasets()
+                if self.kueue is not None:
+                    self.kueue.reconcile()
             except Exception:  # a controller bug must surface in the test, not kill the thread silently
                 import traceback
 
@@ -1840,6 +1884,22 @@ class FakeCluster:
             )
             for pod in sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"]):
                 if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                    continue
+                if pod["spec"].get("schedulingGates"):
+                    # Not considered until every gate is lifted (Kueue's slice gate, here).
+                    conds = pod["status"].setdefault("conditions", [])
+                    if not any(c.get("reason") == "SchedulingGated" for c in conds):
+                        new = copy.deepcopy(pod)
+                        new["status"]["conditions"] = [
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": "SchedulingGated",
+                                "message": "Scheduling is blocked due to non-empty scheduling gates",
+                                "lastTransitionTime": now_rfc3339(),
+                            }
+                        ]
+                        self._store("MODIFIED", new)
                     continue
                 need = self._gpus(pod)
                 if need and used + need > self.gpu_slots:
@@ -2433,6 +2493,7 @@ class FakeCluster:
                 if pod_uid not in live and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences", []))
             ]
         completions, parallelism = int(spec.get("completions", 1)), int(spec.get("parallelism", 1))
+        suspended = bool(spec.get("suspend"))
         succeeded = set(status.get("completedIndexesList", []))
         failed = int(status.get("failed", 0))
         counted = set(status.get("countedFailures", []))
@@ -2446,6 +2507,9 @@ class FakeCluster:
                 succeeded.add(idx)
             elif phase == "Failed" and idx >= completions:
                 continue  # an index scaled away: the controller deleted it, not a failure
+            elif phase == "Failed" and pod["metadata"].get("annotations", {}).get(SUSPENDED_BY_JOB):
+                self.finished_pods.pop(pod["metadata"]["uid"], None)
+                continue  # terminated because its Job was suspended: not a failure
             elif phase == "Failed":
                 action, message = pod_failure_action(rules, pod)
                 if action == "FailJob":
@@ -2495,6 +2559,21 @@ class FakeCluster:
             # As the real controller: the condition first, then the lingering pods terminated
             # (a pod's end read before the condition looked like a failure, exit 143).
             lingering = list(active.values())
+        elif suspended:
+            # A suspended Job (Kueue holds it): its running pods are terminated with their
+            # grace, not counted as failures, and none is created until it is resumed.
+            for pod in active.values():
+                self._suspend_pod(pod)
+            active.clear()
+            conditions = [
+                {
+                    "type": "Suspended",
+                    "status": "True",
+                    "reason": "JobSuspended",
+                    "message": "Job suspended",
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            ]
         else:
             for idx, pod in list(active.items()):
                 if idx >= completions:  # scaled down: the highest indexes go
@@ -2521,7 +2600,19 @@ class FakeCluster:
                     break  # refused (quota): try again on the next sync
                 running += 1
         if conditions:
-            new_status["conditions"] = conditions
+            kept = [c for c in status.get("conditions", []) if c["type"] == "Suspended"]
+            if conditions[0]["type"] != "Suspended" or not kept:
+                new_status["conditions"] = conditions
+        elif any(c["type"] == "Suspended" and c["status"] == "True" for c in status.get("conditions", [])):
+            new_status["conditions"] = [
+                {
+                    "type": "Suspended",
+                    "status": "False",
+                    "reason": "JobResumed",
+                    "message": "Job resumed",
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            ]
         with self.lock:
             current = self.objects.get(self._key(job))
             if current is None or current["metadata"]["uid"] != uid:
@@ -2532,6 +2623,16 @@ class FakeCluster:
                 self._store("MODIFIED", updated)
         for pod in lingering:
             self._delete(self._key(pod), grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
+
+    def _suspend_pod(self, pod: dict[str, Any]) -> None:
+        with self.lock:
+            current = self.objects.get(self._key(pod))
+            if current is None or current["metadata"].get("deletionTimestamp"):
+                return
+            marked = copy.deepcopy(current)
+            marked["metadata"].setdefault("annotations", {})[SUSPENDED_BY_JOB] = "true"
+            self._store("MODIFIED", marked)
+        self._delete(self._key(pod), grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
 
     @staticmethod
     def _success_policy_met(spec: dict[str, Any], succeeded: set[int]) -> bool:

@@ -186,10 +186,7 @@ def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_st
         assert saved.get("saved") is True and saved.get("notice_node") == victim and saved.get("seconds") < 27
         pod_wait_for(
             job,
-            lambda: (
-                any(e.kind == Kind.RESUMED and e.time > saved.time for e in job.events)
-                and job.status == "running"
-            ),
+            lambda: any(e.kind == Kind.RESUMED and e.time > saved.time for e in job.events) and job.status == "running",
             "training again",  # at world size 1, or at 2 where the replacement pod joined the same round
         )
         [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.time > saved.time][:1]
@@ -200,3 +197,20 @@ def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_st
         assert not [e for e in job.events if e.kind == Kind.NOTICE_EXPIRED]
     finally:
         job.stop()
+
+
+def test_a_save_longer_than_the_pods_grace_allows_is_told_with_the_grace_that_would_hold_it():
+    from notebook_elastic.job_state import JobState, summary_text
+
+    state = JobState()
+    state.apply(Event(Kind.JOB_SUBMITTED, 1.0, None, {"nodes": 2, "min_nodes": 1, "max_nodes": 2, "grace_s": 30}))
+    state.apply(Event(Kind.CHECKPOINT, 2.0, None, {"step": 10, "ms": 4_000.0}))
+    assert state.warning is None  # 4 s + 3 s to leave + a step: 30 s is enough
+    state.apply(Event(Kind.CHECKPOINT, 3.0, None, {"step": 20, "ms": 41_000.0}))
+    assert "a save takes 41.0 s, more than a pod's grace of 30 s (--grace) leaves" in state.warning
+    assert "relaunch with --grace 67 or more" in state.warning
+    assert "warning: a save takes 41.0 s" in summary_text("big", state)
+    local = JobState()  # no pod grace: nothing to say
+    local.apply(Event(Kind.JOB_SUBMITTED, 1.0, None, {"nodes": 1, "min_nodes": 1, "max_nodes": 1}))
+    local.apply(Event(Kind.CHECKPOINT, 2.0, None, {"step": 10, "ms": 41_000.0}))
+    assert local.warning is None

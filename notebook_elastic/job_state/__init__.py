@@ -75,6 +75,7 @@ class JobState(Handlers):
         self.target = target if target is not None else nnodes[0]
         self.nproc_per_node: int | None = None
         self.gpus = 0  # GPUs the job may place its ranks on (0: a CPU job)
+        self.grace_s: float | None = None  # Kubernetes: a pod's grace between SIGTERM and SIGKILL (--grace)
         self.stall: dict[str, Any] | None = None  # the stall in progress: step, stopped, waiting
         self.warning: str | None = None  # a condition the job trains on through (a full disk)
         self.nodes: dict[str, NodeInfo] = {}
@@ -348,7 +349,7 @@ def elapsed_s(state: JobState, now: float | None = None) -> float | None:
 
 def summary_text(name: str, s: JobState) -> str:
     """A job in a line or three (``ElasticJob.summary()``, its repr): status, size, step, loss,
-    restarts, time; the reason of an outcome and where the run is tracked."""
+    restarts, time; the reason of an outcome, what it waits for, and where the run is tracked."""
     parts = [f"{name}: {s.status}"]
     finished = s.status in FINAL_STATUSES
     if s.world_size:
@@ -370,6 +371,8 @@ def summary_text(name: str, s: JobState) -> str:
         text += f"\n  reason: {s.reason}"
     if s.warning:
         text += f"\n  warning: {s.warning}"
+    if s.waiting and not finished:
+        text += f"\n  waiting: {s.waiting}"
     for where in s.tracking.values():
         text += f"\n  {tracking_text(where)}"
     return text

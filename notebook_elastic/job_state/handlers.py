@@ -4,7 +4,10 @@ called by ``JobState._apply`` (a kind without one is only kept in the history). 
 
 from __future__ import annotations
 
+import math
+
 from ..events import Event, Status, degraded_text, describe, steps_done
+from ..runtime.notice_keeper import LEAVE_S
 from .records import Marker, NodeInfo, RankInfo
 
 
@@ -18,6 +21,7 @@ class Handlers:
         self.target = e.get("nodes", self.target)
         self.nproc_per_node = e.get("nproc_per_node")
         self.gpus = e.get("gpus") or 0
+        self.grace_s = e.get("grace_s", self.grace_s)
 
     def _on_recovering(self, e: Event) -> None:
         self.status = Status.RECOVERING
@@ -65,6 +69,20 @@ class Handlers:
             return
         node = self._node(e.node)
         node.status = "pending"
+
+    def _on_queue(self, e: Event) -> None:
+        """Kueue's word on the job: while it waits for quota (or, evicted, waits again) that
+        is why it is not training; a scale-up's slice that waits leaves the job running."""
+        state = e.get("state")
+        if state == "admitted":
+            self.waiting = None
+            self._mark(e, "admitted", f"admitted by Kueue ({e.get('cluster_queue') or e.get('queue')})")
+            return
+        self.waiting = describe(e)
+        if state == "evicted":
+            if not self.finished:
+                self.status = Status.PENDING
+            self._mark(e, "preempted", f"preempted by Kueue ({e.get('reason') or 'evicted'})")
 
     def _on_node_left(self, e: Event) -> None:
         node = self._node(e.node)
@@ -210,6 +228,20 @@ class Handlers:
         step = e.get("step")
         if isinstance(step, int) and (self.step is None or step - 1 > self.step):
             self._saw_step(step - 1, e.time)
+        self._check_grace(e)
+
+    def _check_grace(self, e: Event) -> None:
+        """Kubernetes: a pod's grace (--grace) must hold a save on notice; once a save is
+        measured longer than that allows, say what grace would (the pods' is fixed at launch)."""
+        save_s = (e.get("ms") or 0) / 1000
+        if not self.grace_s or self.warning or save_s + LEAVE_S + 1 <= self.grace_s:
+            return
+        enough = math.ceil(save_s * 1.5 + LEAVE_S + 2)
+        self.warning = (
+            f"a save takes {save_s:.1f} s, more than a pod's grace of {self.grace_s:g} s (--grace) leaves for a save "
+            f"on notice ({self.grace_s - LEAVE_S:g} s): a reclaim will cost the steps since the last save; "
+            f"relaunch with --grace {enough} or more"
+        )
 
     def _on_job_finished(self, e: Event) -> None:
         self.status = e.get("status", Status.FAILED)

@@ -39,6 +39,7 @@ class Kind(StrEnum):
     NODE_LEFT = "node_left"
     NODE_EVICTED = "node_evicted"  # a node whose workers failed while joining was sent away
     PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
+    QUEUE = "queue"  # what Kueue says of the job: waiting for quota, admitted, evicted (backends/kubernetes/kueue.py)
     AGENT_STARTED = "agent_started"
     STORE_READY = "store_ready"  # the c10d store serves (Kubernetes: the rendezvous pod)
     RENDEZVOUS = "rendezvous"
@@ -124,6 +125,7 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.JOB_SUBMITTED: _fields(
         {"nodes": _INT, "min_nodes": _INT, "max_nodes": _INT, "nproc_per_node": _INT, "max_restarts": _INT},
         gpus=_INT,
+        grace_s=_NUM,
     ),
     Kind.JOB_RESUMED: _fields(
         {"nodes": _INT, "min_nodes": _INT, "max_nodes": _INT, "max_restarts": _INT}, after=_STR, nproc_per_node=_INT
@@ -144,6 +146,16 @@ EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
     Kind.NODE_LEFT: _fields({"reason": _STR}, exitcode=_OPT_INT),
     Kind.NODE_EVICTED: _fields({"failure": _OPT_STR}, target=_INT),
     Kind.PENDING: _fields({"reason": _STR}, message=_STR),
+    Kind.QUEUE: _fields(
+        {"queue": _STR, "state": {"enum": ["waiting", "admitted", "evicted"]}},
+        reason=_STR,
+        message=_STR,
+        cluster_queue=_STR,
+        workload=_STR,
+        count=_INT,
+        elastic=_BOOL,
+        slice=_BOOL,
+    ),
     Kind.AGENT_STARTED: _fields({"pid": _INT}, host=_STR),
     Kind.STORE_READY: _fields({"port": _INT}, host=_STR, pid=_INT),
     Kind.RENDEZVOUS: _fields({"round": _OPT_INT, "group_rank": _INT}, group_world_size=_INT, epoch=_INT),

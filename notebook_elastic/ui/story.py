@@ -20,6 +20,7 @@ EVENT_COLORS = {
     Kind.RENDEZVOUS: "#1565c0",
     Kind.FAULT: "#6a1b9a",
     Kind.PENDING: "#9e9e9e",
+    Kind.QUEUE: "#9e9e9e",
     Kind.RESUMED: "#00838f",
     Kind.FENCED: "#c62828",
     Kind.ERROR: "#c62828",

@@ -24,6 +24,8 @@ MARKER_COLORS = {
     "node_left": "#8d6e63",
     "resumed": "#9e9e9e",
     "stall": "#c62828",
+    "admitted": "#2e7d32",  # Kueue admitted the job (--queue)
+    "preempted": "#8d6e63",  # Kueue preempted it: a departure, not a failure
 }
 
 
@@ -48,6 +50,8 @@ MARKER_WORDS = {
     "node_left": "node left",
     "resumed": "resumed",
     "stall": "stall",
+    "admitted": "admitted by Kueue",
+    "preempted": "preempted by Kueue",
 }
 # Why a node left, in the user's words (the supervisor's exit reasons are identifiers).
 LEFT_WORDS = {

@@ -16,8 +16,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...events import FINAL_STATUSES, Event
+from ...events import FINAL_STATUSES, Event, Kind
 from ..base import Backend, JobInfo
+from . import kueue
 from . import manifests as m
 from .client import Connection, connect, explain, is_missing
 from .control import Control
@@ -89,7 +90,9 @@ class KubernetesBackend(Submitting, Control, Backend):
                 if cond.status == "True" and cond.type in ("Complete", "Failed"):
                     status = "succeeded" if cond.type == "Complete" else "failed"
             target = job.spec.parallelism
+            queued = self._queue_words(job) if status == "pending" or phases.count("Running") < (target or 0) else None
         except Exception as exc:
+            queued = None
             target = len(pods)
             if is_missing(exc) and self._workload(cm) == "job" and not pods:
                 # The workers and their Job are gone (deleted, or the TTL) while the code
@@ -97,7 +100,9 @@ class KubernetesBackend(Submitting, Control, Backend):
                 status = "expired"
         lo, hi = spec.get("nnodes", [1, 1])
         waiting = None
-        if status in ("pending", "running") and target and phases.count("Running") < target:
+        if status in ("pending", "running") and queued:
+            waiting = queued
+        elif status in ("pending", "running") and target and phases.count("Running") < target:
             waiting = self._why_waiting(name, pods, missing=target - len(phases))
         summary = {
             "waiting": waiting,
@@ -120,6 +125,23 @@ class KubernetesBackend(Submitting, Control, Backend):
             created=summary["started_at"],
             location=conn.namespace,
         )
+
+    def _queue_words(self, job: Any) -> str | None:
+        """What Kueue says of a queued job that is not admitted (the views' "waiting")."""
+        queue = (job.metadata.labels or {}).get(kueue.QUEUE_LABEL)
+        if not queue:
+            return None
+        try:
+            state = kueue.workload_state(
+                kueue.list_workloads(self.conn.custom(), self.conn.namespace, job.metadata.uid)
+            )
+        except Exception:
+            return None  # no right to read Workloads: the pods' own reasons are told instead
+        if state is None:
+            return f"waiting for Kueue to queue it in {queue}"
+        if state["state"] == "admitted":
+            return None
+        return Event(Kind.QUEUE, 0, None, {"queue": queue, **state}).describe()
 
     def _why_waiting(self, name: str, pods: list[Any], missing: int) -> str | None:
         """Why workers the job asked for are not running: the controller could not create

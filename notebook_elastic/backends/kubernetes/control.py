@@ -13,6 +13,7 @@ from typing import Any
 from ...errors import BackendError, JobNotFound, SpecError
 from ...plan import rdzv_id
 from ...runtime import protocol
+from . import kueue
 from . import manifests as m
 from .client import explain, is_missing
 from .options import KubernetesOptions
@@ -46,6 +47,10 @@ class Control:
         workload = self._workload(cm)
         try:
             if workload == "job":
+                job = conn.batch().read_namespaced_job(m.workers_name(name), conn.namespace)
+                refused = kueue.scale_refusal(conn.custom(), conn.namespace, job, nodes)
+                if refused:
+                    raise SpecError(refused)
                 # Elastic Indexed Jobs (Kubernetes >= 1.31): completions and parallelism move together.
                 conn.batch().patch_namespaced_job(
                     m.workers_name(name), conn.namespace, {"spec": {"completions": nodes, "parallelism": nodes}}
@@ -61,7 +66,7 @@ class Control:
                 )
             else:
                 raise BackendError("scaling plain worker pods is not supported; use the default --workload job")
-        except BackendError:
+        except (BackendError, SpecError):
             raise
         except Exception as exc:
             raise explain(exc, f"scale job {name!r} to {nodes} pods", conn) from None

@@ -31,6 +31,7 @@ from ...job_state import budget_spent_reason, describe_failure
 from ...runtime import protocol
 from . import manifests as m
 from .client import Connection
+from .kueue import QueueWatch
 from .logs import LogFollowing
 from .pods import WAITING_REASONS, PodEvents, PodView, pod_disruption
 from .watch import (
@@ -84,6 +85,7 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
         self.core = conn.core()
         self.refused: set[str] = set()  # the 403 sentences told (each once)
         self.success_met = False  # the workers' Job met its successPolicy
+        self.queue_watch: QueueWatch | None = None  # a job queued in Kueue: its Workload's word
         self._init_logs()
 
     def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
@@ -160,6 +162,7 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
         import json
 
         spec = json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
+        options = json.loads((cm.metadata.annotations or {}).get("notebook-elastic.io/options", "{}"))
         lo, hi = spec.get("nnodes", [1, 1])
         self.max_restarts = spec.get("max_restarts")
         self.emit(
@@ -174,4 +177,5 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
             backend="kubernetes",
             namespace=self.conn.namespace,
             notebook=spec.get("notebook"),
+            **({"grace_s": options["grace"]} if options.get("grace") else {}),
         )

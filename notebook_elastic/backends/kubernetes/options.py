@@ -152,6 +152,7 @@ class KubernetesOptions:
     shm_size: str | None = "2Gi"
     grace: int = 30  # the worker pods' terminationGracePeriodSeconds: a save on notice fits in it
     workload: str = "job"
+    queue: str | None = None  # a Kueue LocalQueue (kueue.py)
     pod_security: str = "baseline"  # "restricted": pods pass a namespace enforcing that level
     ttl_seconds_after_finished: int = 3600
     rdzv_port: int = 29400
@@ -208,6 +209,7 @@ def parse_options(
     shm_size: str | None = "2Gi",
     grace: int | str = 30,
     workload: str = "job",
+    queue: str | None = None,
     pod_security: str | None = None,
 ) -> KubernetesOptions:
     """Validated options from flag values (``SpecError`` on the first bad one)."""
@@ -229,6 +231,12 @@ def parse_options(
         )
     if workload not in WORKLOADS:
         raise SpecError(f"--workload {workload!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
+    if queue is not None and workload == "pods":
+        raise SpecError(
+            "--queue needs a workload Kueue admits as one: the default --workload job (or pytorchjob), not pods"
+        )
+    if queue is not None and len(queue) > 63:
+        raise SpecError(f"--queue {queue!r} is longer than 63 characters, more than a label value may hold")
     for flag, value in (("--image", image), ("--rdzv-image", rdzv_image)):
         if value is not None and (not value.strip() or any(c.isspace() for c in value)):
             raise SpecError(f"{flag} {value!r} is not an image reference (for example {DEFAULT_IMAGE})")
@@ -252,5 +260,6 @@ def parse_options(
         shm_size=_quantity(shm_size, "--shm-size"),
         grace=grace,
         workload=workload,
+        queue=_name(queue, "--queue"),
         pod_security=pod_security or "baseline",
     )

@@ -12,6 +12,7 @@ from ...errors import BackendError
 from ...plan import rdzv_id
 from ...runtime.notice_keeper import LEAVE_S
 from ..base import DryRun
+from . import kueue
 from . import manifests as m
 from .client import explain, is_missing
 from .options import KubernetesOptions
@@ -54,7 +55,19 @@ class Submitting:
             )
             + (
                 f"# notice: a worker pod is given {options.grace} s (--grace) between the kubelet's SIGTERM and its\n"
-                f"# SIGKILL; the job saves on that notice first, so a save must end within {options.grace - LEAVE_S:g} s.\n"
+                f"# SIGKILL; the job saves on that notice first, so a save must end within {options.grace - LEAVE_S:g} s\n"
+                "# (a save measured longer is told while the job runs, with the --grace that would hold it).\n"
+            )
+            + (
+                f"# queue: the workers' Job is created suspended in Kueue's LocalQueue {options.queue}; it starts when\n"
+                "# Kueue admits it (the views say what quota it waits for), and a Kueue preemption is a notice.\n"
+                + (
+                    "# scaling while admitted needs Kueue's ElasticJobsViaWorkloadSlices gate (the Job is marked elastic).\n"
+                    if spec.nnodes[0] < spec.nnodes[1]
+                    else ""
+                )
+                if options.queue
+                else ""
             )
             + "".join(f"# warning: {w}\n" for w in getattr(bundle, "launch_warnings", []))
             + "# each worker pod runs the launch plan:\n"
@@ -79,6 +92,8 @@ class Submitting:
                         f"--pvc {options.pvc!r}: no such PersistentVolumeClaim in namespace {conn.namespace!r}; create it first"
                     ) from None
                 raise explain(exc, "read the checkpoint volume claim", conn) from None
+        if options.queue:
+            kueue.check_queue(conn.custom(), conn.namespace, options.queue)
         if options.workload == "pytorchjob" and not self.has_pytorchjob_crd():
             raise BackendError(
                 "--workload pytorchjob needs the Kubeflow training operator (CRD pytorchjobs.kubeflow.org) on this cluster; use the default --workload job"

@@ -9,6 +9,7 @@ from typing import Any
 from ... import defaults
 from ...plan import LaunchPlan, Place, launch_plan
 from ...runtime import protocol
+from .kueue import apply_queue, apply_queue_pytorchjob
 from .naming import (
     ANNOTATION_EPOCH,
     CHECKPOINT_MOUNT,
@@ -108,6 +109,11 @@ def worker_pod_spec(
 
 
 def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
+    job = _workers_job(spec, options, rdzv_id=rdzv_id, epoch=epoch, target=target)
+    return apply_queue(job, options.queue, elastic=spec.nnodes[0] < spec.nnodes[1])
+
+
+def _workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -187,7 +193,7 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
     pod_spec = worker_pod_spec(spec, options, rdzv_id=rdzv_id, epoch=epoch, restart_policy="OnFailure")
     # Kubeflow's webhook refuses a PyTorchJob without a container named "pytorch".
     pod_spec["containers"][0]["name"] = PYTORCHJOB_CONTAINER
-    return {
+    obj = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {
@@ -227,3 +233,4 @@ def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
             },
         },
     }
+    return apply_queue_pytorchjob(obj, options.queue)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ...events import Kind
 from ...runtime import protocol
+from . import kueue
 from . import manifests as m
 from .client import is_missing
 from .pods import first_container, terminated_state
@@ -93,6 +94,7 @@ class WorkloadEvents:
                                 epoch=epoch,
                             )
                         last_parallelism, last_range = spec.parallelism, nnodes
+                    self._poll_queue(job)
                     for cond in status.conditions or []:
                         if cond.status == "True" and cond.type == "Complete":
                             self._finish("succeeded", None)
@@ -135,6 +137,19 @@ class WorkloadEvents:
                 # The workload is being replaced (range change) or was deleted.
             backoff.reset()
             self.stop.wait(0.5)
+
+    def _poll_queue(self, job: Any) -> None:
+        """A job queued in Kueue: what its Workload says, each change once (kueue.py)."""
+        queue = (job.metadata.labels or {}).get(kueue.QUEUE_LABEL)
+        if not queue:
+            return
+        if self.queue_watch is None:
+            self.queue_watch = kueue.QueueWatch(self.conn.custom(), self.conn.namespace, queue, self.emit)
+        try:
+            self.queue_watch.poll(job.metadata.uid)
+        except Exception as exc:
+            if is_forbidden(exc):
+                self._forbidden(exc, f"read the Kueue Workload of job {self.job!r}")
 
     def _code(self) -> Any:
         """The job's code ConfigMap, None once it is gone (404). Any other failure is no
