@@ -220,6 +220,15 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
         page.get_by_role("button", name="Stop", exact=True).last.click()
         page.wait_for_selector(".ne-job[data-name='panel-job'][data-status='stopped']", timeout=90_000)
         shot(page, "3-stopped")
+        # A finished job looks finished: its last size and range, its restarts as history (calm,
+        # not the orange of a restart in progress), and when it ended.
+        card = page.locator(".ne-job[data-name='panel-job']")
+        stats = card.locator(".ne-stats").text_content()
+        assert stats.startswith("last world ") and "range 1:2" in stats and "nodes 0" not in stats, stats
+        assert card.locator(".ne-disruption").count() == 0
+        told = card.locator(".ne-history").text_content()
+        assert told.startswith("last restart ") and "running again after" in told, told
+        assert "ended " in card.locator(".ne-when").text_content()
         seen = page.evaluate("() => window.__neSeen")
         errors = list(page.console_errors)
 

@@ -108,6 +108,17 @@ export function sparkline(values: number[], width = 80, height = 18): SVGSVGElem
   return svg;
 }
 
+function duration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${s % 60} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+
 function ago(seconds: number | null): string {
   if (!seconds) {
     return '';
@@ -127,7 +138,7 @@ function ago(seconds: number | null): string {
  * running again after 1.8 s". A restart shorter than the poll interval never shows in the
  * badge, so the row says it happened.
  */
-export function lastDisruption(history: ITransition[]): { text: string; detail: string } | null {
+export function lastDisruption(history: ITransition[], finished = false): { text: string; detail: string } | null {
   let i = history.length - 1;
   while (i >= 0 && history[i].status !== 'restarting') {
     i--;
@@ -138,7 +149,8 @@ export function lastDisruption(history: ITransition[]): { text: string; detail: 
   const start = history[i];
   const healed = history.slice(i + 1).find(t => t.status === 'running');
   const cause = start.cause.length > 120 ? start.cause.slice(0, 119) + '…' : start.cause;
-  const text = `restarting ${ago(start.at)}: ${cause}`;
+  // A finished job's restarts are its history, not its present: said as such, in calm colours.
+  const text = finished ? `last restart ${ago(start.at)}: ${cause}` : `restarting ${ago(start.at)}: ${cause}`;
   return {
     text: healed ? `${text} · running again after ${(healed.at - start.at).toFixed(1)} s` : text,
     detail: (start.events || [start.cause]).join('\n')
@@ -301,9 +313,13 @@ export class JobsPanel extends Widget {
         top.appendChild(stop);
       }
       card.appendChild(top);
+      const finished = FINAL.has(job.status);
       const stats = [
-        `world ${job.world_size || '–'}`,
-        `nodes ${job.nodes_running ?? 0} (${job.min_nodes ?? '?'}:${job.max_nodes ?? '?'})`,
+        // A finished job has no nodes now: its last size and its range are what it was.
+        finished ? `last world ${job.world_size || '–'}` : `world ${job.world_size || '–'}`,
+        finished
+          ? `range ${job.min_nodes ?? '?'}:${job.max_nodes ?? '?'}`
+          : `nodes ${job.nodes_running ?? 0} (${job.min_nodes ?? '?'}:${job.max_nodes ?? '?'})`,
         `restarts ${job.restarts ?? 0}/${job.max_restarts ?? '?'}`,
         job.step === null || job.step === undefined ? '' : `step ${job.step}${job.total_steps ? '/' + job.total_steps : ''}`
       ].filter(Boolean);
@@ -311,7 +327,11 @@ export class JobsPanel extends Widget {
       const bottom = el('div', { class: 'ne-job-bottom' });
       bottom.appendChild(sparkline(job.loss_tail || [], 110, 18));
       const loss = job.loss === null || job.loss === undefined ? '' : `loss ${job.loss.toPrecision(4)}`;
-      bottom.appendChild(el('span', { class: 'ne-sub' }, [loss, `${job.backend} · ${ago(job.started_at)}`].filter(Boolean).join(' · ')));
+      const when =
+        finished && job.finished_at && job.started_at
+          ? `ran ${duration(job.finished_at - job.started_at)}, ended ${ago(job.finished_at)}`
+          : `started ${ago(job.started_at)}`;
+      bottom.appendChild(el('span', { class: 'ne-sub ne-when' }, [loss, `${job.backend} · ${when}`].filter(Boolean).join(' · ')));
       card.appendChild(bottom);
       const speed = speedText(job);
       if (speed && !FINAL.has(job.status)) {
@@ -322,9 +342,10 @@ export class JobsPanel extends Widget {
           card.appendChild(el('div', { class: 'ne-sub ne-waiting', title: alert }, alert));
         }
       }
-      const disruption = lastDisruption(history);
+      const disruption = lastDisruption(history, finished);
       if (disruption) {
-        card.appendChild(el('div', { class: 'ne-sub ne-disruption', title: disruption.detail }, disruption.text));
+        const kind = finished ? 'ne-history' : 'ne-disruption';
+        card.appendChild(el('div', { class: `ne-sub ${kind}`, title: disruption.detail }, disruption.text));
       }
       const tracking = trackingRow(job.tracking || []);
       if (tracking) {
