@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import waits
 from .errors import BackendError, SpecError
 from .events import Event, Kind
 from .job_state import JobState, Metrics, summary_text
@@ -262,8 +263,7 @@ class ElasticJob:
         self._resumes_recorded = int(((info.summary if info is not None else None) or {}).get("resumes") or 0)
 
     def on_event(self, callback: Callback) -> Callable[[], None]:
-        """Call ``callback(event, job)`` for every event from now on (from a background
-        thread). Returns a function that unsubscribes."""
+        """``callback(event, job)`` for every event from now on (a background thread); returns the unsubscribe."""
         with self._lock:
             self._callbacks.append(callback)
 
@@ -275,11 +275,25 @@ class ElasticJob:
         return unsubscribe
 
     def wait(self, timeout: float | None = None) -> str:
-        """Block until the job finishes (or ``timeout`` seconds pass); return its status."""
+        """Block until the job ends (or ``timeout`` s pass): its status. In a cell: ``await job.ended()``."""
         if self._prepared:
             raise BackendError(f"job {self.name!r} was only prepared (dry run); call .start() first")
         self._finished.wait(timeout)
         return self.status
+
+    def wait_until(self, condition: waits.Condition, what: str = "it", timeout: float | None = None) -> None:
+        """Block until ``condition()`` (a script's wait; in a cell ``await job.until``); a
+        ``TimeoutError`` after ``timeout`` s, a ``RuntimeError`` if the job ends first."""
+        waits.Wait(self, condition, what, timeout).blocking()
+
+    async def until(self, condition: waits.Condition, what: str = "it", timeout: float | None = None) -> None:
+        """``await job.until(lambda: job.state.step >= 35, "step 35")`` in a cell: the kernel
+        answers the dashboard while it waits, Run All included (``waits.py``)."""
+        await waits.Wait(self, condition, what, timeout).awaiting()
+
+    async def ended(self, timeout: float | None = None) -> str:
+        """``await job.ended()`` in a cell: the final status, the kernel free meanwhile."""
+        return await waits.ended(self, timeout)
 
     # -- operations ----------------------------------------------------------------------
 

@@ -33,8 +33,9 @@ LATENCY_PROBE = """() => {
 }"""
 
 
-def run_notebook(page, lab, notebook: str, *, collapse_left: bool = False) -> None:
-    """Open ``notebook`` in JupyterLab, wait for its kernel, and run all its cells."""
+def run_notebook(page, lab, notebook: str, *, collapse_left: bool = False, background: bool = False) -> None:
+    """Open ``notebook`` in JupyterLab, wait for its kernel, and run all its cells (Run All's
+    command; ``background``: return once the cells are sent, not once they have all run)."""
     page.goto(lab.page_url(f"lab/tree/{notebook}"))
     page.wait_for_selector(".jp-Notebook", timeout=60_000)
     page.wait_for_function(
@@ -44,7 +45,10 @@ def run_notebook(page, lab, notebook: str, *, collapse_left: bool = False) -> No
     if collapse_left:
         page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
     page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    if background:  # the command's promise resolves when every cell has run: not awaited
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    else:
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
 
 def chart_points(page) -> int:
@@ -348,5 +352,88 @@ def test_a_kernel_that_dies_mid_run_leaves_its_last_picture(tmp_path, monkeypatc
         LocalBackend().cancel("midrun")  # the job outlives its kernel, as it should: stop it
     assert status == "running", status
     assert any(ch.isdigit() and ch != "0" for ch in step), step  # at a step, not before the first
+    assert job_processes(home) == []
+    assert errors == [], errors
+
+
+# Values laid out over more than one line box (an inline value that wrapped inside itself).
+# (Chrome gives an inline element one rect per fragment, its children's too: lines are told
+# apart by their tops.)
+SPLIT_VALUES = """() => [...document.querySelectorAll('.ne-header .ne-cell, .ne-job .ne-cell')]
+  .filter(e => {
+    const tops = [...e.getClientRects()].map(r => r.top);
+    return tops.length && Math.max(...tops) - Math.min(...tops) > 0.8 * parseFloat(getComputedStyle(e).fontSize);
+  })
+  .map(e => e.textContent)"""
+
+
+def test_run_all_on_the_shipped_quickstart_keeps_the_dashboard_live_and_steerable(tmp_path):
+    """#30 item 1: the shipped quickstart, run with the Run menu's Run All. While its later
+    cells wait on the job (``job.wait_until``), the chart grows and the kernel still answers
+    the dashboard: the log-scale box, a kernel-side control, takes effect while a cell waits.
+    The notebook then runs to its end, its proof cell included."""
+    import shutil as _shutil
+
+    from conftest import REPO
+
+    require_chromium()
+    home = tmp_path / "ne-home"
+    _shutil.copy(REPO / "notebooks" / "quickstart.ipynb", tmp_path / "quickstart.ipynb")
+    busy = "() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(p => p.textContent.includes('[*]'))"
+    from browser import worktree_extension_env
+
+    env = {"NOTEBOOK_ELASTIC_HOME": str(home), **worktree_extension_env(tmp_path)}
+    with jupyter_lab(tmp_path, env) as lab, chromium_page(tmp_path) as page:
+        run_notebook(page, lab, "quickstart.ipynb", background=True)
+        page.wait_for_selector(".notebook-elastic-dashboard svg.ne-chart", timeout=120_000)
+        page.wait_for_function(
+            "() => +document.querySelector('svg.ne-chart').getAttribute('data-total-points') > 3", timeout=120_000
+        )
+        first = chart_points(page)
+        prompts = page.evaluate("() => [...document.querySelectorAll('.jp-InputArea-prompt')].map(p => p.textContent)")
+        assert page.evaluate(busy), f"Run All: a later cell should be waiting on the job: {prompts}"
+        page.wait_for_function(
+            f"() => +document.querySelector('svg.ne-chart').getAttribute('data-total-points') > {first + 5}",
+            timeout=120_000,
+        )
+        assert page.evaluate(busy), "the chart grew while a cell waited"
+        page.locator(".notebook-elastic-dashboard").first.scroll_into_view_if_needed()
+        shot(page, "run-all-live")
+        # #30 item 4: at real widths, with the jobs panel open beside the notebook, no value of
+        # the dashboard's header or the panel's row is split over two lines.
+        page.locator(".jp-SideBar [data-id='notebook-elastic-panel']").click()
+        page.wait_for_selector(".ne-job[data-name='quickstart'] .ne-stats .ne-cell", timeout=30_000)
+        split, ticks = {}, {}
+        for width in (900, 1280, 1920):
+            page.set_viewport_size({"width": width, "height": 1000})
+            page.wait_for_timeout(300)
+            page.locator(".notebook-elastic-dashboard").first.scroll_into_view_if_needed()
+            split[width] = page.evaluate(SPLIT_VALUES)
+            # The chart's tick labels stay readable however narrow its box (screen pixels).
+            ticks[width] = page.evaluate(
+                "() => Math.min(...[...document.querySelectorAll('svg.ne-chart .ne-tick')]"
+                ".map(t => t.getBoundingClientRect().height))"
+            )
+            shot(page, f"width-{width}")
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        # A kernel-side control answered while the kernel runs a waiting cell.
+        page.locator(".notebook-elastic-dashboard .widget-checkbox input").first.check()
+        page.wait_for_function("() => document.querySelector('svg.ne-chart').dataset.scale === 'log'", timeout=30_000)
+        still_busy = page.evaluate(busy)
+        # The rest of the notebook ran after the waits: its last cell's proof is printed.
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-OutputArea-output')].some(e => e.textContent.includes('QUICKSTART OK'))",
+            timeout=400_000,
+        )
+        outputs = page.evaluate(
+            "() => [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.textContent).join('\\n')"
+        )
+        shot(page, "run-all-done")
+        errors = list(page.console_errors)
+
+    assert still_busy, "the log-scale box took effect only after the waiting cells were done"
+    assert split == {900: [], 1280: [], 1920: []}, split
+    assert min(ticks.values()) >= 9, ticks  # was 5.6 px at a 900 px window
+    assert "Traceback" not in outputs, outputs[-3000:]
     assert job_processes(home) == []
     assert errors == [], errors

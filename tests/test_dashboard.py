@@ -359,6 +359,8 @@ def test_a_number_typed_in_the_nodes_box_survives_the_jobs_events_until_scale(ho
         dash.scale_button.click()
         wait_for(lambda: "scaling to 3 node(s)" in dash.message.value, "the Scale answer")
         wait_for(lambda: 'class="ne-world-size">3<' in dash.header.value, "world size 3 on the page")
+        # The answer goes once the header tells the effect (#30 item 4): not "scaling" forever.
+        wait_for(lambda: dash.message.value == "", "the Scale answer to fade", timeout=60)
         checkpoints = [e for e in job.events if e.kind == Kind.CHECKPOINT]
         assert len(checkpoints) < job.state.step / 5  # coalesced, not one per commit
     finally:

@@ -18,6 +18,7 @@ LAYERS = [
     {"plan"},
     {"events", "job_state"},
     {"backends"},
+    {"waits"},
     {"job", "launcher"},
     {"views", "ui", "magics", "server", "cli", "export", "__init__"},
 ]

@@ -323,7 +323,15 @@ export class JobsPanel extends Widget {
         `restarts ${job.restarts ?? 0}/${job.max_restarts ?? '?'}`,
         job.step === null || job.step === undefined ? '' : `step ${job.step}${job.total_steps ? '/' + job.total_steps : ''}`
       ].filter(Boolean);
-      card.appendChild(el('div', { class: 'ne-sub ne-stats' }, stats.join(' · ')));
+      // Each value on one line: the row wraps between values, never inside one ("step" / "48/100").
+      const statsRow = el('div', { class: 'ne-sub ne-stats' });
+      stats.forEach((value, i) => {
+        if (i) {
+          statsRow.appendChild(document.createTextNode(' · '));
+        }
+        statsRow.appendChild(el('span', { class: 'ne-cell' }, value));
+      });
+      card.appendChild(statsRow);
       const bottom = el('div', { class: 'ne-job-bottom' });
       bottom.appendChild(sparkline(job.loss_tail || [], 110, 18));
       const loss = job.loss === null || job.loss === undefined ? '' : `loss ${job.loss.toPrecision(4)}`;

@@ -283,6 +283,23 @@ def chart_svg(
     return "".join(parts)
 
 
+# The chart scales to its box (viewBox), its text with it: at 450 px a 10-unit tick label was 5.6 px.
+# Its box is a size container, and where it is narrow the ticks are drawn larger in the chart's units
+# so they stay about 9 to 10 px on the screen (#30 item 4).
+CHART_BOX_STYLE = (
+    "<style>"
+    "@container ne-chart (max-width: 640px) { svg.ne-chart .ne-tick { font-size: 13px; } }"
+    "@container ne-chart (max-width: 500px) { svg.ne-chart .ne-tick { font-size: 16px; } }"
+    "@container ne-chart (max-width: 380px) { svg.ne-chart .ne-tick { font-size: 20px; } }"
+    "</style>"
+)
+
+
+def chart_box(svg: str) -> str:
+    """The chart in a box whose width its tick labels follow (CHART_BOX_STYLE)."""
+    return f'<div class="ne-chart-box" style="container:ne-chart / inline-size">{CHART_BOX_STYLE}{svg}</div>'
+
+
 def legend_html(markers: Sequence[Marker], metric: str = "loss", smoothing: float = 0.0) -> str:
     """What the chart's lines mean: the metric, and each kind of marker it shows."""
     line = f"{esc(metric)}" + (f" (smoothed {smoothing:g})" if smoothing > 0 else "")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 
 import ipywidgets as W
 
+MESSAGE_FADES_S = 10.0  # how long what an action did stays under the buttons
+
 
 class Controls:
     """The dashboard's buttons, sliders and boxes, as the job's state allows them."""
@@ -68,9 +70,22 @@ class Controls:
         self.kill_button.disabled = not live or "kill" in self._busy
         self.preempt_button.disabled = not live or "preempt" in self._busy
 
-    def _say(self, text: str, ok: bool = True) -> None:
+    def _say(self, text: str, ok: bool = True, *, fades: bool = False) -> None:
+        """A word under the buttons. What an action did (``fades``) goes after a while, once the
+        header and the timeline tell its effect ("scaling to 2 node(s)" under the buttons long
+        after the job grew read as still in progress); what went wrong stays until replaced."""
         color = "#2e7d32" if ok else "#c62828"
-        self.message.value = f"<span class='ne-message' style='color:{color};font-size:12px'>{text}</span>"
+        value = f"<span class='ne-message' style='color:{color};font-size:12px'>{text}</span>"
+        self.message.value = value
+        if fades:
+
+            def fade() -> None:
+                if self.message.value == value:
+                    self.message.value = ""
+
+            timer = threading.Timer(MESSAGE_FADES_S, fade)
+            timer.daemon = True
+            timer.start()
 
     def _act(self, name: str, widget: W.Widget | None, action: Callable[[], str]) -> None:
         """Run ``action`` in a thread; its control stays disabled until it returns."""
@@ -83,7 +98,7 @@ class Controls:
 
         def run() -> None:
             try:
-                self._say(action())
+                self._say(action(), fades=True)
             except Exception as exc:
                 self._say(str(exc), ok=False)
             finally:

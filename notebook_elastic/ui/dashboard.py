@@ -21,6 +21,7 @@ import ipywidgets as W
 from ..events import FINAL_STATUSES, Event, Kind
 from .controls import Controls
 from .render import (
+    chart_box,
     chart_metrics,
     chart_svg,
     header_html,
@@ -305,7 +306,7 @@ class Dashboard(Controls, W.VBox):
                     )
                     self.metric.options = names
                     self.metric.value = current
-                self._set(self.chart, "value", self._chart(state))
+                self._set(self.chart, "value", chart_box(self._chart(state)))
                 self._set(
                     self.legend, "value", legend_html(state.markers, self.metric.value or "loss", self.smoothing.value)
                 )
@@ -380,7 +381,7 @@ class Dashboard(Controls, W.VBox):
                 job.name,
                 getattr(job.backend, "name", ""),
                 state,
-                self._chart(state),
+                chart_box(self._chart(state)),
                 legend_html(state.markers, self.metric.value or "loss", self.smoothing.value),
                 timeline_html(state.events, limit=12),
             )

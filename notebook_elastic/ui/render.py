@@ -23,6 +23,7 @@ from ..runtime.tracking import shown
 from .chart import (
     BOOKKEEPING,
     MAX_POINTS,
+    chart_box,
     chart_metrics,
     chart_svg,
     downsample,
@@ -77,6 +78,7 @@ __all__ = [
     "STORY_HIDDEN",
     "TIMELINE_HIDDEN",
     "chart_metrics",
+    "chart_box",
     "chart_svg",
     "downsample",
     "esc",
@@ -201,7 +203,8 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         )
     cells.append(f'<span style="color:{FG_FAINT}">{duration(elapsed_s(state, now))}</span>')
     sep = f' <span style="color:{FG_FAINT}">·</span> '
-    stats = sep.join(cells)
+    # The line wraps between values, never inside one ("blocks 28.1" / "% · 3s" at 970 px).
+    stats = sep.join(f'<span class="ne-cell" style="white-space:nowrap">{cell}</span>' for cell in cells)
     notes = []
     if state.reason and state.finished:
         notes.append(f'<div class="ne-reason" style="color:{FG_DIM}">{esc(state.reason)}</div>')
