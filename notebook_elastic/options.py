@@ -1,7 +1,7 @@
 """Every launch option, declared once (TorchX's ``runopts`` is the model).
 
 The magic's flags and ``--help``, ``launch()``'s keywords and their check, the split into the
-job spec and the Kubernetes options, and README's option table are all derived from
+job spec and the Kubernetes options, and the documentation's option table (docs/reference/options.md) are all derived from
 ``OPTIONS``. Validation stays where the values are understood (``JobSpec.validated``,
 ``backends.kubernetes.options.parse_options``); this table says what exists.
 """
@@ -297,7 +297,7 @@ def split(options: Mapping[str, Any], *, surface: str = "launch()") -> tuple[dic
 
 
 def markdown_table() -> str:
-    """README's option table (checked against README by the tests)."""
+    """The documentation's option table (put into docs/reference/options.md as the site is built)."""
     rows = ["| flag | `launch()` keyword | backends | what it does |", "|---|---|---|---|"]
     for o in OPTIONS:
         flag = f"`{o.flag}{' ' + o.metavar if o.metavar and not o.switch else ''}`" if o.magic else "—"
@@ -307,5 +307,5 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m notebook_elastic.options: the table for README
+if __name__ == "__main__":  # python -m notebook_elastic.options: the table, as the docs show it
     print(markdown_table())

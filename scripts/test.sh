@@ -21,8 +21,11 @@ if ! command -v kubectl >/dev/null && command -v apt-get >/dev/null; then
     echo "setup: could not install kubectl (see /tmp/notebook-elastic-apt-kubectl.log); the kubectl tests will say so" >&2
   fi
 fi
-.venv/bin/ruff check notebook_elastic tests benchmarks scripts
-.venv/bin/ruff format --check notebook_elastic tests benchmarks scripts
+.venv/bin/ruff check notebook_elastic tests benchmarks scripts docs
+.venv/bin/ruff format --check notebook_elastic tests benchmarks scripts docs
+# The documentation site, warnings as errors (its reference pages are generated from the code).
+echo "docs: building the site (mkdocs build --strict) into build/site"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/site
 # Two test workers (pytest-xdist): most of an end-to-end test's time is spent waiting on its
 # job's processes (rendezvous, restarts, a kernel), which the other worker's tests fill. Three
 # put three multi-node jobs on 2 cores at once too often: agents starved past their rendezvous

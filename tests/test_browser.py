@@ -415,6 +415,18 @@ def test_run_all_on_the_shipped_quickstart_keeps_the_dashboard_live_and_steerabl
                 ".map(t => t.getBoundingClientRect().height))"
             )
             shot(page, f"width-{width}")
+        # The README's pictures (scripts/refresh_pictures.sh copies them to docs/images/): the
+        # dashboard once the job has grown to 2 nodes, and the panel beside it.
+        page.set_viewport_size({"width": 1280, "height": 1000})
+        page.wait_for_function(
+            "() => +document.querySelector('svg.ne-chart').getAttribute('data-total-points') > 45", timeout=180_000
+        )
+        page.locator(".notebook-elastic-dashboard").first.screenshot(path=str(ARTIFACTS / "readme-dashboard.png"))
+        panel = page.locator("#notebook-elastic-panel").bounding_box()
+        card = page.locator(".ne-job[data-name='quickstart']").bounding_box()
+        height = card["y"] + card["height"] - panel["y"] + 8  # the panel's title and the job's row
+        clip = {"x": panel["x"], "y": panel["y"], "width": panel["width"], "height": height}
+        page.screenshot(path=str(ARTIFACTS / "readme-panel.png"), clip=clip)
         page.set_viewport_size({"width": 1400, "height": 1000})
         # A kernel-side control answered while the kernel runs a waiting cell.
         page.locator(".notebook-elastic-dashboard .widget-checkbox input").first.check()

@@ -202,7 +202,7 @@ def test_errors_users_can_act_on(cluster, tmp_path, monkeypatch):
     cluster.deny("create", "jobs")
     with pytest.raises(
         ne.BackendError,
-        match=r"your account may not create jobs\.batch in namespace 'default' \(403 Forbidden\).*Role in the README",
+        match=r"your account may not create jobs\.batch in namespace 'default' \(403 Forbidden\).*Role in the documentation \(docs/how-to/rbac.md\)",
     ):
         ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="denied", user_ns=ns())
     deadline = time.monotonic() + 30
@@ -347,17 +347,17 @@ def test_a_worker_pod_over_quota_is_told_and_joins_when_quota_frees(cluster):
 
 
 def readme_role() -> list[dict]:
-    """The `rules` of the minimal Role the README documents."""
+    """The `rules` of the minimal Role the documentation gives (docs/how-to/rbac.md)."""
     import re
 
     import yaml
 
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    text = (Path(__file__).parent.parent / "docs" / "how-to" / "rbac.md").read_text()
     for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
         for doc in yaml.safe_load_all(block):
             if doc and doc.get("kind") == "Role":
                 return doc["rules"]
-    raise AssertionError("README.md documents no Role")
+    raise AssertionError("docs/how-to/rbac.md documents no Role")
 
 
 def test_the_readme_role_is_enough_and_events_are_optional(cluster):

@@ -69,7 +69,7 @@ def test_a_forbidden_watch_is_told_once_naming_the_verb_and_resource(cluster):
     until(job, lambda: any(e.kind == Kind.ERROR and e.get("error") == "Forbidden" for e in job.events), "the 403 told")
     told = [e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]
     assert "may not watch pods" in told[0].get("message"), told[0].get("message")
-    assert "README" in told[0].get("message")
+    assert "docs/how-to/rbac.md" in told[0].get("message")
     refused = len(cluster.forbidden)
     until(job, lambda: len(cluster.forbidden) >= refused + 2, "the follower to retry")  # it still tries, slowly
     assert len([e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]) == 1

@@ -149,7 +149,7 @@ def explain(exc: BaseException, action: str, conn: Connection | None = None) -> 
                 resource = m.group("resource") + (f".{m.group('group')}" if m.group("group") else "")
                 return BackendError(
                     f"your account may not {m.group('verb')} {resource}{where} (403 Forbidden) while trying to {action}; "
-                    "ask your admin for the Role in the README (section Kubernetes RBAC)"
+                    "ask your admin for the Role in the documentation (docs/how-to/rbac.md)"
                 )
             return BackendError(f"forbidden (403) while trying to {action}{where}: {message}")
         if exc.status == 404 and "namespaces" in message and "not found" in message:

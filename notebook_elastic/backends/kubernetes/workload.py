@@ -41,7 +41,7 @@ class WorkloadEvents:
         self._watch(
             self.core.list_namespaced_event,
             self._on_cluster_event,
-            optional=True,  # no right to read events (see the README's Role)
+            optional=True,  # no right to read events (see the Role in docs/how-to/rbac.md)
             field_selector=f"involvedObject.name={m.workers_name(self.job)}",
         )
 

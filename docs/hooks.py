@@ -1,0 +1,41 @@
+"""MkDocs hooks: the reference pages are generated from the code as the site is built, so
+they cannot go stale: the option table from ``notebook_elastic/options.py`` and the event
+table from ``notebook_elastic/runtime/protocol.py`` (each kind's fields) and ``events.py``
+(each kind's sentence, for a sample event)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+OPTIONS_MARK = "<!-- options -->"
+EVENTS_MARK = "<!-- events -->"
+
+
+def _fields(schema: dict[str, Any]) -> tuple[str, str]:
+    required = set(schema.get("required", []))
+    props = schema.get("properties", {})
+    shown = [f"`{k}`" for k in props if k in required], [f"`{k}`" for k in props if k not in required]
+    return ", ".join(shown[0]) or "—", ", ".join(shown[1]) or "—"
+
+
+def events_table() -> str:
+    from notebook_elastic.runtime.protocol import EVENT_SCHEMAS, Kind
+
+    rows = ["| kind | always | when known |", "|---|---|---|"]
+    for kind in Kind:
+        schema = EVENT_SCHEMAS.get(kind)
+        if schema is None:
+            continue
+        always, sometimes = _fields(schema)
+        rows.append(f"| `{kind.value}` | {always} | {sometimes} |")
+    return "\n".join(rows) + "\n"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if OPTIONS_MARK in markdown:
+        from notebook_elastic.options import markdown_table
+
+        markdown = markdown.replace(OPTIONS_MARK, markdown_table())
+    if EVENTS_MARK in markdown:
+        markdown = markdown.replace(EVENTS_MARK, events_table())
+    return markdown
