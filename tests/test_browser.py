@@ -303,7 +303,7 @@ def test_dashboard_states_kernel_restart_and_reload(tmp_path):
 def test_a_kernel_that_dies_mid_run_leaves_its_last_picture(tmp_path, monkeypatch):
     """#11 item 3: the kernel goes while its job trains on. The notebook, saved afterwards and
     reloaded, shows the dashboard as it was when the kernel went (running, at a step), marked
-    "kernel restarted", not the picture from when the cell ran (pending, no step)."""
+    "not live" (its kernel gone), not the picture from when the cell ran (pending, no step)."""
     from browser import worktree_extension_env
 
     require_chromium()

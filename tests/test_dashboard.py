@@ -183,6 +183,24 @@ def test_the_header_says_how_often_the_job_saves_and_what_share_of_the_loop_it_b
     assert "blocks 6.5 % of the loop" in Event(Kind.CHECKPOINT, 2.0, "node-0", saved).describe()
 
 
+def test_a_job_between_its_last_step_and_its_outcome_is_ending_not_running_on_no_node():
+    state = JobState(max_restarts=3, nnodes=(1, 2))
+    state.apply_all(
+        [
+            Event(Kind.PLAN, 1.0, "node-0", {"start": 0, "total": 10}),
+            Event(Kind.NODE_JOINED, 1.0, "node-0", {}),
+            Event(Kind.WORKER_STARTED, 1.0, "node-0", {"rank": 0, "local_rank": 0, "world_size": 1}),
+            Event(Kind.METRIC, 2.0, "node-0", {"step": 9, "values": {"loss": 0.1}}),
+        ]
+    )
+    assert "nodes 1" in re.sub(r"<[^>]+>", "", header_html("toy", "local", state))
+    state.apply(Event(Kind.NODE_LEFT, 3.0, "node-0", {"reason": "finished"}))  # the outcome comes next
+    text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))
+    assert "all steps done, ending" in text and "nodes 0" not in text, text
+    state.apply(Event(Kind.JOB_FINISHED, 4.0, None, {"status": "succeeded"}))
+    assert "range 1:2" in re.sub(r"<[^>]+>", "", header_html("toy", "local", state))
+
+
 def test_the_header_says_status_world_size_step_eta_and_loss_in_one_line():
     state = JobState(max_restarts=3, nnodes=(1, 2))
     state.apply_all(
@@ -384,7 +402,8 @@ def test_a_dashboard_carries_its_kernel_gone_word_and_a_static_twin(home):
     dash = Dashboard(job)
     try:
         offline = dash.offline.value
-        assert "kernel restarted" in offline and "%elastic_attach twin" in offline
+        assert "the kernel that drew this is gone (restarted or shut down)" in offline
+        assert "%elastic_attach twin" in offline
         assert 'class="ne-offline" data-job="twin" style="display:none' in offline  # hidden while live
         assert ".jupyter-widgets-disconnected .ne-offline{display:block!important}" in offline
         assert 'class="ne-attach' in offline and 'data-command="%elastic_attach twin"' in offline

@@ -164,11 +164,18 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     restarts; below it only what needs a word (why it ended, a warning, a stall)."""
     nodes = len(state.running_nodes)
     eta = None if state.finished else state.eta_s
+    # Every step done and every node gone, the outcome not yet told: the job is ending, not
+    # "running · nodes 0" (#30 item 3).
+    ending = (
+        not state.finished and nodes == 0 and state.step is not None and state.step + 1 >= (state.total_steps or 0) > 0
+    )
     cells = [
         f'world size <b class="ne-world-size">{state.world_size}</b>',
         # An ended job runs on no node: its range, not "nodes 0" (#11 item 6).
         f'range <span style="color:{FG_FAINT}">{state.nnodes[0]}:{state.nnodes[1]}</span>'
         if state.finished
+        else '<span class="ne-nodes-ending">all steps done, ending</span>'
+        if ending
         else f'nodes <span class="ne-nodes">{nodes}</span> <span style="color:{FG_FAINT}">'
         f"({state.nnodes[0]}:{state.nnodes[1]})</span>",
     ]
@@ -288,7 +295,10 @@ def offline_html(name: str, *, hidden: bool = True) -> str:
         f"{OFFLINE_CSS}"
         f'<div class="ne-offline" data-job="{esc(name)}" style="display:{display};border:1px solid #ef6c00;border-radius:4px;'
         f'padding:4px 8px;margin:2px 0 6px;font-size:12px;color:{FG};background:var(--jp-warn-color3,#fff3e0)">'
-        f"<b>kernel restarted</b> — <code>{esc(command)}</code> to follow it again. "
+        # Said for a restarted kernel and for a notebook reopened after its kernel was shut down
+        # alike: the kernel that drew this picture is gone, whichever way it went.
+        f"<b>not live</b>: the kernel that drew this is gone (restarted or shut down) — "
+        f"<code>{esc(command)}</code> to follow the job again. "
         f'<button class="ne-attach jp-mod-styled" data-job="{esc(name)}" data-command="{esc(command)}" disabled '
         f'title="run {esc(command)} in a new cell below">follow again</button>'
         f' <span style="color:{FG_FAINT}">(the picture below is the last one this kernel saw)</span></div>'
