@@ -176,8 +176,8 @@ OPTIONS: tuple[Option, ...] = (
         "grace",
         "seconds a worker pod is given between the kubelet's SIGTERM and its SIGKILL "
         "(terminationGracePeriodSeconds): the job saves on that notice first, within it less 3 s for the "
-        "agent to leave; give at least the save's time plus a step and 4 s.",
-        30,
+        "agent to leave. Default: derived from the longest save the last run of this job name measured "
+        "(1.5 x it + 5 s), at least 30; 30 before any was measured. The dry-run says which.",
         backends=K8S,
         metavar="SECONDS",
         goes_to="kubernetes",

@@ -279,7 +279,8 @@ def test_dry_run_prints_every_object_as_yaml_and_sends_nothing(shell, capsys, mo
     assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Deployment", "Job"]
     assert docs[-1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert "<" in docs[0]["binaryData"]["runtime.zip"]  # binary shown as a size, not dumped
-    assert "# notice: a worker pod is given 30 s (--grace) between the kubelet's SIGTERM" in out
+    assert "# notice: a worker pod is given 30 s between the kubelet's SIGTERM and its SIGKILL" in out
+    assert "(the default: no save of a job named spot-demo measured here yet)" in out
 
 
 def test_the_grace_is_the_pods_and_the_notice_keepers():
@@ -293,6 +294,27 @@ def test_the_grace_is_the_pods_and_the_notice_keepers():
         assert pod["terminationGracePeriodSeconds"] == (grace or 30)
         assert env["NOTEBOOK_ELASTIC_NOTICE_GRACE_S"] == str(grace or 30)
         assert env["NOTEBOOK_ELASTIC_NOTICE_STORE"] == "spot-train-rdzv:29400"
+
+
+def test_the_default_grace_is_derived_from_the_last_measured_save_and_the_dry_run_says_so(home):
+    """No --grace: 30 s before any save of a job of this name was measured; once a follower
+    recorded one (41 s), 1.5 x it + 5 s (67 s); a --grace given wins. The dry-run says which."""
+    from notebook_elastic.backends.kubernetes import KubernetesBackend
+    from notebook_elastic.backends.kubernetes import grace as pod_grace
+
+    backend = KubernetesBackend(namespace="default")
+    spec, bundle, _ = make()
+    text = backend.submit_dryrun(spec, bundle).text
+    assert "given 30 s" in text and "the default: no save of a job named spot-train measured here yet" in text
+    pod_grace.record("spot-train", 41.0)
+    dry = backend.submit_dryrun(spec, bundle)
+    assert "given 67 s" in dry.text and "derived from the last run's longest save, 41.0 s" in dry.text
+    pod = dry.request["objects"][-1]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 67
+    spec, bundle, _ = make(grace=45)
+    dry = backend.submit_dryrun(spec, bundle)
+    assert "given 45 s" in dry.text and "(--grace)" in dry.text
+    assert pod_grace.derived(1.0) == 30 and pod_grace.derived(None) == 30
 
 
 SECRET_VALUE = "hf_" + "Qx7" * 12  # made up

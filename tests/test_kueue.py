@@ -23,6 +23,7 @@ from test_kubernetes_manifests import make, strict
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
+from notebook_elastic.backends.kubernetes import grace as pod_grace
 from notebook_elastic.backends.kubernetes import kueue
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.errors import BackendError, SpecError
@@ -230,6 +231,8 @@ def test_queued_admitted_preempted_readmitted_and_no_step_lost(queued, tmp_path)
         urgent = queued.kueue.preempt(m.workers_name("queued"))
         pod_wait_for(job, lambda: any(e.kind == Kind.SAVED_ON_NOTICE for e in job.events), "the save on notice")
         [saved] = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
+        # Its save, measured in the pod, is what the next launch of this name derives its grace from.
+        pod_wait_for(job, lambda: pod_grace.measured("queued") is not None, "the save recorded")
         pod_wait_for(
             job,
             lambda: job.status == "pending" and "preempted by Kueue (Preempted)" in (job.state.waiting or ""),

@@ -48,7 +48,7 @@ def test_launch_lists_every_keyword_and_refuses_an_unknown_one_with_the_nearest(
 
 
 def test_the_kubernetes_options_are_the_tables():
-    internal = {"ttl_seconds_after_finished", "rdzv_port"}  # set by us, not flags
+    internal = {"ttl_seconds_after_finished", "rdzv_port", "grace_given"}  # set by us, not flags
     fields = {f.name for f in dataclasses.fields(KubernetesOptions)} - internal
     keywords = set(options.KUBERNETES_KEYWORDS)
     assert keywords == fields == set(inspect.signature(parse_options).parameters)

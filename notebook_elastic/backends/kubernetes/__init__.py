@@ -18,7 +18,7 @@ from typing import Any
 
 from ...events import FINAL_STATUSES, Event, Kind
 from ..base import Backend, JobInfo
-from . import kueue
+from . import grace, kueue
 from . import manifests as m
 from .client import Connection, connect, explain, is_missing
 from .control import Control
@@ -51,7 +51,12 @@ class KubernetesBackend(Submitting, Control, Backend):
         return self._conn
 
     def _options(self, spec: Any) -> KubernetesOptions:
-        return KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
+        """The job's options, its pods' grace resolved: the user's, else derived from the last
+        save measured for a job of this name here (grace.py)."""
+        options = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
+        if options.grace is None:
+            options.grace = grace.derived(grace.measured(spec.name))
+        return options
 
     # -- query ---------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from typing import Any
 from ...events import Event, Kind
 from ...job_state import budget_spent_reason, describe_failure
 from ...runtime import protocol
+from . import grace
 from . import manifests as m
 from .client import Connection
 from .kueue import QueueWatch
@@ -86,6 +87,7 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
         self.refused: set[str] = set()  # the 403 sentences told (each once)
         self.success_met = False  # the workers' Job met its successPolicy
         self.queue_watch: QueueWatch | None = None  # a job queued in Kueue: its Workload's word
+        self.longest_save_s = 0.0  # rank 0's longest save this run (grace.py)
         self._init_logs()
 
     def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
@@ -139,6 +141,11 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
     def _explain(self, event: Event) -> Event:
         """Keep the worker failures and restarts seen so far; a job that failed because its
         restart budget is spent then says which rank raised what, like the local backend."""
+        if event.kind == Kind.CHECKPOINT and event.get("ms"):
+            save_s = float(event.get("ms")) / 1000
+            if save_s > self.longest_save_s:  # what the next launch of this name derives its grace from
+                self.longest_save_s = save_s
+                grace.record(self.job, save_s)
         if event.kind == Kind.WORKER_FAILED:
             self.failures.append(event)
         elif event.kind == Kind.RESTART and event.get("reason") == "worker_failed":

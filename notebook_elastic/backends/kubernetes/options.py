@@ -33,6 +33,7 @@ POD_SECURITY_LEVELS = ("baseline", "restricted")  # the Pod Security Standards a
 # --grace: the notice's keeper passes the SIGTERM on this long before the end (runtime/notice_keeper.py);
 # the least grace leaves a second beside it for a save.
 MIN_GRACE_S = int(LEAVE_S) + 2
+DEFAULT_GRACE_S = 30  # before any save of the job was measured (grace.py derives it after)
 DEFAULT_CPU_PER_PROCESS = 1
 DEFAULT_MEMORY_PER_PROCESS_GI = 2
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -150,12 +151,20 @@ class KubernetesOptions:
     image_pull_secrets: list[str] = field(default_factory=list)
     pvc: str | None = None
     shm_size: str | None = "2Gi"
-    grace: int = 30  # the worker pods' terminationGracePeriodSeconds: a save on notice fits in it
+    # The worker pods' terminationGracePeriodSeconds: a save on notice fits in it. None until the
+    # backend derives it from the job's last measured save (grace.py); given, it is the user's.
+    grace: int | None = None
+    grace_given: bool = False
     workload: str = "job"
     queue: str | None = None  # a Kueue LocalQueue (kueue.py)
     pod_security: str = "baseline"  # "restricted": pods pass a namespace enforcing that level
     ttl_seconds_after_finished: int = 3600
     rdzv_port: int = 29400
+
+    @property
+    def pod_grace(self) -> int:
+        """The pods' grace: as resolved by the backend, else (a pure build) the default."""
+        return self.grace if self.grace is not None else DEFAULT_GRACE_S
 
     @property
     def store_image(self) -> str:
@@ -207,7 +216,7 @@ def parse_options(
     image_pull_secrets: Iterable[str] = (),
     pvc: str | None = None,
     shm_size: str | None = "2Gi",
-    grace: int | str = 30,
+    grace: int | str | None = None,
     workload: str = "job",
     queue: str | None = None,
     pod_security: str | None = None,
@@ -222,8 +231,9 @@ def parse_options(
             f"--pod-security {pod_security!r} is unknown; choose one of: {', '.join(POD_SECURITY_LEVELS)} "
             "(the level your namespace enforces: kubectl get ns NAME --show-labels)"
         )
-    grace = whole_number(grace, "--grace (seconds between the kubelet's SIGTERM and its SIGKILL)", "30")
-    if not MIN_GRACE_S <= grace <= 86_400:
+    if grace is not None:
+        grace = whole_number(grace, "--grace (seconds between the kubelet's SIGTERM and its SIGKILL)", "30")
+    if grace is not None and not MIN_GRACE_S <= grace <= 86_400:
         raise SpecError(
             f"--grace {grace} is outside {MIN_GRACE_S}..86400 seconds: the job saves on notice within the grace "
             f"less {LEAVE_S:g} s for its agent to leave, so give at least {MIN_GRACE_S} (the save's time plus a step "
@@ -258,7 +268,8 @@ def parse_options(
         image_pull_secrets=[_name(s, "--image-pull-secret") or "" for s in image_pull_secrets],
         pvc=_name(pvc, "--pvc"),
         shm_size=_quantity(shm_size, "--shm-size"),
-        grace=grace,
+        grace=grace,  # type: ignore[arg-type]
+        grace_given=grace is not None,
         workload=workload,
         queue=_name(queue, "--queue"),
         pod_security=pod_security or "baseline",

@@ -12,7 +12,7 @@ from ...errors import BackendError
 from ...plan import rdzv_id
 from ...runtime.notice_keeper import LEAVE_S
 from ..base import DryRun
-from . import kueue
+from . import grace, kueue
 from . import manifests as m
 from .client import explain, is_missing
 from .options import KubernetesOptions
@@ -54,8 +54,9 @@ class Submitting:
                 else ""
             )
             + (
-                f"# notice: a worker pod is given {options.grace} s (--grace) between the kubelet's SIGTERM and its\n"
-                f"# SIGKILL; the job saves on that notice first, so a save must end within {options.grace - LEAVE_S:g} s\n"
+                f"# notice: a worker pod is given {options.grace} s between the kubelet's SIGTERM and its SIGKILL\n"
+                f"# ({grace.why(options.grace, options.grace_given, grace.measured(spec.name), spec.name)});\n"
+                f"# the job saves on that notice first, so a save must end within {options.grace - LEAVE_S:g} s\n"
                 "# (a save measured longer is told while the job runs, with the --grace that would hold it).\n"
             )
             + (

@@ -44,7 +44,7 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
             protocol.ENV_STORE_REPLACEABLE: "1",  # the store pod's Deployment brings it back
             protocol.ENV_AGENTS_EVICT: "1",  # no supervisor: a pod failing while it joins sends itself away
             # The kubelet's SIGTERM is a notice: the job saves before the pod goes (notice_keeper.py).
-            protocol.ENV_NOTICE_GRACE_S: str(options.grace),
+            protocol.ENV_NOTICE_GRACE_S: str(options.pod_grace),
         },
     )
 
@@ -101,7 +101,7 @@ def worker_pod_spec(
         "volumes": volumes,
         # The kubelet's SIGTERM is a notice: the agent's keeper has rank 0 save first, then the
         # agent stops its workers and leaves the rendezvous, all within this grace.
-        "terminationGracePeriodSeconds": options.grace,
+        "terminationGracePeriodSeconds": options.pod_grace,
     }
     _place(pod_spec, options, options.node_selector, options.tolerations, options.priority_class)
     _secure(pod_spec, options)
