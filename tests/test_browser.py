@@ -356,10 +356,11 @@ def test_a_kernel_that_dies_mid_run_leaves_its_last_picture(tmp_path, monkeypatc
     assert errors == [], errors
 
 
-# Values laid out over more than one line box (an inline value that wrapped inside itself).
+# Values laid out over more than one line box (an inline value that wrapped inside itself), and
+# the names of a path or a command (wrapped at their hyphens: "pytest-" / "78").
 # (Chrome gives an inline element one rect per fragment, its children's too: lines are told
 # apart by their tops.)
-SPLIT_VALUES = """() => [...document.querySelectorAll('.ne-header .ne-cell, .ne-job .ne-cell')]
+SPLIT_VALUES = """() => [...document.querySelectorAll('.ne-header .ne-cell, .ne-job .ne-cell, .ne-path-seg')]
   .filter(e => {
     const tops = [...e.getClientRects()].map(r => r.top);
     return tops.length && Math.max(...tops) - Math.min(...tops) > 0.8 * parseFloat(getComputedStyle(e).fontSize);

@@ -13,6 +13,7 @@ offline snapshot are here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -135,6 +136,24 @@ def gpu_text(state: JobState) -> str:
     return text
 
 
+def wrappable(text: str) -> str:
+    """A command or a path, escaped, that a narrow line breaks after a '/' or at a space, never
+    inside a name (at its hyphens, "pytest-" / "78"): each name between slashes is one unbreakable
+    piece, each slash a place to break (#30 item 4)."""
+    out = []
+    for token in re.split(r"(\s+)", text):
+        if not token or token.isspace():
+            out.append(esc(token))
+            continue
+        out.append(
+            "/<wbr>".join(
+                f'<span class="ne-path-seg" style="white-space:nowrap">{esc(seg)}</span>' if seg else ""
+                for seg in token.split("/")
+            )
+        )
+    return "".join(out)
+
+
 def tracking_html(tracking: Sequence[dict[str, Any]]) -> str:
     """Where the run is tracked: a link to the MLflow/W&B run's page, else the command that shows
     it (``mlflow ui ...`` for a store on disk, ``wandb sync ...`` offline, ``tensorboard ...``).
@@ -151,7 +170,7 @@ def tracking_html(tracking: Sequence[dict[str, Any]]) -> str:
             where = f" in {d['path']}" if d["path"] else ""
             items.append(
                 f'<span class="ne-tracking-item" data-tracker="{esc(d["tracker"])}" title="{esc(d["label"] + where)}">'
-                f'{esc(d["label"])}: <code class="ne-tracking-command" style="user-select:all">{esc(d["command"])}</code></span>'
+                f'{esc(d["label"])}: <code class="ne-tracking-command" style="user-select:all">{wrappable(d["command"])}</code></span>'
             )
     if not items:
         return ""
