@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .errors import JobNotFound, NotebookElasticError
@@ -71,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p = sub.add_parser("resume", parents=[common], help="continue a lost, failed or stopped job")
     p.add_argument("name")
+    p = sub.add_parser("debug", help="a local job's bug-report file: logs, events, plan, versions; no secret")
+    p.add_argument("name")
+    p.add_argument("-o", "--output", default=None, help="the file to write (default: ./NAME-debug-TIME.tar.gz)")
     p = sub.add_parser("pool", help="the warm pool local jobs are forked from: whether it runs, or stop it")
     p.add_argument("action", nargs="?", choices=("status", "stop"), default="status")
     p = sub.add_parser("export", help="write a notebook's training cell as a standalone script")
@@ -178,6 +182,23 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_debug(args: argparse.Namespace) -> int:
+    from .backends import get_backend
+    from .backends.local.debug import write
+
+    folder = get_backend("local").folder(args.name)  # type: ignore[attr-defined]
+    if not folder.exists():
+        raise JobNotFound(f"no local job named {args.name!r}; `notebook-elastic jobs` lists them")
+    out = Path(args.output or f"{args.name}-debug-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
+    names = write(folder, out)
+    print(
+        f"wrote {out} ({len(names)} files, {out.stat().st_size / 1024:.0f} KiB, readable by you only): attach it "
+        "to your bug report. It holds the job's events and logs and the generated script (your cell's code); "
+        "never --env values, the payload or checkpoints."
+    )
+    return 0
+
+
 def _running(backend: Any, name: str) -> bool:
     from .events import FINAL_STATUSES
 
@@ -277,6 +298,7 @@ COMMANDS = {
     "jobs": cmd_jobs,
     "status": cmd_status,
     "logs": cmd_logs,
+    "debug": cmd_debug,
     "events": cmd_events,
     "scale": cmd_scale,
     "stop": cmd_stop,
