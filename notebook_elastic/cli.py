@@ -39,7 +39,9 @@ FOLLOW_POLL_S = 0.2
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--backend", default="local", choices=["local", "kubernetes"], help="where the job runs")
+    common.add_argument(
+        "--backend", default="local", choices=["local", "kubernetes", "slurm"], help="where the job runs"
+    )
     common.add_argument("--namespace", default=None, help="kubernetes: the namespace (default: the context's)")
     common.add_argument("--context", default=None, help="kubernetes: the kubeconfig context (default: current)")
     parser = argparse.ArgumentParser(

@@ -35,7 +35,7 @@ STALL_AFTER_S = 30.0
 #: Payloads above this are refused before launch (configurable per job).
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 
-BACKENDS = ("local", "kubernetes")
+BACKENDS = ("local", "kubernetes", "slurm")
 
 #: What dry-runs show instead of an ``--env`` value (values are treated as secrets).
 HIDDEN_VALUE = "<hidden>"

@@ -29,9 +29,10 @@ def build_spec(
 ) -> JobSpec:
     """A validated ``JobSpec`` from the spec's options (``options.OPTIONS`` with ``goes_to``
     "spec"), the table's defaults for the rest (``SpecError`` on the first bad one)."""
-    spec_values, k8s, launching = options.split(values, surface="build_spec()")
-    if k8s or launching:
-        raise SpecError(f"build_spec() takes the job's own options, not {', '.join([*k8s, *launching])}")
+    spec_values, per_backend, launching = options.split(values, surface="build_spec()")
+    apart = [k for part in per_backend.values() for k in part]
+    if apart or launching:
+        raise SpecError(f"build_spec() takes the job's own options, not {', '.join([*apart, *launching])}")
     given = {**options.spec_defaults(), **spec_values}
     return JobSpec(
         name=given.get("name") or new_name(),
@@ -63,10 +64,11 @@ def spec_from_options(
     """The spec of a launch from the options given to ``surface`` (the magic or ``launch()``):
     unknown options, Kubernetes options on the local backend and bad values are refused
     in one sentence, before anything is packaged."""
-    spec_values, k8s, launching = options.split(values, surface=surface)
+    spec_values, per_backend, launching = options.split(values, surface=surface)
     if launching:
         raise SpecError(f"{surface}: {', '.join(launching)} say how to launch, not what; pass them apart")
-    extra = kubernetes_options(spec_values.get("backend", "local"), k8s)
+    backend = spec_values.get("backend", "local")
+    extra = {**kubernetes_options(backend, per_backend["kubernetes"]), **slurm_options(backend, per_backend["slurm"])}
     return build_spec(
         **spec_values,
         notebook=ctx.notebook,
@@ -175,6 +177,18 @@ def kubernetes_options(backend: str, given: Mapping[str, Any]) -> dict[str, Any]
     if backend != "kubernetes":
         raise SpecError(f"{', '.join(sorted(picked))} only apply with backend='kubernetes'")
     return {"kubernetes": _k8s_parse(picked).to_json()}
+
+
+def slurm_options(backend: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The Slurm options, validated (SpecError on a bad one, or on any with another backend)."""
+    picked = {k: v for k, v in given.items() if v is not None and v != []}
+    if picked and backend != "slurm":
+        raise SpecError(f"{', '.join(sorted(picked))} only apply with backend='slurm'")
+    if backend != "slurm":
+        return {}
+    from .backends.slurm.options import parse_options
+
+    return {"slurm": parse_options(**picked).to_json()}
 
 
 def _k8s_parse(picked: dict[str, Any]) -> Any:

@@ -35,7 +35,11 @@ from .packaging import NotebookContext
 
 def _option_flags(func: Any) -> Any:
     """The magic's flags, from the option table (options.OPTIONS), grouped as --help shows them."""
-    groups = {"kubernetes": "Kubernetes (with --backend kubernetes)", "launch": "launching"}
+    groups = {
+        "kubernetes": "Kubernetes (with --backend kubernetes)",
+        "slurm": "Slurm (with --backend slurm)",
+        "launch": "launching",
+    }
     decorators: list[Any] = []
     group = None
     for option, flags, kwargs in options.argparse_arguments():

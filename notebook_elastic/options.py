@@ -17,8 +17,11 @@ from typing import Any
 from . import defaults
 from .errors import SpecError
 
-BOTH = ("local", "kubernetes")
+ALL = ("local", "kubernetes", "slurm")
 K8S = ("kubernetes",)
+SLURM = ("slurm",)
+#: Where each backend's own options go (``goes_to``), apart from the job spec.
+BACKEND_PARTS = ("kubernetes", "slurm")
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,11 @@ class Option:
     help: str
     default: Any = None  # None: not given (the field's own default applies)
     flag_name: str | None = None  # the magic's flag when it is not --KEYWORD-WITH-DASHES
-    backends: tuple[str, ...] = BOTH
+    backends: tuple[str, ...] = ALL
     repeatable: bool = False  # a flag given several times; a list in launch()
     switch: bool = False  # a flag without a value; True/False in launch()
     metavar: str | None = None
-    goes_to: str = "spec"  # "spec" | "kubernetes" | "launch" (how to launch, not what)
+    goes_to: str = "spec"  # "spec" | "kubernetes" | "slurm" | "launch" (how to launch, not what)
     magic: bool = True  # a flag of %%elastic_train
     keyword_arg: bool = True  # a keyword of launch()
 
@@ -41,7 +44,7 @@ class Option:
 
     @property
     def help_text(self) -> str:
-        scope = "kubernetes: " if self.backends == K8S else ""
+        scope = f"{self.backends[0]}: " if len(self.backends) == 1 else ""
         default = f" Default {self.default}." if self.default not in (None, False) and not self.repeatable else ""
         return f"{scope}{self.help}{default}"
 
@@ -57,7 +60,7 @@ OPTIONS: tuple[Option, ...] = (
         defaults.MAX_RESTARTS,
     ),
     Option("name", "job name (lowercase letters, digits, '-'); also the variable holding the job."),
-    Option("backend", "where to run: local or kubernetes.", "local"),
+    Option("backend", "where to run: local, kubernetes or slurm.", "local"),
     Option("checkpoint_dir", "where State() keeps checkpoints (default: the job folder)."),
     Option(
         "checkpoint_every",
@@ -204,6 +207,40 @@ OPTIONS: tuple[Option, ...] = (
         backends=K8S,
         goes_to="kubernetes",
     ),
+    # Slurm: each node is an allocation of its own (backends/slurm).
+    Option(
+        "partition",
+        "the partition each node's allocation runs in (default: the cluster's).",
+        backends=SLURM,
+        goes_to="slurm",
+    ),
+    Option("account", "the account the allocations are charged to.", backends=SLURM, goes_to="slurm"),
+    Option("qos", "the quality of service of the allocations.", backends=SLURM, goes_to="slurm"),
+    Option(
+        "time",
+        "each node's time limit, as Slurm writes it (MINUTES, HH:MM:SS, D-HH:MM); checked against the partition's.",
+        backends=SLURM,
+        goes_to="slurm",
+    ),
+    Option(
+        "gpus_per_node",
+        "GPUs of each node's allocation (default: --nproc-per-node where the partition has GPUs, else none).",
+        backends=SLURM,
+        metavar="N",
+        goes_to="slurm",
+    ),
+    Option(
+        "constraint", "the node features the allocations need (Slurm's --constraint).", backends=SLURM, goes_to="slurm"
+    ),
+    Option(
+        "slurm_args",
+        "another option for each node's srun, passed as is (like --slurm-arg=--mem=32G).",
+        flag_name="--slurm-arg",
+        backends=SLURM,
+        repeatable=True,
+        metavar="ARG",
+        goes_to="slurm",
+    ),
     # How to launch.
     Option(
         "dry_run",
@@ -236,6 +273,7 @@ OPTIONS: tuple[Option, ...] = (
 
 BY_KEYWORD = {o.keyword: o for o in OPTIONS}
 KUBERNETES_KEYWORDS = tuple(o.keyword for o in OPTIONS if o.goes_to == "kubernetes")
+SLURM_KEYWORDS = tuple(o.keyword for o in OPTIONS if o.goes_to == "slurm")
 
 
 def spec_defaults() -> dict[str, Any]:
@@ -283,9 +321,9 @@ def given(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def split(options: Mapping[str, Any], *, surface: str = "launch()") -> tuple[dict, dict, dict]:
-    """``(spec keywords, kubernetes keywords, launch keywords)`` of the given options, or a
+    """``(spec keywords, {backend: its keywords}, launch keywords)`` of the given options, or a
     ``SpecError`` naming an unknown one and the nearest known."""
-    parts: dict[str, dict[str, Any]] = {"spec": {}, "kubernetes": {}, "launch": {}}
+    parts: dict[str, dict[str, Any]] = {"spec": {}, "launch": {}, **{b: {} for b in BACKEND_PARTS}}
     for key, value in options.items():
         option = BY_KEYWORD.get(key)
         if option is None or (surface == "launch()" and not option.keyword_arg):
@@ -293,7 +331,7 @@ def split(options: Mapping[str, Any], *, surface: str = "launch()") -> tuple[dic
             hint = f"; did you mean {near[0]}=?" if near else f" (known: {', '.join(BY_KEYWORD)})"
             raise SpecError(f"{surface} got an unknown option {key}={value!r}{hint}")
         parts[option.goes_to][key] = value
-    return parts["spec"], parts["kubernetes"], parts["launch"]
+    return parts["spec"], {b: parts[b] for b in BACKEND_PARTS}, parts["launch"]
 
 
 def markdown_table() -> str:
@@ -302,7 +340,7 @@ def markdown_table() -> str:
     for o in OPTIONS:
         flag = f"`{o.flag}{' ' + o.metavar if o.metavar and not o.switch else ''}`" if o.magic else "—"
         keyword = f"`{o.keyword}=`" if o.keyword_arg else "—"
-        backends = "both" if o.backends == BOTH else ", ".join(o.backends)
+        backends = "all" if o.backends == ALL else ", ".join(o.backends)
         rows.append(f"| {flag} | {keyword} | {backends} | {o.help_text} |")
     return "\n".join(rows)
 

@@ -21,6 +21,15 @@ if ! command -v kubectl >/dev/null && command -v apt-get >/dev/null; then
     echo "setup: could not install kubectl (see /tmp/notebook-elastic-apt-kubectl.log); the kubectl tests will say so" >&2
   fi
 fi
+# The Slurm tests start their own munged, slurmctld and slurmd (tests/slurm_cluster.py; skipped
+# with a reason without them).
+if ! command -v slurmctld >/dev/null && [[ ! -x /usr/sbin/slurmctld ]] && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian's slurmctld, slurmd and munge for the Slurm tests"
+  sudo_=""; [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && sudo_="sudo"
+  if ! { $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq slurmctld slurmd slurm-client munge; } >/tmp/notebook-elastic-apt-slurm.log 2>&1; then
+    echo "setup: could not install Slurm (see /tmp/notebook-elastic-apt-slurm.log); the Slurm tests will say so" >&2
+  fi
+fi
 .venv/bin/ruff check notebook_elastic tests benchmarks scripts docs
 .venv/bin/ruff format --check notebook_elastic tests benchmarks scripts docs
 # The documentation site, warnings as errors (its reference pages are generated from the code).

@@ -26,7 +26,7 @@ CELL = "print('training')\n"
         ("--nproc-per-node -1", CELL, r"each node needs at least 1 process"),
         ("--max-restarts -1", CELL, r"--max-restarts -1 must be 0 or more"),
         ("--max-restarts lots", CELL, r"--max-restarts must be a whole number"),
-        ("--backend slurm", CELL, r"--backend 'slurm' is unknown; choose one of: local, kubernetes"),
+        ("--backend lsf", CELL, r"--backend 'lsf' is unknown; choose one of: local, kubernetes, slurm"),
         (
             "--name My_Job",
             CELL,

@@ -19,4 +19,8 @@ def get_backend(name: str, **options: Any) -> Backend:
         from .kubernetes import KubernetesBackend  # type: ignore[import-not-found]
 
         return KubernetesBackend(**options)
-    raise SpecError(f"--backend {name!r} is unknown; choose one of: local, kubernetes")
+    if name == "slurm":
+        from .slurm import SlurmBackend
+
+        return SlurmBackend(**options)
+    raise SpecError(f"--backend {name!r} is unknown; choose one of: local, kubernetes, slurm")

@@ -221,7 +221,7 @@ class LocalBackend(Following, Backend):
                 status = {**status, "reason": LOST_SUPERVISOR["reason"]}
         return JobInfo(
             name=name,
-            backend="local",
+            backend=spec.get("backend") or "local",  # a slurm job's folder is one of these too
             status=state,
             summary={
                 # The launch spec's range until the job reports its own (set_range moves it).

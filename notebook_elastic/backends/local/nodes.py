@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -25,6 +26,8 @@ NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
 #: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
 #: so events and status still find room.
 LOG_FLOOR_BYTES = 64 * 1024 * 1024
+#: srun's line for an allocation Slurm does not grant at once.
+SRUN_QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
 
 
 @dataclass
@@ -60,7 +63,9 @@ class Nodes:
             self.folder,
             gpus=self.gpus,
             store_port=self.store_port,
-            supervisor_pid=os.getpid(),
+            # An agent dies with the supervisor that started it; under srun its parent is Slurm's
+            # step daemon, and srun, the supervisor's child, ends the step when it goes.
+            supervisor_pid=None if self.spec.backend == "slurm" else os.getpid(),
             files_sha256=self.files_sha256,
         )
         return launch_plan(
@@ -91,8 +96,15 @@ class Nodes:
         return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
-        # Forked by the warm pool when there is one: a light launcher stands in for the agent.
-        command = pool.through_pool(command, env) or command
+        if self.spec.backend == "slurm":
+            # A node is a Slurm allocation: the agent runs under srun there (backends/slurm).
+            from ..slurm.options import SlurmOptions
+
+            slurm = SlurmOptions.from_json(self.spec.backend_options.get("slurm"))
+            command = [*slurm.srun(self.spec.name, name, self.spec.nproc_per_node), *command]
+        else:
+            # Forked by the warm pool when there is one: a light launcher stands in for the agent.
+            command = pool.through_pool(command, env) or command
         proc = subprocess.Popen(
             command,
             env=env,
@@ -192,10 +204,22 @@ class Nodes:
             if self._output_allowed():
                 with agent.log_lock:
                     self._log(agent, raw)
-            event = parser.feed(raw.decode("utf-8", "replace"), now)
+            line = raw.decode("utf-8", "replace")
+            if self.spec.backend == "slurm":
+                self._slurm_says(agent, line)
+            event = parser.feed(line, now)
             if event is not None and not agent.name.startswith("spare-"):
                 self.sink.put(event)
         pipe.close()
+
+    def _slurm_says(self, agent: Agent, line: str) -> None:
+        """srun's own word on a node's allocation: waiting (with squeue's reason), as a pending node."""
+        m = SRUN_QUEUED.match(line)
+        if m:
+            from ..slurm.cluster import pending_reason
+
+            reason = pending_reason(m.group(1)) or "Resources"
+            self.emit(Kind.PENDING, agent.name, reason=reason, message=f"Slurm job {m.group(1)} waits ({reason})")
 
     def _log(self, agent: Agent, raw: bytes) -> None:
         """Append to the node's log, rotated at NODE_LOG_CAP_BYTES (node-N.log.1 keeps the last

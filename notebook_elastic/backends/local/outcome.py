@@ -72,7 +72,7 @@ class Outcome:
         self.status_written = summary.get("status")
         summary.update(
             name=self.spec.name,
-            backend="local",
+            backend=self.spec.backend,
             target=self.target,
             min_nodes=self.range[0],
             max_nodes=self.range[1],

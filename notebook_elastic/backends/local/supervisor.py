@@ -116,7 +116,8 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
         # A warm spare agent saves a scale-up its torch import; the warm pool forks agents warm.
-        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True)) and pool.in_use() is None
+        spare_ok = self.spec.backend != "slurm"  # a Slurm node is an allocation, not a process kept warm
+        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True)) and pool.in_use() is None and spare_ok
         self.stall_after_s = float(self.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.stall = StallClock(since=time.monotonic())
         self.failures_seen: dict[tuple, int] = {}
@@ -269,7 +270,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             max_nodes=self.range[1],
             nproc_per_node=spec.nproc_per_node,
             max_restarts=spec.max_restarts,
-            backend="local",
+            backend=self.spec.backend,
             gpus=len(self.gpus),
             notebook=spec.notebook,
         )

@@ -1,0 +1,129 @@
+"""The Slurm options of a job (``--partition``, ``--account``, ``--qos``, ``--time``,
+``--gpus-per-node``, ``--constraint``, ``--slurm-arg``), checked for form here, against the
+cluster in ``cluster.py``; and the ``srun`` each node's agent runs under."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import SpecError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# Slurm's time formats: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS,
+# DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS ("UNLIMITED" is the partition's own word).
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def minutes(text: str) -> float | None:
+    """A Slurm time as minutes (None: UNLIMITED/infinite); ValueError when it is not one."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    m = _TIME.match(text)
+    if not m:
+        raise ValueError(text)
+    days, a, b, c = m.groups()
+    if days is not None:  # D-H[:M[:S]]
+        h, mi, s = int(a), int(b or 0), int(c or 0)
+        return int(days) * 1440 + h * 60 + mi + s / 60
+    if c is not None:  # H:M:S
+        return int(a) * 60 + int(b) + int(c) / 60
+    if b is not None:  # M:S
+        return int(a) + int(b) / 60
+    return float(a)  # M
+
+
+@dataclass
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    gpus_per_node: int | None = None
+    constraint: str | None = None
+    slurm_args: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> SlurmOptions:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+    def srun(self, job: str, node: str, nproc_per_node: int) -> list[str]:
+        """The ``srun`` a node's agent runs under: one task on one node, its own allocation,
+        named after the job and the node (``squeue`` shows which is which), the environment
+        passed on, and the job's options."""
+        argv = [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--cpus-per-task={max(1, nproc_per_node)}",
+            f"--job-name=ne-{job}-{node}",
+            "--export=ALL",
+            "--kill-on-bad-exit=1",
+        ]
+        for flag, value in (
+            ("--partition", self.partition),
+            ("--account", self.account),
+            ("--qos", self.qos),
+            ("--time", self.time),
+            ("--constraint", self.constraint),
+        ):
+            if value:
+                argv.append(f"{flag}={value}")
+        if self.gpus_per_node:
+            argv.append(f"--gpus-per-node={self.gpus_per_node}")
+        return [*argv, *self.slurm_args, "--"]
+
+
+def parse_options(
+    *,
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    time: str | None = None,
+    gpus_per_node: int | str | None = None,
+    constraint: str | None = None,
+    slurm_args: Iterable[str] = (),
+) -> SlurmOptions:
+    """Validated options from flag values (``SpecError`` on the first bad one)."""
+    for flag, value in (("--partition", partition), ("--account", account), ("--qos", qos)):
+        if value is not None and not _NAME.match(value):
+            raise SpecError(f"{flag} {value!r} is not a Slurm name (letters, digits, '_', '.', ':', '-')")
+    if time is not None:
+        try:
+            if minutes(str(time)) is None:
+                raise ValueError(time)
+        except ValueError:
+            raise SpecError(
+                f"--time {time!r} is not a Slurm time limit; write MINUTES, HH:MM:SS or D-HH:MM (like 90, 2:00:00, 1-12:00)"
+            ) from None
+    gpus = None
+    if gpus_per_node is not None:
+        try:
+            gpus = int(gpus_per_node)
+        except (TypeError, ValueError):
+            gpus = -1
+        if gpus < 0:
+            raise SpecError(f"--gpus-per-node {gpus_per_node!r} must be a whole number of GPUs, 0 or more")
+    args = [str(a) for a in slurm_args]
+    for arg in args:
+        if not arg.startswith("-") or any(c.isspace() for c in arg.split("=", 1)[0]):
+            raise SpecError(
+                f"--slurm-arg {arg!r} is not an srun option; give one option each, like --slurm-arg=--mem=32G"
+            )
+    return SlurmOptions(
+        partition=partition,
+        account=account,
+        qos=qos,
+        time=str(time) if time is not None else None,
+        gpus_per_node=gpus,
+        constraint=constraint,
+        slurm_args=args,
+    )
