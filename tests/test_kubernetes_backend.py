@@ -46,6 +46,13 @@ def ns(total=100_000):
 def cluster(tmp_path, monkeypatch, home):
     fake = FakeCluster(gpu_slots=2, namespaces=("default", "ml"))
     monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    add_checkpoint_claim(fake)
+    yield fake
+    fake.close()
+
+
+def add_checkpoint_claim(fake) -> None:
+    """The "ckpt" PersistentVolumeClaim the jobs keep their checkpoints on."""
     status, _ = _post(
         fake,
         "/api/v1/namespaces/default/persistentvolumeclaims",
@@ -55,8 +62,6 @@ def cluster(tmp_path, monkeypatch, home):
         },
     )
     assert status == 201
-    yield fake
-    fake.close()
 
 
 def _post(fake, path, body, method="POST"):

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import torch
 from k8s_apiserver import FakeCluster
-from test_kubernetes_backend import TRAIN, _post
+from test_kubernetes_backend import TRAIN, add_checkpoint_claim
 from test_kubernetes_backend import wait_for as pod_wait_for
 from test_kubernetes_manifests import make, strict
 
@@ -47,15 +47,7 @@ def user_ns(total: int = 100_000) -> dict:
 def kueue_cluster(tmp_path, monkeypatch, slices: bool) -> FakeCluster:
     fake = FakeCluster(gpu_slots=2, kueue=True, kueue_elastic_slices=slices)
     monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
-    status, _ = _post(
-        fake,
-        "/api/v1/namespaces/default/persistentvolumeclaims",
-        {
-            "metadata": {"name": "ckpt"},
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-        },
-    )
-    assert status == 201
+    add_checkpoint_claim(fake)
     return fake
 
 

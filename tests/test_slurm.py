@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from slurm_cluster import SlurmCluster, why_not
+from test_kubernetes_backend import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -54,16 +55,6 @@ def on_slurm(slurm, monkeypatch, home):
         monkeypatch.setenv(key, value)  # the supervisor and its srun find the cluster through it
     yield slurm
     slurm.run("scancel", "--user", "root")
-
-
-def wait_for(job, predicate, what, timeout=150):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out waiting for {what}: {job.summary()}\n" + "\n".join(e.describe() for e in job.events[-15:])
-            )
-        time.sleep(0.2)
 
 
 def test_slurm_times_and_bad_options_are_one_sentence():
