@@ -41,4 +41,6 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/s
 # deadlines, and a scale-up could miss a job that ended first.
 # NOTEBOOK_ELASTIC_TEST_WORKERS=0 runs everything in one process (as does -n 0 after the command).
 workers="${NOTEBOOK_ELASTIC_TEST_WORKERS:-2}"
-exec .venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal "$@"
+# A test still running after a minute is named as it runs (tests/conftest.py), and the slowest
+# fifteen are listed at the end.
+exec .venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal --durations=15 "$@"

@@ -163,6 +163,48 @@ def pytest_configure(config):
     )
 
 
+class LongTests:
+    """In the process that shows the run (xdist's controller, or the only one): a line for each
+    test still running after ``LONG_TEST_S``, and again every minute, so a quiet stretch of the
+    suite says which tests it is waiting for (#30 item 5)."""
+
+    LONG_TEST_S = float(os.environ.get("NOTEBOOK_ELASTIC_LONG_TEST_S", "60"))
+
+    def __init__(self, config) -> None:
+        self.reporter = config.pluginmanager.get_plugin("terminalreporter")
+        self.started: dict[str, float] = {}
+        self.told: dict[str, float] = {}
+        self.stop = False
+        import threading
+
+        threading.Thread(target=self._watch, name="long-tests", daemon=True).start()
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.started[nodeid] = time.monotonic()
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self.started.pop(nodeid, None)
+        self.told.pop(nodeid, None)
+
+    def _watch(self) -> None:
+        while not self.stop:
+            time.sleep(5)
+            now = time.monotonic()
+            for nodeid, began in list(self.started.items()):
+                ran = now - began
+                if ran >= self.LONG_TEST_S and now - self.told.get(nodeid, 0) >= 60:
+                    self.told[nodeid] = now
+                    if self.reporter is not None:
+                        self.reporter.write_line(f"  still running after {ran:.0f} s: {nodeid}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    config = session.config
+    if not hasattr(config, "workerinput") and config.getoption("verbose") >= 0:  # not an xdist worker
+        config.pluginmanager.register(LongTests(config), "notebook-elastic-long-tests")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
