@@ -7,8 +7,10 @@ Real jobs (torchrun, the supervisor) and the real packages; each test skips with
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import struct
 import time
 from pathlib import Path
@@ -141,9 +143,11 @@ def test_where_the_run_is_tracked_is_an_event_every_view_reads_from_the_history(
     assert told["tensorboard"]["command"] == f"{tensorboard} --logdir {folder}"
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))  # what the command shows
 
-    html = dashboard_html(job)
-    assert f"mlflow ui --backend-store-uri {store.as_uri()}" in html and f"{tensorboard} --logdir {folder}" in html
-    assert run.info.run_id in html
+    page = dashboard_html(job)
+    # What a person reads (the commands are built of unbreakable names, with a break after each '/').
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert f"mlflow ui --backend-store-uri {store.as_uri()}" in shown and f"{tensorboard} --logdir {folder}" in shown
+    assert run.info.run_id in page
     for handle in (job, ne.attach("linked")):  # the kernel that launched it, and a new one
         assert handle.wait(60) == "succeeded"
         assert f"MLflow run {run.info.run_id} in {store}: mlflow ui" in handle.summary()
