@@ -201,7 +201,8 @@ class LongTests:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
     config = session.config
-    if not hasattr(config, "workerinput") and config.getoption("verbose") >= 0:  # not an xdist worker
+    # In the process that reports (not an xdist worker), under -q as well (CI runs -q -ra).
+    if not hasattr(config, "workerinput") and config.getoption("verbose") > -2:
         config.pluginmanager.register(LongTests(config), "notebook-elastic-long-tests")
 
 
