@@ -118,6 +118,21 @@ def _wl(name, created, *conds, count=2, annotations=None, admission=None):
     }
 
 
+def test_a_job_kueue_evicted_is_pending_while_its_pods_go_not_restarting():
+    from notebook_elastic.events import Event
+    from notebook_elastic.job_state import JobState
+
+    state = JobState(nnodes=(1, 2))
+    state.apply(Event(Kind.WORKER_STARTED, 1.0, "p-0", {"rank": 0, "local_rank": 0, "world_size": 2}))
+    state.apply(Event(Kind.QUEUE, 2.0, None, {"queue": "q", "state": "evicted", "reason": "Preempted", "message": "m"}))
+    state.apply(Event(Kind.PEER_LOST, 3.0, "p-1", {"round": 0, "lost": ["p-0"]}))  # the pods going, after
+    state.apply(Event(Kind.NODE_LEFT, 3.1, "p-0", {"reason": "exited with code 143"}))
+    assert state.status == "pending" and "preempted by Kueue" in state.waiting
+    state.apply(Event(Kind.QUEUE, 4.0, None, {"queue": "q", "state": "admitted", "cluster_queue": "cq", "count": 2}))
+    state.apply(Event(Kind.WORKER_STARTED, 5.0, "p-2", {"rank": 0, "local_rank": 0, "world_size": 2}))
+    assert state.status == "running" and state.waiting is None
+
+
 def test_the_workloads_state_is_the_newest_unfinished_ones():
     assert kueue.workload_state([]) is None
     waiting = _wl("a", "2026-01-01T00:00:00Z", ("QuotaReserved", "False", "Pending", "insufficient quota"))

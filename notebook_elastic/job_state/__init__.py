@@ -70,6 +70,7 @@ class JobState(Handlers):
         self.status = Status.PENDING
         self.reason: str | None = None
         self.waiting: str | None = None  # why capacity the job asked for is not coming
+        self.held_by_queue = False  # Kueue evicted it and has not admitted it again (--queue)
         self.max_restarts = max_restarts
         self.nnodes = tuple(nnodes)
         self.target = target if target is not None else nnodes[0]
@@ -261,6 +262,8 @@ class JobState(Handlers):
         before = self.status
         if handler is not None:
             handler(e)
+        if self.held_by_queue and self.status == Status.RESTARTING:
+            self.status = Status.PENDING  # its pods going is Kueue's eviction: it waits for quota, not a restart
         self._track_transition(e, before)
 
     def _track_transition(self, e: Event, before: str) -> None:

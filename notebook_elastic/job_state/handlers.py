@@ -76,10 +76,12 @@ class Handlers:
         state = e.get("state")
         if state == "admitted":
             self.waiting = None
+            self.held_by_queue = False
             self._mark(e, "admitted", f"admitted by Kueue ({e.get('cluster_queue') or e.get('queue')})")
             return
         self.waiting = describe(e)
         if state == "evicted":
+            self.held_by_queue = True
             if not self.finished:
                 self.status = Status.PENDING
             self._mark(e, "preempted", f"preempted by Kueue ({e.get('reason') or 'evicted'})")
