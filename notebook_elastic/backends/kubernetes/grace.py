@@ -58,7 +58,7 @@ def derived(save_s: float | None) -> int:
     return max(DEFAULT_S, math.ceil(save_s * 1.5 + LEAVE_S + MARGIN_S))
 
 
-def why(grace: int, given: bool, save_s: float | None, job: str) -> str:
+def why(given: bool, save_s: float | None, job: str) -> str:
     """The dry-run's words for where the grace came from."""
     if given:
         return "--grace"

@@ -55,7 +55,7 @@ class Submitting:
             )
             + (
                 f"# notice: a worker pod is given {options.grace} s between the kubelet's SIGTERM and its SIGKILL\n"
-                f"# ({grace.why(options.grace, options.grace_given, grace.measured(spec.name), spec.name)});\n"
+                f"# ({grace.why(options.grace_given, grace.measured(spec.name), spec.name)});\n"
                 f"# the job saves on that notice first, so a save must end within {options.grace - LEAVE_S:g} s\n"
                 "# (a save measured longer is told while the job runs, with the --grace that would hold it).\n"
             )
