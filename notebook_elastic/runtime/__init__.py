@@ -15,6 +15,7 @@ from typing import Any
 from . import gpu as _gpu
 from . import pod_tracking as _pod_tracking
 from . import protocol as _protocol
+from . import term as _term
 from ._emit import emit
 from .payload import load_payload, secret
 from .protocol import ENV_TRACK, EVENT_PREFIX
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 guard_against_orphaning()
+if _os.environ.get("LOCAL_RANK") is not None:
+    _term.defer_in_worker()  # Slurm's SIGTERM to every process of the node: the keeper answers it
 
 _RANK = int(_os.environ.get("RANK", 0))
 _TRACKED = bool(_os.environ.get(ENV_TRACK))  # Kubernetes pods (runtime/pod_tracking.py)

@@ -44,7 +44,7 @@ import signal
 import socket
 import sys
 
-from . import notice_keeper, protocol, torch_compat
+from . import notice_keeper, protocol, term, torch_compat
 from ._emit import emit
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
@@ -122,6 +122,7 @@ def _root(exc) -> str:  # type: ignore[no-untyped-def]
 def _hook_agent() -> None:
     def before_start(agent) -> None:  # type: ignore[no-untyped-def]
         _watch.agent = agent
+        term.agent_starts_workers()  # the workers it stopped are gone; the next ones stay
         _refuse_changed_files()
 
     def on_departure(failures: list) -> None:
@@ -135,7 +136,23 @@ def _hook_agent() -> None:
             local_ranks=sorted(f.local_rank for f in failures),
         )
 
-    torch_compat.hook_agent(before_start, _departure_or_eviction, on_departure, _store.regroup_now, _gives_up)
+    def after_start(agent) -> None:  # type: ignore[no-untyped-def]
+        # Its SIGTERM lands wherever it finds the agent, and where Slurm signals every process
+        # of the node, waits for the keeper's word (term.py); torch set its own handler again.
+        term.guard_agent()
+
+    def before_stop(agent) -> None:  # type: ignore[no-untyped-def]
+        term.agent_stops_workers()  # these workers are stopped on purpose: they go at once
+
+    torch_compat.hook_agent(
+        before_start,
+        _departure_or_eviction,
+        on_departure,
+        _store.regroup_now,
+        _gives_up,
+        after_start=after_start,
+        before_stop=before_stop,
+    )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
     # and a replacement taken. The local store lives in the supervisor: when that dies, its
@@ -265,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     # On a cluster the kubelet's SIGTERM is a notice: a keeper (the parent, from here on) turns
     # it into a save first, then passes it on (notice_keeper.py). Returns in the agent only.
     notice_keeper.keep()
+    term.guard_agent()  # a SIGTERM before the workers start (torch sets its handler then)
     supervisor = os.environ.get(protocol.ENV_SUPERVISOR_PID)
     if supervisor:
         set_parent_death_signal(signal.SIGTERM, int(supervisor))

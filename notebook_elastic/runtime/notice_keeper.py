@@ -5,6 +5,8 @@ torch): on SIGTERM the keeper posts a notice in the job's store (``notice.py``),
 0 has saved (its answer to this notice, or to a newer one) or the grace is nearly over, and only
 then passes the SIGTERM on to the agent, which stops its workers and leaves its round as
 before. Any other signal is passed on at once; the keeper exits with the agent's exit status.
+Where the cluster signals every process of the node at once (Slurm), the agent and its workers
+wait for the keeper's word before they act on it (``term.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from . import protocol
+from . import protocol, term
 from ._emit import emit
 from .notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
 from .store_wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
@@ -99,6 +101,8 @@ class Keeper:
         threading.Thread(target=self._notice_then_pass_on, daemon=True).start()
 
     def _pass_on(self, signum: int) -> None:
+        if signum == signal.SIGTERM:
+            term.mark(term.RELEASED)  # where Slurm signalled the agent too, it may act now (term.py)
         try:
             os.kill(self.child, signum)
         except ProcessLookupError:
@@ -150,6 +154,14 @@ def keep() -> None:
     if not grace or not endpoint or os.environ.get("_NOTEBOOK_ELASTIC_KEPT") == "1":
         return
     os.environ["_NOTEBOOK_ELASTIC_KEPT"] = "1"
+    notice_dir = None
+    if os.environ.get(protocol.ENV_TERM_TO_ALL) == "1":
+        # Slurm signals every process of the step: the agent and its workers learn from this
+        # private folder when the keeper lets them act on it (term.py).
+        import tempfile
+
+        notice_dir = tempfile.mkdtemp(prefix="notebook-elastic-notice-")
+        os.environ[protocol.ENV_NOTICE_DIR] = notice_dir
     sys.stdout.flush()
     sys.stderr.flush()
     child = os.fork()
@@ -167,6 +179,10 @@ def keep() -> None:
             status = 0
             break
     keeper.withdraw()
+    if notice_dir is not None:
+        import shutil
+
+        shutil.rmtree(notice_dir, ignore_errors=True)
     code = os.waitstatus_to_exitcode(status)
     sys.stdout.flush()
     os._exit(code if code >= 0 else 128 - code)

@@ -251,6 +251,11 @@ ENV_NOTICE_STORE = "NOTEBOOK_ELASTIC_NOTICE_STORE"  # host:port of the store not
 # A cluster pod's grace period (terminationGracePeriodSeconds): its agent runs under a keeper
 # that turns the kubelet's SIGTERM into a notice (notice_keeper.py). Unset locally.
 ENV_NOTICE_GRACE_S = "NOTEBOOK_ELASTIC_NOTICE_GRACE_S"
+# "1" where the cluster signals every process of a node at once (Slurm's job steps): only the
+# keeper acts on that SIGTERM; the agent and workers wait for it (term.py).
+ENV_TERM_TO_ALL = "NOTEBOOK_ELASTIC_TERM_TO_ALL"
+# The node's notice folder, made by its keeper: the markers of term.py.
+ENV_NOTICE_DIR = "NOTEBOOK_ELASTIC_NOTICE_DIR"
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
 #: Where a worker tells its agent that its group made a step (``mark_progress``): no
 #: supervisor reads a cluster's event lines, so an agent learns it from its workers this way.

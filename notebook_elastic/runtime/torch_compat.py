@@ -705,13 +705,17 @@ def hook_agent(
     on_departure: Callable[[list], None],
     regroup_now: Callable[[], bool] = lambda: False,
     gives_up: Callable[[Any], bool] = lambda result: False,
+    after_start: Callable[[Any], None] = lambda agent: None,
+    before_stop: Callable[[Any], None] = lambda agent: None,
 ) -> bool:
     """Hook torchrun's agent: ``before_start(agent)`` before every (re)start of its workers;
     a failed or unhealthy round whose ``departures(result)`` is not empty is regrouped as for
     a new node (``on_departure(failures)`` first) instead of being charged to the budget; so
     is a healthy one when ``regroup_now()`` says so (its rendezvous store was replaced); a
     failed one that ``gives_up(result)`` is not restarted at all: torchrun stops its workers
-    and ends as when its budget is spent (``ChildFailedError``).
+    and ends as when its budget is spent (``ChildFailedError``). ``after_start(agent)`` runs
+    once its workers are started (torch has set its signal handlers by then), and
+    ``before_stop(agent)`` before it stops them (``_shutdown``: a restart, or its end).
     False when this torch lacks what it takes (then the agent runs unhooked)."""
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
@@ -722,10 +726,17 @@ def hook_agent(
     if getattr(original, "_notebook_elastic", False):
         return True
     monitor = agent._monitor_workers
+    shutdown = getattr(agent, "_shutdown", None)
 
     def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
         before_start(self)
-        return original(self, worker_group)
+        started = original(self, worker_group)
+        after_start(self)
+        return started
+
+    def _shutdown(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        before_stop(self)
+        return shutdown(self, *args, **kwargs)  # type: ignore[misc]
 
     def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
         result = monitor(self, worker_group)
@@ -747,6 +758,8 @@ def hook_agent(
     _start_workers._notebook_elastic = True  # type: ignore[attr-defined]
     agent._start_workers = _start_workers
     agent._monitor_workers = _monitor_workers
+    if shutdown is not None:
+        agent._shutdown = _shutdown
     return True
 
 

@@ -33,6 +33,7 @@ import socket
 import sys
 import time
 
+from . import protocol
 from .wire import ENV_ZYGOTE, _address, _send, enabled, same_user
 
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
@@ -89,7 +90,10 @@ def serve(path: str, *, as_pool: bool = False) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if os.environ.get(protocol.ENV_TERM_TO_ALL) == "1" and not as_pool:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Slurm's, to the whole node: it dies with its agent
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if abstract and not as_pool:
         listener.bind(_address(path))  # launchers that come before listen() are refused and retry
     elif not abstract:

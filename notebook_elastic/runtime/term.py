@@ -1,0 +1,183 @@
+"""Slurm signals every process of a job step at once: when it cancels or preempts a node's
+allocation (``scancel``, a higher-priority job, the time limit), the keeper, the agent and each
+worker all get the same SIGTERM, and SIGKILL after ``KillWait`` (plus ``GraceTime`` for a
+preemption). Only the keeper (``notice_keeper.py``) may act on it: it posts the notice, waits
+for rank 0's save, and only then lets the agent go. Until then the agent and the workers let
+Slurm's SIGTERM pass; a worker the agent itself stops (a restart, a regroup, the shutdown after
+the notice) still goes at once.
+
+Three markers in the node's notice folder (``ENV_NOTICE_DIR``, made by the keeper, private,
+removed with it) say who may act:
+- ``released``: the keeper has let the agent go (the save is done, or the grace is over);
+- ``stopping``: the agent is stopping its workers on purpose (``_shutdown``), until it starts
+  the next ones.
+Where ``ENV_TERM_TO_ALL`` is unset (locally, in a pod, where only the first process is told)
+nothing here changes a handler. The standard library only: the keeper and the workers use it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import protocol
+
+RELEASED = "released"
+STOPPING = "stopping"
+#: How long an agent told to stop may go on before it is told again.
+RESEND_S = 2.0
+
+
+def folder() -> str | None:
+    """The node's notice folder, where every process of the step is signalled alike."""
+    if os.environ.get(protocol.ENV_TERM_TO_ALL) != "1":
+        return None
+    return os.environ.get(protocol.ENV_NOTICE_DIR) or None
+
+
+def mark(name: str) -> None:
+    where = folder()
+    if where is not None:
+        try:
+            os.close(os.open(os.path.join(where, name), os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            pass
+
+
+def unmark(name: str) -> None:
+    where = folder()
+    if where is not None:
+        try:
+            os.unlink(os.path.join(where, name))
+        except OSError:
+            pass
+
+
+def marked(name: str) -> bool:
+    where = folder()
+    return where is not None and os.path.exists(os.path.join(where, name))
+
+
+def _call(previous: Any, signum: int, frame: Any) -> None:
+    """What the handler before ours would have done."""
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:  # the default: end as the signal ends a process
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def defer(may_act: Callable[[], bool], what: str) -> bool:
+    """Let a SIGTERM through to the handler in place now only when ``may_act()``; a SIGTERM
+    before that is Slurm's, which the keeper answers. Returns whether a handler was set."""
+    if folder() is None:
+        return False
+    previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "_notebook_elastic_deferring", False):
+        return True
+
+    def deferring(signum: int, frame: Any) -> None:
+        if may_act():
+            _call(previous, signum, frame)
+        else:
+            print(
+                f"notebook-elastic {what}: Slurm's SIGTERM: the keeper gives notice first", file=sys.stderr, flush=True
+            )
+
+    deferring._notebook_elastic_deferring = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, deferring)
+    return True
+
+
+def defer_in_worker() -> bool:
+    """In a worker, at start: it goes when its agent stops it, or once the keeper let go."""
+    return defer(lambda: marked(STOPPING) or marked(RELEASED), "worker")
+
+
+class _Insist:
+    """The agent's stop signal lands, wherever it finds the agent. torch's handler raises its
+    ``SignalException`` in the agent's main thread, wherever that is: inside a store call whose
+    ``except`` takes it for a lost connection, it is swallowed, and the agent trains on as if
+    never told (a preempted node that never left, seen under load). So once the agent is told
+    to stop, it is told again every ``RESEND_S`` until its shutdown has begun."""
+
+    def __init__(self) -> None:
+        self.signalled: tuple[int, float] | None = None  # (signal, when) of the stop it was told
+        self.shutting_down = False
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def told(self, signum: int) -> bool:
+        """A stop signal came: False while its shutdown is under way (let it finish)."""
+        with self.lock:
+            if self.shutting_down:
+                return False
+            self.signalled = (signum, time.monotonic())
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._watch, name="notebook-elastic-insist", daemon=True)
+                self.thread.start()
+            return True
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.2)
+            with self.lock:
+                again = (
+                    self.signalled is not None
+                    and not self.shutting_down
+                    and time.monotonic() - self.signalled[1] >= RESEND_S
+                )
+                signum = self.signalled[0] if self.signalled else signal.SIGTERM
+            if again:
+                print(
+                    "notebook-elastic agent: told to stop, still running: telling it again", file=sys.stderr, flush=True
+                )
+                os.kill(os.getpid(), signum)
+
+    def stopping(self) -> None:
+        """Its workers are being stopped: for good if it was told to stop."""
+        with self.lock:
+            self.shutting_down = self.signalled is not None
+
+    def starting(self) -> None:
+        """It starts workers again: whatever stopped was not its end."""
+        with self.lock:
+            self.shutting_down = False
+
+
+_insist = _Insist()
+
+
+def guard_agent() -> None:
+    """In the agent: its SIGTERM lands (``_Insist``), and where Slurm signals every process of
+    the node, it waits for the keeper's word first. Set again after each start of its workers
+    (torch sets its own handler then)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "_notebook_elastic_guard", False):
+        return
+
+    def guarded(signum: int, frame: Any) -> None:
+        if folder() is not None and not marked(RELEASED):
+            print("notebook-elastic agent: Slurm's SIGTERM: the keeper gives notice first", file=sys.stderr, flush=True)
+            return
+        if _insist.told(signum):
+            _call(previous, signum, frame)
+
+    guarded._notebook_elastic_guard = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, guarded)
+
+
+def agent_stops_workers() -> None:
+    """From the agent's ``_shutdown``: its workers go at once (they may ignore Slurm's SIGTERM)."""
+    mark(STOPPING)
+    _insist.stopping()
+
+
+def agent_starts_workers() -> None:
+    unmark(STOPPING)
+    _insist.starting()
