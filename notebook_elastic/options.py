@@ -241,6 +241,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="ARG",
         goes_to="slurm",
     ),
+    Option(
+        "supervisor_in",
+        "where the job's supervisor runs: a small allocation of its own in this partition (default: the "
+        "nodes'), so the job outlives the kernel's machine; or 'here', on the machine the job is launched from.",
+        backends=SLURM,
+        metavar="PARTITION",
+        goes_to="slurm",
+    ),
     # How to launch.
     Option(
         "dry_run",

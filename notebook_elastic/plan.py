@@ -37,7 +37,7 @@ class Place:
     """
 
     rdzv_endpoint: str  # host:port of the c10d store
-    local_addr: str  # the address each agent advertises to its peers
+    local_addr: str  # the address each agent advertises to its peers ("": torchrun's default, its host's)
     script: str  # the training script, as the agents see it
     join_timeout_s: int
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)  # the place's sizing, under the job's own
@@ -197,8 +197,7 @@ def launch_plan(
         ",".join(f"{k}={v}" for k, v in conf.items()),
         "--monitor-interval",
         str(spec.monitor_interval_s),
-        "--local-addr",
-        place.local_addr,
+        *(["--local-addr", place.local_addr] if place.local_addr else []),
     ]
     if place.log_dir:
         args += ["--log-dir", place.log_dir]

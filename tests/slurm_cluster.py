@@ -1,7 +1,11 @@
 """A real Slurm cluster for the tests: Debian's munged, slurmctld and slurmd (22.05), run in
 the foreground from a private folder with a one-node ``slurm.conf`` written for this machine:
-two partitions (``low``, the default, and ``high``, which preempts it by requeueing), and
-``OverSubscribe=FORCE`` so several one-task node allocations fit on 2 cores. Started for the
+two partitions, ``low`` (the default) and ``high``, which preempts it (``PreemptMode=CANCEL``,
+``GraceTime``), as on a cluster where a higher-priority team takes nodes back. The node claims
+``CPUS`` CPUs (``SlurmdParameters=config_overrides``) so that several one-task node allocations
+fit on 2 cores; the partitions do not oversubscribe (with ``OverSubscribe=FORCE`` a
+higher-priority job shares a core instead of preempting anyone); a third, ``ctl``, is never
+preempted: the jobs' supervisors run there. Started for the
 tests that need it and stopped after them, with every allocation cancelled and every daemon
 reaped: no process outlives the tests. Skipped, with the reason, where the daemons cannot run
 (not installed, not root)."""
@@ -17,6 +21,11 @@ import time
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+#: The CPUs the one node claims (each node allocation of a job takes one).
+CPUS = 8
+#: Slurm's SIGTERM to SIGKILL (KillWait) and a preempted job's extra time (GraceTime), seconds.
+KILL_WAIT_S = 5
+GRACE_TIME_S = 5
 CLIENTS = ("srun", "sinfo", "squeue", "scancel")
 
 
@@ -85,13 +94,17 @@ class SlurmCluster:
                     "MpiDefault=none",
                     "ReturnToService=2",
                     "PreemptType=preempt/partition_prio",
-                    "PreemptMode=REQUEUE",
+                    "PreemptMode=CANCEL",
                     "InactiveLimit=0",
-                    "MinJobAge=30",
-                    "KillWait=5",
-                    f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 2} State=UNKNOWN",
-                    "PartitionName=low Nodes=ALL Default=YES MaxTime=60 State=UP OverSubscribe=FORCE:8 PriorityTier=1",
-                    "PartitionName=high Nodes=ALL MaxTime=60 State=UP OverSubscribe=FORCE:8 PriorityTier=10 PreemptMode=OFF",
+                    "MinJobAge=60",
+                    f"KillWait={KILL_WAIT_S}",
+                    "SlurmdParameters=config_overrides",
+                    f"NodeName={host} NodeAddr=127.0.0.1 CPUs={CPUS} State=UNKNOWN",
+                    "PartitionName=low Nodes=ALL Default=YES MaxTime=60 State=UP OverSubscribe=NO PriorityTier=1 "
+                    f"PreemptMode=CANCEL GraceTime={GRACE_TIME_S}",
+                    "PartitionName=high Nodes=ALL MaxTime=60 State=UP OverSubscribe=NO PriorityTier=10 PreemptMode=OFF",
+                    # Where the jobs' supervisors run: never preempted.
+                    "PartitionName=ctl Nodes=ALL MaxTime=60 State=UP OverSubscribe=NO PriorityTier=1 PreemptMode=OFF",
                     "",
                 ]
             )

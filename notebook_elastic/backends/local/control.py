@@ -8,6 +8,7 @@ secret key (``multiprocessing.connection``'s HMAC handshake); the key lives in t
 from __future__ import annotations
 
 import json
+import socket
 from multiprocessing.connection import Client, Listener
 from typing import Any
 
@@ -33,5 +34,13 @@ def request(address: tuple[str, int], authkey: bytes, command: str, timeout_s: f
     return reply.get("result")
 
 
-def listen(authkey: bytes) -> Listener:
-    return Listener(("127.0.0.1", 0), authkey=authkey)
+def listen(authkey: bytes, host: str = "127.0.0.1") -> Listener:
+    """The supervisor's control listener: on loopback, or on every interface ("0.0.0.0") where
+    the kernel may be on another machine than the supervisor (Slurm); authenticated either way."""
+    return Listener((host, 0), authkey=authkey)
+
+
+def reachable(address: tuple[str, int]) -> list[Any]:
+    """The listener's address as another machine reaches it."""
+    host, port = address[:2]
+    return [socket.gethostname() if host == "0.0.0.0" else host, port]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import time
 from pathlib import Path
@@ -261,6 +262,13 @@ class JobFolder:
         info = self.supervisor()
         if not info or info.get("exited"):
             return False
+        if info.get("host") not in (None, socket.gethostname()):
+            # On another machine (a Slurm allocation of its own): alive while its allocation runs.
+            if not info.get("slurm_job"):
+                return True  # nothing here can tell: trust its records
+            from ..slurm.cluster import job_state
+
+            return job_state(str(info["slurm_job"]))[0] == "RUNNING"
         return pid_alive(int(info["pid"]), info.get("start_ticks"))
 
     def guardian_alive(self) -> bool:

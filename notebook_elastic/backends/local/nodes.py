@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -26,8 +26,6 @@ NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
 #: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
 #: so events and status still find room.
 LOG_FLOOR_BYTES = 64 * 1024 * 1024
-#: srun's line for an allocation Slurm does not grant at once.
-SRUN_QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
 
 
 @dataclass
@@ -67,6 +65,7 @@ class Nodes:
             # step daemon, and srun, the supervisor's child, ends the step when it goes.
             supervisor_pid=None if self.spec.backend == "slurm" else os.getpid(),
             files_sha256=self.files_sha256,
+            store_host=socket.gethostname() if self.placement is not None else None,
         )
         return launch_plan(
             self.spec,
@@ -96,12 +95,10 @@ class Nodes:
         return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
-        if self.spec.backend == "slurm":
+        if self.placement is not None:
             # A node is a Slurm allocation: the agent runs under srun there (backends/slurm).
-            from ..slurm.options import SlurmOptions
-
-            slurm = SlurmOptions.from_json(self.spec.backend_options.get("slurm"))
-            command = [*slurm.srun(self.spec.name, name, self.spec.nproc_per_node), *command]
+            env = dict(env)
+            command = self.placement.command(name, command, env)
         else:
             # Forked by the warm pool when there is one: a light launcher stands in for the agent.
             command = pool.through_pool(command, env) or command
@@ -205,21 +202,12 @@ class Nodes:
                 with agent.log_lock:
                     self._log(agent, raw)
             line = raw.decode("utf-8", "replace")
-            if self.spec.backend == "slurm":
-                self._slurm_says(agent, line)
+            if self.placement is not None:
+                self.placement.says(agent.name, line)
             event = parser.feed(line, now)
             if event is not None and not agent.name.startswith("spare-"):
                 self.sink.put(event)
         pipe.close()
-
-    def _slurm_says(self, agent: Agent, line: str) -> None:
-        """srun's own word on a node's allocation: waiting (with squeue's reason), as a pending node."""
-        m = SRUN_QUEUED.match(line)
-        if m:
-            from ..slurm.cluster import pending_reason
-
-            reason = pending_reason(m.group(1)) or "Resources"
-            self.emit(Kind.PENDING, agent.name, reason=reason, message=f"Slurm job {m.group(1)} waits ({reason})")
 
     def _log(self, agent: Agent, raw: bytes) -> None:
         """Append to the node's log, rotated at NODE_LOG_CAP_BYTES (node-N.log.1 keeps the last
@@ -310,6 +298,8 @@ class Nodes:
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
                 self.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.target)
             self._publish_gone(agent)
+            if self.placement is not None and agent.exit_reason is None and not self.stopping:
+                self._slurm_ended(agent)
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -318,6 +308,19 @@ class Nodes:
             self.emit(Kind.NODE_LEFT, agent.name, reason=reason, exitcode=code)
             if agent.log:
                 agent.log.close()
+
+    def _slurm_ended(self, agent: Agent) -> None:
+        """Slurm took the node: preempted or out of time, a new allocation takes its place
+        (it waits in the queue until Slurm gives the node back); cancelled, it is not
+        replaced. Either is a departure, free of the restart budget."""
+        why = self.placement.why_ended(agent.name)  # type: ignore[union-attr]
+        if why in ("preempted", "timeout"):
+            agent.exit_reason = "preempted by Slurm" if why == "preempted" else "its Slurm time limit was up"
+        elif why in ("cancelled", "node_fail"):
+            agent.exit_reason = "cancelled in Slurm" if why == "cancelled" else "its Slurm node failed"
+            self._lower_target(agent.name, why)
+        if why is not None:
+            self.notices.withdraw_for(agent.name, self.store)  # its keeper may have had no time to
 
     def _converge(self) -> None:
         """Start or stop agents until as many run as the target says."""

@@ -10,6 +10,7 @@ saved step. A collaborator the supervisor holds, with its own state.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,6 +102,17 @@ class Notices:
                 del self.given[id_]
         if not self.given and store is not None:
             board.withdraw(store)
+
+    def withdraw_for(self, node: str, store: Any) -> None:
+        """A node that posted its own notice (its keeper, on a cluster) is gone: take that
+        notice down, as its keeper would have had it lived (a holding rank 0 trains on)."""
+        if store is None:
+            return
+        try:
+            if store.check([board.NOTICE_KEY]) and json.loads(store.get(board.NOTICE_KEY)).get("node") == node:
+                board.withdraw(store)
+        except Exception:  # no store to ask: the notice's grace ends the hold
+            pass
 
     def _expired(self, given: Given, latest_step: int | None, step_s: float | None) -> None:
         """The grace ended with no save on notice: about how many steps are redone (since the

@@ -46,8 +46,10 @@ def local_place(
     store_port: int | None = None,
     supervisor_pid: int | None = None,
     files_sha256: dict[str, str] | None = None,
+    store_host: str | None = None,
 ) -> Place:
-    """This machine as a launch plan sees it: the supervisor's store on loopback, the job
+    """This machine as a launch plan sees it: the supervisor's store on loopback (at
+    ``store_host`` where the nodes are other machines: Slurm), the job
     folder's script and logs, the notebook's folder on the workers' path. The store port,
     the supervisor and the files' digests are known once the supervisor runs; a dry-run
     shows the rest."""
@@ -64,8 +66,9 @@ def local_place(
     if files_sha256 is not None:
         env[protocol.ENV_FILES_SHA256] = json.dumps(files_sha256)
     return Place(
-        rdzv_endpoint=f"127.0.0.1:{store_port if store_port is not None else '<supervisor store port>'}",
-        local_addr="127.0.0.1",
+        rdzv_endpoint=f"{store_host or '127.0.0.1'}:{store_port if store_port is not None else '<supervisor store port>'}",
+        # Each agent's own address where the nodes are other machines (torchrun's default).
+        local_addr="" if store_host else "127.0.0.1",
         script=str(folder.script),
         join_timeout_s=defaults.JOIN_TIMEOUT_S_LOCAL,
         rdzv_conf={"last_call_timeout": str(defaults.LAST_CALL_TIMEOUT_S_LOCAL)},

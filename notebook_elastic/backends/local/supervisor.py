@@ -1,7 +1,6 @@
 """``python -m notebook_elastic.backends.local.supervisor JOB_DIR``: one detached process per job.
 
-It runs in its own session, so a kernel crash or restart does not touch training, and the
-kernel is never forked. It
+It runs in its own session, so a kernel crash or restart does not touch training. It
 - hosts the job's c10d rendezvous store (no agent hosts it, so any node may die);
 - runs one torchrun agent per simulated node (``notebook_elastic.runtime.agent``), each in
   its own process group, CPU + gloo here, a share of the GPUs where there are some;
@@ -44,8 +43,9 @@ from ...runtime.store import host_store
 from ...runtime.torch_compat import GONE_KEY, TARGET_KEY
 from ...runtime.tracking import tensorboard_link
 from ...spec import JobSpec
+from ..slurm.nodes import placement_for
 from .commands import Commands
-from .control import listen
+from .control import listen, reachable
 from .folder import JOB_UMASK, JobFolder, process_start_ticks, write_json_atomic
 from .follow import LOST_FOLDER
 from .history import ROTATE_BYTES, read_all
@@ -115,9 +115,11 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
-        # A warm spare agent saves a scale-up its torch import; the warm pool forks agents warm.
-        spare_ok = self.spec.backend != "slurm"  # a Slurm node is an allocation, not a process kept warm
-        self.warm_spare = bool(self.spec.backend_options.get("warm_spare", True)) and pool.in_use() is None and spare_ok
+        self.placement = placement_for(self.spec, self.emit)  # Slurm: each node an allocation of its own
+        # A warm spare agent saves a scale-up its torch import (a Slurm node is an allocation:
+        # none kept warm); the warm pool forks agents warm.
+        spare_ok = bool(self.spec.backend_options.get("warm_spare", True)) and self.placement is None
+        self.warm_spare = spare_ok and pool.in_use() is None
         self.stall_after_s = float(self.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.stall = StallClock(since=time.monotonic())
         self.failures_seen: dict[tuple, int] = {}
@@ -128,8 +130,6 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.notices = Notices(
             lambda: self.store, self.emit, lambda agent: self.signal_agent(agent, signal.SIGTERM, "preempted")
         )
-
-    # -- events --------------------------------------------------------------------------
 
     def emit(self, kind: str, node: str | None = None, **data: Any) -> None:
         self.sink.put(Event(kind, time.time(), node, data))
@@ -239,8 +239,6 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self._gone[str(agent.agent_pid)] = now
         self._tell_agents(GONE_KEY, json.dumps(self._gone))
 
-    # -- main ----------------------------------------------------------------------------
-
     def run(self) -> int:
         self.closed = False
         signal.signal(signal.SIGTERM, lambda *_: self.commands.put(({"command": "stop"}, queue.SimpleQueue())))
@@ -248,12 +246,12 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         # Listen first, host the store on that socket once torch is imported: agents can be
         # started meanwhile (their connections wait in the backlog), saving a torch import.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
+        bind = "0.0.0.0" if self.placement is not None else "127.0.0.1"  # Slurm: reached from other hosts
+        sock.bind((bind, 0))
         sock.listen(512)
         self.store_port = sock.getsockname()[1]
-        listener = listen(self.authkey)
-        spec = self.spec
-        before = None
+        listener = listen(self.authkey, bind)
+        spec, before = self.spec, None
         self.folder.keep_room()  # the room for the last records; a resumed job's old outcome cleared
         if self.resume:
             # The history so far, folded, so status.json goes on from it (steps, metrics).
@@ -284,7 +282,9 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             {
                 "pid": os.getpid(),
                 "start_ticks": process_start_ticks(os.getpid()),
-                "control": list(listener.address),
+                "control": reachable(listener.address),
+                "host": socket.gethostname(),
+                "slurm_job": os.environ.get("SLURM_JOB_ID"),  # the supervisor's own allocation, if any
                 "authkey": self.authkey.hex(),
                 "rdzv_port": self.store_port,
                 "started": time.time(),

@@ -1,32 +1,43 @@
 """The Slurm backend: each node of the job is a Slurm allocation running one torchrun agent.
 
-It is the local backend's job folder, supervisor and store, with the nodes placed by Slurm:
-the supervisor (detached on the machine the job is launched from: a login node, or the compute
-node JupyterHub's batch spawner or Open OnDemand gave the kernel) starts each node's agent under
-``srun`` (one task on one node, its own allocation, named ``ne-JOB-node-N``), so scaling, the
-range, the drills, departures free of the budget, stalls, resume and every view are the local
-backend's. An allocation that waits says why (``squeue``'s reason) in a ``pending`` event; one
-that Slurm cancels or preempts is a node that left, and the job regroups without it.
+It is the local backend's job folder, supervisor and store, with the nodes placed by Slurm
+(``nodes.py``): the supervisor runs as a small allocation of its own (``sbatch``,
+``ne-JOB-supervisor``; ``--supervisor-in here`` keeps it on the launching machine) and starts
+each node's agent under ``srun`` (one task on one node, its own allocation, ``ne-JOB-node-N``),
+so scaling, the range, the drills, departures free of the budget, stalls, resume and every view
+are the local backend's. The store and the control channel listen on every interface of the
+supervisor's machine (its host name is what the agents and the kernel reach); the job folder
+must be on a file system the kernel, the supervisor and the nodes share.
 
-Before anything is submitted the options are checked against the cluster (``sinfo``): an
-unknown partition, a ``--time`` over the partition's limit, no Slurm client here.
-
-What this first part does not do yet (#29): the supervisor as an allocation of its own, a
-store reachable from other hosts (the agents meet the supervisor's store on loopback, so the
-allocations must land on the machine the job was launched from: a one-host cluster, or a
-partition of that host), and Slurm's ``--signal`` as a notice.
+An allocation that waits says why (``squeue``'s reason) in a ``pending`` event. Slurm's
+SIGTERM to a node (a preemption, ``scancel``, the time limit) is a notice: rank 0 saves first
+(``runtime/term.py``); a preempted node, or one whose time is up, is replaced by a new
+allocation that joins when Slurm grants it; a cancelled one is not replaced. Before anything is
+submitted the options are checked against the cluster (``sinfo``): an unknown partition, a
+``--time`` over the partition's limit, no Slurm client here.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from typing import Any
 
+from ...errors import BackendError
+from ...runtime import protocol
+from ...runtime.pool import ENV_POOL
 from ..base import DryRun
-from ..local import LocalBackend
+from ..local import LocalBackend, _tail
+from ..local.folder import JobFolder
+from ..local.follow import SUPERVISOR_START_TIMEOUT_S
 from . import cluster
 from .options import SlurmOptions
 
 __all__ = ["SlurmBackend"]
+
+#: How long a launch waits for the supervisor's allocation while Slurm keeps it pending.
+SUPERVISOR_WAIT_S = 120.0
 
 
 class SlurmBackend(LocalBackend):
@@ -47,5 +58,49 @@ class SlurmBackend(LocalBackend):
         return DryRun("slurm", spec, bundle, {**dry.request, "srun": srun}, text)
 
     def schedule(self, dryrun: DryRun) -> None:
-        cluster.check(SlurmOptions.from_json(dryrun.spec.backend_options.get("slurm")))  # before anything
+        options = SlurmOptions.from_json(dryrun.spec.backend_options.get("slurm"))
+        cluster.check(options)  # before anything
+        if options.supervisor_in not in (None, "here"):
+            cluster.check(SlurmOptions(partition=options.supervisor_in))
         super().schedule(dryrun)
+
+    def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:
+        """The supervisor as a small allocation of its own (``sbatch``), so that the job lives in
+        the cluster, not on the kernel's machine; ``--supervisor-in here`` runs it here, as the
+        local backend does."""
+        options = SlurmOptions.from_json((folder.spec().get("backend_options") or {}).get("slurm"))
+        if options.supervisor_in == "here":
+            super()._start_supervisor(folder, name, resume=resume)
+            return
+        env = dict(os.environ)
+        env.pop(ENV_POOL, None)  # no warm pool on the allocation's machine
+        env[protocol.ENV_JOB_DIR] = str(folder.path)
+        command = [sys.executable, "-m", "notebook_elastic.backends.local.supervisor"]
+        command += [*(["--resume"] if resume else []), str(folder.path)]
+        job_id = cluster.submit(options.sbatch_supervisor(name, str(folder.supervisor_log), command), env)
+        started = time.monotonic()
+        while folder.supervisor() is None:
+            state, reason = cluster.job_state(job_id)
+            waited = time.monotonic() - started
+            if state not in cluster.NOT_ENDED:
+                raise BackendError(
+                    f"the supervisor's allocation (Slurm job {job_id}) ended ({state or 'gone'}) before the job "
+                    f"started: {_tail(folder.supervisor_log)}"
+                )
+            if waited > SUPERVISOR_WAIT_S or (state != "PENDING" and waited > SUPERVISOR_START_TIMEOUT_S):
+                cluster.cancel(f"ne-{name}-")
+                waits = f"still waits ({reason})" if state == "PENDING" else f"did not start the supervisor ({state})"
+                raise BackendError(
+                    f"the supervisor's allocation (Slurm job {job_id}) {waits} after {waited:.0f} s and was "
+                    "cancelled; choose a partition with room (--supervisor-in PARTITION), or run it on this "
+                    "machine (--supervisor-in here)"
+                )
+            time.sleep(0.1)
+
+    def cancel(self, name: str, timeout_s: float = 30.0) -> None:
+        """Stop the job as the local backend does, then cancel any allocation of it Slurm still
+        holds (a supervisor that never started, a node that waits)."""
+        try:
+            super().cancel(name, timeout_s)
+        finally:
+            cluster.cancel(f"ne-{name}-")

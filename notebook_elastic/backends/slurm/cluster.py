@@ -4,8 +4,10 @@ are given before it, in one sentence."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+import time
 
 from ...errors import BackendError, SpecError
 from .options import SlurmOptions, minutes
@@ -72,3 +74,96 @@ def pending_reason(job_id: str) -> str | None:
     except (BackendError, subprocess.TimeoutExpired):
         return None
     return out or None
+
+
+def _fields(text: str) -> dict[str, str]:
+    """``Key=Value`` words of scontrol's one-line output."""
+    return dict(word.split("=", 1) for word in text.split() if "=" in word)
+
+
+def _seconds(text: str | None) -> float:
+    m = re.match(r"\s*(\d+)", text or "")
+    return float(m.group(1)) if m else 0.0
+
+
+def notice_s(partition: str | None) -> float:
+    """The notice Slurm gives a node before SIGKILL: KillWait after its SIGTERM (a scancel, the
+    end of a step), plus the partition's GraceTime for a preemption (the keeper passes the
+    notice on at Slurm's second SIGTERM there). 30 s (Slurm's default KillWait) when Slurm
+    cannot say."""
+    try:
+        config = _run(["scontrol", "show", "config"])
+    except (BackendError, subprocess.TimeoutExpired):
+        return 30.0
+    m = re.search(r"^KillWait\s*=\s*(\d+)", config, re.M)
+    kill_wait = float(m.group(1)) if m else 30.0
+    grace = 0.0
+    try:
+        name = partition or next(iter(partitions()), None)
+        if name:
+            grace = _seconds(_fields(_run(["scontrol", "--oneliner", "show", "partition", name])).get("GraceTime"))
+    except (BackendError, subprocess.TimeoutExpired):
+        pass
+    return kill_wait + grace
+
+
+#: A job's states before its end is known (its step may end before the job does).
+NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED")
+ENDS = {"TIMEOUT": "timeout", "CANCELLED": "cancelled", "NODE_FAIL": "node_fail", "PREEMPTED": "preempted"}
+
+
+def ended_why(job_name: str, wait_s: float = 5.0) -> str | None:
+    """Why Slurm ended the newest allocation named ``job_name``: "preempted" (it has a
+    PreemptTime), "timeout", "cancelled", "node_fail"; None when it ended by itself or Slurm
+    no longer knows it. Its step can end before the job does: a job not ended yet is asked
+    again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            ids = _run(["squeue", "--states=all", "--noheader", "--name", job_name, "--format=%i"]).split()
+            if not ids:
+                return None
+            newest = max(ids, key=lambda i: int(re.sub(r"\D", "", i) or 0))
+            job = _fields(_run(["scontrol", "--oneliner", "show", "job", newest]))
+        except (BackendError, subprocess.TimeoutExpired):
+            return None
+        if job.get("PreemptTime", "None") not in ("None", "Unknown", ""):
+            return "preempted"
+        state = job.get("JobState", "")
+        if state not in NOT_ENDED or time.monotonic() > deadline:
+            return ENDS.get(state)
+        time.sleep(0.2)
+
+
+def submit(argv: list[str], env: dict[str, str]) -> str:
+    """``sbatch --parsable ...``: the new job's id."""
+    if shutil.which(argv[0]) is None:
+        raise BackendError(f"no Slurm client here ({argv[0]} is not on the PATH)")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    if done.returncode != 0:
+        raise BackendError(f"sbatch refused the job's supervisor: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(JobState, Reason) of a job; ("", "") when Slurm no longer knows it."""
+    try:
+        job = _fields(_run(["scontrol", "--oneliner", "show", "job", job_id]))
+    except (BackendError, subprocess.TimeoutExpired):
+        return "", ""
+    return job.get("JobState", ""), job.get("Reason", "")
+
+
+def cancel(job_name_prefix: str) -> list[str]:
+    """scancel every job of this user whose name starts with ``job_name_prefix``; their ids."""
+    try:
+        out = _run(["squeue", "--noheader", "--me", "--format=%i|%j"])
+    except (BackendError, subprocess.TimeoutExpired):
+        return []
+    ids = [i for i, _, name in (line.partition("|") for line in out.split()) if name.startswith(job_name_prefix)]
+    if ids:
+        try:
+            _run(["scancel", *ids])
+        except (BackendError, subprocess.TimeoutExpired):
+            pass
+    return ids

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ class SlurmOptions:
     gpus_per_node: int | None = None
     constraint: str | None = None
     slurm_args: list[str] = field(default_factory=list)
+    supervisor_in: str | None = None  # the supervisor's allocation's partition (None: the nodes'), or "here"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,6 +83,27 @@ class SlurmOptions:
             argv.append(f"--gpus-per-node={self.gpus_per_node}")
         return [*argv, *self.slurm_args, "--"]
 
+    def sbatch_supervisor(self, job: str, log: str, command: list[str]) -> list[str]:
+        """The ``sbatch`` of the job's supervisor: one small task of its own (``ne-JOB-supervisor``),
+        in the supervisor's partition (the nodes' by default), charged as the nodes are, its
+        output appended to the job's supervisor.log; no --time: the partition's limit, so it
+        outlives nodes that are replaced at theirs."""
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name=ne-{job}-supervisor",
+            "--ntasks=1",
+            "--cpus-per-task=1",
+            "--export=ALL",
+            f"--output={log}",
+            "--open-mode=append",
+        ]
+        partition = self.supervisor_in or self.partition
+        for flag, value in (("--partition", partition), ("--account", self.account), ("--qos", self.qos)):
+            if value:
+                argv.append(f"{flag}={value}")
+        return [*argv, "--wrap", "exec " + " ".join(shlex.quote(c) for c in command)]
+
 
 def parse_options(
     *,
@@ -91,9 +114,15 @@ def parse_options(
     gpus_per_node: int | str | None = None,
     constraint: str | None = None,
     slurm_args: Iterable[str] = (),
+    supervisor_in: str | None = None,
 ) -> SlurmOptions:
     """Validated options from flag values (``SpecError`` on the first bad one)."""
-    for flag, value in (("--partition", partition), ("--account", account), ("--qos", qos)):
+    for flag, value in (
+        ("--partition", partition),
+        ("--account", account),
+        ("--qos", qos),
+        ("--supervisor-in", supervisor_in),
+    ):
         if value is not None and not _NAME.match(value):
             raise SpecError(f"{flag} {value!r} is not a Slurm name (letters, digits, '_', '.', ':', '-')")
     if time is not None:
@@ -126,4 +155,5 @@ def parse_options(
         gpus_per_node=gpus,
         constraint=constraint,
         slurm_args=args,
+        supervisor_in=supervisor_in,
     )

@@ -1,0 +1,78 @@
+"""How the supervisor places a node on Slurm: the agent's command under ``srun`` (its own
+allocation), the environment that makes Slurm's SIGTERM a notice, srun's word on a node that
+waits, and Slurm's word on why a node's allocation ended.
+
+Slurm signals every process of a step at once and SIGKILLs them ``KillWait`` seconds later
+(``GraceTime`` earlier for a preemption): the agent runs under the keeper, which turns that
+SIGTERM into a notice (rank 0 saves first); the agent and its workers wait for the keeper's
+word (``runtime/term.py``). A node Slurm preempts (or whose time limit is up) is replaced by a
+new allocation, which waits in the queue (its reason told) and joins when Slurm grants it: the
+job shrinks, trains on, and grows back. A node someone ``scancel``s is a departure the job
+does not replace. Either is free: no restart is charged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ...events import Kind
+from ...runtime import protocol
+from ...runtime.pool import ENV_POOL
+from . import cluster
+from .options import SlurmOptions
+
+#: slurmstepd's line, through srun, for a step Slurm cancelled.
+STEP_CANCELLED = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT ")
+#: srun's line for an allocation Slurm does not grant at once.
+SRUN_QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
+
+
+class SlurmNodes:
+    """The Slurm side of the supervisor's nodes (it holds one where the backend is slurm)."""
+
+    def __init__(self, spec: Any, emit: Callable[..., None]) -> None:
+        self.spec = spec
+        self.options = SlurmOptions.from_json(spec.backend_options.get("slurm"))
+        self._emit = emit
+        self._grace_s: float | None = None  # the notice Slurm gives: KillWait (+ GraceTime), asked once
+        self._cancelled: set[str] = set()  # nodes whose step slurmstepd said was cancelled
+
+    def grace_s(self) -> float:
+        if self._grace_s is None:
+            self._grace_s = cluster.notice_s(self.options.partition)
+        return self._grace_s
+
+    def command(self, name: str, command: list[str], env: dict[str, str]) -> list[str]:
+        """The agent's command under srun; ``env`` gains what a node on Slurm needs."""
+        # Its workers are started inside its own allocation, never forked by a warm pool on the
+        # machine the job was launched from (outside Slurm's accounting and limits).
+        env.pop(ENV_POOL, None)
+        # Its own allocation, even from within the supervisor's: srun must not see that one.
+        for key in [k for k in env if k.startswith(("SLURM_", "SBATCH_", "SRUN_")) and k != "SLURM_CONF"]:
+            del env[key]
+        env[protocol.ENV_TERM_TO_ALL] = "1"
+        env[protocol.ENV_NOTICE_GRACE_S] = f"{self.grace_s():g}"
+        return [*self.options.srun(self.spec.name, name, self.spec.nproc_per_node), *command]
+
+    def says(self, node: str, line: str) -> None:
+        """srun's own word on a node's allocation: waiting (with squeue's reason), as a pending
+        node; its step cancelled (by scancel, a preemption, or the supervisor itself)."""
+        if STEP_CANCELLED.search(line):
+            self._cancelled.add(node)
+        m = SRUN_QUEUED.match(line)
+        if m:
+            reason = cluster.pending_reason(m.group(1)) or "Resources"
+            self._emit(Kind.PENDING, node, reason=reason, message=f"Slurm job {m.group(1)} waits ({reason})")
+
+    def why_ended(self, node: str) -> str | None:
+        """Why Slurm ended a node's allocation: "preempted" (a higher-priority job took it),
+        "timeout" (its --time is up), "cancelled" (scancel), "node_fail"; None when Slurm did
+        not end it (the agent ended by itself) or cannot say."""
+        why = cluster.ended_why(f"ne-{self.spec.name}-{node}")
+        return why or ("cancelled" if node in self._cancelled else None)
+
+
+def placement_for(spec: Any, emit: Callable[..., None]) -> SlurmNodes | None:
+    return SlurmNodes(spec, emit) if spec.backend == "slurm" else None
