@@ -219,3 +219,48 @@ def test_an_allocation_that_waits_says_why(on_slurm):
     while on_slurm.jobs() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not on_slurm.jobs(), on_slurm.jobs()  # stopping cancels the waiting allocation too
+
+
+@pytest.mark.slow
+def test_drills_and_resume_on_slurm(on_slurm, home):
+    """The dashboard's drills on Slurm nodes, and resume: a preempt drill with notice saves
+    first; a lost node leaves no process or allocation behind, and gives no notice; the
+    supervisor told its allocation's time is nearly up stops the job with a save first; resume
+    starts a new supervisor allocation that goes on from that save; stopping leaves nothing."""
+    job = ne.launch(
+        TRAIN, backend="slurm", nnodes="1:2", nodes=2, supervisor_in="ctl", name="drills", user_ns=user_ns(100_000)
+    )
+    try:
+        wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two nodes training")
+        job.preempt_node("node-1", grace_s=10)
+        wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-1" for e in job.events), "node-1 gone")
+        assert any(e.kind == Kind.SAVED_ON_NOTICE and e.get("saved") for e in job.events), "no save on notice"
+        job.scale(2)
+        wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+        job.lose_node("node-2")
+        wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-2" for e in job.events), "node-2 lost")
+        assert not any(e.kind == Kind.NOTICE and e.node == "node-2" for e in job.events)  # lost: no notice
+        deadline = time.monotonic() + 20  # Slurm completes it: its processes were SIGKILLed in the step
+        while [j for j in on_slurm.jobs() if j[1] == "ne-drills-node-2"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [j for j in on_slurm.jobs() if j[1] == "ne-drills-node-2"], on_slurm.jobs()
+        wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one node training")
+        [supervisor] = [jid for jid, name, _ in on_slurm.jobs() if name == "ne-drills-supervisor"]
+        # Its allocation's time is nearly up: sbatch --signal=B:TERM@60 tells the supervisor alone.
+        on_slurm.run("scancel", "--batch", "--signal=TERM", supervisor, check=True)
+        assert job.wait(timeout=120) == "stopped", job.summary()
+        newest = max(home.glob("jobs/drills/checkpoints/ckpt-*.pt"), key=lambda p: int(p.stem.rsplit("-s", 1)[1]))
+        saved = int(newest.stem.rsplit("-s", 1)[1])
+        assert any(e.kind == Kind.SAVED_ON_NOTICE and e.get("step") == saved for e in job.events), saved
+        before = len(job.events)
+        job.resume()
+        wait_for(job, lambda: any(e.kind == Kind.RESUMED for e in job.events[before:]), "the resumed run")
+        resumed = next(e for e in job.events[before:] if e.kind == Kind.RESUMED)
+        assert resumed.get("step") == saved, (resumed.data, saved)  # from the save on Slurm's notice
+        assert sum(1 for _, name, _ in on_slurm.jobs() if name == "ne-drills-supervisor") == 1
+    finally:
+        job.stop()
+    deadline = time.monotonic() + 30
+    while on_slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not on_slurm.jobs(), on_slurm.jobs()

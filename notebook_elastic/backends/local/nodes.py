@@ -40,6 +40,7 @@ class Agent:
     failure: str | None = None  # its workers' latest own failure, in words
     log_bytes: int = 0  # written to its current log file
     reaped: bool = False
+    killed_at: float | None = None  # when Slurm was asked to end its step at once (monotonic)
     agent_pid: int | None = None  # the torchrun agent's own (forked by the warm pool): its rendezvous id
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
@@ -253,8 +254,15 @@ class Nodes:
         if agent.exit_reason is None:
             agent.exit_reason = reason
         try:
-            if sig == signal.SIGKILL:
+            if sig == signal.SIGKILL and self.placement is not None and agent.killed_at is None:
+                # Its processes are in Slurm's step, not under srun (killed, srun would leave them
+                # to Slurm's KillWait): Slurm ends them; srun ends with them, or is killed later.
+                agent.killed_at = time.monotonic()
+                self.placement.kill(agent.name)
+            elif sig == signal.SIGKILL and (agent.killed_at is None or time.monotonic() - agent.killed_at > 10):
                 os.killpg(agent.proc.pid, signal.SIGKILL)  # the whole node: agent and anything in its group
+            elif self.placement is not None:
+                self.placement.term(agent.name)  # srun would kill the step at once: Slurm's own SIGTERM
             else:
                 agent.proc.send_signal(sig)
         except ProcessLookupError:
@@ -298,8 +306,10 @@ class Nodes:
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
                 self.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.target)
             self._publish_gone(agent)
-            if self.placement is not None and agent.exit_reason is None and not self.stopping:
-                self._slurm_ended(agent)
+            if self.placement is not None:
+                if agent.exit_reason is None and not self.stopping:
+                    self._slurm_ended(agent)
+                self.notices.withdraw_for(agent.name, self.store)  # its keeper may have had no time to
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -319,8 +329,6 @@ class Nodes:
         elif why in ("cancelled", "node_fail"):
             agent.exit_reason = "cancelled in Slurm" if why == "cancelled" else "its Slurm node failed"
             self._lower_target(agent.name, why)
-        if why is not None:
-            self.notices.withdraw_for(agent.name, self.store)  # its keeper may have had no time to
 
     def _converge(self) -> None:
         """Start or stop agents until as many run as the target says."""

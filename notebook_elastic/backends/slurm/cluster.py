@@ -167,3 +167,15 @@ def cancel(job_name_prefix: str) -> list[str]:
         except (BackendError, subprocess.TimeoutExpired):
             pass
     return ids
+
+
+def signal_jobs(job_name: str, signal_name: str | None, state: str | None = None) -> None:
+    """Signal every process of this user's jobs named ``job_name`` (``scancel --signal``), or
+    cancel them (``signal_name`` None); only those in ``state`` when given."""
+    argv = ["scancel", "--me", f"--name={job_name}"]
+    argv += [f"--signal={signal_name}"] if signal_name else []
+    argv += [f"--state={state}"] if state else []
+    try:
+        _run(argv)
+    except (BackendError, subprocess.TimeoutExpired):
+        pass

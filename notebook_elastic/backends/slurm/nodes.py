@@ -66,6 +66,24 @@ class SlurmNodes:
             reason = cluster.pending_reason(m.group(1)) or "Resources"
             self._emit(Kind.PENDING, node, reason=reason, message=f"Slurm job {m.group(1)} waits ({reason})")
 
+    def term(self, node: str) -> None:
+        """Stop a node as Slurm itself would (scale-down, a drill, stop): SIGTERM to every process
+        of its step, which the keeper turns into a notice (a save first); a node still waiting for
+        its allocation is cancelled. (srun, signalled, would kill the step outright.)"""
+        name = f"ne-{self.spec.name}-{node}"
+        cluster.signal_jobs(name, "TERM", state="RUNNING")
+        cluster.signal_jobs(name, None, state="PENDING")
+
+    def kill(self, node: str) -> None:
+        """End every process of the node's step at once (a lost node, a stop past its grace).
+        Slurm turns ``scancel --signal=KILL`` into a cancel (SIGTERM, and SIGKILL after
+        KillWait: a notice), and killing srun leaves the step to that same path; SIGUSR2,
+        which none of the node's processes handles but the keeper, which passes it on, ends
+        each at once, as SIGKILL would. A node still waiting for its allocation is cancelled."""
+        name = f"ne-{self.spec.name}-{node}"
+        cluster.signal_jobs(name, "USR2", state="RUNNING")
+        cluster.signal_jobs(name, None, state="PENDING")
+
     def why_ended(self, node: str) -> str | None:
         """Why Slurm ended a node's allocation: "preempted" (a higher-priority job took it),
         "timeout" (its --time is up), "cancelled" (scancel), "node_fail"; None when Slurm did

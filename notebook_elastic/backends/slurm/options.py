@@ -97,6 +97,10 @@ class SlurmOptions:
             "--export=ALL",
             f"--output={log}",
             "--open-mode=append",
+            # Before its time limit, the supervisor alone is told (its nodes' sruns are in its
+            # step: Slurm's SIGTERM to all would make each end its node at once): it stops the
+            # job, each node saving first, and the job can be resumed.
+            "--signal=B:TERM@60",
         ]
         partition = self.supervisor_in or self.partition
         for flag, value in (("--partition", partition), ("--account", self.account), ("--qos", self.qos)):
