@@ -87,6 +87,11 @@ class Commands:
         if rank not in self.workers:
             raise ValueError(f"rank {rank} is not running (running ranks: {sorted(self.workers)})")
         pid, node, _gen = self.workers[rank]
+        if pid is None:
+            raise ValueError(
+                f"rank {rank} runs on {node}, another machine than the supervisor's: the kill-a-worker "
+                "drill reaches only workers here; use the lose or preempt drill on that node"
+            )
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
