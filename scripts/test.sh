@@ -32,6 +32,15 @@ if ! command -v slurmctld >/dev/null && [[ ! -x /usr/sbin/slurmctld ]] && comman
 fi
 .venv/bin/ruff check notebook_elastic tests benchmarks scripts docs
 .venv/bin/ruff format --check notebook_elastic tests benchmarks scripts docs
+# The JupyterLab extension's TypeScript: ESLint and its unit tests (vitest, in a bare DOM). Its
+# node_modules come from the set-up's build of the extension (npm install, with the checked-in lock).
+echo "labextension: eslint and unit tests (vitest)"
+(
+  cd labextension
+  [[ -d node_modules/vitest && -d node_modules/eslint ]] || npm install --no-audit --no-fund --loglevel=error
+  npm run --silent lint
+  npm run --silent test
+)
 # The documentation site, warnings as errors (its reference pages are generated from the code).
 echo "docs: building the site (mkdocs build --strict) into build/site"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/site

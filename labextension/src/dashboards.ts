@@ -11,25 +11,26 @@
  * - a dashboard whose kernel went while its job ran (restarted, died) hands its last picture
  *   (a hidden `<template class="ne-twin-html">` the dashboard keeps current) to that twin, so a
  *   notebook saved afterwards shows the picture from when the kernel went, not the first one.
- * Nothing here needs the notebook package: notebook panels are recognised by shape.
+ * Notebooks come from JupyterLab's notebook tracker, typed (NotebookPanel, its cells' models).
  */
-import { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
-import { Widget } from '@lumino/widgets';
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { Cell, ICodeCellModel } from '@jupyterlab/cells';
+import * as nbformat from '@jupyterlab/nbformat';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { IOutputAreaModel } from '@jupyterlab/outputarea';
 
 const MODEL_NOT_FOUND = 'Error displaying widget: model not found';
 
-/* eslint-disable @typescript-eslint/no-explicit-any */
-type NotebookPanel = Widget & { sessionContext: any; content: any };
-
-function isNotebookPanel(w: Widget | null): w is NotebookPanel {
-  return !!w && !!(w as any).sessionContext && !!(w as any).content && Array.isArray((w as any).content.widgets);
-}
-
-/** The code cell (a widget of the notebook) that holds ``node``, and its index. */
-function cellOf(panel: NotebookPanel, node: Element): { cell: any; index: number } | null {
-  const cells: any[] = panel.content.widgets;
+/** The cell (a widget of the notebook) that holds ``node``, its index, and its outputs (a code cell's). */
+function cellOf(panel: NotebookPanel, node: Element): { cell: Cell; index: number; outputs: IOutputAreaModel | null } | null {
+  const cells = panel.content.widgets;
   const index = cells.findIndex(c => c.node.contains(node));
-  return index < 0 ? null : { cell: cells[index], index };
+  if (index < 0) {
+    return null;
+  }
+  const cell = cells[index];
+  const outputs = cell.model.type === 'code' ? (cell.model as ICodeCellModel).outputs : null;
+  return { cell, index, outputs };
 }
 
 /** The code a "follow again" button runs: the magic needs the extension loaded first. */
@@ -46,7 +47,11 @@ async function follow(app: JupyterFrontEnd, panel: NotebookPanel, button: HTMLBu
   button.disabled = true;
   panel.content.activeCellIndex = where.index;
   await app.commands.execute('notebook:insert-cell-below');
-  panel.content.activeCell.model.sharedModel.setSource(attachCode(command));
+  const added = panel.content.activeCell;
+  if (!added) {
+    return;
+  }
+  added.model.sharedModel.setSource(attachCode(command));
   await app.commands.execute('notebook:run-cell');
 }
 
@@ -58,13 +63,13 @@ function fallBack(panel: NotebookPanel): void {
     }
     const child = node.closest('.jp-OutputArea-child');
     const where = child ? cellOf(panel, child) : null;
-    if (!child || !child.parentElement || !where || !where.cell.model.outputs) {
+    if (!child || !child.parentElement || !where || !where.outputs) {
       continue;
     }
     const index = Array.from(child.parentElement.children).indexOf(child);
-    const output = where.cell.model.outputs.get(index);
-    const html = output && output.data && output.data['text/html'];
-    if (typeof html !== 'string' || !html.includes('ne-snapshot')) {
+    const output = index < where.outputs.length ? where.outputs.get(index) : undefined;
+    const html = output?.data['text/html'];
+    if (!output || typeof html !== 'string' || !html.includes('ne-snapshot')) {
       continue;
     }
     node.dataset.neFallback = '1';
@@ -85,17 +90,18 @@ function keepLastPicture(panel: NotebookPanel): void {
     const html = template.innerHTML;
     const child = template.closest('.jp-OutputArea-child');
     const where = child ? cellOf(panel, child) : null;
-    if (!html.includes('ne-snapshot') || !child || !child.parentElement || !where || !where.cell.model.outputs) {
+    if (!html.includes('ne-snapshot') || !child || !child.parentElement || !where || !where.outputs) {
       continue;
     }
-    const outputs = where.cell.model.outputs;
+    const outputs = where.outputs;
     const index = Array.from(child.parentElement.children).indexOf(child);
-    const output = outputs.get(index);
-    if (!output || !output.data || output.data['text/html'] === undefined || output.data['text/html'] === html) {
+    const output = index < outputs.length ? outputs.get(index) : undefined;
+    if (!output || output.data['text/html'] === undefined || output.data['text/html'] === html) {
       continue;
     }
     const json = output.toJSON();
-    outputs.set(index, { ...json, data: { ...(json.data as object), 'text/html': html } });
+    const data = { ...((json.data as nbformat.IMimeBundle | undefined) ?? {}), 'text/html': html };
+    outputs.set(index, { ...json, data } as nbformat.IOutput);
   }
 }
 
@@ -107,10 +113,10 @@ function refreshButtons(panel: NotebookPanel): void {
   }
 }
 
-export function watchDashboards(app: JupyterFrontEnd, shell: ILabShell): void {
-  const seen = new WeakSet<Widget>();
-  const hook = (w: Widget | null) => {
-    if (!isNotebookPanel(w) || seen.has(w)) {
+export function watchDashboards(app: JupyterFrontEnd, notebooks: INotebookTracker): void {
+  const seen = new WeakSet<NotebookPanel>();
+  const hook = (w: NotebookPanel) => {
+    if (seen.has(w)) {
       return;
     }
     seen.add(w);
@@ -140,8 +146,6 @@ export function watchDashboards(app: JupyterFrontEnd, shell: ILabShell): void {
     w.disposed.connect(() => observer.disconnect());
     check();
   };
-  shell.currentChanged.connect((_s, args) => hook(args.newValue));
-  for (const w of shell.widgets('main')) {
-    hook(w);
-  }
+  notebooks.widgetAdded.connect((_tracker, panel) => hook(panel));
+  notebooks.forEach(hook);
 }

@@ -5,13 +5,14 @@
  */
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { watchDashboards } from './dashboards';
+import { statusText } from './format';
 import { JobsPanel } from './panel';
-import { IJob } from './request';
 
 const ICON = new LabIcon({
   name: 'notebook-elastic:jobs',
@@ -24,31 +25,23 @@ export const COMMANDS = {
   stopAll: 'notebook-elastic:stop-all'
 };
 
-/** "2 elastic jobs · 1 restarting" */
-export function statusText(jobs: IJob[]): string {
-  const live = jobs.filter(j => ['pending', 'running', 'restarting'].includes(j.status));
-  if (!live.length) {
-    return '';
-  }
-  const restarting = live.filter(j => j.status === 'restarting').length;
-  let text = `${live.length} elastic job${live.length > 1 ? 's' : ''}`;
-  if (restarting) {
-    text += ` · ${restarting} restarting`;
-  }
-  return text;
-}
-
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'notebook-elastic:plugin',
   description: 'Elastic jobs panel and status bar item',
   autoStart: true,
-  requires: [ILabShell],
+  requires: [ILabShell, INotebookTracker],
   optional: [ICommandPalette, IStatusBar],
-  activate: (app: JupyterFrontEnd, shell: ILabShell, palette: ICommandPalette | null, statusBar: IStatusBar | null) => {
+  activate: (
+    app: JupyterFrontEnd,
+    shell: ILabShell,
+    notebooks: INotebookTracker,
+    palette: ICommandPalette | null,
+    statusBar: IStatusBar | null
+  ) => {
     const panel = new JobsPanel(path => void app.commands.execute('docmanager:open', { path }));
     panel.title.icon = ICON;
     shell.add(panel, 'left', { rank: 900 });
-    watchDashboards(app, shell);
+    watchDashboards(app, notebooks);
 
     app.commands.addCommand(COMMANDS.show, {
       label: 'Elastic jobs: show panel',
@@ -67,7 +60,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       item.addClass('ne-statusbar');
       item.node.title = 'Elastic jobs: show panel';
       item.node.addEventListener('click', () => shell.activateById(panel.id));
-      panel.onRefresh((jobs, failure) => {
+      panel.refreshed.connect((_panel, { jobs, failure }) => {
         item.node.textContent = failure ? 'elastic jobs: server extension missing' : statusText(jobs);
       });
       statusBar.registerStatusItem('notebook-elastic:status', {

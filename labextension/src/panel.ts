@@ -2,193 +2,30 @@
  * The "Elastic jobs" side panel: a live table of every job on this server.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { IJob, IJobsReply, ITracking, ITransition, listJobs, stopJob } from './request';
+import { FINAL, POLL_MS, ago, duration, el, lastDisruption, pollInterval, sparkline, speedText, trackingRow } from './format';
+import { IJob, IJobsReply, listJobs, stopJob } from './request';
 
-const POLL_MS = 2000;
-const FINAL = new Set(['succeeded', 'failed', 'stopped', 'lost', 'damaged']);
+/** What a refresh found: the jobs, or why the server could not be asked. */
+export interface IRefreshed {
+  jobs: IJob[];
+  failure: string | null;
+}
 
 export type Filter = 'all' | 'running' | 'finished';
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  attrs: { [key: string]: string } = {},
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    node.setAttribute(k, v);
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
-
-/** "0.21 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy": what GPU users read first. */
-function speedText(job: IJob): string {
-  const perS = (v: number | null | undefined, unit: string): string => {
-    if (v === null || v === undefined || !isFinite(v)) {
-      return '';
-    }
-    for (const [scale, suffix] of [[1e9, 'G'], [1e6, 'M'], [1e3, 'k']] as [number, string][]) {
-      if (v >= scale) {
-        return `${(v / scale).toPrecision(3)}${suffix} ${unit}/s`;
-      }
-    }
-    return `${v.toPrecision(3)} ${unit}/s`;
-  };
-  const parts: string[] = [];
-  if (job.step_time_s) {
-    parts.push(`${job.step_time_s.toPrecision(3)} s/step`);
-  }
-  parts.push(perS(job.samples_per_s, 'samples'), perS(job.tokens_per_s, 'tokens'));
-  if (job.gpu_mem_peak_bytes) {
-    parts.push(`GPU peak ${(job.gpu_mem_peak_bytes / 2 ** 30).toFixed(1)} GiB`);
-  }
-  if (job.gpu_util_percent !== null && job.gpu_util_percent !== undefined) {
-    parts.push(`${Math.round(job.gpu_util_percent)}% busy`);
-  }
-  return parts.filter(Boolean).join(' · ');
-}
-
-/** "MLflow run 3f2a · TensorBoard: tensorboard --logdir ...": a link to each run's page, else the
- * command that shows it (selectable), built as text nodes; only http(s) links. */
-function trackingRow(tracking: ITracking[]): HTMLElement | null {
-  if (!tracking.length) {
-    return null;
-  }
-  const row = el('div', { class: 'ne-sub ne-tracking' });
-  tracking.forEach((t, i) => {
-    if (i) {
-      row.appendChild(document.createTextNode(' · '));
-    }
-    if (t.url && /^https?:\/\//.test(t.url)) {
-      row.appendChild(
-        el('a', { class: 'ne-tracking-link', 'data-tracker': t.tracker, href: t.url, target: '_blank', rel: 'noopener noreferrer', title: t.url }, t.label)
-      );
-    } else if (t.command) {
-      const item = el('span', { class: 'ne-tracking-item', 'data-tracker': t.tracker, title: t.path ? `${t.label} in ${t.path}` : t.label }, `${t.label}: `);
-      item.appendChild(wrappable(el('code', { class: 'ne-tracking-command' }), t.command));
-      row.appendChild(item);
-    }
-  });
-  return row;
-}
-
-/**
- * A command or a path that a narrow panel breaks after a '/' or at a space, never inside a name
- * (at its hyphens): each name between slashes an unbreakable piece, each slash a place to break.
- */
-export function wrappable(into: HTMLElement, text: string): HTMLElement {
-  text.split(/(\s+)/).forEach(token => {
-    if (!token || /^\s+$/.test(token)) {
-      into.appendChild(document.createTextNode(token));
-      return;
-    }
-    token.split('/').forEach((seg, i) => {
-      if (i) {
-        into.appendChild(document.createTextNode('/'));
-        into.appendChild(document.createElement('wbr'));
-      }
-      if (seg) {
-        into.appendChild(el('span', { class: 'ne-path-seg' }, seg));
-      }
-    });
-  });
-  return into;
-}
-
-/** A small SVG line of the latest losses. */
-export function sparkline(values: number[], width = 80, height = 18): SVGSVGElement {
-  const ns = 'http://www.w3.org/2000/svg';
-  const svg = document.createElementNS(ns, 'svg');
-  svg.setAttribute('class', 'ne-sparkline');
-  svg.setAttribute('width', String(width));
-  svg.setAttribute('height', String(height));
-  svg.setAttribute('data-points', String(values.length));
-  const finite = values.filter(v => Number.isFinite(v));
-  if (finite.length < 2) {
-    return svg;
-  }
-  const lo = Math.min(...finite);
-  const hi = Math.max(...finite);
-  const span = hi - lo || 1;
-  const points = finite
-    .map((v, i) => {
-      const x = (i / (finite.length - 1)) * (width - 2) + 1;
-      const y = height - 1 - ((v - lo) / span) * (height - 2);
-      return `${x.toFixed(1)},${y.toFixed(1)}`;
-    })
-    .join(' ');
-  const line = document.createElementNS(ns, 'polyline');
-  line.setAttribute('points', points);
-  line.setAttribute('fill', 'none');
-  line.setAttribute('stroke', 'var(--jp-brand-color1, #1976d2)');
-  line.setAttribute('stroke-width', '1.2');
-  svg.appendChild(line);
-  return svg;
-}
-
-function duration(seconds: number): string {
-  const s = Math.max(0, Math.round(seconds));
-  if (s < 60) {
-    return `${s} s`;
-  }
-  if (s < 3600) {
-    return `${Math.floor(s / 60)} min ${s % 60} s`;
-  }
-  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
-}
-
-function ago(seconds: number | null): string {
-  if (!seconds) {
-    return '';
-  }
-  const s = Math.max(0, Date.now() / 1000 - seconds);
-  if (s < 60) {
-    return `${Math.round(s)}s ago`;
-  }
-  if (s < 3600) {
-    return `${Math.round(s / 60)}m ago`;
-  }
-  return `${Math.round(s / 3600)}h ago`;
-}
-
-/**
- * The latest restart and how it healed: "restarting 12s ago: node-1 left (preempted) ·
- * running again after 1.8 s". A restart shorter than the poll interval never shows in the
- * badge, so the row says it happened.
- */
-export function lastDisruption(history: ITransition[], finished = false): { text: string; detail: string } | null {
-  let i = history.length - 1;
-  while (i >= 0 && history[i].status !== 'restarting') {
-    i--;
-  }
-  if (i < 0) {
-    return null;
-  }
-  const start = history[i];
-  const healed = history.slice(i + 1).find(t => t.status === 'running');
-  const cause = start.cause.length > 120 ? start.cause.slice(0, 119) + '…' : start.cause;
-  // A finished job's restarts are its history, not its present: said as such, in calm colours.
-  const text = finished ? `last restart ${ago(start.at)}: ${cause}` : `restarting ${ago(start.at)}: ${cause}`;
-  return {
-    text: healed ? `${text} · running again after ${(healed.at - start.at).toFixed(1)} s` : text,
-    detail: (start.events || [start.cause]).join('\n')
-  };
-}
 
 export class JobsPanel extends Widget {
   private _jobs: IJob[] = [];
   private _errors: { [k: string]: string } = {};
   private _failure: string | null = null;
   private _filter: Filter = 'all';
-  private _timer: number | null = null;
+  private _poll: Poll | null = null;
   private _body: HTMLElement;
   private _banner: HTMLElement;
-  private _listeners: Array<(jobs: IJob[], failure: string | null) => void> = [];
+  private _refreshed = new Signal<this, IRefreshed>(this);
 
   constructor(private _openNotebook: (path: string) => void) {
     super();
@@ -216,23 +53,39 @@ export class JobsPanel extends Widget {
     return this._jobs;
   }
 
-  /** Called with every refresh (the status bar item listens). */
-  onRefresh(listener: (jobs: IJob[], failure: string | null) => void): void {
-    this._listeners.push(listener);
+  /** Emitted after every refresh (the status bar item listens). */
+  get refreshed(): ISignal<this, IRefreshed> {
+    return this._refreshed;
   }
 
+  /**
+   * Ask the server every 2 s while a job lives, every 10 s when none does; after a failure,
+   * less and less often (up to a minute); not at all while the page is hidden (Lumino's Poll).
+   */
   start(): void {
-    if (this._timer === null) {
-      void this.refresh();
-      this._timer = window.setInterval(() => void this.refresh(), POLL_MS);
+    if (this._poll !== null) {
+      return;
     }
+    this._poll = new Poll({
+      factory: async () => {
+        await this.refresh();
+        if (this._failure) {
+          throw new Error(this._failure); // the Poll backs off
+        }
+      },
+      frequency: { interval: POLL_MS.live, backoff: true, max: POLL_MS.max },
+      standby: 'when-hidden',
+      name: 'notebook-elastic:jobs'
+    });
   }
 
   dispose(): void {
-    if (this._timer !== null) {
-      window.clearInterval(this._timer);
-      this._timer = null;
+    if (this.isDisposed) {
+      return;
     }
+    this._poll?.dispose();
+    this._poll = null;
+    Signal.clearData(this);
     super.dispose();
   }
 
@@ -249,9 +102,13 @@ export class JobsPanel extends Widget {
         '. Check that it is installed and enabled (jupyter server extension list), then reload.';
     }
     this.render();
-    for (const listener of this._listeners) {
-      listener(this._jobs, this._failure);
+    if (this._poll && !this._failure) {
+      const interval = pollInterval(this._jobs);
+      if (this._poll.frequency.interval !== interval) {
+        this._poll.frequency = { ...this._poll.frequency, interval };
+      }
     }
+    this._refreshed.emit({ jobs: this._jobs, failure: this._failure });
   }
 
   async stopAll(): Promise<void> {

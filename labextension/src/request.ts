@@ -76,7 +76,7 @@ export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): P
     throw new ServerConnection.NetworkError(error as TypeError);
   }
   const text = await response.text();
-  let data: any = text;
+  let data: unknown = text;
   if (text.length > 0) {
     try {
       data = JSON.parse(text);
@@ -85,7 +85,8 @@ export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): P
     }
   }
   if (!response.ok) {
-    const message = (data && data.message) || (typeof data === 'string' && data) || response.statusText;
+    const said = typeof data === 'object' && data !== null ? (data as { message?: unknown }).message : undefined;
+    const message = (typeof said === 'string' && said) || (typeof data === 'string' && data) || response.statusText;
     throw new ServerConnection.ResponseError(response, message);
   }
   return data as T;

@@ -1,0 +1,199 @@
+/**
+ * What the panel and the status bar say, as plain functions of the jobs the server lists: no
+ * JupyterLab import, so the unit tests (test/) run them in a bare DOM.
+ */
+import type { IJob, ITracking, ITransition } from './request';
+
+export const FINAL = new Set(['succeeded', 'failed', 'stopped', 'lost', 'damaged']);
+
+/** How often the panel asks the server: often while a job lives, seldom when none does. */
+export const POLL_MS = { live: 2000, idle: 10000, max: 60000 };
+
+/** The panel's poll interval for these jobs (backing off after failures is the Poll's own). */
+export function pollInterval(jobs: IJob[]): number {
+  return jobs.some(j => !FINAL.has(j.status)) ? POLL_MS.live : POLL_MS.idle;
+}
+
+export function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: { [key: string]: string } = {},
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    node.setAttribute(k, v);
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+/** "2 elastic jobs · 1 restarting" */
+export function statusText(jobs: IJob[]): string {
+  const live = jobs.filter(j => ['pending', 'running', 'restarting'].includes(j.status));
+  if (!live.length) {
+    return '';
+  }
+  const restarting = live.filter(j => j.status === 'restarting').length;
+  let text = `${live.length} elastic job${live.length > 1 ? 's' : ''}`;
+  if (restarting) {
+    text += ` · ${restarting} restarting`;
+  }
+  return text;
+}
+
+/** "0.21 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy": what GPU users read first. */
+export function speedText(job: IJob): string {
+  const perS = (v: number | null | undefined, unit: string): string => {
+    if (v === null || v === undefined || !isFinite(v)) {
+      return '';
+    }
+    for (const [scale, suffix] of [[1e9, 'G'], [1e6, 'M'], [1e3, 'k']] as [number, string][]) {
+      if (v >= scale) {
+        return `${(v / scale).toPrecision(3)}${suffix} ${unit}/s`;
+      }
+    }
+    return `${v.toPrecision(3)} ${unit}/s`;
+  };
+  const parts: string[] = [];
+  if (job.step_time_s) {
+    parts.push(`${job.step_time_s.toPrecision(3)} s/step`);
+  }
+  parts.push(perS(job.samples_per_s, 'samples'), perS(job.tokens_per_s, 'tokens'));
+  if (job.gpu_mem_peak_bytes) {
+    parts.push(`GPU peak ${(job.gpu_mem_peak_bytes / 2 ** 30).toFixed(1)} GiB`);
+  }
+  if (job.gpu_util_percent !== null && job.gpu_util_percent !== undefined) {
+    parts.push(`${Math.round(job.gpu_util_percent)}% busy`);
+  }
+  return parts.filter(Boolean).join(' · ');
+}
+
+/** "MLflow run 3f2a · TensorBoard: tensorboard --logdir ...": a link to each run's page, else the
+ * command that shows it (selectable), built as text nodes; only http(s) links. */
+export function trackingRow(tracking: ITracking[]): HTMLElement | null {
+  if (!tracking.length) {
+    return null;
+  }
+  const row = el('div', { class: 'ne-sub ne-tracking' });
+  tracking.forEach((t, i) => {
+    if (i) {
+      row.appendChild(document.createTextNode(' · '));
+    }
+    if (t.url && /^https?:\/\//.test(t.url)) {
+      row.appendChild(
+        el('a', { class: 'ne-tracking-link', 'data-tracker': t.tracker, href: t.url, target: '_blank', rel: 'noopener noreferrer', title: t.url }, t.label)
+      );
+    } else if (t.command) {
+      const item = el('span', { class: 'ne-tracking-item', 'data-tracker': t.tracker, title: t.path ? `${t.label} in ${t.path}` : t.label }, `${t.label}: `);
+      item.appendChild(wrappable(el('code', { class: 'ne-tracking-command' }), t.command));
+      row.appendChild(item);
+    }
+  });
+  return row;
+}
+
+/**
+ * A command or a path that a narrow panel breaks after a '/' or at a space, never inside a name
+ * (at its hyphens): each name between slashes an unbreakable piece, each slash a place to break.
+ */
+export function wrappable(into: HTMLElement, text: string): HTMLElement {
+  text.split(/(\s+)/).forEach(token => {
+    if (!token || /^\s+$/.test(token)) {
+      into.appendChild(document.createTextNode(token));
+      return;
+    }
+    token.split('/').forEach((seg, i) => {
+      if (i) {
+        into.appendChild(document.createTextNode('/'));
+        into.appendChild(document.createElement('wbr'));
+      }
+      if (seg) {
+        into.appendChild(el('span', { class: 'ne-path-seg' }, seg));
+      }
+    });
+  });
+  return into;
+}
+
+/** A small SVG line of the latest losses. */
+export function sparkline(values: number[], width = 80, height = 18): SVGSVGElement {
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('class', 'ne-sparkline');
+  svg.setAttribute('width', String(width));
+  svg.setAttribute('height', String(height));
+  svg.setAttribute('data-points', String(values.length));
+  const finite = values.filter(v => Number.isFinite(v));
+  if (finite.length < 2) {
+    return svg;
+  }
+  const lo = Math.min(...finite);
+  const hi = Math.max(...finite);
+  const span = hi - lo || 1;
+  const points = finite
+    .map((v, i) => {
+      const x = (i / (finite.length - 1)) * (width - 2) + 1;
+      const y = height - 1 - ((v - lo) / span) * (height - 2);
+      return `${x.toFixed(1)},${y.toFixed(1)}`;
+    })
+    .join(' ');
+  const line = document.createElementNS(ns, 'polyline');
+  line.setAttribute('points', points);
+  line.setAttribute('fill', 'none');
+  line.setAttribute('stroke', 'var(--jp-brand-color1, #1976d2)');
+  line.setAttribute('stroke-width', '1.2');
+  svg.appendChild(line);
+  return svg;
+}
+
+export function duration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${s % 60} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+
+export function ago(seconds: number | null, now: number = Date.now() / 1000): string {
+  if (!seconds) {
+    return '';
+  }
+  const s = Math.max(0, now - seconds);
+  if (s < 60) {
+    return `${Math.round(s)}s ago`;
+  }
+  if (s < 3600) {
+    return `${Math.round(s / 60)}m ago`;
+  }
+  return `${Math.round(s / 3600)}h ago`;
+}
+
+/**
+ * The latest restart and how it healed: "restarting 12s ago: node-1 left (preempted) ·
+ * running again after 1.8 s". A restart shorter than the poll interval never shows in the
+ * badge, so the row says it happened.
+ */
+export function lastDisruption(history: ITransition[], finished = false): { text: string; detail: string } | null {
+  let i = history.length - 1;
+  while (i >= 0 && history[i].status !== 'restarting') {
+    i--;
+  }
+  if (i < 0) {
+    return null;
+  }
+  const start = history[i];
+  const healed = history.slice(i + 1).find(t => t.status === 'running');
+  const cause = start.cause.length > 120 ? start.cause.slice(0, 119) + '…' : start.cause;
+  // A finished job's restarts are its history, not its present: said as such, in calm colours.
+  const text = finished ? `last restart ${ago(start.at)}: ${cause}` : `restarting ${ago(start.at)}: ${cause}`;
+  return {
+    text: healed ? `${text} · running again after ${(healed.at - start.at).toFixed(1)} s` : text,
+    detail: (start.events || [start.cause]).join('\n')
+  };
+}
+
