@@ -15,6 +15,7 @@ from notebook_elastic.job_state import (
     describe_failure,
     elapsed_s,
     first_failure,
+    summary_text,
     with_fold,
 )
 
@@ -362,8 +363,20 @@ def test_rendezvous_keeps_a_departed_node_departed():
 
 
 def test_pending_names_the_node_or_says_why_the_job_waits():
-    state = fold(ev(Kind.PENDING, 1.0, "pod-1", reason="Unschedulable", message="0/3 nodes have a GPU"))
-    assert state.nodes["pod-1"].status == "pending" and state.waiting is None and state.status == "pending"
+    pending = ev(Kind.PENDING, 1.0, "pod-1", reason="Unschedulable", message="0/3 nodes have a GPU")
+    state = fold(pending)
+    assert state.nodes["pod-1"].status == "pending" and state.status == "pending"
+    # Why a node waits shows where the job's wait does (dashboard, panel, CLI) until it starts.
+    assert state.waiting == describe(pending) == "pod-1 pending: Unschedulable 0/3 nodes have a GPU"
+    assert "waiting: pod-1 pending: Unschedulable" in summary_text("spot", state)
+    state.apply(ev(Kind.AGENT_STARTED, 1.5, "pod-1", pid=7))
+    assert state.waiting is None
+    slurm = ev(Kind.PENDING, 1.6, "node-3", reason="Priority", message="Slurm job 5 waits (Priority)")
+    state.apply(slurm)
+    state.apply(ev(Kind.AGENT_STARTED, 1.7, "node-2", pid=8))  # another node starting says nothing of it
+    assert state.waiting == "node-3 pending: Priority Slurm job 5 waits (Priority)"
+    state.apply(ev(Kind.NODE_LEFT, 1.8, "node-3", reason="stopped"))
+    assert state.waiting is None
     quota = ev(Kind.PENDING, 2.0, None, reason="FailedCreate", message="exceeded quota")
     state.apply(quota)
     assert state.waiting == describe(quota) and "exceeded quota" in state.waiting

@@ -70,6 +70,7 @@ class JobState(Handlers):
         self.status = Status.PENDING
         self.reason: str | None = None
         self.waiting: str | None = None  # why capacity the job asked for is not coming
+        self.waiting_node: str | None = None  # the node ``waiting`` is about (a pod, an allocation), if one
         self.held_by_queue = False  # Kueue evicted it and has not admitted it again (--queue)
         self.max_restarts = max_restarts
         self.nnodes = tuple(nnodes)

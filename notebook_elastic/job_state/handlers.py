@@ -53,7 +53,7 @@ class Handlers:
         self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
 
     def _on_node_joined(self, e: Event) -> None:
-        self.waiting = None
+        self.waiting, self.waiting_node = None, None
         node = self._node(e.node)
         node.status = "starting"
         node.agent_pid = e.get("pid")
@@ -65,10 +65,20 @@ class Handlers:
 
     def _on_pending(self, e: Event) -> None:
         if e.node is None:  # about the job, not a node (its controller cannot create a pod)
-            self.waiting = describe(e)
+            self.waiting, self.waiting_node = describe(e), None
             return
         node = self._node(e.node)
         node.status = "pending"
+        # Why it waits (squeue's reason, the scheduler's message) shows where the job's wait does:
+        # the dashboard, the panel, the CLI; until that node starts or goes.
+        self.waiting, self.waiting_node = describe(e), node.name
+
+    def _node_came_or_went(self, e: Event) -> None:
+        if self.waiting_node is not None and self.waiting_node == e.node:
+            self.waiting, self.waiting_node = None, None
+
+    def _on_agent_started(self, e: Event) -> None:
+        self._node_came_or_went(e)
 
     def _on_queue(self, e: Event) -> None:
         """Kueue's word on the job: while it waits for quota (or, evicted, waits again) that
@@ -87,6 +97,7 @@ class Handlers:
             self._mark(e, "preempted", f"preempted by Kueue ({e.get('reason') or 'evicted'})")
 
     def _on_node_left(self, e: Event) -> None:
+        self._node_came_or_went(e)
         node = self._node(e.node)
         in_the_running_group = bool(node.ranks)  # cleared when a group without it started
         node.status = "left"
@@ -105,6 +116,7 @@ class Handlers:
             self.status = Status.RESTARTING
 
     def _on_rendezvous(self, e: Event) -> None:
+        self._node_came_or_went(e)
         node = self._node(e.node)
         node.group_rank = e.get("group_rank")
         if node.status not in ("left",):
