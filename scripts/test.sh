@@ -52,4 +52,19 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/s
 workers="${NOTEBOOK_ELASTIC_TEST_WORKERS:-2}"
 # A test still running after a minute is named as it runs (tests/conftest.py), and the slowest
 # fifteen are listed at the end.
-exec .venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal --durations=15 "$@"
+pytest_=(.venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal)
+if [[ " $* " == *" -m "* || " $* " == *" -m="* ]]; then
+  exec "${pytest_[@]}" --durations=15 "$@"  # a tier chosen by the caller (-m quick: the quick one alone)
+fi
+# Two tiers: the quick one first (no job launched, about a minute: a broken edit shows at once),
+# then the rest. pytest's 5 is "no test selected" (arguments like -k that pick only one tier).
+tier() {
+  local rc=0
+  "${pytest_[@]}" "$@" || rc=$?
+  [[ $rc -eq 5 ]] && rc=0
+  return $rc
+}
+echo "tests: the quick tier (-m quick: no job launched)"
+tier -m quick "$@"
+echo "tests: the rest (-m 'not quick': real jobs, kernels, browsers, clusters)"
+tier -m "not quick" --durations=15 "$@"

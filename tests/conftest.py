@@ -163,6 +163,35 @@ def pytest_configure(config):
     )
 
 
+#: The quick tier (``-m quick``; scripts/test.sh runs it first): these modules' tests that are not
+#: slow launch no job, and the tier runs in under a minute on 2 cores, for the edit loop.
+QUICK_MODULES = frozenset(
+    {
+        "test_claims.py",
+        "test_events.py",
+        "test_job_state.py",
+        "test_kubernetes_manifests.py",
+        "test_launch_api.py",
+        "test_layers.py",
+        "test_local_modules.py",
+        "test_module_size.py",
+        "test_options.py",
+        "test_packaging.py",
+        "test_plan.py",
+        "test_security.py",
+        "test_store_server.py",
+        "test_torch_compat.py",
+        "test_waits.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in QUICK_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.quick)
+
+
 class LongTests:
     """In the process that shows the run (xdist's controller, or the only one): a line for each
     test still running after ``LONG_TEST_S``, and again every minute, so a quiet stretch of the

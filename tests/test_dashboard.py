@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -244,13 +245,6 @@ for step in state.steps(TOTAL):
     elastic.report(step=step, loss=loss.item(), lr=0.01)
     time.sleep(0.03)
 """
-
-
-def wait_for(predicate, what, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

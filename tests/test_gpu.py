@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_local_backend import at_step, committed_reports, namespace, placements, wait_for, world_sizes
+from test_local_backend import at_step, committed_reports, namespace, placements, world_sizes
+from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
@@ -74,21 +75,31 @@ def test_nccl_one_rank_per_gpu_through_a_killed_worker_and_a_scale_up(home):
         max_restarts=3,
         user_ns=namespace(total=100_000, step_s=0.02),
     )
-    wait_for(job, at_step(job, 5), "the first steps on GPU", timeout=300)
+    wait_for(at_step(job, 5), "the first steps on GPU", timeout=300, job=job, give_up_when_finished=True)
     first_step_s = job.state.first_step_at - job.state.started_at
     print(f"first step on GPU {first_step_s:.1f} s after submission")
     killed_at = job.state.step
     job.kill_worker(rank=0)
-    wait_for(job, lambda: job.restarts >= 1 and at_step(job, killed_at + 5)(), "training again after the kill")
+    wait_for(
+        lambda: job.restarts >= 1 and at_step(job, killed_at + 5)(),
+        "training again after the kill",
+        job=job,
+        give_up_when_finished=True,
+    )
     if nodes_max >= 2:
         scaled_at = job.state.step
         job.scale(2)
-        wait_for(job, lambda: job.world_size == 2 and at_step(job, scaled_at + 5)(), "two nodes on two GPUs")
+        wait_for(
+            lambda: job.world_size == 2 and at_step(job, scaled_at + 5)(),
+            "two nodes on two GPUs",
+            job=job,
+            give_up_when_finished=True,
+        )
     else:  # one GPU: a second node has no GPU of its own, so the range never allowed it
         with pytest.raises(ne.SpecError, match=r"cannot scale to 2 nodes: the job.s range is 1:1"):
             job.scale(2)
     # The GPU figures reached the job: rank 0's peak memory, and utilisation where NVML is.
-    wait_for(job, lambda: bool(job.state.gpu_ranks), "the GPU figures", timeout=60)
+    wait_for(lambda: bool(job.state.gpu_ranks), "the GPU figures", timeout=60, job=job, give_up_when_finished=True)
     rank0 = job.state.gpu_ranks[0]
     assert rank0["mem_peak_bytes"] > 0 and rank0["mem_peak_bytes"] <= rank0["mem_total_bytes"]
     try:
@@ -116,7 +127,7 @@ def test_a_range_needing_more_gpus_than_are_visible_is_refused(home):
         ne.launch(GPU_CELL, nnodes=f"1:{n + 1}", name="too-many", user_ns=namespace())
     assert not (home / "jobs" / "too-many").exists()
     job = ne.launch(GPU_CELL, nnodes="1", name="fits", user_ns=namespace(total=100_000, step_s=0.02))
-    wait_for(job, at_step(job, 3), "training on GPU", timeout=300)
+    wait_for(at_step(job, 3), "training on GPU", timeout=300, job=job, give_up_when_finished=True)
     with pytest.raises(ne.BackendError, match=rf"need {n + 1} GPUs"):
         job.set_range(1, n + 1)
     assert job.status == "running" and job.world_size == 1  # refused before anything changed
@@ -137,9 +148,15 @@ def test_a_node_whose_nccl_fails_while_joining_is_evicted(home):
         backend_options=broken,
         user_ns=namespace(total=300, step_s=0.02),
     )
-    wait_for(job, at_step(job, 5), "one node training", timeout=300)
+    wait_for(at_step(job, 5), "one node training", timeout=300, job=job, give_up_when_finished=True)
     job.scale(2)
-    wait_for(job, lambda: any(e.kind == Kind.NODE_EVICTED for e in job.events), "node-1 evicted", timeout=300)
+    wait_for(
+        lambda: any(e.kind == Kind.NODE_EVICTED for e in job.events),
+        "node-1 evicted",
+        timeout=300,
+        job=job,
+        give_up_when_finished=True,
+    )
     assert job.wait(600) == "succeeded", job.summary()
     evicted = [e for e in job.events if e.kind == Kind.NODE_EVICTED]
     assert [e.node for e in evicted] == ["node-1"]

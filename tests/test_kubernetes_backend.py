@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import TEST_ID_ENV, cmdline, processes_with_env
 from k8s_apiserver import FakeCluster
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -77,16 +78,6 @@ def _post(fake, path, body, method="POST"):
         return resp.status, json.loads(resp.read())
 
 
-def wait_for(job, predicate, what, timeout=180):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out waiting for {what}: {job.summary()}\n" + "\n".join(e.describe() for e in job.events[-15:])
-            )
-        time.sleep(0.1)
-
-
 def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
     """Launch 1:3 on 2 GPU slots; a worker pod is reclaimed mid-training and the job goes on;
     scaling to 3 waits Pending (insufficient GPUs) until a slot frees up; stop leaves nothing."""
@@ -104,7 +95,9 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
         user_ns=ns(),
     )
     wait_for(
-        job, lambda: job.world_size == 2 and job.state.step is not None and job.state.step >= 10, "two pods training"
+        lambda: job.world_size == 2 and job.state.step is not None and job.state.step >= 10,
+        "two pods training",
+        job=job,
     )
     joined = {e.node for e in job.events if e.kind == Kind.NODE_JOINED}
     assert len(joined) >= 2 and {n.split("-")[2] for n in joined} >= {"0", "1"}, joined  # spot-workers-INDEX-xxxxx
@@ -118,15 +111,14 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
     step_before = job.state.step
     cluster.preempt(victim)
     wait_for(
-        job,
         lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events),
         "the preempted pod to leave",
+        job=job,
     )
     left = next(e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == victim)
     assert left.get("reason") == "preempted"
     # The Job controller replaces it; the job keeps its step count and grows back to 2.
     wait_for(
-        job,
         lambda: (
             job.status == "running"
             and job.world_size == 2
@@ -134,6 +126,7 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
             and any(e.kind == Kind.RESUMED for e in job.events)
         ),
         "the replacement pod",
+        job=job,
     )
     resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
     assert resumed and resumed[-1] >= step_before
@@ -142,23 +135,23 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
     # Scale to 3 with only 2 GPUs: the new pod waits, and says why.
     job.scale(3)
     wait_for(
-        job,
         lambda: any(
             e.kind == Kind.PENDING and "Insufficient nvidia.com/gpu" in (e.get("message") or "") for e in job.events
         ),
         "the Pending reason",
+        job=job,
     )
     pending = next(e for e in job.events if e.kind == Kind.PENDING)
     assert pending.get("reason") == "Unschedulable" and pending.node.startswith("spot-workers-2-")
     cluster.set_gpu_slots(3)  # the other team's job ended
-    wait_for(job, lambda: job.world_size == 3 and job.status == "running", "three pods after a slot freed up")
+    wait_for(lambda: job.world_size == 3 and job.status == "running", "three pods after a slot freed up", job=job)
 
     # Re-attach from a fresh "kernel": history from the pods' logs, then live events.
     again = ne.attach("spot", backend="kubernetes")
     wait_for(
-        again,
         lambda: again.world_size == 3 and again.state.step is not None and again.state.step > job.state.step - 50,
         "the re-attached view",
+        job=again,
     )
     assert any(e.kind == Kind.JOB_SUBMITTED for e in again.events)
     listed = {j.name: j for j in ne.jobs("kubernetes")}
@@ -185,10 +178,10 @@ def test_a_finished_job_succeeds_and_logs_survive_dropped_connections(cluster):
         name="short",
         user_ns=ns(total=120),
     )
-    wait_for(job, lambda: job.state.step is not None and job.state.step >= 20, "training")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 20, "training", job=job)
     dropped = cluster.drop_streams()
     assert dropped >= 3  # the pod watch and both log streams
-    wait_for(job, lambda: len(cluster.streams) >= 3 or job.finished, "the follower to open its streams again")
+    wait_for(lambda: len(cluster.streams) >= 3 or job.finished, "the follower to open its streams again", job=job)
     cluster.drop_streams()
     assert job.wait(240) == "succeeded", job.summary()
     reports = {}
@@ -292,9 +285,9 @@ def test_a_missing_image_says_so_and_the_range_can_change(cluster):
         user_ns=ns(),
     )
     wait_for(
-        job,
         lambda: any(e.kind == Kind.PENDING and e.get("reason") == "ImagePullBackOff" for e in job.events),
         "ImagePullBackOff",
+        job=job,
     )
     assert "does-not-exist" in next(e.get("message") for e in job.events if e.kind == Kind.PENDING)
     job.stop()
@@ -302,11 +295,10 @@ def test_a_missing_image_says_so_and_the_range_can_change(cluster):
     job = ne.launch(
         TRAIN, backend="kubernetes", nnodes="1", gpus=0, pvc="ckpt", name="widen", max_restarts=5, user_ns=ns()
     )
-    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 5, "one pod training")
+    wait_for(lambda: job.world_size == 1 and (job.state.step or 0) >= 5, "one pod training", job=job)
     job.set_range(1, 2)  # new workers, in a new rendezvous epoch
     job.scale(2)
     wait_for(
-        job,
         lambda: (
             job.world_size == 2
             and job.status == "running"
@@ -314,6 +306,7 @@ def test_a_missing_image_says_so_and_the_range_can_change(cluster):
             and any(e.kind == Kind.RESUMED for e in job.events)
         ),
         "two pods in the new range",
+        job=job,
     )
     resumed = [e for e in job.events if e.kind == Kind.RESUMED]
     assert resumed and resumed[-1].get("step") >= 5
@@ -327,13 +320,13 @@ def test_a_worker_pod_over_quota_is_told_and_joins_when_quota_frees(cluster):
     job = ne.launch(
         TRAIN, backend="kubernetes", nnodes="1:2", gpus=1, pvc="ckpt", name="quota-grow", max_restarts=5, user_ns=ns()
     )
-    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training")
+    wait_for(lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training", job=job)
     cluster.set_quota(1)
     job.scale(2)
     wait_for(
-        job,
         lambda: any(e.kind == Kind.PENDING and e.get("reason") == "FailedCreate" for e in job.events),
         "the controller's refusal",
+        job=job,
     )
     refused = [e for e in job.events if e.kind == Kind.PENDING and e.get("reason") == "FailedCreate"]
     assert len(refused) == 1, "a refusal the controller retries is told once"
@@ -346,7 +339,7 @@ def test_a_worker_pod_over_quota_is_told_and_joins_when_quota_frees(cluster):
     assert "limited: requests.nvidia.com/gpu=1" in listed["quota-grow"].summary["waiting"]
 
     cluster.set_quota(None)  # project B is done: the controller's next try succeeds
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "the second pod once quota frees")
+    wait_for(lambda: job.world_size == 2 and job.status == "running", "the second pod once quota frees", job=job)
     assert job.state.waiting is None
     job.stop()
 
@@ -376,18 +369,18 @@ def test_the_readme_role_is_enough_and_events_are_optional(cluster):
     job = ne.launch(
         TRAIN, backend="kubernetes", nnodes="1:2", gpus=1, pvc="ckpt", name="least", max_restarts=5, user_ns=ns()
     )
-    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training")
+    wait_for(lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training", job=job)
     job.scale(2)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two pods")
+    wait_for(lambda: job.world_size == 2 and job.status == "running", "two pods", job=job)
     job.preempt_node()
-    wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT for e in job.events), "the preemption")
+    wait_for(lambda: any(e.kind == Kind.NODE_LEFT for e in job.events), "the preemption", job=job)
     assert [j.name for j in ne.jobs("kubernetes")] == ["least"]
     attached_at = job.state.step
     again = ne.attach("least", backend="kubernetes")
     wait_for(
-        again,
         lambda: any(e.kind == Kind.JOB_SUBMITTED for e in again.events) and (again.state.step or 0) > attached_at,
         "the re-attached job's history, then live steps",
+        job=again,
     )
     again.detach()
     job.stop()
@@ -404,7 +397,7 @@ def test_the_readme_role_is_enough_and_events_are_optional(cluster):
     job = ne.launch(
         TRAIN, backend="kubernetes", nnodes="1:2", nodes=2, gpus=1, pvc="ckpt", name="no-events", user_ns=ns()
     )
-    wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training within quota")
+    wait_for(lambda: job.world_size == 1 and (job.state.step or 0) >= 3, "one pod training within quota", job=job)
     assert [p for _, p in cluster.forbidden if p.endswith("/events")], "the follower asked for events, was refused"
     assert job.state.waiting is None and job.status == "running"  # not told, and nothing broke
     listed = {info.name: info for info in KubernetesBackend().list()}
@@ -532,7 +525,7 @@ def test_env_values_reach_the_pods_through_a_secret_only(cluster):
         env={"HF_TOKEN": token},
         user_ns={"elastic": runtime},
     )
-    wait_for(job, lambda: job.metrics.last("digest") is not None, "the worker's report")
+    wait_for(lambda: job.metrics.last("digest") is not None, "the worker's report", job=job)
     assert job.metrics.last("digest") == int(hashlib.sha256(token.encode()).hexdigest()[:12], 16)
     secret = cluster.get("secrets", "tokened-env")
     assert secret is not None and secret["metadata"]["labels"][m.INSTANCE] == "tokened"
@@ -546,9 +539,9 @@ def test_env_values_reach_the_pods_through_a_secret_only(cluster):
     assert status == 200
     job.preempt_node()
     wait_for(
-        job,
         lambda: any(e.kind == Kind.PENDING and e.get("reason") == "CreateContainerConfigError" for e in job.events),
         "the replacement pod's CreateContainerConfigError",
+        job=job,
     )
     pending = next(e for e in job.events if e.kind == Kind.PENDING and e.get("reason") == "CreateContainerConfigError")
     assert 'secret "tokened-env" not found' in pending.get("message")
@@ -608,23 +601,23 @@ def test_five_preemptions_on_max_restarts_1(cluster):
         max_restarts=1,
         user_ns=ns(),
     )
-    wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
+    wait_for(lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training", job=job)
     for n in range(1, 6):
         victim = job.preempt_node()["node"]
         wait_for(
-            job,
             lambda victim=victim: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events),
             f"preemption {n} seen",
+            job=job,
         )
         assert next(e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == victim).get("reason") == "evicted"
         step = job.state.step or 0
         wait_for(
-            job,
             lambda victim=victim, step=step: (
                 job.world_size == 2 and victim not in job.nodes and (job.state.step or 0) > step + 3
             ),
             f"two pods training again after preemption {n}",
             timeout=300,
+            job=job,
         )
     assert len(cluster.evictions) == 5
     workers = cluster.get("jobs", "spot5-workers", gv="batch/v1")
@@ -683,7 +676,7 @@ def test_the_workers_job_owns_everything_and_a_job_without_workers_is_expired(cl
         time.sleep(0.1)
 
     job = ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="gone", user_ns=ns())
-    wait_for(job, lambda: (job.state.step or 0) >= 3, "training")
+    wait_for(lambda: (job.state.step or 0) >= 3, "training", job=job)
     job.detach()
     backend._own_code_by("gone", None)  # as a job made before this change: the ConfigMap owns all
     cluster._delete(("batch/v1", "jobs", "default", "gone-workers"), policy="Background")
@@ -728,20 +721,20 @@ def test_the_panels_cluster_rows_show_restarts_step_and_loss_from_one_fold(clust
 
     try:
         wait_for(
-            job,
             lambda: (
                 (r := row()) is not None
                 and r.summary.get("restarts") == 1
                 and (r.summary.get("step") or 0) >= 10
                 and r.summary.get("nodes_running") == 1
-            ),  # the cluster's word, refreshed every few seconds
+            ),
             "the panel's row to show the restart, the step and the running pod",
+            job=job,
         )
         live = row()
         assert live.status == "running" and live.summary["loss"] is not None and live.summary["loss_tail"]
         assert live.summary["max_restarts"] == 3
         assert job.wait(240) == "succeeded", job.summary()
-        wait_for(job, lambda: row().status == "succeeded", "the row to end")
+        wait_for(lambda: row().status == "succeeded", "the row to end", job=job)
         done = row()
         assert done.summary["step"] == 79 and done.summary["restarts"] == 1, done.summary
     finally:

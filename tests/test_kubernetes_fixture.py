@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import socket
 import sys
-import time
 
 import pytest
 from k8s_apiserver import FakeCluster
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -31,14 +31,6 @@ def api(fake, tmp_path):
     )
     with client.ApiClient(configuration) as api_client:
         yield client.CoreV1Api(api_client), client.BatchV1Api(api_client)
-
-
-def until(predicate, what, timeout=60):
-    """Wait for a state (the timeout only bounds a broken run)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"never reached: {what}"
-        time.sleep(0.05)
 
 
 SLEEPER = {"name": "main", "image": "busybox", "command": [sys.executable, "-c", "import time; time.sleep(120)"]}
@@ -105,7 +97,7 @@ def test_immutable_job_fields_and_elastic_indexed_scaling(api, fake):
     job = batch.read_namespaced_job("w", "default")
     assert (job.spec.completions, job.spec.parallelism, job.spec.completion_mode) == (2, 2, "Indexed")
     assert job.spec.pod_failure_policy is not None
-    until(lambda: len(fake.pods()) == 2, "two pods")
+    wait_for(lambda: len(fake.pods()) == 2, "two pods", timeout=60)
     assert sorted(p["spec"]["hostname"] for p in fake.pods()) == ["w-0", "w-1"]  # as the controller names them
 
 
@@ -141,27 +133,29 @@ def test_a_deleted_pod_fails_and_counts_an_evicted_one_does_not(api, fake):
         ]
 
     for _ in range(3):  # three evictions: none counts
-        until(lambda: len(running()) == 1, "a running pod")
+        wait_for(lambda: len(running()) == 1, "a running pod", timeout=60)
         victim = running()[0]["metadata"]["name"]
         core.create_namespaced_pod_eviction(
             victim, "default", {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": victim}}
         )
-        until(lambda victim=victim: fake.get("pods", victim) is None, "the evicted pod to go")
+        wait_for(lambda victim=victim: fake.get("pods", victim) is None, "the evicted pod to go", timeout=60)
     assert fake.evictions and (batch.read_namespaced_job("w", "default").status.failed or 0) == 0
     for expected_failed in (1, 2):  # plain deletes count; the second goes past backoffLimit 1
-        until(lambda: len(running()) == 1, "a running pod")
+        wait_for(lambda: len(running()) == 1, "a running pod", timeout=60)
         victim = running()[0]["metadata"]["name"]
         core.delete_namespaced_pod(victim, "default", grace_period_seconds=0)
-        until(
+        wait_for(
             lambda n=expected_failed: (batch.read_namespaced_job("w", "default").status.failed or 0) == n,
             "the failure counted",
+            timeout=60,
         )
-    until(
+    wait_for(
         lambda: any(
             c.type == "Failed" and c.reason == "BackoffLimitExceeded"
             for c in batch.read_namespaced_job("w", "default").status.conditions or []
         ),
         "BackoffLimitExceeded",
+        timeout=60,
     )
 
 
@@ -170,8 +164,12 @@ def test_ttl_after_finished_and_propagation_policies(api, fake):
     job = indexed_job("t", ttlSecondsAfterFinished=1)
     job["spec"]["template"]["spec"]["containers"] = [dict(SLEEPER, command=[sys.executable, "-c", "pass"])]
     batch.create_namespaced_job("default", job)
-    until(lambda: fake.get("jobs", "t", gv="batch/v1") is None, "the TTL controller to delete the finished Job")
-    until(lambda: not fake.pods(), "its pods to be collected")
+    wait_for(
+        lambda: fake.get("jobs", "t", gv="batch/v1") is None,
+        "the TTL controller to delete the finished Job",
+        timeout=60,
+    )
+    wait_for(lambda: not fake.pods(), "its pods to be collected", timeout=60)
 
     # A ConfigMap owning a Service: Background deletes the dependent, Orphan keeps it.
     for policy, kept in (("Background", False), ("Orphan", True)):
@@ -181,18 +179,18 @@ def test_ttl_after_finished_and_propagation_policies(api, fake):
             "default", {"metadata": {"name": "dep", "ownerReferences": [ref]}, "spec": {"ports": [{"port": 1}]}}
         )
         core.delete_namespaced_config_map("owner", "default", propagation_policy=policy)
-        until(lambda: fake.get("configmaps", "owner") is None, "the owner gone")
+        wait_for(lambda: fake.get("configmaps", "owner") is None, "the owner gone", timeout=60)
         assert (fake.get("services", "dep") is not None) == kept, policy
         if kept:
             assert fake.get("services", "dep")["metadata"]["ownerReferences"] == []
             core.delete_namespaced_service("dep", "default")
     # A Job deleted without a policy orphans its pods (the API's default for Jobs).
     batch.create_namespaced_job("default", indexed_job("o"))
-    until(lambda: len(fake.pods()) == 1, "a pod")
+    wait_for(lambda: len(fake.pods()) == 1, "a pod", timeout=60)
     batch.delete_namespaced_job("o", "default")
     assert len(fake.pods()) == 1 and fake.pods()[0]["metadata"]["ownerReferences"] == []
     core.delete_namespaced_pod(fake.pods()[0]["metadata"]["name"], "default", grace_period_seconds=0)
-    until(lambda: not fake.pods(), "the orphan deleted")
+    wait_for(lambda: not fake.pods(), "the orphan deleted", timeout=60)
 
 
 def test_discovery_and_transient_errors(api, fake):
@@ -268,14 +266,14 @@ def test_a_deployment_replaces_its_pod_and_a_service_reaches_only_ready_pods(api
         with socket.create_connection(address, timeout=2) as s:
             return s.recv(100).decode()
 
-    until(lambda: pod() and pod()["status"].get("phase") == "Running", "the Deployment's pod running")
+    wait_for(lambda: pod() and pod()["status"].get("phase") == "Running", "the Deployment's pod running", timeout=60)
     first = pod()
     assert first["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
     if not ready(first):  # running, not yet serving: not an endpoint, so the ClusterIP refuses
         with pytest.raises(ConnectionRefusedError):
             answer()
-    until(lambda: (p := pod()) and ready(p), "the readiness probe to pass")
-    until(lambda: _answers(answer) == first["status"]["podIP"], "the Service to reach the pod")
+    wait_for(lambda: (p := pod()) and ready(p), "the readiness probe to pass", timeout=60)
+    wait_for(lambda: _answers(answer) == first["status"]["podIP"], "the Service to reach the pod", timeout=60)
 
     # Deleted, then evicted: each time another pod, and the Service follows it.
     for how in ("delete", "evict"):
@@ -286,16 +284,24 @@ def test_a_deployment_replaces_its_pod_and_a_service_reaches_only_ready_pods(api
         else:
             eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace="default"))
             core.create_namespaced_pod_eviction(name, "default", eviction)
-        until(lambda uid=gone["metadata"]["uid"]: (p := pod()) and p["metadata"]["uid"] != uid, f"a new pod ({how})")
-        until(lambda: (p := pod()) and ready(p), "the replacement ready")
+        wait_for(
+            lambda uid=gone["metadata"]["uid"]: (p := pod()) and p["metadata"]["uid"] != uid,
+            f"a new pod ({how})",
+            timeout=60,
+        )
+        wait_for(lambda: (p := pod()) and ready(p), "the replacement ready", timeout=60)
         new = pod()
-        until(lambda ip=new["status"]["podIP"]: _answers(answer) == ip, "the Service to reach the replacement")
-    until(lambda: fake.get("deployments", "store", gv="apps/v1")["status"]["readyReplicas"] == 1, "its status")
+        wait_for(
+            lambda ip=new["status"]["podIP"]: _answers(answer) == ip, "the Service to reach the replacement", timeout=60
+        )
+    wait_for(
+        lambda: fake.get("deployments", "store", gv="apps/v1")["status"]["readyReplicas"] == 1, "its status", timeout=60
+    )
 
     apps.delete_namespaced_deployment("store", "default", propagation_policy="Background")
-    until(lambda: not fake.pods(selector="app=store"), "the ReplicaSet and its pods collected")
+    wait_for(lambda: not fake.pods(selector="app=store"), "the ReplicaSet and its pods collected", timeout=60)
     assert not [o for o in fake.all_objects() if o["kind"] == "ReplicaSet"]
-    until(lambda: _answers(answer) is None, "the Service without endpoints refusing")
+    wait_for(lambda: _answers(answer) is None, "the Service without endpoints refusing", timeout=60)
     core.delete_namespaced_service("store", "default")
 
 

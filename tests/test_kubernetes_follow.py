@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 from k8s_apiserver import FakeCluster
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -44,20 +45,13 @@ def launch(name, total):
     )
 
 
-def until(job, predicate, what, timeout=180):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"never reached: {what}: {job.summary()}"
-        time.sleep(0.1)
-
-
 def test_transient_api_errors_do_not_end_the_job_view(cluster):
     job = launch("flaky", total=200)
-    until(job, lambda: job.state.step is not None and job.state.step >= 5, "training")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 5, "training", job=job)
     seen = len(cluster.requests)
     for status in (503, 429, 500, 503):  # a control-plane upgrade, a throttled client
         cluster.fail_next("GET", r"/configmaps/flaky-code$", status)
-    until(job, lambda: not cluster.failures, "the follower to meet every injected error")
+    wait_for(lambda: not cluster.failures, "the follower to meet every injected error", job=job)
     assert len(cluster.requests) > seen
     assert job.wait(240) == "succeeded", job.summary()  # old code: "stopped on request"
     assert job.state.step == 199
@@ -66,15 +60,17 @@ def test_transient_api_errors_do_not_end_the_job_view(cluster):
 def test_a_forbidden_watch_is_told_once_naming_the_verb_and_resource(cluster):
     cluster.deny("watch", "pods")
     job = launch("denied", total=100_000)
-    until(job, lambda: any(e.kind == Kind.ERROR and e.get("error") == "Forbidden" for e in job.events), "the 403 told")
+    wait_for(
+        lambda: any(e.kind == Kind.ERROR and e.get("error") == "Forbidden" for e in job.events), "the 403 told", job=job
+    )
     told = [e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]
     assert "may not watch pods" in told[0].get("message"), told[0].get("message")
     assert "docs/how-to/rbac.md" in told[0].get("message")
     refused = len(cluster.forbidden)
-    until(job, lambda: len(cluster.forbidden) >= refused + 2, "the follower to retry")  # it still tries, slowly
+    wait_for(lambda: len(cluster.forbidden) >= refused + 2, "the follower to retry", job=job)  # it still tries, slowly
     assert len([e for e in job.events if e.kind == Kind.ERROR and e.get("error") == "Forbidden"]) == 1
     cluster.denied.clear()  # the admin grants it: the view catches up
-    until(job, lambda: job.state.step is not None and job.state.step >= 3, "training seen once granted")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 3, "training seen once granted", job=job)
     job.stop()
 
 
@@ -85,19 +81,21 @@ def test_a_pod_deleted_while_the_watch_was_away_past_410_still_leaves(cluster):
     from notebook_elastic.backends.kubernetes import manifests as m
 
     job = launch("gap", total=100_000)
-    until(job, lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training", job=job)
     victim = job.nodes[0]
     cluster.deny("watch", "pods")
     cluster.deny("list", "pods")
     refused = len(cluster.forbidden)
     cluster.drop_streams()
-    until(job, lambda: len(cluster.forbidden) > refused, "the follower to be refused")
+    wait_for(lambda: len(cluster.forbidden) > refused, "the follower to be refused", job=job)
     cluster.preempt(victim)
-    until(job, lambda: cluster.get("pods", victim) is None, "the pod gone")
+    wait_for(lambda: cluster.get("pods", victim) is None, "the pod gone", job=job)
     with cluster.lock:
         del cluster.history[:-1]  # compacted: the follower's resourceVersion is now too old
     cluster.denied.clear()
-    until(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events), "the pod told gone")
+    wait_for(
+        lambda: any(e.kind == Kind.NODE_LEFT and e.node == victim for e in job.events), "the pod told gone", job=job
+    )
     assert cluster.pods(selector=m.selector("gap", "worker"))  # and the replacement exists
     job.stop()
 
@@ -109,18 +107,18 @@ def test_a_quiet_pod_watch_resumes_after_compaction_thanks_to_bookmarks(cluster)
     from kubernetes import client, config
 
     job = launch("quiet", total=100_000)
-    until(job, lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 3 and job.nodes, "training", job=job)
     api = client.CoreV1Api(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
     for i in range(20):  # churn elsewhere: newer resourceVersions the pod watch never sees
         api.create_namespaced_config_map("default", {"metadata": {"name": f"churn-{i}"}})
     churned = cluster.rv
-    until(job, lambda: any(b >= churned for b in cluster.bookmarks), "a bookmark past the churn")
+    wait_for(lambda: any(b >= churned for b in cluster.bookmarks), "a bookmark past the churn", job=job)
     with cluster.lock:
         del cluster.history[:-1]  # compacted
     cluster.drop_streams()
-    until(job, lambda: len(cluster.streams) >= 3, "the follower to resume its streams")
+    wait_for(lambda: len(cluster.streams) >= 3, "the follower to resume its streams", job=job)
     step = job.state.step
-    until(job, lambda: (job.state.step or 0) > step + 3, "training still followed")
+    wait_for(lambda: (job.state.step or 0) > step + 3, "training still followed", job=job)
     assert "pods" not in cluster.expired_watches, cluster.expired_watches  # old code: 410, relist
     job.stop()
 
@@ -139,7 +137,7 @@ def test_gpus_default_to_none_on_a_cluster_without_gpus(cluster):
         name="cpu",
         user_ns={"elastic": runtime, "time": time, "TOTAL": 100_000, "torch": torch},
     )
-    until(job, lambda: job.state.step is not None and job.state.step >= 3, "CPU pods training")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 3, "CPU pods training", job=job)
     pod = cluster.pods(selector=m.selector("cpu", "worker"))[0]
     assert "nvidia.com/gpu" not in str(pod["spec"]["containers"][0].get("resources")), pod["spec"]["containers"][0]
     job.stop()

@@ -6,12 +6,12 @@ rendezvous store and gloo workers (tests/k8s_apiserver.py's kubelet runs pods as
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 import pytest
 from k8s_apiserver import FakeCluster
 from test_kubernetes_backend import TRAIN, ns  # the same training cell
+from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.events import Kind
@@ -39,16 +39,6 @@ def cluster(tmp_path, monkeypatch, home):
     fake.close()
 
 
-def wait_for(job, predicate, what, timeout=240):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if job.state.finished or time.monotonic() > deadline:  # a job that ended will not get there
-            raise AssertionError(
-                f"never saw {what}: {job.summary()}\n" + "\n".join(e.describe() for e in job.events[-25:])
-            )
-        time.sleep(0.2)
-
-
 def evictions(job):
     return [e for e in job.events if e.kind == Kind.NODE_EVICTED]
 
@@ -71,10 +61,16 @@ def test_a_pod_whose_workers_fail_while_joining_is_sent_away_and_the_job_trains_
         max_restarts=3,
         user_ns=ns(),
     )
-    wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
+    wait_for(
+        lambda: job.world_size == 2 and (job.state.step or 0) >= 5,
+        "two pods training",
+        timeout=240,
+        job=job,
+        give_up_when_finished=True,
+    )
     healthy = {e.node for e in job.events if e.kind == Kind.NODE_JOINED}
     job.scale(3)
-    wait_for(job, lambda: evictions(job), "the third pod to be sent away")
+    wait_for(lambda: evictions(job), "the third pod to be sent away", timeout=240, job=job, give_up_when_finished=True)
     evicted = evictions(job)[0]
     assert evicted.node not in healthy and "-workers-2-" in evicted.node, evicted.describe()
     assert "nosuch0" in evicted.get("failure"), evicted.describe()  # the timeline says why
@@ -82,13 +78,21 @@ def test_a_pod_whose_workers_fail_while_joining_is_sent_away_and_the_job_trains_
     at_eviction = job.state.step
     # The healthy pods regroup without it, at their size, and train on.
     wait_for(
-        job,
         lambda: job.status == "running" and job.world_size == 2 and job.state.step >= at_eviction + 10,
         "training to go on at 2",
+        timeout=240,
+        job=job,
+        give_up_when_finished=True,
     )
     # The Job goes back to the size it had without it (else its controller would replace the pod
     # on the same node, to fail the same way again and again).
-    wait_for(job, lambda: job.state.target == 2, "the job's target to return to 2")
+    wait_for(
+        lambda: job.state.target == 2,
+        "the job's target to return to 2",
+        timeout=240,
+        job=job,
+        give_up_when_finished=True,
+    )
     assert cluster.get("jobs", "joiner-workers", gv="batch/v1")["spec"]["parallelism"] == 2
     assert all("-workers-2-" in e.node for e in evictions(job)), [e.describe() for e in evictions(job)]
     left = [e for e in job.events if e.kind == Kind.NODE_LEFT]

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from k8s_apiserver import FakeCluster
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -59,13 +60,6 @@ def kubectl(cluster, tmp_path, *args, stdin=None, check=True):
     return done
 
 
-def until(predicate, what, timeout=180):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"never reached: {what}"
-        time.sleep(0.1)
-
-
 def test_kubectl_reads_describes_logs_applies_and_deletes_our_objects(cluster, tmp_path):
     job = ne.launch(
         CELL,
@@ -76,7 +70,7 @@ def test_kubectl_reads_describes_logs_applies_and_deletes_our_objects(cluster, t
         name="kc",
         user_ns={"elastic": runtime, "time": time, "TOTAL": 100_000, "torch": torch},
     )
-    until(lambda: job.state.step is not None and job.state.step >= 3, "the job to report steps")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 3, "the job to report steps")
 
     listed = kubectl(
         cluster, tmp_path, "get", "configmaps,services,deployments,pods,jobs", "-l", m.selector("kc"), "-o", "name"
@@ -121,7 +115,7 @@ def test_kubectl_reads_describes_logs_applies_and_deletes_our_objects(cluster, t
     # defect 5: the ConfigMap, Service and rendezvous pod used to stay forever).
     kubectl(cluster, tmp_path, "delete", "job", "kc-workers", "--wait=true")
     assert job.wait(120) == "stopped", job.summary()
-    until(
+    wait_for(
         lambda: not cluster.all_objects() or all(o["kind"] == "Event" for o in cluster.all_objects()),
         "every object gone",
     )

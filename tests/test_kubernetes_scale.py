@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 
 import k8s_light
 import pytest
 from k8s_apiserver import FakeCluster
+from waiting import wait_for
 
 from notebook_elastic.backends.kubernetes.client import connect
 from notebook_elastic.backends.kubernetes.cursor import LogCursor
@@ -55,13 +55,6 @@ def followed(cluster):
     thread.join(10)
 
 
-def until(predicate, what, timeout=180):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"never reached: {what}"
-        time.sleep(0.2)
-
-
 def pod_of(cluster, index):
     return next(
         p["metadata"]["name"]
@@ -78,15 +71,15 @@ def test_a_big_job_is_followed_on_a_bounded_number_of_streams_and_loses_nothing(
     def metrics():
         return [e for e in list(seen) if e.kind == Kind.METRIC]
 
-    until(lambda: len(metrics()) >= 20, "rank 0's losses")
+    wait_for(lambda: len(metrics()) >= 20, "rank 0's losses")
     started = lambda: {e.node for e in list(seen) if e.kind == Kind.WORKER_STARTED}  # noqa: E731
-    until(lambda: len(started()) == NODES, f"every rank's start (seen {len(started())})")
+    wait_for(lambda: len(started()) == NODES, f"every rank's start (seen {len(started())})")
     failed = lambda: [e for e in list(seen) if e.kind == Kind.WORKER_FAILED]  # noqa: E731
-    until(lambda: failed(), "the failing pod's failure")
+    wait_for(lambda: failed(), "the failing pod's failure")
     assert "ZeroDivisionError" in failed()[0].get("traceback"), failed()[0]
     assert failed()[0].node == pod_of(cluster, FAILING)
     count = len(metrics())
-    until(lambda: len(metrics()) >= count + 10, "rank 0's losses, still")
+    wait_for(lambda: len(metrics()) >= count + 10, "rank 0's losses, still")
 
     # Old code: one followed stream per pod (24 at once).
     assert cluster.log_follows_peak <= LOG_STREAMS_MAX, (cluster.log_follows_peak, LOG_STREAMS_MAX)
@@ -98,7 +91,7 @@ def test_a_big_job_is_followed_on_a_bounded_number_of_streams_and_loses_nothing(
     # On demand: a pod someone opens is followed live, within the bound.
     asked = pod_of(cluster, 10)
     follower.follow_pod(asked)
-    until(lambda: asked in follower.held, "the asked-for pod followed")
+    wait_for(lambda: asked in follower.held, "the asked-for pod followed")
     assert cluster.log_follows_peak <= LOG_STREAMS_MAX, cluster.log_follows_peak
 
 
@@ -134,21 +127,21 @@ def test_a_node_picked_in_the_dashboard_is_followed_live_within_the_bound(cluste
     job._follow()
     dash = Dashboard(job)
     try:
-        until(lambda: len(job.state.nodes) == 8, "every pod among the job's nodes")
-        until(lambda: len(job._stream.held) == LOG_STREAMS_MAX, "the follower's streams")
+        wait_for(lambda: len(job.state.nodes) == 8, "every pod among the job's nodes")
+        wait_for(lambda: len(job._stream.held) == LOG_STREAMS_MAX, "the follower's streams")
         # Not followed by default: the lead (rank 0, index 7) and the first indexes are.
         running = lambda: [p for p in cluster.pods() if p["status"].get("phase") == "Running"]  # noqa: E731
-        until(lambda: len(running()) == 8, "every pod running")
+        wait_for(lambda: len(running()) == 8, "every pod running")
         picked = next(p for p in (pod_of(cluster, i) for i in range(8)) if p not in job._stream.held)
-        until(lambda: picked in [value for _label, value in dash.output_of.options], "the pod in the menu")
+        wait_for(lambda: picked in [value for _label, value in dash.output_of.options], "the pod in the menu")
         dash.output_of.value = picked
-        until(lambda: picked in job._stream.held, "the picked pod followed live")
+        wait_for(lambda: picked in job._stream.held, "the picked pod followed live")
         assert len(job._stream.held) <= LOG_STREAMS_MAX
-        until(lambda: f"[{picked}] rank" in dash.logs.value, "its lines in the pane")
+        wait_for(lambda: f"[{picked}] rank" in dash.logs.value, "its lines in the pane")
         assert not [line for line in re.findall(r"\[([^\]]+)\] rank", dash.logs.value) if line != picked]
         # Back to every node: its slot is given back.
         dash.output_of.value = ""
-        until(lambda: picked not in job._stream.asked, "the ask withdrawn")
+        wait_for(lambda: picked not in job._stream.asked, "the ask withdrawn")
         with pytest.raises(BackendError, match=r"has no node named 'nope' \(its nodes: "):
             job.follow_output("nope")
     finally:

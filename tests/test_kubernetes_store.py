@@ -12,7 +12,8 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
-from test_kubernetes_backend import TRAIN, _post, cluster, ns, wait_for  # noqa: F401 (cluster: the fixture)
+from test_kubernetes_backend import TRAIN, _post, cluster, ns  # noqa: F401 (cluster: the fixture)
+from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.kubernetes import manifests as m
@@ -88,7 +89,7 @@ def test_a_job_survives_the_loss_of_its_store_pod(cluster, how):  # noqa: F811 (
         checkpoint_every=1,  # "resumed from the step it was at" is every-step saving's bound
         user_ns=ns(),
     )
-    wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
+    wait_for(lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training", job=job)
     (store,) = cluster.pods(selector=m.selector(name, "rendezvous"))
     # The store on a small Python image, which the fake cluster runs without site-packages
     # (no torch): the agents and their workers above meet through the standard-library server.
@@ -123,7 +124,7 @@ def test_a_job_survives_the_loss_of_its_store_pod(cluster, how):  # noqa: F811 (
             and any(e.kind == Kind.RESUMED for e in job.events)
         )
 
-    wait_for(job, regrouped, "both agents re-formed their round on the new store and trained on", timeout=300)
+    wait_for(regrouped, "both agents re-formed their round on the new store and trained on", timeout=300, job=job)
     lost = [e for e in job.events if e.kind == Kind.STORE_LOST]
     assert lost and lost[0].get("reason") == how, lost
     (new_store,) = [

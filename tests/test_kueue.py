@@ -18,8 +18,8 @@ import pytest
 import torch
 from k8s_apiserver import FakeCluster
 from test_kubernetes_backend import TRAIN, add_checkpoint_claim
-from test_kubernetes_backend import wait_for as pod_wait_for
 from test_kubernetes_manifests import make, strict
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -208,7 +208,7 @@ def test_queued_admitted_preempted_readmitted_and_no_step_lost(queued, tmp_path)
         user_ns=user_ns(),
     )
     try:
-        pod_wait_for(job, lambda: job.state.waiting and "waiting for quota in team-a" in job.state.waiting, "the wait")
+        wait_for(lambda: job.state.waiting and "waiting for quota in team-a" in job.state.waiting, "the wait", job=job)
         assert "1 more needed" in job.state.waiting and job.status == "pending"
         assert not queued.pods(selector=m.selector("queued", "worker"))  # suspended: no worker pod
         [listed] = [j for j in ne.jobs(backend="kubernetes") if j.name == "queued"]
@@ -231,28 +231,28 @@ def test_queued_admitted_preempted_readmitted_and_no_step_lost(queued, tmp_path)
             assert suspended["spec"]["suspend"] is True
 
         queued.kueue.set_quota("team-a", 2)
-        pod_wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 20, "two pods training")
+        wait_for(lambda: job.world_size == 2 and (job.state.step or 0) >= 20, "two pods training", job=job)
         assert job.state.waiting is None
         assert any(e.kind == Kind.QUEUE and e.get("state") == "admitted" for e in job.events)
 
         urgent = queued.kueue.preempt(m.workers_name("queued"))
-        pod_wait_for(job, lambda: any(e.kind == Kind.SAVED_ON_NOTICE for e in job.events), "the save on notice")
+        wait_for(lambda: any(e.kind == Kind.SAVED_ON_NOTICE for e in job.events), "the save on notice", job=job)
         [saved] = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
         # Its save, measured in the pod, is what the next launch of this name derives its grace from.
-        pod_wait_for(job, lambda: pod_grace.measured("queued") is not None, "the save recorded")
-        pod_wait_for(
-            job,
+        wait_for(lambda: pod_grace.measured("queued") is not None, "the save recorded", job=job)
+        wait_for(
             lambda: job.status == "pending" and "preempted by Kueue (Preempted)" in (job.state.waiting or ""),
             "the preemption told",
+            job=job,
         )
-        pod_wait_for(job, lambda: not queued.pods(selector=m.selector("queued", "worker")), "the pods gone")
+        wait_for(lambda: not queued.pods(selector=m.selector("queued", "worker")), "the pods gone", job=job)
         assert job.state.restarts == 0  # a reclaim is free
 
         queued.kueue.finish(urgent)
-        pod_wait_for(
-            job,
+        wait_for(
             lambda: any(e.kind == Kind.RESUMED and e.time > saved.time for e in job.events) and job.status == "running",
             "readmitted and training",
+            job=job,
         )
         [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.time > saved.time][:1]
         assert resumed.get("step") == saved.get("step"), (resumed.data, saved.data)
@@ -273,21 +273,21 @@ def test_a_scale_up_is_a_workload_slice_the_job_trains_on_while_it_waits(queued)
         TRAIN, backend="kubernetes", nnodes="1:2", gpus=1, pvc="ckpt", name="sliced", queue="team-a", user_ns=user_ns()
     )
     try:
-        pod_wait_for(job, lambda: job.world_size == 1 and (job.state.step or 0) >= 5, "one pod training")
+        wait_for(lambda: job.world_size == 1 and (job.state.step or 0) >= 5, "one pod training", job=job)
         job.scale(2)
-        pod_wait_for(
-            job,
+        wait_for(
             lambda: "waiting for quota in team-a (a scale-up to 2 node(s))" in (job.state.waiting or ""),
             "the slice's wait",
+            job=job,
         )
         step = job.state.step
-        pod_wait_for(job, lambda: (job.state.step or 0) >= step + 5, "training on at 1 node while the slice waits")
+        wait_for(lambda: (job.state.step or 0) >= step + 5, "training on at 1 node while the slice waits", job=job)
         assert job.world_size == 1 and job.status == "running"
         gated = queued.pods(selector=m.selector("sliced", "worker"))
         assert any(p["spec"].get("schedulingGates") for p in gated)  # the new pod waits for its slice
 
         queued.kueue.set_quota("team-a", 2)
-        pod_wait_for(job, lambda: job.world_size == 2, "the slice admitted and the job at 2 nodes")
+        wait_for(lambda: job.world_size == 2, "the slice admitted and the job at 2 nodes", job=job)
         assert job.state.waiting is None
         workloads = [o for o in queued.all_objects() if o["kind"] == "Workload"]
         finished = [w for w in workloads if any(c["type"] == "Finished" for c in w["status"].get("conditions", []))]
@@ -304,8 +304,8 @@ def test_without_workload_slices_a_scale_is_refused_in_one_sentence(queued_witho
         TRAIN, backend="kubernetes", nnodes="1:2", gpus=1, pvc="ckpt", name="fixed", queue="team-a", user_ns=user_ns()
     )
     try:
-        pod_wait_for(
-            job, lambda: any(e.kind == Kind.QUEUE and e.get("state") == "admitted" for e in job.events), "admitted"
+        wait_for(
+            lambda: any(e.kind == Kind.QUEUE and e.get("state") == "admitted" for e in job.events), "admitted", job=job
         )
         with pytest.raises(SpecError, match="does not enable Kueue's ElasticJobsViaWorkloadSlices feature gate"):
             job.scale(2)

@@ -19,6 +19,7 @@ import time
 import pytest
 import torch
 from conftest import job_processes, pid_alive, wait_until_gone
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -46,16 +47,6 @@ for step in state.steps(TOTAL):
 
 def namespace(total: int = 60, step_s: float = 0.05) -> dict:
     return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total, "STEP_S": step_s, "BATCH": 2}
-
-
-def wait_for(job, predicate, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if job.finished and not predicate():
-            raise AssertionError(f"job finished while waiting for {what}: {job.summary()}\n{job.logs[-20:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {job.summary()}")
-        time.sleep(0.05)
 
 
 def at_step(job, step: int):
@@ -121,14 +112,21 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
         checkpoint_every=1,
         user_ns=namespace(total=600),  # room for a scale-up and a scale-down under load (300 ended first on 2.15)
     )
-    wait_for(job, at_step(job, 10), "step 10 on one node")
+    wait_for(at_step(job, 10), "step 10 on one node", job=job, give_up_when_finished=True)
     assert job.world_size == 2 and job.nodes == ["node-0"]
     job.scale(2)
-    wait_for(job, lambda: job.world_size == 4 and job.status == "running", "world size 4")
+    wait_for(
+        lambda: job.world_size == 4 and job.status == "running", "world size 4", job=job, give_up_when_finished=True
+    )
     assert job.restarts == 0  # scaling up is not a restart
-    wait_for(job, at_step(job, job.state.step + 10), "ten steps on two nodes")
+    wait_for(at_step(job, job.state.step + 10), "ten steps on two nodes", job=job, give_up_when_finished=True)
     job.scale(1)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "back to world size 2")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running",
+        "back to world size 2",
+        job=job,
+        give_up_when_finished=True,
+    )
     assert job.wait(180) == "succeeded", job.summary()
 
     sizes = world_sizes(job)
@@ -153,9 +151,9 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
 @pytest.mark.torch_contract
 def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=2, name="crash", max_restarts=3, user_ns=namespace(total=40))
-    wait_for(job, at_step(job, 8), "step 8")
+    wait_for(at_step(job, 8), "step 8", job=job, give_up_when_finished=True)
     killed = job.kill_worker(rank=1)
-    wait_for(job, lambda: job.restarts >= 1, "the restart")
+    wait_for(lambda: job.restarts >= 1, "the restart", job=job, give_up_when_finished=True)
     assert job.wait(180) == "succeeded", job.summary()
     started = [e for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 1]
     assert killed["pid"] == started[0].get("pid")  # the drill hit rank 1's own process
@@ -172,11 +170,23 @@ def test_preemption_and_node_loss_continue_on_fewer_nodes(home):
     job = ne.launch(
         TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="spot", max_restarts=5, user_ns=namespace(total=80)
     )
-    wait_for(job, lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training")
+    wait_for(
+        lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training", job=job, give_up_when_finished=True
+    )
     job.preempt_node("node-2")  # SIGTERM: the spot reclaim
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes after preemption")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running",
+        "two nodes after preemption",
+        job=job,
+        give_up_when_finished=True,
+    )
     job.lose_node("node-1")  # SIGKILL: the node is gone
-    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one node after node loss")
+    wait_for(
+        lambda: job.world_size == 1 and job.status == "running",
+        "one node after node loss",
+        job=job,
+        give_up_when_finished=True,
+    )
     assert job.wait(180) == "succeeded", job.summary()
     reasons = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert reasons["node-2"] == "preempted" and reasons["node-1"] == "lost"
@@ -192,16 +202,25 @@ def test_a_sigkilled_agent_takes_its_workers_with_it(home):
     job = ne.launch(
         TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="orphans", max_restarts=3, user_ns=namespace(total=400)
     )
-    wait_for(job, lambda: job.world_size == 4 and at_step(job, 3)(), "two nodes training")
+    wait_for(
+        lambda: job.world_size == 4 and at_step(job, 3)(), "two nodes training", job=job, give_up_when_finished=True
+    )
     agent_pid = next(e.get("pid") for e in job.events if e.kind == Kind.NODE_JOINED and e.node == "node-1")
     # node-1's workers' start lines come through its own agent's pipe: rank 0's step 3 (node-0's
     # pipe) does not order them, so wait for both rather than read them at this instant.
-    wait_for(job, lambda: len(job.state.nodes["node-1"].ranks) == 2, "node-1's two workers")
+    wait_for(
+        lambda: len(job.state.nodes["node-1"].ranks) == 2, "node-1's two workers", job=job, give_up_when_finished=True
+    )
     workers = [r.pid for r in job.state.nodes["node-1"].ranks.values()]
     os.kill(agent_pid, signal.SIGKILL)  # only the agent: its workers live in their own sessions
     # PR_SET_PDEATHSIG: they die with it (the deadline only bounds a wait on a loaded machine).
     assert wait_until_gone(lambda: [p for p in workers if pid_alive(p)]) == [], "the dead agent's workers kept running"
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "survivors carry on")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running",
+        "survivors carry on",
+        job=job,
+        give_up_when_finished=True,
+    )
     job.stop()
     assert job.status == "stopped"
 
@@ -229,10 +248,15 @@ def test_a_new_kernel_attaches_replays_history_and_follows_live(home, tmp_path):
     listed = {j.name: j for j in ne.jobs()}
     assert listed["survivor"].status == "running"
     job = ne.attach("survivor")
-    wait_for(job, lambda: any(e.kind == Kind.JOB_SUBMITTED for e in job.events), "history replay")
+    wait_for(
+        lambda: any(e.kind == Kind.JOB_SUBMITTED for e in job.events),
+        "history replay",
+        job=job,
+        give_up_when_finished=True,
+    )
     replayed = job.state.step
     assert replayed is not None and replayed >= 5
-    wait_for(job, at_step(job, replayed + 10), "live steps after attaching")
+    wait_for(at_step(job, replayed + 10), "live steps after attaching", job=job, give_up_when_finished=True)
     assert job.status == "running" and job.world_size == 1
     assert job.stop() == "stopped"
     assert ne.jobs()[0].status == "stopped"
@@ -244,7 +268,7 @@ def test_attach_returns_a_handle_that_already_shows_the_jobs_present(home):
     whose replay is still on its way: a caller's next line reads the present (the status,
     the step, finished), as resume() does."""
     job = ne.launch(TRAIN, nnodes="1", name="present", user_ns=namespace(total=100_000))
-    wait_for(job, at_step(job, 5), "step 5")
+    wait_for(at_step(job, 5), "step 5", job=job, give_up_when_finished=True)
     seen = job.state.step
     live = ne.attach("present")
     # No wait: attach() itself returns once the history written before it is folded.
@@ -276,10 +300,10 @@ def test_the_jobs_listing_is_never_behind_its_event_stream_on_status(home):
         TRAIN, nnodes="1", nproc_per_node=2, name="listed", max_restarts=3, user_ns=namespace(total=100_000)
     )
     job.on_event(listing_at_each_change)
-    wait_for(job, at_step(job, 3), "step 3")
+    wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
     job.kill_worker(rank=1)
-    wait_for(job, lambda: job.restarts >= 1, "the restart")
-    wait_for(job, at_step(job, job.state.step + 3), "training after the restart")
+    wait_for(lambda: job.restarts >= 1, "the restart", job=job, give_up_when_finished=True)
+    wait_for(at_step(job, job.state.step + 3), "training after the restart", job=job, give_up_when_finished=True)
     assert job.stop() == "stopped"
     changes = [status for status, _listed in seen]
     assert "running" in changes and "running" in changes[changes.index("restarting") :], seen
@@ -317,7 +341,9 @@ def test_a_spent_restart_budget_fails_with_the_ranks_traceback(home):
 def test_stop_is_idempotent_and_leaves_nothing(home):
     # How long a stop takes is measured in benchmarks/local_backend.py, not asserted here.
     job = ne.launch(TRAIN, nnodes="1:2", nodes=2, nproc_per_node=2, name="halt", user_ns=namespace(total=100000))
-    wait_for(job, lambda: job.world_size == 4 and at_step(job, 2)(), "running on two nodes")
+    wait_for(
+        lambda: job.world_size == 4 and at_step(job, 2)(), "running on two nodes", job=job, give_up_when_finished=True
+    )
     assert job.stop() == "stopped"
     assert job_processes(home) == []
     assert job.stop() == "stopped"
@@ -327,12 +353,17 @@ def test_stop_is_idempotent_and_leaves_nothing(home):
 
 def test_changing_the_range_restarts_agents_and_resumes(home):
     job = ne.launch(TRAIN, nnodes="1:1", nproc_per_node=1, name="widen", max_restarts=3, user_ns=namespace(total=60))
-    wait_for(job, at_step(job, 5), "step 5")
+    wait_for(at_step(job, 5), "step 5", job=job, give_up_when_finished=True)
     with pytest.raises(ne.SpecError, match=r"cannot scale to 2 nodes: the job's range is 1:1"):
         job.scale(2)
     job.set_range(1, 2)
     job.scale(2)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes in the wider range")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running",
+        "two nodes in the wider range",
+        job=job,
+        give_up_when_finished=True,
+    )
     assert job.state.nnodes == (1, 2)
     assert job.wait(180) == "succeeded"
     assert sorted(committed_reports(job)) == list(range(60))
@@ -378,10 +409,22 @@ def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_fol
     job = ne.launch(
         TRAIN, nnodes="1:3", nodes=2, nproc_per_node=1, name="oldest", max_restarts=5, user_ns=namespace(total=100_000)
     )
-    wait_for(job, lambda: job.world_size == 2 and at_step(job, 3)(), "two nodes training")
+    wait_for(
+        lambda: job.world_size == 2 and at_step(job, 3)(), "two nodes training", job=job, give_up_when_finished=True
+    )
     job.preempt_node("node-0")
-    wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-0" for e in job.events), "node-0 to go")
-    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor training alone")
+    wait_for(
+        lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-0" for e in job.events),
+        "node-0 to go",
+        job=job,
+        give_up_when_finished=True,
+    )
+    wait_for(
+        lambda: job.world_size == 1 and job.status == "running",
+        "the survivor training alone",
+        job=job,
+        give_up_when_finished=True,
+    )
     left = {e.node: e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert left == {"node-0": "preempted"}, left  # node-1 was never scaled down with it
     assert not any(e.kind == Kind.NODE_JOINED and e.node == "node-2" for e in job.events)
@@ -391,22 +434,33 @@ def test_preempting_the_oldest_node_leaves_the_survivor_alone_and_every_view_fol
         return LocalBackend().describe("oldest").summary
 
     job.scale(2)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "world size 2 again")
-    wait_for(job, lambda: described()["target"] == 2, "target 2 in the job's summary")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running",
+        "world size 2 again",
+        job=job,
+        give_up_when_finished=True,
+    )
+    wait_for(lambda: described()["target"] == 2, "target 2 in the job's summary", job=job, give_up_when_finished=True)
     before = len(job.events)
     reconfigured = job.set_range(2, 3).get("reconfigured")
-    wait_for(job, lambda: (described()["min_nodes"], described()["max_nodes"]) == (2, 3), "range 2:3 in the summary")
+    wait_for(
+        lambda: (described()["min_nodes"], described()["max_nodes"]) == (2, 3),
+        "range 2:3 in the summary",
+        job=job,
+        give_up_when_finished=True,
+    )
     assert "oldest" in repr(ne.jobs()) and "2:3" in repr(ne.jobs())
     # Agents restarted with the new range: training again after that, not merely "running"
     # (the status said so before the restart began; a stop then lands mid-restart).
     wait_for(
-        job,
         lambda: (
             job.status == "running"
             and job.world_size == 2
             and (not reconfigured or any(e.kind == Kind.RESUMED for e in job.events[before:]))
         ),
         "running on the new range",
+        job=job,
+        give_up_when_finished=True,
     )
     assert job.stop() == "stopped"
     # Stopping is not a restart: no orange "restarting: node left (stopped)" after the stop.
@@ -424,14 +478,28 @@ def test_departures_never_spend_the_restart_budget(home):
     job = ne.launch(
         TRAIN, nnodes="1:3", nodes=3, nproc_per_node=1, name="free-leaves", max_restarts=0, user_ns=namespace(total=200)
     )
-    wait_for(job, lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training")
+    wait_for(
+        lambda: job.world_size == 3 and at_step(job, 5)(), "three nodes training", job=job, give_up_when_finished=True
+    )
     job.preempt_node("node-0")  # the oldest: SIGTERM, leaves the rendezvous on its way out
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes after the preemption")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running",
+        "two nodes after the preemption",
+        job=job,
+        give_up_when_finished=True,
+    )
     step = job.state.step
     job.lose_node()  # SIGKILL: its peers only learn from its heartbeat
-    wait_for(job, lambda: job.world_size == 1 and at_step(job, step + 3)(), "one node after the loss")
+    wait_for(
+        lambda: job.world_size == 1 and at_step(job, step + 3)(),
+        "one node after the loss",
+        job=job,
+        give_up_when_finished=True,
+    )
     job.scale(2)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running", "two nodes again", job=job, give_up_when_finished=True
+    )
     job.preempt_node()
     assert job.wait(240) == "succeeded", job.summary()
     assert job.state.restarts == 0
@@ -460,15 +528,25 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
         checkpoint_every=1,  # every-step saving redoes at most the step whose write was in flight
         user_ns=namespace(total=150),
     )
-    wait_for(job, at_step(job, 15), "step 15")
+    wait_for(at_step(job, 15), "step 15", job=job, give_up_when_finished=True)
     folder = LocalBackend().folder("phoenix")
     os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9
     killed_at, died_at = time.monotonic(), job.state.step
-    wait_for(job, lambda: any(e.kind == Kind.JOB_RESUMED for e in job.events), "the guardian's recovery")
+    wait_for(
+        lambda: any(e.kind == Kind.JOB_RESUMED for e in job.events),
+        "the guardian's recovery",
+        job=job,
+        give_up_when_finished=True,
+    )
     # The new supervisor's groups are a rendezvous epoch above the old ones; the old workers'
     # last reports may still be on their way to this handle, so wait for the new group's restore.
     restored = lambda: [e for e in job.events if e.kind == Kind.RESUMED and e.get("generation", 0) >= 1_000_000]  # noqa: E731
-    wait_for(job, lambda: restored() and job.status == "running" and job.state.step > died_at, "training again")
+    wait_for(
+        lambda: restored() and job.status == "running" and job.state.step > died_at,
+        "training again",
+        job=job,
+        give_up_when_finished=True,
+    )
     print(f"supervisor SIGKILL -> training again: {time.monotonic() - killed_at:.1f} s")
     recovering = next(e for e in job.events if e.kind == Kind.RECOVERING)
     assert "its supervisor died; resuming from the latest checkpoint (recovery 1/3)" in recovering.describe()
@@ -485,7 +563,12 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
     os.kill(folder.supervisor()["pid"], signal.SIGKILL)
     deaths = [died_at, job.state.step]
     assert job.wait(60) == "lost" and "supervisor process is gone" in job.state.reason
-    wait_for(job, lambda: job_processes(home) == [], "the workers to die with their supervisor")
+    wait_for(
+        lambda: job_processes(home) == [],
+        "the workers to die with their supervisor",
+        job=job,
+        give_up_when_finished=True,
+    )
     assert LocalBackend().describe("phoenix").status == "lost"
     assert ne.jobs()[0].status == "lost" and json.loads(folder.status_file.read_text())["status"] == "lost"
     job.resume()
@@ -505,7 +588,7 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
 def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, capsys):
     # Saved every step: the resume below is bounded by the step it was stopped at.
     job = ne.launch(TRAIN, nnodes="1", name="again", checkpoint_every=1, user_ns=namespace(total=40))
-    wait_for(job, at_step(job, 8), "step 8")
+    wait_for(at_step(job, 8), "step 8", job=job, give_up_when_finished=True)
     assert job.stop() == "stopped"
     stopped_at = job.state.step
 
@@ -532,7 +615,7 @@ def test_a_resumed_job_is_never_seen_finished_while_its_history_replays(home):
     continues from: none of that may read as this job's present (finished, a final status),
     to a callback, to the caller when resume() returns, or to the listing."""
     job = ne.launch(TRAIN, nnodes="1", name="replayed", checkpoint_every=1, user_ns=namespace(total=100_000))
-    wait_for(job, at_step(job, 3), "step 3")
+    wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
     assert job.stop() == "stopped" and job.finished
     stopped_at = job.state.step
     seen: list[tuple[str, bool, str]] = []
@@ -543,7 +626,12 @@ def test_a_resumed_job_is_never_seen_finished_while_its_history_replays(home):
     replayed = [kind for kind, _f, _s in seen]
     assert Kind.JOB_FINISHED in replayed and Kind.JOB_RESUMED in replayed  # the history was replayed
     assert not any(finished for _k, finished, _s in seen), [x for x in seen if x[1]]
-    wait_for(job, lambda: at_step(job, stopped_at + 2)() and job.state.resumes == 1, "training again")
+    wait_for(
+        lambda: at_step(job, stopped_at + 2)() and job.state.resumes == 1,
+        "training again",
+        job=job,
+        give_up_when_finished=True,
+    )
     assert job.stop() == "stopped" and job.finished
     last = [x for x in seen if x[0] == Kind.JOB_FINISHED][-1]
     assert last[1:] == (True, "stopped")
@@ -576,7 +664,7 @@ def test_a_callback_still_busy_when_the_job_resumes_does_not_end_the_resumed_han
         checkpoint_every=1,
         user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 12, "HOLD_AT": 3, "GATE": str(gate)},
     )
-    wait_for(job, at_step(job, 3), "the held step")
+    wait_for(at_step(job, 3), "the held step", job=job, give_up_when_finished=True)
     old_follower: list[threading.Thread] = []
     replayed = threading.Event()
 
@@ -660,17 +748,34 @@ def test_one_gpu_per_rank_through_scale_preemption_and_refusals(home, tmp_path, 
         ne.launch(GPU_TRAIN, nnodes="2", nproc_per_node=2, name="too-many", user_ns=namespace())
 
     job = ne.launch(GPU_TRAIN, nnodes="1:2", name="gpus", max_restarts=0, user_ns=namespace(total=100_000))
-    wait_for(job, at_step(job, 3), "one node training")
+    wait_for(at_step(job, 3), "one node training", job=job, give_up_when_finished=True)
     job.scale(2)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes")
+    wait_for(lambda: job.world_size == 2 and job.status == "running", "two nodes", job=job, give_up_when_finished=True)
     job.preempt_node("node-0")
-    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor alone")
+    wait_for(
+        lambda: job.world_size == 1 and job.status == "running",
+        "the survivor alone",
+        job=job,
+        give_up_when_finished=True,
+    )
     job.scale(2)  # node-2 takes the GPU node-0 gave back
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running", "two nodes again", job=job, give_up_when_finished=True
+    )
     job.preempt_node("node-2")
-    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "the survivor alone again")
+    wait_for(
+        lambda: job.world_size == 1 and job.status == "running",
+        "the survivor alone again",
+        job=job,
+        give_up_when_finished=True,
+    )
     job.scale(2)  # node-3 too, never node-1's (a modulo of node numbers gave it node-1's)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes once more")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running",
+        "two nodes once more",
+        job=job,
+        give_up_when_finished=True,
+    )
     with pytest.raises(ne.BackendError, match=r"range 1:3: 3 node\(s\) x 1 process\(es\) need 3 GPUs"):
         job.set_range(1, 3)
     job.stop()
@@ -709,10 +814,10 @@ def stall_watched(name: str, total: int, stall_timeout_s: float | None = None):
 
 def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_the_group(home):
     job = stall_watched("frozen", 100_000)
-    wait_for(job, at_step(job, 5), "step 5")
+    wait_for(at_step(job, 5), "step 5", job=job, give_up_when_finished=True)
     os.kill(worker_pid(job, 1), signal.SIGSTOP)  # a hung DataLoader, a stuck filesystem look the same
     stopped_at = time.monotonic()
-    wait_for(job, lambda: job.state.stall is not None, "the stall event")
+    wait_for(lambda: job.state.stall is not None, "the stall event", job=job, give_up_when_finished=True)
     print(f"SIGSTOP -> stall event: {time.monotonic() - stopped_at:.1f} s")
     stall = next(e for e in job.events if e.kind == Kind.STALL)
     assert stall.get("stopped") == [1] and stall.get("waiting") == [0], stall.data
@@ -720,21 +825,32 @@ def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_th
     from notebook_elastic.ui.render import header_html
 
     assert 'class="ne-stall"' in header_html("frozen", "local", job.state)
-    wait_for(  # status.json (the panel, jobs()) follows within its 0.25 s rewrite
-        job,
+    wait_for(
         lambda: (LocalBackend().describe("frozen").summary.get("stall") or {}).get("stopped") == [1],
         "the stall in the job's summary",
+        job=job,
+        give_up_when_finished=True,
     )
     os.kill(worker_pid(job, 1), signal.SIGCONT)
-    wait_for(job, lambda: job.state.stall is None and any(e.kind == Kind.STALL_CLEARED for e in job.events), "cleared")
-    wait_for(job, at_step(job, job.state.step + 3), "training again")
+    wait_for(
+        lambda: job.state.stall is None and any(e.kind == Kind.STALL_CLEARED for e in job.events),
+        "cleared",
+        job=job,
+        give_up_when_finished=True,
+    )
+    wait_for(at_step(job, job.state.step + 3), "training again", job=job, give_up_when_finished=True)
     assert job.restarts == 0
     job.stop()
 
     healed = stall_watched("healed", 60, stall_timeout_s=5)
-    wait_for(healed, at_step(healed, 5), "step 5")
+    wait_for(at_step(healed, 5), "step 5", job=healed, give_up_when_finished=True)
     os.kill(worker_pid(healed, 1), signal.SIGSTOP)
-    wait_for(healed, lambda: any(e.kind == Kind.STALL_CLEARED and e.get("restarted") for e in healed.events), "restart")
+    wait_for(
+        lambda: any(e.kind == Kind.STALL_CLEARED and e.get("restarted") for e in healed.events),
+        "restart",
+        job=healed,
+        give_up_when_finished=True,
+    )
     assert healed.wait(180) == "succeeded", healed.summary()
     assert healed.restarts >= 1
     assert sorted(committed_reports(healed)) == list(range(60))
@@ -745,13 +861,18 @@ def test_a_frozen_supervisor_is_said_as_such_never_as_a_stall_and_restarts_nothi
     trained on, yet it said "stalled at step 52 for 60 s" and, with --stall-timeout, SIGKILLed
     the healthy group and charged a restart (#26)."""
     job = stall_watched("suspended", 100_000, stall_timeout_s=4)
-    wait_for(job, at_step(job, 5), "step 5")
+    wait_for(at_step(job, 5), "step 5", job=job, give_up_when_finished=True)
     supervisor = LocalBackend().folder("suspended").supervisor()["pid"]
     os.kill(supervisor, signal.SIGSTOP)
     time.sleep(12)  # the freeze (4 x the stall threshold): the fault itself, not a wait for a state
     os.kill(supervisor, signal.SIGCONT)
-    wait_for(job, lambda: any(e.kind == Kind.SUPERVISOR_FROZEN for e in job.events), "the freeze said")
-    wait_for(job, at_step(job, job.state.step + 5), "training on")
+    wait_for(
+        lambda: any(e.kind == Kind.SUPERVISOR_FROZEN for e in job.events),
+        "the freeze said",
+        job=job,
+        give_up_when_finished=True,
+    )
+    wait_for(at_step(job, job.state.step + 5), "training on", job=job, give_up_when_finished=True)
     frozen = next(e for e in job.events if e.kind == Kind.SUPERVISOR_FROZEN)
     assert frozen.get("for_s") >= 10 and "supervisor did not run for" in frozen.describe()
     assert [e.describe() for e in job.events if e.kind in (Kind.STALL, Kind.STALL_CLEARED)] == []
@@ -767,12 +888,17 @@ def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
 
     # A checkpoint every step: the workers make the folder again after it is deleted.
     job = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="doomed", checkpoint_every=1, user_ns=namespace(total=100_000))
-    wait_for(job, at_step(job, 3), "step 3")
+    wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
     import shutil
 
     doomed = LocalBackend().folder("doomed").path
     # As `rm -rf` would: the supervisor may write a file in it meanwhile ("directory not empty").
-    wait_for(job, lambda: shutil.rmtree(doomed, ignore_errors=True) or not doomed.exists(), "the folder gone")
+    wait_for(
+        lambda: shutil.rmtree(doomed, ignore_errors=True) or not doomed.exists(),
+        "the folder gone",
+        job=job,
+        give_up_when_finished=True,
+    )
     assert job.wait(60) == "lost", job.summary()
     assert job.state.reason == "its job folder was deleted while it ran"
     info = LocalBackend().describe("doomed")  # what a listing says (jobs(), the panel, the CLI)
@@ -781,7 +907,7 @@ def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     else:
         assert info is None
     job.stop()  # no JobNotFound: it ends whatever is left
-    wait_for(job, lambda: job_processes(home) == [], "every process of the job to end")
+    wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job, give_up_when_finished=True)
 
 
 @pytest.mark.torch_contract
@@ -914,7 +1040,7 @@ def test_the_history_is_rotated_and_compacted_and_followers_miss_nothing(home):
     job = ne.launch(
         TRAIN, nnodes="1:2", name="long", backend_options=small, user_ns=namespace(total=1500, step_s=0.002)
     )
-    wait_for(job, at_step(job, 100), "step 100")
+    wait_for(at_step(job, 100), "step 100", job=job, give_up_when_finished=True)
     job.scale(2)
     assert job.wait(300) == "succeeded", job.summary()
     folder = LocalBackend().folder("long")
@@ -951,9 +1077,15 @@ def test_a_node_that_fails_while_joining_is_evicted_and_the_job_trains_on(home, 
         backend_options=broken,
         user_ns=namespace(total=120),
     )
-    wait_for(job, at_step(job, 5), "one node training")
+    wait_for(at_step(job, 5), "one node training", job=job, give_up_when_finished=True)
     job.scale(2)
-    wait_for(job, lambda: any(e.kind == Kind.NODE_EVICTED for e in job.events), "node-1 evicted", timeout=180)
+    wait_for(
+        lambda: any(e.kind == Kind.NODE_EVICTED for e in job.events),
+        "node-1 evicted",
+        timeout=180,
+        job=job,
+        give_up_when_finished=True,
+    )
     assert job.wait(240) == "succeeded", job.summary()
     evicted = [e for e in job.events if e.kind == Kind.NODE_EVICTED]
     assert [e.node for e in evicted] == ["node-1"], [e.describe() for e in evicted]
@@ -980,11 +1112,21 @@ def test_step_time_samples_and_tokens_per_s_are_read_beside_the_loss_and_in_tens
     from notebook_elastic.ui.render import header_html
 
     job = ne.launch(SPEED_TRAIN, nnodes="1", nproc_per_node=2, name="speed", user_ns=namespace(total=40))
-    wait_for(job, lambda: at_step(job, 10)() and job.state.samples_per_s is not None, "ten steps")
+    wait_for(
+        lambda: at_step(job, 10)() and job.state.samples_per_s is not None,
+        "ten steps",
+        job=job,
+        give_up_when_finished=True,
+    )
     state = job.state
     assert "s/step" in header_html("speed", "local", state) and "samples/s" in header_html("speed", "local", state)
     assert "GPU" not in header_html("speed", "local", state)  # a CPU job has no GPU figures: absent
-    wait_for(job, lambda: (LocalBackend().describe("speed").summary.get("samples_per_s") or 0) > 0, "the summary")
+    wait_for(
+        lambda: (LocalBackend().describe("speed").summary.get("samples_per_s") or 0) > 0,
+        "the summary",
+        job=job,
+        give_up_when_finished=True,
+    )
     row = job_json(LocalBackend().describe("speed"))
     assert row["samples_per_s"] > 0 and row["tokens_per_s"] > 0 and row["step_time_s"] > 0
     assert row["gpu_mem_peak_bytes"] is None and row["gpu_util_percent"] is None

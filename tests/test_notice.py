@@ -15,7 +15,8 @@ import time
 
 import pytest
 from test_kubernetes_backend import cluster  # noqa: F401 (the fixture)
-from test_local_backend import TRAIN, at_step, committed_reports, metric_events, namespace, wait_for
+from test_local_backend import TRAIN, at_step, committed_reports, metric_events, namespace
+from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.local.notices import GRACE_SLACK_S, Notices
@@ -44,7 +45,9 @@ def test_a_preemption_with_notice_saves_first_and_loses_no_step(home, grace_s):
         checkpoint_every=10_000,
         user_ns=namespace(total=300, step_s=0.02),
     )
-    wait_for(job, lambda: job.world_size == 2 and at_step(job, 30)(), "two nodes at step 30")
+    wait_for(
+        lambda: job.world_size == 2 and at_step(job, 30)(), "two nodes at step 30", job=job, give_up_when_finished=True
+    )
     before = job.state.step
     # The node of rank 0, which saves: the saver itself goes (its last step's report must not).
     [saver] = [e.node for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 0][-1:]
@@ -163,7 +166,6 @@ def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_st
     (alone, or with the pod the controller made in the evicted one's place when it joins that round)."""
     from test_kubernetes_backend import TRAIN as POD_TRAIN
     from test_kubernetes_backend import ns as pod_ns
-    from test_kubernetes_backend import wait_for as pod_wait_for
 
     job = ne.launch(
         POD_TRAIN,
@@ -177,17 +179,17 @@ def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_st
         user_ns=pod_ns(),
     )
     try:
-        pod_wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 20, "two pods training")
+        wait_for(lambda: job.world_size == 2 and (job.state.step or 0) >= 20, "two pods training", job=job)
         victim = job.preempt_node()["node"]
-        pod_wait_for(job, lambda: any(e.kind == Kind.SAVED_ON_NOTICE for e in job.events), "the save on notice")
+        wait_for(lambda: any(e.kind == Kind.SAVED_ON_NOTICE for e in job.events), "the save on notice", job=job)
         [given] = [e for e in job.events if e.kind == Kind.NOTICE]
         assert given.node == victim and given.get("grace_s") == 30.0, given.data
         [saved] = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
         assert saved.get("saved") is True and saved.get("notice_node") == victim and saved.get("seconds") < 27
-        pod_wait_for(
-            job,
+        wait_for(
             lambda: any(e.kind == Kind.RESUMED and e.time > saved.time for e in job.events) and job.status == "running",
-            "training again",  # at world size 1, or at 2 where the replacement pod joined the same round
+            "training again",
+            job=job,
         )
         [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.time > saved.time][:1]
         assert resumed.get("step") == saved.get("step"), (resumed.data, saved.data)

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from test_warm import assert_another_user_is_refused
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -42,13 +43,6 @@ for step in state.steps(TOTAL):
 
 def namespace(gate: str, total: int = 12, hold_at: int = 5) -> dict:
     return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total, "HOLD_AT": hold_at, "GATE": gate}
-
-
-def wait_until(predicate, what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def ppid(pid: int) -> int | None:
@@ -81,7 +75,7 @@ def test_a_jobs_processes_are_forks_of_the_pool_which_outlives_it(home, tmp_path
     assert pool_pid is not None
     gate = str(tmp_path / "gate")
     job = ne.launch(GATED, nproc_per_node=2, name="pooled", user_ns=namespace(gate))
-    wait_until(lambda: job.state.step is not None and job.state.step >= 5, "the held step")
+    wait_for(lambda: job.state.step is not None and job.state.step >= 5, "the held step")
     folder = home / "jobs" / "pooled"
     supervisor = json.loads((folder / "supervisor.json").read_text())["pid"]
     agents = [e.data["pid"] for e in job.events if e.kind == Kind.AGENT_STARTED]
@@ -114,7 +108,7 @@ def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):
     gate = str(tmp_path / "gate")
     try:
         job = ne.launch(GATED, nproc_per_node=2, name="orphaned-pool", user_ns=namespace(gate))
-        wait_until(lambda: job.state.step is not None and job.state.step >= 5, "the held step")
+        wait_for(lambda: job.state.step is not None and job.state.step >= 5, "the held step")
         assert {r["ppid"] for r in reports(job)} == {proc.pid}
         supervisor = json.loads((home / "jobs" / "orphaned-pool" / "supervisor.json").read_text())["pid"]
         proc.kill()
@@ -225,7 +219,7 @@ def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_p
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            wait_until(lambda: ppid(pid) is None, "the pool to exit")
+            wait_for(lambda: ppid(pid) is None, "the pool to exit")
 
 
 def test_the_cli_tells_whether_the_pool_runs_and_stops_it(monkeypatch, capsys):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_local_backend import committed_reports, wait_for, world_sizes
+from test_local_backend import committed_reports, world_sizes
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -100,13 +101,22 @@ def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(hom
     job = ne.launch(
         FSDP_TRAIN, nnodes="1:2", nodes=2, name="fsdp-scaled", max_restarts=0, user_ns=namespace(total, fsdp, gates)
     )
-    wait_for(job, lambda: job.world_size == 2 and at_step(job, 19)(), "step 19 on two ranks")
+    wait_for(
+        lambda: job.world_size == 2 and at_step(job, 19)(), "step 19 on two ranks", job=job, give_up_when_finished=True
+    )
     job.scale(1)
-    wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one rank")
+    wait_for(lambda: job.world_size == 1 and job.status == "running", "one rank", job=job, give_up_when_finished=True)
     gates[20].touch()
-    wait_for(job, lambda: job.world_size == 1 and at_step(job, 39)(), "steps 20-39 on one rank")
+    wait_for(
+        lambda: job.world_size == 1 and at_step(job, 39)(),
+        "steps 20-39 on one rank",
+        job=job,
+        give_up_when_finished=True,
+    )
     job.scale(2)
-    wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two ranks again")
+    wait_for(
+        lambda: job.world_size == 2 and job.status == "running", "two ranks again", job=job, give_up_when_finished=True
+    )
     gates[40].touch()
     assert job.wait(300) == "succeeded", job.summary()
 

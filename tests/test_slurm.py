@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 from slurm_cluster import CPUS, SlurmCluster, why_not
-from test_kubernetes_backend import wait_for
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -209,10 +209,24 @@ def test_an_allocation_that_waits_says_why(on_slurm):
         user_ns=user_ns(10),
     )
     try:
-        wait_for(job, lambda: any(e.kind == Kind.PENDING and e.node == "node-0" for e in job.events), "the wait told")
+        wait_for(
+            lambda: any(e.kind == Kind.PENDING and e.node == "node-0" for e in job.events), "the wait told", job=job
+        )
         [pending] = [e for e in job.events if e.kind == Kind.PENDING]
         assert pending.get("reason") == "BeginTime", pending.data
         assert "node-0 pending: BeginTime" in pending.describe()
+        # Said where the job's wait shows: summary() (the dashboard's header, the CLI) and the
+        # listing the jobs panel reads (GET /jobs).
+        wait_for(lambda: "waiting: node-0 pending: BeginTime" in job.summary(), "the wait in the summary", job=job)
+        wait_for(
+            lambda: any(
+                "node-0 pending: BeginTime" in (info.summary.get("waiting") or "")
+                for info in ne.jobs("slurm")
+                if info.name == "waits"
+            ),
+            "the wait in the listing",
+            job=job,
+        )
     finally:
         job.stop()
     deadline = time.monotonic() + 30
@@ -231,20 +245,24 @@ def test_drills_and_resume_on_slurm(on_slurm, home):
         TRAIN, backend="slurm", nnodes="1:2", nodes=2, supervisor_in="ctl", name="drills", user_ns=user_ns(100_000)
     )
     try:
-        wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two nodes training")
+        wait_for(lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two nodes training", job=job)
         job.preempt_node("node-1", grace_s=10)
-        wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-1" for e in job.events), "node-1 gone")
+        wait_for(
+            lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-1" for e in job.events), "node-1 gone", job=job
+        )
         assert any(e.kind == Kind.SAVED_ON_NOTICE and e.get("saved") for e in job.events), "no save on notice"
         job.scale(2)
-        wait_for(job, lambda: job.world_size == 2 and job.status == "running", "two nodes again")
+        wait_for(lambda: job.world_size == 2 and job.status == "running", "two nodes again", job=job)
         job.lose_node("node-2")
-        wait_for(job, lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-2" for e in job.events), "node-2 lost")
+        wait_for(
+            lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-2" for e in job.events), "node-2 lost", job=job
+        )
         assert not any(e.kind == Kind.NOTICE and e.node == "node-2" for e in job.events)  # lost: no notice
         deadline = time.monotonic() + 20  # Slurm completes it: its processes were SIGKILLed in the step
         while [j for j in on_slurm.jobs() if j[1] == "ne-drills-node-2"] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not [j for j in on_slurm.jobs() if j[1] == "ne-drills-node-2"], on_slurm.jobs()
-        wait_for(job, lambda: job.world_size == 1 and job.status == "running", "one node training")
+        wait_for(lambda: job.world_size == 1 and job.status == "running", "one node training", job=job)
         [supervisor] = [jid for jid, name, _ in on_slurm.jobs() if name == "ne-drills-supervisor"]
         # Its allocation's time is nearly up: sbatch --signal=B:TERM@60 tells the supervisor alone.
         on_slurm.run("scancel", "--batch", "--signal=TERM", supervisor, check=True)
@@ -254,7 +272,7 @@ def test_drills_and_resume_on_slurm(on_slurm, home):
         assert any(e.kind == Kind.SAVED_ON_NOTICE and e.get("step") == saved for e in job.events), saved
         before = len(job.events)
         job.resume()
-        wait_for(job, lambda: any(e.kind == Kind.RESUMED for e in job.events[before:]), "the resumed run")
+        wait_for(lambda: any(e.kind == Kind.RESUMED for e in job.events[before:]), "the resumed run", job=job)
         resumed = next(e for e in job.events[before:] if e.kind == Kind.RESUMED)
         assert resumed.get("step") == saved, (resumed.data, saved)  # from the save on Slurm's notice
         assert sum(1 for _, name, _ in on_slurm.jobs() if name == "ne-drills-supervisor") == 1

@@ -23,7 +23,8 @@ import threading
 import time
 
 import pytest
-from test_kubernetes_backend import TRAIN, cluster, ns, wait_for  # noqa: F401 (cluster: the fixture)
+from test_kubernetes_backend import TRAIN, cluster, ns  # noqa: F401 (cluster: the fixture)
+from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.kubernetes import manifests as m
@@ -272,7 +273,7 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
         checkpoint_every=1,
         user_ns=ns(),
     )
-    wait_for(job, lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training")
+    wait_for(lambda: job.world_size == 2 and (job.state.step or 0) >= 5, "two pods training", job=job)
     (store,) = cluster.pods(selector=m.selector(name, "rendezvous"))
     workers_before = set(job.nodes)
     round_before = max(e.get("round") for e in job.events if e.kind == Kind.RENDEZVOUS)
@@ -292,7 +293,7 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
             and any(e.kind == Kind.RESUMED and e.get("step", -1) >= step for e in job.events)
         )
 
-    wait_for(job, regrouped, "both agents re-formed their round on the replacement store", timeout=300)
+    wait_for(regrouped, "both agents re-formed their round on the replacement store", timeout=300, job=job)
     # The notebook said why the agents regroup, once: the pod is never confirmed deleted (no
     # kubelet), so its eviction for an unreachable node is the news. Old code: only a DELETED
     # store pod was told, and this one stays Terminating: nothing was said.

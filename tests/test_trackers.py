@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import job_processes
-from test_local_backend import TRAIN, metric_events, namespace, wait_for
+from test_local_backend import TRAIN, metric_events, namespace
+from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
@@ -98,7 +99,9 @@ def test_with_mlflow_tracking_uri_set_every_step_is_logged_once_to_a_run_that_en
 @needs_mlflow
 def test_a_stopped_job_s_run_ends_killed(home, tracking):
     job = ne.launch(TRAIN, nnodes="1", name="stopped", track="mlflow", user_ns=namespace(total=100_000, step_s=0.05))
-    wait_for(job, lambda: job.state.step is not None and job.state.step >= 3, "three steps")
+    wait_for(
+        lambda: job.state.step is not None and job.state.step >= 3, "three steps", job=job, give_up_when_finished=True
+    )
     job.stop()
     assert job.wait(120) == "stopped"
     (run,) = runs(tracking)
@@ -116,7 +119,9 @@ def dashboard_html(job) -> str:
 
     dash = Dashboard(job)
     try:
-        wait_for(job, lambda: "ne-tracking" in dash.header.value, "the dashboard's header")
+        wait_for(
+            lambda: "ne-tracking" in dash.header.value, "the dashboard's header", job=job, give_up_when_finished=True
+        )
         return dash.header.value + dash.snapshot()
     finally:
         dash.close()
@@ -252,7 +257,7 @@ def test_a_tracking_uri_with_a_password_links_the_run_without_it(home, tmp_path,
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:hunter2@127.0.0.1:{server.port}/mlflow")
         job = ne.launch(TRAIN, nnodes="1", name="private", user_ns=namespace(total=5))
         assert job.wait(180) == "succeeded", job.summary()
-        wait_for(job, lambda: not job_processes(home), "the supervisor to end the run")
+        wait_for(lambda: not job_processes(home), "the supervisor to end the run", job=job, give_up_when_finished=True)
     finally:
         server.close()
     (run_id,) = server.runs
@@ -332,9 +337,11 @@ def test_a_tracking_server_that_fails_is_said_once_and_training_goes_on(
         lines = events.read_text().splitlines()
         return [e for e in map(json.loads, lines) if e["kind"] == Kind.ERROR and e.get("error") == "tracker"]
 
-    wait_for(job, lambda: told(), "the tracker's failure")
+    wait_for(lambda: told(), "the tracker's failure", job=job, give_up_when_finished=True)
     step = job.state.step or 0
-    wait_for(job, lambda: (job.state.step or 0) >= step + 5, "five more steps")  # training goes on
+    wait_for(
+        lambda: (job.state.step or 0) >= step + 5, "five more steps", job=job, give_up_when_finished=True
+    )  # training goes on
     job.stop()
     assert job.wait(120) == "stopped"
     (message,) = told()  # once
@@ -384,7 +391,7 @@ def test_on_kubernetes_rank_0s_pod_logs_every_step_to_one_mlflow_run_that_ends_w
         found = client.search_runs(["0"]) if store.exists() else []
         return {m.step for m in client.get_metric_history(found[0].info.run_id, "loss")} if found else set()
 
-    wait_for(job, lambda: len(logged()) >= 3, "three steps in the run")
+    wait_for(lambda: len(logged()) >= 3, "three steps in the run", job=job, give_up_when_finished=True)
     before = logged()
     job.preempt_node()
     assert job.wait(300) == "succeeded", job.summary()
