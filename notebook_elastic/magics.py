@@ -241,7 +241,10 @@ class ElasticMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    from .runtime import log
     from .views import register_display
+
+    log.in_kernel()  # NOTEBOOK_ELASTIC_LOG=debug: the kernel's own lines on its stderr (the server's log)
 
     ipython.register_magics(ElasticMagics)
     register_display(ipython)

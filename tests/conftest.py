@@ -174,6 +174,7 @@ QUICK_MODULES = frozenset(
         "test_launch_api.py",
         "test_layers.py",
         "test_local_modules.py",
+        "test_log.py",
         "test_module_size.py",
         "test_options.py",
         "test_packaging.py",

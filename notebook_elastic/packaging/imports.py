@@ -10,9 +10,12 @@ import sys
 import types
 from typing import Any
 
+from ..runtime import log as _logging
 from .paths import fresh_sys_path, module_location
 from .shipped import _MISSING, Shipped
 from .values import type_name
+
+_log = _logging.get("packaging.imports")
 
 
 def _statement_binds(statement: str, name: str, value: Any) -> bool:
@@ -20,6 +23,7 @@ def _statement_binds(statement: str, name: str, value: Any) -> bool:
     try:
         exec(compile(statement, "<import check>", "exec"), scratch)
     except Exception:
+        _log.debug("the import statement does not rebuild the value: shipped in the payload instead", exc_info=True)
         return False
     return scratch.get(name, _MISSING) is value
 

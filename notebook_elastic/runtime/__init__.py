@@ -13,6 +13,7 @@ import time as _time
 from typing import Any
 
 from . import gpu as _gpu
+from . import log as _log
 from . import pod_tracking as _pod_tracking
 from . import protocol as _protocol
 from . import term as _term
@@ -42,6 +43,7 @@ __all__ = [
 
 guard_against_orphaning()
 if _os.environ.get("LOCAL_RANK") is not None:
+    _log.for_process("worker")  # our lines in its output: "notebook-elastic worker: ..."
     _term.defer_in_worker()  # Slurm's SIGTERM to every process of the node: the keeper answers it
 
 _RANK = int(_os.environ.get("RANK", 0))

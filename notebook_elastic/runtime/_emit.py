@@ -8,7 +8,10 @@ import threading
 import time
 from typing import Any
 
+from . import log as _logging
 from .protocol import EVENT_PREFIX
+
+_log = _logging.get("runtime._emit")
 
 _lock = threading.Lock()
 
@@ -19,6 +22,7 @@ def _default(value: Any) -> Any:
         try:
             return item()
         except Exception:
+            _log.debug("a value whose item() failed: written as its repr", exc_info=True)
             pass
     return repr(value)
 

@@ -44,12 +44,14 @@ import signal
 import socket
 import sys
 
-from . import notice_keeper, protocol, term, torch_compat
+from . import log, notice_keeper, protocol, term, torch_compat
 from ._emit import emit
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .joiner import Joining
 from .worker import set_parent_death_signal
+
+_log = log.get("agent")
 
 _watch = DepartureWatch()
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
@@ -176,7 +178,7 @@ def _refuse_changed_files() -> None:
         return
     reason = protocol.files_changed_reason(changed)
     emit("files_changed", node=_node_name(), files=changed, reason=reason)
-    print(f"notebook-elastic agent: {reason}", file=sys.stderr, flush=True)
+    _log.error(reason)
     sys.stdout.flush()
     os._exit(protocol.EXIT_FILES_CHANGED)  # torchrun would catch SystemExit and retry
 
@@ -238,7 +240,7 @@ def _leave_rendezvous() -> None:
         if handler is None or not torch_compat.leave_round(handler):
             return
     except Exception as exc:  # the store does not answer: peers drop this node at its heartbeat's expiry
-        print(f"notebook-elastic agent: could not leave the rendezvous: {exc}", file=sys.stderr, flush=True)
+        _log.warning("could not leave the rendezvous: %s", exc)
         return
     emit("left_rendezvous", node=_node_name(), pid=os.getpid())
 
@@ -282,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     # On a cluster the kubelet's SIGTERM is a notice: a keeper (the parent, from here on) turns
     # it into a save first, then passes it on (notice_keeper.py). Returns in the agent only.
     notice_keeper.keep()
+    log.for_process("agent")  # its lines go to the node's log: "notebook-elastic agent: ..."
     term.guard_agent()  # a SIGTERM before the workers start (torch sets its handler then)
     supervisor = os.environ.get(protocol.ENV_SUPERVISOR_PID)
     if supervisor:
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         unpack_workdir_files()
     except OSError as exc:  # a read-only working directory: the code will say what it misses
-        print(f"notebook-elastic agent: could not unpack the notebook's files: {exc}", file=sys.stderr, flush=True)
+        _log.warning("could not unpack the notebook's files: %s", exc)
     if os.environ.get(protocol.ENV_AGENTS_EVICT) == "1":
         _joining.start()
     _hook_rendezvous()
@@ -325,19 +328,19 @@ def main(argv: list[str] | None = None) -> None:
         # Stopped on purpose (scale-down, preemption, set_range, stop): one line in the
         # node's log, not torchrun's 30-line traceback, and the same exit status as before.
         _leave_rendezvous()
-        print(f"notebook-elastic agent: stopped by signal {exc.sigval}; left the rendezvous", file=sys.stderr)
+        _log.info("stopped by signal %s; left the rendezvous", exc.sigval)
         sys.exit(1)
     except ChildFailedError as exc:
         # torchrun has logged which rank failed how; say it plainly and exit with a status
         # of our own, so "the restart budget is spent" is told apart from "stopped".
         if _fatal:
-            print(f"notebook-elastic agent: not restarted, it would fail the same way: {_root(exc)}", file=sys.stderr)
+            _log.error("not restarted, it would fail the same way: %s", _root(exc))
             sys.exit(protocol.EXIT_FATAL)
-        print(f"notebook-elastic agent: restart budget spent: {_root(exc)}", file=sys.stderr, flush=True)
+        _log.error("restart budget spent: %s", _root(exc))
         sys.exit(protocol.EXIT_RESTARTS_SPENT)
     except RendezvousConnectionError as exc:
         # The store is gone or frozen and none answered in time (torch_compat): one sentence.
-        print(f"notebook-elastic agent: {exc}", file=sys.stderr, flush=True)
+        _log.error("%s", exc)
         sys.exit(protocol.EXIT_STORE_LOST)
 
 

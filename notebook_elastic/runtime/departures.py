@@ -11,8 +11,11 @@ import socket
 import threading
 import time
 
+from . import log as _logging
 from . import protocol, torch_compat
 from ._emit import emit
+
+_log = _logging.get("runtime.departures")
 
 
 def node_name() -> str:
@@ -49,6 +52,7 @@ class DepartureWatch:
             try:
                 self._check()
             except Exception:  # a torch without these internals: the watch just stops
+                _log.debug("a torch without these internals: the watch just stops", exc_info=True)
                 return
 
     def _check(self) -> None:

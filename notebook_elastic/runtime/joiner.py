@@ -38,9 +38,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import protocol, torch_compat
+from . import log, protocol, torch_compat
 from ._emit import emit
 from .deadline import call_with_deadline
+
+_log = log.get("agent.joiner")
 
 WATCH_INTERVAL_S = 0.5
 #: How long a joiner whose workers failed waits for the old members' own failures of the same
@@ -100,6 +102,7 @@ class Joining:
                 return
             times = int(call_with_deadline(store.add, torch_compat.STORE_CALL_TIMEOUT_S, key, 0))
         except Exception:  # the store does not say: join now
+            _log.debug("the store does not say: join now", exc_info=True)
             return
         wait_s = min(BACKOFF_FIRST_S * 2 ** max(times - 1, 0), BACKOFF_MAX_S)
         emit(
@@ -126,6 +129,7 @@ class Joining:
             try:
                 self._publish()
             except Exception:  # the store does not answer now: tried again next time
+                _log.debug("the store does not answer now: tried again next time", exc_info=True)
                 pass
 
     def _publish(self) -> None:
@@ -164,6 +168,7 @@ class Joining:
             if call_with_deadline(store.add, timeout_s, failed, 0) > 0:
                 return  # the old members' workers failed too: not this node's doing
         except Exception:  # the store does not say: fail as torchrun would
+            _log.debug("the store does not say: fail as torchrun would", exc_info=True)
             return
         self._leave(store, handler, agent, round_, len(members) - 1, failure_text(own[0]))
 
@@ -205,11 +210,10 @@ class Joining:
             emit("restart", node=me, reason="worker_failed", restarts_used=most - left + 1, max_restarts=most)
         emit("node_evicted", node=me, failure=failure, target=others, round=round_, index=self.index)
         self.leave_round()
-        print(
-            f"notebook-elastic agent: its workers failed while joining a job that trains ({failure}); "
-            f"left the rendezvous, the job goes on at {others} node(s)",
-            file=sys.stderr,
-            flush=True,
+        _log.warning(
+            "its workers failed while joining a job that trains (%s); left the rendezvous, the job goes on at %s node(s)",
+            failure,
+            others,
         )
         self.clean()
         sys.stdout.flush()

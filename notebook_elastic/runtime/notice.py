@@ -23,8 +23,11 @@ import threading
 import time
 from typing import Any
 
+from . import log as _logging
 from . import protocol
 from ._emit import emit
+
+_log = _logging.get("runtime.notice")
 
 #: The store key a notice is posted under (one at a time: a newer notice replaces it).
 NOTICE_KEY = "notebook_elastic/notice"
@@ -63,6 +66,7 @@ def withdraw(store: Any) -> None:
     try:
         store.delete_key(NOTICE_KEY)
     except Exception:  # a store that is gone: nobody polls it any more either
+        _log.debug("a store that is gone: nobody polls it any more either", exc_info=True)
         pass
 
 

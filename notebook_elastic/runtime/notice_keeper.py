@@ -21,10 +21,12 @@ import threading
 import time
 from typing import Any
 
-from . import protocol, term
+from . import log, protocol, term
 from ._emit import emit
 from .notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
 from .store_wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
+
+_log = log.get("keeper")
 
 #: What the agent needs, after the keeper passes the SIGTERM on, to stop its workers and leave
 #: its round before the kubelet's SIGKILL.
@@ -124,7 +126,7 @@ class Keeper:
             else:
                 emit("notice_expired", node=self.node, grace_s=self.grace_s, id=notice["id"])
         except Exception as exc:  # no store to post in: the node goes as it would have
-            print(f"notebook-elastic keeper: could not give notice: {exc}", file=sys.stderr, flush=True)
+            _log.warning("could not give notice: %s", exc)
         finally:
             if store is not None:
                 store.close()
@@ -142,6 +144,9 @@ class Keeper:
             finally:
                 store.close()
         except Exception:
+            _log.debug(
+                "could not withdraw the notice: the supervisor takes it down when it reaps the node", exc_info=True
+            )
             pass
 
 
@@ -167,6 +172,7 @@ def keep() -> None:
     child = os.fork()
     if child == 0:
         return
+    log.for_process("keeper")
     keeper = Keeper(child, endpoint, float(grace), os.environ.get(protocol.ENV_NODE) or socket.gethostname())
     signal.signal(signal.SIGTERM, keeper.on_term)
     for other in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):

@@ -15,6 +15,7 @@ import signal
 import socket
 import uuid
 
+from . import log
 from ._emit import emit
 from .store_server import StoreServer
 from .torch_compat import STORE_ID_KEY, tcp_store_server
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=os.environ.get("POD_IP", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=29400)
     args = parser.parse_args(argv)
+    log.for_process("store")  # its lines in the store pod's log: "notebook-elastic store: ..."
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from . import protocol
+from . import log, protocol
+
+_log = log.get("term")
 
 RELEASED = "released"
 STOPPING = "stopping"
@@ -85,9 +86,7 @@ def defer(may_act: Callable[[], bool], what: str) -> bool:
         if may_act():
             _call(previous, signum, frame)
         else:
-            print(
-                f"notebook-elastic {what}: Slurm's SIGTERM: the keeper gives notice first", file=sys.stderr, flush=True
-            )
+            _log.info("Slurm's SIGTERM: the keeper gives notice first")
 
     deferring._notebook_elastic_deferring = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGTERM, deferring)
@@ -134,9 +133,7 @@ class _Insist:
                 )
                 signum = self.signalled[0] if self.signalled else signal.SIGTERM
             if again:
-                print(
-                    "notebook-elastic agent: told to stop, still running: telling it again", file=sys.stderr, flush=True
-                )
+                _log.warning("told to stop, still running: telling it again")
                 os.kill(os.getpid(), signum)
 
     def stopping(self) -> None:
@@ -163,7 +160,7 @@ def guard_agent() -> None:
 
     def guarded(signum: int, frame: Any) -> None:
         if folder() is not None and not marked(RELEASED):
-            print("notebook-elastic agent: Slurm's SIGTERM: the keeper gives notice first", file=sys.stderr, flush=True)
+            _log.info("Slurm's SIGTERM: the keeper gives notice first")
             return
         if _insist.told(signum):
             _call(previous, signum, frame)

@@ -27,7 +27,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from . import log as _logging
 from .deadline import StoreSilent, call_with_deadline
+
+_log = _logging.get("runtime.torch_compat")
 
 #: name -> what a job loses when the installed torch lacks it.
 INTERNALS = {
@@ -192,6 +195,7 @@ def leave_instead_of_closing(always: bool = True) -> bool:
         try:
             return leave_round(self)
         except Exception:  # the store is gone already: nothing to leave, nothing to close
+            _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
             return False
 
     shutdown._notebook_elastic = True  # type: ignore[attr-defined]
@@ -226,6 +230,7 @@ def _target_nodes() -> int | None:
         value = _value(store, TARGET_KEY)
         return None if value is None else int(value)
     except Exception:  # a store lost meanwhile: the rendezvous says so on its own next call
+        _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
         return None
 
 
@@ -302,6 +307,7 @@ def _gone_pids(store: Any, window_s: float) -> set[int]:
         now = time.time()
         return {int(pid) for pid, when in json.loads(value).items() if now - when <= window_s}
     except Exception:  # unreadable, or the store lost: heartbeats decide, as in torch
+        _log.debug("unreadable, or the store lost: heartbeats decide, as in torch", exc_info=True)
         return set()
 
 
@@ -405,6 +411,7 @@ def store_id(store: Any) -> str | None:
     except StoreSilent:
         raise
     except Exception:
+        _log.debug("the store's id could not be read", exc_info=True)
         return None
 
 

@@ -33,8 +33,11 @@ import socket
 import sys
 import time
 
+from . import log as _logging
 from . import protocol
 from .wire import ENV_ZYGOTE, _address, _send, enabled, same_user
+
+_log = _logging.get("runtime.warm")
 
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo", "cloudpickle")
@@ -79,6 +82,7 @@ def serve(path: str, *, as_pool: bool = False) -> None:
         try:
             __import__(name)
         except Exception:
+            _log.debug("a module to preload would not import: the worker imports it itself", exc_info=True)
             pass
     if as_pool:
         from .pool import idle_seconds
@@ -273,6 +277,7 @@ def _child(request: dict, fds: list[int], as_pool: bool = False) -> None:
             try:
                 stream.flush()
             except Exception:
+                _log.debug("could not flush a stream at exit", exc_info=True)
                 pass
         if status is not None:
             try:

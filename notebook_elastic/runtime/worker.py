@@ -17,8 +17,11 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
+from . import log as _logging
 from . import protocol
 from ._emit import emit
+
+_log = _logging.get("runtime.worker")
 
 
 class StateNotSaveable(TypeError):
@@ -319,6 +322,9 @@ def _preimport_in_background() -> None:
             try:
                 import torch._dynamo  # noqa: F401
             except Exception:
+                _log.debug(
+                    "torch._dynamo would not import: compiled models are not reset between groups", exc_info=True
+                )
                 pass
 
         threading.Thread(target=work, name="preimport-dynamo", daemon=True).start()
@@ -349,5 +355,6 @@ def _shutdown_process_group() -> None:
         try:
             dist.barrier()
         except Exception:  # a peer gone at the very end: this rank's own work is done all the same
+            _log.debug("a peer gone at the very end: this rank's own work is done all the same", exc_info=True)
             pass
         dist.destroy_process_group()

@@ -27,8 +27,11 @@ from ..backends.local import LocalBackend
 from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..events import Event, Kind, Status, steps_done
 from ..job_state import JobState, with_fold
+from ..runtime import log as _logging
 from ..runtime.tracking import shown
 from ..spec import validate_name
+
+_log = _logging.get("server.routes")
 
 NAME = r"(?P<name>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
 K8S_REFRESH_S = 5.0
@@ -158,6 +161,7 @@ class ClusterFold:
                 with self.lock:
                     self.state.apply(event)
         except Exception:  # the row keeps what the cluster says; the list reports cluster errors
+            _log.debug("the row keeps what the cluster says; the list reports cluster errors", exc_info=True)
             pass
 
     def row(self, info: JobInfo) -> JobInfo:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as W
 
 from ..events import FINAL_STATUSES, Event, Kind
+from ..runtime import log as _logging
 from .controls import Controls
 from .render import (
     chart_box,
@@ -32,6 +33,8 @@ from .render import (
     snapshot_html,
     timeline_html,
 )
+
+_log = _logging.get("ui.dashboard")
 
 if TYPE_CHECKING:
     from ..job import ElasticJob
@@ -286,6 +289,7 @@ class Dashboard(Controls, W.VBox):
         try:
             self.display_handle.update(self)
         except Exception:  # the front end is gone: nothing to keep the picture in
+            _log.debug("the front end is gone: nothing to keep the picture in", exc_info=True)
             pass
 
     def _render(self, dirty: set[str]) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...events import FINAL_STATUSES, Event, Kind
+from ...runtime import log as _logging
 from ..base import Backend, JobInfo
 from . import grace, kueue
 from . import manifests as m
@@ -27,6 +28,8 @@ from .options import KubernetesOptions
 from .submit import Submitting
 from .watch import _ts
 from .workload import refusal
+
+_log = _logging.get("backends.kubernetes")
 
 __all__ = ["KubernetesBackend", "KubernetesOptions"]
 
@@ -141,6 +144,7 @@ class KubernetesBackend(Submitting, Control, Backend):
                 kueue.list_workloads(self.conn.custom(), self.conn.namespace, job.metadata.uid)
             )
         except Exception:
+            _log.debug("no right to read Workloads: the pods' own reasons are told instead", exc_info=True)
             return None  # no right to read Workloads: the pods' own reasons are told instead
         if state is None:
             return f"waiting for Kueue to queue it in {queue}"

@@ -28,6 +28,9 @@ from typing import Any
 
 from ...errors import BackendError
 from ...events import Kind
+from ...runtime import log as _logging
+
+_log = _logging.get("backends.kubernetes.kueue")
 
 GROUP = "kueue.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")  # newest first; both serve the fields read here
@@ -161,6 +164,7 @@ def scale_refusal(custom: Any, namespace: str, job: Any, nodes: int) -> str | No
     try:
         state = workload_state(list_workloads(custom, namespace, job.metadata.uid))
     except Exception:
+        _log.debug("Workloads we may not read: Kueue, if it refuses, says so on the Job", exc_info=True)
         return None  # Workloads we may not read: Kueue, if it refuses, says so on the Job
     if state is None or state["state"] != "admitted":
         return None  # not admitted: the size is still the job's to choose, Kueue admits what it asks

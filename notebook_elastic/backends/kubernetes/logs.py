@@ -31,9 +31,12 @@ import time
 from typing import Any
 
 from ...events import Event, Kind
+from ...runtime import log as _logging
 from .client import is_missing
 from .pods import PodView
 from .watch import Backoff, is_forbidden, parse_time
+
+_log = _logging.get("backends.kubernetes.logs")
 
 LOG_STREAMS_MAX = 4  # held follow streams per job
 CATCH_UP_READERS = 2  # one-shot log reads at once
@@ -244,6 +247,7 @@ class LogFollowing:
         try:
             self._deliver(view, resp)
         except Exception:
+            _log.debug("dropped: the cursor says where the next read starts", exc_info=True)
             pass  # dropped: the cursor says where the next read starts
         finally:
             resp.release_conn()
@@ -278,6 +282,7 @@ class LogFollowing:
                     self._deliver(view, resp)
                     ended = True
                 except Exception:
+                    _log.debug("dropped mid-stream (or closed by the scheduler): reconnect or leave", exc_info=True)
                     pass  # dropped mid-stream (or closed by the scheduler): reconnect or leave
                 finally:
                     with self.log_wake:
@@ -369,4 +374,5 @@ def _close(resp: Any) -> None:
         try:
             resp.close()
         except Exception:
+            _log.debug("could not close a log stream", exc_info=True)
             pass

@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...events import Kind, LineParser
+from ...runtime import log as _logging
 from ...runtime import protocol
 from . import manifests as m
 from .cursor import LogCursor
+
+_log = _logging.get("backends.kubernetes.pods")
 
 WAITING_REASONS = {
     "ImagePullBackOff",
@@ -235,6 +238,7 @@ class PodEvents:
             size = {"spec": {"completions": view.index, "parallelism": view.index}}
             batch.patch_namespaced_job(m.workers_name(self.job), self.conn.namespace, size)
         except Exception:  # not a Job workload, gone, or not ours to patch: the pod is replaced
+            _log.debug("not a Job workload, gone, or not ours to patch: the pod is replaced", exc_info=True)
             return
 
     def _success_met(self) -> bool:
@@ -246,6 +250,7 @@ class PodEvents:
         try:
             job = self.conn.batch().read_namespaced_job(m.workers_name(self.job), self.conn.namespace)
         except Exception:
+            _log.debug("not a Job workload, gone, or unreadable: say what the pod says", exc_info=True)
             return False  # not a Job workload, gone, or unreadable: say what the pod says
         self.success_met = any(
             c.status == "True" and c.type in ("SuccessCriteriaMet", "Complete") for c in job.status.conditions or []

@@ -10,12 +10,15 @@ from typing import Any
 
 from ...errors import BackendError
 from ...plan import rdzv_id
+from ...runtime import log as _logging
 from ...runtime.notice_keeper import LEAVE_S
 from ..base import DryRun
 from . import grace, kueue
 from . import manifests as m
 from .client import explain, is_missing
 from .options import KubernetesOptions
+
+_log = _logging.get("backends.kubernetes.submit")
 
 
 class Submitting:
@@ -179,6 +182,7 @@ class Submitting:
         try:
             nodes = self.conn.core().list_node().items
         except Exception:
+            _log.debug("the cluster's nodes could not be listed: GPUs not checked", exc_info=True)
             return True
         if not nodes:
             return True
@@ -189,6 +193,7 @@ class Submitting:
             self.conn.extensions().read_custom_resource_definition("pytorchjobs.kubeflow.org")
             return True
         except Exception:
+            _log.debug("no PyTorchJob CRD readable", exc_info=True)
             return False
 
     def _create(self, obj: dict[str, Any], action: str) -> dict[str, Any]:

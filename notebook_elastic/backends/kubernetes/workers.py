@@ -4,11 +4,12 @@ PyTorchJob with an elasticPolicy."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ... import defaults
 from ...plan import LaunchPlan, Place, launch_plan
-from ...runtime import protocol
+from ...runtime import log, protocol
 from .kueue import apply_queue, apply_queue_pytorchjob
 from .naming import (
     ANNOTATION_EPOCH,
@@ -45,6 +46,8 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
             protocol.ENV_AGENTS_EVICT: "1",  # no supervisor: a pod failing while it joins sends itself away
             # The kubelet's SIGTERM is a notice: the job saves before the pod goes (notice_keeper.py).
             protocol.ENV_NOTICE_GRACE_S: str(options.pod_grace),
+            # NOTEBOOK_ELASTIC_LOG=debug in the kernel: the pods' lines at that level too (runtime/log.py).
+            **({log.ENV_LOG: os.environ[log.ENV_LOG]} if os.environ.get(log.ENV_LOG) else {}),
         },
     )
 

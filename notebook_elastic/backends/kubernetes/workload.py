@@ -10,12 +10,15 @@ import time
 from typing import Any
 
 from ...events import Kind
+from ...runtime import log as _logging
 from ...runtime import protocol
 from . import kueue
 from . import manifests as m
 from .client import is_missing
 from .pods import first_container, terminated_state
 from .watch import Backoff, Transient, _ts, is_forbidden
+
+_log = _logging.get("backends.kubernetes.workload")
 
 POD_NAME = re.compile(r'pods "[^"]*"')
 
@@ -188,4 +191,5 @@ class WorkloadEvents:
             try:
                 delete(m.rdzv_name(self.job), self.conn.namespace)
             except Exception:
+                _log.debug("gone already, or not ours to delete: `stop` removes it", exc_info=True)
                 pass  # gone already, or not ours to delete: `stop` removes it

@@ -16,8 +16,11 @@ from typing import Any
 
 from ...errors import SpecError
 from ...events import Kind
+from ...runtime import log as _logging
 from ...runtime import protocol
 from .nodes import Agent
+
+_log = _logging.get("backends.local.commands")
 
 STOP_GRACE_S = 10.0
 
@@ -201,6 +204,7 @@ class Commands:
             self.commands.put((request, done))
             conn.send_bytes(json.dumps(done.get(timeout=120), default=str).encode())
         except Exception:
+            _log.debug("a control request failed or its caller left", exc_info=True)
             pass
         finally:
             conn.close()

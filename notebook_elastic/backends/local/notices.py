@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...events import Event, Kind
+from ...runtime import log as _logging
 from ...runtime import notice as board
+
+_log = _logging.get("backends.local.notices")
 
 #: Beyond the last save's time and a step, the slack a grace needs (rank 0 polls every 0.1 s).
 GRACE_SLACK_S = 1.0
@@ -71,6 +74,7 @@ class Notices:
         try:
             board.post(store, node.name, grace_s, self._last_id)
         except Exception:
+            _log.debug("could not post the notice: the node goes at once", exc_info=True)
             return False
         self.given[self._last_id] = Given(self._last_id, node, float(grace_s), time.monotonic() + float(grace_s))
         self._emit(Kind.NOTICE, node.name, grace_s=float(grace_s), id=self._last_id)
@@ -112,6 +116,7 @@ class Notices:
             if store.check([board.NOTICE_KEY]) and json.loads(store.get(board.NOTICE_KEY)).get("node") == node:
                 board.withdraw(store)
         except Exception:  # no store to ask: the notice's grace ends the hold
+            _log.debug("no store to ask: the notice's grace ends the hold", exc_info=True)
             pass
 
     def _expired(self, given: Given, latest_step: int | None, step_s: float | None) -> None:

@@ -15,7 +15,7 @@ It runs in its own session, so a kernel crash or restart does not touch training
 - parses every line the agents and workers print into events (``events.LineParser``),
   appends them to ``events.jsonl``, keeps ``status.json`` current, and when the last agent
   is gone writes ``job_finished`` and leaves no process of the job behind.
-Requests come over an authenticated loopback connection (``control.py``).
+Requests come over an authenticated connection (``control.py``; loopback, every interface on Slurm).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 from ... import defaults
 from ...events import Event, Kind
 from ...job_state import JobState, describe_failure
-from ...runtime import pool, protocol
+from ...runtime import log, pool, protocol
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
@@ -137,8 +137,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         """Called by the sink thread for every event: track where each rank's process is."""
         self._watch_joiners(e)
         self.notices.observe(e)
-        # TensorBoard files are output like the workers' lines: above the free-space floor only,
-        # so the history and the outcome still find room on a filling disk.
+        # TensorBoard files, like workers' lines, only above the free-space floor (room for the outcome).
         if self.tensorboard is not None and e.kind in (Kind.METRIC, Kind.GPU) and self._output_allowed():
             self.tensorboard.observe(e, self.state)
         if e.kind == Kind.METRIC and self.trackers and self._output_allowed():
@@ -171,7 +170,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.emit(Kind.TRACKING, **where)
 
     def _tracker_failed(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)  # supervisor.log: told even after the history closed
+        log.get("supervisor").warning("%s", message)  # supervisor.log: told even after the history closed
         self.emit(Kind.ERROR, error="tracker", message=message)
 
     def _watch_joiners(self, e: Event) -> None:
@@ -221,6 +220,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             self.store.set(key, value)
             return True
         except Exception:
+            log.get("supervisor").debug("could not tell the agents %s through the store", key, exc_info=True)
             return False
 
     def _publish_target(self) -> None:
@@ -243,8 +243,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.closed = False
         signal.signal(signal.SIGTERM, lambda *_: self.commands.put(({"command": "stop"}, queue.SimpleQueue())))
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # Listen first, host the store on that socket once torch is imported: agents can be
-        # started meanwhile (their connections wait in the backlog), saving a torch import.
+        # Listen first, host the store there once torch is imported: agents started meanwhile wait in the backlog.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         bind = "0.0.0.0" if self.placement is not None else "127.0.0.1"  # Slurm: reached from other hosts
         sock.bind((bind, 0))
@@ -390,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
         if os.fork() > 0:
             os._exit(0)
+    log.for_process("supervisor")  # its lines go to supervisor.log: "notebook-elastic supervisor: ..."
     resume = args[:1] == ["--resume"]
     folder = JobFolder(args[1] if resume else args[0])
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)

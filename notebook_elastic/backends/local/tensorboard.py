@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ...events import Event, Kind
+from ...runtime import log as _logging
+
+_log = _logging.get("backends.local.tensorboard")
 
 FLUSH_S = 2.0  # what TensorBoard shows is at most this old
 
@@ -80,11 +83,13 @@ class TensorBoardWriter:
                 tag, value, walltime, step = item
                 writer.add_scalar(tag, value, global_step=step, walltime=walltime)
             except Exception:  # a full disk, a folder deleted: the history goes on without it
+                _log.debug("a full disk, a folder deleted: the history goes on without it", exc_info=True)
                 continue
         if writer is not None:
             try:
                 writer.close()
             except Exception:
+                _log.debug("could not close the TensorBoard writer", exc_info=True)
                 pass
 
     def close(self, timeout_s: float = 10.0) -> None:
