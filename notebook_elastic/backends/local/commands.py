@@ -10,6 +10,7 @@ import os
 import queue
 import random
 import signal
+import subprocess
 import threading
 import time
 from typing import Any
@@ -68,13 +69,17 @@ class Commands:
         old = self.alive_agents()
         for agent in old:
             self.signal_agent(agent, signal.SIGTERM, "reconfigured")
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = time.monotonic() + self._stop_grace_s()
         while any(a.alive for a in old) and time.monotonic() < deadline:
             time.sleep(0.05)
         for agent in old:
             if agent.alive:
                 self.signal_agent(agent, signal.SIGKILL, "reconfigured")
-                agent.proc.wait()
+                try:
+                    agent.proc.wait(timeout=15)  # on Slurm its step ends first, then its srun
+                except subprocess.TimeoutExpired:
+                    os.killpg(agent.proc.pid, signal.SIGKILL)
+                    agent.proc.wait()
         self._reap()
         self.emit(Kind.SCALED, target=self.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True)
         self._converge()
@@ -149,15 +154,20 @@ class Commands:
         self.files_reason = protocol.files_changed_reason(paths)
         self.emit(Kind.FILES_CHANGED, node, files=paths, reason=self.files_reason)
         self.stopping = True
-        self.stop_deadline = time.monotonic() + STOP_GRACE_S
+        self.stop_deadline = time.monotonic() + self._stop_grace_s()
         for agent in self.alive_agents():
             self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
+
+    def _stop_grace_s(self) -> float:
+        """How long stopping nodes may take before they are killed: on Slurm, each node's notice
+        (its keeper waits that long for rank 0's save) and a little more."""
+        return max(STOP_GRACE_S, self.placement.grace_s() + 5.0) if self.placement is not None else STOP_GRACE_S
 
     def do_stop(self, leave: str | None = None) -> dict:
         """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""
         if not self.stopping:
             self.stopping = True
-            self.stop_deadline = time.monotonic() + STOP_GRACE_S
+            self.stop_deadline = time.monotonic() + self._stop_grace_s()
             for agent in self.alive_agents():
                 if agent.name != leave:
                     self.signal_agent(agent, signal.SIGTERM, "stopped")
@@ -195,9 +205,14 @@ class Commands:
                 if self.closed:
                     return
                 continue
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._answer, args=(listener, conn), daemon=True).start()
 
-    def _answer(self, conn: Any) -> None:
+    def _answer(self, listener: Any, sock: Any) -> None:
+        try:
+            conn = listener.authenticate(sock)
+        except Exception:
+            _log.debug("a control connection that did not authenticate", exc_info=True)
+            return
         try:
             request = json.loads(conn.recv_bytes())
             done: queue.SimpleQueue = queue.SimpleQueue()
