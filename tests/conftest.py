@@ -168,6 +168,7 @@ def pytest_configure(config):
 QUICK_MODULES = frozenset(
     {
         "test_claims.py",
+        "test_control.py",
         "test_events.py",
         "test_job_state.py",
         "test_kubernetes_manifests.py",
@@ -181,6 +182,7 @@ QUICK_MODULES = frozenset(
         "test_plan.py",
         "test_security.py",
         "test_store_server.py",
+        "test_term.py",
         "test_torch_compat.py",
         "test_waits.py",
     }

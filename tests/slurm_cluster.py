@@ -24,7 +24,7 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 #: The CPUs the one node claims (each node allocation of a job takes one).
 CPUS = 8
 #: Slurm's SIGTERM to SIGKILL (KillWait) and a preempted job's extra time (GraceTime), seconds.
-KILL_WAIT_S = 5
+KILL_WAIT_S = 8
 GRACE_TIME_S = 5
 CLIENTS = ("srun", "sinfo", "squeue", "scancel")
 

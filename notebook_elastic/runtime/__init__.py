@@ -22,6 +22,7 @@ from .payload import load_payload, secret
 from .protocol import ENV_TRACK, EVENT_PREFIX
 from .state import State
 from .state import samples_per_step as _samples_per_step
+from .term import data_worker_init
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, guard_against_orphaning, init, run
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "StaleGenerationError",
     "StateNotSaveable",
     "WorkerInfo",
+    "data_worker_init",
     "device",
     "emit",
     "init",

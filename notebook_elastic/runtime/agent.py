@@ -245,6 +245,24 @@ def _leave_rendezvous() -> None:
     emit("left_rendezvous", node=_node_name(), pid=os.getpid())
 
 
+def _local_addr_toward_the_store(args: list[str]) -> None:
+    """Where the plan leaves the agent's address to the node (Slurm: each node its own host),
+    the address this host reaches the store from, as torchrun's documented ``PET_LOCAL_ADDR``:
+    torchrun's own default, the host's name, can resolve to a loopback address (Debian's
+    127.0.1.1) that its peers on other hosts cannot reach."""
+    if "--local-addr" in args or "--local_addr" in args or os.environ.get("PET_LOCAL_ADDR"):
+        return
+    host, _, port = (os.environ.get(protocol.ENV_NOTICE_STORE) or "").rpartition(":")
+    if not host:
+        return
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port or 29400)))  # no packet is sent: the route is chosen
+            os.environ["PET_LOCAL_ADDR"] = probe.getsockname()[0]
+    except (OSError, ValueError):
+        pass
+
+
 def _standby() -> list[str]:
     """``--standby``: import everything, then wait for the supervisor's go (one JSON line on
     stdin with the node's environment and torchrun arguments). A warm spare joins a scale-up
@@ -322,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
+    _local_addr_toward_the_store(args)
     try:
         torchrun_main(args)
     except SignalException as exc:

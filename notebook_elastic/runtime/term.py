@@ -81,9 +81,12 @@ def defer(may_act: Callable[[], bool], what: str) -> bool:
     previous = signal.getsignal(signal.SIGTERM)
     if getattr(previous, "_notebook_elastic_deferring", False):
         return True
+    mine = os.getpid()
 
     def deferring(signum: int, frame: Any) -> None:
-        if may_act():
+        # A child the process forked (a multiprocessing pool, say) inherits this handler: it
+        # is not ours to hold, and its parent's terminate() must end it as it would anywhere.
+        if os.getpid() != mine or may_act():
             _call(previous, signum, frame)
         else:
             _log.info("Slurm's SIGTERM: the keeper gives notice first")
@@ -94,8 +97,26 @@ def defer(may_act: Callable[[], bool], what: str) -> bool:
 
 
 def defer_in_worker() -> bool:
-    """In a worker, at start: it goes when its agent stops it, or once the keeper let go."""
+    """In a worker, at start: it goes when its agent stops it, or once the keeper let go. Only
+    in the process torch started: not in a child it spawns with multiprocessing (which imports
+    this too, and whose parent's terminate() must end it); a forked child inherits the handler,
+    which lets the signal through outside the process that set it."""
+    import multiprocessing
+
+    # A spawned child is named before it imports its parent's main module (which imports this).
+    if multiprocessing.parent_process() is not None or multiprocessing.current_process().name != "MainProcess":
+        return False
     return defer(lambda: marked(STOPPING) or marked(RELEASED), "worker")
+
+
+def data_worker_init(worker_id: int = 0) -> None:
+    """``DataLoader(..., worker_init_fn=elastic.data_worker_init)`` on Slurm: a DataLoader
+    worker ends on any SIGTERM not sent by its rank (torch's own handler), so Slurm's, sent to
+    every process of the node, would fail the rank before it saves. This holds SIGTERM off in
+    the data worker; it still ends with its rank (torch watches the parent). Elsewhere, and
+    wherever the cluster does not signal every process, it does nothing."""
+    if os.environ.get(protocol.ENV_TERM_TO_ALL) == "1":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 class _Insist:

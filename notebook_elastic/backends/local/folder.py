@@ -262,13 +262,13 @@ class JobFolder:
         info = self.supervisor()
         if not info or info.get("exited"):
             return False
-        if info.get("host") not in (None, socket.gethostname()):
-            # On another machine (a Slurm allocation of its own): alive while its allocation runs.
-            if not info.get("slurm_job"):
-                return True  # nothing here can tell: trust its records
-            from ..slurm.cluster import job_state
+        if info.get("slurm_job") and info.get("host") not in (None, socket.gethostname()):
+            # On another machine, in a Slurm allocation of its own: alive while Slurm holds it
+            # (running, completing, suspended), and while Slurm does not answer.
+            from ..slurm.cluster import NOT_ENDED, job_state
 
-            return job_state(str(info["slurm_job"]))[0] == "RUNNING"
+            state = job_state(str(info["slurm_job"]))[0]
+            return state == "" or (state in NOT_ENDED and state != "PENDING")
         return pid_alive(int(info["pid"]), info.get("start_ticks"))
 
     def guardian_alive(self) -> bool:

@@ -254,12 +254,16 @@ class Nodes:
         if agent.exit_reason is None:
             agent.exit_reason = reason
         try:
-            if sig == signal.SIGKILL and self.placement is not None and agent.killed_at is None:
+            if sig == signal.SIGKILL and self.placement is not None:
                 # Its processes are in Slurm's step, not under srun (killed, srun would leave them
-                # to Slurm's KillWait): Slurm ends them; srun ends with them, or is killed later.
-                agent.killed_at = time.monotonic()
-                self.placement.kill(agent.name)
-            elif sig == signal.SIGKILL and (agent.killed_at is None or time.monotonic() - agent.killed_at > 10):
+                # to Slurm's KillWait): Slurm ends them, and srun with them; srun is killed only
+                # if it is still there 10 s later (asked again, until then, nothing is done).
+                if agent.killed_at is None:
+                    agent.killed_at = time.monotonic()
+                    self.placement.kill(agent.name)
+                elif time.monotonic() - agent.killed_at > 10:
+                    os.killpg(agent.proc.pid, signal.SIGKILL)
+            elif sig == signal.SIGKILL:
                 os.killpg(agent.proc.pid, signal.SIGKILL)  # the whole node: agent and anything in its group
             elif self.placement is not None:
                 self.placement.term(agent.name)  # srun would kill the step at once: Slurm's own SIGTERM
@@ -310,6 +314,7 @@ class Nodes:
                 if agent.exit_reason is None and not self.stopping:
                     self._slurm_ended(agent)
                 self.notices.withdraw_for(agent.name, self.store)  # its keeper may have had no time to
+                self.placement.gone(agent.name)
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from

@@ -28,7 +28,7 @@ from ...errors import BackendError
 from ...runtime import protocol
 from ...runtime.pool import ENV_POOL
 from ..base import DryRun
-from ..local import LocalBackend, _tail
+from ..local import RESUMABLE_STATUSES, LocalBackend, _tail
 from ..local.folder import JobFolder
 from ..local.follow import SUPERVISOR_START_TIMEOUT_S
 from . import cluster
@@ -77,25 +77,43 @@ class SlurmBackend(LocalBackend):
         env[protocol.ENV_JOB_DIR] = str(folder.path)
         command = [sys.executable, "-m", "notebook_elastic.backends.local.supervisor"]
         command += [*(["--resume"] if resume else []), str(folder.path)]
-        job_id = cluster.submit(options.sbatch_supervisor(name, str(folder.supervisor_log), command), env)
-        started = time.monotonic()
+        known = cluster.partitions()
+        limit = known.get(options.supervisor_in or options.partition or next(iter(known), ""))
+        argv = options.sbatch_supervisor(name, str(folder.supervisor_log), command, minutes=limit)
+        job_id = cluster.submit(argv, env)
+        submitted, granted = time.monotonic(), None
+        unknown = 0
         while folder.supervisor() is None:
             state, reason = cluster.job_state(job_id)
-            waited = time.monotonic() - started
-            if state not in cluster.NOT_ENDED:
+            now = time.monotonic()
+            unknown = unknown + 1 if not state else 0
+            if state == "GONE" or (state and state not in cluster.NOT_ENDED) or unknown > 20:
+                cluster.cancel(name)
                 raise BackendError(
-                    f"the supervisor's allocation (Slurm job {job_id}) ended ({state or 'gone'}) before the job "
-                    f"started: {_tail(folder.supervisor_log)}"
+                    f"the supervisor's allocation (Slurm job {job_id}) ended ({state or 'Slurm does not answer'}) "
+                    f"before the job started: {_tail(folder.supervisor_log)}"
                 )
-            if waited > SUPERVISOR_WAIT_S or (state != "PENDING" and waited > SUPERVISOR_START_TIMEOUT_S):
-                cluster.cancel(f"ne-{name}-")
-                waits = f"still waits ({reason})" if state == "PENDING" else f"did not start the supervisor ({state})"
+            if state and state != "PENDING" and granted is None:
+                granted = now  # its start is timed from here, not from the wait in the queue
+            if (granted is None and now - submitted > SUPERVISOR_WAIT_S) or (
+                granted is not None and now - granted > SUPERVISOR_START_TIMEOUT_S
+            ):
+                cluster.cancel(name)
+                waits = f"still waits ({reason})" if granted is None else f"did not start the supervisor ({state})"
                 raise BackendError(
-                    f"the supervisor's allocation (Slurm job {job_id}) {waits} after {waited:.0f} s and was "
+                    f"the supervisor's allocation (Slurm job {job_id}) {waits} after {now - submitted:.0f} s and was "
                     "cancelled; choose a partition with room (--supervisor-in PARTITION), or run it on this "
                     "machine (--supervisor-in here)"
                 )
-            time.sleep(0.1)
+            time.sleep(0.5 if granted is None else 0.1)
+
+    def resume(self, name: str, *, guarded: bool = False) -> None:
+        """As the local backend resumes, once nothing of the job is left in Slurm: a supervisor
+        thought lost (on another machine) must not meet its successor."""
+        info = self.describe(name)
+        if info is not None and (info.status in RESUMABLE_STATUSES or (guarded and info.status == "recovering")):
+            cluster.cancel(name)
+        super().resume(name, guarded=guarded)
 
     def cancel(self, name: str, timeout_s: float = 30.0) -> None:
         """Stop the job as the local backend does, then cancel any allocation of it Slurm still
@@ -103,4 +121,4 @@ class SlurmBackend(LocalBackend):
         try:
             super().cancel(name, timeout_s)
         finally:
-            cluster.cancel(f"ne-{name}-")
+            cluster.cancel(name)

@@ -81,30 +81,18 @@ def _fields(text: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in text.split() if "=" in word)
 
 
-def _seconds(text: str | None) -> float:
-    m = re.match(r"\s*(\d+)", text or "")
-    return float(m.group(1)) if m else 0.0
-
-
-def notice_s(partition: str | None) -> float:
-    """The notice Slurm gives a node before SIGKILL: KillWait after its SIGTERM (a scancel, the
-    end of a step), plus the partition's GraceTime for a preemption (the keeper passes the
-    notice on at Slurm's second SIGTERM there). 30 s (Slurm's default KillWait) when Slurm
-    cannot say."""
+def notice_s() -> float:
+    """The notice Slurm gives a node before SIGKILL, whatever ends it: KillWait after its
+    SIGTERM (a scancel, a time limit, a stop). A preemption gives the partition's GraceTime
+    more, but its SIGTERM looks the same, so the keeper counts on KillWait alone (it passes the
+    notice on at once when rank 0 has saved, or at Slurm's second SIGTERM). 30 s (Slurm's
+    default) when Slurm cannot say."""
     try:
         config = _run(["scontrol", "show", "config"])
     except (BackendError, subprocess.TimeoutExpired):
         return 30.0
     m = re.search(r"^KillWait\s*=\s*(\d+)", config, re.M)
-    kill_wait = float(m.group(1)) if m else 30.0
-    grace = 0.0
-    try:
-        name = partition or next(iter(partitions()), None)
-        if name:
-            grace = _seconds(_fields(_run(["scontrol", "--oneliner", "show", "partition", name])).get("GraceTime"))
-    except (BackendError, subprocess.TimeoutExpired):
-        pass
-    return kill_wait + grace
+    return float(m.group(1)) if m else 30.0
 
 
 #: A job's states before its end is known (its step may end before the job does).
@@ -120,7 +108,7 @@ def ended_why(job_name: str, wait_s: float = 5.0) -> str | None:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            ids = _run(["squeue", "--states=all", "--noheader", "--name", job_name, "--format=%i"]).split()
+            ids = _run(["squeue", "--me", "--states=all", "--noheader", "--name", job_name, "--format=%i"]).split()
             if not ids:
                 return None
             newest = max(ids, key=lambda i: int(re.sub(r"\D", "", i) or 0))
@@ -146,21 +134,33 @@ def submit(argv: list[str], env: dict[str, str]) -> str:
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(JobState, Reason) of a job; ("", "") when Slurm no longer knows it."""
+    """(JobState, Reason) of a job; ("", "") when Slurm does not answer, ("GONE", "") when it
+    no longer knows the job."""
     try:
-        job = _fields(_run(["scontrol", "--oneliner", "show", "job", job_id]))
-    except (BackendError, subprocess.TimeoutExpired):
+        done = subprocess.run(
+            ["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
         return "", ""
+    if done.returncode != 0:
+        return ("GONE", "") if "Invalid job id" in (done.stderr + done.stdout) else ("", "")
+    job = _fields(done.stdout)
     return job.get("JobState", ""), job.get("Reason", "")
 
 
-def cancel(job_name_prefix: str) -> list[str]:
-    """scancel every job of this user whose name starts with ``job_name_prefix``; their ids."""
+def job_names(job: str) -> re.Pattern[str]:
+    """The names of one job's allocations: ne-JOB-supervisor, ne-JOB-node-N (not ne-JOB-2's)."""
+    return re.compile(rf"ne-{re.escape(job)}-(supervisor|node-\d+)")
+
+
+def cancel(job: str) -> list[str]:
+    """scancel every allocation of this user's job ``job`` (its supervisor's, its nodes'); their ids."""
     try:
         out = _run(["squeue", "--noheader", "--me", "--format=%i|%j"])
     except (BackendError, subprocess.TimeoutExpired):
         return []
-    ids = [i for i, _, name in (line.partition("|") for line in out.split()) if name.startswith(job_name_prefix)]
+    names = job_names(job)
+    ids = [i for i, _, name in (line.partition("|") for line in out.split()) if names.fullmatch(name)]
     if ids:
         try:
             _run(["scancel", *ids])

@@ -23,8 +23,18 @@ from ...runtime.pool import ENV_POOL
 from . import cluster
 from .options import SlurmOptions
 
-#: slurmstepd's line, through srun, for a step Slurm cancelled.
-STEP_CANCELLED = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT ")
+#: slurmstepd's line, through srun, for a step Slurm cancelled (and why, where it says).
+STEP_CANCELLED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (PREEMPTION|TIME LIMIT))?")
+#: What Slurm sets for the allocation it runs a process in (sbatch's and srun's output
+#: variables): a node's srun must not see the supervisor's (or a batch-spawned kernel's), or it
+#: would run as a step of that allocation instead of one of its own. The user's own input
+#: variables (SLURM_ACCOUNT, SLURM_MPI_TYPE, SRUN_*...) stay.
+ALLOCATION_VARS = re.compile(
+    r"SLURM_(JOB_\w+|JOBID|STEP_\w+|STEPID|NODELIST|NODEID|NNODES|NTASKS|NPROCS|TASKS_PER_NODE|CPUS_ON_NODE"
+    r"|CPUS_PER_TASK|MEM_PER_\w+|PROCID|LOCALID|TASK_PID|GTIDS|SUBMIT_\w+|CLUSTER_NAME|PRIO_PROCESS|NODE_ALIASES"
+    r"|LAUNCH_NODE_IPADDR|UMASK|WORKING_CLUSTER|EXPORT_ENV|SCRIPT_CONTEXT|GPUS_ON_NODE|TOPOLOGY_ADDR\w*"
+    r"|SRUN_COMM_\w+|DISTRIBUTION|CPU_BIND\w*|OPEN_MODE)|SLURMD_NODENAME"
+)
 #: srun's line for an allocation Slurm does not grant at once.
 SRUN_QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
 
@@ -37,11 +47,11 @@ class SlurmNodes:
         self.options = SlurmOptions.from_json(spec.backend_options.get("slurm"))
         self._emit = emit
         self._grace_s: float | None = None  # the notice Slurm gives: KillWait (+ GraceTime), asked once
-        self._cancelled: set[str] = set()  # nodes whose step slurmstepd said was cancelled
+        self._cancelled: dict[str, str] = {}  # node -> why slurmstepd said its step was cancelled
 
     def grace_s(self) -> float:
         if self._grace_s is None:
-            self._grace_s = cluster.notice_s(self.options.partition)
+            self._grace_s = cluster.notice_s()
         return self._grace_s
 
     def command(self, name: str, command: list[str], env: dict[str, str]) -> list[str]:
@@ -50,7 +60,7 @@ class SlurmNodes:
         # machine the job was launched from (outside Slurm's accounting and limits).
         env.pop(ENV_POOL, None)
         # Its own allocation, even from within the supervisor's: srun must not see that one.
-        for key in [k for k in env if k.startswith(("SLURM_", "SBATCH_", "SRUN_")) and k != "SLURM_CONF"]:
+        for key in [k for k in env if ALLOCATION_VARS.fullmatch(k)]:
             del env[key]
         env[protocol.ENV_TERM_TO_ALL] = "1"
         env[protocol.ENV_NOTICE_GRACE_S] = f"{self.grace_s():g}"
@@ -59,8 +69,10 @@ class SlurmNodes:
     def says(self, node: str, line: str) -> None:
         """srun's own word on a node's allocation: waiting (with squeue's reason), as a pending
         node; its step cancelled (by scancel, a preemption, or the supervisor itself)."""
-        if STEP_CANCELLED.search(line):
-            self._cancelled.add(node)
+        cancelled = STEP_CANCELLED.search(line)
+        if cancelled:
+            why = {"PREEMPTION": "preempted", "TIME LIMIT": "timeout"}.get(cancelled.group(2) or "", "cancelled")
+            self._cancelled[node] = why
         m = SRUN_QUEUED.match(line)
         if m:
             reason = cluster.pending_reason(m.group(1)) or "Resources"
@@ -71,8 +83,8 @@ class SlurmNodes:
         of its step, which the keeper turns into a notice (a save first); a node still waiting for
         its allocation is cancelled. (srun, signalled, would kill the step outright.)"""
         name = f"ne-{self.spec.name}-{node}"
+        cluster.signal_jobs(name, None, state="PENDING")  # first: one granted meanwhile is signalled next
         cluster.signal_jobs(name, "TERM", state="RUNNING")
-        cluster.signal_jobs(name, None, state="PENDING")
 
     def kill(self, node: str) -> None:
         """End every process of the node's step at once (a lost node, a stop past its grace).
@@ -88,8 +100,13 @@ class SlurmNodes:
         """Why Slurm ended a node's allocation: "preempted" (a higher-priority job took it),
         "timeout" (its --time is up), "cancelled" (scancel), "node_fail"; None when Slurm did
         not end it (the agent ended by itself) or cannot say."""
-        why = cluster.ended_why(f"ne-{self.spec.name}-{node}")
-        return why or ("cancelled" if node in self._cancelled else None)
+        why = cluster.ended_why(f"ne-{self.spec.name}-{node}", wait_s=3.0)
+        return why or self._cancelled.get(node)
+
+    def gone(self, node: str) -> None:
+        """A node reaped: whatever Slurm still holds under its name (its srun was killed, and
+        with InactiveLimit=0 the allocation would outlive it) is cancelled."""
+        cluster.signal_jobs(f"ne-{self.spec.name}-{node}", None)
 
 
 def placement_for(spec: Any, emit: Callable[..., None]) -> SlurmNodes | None:

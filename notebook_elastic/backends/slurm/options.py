@@ -83,11 +83,12 @@ class SlurmOptions:
             argv.append(f"--gpus-per-node={self.gpus_per_node}")
         return [*argv, *self.slurm_args, "--"]
 
-    def sbatch_supervisor(self, job: str, log: str, command: list[str]) -> list[str]:
+    def sbatch_supervisor(self, job: str, log: str, command: list[str], minutes: float | None = None) -> list[str]:
         """The ``sbatch`` of the job's supervisor: one small task of its own (``ne-JOB-supervisor``),
         in the supervisor's partition (the nodes' by default), charged as the nodes are, its
-        output appended to the job's supervisor.log; no --time: the partition's limit, so it
-        outlives nodes that are replaced at theirs."""
+        output appended to the job's supervisor.log; its time the partition's limit (``minutes``;
+        without --time Slurm would give it the partition's DefaultTime), so it outlives nodes
+        that are replaced at theirs."""
         argv = [
             "sbatch",
             "--parsable",
@@ -95,7 +96,7 @@ class SlurmOptions:
             "--ntasks=1",
             "--cpus-per-task=1",
             "--export=ALL",
-            f"--output={log}",
+            f"--output={log.replace('%', '%%')}",  # sbatch expands %j, %u... in the path
             "--open-mode=append",
             # Before its time limit, the supervisor alone is told (its nodes' sruns are in its
             # step: Slurm's SIGTERM to all would make each end its node at once): it stops the
@@ -106,6 +107,8 @@ class SlurmOptions:
         for flag, value in (("--partition", partition), ("--account", self.account), ("--qos", self.qos)):
             if value:
                 argv.append(f"{flag}={value}")
+        if minutes is not None:
+            argv.append(f"--time={int(minutes)}")
         return [*argv, "--wrap", "exec " + " ".join(shlex.quote(c) for c in command)]
 
 
