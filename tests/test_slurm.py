@@ -238,7 +238,7 @@ def test_an_allocation_that_waits_says_why(on_slurm):
 @pytest.mark.slow
 def test_drills_and_resume_on_slurm(on_slurm, home):
     """The dashboard's drills on Slurm nodes, and resume: a preempt drill with notice saves
-    first; a lost node leaves no process or allocation behind, and gives no notice; the
+    first; the kill-a-worker drill SIGKILLs a worker through its node's keeper; a lost node leaves no process or allocation behind, and gives no notice; the
     supervisor told its allocation's time is nearly up stops the job with a save first; resume
     starts a new supervisor allocation that goes on from that save; stopping leaves nothing."""
     job = ne.launch(
@@ -253,6 +253,21 @@ def test_drills_and_resume_on_slurm(on_slurm, home):
         assert any(e.kind == Kind.SAVED_ON_NOTICE and e.get("saved") for e in job.events), "no save on notice"
         job.scale(2)
         wait_for(lambda: job.world_size == 2 and job.status == "running", "two nodes again", job=job)
+        # The kill-a-worker drill reaches a worker through its node's keeper (it may be on
+        # another host than the supervisor): SIGKILLed, one restart, training again.
+        before = len(job.events)
+        killed = job.kill_worker()
+        wait_for(
+            lambda: any(
+                e.kind == Kind.RESTART and e.get("reason") == "worker_failed" and e.node == killed["node"]
+                for e in job.events[before:]
+            ),
+            "the killed worker's restart",
+            job=job,
+        )
+        wait_for(
+            lambda: job.world_size == 2 and job.status == "running" and job.restarts == 1, "training again", job=job
+        )
         job.lose_node("node-2")
         wait_for(
             lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-2" for e in job.events), "node-2 lost", job=job

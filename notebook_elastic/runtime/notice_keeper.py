@@ -89,11 +89,59 @@ def saved_after(store: StoreClient, notice: dict[str, Any]) -> bool:
     return False
 
 
+#: Where the supervisor asks a node's keeper to SIGKILL one of its workers (the kill-a-worker
+#: drill, for a node on another host than the supervisor's: Slurm): ``{"pid", "rank"}``.
+KILL_KEY = "notebook_elastic/kill/{node}"
+#: How often the keeper looks for such a request.
+KILL_POLL_S = 0.5
+
+
+def descends_from(pid: int, ancestor: int, depth: int = 8) -> bool:
+    """Whether ``pid`` is ``ancestor``'s child, grandchild... (its workers are, through the
+    agent and a launcher): a request from the store, which anyone who reaches it can write,
+    never kills another process of the user."""
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
 class Keeper:
     def __init__(self, child: int, endpoint: str, grace_s: float, node: str) -> None:
         self.child, self.endpoint, self.grace_s, self.node = child, endpoint, grace_s, node
         self.noticed = False
         self.notice: dict[str, Any] | None = None
+
+    def serve_drills(self) -> None:
+        """From a thread, while the node lives: SIGKILL a worker of this node when the supervisor
+        asks (the drill, as it does with a local pid), if it is one of this keeper's descendants."""
+        key = KILL_KEY.format(node=self.node)
+        store = None
+        while True:
+            time.sleep(KILL_POLL_S)
+            try:
+                store = store or StoreClient(self.endpoint, timeout_s=5.0)
+                if not store.check([key]):
+                    continue
+                asked = json.loads(store.get(key))
+                store.delete_key(key)
+                pid = int(asked.get("pid", 0))
+                if pid > 1 and descends_from(pid, os.getpid()):
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    _log.warning("refused to kill pid %s: not a worker of this node", pid)
+            except Exception:
+                _log.debug("the kill-a-worker drill's request could not be read", exc_info=True)
+                if store is not None:
+                    store.close()
+                store = None
 
     def on_term(self, signum: int, _frame: Any) -> None:
         if self.noticed:  # a second SIGTERM: no more waiting
@@ -175,6 +223,8 @@ def keep() -> None:
     log.for_process("keeper")
     keeper = Keeper(child, endpoint, float(grace), os.environ.get(protocol.ENV_NODE) or socket.gethostname())
     signal.signal(signal.SIGTERM, keeper.on_term)
+    if notice_dir is not None:  # Slurm: the supervisor may be on another host than these workers
+        threading.Thread(target=keeper.serve_drills, name="drills", daemon=True).start()
     for other in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(other, lambda signum, _frame: keeper._pass_on(signum))
     while True:

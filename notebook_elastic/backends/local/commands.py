@@ -19,6 +19,7 @@ from ...errors import SpecError
 from ...events import Kind
 from ...runtime import log as _logging
 from ...runtime import protocol
+from ...runtime.notice_keeper import KILL_KEY
 from .nodes import Agent
 
 _log = _logging.get("backends.local.commands")
@@ -95,17 +96,26 @@ class Commands:
         if rank not in self.workers:
             raise ValueError(f"rank {rank} is not running (running ranks: {sorted(self.workers)})")
         pid, node, _gen = self.workers[rank]
-        if pid is None:
-            raise ValueError(
-                f"rank {rank} runs on {node}, another machine than the supervisor's: the kill-a-worker "
-                "drill reaches only workers here; use the lose or preempt drill on that node"
-            )
+        if not self.kill_rank(rank):
+            raise ValueError(f"rank {rank} (pid {pid}) already exited")
+        self.emit(Kind.FAULT, node, fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid)
+        return {"rank": rank, "pid": pid, "node": node}
+
+    def kill_rank(self, rank: int) -> bool:
+        """SIGKILL a rank's process: here, or on Slurm through its node's keeper (the worker may
+        be on another host, where its pid is not ours: notice_keeper.py). False when it is gone."""
+        pid, node, _gen = self.workers[rank]
+        if self.placement is not None:
+            try:
+                self.store.set(KILL_KEY.format(node=node), json.dumps({"pid": pid, "rank": rank}))
+            except Exception:  # no store now: the drill cannot reach the node
+                return False
+            return True
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            raise ValueError(f"rank {rank} (pid {pid}) already exited") from None
-        self.emit(Kind.FAULT, node, fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid)
-        return {"rank": rank, "pid": pid, "node": node}
+            return False
+        return True
 
     def _lower_target(self, node: str, reason: str) -> None:
         """A node taken away is not replaced: the target says so, in an event of its own, so

@@ -4,8 +4,6 @@ the group. Mixed into ``Supervisor``."""
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass, field
 
 from ...events import Kind
@@ -82,12 +80,8 @@ class Stalls:
         if clock.announced and limit and not clock.restarted and stalled_s >= max(threshold, limit):
             stopped, waiting = self._stalled_ranks()
             for rank in stopped or waiting:  # a hang with no stopped rank: the whole group
-                pid = self.workers.get(rank, (None,))[0]
-                if pid:
-                    try:
-                        os.kill(pid, signal.SIGKILL)  # the agent restarts the group: one restart
-                    except OSError:
-                        pass
+                if rank in self.workers:
+                    self.kill_rank(rank)  # the agent restarts the group: one restart
             self.emit(Kind.STALL_CLEARED, step=step, for_s=round(stalled_s, 1), restarted=True)
             clock.restarted = True
 
@@ -98,5 +92,7 @@ class Stalls:
         for rank, (pid, _node, gen) in sorted(self.workers.items()):
             if gen != newest:
                 continue
-            (stopped if process_state(pid) in ("T", "t") else waiting).append(rank)
+            # A pid on another host (Slurm) tells nothing here: such a rank counts as waiting.
+            here = self.placement is None
+            (stopped if here and process_state(pid) in ("T", "t") else waiting).append(rank)
         return stopped, waiting

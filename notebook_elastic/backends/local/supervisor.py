@@ -90,7 +90,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self.stopping = False
         self.stop_deadline: float | None = None
         self.commands: queue.SimpleQueue[tuple[dict, Any]] = queue.SimpleQueue()
-        self.workers: dict[int, tuple[int | None, str, Any]] = {}  # rank -> (pid here, node, generation)
+        self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
         self.state = JobState(max_restarts=self.spec.max_restarts, nnodes=self.range, target=self.target)
         self.folder.logs.mkdir(exist_ok=True)
         self._space_checked = 0.0
@@ -150,8 +150,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
             for r in stale:
                 del self.workers[r]
-            here = e.get("host") in (None, socket.gethostname())  # a pid on another machine is not ours to signal
-            self.workers[int(e.get("rank", 0))] = (int(e.get("pid")) if here else None, e.node or "", gen)
+            self.workers[int(e.get("rank", 0))] = (int(e.get("pid")), e.node or "", gen)
         elif e.kind in (Kind.WORKER_FINISHED,):
             self.workers.pop(int(e.get("rank", -1)), None)
         elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.fatal is None:
