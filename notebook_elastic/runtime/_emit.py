@@ -23,7 +23,6 @@ def _default(value: Any) -> Any:
             return item()
         except Exception:
             _log.debug("a value whose item() failed: written as its repr", exc_info=True)
-            pass
     return repr(value)
 
 

@@ -51,7 +51,7 @@ class DepartureWatch:
             time.sleep(WATCH_INTERVAL_S)
             try:
                 self._check()
-            except Exception:  # a torch without these internals: the watch just stops
+            except Exception:
                 _log.debug("a torch without these internals: the watch just stops", exc_info=True)
                 return
 

@@ -101,7 +101,7 @@ class Joining:
             if not call_with_deadline(store.check, torch_compat.STORE_CALL_TIMEOUT_S, [key]):
                 return
             times = int(call_with_deadline(store.add, torch_compat.STORE_CALL_TIMEOUT_S, key, 0))
-        except Exception:  # the store does not say: join now
+        except Exception:
             _log.debug("the store does not say: join now", exc_info=True)
             return
         wait_s = min(BACKOFF_FIRST_S * 2 ** max(times - 1, 0), BACKOFF_MAX_S)
@@ -128,9 +128,8 @@ class Joining:
         while not self.ended.wait(WATCH_INTERVAL_S):
             try:
                 self._publish()
-            except Exception:  # the store does not answer now: tried again next time
+            except Exception:
                 _log.debug("the store does not answer now: tried again next time", exc_info=True)
-                pass
 
     def _publish(self) -> None:
         handler, round_ = self.watch.handler, self.watch.latest[0]
@@ -167,7 +166,7 @@ class Joining:
             time.sleep(FAILURE_GRACE_S)
             if call_with_deadline(store.add, timeout_s, failed, 0) > 0:
                 return  # the old members' workers failed too: not this node's doing
-        except Exception:  # the store does not say: fail as torchrun would
+        except Exception:
             _log.debug("the store does not say: fail as torchrun would", exc_info=True)
             return
         self._leave(store, handler, agent, round_, len(members) - 1, failure_text(own[0]))

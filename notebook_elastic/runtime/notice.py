@@ -65,9 +65,8 @@ def withdraw(store: Any) -> None:
     """The node is gone (or the notice is void): a holding rank 0 trains on."""
     try:
         store.delete_key(NOTICE_KEY)
-    except Exception:  # a store that is gone: nobody polls it any more either
+    except Exception:
         _log.debug("a store that is gone: nobody polls it any more either", exc_info=True)
-        pass
 
 
 class NoticeBoard:

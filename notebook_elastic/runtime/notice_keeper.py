@@ -195,7 +195,6 @@ class Keeper:
             _log.debug(
                 "could not withdraw the notice: the supervisor takes it down when it reaps the node", exc_info=True
             )
-            pass
 
 
 def keep() -> None:

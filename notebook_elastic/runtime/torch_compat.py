@@ -194,7 +194,7 @@ def leave_instead_of_closing(always: bool = True) -> bool:
             return original(self)  # the job is done (or failed): close it, as torch does
         try:
             return leave_round(self)
-        except Exception:  # the store is gone already: nothing to leave, nothing to close
+        except Exception:
             _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
             return False
 
@@ -229,7 +229,7 @@ def _target_nodes() -> int | None:
     try:
         value = _value(store, TARGET_KEY)
         return None if value is None else int(value)
-    except Exception:  # a store lost meanwhile: the rendezvous says so on its own next call
+    except Exception:
         _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
         return None
 
@@ -306,7 +306,7 @@ def _gone_pids(store: Any, window_s: float) -> set[int]:
 
         now = time.time()
         return {int(pid) for pid, when in json.loads(value).items() if now - when <= window_s}
-    except Exception:  # unreadable, or the store lost: heartbeats decide, as in torch
+    except Exception:
         _log.debug("unreadable, or the store lost: heartbeats decide, as in torch", exc_info=True)
         return set()
 

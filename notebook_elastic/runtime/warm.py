@@ -83,7 +83,6 @@ def serve(path: str, *, as_pool: bool = False) -> None:
             __import__(name)
         except Exception:
             _log.debug("a module to preload would not import: the worker imports it itself", exc_info=True)
-            pass
     if as_pool:
         from .pool import idle_seconds
 
@@ -278,7 +277,6 @@ def _child(request: dict, fds: list[int], as_pool: bool = False) -> None:
                 stream.flush()
             except Exception:
                 _log.debug("could not flush a stream at exit", exc_info=True)
-                pass
         if status is not None:
             try:
                 os.write(status, str(code).encode())

@@ -325,7 +325,6 @@ def _preimport_in_background() -> None:
                 _log.debug(
                     "torch._dynamo would not import: compiled models are not reset between groups", exc_info=True
                 )
-                pass
 
         threading.Thread(target=work, name="preimport-dynamo", daemon=True).start()
 
@@ -354,7 +353,6 @@ def _shutdown_process_group() -> None:
         # connect, which then failed ("Connection closed by peer") and charged the budget.
         try:
             dist.barrier()
-        except Exception:  # a peer gone at the very end: this rank's own work is done all the same
+        except Exception:
             _log.debug("a peer gone at the very end: this rank's own work is done all the same", exc_info=True)
-            pass
         dist.destroy_process_group()

@@ -160,9 +160,8 @@ class ClusterFold:
             for event in backend.follow(name, self.stop):
                 with self.lock:
                     self.state.apply(event)
-        except Exception:  # the row keeps what the cluster says; the list reports cluster errors
+        except Exception:
             _log.debug("the row keeps what the cluster says; the list reports cluster errors", exc_info=True)
-            pass
 
     def row(self, info: JobInfo) -> JobInfo:
         with self.lock:

@@ -288,9 +288,8 @@ class Dashboard(Controls, W.VBox):
         self._published_status = status
         try:
             self.display_handle.update(self)
-        except Exception:  # the front end is gone: nothing to keep the picture in
+        except Exception:
             _log.debug("the front end is gone: nothing to keep the picture in", exc_info=True)
-            pass
 
     def _render(self, dirty: set[str]) -> None:
         job = self.job

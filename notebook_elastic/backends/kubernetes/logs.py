@@ -248,7 +248,6 @@ class LogFollowing:
             self._deliver(view, resp)
         except Exception:
             _log.debug("dropped: the cursor says where the next read starts", exc_info=True)
-            pass  # dropped: the cursor says where the next read starts
         finally:
             resp.release_conn()
 
@@ -283,7 +282,6 @@ class LogFollowing:
                     ended = True
                 except Exception:
                     _log.debug("dropped mid-stream (or closed by the scheduler): reconnect or leave", exc_info=True)
-                    pass  # dropped mid-stream (or closed by the scheduler): reconnect or leave
                 finally:
                     with self.log_wake:
                         self.held[pod] = None
@@ -375,4 +373,3 @@ def _close(resp: Any) -> None:
             resp.close()
         except Exception:
             _log.debug("could not close a log stream", exc_info=True)
-            pass

@@ -237,7 +237,7 @@ class PodEvents:
                 return
             size = {"spec": {"completions": view.index, "parallelism": view.index}}
             batch.patch_namespaced_job(m.workers_name(self.job), self.conn.namespace, size)
-        except Exception:  # not a Job workload, gone, or not ours to patch: the pod is replaced
+        except Exception:
             _log.debug("not a Job workload, gone, or not ours to patch: the pod is replaced", exc_info=True)
             return
 

@@ -192,4 +192,3 @@ class WorkloadEvents:
                 delete(m.rdzv_name(self.job), self.conn.namespace)
             except Exception:
                 _log.debug("gone already, or not ours to delete: `stop` removes it", exc_info=True)
-                pass  # gone already, or not ours to delete: `stop` removes it

@@ -230,6 +230,5 @@ class Commands:
             conn.send_bytes(json.dumps(done.get(timeout=120), default=str).encode())
         except Exception:
             _log.debug("a control request failed or its caller left", exc_info=True)
-            pass
         finally:
             conn.close()

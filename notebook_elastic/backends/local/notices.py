@@ -115,9 +115,8 @@ class Notices:
         try:
             if store.check([board.NOTICE_KEY]) and json.loads(store.get(board.NOTICE_KEY)).get("node") == node:
                 board.withdraw(store)
-        except Exception:  # no store to ask: the notice's grace ends the hold
+        except Exception:
             _log.debug("no store to ask: the notice's grace ends the hold", exc_info=True)
-            pass
 
     def _expired(self, given: Given, latest_step: int | None, step_s: float | None) -> None:
         """The grace ended with no save on notice: about how many steps are redone (since the

@@ -82,7 +82,7 @@ class TensorBoardWriter:
                     writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=FLUSH_S)
                 tag, value, walltime, step = item
                 writer.add_scalar(tag, value, global_step=step, walltime=walltime)
-            except Exception:  # a full disk, a folder deleted: the history goes on without it
+            except Exception:
                 _log.debug("a full disk, a folder deleted: the history goes on without it", exc_info=True)
                 continue
         if writer is not None:
@@ -90,7 +90,6 @@ class TensorBoardWriter:
                 writer.close()
             except Exception:
                 _log.debug("could not close the TensorBoard writer", exc_info=True)
-                pass
 
     def close(self, timeout_s: float = 10.0) -> None:
         self.queue.put(None)
