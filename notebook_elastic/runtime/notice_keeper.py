@@ -24,6 +24,7 @@ from typing import Any
 from . import log, protocol, term
 from ._emit import emit
 from .notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
+from .procfs import stat_fields
 from .store_wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
 
 _log = log.get("keeper")
@@ -101,10 +102,10 @@ def descends_from(pid: int, ancestor: int, depth: int = 8) -> bool:
     agent and a launcher): a request from the store, which anyone who reaches it can write,
     never kills another process of the user."""
     for _ in range(depth):
+        fields = stat_fields(pid)
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            pid = int(fields[1]) if fields else 0
+        except (ValueError, IndexError):
             return False
         if pid == ancestor:
             return True

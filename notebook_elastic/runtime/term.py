@@ -6,7 +6,7 @@ for rank 0's save, and only then lets the agent go. Until then the agent and the
 Slurm's SIGTERM pass; a worker the agent itself stops (a restart, a regroup, the shutdown after
 the notice) still goes at once.
 
-Three markers in the node's notice folder (``ENV_NOTICE_DIR``, made by the keeper, private,
+Two markers in the node's notice folder (``ENV_NOTICE_DIR``, made by the keeper, private,
 removed with it) say who may act:
 - ``released``: the keeper has let the agent go (the save is done, or the grace is over);
 - ``stopping``: the agent is stopping its workers on purpose (``_shutdown``), until it starts
@@ -73,7 +73,7 @@ def _call(previous: Any, signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
 
 
-def defer(may_act: Callable[[], bool], what: str) -> bool:
+def defer(may_act: Callable[[], bool]) -> bool:
     """Let a SIGTERM through to the handler in place now only when ``may_act()``; a SIGTERM
     before that is Slurm's, which the keeper answers. Returns whether a handler was set."""
     if folder() is None:
@@ -106,7 +106,7 @@ def defer_in_worker() -> bool:
     # A spawned child is named before it imports its parent's main module (which imports this).
     if multiprocessing.parent_process() is not None or multiprocessing.current_process().name != "MainProcess":
         return False
-    return defer(lambda: marked(STOPPING) or marked(RELEASED), "worker")
+    return defer(lambda: marked(STOPPING) or marked(RELEASED))
 
 
 def data_worker_init(worker_id: int = 0) -> None:

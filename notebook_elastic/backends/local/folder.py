@@ -29,6 +29,7 @@ from typing import Any
 
 from ...errors import BackendError
 from ...runtime.pool import own_launcher
+from ...runtime.procfs import stat_fields
 from ...runtime.protocol import ENV_JOB_DIR
 
 #: Modes of everything a job leaves on disk: private to its owner, whatever the umask.
@@ -282,12 +283,8 @@ class JobFolder:
 
 def process_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks (tells a reused pid from the original)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat_fields(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
@@ -297,12 +294,9 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-    except OSError:
-        pass
+    fields = stat_fields(pid)
+    if fields and fields[0] == "Z":
+        return False
     if start_ticks is not None:
         return process_start_ticks(pid) == start_ticks
     return True

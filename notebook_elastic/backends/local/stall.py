@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...events import Kind
+from ...runtime.procfs import stat_fields
 
 
 @dataclass
@@ -29,11 +30,8 @@ FROZEN_S = 5.0
 
 def process_state(pid: int) -> str | None:
     """The one-letter state of a process (R, S, D, T for stopped, ...), None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 class Stalls:
@@ -89,10 +87,9 @@ class Stalls:
         """Ranks of the newest group whose process is stopped (T), and the others (waiting)."""
         newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
         stopped, waiting = [], []
+        here = self.placement is None  # a pid on another host (Slurm) tells nothing here: every rank waits
         for rank, (pid, _node, gen) in sorted(self.workers.items()):
             if gen != newest:
                 continue
-            # A pid on another host (Slurm) tells nothing here: such a rank counts as waiting.
-            here = self.placement is None
             (stopped if here and process_state(pid) in ("T", "t") else waiting).append(rank)
         return stopped, waiting

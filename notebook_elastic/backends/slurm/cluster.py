@@ -100,6 +100,20 @@ NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RE
 ENDS = {"TIMEOUT": "timeout", "CANCELLED": "cancelled", "NODE_FAIL": "node_fail", "PREEMPTED": "preempted"}
 
 
+def _job(job_id: str) -> dict[str, str] | None:
+    """``scontrol show job``'s fields for a job; ``{"JobState": "GONE"}`` when Slurm no longer
+    knows it, None when Slurm does not answer."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return {"JobState": "GONE"} if "Invalid job id" in (done.stderr + done.stdout) else None
+    return _fields(done.stdout)
+
+
 def ended_why(job_name: str, wait_s: float = 5.0) -> str | None:
     """Why Slurm ended the newest allocation named ``job_name``: "preempted" (it has a
     PreemptTime), "timeout", "cancelled", "node_fail"; None when it ended by itself or Slurm
@@ -112,8 +126,10 @@ def ended_why(job_name: str, wait_s: float = 5.0) -> str | None:
             if not ids:
                 return None
             newest = max(ids, key=lambda i: int(re.sub(r"\D", "", i) or 0))
-            job = _fields(_run(["scontrol", "--oneliner", "show", "job", newest]))
         except (BackendError, subprocess.TimeoutExpired):
+            return None
+        job = _job(newest)
+        if job is None:
             return None
         if job.get("PreemptTime", "None") not in ("None", "Unknown", ""):
             return "preempted"
@@ -136,15 +152,7 @@ def submit(argv: list[str], env: dict[str, str]) -> str:
 def job_state(job_id: str) -> tuple[str, str]:
     """(JobState, Reason) of a job; ("", "") when Slurm does not answer, ("GONE", "") when it
     no longer knows the job."""
-    try:
-        done = subprocess.run(
-            ["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, timeout=TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "", ""
-    if done.returncode != 0:
-        return ("GONE", "") if "Invalid job id" in (done.stderr + done.stdout) else ("", "")
-    job = _fields(done.stdout)
+    job = _job(job_id) or {}
     return job.get("JobState", ""), job.get("Reason", "")
 
 

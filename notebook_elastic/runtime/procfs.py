@@ -1,0 +1,14 @@
+"""A process's line in ``/proc/PID/stat`` (Linux), read in one place: its fields after the
+command name, which may itself hold spaces and parentheses (proc(5): index 0 is field 3, the
+state; 1 the parent's pid; 19 the start time in clock ticks). The standard library only."""
+
+from __future__ import annotations
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields after ``(comm)``; None when the process is gone (or this is not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
