@@ -377,6 +377,11 @@ def test_pending_names_the_node_or_says_why_the_job_waits():
     assert state.waiting == "node-3 pending: Priority Slurm job 5 waits (Priority)"
     state.apply(ev(Kind.NODE_LEFT, 1.8, "node-3", reason="stopped"))
     assert state.waiting is None
+    # A wait of the job's own (Kueue's quota for a scale-up) is not replaced by its gated pod's.
+    kueue = ev(Kind.QUEUE, 1.85, None, state="waiting", queue="team-a", nodes=2, message="insufficient quota")
+    state.apply(kueue)
+    state.apply(ev(Kind.PENDING, 1.9, "pod-3", reason="SchedulingGated", message="gates"))
+    assert state.waiting == describe(kueue), state.waiting
     quota = ev(Kind.PENDING, 2.0, None, reason="FailedCreate", message="exceeded quota")
     state.apply(quota)
     assert state.waiting == describe(quota) and "exceeded quota" in state.waiting

@@ -70,8 +70,10 @@ class Handlers:
         node = self._node(e.node)
         node.status = "pending"
         # Why it waits (squeue's reason, the scheduler's message) shows where the job's wait does:
-        # the dashboard, the panel, the CLI; until that node starts or goes.
-        self.waiting, self.waiting_node = describe(e), node.name
+        # the dashboard, the panel, the CLI; until that node starts or goes. A wait of the job's
+        # own (Kueue's quota, a pod that cannot be created) says more, and stays.
+        if self.waiting is None or self.waiting_node is not None:
+            self.waiting, self.waiting_node = describe(e), node.name
 
     def _node_came_or_went(self, e: Event) -> None:
         if self.waiting_node is not None and self.waiting_node == e.node:
