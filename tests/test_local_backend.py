@@ -567,7 +567,6 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
         lambda: job_processes(home) == [],
         "the workers to die with their supervisor",
         job=job,
-        give_up_when_finished=True,
     )
     assert LocalBackend().describe("phoenix").status == "lost"
     assert ne.jobs()[0].status == "lost" and json.loads(folder.status_file.read_text())["status"] == "lost"
@@ -907,7 +906,7 @@ def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     else:
         assert info is None
     job.stop()  # no JobNotFound: it ends whatever is left
-    wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job, give_up_when_finished=True)
+    wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job)
 
 
 @pytest.mark.torch_contract

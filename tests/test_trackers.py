@@ -257,7 +257,7 @@ def test_a_tracking_uri_with_a_password_links_the_run_without_it(home, tmp_path,
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:hunter2@127.0.0.1:{server.port}/mlflow")
         job = ne.launch(TRAIN, nnodes="1", name="private", user_ns=namespace(total=5))
         assert job.wait(180) == "succeeded", job.summary()
-        wait_for(lambda: not job_processes(home), "the supervisor to end the run", job=job, give_up_when_finished=True)
+        wait_for(lambda: not job_processes(home), "the supervisor to end the run", job=job)
     finally:
         server.close()
     (run_id,) = server.runs

@@ -124,48 +124,45 @@ class _Insist:
     ``SignalException`` in the agent's main thread, wherever that is: inside a store call whose
     ``except`` takes it for a lost connection, it is swallowed, and the agent trains on as if
     never told (a preempted node that never left, seen under load). So once the agent is told
-    to stop, it is told again every ``RESEND_S`` until its shutdown has begun."""
+    to stop, it is told again every ``RESEND_S`` until its shutdown has begun.
+
+    Its state is only ever assigned, never guarded by a lock: ``told`` runs in a signal handler,
+    which may interrupt the main thread anywhere, even inside ``told`` itself (a second SIGTERM
+    while the first is handled; a lock held there deadlocked the agent for good). The watching
+    thread starts with ``guard_agent``, outside any handler."""
 
     def __init__(self) -> None:
         self.signalled: tuple[int, float] | None = None  # (signal, when) of the stop it was told
         self.shutting_down = False
-        self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+
+    def watch(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._watch, name="notebook-elastic-insist", daemon=True)
+            self.thread.start()
 
     def told(self, signum: int) -> bool:
         """A stop signal came: False while its shutdown is under way (let it finish)."""
-        with self.lock:
-            if self.shutting_down:
-                return False
-            self.signalled = (signum, time.monotonic())
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._watch, name="notebook-elastic-insist", daemon=True)
-                self.thread.start()
-            return True
+        if self.shutting_down:
+            return False
+        self.signalled = (signum, time.monotonic())
+        return True
 
     def _watch(self) -> None:
         while True:
             time.sleep(0.2)
-            with self.lock:
-                again = (
-                    self.signalled is not None
-                    and not self.shutting_down
-                    and time.monotonic() - self.signalled[1] >= RESEND_S
-                )
-                signum = self.signalled[0] if self.signalled else signal.SIGTERM
-            if again:
+            signalled = self.signalled  # one read: the handler may replace it meanwhile
+            if signalled is not None and not self.shutting_down and time.monotonic() - signalled[1] >= RESEND_S:
                 _log.warning("told to stop, still running: telling it again")
-                os.kill(os.getpid(), signum)
+                os.kill(os.getpid(), signalled[0])
 
     def stopping(self) -> None:
         """Its workers are being stopped: for good if it was told to stop."""
-        with self.lock:
-            self.shutting_down = self.signalled is not None
+        self.shutting_down = self.signalled is not None
 
     def starting(self) -> None:
         """It starts workers again: whatever stopped was not its end."""
-        with self.lock:
-            self.shutting_down = False
+        self.shutting_down = False
 
 
 _insist = _Insist()
@@ -175,6 +172,7 @@ def guard_agent() -> None:
     """In the agent: its SIGTERM lands (``_Insist``), and where Slurm signals every process of
     the node, it waits for the keeper's word first. Set again after each start of its workers
     (torch sets its own handler then)."""
+    _insist.watch()
     previous = signal.getsignal(signal.SIGTERM)
     if getattr(previous, "_notebook_elastic_guard", False):
         return
