@@ -5,8 +5,8 @@ kernel replays its event log into exactly the state the old kernel had. Used by 
 notebook side (``ElasticJob``) and by the local supervisor (for ``status.json``). Pure: no
 I/O, no threads (callers lock).
 
-Its parts: ``records.py`` (nodes, ranks, markers, metrics), ``handlers.py`` (what each
-event kind does), ``failures.py`` (failures in words).
+Its parts: ``records.py`` (nodes, ranks, markers, metrics), ``handlers.py`` (``Fold``: what
+each event kind does, held by ``JobState``), ``failures.py`` (failures in words).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe, steps_done
 from ..runtime.tracking import tracking_text
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
-from .handlers import Handlers
+from .handlers import Fold
 from .records import Marker, Metrics, MetricSeries, NodeInfo, RankInfo
 
 # The fold, and the names that were defined here before its parts moved out (still imported from here).
@@ -63,7 +63,7 @@ def _is_root_cause(e: Event) -> bool:
     return e.kind == Kind.FAULT or (e.kind == Kind.NODE_LEFT and e.get("reason") not in ("finished", "stopped"))
 
 
-class JobState(Handlers):
+class JobState:
     """Everything known about a job, folded from its events."""
 
     def __init__(self, *, max_restarts: int = 0, nnodes: tuple[int, int] = (1, 1), target: int | None = None) -> None:
@@ -115,9 +115,7 @@ class JobState(Handlers):
         self.gpu: dict[int, dict[str, Any]] = {}  # rank -> its latest gpu event's figures
         self.tracking: dict[str, dict[str, Any]] = {}  # tracker -> where its run is (tracking events)
         self._world_sizes: dict[int | None, int] = {}
-        # The world-size marker of the newest group, until that group's resume says the step it
-        # starts from (the marker is first placed at the last step reported before the change).
-        self._size_marker: int | None = None
+        self._fold = Fold(self)  # what each event kind does to the attributes above
 
     # -- derived -------------------------------------------------------------------------
 
@@ -256,13 +254,11 @@ class JobState(Handlers):
             self.logs.append(e)
             return
         if k == Kind.GPU:  # a figure, every few seconds per rank: not history
-            self._on_gpu(e)
+            self._fold.apply(e)
             return
         self.events.append(e)
-        handler = getattr(self, f"_on_{k}", None)
         before = self.status
-        if handler is not None:
-            handler(e)
+        self._fold.apply(e)
         if self.held_by_queue and self.status == Status.RESTARTING:
             self.status = Status.PENDING  # its pods going is Kueue's eviction: it waits for quota, not a restart
         self._track_transition(e, before)
@@ -298,16 +294,6 @@ class JobState(Handlers):
             self.first_step_at = t
         self.step = step
         self._rates.append((t, step))
-
-    def _mark(self, e: Event, kind: str, label: str, step: int | None = None) -> None:
-        self.markers.append(Marker(self.step if step is None else step, e.time, kind, label))
-
-    def _node(self, name: str | None) -> NodeInfo:
-        name = name or "?"
-        node = self.nodes.get(name)
-        if node is None:
-            node = self.nodes[name] = NodeInfo(name)
-        return node
 
 
 #: What a listing that reads a cluster (pods, the workers' Job) takes from a fold of the job's

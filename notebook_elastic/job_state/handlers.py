@@ -1,59 +1,85 @@
-"""What each kind of event does to a job's state: one ``_on_<kind>`` method per kind,
-called by ``JobState._apply`` (a kind without one is only kept in the history). Mixed into
-``JobState``."""
+"""What each kind of event does to a job's state: ``Fold`` holds the ``JobState`` it folds
+into and has one ``_on_<kind>`` method per kind, each assigning the state's attributes.
+``JobState._apply`` calls ``Fold.apply`` (a kind without a method is only kept in the history)."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..events import Event, Status, degraded_text, describe, steps_done
 from ..runtime.notice_keeper import LEAVE_S
 from .records import Marker, NodeInfo, RankInfo
 
+if TYPE_CHECKING:
+    from . import JobState
 
-class Handlers:
-    """The fold's per-kind steps."""
+
+class Fold:
+    """The fold's per-kind steps, applied to ``state``."""
+
+    def __init__(self, state: JobState) -> None:
+        self.state = state
+        # The world-size marker of the newest group, until that group's resume says the step it
+        # starts from (the marker is first placed at the last step reported before the change).
+        self._size_marker: int | None = None
+
+    def apply(self, e: Event) -> None:
+        """Do what ``e``'s kind does to the state; a kind without an ``_on_<kind>`` does nothing."""
+        handler = getattr(self, f"_on_{e.kind}", None)
+        if handler is not None:
+            handler(e)
+
+    def _mark(self, e: Event, kind: str, label: str, step: int | None = None) -> None:
+        self.state.markers.append(Marker(self.state.step if step is None else step, e.time, kind, label))
+
+    def _node(self, name: str | None) -> NodeInfo:
+        name = name or "?"
+        node = self.state.nodes.get(name)
+        if node is None:
+            node = self.state.nodes[name] = NodeInfo(name)
+        return node
 
     def _on_job_submitted(self, e: Event) -> None:
-        self.started_at = self.started_at or e.time
-        self.max_restarts = e.get("max_restarts", self.max_restarts)
-        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
-        self.target = e.get("nodes", self.target)
-        self.nproc_per_node = e.get("nproc_per_node")
-        self.gpus = e.get("gpus") or 0
-        self.grace_s = e.get("grace_s", self.grace_s)
+        self.state.started_at = self.state.started_at or e.time
+        self.state.max_restarts = e.get("max_restarts", self.state.max_restarts)
+        self.state.nnodes = (e.get("min_nodes", self.state.nnodes[0]), e.get("max_nodes", self.state.nnodes[1]))
+        self.state.target = e.get("nodes", self.state.target)
+        self.state.nproc_per_node = e.get("nproc_per_node")
+        self.state.gpus = e.get("gpus") or 0
+        self.state.grace_s = e.get("grace_s", self.state.grace_s)
 
     def _on_recovering(self, e: Event) -> None:
-        self.status = Status.RECOVERING
-        self.reason = e.get("reason")
+        self.state.status = Status.RECOVERING
+        self.state.reason = e.get("reason")
 
     def _on_job_resumed(self, e: Event) -> None:
         """The same job, continued in its folder: its history stays, its outcome does not."""
-        self.status = Status.PENDING
-        self.reason = None
-        self.finished_at = None
-        self.waiting = None
-        self.restarts = 0  # the budget starts again, as the event says
-        self.resumes += 1
-        self.failures.clear()
-        for node in self.nodes.values():
+        self.state.status = Status.PENDING
+        self.state.reason = None
+        self.state.finished_at = None
+        self.state.waiting = None
+        self.state.restarts = 0  # the budget starts again, as the event says
+        self.state.resumes += 1
+        self.state.failures.clear()
+        for node in self.state.nodes.values():
             node.restart_count = 0
         self._mark(e, "resumed", "job resumed")
         self._on_job_submitted(e)
 
     def _on_stall(self, e: Event) -> None:
-        self.stall = dict(e.data)
+        self.state.stall = dict(e.data)
         self._mark(e, "stall", f"stalled at step {steps_done(e.get('step'))}")
 
     def _on_stall_cleared(self, e: Event) -> None:
-        self.stall = None
+        self.state.stall = None
 
     def _on_scaled(self, e: Event) -> None:
-        self.target = e.get("target", self.target)
-        self.nnodes = (e.get("min_nodes", self.nnodes[0]), e.get("max_nodes", self.nnodes[1]))
+        self.state.target = e.get("target", self.state.target)
+        self.state.nnodes = (e.get("min_nodes", self.state.nnodes[0]), e.get("max_nodes", self.state.nnodes[1]))
 
     def _on_node_joined(self, e: Event) -> None:
-        self.waiting, self.waiting_node = None, None
+        self.state.waiting, self.state.waiting_node = None, None
         node = self._node(e.node)
         node.status = "starting"
         node.agent_pid = e.get("pid")
@@ -65,19 +91,19 @@ class Handlers:
 
     def _on_pending(self, e: Event) -> None:
         if e.node is None:  # about the job, not a node (its controller cannot create a pod)
-            self.waiting, self.waiting_node = describe(e), None
+            self.state.waiting, self.state.waiting_node = describe(e), None
             return
         node = self._node(e.node)
         node.status = "pending"
         # Why it waits (squeue's reason, the scheduler's message) shows where the job's wait does:
         # the dashboard, the panel, the CLI; until that node starts or goes. A wait of the job's
         # own (Kueue's quota, a pod that cannot be created) says more, and stays.
-        if self.waiting is None or self.waiting_node is not None:
-            self.waiting, self.waiting_node = describe(e), node.name
+        if self.state.waiting is None or self.state.waiting_node is not None:
+            self.state.waiting, self.state.waiting_node = describe(e), node.name
 
     def _node_came_or_went(self, e: Event) -> None:
-        if self.waiting_node is not None and self.waiting_node == e.node:
-            self.waiting, self.waiting_node = None, None
+        if self.state.waiting_node is not None and self.state.waiting_node == e.node:
+            self.state.waiting, self.state.waiting_node = None, None
 
     def _on_agent_started(self, e: Event) -> None:
         self._node_came_or_went(e)
@@ -85,17 +111,17 @@ class Handlers:
     def _on_queue(self, e: Event) -> None:
         """Kueue's word on the job: while it waits for quota (or, evicted, waits again) that
         is why it is not training; a scale-up's slice that waits leaves the job running."""
-        state = e.get("state")
-        if state == "admitted":
-            self.waiting = None
-            self.held_by_queue = False
+        queue_state = e.get("state")
+        if queue_state == "admitted":
+            self.state.waiting = None
+            self.state.held_by_queue = False
             self._mark(e, "admitted", f"admitted by Kueue ({e.get('cluster_queue') or e.get('queue')})")
             return
-        self.waiting = describe(e)
-        if state == "evicted":
-            self.held_by_queue = True
-            if not self.finished:
-                self.status = Status.PENDING
+        self.state.waiting = describe(e)
+        if queue_state == "evicted":
+            self.state.held_by_queue = True
+            if not self.state.finished:
+                self.state.status = Status.PENDING
             self._mark(e, "preempted", f"preempted by Kueue ({e.get('reason') or 'evicted'})")
 
     def _on_node_left(self, e: Event) -> None:
@@ -110,12 +136,12 @@ class Handlers:
         # is one with no rank in the group now training (a joiner, or a departure the survivors
         # already regrouped without: a loaded supervisor may tell node_left after their restart).
         if (
-            not self.finished
+            not self.state.finished
             and e.get("reason") not in ("finished", "stopped")
-            and self.status == Status.RUNNING
+            and self.state.status == Status.RUNNING
             and in_the_running_group
         ):
-            self.status = Status.RESTARTING
+            self.state.status = Status.RESTARTING
 
     def _on_rendezvous(self, e: Event) -> None:
         self._node_came_or_went(e)
@@ -123,22 +149,22 @@ class Handlers:
         node.group_rank = e.get("group_rank")
         if node.status not in ("left",):
             node.status = "starting"
-        self.round = e.get("round")
+        self.state.round = e.get("round")
 
     def _on_restart(self, e: Event) -> None:
         node = self._node(e.node)
         if e.get("reason") == "worker_failed":
             node.restart_count = max(node.restart_count, int(e.get("restarts_used", 0)))
-            if node.restart_count > self.restarts:
-                self.restarts = node.restart_count
-                self._mark(e, "restart", f"restart {self.restarts}/{self.max_restarts}")
+            if node.restart_count > self.state.restarts:
+                self.state.restarts = node.restart_count
+                self._mark(e, "restart", f"restart {self.state.restarts}/{self.state.max_restarts}")
         else:
-            self.membership_changes += 1
+            self.state.membership_changes += 1
         if self._before_its_group(node, e):
             return  # counted and kept, but the restart it announced is over
         node.status = "restarting"
-        if not self.finished:
-            self.status = Status.RESTARTING
+        if not self.state.finished:
+            self.state.status = Status.RESTARTING
 
     @staticmethod
     def _before_its_group(node: NodeInfo, e: Event) -> bool:
@@ -152,18 +178,18 @@ class Handlers:
 
     def _on_gpu(self, e: Event) -> None:
         figures = {k: e.get(k) for k in ("device", "mem_peak_bytes", "mem_total_bytes", "util_percent")}
-        self.gpu[int(e.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
+        self.state.gpu[int(e.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
 
     def _on_worker_started(self, e: Event) -> None:
         node = self._node(e.node or e.get("node"))
         generation = e.get("generation")
-        if generation is not None and self.generation is not None and generation < self.generation:
+        if generation is not None and self.state.generation is not None and generation < self.state.generation:
             return  # a late line from a superseded group
-        if generation != self.generation:
+        if generation != self.state.generation:
             # A new worker group: drop ranks of the previous one everywhere.
-            for other in self.nodes.values():
+            for other in self.state.nodes.values():
                 other.ranks.clear()
-            self.generation = generation
+            self.state.generation = generation
         rank = int(e.get("rank", 0))
         node.ranks[rank] = RankInfo(
             rank, int(e.get("local_rank", 0)), e.get("pid"), int(e.get("restart_count", 0)), generation, e.time
@@ -171,40 +197,40 @@ class Handlers:
         node.status = "running"
         node.restart_count = max(node.restart_count, int(e.get("restart_count", 0)))
         world = int(e.get("world_size", 1))
-        if world != self.world_size:
-            if self.world_size:
-                self._mark(e, "world_size", f"world size {self.world_size} \u2192 {world}")
-                self._size_marker = len(self.markers) - 1
-            self.world_size = world
-        if self.started_at is None:
-            self.started_at = e.time
-        if not self.finished:
-            self.status = Status.RUNNING
+        if world != self.state.world_size:
+            if self.state.world_size:
+                self._mark(e, "world_size", f"world size {self.state.world_size} \u2192 {world}")
+                self._size_marker = len(self.state.markers) - 1
+            self.state.world_size = world
+        if self.state.started_at is None:
+            self.state.started_at = e.time
+        if not self.state.finished:
+            self.state.status = Status.RUNNING
 
     def _on_worker_failed(self, e: Event) -> None:
         if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
-            if not self.finished:
-                self.status = Status.RESTARTING
+            if not self.state.finished:
+                self.state.status = Status.RESTARTING
             return
-        self.failures.append(e)
-        if len(self.failures) == 1 or self.failures[-2].get("generation") != e.get("generation"):
+        self.state.failures.append(e)
+        if len(self.state.failures) == 1 or self.state.failures[-2].get("generation") != e.get("generation"):
             self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")
-        if not self.finished:
-            self.status = Status.RESTARTING
+        if not self.state.finished:
+            self.state.status = Status.RESTARTING
 
     def _on_peer_lost(self, e: Event) -> None:
-        if not self.finished:
-            self.status = Status.RESTARTING
+        if not self.state.finished:
+            self.state.status = Status.RESTARTING
 
     def _on_worker_exited(self, e: Event) -> None:
-        node = self.nodes.get(e.node) if e.node else None
+        node = self.state.nodes.get(e.node) if e.node else None
         if node is not None and self._before_its_group(node, e):
             return
-        if not self.finished and self.status == Status.RUNNING:
-            self.status = Status.RESTARTING
+        if not self.state.finished and self.state.status == Status.RUNNING:
+            self.state.status = Status.RESTARTING
 
     def _on_plan(self, e: Event) -> None:
-        self.total_steps = e.get("total")
+        self.state.total_steps = e.get("total")
 
     def _on_resumed(self, e: Event) -> None:
         """Marked where training goes on: the checkpoint's next step, which is behind the last
@@ -213,57 +239,58 @@ class Handlers:
         step = e.get("step")
         self._mark(e, "resumed", f"resumed from step {step}", step=step)
         generation = e.get("generation")
-        if self._size_marker is not None and step is not None and generation in (None, self.generation):
-            old = self.markers[self._size_marker]
-            self.markers[self._size_marker] = Marker(step, old.time, old.kind, old.label)
+        if self._size_marker is not None and step is not None and generation in (None, self.state.generation):
+            old = self.state.markers[self._size_marker]
+            self.state.markers[self._size_marker] = Marker(step, old.time, old.kind, old.label)
             self._size_marker = None
 
     def _on_checkpoint_failed(self, e: Event) -> None:
         if e.get("final"):  # stays: the job ends without its last step saved
-            self.warning = describe(e)
+            self.state.warning = describe(e)
         elif e.get("disk_full"):
-            self.warning = (
+            self.state.warning = (
                 f"checkpoints are not being saved: {e.get('folder') or 'the checkpoint disk'} is full; "
                 f"training goes on and saving is tried again every {e.get('retry_s', 30):.0f} s"
             )
 
     def _on_disk_full(self, e: Event) -> None:
-        self.warning = e.get("message")
+        self.state.warning = e.get("message")
 
     def _on_tracking(self, e: Event) -> None:
-        self.tracking[str(e.get("tracker"))] = dict(e.data)
+        self.state.tracking[str(e.get("tracker"))] = dict(e.data)
 
     def _on_degraded(self, e: Event) -> None:
-        self.warning = degraded_text(e.data)
+        self.state.warning = degraded_text(e.data)
 
     def _on_checkpoint(self, e: Event) -> None:
-        if self.warning and self.warning.startswith("checkpoints are not being saved"):
-            self.warning = None
+        if self.state.warning and self.state.warning.startswith("checkpoints are not being saved"):
+            self.state.warning = None
         if e.get("blocked_pct") is not None:
-            self.checkpointing = {k: e.get(k) for k in ("every", "chosen", "blocked_pct")}
+            self.state.checkpointing = {k: e.get(k) for k in ("every", "chosen", "blocked_pct")}
         step = e.get("step")
-        if isinstance(step, int) and (self.step is None or step - 1 > self.step):
-            self._saw_step(step - 1, e.time)
+        if isinstance(step, int) and (self.state.step is None or step - 1 > self.state.step):
+            self.state._saw_step(step - 1, e.time)  # the state's, shared with its metric fold
         self._check_grace(e)
 
     def _check_grace(self, e: Event) -> None:
         """Kubernetes: a pod's grace (--grace) must hold a save on notice; once a save is
         measured longer than that allows, say what grace would (the pods' is fixed at launch)."""
         save_s = (e.get("ms") or 0) / 1000
-        if not self.grace_s or self.warning or save_s + LEAVE_S + 1 <= self.grace_s:
+        grace_s = self.state.grace_s
+        if not grace_s or self.state.warning or save_s + LEAVE_S + 1 <= grace_s:
             return
         enough = math.ceil(save_s * 1.5 + LEAVE_S + 2)
-        self.warning = (
-            f"a save takes {save_s:.1f} s, more than a pod's grace of {self.grace_s:g} s (--grace) leaves for a save "
-            f"on notice ({self.grace_s - LEAVE_S:g} s): a reclaim will cost the steps since the last save; "
+        self.state.warning = (
+            f"a save takes {save_s:.1f} s, more than a pod's grace of {grace_s:g} s (--grace) leaves for a save "
+            f"on notice ({grace_s - LEAVE_S:g} s): a reclaim will cost the steps since the last save; "
             f"relaunch with --grace {enough} or more"
         )
 
     def _on_job_finished(self, e: Event) -> None:
-        self.status = e.get("status", Status.FAILED)
-        self.reason = e.get("reason")
-        self.finished_at = e.time
-        for node in self.nodes.values():
+        self.state.status = e.get("status", Status.FAILED)
+        self.state.reason = e.get("reason")
+        self.state.finished_at = e.time
+        for node in self.state.nodes.values():
             if node.status != "left":
                 node.status = "left"
                 node.left_reason = node.left_reason or "finished"
