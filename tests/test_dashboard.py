@@ -506,6 +506,6 @@ def test_a_dashboard_follows_a_range_changed_elsewhere_without_setting_it_back(h
         # then (before its thread calls the spy). Two renders later: none.
         renders = dash.renders
         wait_for(lambda: dash.renders >= renders + 2, "two more renders")  # a live job re-renders its header
-        assert "range" not in dash._busy and "scale" not in dash._busy and calls == []
+        assert "range" not in dash.controls._busy and "scale" not in dash.controls._busy and calls == []
     finally:
         dash.close()

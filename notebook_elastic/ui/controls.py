@@ -1,7 +1,8 @@
 """The dashboard's controls: kept in step with the job (range, target, what is enabled in
 which state) and their actions (scale, range, start, stop with one confirmation, drills),
 each run in a thread of its own with its control disabled until it returns, so the kernel
-stays responsive. Mixed into ``Dashboard``."""
+stays responsive. Held by ``Dashboard``, which lays the widgets out and asks them to follow
+the job when it renders."""
 
 from __future__ import annotations
 
@@ -9,31 +10,112 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
-import ipywidgets as W
+import ipywidgets as W  # type: ignore[import-untyped]  # ipywidgets ships no type information
+
+if TYPE_CHECKING:
+    from ..job import ElasticJob
+    from ..job_state import JobState
 
 MESSAGE_FADES_S = 10.0  # how long what an action did stays under the buttons
+
+
+def slider_max(state: JobState, hi: int) -> int:
+    """How far the replicas slider goes: on GPUs, no further than one GPU per rank allows."""
+    if state.gpus and state.nproc_per_node:
+        return max(hi, state.gpus // state.nproc_per_node)
+    return max(8, 2 * hi)
+
+
+class Mark(Protocol):
+    """Asks the dashboard to draw these sections again (``Dashboard._mark``)."""
+
+    def __call__(self, *sections: str) -> None: ...
 
 
 class Controls:
     """The dashboard's buttons, sliders and boxes, as the job's state allows them."""
 
-    _syncing: int | None = None  # the thread now moving the controls to the job's values
+    def __init__(self, job: ElasticJob, mark: Mark) -> None:
+        self.job = job
+        self._mark = mark
+        self._syncing: int | None = None  # the thread now moving the controls to the job's values
+        self._busy: set[str] = set()  # actions in flight, by name: their controls stay disabled
+        self._stop_armed_until = 0.0  # Stop's one confirmation: a second click before this stops
+        state = job.state
+        lo, hi = state.nnodes
+        self._synced_target = state.target  # the job's target the nodes box last moved to
+
+        self.range = W.IntRangeSlider(
+            value=(lo, hi),
+            min=1,
+            max=slider_max(state, hi),
+            step=1,
+            description="range",
+            tooltip="how many nodes the job may run on (min:max)",
+            continuous_update=False,
+            layout=W.Layout(width="230px"),
+        )
+        self.target = W.BoundedIntText(
+            value=state.target, min=lo, max=hi, description="nodes", layout=W.Layout(width="120px")
+        )
+        self.scale_button = W.Button(
+            description="Scale", tooltip="run on this many nodes", layout=W.Layout(width="auto")
+        )
+        nproc = job.spec.nproc_per_node if job.spec else (state.nproc_per_node or 1)
+        self.nproc = W.BoundedIntText(
+            value=nproc, min=1, max=256, description="procs/node", layout=W.Layout(width="150px")
+        )
+        self.max_restarts = W.BoundedIntText(
+            value=state.max_restarts, min=0, max=10_000, description="max restarts", layout=W.Layout(width="160px")
+        )
+        self.start_button = W.Button(
+            description="Start", button_style="success", icon="play", layout=W.Layout(width="auto")
+        )
+        self.stop_button = W.Button(
+            description="Stop", button_style="danger", icon="stop", layout=W.Layout(width="auto")
+        )
+        self.kill_button = W.Button(
+            description="Kill a worker",
+            icon="bolt",
+            tooltip="drill: SIGKILL one worker process",
+            layout=W.Layout(width="auto"),
+        )
+        self.preempt_button = W.Button(
+            description="Preempt a node",
+            icon="cloud",
+            tooltip="drill: take a node away with 30 s notice, as a spot reclaim: the job saves first, then it goes",
+            layout=W.Layout(width="auto"),
+        )
+        self.message = W.HTML(layout=W.Layout(min_height="18px"))
+        # What shapes a job before it starts: shown only while it is prepared.
+        self.setup = W.HBox([self.nproc, self.max_restarts, self.start_button], layout=W.Layout(flex_flow="row wrap"))
+        self.drills = W.HBox([self.kill_button, self.preempt_button], layout=W.Layout(flex_flow="row wrap"))
+
+        self.range.observe(self._on_range, names="value")
+        self.scale_button.on_click(lambda _b: self._act("scale", self.scale_button, self._scale))
+        self.start_button.on_click(lambda _b: self._act("start", self.start_button, self._start))
+        self.stop_button.on_click(self._on_stop)
+        self.kill_button.on_click(lambda _b: self._act("kill", self.kill_button, self._kill))
+        self.preempt_button.on_click(lambda _b: self._act("preempt", self.preempt_button, self._preempt))
 
     @contextlib.contextmanager
-    def _following_the_job(self) -> Iterator[None]:
+    def following_the_job(self) -> Iterator[None]:
         """Controls changed in this block follow the job: their observers, which act for the
-        user, let changes made on this thread pass (``_by_the_user``)."""
+        user, let changes made on this thread pass (``by_the_user``)."""
         self._syncing = threading.get_ident()
         try:
             yield
         finally:
             self._syncing = None
 
-    def _by_the_user(self) -> bool:
+    def by_the_user(self) -> bool:
+        """Whether a widget's change came from the user, not from ``following_the_job``."""
         return self._syncing != threading.get_ident()
 
-    def _sync_controls(self) -> None:
+    def sync(self) -> None:
+        """Move the controls to the job's values and enable or show what its state allows."""
         job, state = self.job, self.job.state
         prepared = job.status == "prepared"
         live = not job.finished and not prepared
@@ -41,7 +123,7 @@ class Controls:
         # Held notifications fire when the block ends: the whole block is "ours", so the
         # slider's own observer does not echo the job's new range back as a user's set_range
         # (on Kubernetes that restarted every agent of a job a dashboard was merely opened on).
-        with self._following_the_job(), self.range.hold_trait_notifications():
+        with self.following_the_job(), self.range.hold_trait_notifications():
             if "range" not in self._busy and tuple(self.range.value) != (lo, hi):
                 self.range.value = (lo, hi)
         if "scale" not in self._busy:
@@ -70,7 +152,7 @@ class Controls:
         self.kill_button.disabled = not live or "kill" in self._busy
         self.preempt_button.disabled = not live or "preempt" in self._busy
 
-    def _say(self, text: str, ok: bool = True, *, fades: bool = False) -> None:
+    def say(self, text: str, ok: bool = True, *, fades: bool = False) -> None:
         """A word under the buttons. What an action did (``fades``) goes after a while, once the
         header and the timeline tell its effect ("scaling to 2 node(s)" under the buttons long
         after the job grew read as still in progress); what went wrong stays until replaced."""
@@ -94,21 +176,21 @@ class Controls:
         self._busy.add(name)
         if widget is not None:
             widget.disabled = True
-        self._say(f"{name}…")
+        self.say(f"{name}…")
 
         def run() -> None:
             try:
-                self._say(action(), fades=True)
+                self.say(action(), fades=True)
             except Exception as exc:
-                self._say(str(exc), ok=False)
+                self.say(str(exc), ok=False)
             finally:
                 self._busy.discard(name)
                 self._mark("controls", "header", "ranks")
 
         threading.Thread(target=run, name=f"dashboard-{name}", daemon=True).start()
 
-    def _on_range(self, change: dict) -> None:
-        if not self._by_the_user():
+    def _on_range(self, change: dict[str, Any]) -> None:
+        if not self.by_the_user():
             return
         lo, hi = change["new"]
         if self.job.status == "prepared":
@@ -147,7 +229,7 @@ class Controls:
         if now > self._stop_armed_until:
             self._stop_armed_until = now + 5
             self.stop_button.description = "Confirm stop"
-            self._say("click again to stop the job and all its processes", ok=True)
+            self.say("click again to stop the job and all its processes", ok=True)
             threading.Timer(5.0, self._disarm_stop).start()
             return
         self._stop_armed_until = 0.0

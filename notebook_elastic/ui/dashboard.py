@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import ipywidgets as W
+import ipywidgets as W  # type: ignore[import-untyped]  # ipywidgets ships no type information
 
 from ..events import FINAL_STATUSES, Event, Kind
 from ..runtime import log as _logging
@@ -43,14 +43,7 @@ SECTIONS = ("header", "chart", "ranks", "timeline", "logs", "controls")
 TWIN_EVERY_S = 2.0  # how stale the hidden static picture may get while only metrics move
 
 
-def slider_max(state: Any, hi: int) -> int:
-    """How far the replicas slider goes: on GPUs, no further than one GPU per rank allows."""
-    if state.gpus and state.nproc_per_node:
-        return max(hi, state.gpus // state.nproc_per_node)
-    return max(8, 2 * hi)
-
-
-class Dashboard(Controls, W.VBox):
+class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidgets ships no types
     """``Dashboard(job)``: header, controls, loss chart, rank map, event timeline, output."""
 
     def __init__(self, job: ElasticJob, *, max_updates_per_s: float = 4.0, **kwargs: Any) -> None:
@@ -60,59 +53,23 @@ class Dashboard(Controls, W.VBox):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
-        self._busy: set[str] = set()
         self.renders = 0
-        self._last_chart: tuple = ((), "")
+        self._last_chart: tuple[tuple[Any, ...], str] = ((), "")  # (what it was drawn from, the SVG)
 
         state = job.state
-        lo, hi = state.nnodes
         self.header = W.HTML(layout=W.Layout(width="100%", margin="0"))
         self.offline = W.HTML(offline_html(job.name), layout=W.Layout(width="100%", margin="0"))
         self.progress = W.FloatProgress(
             value=0, min=0, max=1, description="", layout=W.Layout(width="100%", height="8px", margin="0")
         )
-        self.range = W.IntRangeSlider(
-            value=(lo, hi),
-            min=1,
-            max=slider_max(state, hi),
-            step=1,
-            description="range",
-            tooltip="how many nodes the job may run on (min:max)",
-            continuous_update=False,
-            layout=W.Layout(width="230px"),
-        )
-        self.target = W.BoundedIntText(
-            value=state.target, min=lo, max=hi, description="nodes", layout=W.Layout(width="120px")
-        )
-        self.scale_button = W.Button(
-            description="Scale", tooltip="run on this many nodes", layout=W.Layout(width="auto")
-        )
-        nproc = job.spec.nproc_per_node if job.spec else (state.nproc_per_node or 1)
-        self.nproc = W.BoundedIntText(
-            value=nproc, min=1, max=256, description="procs/node", layout=W.Layout(width="150px")
-        )
-        self.max_restarts = W.BoundedIntText(
-            value=state.max_restarts, min=0, max=10_000, description="max restarts", layout=W.Layout(width="160px")
-        )
-        self.start_button = W.Button(
-            description="Start", button_style="success", icon="play", layout=W.Layout(width="auto")
-        )
-        self.stop_button = W.Button(
-            description="Stop", button_style="danger", icon="stop", layout=W.Layout(width="auto")
-        )
-        self.kill_button = W.Button(
-            description="Kill a worker",
-            icon="bolt",
-            tooltip="drill: SIGKILL one worker process",
-            layout=W.Layout(width="auto"),
-        )
-        self.preempt_button = W.Button(
-            description="Preempt a node",
-            icon="cloud",
-            tooltip="drill: take a node away with 30 s notice, as a spot reclaim: the job saves first, then it goes",
-            layout=W.Layout(width="auto"),
-        )
-        self.message = W.HTML(layout=W.Layout(min_height="18px"))
+        # The buttons, slider and boxes with their actions; their widgets stay reachable here
+        # under the names they always had (dash.range, dash.stop_button, ...).
+        self.controls = Controls(job, self._mark)
+        c = self.controls
+        self.range, self.target, self.scale_button = c.range, c.target, c.scale_button
+        self.nproc, self.max_restarts, self.start_button = c.nproc, c.max_restarts, c.start_button
+        self.stop_button, self.kill_button, self.preempt_button = c.stop_button, c.kill_button, c.preempt_button
+        self.message, self.setup, self.drills = c.message, c.setup, c.drills
         names = chart_metrics(state.metrics.names) or ["loss"]
         self.metric = W.Dropdown(
             options=names,
@@ -147,23 +104,12 @@ class Dashboard(Controls, W.VBox):
         self.twin.add_class("ne-twin")
         self._twin_at = 0.0
 
-        self.range.observe(self._on_range, names="value")
-        self.scale_button.on_click(lambda _b: self._act("scale", self.scale_button, self._scale))
-        self.start_button.on_click(lambda _b: self._act("start", self.start_button, self._start))
-        self.stop_button.on_click(self._on_stop)
-        self.kill_button.on_click(lambda _b: self._act("kill", self.kill_button, self._kill))
-        self.preempt_button.on_click(lambda _b: self._act("preempt", self.preempt_button, self._preempt))
         for control in (self.metric, self.log_scale, self.smoothing):
             control.observe(lambda _c: self._mark("chart"), names="value")
         self.output_of.observe(self._on_output_of, names="value")
-        self._stop_armed_until = 0.0
-        self._synced_target = state.target
 
         row = W.Layout(flex_flow="row wrap", align_items="center", width="100%", margin="0", overflow="hidden")
-        # What shapes a job before it starts: shown only while it is prepared.
-        self.setup = W.HBox([self.nproc, self.max_restarts, self.start_button], layout=W.Layout(flex_flow="row wrap"))
-        self.drills = W.HBox([self.kill_button, self.preempt_button], layout=W.Layout(flex_flow="row wrap"))
-        controls = W.HBox(
+        controls_row = W.HBox(
             [self.range, self.target, self.scale_button, self.setup, self.stop_button, self.drills], layout=row
         )
         chart_tools = W.HBox([self.metric, self.log_scale, self.smoothing], layout=row)
@@ -176,7 +122,7 @@ class Dashboard(Controls, W.VBox):
                 self.offline,
                 self.header,
                 self.progress,
-                controls,
+                controls_row,
                 self.message,
                 chart_tools,
                 self.chart,
@@ -221,14 +167,14 @@ class Dashboard(Controls, W.VBox):
         if k == Kind.JOB_FINISHED:
             self._wake.set()
 
-    def _on_output_of(self, change: dict) -> None:
-        if not self._by_the_user():
+    def _on_output_of(self, change: dict[str, Any]) -> None:
+        if not self.controls.by_the_user():
             return
         self._output_choice = change["new"]
         try:
             self.job.follow_output(change["new"] or None)
         except Exception as exc:  # the node left meanwhile
-            self._say(str(exc), ok=False)
+            self.controls.say(str(exc), ok=False)
         self._mark("logs")
 
     def _mark(self, *sections: str) -> None:
@@ -318,7 +264,7 @@ class Dashboard(Controls, W.VBox):
                 options = [("every node", ""), *((n, n) for n in list(state.nodes))]
                 if list(self.output_of.options) != options:
                     # ipywidgets resets the value with the options: put the user's pick back.
-                    with self._following_the_job():
+                    with self.controls.following_the_job():
                         self.output_of.options = options
                         choice = self._output_choice
                         self.output_of.value = choice if choice in state.nodes else ""
@@ -329,7 +275,7 @@ class Dashboard(Controls, W.VBox):
                 lines = [e for e in list(state.logs) if not node or e.node == node][-60:]
                 self._set(self.logs, "value", logs_html([f"[{e.node}] {e.get('text')}" for e in lines]))
             if "controls" in dirty:
-                self._sync_controls()
+                self.controls.sync()
         self.renders += 1
 
     def _chart(self, state: Any) -> str:
@@ -389,10 +335,10 @@ class Dashboard(Controls, W.VBox):
                 timeline_html(state.events, limit=12),
             )
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         # Beside the widget view: a text/html twin for front ends (and saved notebooks)
         # without the live models, and the summary as text.
-        bundle = super()._repr_mimebundle_(**kwargs)
+        bundle: dict[str, Any] = super()._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.job.summary()
         bundle["text/html"] = self.snapshot()
         return bundle
