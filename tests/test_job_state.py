@@ -353,6 +353,24 @@ def test_a_node_leaving_regroups_a_running_job_unless_it_was_done_or_stopped():
     assert (node.status, node.left_reason, node.left_at, node.ranks) == ("starting", None, None, {})
 
 
+def test_the_peers_of_a_node_stopped_with_the_job_do_not_make_it_restart():
+    """Stopping signals the agents one by one; one that sees a stopped peer vanish says it
+    restarts its workers before its own SIGTERM lands (seen under load): the job stops."""
+    for reason in ("stopped", "stopped: files changed since launch"):
+        state = fold(
+            started(1.0, "node-0", 0, 2),
+            started(1.0, "node-1", 1, 2),
+            ev(Kind.NODE_LEFT, 2.0, "node-1", reason=reason),
+            ev(Kind.RESTART, 2.1, "node-0", reason="membership_change", message="1 node(s) of round 0 vanished"),
+        )
+        assert state.status == "running", reason
+        assert not [t for t in state.transitions if t["status"] == "restarting"], reason
+    # A resumed job regroups as ever.
+    state.apply(ev(Kind.JOB_RESUMED, 3.0))
+    state.apply(ev(Kind.RESTART, 4.0, "node-0", reason="membership_change"))
+    assert state.status == "restarting"
+
+
 def test_rendezvous_keeps_a_departed_node_departed():
     state = fold(ev(Kind.NODE_JOINED, 1.0, "node-0"), started(2.0, "node-0", 0, 1))
     state.apply(ev(Kind.RENDEZVOUS, 3.0, "node-0", round=4, group_rank=1, group_world_size=2))

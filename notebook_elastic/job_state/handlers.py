@@ -23,6 +23,9 @@ class Fold:
         # The world-size marker of the newest group, until that group's resume says the step it
         # starts from (the marker is first placed at the last step reported before the change).
         self._size_marker: int | None = None
+        # A node left because the job is being stopped: the others go too, and what they say on
+        # their way (a peer vanished, restarting) is no restart (their SIGTERMs land one by one).
+        self._stopping = False
 
     def apply(self, e: Event) -> None:
         """Do what ``e``'s kind does to the state; a kind without an ``_on_<kind>`` does nothing."""
@@ -58,6 +61,7 @@ class Fold:
         self.state.status = Status.PENDING
         self.state.reason = None
         self.state.finished_at = None
+        self._stopping = False
         self.state.waiting = None
         self.state.restarts = 0  # the budget starts again, as the event says
         self.state.resumes += 1
@@ -132,12 +136,15 @@ class Fold:
         node.left_reason = e.get("reason")
         node.left_at = e.time
         self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
+        if str(e.get("reason") or "").startswith("stopped"):
+            self._stopping = True
         # A node stopped with the job or done with its work is no reason to regroup, and neither
         # is one with no rank in the group now training (a joiner, or a departure the survivors
         # already regrouped without: a loaded supervisor may tell node_left after their restart).
         if (
             not self.state.finished
-            and e.get("reason") not in ("finished", "stopped")
+            and not self._stopping
+            and e.get("reason") != "finished"
             and self.state.status == Status.RUNNING
             and in_the_running_group
         ):
@@ -162,6 +169,8 @@ class Fold:
             self.state.membership_changes += 1
         if self._before_its_group(node, e):
             return  # counted and kept, but the restart it announced is over
+        if self._stopping and e.get("reason") != "worker_failed":
+            return  # a peer stopped with the job: the group ends, it does not regroup
         node.status = "restarting"
         if not self.state.finished:
             self.state.status = Status.RESTARTING
