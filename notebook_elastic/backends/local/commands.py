@@ -1,7 +1,8 @@
 """The supervisor's commands, as the kernel sends them over the control connection
 (``control.py``): scale, set the range (new agents in a new rendezvous epoch), the drills
 (kill a worker, preempt or lose a node), stop, status. ``_answer`` queues each request; the
-supervisor's main loop runs them one at a time. Mixed into ``Supervisor``."""
+supervisor's main loop runs them one at a time. Held by the ``Supervisor``, whose course
+(target, range, epoch, stopping) they change and whose nodes they steer."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import SpecError
 from ...events import Kind
@@ -21,6 +22,9 @@ from ...runtime import log as _logging
 from ...runtime import protocol
 from ...runtime.notice_keeper import KILL_KEY
 from .nodes import Agent
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
 
 _log = _logging.get("backends.local.commands")
 
@@ -30,8 +34,11 @@ STOP_GRACE_S = 10.0
 class Commands:
     """What the kernel may ask of a running job."""
 
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+
     def _pick_agent(self, node: str | None) -> Agent:
-        alive = self.staying_agents()
+        alive = self.sup.nodes.staying_agents()
         if node is None:
             if not alive:
                 raise ValueError("no node is running right now")
@@ -42,72 +49,72 @@ class Commands:
         names = ", ".join(a.name for a in alive) or "none"
         raise ValueError(f"node {node!r} is not running (running: {names})")
 
-    def do_scale(self, nodes: int) -> dict:
-        lo, hi = self.range
+    def do_scale(self, nodes: int) -> dict[str, Any]:
+        lo, hi = self.sup.range
         if not lo <= nodes <= hi:
             raise ValueError(
                 f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
             )
-        self.target = nodes
-        self.emit(Kind.SCALED, target=nodes, min_nodes=lo, max_nodes=hi)
-        self._converge()
+        self.sup.target = nodes
+        self.sup.emit(Kind.SCALED, target=nodes, min_nodes=lo, max_nodes=hi)
+        self.sup.nodes.converge()
         return {"target": nodes}
 
-    def do_set_range(self, min_nodes: int, max_nodes: int) -> dict:
+    def do_set_range(self, min_nodes: int, max_nodes: int) -> dict[str, Any]:
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
-        if (min_nodes, max_nodes) == tuple(self.range):
-            return {"target": self.target, "reconfigured": False}
+        if (min_nodes, max_nodes) == tuple(self.sup.range):
+            return {"target": self.sup.target, "reconfigured": False}
         try:
-            self._plan((min_nodes, max_nodes))  # refused here, before any agent is stopped
+            self.sup.nodes.plan((min_nodes, max_nodes))  # refused here, before any agent is stopped
         except SpecError as e:
             raise ValueError(str(e).replace("--nnodes", "range", 1)) from None
-        self.range = (min_nodes, max_nodes)
-        self.target = min(max(self.target, min_nodes), max_nodes)
+        self.sup.range = (min_nodes, max_nodes)
+        self.sup.target = min(max(self.sup.target, min_nodes), max_nodes)
         # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
         # rendezvous epoch, resuming from the latest checkpoint.
-        self.epoch += 1
-        old = self.alive_agents()
+        self.sup.epoch += 1
+        old = self.sup.nodes.alive_agents()
         for agent in old:
-            self.signal_agent(agent, signal.SIGTERM, "reconfigured")
-        deadline = time.monotonic() + self._stop_grace_s()
+            self.sup.nodes.signal_agent(agent, signal.SIGTERM, "reconfigured")
+        deadline = time.monotonic() + self.stop_grace_s()
         while any(a.alive for a in old) and time.monotonic() < deadline:
             time.sleep(0.05)
         for agent in old:
             if agent.alive:
-                self.signal_agent(agent, signal.SIGKILL, "reconfigured")
+                self.sup.nodes.signal_agent(agent, signal.SIGKILL, "reconfigured")
                 try:
                     agent.proc.wait(timeout=15)  # on Slurm its step ends first, then its srun
                 except subprocess.TimeoutExpired:
                     os.killpg(agent.proc.pid, signal.SIGKILL)
                     agent.proc.wait()
-        self._reap()
-        self.emit(Kind.SCALED, target=self.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True)
-        self._converge()
-        return {"target": self.target, "reconfigured": True}
+        self.sup.nodes.reap()
+        self.sup.emit(Kind.SCALED, target=self.sup.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True)
+        self.sup.nodes.converge()
+        return {"target": self.sup.target, "reconfigured": True}
 
-    def do_kill_worker(self, rank: int | None = None) -> dict:
-        if not self.workers:
+    def do_kill_worker(self, rank: int | None = None) -> dict[str, Any]:
+        if not self.sup.workers:
             raise ValueError(
                 "no worker is running right now (the job is starting or restarting); try again in a moment"
             )
         if rank is None:
-            rank = random.choice(sorted(self.workers))
-        if rank not in self.workers:
-            raise ValueError(f"rank {rank} is not running (running ranks: {sorted(self.workers)})")
-        pid, node, _gen = self.workers[rank]
+            rank = random.choice(sorted(self.sup.workers))
+        if rank not in self.sup.workers:
+            raise ValueError(f"rank {rank} is not running (running ranks: {sorted(self.sup.workers)})")
+        pid, node, _gen = self.sup.workers[rank]
         if not self.kill_rank(rank):
             raise ValueError(f"rank {rank} (pid {pid}) already exited")
-        self.emit(Kind.FAULT, node, fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid)
+        self.sup.emit(Kind.FAULT, node, fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid)
         return {"rank": rank, "pid": pid, "node": node}
 
     def kill_rank(self, rank: int) -> bool:
         """SIGKILL a rank's process: here, or on Slurm through its node's keeper (the worker may
         be on another host, where its pid is not ours: notice_keeper.py). False when it is gone."""
-        pid, node, _gen = self.workers[rank]
-        if self.placement is not None:
+        pid, node, _gen = self.sup.workers[rank]
+        if self.sup.placement is not None:
             try:
-                self.store.set(KILL_KEY.format(node=node), json.dumps({"pid": pid, "rank": rank}))
+                self.sup.store.set(KILL_KEY.format(node=node), json.dumps({"pid": pid, "rank": rank}))
             except Exception:  # no store now: the drill cannot reach the node
                 return False
             return True
@@ -117,12 +124,17 @@ class Commands:
             return False
         return True
 
-    def _lower_target(self, node: str, reason: str) -> None:
+    def lower_target(self, node: str, reason: str) -> None:
         """A node taken away is not replaced: the target says so, in an event of its own, so
         every view of the target (the dashboard's nodes box, the panel) follows."""
-        self.target = max(0, self.target - 1)
-        self.emit(
-            Kind.SCALED, node, target=self.target, min_nodes=self.range[0], max_nodes=self.range[1], reason=reason
+        self.sup.target = max(0, self.sup.target - 1)
+        self.sup.emit(
+            Kind.SCALED,
+            node,
+            target=self.sup.target,
+            min_nodes=self.sup.range[0],
+            max_nodes=self.sup.range[1],
+            reason=reason,
         )
 
     def do_remove_node(
@@ -131,67 +143,71 @@ class Commands:
         how: str = "preempt",
         return_after_s: float | None = None,
         grace_s: float | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Take a node away: lost (SIGKILL, no notice), or preempted (SIGTERM), after a notice
         of ``grace_s`` seconds when given (the job saves first: notices.py)."""
         if grace_s is not None and not 0 <= float(grace_s) <= 3600:
             raise ValueError(f"grace_s={grace_s!r}: give 0 to 3600 seconds (0: no notice)")
+        grace_s = None if grace_s is None else float(grace_s)
         agent = self._pick_agent(node)
-        self._lower_target(agent.name, "lost" if how == "lose" else "preempted")
+        self.lower_target(agent.name, "lost" if how == "lose" else "preempted")
         noticed = False
         if how == "lose":
-            self.signal_agent(agent, signal.SIGKILL, "lost")
-        elif grace_s and self.notices.give(agent, float(grace_s)):
-            agent.exit_reason = noticed = "preempted"  # going: not a node to keep, pick or stop again
+            self.sup.nodes.signal_agent(agent, signal.SIGKILL, "lost")
+        elif grace_s and self.sup.notices.give(agent, grace_s):
+            agent.exit_reason = "preempted"  # going: not a node to keep, pick or stop again
+            noticed = True
         else:
-            self.signal_agent(agent, signal.SIGTERM, "preempted")
+            self.sup.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         if return_after_s is not None:
-            self.returns.append(time.monotonic() + float(return_after_s))
-        self.emit(
+            self.sup.returns.append(time.monotonic() + float(return_after_s))
+        self.sup.emit(
             Kind.FAULT,
             agent.name,
             fault=f"{how}_node",
             target=agent.name,
             return_after_s=return_after_s,
-            **({"grace_s": float(grace_s)} if noticed else {}),
+            **({"grace_s": grace_s} if noticed else {}),
         )
-        return {"node": agent.name, "target": self.target, **({"grace_s": float(grace_s)} if noticed else {})}
+        return {"node": agent.name, "target": self.sup.target, **({"grace_s": grace_s} if noticed else {})}
 
-    def _files_changed(self, paths: list[str], node: str | None) -> None:
+    def files_changed(self, paths: list[str], node: str | None) -> None:
         """Someone changed the script or payload: stop everything rather than run it."""
-        if self.files_reason is not None:
+        if self.sup.files_reason is not None:
             return
-        self.files_reason = protocol.files_changed_reason(paths)
-        self.emit(Kind.FILES_CHANGED, node, files=paths, reason=self.files_reason)
-        self.stopping = True
-        self.stop_deadline = time.monotonic() + self._stop_grace_s()
-        for agent in self.alive_agents():
-            self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
+        self.sup.files_reason = protocol.files_changed_reason(paths)
+        self.sup.emit(Kind.FILES_CHANGED, node, files=paths, reason=self.sup.files_reason)
+        self.sup.stopping = True
+        self.sup.stop_deadline = time.monotonic() + self.stop_grace_s()
+        for agent in self.sup.nodes.alive_agents():
+            self.sup.nodes.signal_agent(
+                agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED)
+            )
 
-    def _stop_grace_s(self) -> float:
+    def stop_grace_s(self) -> float:
         """How long stopping nodes may take before they are killed: on Slurm, each node's notice
         (its keeper waits that long for rank 0's save) and a little more."""
-        return max(STOP_GRACE_S, self.placement.grace_s() + 5.0) if self.placement is not None else STOP_GRACE_S
+        return max(STOP_GRACE_S, self.sup.placement.grace_s() + 5.0) if self.sup.placement is not None else STOP_GRACE_S
 
-    def do_stop(self, leave: str | None = None) -> dict:
+    def do_stop(self, leave: str | None = None) -> dict[str, Any]:
         """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""
-        if not self.stopping:
-            self.stopping = True
-            self.stop_deadline = time.monotonic() + self._stop_grace_s()
-            for agent in self.alive_agents():
+        if not self.sup.stopping:
+            self.sup.stopping = True
+            self.sup.stop_deadline = time.monotonic() + self.stop_grace_s()
+            for agent in self.sup.nodes.alive_agents():
                 if agent.name != leave:
-                    self.signal_agent(agent, signal.SIGTERM, "stopped")
+                    self.sup.nodes.signal_agent(agent, signal.SIGTERM, "stopped")
         return {"stopping": True}
 
-    def do_status(self) -> dict:
-        with self.sink.lock:
-            return self.state.summary()
+    def do_status(self) -> dict[str, Any]:
+        with self.sup.sink.lock:
+            return self.sup.state.summary()
 
-    def _handle(self, request: dict) -> Any:
+    def handle(self, request: dict[str, Any]) -> Any:
         command = request.get("command")
         args = request.get("args") or {}
-        if self.stopping and command not in ("stop", "status"):
-            raise ValueError(f"the job is stopping, so it cannot {command.replace('_', ' ')}")
+        if self.sup.stopping and command not in ("stop", "status"):
+            raise ValueError(f"the job is stopping, so it cannot {str(command).replace('_', ' ')}")
         if command == "scale":
             return self.do_scale(int(args["nodes"]))
         if command == "set_range":
@@ -207,12 +223,12 @@ class Commands:
             return self.do_status()
         raise ValueError(f"unknown command {command!r}")
 
-    def _serve(self, listener: Any) -> None:
+    def serve(self, listener: Any) -> None:
         while True:
             try:
                 conn = listener.accept()
             except Exception:
-                if self.closed:
+                if self.sup.closed:
                     return
                 continue
             threading.Thread(target=self._answer, args=(listener, conn), daemon=True).start()
@@ -225,8 +241,8 @@ class Commands:
             return
         try:
             request = json.loads(conn.recv_bytes())
-            done: queue.SimpleQueue = queue.SimpleQueue()
-            self.commands.put((request, done))
+            done: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+            self.sup.requests.put((request, done))
             conn.send_bytes(json.dumps(done.get(timeout=120), default=str).encode())
         except Exception:
             _log.debug("a control request failed or its caller left", exc_info=True)

@@ -2,7 +2,7 @@
 process group of its own, started cold or from the warm spare, given its share of the GPUs;
 its output logged (rotated, above the disk's free-space floor) and parsed into the sink;
 signalled, reaped, and started or stopped until as many run as the target says.
-Mixed into ``Supervisor``, whose state (spec, folder, agents, target, sink) it uses."""
+Held by the ``Supervisor``, whose course (spec, folder, target, range, epoch, the sink) it reads."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ...events import Kind, LineParser
 from ...plan import LaunchPlan, launch_plan, rdzv_id
 from ...runtime import pool, protocol
-from .place import local_place
+from .place import local_place, visible_gpus
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
 
 #: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
 NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
@@ -31,7 +34,7 @@ LOG_FLOOR_BYTES = 64 * 1024 * 1024
 @dataclass
 class Agent:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     started: float
     epoch: int
     exit_reason: str | None = None  # set when we signal it on purpose
@@ -55,31 +58,46 @@ class Agent:
 class Nodes:
     """Starting, logging, signalling and reaping the job's agents."""
 
-    def _plan(self, nnodes: tuple[int, int] | None = None) -> LaunchPlan:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.agents: dict[str, Agent] = {}
+        self.next_index = 0
+        self.gpus = visible_gpus()
+        self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
+        self.spare: Agent | None = None
+        self.spare_retry_at = 0.0
+        # A warm spare saves a scale-up its torch import (none for Slurm's allocations); so does the warm pool.
+        spare_ok = bool(sup.spec.backend_options.get("warm_spare", True)) and sup.placement is None
+        self.warm_spare = spare_ok and pool.in_use() is None
+        self._space_checked = 0.0  # when the disk's free space was last looked at (monotonic)
+        self._space_ok = True
+        self._written_since_check = 0
+
+    def plan(self, nnodes: tuple[int, int] | None = None) -> LaunchPlan:
         """What the agents of this epoch run (every node is started from it)."""
         place = local_place(
-            self.spec,
-            self.folder,
+            self.sup.spec,
+            self.sup.folder,
             gpus=self.gpus,
-            store_port=self.store_port,
+            store_port=self.sup.store_port,
             # An agent dies with the supervisor that started it; under srun its parent is Slurm's
             # step daemon, and srun, the supervisor's child, ends the step when it goes.
-            supervisor_pid=None if self.spec.backend == "slurm" else os.getpid(),
-            files_sha256=self.files_sha256,
-            store_host=socket.gethostname() if self.placement is not None else None,
+            supervisor_pid=None if self.sup.spec.backend == "slurm" else os.getpid(),
+            files_sha256=self.sup.files_sha256,
+            store_host=socket.gethostname() if self.sup.placement is not None else None,
         )
         return launch_plan(
-            self.spec,
+            self.sup.spec,
             place,
-            rdzv_id=rdzv_id(self.spec.name, self.run_id, self.epoch),
-            epoch=self.epoch,
-            nnodes=nnodes or self.range,
+            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.epoch),
+            epoch=self.sup.epoch,
+            nnodes=nnodes or self.sup.range,
             nodes=0,
         )
 
     def _agent_env(self, plan: LaunchPlan, node_env: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(self.spec.env)  # the --env values (from secret.json): the plan only names them
+        env.update(self.sup.spec.env)  # the --env values (from secret.json): the plan only names them
         env.update(plan.env)
         env.update(node_env)
         return env
@@ -89,31 +107,31 @@ class Nodes:
         enough are free yet, a node on its way out still holds its own)."""
         if not self.gpus:
             return []
-        n = self.spec.nproc_per_node
+        n = self.sup.spec.nproc_per_node
         if len(self.free_gpus) < n:
             return None
         taken, self.free_gpus = self.free_gpus[:n], self.free_gpus[n:]
         return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
-        if self.placement is not None:
+        if self.sup.placement is not None:
             # A node is a Slurm allocation: the agent runs under srun there (backends/slurm).
             env = dict(env)
-            command = self.placement.command(name, command, env)
+            command = self.sup.placement.command(name, command, env)
         else:
             # Forked by the warm pool when there is one: a light launcher stands in for the agent.
             command = pool.through_pool(command, env) or command
         proc = subprocess.Popen(
             command,
             env=env,
-            cwd=self.spec.backend_options.get("cwd") or None,
+            cwd=self.sup.spec.backend_options.get("cwd") or None,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
         agent = Agent(
-            name, proc, time.time(), self.epoch, log=open(self.folder.logs / f"{name}.log", "ab", buffering=0)
+            name, proc, time.time(), self.sup.epoch, log=open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
         )
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             parser = LineParser(name, stream, agent_clock=True)  # an agent on this machine
@@ -129,12 +147,12 @@ class Nodes:
             return None
         index = self.next_index
         self.next_index += 1
-        plan = self._plan()
+        plan = self.plan()
         node = plan.node(index, gpus)
         name = node.name
         # A drill for a broken machine: this node's own environment (a wrong network interface,
         # a module missing from its path), as in backend_options={"node_env": {"node-1": {...}}}.
-        node_env = {**node.env, **(self.spec.backend_options.get("node_env") or {}).get(name, {})}
+        node_env = {**node.env, **(self.sup.spec.backend_options.get("node_env") or {}).get(name, {})}
         if any(a.progressed for a in self.staying_agents()):
             node_env[protocol.ENV_JOINER] = "1"  # it joins a job that trains: its failure must not end it
         env = self._agent_env(plan, node_env)
@@ -153,12 +171,12 @@ class Nodes:
             with agent.log_lock:
                 agent.log.close()  # type: ignore[union-attr]  # unbuffered: nothing left to flush
                 try:
-                    os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
+                    os.replace(self.sup.folder.logs / f"{agent.name}.log", self.sup.folder.logs / f"{name}.log")
                 except OSError:
                     pass
-                agent.log = open(self.folder.logs / f"{name}.log", "ab", buffering=0)
+                agent.log = open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
             agent.name = name
-            agent.epoch = self.epoch
+            agent.epoch = self.sup.epoch
             agent.started = time.time()
             for parser in agent.parsers:
                 parser.node = name
@@ -167,47 +185,55 @@ class Nodes:
             agent.proc.stdin.close()  # type: ignore[union-attr]
         agent.gpus = gpus
         self.agents[name] = agent
-        self.emit(
+        self.sup.emit(
             Kind.NODE_JOINED,
             name,
             pid=agent.proc.pid,
-            epoch=self.epoch,
+            epoch=self.sup.epoch,
             warm=agent is spare,
             **({"gpus": gpus} if gpus else {}),
         )
         return agent
 
-    def _keep_a_spare(self) -> None:
+    def keep_a_spare(self) -> None:
         """Once the job runs and can still grow, keep one standby agent warm."""
         wanted = (
             self.warm_spare
-            and not self.stopping
-            and self.state.world_size > 0
-            and len(self.alive_agents()) < self.range[1]
+            and not self.sup.stopping
+            and self.sup.state.world_size > 0
+            and len(self.alive_agents()) < self.sup.range[1]
         )
         if self.spare is not None and not self.spare.alive:
             self.spare = None
             self.spare_retry_at = time.monotonic() + 30  # it died unused: do not respawn in a loop
         if wanted and self.spare is None and time.monotonic() >= self.spare_retry_at:
-            plan = self._plan()
+            plan = self.plan()
             env = self._agent_env(plan, {protocol.ENV_NODE: "spare"})
             self.spare = self._spawn(f"spare-{self.next_index}", [*plan.agent_prefix, "--standby"], env)
         elif not wanted and self.spare is not None:
             self.spare.proc.stdin.close()  # type: ignore[union-attr]
             self.spare = None
 
+    def dismiss_spare(self) -> int | None:
+        """The job ends: the standby agent is told it is not needed (it exits); its pid, if one."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        spare.proc.stdin.close()  # type: ignore[union-attr]  # "not needed": it exits
+        return spare.proc.pid
+
     def _read(self, agent: Agent, parser: LineParser, pipe: IO[bytes]) -> None:
         for raw in iter(pipe.readline, b""):
             now = time.time()
-            if self._output_allowed():
+            if self.output_allowed():
                 with agent.log_lock:
                     self._log(agent, raw)
             line = raw.decode("utf-8", "replace")
-            if self.placement is not None:
-                self.placement.says(agent.name, line)
+            if self.sup.placement is not None:
+                self.sup.placement.says(agent.name, line)
             event = parser.feed(line, now)
             if event is not None and not agent.name.startswith("spare-"):
-                self.sink.put(event)
+                self.sup.sink.put(event)
         pipe.close()
 
     def _log(self, agent: Agent, raw: bytes) -> None:
@@ -216,7 +242,7 @@ class Nodes:
         try:
             if agent.log_bytes + len(raw) > NODE_LOG_CAP_BYTES:
                 agent.log.close()  # type: ignore[union-attr]
-                current = self.folder.logs / f"{agent.name}.log"
+                current = self.sup.folder.logs / f"{agent.name}.log"
                 os.replace(current, current.with_name(current.name + ".1"))
                 agent.log = open(current, "ab", buffering=0)
                 agent.log_bytes = 0
@@ -225,7 +251,7 @@ class Nodes:
         except (OSError, ValueError):
             pass
 
-    def _output_allowed(self) -> bool:
+    def output_allowed(self) -> bool:
         """Whether the disk has room for output above the floor (checked once a second): below
         it, output is dropped so that events and the status still find room."""
         now = time.monotonic()
@@ -235,14 +261,14 @@ class Nodes:
         self._written_since_check = 0
         self._space_checked = now
         try:
-            fs = os.statvfs(self.folder.path)
+            fs = os.statvfs(self.sup.folder.path)
         except OSError:
             return self._space_ok
         floor = min(LOG_FLOOR_BYTES, fs.f_blocks * fs.f_frsize // 20)
         ok = fs.f_bavail * fs.f_frsize >= floor
         if self._space_ok and not ok:
             free = fs.f_bavail * fs.f_frsize
-            self.emit(
+            self.sup.emit(
                 Kind.DISK_FULL,
                 message=f"the job folder's disk has {free // 1024} KiB free: worker output is no longer written "
                 "to logs/ (training goes on)",
@@ -254,19 +280,19 @@ class Nodes:
         if agent.exit_reason is None:
             agent.exit_reason = reason
         try:
-            if sig == signal.SIGKILL and self.placement is not None:
+            if sig == signal.SIGKILL and self.sup.placement is not None:
                 # Its processes are in Slurm's step, not under srun (killed, srun would leave them
                 # to Slurm's KillWait): Slurm ends them, and srun with them; srun is killed only
                 # if it is still there 10 s later (asked again, until then, nothing is done).
                 if agent.killed_at is None:
                     agent.killed_at = time.monotonic()
-                    self.placement.kill(agent.name)
+                    self.sup.placement.kill(agent.name)
                 elif time.monotonic() - agent.killed_at > 10:
                     os.killpg(agent.proc.pid, signal.SIGKILL)
             elif sig == signal.SIGKILL:
                 os.killpg(agent.proc.pid, signal.SIGKILL)  # the whole node: agent and anything in its group
-            elif self.placement is not None:
-                self.placement.term(agent.name)  # srun would kill the step at once: Slurm's own SIGTERM
+            elif self.sup.placement is not None:
+                self.sup.placement.term(agent.name)  # srun would kill the step at once: Slurm's own SIGTERM
             else:
                 agent.proc.send_signal(sig)
         except ProcessLookupError:
@@ -279,7 +305,7 @@ class Nodes:
         """Live agents not already told to go (a preempted node takes a moment to leave)."""
         return [a for a in self.alive_agents() if a.exit_reason is None]
 
-    def _reap(self) -> None:
+    def reap(self) -> None:
         for agent in list(self.agents.values()):
             if agent.reaped or agent.alive:
                 continue
@@ -290,37 +316,39 @@ class Nodes:
             code = agent.proc.returncode
             if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
                 agent.exit_reason = protocol.exit_reason(code)
-                self._files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
+                self.sup.commands.files_changed(
+                    protocol.changed_files(self.sup.files_sha256) or sorted(self.sup.files_sha256), agent.name
+                )
             if code == protocol.EXIT_FATAL and agent.exit_reason is None:
                 # Its workers failed in a way a retry would repeat: the job stops (not a lost node).
                 agent.exit_reason = protocol.exit_reason(code)
-                self.sink.flush()  # its worker's worker_failed, read above, says why: fold it first
-                self.fatal = self.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
+                self.sup.sink.flush()  # its worker's worker_failed, read above, says why: fold it first
+                self.sup.fatal = self.sup.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
             if (
                 code == protocol.EXIT_RESTARTS_SPENT
                 and agent.exit_reason is None
                 and not agent.progressed
-                and not self.stopping
+                and not self.sup.stopping
                 and any(a.progressed for a in self.staying_agents())
             ):
                 # A joiner whose budget (--max-restarts 0) was spent failing to join: it left its
                 # round without closing it; the others train on.
                 agent.exit_reason = "evicted"
-                self._lower_target(agent.name, "evicted")
+                self.sup.commands.lower_target(agent.name, "evicted")
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
-                self.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.target)
-            self._publish_gone(agent)
-            if self.placement is not None:
-                if agent.exit_reason is None and not self.stopping:
+                self.sup.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.sup.target)
+            self.sup.publish_gone(agent)
+            if self.sup.placement is not None:
+                if agent.exit_reason is None and not self.sup.stopping:
                     self._slurm_ended(agent)
-                self.notices.withdraw_for(agent.name, self.store)  # its keeper may have had no time to
-                self.placement.gone(agent.name)
+                self.sup.notices.withdraw_for(agent.name, self.sup.store)  # its keeper may have had no time to
+                self.sup.placement.gone(agent.name)
             reason = agent.exit_reason or protocol.exit_reason(code)
-            if agent.exit_reason is None and code != 0 and not self.stopping:
+            if agent.exit_reason is None and code != 0 and not self.sup.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
                 # outside): a lost node, not replaced.
-                self._lower_target(agent.name, "lost")
-            self.emit(Kind.NODE_LEFT, agent.name, reason=reason, exitcode=code)
+                self.sup.commands.lower_target(agent.name, "lost")
+            self.sup.emit(Kind.NODE_LEFT, agent.name, reason=reason, exitcode=code)
             if agent.log:
                 agent.log.close()
 
@@ -328,28 +356,28 @@ class Nodes:
         """Slurm took the node: preempted or out of time, a new allocation takes its place
         (it waits in the queue until Slurm gives the node back); cancelled, it is not
         replaced. Either is a departure, free of the restart budget."""
-        why = self.placement.why_ended(agent.name)  # type: ignore[union-attr]
+        why = self.sup.placement.why_ended(agent.name)  # type: ignore[union-attr]
         if why in ("preempted", "timeout"):
             agent.exit_reason = "preempted by Slurm" if why == "preempted" else "its Slurm time limit was up"
         elif why in ("cancelled", "node_fail"):
             agent.exit_reason = "cancelled in Slurm" if why == "cancelled" else "its Slurm node failed"
-            self._lower_target(agent.name, why)
+            self.sup.commands.lower_target(agent.name, why)
 
-    def _converge(self) -> None:
+    def converge(self) -> None:
         """Start or stop agents until as many run as the target says."""
-        if self.stopping:
+        if self.sup.stopping:
             return
-        self._publish_target()  # before a new agent asks to join
+        self.sup.publish_target()  # before a new agent asks to join
         # Agents on their way out do not count: counting a preempted node-0 that is still
         # shutting down made the target look exceeded, and the survivor was scaled down too.
         alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
-        while len(alive) < self.target:
+        while len(alive) < self.sup.target:
             agent = self.start_agent()
             if agent is None:
                 break  # its GPUs are still held by a node on its way out: next round
             alive.append(agent)
-        if len(alive) > self.target:
-            for agent in sorted(alive, key=lambda a: a.started)[self.target :]:
+        if len(alive) > self.sup.target:
+            for agent in sorted(alive, key=lambda a: a.started)[self.sup.target :]:
                 self.signal_agent(agent, signal.SIGTERM, "scaled_down")

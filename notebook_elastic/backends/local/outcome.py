@@ -1,17 +1,20 @@
 """How a job ends: the reason when every node is gone, ``status.json`` kept current, and at
 the end ``job_finished`` written after every process of the job is gone (machinery ended,
-orphans killed and counted). Mixed into ``Supervisor``."""
+orphans killed and counted). Held by the ``Supervisor``."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...events import Kind
 from ...job_state import budget_spent_reason
 from .folder import kill_all, processes_of, write_json_atomic
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
 
 #: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
 #: by themselves; what is left after it is an orphan, killed and counted.
@@ -31,68 +34,70 @@ def _is_ours(pid: int, *marks: bytes) -> bool:
 class Outcome:
     """The job's status file and its last record."""
 
-    def _failure_reason(self) -> str:
-        with self.sink.lock:
-            state = self.state
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.status_written: str | None = None  # the status status.json last said
+
+    def failure_reason(self) -> str:
+        with self.sup.sink.lock:
+            state = self.sup.state
             if state.failures:
                 return budget_spent_reason(state.failures, state.restarts, state.max_restarts, "")
-            reasons = sorted({a.exit_reason or f"exit code {a.proc.returncode}" for a in self.agents.values()})
-            if all(a.exit_reason in ("preempted", "lost") for a in self.agents.values()):
+            reasons = sorted(
+                {a.exit_reason or f"exit code {a.proc.returncode}" for a in self.sup.nodes.agents.values()}
+            )
+            if all(a.exit_reason in ("preempted", "lost") for a in self.sup.nodes.agents.values()):
                 return f"no node left to run on (all {', '.join(reasons)})"
             return f"every node's agent exited ({', '.join(reasons)})"
 
     def _finish_trackers(self, status: str) -> None:
         """End the MLflow/W&B runs after the last metric, before the sweep for orphans below
         (W&B's service process carries the job folder in its environment, as the job's do)."""
-        if not self.trackers:
+        if not self.sup.trackers:
             return
         # Every agent is reaped (its readers joined), so every line it left is queued: once the
         # sink has folded them, each tracker has been handed its last metric.
-        self.sink.flush(timeout_s=10.0)
-        for tracker in self.trackers:
+        self.sup.sink.flush(timeout_s=10.0)
+        for tracker in self.sup.trackers:
             tracker.finish(status)
 
-    def _write_status(self) -> None:
+    def write_status(self) -> None:
         # Under the sink's lock, as the sink's own writes (_write_status_folded): one writer at
         # a time, each with the newest fold, so status.json never steps back.
-        with self.sink.lock:
+        with self.sup.sink.lock:
             self._write_status_folded()
 
-    def _status_folded(self) -> None:
+    def status_folded(self) -> None:
         """The sink folded a change of status (its lock held), before writing the event that
         made it: status.json says it first, so a listing is never behind the stream (%elastic_jobs
         'pending' beside a dashboard that trains). Not the outcome: _finish writes that once
         the supervisor is done with the folder, so no one resumes or replaces the job before."""
-        if not self.state.finished:
+        if not self.sup.state.finished:
             self._write_status_folded()
 
     def _write_status_folded(self) -> None:
         """status.json from the folded state; the caller holds the sink's lock."""
-        summary = self.state.summary()
+        summary = self.sup.state.summary()
         self.status_written = summary.get("status")
         summary.update(
-            name=self.spec.name,
-            backend=self.spec.backend,
-            target=self.target,
-            min_nodes=self.range[0],
-            max_nodes=self.range[1],
+            name=self.sup.spec.name,
+            backend=self.sup.spec.backend,
+            target=self.sup.target,
+            min_nodes=self.sup.range[0],
+            max_nodes=self.sup.range[1],
             supervisor_pid=os.getpid(),
-            notebook=self.spec.notebook,
+            notebook=self.sup.spec.notebook,
             updated=time.time(),
         )
         try:
-            write_json_atomic(self.folder.status_file, summary)
+            write_json_atomic(self.sup.folder.status_file, summary)
         except OSError:
-            self.sink.changed.set()  # a full disk: try again at the next round
+            self.sup.sink.changed.set()  # a full disk: try again at the next round
 
-    def _finish(self, outcome: tuple[str, str | None]) -> None:
+    def finish(self, outcome: tuple[str, str | None]) -> None:
         status, reason = outcome
         self._finish_trackers(status)
-        spare_pid = None
-        if self.spare is not None:
-            spare_pid = self.spare.proc.pid
-            self.spare.proc.stdin.close()  # type: ignore[union-attr]  # "not needed": it exits
-            self.spare = None
+        spare_pid = self.sup.nodes.dismiss_spare()
 
         # The spare agent and the zygotes (still importing torch under load, they read their
         # orders only afterwards) and the job's guardian are machinery, not orphans: ended here.
@@ -100,15 +105,15 @@ class Outcome:
             return pid == spare_pid or _is_ours(pid, b"notebook_elastic.runtime.warm\0serve", b"local.guardian")
 
         deadline = time.monotonic() + EXIT_GRACE_S
-        while [p for p in processes_of(self.folder.path) if not machinery_of(p)] and time.monotonic() < deadline:
+        while [p for p in processes_of(self.sup.folder.path) if not machinery_of(p)] and time.monotonic() < deadline:
             time.sleep(0.05)
-        machinery = [p for p in processes_of(self.folder.path) if machinery_of(p)]
+        machinery = [p for p in processes_of(self.sup.folder.path) if machinery_of(p)]
         for pid in machinery:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        leftovers = [p for p in kill_all(self.folder.path, grace_s=2.0) if p not in machinery]
+        leftovers = [p for p in kill_all(self.sup.folder.path, grace_s=2.0) if p not in machinery]
         data: dict[str, Any] = {"status": status}
         if reason:
             data["reason"] = reason
@@ -116,20 +121,20 @@ class Outcome:
             data["orphans_killed"] = len(leftovers)
         # The outcome first, in the room taken at start (it needs no new room): whatever else a
         # full disk refuses below, every reader (describe, a follower, the guardian) learns it.
-        self.sink.flush(timeout_s=10.0)
-        with self.sink.lock:
-            summary = self.state.summary()
-        self.folder.write_outcome({**summary, **data, "reason": reason, "finished_at": time.time()})
-        self.emit(Kind.JOB_FINISHED, **data)
-        self.sink.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if not self.folder.events_file.exists():
+        self.sup.sink.flush(timeout_s=10.0)
+        with self.sup.sink.lock:
+            summary = self.sup.state.summary()
+        self.sup.folder.write_outcome({**summary, **data, "reason": reason, "finished_at": time.time()})
+        self.sup.emit(Kind.JOB_FINISHED, **data)
+        self.sup.sink.close()
+        if self.sup.tensorboard is not None:
+            self.sup.tensorboard.close()
+        if not self.sup.folder.events_file.exists():
             return  # deleted under us: nothing left to record in
-        self._write_status()
-        info = self.folder.supervisor() or {}
+        self.write_status()
+        info = self.sup.folder.supervisor() or {}
         info["exited"] = True
         try:
-            write_json_atomic(self.folder.supervisor_file, info, mode=0o600)
+            write_json_atomic(self.sup.folder.supervisor_file, info, mode=0o600)
         except OSError:
             pass  # a full disk: the process is gone all the same, which is what readers check

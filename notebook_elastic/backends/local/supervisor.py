@@ -33,10 +33,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ... import defaults
 from ...events import Event, Kind
 from ...job_state import JobState, describe_failure
-from ...runtime import log, pool, protocol
+from ...runtime import log, protocol
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
@@ -52,17 +51,18 @@ from .history import ROTATE_BYTES, read_all
 from .nodes import Agent, Nodes
 from .notices import Notices
 from .outcome import Outcome
-from .place import visible_gpus
 from .sink import EventSink
-from .stall import StallClock, Stalls
+from .stall import Stalls
 from .tensorboard import TensorBoardWriter
 from .tensorboard import available as tensorboard_available
 from .trackers import TRACKER_CLASSES, Tracker, requested
 
 
-class Supervisor(Nodes, Commands, Stalls, Outcome):
-    """One job's supervisor: its state, the event sink's observer, and the main loop; the
-    nodes, the commands, stall watching and the outcome are its mixins."""
+class Supervisor:
+    """One job's supervisor: the job-wide course (spec, folder, target, range, epoch, stopping,
+    the store), the event sink's observer, and the main loop. It holds its collaborators: the
+    nodes (agents started, logged, signalled, reaped), the commands the kernel sends, the
+    stall watch and the outcome; each keeps its own state and reads the course through it."""
 
     def __init__(self, folder: JobFolder, resume: bool = False) -> None:
         self.folder = folder
@@ -77,57 +77,49 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             files_sha256 = {str(p): protocol.sha256_of(p) for p in paths if p.exists()}
         self.files_sha256: dict[str, str] = dict(files_sha256)
         self.files_reason: str | None = None  # set once a changed file stopped the job
-        self.range = self.spec.nnodes
-        self.target = self.spec.initial_nodes
+        self.range: tuple[int, int] = self.spec.nnodes
+        self.target: int = self.spec.initial_nodes
         # Above every generation already in the checkpoint folder (a resumed job, a reused
         # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
         newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
         self.epoch = newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0
         self.run_id = uuid.uuid4().hex[:8]
-        self.agents: dict[str, Agent] = {}
-        self.next_index = 0
         self.returns: list[float] = []  # times at which preempted capacity comes back
         self.stopping = False
         self.stop_deadline: float | None = None
-        self.commands: queue.SimpleQueue[tuple[dict, Any]] = queue.SimpleQueue()
+        # The kernel's requests (and SIGTERM's stop), run one at a time by the main loop.
+        self.requests: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[dict[str, Any]]]] = queue.SimpleQueue()
         self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
         self.state = JobState(max_restarts=self.spec.max_restarts, nnodes=self.range, target=self.target)
         self.folder.logs.mkdir(exist_ok=True)
-        self._space_checked = 0.0
-        self._space_ok = True
-        self._written_since_check = 0
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.trackers: list[Tracker] = []  # MLflow, W&B: --track or their variables (run())
-        self.status_written: str | None = None  # the status status.json last said
         self.store: Any = None  # torch's TCPStore server, once run() hosts it
+        self.store_port = 0  # the port it listens on, from run() on
+        self.closed = False  # run() is over: the control listener is closed
         self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
         self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
+        self.authkey = secrets.token_bytes(32)
+        self.placement = placement_for(self.spec, self.emit)  # Slurm: each node an allocation of its own
+        self.failures_seen: dict[tuple[Any, ...], int] = {}
+        self.fatal: str | None = None  # why the job stops now, when retrying is pointless
+        self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
+        self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
+        self.nodes = Nodes(self)
+        self.commands = Commands(self)
+        self.stalls = Stalls(self)
+        self.outcome = Outcome(self)
         self.sink = EventSink(
             folder.events_file,
             self.state,
             self._observe,
-            self._output_allowed,
+            self.nodes.output_allowed,
             int(self.spec.backend_options.get("events_rotate_bytes", ROTATE_BYTES)),
-            status_changed=self._status_folded,
+            status_changed=self.outcome.status_folded,
         )
-        self.authkey = secrets.token_bytes(32)
-        self.gpus = visible_gpus()
-        self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
-        self.spare: Agent | None = None
-        self.spare_retry_at = 0.0
-        self.placement = placement_for(self.spec, self.emit)  # Slurm: each node an allocation of its own
-        # A warm spare saves a scale-up its torch import (none for Slurm's allocations); so does the warm pool.
-        spare_ok = bool(self.spec.backend_options.get("warm_spare", True)) and self.placement is None
-        self.warm_spare = spare_ok and pool.in_use() is None
-        self.stall_after_s = float(self.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
-        self.stall = StallClock(since=time.monotonic())
-        self.failures_seen: dict[tuple, int] = {}
-        self.fatal: str | None = None  # why the job stops now, when retrying is pointless
-        self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
-        self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
         # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
         self.notices = Notices(
-            lambda: self.store, self.emit, lambda agent: self.signal_agent(agent, signal.SIGTERM, "preempted")
+            lambda: self.store, self.emit, lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         )
 
     def emit(self, kind: str, node: str | None = None, **data: Any) -> None:
@@ -138,13 +130,13 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self._watch_joiners(e)
         self.notices.observe(e)
         # TensorBoard files, like workers' lines, only above the free-space floor (room for the outcome).
-        if self.tensorboard is not None and e.kind in (Kind.METRIC, Kind.GPU) and self._output_allowed():
+        if self.tensorboard is not None and e.kind in (Kind.METRIC, Kind.GPU) and self.nodes.output_allowed():
             self.tensorboard.observe(e, self.state)
-        if e.kind == Kind.METRIC and self.trackers and self._output_allowed():
+        if e.kind == Kind.METRIC and self.trackers and self.nodes.output_allowed():
             for tracker in self.trackers:
                 tracker.observe(e, self.state)
-        if e.kind == Kind.AGENT_STARTED and e.node in self.agents:
-            self.agents[e.node].agent_pid = e.get("pid")
+        if e.kind == Kind.AGENT_STARTED and e.node in self.nodes.agents:
+            self.nodes.agents[e.node].agent_pid = e.get("pid")
         if e.kind == Kind.WORKER_STARTED:
             gen = e.get("generation")
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
@@ -178,14 +170,14 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         init failing on it alone): torchrun would retry it, pulling the healthy nodes into
         every retry, until its budget is spent, and then close the rendezvous on them all.
         It is sent away once its first failure has been charged (one restart)."""
-        agent = self.agents.get(e.node or "")
+        agent = self.nodes.agents.get(e.node or "")
         if e.kind in (Kind.METRIC, Kind.CHECKPOINT):
             rank = e.get("rank")
             newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
             if rank in self.workers and self.workers[rank][2] == newest:
                 for _pid, node, gen in list(self.workers.values()):
-                    if gen == newest and node in self.agents:
-                        self.agents[node].progressed = True
+                    if gen == newest and node in self.nodes.agents:
+                        self.nodes.agents[node].progressed = True
             return
         if agent is None or agent.progressed:
             return
@@ -198,16 +190,16 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         ):
             agent.failure = agent.failure or f"a worker on {agent.name} exited with code {e.get('exitcode')}"
         elif e.kind == Kind.RESTART and e.get("reason") == "worker_failed" and agent.failure:
-            if any(a.progressed for a in self.staying_agents() if a is not agent):
+            if any(a.progressed for a in self.nodes.staying_agents() if a is not agent):
                 self.evictions.put(agent.name)
 
     def _evict(self, name: str) -> None:
         """Send away a node that failed while joining: the others go on at their size."""
-        agent = self.agents.get(name)
+        agent = self.nodes.agents.get(name)
         if agent is None or not agent.alive or agent.exit_reason is not None or self.stopping:
             return
-        self.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
-        self._lower_target(agent.name, "evicted")
+        self.nodes.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
+        self.commands.lower_target(agent.name, "evicted")
         self.emit(Kind.NODE_EVICTED, agent.name, failure=agent.failure, target=self.target)
 
     def _tell_agents(self, key: str, value: str) -> bool:
@@ -222,13 +214,13 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             log.get("supervisor").debug("could not tell the agents %s through the store", key, exc_info=True)
             return False
 
-    def _publish_target(self) -> None:
+    def publish_target(self) -> None:
         """The number of nodes the job runs, in the store: a round that holds that many closes
         at once instead of waiting last_call_timeout for nodes that will not come."""
         if self.target != self._published_target and self._tell_agents(TARGET_KEY, str(self.target)):
             self._published_target = self.target
 
-    def _publish_gone(self, agent: Agent) -> None:
+    def publish_gone(self, agent: Agent) -> None:
         """An agent reaped: its peers drop it from their round now, not at its heartbeat's
         expiry (a node left on purpose has left already; naming it again is harmless)."""
         if self.store is None or agent.agent_pid is None:
@@ -239,8 +231,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         self._tell_agents(GONE_KEY, json.dumps(self._gone))
 
     def run(self) -> int:
-        self.closed = False
-        signal.signal(signal.SIGTERM, lambda *_: self.commands.put(({"command": "stop"}, queue.SimpleQueue())))
+        signal.signal(signal.SIGTERM, lambda *_: self.requests.put(({"command": "stop"}, queue.SimpleQueue())))
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Listen first, host the store there once torch is imported: agents started meanwhile wait in the backlog.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -267,14 +258,14 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             nproc_per_node=spec.nproc_per_node,
             max_restarts=spec.max_restarts,
             backend=self.spec.backend,
-            gpus=len(self.gpus),
+            gpus=len(self.nodes.gpus),
             notebook=spec.notebook,
         )
         # Announced after the job's first event is written and status.json counts it: a
         # launcher that sees this file (launch, resume) returns to a stream and a listing that
         # already say the job (re)started, never the outcome a resumed job continues from.
         self.sink.flush(timeout_s=10.0)
-        self._write_status()
+        self.outcome.write_status()
         write_json_atomic(
             self.folder.supervisor_file,
             {
@@ -289,10 +280,10 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             },
             mode=0o600,
         )
-        threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
-        self._converge()
+        threading.Thread(target=self.commands.serve, args=(listener,), daemon=True).start()
+        self.nodes.converge()
         self.store = host_store(sock)
-        self._publish_target()
+        self.publish_target()
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
             self.emit(Kind.TRACKING, **tensorboard_link(str(self.folder.path)))
@@ -301,7 +292,7 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
             for t in requested(spec.track, os.environ)
         ]
         status = self._loop()
-        self._finish(status)
+        self.outcome.finish(status)
         self.store = None  # the store server goes with the last reference
         self.closed = True
         listener.close()
@@ -311,16 +302,16 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
         last_status = last_folder_check = 0.0
         while True:
             try:
-                request, reply = self.commands.get(timeout=0.05)
+                request, reply = self.requests.get(timeout=0.05)
                 try:
-                    reply.put({"ok": True, "result": self._handle(request)})
+                    reply.put({"ok": True, "result": self.commands.handle(request)})
                 except Exception as exc:
                     reply.put({"ok": False, "error": str(exc)})
             except queue.Empty:
                 pass
             while not self.evictions.empty():
                 self._evict(self.evictions.get())
-            self._reap()
+            self.nodes.reap()
             self.notices.watch(self.state.step, self.state.step_time_s)
             now = time.monotonic()
             while self.returns and self.returns[0] <= now and not self.stopping:
@@ -330,33 +321,33 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
                     Kind.SCALED, target=self.target, min_nodes=self.range[0], max_nodes=self.range[1], returned=True
                 )
             self.returns.sort()
-            self._converge()
-            self._keep_a_spare()
-            self._watch_for_stalls(now)
+            self.nodes.converge()
+            self.nodes.keep_a_spare()
+            self.stalls.watch(now)
             if self.fatal and not self.stopping:
                 # The failed node's agent stops its workers and ends by itself; the others are
                 # stopped, as they would regroup and fail the same way.
-                self.do_stop(leave=self.fatal_node)
+                self.commands.do_stop(leave=self.fatal_node)
             if now - last_folder_check > 1.0:
                 last_folder_check = now
                 if self._folder_deleted():
                     # Its folder was deleted: no checkpoint or record can be written any more.
-                    for agent in self.alive_agents():
-                        self.signal_agent(agent, signal.SIGKILL, "stopped")
-                    for agent in self.agents.values():
+                    for agent in self.nodes.alive_agents():
+                        self.nodes.signal_agent(agent, signal.SIGKILL, "stopped")
+                    for agent in self.nodes.agents.values():
                         agent.proc.wait()
                     return "lost", LOST_FOLDER["reason"]
             if self.stopping and self.stop_deadline and now > self.stop_deadline:
-                for agent in self.alive_agents():
-                    self.signal_agent(agent, signal.SIGKILL, "stopped")
+                for agent in self.nodes.alive_agents():
+                    self.nodes.signal_agent(agent, signal.SIGKILL, "stopped")
             # At most 4 writes a second for steps and metrics; a change of status at once, so
             # %elastic_jobs and the server never show "pending" beside a dashboard that trains.
-            fresh = self.state.status != self.status_written
+            fresh = self.state.status != self.outcome.status_written
             if self.sink.changed.is_set() and (fresh or time.monotonic() - last_status > 0.25):
                 self.sink.changed.clear()
                 last_status = time.monotonic()
-                self._write_status()
-            if not self.alive_agents() and all(a.reaped for a in self.agents.values()):
+                self.outcome.write_status()
+            if not self.nodes.alive_agents() and all(a.reaped for a in self.nodes.agents.values()):
                 if self._folder_deleted():  # its workers failed of it before the check above saw it
                     return "lost", LOST_FOLDER["reason"]
                 if self.files_reason is not None:
@@ -365,11 +356,11 @@ class Supervisor(Nodes, Commands, Stalls, Outcome):
                     return "failed", self.fatal
                 if self.stopping:
                     return "stopped", "stopped on request"
-                if any(a.proc.returncode == 0 for a in self.agents.values()):
+                if any(a.proc.returncode == 0 for a in self.nodes.agents.values()):
                     return "succeeded", None
                 if self.returns:
                     continue  # capacity comes back later: wait for it
-                return "failed", self._failure_reason()
+                return "failed", self.outcome.failure_reason()
 
     def _folder_deleted(self) -> bool:
         """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
