@@ -678,7 +678,7 @@ def test_the_workers_job_owns_everything_and_a_job_without_workers_is_expired(cl
     job = ne.launch(TRAIN, backend="kubernetes", nnodes="1", gpus=0, name="gone", user_ns=ns())
     wait_for(lambda: (job.state.step or 0) >= 3, "training", job=job)
     job.detach()
-    backend._own_code_by("gone", None)  # as a job made before this change: the ConfigMap owns all
+    backend.submitter.own_code_by("gone", None)  # as a job made before this change: the ConfigMap owns all
     cluster._delete(("batch/v1", "jobs", "default", "gone-workers"), policy="Background")
     deadline = time.monotonic() + 120
     while cluster.pods(selector=m.selector("gone", "worker")):

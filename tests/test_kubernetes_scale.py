@@ -91,7 +91,7 @@ def test_a_big_job_is_followed_on_a_bounded_number_of_streams_and_loses_nothing(
     # On demand: a pod someone opens is followed live, within the bound.
     asked = pod_of(cluster, 10)
     follower.follow_pod(asked)
-    wait_for(lambda: asked in follower.held, "the asked-for pod followed")
+    wait_for(lambda: asked in follower.logs.held, "the asked-for pod followed")
     assert cluster.log_follows_peak <= LOG_STREAMS_MAX, cluster.log_follows_peak
 
 
@@ -128,20 +128,20 @@ def test_a_node_picked_in_the_dashboard_is_followed_live_within_the_bound(cluste
     dash = Dashboard(job)
     try:
         wait_for(lambda: len(job.state.nodes) == 8, "every pod among the job's nodes")
-        wait_for(lambda: len(job._stream.held) == LOG_STREAMS_MAX, "the follower's streams")
+        wait_for(lambda: len(job._stream.logs.held) == LOG_STREAMS_MAX, "the follower's streams")
         # Not followed by default: the lead (rank 0, index 7) and the first indexes are.
         running = lambda: [p for p in cluster.pods() if p["status"].get("phase") == "Running"]  # noqa: E731
         wait_for(lambda: len(running()) == 8, "every pod running")
-        picked = next(p for p in (pod_of(cluster, i) for i in range(8)) if p not in job._stream.held)
+        picked = next(p for p in (pod_of(cluster, i) for i in range(8)) if p not in job._stream.logs.held)
         wait_for(lambda: picked in [value for _label, value in dash.output_of.options], "the pod in the menu")
         dash.output_of.value = picked
-        wait_for(lambda: picked in job._stream.held, "the picked pod followed live")
-        assert len(job._stream.held) <= LOG_STREAMS_MAX
+        wait_for(lambda: picked in job._stream.logs.held, "the picked pod followed live")
+        assert len(job._stream.logs.held) <= LOG_STREAMS_MAX
         wait_for(lambda: f"[{picked}] rank" in dash.logs.value, "its lines in the pane")
         assert not [line for line in re.findall(r"\[([^\]]+)\] rank", dash.logs.value) if line != picked]
         # Back to every node: its slot is given back.
         dash.output_of.value = ""
-        wait_for(lambda: picked not in job._stream.asked, "the ask withdrawn")
+        wait_for(lambda: picked not in job._stream.logs.asked, "the ask withdrawn")
         with pytest.raises(BackendError, match=r"has no node named 'nope' \(its nodes: "):
             job.follow_output("nope")
     finally:

@@ -4,8 +4,9 @@ Objects come from ``manifests.py`` (pure); this class creates them in order with
 official client, lists and re-attaches jobs by label, scales (patching an Indexed Job's
 completions and parallelism together), changes the range (new workers in a new rendezvous
 epoch), runs the preemption drill (evicting a worker pod through the Eviction API), stops (deleting everything,
-idempotently), and follows pods and logs (``follow.py``). Submitting is in ``submit.py``,
-control in ``control.py``; what a cluster has of a job (describe, list, follow) is here.
+idempotently), and follows pods and logs (``follow.py``). The class holds a ``Submitter``
+(``submit.py``) and a ``JobControl`` (``control.py``) and hands the ``Backend`` calls to them;
+what a cluster has of a job (describe, list, follow) is here.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from typing import Any
 
 from ...events import FINAL_STATUSES, Event, Kind
 from ...runtime import log as _logging
-from ..base import Backend, JobInfo
-from . import grace, kueue
+from ..base import Backend, DryRun, JobInfo
+from . import kueue
 from . import manifests as m
 from .client import Connection, connect, explain, is_missing
-from .control import Control
+from .control import JobControl, workload_of
 from .follow import ClusterFollower
 from .options import KubernetesOptions
-from .submit import Submitting
+from .submit import Submitter
 from .watch import _ts
 from .workload import refusal
 
@@ -34,9 +35,9 @@ _log = _logging.get("backends.kubernetes")
 __all__ = ["KubernetesBackend", "KubernetesOptions"]
 
 
-class KubernetesBackend(Submitting, Control, Backend):
-    """A job's objects on a cluster: submitting (``submit.py``), controlling (``control.py``),
-    and here what is there (describe, list, follow)."""
+class KubernetesBackend(Backend):
+    """A job's objects on a cluster: submitting (its ``submitter``), controlling (its
+    ``control``), and here what is there (describe, list, follow)."""
 
     name = "kubernetes"
 
@@ -46,20 +47,41 @@ class KubernetesBackend(Submitting, Control, Backend):
         self._namespace = namespace
         self._context = context
         self._conn = connection
+        self.submitter = Submitter(lambda: self.conn, namespace, self.cancel)
+        self.control = JobControl(lambda: self.conn, self._code, self.submitter)
 
     @property
     def conn(self) -> Connection:
+        """The connection to the cluster, made on first use (a dry-run needs none)."""
         if self._conn is None:
             self._conn = connect(self._context, self._namespace)
         return self._conn
 
-    def _options(self, spec: Any) -> KubernetesOptions:
-        """The job's options, its pods' grace resolved: the user's, else derived from the last
-        save measured for a job of this name here (grace.py)."""
-        options = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
-        if options.grace is None:
-            options.grace = grace.derived(grace.measured(spec.name))
-        return options
+    # -- submit and control (submit.py, control.py) ---------------------------------------
+
+    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+        return self.submitter.submit_dryrun(spec, bundle)
+
+    def schedule(self, dryrun: DryRun) -> None:
+        self.submitter.schedule(dryrun)
+
+    def has_pytorchjob_crd(self) -> bool:
+        return self.submitter.has_pytorchjob_crd()
+
+    def scale(self, name: str, nodes: int) -> dict[str, Any]:
+        return self.control.scale(name, nodes)
+
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
+        """torchrun fixes --nnodes per agent, and a Job's pod template cannot change: new
+        workers are created in a new rendezvous epoch; they resume from the checkpoint."""
+        return self.control.set_range(name, min_nodes, max_nodes)
+
+    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
+        return self.control.inject(name, fault, target, **options)
+
+    def cancel(self, name: str) -> None:
+        """Delete every object of the job. Idempotent."""
+        self.control.cancel(name)
 
     # -- query ---------------------------------------------------------------------------
 
@@ -102,7 +124,7 @@ class KubernetesBackend(Submitting, Control, Backend):
         except Exception as exc:
             queued = None
             target = len(pods)
-            if is_missing(exc) and self._workload(cm) == "job" and not pods:
+            if is_missing(exc) and workload_of(cm) == "job" and not pods:
                 # The workers and their Job are gone (deleted, or the TTL) while the code
                 # ConfigMap stayed: nothing will run again. Not "pending" forever.
                 status = "expired"

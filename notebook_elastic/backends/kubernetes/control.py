@@ -1,13 +1,15 @@
 """Controlling a job on a cluster: scale (an Indexed Job's completions and parallelism
 patched together), change the range (new workers in a new rendezvous epoch), the preemption
 and node-loss drills (the Eviction API, or a pod deleted without notice), and stop
-(every object deleted, idempotently). Mixed into ``KubernetesBackend``."""
+(every object deleted, idempotently). ``JobControl`` is held by ``KubernetesBackend``; a
+new range's workers are created through the backend's ``Submitter`` (``submit.py``)."""
 
 from __future__ import annotations
 
 import json
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import BackendError, JobNotFound, SpecError
@@ -15,36 +17,50 @@ from ...plan import rdzv_id
 from ...runtime import protocol
 from . import kueue
 from . import manifests as m
-from .client import explain, is_missing
+from .client import Connection, explain, is_missing
 from .options import KubernetesOptions
+from .submit import Submitter
 
 
-class Control:
-    """What may be done to a running job."""
+def spec_of(cm: Any) -> dict[str, Any]:
+    """The job's spec, as its code ConfigMap keeps it."""
+    spec: dict[str, Any] = json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
+    return spec
+
+
+def workload_of(cm: Any) -> str:
+    """What runs the job's workers (``job``, ``pods`` or ``pytorchjob``), as its code ConfigMap says."""
+    workload: str = (cm.metadata.annotations or {}).get("notebook-elastic.io/workload", "job")
+    return workload
+
+
+class JobControl:
+    """What may be done to a running job. ``connection`` gives the backend's connection (made
+    on first use), ``code`` a job's code ConfigMap (None once it is gone), and ``submitter``
+    creates the workers of a new range."""
+
+    def __init__(self, connection: Callable[[], Connection], code: Callable[[str], Any], submitter: Submitter) -> None:
+        self.connection = connection
+        self.code = code
+        self.submitter = submitter
 
     def _require(self, name: str) -> tuple[Any, dict[str, Any]]:
-        cm = self._code(name)
+        cm = self.code(name)
         if cm is None:
             raise JobNotFound(
-                f"no job named {name!r} in namespace {self.conn.namespace!r} (see %elastic_jobs kubernetes)"
+                f"no job named {name!r} in namespace {self.connection().namespace!r} (see %elastic_jobs kubernetes)"
             )
-        return cm, self._spec_of(cm)
-
-    def _spec_of(self, cm: Any) -> dict[str, Any]:
-        return json.loads((cm.metadata.annotations or {}).get(m.ANNOTATION_SPEC, "{}"))
-
-    def _workload(self, cm: Any) -> str:
-        return (cm.metadata.annotations or {}).get("notebook-elastic.io/workload", "job")
+        return cm, spec_of(cm)
 
     def scale(self, name: str, nodes: int) -> dict[str, Any]:
-        conn = self.conn
+        conn = self.connection()
         cm, spec = self._require(name)
         lo, hi = self._range(name, spec)
         if not lo <= nodes <= hi:
             raise SpecError(
                 f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
             )
-        workload = self._workload(cm)
+        workload = workload_of(cm)
         try:
             if workload == "job":
                 job = conn.batch().read_namespaced_job(m.workers_name(name), conn.namespace)
@@ -74,7 +90,8 @@ class Control:
 
     def _range(self, name: str, spec: dict[str, Any]) -> tuple[int, int]:
         try:
-            job = self.conn.batch().read_namespaced_job(m.workers_name(name), self.conn.namespace)
+            conn = self.connection()
+            job = conn.batch().read_namespaced_job(m.workers_name(name), conn.namespace)
             lo, hi = (int(x) for x in (job.metadata.annotations or {})["notebook-elastic.io/nnodes"].split(":"))
             return lo, hi
         except Exception:
@@ -84,9 +101,9 @@ class Control:
     def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
         """torchrun fixes --nnodes per agent, and a Job's pod template cannot change: new
         workers are created in a new rendezvous epoch; they resume from the checkpoint."""
-        conn = self.conn
+        conn = self.connection()
         cm, spec_json = self._require(name)
-        if self._workload(cm) != "job":
+        if workload_of(cm) != "job":
             raise BackendError("changing the range is supported for the default --workload job")
         from ...spec import JobSpec
 
@@ -114,7 +131,7 @@ class Control:
         for key in ("batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name", "job-name", "controller-uid"):
             new_job["spec"]["template"].get("metadata", {}).get("labels", {}).pop(key, None)
         try:
-            self._own_code_by(name, None)  # else deleting the old Job would delete the whole job
+            self.submitter.own_code_by(name, None)  # else deleting the old Job would delete the whole job
             conn.batch().delete_namespaced_job(
                 m.workers_name(name), conn.namespace, propagation_policy="Background", grace_period_seconds=30
             )
@@ -129,8 +146,8 @@ class Control:
             owner = conn.api.sanitize_for_serialization(cm)
             owner.setdefault("apiVersion", "v1")
             owner.setdefault("kind", "ConfigMap")
-            made = self._create(m.owned_by(new_job, owner), f"create the new workers of {name!r}")
-            self._own_code_by(name, made)
+            made = self.submitter.create(m.owned_by(new_job, owner), f"create the new workers of {name!r}")
+            self.submitter.own_code_by(name, made)
         except BackendError:
             raise
         except Exception as exc:
@@ -138,7 +155,7 @@ class Control:
         return {"target": target, "reconfigured": True, "epoch": epoch}
 
     def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
-        conn = self.conn
+        conn = self.connection()
         self._require(name)
         if fault == "kill_worker":
             raise BackendError(
@@ -180,15 +197,15 @@ class Control:
 
     def cancel(self, name: str) -> None:
         """Delete every object of the job. Idempotent."""
-        conn = self.conn
+        conn = self.connection()
         ns = conn.namespace
-        cm = self._code(name)
+        cm = self.code(name)
         # The README's Role grants PyTorchJobs only to those who use them: touch one only
         # for a job that made one (or when the code ConfigMap, which says, is already gone).
-        pytorchjob = cm is None or self._workload(cm) == "pytorchjob"
+        pytorchjob = cm is None or workload_of(cm) == "pytorchjob"
         # Likewise the env Secret: only a job launched with --env has one.
-        has_env = cm is None or bool(self._spec_of(cm).get("env"))
-        steps = [
+        has_env = cm is None or bool(spec_of(cm).get("env"))
+        steps: list[Callable[[], object]] = [
             lambda: conn.batch().delete_namespaced_job(m.workers_name(name), ns, propagation_policy="Background"),
             lambda: (
                 pytorchjob

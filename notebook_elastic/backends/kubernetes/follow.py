@@ -12,9 +12,12 @@ CrashLoopBackOff, and a worker pod the controller may not create (FailedCreate: 
 ``node_joined`` when a pod runs; ``node_left`` with the reason
 (finished, preempted, evicted, deleted, OOMKilled, exit code).
 
-Its parts, mixed into ``ClusterFollower``: ``watch.py`` (watches and retries), ``pods.py``
-(pod events), ``logs.py`` (log following), ``workload.py`` (the controller's warnings, the
-workload's scale and end).
+``ClusterFollower`` holds its parts and starts their threads: a ``Watcher`` (``watch.py``:
+watches and retries, a 403 told once), ``PodEvents`` (``pods.py``), a ``LogFollower``
+(``logs.py``) and ``WorkloadEvents`` (``workload.py``: the controller's warnings, the
+workload's scale and end). Each part's threads tell events through ``emit`` into the one
+queue that iterating drains; the pods seen are the one state two parts share (the pod watch
+writes them, log following reads them).
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ from ...runtime import protocol
 from . import grace
 from . import manifests as m
 from .client import Connection
-from .kueue import QueueWatch
-from .logs import LogFollowing
+from .logs import LogFollower
 from .pods import WAITING_REASONS, PodEvents, PodView, pod_disruption
 from .watch import (
     RETRY_FIRST_S,
@@ -41,7 +43,7 @@ from .watch import (
     WATCH_TIMEOUT_S,
     Backoff,
     Transient,
-    Watching,
+    Watcher,
     _ts,
     is_forbidden,
     parse_time,
@@ -66,7 +68,7 @@ __all__ = [
 ]
 
 
-class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
+class ClusterFollower:
     """Iterating yields the job's events until it finishes or ``stop`` is set; the watches
     run in threads of their own and feed one queue."""
 
@@ -75,23 +77,34 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
         self.job = job
         self.stop = stop
         self.events: queue.Queue[Event] = queue.Queue()
-        self.pods: dict[str, PodView] = {}
-        self.warned: set[tuple[str, str]] = set()  # (reason, message) of warnings told
         self.failures: list[Event] = []  # worker_failed events, oldest first
-        self.released = False  # we deleted the rendezvous pod of a finished job
         self.restarts = 0
         self.max_restarts: int | None = None
-        self.lock = threading.Lock()
         self.finished = threading.Event()
-        self.core = conn.core()
-        self.refused: set[str] = set()  # the 403 sentences told (each once)
-        self.success_met = False  # the workers' Job met its successPolicy
-        self.queue_watch: QueueWatch | None = None  # a job queued in Kueue: its Workload's word
         self.longest_save_s = 0.0  # rank 0's longest save this run (grace.py)
-        self._init_logs()
+        # The pods seen: the pod watch writes them, log following reads them.
+        self.pods: dict[str, PodView] = {}
+        self.pods_lock = threading.Lock()
+        # Each part is given the ones it calls, so they are made in that order: the pod watch
+        # tells log following and the workload's events; the workload's end waits on the logs.
+        self.watcher = Watcher(conn, job, stop, self.emit)
+        self.logs = LogFollower(conn, job, stop, self.pods, self.pods_lock, self.events.put, self.watcher.forbidden)
+        self.workload = WorkloadEvents(conn, job, stop, self.emit, self.watcher, self.logs.catch_up_all)
+        self.pod_events = PodEvents(
+            conn, job, stop, self.emit, self.watcher, self.pods, self.pods_lock, self.logs, self.workload
+        )
 
     def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
         self.events.put(Event(kind, t if t is not None else time.time(), node, data))
+
+    def follow_pod(self, pod: str) -> None:
+        """Follow this pod's log live (a dashboard or a user opened it), within the bound:
+        it takes a slot before pods nobody asked for."""
+        self.logs.follow_pod(pod)
+
+    def unfollow_pod(self, pod: str) -> None:
+        """The pod is no longer asked for: its slot goes back to the others."""
+        self.logs.unfollow_pod(pod)
 
     # -- the stream -------------------------------------------------------------------
 
@@ -99,7 +112,7 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
         backoff = Backoff(self.stop)
         while True:  # a transient error (or a 403, told once) is no answer about the job
             try:
-                code = self._code()
+                code = self.workload.code()
                 break
             except Transient:
                 while not self.events.empty():
@@ -117,13 +130,13 @@ class ClusterFollower(Watching, PodEvents, LogFollowing, WorkloadEvents):
             return
         self._submitted(code)
         threads = [
-            threading.Thread(target=self._watch_pods, name=f"watch-pods-{self.job}", daemon=True),
-            threading.Thread(target=self._watch_workload, name=f"watch-job-{self.job}", daemon=True),
-            threading.Thread(target=self._watch_events, name=f"watch-events-{self.job}", daemon=True),
+            threading.Thread(target=self.pod_events.watch_pods, name=f"watch-pods-{self.job}", daemon=True),
+            threading.Thread(target=self.workload.watch_workload, name=f"watch-job-{self.job}", daemon=True),
+            threading.Thread(target=self.workload.watch_events, name=f"watch-events-{self.job}", daemon=True),
         ]
         for t in threads:
             t.start()
-        self._start_logs()
+        self.logs.start()
         while True:
             try:
                 event = self.events.get(timeout=0.1)

@@ -21,18 +21,20 @@ unchanged.
 Lines are read with timestamps; each pod keeps a cursor (the last timestamp and how many
 lines carried it), so any mix of followed stretches, catch-ups and reconnects after a dropped
 connection delivers every line once. A restarted container's previous log is read with
-``previous=True``. Mixed into ``ClusterFollower``.
+``previous=True``. ``LogFollower`` is held by ``ClusterFollower``; the pod watch (``pods.py``)
+tells it which pods run and end, and it reads the pods that watch keeps.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...events import Event, Kind
 from ...runtime import log as _logging
-from .client import is_missing
+from .client import Connection, is_missing
 from .pods import PodView
 from .watch import Backoff, is_forbidden, parse_time
 
@@ -45,20 +47,41 @@ CATCH_UP_EVERY_S = 10.0  # ...and how often it reads each pod at most (small job
 SETTLE_S = 1.0  # a group change is caught up this long after rank 0's pod tells it, and 5x that
 
 
-class LogFollowing:
-    """Followed streams (bounded), catch-up readers and the choice of what to follow."""
+class LogFollower:
+    """Followed streams (bounded), catch-up readers and the choice of what to follow. It
+    reads ``pods`` (under ``pods_lock``), which the pod watch writes; the lines it reads go
+    to ``put`` as events, and a 403 to ``forbidden`` (told once)."""
 
-    def _init_logs(self) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        job: str,
+        stop: threading.Event,
+        pods: dict[str, PodView],
+        pods_lock: threading.Lock,
+        put: Callable[[Event], None],
+        forbidden: Callable[[BaseException, str], None],
+    ) -> None:
+        self.conn = conn
+        self.job = job
+        self.stop = stop
+        self.pods = pods
+        self.pods_lock = pods_lock
+        self.put = put
+        self.forbidden = forbidden
+        self.core = conn.core()
+        # Guards the choice below (asked, held, due, reading, sweeps, first_words) and wakes the
+        # scheduler and the catch-up readers when it changes.
         self.log_wake = threading.Condition()
         self.lead: str | None = None  # the pod of global rank 0, once known
         self.asked: set[str] = set()  # pods someone asked to follow (follow_pod)
         self.held: dict[str, Any] = {}  # pod -> its open follow response (None while connecting)
         self.due: dict[str, bool] = {}  # pods to catch up (True: its previous log first)
-        self.reading: set[str] = set()
+        self.reading: set[str] = set()  # pods a catch-up reader reads now
         self.sweeps: list[float] = []  # when catch-ups of every unfollowed pod are due
         self.first_words: list[tuple[float, str]] = []  # (when, pod): a new pod read again until it speaks
 
-    def _start_logs(self) -> list[threading.Thread]:
+    def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._schedule_logs, name=f"logs-{self.job}", daemon=True)]
         threads += [
             threading.Thread(target=self._catch_up_loop, name=f"catch-up-{self.job}-{i}", daemon=True)
@@ -70,7 +93,7 @@ class LogFollowing:
 
     # -- what the pod watch and the user tell ----------------------------------------------
 
-    def _pod_started(self, view: PodView) -> None:
+    def pod_started(self, view: PodView) -> None:
         self._catch_up(view.name)  # its lines so far; followed instead if it gets a slot
         with self.log_wake:
             # Its first lines (its round, its ranks: maybe rank 0) come soon after it starts:
@@ -79,10 +102,10 @@ class LogFollowing:
             self.first_words += [(now + SETTLE_S * 2**k, view.name) for k in range(4)]
         self._rebalance()
 
-    def _pod_restarted(self, view: PodView) -> None:
+    def pod_restarted(self, view: PodView) -> None:
         self._catch_up(view.name, previous=True)
 
-    def _pod_ended(self, view: PodView) -> None:
+    def pod_ended(self, view: PodView) -> None:
         self._catch_up(view.name)  # its tail: what it said before it went
         self._rebalance()
 
@@ -103,7 +126,7 @@ class LogFollowing:
 
     def _wanted(self) -> list[str]:
         """The pods to follow, most wanted first, at most ``LOG_STREAMS_MAX``."""
-        with self.lock:
+        with self.pods_lock:
             live = [v for v in self.pods.values() if v.running_seen and not v.left]
         live.sort(key=lambda v: (v.index if v.index is not None else 1 << 30, v.name))
         order: dict[str, None] = {}  # insertion-ordered, no repeats
@@ -174,7 +197,7 @@ class LogFollowing:
 
     def _unfollowed(self) -> list[str]:
         """Running pods whose log is not followed now, by name (called under ``log_wake``)."""
-        with self.lock:
+        with self.pods_lock:
             names = [v.name for v in self.pods.values() if v.running_seen and not v.left]
         return sorted(n for n in names if n not in self.held)
 
@@ -193,9 +216,9 @@ class LogFollowing:
             self.sweeps = [soon, max(soon, now + 5 * SETTLE_S)]
             self.log_wake.notify_all()
 
-    def _catch_up_all(self, timeout_s: float = 30.0) -> None:
+    def catch_up_all(self, timeout_s: float = 30.0) -> None:
         """Read every pod's log up to now (before the job's end is told), and wait for it."""
-        with self.lock:
+        with self.pods_lock:
             names = [v.name for v in self.pods.values() if v.running_seen]
         with self.log_wake:
             for name in names:
@@ -242,7 +265,7 @@ class LogFollowing:
             )
         except Exception as exc:
             if is_forbidden(exc):
-                self._forbidden(exc, f"read the log of pod {view.name}")
+                self.forbidden(exc, f"read the log of pod {view.name}")
             return  # gone, not started, or no answer now: the next catch-up tries again
         try:
             self._deliver(view, resp)
@@ -270,7 +293,7 @@ class LogFollowing:
                     if is_missing(exc):
                         return
                     if is_forbidden(exc):
-                        self._forbidden(exc, f"read the log of pod {pod}")
+                        self.forbidden(exc, f"read the log of pod {pod}")
                     backoff.wait()
                     continue
                 backoff.reset()
@@ -311,7 +334,7 @@ class LogFollowing:
                     event = view.parser.feed(text, parse_time(stamp))
                 if event is not None:
                     self._told(view, event)
-                    self.events.put(event)
+                    self.put(event)
 
     def _told(self, view: PodView, event: Event) -> None:
         """What a log line says about whom to follow: rank 0's pod, a failing pod; a group
@@ -349,7 +372,7 @@ class LogFollowing:
     def _pod_at(self, addr: str | None) -> str | None:
         if not addr:
             return None
-        with self.lock:
+        with self.pods_lock:
             return next((v.name for v in self.pods.values() if v.ip == addr and not v.left), None)
 
     def _container_done(self, pod: str) -> bool:

@@ -1,19 +1,24 @@
 """Worker and rendezvous pods as events: ``pending`` with the scheduler's or the kubelet's
 reason, ``node_joined`` when a pod runs (its log followed from then on), a restarted
 container, ``node_left`` with why (finished, preempted, evicted, deleted, OOMKilled, exit
-code), ``store_lost`` when the rendezvous pod goes. Mixed into ``ClusterFollower``."""
+code), ``store_lost`` when the rendezvous pod goes. ``PodEvents`` is held by
+``ClusterFollower``; it tells log following (``logs.py``) and the workload's events
+(``workload.py``) what it sees of the pods, through the narrow ``PodLogs`` and
+``PodWorkload``."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ...events import Kind, LineParser
 from ...runtime import log as _logging
 from ...runtime import protocol
 from . import manifests as m
+from .client import Connection
 from .cursor import LogCursor
+from .watch import Emit, Watcher
 
 _log = _logging.get("backends.kubernetes.pods")
 
@@ -94,11 +99,57 @@ def node_unreachable(pod: Any) -> bool:
     )
 
 
-class PodEvents:
-    """The pod watch's handlers."""
+class PodLogs(Protocol):
+    """What the pod watch tells log following (``logs.LogFollower``)."""
 
-    def _watch_pods(self) -> None:
-        self._watch(
+    def pod_started(self, view: PodView) -> None: ...
+
+    def pod_restarted(self, view: PodView) -> None: ...
+
+    def pod_ended(self, view: PodView) -> None: ...
+
+
+class PodWorkload(Protocol):
+    """What the pod watch reads of, and tells, the workload's events (``workload.WorkloadEvents``)."""
+
+    @property
+    def released(self) -> bool:
+        """Whether we deleted the rendezvous store of a finished job (its pod's end is no news)."""
+        ...
+
+    def worker_started(self) -> None: ...
+
+
+class PodEvents:
+    """The pod watch's handlers. ``pods`` (guarded by ``pods_lock``) is shared with log
+    following, which reads what this writes."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        job: str,
+        stop: threading.Event,
+        emit: Emit,
+        watcher: Watcher,
+        pods: dict[str, PodView],
+        pods_lock: threading.Lock,
+        logs: PodLogs,
+        workload: PodWorkload,
+    ) -> None:
+        self.conn = conn
+        self.job = job
+        self.stop = stop
+        self.emit = emit
+        self.watcher = watcher
+        self.pods = pods
+        self.pods_lock = pods_lock
+        self.logs = logs
+        self.workload = workload
+        self.core = conn.core()
+        self.success_met = False  # the workers' Job met its successPolicy
+
+    def watch_pods(self) -> None:
+        self.watcher.watch(
             self.core.list_namespaced_pod,
             self._on_pod,
             relisted=self._pods_relisted,
@@ -109,7 +160,7 @@ class PodEvents:
     def _pods_relisted(self, present: set[str]) -> None:
         """Worker pods we followed that a fresh list no longer has were deleted while the
         watch was away (a 410 after a long disconnection): they left."""
-        with self.lock:
+        with self.pods_lock:
             gone = [
                 v
                 for v in self.pods.values()
@@ -123,7 +174,7 @@ class PodEvents:
     def _on_pod(self, kind: str, pod: Any) -> None:
         name = pod.metadata.name
         component = (pod.metadata.labels or {}).get(m.COMPONENT)
-        with self.lock:
+        with self.pods_lock:
             view = self.pods.setdefault(name, PodView(name))
         status = pod.status
         phase = (status.phase if status else "") or "Pending"
@@ -170,15 +221,14 @@ class PodEvents:
         started = container and container.state and (container.state.running or container.state.terminated)
         if started and not view.running_seen:
             view.running_seen = True
-            with self.lock:
-                self.warned.clear()  # a pod could be created: tell a new refusal again
+            self.workload.worker_started()  # a pod could be created: tell a new refusal again
             self.emit(
                 Kind.NODE_JOINED,
                 name,
                 ip=status.pod_ip,
                 index=(pod.metadata.labels or {}).get("batch.kubernetes.io/job-completion-index"),
             )
-            self._pod_started(view)
+            self.logs.pod_started(view)
         if container and container.restart_count and container.restart_count > view.restart_count:
             view.restart_count = container.restart_count
             self.emit(
@@ -187,7 +237,7 @@ class PodEvents:
                 error="ContainerRestarted",
                 message=f"container restarted ({container.restart_count}x)",
             )
-            self._pod_restarted(view)
+            self.logs.pod_restarted(view)
         # Gone: why.
         disruption = pod_disruption(pod)
         terminated = terminated_state(container)
@@ -217,7 +267,7 @@ class PodEvents:
                     reason=reason,
                     exitcode=terminated.exit_code if terminated is not None else None,
                 )
-                self._pod_ended(view)
+                self.logs.pod_ended(view)
                 if kind == "MODIFIED" and terminated is not None and terminated.exit_code == protocol.EXIT_EVICTED:
                     self._size_without(view)  # seen as it happened: an old pod a new kernel lists is history
 
@@ -259,7 +309,7 @@ class PodEvents:
 
     def _on_rendezvous_pod(self, kind: str, pod: Any, view: PodView, phase: str, container: Any) -> None:
         cut_off = node_unreachable(pod)
-        if (kind == "DELETED" or cut_off) and not view.left and not self.stop.is_set() and not self.released:
+        if (kind == "DELETED" or cut_off) and not view.left and not self.stop.is_set() and not self.workload.released:
             # Its Deployment starts another; the agents re-form their round on it. A pod whose
             # node stopped answering is never confirmed deleted (no kubelet): it stays
             # Terminating, so its eviction is the news, told once.

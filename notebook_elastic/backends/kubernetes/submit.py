@@ -1,11 +1,13 @@
 """Submitting a job to a cluster: the dry-run (the objects and the launch plan, as text),
 and creating them in order, the code ConfigMap first as the owner of the rest, with nothing
-half-created left behind on a refusal. Mixed into ``KubernetesBackend``."""
+half-created left behind on a refusal. ``Submitter`` is held by ``KubernetesBackend``, and
+lent to its ``JobControl`` (``control.py``), which creates a range's new workers with it."""
 
 from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import BackendError
@@ -15,21 +17,38 @@ from ...runtime.notice_keeper import LEAVE_S
 from ..base import DryRun
 from . import grace, kueue
 from . import manifests as m
-from .client import explain, is_missing
+from .client import Connection, explain, is_missing
 from .options import KubernetesOptions
 
 _log = _logging.get("backends.kubernetes.submit")
 
 
-class Submitting:
-    """``submit_dryrun`` and ``schedule``, and the creation of each object."""
+class Submitter:
+    """``submit_dryrun`` and ``schedule``, and the creation of each object. ``connection``
+    gives the backend's connection, made on first use (a dry-run needs none); ``namespace``
+    is the one the backend was given, if any; ``cancel`` deletes what a refused schedule made."""
+
+    def __init__(
+        self, connection: Callable[[], Connection], namespace: str | None, cancel: Callable[[str], None]
+    ) -> None:
+        self.connection = connection
+        self.namespace = namespace
+        self.cancel = cancel
+
+    def _options(self, spec: Any) -> KubernetesOptions:
+        """The job's options, its pods' grace resolved: the user's, else derived from the last
+        save measured for a job of this name here (grace.py)."""
+        options = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
+        if options.grace is None:
+            options.grace = grace.derived(grace.measured(spec.name))
+        return options
 
     def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
         options = self._options(spec)
         run_id = secrets.token_hex(4)
         objects = m.build(spec, bundle, options, run_id=run_id)
         plan = m.plan_for(spec, options, rdzv_id=rdzv_id(spec.name, run_id, 0), epoch=0)
-        namespace = options.namespace or self._namespace or "<the context's namespace>"
+        namespace = options.namespace or self.namespace or "<the context's namespace>"
         shipped = sorted(getattr(bundle, "modules", {}) or {})
         text = (
             f"# kubernetes backend: {len(objects)} objects in namespace {namespace}; every object but the ConfigMap\n"
@@ -59,7 +78,7 @@ class Submitting:
             + (
                 f"# notice: a worker pod is given {options.grace} s between the kubelet's SIGTERM and its SIGKILL\n"
                 f"# ({grace.why(options.grace_given, grace.measured(spec.name), spec.name)});\n"
-                f"# the job saves on that notice first, so a save must end within {options.grace - LEAVE_S:g} s\n"
+                f"# the job saves on that notice first, so a save must end within {options.pod_grace - LEAVE_S:g} s\n"
                 "# (a save measured longer is told while the job runs, with the --grace that would hold it).\n"
             )
             + (
@@ -83,7 +102,7 @@ class Submitting:
         )
 
     def schedule(self, dryrun: DryRun) -> None:
-        conn = self.conn
+        conn = self.connection()
         objects = dryrun.request["objects"]
         options = KubernetesOptions.from_json(dryrun.request["options"])
         self._check_namespace()
@@ -116,22 +135,22 @@ class Submitting:
                 "notebook-elastic.io/options": json.dumps(options.to_json(), separators=(",", ":")),
             },
         )
-        owner = self._create(code, "create the job's code ConfigMap")
+        owner = self.create(code, "create the job's code ConfigMap")
         created = [owner]
         try:
             for obj in objects[1:]:
                 if obj["kind"] == "Secret":  # the dry-run holds placeholders; the values, only now
                     obj = m.with_env_values(obj, dryrun.spec.env)
                 created.append(
-                    self._create(m.owned_by(obj, owner), f"create the {obj['kind']} {obj['metadata']['name']}")
+                    self.create(m.owned_by(obj, owner), f"create the {obj['kind']} {obj['metadata']['name']}")
                 )
             if created[-1]["kind"] in ("Job", "PyTorchJob"):
-                self._own_code_by(dryrun.spec.name, created[-1])
+                self.own_code_by(dryrun.spec.name, created[-1])
         except BackendError:
             self.cancel(dryrun.spec.name)  # nothing half-created is left behind
             raise
 
-    def _own_code_by(self, name: str, workers: dict[str, Any] | None) -> None:
+    def own_code_by(self, name: str, workers: dict[str, Any] | None) -> None:
         """The workers' Job (or PyTorchJob) owns the code ConfigMap, which owns the rest: so
         the TTL controller, `kubectl delete job` or a `stop` that deletes the workers removes
         every object of the job, not only the Job (a dead kernel left the ConfigMap, Service
@@ -152,17 +171,18 @@ class Submitting:
             if workers
             else []
         )
+        conn = self.connection()
         try:
-            self.conn.core().patch_namespaced_config_map(
+            conn.core().patch_namespaced_config_map(
                 m.code_name(name),
-                self.conn.namespace,
+                conn.namespace,
                 [{"op": "add", "path": "/metadata/ownerReferences", "value": refs}],
             )
         except Exception as exc:
-            raise explain(exc, f"make the workers of {name!r} own its code ConfigMap", self.conn) from None
+            raise explain(exc, f"make the workers of {name!r} own its code ConfigMap", conn) from None
 
     def _check_namespace(self) -> None:
-        conn = self.conn
+        conn = self.connection()
         try:
             conn.core().read_namespace(conn.namespace)
         except Exception as exc:
@@ -180,7 +200,7 @@ class Submitting:
         """Whether any node offers nvidia.com/gpu. Unknown (nodes are cluster-scoped, and the
         README's Role does not grant them) counts as yes: the default stays as it was."""
         try:
-            nodes = self.conn.core().list_node().items
+            nodes = self.connection().core().list_node().items
         except Exception:
             _log.debug("the cluster's nodes could not be listed: GPUs not checked", exc_info=True)
             return True
@@ -190,14 +210,14 @@ class Submitting:
 
     def has_pytorchjob_crd(self) -> bool:
         try:
-            self.conn.extensions().read_custom_resource_definition("pytorchjobs.kubeflow.org")
+            self.connection().extensions().read_custom_resource_definition("pytorchjobs.kubeflow.org")
             return True
         except Exception:
             _log.debug("no PyTorchJob CRD readable", exc_info=True)
             return False
 
-    def _create(self, obj: dict[str, Any], action: str) -> dict[str, Any]:
-        conn = self.conn
+    def create(self, obj: dict[str, Any], action: str) -> dict[str, Any]:
+        conn = self.connection()
         ns = conn.namespace
         kind = obj["kind"]
         try:
@@ -215,11 +235,15 @@ class Submitting:
             elif kind == "Job":
                 made = conn.batch().create_namespaced_job(ns, obj)
             elif kind == "PyTorchJob":
-                return conn.custom().create_namespaced_custom_object("kubeflow.org", "v1", ns, "pytorchjobs", obj)
+                resource: dict[str, Any] = conn.custom().create_namespaced_custom_object(
+                    "kubeflow.org", "v1", ns, "pytorchjobs", obj
+                )
+                return resource
             else:
                 raise BackendError(f"cannot create a {kind}")
         except BackendError:
             raise
         except Exception as exc:
             raise explain(exc, action, conn) from None
-        return conn.api.sanitize_for_serialization(made)
+        kept: dict[str, Any] = conn.api.sanitize_for_serialization(made)
+        return kept

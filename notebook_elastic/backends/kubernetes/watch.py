@@ -1,15 +1,18 @@
 """Talking to the API server while following a job: retries with a doubling wait, a 403
 told once in words, and a watch that lives as long as the follower (list, watch, resume,
-relist on 410 Gone), as an informer does it. Mixed into ``ClusterFollower``."""
+relist on 410 Gone), as an informer does it. ``Watcher`` is held by ``ClusterFollower`` and
+lent to its other parts (``pods.py``, ``workload.py``), which watch through it; ``Emit`` is
+how every part tells an event."""
 
 from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ...events import Kind
-from .client import explain
+from .client import Connection, explain
 
 WATCH_TIMEOUT_S = 30
 RETRY_FIRST_S = 0.5  # a transient API error (429, 5xx, a dropped connection) is retried after this,
@@ -57,10 +60,24 @@ def _ts(value: Any) -> float | None:
     return parse_time(str(value))
 
 
-class Watching:
+class Emit(Protocol):
+    """``ClusterFollower.emit``: an event of ``kind`` about ``node`` (now, unless ``t``)."""
+
+    def __call__(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None: ...
+
+
+class Watcher:
     """The follower's watches and its one sentence per missing right."""
 
-    def _forbidden(self, exc: BaseException, action: str) -> None:
+    def __init__(self, conn: Connection, job: str, stop: threading.Event, emit: Emit) -> None:
+        self.conn = conn
+        self.job = job
+        self.stop = stop
+        self.emit = emit
+        self.lock = threading.Lock()  # the watches, log readers and polls meet a 403 at once
+        self.refused: set[str] = set()  # the 403 sentences told (each once)
+
+    def forbidden(self, exc: BaseException, action: str) -> None:
         """Say once which right is missing (the verb and resource from the API server's
         message, in client.explain's words); the caller keeps retrying slowly, so a Role
         granted later is picked up."""
@@ -71,13 +88,13 @@ class Watching:
             self.refused.add(message)
         self.emit(Kind.ERROR, None, error="Forbidden", message=message)
 
-    def _watch(
+    def watch(
         self,
-        list_fn: Any,
-        handle: Any,
+        list_fn: Callable[..., Any],
+        handle: Callable[[str, Any], None],
         *,
         optional: bool = False,
-        relisted: Any = None,
+        relisted: Callable[[set[str]], None] | None = None,
         bookmarks: bool = False,
         **selector: str,
     ) -> None:
@@ -99,7 +116,7 @@ class Watching:
                     if optional and exc.status in (401, 403):
                         return
                     if exc.status in (401, 403):
-                        self._forbidden(exc, f"follow job {self.job!r}")
+                        self.forbidden(exc, f"follow job {self.job!r}")
                     backoff.wait()
                     continue
                 except Exception:
@@ -110,7 +127,7 @@ class Watching:
                 if relisted is not None:
                     relisted({obj.metadata.name for obj in listed.items})
                 rv = listed.metadata.resource_version
-            w = watch.Watch()
+            w: Any = watch.Watch()  # type: ignore[no-untyped-call]  # the client's watch module has no annotations
             try:
                 for item in w.stream(
                     list_fn,
@@ -141,7 +158,7 @@ class Watching:
                     rv = None
                     continue
                 if exc.status in (401, 403):
-                    self._forbidden(exc, f"follow job {self.job!r}")
+                    self.forbidden(exc, f"follow job {self.job!r}")
                 backoff.wait()
             except Exception:
                 backoff.wait()  # dropped connection: resume from rv

@@ -1,12 +1,15 @@
 """The job's own objects as events: the controller's warnings (a worker pod it may not
 create), scale changes and the end from the workers' Job, pods or PyTorchJob, the code
-ConfigMap as the job's existence, and at the end the rendezvous released. Mixed into
-``ClusterFollower``."""
+ConfigMap as the job's existence, and at the end the rendezvous released. ``WorkloadEvents``
+is held by ``ClusterFollower``, which asks it whether the job exists (``code``); the pod
+watch (``pods.py``) reads ``released`` and tells it when a worker pod starts."""
 
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...events import Kind
@@ -14,9 +17,9 @@ from ...runtime import log as _logging
 from ...runtime import protocol
 from . import kueue
 from . import manifests as m
-from .client import is_missing
+from .client import Connection, is_missing
 from .pods import first_container, terminated_state
-from .watch import Backoff, Transient, _ts, is_forbidden
+from .watch import Backoff, Emit, Transient, Watcher, _ts, is_forbidden
 
 _log = _logging.get("backends.kubernetes.workload")
 
@@ -30,9 +33,36 @@ def refusal(message: str | None) -> str:
 
 
 class WorkloadEvents:
-    """The controller's warnings and the workload's status, folded into events."""
+    """The controller's warnings and the workload's status, folded into events. Before the
+    end is told, ``catch_up_all`` reads the rest of every pod's log (log following's)."""
 
-    def _watch_events(self) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        job: str,
+        stop: threading.Event,
+        emit: Emit,
+        watcher: Watcher,
+        catch_up_all: Callable[[], None],
+    ) -> None:
+        self.conn = conn
+        self.job = job
+        self.stop = stop
+        self.emit = emit
+        self.watcher = watcher
+        self.catch_up_all = catch_up_all
+        self.core = conn.core()
+        self.lock = threading.Lock()  # guards warned: the event watch adds, the pod watch clears
+        self.warned: set[tuple[str, str]] = set()  # (reason, message) of warnings told
+        self.released = False  # we deleted the rendezvous pod of a finished job
+        self.queue_watch: kueue.QueueWatch | None = None  # a job queued in Kueue: its Workload's word
+
+    def worker_started(self) -> None:
+        """A worker pod could be created: a refusal told before is told again if it comes back."""
+        with self.lock:
+            self.warned.clear()
+
+    def watch_events(self) -> None:
         """Warnings about the workers' controller object (Job or PyTorchJob), as events.
 
         A worker pod the controller may not create (the namespace's quota is spent, a
@@ -41,7 +71,7 @@ class WorkloadEvents:
         told once (the controller retries, and the message differs only in the pod's
         random name); a pod that starts after it clears the slate. Without the right to
         list events this is skipped: the rest of following works unchanged."""
-        self._watch(
+        self.watcher.watch(
             self.core.list_namespaced_event,
             self._on_cluster_event,
             optional=True,  # no right to read events (see the Role in docs/how-to/rbac.md)
@@ -63,7 +93,7 @@ class WorkloadEvents:
         else:
             self.emit(Kind.ERROR, None, t, error=event.reason, message=message)
 
-    def _watch_workload(self) -> None:
+    def watch_workload(self) -> None:
         """Scale changes and the job's end, from the workers' controller object."""
         batch = self.conn.batch()
         last_parallelism = None
@@ -71,7 +101,7 @@ class WorkloadEvents:
         backoff = Backoff(self.stop)
         while not self.stop.is_set():
             try:
-                cm = self._code()
+                cm = self.code()
             except Transient:
                 backoff.wait()  # the job is still there as far as we know: ask again
                 continue
@@ -134,7 +164,7 @@ class WorkloadEvents:
             except Exception as exc:
                 if not is_missing(exc):
                     if is_forbidden(exc):
-                        self._forbidden(exc, f"read the workers of job {self.job!r}")
+                        self.watcher.forbidden(exc, f"read the workers of job {self.job!r}")
                     backoff.wait()
                     continue
                 # The workload is being replaced (range change) or was deleted.
@@ -152,9 +182,9 @@ class WorkloadEvents:
             self.queue_watch.poll(job.metadata.uid)
         except Exception as exc:
             if is_forbidden(exc):
-                self._forbidden(exc, f"read the Kueue Workload of job {self.job!r}")
+                self.watcher.forbidden(exc, f"read the Kueue Workload of job {self.job!r}")
 
-    def _code(self) -> Any:
+    def code(self) -> Any:
         """The job's code ConfigMap, None once it is gone (404). Any other failure is no
         answer about the job: ``Transient`` (a 403 is told once), and the caller asks again;
         only a real end (the object deleted, the workload finished) ends the view."""
@@ -164,12 +194,12 @@ class WorkloadEvents:
             if is_missing(exc):
                 return None
             if is_forbidden(exc):
-                self._forbidden(exc, f"read job {self.job!r}")
+                self.watcher.forbidden(exc, f"read job {self.job!r}")
             raise Transient(str(exc)) from exc
 
     def _finish(self, status: str, reason: str | None, budget_spent: bool = False) -> None:
         time.sleep(1.0)  # let the followed streams deliver the last lines first
-        self._catch_up_all()  # and read the rest of every pod's log, so its tail is told before the end
+        self.catch_up_all()  # and read the rest of every pod's log, so its tail is told before the end
         data: dict[str, Any] = {"status": status}
         if reason:
             data["reason"] = reason
