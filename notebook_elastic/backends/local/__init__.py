@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +42,17 @@ from .follow import (
     LOST_FOLDER,
     LOST_SUPERVISOR,
     SUPERVISOR_START_TIMEOUT_S,
-    Following,
+    FollowedHistory,
     _append_event,
 )
+from .follow import follow as _follow_folder
+from .follow import history as _folder_history
 from .place import local_place, visible_gpus
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 
 
-class LocalBackend(Following, Backend):
+class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, home: str | os.PathLike | None = None) -> None:
@@ -60,6 +64,12 @@ class LocalBackend(Following, Backend):
 
     def folder(self, name: str) -> JobFolder:
         return JobFolder(self.root / name)
+
+    def history(self, name: str) -> Iterator[Event]:
+        return _folder_history(self.folder(name))
+
+    def follow(self, name: str, stop: threading.Event) -> FollowedHistory:
+        return _follow_folder(self.folder(name), stop)
 
     # -- submit --------------------------------------------------------------------------
 

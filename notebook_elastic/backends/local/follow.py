@@ -1,7 +1,8 @@
 """Following a local job from any kernel: its history (the compacted part, then the live
 file, across rotations) as events, until its outcome; a supervisor that died without one, or
 a job folder deleted under it, is told as the job's end, written down by whoever notices it
-first so that every observer says the same. Mixed into ``LocalBackend``."""
+first so that every observer says the same. ``LocalBackend.history`` and ``follow`` read a
+folder through ``history`` and ``follow`` here."""
 
 from __future__ import annotations
 
@@ -73,99 +74,97 @@ class FollowedHistory:
         return self._events
 
 
-class Following:
-    """``history`` and ``follow`` of a job folder."""
+def history(folder: JobFolder) -> Iterator[Event]:
+    """The job's events so far (the compacted part, then the live file)."""
+    if not folder.exists():
+        raise JobNotFound(f"no local job named {folder.path.name!r} (see %elastic_jobs)")
+    yield from read_all(folder.events_file)
 
-    def history(self, name: str) -> Iterator[Event]:
-        folder = self.folder(name)
-        if not folder.exists():
-            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        yield from read_all(folder.events_file)
 
-    def follow(self, name: str, stop: threading.Event) -> FollowedHistory:
-        caught_up = threading.Event()
-        return FollowedHistory(self._follow(name, stop, caught_up), caught_up)
+def follow(folder: JobFolder, stop: threading.Event) -> FollowedHistory:
+    """The job's events, live, until its outcome or ``stop``."""
+    caught_up = threading.Event()
+    return FollowedHistory(_follow(folder, stop, caught_up), caught_up)
 
-    def _follow(self, name: str, stop: threading.Event, caught_up: threading.Event) -> Iterator[Event]:
-        try:
-            yield from self._read_on(name, stop, caught_up)
-        finally:
-            caught_up.set()  # ended (the job's end, a stop, an error): nothing more to wait for
 
-    def _read_on(self, name: str, stop: threading.Event, caught_up: threading.Event) -> Iterator[Event]:
-        folder = self.folder(name)
-        if not folder.exists():
-            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
-        try:  # the compacted history first (it is replaced whole, never appended to)
-            with open(history_file(folder.events_file), "rb") as h:
-                for line in h:
+def _follow(folder: JobFolder, stop: threading.Event, caught_up: threading.Event) -> Iterator[Event]:
+    try:
+        yield from _read_on(folder, stop, caught_up)
+    finally:
+        caught_up.set()  # ended (the job's end, a stop, an error): nothing more to wait for
+
+
+def _read_on(folder: JobFolder, stop: threading.Event, caught_up: threading.Event) -> Iterator[Event]:
+    if not folder.exists():
+        raise JobNotFound(f"no local job named {folder.path.name!r} (see %elastic_jobs)")
+    finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
+    try:  # the compacted history first (it is replaced whole, never appended to)
+        with open(history_file(folder.events_file), "rb") as h:
+            for line in h:
+                event = parse(line)
+                if event is not None:
+                    yield event
+                    finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+    except FileNotFoundError:
+        pass
+    buffer = b""
+    idle_checks = 0
+    gone_since: float | None = None
+    f = open(folder.events_file, "rb")
+    try:
+        while not stop.is_set():
+            chunk = f.read(1 << 20)
+            if chunk:
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
                     event = parse(line)
-                    if event is not None:
-                        yield event
-                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
-        except FileNotFoundError:
-            pass
-        buffer = b""
-        idle_checks = 0
-        gone_since: float | None = None
-        f = open(folder.events_file, "rb")
-        try:
-            while not stop.is_set():
-                chunk = f.read(1 << 20)
-                if chunk:
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        event = parse(line)
-                        if event is None:
-                            continue
-                        yield event
-                        finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
-                    continue
-                if buffer and os.fstat(f.fileno()).st_size < f.tell():
-                    # The supervisor cut a line a full disk tore (sink.py): what we hold of it is
-                    # gone from the file; read on from where it began.
-                    f.seek(f.tell() - len(buffer))
-                    buffer = b""
-                    continue
-                if _rotated(folder.events_file, f):
-                    f.close()  # read to its end: the rest is in the new file
-                    f, buffer = open(folder.events_file, "rb"), b""
-                    continue
-                # At the end of the live file: everything written before the follower came is
-                # yielded, and (a generator runs on only when asked) taken by its consumer.
-                caught_up.set()
-                if finished and not folder.supervisor_alive():
-                    return  # the end of the file, the job's last word was its outcome, and no
-                    # supervisor (a resumed one) will write more
-                idle_checks += 1
-                if idle_checks % 50 == 0 and not folder.events_file.exists():
-                    # Deleted under the job: its supervisor says so in the (unlinked) file we
-                    # still read, as it stops; if it is gone too, say it here.
-                    gone_since = gone_since or time.monotonic()
-                    if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
-                        yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
-                        return
-                elif idle_checks % 50 == 0 and not folder.supervisor_alive() and not folder.guardian_alive():
-                    time.sleep(0.2)  # one last read: it may have just written its last line
-                    if f.read(1):
-                        f.seek(-1, os.SEEK_CUR)
+                    if event is None:
                         continue
-                    outcome = folder.outcome()
-                    if outcome is not None:  # its last event found no room; its outcome did
-                        said = {
-                            k: outcome[k] for k in ("status", "reason", "orphans_killed") if outcome.get(k) is not None
-                        }
-                        yield Event(Kind.JOB_FINISHED, outcome.get("finished_at") or time.time(), None, said)
-                        return
-                    info = folder.supervisor()
-                    if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
-                        # Whoever notices writes it down, so every observer says the same.
-                        event = Event(Kind.JOB_FINISHED, time.time(), None, LOST_SUPERVISOR)
-                        _record_outcome(folder, event)
-                        yield event
-                        return
-                stop.wait(FOLLOW_POLL_S)
-        finally:
-            f.close()
+                    yield event
+                    finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
+                continue
+            if buffer and os.fstat(f.fileno()).st_size < f.tell():
+                # The supervisor cut a line a full disk tore (sink.py): what we hold of it is
+                # gone from the file; read on from where it began.
+                f.seek(f.tell() - len(buffer))
+                buffer = b""
+                continue
+            if _rotated(folder.events_file, f):
+                f.close()  # read to its end: the rest is in the new file
+                f, buffer = open(folder.events_file, "rb"), b""
+                continue
+            # At the end of the live file: everything written before the follower came is
+            # yielded, and (a generator runs on only when asked) taken by its consumer.
+            caught_up.set()
+            if finished and not folder.supervisor_alive():
+                return  # the end of the file, the job's last word was its outcome, and no
+                # supervisor (a resumed one) will write more
+            idle_checks += 1
+            if idle_checks % 50 == 0 and not folder.events_file.exists():
+                # Deleted under the job: its supervisor says so in the (unlinked) file we
+                # still read, as it stops; if it is gone too, say it here.
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > FOLDER_GONE_WAIT_S:
+                    yield Event(Kind.JOB_FINISHED, time.time(), None, LOST_FOLDER)
+                    return
+            elif idle_checks % 50 == 0 and not folder.supervisor_alive() and not folder.guardian_alive():
+                time.sleep(0.2)  # one last read: it may have just written its last line
+                if f.read(1):
+                    f.seek(-1, os.SEEK_CUR)
+                    continue
+                outcome = folder.outcome()
+                if outcome is not None:  # its last event found no room; its outcome did
+                    said = {k: outcome[k] for k in ("status", "reason", "orphans_killed") if outcome.get(k) is not None}
+                    yield Event(Kind.JOB_FINISHED, outcome.get("finished_at") or time.time(), None, said)
+                    return
+                info = folder.supervisor()
+                if info is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
+                    # Whoever notices writes it down, so every observer says the same.
+                    event = Event(Kind.JOB_FINISHED, time.time(), None, LOST_SUPERVISOR)
+                    _record_outcome(folder, event)
+                    yield event
+                    return
+            stop.wait(FOLLOW_POLL_S)
+    finally:
+        f.close()
