@@ -38,7 +38,7 @@ def test_quickstart_notebook_tells_the_seed_story(home):
 
 def test_over_quota_notebook_shrinks_and_grows_back(home):
     out = run_notebook("over-quota.ipynb", home, timeout=900)
-    assert "world size: started on 4, shrank to 2, ended on 4" in out
+    assert "world size: 4 before the reclaim, shrank to 2, ended on 4" in out
     assert "steps trained: 240 of 240" in out
     assert "each exactly once: True" in out
     assert "OVER-QUOTA OK" in out
