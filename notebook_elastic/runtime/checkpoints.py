@@ -159,7 +159,7 @@ def _size(path: Path) -> int:
 
 
 def torch_save(obj: Any, f: Any) -> None:
-    """``torch.save`` in the legacy format (see ``State._write``), durable once it returns."""
+    """``torch.save`` in the legacy format (see ``CheckpointWriter._write``), durable once it returns."""
     import torch
 
     torch.save(obj, f, _use_new_zipfile_serialization=False)

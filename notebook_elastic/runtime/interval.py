@@ -1,13 +1,18 @@
 """How often ``State`` saves: every ``--checkpoint-every`` steps, or chosen so that the time
-``commit()`` blocks the training loop stays under ``BLOCKING_TARGET``. Mixed into ``State``,
-whose commit bookkeeping (time trained, time blocked, the last save's cost) it reads."""
+``commit()`` blocks the training loop stays under ``BLOCKING_TARGET``. ``SaveInterval`` keeps
+the commit bookkeeping that choice is made from (time trained, time blocked, the last save's
+cost and write); ``State`` holds one and tells it when each commit starts and ends."""
 
 from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from . import protocol
+
+if TYPE_CHECKING:
+    from .writer import CheckpointWriter
 
 #: The share of the training loop's time that commit() may block, when State chooses how often
 #: to save (no --checkpoint-every): a save waits until everything commit() blocked so far, plus
@@ -30,20 +35,73 @@ def checkpoint_every_from_env(explicit: int | None = None) -> int | None:
 
 
 class SaveInterval:
-    """Whether this commit saves."""
+    """Whether a commit saves, and how much commit() blocks the loop: what the automatic
+    interval is chosen from, and what the checkpoint events tell the notebook (blocked_pct).
 
-    def _due(self) -> bool:
-        """Whether this commit saves: every ``checkpoint_every`` steps, or (chosen) once the loop
-        has trained long enough since the last save for its cost to stay under the target."""
-        if self.total is not None and self.step >= self.total:
-            return True  # the last step is always saved
-        if getattr(self, "_notice_now", None) is not None:
-            return True  # the node is to go: save before it does (runtime/notice.py)
+    Not locked: the writer's background thread records its writes and takes the window while
+    the loop adds to it; a commit's time lost to that race only shifts one event's share.
+    """
+
+    def __init__(self, checkpoint_every: int | None) -> None:
+        self.checkpoint_every = checkpoint_every  # None: chosen
+        self.steps_since_save = 0
+        self._commit_ended: float | None = None  # perf_counter when the last commit() returned
+        self._trained = 0.0  # loop time outside commit() since this State started
+        self._blocked = 0.0  # time inside commit(), saving or not, over the same span
+        self._save_cost: float | None = None  # how long the last saving commit() blocked
+        self._last_write: tuple[float, float] | None = None  # perf_counter at its start and end
+        self._window = [0.0, 0.0]  # [blocked, trained] seconds since the last checkpoint event
+
+    @property
+    def chosen(self) -> bool:
+        """Whether State chooses how often to save (no ``checkpoint_every``)."""
+        return self.checkpoint_every is None
+
+    def loop_started(self) -> None:
+        """The loop's time starts with its first step: without it the first save (every
+        restarted worker's) counted no training, and the header read "blocks 100.0 %"."""
+        if self._commit_ended is None:
+            self._commit_ended = time.perf_counter()
+
+    def commit_started(self) -> float:
+        """A commit begins: the loop trained since the last one returned. Its start time."""
+        started = time.perf_counter()
+        if self._commit_ended is not None:
+            trained = started - self._commit_ended
+            self._trained += trained
+            self._window[1] += trained
+        self.steps_since_save += 1
+        return started
+
+    def commit_ended(self, started: float, saved: bool) -> None:
+        """The commit that began at ``started`` returns (``saved``: it saved)."""
+        self._commit_ended = ended = time.perf_counter()
+        self._window[0] += ended - started
+        self._blocked += ended - started
+        if saved:
+            self._save_cost = ended - started
+            self.steps_since_save = 0
+
+    def wrote(self, started: float, ended: float) -> None:
+        """A checkpoint was written between these perf_counter times (any thread)."""
+        self._last_write = (started, ended)
+
+    def take_window(self) -> tuple[float, float]:
+        """(blocked, trained) seconds since the last call: one checkpoint event's share."""
+        blocked, trained = self._window
+        self._window = [0.0, 0.0]
+        return blocked, trained
+
+    def due(self, writer: CheckpointWriter) -> bool:
+        """Whether this commit saves, as far as the interval goes (the last step and a notice
+        save regardless: ``State`` asks those first): every ``checkpoint_every`` steps, or
+        (chosen) once the loop has trained long enough since the last save for its cost to
+        stay under the target."""
         if self.checkpoint_every is not None:
-            return self._steps_since_save >= self.checkpoint_every
+            return self.steps_since_save >= self.checkpoint_every
         if self._save_cost is None:
             return True
-        if self._writer is not None and self._writer.is_alive():
+        if writer.writing():
             return False  # the last save is still being written: saving now would wait for it
         if self._last_write is not None:
             # The writer is busy at most half the time: a background write still takes a core

@@ -55,6 +55,11 @@ class PodRun:
         self.run_key = os.environ.get(protocol.ENV_RUN) or self.job
         self.queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self.failed = False
+        # The open run, set by _open on the thread below: MLflow's client and run id, or W&B's run.
+        self.client: Any = None
+        self.run_id = ""
+        self.run: Any = None
+        self.logged_step = -1  # W&B's step only grows: the last one logged
         self.thread = threading.Thread(target=self._run, name=f"{tracker}-tracking", daemon=True)
         self.thread.start()
 

@@ -18,16 +18,17 @@ torch.distributed.checkpoint (``sharded.py``) and resharded on load when the wor
 changed; the folder is written under a temporary name and renamed by rank 0, fenced the same
 way, and rank 0 tells the other ranks each commit whether to write, so they never disagree.
 
-Its parts, mixed in or called: ``checkpoints.py`` (the folder), ``restore.py`` (the start),
-``interval.py`` (how often it saves), ``writer.py`` (the writes), ``state_dicts.py`` (what
-of each object is saved), ``notice.py`` (a save on notice before a node goes). The module is a
-little over 400 lines: ``commit()`` and its plain and sharded paths read as one protocol.
+Its parts: ``State`` holds a ``Restore`` and the ``Collectives`` it and the sharded commits
+tell the other ranks with (``restore.py``, the start), a ``SaveInterval`` (``interval.py``, how
+often it saves) and a ``CheckpointWriter`` (``writer.py``, the writes), and calls
+``checkpoints.py`` (the folder), ``state_dicts.py`` (what of each object is saved) and
+``notice.py`` (a save on notice before a node goes). The module is a little over 400 lines:
+``commit()`` and its plain and sharded paths read as one protocol.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,8 +51,8 @@ from .checkpoints import (
 )
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env
 from .notice import NoticeBoard
-from .restore import Restore
-from .state_dicts import _Snapshotter, _state_dict_owner
+from .restore import Collectives, Restore
+from .state_dicts import _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source
 from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWriter
 
@@ -83,7 +84,7 @@ def samples_per_step() -> int:
     return _sampling_state._samples_per_step if _sampling_state is not None else 0
 
 
-class State(Restore, SaveInterval, CheckpointWriter):
+class State:
     """What a training loop needs to survive restarts and rescales.
 
     ``State(model=..., optimizer=..., scheduler=..., epoch=0)``: objects with
@@ -98,7 +99,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
         model: Any = None,
         optimizer: Any = None,
         *,
-        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
         keep: int = 3,
         async_commit: bool = True,
         map_location: Any = None,
@@ -109,18 +110,10 @@ class State(Restore, SaveInterval, CheckpointWriter):
             raise ValueError("State(keep=...) must be at least 1: the latest checkpoint is always kept")
         self.info = WorkerInfo.from_env()
         self.folder = checkpoint_dir_from_env(checkpoint_dir)
-        self.keep = keep
         self.async_commit = async_commit
-        self.checkpoint_every = checkpoint_every_from_env(checkpoint_every)
-        # How much commit() blocks the loop: what the automatic interval is chosen from, and
-        # what the checkpoint events tell the notebook (blocked_pct).
-        self._commit_ended: float | None = None  # perf_counter when the last commit() returned
-        self._trained = 0.0  # loop time outside commit() since this State started
-        self._blocked = 0.0  # time inside commit(), saving or not, over the same span
-        self._steps_since_save = 0
-        self._save_cost: float | None = None  # how long the last saving commit() blocked
-        self._last_write: tuple[float, float] | None = None  # perf_counter at its start and end
-        self._window = [0.0, 0.0]  # [blocked, trained] seconds since the last checkpoint event
+        # How often it saves, from what commit() blocks: also what the checkpoint events tell
+        # the notebook (blocked_pct).
+        self._interval = SaveInterval(checkpoint_every_from_env(checkpoint_every))
         self._objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         for name, value in (("model", model), ("optimizer", optimizer), *extra.items()):
@@ -138,13 +131,6 @@ class State(Restore, SaveInterval, CheckpointWriter):
         self._restored_step = 0
         self._restored_samples = 0
         self._samples_per_step = 0
-        self._snapshotter = _Snapshotter()
-        self._writer: threading.Thread | None = None
-        self._writer_error: BaseException | None = None
-        self._stale = False
-        self._disk_full_until = 0.0  # monotonic time before which commits skip the write
-        self._announced: tuple[int, float] | None = None  # (generation, monotonic time) of the last event
-        self._unannounced = 0  # commits written since the last checkpoint event
         # A notice that this group's node is to go (runtime/notice.py): rank 0 polls for it and
         # saves at the next commit; for a sharded model its verdict makes every rank save.
         self._notice = NoticeBoard()
@@ -154,16 +140,29 @@ class State(Restore, SaveInterval, CheckpointWriter):
         if self.is_writer:  # what writers killed mid-commit left behind, before it adds up
             for name in dead_writers_files(self.folder):
                 _remove(self.folder / name)
-        # A sharded model is written by every rank into rank 0's temporary folder: its name.
+        # Collectives, in the same order on every rank: the sharded model's temporary folder
+        # name (every rank writes into rank 0's), its save group, then the generation.
+        self._collectives = Collectives(self.info)
         self._sharded = sharded.is_sharded(model)
         self._writer_tag = f"{_HOST}-{os.getpid()}"
-        self._pending_save: Any = None  # a non-writer rank's unfinished async sharded save
         self._save_group: Any = None  # async sharded saves talk on a group of their own
         if self._sharded:
-            self._writer_tag = self._broadcast(self._writer_tag)
-            self._save_group = self._group_for_saves()
-        self.generation = self._agree_on_generation()
-        self._restore(map_location)
+            self._writer_tag = self._collectives.broadcast(self._writer_tag)
+            self._save_group = self._collectives.group_for_saves(async_commit)
+        self._restore = Restore(self.info, self.folder, self._collectives)
+        self.generation = self._restore.agree_on_generation()
+        # Fenced by the generation, so made once it is agreed.
+        self._writer = CheckpointWriter(
+            self.folder, generation=self.generation, keep=keep, info=self.info, interval=self._interval, loop=self
+        )
+        resumed = self._restore.latest(
+            self._objects, sharded_model=self._sharded, generation=self.generation, map_location=map_location
+        )
+        if resumed is not None:
+            self.extra.update(resumed.extra)
+            self.step = self._restored_step = resumed.step
+            self.samples_seen = self._restored_samples = resumed.samples_seen
+            self.resumed_from = resumed.path
         on_finish(self.flush)
         set_step_source(lambda: self.current_step)  # the failure report's step
         if self.is_writer:
@@ -175,6 +174,24 @@ class State(Restore, SaveInterval, CheckpointWriter):
     def is_writer(self) -> bool:
         return self.info.rank == 0
 
+    @property
+    def keep(self) -> int:
+        """How many checkpoints the folder keeps (``State(keep=...)``)."""
+        return self._writer.keep
+
+    @keep.setter
+    def keep(self, value: int) -> None:
+        self._writer.keep = value
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """Save every this many steps; None: State chooses (``State(checkpoint_every=...)``)."""
+        return self._interval.checkpoint_every
+
+    @checkpoint_every.setter
+    def checkpoint_every(self, value: int | None) -> None:
+        self._interval.checkpoint_every = value
+
     # -- loop ----------------------------------------------------------------------------
 
     def steps(self, total: int) -> Iterator[int]:
@@ -182,10 +199,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
         self.total = int(total)
         if self.is_writer:
             emit("plan", total=self.total, start=self.step, generation=self.generation)
-        if self._commit_ended is None:
-            # The loop's time starts with its first step: without it the first save (every
-            # restarted worker's) counted no training, and the header read "blocks 100.0 %".
-            self._commit_ended = time.perf_counter()
+        self._interval.loop_started()
         for step in range(self.step, self.total):
             if self._holding is not None:  # saved on notice: the step's report went out; wait here
                 notice, self._holding = self._holding, None
@@ -194,7 +208,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
             yield step
         self._current = None
         if self._sharded:  # before the cell's own destroy_process_group() ends the save's group
-            self._wait_for_writer()
+            self._writer.wait()
 
     @property
     def current_step(self) -> int | None:
@@ -237,33 +251,27 @@ class State(Restore, SaveInterval, CheckpointWriter):
             step = self._current
         self.step = step + 1
         self.samples_seen = self._cursor_at(self.step)
-        started = time.perf_counter()
-        if self._commit_ended is not None:
-            trained = started - self._commit_ended
-            self._trained += trained
-            self._window[1] += trained
-        self._steps_since_save += 1
+        started = self._interval.commit_started()
         saved = False
         self._notice_now = notice = self._notice.pending() if self.is_writer else None
         try:
             saved = self._commit_sharded() if self._sharded else self._commit_plain()
             if notice is not None:  # the node may go once answered: the write must be done
-                saved = self._notice.saved(notice, self.step, saved and self._on_disk())
+                saved = self._notice.saved(notice, self.step, saved and self._writer.on_disk())
         finally:
             self._notice_now = None
-            self._commit_ended = ended = time.perf_counter()
-            self._window[0] += ended - started
-            self._blocked += ended - started
-            if saved:
-                self._save_cost = ended - started
-                self._steps_since_save = 0
+            self._interval.commit_ended(started, saved)
         if notice is not None and saved:
             self._holding = notice  # steps() holds before the next step: nothing after it is redone
 
-    def _on_disk(self) -> bool:
-        """Wait for the save in flight; whether it reached the disk (a notice answers with it)."""
-        self._wait_for_writer()
-        return self._writer_error is None and not self._stale and time.monotonic() >= self._disk_full_until
+    def _due(self) -> bool:
+        """Whether this commit saves: the loop's last step and a notice always do (runtime/notice.py:
+        save before the node goes); otherwise the interval says."""
+        if self.total is not None and self.step >= self.total:
+            return True
+        if self._notice_now is not None:
+            return True
+        return self._interval.due(self._writer)
 
     def _must_save(self) -> bool:
         """This commit saves even while a full disk pauses saving: the loop's last step, or a
@@ -285,24 +293,25 @@ class State(Restore, SaveInterval, CheckpointWriter):
             "world_size": self.info.world_size,
             "samples_seen": self.samples_seen,
             "time": time.time(),
-            "every": self._steps_since_save,  # steps since the previous save
+            "every": self._interval.steps_since_save,  # steps since the previous save
         }
 
     def _commit_plain(self) -> bool:
         if not self.is_writer:
             return False
+        writer = self._writer
         if not self._due():
-            self._raise_pending()
-            if self._check_fence():
-                raise StaleGenerationError(self._stale_message())
+            writer.raise_pending()
+            if writer.check_fence():
+                raise StaleGenerationError(writer.stale_message())
             return False
         self._check_saveable()
-        self._raise_pending()
-        self._wait_for_writer()
-        self._raise_pending()
-        if self._check_fence():
-            raise StaleGenerationError(self._stale_message())
-        if time.monotonic() < self._disk_full_until and not self._must_save():
+        writer.raise_pending()
+        writer.wait()
+        writer.raise_pending()
+        if writer.check_fence():
+            raise StaleGenerationError(writer.stale_message())
+        if writer.saving_paused() and not self._must_save():
             return False  # the checkpoint disk is full: train on, try again later (the notebook knows)
         tree = {
             **self._checkpoint_header(),
@@ -310,34 +319,30 @@ class State(Restore, SaveInterval, CheckpointWriter):
             "extra": dict(self.extra),
         }
         if self.async_commit:
-            snapshot = self._snapshotter.copy(tree)
-            self._writer = threading.Thread(target=self._write_in_background, args=(snapshot,), daemon=True)
-            self._writer.start()
+            writer.write_in_background(tree)
         else:
-            try:
-                self._write(tree)
-            except OSError as exc:
-                if not self._disk_is_full(exc, tree["step"]):
-                    raise
+            writer.write(tree)
         return True
 
     # Rank 0's word to all ranks before a sharded commit (every rank writes, so all must agree).
     _WRITE, _SKIP, _STALE, _FAILED, _UNSAVEABLE = range(5)
 
     def _commit_sharded(self) -> bool:
-        verdict, error = self._WRITE, None
+        writer = self._writer
+        verdict = self._WRITE
+        error: BaseException | None = None  # rank 0's, raised on rank 0 after every rank heard
         if self.is_writer:
             try:
                 due = self._due()
                 if due:
                     self._check_saveable()
-                self._raise_pending()
+                writer.raise_pending()
                 if due:
-                    self._wait_for_writer()
-                self._raise_pending()
-                if self._check_fence():
+                    writer.wait()
+                writer.raise_pending()
+                if writer.check_fence():
                     verdict = self._STALE
-                elif not due or (time.monotonic() < self._disk_full_until and not self._must_save()):
+                elif not due or (writer.saving_paused() and not self._must_save()):
                     verdict = self._SKIP
             except StaleGenerationError:
                 verdict = self._STALE
@@ -345,12 +350,12 @@ class State(Restore, SaveInterval, CheckpointWriter):
                 verdict, error = self._UNSAVEABLE, exc
             except BaseException as exc:
                 verdict, error = self._FAILED, exc
-        verdict = self._broadcast_int(verdict)
+        verdict = self._collectives.broadcast_int(verdict)
         if verdict == self._STALE:
-            raise StaleGenerationError(self._stale_message())
+            raise StaleGenerationError(writer.stale_message())
         if verdict == self._UNSAVEABLE:
             # Every rank stops the same way, so every node's agent stops instead of retrying.
-            message = self._broadcast_text(str(error) if error is not None else "")
+            message = self._collectives.broadcast_text(str(error) if error is not None else "")
             raise error if error is not None else StateNotSaveable(message)
         if verdict == self._FAILED:
             if error is not None:
@@ -359,7 +364,7 @@ class State(Restore, SaveInterval, CheckpointWriter):
         if verdict == self._SKIP:
             return False
         if not self.is_writer:
-            self._wait_for_writer()  # this rank's previous async save
+            writer.wait()  # this rank's previous async save
         final = self.folder / protocol.checkpoint_name(self.generation, self.step, sharded=True)
         tmp = self.folder / f".{final.name}.tmp-{self._writer_tag}"
         meta = {
@@ -387,22 +392,20 @@ class State(Restore, SaveInterval, CheckpointWriter):
                 # result and written its metadata: the folder is complete.
                 sharded.save(tree, tmp)
                 if self.is_writer:
-                    self._land(tmp, final, meta["step"], started, meta["every"])
+                    writer.land(tmp, final, meta["step"], started, meta["every"])
         except StaleGenerationError:
             raise
         except Exception as exc:
-            if not self._sharded_save_failed(exc, meta["step"]):
+            if not writer.sharded_save_failed(exc, meta["step"]):
                 raise
         finally:
             if future is None and self.is_writer and tmp.exists():
                 _remove(tmp)
         if future is not None:
             if self.is_writer:
-                args = (future, tmp, final, meta["step"], started, meta["every"])
-                self._writer = threading.Thread(target=self._finish_sharded_save, args=args, daemon=True)
-                self._writer.start()
+                writer.finish_in_background(future, tmp, final, meta["step"], started, meta["every"])
             else:
-                self._pending_save = (future, meta["step"])
+                writer.pending(future, meta["step"])
         return True
 
     def _check_saveable(self) -> None:
@@ -424,5 +427,5 @@ class State(Restore, SaveInterval, CheckpointWriter):
 
     def flush(self) -> None:
         """Wait for a background write to finish; raise its error, if any."""
-        self._wait_for_writer()
-        self._raise_pending()
+        self._writer.wait()
+        self._writer.raise_pending()

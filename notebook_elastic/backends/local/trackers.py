@@ -150,6 +150,15 @@ class MlflowTracker(Tracker):
 
     name = "MLflow"
 
+    def __init__(
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+    ) -> None:
+        # The open run, set by _open on the tracker's thread (started by the base's __init__: after these).
+        self.client: Any = None
+        self.run_id = ""
+        self.experiment_id = ""
+        super().__init__(spec, say, tell)
+
     def _open(self) -> None:
         from mlflow import MlflowClient
         from mlflow.entities import Param
@@ -191,6 +200,13 @@ class WandbTracker(Tracker):
     """One W&B run (wandb's settings: WANDB_PROJECT, WANDB_MODE=offline, WANDB_DIR, the API key)."""
 
     name = "W&B"
+
+    def __init__(
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+    ) -> None:
+        self.run: Any = None  # the open run, set by _open on the tracker's thread (started below)
+        self.step = -1  # W&B's step only grows: the last one logged
+        super().__init__(spec, say, tell)
 
     def _open(self) -> None:
         import wandb
