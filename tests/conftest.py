@@ -168,6 +168,7 @@ def pytest_configure(config):
 QUICK_MODULES = frozenset(
     {
         "test_claims.py",
+        "test_composition.py",
         "test_control.py",
         "test_events.py",
         "test_job_state.py",

@@ -11,8 +11,9 @@ Every free name of the cell is resolved against the notebook's namespace:
 - a value holding a credential (by shape, or under a credential's name, at any depth, see
   ``credentials.py``) -> refused unless named in ``ship``.
 Problems are collected and raised together as one ``PackagingError``, one sentence each.
-Imports are shipped by ``imports.py``, definitions by ``definitions.py``, values by
-``values.py``; what is shipped is described in ``shipped.py``.
+The collector holds a shipper for each way a name travels: imports (``imports.py``),
+definitions (``definitions.py``), values (``values.py``); what is shipped is described in
+``shipped.py``.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ from typing import Any
 from ..errors import PackagingError
 from .analysis import cell_names, magic_lines
 from .credentials import find_credential, looks_like_credential
-from .definitions import DefinitionShipping
-from .imports import ImportShipping
+from .definitions import DefinitionShipper
+from .imports import ImportShipper
 from .notebook import IPYTHON_ONLY, NotebookContext
 from .shipped import _MISSING, Collection, Shipped
-from .values import ValueShipping, cannot_ship, type_name, unshippable_reason
+from .values import ValueShipper, cannot_ship, type_name, unshippable_reason
 
 
-class Collector(ImportShipping, DefinitionShipping, ValueShipping):
-    """Resolves a cell's names against a notebook and produces what to ship."""
+class Collector:
+    """Resolves a cell's names against a notebook and produces what to ship.
+
+    It holds one shipper per way a name can travel (imports, definitions, values) and the
+    results they share: ``items`` (what the script gets, in the order met), ``problems``
+    (what stops the packaging) and ``warnings``. Single use: one ``collect`` per collector."""
 
     def __init__(
         self,
@@ -46,21 +51,33 @@ class Collector(ImportShipping, DefinitionShipping, ValueShipping):
         self.ctx = ctx
         self.ns = ctx.namespace
         self.ship = set(ship)
-        self.extra_import_paths = tuple(extra_import_paths)
-        self.check_imports = check_imports
-        self._imports = ctx.imports()
-        self._stars = ctx.star_imports()
         self.items: dict[str, Shipped] = {}
         self.problems: list[str] = []
         self.warnings: list[str] = []
+        # The work queue: names to resolve, with what needs them; then values to pickle, which
+        # can need more names (a notebook class an instance belongs to).
         self._queue: list[tuple[str, str]] = []
-        self._by_source_ids: dict[int, str] = {}
         self._values_pending: list[str] = []
-        self._definition_reads: set[str] = set()
-        self._cell_assigned: set[str] = set()
-        self._holds: dict[str, dict[int, Any]] = {}  # value name -> the mutable objects it pickled, by id
-        self._shared: dict[str, bytes] = {}
-        self._payload_modules: set[str] = set()
+        self._imports = ImportShipper(
+            ctx,
+            items=self.items,
+            problems=self.problems,
+            warnings=self.warnings,
+            extra_import_paths=tuple(extra_import_paths),
+            check_imports=check_imports,
+        )
+        self._definitions = DefinitionShipper(
+            ctx,
+            ship=self.ship,
+            items=self.items,
+            problems=self.problems,
+            need=self._need,
+            ship_by_value=self._values_pending.append,
+            origin_of_value=self._origin_of_value,
+        )
+        self._values = ValueShipper(
+            self.ns, items=self.items, problems=self.problems, reference_for=self._definitions.reference_for
+        )
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -78,24 +95,24 @@ class Collector(ImportShipping, DefinitionShipping, ValueShipping):
             names = cell_names(cell)
         except SyntaxError as exc:
             raise PackagingError(f"the cell does not parse: line {exc.lineno}: {exc.msg}") from None
-        self._cell_assigned = names.assigned
+        self._definitions.cell_assigned = names.assigned
         for name, line in sorted(names.free.items(), key=lambda kv: kv[1]):
             self._need(name, f"the cell (line {line})")
         self._drain()
         if not self.problems:
-            self._ship_shared_values_together()
+            self._values.ship_shared_together()
         if self.problems:
             raise PackagingError(_join_problems(self.problems))
         script_names = set(self.items)
-        main_globals = names.assigned & (script_names | self._definition_reads)
+        main_globals = names.assigned & (script_names | self._definitions.reads)
         return Collection(
             cell=cell,
             cell_names=names,
             items=self.items,
             warnings=self.warnings,
             main_globals=main_globals,
-            shared=self._shared,
-            payload_modules=self._payload_modules,
+            shared=self._values.shared,
+            payload_modules=self._values.payload_modules,
         )
 
     def _need(self, name: str, needed_by: str) -> None:
@@ -109,7 +126,7 @@ class Collector(ImportShipping, DefinitionShipping, ValueShipping):
                     self._resolve(name, needed_by)
             if self._values_pending:
                 # Pickling can discover notebook classes the values are instances of.
-                self._pickle_value(self._values_pending.pop(0))
+                self._values.pickle(self._values_pending.pop(0))
 
     # -- resolution --------------------------------------------------------------------------
 
@@ -153,17 +170,17 @@ class Collector(ImportShipping, DefinitionShipping, ValueShipping):
             )
             return
         if isinstance(value, types.ModuleType):
-            self._resolve_module(name, value)
+            self._imports.resolve_module(name, value)
             return
         if getattr(value, "__module__", None) == "__main__" and (
             isinstance(value, (types.FunctionType, type)) or callable(getattr(value, "__wrapped__", None))
         ):
             if isinstance(value, type):
-                if self._resolve_class(name, value):
+                if self._definitions.resolve_class(name, value):
                     return
-            elif self._resolve_function(name, value):
+            elif self._definitions.resolve_function(name, value):
                 return
-        elif self._resolve_importable(name, value):
+        elif self._imports.resolve_importable(name, value):
             return
         self._add_value(name, value)
 
@@ -184,25 +201,6 @@ class Collector(ImportShipping, DefinitionShipping, ValueShipping):
             return
         self.items[name] = Shipped(name, "value", origin=origin, type_name=type_name(value))
         self._values_pending.append(name)
-
-    def _reference_for(self, obj: Any) -> str | None:
-        """Notebook classes and functions inside values travel as references to the script's
-        own definitions (so isinstance() still holds there), never as copies. One met here for
-        the first time is shipped by source now; one without source goes by value."""
-        name = self._by_source_ids.get(id(obj))
-        if name is not None or getattr(obj, "__module__", None) != "__main__":
-            return name
-        name = obj.__name__
-        if self.ns.get(name) is not obj or name in self.items:
-            return None
-        if isinstance(obj, type):
-            self._resolve_class(name, obj)
-        else:
-            found = self._function_source(name, obj)
-            if not isinstance(found, str):
-                snippet, filename, lineno = found
-                self._add_definition(name, obj, "function", snippet, *self._place(filename, lineno))
-        return self._by_source_ids.get(id(obj))
 
 
 def _join_problems(problems: list[str]) -> str:

@@ -4,7 +4,7 @@ Each value is pickled on its own (cloudpickle), with the notebook's own classes 
 functions inside it travelling as references to the script's definitions; values that hold
 the same objects are pickled together, so they still share them in the worker. What cannot
 be copied into another process (an open file, a lock, a CUDA tensor) is refused with the
-reason in the user's words.
+reason in the user's words. Held by ``collect.Collector``, which queues the values to pickle.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type information
 
 from ..runtime.payload import main_attr
+from .shipped import Shipped
 
 
 class _Unshippable(Exception):
@@ -75,8 +76,10 @@ def cannot_ship(name: str, value: Any, origin: str | None, reason: str) -> str:
     return f"`{name}` ({type(value).__name__}){place} cannot be shipped to the workers: {reason}"
 
 
-class _PayloadPickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, reference_for: Any, refs: set[str], modules: set[str]) -> None:
+class _PayloadPickler(cloudpickle.Pickler):  # type: ignore[misc]  # Pickler is Any: cloudpickle is untyped
+    def __init__(
+        self, file: io.BytesIO, reference_for: Callable[[Any], str | None], refs: set[str], modules: set[str]
+    ) -> None:
         super().__init__(file, protocol=5)
         self._reference_for = reference_for
         self._refs = refs
@@ -116,34 +119,45 @@ def _mutable(obj: Any) -> bool:
     )
 
 
-class ValueShipping:
+class ValueShipper:
     """The pickling half of ``collect.Collector``: the collector resolves names and queues
-    values; these methods pickle them and group those that share objects."""
+    values; this pickles them and groups those that share objects. The values' items are the
+    collector's own (``items``, shared with the other shippers); a value that cannot be pickled
+    is taken out of them and said in ``problems``. ``reference_for`` names the script's
+    definition of a notebook class or function met inside a value (the definition shipper's)."""
 
-    items: dict[str, Any]
-    ns: dict[str, Any]
-    problems: list[str]
-    _holds: dict[str, dict[int, Any]]
-    _shared: dict[str, bytes]
-    _payload_modules: set[str]
-    _reference_for: Callable[[Any], str | None]  # the collector's: a notebook definition's name
+    def __init__(
+        self,
+        namespace: Mapping[str, Any],
+        *,
+        items: dict[str, Shipped],
+        problems: list[str],
+        reference_for: Callable[[Any], str | None],
+    ) -> None:
+        self._ns = namespace
+        self._items = items
+        self._problems = problems
+        self._reference_for = reference_for
+        self._holds: dict[str, dict[int, Any]] = {}  # value name -> the mutable objects it pickled, by id
+        self.shared: dict[str, bytes] = {}  # KEY -> values pickled together
+        self.payload_modules: set[str] = set()  # what unpickling the payload will import
 
-    def _pickle_value(self, name: str) -> None:
-        item = self.items[name]
-        value = self.ns[name]
+    def pickle(self, name: str) -> None:
+        item = self._items[name]
+        value = self._ns[name]
         buf = io.BytesIO()
         refs: set[str] = set()
-        pickler = _PayloadPickler(buf, self._reference_for, refs, self._payload_modules)
+        pickler = _PayloadPickler(buf, self._reference_for, refs, self.payload_modules)
         try:
             pickler.dump(value)
         except _Unshippable as exc:
-            del self.items[name]
-            self.problems.append(cannot_ship(name, value, item.origin, str(exc)))
+            del self._items[name]
+            self._problems.append(cannot_ship(name, value, item.origin, str(exc)))
             return
         except Exception as exc:
-            del self.items[name]
+            del self._items[name]
             reason = f"it cannot be pickled ({type(exc).__name__}: {str(exc)[:200]})"
-            self.problems.append(cannot_ship(name, value, item.origin, reason))
+            self._problems.append(cannot_ship(name, value, item.origin, reason))
             return
         item.blob = buf.getvalue()
         item.size = len(item.blob)
@@ -151,11 +165,11 @@ class ValueShipping:
         # Kept alive until grouping, so that the ids of the pickler's temporaries stay unique.
         self._holds[name] = {key: obj for key, (_index, obj) in pickler.memo.copy().items() if _mutable(obj)}
 
-    def _ship_shared_values_together(self) -> None:
+    def ship_shared_together(self) -> None:
         """Values that hold the same objects are pickled together, so they still do in the
         worker: an optimizer built in the notebook over ``model.parameters()`` must step the
         shipped model's parameters, not copies of them (each pickled on its own, they part)."""
-        names = [n for n in self._holds if n in self.items and self.items[n].blob is not None]
+        names = [n for n in self._holds if n in self._items and self._items[n].blob is not None]
         parent = {n: n for n in names}
 
         def root(n: str) -> str:
@@ -166,8 +180,8 @@ class ValueShipping:
 
         owner: dict[int, str] = {}
         for name in names:
-            for key in self._holds[name]:
-                other = owner.setdefault(key, name)
+            for object_id in self._holds[name]:
+                other = owner.setdefault(object_id, name)
                 if other != name:
                     parent[root(name)] = root(other)
         groups: dict[str, list[str]] = {}
@@ -176,23 +190,23 @@ class ValueShipping:
         for members in groups.values():
             if len(members) < 2:
                 continue
-            members.sort(key=lambda n: self.items[n].order)
+            members.sort(key=lambda n: self._items[n].order)
             key = "shared:" + ",".join(members)
             buf = io.BytesIO()
             refs: set[str] = set()
             try:
-                _PayloadPickler(buf, self._reference_for, refs, self._payload_modules).dump(
-                    {n: self.ns[n] for n in members}
+                _PayloadPickler(buf, self._reference_for, refs, self.payload_modules).dump(
+                    {n: self._ns[n] for n in members}
                 )
             except Exception as exc:  # each pickled alone just now; together is no different
-                self.problems.append(f"{', '.join(members)} cannot be pickled together ({type(exc).__name__}: {exc})")
+                self._problems.append(f"{', '.join(members)} cannot be pickled together ({type(exc).__name__}: {exc})")
                 return
-            self._shared[key] = buf.getvalue()
-            late = any(self.items[n].late for n in members) or bool(refs - set(members))
+            self.shared[key] = buf.getvalue()
+            late = any(self._items[n].late for n in members) or bool(refs - set(members))
             for i, name in enumerate(members):
-                item = self.items[name]
+                item = self._items[name]
                 item.blob = ("shared", key)
-                item.size = len(self._shared[key]) if i == 0 else 0
+                item.size = len(self.shared[key]) if i == 0 else 0
                 item.late = late  # one unpickling serves them all: after the definitions if any needs it
                 others = ", ".join(f"`{m}`" for m in members if m != name)
                 item.note = f"{item.type_name}, shipped with {others} (they share objects)"
