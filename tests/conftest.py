@@ -11,7 +11,7 @@ STRICT_SOCKETS).
 
 The same check holds the event contract: every event in the history of every local job the
 test ran (``events.jsonl`` under its folders) must be of a known kind and match that kind's
-schema in ``notebook_elastic/runtime/protocol.py`` (``EVENT_SCHEMAS``).
+schema in ``notebook_elastic/runtime/event_types.py`` (``EVENT_SCHEMAS``).
 """
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ QUICK_MODULES = frozenset(
     {
         "test_claims.py",
         "test_composition.py",
+        "test_contract.py",
         "test_control.py",
         "test_events.py",
         "test_job_state.py",
@@ -308,7 +309,7 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
 
     import jsonschema
 
-    from notebook_elastic.runtime.protocol import EVENT_SCHEMAS
+    from notebook_elastic.runtime.event_types import EVENT_SCHEMAS
 
     if not _VALIDATORS:
         _VALIDATORS.update({k.value: jsonschema.Draft202012Validator(s) for k, s in EVENT_SCHEMAS.items()})
@@ -328,7 +329,7 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
                 kind = event.get("kind")
                 validator = validators.get(kind)
                 if validator is None:
-                    found.append(f"{history}:{number}: kind {kind!r} has no schema in EVENT_SCHEMAS")
+                    found.append(f"{history}:{number}: kind {kind!r} has no class in runtime/event_types.py")
                     continue
                 data = {k: v for k, v in event.items() if k not in ("kind", "t", "node")}
                 for error in validator.iter_errors(data):
@@ -337,7 +338,7 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
             if len(found) >= limit:
                 break
     if found:
-        return ["events break the contract (runtime/protocol.py EVENT_SCHEMAS):\n  " + "\n  ".join(found[:limit])]
+        return ["events break the contract (runtime/event_types.py):\n  " + "\n  ".join(found[:limit])]
     return []
 
 

@@ -222,7 +222,8 @@ def test_every_kind_has_a_schema_and_the_contract_check_can_fail(tmp_path):
     import jsonschema
     from conftest import contract_problems
 
-    from notebook_elastic.runtime.protocol import EVENT_SCHEMAS, FINAL_STATUSES, Kind, Status
+    from notebook_elastic.runtime.event_types import EVENT_SCHEMAS
+    from notebook_elastic.runtime.protocol import FINAL_STATUSES, Kind, Status
 
     assert set(EVENT_SCHEMAS) == set(Kind)
     for schema in EVENT_SCHEMAS.values():
@@ -257,7 +258,7 @@ def test_every_kind_has_a_schema_and_the_contract_check_can_fail(tmp_path):
     assert "worker_started rank: 'x' is not of type 'integer'" in problem
     assert "'local_rank' is a required property" in problem
     assert "job_finished status: 'restarting' is not one of" in problem
-    assert "kind 'gossip' has no schema" in problem
+    assert "kind 'gossip' has no class" in problem
 
 
 def test_a_cluster_row_takes_training_from_the_fold_and_pods_from_the_cluster():

@@ -4,61 +4,12 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-/** A change of a job's status, with its time (epoch seconds) and the event that caused it. */
-export interface ITransition {
-  status: string;
-  at: number;
-  cause: string;
-  /** For a restart: its cause first, then what else happened while it lasted. */
-  events?: string[];
-}
+import type { IJobRow } from './contract';
 
-/** Where a job's run is tracked (server/routes.py, runtime/tracking.py `shown`): credentials stripped. */
-export interface ITracking {
-  tracker: string;
-  label: string;
-  /** The run's page (http(s) only), or null where there is none (a store on disk, W&B offline). */
-  url: string | null;
-  /** The command that shows it: mlflow ui ..., wandb sync ..., tensorboard --logdir ... */
-  command: string | null;
-  path: string | null;
-}
+export type { ITracking, ITransition } from './contract';
 
-export interface IJob {
-  name: string;
-  backend: string;
-  status: string;
-  damaged: string | null;
-  reason: string | null;
-  /** Why capacity the job asked for is not coming (a worker pod over quota, say). */
-  waiting: string | null;
-  /** A stall in progress, in words ("stalled at step 120 for 31 s: rank(s) 1 stopped, ..."). */
-  stall: string | null;
-  /** A condition the job trains on through (a full checkpoint disk). */
-  warning: string | null;
-  world_size: number | null;
-  nodes_running: number | null;
-  target: number | null;
-  min_nodes: number | null;
-  max_nodes: number | null;
-  restarts: number | null;
-  max_restarts: number | null;
-  /** Steps done (the last step reported + 1), as every view counts them: 100 of a 100-step job. */
-  step: number | null;
-  total_steps: number | null;
-  loss: number | null;
-  loss_tail: number[];
-  step_time_s?: number | null;
-  samples_per_s?: number | null;
-  tokens_per_s?: number | null;
-  gpu_mem_peak_bytes?: number | null;
-  gpu_util_percent?: number | null;
-  transitions: ITransition[];
-  tracking?: ITracking[];
-  started_at: number | null;
-  finished_at: number | null;
-  notebook: string | null;
-}
+/** A row of GET /jobs: generated from the server's JobRow (server/rows.py) into contract.ts. */
+export type IJob = IJobRow;
 
 export interface IJobsReply {
   jobs: IJob[];

@@ -32,6 +32,7 @@ from typing import Any
 from ...events import Event, Kind
 from ...job_state import budget_spent_reason, describe_failure
 from ...runtime import protocol
+from ...runtime.event_types import SCHEMA_VERSION
 from . import grace
 from . import manifests as m
 from .client import Connection
@@ -188,6 +189,7 @@ class ClusterFollower:
         self.emit(
             Kind.JOB_SUBMITTED,
             t=_ts(cm.metadata.creation_timestamp),
+            schema=SCHEMA_VERSION,
             name=self.job,
             nodes=spec.get("nodes") or lo,
             min_nodes=lo,

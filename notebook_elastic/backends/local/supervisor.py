@@ -36,6 +36,7 @@ from typing import Any
 from ...events import Event, Kind
 from ...job_state import JobState, describe_failure
 from ...runtime import log, protocol
+from ...runtime.event_types import SCHEMA_VERSION
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
 from ...runtime.store import host_store
@@ -251,6 +252,7 @@ class Supervisor:
         self.emit(
             Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
             **({"after": before} if self.resume else {}),
+            schema=SCHEMA_VERSION,
             name=spec.name,
             nodes=self.target,
             min_nodes=self.range[0],

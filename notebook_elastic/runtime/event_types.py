@@ -1,0 +1,443 @@
+"""The event contract: what each kind of event carries, as a typed class per kind (a
+``TypedDict``: an event's data is a JSON object, read as one), versioned (``SCHEMA_VERSION``).
+
+Everything else is derived from these classes: the JSON Schema of each kind (``EVENT_SCHEMAS``,
+which the test suite checks every job history it produces against), the checked-in JSON Schema
+document (``schema/events.schema.json``) and the labextension's TypeScript types
+(``labextension/src/contract.ts``), both written by ``scripts/gen_contract.py`` and kept current
+by ``tests/test_contract.py``. A field without ``NotRequired`` is in every event of its kind; an
+event may carry fields a newer version added (readers ignore what they do not know), so a
+kernel reads an older job's history, and an older kernel a newer one's.
+
+Change a kind by adding ``NotRequired`` fields; renaming or retyping a field, or making one
+required, is a new ``SCHEMA_VERSION`` (and a replay fixture of the old one in tests/data/events).
+The module is a little over 400 lines: one short class per kind (45 of them), in one place.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypedDict, Union
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import NotRequired
+
+from .protocol import Kind
+
+#: The version of the event contract this package writes (job_submitted and job_resumed carry it).
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A string field's pattern (JSON Schema ``pattern``): ``Annotated[str, Pattern("^https?://")]``."""
+
+    regex: str
+
+
+class JobSubmitted(TypedDict):
+    nodes: int
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    max_restarts: int
+    gpus: NotRequired[int]
+    grace_s: NotRequired[float]
+    schema: NotRequired[int]  # SCHEMA_VERSION of the history that follows (absent: written before versions)
+    name: NotRequired[str]
+    backend: NotRequired[str]
+    notebook: NotRequired[str | None]
+    namespace: NotRequired[str]
+
+
+class JobResumed(TypedDict):
+    nodes: int
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    after: NotRequired[str]
+    nproc_per_node: NotRequired[int]
+    gpus: NotRequired[int]
+    schema: NotRequired[int]
+    name: NotRequired[str]
+    backend: NotRequired[str]
+    notebook: NotRequired[str | None]
+
+
+class JobFinished(TypedDict):
+    status: Literal["succeeded", "failed", "stopped", "lost"]
+    reason: NotRequired[str | None]
+
+
+class Recovering(TypedDict):
+    reason: str
+
+
+class Stall(TypedDict):
+    step: int | None
+    for_s: float
+    stopped: NotRequired[list[int]]
+    waiting: NotRequired[list[int]]
+    restart_after_s: NotRequired[float | None]
+
+
+class StallCleared(TypedDict):
+    for_s: float
+    step: NotRequired[int | None]
+    restarted: NotRequired[bool]
+
+
+class SupervisorFrozen(TypedDict):
+    for_s: float
+    step: NotRequired[int | None]
+
+
+class DiskFull(TypedDict):
+    message: str
+
+
+class OutputCapped(TypedDict):
+    cap_bytes: int
+
+
+class Degraded(TypedDict):
+    missing: dict[str, str]
+    torch: NotRequired[str]
+    tested: NotRequired[str]
+
+
+class Scaled(TypedDict):
+    target: int
+    min_nodes: NotRequired[int]
+    max_nodes: NotRequired[int]
+    reason: NotRequired[str]
+    reconfigured: NotRequired[bool]
+
+
+class Fault(TypedDict):
+    fault: str
+    target: NotRequired[str]
+    rank: NotRequired[int]
+    return_after_s: NotRequired[float | None]
+
+
+class NodeJoined(TypedDict):
+    pid: NotRequired[int | None]
+
+
+class NodeLeft(TypedDict):
+    reason: str
+    exitcode: NotRequired[int | None]
+
+
+class NodeEvicted(TypedDict):
+    failure: str | None
+    target: NotRequired[int]
+
+
+class Pending(TypedDict):
+    reason: str
+    message: NotRequired[str]
+
+
+class Queue(TypedDict):
+    queue: str
+    state: Literal["waiting", "admitted", "evicted"]
+    reason: NotRequired[str]
+    message: NotRequired[str]
+    cluster_queue: NotRequired[str]
+    workload: NotRequired[str]
+    count: NotRequired[int]
+    elastic: NotRequired[bool]
+    slice: NotRequired[bool]
+
+
+class AgentStarted(TypedDict):
+    pid: int
+    host: NotRequired[str]
+
+
+class StoreReady(TypedDict):
+    port: int
+    host: NotRequired[str]
+    pid: NotRequired[int]
+
+
+class Rendezvous(TypedDict):
+    round: int | None
+    group_rank: int
+    group_world_size: NotRequired[int]
+    epoch: NotRequired[int]
+
+
+class Restart(TypedDict):
+    reason: Literal["worker_failed", "departure", "membership_change", "store_replaced"]
+    restarts_used: NotRequired[int]
+    max_restarts: NotRequired[int]
+    new_nodes: NotRequired[int]
+    written: NotRequired[float]
+
+
+class WorkerStarted(TypedDict):
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    generation: NotRequired[int | None]
+    restart_count: NotRequired[int]
+
+
+class WorkerFailed(TypedDict):
+    rank: int
+    error: str
+    message: str
+    traceback: NotRequired[str]
+    step: NotRequired[int | None]
+    cause: NotRequired[Literal["peer"]]
+    fatal: NotRequired[bool]
+    generation: NotRequired[int | None]
+
+
+class WorkerExited(TypedDict):
+    local_rank: int
+    pid: NotRequired[int | None]
+    exitcode: NotRequired[int | None]
+    signal: NotRequired[int | str]
+    written: NotRequired[float]
+
+
+class WorkerFinished(TypedDict):
+    rank: int
+    pid: NotRequired[int]
+
+
+class AgentSignaled(TypedDict):
+    signal: str
+
+
+class PeerLost(TypedDict):
+    round: int | None
+    lost: list[Any]
+    workers: NotRequired[list[int]]
+
+
+class StoreLost(TypedDict):
+    reason: str
+
+
+class LeftRendezvous(TypedDict):
+    pid: NotRequired[int]
+
+
+class GroupSucceeded(TypedDict):
+    pass
+
+
+class Metric(TypedDict):
+    values: dict[str, Any]
+    step: NotRequired[float | None]
+    rank: NotRequired[int]
+
+
+class Gpu(TypedDict):
+    rank: int
+    mem_peak_bytes: int
+    device: NotRequired[int]
+    mem_total_bytes: NotRequired[int]
+    util_percent: NotRequired[int]
+
+
+class Plan(TypedDict):
+    total: int
+    start: int
+    generation: NotRequired[int | None]
+
+
+class Resumed(TypedDict):
+    step: int
+    generation: NotRequired[int | None]
+    from_world_size: NotRequired[int | None]
+    world_size: NotRequired[int]
+    samples_seen: NotRequired[int]
+
+
+class Checkpoint(TypedDict):
+    step: int
+    generation: NotRequired[int | None]
+    bytes: NotRequired[int]
+    ms: NotRequired[float]
+    commits: NotRequired[int]
+
+
+class CheckpointFailed(TypedDict):
+    error: str
+    step: NotRequired[int | None]
+    disk_full: NotRequired[bool]
+    retry_s: NotRequired[float]
+    folder: NotRequired[str]
+    final: NotRequired[bool]
+    saved_step: NotRequired[int | None]
+
+
+class CheckpointUnreadable(TypedDict):
+    path: str
+    error: str
+
+
+class Notice(TypedDict):
+    grace_s: float
+    id: int
+
+
+class SavedOnNotice(TypedDict):
+    step: int
+    seconds: float
+    id: int
+    grace_s: NotRequired[float]
+    notice_node: NotRequired[str]
+    saved: NotRequired[bool]
+    error: NotRequired[str]
+
+
+class NoticeExpired(TypedDict):
+    grace_s: float
+    id: int
+    lost_steps: NotRequired[int | None]
+    needed_s: NotRequired[float]
+
+
+class Fenced(TypedDict):
+    generation: int
+    newer_generation: int
+    rank: NotRequired[int]
+    step: NotRequired[int | None]
+
+
+class Error(TypedDict):
+    message: str
+    error: NotRequired[str]
+
+
+class FilesChanged(TypedDict):
+    reason: str
+    files: NotRequired[list[str]]
+
+
+class Tracking(TypedDict):
+    tracker: Literal["mlflow", "wandb", "tensorboard"]
+    run_id: NotRequired[str]
+    experiment_id: NotRequired[str]
+    project: NotRequired[str]
+    uri: NotRequired[str]
+    url: NotRequired[Annotated[str, Pattern("^https?://")]]
+    path: NotRequired[str]
+    command: NotRequired[str]
+    offline: NotRequired[bool]
+
+
+class Log(TypedDict):
+    text: str
+    stream: NotRequired[str]
+
+
+EVENT_TYPES: dict[Kind, type] = {
+    Kind.JOB_SUBMITTED: JobSubmitted,
+    Kind.JOB_RESUMED: JobResumed,
+    Kind.JOB_FINISHED: JobFinished,
+    Kind.RECOVERING: Recovering,
+    Kind.STALL: Stall,
+    Kind.STALL_CLEARED: StallCleared,
+    Kind.SUPERVISOR_FROZEN: SupervisorFrozen,
+    Kind.DISK_FULL: DiskFull,
+    Kind.OUTPUT_CAPPED: OutputCapped,
+    Kind.DEGRADED: Degraded,
+    Kind.SCALED: Scaled,
+    Kind.FAULT: Fault,
+    Kind.NODE_JOINED: NodeJoined,
+    Kind.NODE_LEFT: NodeLeft,
+    Kind.NODE_EVICTED: NodeEvicted,
+    Kind.PENDING: Pending,
+    Kind.QUEUE: Queue,
+    Kind.AGENT_STARTED: AgentStarted,
+    Kind.STORE_READY: StoreReady,
+    Kind.RENDEZVOUS: Rendezvous,
+    Kind.RESTART: Restart,
+    Kind.WORKER_STARTED: WorkerStarted,
+    Kind.WORKER_FAILED: WorkerFailed,
+    Kind.WORKER_EXITED: WorkerExited,
+    Kind.WORKER_FINISHED: WorkerFinished,
+    Kind.AGENT_SIGNALED: AgentSignaled,
+    Kind.PEER_LOST: PeerLost,
+    Kind.STORE_LOST: StoreLost,
+    Kind.LEFT_RENDEZVOUS: LeftRendezvous,
+    Kind.GROUP_SUCCEEDED: GroupSucceeded,
+    Kind.METRIC: Metric,
+    Kind.GPU: Gpu,
+    Kind.PLAN: Plan,
+    Kind.RESUMED: Resumed,
+    Kind.CHECKPOINT: Checkpoint,
+    Kind.CHECKPOINT_FAILED: CheckpointFailed,
+    Kind.CHECKPOINT_UNREADABLE: CheckpointUnreadable,
+    Kind.NOTICE: Notice,
+    Kind.SAVED_ON_NOTICE: SavedOnNotice,
+    Kind.NOTICE_EXPIRED: NoticeExpired,
+    Kind.FENCED: Fenced,
+    Kind.ERROR: Error,
+    Kind.FILES_CHANGED: FilesChanged,
+    Kind.TRACKING: Tracking,
+    Kind.LOG: Log,
+}
+
+_JSON_TYPES: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}
+
+
+def _schema_of_type(t: Any) -> dict[str, Any]:
+    """The JSON Schema of one field's type."""
+    origin = typing.get_origin(t)
+    if origin is Annotated:
+        base, *extras = typing.get_args(t)
+        schema = _schema_of_type(base)
+        for extra in extras:
+            if isinstance(extra, Pattern):
+                schema["pattern"] = extra.regex
+        return schema
+    if origin is Literal:
+        values = list(typing.get_args(t))
+        return {"const": values[0]} if len(values) == 1 else {"enum": values}
+    if origin in (Union, types.UnionType):
+        return {"type": [_JSON_TYPES[a] for a in typing.get_args(t)]}
+    if origin is list:
+        (item,) = typing.get_args(t)
+        return {"type": "array"} if item is Any else {"type": "array", "items": _schema_of_type(item)}
+    if isinstance(t, type) and typing.is_typeddict(t):
+        return {**schema_of(t), "additionalProperties": False}  # a record inside a record: exactly its keys
+    if origin is dict:
+        _key, value = typing.get_args(t)
+        return (
+            {"type": "object"} if value is Any else {"type": "object", "additionalProperties": _schema_of_type(value)}
+        )
+    return {"type": _JSON_TYPES[t]}
+
+
+def schema_of(kind_type: type) -> dict[str, Any]:
+    """The JSON Schema of a ``TypedDict``: a kind's data (the event's fields but ``kind``, ``t``
+    and ``node``), or any other JSON object described so (a row of GET /jobs)."""
+    hints = typing.get_type_hints(kind_type, include_extras=True)
+    properties = {}
+    required = []
+    for name, hint in hints.items():
+        if typing.get_origin(hint) is NotRequired:
+            (hint,) = typing.get_args(hint)
+        else:  # (read from the hints: a postponed annotation hides NotRequired from TypedDict itself)
+            required.append(name)
+        properties[name] = _schema_of_type(hint)
+    return {"type": "object", "properties": properties, "required": sorted(required)}
+
+
+#: Each kind's JSON Schema, derived from its class above.
+EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {kind: schema_of(t) for kind, t in EVENT_TYPES.items()}
