@@ -80,7 +80,8 @@ def _number(name: str, value: Any) -> float | int:
         return value
     item = getattr(value, "item", None)
     if callable(item):
-        return item()
+        number: float | int = item()  # a tensor's or a NumPy scalar's
+        return number
     if isinstance(value, bool):
         return int(value)
     raise TypeError(f"report() takes numbers: {name}={value!r} is a {type(value).__name__}")

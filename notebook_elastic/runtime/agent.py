@@ -43,6 +43,7 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 from . import log, notice_keeper, protocol, term, torch_compat
 from ._emit import emit
@@ -78,7 +79,7 @@ class _StoreReplaced:
 _store = _StoreReplaced()
 
 
-def _departure_or_eviction(result) -> list:  # type: ignore[no-untyped-def]
+def _departure_or_eviction(result: Any) -> list[Any]:
     """A departure's failures (regrouped uncharged); else, when this node failed while joining
     a job that trains, it goes (``joiner.Joining``: the process ends there); else none: charged,
     as torchrun does."""
@@ -88,7 +89,7 @@ def _departure_or_eviction(result) -> list:  # type: ignore[no-untyped-def]
     return failures
 
 
-def _gives_up(result) -> bool:  # type: ignore[no-untyped-def]
+def _gives_up(result: Any) -> bool:
     """A worker failed in a way no retry can mend (it exited ``EXIT_FATAL``, its error file naming
     ``FATAL_ERROR``): stop, not restart."""
     global _fatal
@@ -102,7 +103,7 @@ def _gives_up(result) -> bool:  # type: ignore[no-untyped-def]
 _fatal = False  # set once a worker failed in a way no retry can mend
 
 
-def _message(failure) -> str:  # type: ignore[no-untyped-def]
+def _message(failure: Any) -> str:
     """A torchelastic ProcessFailure's message: the error file's "Type: text" (a dict there
     when the worker recorded an exception, a string otherwise), or torch's words for a signal."""
     message = getattr(failure, "message", "")
@@ -111,7 +112,7 @@ def _message(failure) -> str:  # type: ignore[no-untyped-def]
     return str(message)
 
 
-def _root(exc) -> str:  # type: ignore[no-untyped-def]
+def _root(exc: Any) -> str:
     """torchrun's root failure in one line ("rank 0 (exit code 1): ZeroDivisionError: ...")."""
     try:
         rank, failure = exc.get_first_failure()
@@ -122,12 +123,12 @@ def _root(exc) -> str:  # type: ignore[no-untyped-def]
 
 
 def _hook_agent() -> None:
-    def before_start(agent) -> None:  # type: ignore[no-untyped-def]
+    def before_start(agent: Any) -> None:
         _watch.agent = agent
         term.agent_starts_workers()  # the workers it stopped are gone; the next ones stay
         _refuse_changed_files()
 
-    def on_departure(failures: list) -> None:
+    def on_departure(failures: list[Any]) -> None:
         # torchrun would charge this to --max-restarts (and give up at 0). Regroup as for a
         # new node instead: the loop then sees a healthy group and carries on.
         emit(
@@ -138,12 +139,12 @@ def _hook_agent() -> None:
             local_ranks=sorted(f.local_rank for f in failures),
         )
 
-    def after_start(agent) -> None:  # type: ignore[no-untyped-def]
+    def after_start(agent: Any) -> None:
         # Its SIGTERM lands wherever it finds the agent, and where Slurm signals every process
         # of the node, waits for the keeper's word (term.py); torch set its own handler again.
         term.guard_agent()
 
-    def before_stop(agent) -> None:  # type: ignore[no-untyped-def]
+    def before_stop(agent: Any) -> None:
         term.agent_stops_workers()  # these workers are stopped on purpose: they go at once
 
     torch_compat.hook_agent(
@@ -184,7 +185,7 @@ def _refuse_changed_files() -> None:
 
 
 def _hook_rendezvous() -> None:
-    def after(handler, info) -> None:  # type: ignore[no-untyped-def]
+    def after(handler: Any, info: Any) -> None:
         round_, participants = torch_compat.joined_round(handler)
         members = []
         for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
@@ -222,7 +223,8 @@ def _start_zygote() -> bool:
     """Where this node's workers are forked from: the user's warm pool when the job has one
     (``runtime.pool``), else a zygote of the node's own."""
     from . import pool
-    from .warm import ENV_ZYGOTE, start_zygote
+    from .warm import start_zygote
+    from .wire import ENV_ZYGOTE
 
     name = pool.in_use()
     if name:

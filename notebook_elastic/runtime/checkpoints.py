@@ -17,7 +17,7 @@ DEFAULT_CHECKPOINT_DIR = "checkpoints"
 TMP_MAX_AGE_S = 600
 
 
-def checkpoint_dir_from_env(explicit: str | os.PathLike | None = None) -> Path:
+def checkpoint_dir_from_env(explicit: str | os.PathLike[str] | None = None) -> Path:
     if explicit is not None:
         return Path(explicit)
     return Path(os.environ.get(protocol.ENV_CHECKPOINT_DIR, DEFAULT_CHECKPOINT_DIR))

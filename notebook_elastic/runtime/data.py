@@ -53,7 +53,8 @@ class ElasticBatchSampler:
 
     @property
     def epoch(self) -> int:
-        return self.state.samples_seen // self.num_samples
+        epoch: int = self.state.samples_seen // self.num_samples
+        return epoch
 
     def _permutation(self, epoch: int) -> list[int]:
         if epoch != self._perm_epoch:

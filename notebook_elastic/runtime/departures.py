@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import time
+from typing import Any
 
 from . import log as _logging
 from . import protocol, torch_compat
@@ -29,16 +30,16 @@ class DepartureWatch:
     """Ends this node's workers when a member of their rendezvous round disappears."""
 
     def __init__(self) -> None:
-        self.agent = None  # torchrun's LocalElasticAgent, once it starts workers
-        self.handler = None
+        self.agent: Any = None  # torchrun's LocalElasticAgent, once it starts workers
+        self.handler: Any = None  # torch's rendezvous handler, once a round was joined
         self.round: int | None = None  # the round being watched (None once acted on)
-        self.members: frozenset = frozenset()
-        self.latest: tuple[int | None, frozenset] = (None, frozenset())  # the latest round joined
+        self.members: frozenset[Any] = frozenset()
+        self.latest: tuple[int | None, frozenset[Any]] = (None, frozenset())  # the latest round joined
         self.killed_round: int | None = None  # the round whose workers the watch ended
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
 
-    def joined(self, handler, round_: int | None, members: frozenset) -> None:
+    def joined(self, handler: Any, round_: int | None, members: frozenset[Any]) -> None:
         with self.lock:
             self.handler, self.round, self.members = handler, round_, members
             self.latest = (round_, members)
@@ -105,7 +106,7 @@ class DepartureWatch:
                 return False
             time.sleep(0.1)
 
-    def failed_because_a_peer_left(self, result) -> list:  # type: ignore[no-untyped-def]
+    def failed_because_a_peer_left(self, result: Any) -> list[Any]:
         """The failures, if they are a departure's doing: one of them at least is a departure's
         symptom (a worker that says its collective broke because a peer left, or that the watch
         ended) and the round has really lost a member. A sibling that failed some other way in

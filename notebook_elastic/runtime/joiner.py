@@ -96,7 +96,7 @@ class Joining:
             return
         self.waited = True
         try:
-            store = torch_compat.rendezvous_store(handler)
+            store: Any = torch_compat.rendezvous_store(handler)  # None: its calls raise, caught below
             key = self._key(handler, f"evicted/{self.index}")
             if not call_with_deadline(store.check, torch_compat.STORE_CALL_TIMEOUT_S, [key]):
                 return
@@ -137,7 +137,7 @@ class Joining:
             return
         if not protocol.progress_marked(self.folder, round_):
             return
-        store = torch_compat.rendezvous_store(handler)
+        store: Any = torch_compat.rendezvous_store(handler)  # None: its call raises, caught by _run
         call_with_deadline(store.set, torch_compat.STORE_CALL_TIMEOUT_S, self._key(handler, "progressed"), str(round_))
         self.published = round_
 
@@ -151,7 +151,7 @@ class Joining:
         handler, agent, (round_, members) = self.watch.handler, self.watch.agent, self.watch.latest
         if not own or handler is None or agent is None or round_ is None or len(members) < 2:
             return
-        store = torch_compat.rendezvous_store(handler)
+        store: Any = torch_compat.rendezvous_store(handler)  # None: its calls raise, caught below
         timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
         failed = self._key(handler, f"failed/{round_}")
         try:
@@ -171,7 +171,7 @@ class Joining:
             return
         self._leave(store, handler, agent, round_, len(members) - 1, failure_text(own[0]))
 
-    def own_failures(self, result: Any) -> list:
+    def own_failures(self, result: Any) -> list[Any]:
         """The failures of this node's workers that are their own, not a departed peer's symptom."""
         watch = self.watch
         watch_ended_them = watch.killed_round is not None and watch.killed_round == watch.latest[0]

@@ -58,7 +58,8 @@ def answer(store: Any, notice_id: int) -> dict[str, Any] | None:
     key = answer_key(notice_id)
     if not store.check([key]):
         return None
-    return json.loads(store.get(key))
+    reply: dict[str, Any] = json.loads(store.get(key))
+    return reply
 
 
 def withdraw(store: Any) -> None:

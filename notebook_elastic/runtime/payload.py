@@ -20,7 +20,7 @@ from . import protocol
 PAYLOAD_SUFFIX = ".payload.pkl"
 
 
-def payload_path_for(script: str | os.PathLike) -> Path:
+def payload_path_for(script: str | os.PathLike[str]) -> Path:
     script = Path(script)
     return script.with_name(script.stem + PAYLOAD_SUFFIX)
 
@@ -50,7 +50,7 @@ class Payload:
         return sum(1 for name in self._raw if not name.startswith("shared:"))
 
 
-def load_payload(script: str | os.PathLike, sha256: str | None = None) -> Payload:
+def load_payload(script: str | os.PathLike[str], sha256: str | None = None) -> Payload:
     """The payload of ``script`` (``NAME.payload.pkl`` beside it, or $NOTEBOOK_ELASTIC_PAYLOAD)."""
     path = Path(os.environ.get(protocol.ENV_PAYLOAD) or payload_path_for(script))
     try:

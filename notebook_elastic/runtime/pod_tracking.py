@@ -23,6 +23,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from . import protocol
@@ -32,7 +33,7 @@ from .tracking import MAX_BATCH, mlflow_link, next_batch, scrub, wandb_link
 PACKAGES = {"mlflow": "mlflow (or mlflow-skinny)", "wandb": "wandb"}
 
 
-def which(env: dict[str, str] | os._Environ = os.environ) -> str | None:
+def which(env: Mapping[str, str] = os.environ) -> str | None:
     """The tracker this pod logs to, or None (not in a pod, ``none``, nothing configured)."""
     track = env.get(protocol.ENV_TRACK)
     if not track or track == "none":
@@ -53,7 +54,7 @@ class PodRun:
         self.tracker = tracker
         self.job = os.environ.get(protocol.ENV_JOB, "job")
         self.run_key = os.environ.get(protocol.ENV_RUN) or self.job
-        self.queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.failed = False
         # The open run, set by _open on the thread below: MLflow's client and run id, or W&B's run.
         self.client: Any = None
@@ -146,7 +147,7 @@ class PodRun:
             self.logged_step = -1
             emit("tracking", t=time.time(), **wandb_link(self.run))
 
-    def _log(self, steps: list[tuple]) -> None:
+    def _log(self, steps: list[tuple[Any, ...]]) -> None:
         if self.tracker == "mlflow":
             from mlflow.entities import Metric
 

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
 ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
@@ -83,7 +84,7 @@ def through_pool(command: list[str], env: Mapping[str, str], *, detach: bool = F
     return [command[0], "-m", "notebook_elastic.runtime.warm", *(["--detach"] if detach else []), *command[1:]]
 
 
-def pool_name(env: dict[str, str] | None = None) -> str:
+def pool_name(env: Mapping[str, str] | None = None) -> str:
     """This user's pool for this interpreter and import-time environment."""
     env = os.environ if env is None else env
     key = hashlib.sha256()
@@ -101,7 +102,7 @@ def _torch_install() -> str:
 
     try:
         spec = importlib.util.find_spec("torch")
-        version = os.path.join(os.path.dirname(spec.origin), "version.py")  # type: ignore[union-attr, arg-type]
+        version = os.path.join(os.path.dirname(spec.origin), "version.py")  # type: ignore[union-attr, arg-type]  # no torch, or no origin: raises, caught below
         info = os.stat(version)
         return f"{version}:{info.st_mtime_ns}:{info.st_size}"
     except (ImportError, AttributeError, TypeError, ValueError, OSError):
@@ -134,7 +135,7 @@ def ping(name: str, timeout_s: float = 2.0) -> int | None:
         conn.close()
 
 
-def ensure_pool(env: dict[str, str] | None = None, log: str | os.PathLike | None = None) -> str | None:
+def ensure_pool(env: dict[str, str] | None = None, log: str | os.PathLike[str] | None = None) -> str | None:
     """The name of a pool for ``env`` (started now, in the background, when none answers, its
     output to ``log``), or None when pools are off. Returns at once: the pool imports torch on
     its own time, and launchers that come before it is ready wait for it (or start cold)."""
@@ -147,7 +148,7 @@ def ensure_pool(env: dict[str, str] | None = None, log: str | os.PathLike | None
     return name
 
 
-def start(name: str, env: dict[str, str], log: str | os.PathLike | None = None) -> subprocess.Popen:
+def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
     """Start the pool ``name`` (one that finds the name taken exits at once); its output goes
     to ``log`` (a file of ours, 0600, in a private folder), else nowhere."""
     from .protocol import ENV_JOB_DIR
@@ -211,7 +212,7 @@ def own_launcher() -> int | None:
 _LIMITS = ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_MEMLOCK", "RLIMIT_NPROC")
 
 
-def inheritance() -> dict:
+def inheritance() -> dict[str, Any]:
     """The launcher's side: what its child would have inherited from it had it been exec'd:
     the umask (a job's files are private: its supervisor sets 077), CPU affinity (taskset),
     priority (nice) and resource limits (ulimit)."""
@@ -227,7 +228,7 @@ def inheritance() -> dict:
     }
 
 
-def inherit(given: dict) -> None:
+def inherit(given: dict[str, Any]) -> None:
     """The forked child's side: take on what ``inheritance()`` sent (what cannot be taken on,
     a limit above the pool's hard one, stays the pool's)."""
     import resource

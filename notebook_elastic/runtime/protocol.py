@@ -349,10 +349,12 @@ def mark_progress(environ: Mapping[str, str] | None = None) -> None:
 
 def progress_marked(folder: str | None, round_: int) -> bool:
     """Whether a worker of this node marked ``round_`` as one in which its group made a step."""
-    return bool(folder) and os.path.exists(os.path.join(folder, f"round-{round_}"))
+    if not folder:
+        return False
+    return os.path.exists(os.path.join(folder, f"round-{round_}"))
 
 
-def sha256_of(path: str | os.PathLike) -> str | None:
+def sha256_of(path: str | os.PathLike[str]) -> str | None:
     """The file's sha256 (hex), or None when it is gone."""
     digest = hashlib.sha256()
     try:

@@ -30,6 +30,8 @@ def is_sharded(model: Any) -> bool:
 
     if not isinstance(model, torch.nn.Module):
         return False
+    DTensor: type[Any] | None  # None where this torch has none
+    FullyShardedDataParallel: type[Any] | None
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch without DTensor has no FSDP2 either

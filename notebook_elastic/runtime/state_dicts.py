@@ -49,9 +49,9 @@ class _Snapshotter:
     """Copies a state tree to CPU tensors, reusing the buffers of the previous copy."""
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple, Any] = {}
+        self._buffers: dict[tuple[Any, ...], Any] = {}
 
-    def copy(self, tree: Any, path: tuple = ()) -> Any:
+    def copy(self, tree: Any, path: tuple[Any, ...] = ()) -> Any:
         import torch
 
         if isinstance(tree, torch.Tensor):

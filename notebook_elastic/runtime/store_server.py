@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from typing import cast
 
 from .store_wire import (
     _I64,
@@ -119,7 +120,7 @@ class StoreServer:
                     elif key.fileobj is self._wake_r:
                         self._wake_r.recv(64)
                     else:
-                        client = self.clients.get(key.fileobj)  # type: ignore[arg-type]
+                        client = self.clients.get(cast(socket.socket, key.fileobj))  # only sockets are registered
                         if client is None:
                             continue
                         if events & selectors.EVENT_READ:

@@ -57,13 +57,16 @@ class _Reader:
         return out
 
     def u32(self) -> int:
-        return _U32.unpack(self.take(4))[0]
+        value: int = _U32.unpack(self.take(4))[0]
+        return value
 
     def u64(self) -> int:
-        return _U64.unpack(self.take(8))[0]
+        value: int = _U64.unpack(self.take(8))[0]
+        return value
 
     def i64(self) -> int:
-        return _I64.unpack(self.take(8))[0]
+        value: int = _I64.unpack(self.take(8))[0]
+        return value
 
     def key(self) -> bytes:
         n = self.u64()

@@ -91,7 +91,7 @@ def defer(may_act: Callable[[], bool]) -> bool:
         else:
             _log.info("Slurm's SIGTERM: the keeper gives notice first")
 
-    deferring._notebook_elastic_deferring = True  # type: ignore[attr-defined]
+    vars(deferring)["_notebook_elastic_deferring"] = True  # vars(): the function type declares no such attribute
     signal.signal(signal.SIGTERM, deferring)
     return True
 
@@ -184,7 +184,7 @@ def guard_agent() -> None:
         if _insist.told(signum):
             _call(previous, signum, frame)
 
-    guarded._notebook_elastic_guard = True  # type: ignore[attr-defined]
+    vars(guarded)["_notebook_elastic_guard"] = True  # vars(): the function type declares no such attribute
     signal.signal(signal.SIGTERM, guarded)
 
 

@@ -74,6 +74,11 @@ def _agent_class() -> Any:
     return LocalElasticAgent
 
 
+def _mark_ours(patch: Any) -> None:
+    """Mark ``patch`` as ours: a hook that finds it in place already does not wrap it again."""
+    patch._notebook_elastic = True
+
+
 def missing() -> dict[str, str]:
     """The internals the installed torch lacks, each with what the job loses."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
@@ -122,7 +127,7 @@ def missing() -> dict[str, str]:
 # -- the rendezvous ------------------------------------------------------------------------
 
 
-def round_state(handler: Any) -> tuple[int, frozenset] | None:
+def round_state(handler: Any) -> tuple[int, frozenset[Any]] | None:
     """``(round, participants)`` of the rendezvous as the store has it now (None: unknown)."""
     try:
         with handler._heartbeat_lock:
@@ -133,7 +138,7 @@ def round_state(handler: Any) -> tuple[int, frozenset] | None:
         return None
 
 
-def joined_round(handler: Any) -> tuple[int | None, dict]:
+def joined_round(handler: Any) -> tuple[int | None, dict[Any, int]]:
     """``(round, {node: group rank})`` the handler just joined, from its local copy."""
     state = getattr(getattr(handler, "_state_holder", None), "state", None)
     return getattr(state, "round", None), dict(getattr(state, "participants", {}))
@@ -144,7 +149,8 @@ def keep_alive_window_s(handler: Any) -> float | None:
     settings = getattr(handler, "_settings", None)
     if settings is None:
         return None
-    return settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+    window_s: float = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+    return window_s
 
 
 def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
@@ -187,7 +193,7 @@ def leave_instead_of_closing(always: bool = True) -> bool:
     if getattr(original, "_notebook_elastic", False):
         return True
 
-    def shutdown(self):  # type: ignore[no-untyped-def]
+    def shutdown(self: Any) -> Any:
         from torch.distributed.elastic.multiprocessing.api import SignalException
 
         if not _leave_always and not isinstance(sys.exc_info()[1], SignalException):
@@ -198,7 +204,7 @@ def leave_instead_of_closing(always: bool = True) -> bool:
             _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
             return False
 
-    shutdown._notebook_elastic = True  # type: ignore[attr-defined]
+    _mark_ours(shutdown)
     handler.shutdown = shutdown
     return True
 
@@ -240,8 +246,9 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
     that often instead of every second, and a look reads the store's state at most ``poll_s``
     old (the agent's check for nodes waiting to join too). Must run before the rendezvous
     handler is made. Idempotent; False where torch lacks the internals."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
+    dr: Any = dynamic_rendezvous  # its private names, patched below
     needed = {"dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor"}
     polling = {"dynamic_rendezvous._delay", "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration"}
     if missing().keys() & (needed | (polling if poll_s else set())):
@@ -251,12 +258,12 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
         return True
     run, call = executor.run, join.__call__
 
-    def run_op(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def run_op(self: Any, *args: Any, **kwargs: Any) -> Any:
         # The store the operation syncs with: the one a round's target is read from.
         _round_store.store = getattr(getattr(getattr(self, "_state_holder", None), "_backend", None), "_store", None)
         return run(self, *args, **kwargs)
 
-    def join_op(self, ctx, deadline):  # type: ignore[no-untyped-def]
+    def join_op(self: Any, ctx: Any, deadline: float) -> Any:
         action = call(self, ctx, deadline)
         if action in (dr._Action.SYNC, dr._Action.KEEP_ALIVE):
             state, settings = ctx.state, ctx.settings
@@ -270,7 +277,7 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
                 return dr._Action.MARK_RENDEZVOUS_COMPLETE
         return action
 
-    join_op._notebook_elastic = True  # type: ignore[attr-defined]
+    _mark_ours(join_op)
     executor.run = run_op
     join.__call__ = join_op
     if poll_s:
@@ -279,10 +286,10 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
         delay, holder = dr._delay, dr._BackendRendezvousStateHolder
         init = holder.__init__
 
-        def _delay(seconds):  # type: ignore[no-untyped-def]
+        def _delay(seconds: Any) -> Any:
             return delay(poll_s if seconds == 1 else seconds)  # the 1 s poll; backoffs stay
 
-        def holder_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def holder_init(self: Any, *args: Any, **kwargs: Any) -> None:
             init(self, *args, **kwargs)
             self._cache_duration = min(self._cache_duration, poll_s)
 
@@ -321,12 +328,12 @@ def drop_gone_nodes() -> bool:
 
     if "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize" in missing():
         return False
-    holder = dr._BackendRendezvousStateHolder
+    holder: Any = dr._BackendRendezvousStateHolder  # its _sanitize is patched below
     sanitize = holder._sanitize
     if getattr(sanitize, "_notebook_elastic", False):
         return True
 
-    def _sanitize(self):  # type: ignore[no-untyped-def]
+    def _sanitize(self: Any) -> Any:
         settings = self._settings
         window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
         gone = _gone_pids(getattr(self._backend, "_store", None), window_s)
@@ -339,7 +346,7 @@ def drop_gone_nodes() -> bool:
                 self._state.last_heartbeats[node] = expired
         return sanitize(self)
 
-    _sanitize._notebook_elastic = True  # type: ignore[attr-defined]
+    _mark_ours(_sanitize)
     holder._sanitize = _sanitize
     return True
 
@@ -352,19 +359,19 @@ def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[An
     if getattr(original, "_notebook_elastic", False):
         return True
 
-    def next_rendezvous(self):  # type: ignore[no-untyped-def]
+    def next_rendezvous(self: Any) -> Any:
         if before is not None:
             before(self)
         info = original(self)
         after(self, info)
         return info
 
-    next_rendezvous._notebook_elastic = True  # type: ignore[attr-defined]
+    _mark_ours(next_rendezvous)
     handler.next_rendezvous = next_rendezvous
     get_store = getattr(handler, "_get_store", None)
     if get_store is not None:
 
-        def _get_store(self):  # type: ignore[no-untyped-def]
+        def _get_store(self: Any) -> Any:
             _follow_replaced_store(self)  # the round's store on the store joined, not a lost one
             return get_store(self)
 
@@ -407,7 +414,8 @@ def store_id(store: Any) -> str | None:
         return None if value is None else value.decode()
 
     try:
-        return call_with_deadline(read, STORE_CALL_TIMEOUT_S)
+        found: str | None = call_with_deadline(read, STORE_CALL_TIMEOUT_S)
+        return found
     except StoreSilent:
         raise
     except Exception:
@@ -444,7 +452,7 @@ def hook_store_reconnect(
         from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     except ImportError:
         return False
-    backend = cb.C10dRendezvousBackend
+    backend: Any = cb.C10dRendezvousBackend  # its _call_store is patched below
     original = getattr(backend, "_call_store", None)
     if original is None:
         return False
@@ -452,10 +460,10 @@ def hook_store_reconnect(
     if getattr(original, "_notebook_elastic", False):
         return True
 
-    def bounded(self, store_op, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def bounded(self: Any, store_op: Any, *args: Any, **kwargs: Any) -> Any:
         return call_with_deadline(original, STORE_CALL_TIMEOUT_S, self, store_op, *args, **kwargs)
 
-    def _call_store(self, store_op, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def _call_store(self: Any, store_op: Any, *args: Any, **kwargs: Any) -> Any:
         failed = self._store
         try:
             if not hasattr(self, "_ne_store_id"):
@@ -475,7 +483,7 @@ def hook_store_reconnect(
         except StoreSilent as exc:
             raise RendezvousConnectionError(_store_gone(self._store, True, _recovery["replaceable"])) from exc
 
-    _call_store._notebook_elastic = True  # type: ignore[attr-defined]
+    _mark_ours(_call_store)
     backend._call_store = _call_store
     _hook_agent_store(on_regroup)
     return True
@@ -588,11 +596,13 @@ class _BoundedStore:
 
     def get(self, key: str) -> bytes:
         self.wait([key])
-        return self._call(self._ne_store.get, key)
+        value: bytes = self._call(self._ne_store.get, key)
+        return value
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         self.wait(keys)
-        return self._call(self._ne_store.multi_get, keys)
+        values: list[bytes] = self._call(self._ne_store.multi_get, keys)
+        return values
 
 
 def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
@@ -601,10 +611,10 @@ def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
     if get_store is None or rendezvous is None:
         return
 
-    def _get_store(self):  # type: ignore[no-untyped-def]
+    def _get_store(self: Any) -> Any:
         return _BoundedStore(get_store(self), self._store)
 
-    def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
+    def _rendezvous(self: Any, worker_group: Any) -> Any:
         while True:
             try:
                 return rendezvous(self, worker_group)
@@ -708,8 +718,8 @@ def group_is_healthy(agent: Any) -> bool:
 
 def hook_agent(
     before_start: Callable[[Any], None],
-    departures: Callable[[Any], list],
-    on_departure: Callable[[list], None],
+    departures: Callable[[Any], list[Any]],
+    on_departure: Callable[[list[Any]], None],
     regroup_now: Callable[[], bool] = lambda: False,
     gives_up: Callable[[Any], bool] = lambda result: False,
     after_start: Callable[[Any], None] = lambda agent: None,
@@ -735,17 +745,18 @@ def hook_agent(
     monitor = agent._monitor_workers
     shutdown = getattr(agent, "_shutdown", None)
 
-    def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+    def _start_workers(self: Any, worker_group: Any) -> Any:
         before_start(self)
         started = original(self, worker_group)
         after_start(self)
         return started
 
-    def _shutdown(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def _shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
         before_stop(self)
-        return shutdown(self, *args, **kwargs)  # type: ignore[misc]
+        assert shutdown is not None  # set in torch's place below only when torch has one
+        return shutdown(self, *args, **kwargs)
 
-    def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
         if result.state == WorkerState.HEALTHY and regroup_now():
             self._restart_workers(worker_group)
@@ -762,7 +773,7 @@ def hook_agent(
         self._restart_workers(worker_group)
         return RunResult(state=WorkerState.HEALTHY)
 
-    _start_workers._notebook_elastic = True  # type: ignore[attr-defined]
+    _mark_ours(_start_workers)
     agent._start_workers = _start_workers
     agent._monitor_workers = _monitor_workers
     if shutdown is not None:

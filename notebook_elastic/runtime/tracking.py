@@ -24,7 +24,7 @@ _SECRET_PARAM = re.compile(r"token|key|secret|pass|pwd|auth|credential|sig|sessi
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch
 
 
-def next_batch(q: queue.SimpleQueue | queue.Queue) -> list[Any]:
+def next_batch(q: queue.SimpleQueue[Any] | queue.Queue[Any]) -> list[Any]:
     """What a tracker's thread logs at once: the next item (waited for) and those behind it,
     up to ``MAX_BATCH``."""
     batch = [q.get()]

@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Any
 
 from . import log as _logging
 from . import protocol
@@ -118,7 +119,8 @@ def serve(path: str, *, as_pool: bool = False) -> None:
                 elif time.monotonic() - busy >= idle_s:
                     return  # idle: reaped
                 timeout = max(0.1, busy + idle_s - time.monotonic())
-            ready, _, _ = select.select([listener, wake_r, *([owner] if owner is not None else [])], [], [], timeout)
+            watched: list[socket.socket | int] = [listener, wake_r, *([owner] if owner is not None else [])]
+            ready, _, _ = select.select(watched, [], [], timeout)
             if owner is not None and owner in ready:
                 return  # its owner ended
             if wake_r in ready:
@@ -198,7 +200,7 @@ def _start(
     _send(conn, {"pid": pid})
 
 
-def _child(request: dict, fds: list[int], as_pool: bool = False) -> None:
+def _child(request: dict[str, Any], fds: list[int], as_pool: bool = False) -> None:
     """In the forked worker: become the process a cold start would have been, then run."""
     import atexit
     import random

@@ -9,6 +9,7 @@ import os
 import socket
 import struct
 import sys
+from typing import Any
 
 ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # the zygote's socket name ("@..." = abstract), for launchers
 ENV_WARM = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off
@@ -26,6 +27,7 @@ def _address(name: str) -> str:
 
 def same_user(conn: socket.socket) -> bool:
     """Whether the process at the other end of ``conn`` runs as our user (SO_PEERCRED)."""
+    uid: int
     try:
         _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     except OSError:
@@ -33,7 +35,7 @@ def same_user(conn: socket.socket) -> bool:
     return uid == os.getuid()
 
 
-def _send(conn: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+def _send(conn: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
     data = json.dumps(message).encode() + b"\n"
     if fds:
         socket.send_fds(conn, [data], fds)
@@ -41,7 +43,7 @@ def _send(conn: socket.socket, message: dict, fds: list[int] | None = None) -> N
         conn.sendall(data)
 
 
-def _recv_line(conn: socket.socket, buffer: bytearray) -> dict | None:
+def _recv_line(conn: socket.socket, buffer: bytearray) -> dict[str, Any] | None:
     while b"\n" not in buffer:
         chunk = conn.recv(65536)
         if not chunk:
@@ -49,4 +51,5 @@ def _recv_line(conn: socket.socket, buffer: bytearray) -> dict | None:
         buffer.extend(chunk)
     line, _, rest = bytes(buffer).partition(b"\n")
     buffer[:] = rest
-    return json.loads(line)
+    message: dict[str, Any] = json.loads(line)
+    return message

@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -63,7 +63,7 @@ class WorkerInfo:
         return "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> WorkerInfo:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerInfo:
         env = os.environ if env is None else env
         host = socket.gethostname()
         return cls(
@@ -81,7 +81,7 @@ class WorkerInfo:
         )
 
 
-def generation_from_env(env: dict[str, str] | None = None) -> int | None:
+def generation_from_env(env: Mapping[str, str] | None = None) -> int | None:
     """The job-wide generation of this worker group, when our agent told us its round."""
     env = os.environ if env is None else env
     round_ = env.get(protocol.ENV_ROUND)
@@ -279,8 +279,8 @@ def _adopt_user_init_calls() -> None:
             print(_USER_INIT_NOTE.format(backend=current, world=dist.get_world_size()), file=sys.stderr)
         return None
 
-    init_process_group._notebook_elastic_adopts = True  # type: ignore[attr-defined]
-    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    vars(init_process_group)["_notebook_elastic_adopts"] = True  # vars(): the function type declares no such attributes
+    vars(init_process_group)["__wrapped__"] = original
     init_process_group.__doc__ = original.__doc__
     dist.init_process_group = init_process_group
     # `from torch.distributed import init_process_group` ran before run(): rebind those
