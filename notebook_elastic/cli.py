@@ -188,7 +188,7 @@ def cmd_debug(args: argparse.Namespace) -> int:
     from .backends import get_backend
     from .backends.local.debug import write
 
-    folder = get_backend("local").folder(args.name)  # type: ignore[attr-defined]
+    folder = get_backend("local").folder(args.name)
     if not folder.exists():
         raise JobNotFound(f"no local job named {args.name!r}; `notebook-elastic jobs` lists them")
     out = Path(args.output or f"{args.name}-debug-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
@@ -244,8 +244,9 @@ class _IdleStop:
         return event
 
     def _watch(self) -> None:
+        assert self.idle_s is not None  # started only with one
         while not self.stop.wait(0.2):
-            if time.monotonic() - self.last > self.idle_s:  # type: ignore[operator]
+            if time.monotonic() - self.last > self.idle_s:
                 self.stop.set()
 
 

@@ -18,14 +18,14 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, EXIT_PEER_LOST, FINAL_STATUSES, Kind, Status
 from .runtime.tracking import tracking_text
 
 __all__ = ["ATTENTION_ORDER", "FINAL_STATUSES", "Event", "Kind", "LineParser", "Status", "describe"]
 
-_KINDS = Kind._value2member_map_
+_KINDS = cast("dict[str, Kind]", Kind._value2member_map_)
 
 
 @dataclass(frozen=True)
@@ -152,10 +152,10 @@ class LineParser:
                 return event
         m = _GLOG.match(line)
         if m:
-            event = self._agent_line(m.group("msg"), now)
-            if event is not None and self.agent_clock and event.kind in (Kind.RESTART, Kind.WORKER_EXITED):
-                event.data["written"] = _glog_time(m.group("month_day"), m.group("clock"), now)
-            return event
+            agent_event = self._agent_line(m.group("msg"), now)
+            if agent_event is not None and self.agent_clock and agent_event.kind in (Kind.RESTART, Kind.WORKER_EXITED):
+                agent_event.data["written"] = _glog_time(m.group("month_day"), m.group("clock"), now)
+            return agent_event
         return Event(Kind.LOG, now, self.node, {"stream": self.stream, "text": line[:4000]})
 
     def _agent_line(self, msg: str, t: float) -> Event | None:

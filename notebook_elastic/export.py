@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .errors import PackagingError
 
@@ -25,25 +27,26 @@ def _runnable(source: str) -> str:
     return "\n".join(line for line in source.splitlines() if not _SKIPPED_LINE.match(line))
 
 
-def export_notebook_cell(notebook: str | os.PathLike, cell: int, output: str | os.PathLike) -> None:
+def export_notebook_cell(notebook: str | os.PathLike[str], cell: int, output: str | os.PathLike[str]) -> None:
     """Run code cells 1..cell-1 of ``notebook``, then write code cell ``cell`` (counted from 1
     among code cells) to ``output`` (+ its payload beside it); prints the manifest."""
     import nbformat
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
 
+    read: Callable[..., Any] = nbformat.read  # nbformat leaves it unannotated
     path = Path(notebook).resolve()
     if not path.is_file():
         raise PackagingError(f"{notebook}: no such notebook")
     try:
-        nb = nbformat.read(path, as_version=4)
+        nb = read(path, as_version=4)
     except Exception as exc:
         raise PackagingError(f"{notebook} is not a readable notebook: {exc}") from None
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     if not 1 <= cell <= len(code):
         raise PackagingError(f"--cell {cell}: {path.name} has {len(code)} code cells; pick one of 1..{len(code)}")
     target = Path(output).resolve()
-    shell = InteractiveShell.instance()
+    shell: Any = InteractiveShell.instance()  # its run_cell and run_cell_magic are unannotated
     from .magics import load_ipython_extension
 
     load_ipython_extension(shell)

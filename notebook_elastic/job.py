@@ -385,6 +385,7 @@ class ElasticJob:
         self._stream = None  # the old stream's caught_up says nothing of the new one
         self._expect_resumes(self.backend.describe(self.name))
         self._follow()
+        assert self._follower is not None  # _follow() just started one
         deadline = time.monotonic() + REPLAY_TIMEOUT_S  # the replay up to it reads a file
         while not self._replayed() and self._follower.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)

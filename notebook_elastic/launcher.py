@@ -7,8 +7,8 @@ import inspect
 import os
 import sys
 from collections import ChainMap
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, cast
 
 from . import options
 from .backends import get_backend
@@ -19,6 +19,9 @@ from .job import ElasticJob
 from .packaging import Bundle, NotebookContext, package_cell, package_function
 from .packaging.render import same_training_code
 from .spec import JobSpec, new_name, parse_nnodes
+
+if TYPE_CHECKING:
+    from .backends.local import LocalBackend
 
 
 def build_spec(
@@ -148,7 +151,8 @@ def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = No
         return f"job {job.name!r} was {status}: resumed from its latest checkpoint (same code), restart budget reset"
     job.start()
     if info is not None:
-        return f"the earlier run of {job.name!r} ({status}) is kept in {runner.root / '.history'}"  # type: ignore[attr-defined]
+        local = cast("LocalBackend", runner)  # info is only read from the local backend
+        return f"the earlier run of {job.name!r} ({status}) is kept in {local.root / '.history'}"
     return None
 
 
@@ -205,13 +209,14 @@ def with_elastic(ctx: NotebookContext) -> NotebookContext:
         return ctx
     import notebook_elastic.runtime as runtime
 
-    return dataclasses.replace(ctx, namespace=ChainMap({"elastic": runtime}, ctx.namespace))  # type: ignore[arg-type]
+    notebook = cast("MutableMapping[str, Any]", ctx.namespace)  # a ChainMap writes only to its first map
+    return dataclasses.replace(ctx, namespace=ChainMap({"elastic": runtime}, notebook))
 
 
 def _caller_namespace() -> Mapping[str, Any]:
     frame = inspect.currentframe()
     try:
-        caller = frame.f_back.f_back if frame and frame.f_back else None  # type: ignore[union-attr]
+        caller = frame.f_back.f_back if frame and frame.f_back else None
         return caller.f_globals if caller else {}
     finally:
         del frame
@@ -264,7 +269,7 @@ def _backends(backend: str | None, **options: Any) -> list[Backend]:
     return [get_backend(n, **options) if n == "kubernetes" else get_backend(n) for n in names]
 
 
-class JobList(list):
+class JobList(list[JobInfo]):
     """``jobs()``'s answer: a list of ``JobInfo`` that prints as a table."""
 
     def __repr__(self) -> str:
@@ -317,7 +322,7 @@ def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
     spec = None
     try:
         if backend == "local":
-            spec = JobSpec.from_json(runner.folder(name).spec())  # type: ignore[attr-defined]
+            spec = JobSpec.from_json(cast("LocalBackend", runner).folder(name).spec())
         else:
             summary = info.summary
             known = {k: summary[k] for k in ("max_restarts", "nproc_per_node") if summary.get(k) is not None}

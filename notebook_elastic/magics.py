@@ -7,16 +7,18 @@ raises on purpose is shown as one ``UsageError`` line, without a traceback.
 
 from __future__ import annotations
 
+import argparse
 import builtins
 import keyword
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from IPython.core import magic_arguments as ipython_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
 
 from . import options
 from .errors import NotebookElasticError
@@ -31,6 +33,13 @@ from .launcher import (
     start_or_resume,
 )
 from .packaging import NotebookContext
+
+# IPython's magic_arguments is unannotated: its decorators and parser, typed here once.
+_Decorator = Callable[[Any], Any]
+argument: Callable[..., _Decorator] = ipython_arguments.argument
+argument_group: Callable[[str], _Decorator] = ipython_arguments.argument_group
+magic_arguments: Callable[[], _Decorator] = ipython_arguments.magic_arguments
+parse_argstring: Callable[[Any, str], argparse.Namespace] = ipython_arguments.parse_argstring
 
 
 def _option_flags(func: Any) -> Any:
@@ -128,6 +137,7 @@ class ElasticMagics(Magics):
         if args.wait and (args.dry_run or args.export):
             raise UsageError("--wait waits for a launched job; it does not go with --dry-run or --export")
         ctx = NotebookContext.from_shell(self.shell)
+        assert self.shell is not None  # from_shell has just read it
         values = options.given(vars(args))
         for how in ("help", "dry_run", "export", "wait", "fresh"):
             values.pop(how, None)
@@ -209,6 +219,7 @@ class ElasticMagics(Magics):
     def elastic_attach(self, line: str) -> Any:
         """%elastic_attach NAME [BACKEND]: re-open a job's dashboard and replay its history."""
         parts = _names(line, "elastic_attach")
+        assert self.shell is not None  # IPython runs a magic on the instance it registered, with itself
         var = job_variable(self.shell.user_ns, parts[0])
         job = attach(parts[0], *(parts[1:2] or ["local"]))
         if var:
@@ -220,6 +231,7 @@ class ElasticMagics(Magics):
     def elastic_resume(self, line: str) -> Any:
         """%elastic_resume NAME: continue a lost, failed or stopped job from its latest checkpoint."""
         parts = _names(line, "elastic_resume")
+        assert self.shell is not None  # IPython runs a magic on the instance it registered, with itself
         var = job_variable(self.shell.user_ns, parts[0])
         job = attach(parts[0])
         job.resume()

@@ -306,7 +306,7 @@ def argparse_arguments() -> list[tuple[Option, tuple[str, ...], dict[str, Any]]]
     """``(option, args, kwargs)`` for each flag of ``%%elastic_train``, in table order. Every value
     defaults to None (or [] / False): what was not given is not passed on, so the table's
     and the spec's defaults apply once, in one place."""
-    out = []
+    out: list[tuple[Option, tuple[str, ...], dict[str, Any]]] = []
     for o in OPTIONS:
         if not o.magic:
             continue
@@ -328,7 +328,9 @@ def given(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None and v != [] and v is not False}
 
 
-def split(options: Mapping[str, Any], *, surface: str = "launch()") -> tuple[dict, dict, dict]:
+def split(
+    options: Mapping[str, Any], *, surface: str = "launch()"
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
     """``(spec keywords, {backend: its keywords}, launch keywords)`` of the given options, or a
     ``SpecError`` naming an unknown one and the nearest known."""
     parts: dict[str, dict[str, Any]] = {"spec": {}, "launch": {}, **{b: {} for b in BACKEND_PARTS}}

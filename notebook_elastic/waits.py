@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import BackendError
 
@@ -21,11 +21,26 @@ POLL_S = 0.1  # how often a wait looks again
 Condition = Callable[[], Any]
 
 
+class Awaited(Protocol):
+    """What a wait reads of the job it waits on (an ``ElasticJob``, the layer above)."""
+
+    _prepared: bool
+    name: str
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def status(self) -> str: ...
+
+    def summary(self) -> str: ...
+
+
 class Wait:
     """One wait on ``job`` (an ElasticJob, the layer above): the condition, what to call it in
     an error, and its deadline."""
 
-    def __init__(self, job: Any, condition: Callable[[], Any], what: str, timeout: float | None) -> None:
+    def __init__(self, job: Awaited, condition: Callable[[], Any], what: str, timeout: float | None) -> None:
         if job._prepared:
             raise BackendError(f"job {job.name!r} was only prepared (dry run); call .start() first")
         self.job = job
@@ -53,7 +68,7 @@ class Wait:
             await asyncio.sleep(POLL_S)
 
 
-async def ended(job: Any, timeout: float | None) -> str:
+async def ended(job: Awaited, timeout: float | None) -> str:
     """The job's final status, awaited; its status then if ``timeout`` seconds pass first."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while not job.finished and (deadline is None or time.monotonic() < deadline):

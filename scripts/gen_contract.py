@@ -66,7 +66,11 @@ NAMED = {
 
 
 def _quoted(value: Any) -> str:
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'" if isinstance(value, str) else json.dumps(value)
+    return (
+        "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+        if isinstance(value, str)
+        else json.dumps(value)
+    )
 
 
 def _ts(schema: dict[str, Any]) -> str:

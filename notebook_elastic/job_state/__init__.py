@@ -15,7 +15,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe, steps_done
 from ..runtime.tracking import tracking_text
@@ -67,13 +67,13 @@ class JobState:
     """Everything known about a job, folded from its events."""
 
     def __init__(self, *, max_restarts: int = 0, nnodes: tuple[int, int] = (1, 1), target: int | None = None) -> None:
-        self.status = Status.PENDING
+        self.status: str = Status.PENDING  # a Status, or "prepared" (an ElasticJob not started yet)
         self.reason: str | None = None
         self.waiting: str | None = None  # why capacity the job asked for is not coming
         self.waiting_node: str | None = None  # the node ``waiting`` is about (a pod, an allocation), if one
         self.held_by_queue = False  # Kueue evicted it and has not admitted it again (--queue)
         self.max_restarts = max_restarts
-        self.nnodes = tuple(nnodes)
+        self.nnodes = cast("tuple[int, int]", tuple(nnodes))  # (min, max), a tuple whatever sequence came
         self.target = target if target is not None else nnodes[0]
         self.nproc_per_node: int | None = None
         self.gpus = 0  # GPUs the job may place its ranks on (0: a CPU job)

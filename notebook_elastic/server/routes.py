@@ -73,7 +73,8 @@ def job_name(name: str) -> str:
 def backend_argument(value: Any) -> str:
     if value not in BACKENDS:
         raise bad_request(f"backend={value!r} is unknown; use one of: {', '.join(BACKENDS)}")
-    return value
+    backend: str = value  # one of BACKENDS
+    return backend
 
 
 def _finite(value: Any) -> Any:
@@ -100,7 +101,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             notebook = None if relative.startswith("..") else relative
         except ValueError:
             notebook = None
-    return _finite(
+    row: dict[str, Any] = _finite(
         {
             "name": info.name,
             "backend": info.backend,
@@ -136,6 +137,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "location": info.location,
         }
     )
+    return row
 
 
 class ClusterFold:
@@ -287,7 +289,7 @@ class EventsHandler(Handler):
         folder = registry.local.folder(name)
         if not folder.exists():
             raise tornado.web.HTTPError(404, "%s", f"no local job named {name!r}")
-        events: list[dict] = []
+        events: list[dict[str, Any]] = []
         offset, skipped = since, 0
         try:
             f = open(folder.events_file, "rb")  # noqa: SIM115 (closed below)

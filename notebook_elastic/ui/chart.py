@@ -15,6 +15,7 @@ import math
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 from ..job_state import Marker
 from .theme import BG_PLOT, FG_DIM, FG_FAINT, GRID, LINE, MARKER_COLORS, MARKER_WORDS, esc
@@ -53,7 +54,7 @@ class Decimation:
     def __init__(self, max_points: int = MAX_POINTS) -> None:
         self.max_buckets = max(1, max_points // 2)
         self.size = 1
-        self.buckets: list[list] = []  # [lo (step, value), hi (step, value), points in it]
+        self.buckets: list[list[Any]] = []  # [lo (step, value), hi (step, value), points in it]
         self.read = 0  # how many points of the series are in the buckets
 
     def extend(self, steps: Sequence[float], values: Sequence[float]) -> None:
@@ -94,7 +95,8 @@ class Decimation:
         return out
 
 
-_kept: dict[int, tuple[weakref.ref, weakref.ref, Decimation]] = {}  # id(values) -> (values, steps, buckets)
+# id(values) -> (values, steps, buckets)
+_kept: dict[int, tuple[weakref.ref[Sequence[float]], weakref.ref[Sequence[float]], Decimation]] = {}
 _kept_lock = threading.Lock()
 
 
@@ -155,7 +157,7 @@ def _nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = min((m * mag for m in (1, 2, 5, 10) if m * mag >= raw), default=raw)
     first = math.ceil(lo / step) * step
-    ticks = []
+    ticks: list[float] = []
     t = first
     while t <= hi + 1e-12 and len(ticks) < 12:
         ticks.append(round(t, 12))

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-import ipywidgets as W  # type: ignore[import-untyped]  # ipywidgets ships no type information
+import ipywidgets as W
 
 if TYPE_CHECKING:
     from ..job import ElasticJob

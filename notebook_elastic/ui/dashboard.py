@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import ipywidgets as W  # type: ignore[import-untyped]  # ipywidgets ships no type information
+import ipywidgets as W
 
 from ..events import FINAL_STATUSES, Event, Kind
 from ..runtime import log as _logging

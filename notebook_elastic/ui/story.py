@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..events import FAULT_WORDS, Event, Kind, describe
 from .theme import FG, FG_FAINT, esc, left_words
 
-EVENT_COLORS = {
+EVENT_COLORS: dict[str, str] = {
     Kind.WORKER_FAILED: "#c62828",
     Kind.JOB_FINISHED: "#1565c0",
     Kind.RESTART: "#ef6c00",
@@ -60,7 +61,7 @@ STORY_HIDDEN = TIMELINE_HIDDEN | {
 }
 
 
-def _back_after(e: Event, events: Sequence[Event], index: int, started: frozenset) -> str:
+def _back_after(e: Event, events: Sequence[Event], index: int, started: frozenset[Any]) -> str:
     """' — back at world size 2 after 1.6 s': when a new worker group started after ``e``. A
     worker of a group in ``started`` (those started before ``e``: a slower node's rank of the
     same group, told a moment later) is not training starting again."""
@@ -76,11 +77,11 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
     """The job's history as sentences, oldest first: one line per thing that happened, the
     symptoms of a membership change folded into the line of its cause."""
     out: list[tuple[Event, str]] = []
-    groups: set = set()
+    groups: set[Any] = set()  # the generations of the worker groups started so far
     # node -> the drill that takes it away and where it stands: told in the node's node_left line,
     # its outage counted from the drill (a loaded supervisor may tell node_left after the survivors
     # already started again)
-    drilled: dict[str, tuple[Event, int, frozenset]] = {}
+    drilled: dict[str, tuple[Event, int, frozenset[Any]]] = {}
     for i, e in enumerate(events):
         k, d = e.kind, e.data
         if k in STORY_HIDDEN:

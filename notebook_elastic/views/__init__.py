@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .text import TextView
@@ -43,10 +44,11 @@ def display_job(job: ElasticJob) -> None:
     """Show a job below the current cell: the live dashboard in a kernel, else a text view
     that prints its events as they come."""
     if widgets_available():
-        from IPython.display import display
+        from IPython import display as ipython_display
 
         from ..ui import Dashboard
 
+        display: Callable[..., Any] = ipython_display.display  # IPython leaves it unannotated
         dashboard = Dashboard(job)
         dashboard.display_handle = display(dashboard, display_id=True)
         return

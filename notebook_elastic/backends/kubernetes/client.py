@@ -81,10 +81,11 @@ def connect(context: str | None = None, namespace: str | None = None) -> Connect
         raise BackendError(
             "the Kubernetes backend needs the `kubernetes` package: pip install 'notebook-elastic[kubernetes]'"
         ) from None
+    loaders: Any = config  # the client's config loaders have no annotations
     configuration = client.Configuration()
     if context is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         try:
-            config.load_incluster_config(client_configuration=configuration)
+            loaders.load_incluster_config(client_configuration=configuration)
         except ConfigException as exc:
             raise BackendError(f"running in a cluster, but its service account config is unusable: {exc}") from None
         ns_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -103,7 +104,7 @@ def connect(context: str | None = None, namespace: str | None = None) -> Connect
         )
     path = os.pathsep.join(present)
     try:
-        contexts, active = config.list_kube_config_contexts(config_file=path)
+        contexts, active = loaders.list_kube_config_contexts(config_file=path)
     except ConfigException as exc:
         raise BackendError(f"the kubeconfig {path} is unreadable: {exc}") from None
     names = [c["name"] for c in contexts or []]
@@ -113,7 +114,7 @@ def connect(context: str | None = None, namespace: str | None = None) -> Connect
         )
     chosen = next((c for c in contexts if c["name"] == context), active) if contexts else None
     try:
-        config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
+        loaders.load_kube_config(config_file=path, context=context, client_configuration=configuration)
     except ConfigException as exc:
         raise BackendError(f"cannot use context {context or (chosen or {}).get('name')!r} of {path}: {exc}") from None
     default_ns = ((chosen or {}).get("context") or {}).get("namespace") or "default"

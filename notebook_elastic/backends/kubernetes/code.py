@@ -50,7 +50,7 @@ def env_secret(spec: Any) -> dict[str, Any] | None:
 
 def with_env_values(secret: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     """The Secret to create: its placeholders replaced by the values (kept in memory only)."""
-    out = json.loads(json.dumps(secret))
+    out: dict[str, Any] = json.loads(json.dumps(secret))
     out["stringData"] = {key: env[key] for key in out["stringData"]}
     return out
 

@@ -28,7 +28,7 @@ class LogCursor:
         delivered yet (and moves the cursor past it). Reads of one pod may overlap (a catch-up
         beside a followed stream): each counts the lines it met at the cursor's timestamp, so
         a line is delivered by whichever read reaches it first, once."""
-        met = ["", 0]  # this read: the timestamp of its last line, and how many lines carried it
+        met: list[Any] = ["", 0]  # this read: the timestamp of its last line, and how many lines carried it
 
         def keep(stamp: str) -> bool:
             met[1] = met[1] + 1 if met[0] == stamp else 1

@@ -24,7 +24,7 @@ The names are Kueue's (``pkg/constants``, ``pkg/controller/constants``,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from ...errors import BackendError
 from ...events import Kind
@@ -62,8 +62,9 @@ def apply_queue_pytorchjob(obj: dict[str, Any], queue: str | None) -> dict[str, 
     return obj
 
 
-def _is(cond: dict[str, Any] | None) -> bool:
-    return bool(cond) and cond.get("status") == "True"  # type: ignore[union-attr]
+def _is(cond: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    """Whether a Workload condition is there and true (then it is a dict: read its reason)."""
+    return cond is not None and cond.get("status") == "True"
 
 
 def workload_state(workloads: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -90,8 +91,8 @@ def workload_state(workloads: list[dict[str, Any]]) -> dict[str, Any] | None:
         return {
             **base,
             "state": "evicted",
-            "reason": evicted.get("reason", ""),  # type: ignore[union-attr]
-            "message": evicted.get("message", ""),  # type: ignore[union-attr]
+            "reason": evicted.get("reason", ""),
+            "message": evicted.get("message", ""),
         }
     reserved = _condition(wl, "QuotaReserved") or {}
     return {

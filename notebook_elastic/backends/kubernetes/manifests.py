@@ -196,7 +196,7 @@ def build(
 
 def without_gpus(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` with no ``nvidia.com/gpu`` limit in its pod specs (CPU pods on a CPU cluster)."""
-    out = json.loads(json.dumps(obj))
+    out: dict[str, Any] = json.loads(json.dumps(obj))
     specs = []
     if out["kind"] == "Pod":
         specs.append(out["spec"])
@@ -222,7 +222,7 @@ def owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
         "uid": owner["metadata"]["uid"],
         "blockOwnerDeletion": True,
     }
-    out = json.loads(json.dumps(obj))
+    out: dict[str, Any] = json.loads(json.dumps(obj))
     out["metadata"]["ownerReferences"] = [ref]
     return out
 
@@ -236,4 +236,5 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
         for key in list(obj.get("binaryData", {})):
             obj["binaryData"][key] = f"<{len(base64.b64decode(obj['binaryData'][key]))} bytes, base64>"
         shown.append(obj)
-    return yaml.safe_dump_all(shown, sort_keys=False, width=120)
+    text: str = yaml.safe_dump_all(shown, sort_keys=False, width=120)  # PyYAML is untyped here
+    return text

@@ -255,7 +255,7 @@ def parse_options(
         context=context,
         image=image or DEFAULT_IMAGE,
         rdzv_image=rdzv_image or None,
-        gpus=gpus,  # type: ignore[arg-type]
+        gpus=gpus,
         cpu=_quantity(cpu, "--cpu"),
         memory=_quantity(memory, "--memory"),
         tolerations=[parse_toleration(t) for t in tolerations],
@@ -268,7 +268,7 @@ def parse_options(
         image_pull_secrets=[_name(s, "--image-pull-secret") or "" for s in image_pull_secrets],
         pvc=_name(pvc, "--pvc"),
         shm_size=_quantity(shm_size, "--shm-size"),
-        grace=grace,  # type: ignore[arg-type]
+        grace=grace,
         grace_given=grace is not None,
         workload=workload,
         queue=_name(queue, "--queue"),

@@ -62,8 +62,8 @@ def _secure(pod_spec: dict[str, Any], options: KubernetesOptions) -> None:
 def _place(
     pod_spec: dict[str, Any],
     options: KubernetesOptions,
-    node_selector: dict,
-    tolerations: list,
+    node_selector: dict[str, str],
+    tolerations: list[dict[str, Any]],
     priority_class: str | None,
 ) -> None:
     """Where a pod may run and as whom: its own selector/tolerations/priority, the job's identity."""

@@ -106,6 +106,8 @@ class Watcher:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
+        new_watch: Callable[[], Any] = watch.Watch  # the client's watch module has no annotations
+
         rv: str | None = None
         backoff = Backoff(self.stop)
         while not self.stop.is_set():
@@ -127,7 +129,7 @@ class Watcher:
                 if relisted is not None:
                     relisted({obj.metadata.name for obj in listed.items})
                 rv = listed.metadata.resource_version
-            w: Any = watch.Watch()  # type: ignore[no-untyped-call]  # the client's watch module has no annotations
+            w = new_watch()
             try:
                 for item in w.stream(
                     list_fn,

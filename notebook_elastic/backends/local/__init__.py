@@ -55,7 +55,7 @@ RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, home: str | os.PathLike | None = None) -> None:
+    def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
         # ``home`` (tests, tools) names the jobs folder itself; by default it is found under
         # $NOTEBOOK_ELASTIC_HOME, in a per-user subfolder when that is a shared one like /tmp.
         self.explicit_root = home is not None
@@ -268,14 +268,17 @@ class LocalBackend(Backend):
 
     # -- control -------------------------------------------------------------------------
 
-    def _request(self, name: str, command: str, **args: Any) -> Any:
+    def _request(self, name: str, command: str, **args: Any) -> dict[str, Any]:
         folder = self.folder(name)
         if not folder.exists():
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
         info = folder.supervisor()
         if info is None or info.get("exited") or not folder.supervisor_alive():
             raise BackendError(f"job {name!r} is not running, so it cannot {command.replace('_', ' ')}")
-        return control.request(tuple(info["control"]), bytes.fromhex(info["authkey"]), command, **args)
+        result: dict[str, Any] = control.request(
+            tuple(info["control"]), bytes.fromhex(info["authkey"]), command, **args
+        )
+        return result  # what the supervisor's command answered (commands.py: a dict each)
 
     def scale(self, name: str, nodes: int) -> dict[str, Any]:
         return self._request(name, "scale", nodes=nodes)

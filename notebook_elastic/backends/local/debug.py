@@ -19,6 +19,7 @@ import platform
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ def versions() -> dict[str, Any]:
         found["torch_cuda"] = torch.version.cuda
         found["cuda_available"] = torch.cuda.is_available()
         if torch.cuda.is_available():
-            found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            nccl_version: Callable[[], tuple[Any, ...]] = torch.cuda.nccl.version  # torch leaves it unannotated
+            found["nccl"] = ".".join(map(str, nccl_version()))
             found["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except Exception as exc:  # a broken torch is worth reporting too
         found["torch_error"] = f"{type(exc).__name__}: {exc}"

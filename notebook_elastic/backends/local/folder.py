@@ -158,31 +158,77 @@ def write_json_atomic(path: Path, data: Any, mode: int = FILE_MODE) -> None:
 
 
 class JobFolder:
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
-    name = property(lambda self: self.path.name)
-    script = property(lambda self: self.path / "script.py")
-    spec_file = property(lambda self: self.path / "spec.json")
-    manifest_file = property(lambda self: self.path / "manifest.json")
-    events_file = property(lambda self: self.path / "events.jsonl")
-    status_file = property(lambda self: self.path / "status.json")
-    secret_file = property(lambda self: self.path / "secret.json")
-    supervisor_file = property(lambda self: self.path / "supervisor.json")
-    supervisor_log = property(lambda self: self.path / "supervisor.log")
-    guardian_file = property(lambda self: self.path / "guardian.json")
-    outcome_file = property(lambda self: self.path / "outcome.json")
-    reserve_file = property(lambda self: self.path / ".reserve")
-    logs = property(lambda self: self.path / "logs")
-    torchelastic_logs = property(lambda self: self.path / "logs" / "torchelastic")
-    checkpoints = property(lambda self: self.path / "checkpoints")
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def script(self) -> Path:
+        return self.path / "script.py"
+
+    @property
+    def spec_file(self) -> Path:
+        return self.path / "spec.json"
+
+    @property
+    def manifest_file(self) -> Path:
+        return self.path / "manifest.json"
+
+    @property
+    def events_file(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def status_file(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def secret_file(self) -> Path:
+        return self.path / "secret.json"
+
+    @property
+    def supervisor_file(self) -> Path:
+        return self.path / "supervisor.json"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.path / "supervisor.log"
+
+    @property
+    def guardian_file(self) -> Path:
+        return self.path / "guardian.json"
+
+    @property
+    def outcome_file(self) -> Path:
+        return self.path / "outcome.json"
+
+    @property
+    def reserve_file(self) -> Path:
+        return self.path / ".reserve"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def torchelastic_logs(self) -> Path:
+        return self.path / "logs" / "torchelastic"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
 
     def exists(self) -> bool:
         return self.spec_file.exists()
 
-    def read_json(self, path: Path) -> Any:
+    def read_json(self, path: Path) -> dict[str, Any]:
+        """One of the folder's records: a JSON object, as ``write_json_atomic`` wrote it."""
         with open(path) as f:
-            return json.load(f)
+            record: dict[str, Any] = json.load(f)
+            return record
 
     def spec(self) -> dict[str, Any]:
         return self.read_json(self.spec_file)
@@ -302,7 +348,7 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
     return True
 
 
-def processes_of(job_dir: str | os.PathLike) -> list[int]:
+def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
     """Pids of every live process started for this job (they carry the job folder in their
     environment). The process table is the ground truth for "no orphan left"."""
     marker = f"{ENV_JOB_DIR}={os.fspath(job_dir)}".encode()
@@ -322,7 +368,7 @@ def processes_of(job_dir: str | os.PathLike) -> list[int]:
     return found
 
 
-def kill_all(job_dir: str | os.PathLike, grace_s: float = 3.0) -> list[int]:
+def kill_all(job_dir: str | os.PathLike[str], grace_s: float = 3.0) -> list[int]:
     """SIGTERM every process of the job, then SIGKILL what is left after ``grace_s``."""
     victims = processes_of(job_dir)
     for pid in victims:

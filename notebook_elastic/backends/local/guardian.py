@@ -72,7 +72,7 @@ def guard(folder: JobFolder) -> int:
 
 
 def _say(folder: JobFolder, event: Event) -> None:
-    from . import _append_event
+    from .follow import _append_event
 
     try:
         _append_event(folder, event)

@@ -47,12 +47,18 @@ class Agent:
     agent_pid: int | None = None  # the torchrun agent's own (forked by the warm pool): its rendezvous id
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
-    log: IO[bytes] | None = None
+    log: IO[bytes] = field(kw_only=True)  # its node's log file, opened with it (unbuffered)
     log_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        """Its stdin, where a spare reads its orders: a pipe (``Nodes._spawn`` opens one for each)."""
+        assert self.proc.stdin is not None
+        return self.proc.stdin
 
 
 class Nodes:
@@ -162,14 +168,14 @@ class Nodes:
             node_env = {k: v for k, v in env.items() if os.environ.get(k) != v}
             order = json.dumps({"env": node_env, "argv": list(plan.torchrun_args)}) + "\n"
             try:
-                spare.proc.stdin.write(order.encode())  # type: ignore[union-attr]
-                spare.proc.stdin.close()  # type: ignore[union-attr]
+                spare.stdin.write(order.encode())
+                spare.stdin.close()
             except OSError:
                 spare = None
         if spare is not None and spare.alive:
             agent = spare
             with agent.log_lock:
-                agent.log.close()  # type: ignore[union-attr]  # unbuffered: nothing left to flush
+                agent.log.close()  # unbuffered: nothing left to flush
                 try:
                     os.replace(self.sup.folder.logs / f"{agent.name}.log", self.sup.folder.logs / f"{name}.log")
                 except OSError:
@@ -182,7 +188,7 @@ class Nodes:
                 parser.node = name
         else:
             agent = self._spawn(name, list(node.argv), env)
-            agent.proc.stdin.close()  # type: ignore[union-attr]
+            agent.stdin.close()
         agent.gpus = gpus
         self.agents[name] = agent
         self.sup.emit(
@@ -211,7 +217,7 @@ class Nodes:
             env = self._agent_env(plan, {protocol.ENV_NODE: "spare"})
             self.spare = self._spawn(f"spare-{self.next_index}", [*plan.agent_prefix, "--standby"], env)
         elif not wanted and self.spare is not None:
-            self.spare.proc.stdin.close()  # type: ignore[union-attr]
+            self.spare.stdin.close()
             self.spare = None
 
     def dismiss_spare(self) -> int | None:
@@ -219,7 +225,7 @@ class Nodes:
         spare, self.spare = self.spare, None
         if spare is None:
             return None
-        spare.proc.stdin.close()  # type: ignore[union-attr]  # "not needed": it exits
+        spare.stdin.close()  # "not needed": it exits
         return spare.proc.pid
 
     def _read(self, agent: Agent, parser: LineParser, pipe: IO[bytes]) -> None:
@@ -241,12 +247,12 @@ class Nodes:
         part); a write that fails (disk full) is dropped, never fatal."""
         try:
             if agent.log_bytes + len(raw) > NODE_LOG_CAP_BYTES:
-                agent.log.close()  # type: ignore[union-attr]
+                agent.log.close()
                 current = self.sup.folder.logs / f"{agent.name}.log"
                 os.replace(current, current.with_name(current.name + ".1"))
                 agent.log = open(current, "ab", buffering=0)
                 agent.log_bytes = 0
-            agent.log.write(raw)  # type: ignore[union-attr]
+            agent.log.write(raw)
             agent.log_bytes += len(raw)
         except (OSError, ValueError):
             pass
@@ -356,7 +362,8 @@ class Nodes:
         """Slurm took the node: preempted or out of time, a new allocation takes its place
         (it waits in the queue until Slurm gives the node back); cancelled, it is not
         replaced. Either is a departure, free of the restart budget."""
-        why = self.sup.placement.why_ended(agent.name)  # type: ignore[union-attr]
+        assert self.sup.placement is not None  # called only for a Slurm job's node (reap)
+        why = self.sup.placement.why_ended(agent.name)
         if why in ("preempted", "timeout"):
             agent.exit_reason = "preempted by Slurm" if why == "preempted" else "its Slurm time limit was up"
         elif why in ("cancelled", "node_fail"):

@@ -103,7 +103,7 @@ class EventSink:
             done = False
             drained = []
             with self.lock:
-                lines = []
+                lines: list[str] = []
                 status_before = self.state.status
                 for item in batch:
                     if item is None:

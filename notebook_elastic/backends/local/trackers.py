@@ -88,7 +88,8 @@ class Tracker:
         self.spec = spec
         self.say = say
         self.tell = tell
-        self.queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        # ("metric", name, value, time, step) and ("end", status), then None: the thread ends
+        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.failed = False
         self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self.thread.start()
