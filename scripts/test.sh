@@ -32,6 +32,9 @@ if ! command -v slurmctld >/dev/null && [[ ! -x /usr/sbin/slurmctld ]] && comman
 fi
 .venv/bin/ruff check notebook_elastic tests benchmarks scripts docs
 .venv/bin/ruff format --check notebook_elastic tests benchmarks scripts docs
+# The strict type checker over the package ([tool.mypy] in pyproject.toml): 0 errors.
+echo "types: mypy --strict over notebook_elastic/"
+.venv/bin/mypy
 # The JupyterLab extension's TypeScript: ESLint and its unit tests (vitest, in a bare DOM). Its
 # node_modules come from the set-up's build of the extension (npm install, with the checked-in lock).
 echo "labextension: eslint and unit tests (vitest)"

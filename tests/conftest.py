@@ -171,6 +171,7 @@ QUICK_MODULES = frozenset(
         "test_composition.py",
         "test_contract.py",
         "test_control.py",
+        "test_types.py",
         "test_events.py",
         "test_job_state.py",
         "test_kubernetes_manifests.py",

@@ -126,7 +126,7 @@ class Bundle:
     def withheld(self) -> list[str]:
         return self.manifest.withheld
 
-    def write(self, script_path: str | os.PathLike, private: bool = False) -> tuple[Path, Path | None]:
+    def write(self, script_path: str | os.PathLike[str], private: bool = False) -> tuple[Path, Path | None]:
         """Write the script (and its payload beside it, if any) atomically; ``private``: readable
         by their owner only (a job folder), else like any exported file."""
         script_path = Path(script_path)

@@ -183,7 +183,8 @@ class _OrderedReads(ast.NodeVisitor):
     def visit_Global(self, node: ast.Global) -> None:
         pass
 
-    visit_Nonlocal = visit_Global
+    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:
+        pass
 
     def _arguments(self, args: ast.arguments, annotations: bool) -> None:
         for default in args.defaults + [d for d in args.kw_defaults if d is not None]:
@@ -193,7 +194,7 @@ class _OrderedReads(ast.NodeVisitor):
                 if arg is not None and arg.annotation is not None:
                     self.visit(arg.annotation)
 
-    def _defer(self, node: ast.AST) -> None:
+    def _defer(self, node: ast.stmt | ast.expr) -> None:
         table = self._table(node)
         if table is not None:
             for name in _global_refs(table):
@@ -230,9 +231,11 @@ class _OrderedReads(ast.NodeVisitor):
                     self.deferred.setdefault(name, node.lineno)
         self.bound.add(node.name)
 
-    def _comprehension(self, node: ast.AST, parts: list[ast.AST]) -> None:
+    def _comprehension(
+        self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp, parts: list[ast.expr]
+    ) -> None:
         outer = set(self.bound)
-        for gen in node.generators:  # type: ignore[attr-defined]
+        for gen in node.generators:
             self.visit(gen.iter)
             self.visit(gen.target)
             for cond in gen.ifs:
@@ -244,14 +247,19 @@ class _OrderedReads(ast.NodeVisitor):
     def visit_ListComp(self, node: ast.ListComp) -> None:
         self._comprehension(node, [node.elt])
 
-    visit_SetComp = visit_ListComp
-    visit_GeneratorExp = visit_ListComp
+    def visit_SetComp(self, node: ast.SetComp) -> None:
+        self._comprehension(node, [node.elt])
+
+    def visit_GeneratorExp(self, node: ast.GeneratorExp) -> None:
+        self._comprehension(node, [node.elt])
 
     def visit_DictComp(self, node: ast.DictComp) -> None:
         self._comprehension(node, [node.key, node.value])
 
 
-def _index_tables(source: str, filename: str) -> tuple[symtable.SymbolTable, dict]:
+def _index_tables(
+    source: str, filename: str
+) -> tuple[symtable.SymbolTable, dict[tuple[str, int], list[symtable.SymbolTable]]]:
     top = symtable.symtable(source, filename, "exec")
     index: dict[tuple[str, int], list[symtable.SymbolTable]] = {}
     for table in _descendants(top):

@@ -122,7 +122,8 @@ def _secret_type(value: Any) -> bool:
 def _attributes(value: Any) -> list[tuple[str, Any]] | None:
     """An object's named fields: dataclass fields, pydantic fields, __dict__, __slots__."""
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # a named tuple
-        return list(zip(type(value)._fields, value))
+        named: Any = type(value)  # a tuple subclass with _fields
+        return list(zip(named._fields, value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
     if _is_pydantic(value):

@@ -72,10 +72,10 @@ def relative_writes(source: str) -> list[tuple[int, str]]:
             args = node.args.posonlyargs + node.args.args
             defaults = [None] * (len(args) - len(node.args.defaults)) + list(node.args.defaults)
             pairs = list(zip(args, defaults)) + list(zip(node.args.kwonlyargs, node.args.kw_defaults))
-            for arg, default in pairs:
+            for parameter, default in pairs:
                 path = _relative_literal(default)
-                if path and _looks_like_file(path) and any(w in arg.arg.lower() for w in _PATH_WORDS):
-                    found.append((node.lineno, f"{node.name}({arg.arg}={path!r})"))
+                if path and _looks_like_file(path) and any(w in parameter.arg.lower() for w in _PATH_WORDS):
+                    found.append((node.lineno, f"{node.name}({parameter.arg}={path!r})"))
     return sorted(set(found))
 
 

@@ -97,7 +97,7 @@ def _plain_gitignore(folder: Path, paths: list[Path]) -> set[Path]:
     return out
 
 
-def local_files(paths: Iterable[str], folder: str | os.PathLike) -> dict[str, bytes]:
+def local_files(paths: Iterable[str], folder: str | os.PathLike[str]) -> dict[str, bytes]:
     """The files among relative ``paths`` that exist inside ``folder`` (not ignored by its
     .gitignore), by their relative path: what the code reads by name, for pods."""
     root = Path(folder).resolve()
@@ -125,7 +125,7 @@ def check_size(files: dict[str, bytes], what: str, limit_bytes: int = MAX_MODULE
 
 
 def local_modules(
-    names: Iterable[str], folder: str | os.PathLike, *, limit_bytes: int = MAX_MODULES_BYTES
+    names: Iterable[str], folder: str | os.PathLike[str], *, limit_bytes: int = MAX_MODULES_BYTES
 ) -> LocalModules:
     """The notebook-folder modules among ``names`` (dotted names are fine), with the local
     modules they import, transitively. PackagingError when they exceed ``limit_bytes``."""

@@ -10,7 +10,7 @@ import sys
 import types
 from collections.abc import Iterable
 
-_FRESH_PATH_CACHE: dict[tuple, frozenset[str]] = {}
+_FRESH_PATH_CACHE: dict[tuple[str, str, tuple[str, ...]], frozenset[str]] = {}
 
 
 def fresh_sys_path(extra: Iterable[str] = ()) -> frozenset[str]:

@@ -20,7 +20,7 @@ class Shipped:
     size: int = 0  # bytes pickled (values) or characters (code)
     type_name: str = ""
     note: str = ""
-    order: tuple = (0, 0)
+    order: tuple[int, ...] = (0, 0)
     late: bool = False  # a value that refers to notebook definitions: load after them
     blob: bytes | tuple[str, str] | None = None  # or ("shared", KEY): pickled with others under KEY
 

@@ -6,7 +6,9 @@ no notebook state."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,9 @@ class ImportBinding:
     star: bool = False
 
 
-def _statements_outside_functions(body: list[ast.stmt]):
+def _statements_outside_functions(
+    body: list[ast.stmt] | list[ast.stmt | ast.excepthandler],
+) -> Iterator[ast.stmt | ast.excepthandler]:
     for stmt in body:
         yield stmt
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
@@ -77,7 +81,7 @@ def find_definition(source: str, lineno: int, name: str) -> tuple[ast.AST, bool]
     except SyntaxError:
         return None
 
-    def search(body: list[ast.stmt], nested: bool):
+    def search(body: list[ast.stmt], nested: bool) -> tuple[ast.AST, bool] | None:
         for stmt in body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 first = min([stmt.lineno] + [d.lineno for d in stmt.decorator_list])
@@ -117,7 +121,7 @@ def find_class(source: str, name: str, containing_line: int | None = None) -> as
     return found
 
 
-def node_source(source: str, node: ast.AST) -> str:
+def node_source(source: str, node: ast.stmt) -> str:
     """The exact text of a def/class node, decorators included, dedented to column 0."""
     lines = source.splitlines()
     decorators = getattr(node, "decorator_list", [])
@@ -134,7 +138,9 @@ def magic_lines(raw_source: str) -> list[tuple[int, str]]:
     They cannot run in a plain Python worker. Found by letting IPython transform the cell
     and looking for the ``get_ipython()`` calls it introduces.
     """
-    from IPython.core.inputtransformer2 import TransformerManager
+    from IPython.core.inputtransformer2 import TransformerManager as _TransformerManager
+
+    TransformerManager: Callable[[], Any] = _TransformerManager  # IPython leaves it unannotated
 
     try:
         transformed = TransformerManager().transform_cell(raw_source)

@@ -19,7 +19,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type information
+import cloudpickle
 
 from ..runtime.payload import main_attr
 from .shipped import Shipped
