@@ -13,7 +13,6 @@ import os
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
 
 #: Every structured line a worker or agent writes starts with this prefix, then compact JSON.
 EVENT_PREFIX = "@@elastic "
@@ -102,128 +101,7 @@ ATTENTION_ORDER = (
     Status.DAMAGED,
 )
 
-# -- the schema of each event kind -------------------------------------------------------
-# JSON Schema (draft 2020-12) of each kind's fields beside "kind", "t" and "node". A field
-# listed is one some consumer reads (the fold, the views, the CLI); "required" ones are always
-# there. Extra fields are allowed: a newer worker may say more. tests/conftest.py validates
-# every event of every local job the suite runs against these (``event_problems``).
-_INT = {"type": "integer"}
-_NUM = {"type": "number"}
-_STR = {"type": "string"}
-_BOOL = {"type": "boolean"}
-_OPT_INT = {"type": ["integer", "null"]}
-_OPT_STR = {"type": ["string", "null"]}
-_INTS = {"type": "array", "items": _INT}
-
-
-def _fields(required: dict[str, Any] | None = None, **optional: Any) -> dict[str, Any]:
-    properties = {**(required or {}), **optional}
-    return {"type": "object", "properties": properties, "required": sorted(required or {})}
-
-
-EVENT_SCHEMAS: dict[Kind, dict[str, Any]] = {
-    Kind.JOB_SUBMITTED: _fields(
-        {"nodes": _INT, "min_nodes": _INT, "max_nodes": _INT, "nproc_per_node": _INT, "max_restarts": _INT},
-        gpus=_INT,
-        grace_s=_NUM,
-    ),
-    Kind.JOB_RESUMED: _fields(
-        {"nodes": _INT, "min_nodes": _INT, "max_nodes": _INT, "max_restarts": _INT}, after=_STR, nproc_per_node=_INT
-    ),
-    Kind.JOB_FINISHED: _fields({"status": {"enum": [s.value for s in FINAL_STATUSES]}}, reason=_OPT_STR),
-    Kind.RECOVERING: _fields({"reason": _STR}),
-    Kind.STALL: _fields(
-        {"step": _OPT_INT, "for_s": _NUM}, stopped=_INTS, waiting=_INTS, restart_after_s={"type": ["number", "null"]}
-    ),
-    Kind.STALL_CLEARED: _fields({"for_s": _NUM}, step=_OPT_INT, restarted=_BOOL),
-    Kind.SUPERVISOR_FROZEN: _fields({"for_s": _NUM}, step=_OPT_INT),
-    Kind.DISK_FULL: _fields({"message": _STR}),
-    Kind.OUTPUT_CAPPED: _fields({"cap_bytes": _INT}),
-    Kind.DEGRADED: _fields({"missing": {"type": "object", "additionalProperties": _STR}}, torch=_STR, tested=_STR),
-    Kind.SCALED: _fields({"target": _INT}, min_nodes=_INT, max_nodes=_INT, reason=_STR, reconfigured=_BOOL),
-    Kind.FAULT: _fields({"fault": _STR}, target=_STR, rank=_INT, return_after_s={"type": ["number", "null"]}),
-    Kind.NODE_JOINED: _fields(pid=_OPT_INT),
-    Kind.NODE_LEFT: _fields({"reason": _STR}, exitcode=_OPT_INT),
-    Kind.NODE_EVICTED: _fields({"failure": _OPT_STR}, target=_INT),
-    Kind.PENDING: _fields({"reason": _STR}, message=_STR),
-    Kind.QUEUE: _fields(
-        {"queue": _STR, "state": {"enum": ["waiting", "admitted", "evicted"]}},
-        reason=_STR,
-        message=_STR,
-        cluster_queue=_STR,
-        workload=_STR,
-        count=_INT,
-        elastic=_BOOL,
-        slice=_BOOL,
-    ),
-    Kind.AGENT_STARTED: _fields({"pid": _INT}, host=_STR),
-    Kind.STORE_READY: _fields({"port": _INT}, host=_STR, pid=_INT),
-    Kind.RENDEZVOUS: _fields({"round": _OPT_INT, "group_rank": _INT}, group_world_size=_INT, epoch=_INT),
-    Kind.RESTART: _fields(
-        {"reason": {"enum": ["worker_failed", "departure", "membership_change", "store_replaced"]}},
-        restarts_used=_INT,
-        max_restarts=_INT,
-        new_nodes=_INT,
-        written=_NUM,
-    ),
-    Kind.WORKER_STARTED: _fields(
-        {"rank": _INT, "local_rank": _INT, "world_size": _INT, "pid": _INT},
-        generation=_OPT_INT,
-        restart_count=_INT,
-    ),
-    Kind.WORKER_FAILED: _fields(
-        {"rank": _INT, "error": _STR, "message": _STR},
-        traceback=_STR,
-        step=_OPT_INT,
-        cause={"const": "peer"},
-        fatal=_BOOL,
-        generation=_OPT_INT,
-    ),
-    Kind.WORKER_EXITED: _fields(
-        {"local_rank": _INT},
-        pid=_OPT_INT,
-        exitcode=_OPT_INT,
-        signal={"type": ["integer", "string"]},
-        written=_NUM,
-    ),
-    Kind.WORKER_FINISHED: _fields({"rank": _INT}, pid=_INT),
-    Kind.AGENT_SIGNALED: _fields({"signal": _STR}),
-    Kind.PEER_LOST: _fields({"round": _OPT_INT, "lost": {"type": "array"}}, workers=_INTS),
-    Kind.STORE_LOST: _fields({"reason": _STR}),
-    Kind.LEFT_RENDEZVOUS: _fields(pid=_INT),
-    Kind.GROUP_SUCCEEDED: _fields(),
-    Kind.METRIC: _fields({"values": {"type": "object"}}, step={"type": ["number", "null"]}, rank=_INT),
-    Kind.GPU: _fields({"rank": _INT, "mem_peak_bytes": _INT}, device=_INT, mem_total_bytes=_INT, util_percent=_INT),
-    Kind.PLAN: _fields({"total": _INT, "start": _INT}, generation=_OPT_INT),
-    Kind.RESUMED: _fields(
-        {"step": _INT}, generation=_OPT_INT, from_world_size=_OPT_INT, world_size=_INT, samples_seen=_INT
-    ),
-    Kind.CHECKPOINT: _fields({"step": _INT}, generation=_OPT_INT, bytes=_INT, ms=_NUM, commits=_INT),
-    Kind.CHECKPOINT_FAILED: _fields(
-        {"error": _STR}, step=_OPT_INT, disk_full=_BOOL, retry_s=_NUM, folder=_STR, final=_BOOL, saved_step=_OPT_INT
-    ),
-    Kind.CHECKPOINT_UNREADABLE: _fields({"path": _STR, "error": _STR}),
-    Kind.NOTICE: _fields({"grace_s": _NUM, "id": _INT}),
-    Kind.SAVED_ON_NOTICE: _fields(
-        {"step": _INT, "seconds": _NUM, "id": _INT}, grace_s=_NUM, notice_node=_STR, saved=_BOOL, error=_STR
-    ),
-    Kind.NOTICE_EXPIRED: _fields({"grace_s": _NUM, "id": _INT}, lost_steps=_OPT_INT, needed_s=_NUM),
-    Kind.FENCED: _fields({"generation": _INT, "newer_generation": _INT}, rank=_INT, step=_OPT_INT),
-    Kind.ERROR: _fields({"message": _STR}, error=_STR),
-    Kind.FILES_CHANGED: _fields({"reason": _STR}, files={"type": "array", "items": _STR}),
-    Kind.TRACKING: _fields(
-        {"tracker": {"enum": ["mlflow", "wandb", "tensorboard"]}},
-        run_id=_STR,
-        experiment_id=_STR,
-        project=_STR,
-        uri=_STR,
-        url={"type": "string", "pattern": "^https?://"},
-        path=_STR,
-        command=_STR,
-        offline=_BOOL,
-    ),
-    Kind.LOG: _fields({"text": _STR}, stream=_STR),
-}
+# The fields of each event kind: runtime/event_types.py (the typed, versioned contract).
 
 # Environment set by a backend (the supervisor or a pod spec) for agents and workers.
 ENV_JOB = "NOTEBOOK_ELASTIC_JOB"  # the job's name
