@@ -19,7 +19,8 @@ def _fields(schema: dict[str, Any]) -> tuple[str, str]:
 
 
 def events_table() -> str:
-    from notebook_elastic.runtime.protocol import EVENT_SCHEMAS, Kind
+    from notebook_elastic.runtime.event_types import EVENT_SCHEMAS
+    from notebook_elastic.runtime.protocol import Kind
 
     rows = ["| kind | always | when known |", "|---|---|---|"]
     for kind in Kind:
