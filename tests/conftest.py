@@ -173,6 +173,7 @@ QUICK_MODULES = frozenset(
         "test_control.py",
         "test_types.py",
         "test_events.py",
+        "test_folder_records.py",
         "test_job_state.py",
         "test_kubernetes_manifests.py",
         "test_launch_api.py",

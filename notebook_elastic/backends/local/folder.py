@@ -225,10 +225,13 @@ class JobFolder:
         return self.spec_file.exists()
 
     def read_json(self, path: Path) -> dict[str, Any]:
-        """One of the folder's records: a JSON object, as ``write_json_atomic`` wrote it."""
+        """One of the folder's records: a JSON object, as ``write_json_atomic`` wrote it;
+        ValueError for anything else (a damaged or planted file: ``[]`` is JSON too)."""
         with open(path) as f:
-            record: dict[str, Any] = json.load(f)
-            return record
+            record = json.load(f)
+        if not isinstance(record, dict):
+            raise ValueError(f"{path.name} holds a JSON {type(record).__name__}, not a record")
+        return record
 
     def spec(self) -> dict[str, Any]:
         return self.read_json(self.spec_file)
@@ -316,7 +319,7 @@ class JobFolder:
 
             state = job_state(str(info["slurm_job"]))[0]
             return state == "" or (state in NOT_ENDED and state != "PENDING")
-        return pid_alive(int(info["pid"]), info.get("start_ticks"))
+        return _alive(info)
 
     def guardian_alive(self) -> bool:
         """Whether the job's guardian runs (it brings a dead supervisor back)."""
@@ -324,7 +327,17 @@ class JobFolder:
             info = self.read_json(self.guardian_file)
         except (FileNotFoundError, ValueError):
             return False
-        return pid_alive(int(info["pid"]), info.get("start_ticks"))
+        return _alive(info)
+
+
+def _alive(info: dict[str, Any]) -> bool:
+    """Whether the process a record names (``pid``, ``start_ticks``) runs; a record without a
+    usable pid names none."""
+    try:
+        pid = int(info["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return pid_alive(pid, info.get("start_ticks"))
 
 
 def process_start_ticks(pid: int) -> int | None:
