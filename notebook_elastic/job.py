@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import waits
 from .errors import BackendError, SpecError
-from .events import Event, Kind
+from .events import Event, Kind, Status
 from .job_state import JobState, Metrics, summary_text
 from .spec import JobSpec, check_scale
 
@@ -56,7 +56,7 @@ class ElasticJob:
         if dryrun is None:
             self._state.status = "pending"
         else:
-            self._state.status = "prepared"
+            self._state.status = Status.PREPARED
 
     # -- lifecycle -----------------------------------------------------------------------
 

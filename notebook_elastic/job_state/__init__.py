@@ -67,7 +67,7 @@ class JobState:
     """Everything known about a job, folded from its events."""
 
     def __init__(self, *, max_restarts: int = 0, nnodes: tuple[int, int] = (1, 1), target: int | None = None) -> None:
-        self.status: str = Status.PENDING  # a Status, or "prepared" (an ElasticJob not started yet)
+        self.status: str = Status.PENDING  # a Status
         self.reason: str | None = None
         self.waiting: str | None = None  # why capacity the job asked for is not coming
         self.waiting_node: str | None = None  # the node ``waiting`` is about (a pod, an allocation), if one

@@ -72,6 +72,7 @@ class Kind(StrEnum):
 class Status(StrEnum):
     """A job's status: the one word every view (dashboard, panel, ``jobs()``, the CLI) shows."""
 
+    PREPARED = "prepared"  # a dry run's handle (launch(..., dry_run=True)): start() launches it
     PENDING = "pending"
     RUNNING = "running"
     RESTARTING = "restarting"

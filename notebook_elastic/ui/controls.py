@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import ipywidgets as W
 
+from ..events import Status
+
 if TYPE_CHECKING:
     from ..job import ElasticJob
     from ..job_state import JobState
@@ -117,7 +119,7 @@ class Controls:
     def sync(self) -> None:
         """Move the controls to the job's values and enable or show what its state allows."""
         job, state = self.job, self.job.state
-        prepared = job.status == "prepared"
+        prepared = job.status == Status.PREPARED
         live = not job.finished and not prepared
         lo, hi = state.nnodes
         # Held notifications fire when the block ends: the whole block is "ours", so the
@@ -193,7 +195,7 @@ class Controls:
         if not self.by_the_user():
             return
         lo, hi = change["new"]
-        if self.job.status == "prepared":
+        if self.job.status == Status.PREPARED:
             self.job.configure(nnodes=(lo, hi))
             self._mark("controls", "header")
             return
