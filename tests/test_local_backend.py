@@ -574,10 +574,17 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
     assert job.wait(180) == "succeeded", job.summary()
     assert [e.get("after") for e in job.events if e.kind == Kind.JOB_RESUMED] == ["lost", "lost"]
     assert [e.get("status") for e in job.events if e.kind == Kind.JOB_FINISHED] == ["lost", "succeeded"]
-    # Every step ran; only a report in flight when a supervisor died (its pipe went with it) may
-    # be missing, next to that death.
+    # Every step ran; a report is missing only where a supervisor had died: the steps its old
+    # workers still trained (and saved) before they went with it, their reports in its pipe
+    # with it, from that death up to the step the next run resumed from (CI under load saw five
+    # such steps), or the report in flight at the death itself.
     missing = set(range(150)) - set(committed_reports(job))
-    assert all(min(abs(m - d) for d in deaths) <= 2 for m in missing), (missing, deaths)
+    resumed_at = [
+        min(e.get("step") for e in job.events[start:] if e.kind == Kind.RESUMED)
+        for start in [i for i, e in enumerate(job.events) if e.kind == Kind.JOB_RESUMED]
+    ]
+    windows = [(death - 2, max(death + 2, resume)) for death, resume in zip(deaths, resumed_at)]
+    assert all(any(lo <= m <= hi for lo, hi in windows) for m in missing), (missing, windows)
     # A new kernel sees the whole history and the outcome of the resumed run.
     again = ne.attach("phoenix")
     assert again.wait(60) == "succeeded" and any(e.kind == Kind.JOB_RESUMED for e in again.events)
