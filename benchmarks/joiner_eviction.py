@@ -148,7 +148,7 @@ def main() -> None:
         "joiner_eviction",
         rows,
         notes="fake cluster (tests/k8s_apiserver.py) on this machine; 2:3 nodes x 1 CPU process, gloo; the "
-        "broken joiner's eviction waits a 3 s grace for the old members' own failures (runtime/joiner.py)",
+        "broken joiner's eviction waits a 3 s grace for the old members' own failures (agent/joiner.py)",
     )
 
 

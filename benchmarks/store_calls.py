@@ -35,8 +35,8 @@ def main() -> None:
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from notebook_elastic.runtime import torch_compat
-    from notebook_elastic.runtime.store import host_store
+    from notebook_elastic.agent import torch_compat
+    from notebook_elastic.store.run import host_store
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

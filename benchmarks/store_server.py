@@ -1,4 +1,4 @@
-"""The Kubernetes rendezvous store's server (#17): ours (the standard library, runtime/store_server.py)
+"""The Kubernetes rendezvous store's server (#17): ours (the standard library, store/server.py)
 against torch's own (what the store pod ran before, and the local supervisor runs), in the same
 run, each in a process of its own, as the pod runs it.
 
@@ -44,7 +44,7 @@ NODES = 256
 TORCH_SERVER = """
 import socket, sys, time
 t0 = time.monotonic()
-from notebook_elastic.runtime.store import host_store
+from notebook_elastic.store.run import host_store
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(1024)
 store = host_store(sock)
 print(sock.getsockname()[1], flush=True)
@@ -97,7 +97,7 @@ def start_ours(tmp: Path, descriptors: int | None = None) -> tuple[subprocess.Po
     archive.write_bytes(runtime_zip())
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-S", "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-S", "-m", "notebook_elastic.store.run", "--host", "127.0.0.1", "--port", "0"],
         env={"PYTHONPATH": str(archive), "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         text=True,

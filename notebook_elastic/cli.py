@@ -279,10 +279,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
-    """The warm pool of this user and environment (runtime/pool.py): its pid, or stop it."""
+    """The warm pool of this user and environment (pool/__init__.py): its pid, or stop it."""
     import signal
 
-    from .runtime import pool
+    from . import pool
 
     name = os.environ.get(pool.ENV_POOL) or pool.pool_name()
     pid = pool.ping(name)

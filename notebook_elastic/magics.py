@@ -265,10 +265,10 @@ def load_ipython_extension(ipython: Any) -> None:
     # The cells use `elastic.report(...)`, `elastic.State(...)`, as workers will.
     ipython.user_ns.setdefault("elastic", runtime)
     # The warm pool imports torch now, in the background, so the first job's processes are
-    # forks of it (runtime/pool.py); a job starts it too when none answers.
+    # forks of it (pool/__init__.py); a job starts it too when none answers.
     from .backends.local import LocalBackend
     from .backends.local.folder import pool_log
-    from .runtime.pool import ensure_pool
+    from .pool import ensure_pool
 
     # Its own messages go to the jobs folder when there is one (loading makes no folder).
     ensure_pool(log=pool_log(LocalBackend().root))

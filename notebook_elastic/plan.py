@@ -18,7 +18,7 @@ from .errors import SpecError
 from .runtime import protocol
 
 #: The module each node runs: torchrun's agent with our rendezvous and departure handling.
-AGENT_MODULE = "notebook_elastic.runtime.agent"
+AGENT_MODULE = "notebook_elastic.agent.run"
 #: Environment every node of every backend gets, whatever the job.
 FIXED_ENV = {
     # Each agent's own store is not shared with the rendezvous: the store host outlives agents.

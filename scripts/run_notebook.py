@@ -72,7 +72,7 @@ def main() -> int:
 def _tell_the_warm_pool() -> None:
     """Say what stays running after the notebook: the warm pool its jobs were forked from."""
     try:
-        from notebook_elastic.runtime import pool
+        from notebook_elastic import pool
 
         pid = pool.ping(pool.pool_name())
     except Exception:  # no pool to tell of (or none can be asked): nothing stays

@@ -346,11 +346,11 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_pool(tmp_path_factory):
-    """One warm pool per test process (runtime/pool.py), started outside any test (it carries
+    """One warm pool per test process (pool/__init__.py), started outside any test (it carries
     no test's marker, and stays up between tests), stopped at the end. Every job, kernel and
     JupyterLab the tests start inherits its name; the processes it forks carry their own
     test's marker (``pool.retitle``), so the leftover check sees them as it sees cold ones."""
-    from notebook_elastic.runtime import pool
+    from notebook_elastic import pool
 
     if not pool.enabled():
         yield None

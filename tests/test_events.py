@@ -300,7 +300,7 @@ def test_the_degraded_event_the_agent_sends_keeps_the_contract_and_the_fold_read
     from conftest import contract_problems
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    from notebook_elastic.runtime import agent
+    from notebook_elastic.agent import run as agent
 
     monkeypatch.delattr(dynamic_rendezvous, "_RendezvousExitOp")
     sent: list[Event] = []

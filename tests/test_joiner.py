@@ -1,4 +1,4 @@
-"""Who is sent away when a round fails (runtime/joiner.py, #14 item 2): the decision an agent
+"""Who is sent away when a round fails (agent/joiner.py, #14 item 2): the decision an agent
 takes from the rendezvous store, on a real TCPStore and a real rendezvous handler over it. The
 end-to-end story (real pods, agents, gloo) is tests/test_kubernetes_joiner.py; here each rule
 of the decision is one case. Only the process exit is replaced (it would end pytest)."""
@@ -17,7 +17,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.runtime import joiner, protocol, torch_compat
+from notebook_elastic.agent import joiner, torch_compat
+from notebook_elastic.runtime import protocol
 from notebook_elastic.runtime.protocol import EVENT_PREFIX
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).

@@ -99,8 +99,10 @@ def test_the_shape_of_the_job():
     names = set(runtime.namelist())
     assert {
         "notebook_elastic/__init__.py",
-        "notebook_elastic/runtime/agent.py",
-        "notebook_elastic/runtime/store.py",
+        "notebook_elastic/runtime/worker.py",
+        "notebook_elastic/agent/run.py",
+        "notebook_elastic/store/run.py",
+        "notebook_elastic/pool/warm.py",
         "cloudpickle/__init__.py",
     } <= names
     # The rendezvous is its own pod, on its own nodes, not a trainer, under a one-replica
@@ -108,7 +110,7 @@ def test_the_shape_of_the_job():
     assert rdzv["spec"]["replicas"] == 1 and rdzv["spec"]["strategy"] == {"type": "Recreate"}
     assert rdzv["spec"]["selector"]["matchLabels"].items() <= rdzv["spec"]["template"]["metadata"]["labels"].items()
     store = rdzv["spec"]["template"]["spec"]
-    assert store["containers"][0]["command"] == ["python", "-m", "notebook_elastic.runtime.store"]
+    assert store["containers"][0]["command"] == ["python", "-m", "notebook_elastic.store.run"]
     assert store["nodeSelector"] == {"lifecycle": "on-demand"} and "tolerations" not in store
     assert store["containers"][0]["image"] == "python:3.12-slim"  # Python alone, unless --rdzv-image
     assert service["spec"]["selector"] == {m.INSTANCE: "spot-train", m.COMPONENT: "rendezvous"}
@@ -482,8 +484,8 @@ def test_the_default_image_carries_a_tested_torch_and_an_untested_one_is_told(mo
     and an official PyTorch image with another is told in one sentence, in the dry-run and
     at launch, before anything starts."""
     import notebook_elastic as ne
+    from notebook_elastic.agent import torch_compat
     from notebook_elastic.backends.kubernetes.options import image_torch
-    from notebook_elastic.runtime import torch_compat
 
     assert torch_compat.torch_is_tested(image_torch(DEFAULT_IMAGE))
     assert image_torch("ghcr.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime") == (2, 5)

@@ -16,10 +16,10 @@ from test_kubernetes_backend import TRAIN, _post, cluster, ns  # noqa: F401 (clu
 from waiting import wait_for
 
 import notebook_elastic as ne
+from notebook_elastic.agent import torch_compat
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.options import STORE_IMAGE
 from notebook_elastic.events import Kind
-from notebook_elastic.runtime import torch_compat
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract

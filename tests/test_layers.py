@@ -1,5 +1,5 @@
 """The import graph is the layering (every import, lazy ones included):
-runtime <- packaging/spec <- plan <- events/state (the contract) <- backends <- job <- views/ui/magics/server/cli.
+runtime <- agent/store/pool <- packaging/spec <- plan <- events/state (the contract) <- backends <- job <- views/ui/magics/server/cli.
 The contract sits below the backends because they speak it: each backend reports Events and
 folds them with the one JobState. No cycles; worker-side code imports nothing of ours outside the runtime; the job never
 imports a view (IPython shows it through a formatter the views register)."""
@@ -14,6 +14,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "notebook_elastic"
 # A module may import only modules of its own layer or of a lower one.
 LAYERS = [
     {"_version", "errors", "defaults", "runtime"},
+    # The job's processes beside its workers: the torchrun agent as we run it, the rendezvous
+    # store, the warm pool. They run in pods and allocations too: nothing of the kernel's.
+    {"agent", "store", "pool"},
     {"packaging", "spec", "options"},
     {"plan"},
     {"events", "job_state"},
@@ -107,9 +110,13 @@ def test_every_import_goes_down_the_layers():
 
 def test_the_runtime_and_the_job_import_nothing_above_them():
     g = graph()
+    beside = ("notebook_elastic.runtime", "notebook_elastic.agent", "notebook_elastic.store", "notebook_elastic.pool")
     for module, deps in g.items():
         if module.startswith("notebook_elastic.runtime"):
             outside = {d for d in deps if not d.startswith("notebook_elastic.runtime")}
             assert not outside, f"{module} runs in workers and pods, yet imports {outside}"
+        if module.startswith(beside[1:]):
+            outside = {d for d in deps if not d.startswith(beside)}
+            assert not outside, f"{module} runs beside the workers, in pods too, yet imports {outside}"
     views = {d for d in g["notebook_elastic.job"] if d.split(".")[1] in ("views", "ui")}
     assert not views, f"the job draws itself: {views}"

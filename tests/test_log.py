@@ -20,7 +20,7 @@ agent.info("stopped by signal 15; left the rendezvous")
 try:
     raise ConnectionError("the store closed the connection")
 except ConnectionError:
-    log.get("runtime.joiner").debug("the store does not answer now: tried again next time", exc_info=True)
+    log.get("agent.joiner").debug("the store does not answer now: tried again next time", exc_info=True)
 log.for_process("worker")  # a second set-up keeps the first role
 agent.warning("still the agent")
 logging.getLogger("user").info("the user's own line")
@@ -52,7 +52,7 @@ def test_a_process_says_its_lines_as_before_and_keeps_out_of_the_users_logging()
 def test_debug_shows_the_errors_that_were_dealt_with(level):
     done = run({"NOTEBOOK_ELASTIC_LOG": level})
     lines = done.stderr.splitlines()
-    debug = "notebook-elastic agent [debug notebook_elastic.runtime.joiner]: the store does not answer now: tried again next time"
+    debug = "notebook-elastic agent [debug notebook_elastic.agent.joiner]: the store does not answer now: tried again next time"
     assert debug in lines, done.stderr
     assert "ConnectionError: the store closed the connection" in done.stderr  # its traceback below it
     assert "notebook-elastic agent: still the agent" in lines

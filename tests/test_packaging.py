@@ -425,7 +425,7 @@ def test_ddp_cell_runs_under_plain_torchrun(shell, tmp_path):
 def test_the_runtime_imports_nothing_from_the_notebook_side():
     done = python(
         "-c",
-        "import sys, notebook_elastic.runtime, notebook_elastic.runtime.agent;"
+        "import sys, notebook_elastic.runtime, notebook_elastic.agent.run;"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'kubernetes', 'ipykernel')];"
         "print(bad)",
         cwd=__import__("pathlib").Path("/"),

@@ -1,4 +1,4 @@
-"""The warm pool (runtime/pool.py): a local job's supervisor, agents and workers are forks of
+"""The warm pool (pool/__init__.py): a local job's supervisor, agents and workers are forks of
 one process per user that imported torch once and outlives jobs. Its children read as
 themselves in /proc (so ``ps``, the job's orphan scan and the leftover check see them), do
 not die with it, and it is reaped when idle; it serves only its own user."""
@@ -18,10 +18,10 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
+from notebook_elastic import pool
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.backends.local.folder import prepare_jobs_root
 from notebook_elastic.events import Kind
-from notebook_elastic.runtime import pool
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_a_jobs_processes_are_forks_of_the_pool_which_outlives_it(home, tmp_path
         assert f"NOTEBOOK_ELASTIC_JOB_DIR={folder}".encode() in environ
         assert f"NOTEBOOK_ELASTIC_TEST_ID={os.environ['NOTEBOOK_ELASTIC_TEST_ID']}".encode() in environ
     assert b"notebook_elastic.backends.local.supervisor" in proc_file(supervisor, "cmdline")
-    assert all(b"notebook_elastic.runtime.agent" in proc_file(pid, "cmdline") for pid in agents)
+    assert all(b"notebook_elastic.agent.run" in proc_file(pid, "cmdline") for pid in agents)
     assert all(b"script.py" in proc_file(pid, "cmdline") for pid in workers)
     open(gate, "w").close()
     assert job.wait(timeout=180) == "succeeded"

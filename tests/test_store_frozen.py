@@ -5,7 +5,7 @@ then waits for a reply far past its own timeout (torch 2.13: ``get``, ``compare_
 agents hung with it. Now every rendezvous store call has a deadline (torch_compat), and one
 that passes it is a lost connection.
 
-Real processes throughout: the store is ``python -m notebook_elastic.runtime.store``, the
+Real processes throughout: the store is ``python -m notebook_elastic.store.run``, the
 client is torch's C10dRendezvousBackend in a Python process of its own (the hooks patch torch's
 classes), and the cluster test freezes the store pod's real process through the fixture."""
 
@@ -44,7 +44,7 @@ CLIENT = textwrap.dedent(
     from datetime import timedelta
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from notebook_elastic.runtime import torch_compat
+    from notebook_elastic.agent import torch_compat
 
     port, replaceable = int(sys.argv[1]), sys.argv[2] == "1"
     torch_compat.STORE_CALL_TIMEOUT_S = 2.0
@@ -139,7 +139,7 @@ def frozen_store(tmp_path):
 def _serve_store(port: int, env: dict, procs: list) -> subprocess.Popen:
     """A real store process serving on ``port``, once it says it is ready."""
     store = subprocess.Popen(
-        [sys.executable, "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "notebook_elastic.store.run", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -314,13 +314,14 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
 
 # -- torchrun's agent's own store calls: rank assignment, the exit barrier ----------------------
 
-# The real agent (``runtime.agent``, torchrun inside) with one test seam: it says where it is
+# The real agent (``agent.run``, torchrun inside) with one test seam: it says where it is
 # (before assigning ranks, or before the exit barrier) and waits for the test's go, so the store
 # is frozen exactly there. The seam speaks once; the store calls after it are torch's own.
 AGENT = textwrap.dedent(
     """
     import json, sys
-    from notebook_elastic.runtime import agent, torch_compat
+    from notebook_elastic.agent import run as agent
+    from notebook_elastic.agent import torch_compat
 
     torch_compat.STORE_CALL_TIMEOUT_S = 2.0
     where, argv = sys.argv[1], sys.argv[2:]
@@ -476,7 +477,7 @@ def test_an_agent_store_wait_outlasts_the_call_deadline_while_the_store_answers(
 
     import torch.distributed as dist
 
-    from notebook_elastic.runtime import torch_compat
+    from notebook_elastic.agent import torch_compat
 
     monkeypatch.setattr(torch_compat, "STORE_CALL_TIMEOUT_S", 0.2)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))

@@ -22,11 +22,12 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from notebook_elastic.agent.torch_compat import store_id
 from notebook_elastic.backends.kubernetes.code import runtime_zip
-from notebook_elastic.runtime import store_server, store_wire
 from notebook_elastic.runtime.protocol import EVENT_PREFIX
-from notebook_elastic.runtime.store import host_store
-from notebook_elastic.runtime.torch_compat import store_id
+from notebook_elastic.store import server as store_server
+from notebook_elastic.store import wire as store_wire
+from notebook_elastic.store.run import host_store
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.torch_contract
 
 @pytest.fixture
 def bare_store(tmp_path):
-    """``python -m notebook_elastic.runtime.store`` with the standard library alone (-S: no
+    """``python -m notebook_elastic.store.run`` with the standard library alone (-S: no
     site-packages, so no torch and no cloudpickle) and the runtime zip on its path."""
     yield from _bare_store(tmp_path)
 
@@ -49,7 +50,7 @@ def _bare_store(tmp_path, descriptors: int | None = None):
         resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
 
     proc = subprocess.Popen(
-        [sys.executable, "-S", "-m", "notebook_elastic.runtime.store", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-S", "-m", "notebook_elastic.store.run", "--host", "127.0.0.1", "--port", "0"],
         env={"PYTHONPATH": str(archive), "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

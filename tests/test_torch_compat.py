@@ -1,4 +1,4 @@
-"""The contract of every private torch internal we use (runtime/torch_compat.py), checked on
+"""The contract of every private torch internal we use (agent/torch_compat.py), checked on
 real torch objects: a real rendezvous handler over a real TCPStore, torchrun's real agent
 class. A torch release that moves one of them fails here, by name, before any job does; a
 torch that lacks one is reported as a ``degraded`` event and the job runs on."""
@@ -19,9 +19,9 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
+from notebook_elastic.agent import torch_compat
 from notebook_elastic.events import Event, Kind, describe
 from notebook_elastic.job_state import JobState
-from notebook_elastic.runtime import torch_compat
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract

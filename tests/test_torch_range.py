@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
 import pytest
 import torch
 
-from notebook_elastic.runtime import torch_compat
+from notebook_elastic.agent import torch_compat
 
 ROOT = Path(__file__).resolve().parent.parent
 

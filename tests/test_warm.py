@@ -27,7 +27,7 @@ sys.exit(int(sys.argv[1]))
 @pytest.fixture
 def zygote(tmp_path):
     path = str(tmp_path / "z.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "notebook_elastic.runtime.warm", "serve", path])
+    proc = subprocess.Popen([sys.executable, "-m", "notebook_elastic.pool.warm", "serve", path])
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
         assert time.monotonic() < deadline and proc.poll() is None, "the zygote did not start"
@@ -46,7 +46,7 @@ def launch(tmp_path, zygote_path, *args, env=None, wait=True):
         full["NOTEBOOK_ELASTIC_ZYGOTE"] = zygote_path
     else:
         full.pop("NOTEBOOK_ELASTIC_ZYGOTE", None)
-    cmd = [sys.executable, "-u", "-m", "notebook_elastic.runtime.warm", str(script), *args]
+    cmd = [sys.executable, "-u", "-m", "notebook_elastic.pool.warm", str(script), *args]
     if not wait:
         return subprocess.Popen(cmd, env=full, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     return subprocess.run(cmd, env=full, cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -132,7 +132,7 @@ def test_an_abstract_zygote_leaves_no_file_and_serves_only_its_own_user(tmp_path
     """The agent's zygote socket: no file in any temp folder, gone with the zygote, and a
     process of another user that finds the name gets the connection closed, not a worker."""
     name = f"@notebook-elastic-zygote-test-{os.urandom(8).hex()}"
-    proc = subprocess.Popen([sys.executable, "-m", "notebook_elastic.runtime.warm", "serve", name])
+    proc = subprocess.Popen([sys.executable, "-m", "notebook_elastic.pool.warm", "serve", name])
     try:
         deadline = time.monotonic() + 60
         while name not in abstract_listeners():

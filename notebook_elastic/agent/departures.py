@@ -12,11 +12,12 @@ import threading
 import time
 from typing import Any
 
-from . import log as _logging
-from . import protocol, torch_compat
-from ._emit import emit
+from ..runtime import log as _logging
+from ..runtime import protocol
+from ..runtime._emit import emit
+from . import torch_compat
 
-_log = _logging.get("runtime.departures")
+_log = _logging.get("agent.departures")
 
 
 def node_name() -> str:

@@ -38,8 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import log, protocol, torch_compat
-from ._emit import emit
+from ..runtime import log, protocol
+from ..runtime._emit import emit
+from . import torch_compat
 from .deadline import call_with_deadline
 
 _log = log.get("agent.joiner")

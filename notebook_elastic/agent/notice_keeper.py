@@ -21,11 +21,11 @@ import threading
 import time
 from typing import Any
 
-from . import log, protocol, term
-from ._emit import emit
-from .notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
-from .procfs import stat_fields
-from .store_wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
+from ..runtime import log, protocol, term
+from ..runtime._emit import emit
+from ..runtime.notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
+from ..runtime.procfs import stat_fields
+from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
 
 _log = log.get("keeper")
 

@@ -1,4 +1,4 @@
-"""``python -m notebook_elastic.runtime.agent [torchrun args]``: torchrun's agent, instrumented.
+"""``python -m notebook_elastic.agent.run [torchrun args]``: torchrun's agent, instrumented.
 
 A thin wrapper around ``torch.distributed.run.main()`` that
 - exits with the process that launched it (the local supervisor), so no agent outlives it;
@@ -45,12 +45,13 @@ import socket
 import sys
 from typing import Any
 
-from . import log, notice_keeper, protocol, term, torch_compat
-from ._emit import emit
+from ..runtime import log, protocol, term
+from ..runtime._emit import emit
+from ..runtime.worker import set_parent_death_signal
+from . import notice_keeper, torch_compat
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .joiner import Joining
-from .worker import set_parent_death_signal
 
 _log = log.get("agent")
 
@@ -221,10 +222,10 @@ def _report_degraded() -> None:
 
 def _start_zygote() -> bool:
     """Where this node's workers are forked from: the user's warm pool when the job has one
-    (``runtime.pool``), else a zygote of the node's own."""
-    from . import pool
-    from .warm import start_zygote
-    from .wire import ENV_ZYGOTE
+    (``pool``), else a zygote of the node's own."""
+    from .. import pool
+    from ..pool.warm import start_zygote
+    from ..pool.wire import ENV_ZYGOTE
 
     name = pool.in_use()
     if name:
@@ -333,8 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["--standby"]:
         args = _standby()
     if warm and args and args[-1].endswith(".py") and not {"-m", "--module", "--no-python", "--no_python"} & set(args):
-        # Workers start as `python -u -m notebook_elastic.runtime.warm SCRIPT`: forked by the zygote.
-        args = [*args[:-1], "-m", "notebook_elastic.runtime.warm", args[-1]]
+        # Workers start as `python -u -m notebook_elastic.pool.warm SCRIPT`: forked by the zygote.
+        args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
     torch_compat.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")

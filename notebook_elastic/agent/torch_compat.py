@@ -27,10 +27,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from . import log as _logging
+from ..runtime import log as _logging
 from .deadline import StoreSilent, call_with_deadline
 
-_log = _logging.get("runtime.torch_compat")
+_log = _logging.get("agent.torch_compat")
 
 #: name -> what a job loses when the installed torch lacks it.
 INTERNALS = {
@@ -392,12 +392,12 @@ def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[An
 # must not start over at 0) and says so; the agent then re-forms its round on it.
 #
 # A store that freezes without resetting the connection (its process stopped, its node cut off)
-# never fails a call: the client waits for its reply far past its own timeout (runtime/deadline.py).
+# never fails a call: the client waits for its reply far past its own timeout (agent/deadline.py).
 # So every call of the backend has a deadline, and one that passes it is a lost connection.
 # Where the store cannot be replaced (the local supervisor's own: it dies with its agents), only
 # the same store answering again is waited for; a store that went (a reset) ends the agent at once.
 
-STORE_ID_KEY = "notebook_elastic/store_id"  # set by our store server (runtime/store.py)
+STORE_ID_KEY = "notebook_elastic/store_id"  # set by our store server (store/run.py)
 #: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after
 #: this long, even on a loaded node, is a store that does not answer.
 STORE_CALL_TIMEOUT_S = 15.0

@@ -5,11 +5,11 @@ local job needs: its supervisor, its agents and their workers.
 Without it each job imports torch four times before its first step (the supervisor's store,
 each agent, each agent's zygote, the spare agent): ~6 CPU-seconds, most of the time to the
 first step on 2 cores. With it a job's processes start as forks of a process that has paid
-for that already. The pool is ``runtime.warm``'s zygote in pool mode; this module names it,
+for that already. The pool is ``warm.py``'s zygote in pool mode; this module names it,
 starts it, and makes its children look like the processes they stand for.
 
 - **Started** at ``%load_ext notebook_elastic`` (in the background) or by the first local
-  job, as ``python -m notebook_elastic.runtime.warm pool NAME``, in a session of its own.
+  job, as ``python -m notebook_elastic.pool.warm pool NAME``, in a session of its own.
 - **Named** by the user and the environment: ``@notebook-elastic-pool-UID-KEY`` in Linux's
   abstract namespace, KEY a hash of the interpreter, its version, ``PYTHONPATH`` and the
   variables read when torch is imported; a kernel in another environment gets a pool of its
@@ -19,7 +19,7 @@ starts it, and makes its children look like the processes they stand for.
 - **Never holds CUDA:** it imports torch and never touches a device; each child picks its own
   GPUs from its environment after the fork, as a cold process would.
 - **Its children do not die with it:** each forked process is tied to its *launcher* (the
-  light ``python -m notebook_elastic.runtime.warm ...`` process its parent started, which
+  light ``python -m notebook_elastic.pool.warm ...`` process its parent started, which
   forwards signals and exits with the child's status), not to the pool.
 - **Its own messages** (an import that failed, a crash) go to ``.pool.log`` in the jobs
   folder of whoever started it; ``NOTEBOOK_ELASTIC_POOL_OWNER=PID`` ends it with that process.
@@ -76,12 +76,12 @@ def in_use(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def through_pool(command: list[str], env: Mapping[str, str], *, detach: bool = False) -> list[str] | None:
-    """``python -m MODULE ARGS`` started through the warm launcher (``runtime.warm_launch``),
+    """``python -m MODULE ARGS`` started through the warm launcher (``pool.launch``),
     so the pool ``env`` names forks it; None when no pool is in use (start ``command`` as it
     is). ``detach``: the launcher leaves its starter's process tree first."""
     if in_use(env) is None or command[1:2] != ["-m"]:
         return None
-    return [command[0], "-m", "notebook_elastic.runtime.warm", *(["--detach"] if detach else []), *command[1:]]
+    return [command[0], "-m", "notebook_elastic.pool.warm", *(["--detach"] if detach else []), *command[1:]]
 
 
 def pool_name(env: Mapping[str, str] | None = None) -> str:
@@ -151,7 +151,7 @@ def ensure_pool(env: dict[str, str] | None = None, log: str | os.PathLike[str] |
 def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
     """Start the pool ``name`` (one that finds the name taken exits at once); its output goes
     to ``log`` (a file of ours, 0600, in a private folder), else nowhere."""
-    from .protocol import ENV_JOB_DIR
+    from ..runtime.protocol import ENV_JOB_DIR
 
     env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job
     env[ENV_POOL] = name
@@ -164,7 +164,7 @@ def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = N
             out = None
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "notebook_elastic.runtime.warm", "pool", name, "." * ARGV_ROOM],
+            [sys.executable, "-m", "notebook_elastic.pool.warm", "pool", name, "." * ARGV_ROOM],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL if out is None else out,
             stderr=subprocess.DEVNULL if out is None else subprocess.STDOUT,

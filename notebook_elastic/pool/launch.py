@@ -1,8 +1,8 @@
-"""The launcher of a warm start (``python -m notebook_elastic.runtime.warm [--detach] SCRIPT
+"""The launcher of a warm start (``python -m notebook_elastic.pool.warm [--detach] SCRIPT
 ARGS`` or ``... [--detach] -m MODULE ARGS``): what torchrun starts for a worker, the supervisor
 for an agent and the kernel for a supervisor. It imports nothing heavy, hands its standard
 streams, environment, working directory, ``sys.path`` and arguments to the node's zygote or the
-user's warm pool (``runtime.warm``, ``runtime.pool``), and stays the process its starter
+user's warm pool (``pool.warm``, ``pool``), and stays the process its starter
 watches: it forwards signals to the forked child and exits with the child's status (a signal as
 a signal). A pipe ties the child to it: if the launcher dies, the child dies. Without a zygote
 or pool that answers, it runs the script or module itself: a cold start.
@@ -22,8 +22,9 @@ from .wire import CONNECT_WAIT_S, ENV_ZYGOTE, _address, _recv_line, _send, enabl
 def launch(argv: list[str]) -> None:
     """``[--detach] SCRIPT ARGS`` (a worker, forked by its node's zygote or the pool) or
     ``[--detach] -m MODULE ARGS`` (a supervisor or an agent, forked by the pool)."""
-    from . import pool, protocol
-    from .worker import set_parent_death_signal
+    from .. import pool
+    from ..runtime import protocol
+    from ..runtime.worker import set_parent_death_signal
 
     detach = argv[:1] == ["--detach"]
     argv = argv[1:] if detach else argv

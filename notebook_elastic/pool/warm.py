@@ -4,7 +4,7 @@ Every restart of a worker group (a crash, a scale-up, a scale-down, a preemption
 fresh worker processes, and each spends ~1 s importing torch and ~0.9 s importing
 torch._dynamo (the first optimizer) before its first step: most of the time to resume.
 Our agent wrapper starts one *zygote* per node that imports them once and waits. torchrun
-starts each worker as ``python -u -m notebook_elastic.runtime.warm SCRIPT [ARGS]``: a launcher
+starts each worker as ``python -u -m notebook_elastic.pool.warm SCRIPT [ARGS]``: a launcher
 that imports nothing heavy, hands the zygote its standard streams, environment, working
 directory and arguments over a Unix socket, and stays the process torchrun watches. The
 socket lives in Linux's abstract namespace (no file anywhere, gone with the zygote); since
@@ -17,7 +17,7 @@ A pipe ties the child to the launcher: if the launcher dies, the child dies.
 Without a zygote (disabled with NOTEBOOK_ELASTIC_WARM_WORKERS=0, or not answering) the
 launcher runs SCRIPT itself: a cold start, as before. The launcher lives in ``warm_launch``.
 
-The same server, started as ``... warm pool NAME``, is the user's warm pool (``runtime.pool``):
+The same server, started as ``... warm pool NAME``, is the user's warm pool (``pool``):
 it outlives jobs, forks supervisors and agents too (``-m MODULE`` requests), puts each child in
 a session of its own tied to its launcher rather than to the pool, and is reaped when idle.
 Forked children import our package afresh, with their own environment.
@@ -34,11 +34,11 @@ import sys
 import time
 from typing import Any
 
-from . import log as _logging
-from . import protocol
+from ..runtime import log as _logging
+from ..runtime import protocol
 from .wire import ENV_ZYGOTE, _address, _send, enabled, same_user
 
-_log = _logging.get("runtime.warm")
+_log = _logging.get("pool.warm")
 
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo", "cloudpickle")
@@ -58,12 +58,12 @@ POOL_PRELOAD = (
 
 def serve(path: str, *, as_pool: bool = False) -> None:
     """Serve forks at ``path``: a node's zygote (dies with its agent) or, ``as_pool``, the
-    user's warm pool (``runtime.pool``: outlives jobs, reaped when idle)."""
+    user's warm pool (``pool``: outlives jobs, reaped when idle)."""
     abstract = path.startswith("@")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     owner = None
     if as_pool:
-        from .pool import owner_fd
+        from . import owner_fd
 
         owner = owner_fd()
         if owner == -1:
@@ -76,7 +76,7 @@ def serve(path: str, *, as_pool: bool = False) -> None:
         except OSError:
             return
     else:
-        from .worker import set_parent_death_signal
+        from ..runtime.worker import set_parent_death_signal
 
         set_parent_death_signal(signal.SIGKILL, os.getppid())  # dies with its agent
     for name in PRELOAD + (POOL_PRELOAD if as_pool else ()):
@@ -85,7 +85,7 @@ def serve(path: str, *, as_pool: bool = False) -> None:
         except Exception:
             _log.debug("a module to preload would not import: the worker imports it itself", exc_info=True)
     if as_pool:
-        from .pool import idle_seconds
+        from . import idle_seconds
 
         idle_s = idle_seconds()
     else:
@@ -208,7 +208,7 @@ def _child(request: dict[str, Any], fds: list[int], as_pool: bool = False) -> No
     import threading
     import traceback
 
-    from . import pool
+    from .. import pool
 
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -295,7 +295,7 @@ def start_zygote() -> str | None:
 
     # Abstract: nothing in the system temp folder, nothing to remove, gone with the zygote.
     path = f"@notebook-elastic-zygote-{os.getpid()}-{os.urandom(16).hex()}"
-    subprocess.Popen([sys.executable, "-m", "notebook_elastic.runtime.warm", "serve", path], stdin=subprocess.DEVNULL)
+    subprocess.Popen([sys.executable, "-m", "notebook_elastic.pool.warm", "serve", path], stdin=subprocess.DEVNULL)
     os.environ[ENV_ZYGOTE] = path
     return path
 
@@ -306,12 +306,12 @@ def main() -> None:
     elif len(sys.argv) >= 3 and sys.argv[1] == "pool":
         serve(sys.argv[2], as_pool=True)
     elif len(sys.argv) >= 2:
-        from .warm_launch import launch
+        from .launch import launch
 
         launch(sys.argv[1:])
     else:
         sys.exit(
-            "usage: python -m notebook_elastic.runtime.warm [--detach] SCRIPT [ARGS] | [--detach] -m MODULE [ARGS]"
+            "usage: python -m notebook_elastic.pool.warm [--detach] SCRIPT [ARGS] | [--detach] -m MODULE [ARGS]"
             " | serve SOCKET | pool SOCKET"
         )
 

@@ -140,7 +140,7 @@ ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group wa
 #: supervisor reads a cluster's event lines, so an agent learns it from its workers this way.
 ENV_PROGRESS_DIR = "NOTEBOOK_ELASTIC_PROGRESS_DIR"
 #: "1" where no supervisor watches the nodes (a cluster): each agent sends itself away when its
-#: workers fail while it joins a job that trains (runtime/agent.py), instead of the supervisor.
+#: workers fail while it joins a job that trains (agent/run.py), instead of the supervisor.
 ENV_AGENTS_EVICT = "NOTEBOOK_ELASTIC_AGENTS_EVICT"
 #: A job run's rendezvous id, where the backend does not number its runs itself (Kubernetes):
 #: the run's generations start above every one already in its checkpoint folder, so a new

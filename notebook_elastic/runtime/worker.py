@@ -101,7 +101,7 @@ def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> Non
     if not sys.platform.startswith("linux"):
         return
     if os.environ.get("NOTEBOOK_ELASTIC_FORKED") == str(os.getpid()):
-        # Forked by the warm pool (runtime.pool): its parent is the pool, which it must not die
+        # Forked by the warm pool (pool): its parent is the pool, which it must not die
         # with; its launcher, a child of the real parent, holds this signal and forwards it,
         # and the process dies with its launcher.
         return

@@ -1,4 +1,4 @@
-"""``python -m notebook_elastic.runtime.store --host H --port P``: a job's rendezvous store.
+"""``python -m notebook_elastic.store.run --host H --port P``: a job's rendezvous store.
 
 A c10d TCPStore server and nothing else: not a trainer, so losing any worker never takes
 the rendezvous down (the anchors keep the store inside worker 0). Runs in the Kubernetes
@@ -15,10 +15,10 @@ import signal
 import socket
 import uuid
 
-from . import log
-from ._emit import emit
-from .store_server import StoreServer
-from .torch_compat import STORE_ID_KEY, tcp_store_server
+from ..agent.torch_compat import STORE_ID_KEY, tcp_store_server
+from ..runtime import log
+from ..runtime._emit import emit
+from .server import StoreServer
 
 
 def host_store(sock: socket.socket) -> object:

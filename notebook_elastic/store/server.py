@@ -32,7 +32,7 @@ import uuid
 from collections import deque
 from typing import cast
 
-from .store_wire import (
+from .wire import (
     _I64,
     _OUT_OF_DESCRIPTORS,
     _U32,

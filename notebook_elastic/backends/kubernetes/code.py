@@ -55,15 +55,21 @@ def with_env_values(secret: dict[str, Any], env: dict[str, str]) -> dict[str, An
     return out
 
 
+#: The packages a pod runs (tests/test_layers.py keeps them free of kernel-side imports).
+POD_PACKAGES = ("runtime", "agent", "store", "pool")
+
+
 @lru_cache(maxsize=1)
 def runtime_zip() -> bytes:
-    """notebook_elastic.runtime (+ the package's light __init__) and cloudpickle, zipped with
-    fixed timestamps so the same code gives the same bytes."""
+    """What runs in a pod: notebook_elastic's runtime (the workers' side), agent, store and pool
+    packages (+ the package's light __init__) and cloudpickle, zipped with fixed timestamps so
+    the same code gives the same bytes."""
     import cloudpickle
 
     package = Path(__file__).resolve().parents[2]
     files: list[tuple[str, Path]] = [(f"notebook_elastic/{n}", package / n) for n in ("__init__.py", "_version.py")]
-    files += [(f"notebook_elastic/runtime/{p.name}", p) for p in sorted((package / "runtime").glob("*.py"))]
+    for part in POD_PACKAGES:
+        files += [(f"notebook_elastic/{part}/{p.name}", p) for p in sorted((package / part).glob("*.py"))]
     cp = Path(cloudpickle.__file__).parent
     files += [(f"cloudpickle/{p.name}", p) for p in sorted(cp.glob("*.py"))]
     buf = io.BytesIO()

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from ... import defaults
-from ...runtime.notice_keeper import LEAVE_S
+from ...agent.notice_keeper import LEAVE_S
 from .options import DEFAULT_GRACE_S as DEFAULT_S
 
 MARGIN_S = 2.0  # a step in flight when the notice comes

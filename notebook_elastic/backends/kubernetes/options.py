@@ -12,15 +12,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...agent.notice_keeper import LEAVE_S
 from ...errors import SpecError
-from ...runtime.notice_keeper import LEAVE_S
 from ...spec import whole_number
 
 # The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
 # tests/test_kubernetes_manifests.py keeps them in step).
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime"
 # The store's image beside workers on Docker Hub's official PyTorch images: its server is the
-# standard library alone (runtime/store_server.py), so a Docker Official Python image of ~45 MB
+# standard library alone (store/server.py), so a Docker Official Python image of ~45 MB
 # from the same registry, instead of a CUDA image of several GB on the node that hosts it.
 STORE_IMAGE = "python:3.12-slim"
 _DOCKER_HUB_PYTORCH = re.compile(r"^(?:docker\.io/)?pytorch/pytorch(?::|@|$)")
@@ -30,7 +30,7 @@ WORKLOADS = ("job", "pods", "pytorchjob")
 POD_SECURITY_LEVELS = ("baseline", "restricted")  # the Pod Security Standards a namespace may enforce
 # Requests per torchrun process when --cpu/--memory are not given: without any, CPU workers
 # run BestEffort and are the first a node evicts under pressure.
-# --grace: the notice's keeper passes the SIGTERM on this long before the end (runtime/notice_keeper.py);
+# --grace: the notice's keeper passes the SIGTERM on this long before the end (agent/notice_keeper.py);
 # the least grace leaves a second beside it for a save.
 MIN_GRACE_S = int(LEAVE_S) + 2
 DEFAULT_GRACE_S = 30  # before any save of the job was measured (grace.py derives it after)
@@ -66,7 +66,7 @@ def runtime_twin(image: str) -> str:
 def untested_torch_warning(image: str, flag: str = "--image") -> str | None:
     """One sentence when ``image`` is an official PyTorch image whose torch is outside the
     range notebook-elastic is tested with (its agent reaches into torch internals)."""
-    from ...runtime.torch_compat import tested_torch_text, torch_is_tested
+    from ...agent.torch_compat import tested_torch_text, torch_is_tested
 
     version = image_torch(image)
     if version is None or torch_is_tested(version):

@@ -272,7 +272,7 @@ class PodEvents:
                     self._size_without(view)  # seen as it happened: an old pod a new kernel lists is history
 
     def _size_without(self, view: PodView) -> None:
-        """A worker pod sent itself away: its workers failed while it joined (runtime/joiner.py).
+        """A worker pod sent itself away: its workers failed while it joined (agent/joiner.py).
         The Job goes back to the size it had without it, as the local supervisor lowers its
         target; else the controller replaces the pod (its podFailurePolicy ignores the exit)
         and the replacement, on the same node, fails the same way. Only for the highest index

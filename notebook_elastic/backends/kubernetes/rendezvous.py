@@ -18,7 +18,7 @@ def rendezvous_pod_spec(spec: Any, options: KubernetesOptions) -> dict[str, Any]
             {
                 "name": "rendezvous",
                 "image": options.store_image,
-                "command": ["python", "-m", "notebook_elastic.runtime.store"],
+                "command": ["python", "-m", "notebook_elastic.store.run"],
                 "args": ["--host", "$(POD_IP)", "--port", str(options.rdzv_port)],
                 "env": [
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

@@ -10,10 +10,10 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from ...agent.notice_keeper import LEAVE_S
 from ...errors import BackendError
 from ...plan import rdzv_id
 from ...runtime import log as _logging
-from ...runtime.notice_keeper import LEAVE_S
 from ..base import DryRun
 from . import grace, kueue
 from . import manifests as m

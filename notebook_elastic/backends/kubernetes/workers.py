@@ -140,7 +140,7 @@ def _workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: 
                     # Its workers failed while it joined a job that trains: it left, and the
                     # job goes on without it. Not the job's failure; the index gets a new pod
                     # (elsewhere, perhaps), which backs off before it joins and is charged no
-                    # more (runtime/joiner.py), unless the follower lowers the Job first.
+                    # more (agent/joiner.py), unless the follower lowers the Job first.
                     {
                         "action": "Ignore",
                         "onExitCodes": {

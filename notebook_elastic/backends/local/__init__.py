@@ -22,8 +22,8 @@ from ... import defaults
 from ...errors import BackendError, JobNotFound
 from ...events import FINAL_STATUSES, Event, Kind
 from ...plan import launch_plan, rdzv_id
+from ...pool import ENV_POOL, ensure_pool, through_pool
 from ...runtime import protocol
-from ...runtime.pool import ENV_POOL, ensure_pool, through_pool
 from ..base import Backend, DryRun, JobInfo
 from . import control
 from .folder import (

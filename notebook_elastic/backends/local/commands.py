@@ -16,11 +16,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ...agent.notice_keeper import KILL_KEY
 from ...errors import SpecError
 from ...events import Kind
 from ...runtime import log as _logging
 from ...runtime import protocol
-from ...runtime.notice_keeper import KILL_KEY
 from .nodes import Agent
 
 if TYPE_CHECKING:

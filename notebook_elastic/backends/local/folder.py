@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError
-from ...runtime.pool import own_launcher
+from ...pool import own_launcher
 from ...runtime.procfs import stat_fields
 from ...runtime.protocol import ENV_JOB_DIR
 
@@ -66,7 +66,7 @@ def jobs_root(home: Path) -> Path:
 
 def pool_log(root: Path) -> Path | None:
     """Where a warm pool started for this jobs folder writes its own messages: in the folder
-    when it is ours and private (runtime/pool.py), else nowhere."""
+    when it is ours and private (pool/__init__.py), else nowhere."""
     try:
         st = root.lstat()
     except OSError:

@@ -1,4 +1,4 @@
-"""The supervisor's nodes: each a torchrun agent (``notebook_elastic.runtime.agent``) in a
+"""The supervisor's nodes: each a torchrun agent (``notebook_elastic.agent.run``) in a
 process group of its own, started cold or from the warm spare, given its share of the GPUs;
 its output logged (rotated, above the disk's free-space floor) and parsed into the sink;
 signalled, reaped, and started or stopped until as many run as the target says.
@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
+from ... import pool
 from ...events import Kind, LineParser
 from ...plan import LaunchPlan, launch_plan, rdzv_id
-from ...runtime import pool, protocol
+from ...runtime import protocol
 from .place import local_place, visible_gpus
 
 if TYPE_CHECKING:

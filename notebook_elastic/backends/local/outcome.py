@@ -102,7 +102,7 @@ class Outcome:
         # The spare agent and the zygotes (still importing torch under load, they read their
         # orders only afterwards) and the job's guardian are machinery, not orphans: ended here.
         def machinery_of(pid: int) -> bool:
-            return pid == spare_pid or _is_ours(pid, b"notebook_elastic.runtime.warm\0serve", b"local.guardian")
+            return pid == spare_pid or _is_ours(pid, b"notebook_elastic.pool.warm\0serve", b"local.guardian")
 
         deadline = time.monotonic() + EXIT_GRACE_S
         while [p for p in processes_of(self.sup.folder.path) if not machinery_of(p)] and time.monotonic() < deadline:

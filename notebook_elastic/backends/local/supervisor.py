@@ -2,7 +2,7 @@
 
 It runs in its own session, so a kernel crash or restart does not touch training. It
 - hosts the job's c10d rendezvous store (no agent hosts it, so any node may die);
-- runs one torchrun agent per simulated node (``notebook_elastic.runtime.agent``), each in
+- runs one torchrun agent per simulated node (``notebook_elastic.agent.run``), each in
   its own process group, CPU + gloo here, a share of the GPUs where there are some;
 - scales by starting agents (no restart) and stopping them (SIGTERM: one restart of the
   survivors), and restarts all agents with a new rendezvous epoch when the range changes;
@@ -33,16 +33,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ...agent.torch_compat import GONE_KEY, TARGET_KEY
 from ...events import Event, Kind
 from ...job_state import JobState, describe_failure
 from ...runtime import log, protocol
 from ...runtime.event_types import SCHEMA_VERSION
 from ...runtime.payload import payload_path_for
 from ...runtime.state import newest_generation
-from ...runtime.store import host_store
-from ...runtime.torch_compat import GONE_KEY, TARGET_KEY
 from ...runtime.tracking import tensorboard_link
 from ...spec import JobSpec
+from ...store.run import host_store
 from ..slurm.nodes import placement_for
 from .commands import Commands
 from .control import listen, reachable

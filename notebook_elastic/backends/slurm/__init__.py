@@ -25,8 +25,8 @@ import time
 from typing import Any
 
 from ...errors import BackendError
+from ...pool import ENV_POOL
 from ...runtime import protocol
-from ...runtime.pool import ENV_POOL
 from ..base import DryRun
 from ..local import RESUMABLE_STATUSES, LocalBackend, _tail
 from ..local.folder import JobFolder

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...events import Kind
+from ...pool import ENV_POOL
 from ...runtime import protocol
-from ...runtime.pool import ENV_POOL
 from . import cluster
 from .options import SlurmOptions
 
