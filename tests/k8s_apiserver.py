@@ -4,46 +4,5 @@ keeps ``from k8s_apiserver import FakeCluster`` working."""
 
 from __future__ import annotations
 
-from k8s import (
-    CONTAINER_CHECKPOINTS,
-    GROUPS,
-    RESOURCES,
-    SUSPENDED_BY_JOB,
-    Container,
-    ContainerConfigError,
-    ServiceProxy,
-    json_patch,
-    match_fields,
-    match_labels,
-    merge_patch,
-    now_rfc3339,
-    pod_failure_action,
-    stamp_nano,
-    status_error,
-    strategic_merge_patch,
-    table,
-    validate,
-)
-from k8s.cluster import FakeCluster
-
-__all__ = [
-    "CONTAINER_CHECKPOINTS",
-    "GROUPS",
-    "RESOURCES",
-    "SUSPENDED_BY_JOB",
-    "Container",
-    "ContainerConfigError",
-    "FakeCluster",
-    "ServiceProxy",
-    "json_patch",
-    "match_fields",
-    "match_labels",
-    "merge_patch",
-    "now_rfc3339",
-    "pod_failure_action",
-    "stamp_nano",
-    "status_error",
-    "strategic_merge_patch",
-    "table",
-    "validate",
-]
+from k8s import *  # noqa: F403  # the package's public names, as they were here
+from k8s import __all__  # noqa: F401
