@@ -353,11 +353,11 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
         return False
     except PermissionError:
         return True
-    fields = stat_fields(pid)
+    fields = stat_fields(pid)  # read once: its state and its start time
     if fields and fields[0] == "Z":
         return False
     if start_ticks is not None:
-        return process_start_ticks(pid) == start_ticks
+        return fields is not None and int(fields[19]) == start_ticks
     return True
 
 

@@ -74,10 +74,14 @@ class FollowedHistory:
         return self._events
 
 
-def history(folder: JobFolder) -> Iterator[Event]:
-    """The job's events so far (the compacted part, then the live file)."""
+def _require(folder: JobFolder) -> None:
     if not folder.exists():
         raise JobNotFound(f"no local job named {folder.path.name!r} (see %elastic_jobs)")
+
+
+def history(folder: JobFolder) -> Iterator[Event]:
+    """The job's events so far (the compacted part, then the live file)."""
+    _require(folder)
     yield from read_all(folder.events_file)
 
 
@@ -95,8 +99,7 @@ def _follow(folder: JobFolder, stop: threading.Event, caught_up: threading.Event
 
 
 def _read_on(folder: JobFolder, stop: threading.Event, caught_up: threading.Event) -> Iterator[Event]:
-    if not folder.exists():
-        raise JobNotFound(f"no local job named {folder.path.name!r} (see %elastic_jobs)")
+    _require(folder)
     finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
     try:  # the compacted history first (it is replaced whole, never appended to)
         with open(history_file(folder.events_file), "rb") as h:

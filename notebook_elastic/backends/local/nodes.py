@@ -217,12 +217,12 @@ class Nodes:
             plan = self.plan()
             env = self._agent_env(plan, {protocol.ENV_NODE: "spare"})
             self.spare = self._spawn(f"spare-{self.next_index}", [*plan.agent_prefix, "--standby"], env)
-        elif not wanted and self.spare is not None:
-            self.spare.stdin.close()
-            self.spare = None
+        elif not wanted:
+            self.dismiss_spare()
 
     def dismiss_spare(self) -> int | None:
-        """The job ends: the standby agent is told it is not needed (it exits); its pid, if one."""
+        """The standby agent is told it is not needed (it exits): the job ends, or cannot grow
+        now. Its pid, if there was one."""
         spare, self.spare = self.spare, None
         if spare is None:
             return None
