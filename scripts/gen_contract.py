@@ -19,7 +19,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from notebook_elastic.runtime.event_types import EVENT_TYPES, SCHEMA_VERSION, schema_of  # noqa: E402
+from notebook_elastic.runtime.event_types import EVENT_TYPES, SCHEMA_VERSION, closed_schema_of, schema_of  # noqa: E402
 from notebook_elastic.server.rows import JobRow, Tracking, Transition  # noqa: E402
 
 SCHEMA_PATH = REPO / "notebook_elastic" / "runtime" / "events.schema.json"
@@ -46,7 +46,7 @@ def schema_document() -> dict[str, Any]:
             "required": ["kind", "t", *data["required"]],
         }
     for row_type in (Transition, Tracking, JobRow):  # closed: the server sends exactly these keys
-        defs[row_type.__name__] = {**schema_of(row_type), "additionalProperties": False}
+        defs[row_type.__name__] = closed_schema_of(row_type)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://notebook-elastic.invalid/schema/events/v{SCHEMA_VERSION}",
@@ -59,10 +59,7 @@ def schema_document() -> dict[str, Any]:
 
 
 #: Objects that are interfaces of their own (named in the TypeScript, not spelled out inline).
-NAMED = {
-    "ITransition": {**schema_of(Transition), "additionalProperties": False},
-    "ITracking": {**schema_of(Tracking), "additionalProperties": False},
-}
+NAMED = {f"I{t.__name__}": closed_schema_of(t) for t in (Transition, Tracking)}
 
 
 def _quoted(value: Any) -> str:

@@ -415,7 +415,7 @@ def _schema_of_type(t: Any) -> dict[str, Any]:
         (item,) = typing.get_args(t)
         return {"type": "array"} if item is Any else {"type": "array", "items": _schema_of_type(item)}
     if isinstance(t, type) and typing.is_typeddict(t):
-        return {**schema_of(t), "additionalProperties": False}  # a record inside a record: exactly its keys
+        return closed_schema_of(t)  # a record inside a record: exactly its keys
     if origin is dict:
         _key, value = typing.get_args(t)
         return (
@@ -437,6 +437,11 @@ def schema_of(kind_type: type) -> dict[str, Any]:
             required.append(name)
         properties[name] = _schema_of_type(hint)
     return {"type": "object", "properties": properties, "required": sorted(required)}
+
+
+def closed_schema_of(record_type: type) -> dict[str, Any]:
+    """``schema_of``, with no key beside the class's own (a record the server sends whole)."""
+    return {**schema_of(record_type), "additionalProperties": False}
 
 
 #: Each kind's JSON Schema, derived from its class above.

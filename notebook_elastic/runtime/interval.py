@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 BLOCKING_TARGET = 0.10
 
 
+def is_final(step: int, total: int | None) -> bool:
+    """Whether a commit of ``step`` is the loop's last (``total``: its last step + 1, once
+    ``steps()`` started): its save is always tried (the README's promise)."""
+    return total is not None and step >= total
+
+
 def checkpoint_every_from_env(explicit: int | None = None) -> int | None:
     """Save every N steps (``State(checkpoint_every=N)``, ``--checkpoint-every N``), or None:
     State chooses, keeping the time commit() blocks under ``BLOCKING_TARGET``."""

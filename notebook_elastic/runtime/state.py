@@ -49,7 +49,7 @@ from .checkpoints import (
     run_base,
     torch_save,
 )
-from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env
+from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env, is_final
 from .notice import NoticeBoard
 from .restore import Collectives, Restore
 from .state_dicts import _state_dict_owner
@@ -267,11 +267,7 @@ class State:
     def _due(self) -> bool:
         """Whether this commit saves: the loop's last step and a notice always do (runtime/notice.py:
         save before the node goes); otherwise the interval says."""
-        if self.total is not None and self.step >= self.total:
-            return True
-        if self._notice_now is not None:
-            return True
-        return self._interval.due(self._writer)
+        return self._must_save() or self._interval.due(self._writer)
 
     def _must_save(self) -> bool:
         """This commit saves even while a full disk pauses saving: the loop's last step, or a
@@ -281,8 +277,7 @@ class State:
     def _final(self, step: int | None = None) -> bool:
         """Whether ``step`` (default: the step just committed) is the loop's last: its save is
         tried even while a full disk pauses saving (the README's promise: the last step is saved)."""
-        step = self.step if step is None else step
-        return self.total is not None and step >= self.total
+        return is_final(self.step if step is None else step, self.total)
 
     def _checkpoint_header(self) -> dict[str, Any]:
         """What every checkpoint says about itself, beside the objects' states."""

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _HOST, _fsync_dir, _remove, _size, dead_writers_files, list_checkpoints, newest_generation
-from .interval import SaveInterval
+from .interval import SaveInterval, is_final
 from .state_dicts import _Snapshotter
 from .worker import StaleGenerationError, WorkerInfo
 
@@ -231,9 +231,7 @@ class CheckpointWriter:
         saving instead of failing the worker, which would only fail again at every restart."""
         if exc.errno not in _DISK_FULL:
             return False
-        # The write's own step (a background one may be older) is the loop's last (State._final).
-        total = self._loop.total
-        final = total is not None and step >= total
+        final = is_final(step, self._loop.total)  # the write's own step: a background one may be older
         if self._disk_full_until == 0.0 or final:  # once per episode, and the last step's save
             saved = list_checkpoints(self._folder)
             emit(
