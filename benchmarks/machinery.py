@@ -25,9 +25,9 @@ from _common import DDP_TRAIN, ddp_namespace, median, report, row, stop_all_jobs
 
 import notebook_elastic as ne  # noqa: E402
 from notebook_elastic.backends.local import LocalBackend  # noqa: E402
-from notebook_elastic.backends.local.history import compact  # noqa: E402
 from notebook_elastic.events import Event, Kind  # noqa: E402
 from notebook_elastic.job_state import JobState  # noqa: E402
+from notebook_elastic.jobfolder.history import compact  # noqa: E402
 
 
 def wait(predicate, timeout: float = 180.0) -> None:

@@ -267,7 +267,7 @@ def load_ipython_extension(ipython: Any) -> None:
     # The warm pool imports torch now, in the background, so the first job's processes are
     # forks of it (pool/__init__.py); a job starts it too when none answers.
     from .backends.local import LocalBackend
-    from .backends.local.folder import pool_log
+    from .jobfolder.folder import pool_log
     from .pool import ensure_pool
 
     # Its own messages go to the jobs folder when there is one (loading makes no folder).

@@ -1,4 +1,4 @@
-"""The supervisor's control channel (backends/local/control.py): authenticated, and a peer that
+"""The supervisor's control channel (jobfolder/control.py): authenticated, and a peer that
 connects and says nothing (any local user; any host on Slurm, where it listens on every
 interface) holds no one else's request; multiprocessing's own Listener ran the handshake in
 accept(), so one such peer held every later request, stop included."""
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from notebook_elastic.backends.local import control
+from notebook_elastic.jobfolder import control
 
 KEY = b"k" * 32
 

@@ -171,8 +171,8 @@ def test_a_restart_names_its_root_cause_not_the_survivors_symptom():
 def test_a_compacted_history_replays_to_the_same_state_with_every_spike():
     import random
 
-    from notebook_elastic.backends.local.history import compact
     from notebook_elastic.job_state import JobState
+    from notebook_elastic.jobfolder.history import compact
 
     rng = random.Random(0)
     events = [Event(Kind.JOB_SUBMITTED, 0.0, None, {"nodes": 2, "min_nodes": 1, "max_nodes": 3, "max_restarts": 5})]

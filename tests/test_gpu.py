@@ -18,8 +18,8 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
-from notebook_elastic.backends.local.place import visible_gpus
 from notebook_elastic.events import Kind
+from notebook_elastic.jobfolder.place import visible_gpus
 
 pytestmark = [
     pytest.mark.slow,

@@ -17,10 +17,15 @@ LAYERS = [
     # The job's processes beside its workers: the torchrun agent as we run it, the rendezvous
     # store, the warm pool. They run in pods and allocations too: nothing of the kernel's.
     {"agent", "store", "pool"},
-    {"packaging", "spec", "options"},
+    # Slurm's own commands (sinfo, squeue, sbatch...) and options, wrapped: the job folder asks
+    # them whether a supervisor on another host lives.
+    {"packaging", "spec", "options", "backends.slurm.cluster", "backends.slurm.options"},
     {"plan"},
     {"events", "job_state"},
-    {"backends"},
+    # The job folder: shared by the kernel's backend and the supervisor it starts.
+    {"jobfolder"},
+    # The supervisor is a process of the local and Slurm backends (started by module name).
+    {"backends", "supervisor"},
     {"waits"},
     {"job", "launcher"},
     {"views", "ui", "magics", "server", "cli", "export", "__init__"},
@@ -72,11 +77,14 @@ def graph(typing_only: bool = True) -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> int:
-    parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else "__init__"
-    for i, layer in enumerate(LAYERS):
-        if top in layer:
-            return i
+    """The layer of ``module``: that of the longest name in LAYERS it is (or is inside of),
+    counted from below the package (``backends.slurm.cluster``, then ``backends``)."""
+    parts = module.split(".")[1:] or ["__init__"]
+    for depth in range(len(parts), 0, -1):
+        name = ".".join(parts[:depth])
+        for i, layer in enumerate(LAYERS):
+            if name in layer:
+                return i
     raise AssertionError(f"{module} belongs to no layer: add it to LAYERS")
 
 

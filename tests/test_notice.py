@@ -19,9 +19,9 @@ from test_local_backend import TRAIN, at_step, committed_reports, metric_events,
 from waiting import wait_for
 
 import notebook_elastic as ne
-from notebook_elastic.backends.local.notices import GRACE_SLACK_S, Notices
 from notebook_elastic.events import Event, Kind
 from notebook_elastic.runtime import notice as board
+from notebook_elastic.supervisor.notices import GRACE_SLACK_S, Notices
 
 
 def redone_steps(job, since: int) -> list[int]:

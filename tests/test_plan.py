@@ -14,9 +14,9 @@ from notebook_elastic import defaults
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.options import KubernetesOptions
 from notebook_elastic.backends.local import LocalBackend
-from notebook_elastic.backends.local.folder import JobFolder
-from notebook_elastic.backends.local.place import local_place
 from notebook_elastic.errors import SpecError
+from notebook_elastic.jobfolder.folder import JobFolder
+from notebook_elastic.jobfolder.place import local_place
 from notebook_elastic.plan import AGENT_MODULE, Place, launch_plan, rdzv_id
 from notebook_elastic.runtime import protocol
 from notebook_elastic.spec import JobSpec

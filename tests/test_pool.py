@@ -20,8 +20,8 @@ import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic import pool
 from notebook_elastic.backends.local import LocalBackend
-from notebook_elastic.backends.local.folder import prepare_jobs_root
 from notebook_elastic.events import Kind
+from notebook_elastic.jobfolder.folder import prepare_jobs_root
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,7 @@ def test_a_jobs_processes_are_forks_of_the_pool_which_outlives_it(home, tmp_path
         environ = proc_file(pid, "environ").split(b"\0")
         assert f"NOTEBOOK_ELASTIC_JOB_DIR={folder}".encode() in environ
         assert f"NOTEBOOK_ELASTIC_TEST_ID={os.environ['NOTEBOOK_ELASTIC_TEST_ID']}".encode() in environ
-    assert b"notebook_elastic.backends.local.supervisor" in proc_file(supervisor, "cmdline")
+    assert b"notebook_elastic.supervisor.run" in proc_file(supervisor, "cmdline")
     assert all(b"notebook_elastic.agent.run" in proc_file(pid, "cmdline") for pid in agents)
     assert all(b"script.py" in proc_file(pid, "cmdline") for pid in workers)
     open(gate, "w").close()

@@ -121,7 +121,7 @@ def test_jobs_under_a_shared_sticky_folder_get_a_private_subfolder(home, monkeyp
     shared.mkdir(parents=True)
     os.chmod(shared, 0o1777)  # like /tmp
     monkeypatch.setenv("NOTEBOOK_ELASTIC_HOME", str(shared))
-    from notebook_elastic.backends.local.folder import prepare_jobs_root
+    from notebook_elastic.jobfolder.folder import prepare_jobs_root
 
     root = prepare_jobs_root(shared)
     assert root == shared / f"notebook-elastic-{os.getuid()}" / "jobs"
@@ -137,7 +137,7 @@ def test_jobs_under_a_shared_sticky_folder_get_a_private_subfolder(home, monkeyp
 def test_a_home_of_our_own_with_loose_modes_is_tightened(home):
     home.mkdir(mode=0o755)
     os.chmod(home, 0o755)
-    from notebook_elastic.backends.local.folder import prepare_jobs_root
+    from notebook_elastic.jobfolder.folder import prepare_jobs_root
 
     root = prepare_jobs_root(home)
     assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE(root.stat().st_mode) == 0o700
@@ -191,7 +191,7 @@ def test_a_script_replaced_while_running_is_never_run(home, restart):
 
 
 def test_a_home_that_is_a_link_of_our_own_is_judged_by_its_target(home, tmp_path):
-    from notebook_elastic.backends.local.folder import prepare_jobs_root
+    from notebook_elastic.jobfolder.folder import prepare_jobs_root
 
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)

@@ -594,9 +594,9 @@ def test_the_sinks_flush_returns_once_every_event_put_before_it_is_folded_and_se
     import threading
     import time as _time
 
-    from notebook_elastic.backends.local.sink import EventSink
     from notebook_elastic.events import Event
     from notebook_elastic.job_state import JobState
+    from notebook_elastic.supervisor.sink import EventSink
 
     seen: list[int] = []
     gate = threading.Event()

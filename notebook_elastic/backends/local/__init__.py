@@ -1,8 +1,9 @@
 """The local backend: elastic torchrun jobs on this machine, no cluster needed.
 
-Each job gets a folder and a detached supervisor process (see ``supervisor.py``); this
-class only writes folders, starts supervisors and talks to them, so any kernel (including
-one started after a crash) can list, follow (``follow.py``), scale and stop any job.
+Each job gets a folder (``notebook_elastic.jobfolder``) and a detached supervisor process
+(``notebook_elastic.supervisor``) with a guardian beside it (``guardian.py``); this class only
+writes folders, starts supervisors and talks to them, so any kernel (including one started after
+a crash) can list, follow (``jobfolder/follow.py``), scale and stop any job.
 """
 
 from __future__ import annotations
@@ -21,12 +22,8 @@ from typing import Any
 from ... import defaults
 from ...errors import BackendError, JobNotFound
 from ...events import FINAL_STATUSES, Event, Kind
-from ...plan import launch_plan, rdzv_id
-from ...pool import ENV_POOL, ensure_pool, through_pool
-from ...runtime import protocol
-from ..base import Backend, DryRun, JobInfo
-from . import control
-from .folder import (
+from ...jobfolder import control
+from ...jobfolder.folder import (
     FILE_MODE,
     JobFolder,
     jobs_root,
@@ -36,7 +33,7 @@ from .folder import (
     prepare_jobs_root,
     write_json_atomic,
 )
-from .follow import (
+from ...jobfolder.follow import (
     FOLDER_GONE_WAIT_S,
     FOLLOW_POLL_S,
     LOST_FOLDER,
@@ -45,11 +42,19 @@ from .follow import (
     FollowedHistory,
     _append_event,
 )
-from .follow import follow as _follow_folder
-from .follow import history as _folder_history
-from .place import local_place, visible_gpus
+from ...jobfolder.follow import follow as _follow_folder
+from ...jobfolder.follow import history as _folder_history
+from ...jobfolder.place import local_place, visible_gpus
+from ...plan import launch_plan, rdzv_id
+from ...pool import ENV_POOL, ensure_pool, through_pool
+from ...runtime import protocol
+from ..base import Backend, DryRun, JobInfo
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
+#: The job's processes the kernel starts, each detached: the supervisor (supervisor/run.py) and
+#: the guardian that brings it back (guardian.py).
+SUPERVISOR_MODULE = "notebook_elastic.supervisor.run"
+GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
 
 
 class LocalBackend(Backend):
@@ -147,9 +152,9 @@ class LocalBackend(Backend):
         if warm_pool:
             env[ENV_POOL] = warm_pool
         env[protocol.ENV_JOB_DIR] = str(folder.path)
-        _detach(folder, env, "supervisor", *(["--resume"] if resume else []))
+        _detach(folder, env, SUPERVISOR_MODULE, *(["--resume"] if resume else []))
         if not folder.guardian_alive():
-            _detach(folder, env, "guardian")
+            _detach(folder, env, GUARDIAN_MODULE)
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
             if time.monotonic() > deadline:
@@ -329,12 +334,12 @@ class LocalBackend(Backend):
 
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
-    """Start ``python -m notebook_elastic.backends.local.MODULE --detach [options] FOLDER`` in a
+    """Start ``python -m MODULE --detach [options] FOLDER`` in a
     session of its own, logging to supervisor.log; returns once its short-lived parent exited."""
     log = os.open(folder.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
-    base = [sys.executable, "-m", f"notebook_elastic.backends.local.{module}"]
+    base = [sys.executable, "-m", module]
     # The supervisor is forked by the warm pool when there is one; its launcher detaches instead.
-    pooled = through_pool([*base, *options], env, detach=True) if module == "supervisor" else None
+    pooled = through_pool([*base, *options], env, detach=True) if module == SUPERVISOR_MODULE else None
     command = pooled or [*base, "--detach", *options]
     try:
         subprocess.Popen(
@@ -358,5 +363,5 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
-# FOLDER_GONE_WAIT_S, FOLLOW_POLL_S, LOST_FOLDER: defined here before follow.py, still imported from here.
+# FOLDER_GONE_WAIT_S, FOLLOW_POLL_S, LOST_FOLDER: defined here before jobfolder/follow.py, still imported from here.
 __all__ = ["FOLDER_GONE_WAIT_S", "FOLLOW_POLL_S", "LOST_FOLDER", "JobFolder", "LocalBackend"]

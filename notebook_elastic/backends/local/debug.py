@@ -24,10 +24,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ...jobfolder.folder import JobFolder
+from ...jobfolder.place import local_place
 from ...plan import launch_plan, rdzv_id
 from ...runtime.tracking import scrub
-from .folder import JobFolder
-from .place import local_place
 
 LOG_TAIL_BYTES = 2 * 1024 * 1024  # of each log: the end is where the failure is
 PACKAGES = ("notebook-elastic", "torch", "ipykernel", "ipywidgets", "jupyterlab", "jupyter_server", "kubernetes")

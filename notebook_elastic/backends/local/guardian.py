@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ...errors import NotebookElasticError
 from ...events import FINAL_STATUSES, Event, Kind
-from .folder import JobFolder, process_start_ticks, write_json_atomic
+from ...jobfolder.folder import JobFolder, process_start_ticks, write_json_atomic
 
 POLL_S = 0.5
 #: Supervisor deaths a job recovers from by itself; past that it is lost (resume() by hand).
@@ -72,7 +72,7 @@ def guard(folder: JobFolder) -> int:
 
 
 def _say(folder: JobFolder, event: Event) -> None:
-    from .follow import _append_event
+    from ...jobfolder.follow import _append_event
 
     try:
         _append_event(folder, event)

@@ -1,7 +1,7 @@
 """The Slurm backend: each node of the job is a Slurm allocation running one torchrun agent.
 
 It is the local backend's job folder, supervisor and store, with the nodes placed by Slurm
-(``nodes.py``): the supervisor runs as a small allocation of its own (``sbatch``,
+(``supervisor/slurm_nodes.py``): the supervisor runs as a small allocation of its own (``sbatch``,
 ``ne-JOB-supervisor``; ``--supervisor-in here`` keeps it on the launching machine) and starts
 each node's agent under ``srun`` (one task on one node, its own allocation, ``ne-JOB-node-N``),
 so scaling, the range, the drills, departures free of the budget, stalls, resume and every view
@@ -25,12 +25,12 @@ import time
 from typing import Any
 
 from ...errors import BackendError
+from ...jobfolder.folder import JobFolder
+from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
 from ...pool import ENV_POOL
 from ...runtime import protocol
 from ..base import DryRun
-from ..local import RESUMABLE_STATUSES, LocalBackend, _tail
-from ..local.folder import JobFolder
-from ..local.follow import SUPERVISOR_START_TIMEOUT_S
+from ..local import RESUMABLE_STATUSES, SUPERVISOR_MODULE, LocalBackend, _tail
 from . import cluster
 from .options import SlurmOptions
 
@@ -75,7 +75,7 @@ class SlurmBackend(LocalBackend):
         env = dict(os.environ)
         env.pop(ENV_POOL, None)  # no warm pool on the allocation's machine
         env[protocol.ENV_JOB_DIR] = str(folder.path)
-        command = [sys.executable, "-m", "notebook_elastic.backends.local.supervisor"]
+        command = [sys.executable, "-m", SUPERVISOR_MODULE]
         command += [*(["--resume"] if resume else []), str(folder.path)]
         known = cluster.partitions()
         limit = known.get(options.supervisor_in or options.partition or next(iter(known), ""))

@@ -15,10 +15,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ...events import Event, Kind
-from ...job_state import JobState
-from .folder import FILE_MODE
-from .history import ROTATE_BYTES, rotate
+from ..events import Event, Kind
+from ..job_state import JobState
+from ..jobfolder.folder import FILE_MODE
+from ..jobfolder.history import ROTATE_BYTES, rotate
 
 #: Worker output kept in events.jsonl (the chart's history); the node logs keep all of it.
 EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024

@@ -15,7 +15,7 @@ import threading
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any
 
-from ...errors import BackendError
+from ..errors import BackendError
 
 
 def request(address: tuple[str, int], authkey: bytes, command: str, timeout_s: float = 60.0, **args: Any) -> Any:

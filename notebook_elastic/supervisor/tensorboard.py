@@ -16,10 +16,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ...events import Event, Kind
-from ...runtime import log as _logging
+from ..events import Event, Kind
+from ..runtime import log as _logging
 
-_log = _logging.get("backends.local.tensorboard")
+_log = _logging.get("supervisor.tensorboard")
 
 FLUSH_S = 2.0  # what TensorBoard shows is at most this old
 

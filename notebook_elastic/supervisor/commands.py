@@ -16,17 +16,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...agent.notice_keeper import KILL_KEY
-from ...errors import SpecError
-from ...events import Kind
-from ...runtime import log as _logging
-from ...runtime import protocol
+from ..agent.notice_keeper import KILL_KEY
+from ..errors import SpecError
+from ..events import Kind
+from ..runtime import log as _logging
+from ..runtime import protocol
 from .nodes import Agent
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .run import Supervisor
 
-_log = _logging.get("backends.local.commands")
+_log = _logging.get("supervisor.commands")
 
 STOP_GRACE_S = 10.0
 

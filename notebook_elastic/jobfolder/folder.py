@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import BackendError
-from ...pool import own_launcher
-from ...runtime.procfs import stat_fields
-from ...runtime.protocol import ENV_JOB_DIR
+from ..errors import BackendError
+from ..pool import own_launcher
+from ..runtime.procfs import stat_fields
+from ..runtime.protocol import ENV_JOB_DIR
 
 #: Modes of everything a job leaves on disk: private to its owner, whatever the umask.
 DIR_MODE = 0o700
@@ -315,7 +315,7 @@ class JobFolder:
         if info.get("slurm_job") and info.get("host") not in (None, socket.gethostname()):
             # On another machine, in a Slurm allocation of its own: alive while Slurm holds it
             # (running, completing, suspended), and while Slurm does not answer.
-            from ..slurm.cluster import NOT_ENDED, job_state
+            from ..backends.slurm.cluster import NOT_ENDED, job_state
 
             state = job_state(str(info["slurm_job"]))[0]
             return state == "" or (state in NOT_ENDED and state != "PENDING")

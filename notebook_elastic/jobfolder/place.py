@@ -14,9 +14,9 @@ import subprocess
 import sys
 from typing import Any
 
-from ... import defaults
-from ...plan import Place
-from ...runtime import protocol
+from .. import defaults
+from ..plan import Place
+from ..runtime import protocol
 from .folder import JobFolder
 
 

@@ -1,4 +1,4 @@
-"""``python -m notebook_elastic.backends.local.supervisor JOB_DIR``: one detached process per job.
+"""``python -m notebook_elastic.supervisor.run JOB_DIR``: one detached process per job.
 
 It runs in its own session, so a kernel crash or restart does not touch training. It
 - hosts the job's c10d rendezvous store (no agent hosts it, so any node may die);
@@ -33,26 +33,26 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ...agent.torch_compat import GONE_KEY, TARGET_KEY
-from ...events import Event, Kind
-from ...job_state import JobState, describe_failure
-from ...runtime import log, protocol
-from ...runtime.event_types import SCHEMA_VERSION
-from ...runtime.payload import payload_path_for
-from ...runtime.state import newest_generation
-from ...runtime.tracking import tensorboard_link
-from ...spec import JobSpec
-from ...store.run import host_store
-from ..slurm.nodes import placement_for
+from ..agent.torch_compat import GONE_KEY, TARGET_KEY
+from ..events import Event, Kind
+from ..job_state import JobState, describe_failure
+from ..jobfolder.control import listen, reachable
+from ..jobfolder.folder import JOB_UMASK, JobFolder, process_start_ticks, write_json_atomic
+from ..jobfolder.follow import LOST_FOLDER
+from ..jobfolder.history import ROTATE_BYTES, read_all
+from ..runtime import log, protocol
+from ..runtime.event_types import SCHEMA_VERSION
+from ..runtime.payload import payload_path_for
+from ..runtime.state import newest_generation
+from ..runtime.tracking import tensorboard_link
+from ..spec import JobSpec
+from ..store.run import host_store
 from .commands import Commands
-from .control import listen, reachable
-from .folder import JOB_UMASK, JobFolder, process_start_ticks, write_json_atomic
-from .follow import LOST_FOLDER
-from .history import ROTATE_BYTES, read_all
 from .nodes import Agent, Nodes
 from .notices import Notices
 from .outcome import Outcome
 from .sink import EventSink
+from .slurm_nodes import placement_for
 from .stall import Stalls
 from .tensorboard import TensorBoardWriter
 from .tensorboard import available as tensorboard_available

@@ -8,12 +8,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ... import defaults
-from ...events import Kind
-from ...runtime.procfs import stat_fields
+from .. import defaults
+from ..events import Kind
+from ..runtime.procfs import stat_fields
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .run import Supervisor
 
 
 @dataclass

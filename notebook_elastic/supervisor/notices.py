@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...events import Event, Kind
-from ...runtime import log as _logging
-from ...runtime import notice as board
+from ..events import Event, Kind
+from ..runtime import log as _logging
+from ..runtime import notice as board
 
-_log = _logging.get("backends.local.notices")
+_log = _logging.get("supervisor.notices")
 
 #: Beyond the last save's time and a step, the slack a grace needs (rank 0 polls every 0.1 s).
 GRACE_SLACK_S = 1.0

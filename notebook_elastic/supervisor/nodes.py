@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from ... import pool
-from ...events import Kind, LineParser
-from ...plan import LaunchPlan, launch_plan, rdzv_id
-from ...runtime import protocol
-from .place import local_place, visible_gpus
+from .. import pool
+from ..events import Kind, LineParser
+from ..jobfolder.place import local_place, visible_gpus
+from ..plan import LaunchPlan, launch_plan, rdzv_id
+from ..runtime import protocol
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .run import Supervisor
 
 #: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
 NODE_LOG_CAP_BYTES = 32 * 1024 * 1024

@@ -17,11 +17,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ...events import Kind
-from ...pool import ENV_POOL
-from ...runtime import protocol
-from . import cluster
-from .options import SlurmOptions
+from ..backends.slurm import cluster
+from ..backends.slurm.options import SlurmOptions
+from ..events import Kind
+from ..pool import ENV_POOL
+from ..runtime import protocol
 
 #: slurmstepd's line, through srun, for a step Slurm cancelled (and why, where it says).
 STEP_CANCELLED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (PREEMPTION|TIME LIMIT))?")

@@ -9,12 +9,12 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...events import Kind
-from ...job_state import budget_spent_reason
-from .folder import kill_all, processes_of, write_json_atomic
+from ..events import Kind
+from ..job_state import budget_spent_reason
+from ..jobfolder.folder import kill_all, processes_of, write_json_atomic
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .run import Supervisor
 
 #: At the end, processes that are on their way out (a spare agent, zygotes) get this long to go
 #: by themselves; what is left after it is an orphan, killed and counted.
