@@ -34,7 +34,7 @@ from _common import median, p95, report, row, stop_all_jobs  # noqa: E402
 import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
 from notebook_elastic import pool  # noqa: E402
-from notebook_elastic.events import Kind  # noqa: E402
+from notebook_elastic.contract.events import Kind  # noqa: E402
 
 TRAIN = """
 model = torch.nn.Linear(32, 1)

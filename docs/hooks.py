@@ -1,6 +1,6 @@
 """MkDocs hooks: the reference pages are generated from the code as the site is built, so
-they cannot go stale: the option table from ``notebook_elastic/options.py`` and the event
-table from ``notebook_elastic/runtime/protocol.py`` (each kind's fields) and ``events.py``
+they cannot go stale: the option table from ``notebook_elastic/contract/options.py`` and the event
+table from ``notebook_elastic/runtime/protocol.py`` (each kind's fields) and ``contract/events.py``
 (each kind's sentence, for a sample event)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def events_table() -> str:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if OPTIONS_MARK in markdown:
-        from notebook_elastic.options import markdown_table
+        from notebook_elastic.contract.options import markdown_table
 
         markdown = markdown.replace(OPTIONS_MARK, markdown_table())
     if EVENTS_MARK in markdown:

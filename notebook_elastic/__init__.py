@@ -16,7 +16,7 @@ _LAZY = {
     "jobs": ("notebook_elastic.launcher", "jobs"),
     "attach": ("notebook_elastic.launcher", "attach"),
     "ElasticJob": ("notebook_elastic.job", "ElasticJob"),
-    "JobSpec": ("notebook_elastic.spec", "JobSpec"),
+    "JobSpec": ("notebook_elastic.contract.spec", "JobSpec"),
     "package_cell": ("notebook_elastic.packaging", "package_cell"),
     "NotebookElasticError": ("notebook_elastic.errors", "NotebookElasticError"),
     "SpecError": ("notebook_elastic.errors", "SpecError"),

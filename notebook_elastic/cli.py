@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .contract.events import FINAL_STATUSES
 from .errors import JobNotFound, NotebookElasticError
-from .events import FINAL_STATUSES
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -202,14 +202,14 @@ def cmd_debug(args: argparse.Namespace) -> int:
 
 
 def _running(backend: Any, name: str) -> bool:
-    from .events import FINAL_STATUSES
+    from .contract.events import FINAL_STATUSES
 
     info = backend.describe(name)
     return info is not None and info.status not in (*FINAL_STATUSES, "lost", "damaged")
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from .events import Kind
+    from .contract.events import Kind
 
     backend = _backend(args)
     _info(args)
@@ -314,8 +314,8 @@ COMMANDS = {
 def _check_arguments(args: argparse.Namespace) -> None:
     """A job name is a name, never a path, as the server's routes take it (``status ..`` or
     ``stop ../jobs/NAME`` must not act on another folder); a node is ``node-N`` or ``N``."""
+    from .contract.spec import validate_name
     from .errors import SpecError
-    from .spec import validate_name
 
     if getattr(args, "name", None) is not None:
         validate_name(args.name, what="the job name")

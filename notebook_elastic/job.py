@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import waits
+from .contract.events import Event, Kind, Status
+from .contract.job_state import JobState, Metrics, summary_text
+from .contract.spec import JobSpec, check_scale
 from .errors import BackendError, SpecError
-from .events import Event, Kind, Status
-from .job_state import JobState, Metrics, summary_text
-from .spec import JobSpec, check_scale
 
 if TYPE_CHECKING:
     from .backends.base import Backend, DryRun, JobInfo
@@ -83,7 +83,7 @@ class ElasticJob:
         """Change a prepared (``dry_run``) job's shape before ``start()``."""
         import dataclasses
 
-        from .spec import parse_nnodes
+        from .contract.spec import parse_nnodes
 
         if not self._prepared or self.spec is None or self.dryrun is None:
             raise BackendError(

@@ -10,15 +10,15 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
-from . import options
 from .backends import get_backend
 from .backends.base import Backend, JobInfo, attention_order
+from .contract import options
+from .contract.events import steps_done
+from .contract.spec import JobSpec, new_name, parse_nnodes
 from .errors import BackendError, JobNotFound, PackagingError, SpecError
-from .events import steps_done
 from .job import ElasticJob
 from .packaging import Bundle, NotebookContext, package_cell, package_function
 from .packaging.render import same_training_code
-from .spec import JobSpec, new_name, parse_nnodes
 
 if TYPE_CHECKING:
     from .backends.local import LocalBackend

@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 
 from notebook_elastic.backends.base import JobInfo
-from notebook_elastic.job_state import JobState
+from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.jobfolder.history import parse
 from notebook_elastic.runtime.event_types import EVENT_SCHEMAS, EVENT_TYPES, SCHEMA_VERSION
 from notebook_elastic.runtime.protocol import Kind

@@ -11,8 +11,8 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
-from notebook_elastic.events import Event, Kind
-from notebook_elastic.job_state import JobState, Marker
+from notebook_elastic.contract.events import Event, Kind
+from notebook_elastic.contract.job_state import JobState, Marker
 from notebook_elastic.ui.render import (
     chart_metrics,
     chart_svg,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from notebook_elastic.events import Event, Kind, LineParser, describe
-from notebook_elastic.job_state import JobState
+from notebook_elastic.contract.events import Event, Kind, LineParser, describe
+from notebook_elastic.contract.job_state import JobState
 
 DATA = Path(__file__).parent / "data"
 
@@ -171,7 +171,7 @@ def test_a_restart_names_its_root_cause_not_the_survivors_symptom():
 def test_a_compacted_history_replays_to_the_same_state_with_every_spike():
     import random
 
-    from notebook_elastic.job_state import JobState
+    from notebook_elastic.contract.job_state import JobState
     from notebook_elastic.jobfolder.history import compact
 
     rng = random.Random(0)
@@ -265,7 +265,7 @@ def test_a_cluster_row_takes_training_from_the_fold_and_pods_from_the_cluster():
     """with_fold (#12 item 3), pure: the cluster's row keeps its pod counts and range; the fold
     brings restarts, step, loss and world size; a restart in progress or an ending the events
     told wins over the cluster's 'running'/'pending', never over its other words."""
-    from notebook_elastic.job_state import with_fold
+    from notebook_elastic.contract.job_state import with_fold
 
     cluster = {"status": "running", "nodes_running": 2, "target": 2, "min_nodes": 1, "max_nodes": 3, "step": None}
     assert with_fold("running", cluster, None) == ("running", cluster)

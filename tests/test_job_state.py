@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_elastic.events import Event, Kind, Status, describe
-from notebook_elastic.job_state import (
+from notebook_elastic.contract.events import Event, Kind, Status, describe
+from notebook_elastic.contract.job_state import (
     JobState,
     Metrics,
     MetricSeries,
@@ -305,7 +305,7 @@ def test_an_agents_line_carries_the_time_the_agent_wrote_it():
     can order them against the workers' lines by when they happened."""
     import time as _time
 
-    from notebook_elastic.events import LineParser
+    from notebook_elastic.contract.events import LineParser
 
     written = _time.mktime((2026, 11, 24, 4, 37, 26, 0, 0, -1)) + 0.684
     line = "I1124 04:37:26.684000 31873 torch/x.py:942] [default] Worker group FAILED. 3/3 attempts left; will restart worker group"
@@ -844,7 +844,7 @@ def test_every_view_counts_steps_done_alike():
     """A 100-step job whose last step (index 99) is done: the dashboard said "step 100 / 100"
     and summary(), the jobs listing, the panel and the CLI "step 99/100" (#30 item 2)."""
     from notebook_elastic.backends.base import JobInfo
-    from notebook_elastic.job_state import summary_text
+    from notebook_elastic.contract.job_state import summary_text
     from notebook_elastic.launcher import JobList
     from notebook_elastic.server.routes import job_json
     from notebook_elastic.ui.render import header_html

@@ -14,7 +14,7 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
-from notebook_elastic.events import Kind
+from notebook_elastic.contract.events import Kind
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ def test_a_job_failed_for_good_says_the_workers_sentence_or_at_least_why_it_was_
     from types import SimpleNamespace
 
     from notebook_elastic.backends.kubernetes.follow import ClusterFollower
-    from notebook_elastic.events import Event
+    from notebook_elastic.contract.events import Event
     from notebook_elastic.runtime import protocol
 
     def finished(code: int) -> Event:

@@ -93,8 +93,8 @@ def test_kubectl_reads_describes_logs_applies_and_deletes_our_objects(cluster, t
     assert objects["spec"]["completionMode"] == "Indexed"
     # The same job under another name, through our own manifests.
     from notebook_elastic.backends.kubernetes.options import KubernetesOptions
+    from notebook_elastic.contract.spec import JobSpec
     from notebook_elastic.packaging import NotebookContext, package_cell
-    from notebook_elastic.spec import JobSpec
 
     other = JobSpec.from_json(dict(job.spec.to_json(), name="kc-dry"))
     bundle = package_cell("print(1)", NotebookContext(namespace={}), name="kc-dry")
@@ -188,7 +188,7 @@ def test_kubectl_validates_our_manifests_and_refuses_a_misspelt_field(cluster, t
         refused = kubectl(cluster, tmp_path, "apply", "-f", "-", stdin=json.dumps(misspelt(obj)), check=False)
         assert refused.returncode != 0
         field = (
-            "spec.pytorchReplicaSpecs.Worker.template.spec.containerz"
+            "contract/spec.pytorchReplicaSpecs.Worker.template.spec.containerz"
             if kind == "PyTorchJob"
             else "spec.template.spec.containerz"
         )

@@ -26,8 +26,8 @@ import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.kubernetes import grace as pod_grace
 from notebook_elastic.backends.kubernetes import kueue
 from notebook_elastic.backends.kubernetes import manifests as m
+from notebook_elastic.contract.events import Kind
 from notebook_elastic.errors import BackendError, SpecError
-from notebook_elastic.events import Kind
 
 DATA = Path(__file__).parent / "data"
 
@@ -119,8 +119,8 @@ def _wl(name, created, *conds, count=2, annotations=None, admission=None):
 
 
 def test_a_job_kueue_evicted_is_pending_while_its_pods_go_not_restarting():
-    from notebook_elastic.events import Event
-    from notebook_elastic.job_state import JobState
+    from notebook_elastic.contract.events import Event
+    from notebook_elastic.contract.job_state import JobState
 
     state = JobState(nnodes=(1, 2))
     state.apply(Event(Kind.WORKER_STARTED, 1.0, "p-0", {"rank": 0, "local_rank": 0, "world_size": 2}))

@@ -19,9 +19,9 @@ LAYERS = [
     {"agent", "store", "pool"},
     # Slurm's own commands (sinfo, squeue, sbatch...) and options, wrapped: the job folder asks
     # them whether a supervisor on another host lives.
-    {"packaging", "spec", "options", "backends.slurm.cluster", "backends.slurm.options"},
-    {"plan"},
-    {"events", "job_state"},
+    {"packaging", "contract.spec", "contract.options", "backends.slurm.cluster", "backends.slurm.options"},
+    {"contract.plan"},
+    {"contract.events", "contract.job_state"},
     # The job folder: shared by the kernel's backend and the supervisor it starts.
     {"jobfolder"},
     # The supervisor is a process of the local and Slurm backends (started by module name).

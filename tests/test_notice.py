@@ -19,7 +19,7 @@ from test_local_backend import TRAIN, at_step, committed_reports, metric_events,
 from waiting import wait_for
 
 import notebook_elastic as ne
-from notebook_elastic.events import Event, Kind
+from notebook_elastic.contract.events import Event, Kind
 from notebook_elastic.runtime import notice as board
 from notebook_elastic.supervisor.notices import GRACE_SLACK_S, Notices
 
@@ -202,7 +202,7 @@ def test_an_evicted_pod_gives_notice_as_the_kubelet_does_and_the_job_loses_no_st
 
 
 def test_a_save_longer_than_the_pods_grace_allows_is_told_with_the_grace_that_would_hold_it():
-    from notebook_elastic.job_state import JobState, summary_text
+    from notebook_elastic.contract.job_state import JobState, summary_text
 
     state = JobState()
     state.apply(Event(Kind.JOB_SUBMITTED, 1.0, None, {"nodes": 2, "min_nodes": 1, "max_nodes": 2, "grace_s": 30}))

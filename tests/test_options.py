@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from notebook_elastic import options
 from notebook_elastic.backends.kubernetes.options import KubernetesOptions, parse_options
+from notebook_elastic.contract import options
+from notebook_elastic.contract.spec import JobSpec
 from notebook_elastic.errors import SpecError
 from notebook_elastic.launcher import launch
 from notebook_elastic.magics import ElasticMagics
-from notebook_elastic.spec import JobSpec
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -14,12 +14,12 @@ from notebook_elastic import defaults
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.options import KubernetesOptions
 from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.contract.plan import AGENT_MODULE, Place, launch_plan, rdzv_id
+from notebook_elastic.contract.spec import JobSpec
 from notebook_elastic.errors import SpecError
 from notebook_elastic.jobfolder.folder import JobFolder
 from notebook_elastic.jobfolder.place import local_place
-from notebook_elastic.plan import AGENT_MODULE, Place, launch_plan, rdzv_id
 from notebook_elastic.runtime import protocol
-from notebook_elastic.spec import JobSpec
 
 
 def place(**overrides) -> Place:
@@ -194,4 +194,4 @@ def test_nothing_else_builds_a_torchrun_command_line():
         for p in package.rglob("*.py")
         if '"--rdzv-endpoint"' in p.read_text() or "'--rdzv-endpoint'" in p.read_text()
     ]
-    assert builders == ["plan.py"], builders
+    assert builders == ["contract/plan.py"], builders

@@ -19,8 +19,8 @@ from waiting import wait_for
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.slurm.options import minutes, parse_options
+from notebook_elastic.contract.events import Kind
 from notebook_elastic.errors import SpecError
-from notebook_elastic.events import Kind
 
 TRAIN = """
 model = torch.nn.Linear(4, 1)

@@ -20,8 +20,8 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from notebook_elastic.agent import torch_compat
-from notebook_elastic.events import Event, Kind, describe
-from notebook_elastic.job_state import JobState
+from notebook_elastic.contract.events import Event, Kind, describe
+from notebook_elastic.contract.job_state import JobState
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract

@@ -22,8 +22,8 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.contract.events import Kind
 from notebook_elastic.errors import SpecError
-from notebook_elastic.events import Kind
 from notebook_elastic.runtime.tracking import tensorboard_command
 
 try:
@@ -594,8 +594,8 @@ def test_the_sinks_flush_returns_once_every_event_put_before_it_is_folded_and_se
     import threading
     import time as _time
 
-    from notebook_elastic.events import Event
-    from notebook_elastic.job_state import JobState
+    from notebook_elastic.contract.events import Event
+    from notebook_elastic.contract.job_state import JobState
     from notebook_elastic.supervisor.sink import EventSink
 
     seen: list[int] = []

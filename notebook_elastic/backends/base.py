@@ -18,9 +18,9 @@ from ..errors import BackendError
 from ..runtime.protocol import ATTENTION_ORDER
 
 if TYPE_CHECKING:
-    from ..events import Event
+    from ..contract.events import Event
+    from ..contract.spec import JobSpec
     from ..packaging import Bundle
-    from ..spec import JobSpec
 
 
 @dataclass

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..contract.events import Event, Kind
 from ..errors import JobNotFound
-from ..events import Event, Kind
 from .folder import JobFolder, write_json_atomic
 from .history import history_file, parse, read_all
 

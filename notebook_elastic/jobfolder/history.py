@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..events import Event, Kind
+from ..contract.events import Event, Kind
 
 #: events.jsonl is rotated past this size (a 600-step job writes ~100 KB; 100k metric points ~12 MiB).
 ROTATE_BYTES = 16 * 1024 * 1024

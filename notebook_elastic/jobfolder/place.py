@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from .. import defaults
-from ..plan import Place
+from ..contract.plan import Place
 from ..runtime import protocol
 from .folder import JobFolder
 

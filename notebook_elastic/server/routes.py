@@ -24,12 +24,12 @@ from jupyter_server.utils import url_path_join
 
 from ..backends.base import JobInfo, attention_order
 from ..backends.local import LocalBackend
+from ..contract.events import Event, Kind, Status, steps_done
+from ..contract.job_state import JobState, with_fold
+from ..contract.spec import validate_name
 from ..errors import JobNotFound, NotebookElasticError, SpecError
-from ..events import Event, Kind, Status, steps_done
-from ..job_state import JobState, with_fold
 from ..runtime import log as _logging
 from ..runtime.tracking import shown
-from ..spec import validate_name
 
 _log = _logging.get("server.routes")
 

@@ -17,8 +17,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..agent.notice_keeper import KILL_KEY
+from ..contract.events import Kind
 from ..errors import SpecError
-from ..events import Kind
 from ..runtime import log as _logging
 from ..runtime import protocol
 from .nodes import Agent

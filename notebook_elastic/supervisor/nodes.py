@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
 from .. import pool
-from ..events import Kind, LineParser
+from ..contract.events import Kind, LineParser
+from ..contract.plan import LaunchPlan, launch_plan, rdzv_id
 from ..jobfolder.place import local_place, visible_gpus
-from ..plan import LaunchPlan, launch_plan, rdzv_id
 from ..runtime import protocol
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Event, Kind
+from ..contract.events import Event, Kind
 from ..runtime import log as _logging
 from ..runtime import notice as board
 

@@ -9,8 +9,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..events import Kind
-from ..job_state import budget_spent_reason
+from ..contract.events import Kind
+from ..contract.job_state import budget_spent_reason
 from ..jobfolder.folder import kill_all, processes_of, write_json_atomic
 
 if TYPE_CHECKING:

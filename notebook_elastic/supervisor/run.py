@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ..agent.torch_compat import GONE_KEY, TARGET_KEY
-from ..events import Event, Kind
-from ..job_state import JobState, describe_failure
+from ..contract.events import Event, Kind
+from ..contract.job_state import JobState, describe_failure
+from ..contract.spec import JobSpec
 from ..jobfolder.control import listen, reachable
 from ..jobfolder.folder import JOB_UMASK, JobFolder, process_start_ticks, write_json_atomic
 from ..jobfolder.follow import LOST_FOLDER
@@ -45,7 +46,6 @@ from ..runtime.event_types import SCHEMA_VERSION
 from ..runtime.payload import payload_path_for
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
-from ..spec import JobSpec
 from ..store.run import host_store
 from .commands import Commands
 from .nodes import Agent, Nodes

@@ -15,8 +15,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..events import Event, Kind
-from ..job_state import JobState
+from ..contract.events import Event, Kind
+from ..contract.job_state import JobState
 from ..jobfolder.folder import FILE_MODE
 from ..jobfolder.history import ROTATE_BYTES, rotate
 

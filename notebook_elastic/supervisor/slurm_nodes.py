@@ -19,7 +19,7 @@ from typing import Any
 
 from ..backends.slurm import cluster
 from ..backends.slurm.options import SlurmOptions
-from ..events import Kind
+from ..contract.events import Kind
 from ..pool import ENV_POOL
 from ..runtime import protocol
 

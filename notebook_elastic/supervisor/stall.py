@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import defaults
-from ..events import Kind
+from ..contract.events import Kind
 from ..runtime.procfs import stat_fields
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..events import Event, Kind
+from ..contract.events import Event, Kind
 from ..runtime import log as _logging
 
 _log = _logging.get("supervisor.tensorboard")

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..events import Event, Kind
+from ..contract.events import Event, Kind
+from ..contract.spec import JobSpec
 from ..runtime.tracking import mlflow_link, next_batch, scrub, wandb_link
-from ..spec import JobSpec
 
 TRACKERS = ("mlflow", "wandb")
 #: The job's final status -> MLflow's RunStatus.

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import ipywidgets as W
 
-from ..events import Status
+from ..contract.events import Status
 
 if TYPE_CHECKING:
+    from ..contract.job_state import JobState
     from ..job import ElasticJob
-    from ..job_state import JobState
 
 MESSAGE_FADES_S = 10.0  # how long what an action did stays under the buttons
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 
-from ..events import FINAL_STATUSES, Event, Kind
+from ..contract.events import FINAL_STATUSES, Event, Kind
 from ..runtime import log as _logging
 from .controls import Controls
 from .render import (

@@ -17,9 +17,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..events import Event, Kind, gib, rate
-from ..events import format_duration as duration
-from ..job_state import JobState, elapsed_s
+from ..contract.events import Event, Kind, gib, rate
+from ..contract.events import format_duration as duration
+from ..contract.job_state import JobState, elapsed_s
 from ..runtime.tracking import shown
 from .chart import (
     BOOKKEEPING,

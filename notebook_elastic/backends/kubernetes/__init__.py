@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...events import FINAL_STATUSES, Event, Kind
+from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...runtime import log as _logging
 from ..base import Backend, DryRun, JobInfo
 from . import kueue

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...contract.plan import rdzv_id
 from ...errors import BackendError, JobNotFound, SpecError
-from ...plan import rdzv_id
 from ...runtime import protocol
 from . import kueue
 from . import manifests as m
@@ -105,7 +105,7 @@ class JobControl:
         cm, spec_json = self._require(name)
         if workload_of(cm) != "job":
             raise BackendError("changing the range is supported for the default --workload job")
-        from ...spec import JobSpec
+        from ...contract.spec import JobSpec
 
         try:
             job = conn.batch().read_namespaced_job(m.workers_name(name), conn.namespace)

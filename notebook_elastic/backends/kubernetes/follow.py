@@ -29,8 +29,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...events import Event, Kind
-from ...job_state import budget_spent_reason, describe_failure
+from ...contract.events import Event, Kind
+from ...contract.job_state import budget_spent_reason, describe_failure
 from ...runtime import protocol
 from ...runtime.event_types import SCHEMA_VERSION
 from . import grace

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from ...contract.events import Kind
 from ...errors import BackendError
-from ...events import Kind
 from ...runtime import log as _logging
 
 _log = _logging.get("backends.kubernetes.kueue")

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...events import Event, Kind
+from ...contract.events import Event, Kind
 from ...runtime import log as _logging
 from .client import Connection, is_missing
 from .pods import PodView

@@ -29,8 +29,8 @@ import json
 import os
 from typing import Any
 
+from ...contract.plan import rdzv_id as run_rdzv_id
 from ...errors import SpecError
-from ...plan import rdzv_id as run_rdzv_id
 from .code import (
     SECRET_PLACEHOLDER,
     code_configmap,

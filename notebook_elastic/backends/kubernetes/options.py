@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...agent.notice_keeper import LEAVE_S
+from ...contract.spec import whole_number
 from ...errors import SpecError
-from ...spec import whole_number
 
 # The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
 # tests/test_kubernetes_manifests.py keeps them in step).

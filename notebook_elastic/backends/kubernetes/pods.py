@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...events import Kind, LineParser
+from ...contract.events import Kind, LineParser
 from ...runtime import log as _logging
 from ...runtime import protocol
 from . import manifests as m

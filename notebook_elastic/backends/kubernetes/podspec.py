@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...plan import LaunchPlan
+from ...contract.plan import LaunchPlan
 from ...runtime import protocol
 from .naming import code_name, env_name
 from .options import KubernetesOptions

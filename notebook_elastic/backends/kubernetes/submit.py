@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...agent.notice_keeper import LEAVE_S
+from ...contract.plan import rdzv_id
 from ...errors import BackendError
-from ...plan import rdzv_id
 from ...runtime import log as _logging
 from ..base import DryRun
 from . import grace, kueue

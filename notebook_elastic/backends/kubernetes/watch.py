@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ...events import Kind
+from ...contract.events import Kind
 from .client import Connection, explain
 
 WATCH_TIMEOUT_S = 30

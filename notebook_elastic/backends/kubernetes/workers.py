@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from ... import defaults
-from ...plan import LaunchPlan, Place, launch_plan
+from ...contract.plan import LaunchPlan, Place, launch_plan
 from ...runtime import log, protocol
 from .kueue import apply_queue, apply_queue_pytorchjob
 from .naming import (

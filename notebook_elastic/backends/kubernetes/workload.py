@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...events import Kind
+from ...contract.events import Kind
 from ...runtime import log as _logging
 from ...runtime import protocol
 from . import kueue

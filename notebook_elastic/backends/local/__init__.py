@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ... import defaults
+from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
-from ...events import FINAL_STATUSES, Event, Kind
 from ...jobfolder import control
 from ...jobfolder.folder import (
     FILE_MODE,
@@ -45,7 +46,6 @@ from ...jobfolder.follow import (
 from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
-from ...plan import launch_plan, rdzv_id
 from ...pool import ENV_POOL, ensure_pool, through_pool
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo

@@ -24,9 +24,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ...contract.plan import launch_plan, rdzv_id
 from ...jobfolder.folder import JobFolder
 from ...jobfolder.place import local_place
-from ...plan import launch_plan, rdzv_id
 from ...runtime.tracking import scrub
 
 LOG_TAIL_BYTES = 2 * 1024 * 1024  # of each log: the end is where the failure is
@@ -56,7 +56,7 @@ def versions() -> dict[str, Any]:
 
 
 def _plan_text(folder: JobFolder) -> str:
-    from ...spec import JobSpec
+    from ...contract.spec import JobSpec
 
     try:
         spec = JobSpec.from_json(folder.spec())

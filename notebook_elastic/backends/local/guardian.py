@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...errors import NotebookElasticError
-from ...events import FINAL_STATUSES, Event, Kind
 from ...jobfolder.folder import JobFolder, process_start_ticks, write_json_atomic
 
 POLL_S = 0.5

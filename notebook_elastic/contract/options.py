@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import defaults
-from .errors import SpecError
+from .. import defaults
+from ..errors import SpecError
 
 ALL = ("local", "kubernetes", "slurm")
 K8S = ("kubernetes",)
@@ -355,5 +355,5 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m notebook_elastic.options: the table, as the docs show it
+if __name__ == "__main__":  # python -m notebook_elastic.contract.options: the table, as the docs show it
     print(markdown_table())

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import defaults
-from .errors import SpecError
-from .runtime import protocol
+from .. import defaults
+from ..errors import SpecError
+from ..runtime import protocol
 
 #: The module each node runs: torchrun's agent with our rendezvous and departure handling.
 AGENT_MODULE = "notebook_elastic.agent.run"

@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, cast
 
+from ...runtime.tracking import tracking_text
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe, steps_done
-from ..runtime.tracking import tracking_text
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
 from .handlers import Fold
 from .records import Marker, Metrics, MetricSeries, NodeInfo, RankInfo

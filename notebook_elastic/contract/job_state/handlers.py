@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..agent.notice_keeper import LEAVE_S
+from ...agent.notice_keeper import LEAVE_S
 from ..events import Event, Status, degraded_text, describe, steps_done
 from .records import Marker, NodeInfo, RankInfo
 

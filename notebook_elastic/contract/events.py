@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, EXIT_PEER_LOST, FINAL_STATUSES, Kind, Status
-from .runtime.tracking import tracking_text
+from ..runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, EXIT_PEER_LOST, FINAL_STATUSES, Kind, Status
+from ..runtime.tracking import tracking_text
 
 __all__ = ["ATTENTION_ORDER", "FINAL_STATUSES", "Event", "Kind", "LineParser", "Status", "describe"]
 

@@ -1,0 +1,6 @@
+"""The shared contracts, below every process that speaks them: what a job is (``spec.py``) and
+how it may be asked for (``options.py``), how it is placed (``plan.py``: spec + place -> each
+node's torchrun command), what happens to it (``events.py``: lines -> typed events) and what that
+adds up to (``job_state/``: events -> status, ranks, restarts, metrics). The kernel, the
+supervisor and every backend import them; they import only the runtime's vocabulary below.
+"""
