@@ -57,7 +57,10 @@ def run_kernel(total: int) -> dict:
         kc.execute_interactive(SETUP, timeout=120)
         for label, display in (
             ("without dashboard", ""),
-            ("with dashboard", "from notebook_elastic.ui import Dashboard\ndash = Dashboard(job)\ndisplay(dash)"),
+            (
+                "with dashboard",
+                "from notebook_elastic.kernel.ui import Dashboard\ndash = Dashboard(job)\ndisplay(dash)",
+            ),
         ):
             seen = {"comm_bytes": 0, "printed": []}
 

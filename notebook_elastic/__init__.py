@@ -12,9 +12,9 @@ from typing import Any
 from ._version import __version__
 
 _LAZY = {
-    "launch": ("notebook_elastic.launcher", "launch"),
-    "jobs": ("notebook_elastic.launcher", "jobs"),
-    "attach": ("notebook_elastic.launcher", "attach"),
+    "launch": ("notebook_elastic.kernel.launcher", "launch"),
+    "jobs": ("notebook_elastic.kernel.launcher", "jobs"),
+    "attach": ("notebook_elastic.kernel.launcher", "attach"),
     "ElasticJob": ("notebook_elastic.job", "ElasticJob"),
     "JobSpec": ("notebook_elastic.contract.spec", "JobSpec"),
     "package_cell": ("notebook_elastic.packaging", "package_cell"),
@@ -33,8 +33,8 @@ def __getattr__(name: str) -> Any:
 
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
-        if module in ("notebook_elastic.launcher", "notebook_elastic.job"):
-            from .views import register_display
+        if module in ("notebook_elastic.kernel.launcher", "notebook_elastic.job"):
+            from .kernel.views import register_display
 
             register_display()  # jobs show as dashboards in a notebook, %load_ext or not
         return value
@@ -50,12 +50,12 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from .magics import load_ipython_extension as load
+    from .kernel.magics import load_ipython_extension as load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .magics import unload_ipython_extension as unload
+    from .kernel.magics import unload_ipython_extension as unload
 
     unload(ipython)

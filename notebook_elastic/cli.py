@@ -114,7 +114,7 @@ def _info_json(info: Any) -> dict[str, Any]:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from .launcher import jobs
+    from .kernel.launcher import jobs
 
     options = {"namespace": args.namespace, "context": args.context} if args.backend == "kubernetes" else {}
     listed = jobs(args.backend, **{k: v for k, v in options.items() if v})
@@ -127,7 +127,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .launcher import JobList
+    from .kernel.launcher import JobList
 
     info = _info(args)
     if args.json:

@@ -47,7 +47,7 @@ def export_notebook_cell(notebook: str | os.PathLike[str], cell: int, output: st
         raise PackagingError(f"--cell {cell}: {path.name} has {len(code)} code cells; pick one of 1..{len(code)}")
     target = Path(output).resolve()
     shell: Any = InteractiveShell.instance()  # its run_cell and run_cell_magic are unannotated
-    from .magics import load_ipython_extension
+    from .kernel.magics import load_ipython_extension
 
     load_ipython_extension(shell)
     here = os.getcwd()

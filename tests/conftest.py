@@ -386,7 +386,7 @@ def shell(_ipython, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _ipython.reset(new_session=True)
     _ipython.execution_count = 1
-    from notebook_elastic.magics import load_ipython_extension
+    from notebook_elastic.kernel.magics import load_ipython_extension
 
     load_ipython_extension(_ipython)
     yield _ipython

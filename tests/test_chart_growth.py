@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from array import array
 
-from notebook_elastic.ui.chart import MAX_POINTS, chart_svg
+from notebook_elastic.kernel.ui.chart import MAX_POINTS, chart_svg
 
 
 class Counted(array):
@@ -37,7 +37,7 @@ def test_a_growing_series_is_drawn_again_reading_only_its_new_points():
     assert values.reads <= 10 and steps.reads <= 10, (values.reads, steps.reads)  # before: 100,010 each
     assert f'data-total-points="{n + 10}"' in svg
 
-    from notebook_elastic.ui.chart import series_points
+    from notebook_elastic.kernel.ui.chart import series_points
 
     points = series_points(steps, values)
     assert len(points) <= MAX_POINTS
@@ -51,7 +51,7 @@ def test_a_series_that_starts_over_is_bucketed_afresh():
     del steps[100:], values[100:]  # shorter than what was bucketed: not appended to
     steps.extend(range(100, 3000))
     values.extend([3.0] * 2900)
-    from notebook_elastic.ui.chart import series_points
+    from notebook_elastic.kernel.ui.chart import series_points
 
     points = series_points(steps, values)
     assert {v for _, v in points} == {2.0, 3.0}  # before the fix too; after it, not 2.0 for steps >= 100

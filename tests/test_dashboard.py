@@ -13,7 +13,7 @@ import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.contract.events import Event, Kind
 from notebook_elastic.contract.job_state import JobState, Marker
-from notebook_elastic.ui.render import (
+from notebook_elastic.kernel.ui.render import (
     chart_metrics,
     chart_svg,
     downsample,
@@ -249,7 +249,7 @@ for step in state.steps(TOTAL):
 
 @pytest.mark.slow
 def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.ui import Dashboard
 
     job = ne.launch(
         TRAIN,
@@ -324,7 +324,7 @@ def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
 
 @pytest.mark.slow
 def test_a_prepared_job_is_shaped_and_started_from_the_dashboard(home):
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.ui import Dashboard
 
     job = ne.launch(
         TRAIN,
@@ -348,7 +348,7 @@ def test_a_prepared_job_is_shaped_and_started_from_the_dashboard(home):
 
 @pytest.mark.slow
 def test_a_number_typed_in_the_nodes_box_survives_the_jobs_events_until_scale(home):
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.ui import Dashboard
 
     job = ne.launch(
         TRAIN,
@@ -384,7 +384,7 @@ def test_a_dashboard_carries_its_kernel_gone_word_and_a_static_twin(home):
     """Item 7 of #11: the word shows once ipywidgets marks the view disconnected (kernel
     restarted, or models restored from saved widget state); the mime bundle's text/html is
     the last picture for front ends without live models, with the word visible."""
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.ui import Dashboard
 
     job = ne.launch(
         TRAIN,
@@ -419,7 +419,7 @@ def test_the_output_is_republished_at_each_status_so_a_saved_notebook_keeps_the_
     how it began. Once: a re-published widget is redrawn, which a person would see."""
     import re
 
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.ui import Dashboard
 
     class Handle:  # IPython's DisplayHandle, as the front end receives its updates
         def __init__(self) -> None:
@@ -451,7 +451,7 @@ def test_the_output_is_republished_at_each_status_so_a_saved_notebook_keeps_the_
 def test_the_nodes_box_follows_a_preemption(home):
     """A preemption lowers the job's target: the supervisor says so in a scaled event, and
     the nodes box follows (it read 2 on one node before, #11)."""
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.ui import Dashboard
 
     job = ne.launch(
         TRAIN,
@@ -489,8 +489,8 @@ def test_a_dashboard_follows_a_range_changed_elsewhere_without_setting_it_back(h
     slider follows and calls nothing. Before, its held notification fired after the quiet
     flag was lowered, so opening a dashboard on a Kubernetes job restarted all its agents."""
     from notebook_elastic.backends.local import LocalBackend
-    from notebook_elastic.job import ElasticJob
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.job import ElasticJob
+    from notebook_elastic.kernel.ui import Dashboard
 
     job = ElasticJob("elsewhere", LocalBackend())  # not followed: the test moves its state
     calls: list = []

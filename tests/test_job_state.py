@@ -845,10 +845,10 @@ def test_every_view_counts_steps_done_alike():
     and summary(), the jobs listing, the panel and the CLI "step 99/100" (#30 item 2)."""
     from notebook_elastic.backends.base import JobInfo
     from notebook_elastic.contract.job_state import summary_text
-    from notebook_elastic.launcher import JobList
+    from notebook_elastic.kernel.launcher import JobList
+    from notebook_elastic.kernel.ui.render import header_html
+    from notebook_elastic.kernel.views.text import progress_line
     from notebook_elastic.server.routes import job_json
-    from notebook_elastic.ui.render import header_html
-    from notebook_elastic.views.text import progress_line
 
     state = fold(
         metric(1.0, 98, loss=0.5), metric(2.0, 99, loss=0.25), ev(Kind.PLAN, 0.5, "node-0", total=100, start=0)

@@ -562,7 +562,7 @@ def test_names_are_refused_before_anything_is_created_and_a_pytorchjob_passes_th
     assert {o["metadata"]["name"] for o in cluster.all_objects()} == before  # nothing created
     cluster.crds.add("pytorchjobs.kubeflow.org")
     backend = KubernetesBackend()
-    from notebook_elastic.launcher import build_spec
+    from notebook_elastic.kernel.launcher import build_spec
 
     spec = build_spec(
         nnodes="1",
@@ -654,7 +654,7 @@ def test_the_workers_job_owns_everything_and_a_job_without_workers_is_expired(cl
     """#17 defects 5, 6: the TTL controller deletes only the Job; the ConfigMap, Service,
     Secret and the rendezvous pod (restartPolicy Always) must go with it. A job whose
     workers are gone reads `expired`, not `pending`."""
-    from notebook_elastic.launcher import build_spec
+    from notebook_elastic.kernel.launcher import build_spec
     from notebook_elastic.packaging import NotebookContext, package_cell
 
     backend = KubernetesBackend()

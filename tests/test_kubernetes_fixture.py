@@ -415,8 +415,8 @@ def test_field_validation_strict_warn_and_ignore_as_the_api_server_words_them(fa
     assert status == 400, body
     assert body["message"] == (
         'PyTorchJob in version "v1" cannot be handled as a PyTorchJob: strict decoding error: '
-        'duplicate field "metadata.name", duplicate field "contract/spec.pytorchReplicaSpecs.Worker.replicas", '
-        'unknown field "metadata.x", unknown field "contract/spec.pytorchReplicaSpecs.Worker.template.spec.containerz"'
+        'duplicate field "metadata.name", duplicate field "spec.pytorchReplicaSpecs.Worker.replicas", '
+        'unknown field "metadata.x", unknown field "spec.pytorchReplicaSpecs.Worker.template.spec.containerz"'
     )
     status, body, _ = raw_request(fake, "POST", deployments + "?fieldValidation=strict", b"{}")
     assert status == 400 and '"strict"' in body["message"] and "Strict" in body["message"], body

@@ -188,7 +188,7 @@ def test_kubectl_validates_our_manifests_and_refuses_a_misspelt_field(cluster, t
         refused = kubectl(cluster, tmp_path, "apply", "-f", "-", stdin=json.dumps(misspelt(obj)), check=False)
         assert refused.returncode != 0
         field = (
-            "contract/spec.pytorchReplicaSpecs.Worker.template.spec.containerz"
+            "spec.pytorchReplicaSpecs.Worker.template.spec.containerz"
             if kind == "PyTorchJob"
             else "spec.template.spec.containerz"
         )

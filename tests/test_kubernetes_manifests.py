@@ -22,7 +22,7 @@ import yaml
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.options import DEFAULT_IMAGE, parse_options, parse_toleration
 from notebook_elastic.errors import SpecError
-from notebook_elastic.launcher import build_spec
+from notebook_elastic.kernel.launcher import build_spec
 from notebook_elastic.packaging import NotebookContext, package_cell
 
 CRD = Path(__file__).parent / "data" / "kubeflow.org_pytorchjobs.v1.9.0.yaml"

@@ -118,8 +118,8 @@ def test_a_node_picked_in_the_dashboard_is_followed_live_within_the_bound(cluste
 
     from notebook_elastic.backends.kubernetes import KubernetesBackend
     from notebook_elastic.errors import BackendError
-    from notebook_elastic.job import ElasticJob
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.job import ElasticJob
+    from notebook_elastic.kernel.ui import Dashboard
 
     api = config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
     k8s_light.create(api, k8s_light.light_job("picked", 8, quiet_every_s=0.5))

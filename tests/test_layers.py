@@ -1,8 +1,10 @@
-"""The import graph is the layering (every import, lazy ones included):
-runtime <- agent/store/pool <- packaging/spec <- plan <- events/state (the contract) <- backends <- job <- views/ui/magics/server/cli.
-The contract sits below the backends because they speak it: each backend reports Events and
-folds them with the one JobState. No cycles; worker-side code imports nothing of ours outside the runtime; the job never
-imports a view (IPython shows it through a formatter the views register)."""
+"""The import graph is the layering (every import, lazy ones included), folders by process:
+runtime <- agent/store/pool <- contract (spec, options <- plan <- events, job_state), packaging
+<- jobfolder <- supervisor, backends <- kernel (waits <- job, launcher <- views/ui/magics) <-
+server/cli. The contract sits below the backends and the supervisor because they speak it: each
+reports Events and folds them with the one JobState. No cycles; worker-side code imports nothing
+of ours outside the runtime; the job never imports a view (IPython shows it through a formatter
+the views register)."""
 
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ LAYERS = [
     {"jobfolder"},
     # The supervisor is a process of the local and Slurm backends (started by module name).
     {"backends", "supervisor"},
-    {"waits"},
-    {"job", "launcher"},
-    {"views", "ui", "magics", "server", "cli", "export", "__init__"},
+    # The kernel's side: the job handle and what shows it.
+    {"kernel.waits"},
+    {"kernel.job", "kernel.launcher"},
+    {"kernel", "kernel.views", "kernel.ui", "kernel.magics", "server", "cli", "export", "__init__"},
 ]
 
 
@@ -126,5 +129,23 @@ def test_the_runtime_and_the_job_import_nothing_above_them():
         if module.startswith(beside[1:]):
             outside = {d for d in deps if not d.startswith(beside)}
             assert not outside, f"{module} runs beside the workers, in pods too, yet imports {outside}"
-    views = {d for d in g["notebook_elastic.job"] if d.split(".")[1] in ("views", "ui")}
+    views = {
+        d
+        for d in g["notebook_elastic.job"]
+        if d.startswith(("notebook_elastic.kernel.views", "notebook_elastic.kernel.ui"))
+    }
     assert not views, f"the job draws itself: {views}"
+
+
+def test_the_supervisor_process_loads_nothing_of_the_kernels():
+    """Imported as its process starts it, the supervisor (and the job folder it writes) loads
+    neither our kernel side nor IPython or the widgets: the import graph, checked at run time."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, notebook_elastic.supervisor.run, notebook_elastic.jobfolder.follow;"
+        "print(sorted(m for m in sys.modules if m.startswith(('notebook_elastic.kernel', 'IPython', 'ipywidgets', 'ipykernel'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", f"the supervisor loads the kernel's side: {loaded}"

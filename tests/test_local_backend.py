@@ -828,7 +828,7 @@ def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_th
     stall = next(e for e in job.events if e.kind == Kind.STALL)
     assert stall.get("stopped") == [1] and stall.get("waiting") == [0], stall.data
     assert "rank(s) 1 stopped, rank(s) 0 wait for them" in stall.describe()
-    from notebook_elastic.ui.render import header_html
+    from notebook_elastic.kernel.ui.render import header_html
 
     assert 'class="ne-stall"' in header_html("frozen", "local", job.state)
     wait_for(
@@ -1114,8 +1114,8 @@ SPEED_TRAIN = TRAIN.replace(
 def test_step_time_samples_and_tokens_per_s_are_read_beside_the_loss_and_in_tensorboard(home):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from notebook_elastic.kernel.ui.render import header_html
     from notebook_elastic.server.routes import job_json
-    from notebook_elastic.ui.render import header_html
 
     job = ne.launch(SPEED_TRAIN, nnodes="1", nproc_per_node=2, name="speed", user_ns=namespace(total=40))
     wait_for(

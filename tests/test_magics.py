@@ -240,7 +240,7 @@ def test_elastic_resume_and_a_rerun_cell_continue_a_stopped_job(shell, home, cap
 def test_a_job_is_shown_by_the_views_the_extension_registers(shell, home, capsys):
     """The job knows no view: %load_ext registers the display, and a job shown without a
     kernel front end prints its summary (the text view)."""
-    from notebook_elastic.launcher import launch
+    from notebook_elastic.kernel.launcher import launch
 
     job = launch("print(1)\n", dry_run=True, name="shown", user_ns={})
     assert not hasattr(job, "_ipython_display_")

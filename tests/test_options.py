@@ -14,8 +14,8 @@ from notebook_elastic.backends.kubernetes.options import KubernetesOptions, pars
 from notebook_elastic.contract import options
 from notebook_elastic.contract.spec import JobSpec
 from notebook_elastic.errors import SpecError
-from notebook_elastic.launcher import launch
-from notebook_elastic.magics import ElasticMagics
+from notebook_elastic.kernel.launcher import launch
+from notebook_elastic.kernel.magics import ElasticMagics
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -115,7 +115,7 @@ def tracking_events(name: str) -> list[dict]:
 
 def dashboard_html(job) -> str:
     """The live dashboard's header and its static twin, for a job that has ended."""
-    from notebook_elastic.ui import Dashboard
+    from notebook_elastic.kernel.ui import Dashboard
 
     dash = Dashboard(job)
     try:
@@ -283,8 +283,8 @@ def test_a_tracking_uri_with_a_password_links_the_run_without_it(home, tmp_path,
 
 
 def test_credentials_in_a_tracking_uri_are_never_shown_and_links_are_escaped():
+    from notebook_elastic.kernel.ui.render import tracking_html
     from notebook_elastic.runtime.tracking import mlflow_link, public_uri
-    from notebook_elastic.ui.render import tracking_html
 
     assert public_uri("https://u:p@mlflow.example.com/x?token=abc&workspace=2#/runs/1") == (
         "https://mlflow.example.com/x?workspace=2#/runs/1"

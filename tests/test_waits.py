@@ -1,4 +1,4 @@
-"""Waiting on a job (``waits.py``): ``job.wait_until`` blocks, ``await job.until`` and ``await
+"""Waiting on a job (``kernel/waits.py``): ``job.wait_until`` blocks, ``await job.until`` and ``await
 job.ended`` leave the event loop free; each says where the job is when it gives up."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from notebook_elastic import waits
 from notebook_elastic.errors import BackendError
+from notebook_elastic.kernel import waits
 
 
 class Job:

@@ -195,7 +195,7 @@ def validate(
                     422,
                     "Invalid",
                     'admission webhook "validate-kubeflow-org-v1-pytorchjob.kubeflow.org" denied the request: '
-                    f"contract/spec.pytorchReplicaSpecs[{rtype}].template.spec.containers: Required value: must have at least "
+                    f"spec.pytorchReplicaSpecs[{rtype}].template.spec.containers: Required value: must have at least "
                     "one container with name pytorch",
                 )
     if plural in ("deployments", "replicasets"):

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..contract.job_state import Marker
+from ...contract.job_state import Marker
 from .theme import BG_PLOT, FG_DIM, FG_FAINT, GRID, LINE, MARKER_COLORS, MARKER_WORDS, esc
 
 MAX_POINTS = 1000

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import BackendError
+from ..errors import BackendError
 
 POLL_S = 0.1  # how often a wait looks again
 Condition = Callable[[], Any]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..contract.events import FAULT_WORDS, Event, Kind, describe
+from ...contract.events import FAULT_WORDS, Event, Kind, describe
 from .theme import FG, FG_FAINT, esc, left_words
 
 EVENT_COLORS: dict[str, str] = {

@@ -14,14 +14,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..contract.events import Event, Kind, Status
+from ..contract.job_state import JobState, Metrics, summary_text
+from ..contract.spec import JobSpec, check_scale
+from ..errors import BackendError, SpecError
 from . import waits
-from .contract.events import Event, Kind, Status
-from .contract.job_state import JobState, Metrics, summary_text
-from .contract.spec import JobSpec, check_scale
-from .errors import BackendError, SpecError
 
 if TYPE_CHECKING:
-    from .backends.base import Backend, DryRun, JobInfo
+    from ..backends.base import Backend, DryRun, JobInfo
 
 Callback = Callable[["Event", "ElasticJob"], None]
 #: How long attach and resume() wait for the replay of the job's history (it reads a file).
@@ -83,7 +83,7 @@ class ElasticJob:
         """Change a prepared (``dry_run``) job's shape before ``start()``."""
         import dataclasses
 
-        from .contract.spec import parse_nnodes
+        from ..contract.spec import parse_nnodes
 
         if not self._prepared or self.spec is None or self.dryrun is None:
             raise BackendError(
@@ -288,7 +288,7 @@ class ElasticJob:
 
     async def until(self, condition: waits.Condition, what: str = "it", timeout: float | None = None) -> None:
         """``await job.until(lambda: job.state.step >= 35, "step 35")`` in a cell: the kernel
-        answers the dashboard while it waits, Run All included (``waits.py``)."""
+        answers the dashboard while it waits, Run All included (``kernel/waits.py``)."""
         await waits.Wait(self, condition, what, timeout).awaiting()
 
     async def ended(self, timeout: float | None = None) -> str:

@@ -1,7 +1,7 @@
 """IPython magics: ``%%elastic_train``, ``%elastic_jobs``, ``%elastic_attach``, ``%elastic_stop``.
 
 A magic parses its flags (torchrun's names) and delegates to the Python API
-(``launcher.py``); it holds no logic the API does not also offer. Every error the API
+(``kernel/launcher.py``); it holds no logic the API does not also offer. Every error the API
 raises on purpose is shown as one ``UsageError`` line, without a traceback.
 """
 
@@ -20,8 +20,9 @@ from IPython.core import magic_arguments as ipython_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from .contract import options
-from .errors import NotebookElasticError
+from ..contract import options
+from ..errors import NotebookElasticError
+from ..packaging import NotebookContext
 from .launcher import (
     announce,
     attach,
@@ -32,7 +33,6 @@ from .launcher import (
     spec_from_options,
     start_or_resume,
 )
-from .packaging import NotebookContext
 
 # IPython's magic_arguments is unannotated: its decorators and parser, typed here once.
 _Decorator = Callable[[Any], Any]
@@ -244,7 +244,7 @@ class ElasticMagics(Magics):
     def elastic_stop(self, line: str) -> None:
         """%elastic_stop NAME [BACKEND]: stop a job and every process or pod it started."""
         parts = _names(line, "elastic_stop")
-        from .backends import get_backend
+        from ..backends import get_backend
 
         runner = get_backend(parts[1] if len(parts) > 1 else "local")
         runner.cancel(parts[0])
@@ -253,7 +253,7 @@ class ElasticMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from .runtime import log
+    from ..runtime import log
     from .views import register_display
 
     log.in_kernel()  # NOTEBOOK_ELASTIC_LOG=debug: the kernel's own lines on its stderr (the server's log)
@@ -266,9 +266,9 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.user_ns.setdefault("elastic", runtime)
     # The warm pool imports torch now, in the background, so the first job's processes are
     # forks of it (pool/__init__.py); a job starts it too when none answers.
-    from .backends.local import LocalBackend
-    from .jobfolder.folder import pool_log
-    from .pool import ensure_pool
+    from ..backends.local import LocalBackend
+    from ..jobfolder.folder import pool_log
+    from ..pool import ensure_pool
 
     # Its own messages go to the jobs folder when there is one (loading makes no folder).
     ensure_pool(log=pool_log(LocalBackend().root))

@@ -17,10 +17,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..contract.events import Event, Kind, gib, rate
-from ..contract.events import format_duration as duration
-from ..contract.job_state import JobState, elapsed_s
-from ..runtime.tracking import shown
+from ...contract.events import Event, Kind, gib, rate
+from ...contract.events import format_duration as duration
+from ...contract.job_state import JobState, elapsed_s
+from ...runtime.tracking import shown
 from .chart import (
     BOOKKEEPING,
     MAX_POINTS,
@@ -32,15 +32,7 @@ from .chart import (
     legend_html,
     smooth,
 )
-from .story import (
-    EVENT_COLORS,
-    NEUTRAL,
-    STORY_HIDDEN,
-    TIMELINE_HIDDEN,
-    event_color,
-    story,
-    timeline_html,
-)
+from .story import EVENT_COLORS, NEUTRAL, STORY_HIDDEN, TIMELINE_HIDDEN, event_color, story, timeline_html
 from .theme import (
     BG_PLOT,
     FG,

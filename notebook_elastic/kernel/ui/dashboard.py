@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 
-from ..contract.events import FINAL_STATUSES, Event, Kind
-from ..runtime import log as _logging
+from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...runtime import log as _logging
 from .controls import Controls
 from .render import (
     chart_box,

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import ipywidgets as W
 
-from ..contract.events import Status
+from ...contract.events import Status
 
 if TYPE_CHECKING:
-    from ..contract.job_state import JobState
+    from ...contract.job_state import JobState
     from ..job import ElasticJob
 
 MESSAGE_FADES_S = 10.0  # how long what an action did stays under the buttons

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from ..contract.events import Event, Kind, describe, format_duration, steps_done
-from ..contract.job_state import JobState
+from ...contract.events import Event, Kind, describe, format_duration, steps_done
+from ...contract.job_state import JobState
 
 if TYPE_CHECKING:
     from ..job import ElasticJob

@@ -10,18 +10,18 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
-from .backends import get_backend
-from .backends.base import Backend, JobInfo, attention_order
-from .contract import options
-from .contract.events import steps_done
-from .contract.spec import JobSpec, new_name, parse_nnodes
-from .errors import BackendError, JobNotFound, PackagingError, SpecError
+from ..backends import get_backend
+from ..backends.base import Backend, JobInfo, attention_order
+from ..contract import options
+from ..contract.events import steps_done
+from ..contract.spec import JobSpec, new_name, parse_nnodes
+from ..errors import BackendError, JobNotFound, PackagingError, SpecError
+from ..packaging import Bundle, NotebookContext, package_cell, package_function
+from ..packaging.render import same_training_code
 from .job import ElasticJob
-from .packaging import Bundle, NotebookContext, package_cell, package_function
-from .packaging.render import same_training_code
 
 if TYPE_CHECKING:
-    from .backends.local import LocalBackend
+    from ..backends.local import LocalBackend
 
 
 def build_spec(
@@ -93,7 +93,7 @@ def bundle_for(
         "script_name": script_name,
     }
     if spec.backend == "kubernetes":
-        from .backends.kubernetes.manifests import pod_workdir
+        from ..backends.kubernetes.manifests import pod_workdir
 
         options["ship_local_modules"] = True
         options["pod_workdir"] = pod_workdir((spec.backend_options.get("kubernetes") or {}).get("image"))
@@ -102,7 +102,7 @@ def bundle_for(
     else:
         bundle = package_function(code_or_function, ctx, **options)
     if spec.backend == "kubernetes":
-        from .backends.kubernetes.options import KubernetesOptions, untested_torch_warning
+        from ..backends.kubernetes.options import KubernetesOptions, untested_torch_warning
 
         k8s = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
         warning = untested_torch_warning(k8s.image, "--image")  # the store's image needs no torch
@@ -190,13 +190,13 @@ def slurm_options(backend: str, given: Mapping[str, Any]) -> dict[str, Any]:
         raise SpecError(f"{', '.join(sorted(picked))} only apply with backend='slurm'")
     if backend != "slurm":
         return {}
-    from .backends.slurm.options import parse_options
+    from ..backends.slurm.options import parse_options
 
     return {"slurm": parse_options(**picked).to_json()}
 
 
 def _k8s_parse(picked: dict[str, Any]) -> Any:
-    from .backends.kubernetes.options import parse_options
+    from ..backends.kubernetes.options import parse_options
 
     return parse_options(**picked)
 
