@@ -34,7 +34,7 @@ from .render import (
     timeline_html,
 )
 
-_log = _logging.get("ui.dashboard")
+_log = _logging.get("kernel.ui.dashboard")
 
 if TYPE_CHECKING:
     from ..job import ElasticJob
