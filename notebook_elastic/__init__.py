@@ -15,7 +15,7 @@ _LAZY = {
     "launch": ("notebook_elastic.kernel.launcher", "launch"),
     "jobs": ("notebook_elastic.kernel.launcher", "jobs"),
     "attach": ("notebook_elastic.kernel.launcher", "attach"),
-    "ElasticJob": ("notebook_elastic.job", "ElasticJob"),
+    "ElasticJob": ("notebook_elastic.kernel.job", "ElasticJob"),
     "JobSpec": ("notebook_elastic.contract.spec", "JobSpec"),
     "package_cell": ("notebook_elastic.packaging", "package_cell"),
     "NotebookElasticError": ("notebook_elastic.errors", "NotebookElasticError"),
@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
 
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
-        if module in ("notebook_elastic.kernel.launcher", "notebook_elastic.job"):
+        if module in ("notebook_elastic.kernel.launcher", "notebook_elastic.kernel.job"):
             from .kernel.views import register_display
 
             register_display()  # jobs show as dashboards in a notebook, %load_ext or not

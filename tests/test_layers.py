@@ -131,7 +131,7 @@ def test_the_runtime_and_the_job_import_nothing_above_them():
             assert not outside, f"{module} runs beside the workers, in pods too, yet imports {outside}"
     views = {
         d
-        for d in g["notebook_elastic.job"]
+        for d in g["notebook_elastic.kernel.job"]
         if d.startswith(("notebook_elastic.kernel.views", "notebook_elastic.kernel.ui"))
     }
     assert not views, f"the job draws itself: {views}"

@@ -36,7 +36,7 @@ def register_display(shell: Any = None) -> bool:
     if shell is None:
         return False
     formatter = shell.display_formatter.ipython_display_formatter
-    formatter.for_type_by_name("notebook_elastic.job", "ElasticJob", display_job)
+    formatter.for_type_by_name("notebook_elastic.kernel.job", "ElasticJob", display_job)
     return True
 
 
