@@ -5,39 +5,139 @@ bound every call: against a server that is frozen without a connection reset (it
 stopped, its node cut off by a partition) ``get``, ``compare_set``, ``add``, ``check`` and the
 constructor were still blocked after 60 s with a 5 s timeout (torch 2.13; only ``set``, which
 waits for no reply, returned). The kernel would give up on the connection after ~15 minutes of
-retransmissions. So the call runs on a helper thread (the client releases the GIL while it
-waits) and the caller stops waiting at the deadline; the helper, still blocked, is a daemon
-thread and is left to its fate with the client it holds, which the caller no longer uses.
+retransmissions. So the call runs on a caller thread (the client releases the GIL while it
+waits) and the caller stops waiting at the deadline.
+
+Caller threads are daemons kept for reuse: a call takes an idle one, or makes one when none is
+idle (so calls from several threads at once each have their own deadline), and gives it back
+when the call returns; at most ``IDLE_CALLERS_KEPT`` wait idle. A call that overruns its
+deadline abandons its thread, still blocked, to its fate with the client it holds, which the
+caller no longer uses; that thread ends if the call ever returns. So a thread is made per
+abandoned call, not per call.
 """
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
+
+#: Idle caller threads kept for the next calls; a process calls from a handful of threads at once
+#: (the agent's loop, its keep-alive timer), and one past this many ends when its call returns.
+IDLE_CALLERS_KEPT = 4
+CALLER_THREAD_NAME = "notebook-elastic-store-call"
 
 
 class StoreSilent(TimeoutError):
     """A store call had no reply by its deadline: the store is frozen or cut off."""
 
 
+class _Call:
+    """One call handed to a caller thread, and what came of it."""
+
+    __slots__ = ("abandoned", "args", "error", "fn", "kwargs", "returned", "value")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.returned = threading.Event()
+        self.abandoned = False  # its caller stopped waiting before it returned
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _Caller:
+    """A daemon thread that makes the calls handed to it, one at a time."""
+
+    def __init__(self, pool: _Callers) -> None:
+        self._pool = pool
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=CALLER_THREAD_NAME, daemon=True).start()
+
+    def start(self, call: _Call) -> None:
+        self._calls.put(call)
+
+    def retire(self) -> None:
+        """End the thread once it is idle."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            try:
+                call.value = call.fn(*call.args, **call.kwargs)
+            except BaseException as exc:  # handed to the caller, whatever it is
+                call.error = exc
+            if not self._pool.returned(call):
+                return  # abandoned: no call will be handed to this thread again
+            # Not kept alive by an idle thread: the call's value and arguments.
+            del call
+
+
+class _Callers:
+    """The caller threads of this process: the idle ones, and the lock that decides, for each
+    call, whether it returned before its caller gave up on it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Caller] = []
+
+    def take(self) -> _Caller:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _Caller(self)
+
+    def give_back(self, caller: _Caller) -> None:
+        with self._lock:
+            if len(self._idle) < IDLE_CALLERS_KEPT:
+                self._idle.append(caller)
+                return
+        caller.retire()
+
+    def returned(self, call: _Call) -> bool:
+        """Mark ``call`` returned, unless its caller gave up on it first (then False)."""
+        with self._lock:
+            if call.abandoned:
+                return False
+            call.returned.set()
+            return True
+
+    def settle(self, call: _Call) -> bool:
+        """Whether ``call`` returned; if not, its caller gives up on it."""
+        with self._lock:
+            if call.returned.is_set():
+                return True
+            call.abandoned = True
+            return False
+
+    def forget(self) -> None:
+        """In a forked child: the idle threads were not copied, only their records."""
+        self._lock = threading.Lock()
+        self._idle = []
+
+
+_callers = _Callers()
+os.register_at_fork(after_in_child=_callers.forget)
+
+
 def call_with_deadline(fn: Callable[..., Any], timeout_s: float, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, or ``StoreSilent`` once ``timeout_s`` passed without its return.
     The caller's signals are handled while it waits (a SIGTERM is not held off in C++)."""
-    done = threading.Event()
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the caller, whatever it is
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="notebook-elastic-store-call", daemon=True).start()
-    if not done.wait(timeout_s):
+    call = _Call(fn, args, kwargs)
+    caller = _callers.take()
+    caller.start(call)
+    try:
+        call.returned.wait(timeout_s)
+    finally:
+        # Also when a signal handler raised during the wait: a thread whose call has not
+        # returned is busy, so it is left to the call and never handed another.
+        if _callers.settle(call):
+            _callers.give_back(caller)
+    if call.abandoned:
         raise StoreSilent(f"no reply in {timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    if call.error is not None:
+        raise call.error
+    return call.value
