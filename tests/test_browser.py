@@ -9,6 +9,8 @@ test-artifacts/dashboard_browser.json (measured, not asserted; benchmarks/dashbo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from browser import chromium_page, jupyter_lab, record_figures, require_chromium, training_cells, write_notebook
 from conftest import ARTIFACTS, job_processes
@@ -368,6 +370,19 @@ SPLIT_VALUES = """() => [...document.querySelectorAll('.ne-header .ne-cell, .ne-
   .map(e => e.textContent)"""
 
 
+def _box(page, selector: str, timeout_s: float = 30.0) -> dict:
+    """The element's box once it is shown: the panel redraws its rows on every poll, and an
+    element between two draws has none (Playwright answers None)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.wait_for_selector(selector, state="visible", timeout=30_000)
+        box = page.locator(selector).first.bounding_box()
+        if box is not None or time.monotonic() > deadline:
+            assert box is not None, f"{selector} stayed without a box for {timeout_s:g} s"
+            return box
+        page.wait_for_timeout(200)
+
+
 def test_run_all_on_the_shipped_quickstart_keeps_the_dashboard_live_and_steerable(tmp_path):
     """#30 item 1: the shipped quickstart, run with the Run menu's Run All. While its later
     cells wait on the job (``job.wait_until``), the chart grows and the kernel still answers
@@ -423,8 +438,7 @@ def test_run_all_on_the_shipped_quickstart_keeps_the_dashboard_live_and_steerabl
             "() => +document.querySelector('svg.ne-chart').getAttribute('data-total-points') > 45", timeout=180_000
         )
         page.locator(".notebook-elastic-dashboard").first.screenshot(path=str(ARTIFACTS / "readme-dashboard.png"))
-        panel = page.locator("#notebook-elastic-panel").bounding_box()
-        card = page.locator(".ne-job[data-name='quickstart']").bounding_box()
+        panel, card = _box(page, "#notebook-elastic-panel"), _box(page, ".ne-job[data-name='quickstart']")
         height = card["y"] + card["height"] - panel["y"] + 8  # the panel's title and the job's row
         clip = {"x": panel["x"], "y": panel["y"], "width": panel["width"], "height": height}
         page.screenshot(path=str(ARTIFACTS / "readme-panel.png"), clip=clip)
