@@ -7,9 +7,11 @@ from fixtures (tests/data/events/vN/), so a newer kernel reads an older job's hi
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -72,3 +74,57 @@ def test_a_v1_history_replays_into_the_same_job():
     row = job_json(JobInfo("replay", "local", summary["status"], summary, location="/jobs/replay"))
     jsonschema.validate(row, json.loads(DOCUMENT.read_text())["$defs"]["JobRow"])
     assert (row["step"], row["total_steps"], row["restarts"]) == (40, 40, 1)  # steps done, as every view says
+
+
+def _typed_reads(tree: ast.AST, classes: dict[str, type]) -> Iterator[tuple[int, list[str], str]]:
+    """Each key read (``.get("k")``, ``["k"]``) from an event's data seen as its kind's class:
+    ``e.fields(Stall).get("step")``, a name bound to ``e.fields(Stall)``, or a parameter
+    annotated with contract classes (``d: JobSubmitted | JobResumed``); with the classes."""
+
+    def named(node: ast.AST | None) -> list[str] | None:
+        if isinstance(node, ast.Name) and node.id in classes:
+            return [node.id]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            left, right = named(node.left), named(node.right)
+            return left + right if left and right else None
+        return None
+
+    def viewed(node: ast.AST, bound: dict[str, list[str]]) -> list[str] | None:
+        if isinstance(node, ast.Name):
+            return bound.get(node.id)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fields":
+            return named(node.args[0]) if node.args else None
+        return None
+
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        bound = {a.arg: found for a in function.args.args if (found := named(a.annotation))}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if (found := viewed(node.value, {})) is not None:
+                    bound[node.targets[0].id] = found
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                target, key = node.func.value, node.args[0] if node.args else None
+            elif isinstance(node, ast.Subscript):
+                target, key = node.value, node.slice
+            else:
+                continue
+            found = viewed(target, bound)
+            if found and isinstance(key, ast.Constant) and isinstance(key.value, str):
+                yield node.lineno, found, key.value
+
+
+def test_every_field_read_through_a_kind_class_is_that_class_s():
+    """mypy checks ``d["k"]`` against a TypedDict but not ``d.get("k")`` (an unknown key reads
+    as ``object``, which an f-string or a ``None`` test takes): the fold reads with ``.get``,
+    so a misspelt or renamed field of a kind is caught here instead."""
+    classes = {t.__name__: t for t in EVENT_TYPES.values()}
+    wrong, reads = [], 0
+    for path in sorted((REPO / "notebook_elastic").rglob("*.py")):
+        for line, names, key in _typed_reads(ast.parse(path.read_text()), classes):
+            reads += 1
+            lacking = [n for n in names if key not in classes[n].__required_keys__ | classes[n].__optional_keys__]
+            if lacking:
+                wrong.append(f"{path.relative_to(REPO)}:{line}: {key!r} is no field of {', '.join(lacking)}")
+    assert not wrong, "\n".join(wrong)
+    assert reads > 50  # the fold's reads are seen (not a check that found nothing to check)

@@ -116,6 +116,7 @@ export interface IScaledEvent {
   max_nodes?: number;
   reason?: string;
   reconfigured?: boolean;
+  returned?: boolean;
 }
 
 export interface IFaultEvent {
@@ -126,6 +127,8 @@ export interface IFaultEvent {
   target?: string;
   rank?: number;
   return_after_s?: number | null;
+  pid?: number;
+  grace_s?: number;
 }
 
 export interface INodeJoinedEvent {
@@ -133,6 +136,9 @@ export interface INodeJoinedEvent {
   t: number;
   node?: string | null;
   pid?: number | null;
+  epoch?: number;
+  warm?: boolean;
+  gpus?: string[];
 }
 
 export interface INodeLeftEvent {
@@ -300,6 +306,7 @@ export interface IMetricEvent {
   values: { [key: string]: unknown };
   step?: number | null;
   rank?: number;
+  samples_per_step?: number;
 }
 
 export interface IGpuEvent {
@@ -342,6 +349,9 @@ export interface ICheckpointEvent {
   bytes?: number;
   ms?: number;
   commits?: number;
+  blocked_pct?: number;
+  every?: number;
+  chosen?: boolean;
 }
 
 export interface ICheckpointFailedEvent {

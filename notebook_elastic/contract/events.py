@@ -18,14 +18,17 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
+from ..runtime.event_types import Degraded
 from ..runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, EXIT_PEER_LOST, FINAL_STATUSES, Kind, Status
 from ..runtime.tracking import tracking_text
 
 __all__ = ["ATTENTION_ORDER", "FINAL_STATUSES", "Event", "Kind", "LineParser", "Status", "describe"]
 
 _KINDS = cast("dict[str, Kind]", Kind._value2member_map_)
+
+_Fields = TypeVar("_Fields")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,13 @@ class Event:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
+
+    def fields(self, kind_type: type[_Fields]) -> _Fields:
+        """``data`` as its kind's class of the event contract (``runtime/event_types.py``), so
+        the type checker checks each key read against it: ``e.fields(JobFinished)["status"]``.
+        The same dict, neither copied nor validated: a worker may have sent anything, which
+        the schema tests (not this) hold the emitters to; read optional keys with ``.get``."""
+        return cast("_Fields", self.data)
 
     def to_json(self) -> dict[str, Any]:
         out = {"kind": self.kind, "t": self.time}
@@ -240,7 +250,7 @@ def rate(per_s: float | None, unit: str) -> str:
     return f"{per_s:.3g} {unit}/s"
 
 
-def degraded_text(d: dict[str, Any]) -> str:
+def degraded_text(d: Degraded) -> str:
     lost = sorted(set((d.get("missing") or {}).values()))
     tested = f" (tested with {d['tested']})" if d.get("tested") else ""
     return f"torch {d.get('torch')} lacks internals notebook-elastic uses{tested}; the job runs, but " + "; ".join(lost)
@@ -280,7 +290,7 @@ def describe(e: Event) -> str:
         )
         return f"{node}'s grace of {d.get('grace_s', 0):g} s ended before a save on notice: {cost}; {enough}"
     if k == Kind.DEGRADED:
-        return degraded_text(d)
+        return degraded_text(e.fields(Degraded))
     if k == Kind.STALL:
         stopped, waiting = d.get("stopped") or [], d.get("waiting") or []
         who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"

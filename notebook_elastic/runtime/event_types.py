@@ -117,6 +117,7 @@ class Scaled(TypedDict):
     max_nodes: NotRequired[int]
     reason: NotRequired[str]
     reconfigured: NotRequired[bool]
+    returned: NotRequired[bool]  # a node taken away with return_after_s came back
 
 
 class Fault(TypedDict):
@@ -124,10 +125,15 @@ class Fault(TypedDict):
     target: NotRequired[str]
     rank: NotRequired[int]
     return_after_s: NotRequired[float | None]
+    pid: NotRequired[int]  # the rank's process killed (kill_worker)
+    grace_s: NotRequired[float]  # the notice the node was given first (preempt_node)
 
 
 class NodeJoined(TypedDict):
     pid: NotRequired[int | None]
+    epoch: NotRequired[int]  # the membership epoch it joined in (local and Slurm supervisors)
+    warm: NotRequired[bool]  # a standby agent taken, not one started for it
+    gpus: NotRequired[list[str]]  # the devices its ranks are placed on, its own alone
 
 
 class NodeLeft(TypedDict):
@@ -242,6 +248,7 @@ class Metric(TypedDict):
     values: dict[str, Any]
     step: NotRequired[float | None]
     rank: NotRequired[int]
+    samples_per_step: NotRequired[int]  # the State's data cursor's global batch, when it knows it
 
 
 class Gpu(TypedDict):
@@ -272,6 +279,9 @@ class Checkpoint(TypedDict):
     bytes: NotRequired[int]
     ms: NotRequired[float]
     commits: NotRequired[int]
+    blocked_pct: NotRequired[float]  # the share of the loop's time commit() blocked since the last one
+    every: NotRequired[int]  # steps between saves
+    chosen: NotRequired[bool]  # ``every`` chosen by State, not given
 
 
 class CheckpointFailed(TypedDict):

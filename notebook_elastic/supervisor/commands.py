@@ -21,6 +21,7 @@ from ..contract.events import Kind
 from ..errors import SpecError
 from ..runtime import log as _logging
 from ..runtime import protocol
+from ..runtime.event_types import Fault, FilesChanged, Scaled
 from .nodes import Agent
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Commands:
                 f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
             )
         self.sup.target = nodes
-        self.sup.emit(Kind.SCALED, target=nodes, min_nodes=lo, max_nodes=hi)
+        self.sup.emit(Kind.SCALED, **Scaled(target=nodes, min_nodes=lo, max_nodes=hi))
         self.sup.nodes.converge()
         return {"target": nodes}
 
@@ -89,7 +90,10 @@ class Commands:
                     os.killpg(agent.proc.pid, signal.SIGKILL)
                     agent.proc.wait()
         self.sup.nodes.reap()
-        self.sup.emit(Kind.SCALED, target=self.sup.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True)
+        self.sup.emit(
+            Kind.SCALED,
+            **Scaled(target=self.sup.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True),
+        )
         self.sup.nodes.converge()
         return {"target": self.sup.target, "reconfigured": True}
 
@@ -105,7 +109,7 @@ class Commands:
         pid, node, _gen = self.sup.workers[rank]
         if not self.kill_rank(rank):
             raise ValueError(f"rank {rank} (pid {pid}) already exited")
-        self.sup.emit(Kind.FAULT, node, fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid)
+        self.sup.emit(Kind.FAULT, node, **Fault(fault="kill_worker", target=f"rank {rank}", rank=rank, pid=pid))
         return {"rank": rank, "pid": pid, "node": node}
 
     def kill_rank(self, rank: int) -> bool:
@@ -131,10 +135,7 @@ class Commands:
         self.sup.emit(
             Kind.SCALED,
             node,
-            target=self.sup.target,
-            min_nodes=self.sup.range[0],
-            max_nodes=self.sup.range[1],
-            reason=reason,
+            **Scaled(target=self.sup.target, min_nodes=self.sup.range[0], max_nodes=self.sup.range[1], reason=reason),
         )
 
     def do_remove_node(
@@ -176,7 +177,7 @@ class Commands:
         if self.sup.files_reason is not None:
             return
         self.sup.files_reason = protocol.files_changed_reason(paths)
-        self.sup.emit(Kind.FILES_CHANGED, node, files=paths, reason=self.sup.files_reason)
+        self.sup.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.sup.files_reason))
         self.sup.stopping = True
         self.sup.stop_deadline = time.monotonic() + self.stop_grace_s()
         for agent in self.sup.nodes.alive_agents():

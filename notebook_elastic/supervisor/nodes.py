@@ -21,6 +21,7 @@ from ..contract.events import Kind, LineParser
 from ..contract.plan import LaunchPlan, launch_plan, rdzv_id
 from ..jobfolder.place import local_place, visible_gpus
 from ..runtime import protocol
+from ..runtime.event_types import DiskFull, NodeEvicted, NodeLeft
 
 if TYPE_CHECKING:
     from .run import Supervisor
@@ -277,8 +278,10 @@ class Nodes:
             free = fs.f_bavail * fs.f_frsize
             self.sup.emit(
                 Kind.DISK_FULL,
-                message=f"the job folder's disk has {free // 1024} KiB free: worker output is no longer written "
-                "to logs/ (training goes on)",
+                **DiskFull(
+                    message=f"the job folder's disk has {free // 1024} KiB free: worker output is no longer written "
+                    "to logs/ (training goes on)"
+                ),
             )
         self._space_ok = ok
         return ok
@@ -343,7 +346,7 @@ class Nodes:
                 agent.exit_reason = "evicted"
                 self.sup.commands.lower_target(agent.name, "evicted")
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
-                self.sup.emit(Kind.NODE_EVICTED, agent.name, failure=failure, target=self.sup.target)
+                self.sup.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.target))
             self.sup.publish_gone(agent)
             if self.sup.placement is not None:
                 if agent.exit_reason is None and not self.sup.stopping:
@@ -355,7 +358,7 @@ class Nodes:
                 # It died on its own (restart budget spent, rendezvous error, killed from
                 # outside): a lost node, not replaced.
                 self.sup.commands.lower_target(agent.name, "lost")
-            self.sup.emit(Kind.NODE_LEFT, agent.name, reason=reason, exitcode=code)
+            self.sup.emit(Kind.NODE_LEFT, agent.name, **NodeLeft(reason=reason, exitcode=code))
             if agent.log:
                 agent.log.close()
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..contract.events import Event, Kind
 from ..runtime import log as _logging
 from ..runtime import notice as board
+from ..runtime.event_types import Notice, NoticeExpired
 
 _log = _logging.get("supervisor.notices")
 
@@ -77,7 +78,7 @@ class Notices:
             _log.debug("could not post the notice: the node goes at once", exc_info=True)
             return False
         self.given[self._last_id] = Given(self._last_id, node, float(grace_s), time.monotonic() + float(grace_s))
-        self._emit(Kind.NOTICE, node.name, grace_s=float(grace_s), id=self._last_id)
+        self._emit(Kind.NOTICE, node.name, **Notice(grace_s=float(grace_s), id=self._last_id))
         return True
 
     def watch(self, latest_step: int | None, step_s: float | None) -> None:
@@ -126,8 +127,5 @@ class Notices:
         self._emit(
             Kind.NOTICE_EXPIRED,
             given.node.name,
-            grace_s=given.grace_s,
-            id=given.id,
-            lost_steps=lost,
-            needed_s=round(needed, 1),
+            **NoticeExpired(grace_s=given.grace_s, id=given.id, lost_steps=lost, needed_s=round(needed, 1)),
         )

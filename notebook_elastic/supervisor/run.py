@@ -42,7 +42,7 @@ from ..jobfolder.folder import JOB_UMASK, JobFolder, process_start_ticks, write_
 from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..runtime import log, protocol
-from ..runtime.event_types import SCHEMA_VERSION
+from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled
 from ..runtime.payload import payload_path_for
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
@@ -163,7 +163,7 @@ class Supervisor:
 
     def _tracker_failed(self, message: str) -> None:
         log.get("supervisor").warning("%s", message)  # supervisor.log: told even after the history closed
-        self.emit(Kind.ERROR, error="tracker", message=message)
+        self.emit(Kind.ERROR, **Error(error="tracker", message=message))
 
     def _watch_joiners(self, e: Event) -> None:
         """A node whose workers fail before any group it joined made a step, while other nodes
@@ -201,7 +201,7 @@ class Supervisor:
             return
         self.nodes.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
         self.commands.lower_target(agent.name, "evicted")
-        self.emit(Kind.NODE_EVICTED, agent.name, failure=agent.failure, target=self.target)
+        self.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.target))
 
     def _tell_agents(self, key: str, value: str) -> bool:
         """Set what the agents' rendezvous reads beside its round (torch_compat); False when
@@ -320,7 +320,8 @@ class Supervisor:
                 self.returns.pop(0)
                 self.target = min(self.target + 1, self.range[1])
                 self.emit(
-                    Kind.SCALED, target=self.target, min_nodes=self.range[0], max_nodes=self.range[1], returned=True
+                    Kind.SCALED,
+                    **Scaled(target=self.target, min_nodes=self.range[0], max_nodes=self.range[1], returned=True),
                 )
             self.returns.sort()
             self.nodes.converge()

@@ -19,6 +19,7 @@ from ..contract.events import Event, Kind
 from ..contract.job_state import JobState
 from ..jobfolder.folder import FILE_MODE
 from ..jobfolder.history import ROTATE_BYTES, rotate
+from ..runtime.event_types import DiskFull, OutputCapped
 
 #: Worker output kept in events.jsonl (the chart's history); the node logs keep all of it.
 EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024
@@ -159,7 +160,8 @@ class EventSink:
             if self.log_bytes > EVENTS_OUTPUT_CAP_BYTES:
                 if not self.log_capped:
                     self.log_capped = True
-                    self.queue.put(Event(Kind.OUTPUT_CAPPED, time.time(), None, {"cap_bytes": EVENTS_OUTPUT_CAP_BYTES}))
+                    capped = OutputCapped(cap_bytes=EVENTS_OUTPUT_CAP_BYTES)
+                    self.queue.put(Event(Kind.OUTPUT_CAPPED, time.time(), None, dict(capped)))
                 return False
         return True
 
@@ -219,7 +221,7 @@ class EventSink:
     def _disk_full(self, message: str) -> Event:
         """A ``disk_full`` event of the sink's own, folded into the job's state (the caller
         writes it, if there is room)."""
-        told = Event(Kind.DISK_FULL, time.time(), None, {"message": message})
+        told = Event(Kind.DISK_FULL, time.time(), None, dict(DiskFull(message=message)))
         self.state.apply(told)
         return told
 

@@ -22,6 +22,7 @@ from ..backends.slurm.options import SlurmOptions
 from ..contract.events import Kind
 from ..pool import ENV_POOL
 from ..runtime import protocol
+from ..runtime.event_types import Pending
 
 #: slurmstepd's line, through srun, for a step Slurm cancelled (and why, where it says).
 STEP_CANCELLED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (PREEMPTION|TIME LIMIT))?")
@@ -76,7 +77,7 @@ class SlurmNodes:
         m = SRUN_QUEUED.match(line)
         if m:
             reason = cluster.pending_reason(m.group(1)) or "Resources"
-            self._emit(Kind.PENDING, node, reason=reason, message=f"Slurm job {m.group(1)} waits ({reason})")
+            self._emit(Kind.PENDING, node, **Pending(reason=reason, message=f"Slurm job {m.group(1)} waits ({reason})"))
 
     def term(self, node: str) -> None:
         """Stop a node as Slurm itself would (scale-down, a drill, stop): SIGTERM to every process

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, cast
 
+from ...runtime.event_types import Metric, NodeLeft
 from ...runtime.tracking import tracking_text
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe, steps_done
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
@@ -60,7 +61,9 @@ ROOT_WINDOW_S = 10.0  # a drill or a departure this long before a restart is its
 
 def _is_root_cause(e: Event) -> bool:
     """A drill, or a node that went away: what explains a survivor's "connection closed"."""
-    return e.kind == Kind.FAULT or (e.kind == Kind.NODE_LEFT and e.get("reason") not in ("finished", "stopped"))
+    return e.kind == Kind.FAULT or (
+        e.kind == Kind.NODE_LEFT and e.fields(NodeLeft).get("reason") not in ("finished", "stopped")
+    )
 
 
 class JobState:
@@ -235,16 +238,17 @@ class JobState:
         self.last_event_at = e.time
         k = e.kind
         if k == Kind.METRIC:
-            step = e.get("step")
-            rank = e.get("rank")
+            d = e.fields(Metric)
+            step = d.get("step")
+            rank = d.get("rank")
             if rank not in (None, 0):  # every rank reports (all_ranks=True): the chart is rank 0's
-                self.rank_values[int(rank)] = dict(e.get("values") or {})
+                self.rank_values[int(rank)] = dict(d.get("values") or {})
             else:
-                self.metrics.add(step if step is not None else self.metrics.count, e.get("values") or {}, e.time)
+                self.metrics.add(step if step is not None else self.metrics.count, d.get("values") or {}, e.time)
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._saw_step(int(step), e.time)
-            values = e.get("values") or {}
-            samples = values.get("samples", e.get("samples_per_step"))
+            values = d.get("values") or {}
+            samples = values.get("samples", d.get("samples_per_step"))
             if isinstance(samples, (int, float)) and samples > 0:
                 self.samples_per_step = float(samples)
             if isinstance(values.get("tokens"), (int, float)) and values["tokens"] > 0:

@@ -4,6 +4,7 @@ is spent failed."""
 
 from __future__ import annotations
 
+from ...runtime.event_types import WorkerFailed
 from ..events import Event
 
 OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")
@@ -11,18 +12,20 @@ OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")
 
 def describe_failure(e: Event) -> str:
     """ "rank 0 on node-1 raised ZeroDivisionError: division by zero"; memory said plainly."""
-    where = f"rank {e.get('rank')}" + (f" on {e.node or e.get('node')}" if (e.node or e.get("node")) else "")
-    if e.get("error") in OUT_OF_MEMORY:
-        return f"{where} ran out of memory ({e.get('error')}: {e.get('message')})"
-    return f"{where} raised {e.get('error')}: {e.get('message')}"
+    d = e.fields(WorkerFailed)
+    node = e.node or e.get("node")  # not a field: the envelope's, if an Event holds it in data
+    where = f"rank {d.get('rank')}" + (f" on {node}" if node else "")
+    if d.get("error") in OUT_OF_MEMORY:
+        return f"{where} ran out of memory ({d.get('error')}: {d.get('message')})"
+    return f"{where} raised {d.get('error')}: {d.get('message')}"
 
 
 def first_failure(failures: list[Event]) -> Event | None:
     """The root cause: the earliest worker failure of the latest failed generation."""
     if not failures:
         return None
-    latest_gen = failures[-1].get("generation")
-    return min((f for f in failures if f.get("generation") == latest_gen), key=lambda f: f.time)
+    latest_gen = failures[-1].fields(WorkerFailed).get("generation")
+    return min((f for f in failures if f.fields(WorkerFailed).get("generation") == latest_gen), key=lambda f: f.time)
 
 
 def budget_spent_reason(failures: list[Event], restarts: int, max_restarts: int | None, fallback: str) -> str:

@@ -1,6 +1,11 @@
 """What each kind of event does to a job's state: ``Fold`` holds the ``JobState`` it folds
 into and has one ``_on_<kind>`` method per kind, each assigning the state's attributes.
-``JobState._apply`` calls ``Fold.apply`` (a kind without a method is only kept in the history)."""
+``JobState._apply`` calls ``Fold.apply`` (a kind without a method is only kept in the history).
+
+Each method reads its event as its kind's class of the event contract (``e.fields(Stall)``),
+so the type checker holds every key it reads to that class. Keys are read with ``.get`` and a
+default, required ones too: a worker may send anything, and an event missing a field is folded
+as far as it goes rather than dropped at the first (``JobState.apply`` drops what raises)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,30 @@ import math
 from typing import TYPE_CHECKING
 
 from ...agent.notice_keeper import LEAVE_S
+from ...runtime.event_types import (
+    Checkpoint,
+    CheckpointFailed,
+    Degraded,
+    DiskFull,
+    Gpu,
+    JobFinished,
+    JobResumed,
+    JobSubmitted,
+    NodeJoined,
+    NodeLeft,
+    Plan,
+    Queue,
+    Recovering,
+    Rendezvous,
+    Restart,
+    Resumed,
+    Scaled,
+    Stall,
+    Tracking,
+    WorkerExited,
+    WorkerFailed,
+    WorkerStarted,
+)
 from ..events import Event, Status, degraded_text, describe, steps_done
 from .records import Marker, NodeInfo, RankInfo
 
@@ -44,17 +73,22 @@ class Fold:
         return node
 
     def _on_job_submitted(self, e: Event) -> None:
+        d = e.fields(JobSubmitted)
+        self._take_size(e, d)
+        self.state.grace_s = d.get("grace_s", self.state.grace_s)
+
+    def _take_size(self, e: Event, d: JobSubmitted | JobResumed) -> None:
+        """What a job's first event and each resume's both say: its size, budget and GPUs."""
         self.state.started_at = self.state.started_at or e.time
-        self.state.max_restarts = e.get("max_restarts", self.state.max_restarts)
-        self.state.nnodes = (e.get("min_nodes", self.state.nnodes[0]), e.get("max_nodes", self.state.nnodes[1]))
-        self.state.target = e.get("nodes", self.state.target)
-        self.state.nproc_per_node = e.get("nproc_per_node")
-        self.state.gpus = e.get("gpus") or 0
-        self.state.grace_s = e.get("grace_s", self.state.grace_s)
+        self.state.max_restarts = d.get("max_restarts", self.state.max_restarts)
+        self.state.nnodes = (d.get("min_nodes", self.state.nnodes[0]), d.get("max_nodes", self.state.nnodes[1]))
+        self.state.target = d.get("nodes", self.state.target)
+        self.state.nproc_per_node = d.get("nproc_per_node")
+        self.state.gpus = d.get("gpus") or 0
 
     def _on_recovering(self, e: Event) -> None:
         self.state.status = Status.RECOVERING
-        self.state.reason = e.get("reason")
+        self.state.reason = e.fields(Recovering).get("reason")
 
     def _on_job_resumed(self, e: Event) -> None:
         """The same job, continued in its folder: its history stays, its outcome does not."""
@@ -69,24 +103,25 @@ class Fold:
         for node in self.state.nodes.values():
             node.restart_count = 0
         self._mark(e, "resumed", "job resumed")
-        self._on_job_submitted(e)
+        self._take_size(e, e.fields(JobResumed))  # the grace stays: only job_submitted tells it
 
     def _on_stall(self, e: Event) -> None:
         self.state.stall = dict(e.data)
-        self._mark(e, "stall", f"stalled at step {steps_done(e.get('step'))}")
+        self._mark(e, "stall", f"stalled at step {steps_done(e.fields(Stall).get('step'))}")
 
     def _on_stall_cleared(self, e: Event) -> None:
         self.state.stall = None
 
     def _on_scaled(self, e: Event) -> None:
-        self.state.target = e.get("target", self.state.target)
-        self.state.nnodes = (e.get("min_nodes", self.state.nnodes[0]), e.get("max_nodes", self.state.nnodes[1]))
+        d = e.fields(Scaled)
+        self.state.target = d.get("target", self.state.target)
+        self.state.nnodes = (d.get("min_nodes", self.state.nnodes[0]), d.get("max_nodes", self.state.nnodes[1]))
 
     def _on_node_joined(self, e: Event) -> None:
         self.state.waiting, self.state.waiting_node = None, None
         node = self._node(e.node)
         node.status = "starting"
-        node.agent_pid = e.get("pid")
+        node.agent_pid = e.fields(NodeJoined).get("pid")
         node.joined_at = e.time
         node.left_reason = None
         node.left_at = None
@@ -115,28 +150,30 @@ class Fold:
     def _on_queue(self, e: Event) -> None:
         """Kueue's word on the job: while it waits for quota (or, evicted, waits again) that
         is why it is not training; a scale-up's slice that waits leaves the job running."""
-        queue_state = e.get("state")
+        d = e.fields(Queue)
+        queue_state = d.get("state")
         if queue_state == "admitted":
             self.state.waiting = None
             self.state.held_by_queue = False
-            self._mark(e, "admitted", f"admitted by Kueue ({e.get('cluster_queue') or e.get('queue')})")
+            self._mark(e, "admitted", f"admitted by Kueue ({d.get('cluster_queue') or d.get('queue')})")
             return
         self.state.waiting = describe(e)
         if queue_state == "evicted":
             self.state.held_by_queue = True
             if not self.state.finished:
                 self.state.status = Status.PENDING
-            self._mark(e, "preempted", f"preempted by Kueue ({e.get('reason') or 'evicted'})")
+            self._mark(e, "preempted", f"preempted by Kueue ({d.get('reason') or 'evicted'})")
 
     def _on_node_left(self, e: Event) -> None:
         self._node_came_or_went(e)
+        d = e.fields(NodeLeft)
         node = self._node(e.node)
         in_the_running_group = bool(node.ranks)  # cleared when a group without it started
         node.status = "left"
-        node.left_reason = e.get("reason")
+        node.left_reason = d.get("reason")
         node.left_at = e.time
         self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
-        if str(e.get("reason") or "").startswith("stopped"):
+        if str(d.get("reason") or "").startswith("stopped"):
             self._stopping = True
         # A node stopped with the job or done with its work is no reason to regroup, and neither
         # is one with no rank in the group now training (a joiner, or a departure the survivors
@@ -144,7 +181,7 @@ class Fold:
         if (
             not self.state.finished
             and not self._stopping
-            and e.get("reason") != "finished"
+            and d.get("reason") != "finished"
             and self.state.status == Status.RUNNING
             and in_the_running_group
         ):
@@ -152,46 +189,55 @@ class Fold:
 
     def _on_rendezvous(self, e: Event) -> None:
         self._node_came_or_went(e)
+        d = e.fields(Rendezvous)
         node = self._node(e.node)
-        node.group_rank = e.get("group_rank")
+        node.group_rank = d.get("group_rank")
         if node.status not in ("left",):
             node.status = "starting"
-        self.state.round = e.get("round")
+        self.state.round = d.get("round")
 
     def _on_restart(self, e: Event) -> None:
+        d = e.fields(Restart)
         node = self._node(e.node)
-        if e.get("reason") == "worker_failed":
-            node.restart_count = max(node.restart_count, int(e.get("restarts_used", 0)))
+        if d.get("reason") == "worker_failed":
+            node.restart_count = max(node.restart_count, int(d.get("restarts_used", 0)))
             if node.restart_count > self.state.restarts:
                 self.state.restarts = node.restart_count
                 self._mark(e, "restart", f"restart {self.state.restarts}/{self.state.max_restarts}")
         else:
             self.state.membership_changes += 1
-        if self._before_its_group(node, e):
+        if self._before_its_group(node, d.get("written")):
             return  # counted and kept, but the restart it announced is over
-        if self._stopping and e.get("reason") != "worker_failed":
+        if self._stopping and d.get("reason") != "worker_failed":
             return  # a peer stopped with the job: the group ends, it does not regroup
         node.status = "restarting"
         if not self.state.finished:
             self.state.status = Status.RESTARTING
 
     @staticmethod
-    def _before_its_group(node: NodeInfo, e: Event) -> bool:
-        """Whether an agent's line about its group (an exit, a restart) was written before the
-        node's ranks now training started: read late (another pipe than its workers' lines,
+    def _before_its_group(node: NodeInfo, written: float | None) -> bool:
+        """Whether an agent's line about its group (an exit, a restart), ``written`` at that
+        time (the agent's own clock: local agents; read times cannot tell), was written before
+        the node's ranks now training started: read late (another pipe than its workers' lines,
         another reader thread), it tells of the group replaced, not of the one training."""
-        written = e.get("written")  # the agent's own time (local agents); read times cannot tell
-        if not isinstance(written, (int, float)):
+        if not isinstance(written, (int, float)):  # unvalidated: whatever the line held
             return False
         return any(r.started_at is not None and r.started_at > written for r in node.ranks.values())
 
     def _on_gpu(self, e: Event) -> None:
-        figures = {k: e.get(k) for k in ("device", "mem_peak_bytes", "mem_total_bytes", "util_percent")}
-        self.state.gpu[int(e.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
+        d = e.fields(Gpu)
+        figures = {
+            "device": d.get("device"),
+            "mem_peak_bytes": d.get("mem_peak_bytes"),
+            "mem_total_bytes": d.get("mem_total_bytes"),
+            "util_percent": d.get("util_percent"),
+        }
+        self.state.gpu[int(d.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
 
     def _on_worker_started(self, e: Event) -> None:
-        node = self._node(e.node or e.get("node"))
-        generation = e.get("generation")
+        d = e.fields(WorkerStarted)
+        node = self._node(e.node or e.get("node"))  # not a field: the envelope's, if an Event holds it in data
+        generation = d.get("generation")
         if generation is not None and self.state.generation is not None and generation < self.state.generation:
             return  # a late line from a superseded group
         if generation != self.state.generation:
@@ -199,13 +245,13 @@ class Fold:
             for other in self.state.nodes.values():
                 other.ranks.clear()
             self.state.generation = generation
-        rank = int(e.get("rank", 0))
+        rank = int(d.get("rank", 0))
         node.ranks[rank] = RankInfo(
-            rank, int(e.get("local_rank", 0)), e.get("pid"), int(e.get("restart_count", 0)), generation, e.time
+            rank, int(d.get("local_rank", 0)), d.get("pid"), int(d.get("restart_count", 0)), generation, e.time
         )
         node.status = "running"
-        node.restart_count = max(node.restart_count, int(e.get("restart_count", 0)))
-        world = int(e.get("world_size", 1))
+        node.restart_count = max(node.restart_count, int(d.get("restart_count", 0)))
+        world = int(d.get("world_size", 1))
         if world != self.state.world_size:
             if self.state.world_size:
                 self._mark(e, "world_size", f"world size {self.state.world_size} \u2192 {world}")
@@ -217,13 +263,15 @@ class Fold:
             self.state.status = Status.RUNNING
 
     def _on_worker_failed(self, e: Event) -> None:
-        if e.get("cause") == "peer":  # its collective broke because a peer left: a symptom
+        d = e.fields(WorkerFailed)
+        if d.get("cause") == "peer":  # its collective broke because a peer left: a symptom
             if not self.state.finished:
                 self.state.status = Status.RESTARTING
             return
         self.state.failures.append(e)
-        if len(self.state.failures) == 1 or self.state.failures[-2].get("generation") != e.get("generation"):
-            self._mark(e, "failure", f"rank {e.get('rank')} failed: {e.get('error')}")
+        failures = self.state.failures
+        if len(failures) == 1 or failures[-2].fields(WorkerFailed).get("generation") != d.get("generation"):
+            self._mark(e, "failure", f"rank {d.get('rank')} failed: {d.get('error')}")
         if not self.state.finished:
             self.state.status = Status.RESTARTING
 
@@ -233,58 +281,65 @@ class Fold:
 
     def _on_worker_exited(self, e: Event) -> None:
         node = self.state.nodes.get(e.node) if e.node else None
-        if node is not None and self._before_its_group(node, e):
+        if node is not None and self._before_its_group(node, e.fields(WorkerExited).get("written")):
             return
         if not self.state.finished and self.state.status == Status.RUNNING:
             self.state.status = Status.RESTARTING
 
     def _on_plan(self, e: Event) -> None:
-        self.state.total_steps = e.get("total")
+        self.state.total_steps = e.fields(Plan).get("total")
 
     def _on_resumed(self, e: Event) -> None:
         """Marked where training goes on: the checkpoint's next step, which is behind the last
         step reported when the group saved less often than it reported. A world-size change
         takes effect there too: its marker moves from the last step of the old size."""
-        step = e.get("step")
+        d = e.fields(Resumed)
+        step = d.get("step")
         self._mark(e, "resumed", f"resumed from step {step}", step=step)
-        generation = e.get("generation")
+        generation = d.get("generation")
         if self._size_marker is not None and step is not None and generation in (None, self.state.generation):
             old = self.state.markers[self._size_marker]
             self.state.markers[self._size_marker] = Marker(step, old.time, old.kind, old.label)
             self._size_marker = None
 
     def _on_checkpoint_failed(self, e: Event) -> None:
-        if e.get("final"):  # stays: the job ends without its last step saved
+        d = e.fields(CheckpointFailed)
+        if d.get("final"):  # stays: the job ends without its last step saved
             self.state.warning = describe(e)
-        elif e.get("disk_full"):
+        elif d.get("disk_full"):
             self.state.warning = (
-                f"checkpoints are not being saved: {e.get('folder') or 'the checkpoint disk'} is full; "
-                f"training goes on and saving is tried again every {e.get('retry_s', 30):.0f} s"
+                f"checkpoints are not being saved: {d.get('folder') or 'the checkpoint disk'} is full; "
+                f"training goes on and saving is tried again every {d.get('retry_s', 30):.0f} s"
             )
 
     def _on_disk_full(self, e: Event) -> None:
-        self.state.warning = e.get("message")
+        self.state.warning = e.fields(DiskFull).get("message")
 
     def _on_tracking(self, e: Event) -> None:
-        self.state.tracking[str(e.get("tracker"))] = dict(e.data)
+        self.state.tracking[str(e.fields(Tracking).get("tracker"))] = dict(e.data)
 
     def _on_degraded(self, e: Event) -> None:
-        self.state.warning = degraded_text(e.data)
+        self.state.warning = degraded_text(e.fields(Degraded))
 
     def _on_checkpoint(self, e: Event) -> None:
         if self.state.warning and self.state.warning.startswith("checkpoints are not being saved"):
             self.state.warning = None
-        if e.get("blocked_pct") is not None:
-            self.state.checkpointing = {k: e.get(k) for k in ("every", "chosen", "blocked_pct")}
-        step = e.get("step")
+        d = e.fields(Checkpoint)
+        if d.get("blocked_pct") is not None:
+            self.state.checkpointing = {
+                "every": d.get("every"),
+                "chosen": d.get("chosen"),
+                "blocked_pct": d.get("blocked_pct"),
+            }
+        step = d.get("step")
         if isinstance(step, int) and (self.state.step is None or step - 1 > self.state.step):
             self.state._saw_step(step - 1, e.time)  # the state's, shared with its metric fold
-        self._check_grace(e)
+        self._check_grace(d)
 
-    def _check_grace(self, e: Event) -> None:
+    def _check_grace(self, d: Checkpoint) -> None:
         """Kubernetes: a pod's grace (--grace) must hold a save on notice; once a save is
         measured longer than that allows, say what grace would (the pods' is fixed at launch)."""
-        save_s = (e.get("ms") or 0) / 1000
+        save_s = (d.get("ms") or 0) / 1000
         grace_s = self.state.grace_s
         if not grace_s or self.state.warning or save_s + LEAVE_S + 1 <= grace_s:
             return
@@ -296,8 +351,9 @@ class Fold:
         )
 
     def _on_job_finished(self, e: Event) -> None:
-        self.state.status = e.get("status", Status.FAILED)
-        self.state.reason = e.get("reason")
+        d = e.fields(JobFinished)
+        self.state.status = d.get("status", Status.FAILED)
+        self.state.reason = d.get("reason")
         self.state.finished_at = e.time
         for node in self.state.nodes.values():
             if node.status != "left":
