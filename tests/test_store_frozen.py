@@ -6,8 +6,8 @@ agents hung with it. Now every rendezvous store call has a deadline (torch_compa
 that passes it is a lost connection.
 
 Real processes throughout: the store is ``python -m notebook_elastic.store.run``, the
-client is torch's C10dRendezvousBackend in a Python process of its own (the hooks patch torch's
-classes), and the cluster test freezes the store pod's real process through the fixture."""
+client is our rendezvous backend (torch's C10dRendezvousBackend, subclassed) in a Python process of its own
+(torch_compat.rendezvous_backend), and the cluster test freezes the store pod's real process through the fixture."""
 
 from __future__ import annotations
 
@@ -63,7 +63,10 @@ CLIENT = textwrap.dedent(
 
         torch_compat._reconnect = _reconnect
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=6))
-    backend = C10dRendezvousBackend(store, "frozen")
+    # Our handler's backend (torch's, with the deadline and the reconnection); before it
+    # existed, torch's own class was patched in place.
+    make = getattr(torch_compat, "rendezvous_backend", C10dRendezvousBackend)
+    backend = make(store, "frozen")
     backend.set_state(b"round 3")
     print(json.dumps({"ready": True}), flush=True)
     # As torchrun's agent does: SIGTERM (the kubelet's, a scale-down's) raises in the main thread.

@@ -50,19 +50,23 @@ def handler_on(
     join_s: float = 20,
     last_call_s: float = 1,
     keep_alive_s: int = 1,
-) -> dr.DynamicRendezvousHandler:
-    """torchrun's rendezvous handler on ``store`` (3 missed heartbeats: dead; every 5 s where
-    this torch fixes the interval)."""
-    keep_alive = dict(keep_alive_interval=keep_alive_s, keep_alive_max_attempt=3) if KEEP_ALIVE_SET else {}
-    return dr.DynamicRendezvousHandler.from_backend(
-        run_id,
-        store,
-        C10dRendezvousBackend(store, run_id),
+):
+    """Our handler over a round of torch's c10d rendezvous on ``store``, as the registry makes
+    it (keep_alive_s: where this torch lets it be set; 2.4 fixes the interval)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    params = RendezvousParameters(
+        backend=torch_compat.RDZV_BACKEND,
+        endpoint=f"{store.host}:{store.port}",
+        run_id=run_id,
         min_nodes=nodes[0],
         max_nodes=nodes[1],
-        timeout=dr.RendezvousTimeout(join=timedelta(seconds=join_s), last_call=timedelta(seconds=last_call_s)),
-        **keep_alive,
+        join_timeout=join_s,
+        last_call_timeout=last_call_s,
+        keep_alive_interval=keep_alive_s,
+        keep_alive_max_attempt=3,
     )
+    return torch_compat.handler_over(store, params)
 
 
 #: Whether this torch lets a handler's heartbeat be set (2.5 and later; 2.4 fixes 5 s x 3).
@@ -71,23 +75,57 @@ KEEP_ALIVE_SET = "keep_alive_interval" in inspect.signature(dr.DynamicRendezvous
 
 def test_a_real_round_is_read_left_and_hooked(store):
     seen = []
-    assert torch_compat.hook_next_rendezvous(lambda handler, info: seen.append((handler, info.world_size)))
-    assert torch_compat.hook_next_rendezvous(lambda *_: None)  # idempotent: one hook, not two
+
+    def after(handler, info):
+        seen.append((handler, info.world_size))
+
+    assert torch_compat.hook_next_rendezvous(after)
+    assert torch_compat.hook_next_rendezvous(after)  # idempotent: one hook, not two
     handler = handler_on(store, "contract")
+    inner = handler.torch_handler
     info = handler.next_rendezvous()
-    assert info.world_size == 1 and seen == [(handler, 1)]
-    round_, participants = torch_compat.joined_round(handler)
+    assert info.world_size == 1 and seen == [(inner, 1)]  # the hooks are told torch's own handler
+    assert torch_compat.torch_handler(handler) is inner and torch_compat.torch_handler(inner) is inner
+    round_, participants = torch_compat.joined_round(inner)
     assert round_ == 0 and list(participants.values()) == [0]
     # The store's view agrees with the handler's own.
-    assert torch_compat.round_state(handler) == (0, frozenset(participants))
-    assert torch_compat.keep_alive_window_s(handler) == (3.0 if KEEP_ALIVE_SET else 15.0)
-    assert torch_compat.rendezvous_store(handler) is store  # where our keys go beside the round's
-    assert torch_compat.leave_round(handler)
+    assert torch_compat.round_state(inner) == (0, frozenset(participants))
+    assert torch_compat.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
+    assert torch_compat.rendezvous_store(inner) is store  # where our keys go beside the round's
+    assert torch_compat.leave_round(inner)
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10
-    while torch_compat.round_state(handler)[1]:
+    while torch_compat.round_state(inner)[1]:
         assert time.monotonic() < deadline, "the node is still a participant after leaving"
         time.sleep(0.05)
+
+
+def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface(store):
+    """torchrun makes a handler from --rdzv-backend through torch's public registry: ours is
+    registered there (once, however often asked) and answers every method of the public
+    ``RendezvousHandler`` interface over a real round of torch's c10d rendezvous."""
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousHandler,
+        RendezvousParameters,
+        rendezvous_handler_registry,
+    )
+
+    name = torch_compat.register_rendezvous()
+    assert torch_compat.register_rendezvous() == name == torch_compat.RDZV_BACKEND
+    host, port = "127.0.0.1", store.port
+    params = RendezvousParameters(
+        backend=name, endpoint=f"{host}:{port}", run_id="registry", min_nodes=1, max_nodes=1, is_host=False
+    )
+    handler = rendezvous_handler_registry.create_handler(params)
+    assert isinstance(handler, RendezvousHandler) and type(handler).__name__ == "NotebookRendezvous"
+    assert isinstance(torch_compat.torch_handler(handler), dr.DynamicRendezvousHandler)
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert handler.get_backend() == name and torch_compat.torch_handler(handler).get_backend() == "c10d"
+    assert handler.get_run_id() == "registry" and handler.num_nodes_waiting() == 0
+    assert handler.use_agent_store is torch_compat.torch_handler(handler).use_agent_store
+    assert not handler.is_closed()
+    assert handler.shutdown() and handler.is_closed()  # a job done: closed, as torch does
 
 
 def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the_others(store, monkeypatch):
@@ -98,8 +136,7 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    monkeypatch.setattr(dr.DynamicRendezvousHandler, "shutdown", dr.DynamicRendezvousHandler.shutdown)
-    monkeypatch.setattr(torch_compat, "_leave_always", False)
+    monkeypatch.setattr(torch_compat._rendezvous_hooks, "leave_always", False)
     assert torch_compat.leave_instead_of_closing(always=False)
     handler = handler_on(store, "signalled")
     handler.next_rendezvous()
@@ -107,22 +144,94 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
         raise SignalException("stopped", sigval=signals.SIGTERM)
     except SignalException:
         assert handler.shutdown()
-    assert not handler.is_closed() and torch_compat.round_state(handler)[1] == frozenset()
+    assert not handler.is_closed() and torch_compat.round_state(handler.torch_handler)[1] == frozenset()
     other = handler_on(store, "done")
     other.next_rendezvous()
     assert other.shutdown() and other.is_closed()  # a job done (or failed): closed, as torch does
 
 
-def test_the_agent_hooks_wrap_torchruns_own_methods():
-    start, monitor = LocalElasticAgent._start_workers, LocalElasticAgent._monitor_workers
+def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_untouched():
+    import torch.distributed.launcher.api as launcher
+
+    start, monitor, made = (
+        LocalElasticAgent._start_workers,
+        LocalElasticAgent._monitor_workers,
+        launcher.LocalElasticAgent,
+    )
     try:
         assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
-        assert LocalElasticAgent._start_workers is not start and LocalElasticAgent._monitor_workers is not monitor
+        ours_ = launcher.LocalElasticAgent
+        assert ours_ is not LocalElasticAgent and issubclass(ours_, LocalElasticAgent)
         assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
-        assert getattr(LocalElasticAgent._start_workers, "_notebook_elastic", False)
+        assert launcher.LocalElasticAgent is ours_  # one subclass, however often hooked
+        # The hooks torch documents for subclasses, each overridden; torch's own class as it was.
+        for name in ("_start_workers", "_monitor_workers", "_shutdown", "_rendezvous"):
+            assert name in vars(ours_), name
+        assert (LocalElasticAgent._start_workers, LocalElasticAgent._monitor_workers) == (start, monitor)
     finally:
-        LocalElasticAgent._start_workers, LocalElasticAgent._monitor_workers = start, monitor
+        launcher.LocalElasticAgent = made
     assert torch_compat.worker_pids(object()) == [] and not torch_compat.group_is_healthy(object())
+
+
+def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
+    """#25: no method of torch's is replaced. Once every hook the agent installs is in, each
+    class of torch's we build on has the same attributes, bound to the same objects, as before;
+    the two names of torch's we do rebind are module names: the executor's wait between looks
+    (``_delay``, a module function) and the agent class torchrun makes (``LocalElasticAgent``
+    in torchrun's launcher module, bound to our subclass of it)."""
+    import torch.distributed.launcher.api as launcher
+
+    classes = [
+        dr.DynamicRendezvousHandler,
+        dr._BackendRendezvousStateHolder,
+        dr._DistributedRendezvousOpExecutor,
+        dr._RendezvousJoinOp,
+        C10dRendezvousBackend,
+        LocalElasticAgent,
+        SimpleElasticAgent,
+    ]
+    before = {klass: dict(vars(klass)) for klass in classes}
+    monkeypatch.setattr(dr, "_delay", dr._delay)
+    monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
+    for hooks in (torch_compat._round_rules, torch_compat._rendezvous_hooks, torch_compat._agent_hooks):
+        for name, value in vars(hooks).items():
+            monkeypatch.setattr(hooks, name, value)
+    for key, value in torch_compat._recovery.items():
+        monkeypatch.setitem(torch_compat._recovery, key, value)
+    assert torch_compat.close_rounds_at_target(poll_s=0.1) and torch_compat.drop_gone_nodes()
+    assert torch_compat.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
+    assert torch_compat.leave_instead_of_closing(always=False)
+    assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
+    assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+    for klass in classes:
+        after = dict(vars(klass))
+        changed = sorted(n for n in before[klass].keys() | after.keys() if before[klass].get(n) is not after.get(n))
+        assert not changed, f"{klass.__name__}: {changed} replaced"
+    assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
+    assert getattr(dr._delay, "_notebook_elastic", False)
+
+
+def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_its_name(monkeypatch):
+    """#25: a name check passes an internal that keeps its name and changes what it does. The
+    probe runs the behaviours on a throwaway round (closing at the target, members, dropping a
+    node named gone, leaving) and, here, catches torch's sanitize kept by name but made to drop
+    nothing: named with what the job loses. It never tells the agent's hooks of its round, nor
+    marks this node as leaving its real one."""
+    told = []
+    for rule in ("close_at_target", "drop_gone"):
+        monkeypatch.setattr(torch_compat._round_rules, rule, True)
+    monkeypatch.setattr(torch_compat._rendezvous_hooks, "after", lambda handler, info: told.append(info))
+    monkeypatch.setattr(torch_compat, "_leaving", threading.Event())  # a test before may have left
+    started = time.monotonic()
+    assert torch_compat.probe() == {}
+    took = time.monotonic() - started
+    assert not told and not torch_compat._leaving.is_set()
+    monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
+    lost = torch_compat.probe()
+    name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
+    assert lost == {name: torch_compat.INTERNALS[name]}, lost
+    assert "dropped when its heartbeat expires" in lost[name]
+    print(f"probe: {took * 1000:.0f} ms")
 
 
 def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch):
@@ -171,21 +280,17 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
     """torch closes a round of 1:3 nodes last_call after it reached 1 (here 600 s): with the
     job's target of 2 in the store, it closes as soon as the second node joins (old code:
     both nodes still waiting at the test's limit)."""
-    for owner, name in (
-        (dr._RendezvousJoinOp, "__call__"),
-        (dr._DistributedRendezvousOpExecutor, "run"),
-        (dr, "_delay"),
-        (dr._BackendRendezvousStateHolder, "__init__"),
-    ):
-        monkeypatch.setattr(owner, name, getattr(owner, name))  # this process's torch as it was, after
+    monkeypatch.setattr(dr, "_delay", dr._delay)  # this process's torch as it was, after
+    for rule, value in vars(torch_compat._round_rules).items():
+        monkeypatch.setattr(torch_compat._round_rules, rule, value)
     assert torch_compat.close_rounds_at_target(poll_s=0.1)
-    assert torch_compat.close_rounds_at_target(poll_s=0.1)  # idempotent: one wrapper, not two
+    assert torch_compat.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
     store.set(torch_compat.TARGET_KEY, "2")
     host, port = "127.0.0.1", store.port
 
     def join(i: int, results: dict) -> None:
         client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-        handler = handler_on(client, "target", nodes=(1, 3), join_s=600, last_call_s=600)
+        handler = handler_on(client, "target", nodes=(1, 3), join_s=600, last_call_s=600).torch_handler
         assert handler._state_holder._cache_duration == 0.1  # a look reads the store at most 0.1 s old
         handlers.append(handler)
         results[i] = handler.next_rendezvous().world_size
@@ -226,7 +331,7 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     import subprocess
     import sys
 
-    monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", dr._BackendRendezvousStateHolder._sanitize)
+    monkeypatch.setattr(torch_compat._round_rules, "drop_gone", torch_compat._round_rules.drop_gone)
     assert torch_compat.drop_gone_nodes()
     assert torch_compat.drop_gone_nodes()  # idempotent
     peer = subprocess.Popen(
@@ -237,8 +342,9 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     )
     try:
         client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
-        handler = handler_on(client, "gone", nodes=(2, 2), join_s=120, last_call_s=30, keep_alive_s=60)
-        assert handler.next_rendezvous().world_size == 2
+        ours = handler_on(client, "gone", nodes=(2, 2), join_s=120, last_call_s=30, keep_alive_s=60)
+        assert ours.next_rendezvous().world_size == 2
+        handler = ours.torch_handler
         assert peer.stdout.readline() == "joined\n"
         _round, members = torch_compat.round_state(handler)
         assert {n.pid for n in members} == {os.getpid(), peer.pid}

@@ -43,6 +43,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from typing import Any
 
 from ..runtime import log, protocol, term
@@ -211,13 +212,26 @@ def _hook_rendezvous() -> None:
 
 
 def _report_degraded() -> None:
-    """One event naming what this torch lacks and what the job loses for it."""
+    """One event naming what this torch lacks and what the job loses for it; then, off the
+    agent's start, a trial round of the rendezvous (``torch_compat.probe``): an internal whose
+    name stayed while what it does changed is said in a second event, with the first's."""
     lacking = torch_compat.missing()
     if lacking:
-        import torch
+        _degraded(lacking)
 
-        tested = f"torch{torch_compat.tested_torch_text()}"
-        emit("degraded", node=_node_name(), torch=torch.__version__, missing=lacking, tested=tested)
+    def trial() -> None:
+        changed = {name: loss for name, loss in torch_compat.probe().items() if name not in lacking}
+        if changed:
+            _degraded({**lacking, **changed})
+
+    threading.Thread(target=trial, name="notebook-elastic-probe", daemon=True).start()
+
+
+def _degraded(lost: dict[str, str]) -> None:
+    import torch
+
+    tested = f"torch{torch_compat.tested_torch_text()}"
+    emit("degraded", node=_node_name(), torch=torch.__version__, missing=lost, tested=tested)
 
 
 def _start_zygote() -> bool:
@@ -327,8 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
     torch_compat.drop_gone_nodes()  # a node the supervisor saw die leaves its round at once
     _report_degraded()
+    from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.run import main as torchrun_main
+    from torch.distributed.elastic.multiprocessing.errors import record
 
     warm = _start_zygote()
     if args[:1] == ["--standby"]:
@@ -344,8 +359,14 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
     _local_addr_toward_the_store(args)
+    torchrun: Any = torchrun_module  # parse_args and run: untyped in torch
+    options = torchrun.parse_args(args)
+    if options.rdzv_backend == "c10d":
+        # The job's c10d rendezvous, joined through our handler (torch's public registry):
+        # the same store, state and rounds as torch's own handler, with what a notebook job adds.
+        options.rdzv_backend = torch_compat.register_rendezvous()
     try:
-        torchrun_main(args)
+        record(torchrun.run)(options)  # torchrun's main: its arguments, then run, its errors recorded
     except SignalException as exc:
         # Stopped on purpose (scale-down, preemption, set_range, stop): one line in the
         # node's log, not torchrun's 30-line traceback, and the same exit status as before.

@@ -1,16 +1,27 @@
 """Every use of torch's private internals, in one place, each guarded.
 
 torchrun gives no public hook for what an elastic notebook job needs: the members of a
-rendezvous round, leaving a round at once, a say in whether a failure is charged to
-``--max-restarts``. And the versions differ: a store served on a socket bound before torch is
-imported needs the legacy server before torch 2.7 (``tcp_store_server``). What we
-use is listed in ``INTERNALS`` with what is lost without it; ``missing()`` checks them all
-against the installed torch, and the agent reports the missing ones in one ``degraded``
-event: the job still runs, it heals slower. ``tests/test_torch_compat.py`` is the contract,
-run on the oldest and the newest torch of pyproject's range (``torch>=2.4,<2.16``) by
-``scripts/torch_range.py``.
+rendezvous round, leaving a round at once, closing a round at the job's size, a say in whether
+a failure is charged to ``--max-restarts``. So we build on what torch offers for extension and
+replace none of its methods (#25; ``tests/test_torch_compat.py`` checks torch's classes are left
+as torch made them):
+- the rendezvous: a handler of ours (``NotebookRendezvous``, torch's public ``RendezvousHandler``
+  interface), registered in torch's public handler registry (``register_rendezvous``), holding
+  torch's c10d handler as torch's ``create_handler`` makes it, on our subclasses of torch's
+  backend, state holder and operation executor (``handler_over``);
+- the agent: our subclass of torchrun's ``LocalElasticAgent`` (``NotebookAgent``) through the
+  hooks ``SimpleElasticAgent`` names for subclasses; torchrun makes it by the name its launcher
+  module holds, the one class name of torch's we rebind;
+- one module function, the executor's wait between looks (``_delay``), is rebound when a job
+  polls faster than torch's second.
+The versions differ too: a store served on a socket bound before torch is imported needs the
+legacy server before torch 2.7 (``tcp_store_server``). The private names we use are listed in
+``INTERNALS`` with what is lost without them; ``missing()`` checks them against the installed
+torch, and the agent reports the missing ones in one ``degraded`` event: the job still runs, it
+heals slower. ``tests/test_torch_compat.py`` is the contract, run on the oldest and the newest
+torch of pyproject's range (``torch>=2.4,<2.16``) by ``scripts/torch_range.py``.
 
-One module on purpose, well over 600 lines (some 850): one adapter owns every private torch
+One module on purpose, well over 600 lines (some 950): one adapter owns every private torch
 internal (#12 item 5), so a torch upgrade is checked in one place. The deadline its store calls
 run under is plain Python and lives beside it (``deadline.py``).
 """
@@ -23,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -38,6 +50,10 @@ INTERNALS = {
     "DynamicRendezvousHandler._state_holder": "departed peers are noticed at the collective timeout, not at once",
     "DynamicRendezvousHandler._settings": "a departure is told apart from a bug after a fixed 2 s grace",
     "DynamicRendezvousHandler._stop_heartbeats": "a stopped node is noticed when its heartbeat expires",
+    "DynamicRendezvousHandler._this_node": (
+        "a round waits last_call_timeout past the nodes the job runs; a node that died is dropped when its "
+        "heartbeat expires"
+    ),
     "DynamicRendezvousHandler._op_executor": "a stopped node is noticed when its heartbeat expires",
     "dynamic_rendezvous._RendezvousExitOp": "a stopped node is noticed when its heartbeat expires",
     "LocalElasticAgent._start_workers": "changed files are not refused at a restart",
@@ -103,6 +119,7 @@ def missing() -> dict[str, str]:
         "DynamicRendezvousHandler._heartbeat_lock": "_heartbeat_lock" in handler_init,
         "DynamicRendezvousHandler._state_holder": "_state_holder" in handler_init,
         "DynamicRendezvousHandler._settings": "_settings" in handler_init,
+        "DynamicRendezvousHandler._this_node": "_this_node" in handler_init,
         "DynamicRendezvousHandler._stop_heartbeats": hasattr(handler, "_stop_heartbeats"),
         "DynamicRendezvousHandler._op_executor": "_op_executor" in handler_init,
         "dynamic_rendezvous._RendezvousExitOp": hasattr(dr, "_RendezvousExitOp"),
@@ -122,6 +139,77 @@ def missing() -> dict[str, str]:
         ),
     }
     return {name: INTERNALS[name] for name, ok in present.items() if not ok}
+
+
+#: How long the probe's round may take to close at its target (torch alone: last call, 5 s).
+PROBE_CLOSE_S = 2.5
+
+
+def probe() -> dict[str, str]:
+    """What the rendezvous internals we use still do on this torch, tried on a throwaway round
+    of our handler over an in-memory store (``HashStore``; some 70 ms): a round of 1:2 nodes
+    closes at a target of 1 (where ``close_rounds_at_target`` is on), its members are read, a
+    node the supervisor names as gone is dropped (where ``drop_gone_nodes`` is on), and a node
+    leaves at once. A name torch kept while changing what it does fails here, not in a job.
+    Each behaviour that fails maps to its entries of ``INTERNALS`` (what the job loses); ``{}``
+    when all hold. Touches nothing of the agent's own rendezvous: its hooks are not called, and
+    this node is not marked as leaving."""
+    import json
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    lost: dict[str, str] = {}
+
+    def fails(*names: str) -> None:
+        lost.update({name: INTERNALS[name] for name in names})
+
+    store = dist.HashStore()
+    store.set(TARGET_KEY, "1")
+    params = RendezvousParameters(
+        backend=RDZV_BACKEND,
+        endpoint="127.0.0.1:0",
+        run_id="notebook-elastic-probe",
+        min_nodes=1,
+        max_nodes=2,
+        join_timeout=10,
+        last_call_timeout=5,
+    )
+    inner: Any = None
+    try:
+        inner = handler_over(store, params).torch_handler
+        started = time.monotonic()
+        inner.next_rendezvous()  # torch's own: the agent's hooks are not told of this round
+        if _round_rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
+            fails("dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor")
+        state = round_state(inner)
+        if state is None or len(state[1]) != 1 or joined_round(inner)[1].keys() != state[1]:
+            fails("DynamicRendezvousHandler._heartbeat_lock", "DynamicRendezvousHandler._state_holder")
+        if keep_alive_window_s(inner) is None:
+            fails("DynamicRendezvousHandler._settings")
+        if _round_rules.drop_gone:
+            store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
+            inner._state_holder.mark_dirty()
+            after = round_state(inner)
+            if after is None or after[1]:
+                fails("dynamic_rendezvous._BackendRendezvousStateHolder._sanitize")
+            store.delete_key(GONE_KEY)
+        if not _exit_round(inner, 5.0):
+            fails("DynamicRendezvousHandler._stop_heartbeats", "dynamic_rendezvous._RendezvousExitOp")
+    except Exception as exc:  # a step that broke: what it takes is lost, and why, said once
+        _log.debug("the rendezvous probe failed", exc_info=True)
+        if not lost:
+            fails("dynamic_rendezvous._RendezvousJoinOp", "DynamicRendezvousHandler._state_holder")
+        lost["probe"] = f"a trial round failed ({type(exc).__name__}: {exc})"[:300]
+    finally:
+        stop = getattr(inner, "_stop_heartbeats", None)
+        if stop is not None:
+            try:
+                stop()
+            except Exception:
+                _log.debug("the probe's heartbeats were stopped already", exc_info=True)
+    return lost
 
 
 # -- the rendezvous ------------------------------------------------------------------------
@@ -157,6 +245,10 @@ def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
     """Take this node out of its round now (False: this torch cannot, peers wait for its
     heartbeat to expire)."""
     _leaving.set()  # a store lost now is not waited for
+    return _exit_round(handler, timeout_s)
+
+
+def _exit_round(handler: Any, timeout_s: float) -> bool:
     try:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
 
@@ -174,38 +266,16 @@ def rendezvous_store(handler: Any) -> Any | None:
     return getattr(backend, "_store", None)
 
 
-_leave_always = False  # a joiner's every shutdown leaves (leave_instead_of_closing)
-
-
 def leave_instead_of_closing(always: bool = True) -> bool:
-    """``shutdown()`` closes the rendezvous for every node: the whole job ends. Make it take
-    this node out of its round instead
+    """``shutdown()`` closes the rendezvous for every node: the whole job ends. Our handler
+    (``NotebookRendezvous``) takes this node out of its round instead
     - when the agent was stopped by a signal: torch 2.4's agent shuts its rendezvous down on
       SIGTERM (``LocalElasticAgent._shutdown``; later releases do not), so a preempted or
       scaled-down node closed the round under the survivors and the job failed;
     - always, with ``always``: a joiner that spends its budget failing to join must not end
       the job it joins.
-    Idempotent."""
-    global _leave_always
-    _leave_always = _leave_always or always
-    handler = _handler_class()
-    original = handler.shutdown
-    if getattr(original, "_notebook_elastic", False):
-        return True
-
-    def shutdown(self: Any) -> Any:
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-
-        if not _leave_always and not isinstance(sys.exc_info()[1], SignalException):
-            return original(self)  # the job is done (or failed): close it, as torch does
-        try:
-            return leave_round(self)
-        except Exception:
-            _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
-            return False
-
-    _mark_ours(shutdown)
-    handler.shutdown = shutdown
+    Idempotent (``always`` once set stays)."""
+    _rendezvous_hooks.leave_always = _rendezvous_hooks.leave_always or always
     return True
 
 
@@ -240,31 +310,53 @@ def _target_nodes() -> int | None:
         return None
 
 
+class _RoundRules:
+    """How our handler's rounds differ from torch's, set at agent start (each default: as torch)."""
+
+    def __init__(self) -> None:
+        self.close_at_target = False  # a round holding TARGET_KEY's nodes closes at once
+        self.poll_s: float | None = None  # a waiting node looks again this often (torch: 1 s)
+        self.drop_gone = False  # nodes named in GONE_KEY are dropped at once
+
+
+_round_rules = _RoundRules()
+
+
 def close_rounds_at_target(poll_s: float | None = None) -> bool:
-    """Close a round as soon as it holds the job's target number of nodes (``TARGET_KEY``),
-    not ``last_call_timeout`` later; with ``poll_s``, a node waiting in a round looks again
-    that often instead of every second, and a look reads the store's state at most ``poll_s``
-    old (the agent's check for nodes waiting to join too). Must run before the rendezvous
-    handler is made. Idempotent; False where torch lacks the internals."""
+    """Our handler closes a round as soon as it holds the job's target number of nodes
+    (``TARGET_KEY``), not ``last_call_timeout`` later; with ``poll_s``, a node waiting in a
+    round looks again that often instead of every second, and a look reads the store's state
+    at most ``poll_s`` old (the agent's check for nodes waiting to join too). Must run before
+    the rendezvous handler is made. Idempotent; False where torch lacks the internals."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    dr: Any = dynamic_rendezvous  # its private names, patched below
+    dr: Any = dynamic_rendezvous  # its _delay, patched below
     needed = {"dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor"}
     polling = {"dynamic_rendezvous._delay", "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration"}
     if missing().keys() & (needed | (polling if poll_s else set())):
         return False
-    executor, join = dr._DistributedRendezvousOpExecutor, dr._RendezvousJoinOp
-    if getattr(join.__call__, "_notebook_elastic", False):
-        return True
-    run, call = executor.run, join.__call__
+    _round_rules.close_at_target = True
+    _round_rules.poll_s = poll_s or _round_rules.poll_s
+    if poll_s and not getattr(dr._delay, "_notebook_elastic", False):
+        # The wait between two looks is a module function torch's executor calls with 1 (its
+        # only call with 1; backoffs pass other values): not reachable from a subclass.
+        delay = dr._delay
 
-    def run_op(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # The store the operation syncs with: the one a round's target is read from.
-        _round_store.store = getattr(getattr(getattr(self, "_state_holder", None), "_backend", None), "_store", None)
-        return run(self, *args, **kwargs)
+        def _delay(seconds: Any) -> Any:
+            wait = _round_rules.poll_s if seconds == 1 and _round_rules.poll_s else seconds
+            return delay(wait)
 
-    def join_op(self: Any, ctx: Any, deadline: float) -> Any:
-        action = call(self, ctx, deadline)
+        _mark_ours(_delay)
+        dr._delay = _delay
+    return True
+
+
+def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
+    """torch's join operation, closing the round when it holds the job's target."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    def join_op(ctx: Any, deadline: float) -> Any:
+        action = join(ctx, deadline)
         if action in (dr._Action.SYNC, dr._Action.KEEP_ALIVE):
             state, settings = ctx.state, ctx.settings
             held = len(state.participants)
@@ -277,25 +369,7 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
                 return dr._Action.MARK_RENDEZVOUS_COMPLETE
         return action
 
-    _mark_ours(join_op)
-    executor.run = run_op
-    join.__call__ = join_op
-    if poll_s:
-        # Both are a second: the wait between looks, and how long a look serves the state
-        # read before (also what the agent's monitor sees of nodes waiting to join).
-        delay, holder = dr._delay, dr._BackendRendezvousStateHolder
-        init = holder.__init__
-
-        def _delay(seconds: Any) -> Any:
-            return delay(poll_s if seconds == 1 else seconds)  # the 1 s poll; backoffs stay
-
-        def holder_init(self: Any, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
-            self._cache_duration = min(self._cache_duration, poll_s)
-
-        dr._delay = _delay
-        holder.__init__ = holder_init
-    return True
+    return join_op
 
 
 #: Agents that died on this machine, {pid: when}, set in the store by the local supervisor.
@@ -319,64 +393,216 @@ def _gone_pids(store: Any, window_s: float) -> set[int]:
 
 
 def drop_gone_nodes() -> bool:
-    """A node whose agent died is dropped from the rendezvous as soon as the supervisor saw it
-    die (``GONE_KEY``), not when its heartbeat expires (keep_alive_interval x max_attempt
-    later): a lost node's peers regroup at once. Idempotent; False where torch lacks it."""
-    from datetime import datetime, timezone
-
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
+    """Our handler drops a node whose agent died from the rendezvous as soon as the supervisor
+    saw it die (``GONE_KEY``), not when its heartbeat expires (keep_alive_interval x
+    max_attempt later): a lost node's peers regroup at once. Idempotent; False where torch
+    lacks it."""
     if "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize" in missing():
         return False
-    holder: Any = dr._BackendRendezvousStateHolder  # its _sanitize is patched below
-    sanitize = holder._sanitize
-    if getattr(sanitize, "_notebook_elastic", False):
-        return True
-
-    def _sanitize(self: Any) -> Any:
-        settings = self._settings
-        window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
-        gone = _gone_pids(getattr(self._backend, "_store", None), window_s)
-        for node, beat in list(self._state.last_heartbeats.items()) if gone else ():
-            if node.pid in gone:
-                # torch's sanitize drops it now. The same kind of time as torch's own: aware
-                # (UTC) since 2.5, naive before (2.4's utcnow(); comparing the two raised
-                # TypeError in every agent's next sync, and the job failed on a node's loss).
-                expired = datetime.min if beat.tzinfo is None else datetime.min.replace(tzinfo=timezone.utc)
-                self._state.last_heartbeats[node] = expired
-        return sanitize(self)
-
-    _mark_ours(_sanitize)
-    holder._sanitize = _sanitize
+    _round_rules.drop_gone = True
     return True
+
+
+def _mark_gone_expired(holder: Any) -> None:
+    """Mark the nodes GONE_KEY names as expired in ``holder``'s state: torch's sanitize drops
+    them next."""
+    from datetime import datetime, timezone
+
+    settings = holder._settings
+    window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+    gone = _gone_pids(getattr(holder._backend, "_store", None), window_s)
+    for node, beat in list(holder._state.last_heartbeats.items()) if gone else ():
+        if node.pid in gone:
+            # The same kind of time as torch's own: aware (UTC) since 2.5, naive before (2.4's
+            # utcnow(); comparing the two raised TypeError in every agent's next sync, and the
+            # job failed on a node's loss).
+            expired = datetime.min if beat.tzinfo is None else datetime.min.replace(tzinfo=timezone.utc)
+            holder._state.last_heartbeats[node] = expired
+
+
+class _RendezvousHooks:
+    """What ``NotebookRendezvous`` calls around torch's rendezvous, set by the agent at start."""
+
+    def __init__(self) -> None:
+        self.before: Callable[[Any], None] | None = None  # (torch's handler) before joining a round
+        self.after: Callable[[Any, Any], None] | None = None  # (torch's handler, its info) after
+        self.leave_always = False  # every shutdown leaves the round (a joiner), not only a signalled one
+
+
+_rendezvous_hooks = _RendezvousHooks()
+
+#: The name our handler is registered under in torch's public registry
+#: (``rendezvous_handler_registry``). It is torch's c10d rendezvous (the same store, state and
+#: rounds: plain torchrun agents may join it), held by a handler of ours: ``agent/run.py`` runs a
+#: job's ``--rdzv-backend c10d`` through it.
+RDZV_BACKEND = "notebook-elastic-c10d"
+
+
+def register_rendezvous() -> str:
+    """Register our handler in torch's public handler registry (idempotent); its name."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(RDZV_BACKEND, _create_rendezvous)
+    return RDZV_BACKEND
+
+
+def _create_rendezvous(params: Any) -> Any:
+    """As torch's registry makes its c10d handler (``_create_c10d_handler``: the store from
+    ``create_backend``), with our backend and round parts, held by our handler."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+    _torch_backend, store = create_backend(params)
+    return handler_over(store, params)
+
+
+def handler_over(store: Any, params: Any) -> Any:
+    """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
+    ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
+    from ``params``), on our backend (``rendezvous_backend``), with our state holder and
+    operation executor in place of torch's (``_round_parts``)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    backend = rendezvous_backend(store, params.run_id)
+    torch_handler = create_handler(store, backend, params)
+    # torch's handler takes its state holder as made by from_backend, and makes its executor
+    # from it: both are replaced before its first round, by instances of our subclasses.
+    try:
+        settings, node = torch_handler._settings, torch_handler._this_node
+        holder = _subclass("holder")(backend, settings)
+        executor = _subclass("executor")(node, holder, settings)
+    except (AttributeError, TypeError):  # another torch: its own parts (missing() and the probe say what is lost)
+        _log.debug("torch's rendezvous parts are kept", exc_info=True)
+    else:
+        torch_handler._state_holder, torch_handler._op_executor = holder, executor
+    vars(torch_handler)["_get_store"] = types.MethodType(_store_of_round, torch_handler)  # this instance's
+    return _rendezvous_class()(torch_handler)
+
+
+def _holder_class() -> type:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    class NotebookStateHolder(dr._BackendRendezvousStateHolder):
+        """torch's view of the round in the store, read at most ``poll_s`` old, and without the
+        nodes the supervisor saw die (``drop_gone_nodes``)."""
+
+        def __init__(self, backend: Any, settings: Any, cache_duration: int = 1) -> None:
+            super().__init__(backend, settings, cache_duration)
+            if _round_rules.poll_s:
+                # Seconds, compared with a float: torch annotates its 1 s default as an int.
+                vars(self)["_cache_duration"] = min(self._cache_duration, _round_rules.poll_s)
+
+        def _sanitize(self) -> Any:
+            if _round_rules.drop_gone:
+                _mark_gone_expired(self)
+            return super()._sanitize()
+
+    return NotebookStateHolder
+
+
+def _executor_class() -> type:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    class NotebookExecutor(dr._DistributedRendezvousOpExecutor):
+        """torch's executor of rendezvous operations; its join closes at the job's target."""
+
+        def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
+            # The store the operation syncs with: the one a round's target is read from.
+            _round_store.store = getattr(getattr(self._state_holder, "_backend", None), "_store", None)
+            if _round_rules.close_at_target and isinstance(state_handler, dr._RendezvousJoinOp):
+                state_handler = _closing_at_target(state_handler)
+            return super().run(state_handler, deadline, update_deadline)
+
+    return NotebookExecutor
+
+
+_made: dict[str, type] = {}  # our subclasses of torch's classes, made once torch is imported
+
+
+def _subclass(kind: str) -> type:
+    """Our subclass of one of torch's classes, made at its first use (torch imported by then)."""
+    if kind not in _made:
+        _made[kind] = {"backend": _backend_class, "holder": _holder_class, "executor": _executor_class}[kind]()
+    return _made[kind]
+
+
+def _rendezvous_class() -> type:
+    """``NotebookRendezvous``: a ``RendezvousHandler`` (torch's public interface) that holds
+    torch's c10d handler and adds what a notebook job needs around it: the hooks before and
+    after each round (``hook_next_rendezvous``), and leaving the round instead of closing it
+    when stopped (``leave_instead_of_closing``)."""
+    if "rendezvous" in _made:
+        return _made["rendezvous"]
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+    class NotebookRendezvous(RendezvousHandler):
+        def __init__(self, torch_handler: Any) -> None:
+            self.torch_handler = torch_handler  # torch's DynamicRendezvousHandler
+
+        def get_backend(self) -> str:
+            return RDZV_BACKEND  # the name it is made by (torch's registry checks it)
+
+        @property
+        def use_agent_store(self) -> bool:
+            return bool(self.torch_handler.use_agent_store)
+
+        def next_rendezvous(self) -> Any:
+            hooks = _rendezvous_hooks
+            if hooks.before is not None:
+                hooks.before(self.torch_handler)
+            info = self.torch_handler.next_rendezvous()
+            if hooks.after is not None:
+                hooks.after(self.torch_handler, info)
+            return info
+
+        def is_closed(self) -> bool:
+            return bool(self.torch_handler.is_closed())
+
+        def set_closed(self) -> None:
+            self.torch_handler.set_closed()
+
+        def num_nodes_waiting(self) -> int:
+            return int(self.torch_handler.num_nodes_waiting())
+
+        def get_run_id(self) -> str:
+            return str(self.torch_handler.get_run_id())
+
+        def shutdown(self) -> bool:
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+
+            if not _rendezvous_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
+                return bool(self.torch_handler.shutdown())  # the job is done (or failed): close it, as torch does
+            try:
+                return leave_round(self.torch_handler)
+            except Exception:
+                _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
+                return False
+
+    _made["rendezvous"] = NotebookRendezvous
+    return NotebookRendezvous
+
+
+def torch_handler(handler: Any) -> Any:
+    """torch's own handler behind ``handler`` (ours holds it; any other is its own)."""
+    return getattr(handler, "torch_handler", handler)
 
 
 def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None) -> bool:
-    """Call ``after(handler, info)`` each time a rendezvous completes, and ``before(handler)``
-    each time this node is about to join one (idempotent)."""
-    handler = _handler_class()
-    original = handler.next_rendezvous
-    if getattr(original, "_notebook_elastic", False):
-        return True
-
-    def next_rendezvous(self: Any) -> Any:
-        if before is not None:
-            before(self)
-        info = original(self)
-        after(self, info)
-        return info
-
-    _mark_ours(next_rendezvous)
-    handler.next_rendezvous = next_rendezvous
-    get_store = getattr(handler, "_get_store", None)
-    if get_store is not None:
-
-        def _get_store(self: Any) -> Any:
-            _follow_replaced_store(self)  # the round's store on the store joined, not a lost one
-            return get_store(self)
-
-        handler._get_store = _get_store
+    """Have our handler call ``after(handler, info)`` each time a rendezvous completes, and
+    ``before(handler)`` each time this node is about to join one (``handler``: torch's own).
+    Idempotent: the hooks are replaced, never added twice."""
+    _rendezvous_hooks.before, _rendezvous_hooks.after = before, after
     return True
+
+
+def _store_of_round(torch_handler: Any) -> Any:
+    """The round's store, as torch's handler makes it in ``_get_store`` (a PrefixStore), on the
+    store the rendezvous reaches now (a replacement, once reconnected), not the one it was made
+    with; once ``hook_store_reconnect`` ran, each call on it has a deadline (``_BoundedStore``).
+    Set on our handlers' torch handler only (an attribute of the instance, not of torch's
+    class): torch's ``create_handler`` makes the handler, so no subclass of ours can."""
+    _follow_replaced_store(torch_handler)
+    store = type(torch_handler)._get_store(torch_handler)
+    return _BoundedStore(store, torch_handler._store) if _agent_hooks.on_regroup is not None else store
 
 
 # -- a replaced (or frozen) store -------------------------------------------------------------
@@ -439,58 +665,78 @@ def hook_store_reconnect(
     replaceable: bool = True,
     on_regroup: Callable[[], object] = lambda: None,
 ) -> bool:
-    """Give every call of the c10d rendezvous backend, and every call torchrun's agent makes on
-    its store, a deadline, and make them survive the store's loss (idempotent): a store that
-    stopped answering is waited for; with ``replaceable`` a store that went is waited for too,
-    and a replacement is taken. ``last_round()`` is the round this node was in;
-    ``on_replaced(seeded_round)`` is called once per replacement this node sees;
+    """Give every call of our rendezvous backend (``rendezvous_backend``), and every call
+    torchrun's agent makes on its store, a deadline, and make them survive the store's loss
+    (idempotent): a store that stopped answering is waited for; with ``replaceable`` a store
+    that went is waited for too, and a replacement is taken. ``last_round()`` is the round this
+    node was in; ``on_replaced(seeded_round)`` is called once per replacement this node sees;
     ``on_regroup()`` when the agent rendezvouses again because its store was lost while it
     formed its group. False when this torch lacks what it takes."""
     try:
-        import torch.distributed as dist
         from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
-        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     except ImportError:
         return False
-    backend: Any = cb.C10dRendezvousBackend  # its _call_store is patched below
-    original = getattr(backend, "_call_store", None)
-    if original is None:
+    if not hasattr(cb.C10dRendezvousBackend, "_call_store"):
         return False
-    _recovery.update(last_round=last_round, on_replaced=on_replaced, replaceable=replaceable)
-    if getattr(original, "_notebook_elastic", False):
-        return True
-
-    def bounded(self: Any, store_op: Any, *args: Any, **kwargs: Any) -> Any:
-        return call_with_deadline(original, STORE_CALL_TIMEOUT_S, self, store_op, *args, **kwargs)
-
-    def _call_store(self: Any, store_op: Any, *args: Any, **kwargs: Any) -> Any:
-        failed = self._store
-        try:
-            if not hasattr(self, "_ne_store_id"):
-                self._ne_store_id = store_id(failed)
-            return bounded(self, store_op, *args, **kwargs)
-        except StoreSilent:
-            silent = True
-        except RendezvousConnectionError as exc:
-            if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
-                raise  # a timeout or a bad request, not a lost connection
-            if not _recovery["replaceable"]:
-                raise  # the supervisor's store went with the supervisor, and its agents go too
-            silent = False
-        _regain_store(self, failed, silent)
-        try:
-            return bounded(self, store_op, *args, **kwargs)
-        except StoreSilent as exc:
-            raise RendezvousConnectionError(_store_gone(self._store, True, _recovery["replaceable"])) from exc
-
-    _mark_ours(_call_store)
-    backend._call_store = _call_store
+    _recovery.update(last_round=last_round, on_replaced=on_replaced, replaceable=replaceable, hooked=True)
     _hook_agent_store(on_regroup)
     return True
 
 
+def rendezvous_backend(store: Any, run_id: str) -> Any:
+    """torch's c10d rendezvous backend on ``store``, as our handler uses it: once
+    ``hook_store_reconnect`` ran, each call has a deadline and survives the store's loss."""
+    return _subclass("backend")(store, run_id)
+
+
+def _backend_class() -> type:
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    class NotebookBackend(C10dRendezvousBackend):
+        def __init__(self, store: Any, run_id: str) -> None:
+            self._ne_store_id: str | None = None
+            self._ne_id_read = False  # the store's id is read at the first call
+            self._ne_given_up: Any = None  # the client a lost store was waited for once already
+            super().__init__(store, run_id)
+
+        def _bounded(self, store_op: Any, *args: Any, **kwargs: Any) -> Any:
+            call = super()._call_store
+            return call_with_deadline(call, STORE_CALL_TIMEOUT_S, store_op, *args, **kwargs)
+
+        def _call_store(self, store_op: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _recovery["hooked"]:
+                return super()._call_store(store_op, *args, **kwargs)  # as torch's own
+            failed = self._store
+            try:
+                if not self._ne_id_read:
+                    self._ne_store_id, self._ne_id_read = store_id(failed), True
+                return self._bounded(store_op, *args, **kwargs)
+            except StoreSilent:
+                silent = True
+            except RendezvousConnectionError as exc:
+                if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
+                    raise  # a timeout or a bad request, not a lost connection
+                if not _recovery["replaceable"]:
+                    raise  # the supervisor's store went with the supervisor, and its agents go too
+                silent = False
+            _regain_store(self, failed, silent)
+            try:
+                return self._bounded(store_op, *args, **kwargs)
+            except StoreSilent as exc:
+                raise RendezvousConnectionError(_store_gone(self._store, True, _recovery["replaceable"])) from exc
+
+    return NotebookBackend
+
+
 #: What a lost store is answered with (hook_store_reconnect's arguments).
-_recovery: dict[str, Any] = {"last_round": lambda: None, "on_replaced": lambda _round: None, "replaceable": False}
+_recovery: dict[str, Any] = {
+    "last_round": lambda: None,
+    "on_replaced": lambda _round: None,
+    "replaceable": False,
+    "hooked": False,  # until hook_store_reconnect: our backend calls the store as torch's does
+}
 
 
 def _regain_store(backend: Any, failed: Any, silent: bool) -> None:
@@ -606,27 +852,10 @@ class _BoundedStore:
 
 
 def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
-    handler, agent = _handler_class(), _agent_class()
-    get_store, rendezvous = getattr(handler, "_get_store", None), getattr(agent, "_rendezvous", None)
-    if get_store is None or rendezvous is None:
-        return
-
-    def _get_store(self: Any) -> Any:
-        return _BoundedStore(get_store(self), self._store)
-
-    def _rendezvous(self: Any, worker_group: Any) -> Any:
-        while True:
-            try:
-                return rendezvous(self, worker_group)
-            except AgentStoreLost as lost:
-                backend = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "_backend", None)
-                if backend is None or not hasattr(backend, "_store"):
-                    raise
-                _regain_store(backend, lost.client, lost.silent)
-            on_regroup()  # a round on the store there now, for every node: nothing charged
-
-    handler._get_store = _get_store
-    agent._rendezvous = _rendezvous
+    """The round's store, as the agent gets it, answers under the deadline (``_store_of_round``);
+    our agent (``NotebookAgent._rendezvous``) forms its group again when it was lost."""
+    if hasattr(_handler_class(), "_get_store") and hasattr(_agent_class(), "_rendezvous"):
+        _agent_hooks.on_regroup = on_regroup
 
 
 RECONNECT_ATTEMPT_S = 5.0
@@ -716,6 +945,80 @@ def group_is_healthy(agent: Any) -> bool:
     return group is not None and getattr(group.state, "name", "") == "HEALTHY"
 
 
+class _AgentHooks:
+    """What ``NotebookAgent`` calls at torchrun's documented agent hooks, set at agent start
+    (``hook_agent``, ``hook_store_reconnect``); each default leaves torch's behaviour."""
+
+    def __init__(self) -> None:
+        self.before_start: Callable[[Any], None] = lambda agent: None
+        self.after_start: Callable[[Any], None] = lambda agent: None
+        self.before_stop: Callable[[Any], None] = lambda agent: None
+        self.departures: Callable[[Any], list[Any]] = lambda result: []
+        self.on_departure: Callable[[list[Any]], None] = lambda failures: None
+        self.regroup_now: Callable[[], bool] = lambda: False
+        self.gives_up: Callable[[Any], bool] = lambda result: False
+        self.on_regroup: Callable[[], object] | None = None  # None: a lost store is not regained
+
+
+_agent_hooks = _AgentHooks()
+
+
+def _agent_subclass() -> type:
+    """``NotebookAgent``: torchrun's ``LocalElasticAgent`` through the hooks its base class
+    documents for subclasses (``SimpleElasticAgent``: ``_start_workers``, ``_monitor_workers``,
+    ``_shutdown``, ``_rendezvous``), each calling torch's own and ``_agent_hooks`` around it."""
+    if "agent" in _made:
+        return _made["agent"]
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+    hooks = _agent_hooks
+
+    class NotebookAgent(_agent_class()):  # type: ignore[misc]  # torch's class, known at run time
+        _remaining_restarts: int  # torch's (SimpleElasticAgent's) budget, spent at once by gives_up
+
+        def _start_workers(self, worker_group: Any) -> Any:
+            hooks.before_start(self)
+            started = super()._start_workers(worker_group)
+            hooks.after_start(self)
+            return started
+
+        def _shutdown(self, *args: Any, **kwargs: Any) -> Any:
+            hooks.before_stop(self)
+            return super()._shutdown(*args, **kwargs)
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            if result.state == WorkerState.HEALTHY and hooks.regroup_now():
+                self._restart_workers(worker_group)
+                return RunResult(state=WorkerState.HEALTHY)
+            if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                return result
+            if result.state == WorkerState.FAILED and hooks.gives_up(result):
+                self._remaining_restarts = 0  # torchrun's own "no attempts left" path
+                return result
+            failures = hooks.departures(result)
+            if not failures:
+                return result
+            hooks.on_departure(failures)
+            self._restart_workers(worker_group)
+            return RunResult(state=WorkerState.HEALTHY)
+
+        def _rendezvous(self, worker_group: Any) -> Any:
+            while True:
+                try:
+                    return super()._rendezvous(worker_group)
+                except AgentStoreLost as lost:
+                    rendezvous = torch_handler(worker_group.spec.rdzv_handler)
+                    backend = getattr(getattr(rendezvous, "_state_holder", None), "_backend", None)
+                    if hooks.on_regroup is None or backend is None or not hasattr(backend, "_store"):
+                        raise
+                    _regain_store(backend, lost.client, lost.silent)
+                hooks.on_regroup()  # a round on the store there now, for every node: nothing charged
+
+    _made["agent"] = NotebookAgent
+    return NotebookAgent
+
+
 def hook_agent(
     before_start: Callable[[Any], None],
     departures: Callable[[Any], list[Any]],
@@ -725,59 +1028,28 @@ def hook_agent(
     after_start: Callable[[Any], None] = lambda agent: None,
     before_stop: Callable[[Any], None] = lambda agent: None,
 ) -> bool:
-    """Hook torchrun's agent: ``before_start(agent)`` before every (re)start of its workers;
-    a failed or unhealthy round whose ``departures(result)`` is not empty is regrouped as for
-    a new node (``on_departure(failures)`` first) instead of being charged to the budget; so
-    is a healthy one when ``regroup_now()`` says so (its rendezvous store was replaced); a
-    failed one that ``gives_up(result)`` is not restarted at all: torchrun stops its workers
-    and ends as when its budget is spent (``ChildFailedError``). ``after_start(agent)`` runs
-    once its workers are started (torch has set its signal handlers by then), and
-    ``before_stop(agent)`` before it stops them (``_shutdown``: a restart, or its end).
-    False when this torch lacks what it takes (then the agent runs unhooked)."""
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
-
-    agent = _agent_class()
-    if not all(hasattr(agent, n) for n in ("_start_workers", "_monitor_workers", "_restart_workers")):
+    """torchrun's agent, as ``NotebookAgent``: ``before_start(agent)`` before every (re)start
+    of its workers; a failed or unhealthy round whose ``departures(result)`` is not empty is
+    regrouped as for a new node (``on_departure(failures)`` first) instead of being charged to
+    the budget; so is a healthy one when ``regroup_now()`` says so (its rendezvous store was
+    replaced); a failed one that ``gives_up(result)`` is not restarted at all: torchrun stops
+    its workers and ends as when its budget is spent (``ChildFailedError``).
+    ``after_start(agent)`` runs once its workers are started (torch has set its signal handlers
+    by then), and ``before_stop(agent)`` before it stops them (``_shutdown``: a restart, or its
+    end). torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
+    module's name ``LocalElasticAgent``, with no option to name another class: that one name is
+    bound to our subclass (the only name of torch's we rebind for the agent). False when this
+    torch lacks what it takes (then the agent runs as torch's own)."""
+    if not all(hasattr(_agent_class(), n) for n in ("_start_workers", "_monitor_workers", "_restart_workers")):
         return False
-    original = agent._start_workers
-    if getattr(original, "_notebook_elastic", False):
-        return True
-    monitor = agent._monitor_workers
-    shutdown = getattr(agent, "_shutdown", None)
+    hooks = _agent_hooks
+    hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
+    hooks.regroup_now, hooks.gives_up = regroup_now, gives_up
+    hooks.after_start, hooks.before_stop = after_start, before_stop
+    import torch.distributed.launcher.api as launcher
 
-    def _start_workers(self: Any, worker_group: Any) -> Any:
-        before_start(self)
-        started = original(self, worker_group)
-        after_start(self)
-        return started
-
-    def _shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before_stop(self)
-        assert shutdown is not None  # set in torch's place below only when torch has one
-        return shutdown(self, *args, **kwargs)
-
-    def _monitor_workers(self: Any, worker_group: Any) -> Any:
-        result = monitor(self, worker_group)
-        if result.state == WorkerState.HEALTHY and regroup_now():
-            self._restart_workers(worker_group)
-            return RunResult(state=WorkerState.HEALTHY)
-        if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-            return result
-        if result.state == WorkerState.FAILED and gives_up(result):
-            self._remaining_restarts = 0  # torchrun's own "no attempts left" path
-            return result
-        failures = departures(result)
-        if not failures:
-            return result
-        on_departure(failures)
-        self._restart_workers(worker_group)
-        return RunResult(state=WorkerState.HEALTHY)
-
-    _mark_ours(_start_workers)
-    agent._start_workers = _start_workers
-    agent._monitor_workers = _monitor_workers
-    if shutdown is not None:
-        agent._shutdown = _shutdown
+    launcher_module: Any = launcher  # its LocalElasticAgent, bound to ours below
+    launcher_module.LocalElasticAgent = _agent_subclass()
     return True
 
 
