@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -356,7 +357,13 @@ def test_it_ends_on_sigterm(bare_store):
     c = client(port)
     c.set("k", "v")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
+    try:
+        assert proc.wait(30) == 0
+    except subprocess.TimeoutExpired:  # once on a loaded machine: say what the process was doing
+        stat = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{proc.pid}/wchan").read_text()
+        threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+        pytest.fail(f"the store outlived SIGTERM by 30 s: state {stat}, waiting in {wchan!r}, {threads} thread(s)")
 
 
 TRAIN = """
