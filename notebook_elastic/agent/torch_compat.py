@@ -459,7 +459,7 @@ def handler_over(store: Any, params: Any) -> Any:
     """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
     ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
     from ``params``), on our backend (``rendezvous_backend``), with our state holder and
-    operation executor in place of torch's (``_round_parts``)."""
+    operation executor in place of torch's (``_holder_class``, ``_executor_class``)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     backend = rendezvous_backend(store, params.run_id)
