@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from _common import median, p95, report, row, stop_all_jobs  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
+import notebook_elastic.kernel.launcher as launcher  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
 from notebook_elastic import pool  # noqa: E402
 from notebook_elastic.contract.events import Kind  # noqa: E402
@@ -340,7 +341,7 @@ def latency_and_cpu(rows: list[dict]) -> None:
     )
     clock = Clock(job)
     wait(lambda: clock.first.is_set(), what="stream start")
-    sup_pid = json.load(open(ne.launcher.get_backend("local").folder("bench-stream").supervisor_file))["pid"]
+    sup_pid = json.load(open(launcher.get_backend("local").folder("bench-stream").supervisor_file))["pid"]
     r0, s0, w0 = resource.getrusage(resource.RUSAGE_SELF), _proc_cpu(sup_pid), time.time()
     job.wait(240)
     r1, s1, w1 = resource.getrusage(resource.RUSAGE_SELF), _proc_cpu(sup_pid), time.time()
