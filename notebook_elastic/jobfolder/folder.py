@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from ..errors import BackendError
 from ..pool import own_launcher
@@ -337,64 +341,144 @@ def _alive(info: dict[str, Any]) -> bool:
         pid = int(info["pid"])
     except (KeyError, TypeError, ValueError):
         return False
-    return pid_alive(pid, info.get("start_ticks"))
+    return pid > 0 and pid_alive(pid, info.get("start_ticks"))
 
 
 def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks (tells a reused pid from the original)."""
+    """The process's start time in clock ticks since boot (proc(5) field 22), as the records
+    hold it: it tells a reused pid from the original. Read from the stat line because psutil
+    gives it only as seconds since the epoch, through a boot time that a clock step moves."""
     fields = stat_fields(pid)
     return int(fields[19]) if fields is not None else None
 
 
 def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended); with ``start_ticks``, whether it is
+    still the process that started then, not a later one given the same pid."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    fields = stat_fields(pid)  # read once: its state and its start time
-    if fields and fields[0] == "Z":
-        return False
-    if start_ticks is not None:
-        return fields is not None and int(fields[19]) == start_ticks
-    return True
+    except psutil.AccessDenied:
+        return True  # a /proc that hides other users' processes: it exists, which is all we learn
+    return start_ticks is None or process_start_ticks(pid) == start_ticks
 
 
 def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
-    """Pids of every live process started for this job (they carry the job folder in their
-    environment). The process table is the ground truth for "no orphan left"."""
-    marker = f"{ENV_JOB_DIR}={os.fspath(job_dir)}".encode()
-    found = []
+    """Pids of every live process started for this job: those whose environment holds
+    ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>``, less this process. The process table is the ground
+    truth for "no orphan left". Another user's processes (their environment is not ours to
+    read) are never the job's."""
+    job = os.fspath(job_dir)
     me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in me:
+    found = []
+    for proc in psutil.process_iter():  # environ() itself, not attrs=: as_dict() costs a quarter more
+        if proc.pid in me:
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
+            env = proc.environ()
+        except psutil.Error:  # gone, or another user's
             continue
-        if marker + b"\0" in env or env.endswith(marker):
-            if pid_alive(int(entry)):
-                found.append(int(entry))
+        if env.get(ENV_JOB_DIR) == job and pid_alive(proc.pid):
+            found.append(proc.pid)
     return found
 
 
+class _Held:
+    """One process, held so that a signal reaches it and never a later process given its pid:
+    by a pidfd (Linux 5.3+), else by psutil's handle, which checks the start time it saw first
+    (a pid freed and reused between that check and the signal is then the one gap left)."""
+
+    def __init__(self, proc: psutil.Process, pidfd: int | None) -> None:
+        self.proc = proc
+        self.pidfd = pidfd
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        """Whether it has not exited yet (a zombie has)."""
+        if self.pidfd is not None:
+            exited = select.poll()  # poll, not select: a kernel may hold fds past select's 1024
+            exited.register(self.pidfd, select.POLLIN)  # a pidfd reads ready once its process exits
+            return not exited.poll(0)
+        try:
+            return self.proc.is_running() and self.proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def signal(self, sig: int) -> None:
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            else:
+                self.proc.send_signal(sig)
+        except (OSError, psutil.Error):
+            pass  # it exited meanwhile
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def _hold(pid: int, job: str, which: Callable[[int], bool] | None) -> _Held | None:
+    """Process ``pid``, held, if it is one of the job's (and ``which`` accepts it). The handle
+    is taken before the check: it names one process for good, and a check made while that
+    process still runs read that process, not a newcomer with its pid."""
+    try:
+        proc = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    except OSError:  # no pidfds here (Linux < 5.3, a sandbox that forbids them): psutil's handle alone
+        pidfd = None
+    held = _Held(proc, pidfd)
+    try:
+        ours = proc.environ().get(ENV_JOB_DIR) == job and (which is None or which(pid))
+    except psutil.Error:
+        ours = False
+    if ours and held.running():
+        return held
+    held.close()
+    return None
+
+
+def _held_of(job_dir: str | os.PathLike[str], which: Callable[[int], bool] | None = None) -> list[_Held]:
+    """The job's processes (those ``which`` accepts, when given), each held (``_hold``)."""
+    job = os.fspath(job_dir)
+    return [held for pid in processes_of(job) if (held := _hold(pid, job, which)) is not None]
+
+
+def signal_all(job_dir: str | os.PathLike[str], sig: int, which: Callable[[int], bool] | None = None) -> list[int]:
+    """Send ``sig`` to every process of the job (those ``which`` accepts, when given); the pids
+    signalled. Never to a process that got the pid of one of them meanwhile (``_hold``)."""
+    signalled = []
+    for held in _held_of(job_dir, which):
+        held.signal(sig)
+        held.close()
+        signalled.append(held.pid)
+    return signalled
+
+
 def kill_all(job_dir: str | os.PathLike[str], grace_s: float = 3.0) -> list[int]:
-    """SIGTERM every process of the job, then SIGKILL what is left after ``grace_s``."""
-    victims = processes_of(job_dir)
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(pid_alive(p) for p in victims):
-        time.sleep(0.05)
-    for pid in processes_of(job_dir):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return victims
+    """SIGTERM every process of the job, then SIGKILL what is left after ``grace_s`` (and what
+    started meanwhile); the pids sent SIGTERM. Never signals a process that got the pid of one of
+    them meanwhile (``_hold``)."""
+    victims = _held_of(job_dir)
+    try:
+        for held in victims:
+            held.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(held.running() for held in victims):
+            time.sleep(0.05)
+    finally:
+        for held in victims:
+            held.close()
+    signal_all(job_dir, signal.SIGKILL)
+    return [held.pid for held in victims]

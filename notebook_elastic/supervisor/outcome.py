@@ -9,9 +9,11 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from ..contract.events import Kind
 from ..contract.job_state import budget_spent_reason
-from ..jobfolder.folder import kill_all, processes_of, write_json_atomic
+from ..jobfolder.folder import kill_all, processes_of, signal_all, write_json_atomic
 
 if TYPE_CHECKING:
     from .run import Supervisor
@@ -21,12 +23,12 @@ if TYPE_CHECKING:
 EXIT_GRACE_S = 5.0
 
 
-def _is_ours(pid: int, *marks: bytes) -> bool:
-    """Whether the process's command line carries one of ``marks`` (a zygote, the guardian)."""
+def _is_ours(pid: int, *marks: str) -> bool:
+    """Whether the process's command line carries one of ``marks`` (a zygote, the guardian),
+    its arguments joined by NULs as /proc shows them, so a mark may span two."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except OSError:
+        cmdline = "\0".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return False
     return any(mark in cmdline for mark in marks)
 
@@ -102,17 +104,12 @@ class Outcome:
         # The spare agent and the zygotes (still importing torch under load, they read their
         # orders only afterwards) and the job's guardian are machinery, not orphans: ended here.
         def machinery_of(pid: int) -> bool:
-            return pid == spare_pid or _is_ours(pid, b"notebook_elastic.pool.warm\0serve", b"local.guardian")
+            return pid == spare_pid or _is_ours(pid, "notebook_elastic.pool.warm\0serve", "local.guardian")
 
         deadline = time.monotonic() + EXIT_GRACE_S
         while [p for p in processes_of(self.sup.folder.path) if not machinery_of(p)] and time.monotonic() < deadline:
             time.sleep(0.05)
-        machinery = [p for p in processes_of(self.sup.folder.path) if machinery_of(p)]
-        for pid in machinery:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        machinery = signal_all(self.sup.folder.path, signal.SIGKILL, machinery_of)
         leftovers = [p for p in kill_all(self.sup.folder.path, grace_s=2.0) if p not in machinery]
         data: dict[str, Any] = {"status": status}
         if reason:

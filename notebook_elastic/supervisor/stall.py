@@ -8,9 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import psutil
+
 from .. import defaults
 from ..contract.events import Kind
-from ..runtime.procfs import stat_fields
 
 if TYPE_CHECKING:
     from .run import Supervisor
@@ -34,10 +35,12 @@ class StallClock:
 FROZEN_S = 5.0
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state of a process (R, S, D, T for stopped, ...), None when gone."""
-    fields = stat_fields(pid)
-    return fields[0] if fields else None
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, or stopped under a debugger); False when gone."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 class Stalls:
@@ -95,7 +98,7 @@ class Stalls:
             clock.restarted = True
 
     def _stalled_ranks(self) -> tuple[list[int], list[int]]:
-        """Ranks of the newest group whose process is stopped (T), and the others (waiting)."""
+        """Ranks of the newest group whose process is stopped, and the others (waiting)."""
         newest = max((g for _p, _n, g in self.sup.workers.values() if g is not None), default=None)
         stopped: list[int] = []
         waiting: list[int] = []
@@ -103,5 +106,5 @@ class Stalls:
         for rank, (pid, _node, gen) in sorted(self.sup.workers.items()):
             if gen != newest:
                 continue
-            (stopped if here and process_state(pid) in ("T", "t") else waiting).append(rank)
+            (stopped if here and is_stopped(pid) else waiting).append(rank)
         return stopped, waiting

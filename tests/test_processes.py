@@ -1,0 +1,177 @@
+"""Owning a job's processes on the kernel's and the supervisor's side (jobfolder/folder.py,
+supervisor/outcome.py and stall.py, through psutil and pidfds), on real processes: which are
+the job's, which still run, which are stopped, and that ``kill_all`` never signals a process
+that was given a victim's pid after the victim was found."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+
+from notebook_elastic.jobfolder.folder import kill_all, pid_alive, process_start_ticks, processes_of
+from notebook_elastic.runtime.protocol import ENV_JOB_DIR
+from notebook_elastic.supervisor.outcome import _is_ours
+from notebook_elastic.supervisor.stall import is_stopped
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture(params=["pidfd", "psutil"])
+def handle(request, monkeypatch) -> str:
+    """How kill_all holds its victims: by pidfds, or by psutil's handles where the kernel has
+    no pidfds (Linux < 5.3)."""
+    if request.param == "psutil":
+
+        def no_pidfds(pid: int, flags: int = 0) -> int:
+            raise OSError(errno.ENOSYS, "pidfd_open is not implemented")
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    return request.param
+
+
+@contextmanager
+def started(*specs: tuple[list[str], dict[str, str]]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes started from (argv, extra environment) pairs, killed and reaped at the end."""
+    procs = [subprocess.Popen(argv, env={**os.environ, **env}) for argv, env in specs]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_processes_of_are_those_whose_environment_names_exactly_this_job(tmp_path: Path):
+    job = str(tmp_path / "job")
+    with started(
+        (SLEEP, {ENV_JOB_DIR: job}),
+        (SLEEP, {ENV_JOB_DIR: job + "2"}),  # another job whose folder's name starts alike
+        (SLEEP, {"X" + ENV_JOB_DIR: job}),  # another variable ending in the same name
+        (SLEEP, {ENV_JOB_DIR: job}),  # ended below: a zombie until reaped is not the job's
+    ) as (ours, other_job, other_var, zombie):
+        zombie.kill()
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        assert processes_of(job) == [ours.pid]
+        assert not pid_alive(zombie.pid)
+
+
+def test_a_record_tells_its_process_from_a_later_one_by_its_start_ticks():
+    with started((SLEEP, {})) as (proc,):
+        ticks = process_start_ticks(proc.pid)
+        assert ticks is not None
+        assert pid_alive(proc.pid) and pid_alive(proc.pid, ticks)
+        assert not pid_alive(proc.pid, ticks + 1)  # the pid, given to a process started later
+    assert not pid_alive(proc.pid, ticks) and process_start_ticks(proc.pid) is None
+
+
+def test_kill_all_terminates_then_kills_what_ignores_sigterm(tmp_path: Path, handle: str):
+    job = str(tmp_path / "job")
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+    ]
+    with started((SLEEP, {ENV_JOB_DIR: job}), (stubborn, {ENV_JOB_DIR: job})) as procs:
+        time.sleep(1.0)  # the stubborn one has set its handler
+        started_at = time.monotonic()
+        assert sorted(kill_all(job, grace_s=1.0)) == sorted(p.pid for p in procs)
+        assert [p.wait(timeout=5) for p in procs] == [-signal.SIGTERM, -signal.SIGKILL]
+        assert time.monotonic() - started_at >= 1.0  # the grace was given
+    assert processes_of(job) == []
+
+
+def _give_pid(pid: int) -> subprocess.Popen[bytes] | None:
+    """A new process (not the job's) given ``pid``, which must be free: the kernel hands out
+    ns_last_pid + 1 next, unless another fork on the machine takes it first (tried again)."""
+    for _ in range(50):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        proc = subprocess.Popen(SLEEP)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.parametrize("replaced_after_read", [1, 2], ids=["after-listing", "after-the-check"])
+def test_kill_all_never_signals_a_process_that_took_a_victims_pid(
+    tmp_path: Path, monkeypatch, replaced_after_read, handle: str
+):
+    """The victim exits and a process that is not the job's is given its pid right after
+    kill_all read the victim's environment: when it listed the job's processes (1), or when it
+    checked the victim again before signalling it (2). Signalling by pid would hit the
+    newcomer; kill_all signals through a handle on the victim itself: a pidfd, or psutil's
+    where the kernel has no pidfds."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "w"):
+            pass
+    except OSError:
+        pytest.skip("choosing the next pid needs a writable /proc/sys/kernel/ns_last_pid (root)")
+    job = str(tmp_path / "job")
+    newcomer: list[subprocess.Popen[bytes]] = []
+    with started((SLEEP, {ENV_JOB_DIR: job})) as (victim,):
+        # psutil tells processes apart by their start time, in clock ticks (10 ms): a pid reused
+        # within a tick of its first owner's start would pass for it. Real reuse comes a pid
+        # space later; here the victim is made a few ticks old first.
+        time.sleep(0.05)
+        reads = 0
+        environ = psutil.Process.environ
+
+        def environ_then_replace(proc: psutil.Process) -> dict[str, str]:
+            nonlocal reads
+            env = environ(proc)
+            if proc.pid == victim.pid:
+                reads += 1
+                if reads == replaced_after_read:
+                    victim.kill()
+                    victim.wait()
+                    given = _give_pid(victim.pid)
+                    if given is None:
+                        pytest.skip("another process kept taking the freed pid")
+                    newcomer.append(given)
+            return env
+
+        monkeypatch.setattr(psutil.Process, "environ", environ_then_replace)
+        try:
+            killed = kill_all(job, grace_s=0.5)
+            assert newcomer, "the victim was never read"
+            assert newcomer[0].pid == victim.pid
+            assert newcomer[0].poll() is None, "kill_all signalled the process given the victim's pid"
+            assert killed == []  # the victim had gone before it could be signalled
+        finally:
+            for proc in newcomer:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_stopped_process_is_told_and_a_gone_one_is_not():
+    with started((SLEEP, {})) as (proc,):
+        os.kill(proc.pid, signal.SIGSTOP)
+        while not is_stopped(proc.pid):
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGCONT)
+        while is_stopped(proc.pid):
+            time.sleep(0.01)
+    assert not is_stopped(proc.pid)
+
+
+def test_machinery_is_told_by_marks_spanning_its_arguments():
+    argv = [*SLEEP, "notebook_elastic.pool.warm", "serve"]
+    with started((argv, {})) as (proc,):
+        while psutil.Process(proc.pid).cmdline()[-1:] != ["serve"]:  # until it has exec'd
+            time.sleep(0.01)
+        assert _is_ours(proc.pid, "notebook_elastic.pool.warm\0serve")
+        assert not _is_ours(proc.pid, "notebook_elastic.pool.warm serve", "local.guardian")
+    assert not _is_ours(proc.pid, "notebook_elastic.pool.warm\0serve")
