@@ -240,6 +240,16 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
     lacking = torch_compat.missing()
     assert set(lacking) == {"LocalElasticAgent._restart_workers", "dynamic_rendezvous._RendezvousExitOp"}
     assert not torch_compat.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
+    # ... yet an agent store lost while it forms its group is still regained: our agent's
+    # _rendezvous regroups (the store's calls have their deadline), whatever else it lacks.
+    import torch.distributed.launcher.api as launcher
+
+    monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
+    monkeypatch.setattr(torch_compat._agent_hooks, "on_regroup", torch_compat._agent_hooks.on_regroup)
+    for key, value in torch_compat._recovery.items():
+        monkeypatch.setitem(torch_compat._recovery, key, value)
+    assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None)
+    assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
     tested = f"torch{torch_compat.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})
     text = describe(event)

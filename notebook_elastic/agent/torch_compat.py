@@ -856,6 +856,7 @@ def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
     our agent (``NotebookAgent._rendezvous``) forms its group again when it was lost."""
     if hasattr(_handler_class(), "_get_store") and hasattr(_agent_class(), "_rendezvous"):
         _agent_hooks.on_regroup = on_regroup
+        _use_our_agent()  # its _rendezvous regroups, whether or not hook_agent could hook the rest
 
 
 RECONNECT_ATTEMPT_S = 5.0
@@ -1046,11 +1047,16 @@ def hook_agent(
     hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
     hooks.regroup_now, hooks.gives_up = regroup_now, gives_up
     hooks.after_start, hooks.before_stop = after_start, before_stop
+    _use_our_agent()
+    return True
+
+
+def _use_our_agent() -> None:
+    """torchrun makes ``NotebookAgent`` (each hook not set leaves torch's behaviour)."""
     import torch.distributed.launcher.api as launcher
 
     launcher_module: Any = launcher  # its LocalElasticAgent, bound to ours below
     launcher_module.LocalElasticAgent = _agent_subclass()
-    return True
 
 
 # -- the store (torch versions differ) ---------------------------------------------------
