@@ -148,9 +148,10 @@ PROBE_CLOSE_S = 2.5
 def probe() -> dict[str, str]:
     """What the rendezvous internals we use still do on this torch, tried on a throwaway round
     of our handler over an in-memory store (``HashStore``; some 70 ms): a round of 1:2 nodes
-    closes at a target of 1 (where ``close_rounds_at_target`` is on), its members are read, a
-    node the supervisor names as gone is dropped (where ``drop_gone_nodes`` is on), and a node
-    leaves at once. A name torch kept while changing what it does fails here, not in a job.
+    closes at a target of 1 (where ``close_rounds_at_target`` is on), its members are read, its
+    state lies where and as a replaced store is seeded, a node the supervisor names as gone is
+    dropped (where ``drop_gone_nodes`` is on), and a node leaves at once; then a throwaway agent
+    of ours, never started, has its restart budget, group and workers read. A name torch kept while changing what it does fails here, not in a job.
     Each behaviour that fails maps to its entries of ``INTERNALS`` (what the job loses); ``{}``
     when all hold. Touches nothing of the agent's own rendezvous: its hooks are not called, and
     this node is not marked as leaving."""
@@ -188,6 +189,11 @@ def probe() -> dict[str, str]:
             fails("DynamicRendezvousHandler._heartbeat_lock", "DynamicRendezvousHandler._state_holder")
         if keep_alive_window_s(inner) is None:
             fails("DynamicRendezvousHandler._settings")
+        # A replaced store is seeded with a state torch reads back (_reconnect): the round's
+        # state is where and as the seeding writes it.
+        backend, now = inner._state_holder._backend, state
+        if rendezvous_store(inner) is not store or now is None or _seeded_round(store.get(backend._key)) != now[0]:
+            fails("C10dRendezvousBackend._store")
         if _round_rules.drop_gone:
             store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
             inner._state_holder.mark_dirty()
@@ -197,6 +203,7 @@ def probe() -> dict[str, str]:
             store.delete_key(GONE_KEY)
         if not _exit_round(inner, 5.0):
             fails("DynamicRendezvousHandler._stop_heartbeats", "dynamic_rendezvous._RendezvousExitOp")
+        _probe_agent(inner, fails)
     except Exception as exc:  # a step that broke: what it takes is lost, and why, said once
         _log.debug("the rendezvous probe failed", exc_info=True)
         if not lost:
@@ -210,6 +217,30 @@ def probe() -> dict[str, str]:
             except Exception:
                 _log.debug("the probe's heartbeats were stopped already", exc_info=True)
     return lost
+
+
+def _seeded_round(raw: bytes) -> int | None:
+    """The round of a rendezvous state as the backend stores it (base64 of a pickle)."""
+    import pickle
+    from base64 import b64decode
+
+    round_: int | None = pickle.loads(b64decode(raw)).round
+    return round_
+
+
+def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
+    """A throwaway agent of ours (never started): its restart budget, group and workers read."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    spec = WorkerSpec(role="probe", local_world_size=1, rdzv_handler=handler, entrypoint="true", max_restarts=3)
+    agent = _agent_subclass()(spec, logs_specs=DefaultLogsSpecs())
+    if restart_budget(agent) != (3, 3):
+        fails("LocalElasticAgent._remaining_restarts")
+    if group_is_healthy(agent) or getattr(getattr(agent, "_worker_group", None), "spec", None) is not spec:
+        fails("LocalElasticAgent._worker_group")
+    if worker_pids(agent) != [] or not hasattr(agent, "_pcontext"):
+        fails("LocalElasticAgent._pcontext")
 
 
 # -- the rendezvous ------------------------------------------------------------------------
