@@ -476,7 +476,10 @@ def test_a_failure_no_retry_can_mend_fails_the_job_at_once_spending_no_restart(c
     (podFailurePolicy FailJob), with the worker's sentence, not "restart budget spent"."""
     job = failed_for_good(cluster, UNSAVEABLE, "odd", max_restarts=5, exit_code=protocol.EXIT_FATAL)
     assert "State cannot save 'odd'" in job.state.reason and "budget" not in job.state.reason, job.state.reason
-    assert not [e for e in job.events if e.kind == Kind.RESTART], [e.describe() for e in job.events]
+    # A late pod's join (a membership change, on a loaded machine) regroups without spending a
+    # restart; any other restart would be the failure retried.
+    spent = [e for e in job.events if e.kind == Kind.RESTART and e.get("reason") != "membership_change"]
+    assert not spent, [e.describe() for e in job.events]
     left = {e.get("reason") for e in job.events if e.kind == Kind.NODE_LEFT}
     assert protocol.exit_reason(protocol.EXIT_FATAL) in left, left
     job.stop()

@@ -194,6 +194,7 @@ def _hook_rendezvous() -> None:
             members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
         _watch.joined(handler, round_, frozenset(participants))
         _joining.joined(round_)
+        _first_round.set()  # the trial round may run now, off the way of joining
         _store.round = None  # a round formed on the store there is now: nothing to re-form
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
@@ -220,11 +221,23 @@ def _report_degraded() -> None:
         _degraded(lacking)
 
     def trial() -> None:
+        # After this node's first round, and at the lowest priority: on a loaded machine its
+        # CPU would otherwise delay the join, and a peer that misses a round costs a restart.
+        _first_round.wait(FIRST_ROUND_WAIT_S)
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
+        except OSError:
+            pass
         changed = {name: loss for name, loss in torch_compat.probe().items() if name not in lacking}
         if changed:
             _degraded({**lacking, **changed})
 
     threading.Thread(target=trial, name="notebook-elastic-probe", daemon=True).start()
+
+
+_first_round = threading.Event()  # set once this node joined its first round
+#: A node that never forms a round (waiting for peers) still tries its torch after this long.
+FIRST_ROUND_WAIT_S = 120.0
 
 
 def _degraded(lost: dict[str, str]) -> None:
