@@ -3,7 +3,9 @@
 Every test runs with ``NOTEBOOK_ELASTIC_TEST_ID=<unique>`` and a private ``TMPDIR`` in its
 environment. Every process the test causes inherits both: jobs (supervisor, agents, zygotes,
 workers), the fake kubelet's pods (it passes them through), JupyterLab and its kernels,
-nbclient kernels. After the test, the process table is scanned for the marker: what is still
+nbclient kernels; the warm pool's forks (whose environment reads as the pool's) are named in
+their job folders instead. After the test, the process table is scanned for the marker (and
+the job folders under the test's folders for names): what is still
 there after a grace period long enough for a correct but slow cleanup on a loaded 2-core
 machine is printed, SIGKILLed (also when the test failed) and fails the test. Zygote sockets
 left in the test's temp folder or fixture folders are listed and fail the test (see
@@ -28,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,37 +51,54 @@ _test_numbers = itertools.count()
 # --- the process table ---------------------------------------------------------------
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:  # the process is gone (or not ours to read): never exists()-then-open()
-        return None
-
-
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie, waiting for its parent to reap it, does not)."""
-    raw = _read(f"/proc/{pid}/stat")
-    if raw is None:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return raw.rsplit(b")", 1)[1].split()[0] != b"Z"  # the name in (...) may hold spaces
+    except psutil.AccessDenied:
+        return True
 
 
 def cmdline(pid: int) -> str:
-    raw = _read(f"/proc/{pid}/cmdline")
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip() if raw else "?"
+    try:
+        return " ".join(psutil.Process(pid).cmdline()) or "?"
+    except psutil.Error:
+        return "?"
 
 
-def processes_with_env(entry: str) -> list[int]:
-    """Live processes (not this one) whose environment holds exactly ``KEY=VALUE`` ``entry``."""
-    needle = b"\0" + entry.encode() + b"\0"
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
+def processes_with_env(entry: str, folders: tuple = ()) -> list[int]:
+    """Live processes (not this one) whose environment holds exactly ``KEY=VALUE`` ``entry``,
+    and those named in the job folders under ``folders`` (the warm pool's forks and theirs,
+    whose environment reads as the pool's: notebook_elastic/runtime/owned.py)."""
+    key, _, value = entry.partition("=")
+    found = {pid for pid in registered_under(*folders) if pid != os.getpid()}
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid() or proc.pid in found:
             continue
-        env = _read(f"/proc/{name}/environ")
-        if env and needle in b"\0" + env + (b"" if env.endswith(b"\0") else b"\0") and pid_alive(int(name)):
-            found.append(int(name))
+        try:
+            if proc.environ().get(key) == value and pid_alive(proc.pid):
+                found.add(proc.pid)
+        except psutil.Error:  # gone, or another user's
+            continue
+    return sorted(found)
+
+
+def registered_under(*folders: Path | str | None) -> set[int]:
+    """Live processes named in the job folders under ``folders`` (``.procs/``)."""
+    from notebook_elastic.runtime import owned
+
+    found: set[int] = set()
+    for folder in {str(f) for f in folders if f and os.path.isdir(f)}:
+        depth = folder.rstrip(os.sep).count(os.sep)
+        for root, dirs, _files in os.walk(folder):
+            if owned.FOLDER in dirs:
+                found |= {entry.pid for entry in owned.registered(root)}
+            if root.count(os.sep) - depth >= 5:  # HOME/jobs/NAME (or HOME/USER/jobs/NAME) is shallow
+                dirs.clear()
+            else:
+                dirs[:] = [d for d in dirs if d not in (owned.FOLDER, ".venv", "node_modules", "checkpoints")]
     return found
 
 
@@ -111,19 +131,21 @@ def kill_all(find) -> None:
 
 def job_processes(home: Path, grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
     """Live processes of the jobs under ``home`` (supervisors, agents, zygotes, workers: they
-    carry their job folder in their environment), after waiting up to ``grace_s`` for them to
-    exit; ``[]`` as soon as there are none."""
-    prefix = f"NOTEBOOK_ELASTIC_JOB_DIR={home}{os.sep}".encode()
+    carry their job folder in their environment, or the folder names them), after waiting up
+    to ``grace_s`` for them to exit; ``[]`` as soon as there are none."""
+    prefix = f"{home}{os.sep}"
 
     def find() -> list[int]:
-        found = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == os.getpid():
+        found = registered_under(home) - {os.getpid()}
+        for proc in psutil.process_iter():
+            if proc.pid == os.getpid() or proc.pid in found:
                 continue
-            env = _read(f"/proc/{name}/environ")
-            if env and any(item.startswith(prefix) for item in env.split(b"\0")) and pid_alive(int(name)):
-                found.append(int(name))
-        return found
+            try:
+                if proc.environ().get("NOTEBOOK_ELASTIC_JOB_DIR", "").startswith(prefix) and pid_alive(proc.pid):
+                    found.add(proc.pid)
+            except psutil.Error:
+                continue
+        return sorted(found)
 
     return wait_until_gone(find, grace_s)
 
@@ -273,8 +295,10 @@ def no_leftovers(request):
 
 
 def _check_and_clean(request, test_id: str, tmp: str) -> list[str]:
+    folders = [tmp] + [request.node.funcargs.get(name) for name in ("home", "tmp_path")]
+
     def find() -> list[int]:
-        return processes_with_env(f"{TEST_ID_ENV}={test_id}")
+        return processes_with_env(f"{TEST_ID_ENV}={test_id}", tuple(folders))
 
     failed = getattr(request.node, "_ne_failed", False)
     left = wait_until_gone(find, 0 if failed else LEFTOVER_GRACE_S)
@@ -286,7 +310,6 @@ def _check_and_clean(request, test_id: str, tmp: str) -> list[str]:
         if not failed:
             problems.append(f"{len(left)} process(es) left behind {LEFTOVER_GRACE_S:.0f} s after the test:\n{listing}")
     kill_all(find)
-    folders = [tmp] + [request.node.funcargs.get(name) for name in ("home", "tmp_path")]
     sockets = stray_sockets(*folders)
     known = request.node.get_closest_marker("leaves_sockets")
     if sockets and known:  # declared by the test, with the reason: told, not failed
@@ -349,8 +372,8 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
 def warm_pool(tmp_path_factory):
     """One warm pool per test process (pool/__init__.py), started outside any test (it carries
     no test's marker, and stays up between tests), stopped at the end. Every job, kernel and
-    JupyterLab the tests start inherits its name; the processes it forks carry their own
-    test's marker (``pool.retitle``), so the leftover check sees them as it sees cold ones."""
+    JupyterLab the tests start inherits its name; the processes it forks are named in their job
+    folders (``runtime/owned.py``), so the leftover check sees them as it sees cold ones."""
     from notebook_elastic import pool
 
     if not pool.enabled():

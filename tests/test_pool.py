@@ -1,6 +1,7 @@
 """The warm pool (pool/__init__.py): a local job's supervisor, agents and workers are forks of
 one process per user that imported torch once and outlives jobs. Its children read as
-themselves in /proc (so ``ps``, the job's orphan scan and the leftover check see them), do
+themselves in ``ps`` and are named in their job folder (so the job's orphan scan and the
+leftover check see them, and their forks), do
 not die with it, and it is reaped when idle; it serves only its own user."""
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 import torch
 from test_warm import assert_another_user_is_refused
@@ -21,7 +24,8 @@ import notebook_elastic.runtime as runtime
 from notebook_elastic import pool
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.contract.events import Kind
-from notebook_elastic.jobfolder.folder import prepare_jobs_root
+from notebook_elastic.jobfolder.folder import prepare_jobs_root, processes_of
+from notebook_elastic.runtime import owned
 
 pytestmark = pytest.mark.slow
 
@@ -81,21 +85,62 @@ def test_a_jobs_processes_are_forks_of_the_pool_which_outlives_it(home, tmp_path
     agents = [e.data["pid"] for e in job.events if e.kind == Kind.AGENT_STARTED]
     workers = {r["pid"] for r in reports(job)}
     assert agents and len(workers) == 2
+    named = {entry.pid for entry in owned.registered(folder)}
     for pid in [supervisor, *agents, *workers]:
         assert ppid(pid) == pool_pid, f"{pid} is not a child of the pool"
-        # It reads as itself, with its own job folder and this test's marker in its environment.
+        # Its environment reads as the pool's (no job folder, no test marker there): its job
+        # folder names it, and the job's own orphan scan finds it.
         environ = proc_file(pid, "environ").split(b"\0")
-        assert f"NOTEBOOK_ELASTIC_JOB_DIR={folder}".encode() in environ
-        assert f"NOTEBOOK_ELASTIC_TEST_ID={os.environ['NOTEBOOK_ELASTIC_TEST_ID']}".encode() in environ
-    assert b"notebook_elastic.supervisor.run" in proc_file(supervisor, "cmdline")
-    assert all(b"notebook_elastic.agent.run" in proc_file(pid, "cmdline") for pid in agents)
-    assert all(b"script.py" in proc_file(pid, "cmdline") for pid in workers)
+        assert not [e for e in environ if e.startswith(b"NOTEBOOK_ELASTIC_JOB_DIR=")]
+        assert pid in named and pid in processes_of(folder)
+    # Named as a cold start's would be (the agent's is torch's: pt_elastic, as when cold).
+    for pid in [supervisor, *workers]:
+        assert proc_file(pid, "comm").strip() == os.path.basename(sys.executable)[:15].encode()
+    # ps shows each as the command a cold start would have run (setproctitle).
+    assert psutil.Process(supervisor).cmdline()[1:3] == ["-m", "notebook_elastic.supervisor.run"]
+    assert all(psutil.Process(pid).cmdline()[1:3] == ["-m", "notebook_elastic.agent.run"] for pid in agents)
+    assert all(any(a.endswith("script.py") for a in psutil.Process(pid).cmdline()) for pid in workers), [
+        psutil.Process(pid).cmdline() for pid in workers
+    ]
     open(gate, "w").close()
     assert job.wait(timeout=180) == "succeeded"
     assert pool.ping(warm_pool) == pool_pid  # it outlives the job
     again = ne.launch(GATED, nproc_per_node=1, name="pooled-again", user_ns=namespace(gate, total=3))
     assert again.wait(timeout=180) == "succeeded"
     assert {r["ppid"] for r in reports(again)} == {pool_pid}  # the next job's workers: the same pool
+
+
+FORKS = """
+import os, signal
+model = torch.nn.Linear(4, 1)
+state = elastic.State(model=model)
+for step in state.steps(TOTAL):
+    if step == 1 and int(os.environ["RANK"]) == 0:
+        child = os.fork()  # the user's own fork of a warm worker, left running in a session of its own
+        if child == 0:
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
+            os._exit(0)
+        elastic.report(step=step, orphan=child)
+    state.commit()
+"""
+
+
+def test_a_fork_of_a_forked_worker_is_the_jobs_and_ends_with_it(home, warm_pool):
+    """A warm worker's environment reads as the pool's, and so does its own fork's: the fork
+    names itself in the job folder as it starts (os.register_at_fork), so the supervisor finds
+    it at the end, kills it (it ignores SIGTERM) and says so."""
+    assert pool.wait_for(warm_pool, 180) is not None
+    job = ne.launch(FORKS, nproc_per_node=1, name="forks", user_ns=namespace("", total=4))
+    assert job.wait(timeout=180) == "succeeded", job.logs[-20:]
+    orphan = next(r["orphan"] for r in reports(job) if "orphan" in r)
+    finished = next(e for e in job.events if e.kind == Kind.JOB_FINISHED)
+    assert finished.get("orphans_killed") == 1, finished.data
+    wait_for(
+        lambda: not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE,
+        "the orphan killed",
+    )
 
 
 def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_for
 
 from notebook_elastic.jobfolder.folder import kill_all, pid_alive, process_start_ticks, processes_of
+from notebook_elastic.runtime import owned
 from notebook_elastic.runtime.protocol import ENV_JOB_DIR
 from notebook_elastic.supervisor.outcome import _is_ours
 from notebook_elastic.supervisor.stall import is_stopped
@@ -64,6 +67,49 @@ def test_processes_of_are_those_whose_environment_names_exactly_this_job(tmp_pat
             time.sleep(0.01)
         assert processes_of(job) == [ours.pid]
         assert not pid_alive(zombie.pid)
+
+
+REGISTERS = [
+    sys.executable,
+    "-c",
+    "import os, sys, time; from notebook_elastic.runtime import owned; owned.register_forks();"
+    " child = os.fork()\nif child == 0: time.sleep(60); os._exit(0)\n"
+    "print(child, flush=True); time.sleep(60)",
+]
+
+
+def test_a_process_named_in_the_job_folder_is_the_jobs_and_so_are_its_forks(tmp_path: Path, handle: str):
+    """The warm pool's forks read as the pool in /proc: each names itself in the job folder
+    (runtime/owned.py), and so does every fork of it. Named processes are the job's until they
+    end, and a name is the process that wrote it, not a later one given its pid."""
+    job = tmp_path / "job"
+    job.mkdir()
+    proc = subprocess.Popen(REGISTERS, env={**os.environ, ENV_JOB_DIR: str(job)}, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        fork = int(proc.stdout.readline())
+        wait_for(lambda: len(owned.registered(job)) == 2, "the process and its fork named")
+        assert {e.pid for e in owned.registered(job)} == {proc.pid, fork}
+        # Their environment hides the job: a name is enough (this process's does not count).
+        other = str(tmp_path / "other")
+        assert sorted(processes_of(other)) == []
+        ours = processes_of(job)
+        assert sorted(ours) == sorted([proc.pid, fork])
+        # A name whose start time is not the process's (a pid given again) is dropped; one from
+        # another machine (a Slurm job's folder is shared) is not this machine's to judge.
+        stale = job / owned.FOLDER / f"{proc.pid}-{process_start_ticks(proc.pid) + 1}-{socket.gethostname()}"
+        elsewhere = job / owned.FOLDER / f"{os.getpid()}-1-another-host"
+        stale.touch()
+        elsewhere.touch()
+        assert sorted(e.pid for e in owned.registered(job)) == sorted([proc.pid, fork])
+        assert not stale.exists() and elsewhere.exists()
+        assert sorted(kill_all(job, grace_s=2.0)) == sorted([proc.pid, fork])
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+        wait_for(lambda: not pid_alive(fork), "the fork ended")  # reparented: init reaps it
+        assert owned.registered(job) == [] and [p.name for p in (job / owned.FOLDER).iterdir()] == [elsewhere.name]
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_record_tells_its_process_from_a_later_one_by_its_start_ticks():

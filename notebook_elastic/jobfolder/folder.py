@@ -10,6 +10,8 @@ script 0700, whatever the umask, because a job folder holds code that runs as it
     status.json                     the latest summary, rewritten atomically
     outcome.json                    the job's outcome, written in place into room taken at start
     .reserve                        room kept for the last records, freed just before they are written
+    .procs/PID-TICKS-HOST           the job's processes forked by the warm pool (and their forks),
+                                    which their environment does not show (runtime/owned.py)
     supervisor.json                 pid and control address of the supervisor (0600)
     supervisor.log, logs/NODE.log   raw output of the supervisor and of each agent
     logs/torchelastic/              torchrun's own per-worker files (error.json)
@@ -33,6 +35,7 @@ import psutil
 
 from ..errors import BackendError
 from ..pool import own_launcher
+from ..runtime import owned
 from ..runtime.procfs import stat_fields
 from ..runtime.protocol import ENV_JOB_DIR
 
@@ -366,23 +369,34 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
 
 
 def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
-    """Pids of every live process started for this job: those whose environment holds
-    ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>``, less this process. The process table is the ground
-    truth for "no orphan left". Another user's processes (their environment is not ours to
-    read) are never the job's."""
+    """Pids of every live process started for this job, less this process: those whose
+    environment holds ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>`` (whatever was exec'd for it) and
+    those named in its folder (the warm pool's forks and theirs: ``runtime/owned.py``). The
+    process table is the ground truth for "no orphan left". Another user's processes (their
+    environment is not ours to read, their names not in our folder) are never the job's."""
     job = os.fspath(job_dir)
     me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
-    found = []
+    found = {entry.pid for entry in owned.registered(job)} - me
     for proc in psutil.process_iter():  # environ() itself, not attrs=: as_dict() costs a quarter more
-        if proc.pid in me:
+        if proc.pid in me or proc.pid in found:
             continue
         try:
             env = proc.environ()
         except psutil.Error:  # gone, or another user's
             continue
         if env.get(ENV_JOB_DIR) == job and pid_alive(proc.pid):
-            found.append(proc.pid)
-    return found
+            found.add(proc.pid)
+    return sorted(found)
+
+
+def _is_the_jobs(proc: psutil.Process, job: str) -> bool:
+    """Whether ``proc`` is one of the job's: its environment says so, or the job folder names it."""
+    try:
+        if proc.environ().get(ENV_JOB_DIR) == job:
+            return True
+    except psutil.Error:
+        pass
+    return owned.is_registered(job, proc.pid)
 
 
 class _Held:
@@ -439,10 +453,7 @@ def _hold(pid: int, job: str, which: Callable[[int], bool] | None) -> _Held | No
     except OSError:  # no pidfds here (Linux < 5.3, a sandbox that forbids them): psutil's handle alone
         pidfd = None
     held = _Held(proc, pidfd)
-    try:
-        ours = proc.environ().get(ENV_JOB_DIR) == job and (which is None or which(pid))
-    except psutil.Error:
-        ours = False
+    ours = _is_the_jobs(proc, job) and (which is None or which(pid))
     if ours and held.running():
         return held
     held.close()

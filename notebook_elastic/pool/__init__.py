@@ -27,15 +27,14 @@ starts it, and makes its children look like the processes they stand for.
   before); ``NOTEBOOK_ELASTIC_WARM_WORKERS=0`` turns every warm start off.
 
 A forked child would show the pool's command line and environment in ``/proc`` (the kernel
-reads them from the memory the pool was started with), and tools that find a job's processes
-there (``ps``, the job's own orphan scan, the test suite's leftover check) would not see it.
-``retitle`` rewrites that memory with the child's own argv and environment, as setproctitle
-does; the pool is started with room for them.
+reads them from the memory the pool was started with). ``retitle`` gives it its own command
+line (setproctitle); the job's orphan scan and the suite's leftover check, which find a job's
+processes by the job folder in their environment, find its forks by the names they leave in
+the job folder (``runtime/owned.py``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import socket
@@ -48,7 +47,6 @@ from typing import Any
 ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
 ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
 ENV_IDLE = "NOTEBOOK_ELASTIC_POOL_IDLE_S"
-ENV_ROOM_VAR = "NOTEBOOK_ELASTIC_POOL_ROOM"  # the pool's padding: room for its children's environments
 ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
 ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
 ENV_OWNER = "NOTEBOOK_ELASTIC_POOL_OWNER"  # a pid: the pool ends with that process (a test session)
@@ -56,9 +54,6 @@ IDLE_S = 600.0
 #: Read when torch and the preloaded modules are imported: a pool imported under other values
 #: would hand children the wrong ones. (CUDA_VISIBLE_DEVICES is read only when CUDA starts.)
 _IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "LD_", "LOGLEVEL", "PYTHON")
-#: Room kept in the pool's argv and environment for its children's own (see ``retitle``).
-ARGV_ROOM = 4096
-ENV_ROOM = 32768
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -155,7 +150,6 @@ def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = N
 
     env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job
     env[ENV_POOL] = name
-    env[ENV_ROOM_VAR] = "." * ENV_ROOM
     out = None
     if log is not None:
         try:
@@ -164,7 +158,7 @@ def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = N
             out = None
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "notebook_elastic.pool.warm", "pool", name, "." * ARGV_ROOM],
+            [sys.executable, "-m", "notebook_elastic.pool.warm", "pool", name],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL if out is None else out,
             stderr=subprocess.DEVNULL if out is None else subprocess.STDOUT,
@@ -249,41 +243,20 @@ def inherit(given: dict[str, Any]) -> None:
             pass
 
 
-# -- what /proc shows of a forked child ------------------------------------------------------
+# -- what ps shows of a forked child -------------------------------------------------------
 
 
-def retitle(argv: list[str], env: dict[str, str]) -> None:
-    """Make ``/proc/self/cmdline`` and ``/proc/self/environ`` read as ``argv`` and ``env``
-    (as much as the pool's room holds; our own variables first). Call it only after
-    ``os.environ`` was replaced: nothing may still point into the memory it overwrites."""
+def retitle(argv: list[str]) -> None:
+    """Show this forked child as ``python ARGV...`` in ``ps`` and ``/proc/PID/cmdline``, as a
+    cold start would read (setproctitle; the name in ``comm`` stays the interpreter's). Its
+    environment reads as the pool's: ``runtime.owned`` says whose it is. Call it before
+    ``os.environ`` changes: setproctitle finds the memory it writes by the environment's."""
     try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        # proc(5): fields 48-51 are arg_start, arg_end, env_start, env_end; index 0 is field 3.
-        arg_start, arg_end, env_start, env_end = (int(fields[n - 3]) for n in (48, 49, 50, 51))
-    except (OSError, IndexError, ValueError):
+        import setproctitle
+    except ImportError:  # an environment without it (a pod's image): the pool's title, as the name
         return
-    ours = sorted(k for k in env if k.startswith("NOTEBOOK_ELASTIC") and k != ENV_ROOM_VAR)
-    rest = sorted(k for k in env if not k.startswith("NOTEBOOK_ELASTIC"))
-    _overwrite(arg_start, arg_end, [sys.executable, *argv], truncate=True)
-    _overwrite(env_start, env_end, [f"{k}={env[k]}" for k in (*ours, *rest)], truncate=False)
-
-
-def _overwrite(start: int, end: int, items: list[str], *, truncate: bool) -> None:
-    size = end - start
-    if size <= 1:
-        return
-    data = bytearray()
-    for item in items:
-        raw = item.encode(errors="replace") + b"\0"
-        if len(data) + len(raw) > size:
-            if truncate:
-                data += raw[: size - len(data) - 1] + b"\0"
-                break
-            continue  # a variable that does not fit is left out, the next may fit
-        data += raw
-    data += b"\0" * (size - len(data))
-    ctypes.memmove(start, bytes(data), size)
+    setproctitle.setproctitle(" ".join([sys.executable, *argv]))
+    setproctitle.setthreadtitle(os.path.basename(sys.executable)[:15])
 
 
 def wait_for(name: str, timeout_s: float) -> int | None:

@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from ..runtime import log as _logging
-from ..runtime import protocol
+from ..runtime import owned, protocol
 from .wire import ENV_ZYGOTE, _address, _send, enabled, same_user
 
 _log = _logging.get("pool.warm")
@@ -228,18 +228,20 @@ def _child(request: dict[str, Any], fds: list[int], as_pool: bool = False) -> No
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=die_with_launcher, name="warm-launcher-watch", daemon=True).start()
+    module = request.get("module")
+    argv = request["argv"]
+    if as_pool:  # before the environment changes: setproctitle finds its room from the environment's
+        pool.retitle(["-m", module, *argv[1:]] if module else ["-u", *argv])
     os.chdir(request["cwd"])
     pool.inherit(request.get("inherit") or {})
     os.environ.clear()
     os.environ.update(request["env"])
-    module = request.get("module")
-    argv = request["argv"]
     if as_pool:
         # Its own session, as a cold start in one would be; tied to its launcher, not the pool.
         os.setsid()
         os.environ[pool.ENV_FORKED] = str(os.getpid())
         os.environ[pool.ENV_LAUNCHER] = str(request.get("launcher", ""))
-        pool.retitle(["-m", module, *argv[1:]] if module else ["-u", *argv], dict(os.environ))
+        owned.register_forks()  # its environment reads as the pool's: the job folder names it
     else:
         os.environ[ENV_WARM_PARENT] = str(os.getppid())
     # Our package reads who it is (RANK, ...) from the environment when imported: the child

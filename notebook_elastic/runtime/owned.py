@@ -1,0 +1,100 @@
+"""The processes a job owns that their environment does not show: forks.
+
+A job's processes are found by ``NOTEBOOK_ELASTIC_JOB_DIR=<job folder>`` in their environment
+(``jobfolder.folder.processes_of``): every process started by ``exec`` with the job's
+environment carries it, whatever starts it. A fork does not: Linux shows a process's
+environment from the memory it was exec'd with, so a child the warm pool forks shows the
+pool's, and a fork of that child (a DataLoader worker, the user's ``os.fork()``) the same.
+Rather than write over that memory, each such process puts its name in the job folder:
+``.procs/PID-TICKS-HOST``, an empty file (``TICKS``: its start time in clock ticks since boot,
+which tells it from a later process given the same pid; ``HOST``: jobs on Slurm share their
+folder between machines). The pool's children register as they start and install
+``os.register_at_fork`` so that every Python-level fork of theirs registers too.
+
+A process that cannot register (a full disk) is still tied to its launcher, which carries the
+job's environment and takes it down with it. Readers drop the names of processes that ended.
+The standard library only: this runs in workers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import NamedTuple
+
+from .procfs import stat_fields
+from .protocol import ENV_JOB_DIR
+
+FOLDER = ".procs"
+_hooked = False
+
+
+class Registered(NamedTuple):
+    pid: int
+    start_ticks: int
+    path: Path
+
+
+def _ticks(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[19]) if fields is not None else None
+
+
+def register(job_dir: str | None = None) -> Path | None:
+    """Name this process in its job's folder (``job_dir``, else the one its environment
+    names); the file written, or None where there is no job folder or no room."""
+    job = job_dir if job_dir is not None else os.environ.get(ENV_JOB_DIR)
+    ticks = _ticks(os.getpid())
+    if not job or ticks is None:
+        return None
+    folder = Path(job) / FOLDER
+    path = folder / f"{os.getpid()}-{ticks}-{socket.gethostname()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+    except OSError:  # a full disk, a folder gone with its job: the launcher still holds it
+        return None
+    return path
+
+
+def register_forks() -> None:
+    """Register this process, and from now on every fork of it (and of those) as it starts."""
+    global _hooked
+    register()
+    if not _hooked:
+        _hooked = True
+        os.register_at_fork(after_in_child=register)
+
+
+def registered(job_dir: str | os.PathLike[str]) -> list[Registered]:
+    """The processes on this machine named in the job folder, still running as the process
+    that registered (pid and start time); the names of those that ended are removed."""
+    folder = Path(job_dir) / FOLDER
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    host = socket.gethostname()
+    found = []
+    for name in names:
+        parts = name.split("-", 2)
+        if len(parts) != 3 or parts[2] != host or not (parts[0].isdigit() and parts[1].isdigit()):
+            continue
+        pid, ticks = int(parts[0]), int(parts[1])
+        fields = stat_fields(pid)
+        if fields is not None and int(fields[19]) == ticks and fields[0] != "Z":
+            found.append(Registered(pid, ticks, folder / name))
+            continue
+        try:  # it ended (a zombie has), or its pid was given to a later process
+            (folder / name).unlink()
+        except OSError:
+            pass
+    return found
+
+
+def is_registered(job_dir: str | os.PathLike[str], pid: int) -> bool:
+    """Whether process ``pid``, as it runs now, is named in the job folder."""
+    ticks = _ticks(pid)
+    return ticks is not None and (Path(job_dir) / FOLDER / f"{pid}-{ticks}-{socket.gethostname()}").exists()
