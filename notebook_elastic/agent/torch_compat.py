@@ -191,8 +191,8 @@ def probe() -> dict[str, str]:
             fails("DynamicRendezvousHandler._settings")
         # A replaced store is seeded with a state torch reads back (_reconnect): the round's
         # state is where and as the seeding writes it.
-        backend, now = inner._state_holder._backend, state
-        if rendezvous_store(inner) is not store or now is None or _seeded_round(store.get(backend._key)) != now[0]:
+        backend = inner._state_holder._backend
+        if rendezvous_store(inner) is not store or state is None or _seeded_round(store.get(backend._key)) != state[0]:
             fails("C10dRendezvousBackend._store")
         if _round_rules.drop_gone:
             store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
@@ -293,8 +293,13 @@ def _exit_round(handler: Any, timeout_s: float) -> bool:
 def rendezvous_store(handler: Any) -> Any | None:
     """The store the rendezvous backend talks to now (a replacement, once reconnected), for
     keys of our own beside the rendezvous state; None when this torch does not say."""
-    backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
-    return getattr(backend, "_store", None)
+    return holder_store(getattr(handler, "_state_holder", None))
+
+
+def holder_store(holder: Any) -> Any | None:
+    """The store a rendezvous state holder's backend talks to now; None when this torch does
+    not say."""
+    return getattr(getattr(holder, "_backend", None), "_store", None)
 
 
 def leave_instead_of_closing(always: bool = True) -> bool:
@@ -441,7 +446,7 @@ def _mark_gone_expired(holder: Any) -> None:
 
     settings = holder._settings
     window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
-    gone = _gone_pids(getattr(holder._backend, "_store", None), window_s)
+    gone = _gone_pids(holder_store(holder), window_s)
     for node, beat in list(holder._state.last_heartbeats.items()) if gone else ():
         if node.pid in gone:
             # The same kind of time as torch's own: aware (UTC) since 2.5, naive before (2.4's
@@ -538,7 +543,7 @@ def _executor_class() -> type:
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
             # The store the operation syncs with: the one a round's target is read from.
-            _round_store.store = getattr(getattr(self._state_holder, "_backend", None), "_store", None)
+            _round_store.store = holder_store(self._state_holder)
             if _round_rules.close_at_target and isinstance(state_handler, dr._RendezvousJoinOp):
                 state_handler = _closing_at_target(state_handler)
             return super().run(state_handler, deadline, update_deadline)
@@ -950,8 +955,7 @@ def _reconnect(
 def _follow_replaced_store(handler: Any) -> None:
     """The handler keeps its own reference to the store (for the round's PrefixStore): the
     backend's, which a reconnection replaced."""
-    backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
-    store = getattr(backend, "_store", None)
+    store = rendezvous_store(handler)
     if store is not None and getattr(handler, "_store", None) is not store:
         handler._store = store
 
