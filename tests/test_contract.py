@@ -128,3 +128,42 @@ def test_every_field_read_through_a_kind_class_is_that_class_s():
                 wrong.append(f"{path.relative_to(REPO)}:{line}: {key!r} is no field of {', '.join(lacking)}")
     assert not wrong, "\n".join(wrong)
     assert reads > 50  # the fold's reads are seen (not a check that found nothing to check)
+
+
+def _emitted_fields(tree: ast.AST) -> Iterator[tuple[int, str, list[str]]]:
+    """Each event written with its fields named at the call: ``emit("restart", node=..,
+    reason=..)``, ``self.emit(Kind.RESTART, name, reason=..)``; the kind and the field names."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        if not ((isinstance(func, ast.Name) and func.id == "emit") or (isinstance(func, ast.Attribute) and func.attr == "emit")):
+            continue
+        first = node.args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            kind = first.value
+        elif isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name) and first.value.id == "Kind":
+            kind = Kind[first.attr].value
+        else:
+            continue
+        names = [k.arg for k in node.keywords if k.arg is not None and k.arg not in ("node", "t")]
+        yield node.lineno, kind, names
+
+
+def test_every_field_an_event_is_written_with_is_its_kind_s():
+    """What each process writes, read against the classes as the fold's reads are: a field the
+    class lacks passes the schema (extra properties are allowed, so an old reader takes a new
+    event) but no reader knows of it."""
+    wrong, calls = [], 0
+    for path in sorted((REPO / "notebook_elastic").rglob("*.py")):
+        for line, kind, names in _emitted_fields(ast.parse(path.read_text())):
+            calls += 1
+            cls = EVENT_TYPES.get(Kind(kind))
+            if cls is None:
+                wrong.append(f"{path.relative_to(REPO)}:{line}: {kind!r} is no kind")
+                continue
+            fields = cls.__required_keys__ | cls.__optional_keys__
+            if lacking := [n for n in names if n not in fields]:
+                wrong.append(f"{path.relative_to(REPO)}:{line}: {kind} has no field {', '.join(lacking)}")
+    assert not wrong, "\n".join(wrong)
+    assert calls > 20

@@ -117,6 +117,7 @@ export interface IScaledEvent {
   reason?: string;
   reconfigured?: boolean;
   returned?: boolean;
+  epoch?: number;
 }
 
 export interface IFaultEvent {
@@ -139,6 +140,8 @@ export interface INodeJoinedEvent {
   epoch?: number;
   warm?: boolean;
   gpus?: string[];
+  ip?: string | null;
+  index?: string | null;
 }
 
 export interface INodeLeftEvent {
@@ -155,6 +158,8 @@ export interface INodeEvictedEvent {
   node?: string | null;
   failure: string | null;
   target?: number;
+  round?: number | null;
+  index?: number;
 }
 
 export interface IPendingEvent {
@@ -163,6 +168,7 @@ export interface IPendingEvent {
   node?: string | null;
   reason: string;
   message?: string;
+  component?: string;
 }
 
 export interface IQueueEvent {
@@ -205,6 +211,13 @@ export interface IRendezvousEvent {
   group_rank: number;
   group_world_size?: number;
   epoch?: number;
+  members?: {
+  addr: string;
+  pid: number;
+  local_id: number;
+  group_rank: number;
+}[];
+  agent_pid?: number;
 }
 
 export interface IRestartEvent {
@@ -216,6 +229,8 @@ export interface IRestartEvent {
   max_restarts?: number;
   new_nodes?: number;
   written?: number;
+  round?: number | null;
+  local_ranks?: number[];
 }
 
 export interface IWorkerStartedEvent {
@@ -242,6 +257,7 @@ export interface IWorkerFailedEvent {
   cause?: 'peer';
   fatal?: boolean;
   generation?: number | null;
+  pid?: number;
 }
 
 export interface IWorkerExitedEvent {
@@ -338,6 +354,8 @@ export interface IResumedEvent {
   from_world_size?: number | null;
   world_size?: number;
   samples_seen?: number;
+  from_generation?: number;
+  path?: string;
 }
 
 export interface ICheckpointEvent {

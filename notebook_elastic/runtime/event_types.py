@@ -118,6 +118,7 @@ class Scaled(TypedDict):
     reason: NotRequired[str]
     reconfigured: NotRequired[bool]
     returned: NotRequired[bool]  # a node taken away with return_after_s came back
+    epoch: NotRequired[int]  # the membership epoch the new size starts
 
 
 class Fault(TypedDict):
@@ -134,6 +135,8 @@ class NodeJoined(TypedDict):
     epoch: NotRequired[int]  # the membership epoch it joined in (local and Slurm supervisors)
     warm: NotRequired[bool]  # a standby agent taken, not one started for it
     gpus: NotRequired[list[str]]  # the devices its ranks are placed on, its own alone
+    ip: NotRequired[str | None]  # a pod's address
+    index: NotRequired[str | None]  # a pod's completion index, as its label says it
 
 
 class NodeLeft(TypedDict):
@@ -144,11 +147,14 @@ class NodeLeft(TypedDict):
 class NodeEvicted(TypedDict):
     failure: str | None
     target: NotRequired[int]
+    round: NotRequired[int | None]  # the round it was sent away from
+    index: NotRequired[int]  # its place in the job (a pod's completion index)
 
 
 class Pending(TypedDict):
     reason: str
     message: NotRequired[str]
+    component: NotRequired[str]  # what waits: the rendezvous (a pod not yet joined)
 
 
 class Queue(TypedDict):
@@ -174,11 +180,20 @@ class StoreReady(TypedDict):
     pid: NotRequired[int]
 
 
+class RoundMember(TypedDict):
+    addr: str
+    pid: int
+    local_id: int
+    group_rank: int
+
+
 class Rendezvous(TypedDict):
     round: int | None
     group_rank: int
     group_world_size: NotRequired[int]
     epoch: NotRequired[int]
+    members: NotRequired[list[RoundMember]]  # the nodes in the round, by group rank
+    agent_pid: NotRequired[int]
 
 
 class Restart(TypedDict):
@@ -187,6 +202,8 @@ class Restart(TypedDict):
     max_restarts: NotRequired[int]
     new_nodes: NotRequired[int]
     written: NotRequired[float]
+    round: NotRequired[int | None]  # the rendezvous round the restart leaves (agent side)
+    local_ranks: NotRequired[list[int]]  # a departure: the local ranks that left
 
 
 class WorkerStarted(TypedDict):
@@ -207,6 +224,7 @@ class WorkerFailed(TypedDict):
     cause: NotRequired[Literal["peer"]]
     fatal: NotRequired[bool]
     generation: NotRequired[int | None]
+    pid: NotRequired[int]
 
 
 class WorkerExited(TypedDict):
@@ -271,6 +289,8 @@ class Resumed(TypedDict):
     from_world_size: NotRequired[int | None]
     world_size: NotRequired[int]
     samples_seen: NotRequired[int]
+    from_generation: NotRequired[int]  # the checkpoint generation restored (-1: unknown)
+    path: NotRequired[str]  # the checkpoint restored
 
 
 class Checkpoint(TypedDict):
