@@ -14,6 +14,7 @@ import os
 import queue
 import re
 import shlex
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -154,7 +155,7 @@ def shown(d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def tracking_text(d: dict[str, Any]) -> str:
+def tracking_text(d: Mapping[str, Any]) -> str:
     """One line: "MLflow run 3f2a...: http://...", "W&B run x1 (offline) in DIR: wandb sync DIR"."""
     name = TRACKER_NAMES.get(str(d.get("tracker")), str(d.get("tracker")))
     what = f"{name} run {d.get('run_id')}" if d.get("run_id") else name
