@@ -179,6 +179,11 @@ class ElasticJob:
     def state(self) -> JobState:
         return self._state
 
+    def reading(self) -> threading.RLock:
+        """Hold the state still while reading several of its parts together (a view drawing
+        a picture): ``with job.reading(): ...``. The follower's events wait meanwhile."""
+        return self._lock
+
     @property
     def status(self) -> str:
         """prepared, pending, running, restarting, succeeded, failed or stopped."""

@@ -117,7 +117,6 @@ class JobState:
         self.tokens_per_step: float | None = None  # reported tokens=
         self.gpu: dict[int, dict[str, Any]] = {}  # rank -> its latest gpu event's figures
         self.tracking: dict[str, dict[str, Any]] = {}  # tracker -> where its run is (tracking events)
-        self._world_sizes: dict[int | None, int] = {}
         self._fold = Fold(self)  # what each event kind does to the attributes above
 
     # -- derived -------------------------------------------------------------------------

@@ -240,7 +240,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
     def _render(self, dirty: set[str]) -> None:
         job = self.job
         state = job.state
-        with job._lock:
+        with job.reading():
             if "header" in dirty:
                 backend = getattr(job.backend, "name", "")
                 self._set(self.header, "value", header_html(job.name, backend, state))
@@ -325,7 +325,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
         """The current picture as static HTML (header, chart, legend, events), marked as a
         picture of a kernel that is gone: what a notebook without live widget models shows."""
         job, state = self.job, self.job.state
-        with job._lock:
+        with job.reading():
             return snapshot_html(
                 job.name,
                 getattr(job.backend, "name", ""),
