@@ -43,6 +43,7 @@ from .watch import (
     RETRY_MAX_S,
     WATCH_TIMEOUT_S,
     Backoff,
+    Followed,
     Transient,
     Watcher,
     _ts,
@@ -88,12 +89,11 @@ class ClusterFollower:
         self.pods_lock = threading.Lock()
         # Each part is given the ones it calls, so they are made in that order: the pod watch
         # tells log following and the workload's events; the workload's end waits on the logs.
-        self.watcher = Watcher(conn, job, stop, self.emit)
-        self.logs = LogFollower(conn, job, stop, self.pods, self.pods_lock, self.events.put, self.watcher.forbidden)
-        self.workload = WorkloadEvents(conn, job, stop, self.emit, self.watcher, self.logs.catch_up_all)
-        self.pod_events = PodEvents(
-            conn, job, stop, self.emit, self.watcher, self.pods, self.pods_lock, self.logs, self.workload
-        )
+        followed = Followed(conn, job, stop, self.emit)
+        self.watcher = Watcher(followed)
+        self.logs = LogFollower(followed, self.pods, self.pods_lock, self.events.put, self.watcher.forbidden)
+        self.workload = WorkloadEvents(followed, self.watcher, self.logs.catch_up_all)
+        self.pod_events = PodEvents(followed, self.watcher, self.pods, self.pods_lock, self.logs, self.workload)
 
     def emit(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None:
         self.events.put(Event(kind, t if t is not None else time.time(), node, data))

@@ -34,9 +34,9 @@ from typing import Any
 
 from ...contract.events import Event, Kind
 from ...runtime import log as _logging
-from .client import Connection, is_missing
+from .client import is_missing
 from .pods import PodView
-from .watch import Backoff, is_forbidden, parse_time
+from .watch import Backoff, Followed, is_forbidden, parse_time
 
 _log = _logging.get("backends.kubernetes.logs")
 
@@ -54,22 +54,20 @@ class LogFollower:
 
     def __init__(
         self,
-        conn: Connection,
-        job: str,
-        stop: threading.Event,
+        followed: Followed,
         pods: dict[str, PodView],
         pods_lock: threading.Lock,
         put: Callable[[Event], None],
         forbidden: Callable[[BaseException, str], None],
     ) -> None:
-        self.conn = conn
-        self.job = job
-        self.stop = stop
+        self.conn = followed.conn
+        self.job = followed.job
+        self.stop = followed.stop
         self.pods = pods
         self.pods_lock = pods_lock
         self.put = put
         self.forbidden = forbidden
-        self.core = conn.core()
+        self.core = self.conn.core()
         # Guards the choice below (asked, held, due, reading, sweeps, first_words) and wakes the
         # scheduler and the catch-up readers when it changes.
         self.log_wake = threading.Condition()

@@ -16,9 +16,8 @@ from ...contract.events import Kind, LineParser
 from ...runtime import log as _logging
 from ...runtime import protocol
 from . import manifests as m
-from .client import Connection
 from .cursor import LogCursor
-from .watch import Emit, Watcher
+from .watch import Followed, Watcher
 
 _log = _logging.get("backends.kubernetes.pods")
 
@@ -126,26 +125,23 @@ class PodEvents:
 
     def __init__(
         self,
-        conn: Connection,
-        job: str,
-        stop: threading.Event,
-        emit: Emit,
+        followed: Followed,
         watcher: Watcher,
         pods: dict[str, PodView],
         pods_lock: threading.Lock,
         logs: PodLogs,
         workload: PodWorkload,
     ) -> None:
-        self.conn = conn
-        self.job = job
-        self.stop = stop
-        self.emit = emit
+        self.conn = followed.conn
+        self.job = followed.job
+        self.stop = followed.stop
+        self.emit = followed.emit
         self.watcher = watcher
         self.pods = pods
         self.pods_lock = pods_lock
         self.logs = logs
         self.workload = workload
-        self.core = conn.core()
+        self.core = self.conn.core()
         self.success_met = False  # the workers' Job met its successPolicy
 
     def watch_pods(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...contract.events import Kind
@@ -66,14 +67,25 @@ class Emit(Protocol):
     def __call__(self, kind: str, node: str | None = None, t: float | None = None, **data: Any) -> None: ...
 
 
+@dataclass(frozen=True)
+class Followed:
+    """What every part of the cluster follower works on: the connection, the job's name, the
+    flag that ends the following, and where its events go."""
+
+    conn: Connection
+    job: str
+    stop: threading.Event
+    emit: Emit
+
+
 class Watcher:
     """The follower's watches and its one sentence per missing right."""
 
-    def __init__(self, conn: Connection, job: str, stop: threading.Event, emit: Emit) -> None:
-        self.conn = conn
-        self.job = job
-        self.stop = stop
-        self.emit = emit
+    def __init__(self, followed: Followed) -> None:
+        self.conn = followed.conn
+        self.job = followed.job
+        self.stop = followed.stop
+        self.emit = followed.emit
         self.lock = threading.Lock()  # the watches, log readers and polls meet a 403 at once
         self.refused: set[str] = set()  # the 403 sentences told (each once)
 

@@ -17,9 +17,9 @@ from ...runtime import log as _logging
 from ...runtime import protocol
 from . import kueue
 from . import manifests as m
-from .client import Connection, is_missing
+from .client import is_missing
 from .pods import first_container, terminated_state
-from .watch import Backoff, Emit, Transient, Watcher, _ts, is_forbidden
+from .watch import Backoff, Followed, Transient, Watcher, _ts, is_forbidden
 
 _log = _logging.get("backends.kubernetes.workload")
 
@@ -36,22 +36,14 @@ class WorkloadEvents:
     """The controller's warnings and the workload's status, folded into events. Before the
     end is told, ``catch_up_all`` reads the rest of every pod's log (log following's)."""
 
-    def __init__(
-        self,
-        conn: Connection,
-        job: str,
-        stop: threading.Event,
-        emit: Emit,
-        watcher: Watcher,
-        catch_up_all: Callable[[], None],
-    ) -> None:
-        self.conn = conn
-        self.job = job
-        self.stop = stop
-        self.emit = emit
+    def __init__(self, followed: Followed, watcher: Watcher, catch_up_all: Callable[[], None]) -> None:
+        self.conn = followed.conn
+        self.job = followed.job
+        self.stop = followed.stop
+        self.emit = followed.emit
         self.watcher = watcher
         self.catch_up_all = catch_up_all
-        self.core = conn.core()
+        self.core = self.conn.core()
         self.lock = threading.Lock()  # guards warned: the event watch adds, the pod watch clears
         self.warned: set[tuple[str, str]] = set()  # (reason, message) of warnings told
         self.released = False  # we deleted the rendezvous pod of a finished job
