@@ -137,7 +137,10 @@ def _emitted_fields(tree: ast.AST) -> Iterator[tuple[int, str, list[str]]]:
         if not isinstance(node, ast.Call) or not node.args:
             continue
         func = node.func
-        if not ((isinstance(func, ast.Name) and func.id == "emit") or (isinstance(func, ast.Attribute) and func.attr == "emit")):
+        if not (
+            (isinstance(func, ast.Name) and func.id == "emit")
+            or (isinstance(func, ast.Attribute) and func.attr == "emit")
+        ):
             continue
         first = node.args[0]
         if isinstance(first, ast.Constant) and isinstance(first.value, str):
