@@ -23,7 +23,7 @@ LAYERS = [
     # them whether a supervisor on another host lives.
     {"packaging", "contract.spec", "contract.options", "backends.slurm.cluster", "backends.slurm.options"},
     {"contract.plan"},
-    {"contract.events", "contract.job_state"},
+    {"contract.events", "contract.words", "contract.job_state"},
     # The job folder: shared by the kernel's backend and the supervisor it starts.
     {"jobfolder"},
     # The supervisor is a process of the local and Slurm backends (started by module name).
