@@ -72,6 +72,9 @@ def installed(tmp_path_factory) -> dict[str, str]:
         capture_output=True,
         text=True,
         timeout=900,
+        # A stale build is rebuilt by npm, whose script runs jupyter-builder from this
+        # environment: found there even when the environment was not activated.
+        env={**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     purelib = sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)})
