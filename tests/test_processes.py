@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -72,9 +71,16 @@ def test_processes_of_are_those_whose_environment_names_exactly_this_job(tmp_pat
 REGISTERS = [
     sys.executable,
     "-c",
-    "import os, sys, time; from notebook_elastic.runtime import owned; owned.register_forks();"
+    "import ctypes, os, signal, sys, time; from notebook_elastic.runtime import owned\n"
+    # As in a fork of the warm pool: the job folder in os.environ, not in what /proc shows.
+    "os.environ['NOTEBOOK_ELASTIC_JOB_DIR'] = sys.argv[1]; owned.register_forks();"
     " child = os.fork()\nif child == 0: time.sleep(60); os._exit(0)\n"
-    "print(child, flush=True); time.sleep(60)",
+    # A fork made in C runs no at-fork hook: it names nothing, and is found as a descendant.
+    # It also ignores SIGTERM: once its parent is gone it is no descendant, and only the handle
+    # taken on it before reaches it with SIGKILL.
+    "c_child = ctypes.CDLL(None).fork()\n"
+    "if c_child == 0: signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600); os._exit(0)\n"
+    "print(child, c_child, flush=True); time.sleep(60)",
 ]
 
 
@@ -84,28 +90,29 @@ def test_a_process_named_in_the_job_folder_is_the_jobs_and_so_are_its_forks(tmp_
     end, and a name is the process that wrote it, not a later one given its pid."""
     job = tmp_path / "job"
     job.mkdir()
-    proc = subprocess.Popen(REGISTERS, env={**os.environ, ENV_JOB_DIR: str(job)}, stdout=subprocess.PIPE)
+    env = {k: v for k, v in os.environ.items() if k != ENV_JOB_DIR}
+    proc = subprocess.Popen([*REGISTERS, str(job)], env=env, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        fork = int(proc.stdout.readline())
+        fork, c_fork = (int(pid) for pid in proc.stdout.readline().split())
         wait_for(lambda: len(owned.registered(job)) == 2, "the process and its fork named")
         assert {e.pid for e in owned.registered(job)} == {proc.pid, fork}
         # Their environment hides the job: a name is enough (this process's does not count).
         other = str(tmp_path / "other")
         assert sorted(processes_of(other)) == []
         ours = processes_of(job)
-        assert sorted(ours) == sorted([proc.pid, fork])
+        assert sorted(ours) == sorted([proc.pid, fork, c_fork])
         # A name whose start time is not the process's (a pid given again) is dropped; one from
         # another machine (a Slurm job's folder is shared) is not this machine's to judge.
-        stale = job / owned.FOLDER / f"{proc.pid}-{process_start_ticks(proc.pid) + 1}-{socket.gethostname()}"
+        stale = job / owned.FOLDER / f"{proc.pid}-{process_start_ticks(proc.pid) + 1}-{owned.machine()}"
         elsewhere = job / owned.FOLDER / f"{os.getpid()}-1-another-host"
         stale.touch()
         elsewhere.touch()
         assert sorted(e.pid for e in owned.registered(job)) == sorted([proc.pid, fork])
         assert not stale.exists() and elsewhere.exists()
-        assert sorted(kill_all(job, grace_s=2.0)) == sorted([proc.pid, fork])
+        assert sorted(kill_all(job, grace_s=2.0)) == sorted([proc.pid, fork, c_fork])
         assert proc.wait(timeout=10) == -signal.SIGTERM
-        wait_for(lambda: not pid_alive(fork), "the fork ended")  # reparented: init reaps it
+        wait_for(lambda: not pid_alive(fork) and not pid_alive(c_fork), "the forks ended", timeout=30)  # reparented
         assert owned.registered(job) == [] and [p.name for p in (job / owned.FOLDER).iterdir()] == [elsewhere.name]
     finally:
         proc.kill()

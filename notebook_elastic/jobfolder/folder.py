@@ -10,7 +10,7 @@ script 0700, whatever the umask, because a job folder holds code that runs as it
     status.json                     the latest summary, rewritten atomically
     outcome.json                    the job's outcome, written in place into room taken at start
     .reserve                        room kept for the last records, freed just before they are written
-    .procs/PID-TICKS-HOST           the job's processes forked by the warm pool (and their forks),
+    .procs/PID-TICKS-MACHINE        the job's processes forked by the warm pool (and their forks),
                                     which their environment does not show (runtime/owned.py)
     supervisor.json                 pid and control address of the supervisor (0600)
     supervisor.log, logs/NODE.log   raw output of the supervisor and of each agent
@@ -370,33 +370,51 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
 
 def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
     """Pids of every live process started for this job, less this process: those whose
-    environment holds ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>`` (whatever was exec'd for it) and
-    those named in its folder (the warm pool's forks and theirs: ``runtime/owned.py``). The
-    process table is the ground truth for "no orphan left". Another user's processes (their
+    environment holds ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>`` (whatever was exec'd for it),
+    those named in its folder (the warm pool's forks and theirs: ``runtime/owned.py``), and
+    the descendants of both (a fork that could not name itself: a full disk, a fork made in C).
+    The process table is the ground truth for "no orphan left". Another user's processes (their
     environment is not ours to read, their names not in our folder) are never the job's."""
     job = os.fspath(job_dir)
     me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
     found = {entry.pid for entry in owned.registered(job)} - me
+    children: dict[int, list[int]] = {}
     for proc in psutil.process_iter():  # environ() itself, not attrs=: as_dict() costs a quarter more
-        if proc.pid in me or proc.pid in found:
+        if proc.pid in me:
             continue
         try:
-            env = proc.environ()
+            children.setdefault(proc.ppid(), []).append(proc.pid)
+            if proc.pid not in found and proc.environ().get(ENV_JOB_DIR) == job and pid_alive(proc.pid):
+                found.add(proc.pid)
         except psutil.Error:  # gone, or another user's
             continue
-        if env.get(ENV_JOB_DIR) == job and pid_alive(proc.pid):
-            found.add(proc.pid)
+    todo = list(found)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found and child not in me and pid_alive(child):
+                found.add(child)
+                todo.append(child)
     return sorted(found)
 
 
 def _is_the_jobs(proc: psutil.Process, job: str) -> bool:
-    """Whether ``proc`` is one of the job's: its environment says so, or the job folder names it."""
+    """Whether ``proc`` is one of the job's: its environment says so, the job folder names it,
+    or one of its ancestors is the job's by either."""
+
+    def marked(p: psutil.Process) -> bool:
+        try:
+            if p.environ().get(ENV_JOB_DIR) == job:
+                return True
+        except psutil.Error:
+            pass
+        return owned.is_registered(job, p.pid)
+
+    if marked(proc):
+        return True
     try:
-        if proc.environ().get(ENV_JOB_DIR) == job:
-            return True
+        return any(marked(parent) for parent in proc.parents())
     except psutil.Error:
-        pass
-    return owned.is_registered(job, proc.pid)
+        return False
 
 
 class _Held:
@@ -488,8 +506,13 @@ def kill_all(job_dir: str | os.PathLike[str], grace_s: float = 3.0) -> list[int]
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(held.running() for held in victims):
             time.sleep(0.05)
+        # Those still running, through the handles taken: one found as a descendant may have
+        # lost its parent meanwhile (reparented, it is no longer found by descent).
+        for held in victims:
+            if held.running():
+                held.signal(signal.SIGKILL)
     finally:
         for held in victims:
             held.close()
-    signal_all(job_dir, signal.SIGKILL)
+    signal_all(job_dir, signal.SIGKILL)  # and what started meanwhile
     return [held.pid for held in victims]

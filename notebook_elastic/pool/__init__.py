@@ -247,8 +247,9 @@ def inherit(given: dict[str, Any]) -> None:
 
 
 def retitle(argv: list[str]) -> None:
-    """Show this forked child as ``python ARGV...`` in ``ps`` and ``/proc/PID/cmdline``, as a
-    cold start would read (setproctitle; the name in ``comm`` stays the interpreter's). Its
+    """Show this forked child as ``python ARGV...`` in ``ps`` (setproctitle; the name in
+    ``comm`` stays the interpreter's). ``/proc/PID/cmdline`` then holds that one string, its
+    arguments joined by spaces, not separated by NULs as a cold start's are. Its
     environment reads as the pool's: ``runtime.owned`` says whose it is. Call it before
     ``os.environ`` changes: setproctitle finds the memory it writes by the environment's."""
     try:

@@ -6,18 +6,23 @@ environment carries it, whatever starts it. A fork does not: Linux shows a proce
 environment from the memory it was exec'd with, so a child the warm pool forks shows the
 pool's, and a fork of that child (a DataLoader worker, the user's ``os.fork()``) the same.
 Rather than write over that memory, each such process puts its name in the job folder:
-``.procs/PID-TICKS-HOST``, an empty file (``TICKS``: its start time in clock ticks since boot,
-which tells it from a later process given the same pid; ``HOST``: jobs on Slurm share their
-folder between machines). The pool's children register as they start and install
+``.procs/PID-TICKS-MACHINE``, an empty file (``TICKS``: its start time in clock ticks since
+boot, which tells it from a later process given the same pid; ``MACHINE``: the boot and pid
+namespace it runs in, as jobs on Slurm share their folder between machines). The pool's children register as they start and install
 ``os.register_at_fork`` so that every Python-level fork of theirs registers too.
 
-A process that cannot register (a full disk) is still tied to its launcher, which carries the
-job's environment and takes it down with it. Readers drop the names of processes that ended.
+A process that cannot name itself (a full disk, a fork made in C) is found as a descendant of
+one that did (``processes_of``) while its parent lives; the pool's own child dies with its
+launcher, which carries the job's environment. If the job folder itself is deleted while the
+job runs, the names go with it: the launchers still take their children down, but a fork of
+a fork whose parent has ended is then no longer found. Readers drop the names of processes
+that ended.
 The standard library only: this runs in workers.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -36,6 +41,19 @@ class Registered(NamedTuple):
     path: Path
 
 
+@functools.cache
+def machine() -> str:
+    """Which machine, boot and pid namespace a pid is of: the boot id (a pid and start time
+    recur after a reboot) and the pid namespace's inode (a container sees other pids under the
+    same names), else the host name. Not the host name first: it may change while a job runs."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:16]
+        return f"{boot}.{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return socket.gethostname().replace("/", "_")
+
+
 def _ticks(pid: int) -> int | None:
     fields = stat_fields(pid)
     return int(fields[19]) if fields is not None else None
@@ -49,7 +67,7 @@ def register(job_dir: str | None = None) -> Path | None:
     if not job or ticks is None:
         return None
     folder = Path(job) / FOLDER
-    path = folder / f"{os.getpid()}-{ticks}-{socket.gethostname()}"
+    path = folder / f"{os.getpid()}-{ticks}-{machine()}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -69,21 +87,30 @@ def register_forks() -> None:
 
 
 def registered(job_dir: str | os.PathLike[str]) -> list[Registered]:
-    """The processes on this machine named in the job folder, still running as the process
-    that registered (pid and start time); the names of those that ended are removed."""
+    """The processes of this machine named in the job folder, still running as the process
+    that registered (pid and start time). A name is removed only on a sure answer: its process
+    ended (a zombie has) or its pid is a later process's; a process that cannot be read now
+    (out of file descriptors) stays named and is listed, for the caller to check."""
     folder = Path(job_dir) / FOLDER
     try:
         names = os.listdir(folder)
     except OSError:
         return []
-    host = socket.gethostname()
+    here = machine()
     found = []
     for name in names:
         parts = name.split("-", 2)
-        if len(parts) != 3 or parts[2] != host or not (parts[0].isdigit() and parts[1].isdigit()):
+        if len(parts) != 3 or parts[2] != here or not (parts[0].isdigit() and parts[1].isdigit()):
             continue
         pid, ticks = int(parts[0]), int(parts[1])
-        fields = stat_fields(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            fields = None  # it ended
+        except OSError:
+            found.append(Registered(pid, ticks, folder / name))  # unknown now: not dropped
+            continue
         if fields is not None and int(fields[19]) == ticks and fields[0] != "Z":
             found.append(Registered(pid, ticks, folder / name))
             continue
@@ -97,4 +124,4 @@ def registered(job_dir: str | os.PathLike[str]) -> list[Registered]:
 def is_registered(job_dir: str | os.PathLike[str], pid: int) -> bool:
     """Whether process ``pid``, as it runs now, is named in the job folder."""
     ticks = _ticks(pid)
-    return ticks is not None and (Path(job_dir) / FOLDER / f"{pid}-{ticks}-{socket.gethostname()}").exists()
+    return ticks is not None and (Path(job_dir) / FOLDER / f"{pid}-{ticks}-{machine()}").exists()
