@@ -73,12 +73,18 @@ def processes_with_env(entry: str, folders: tuple = ()) -> list[int]:
     and those named in the job folders under ``folders`` (the warm pool's forks and theirs,
     whose environment reads as the pool's: notebook_elastic/runtime/owned.py)."""
     key, _, value = entry.partition("=")
-    found = {pid for pid in registered_under(*folders) if pid != os.getpid()}
+    return _processes(lambda env: env.get(key) == value, folders)
+
+
+def _processes(matches, folders: tuple) -> list[int]:
+    """Live processes (not this one) whose environment ``matches``, and those named in the
+    job folders under ``folders``."""
+    found = registered_under(*folders) - {os.getpid()}
     for proc in psutil.process_iter():
         if proc.pid == os.getpid() or proc.pid in found:
             continue
         try:
-            if proc.environ().get(key) == value and pid_alive(proc.pid):
+            if matches(proc.environ()) and pid_alive(proc.pid):
                 found.add(proc.pid)
         except psutil.Error:  # gone, or another user's
             continue
@@ -94,7 +100,7 @@ def registered_under(*folders: Path | str | None) -> set[int]:
         depth = folder.rstrip(os.sep).count(os.sep)
         for root, dirs, _files in os.walk(folder):
             if owned.FOLDER in dirs:
-                found |= {entry.pid for entry in owned.registered(root)}
+                found |= set(owned.registered(root))
             if root.count(os.sep) - depth >= 5:  # HOME/jobs/NAME (or HOME/USER/jobs/NAME) is shallow
                 dirs.clear()
             else:
@@ -136,16 +142,7 @@ def job_processes(home: Path, grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
     prefix = f"{home}{os.sep}"
 
     def find() -> list[int]:
-        found = registered_under(home) - {os.getpid()}
-        for proc in psutil.process_iter():
-            if proc.pid == os.getpid() or proc.pid in found:
-                continue
-            try:
-                if proc.environ().get("NOTEBOOK_ELASTIC_JOB_DIR", "").startswith(prefix) and pid_alive(proc.pid):
-                    found.add(proc.pid)
-            except psutil.Error:
-                continue
-        return sorted(found)
+        return _processes(lambda env: env.get("NOTEBOOK_ELASTIC_JOB_DIR", "").startswith(prefix), (home,))
 
     return wait_until_gone(find, grace_s)
 

@@ -85,7 +85,7 @@ def test_a_jobs_processes_are_forks_of_the_pool_which_outlives_it(home, tmp_path
     agents = [e.data["pid"] for e in job.events if e.kind == Kind.AGENT_STARTED]
     workers = {r["pid"] for r in reports(job)}
     assert agents and len(workers) == 2
-    named = {entry.pid for entry in owned.registered(folder)}
+    named = set(owned.registered(folder))
     for pid in [supervisor, *agents, *workers]:
         assert ppid(pid) == pool_pid, f"{pid} is not a child of the pool"
         # Its environment reads as the pool's (no job folder, no test marker there): its job

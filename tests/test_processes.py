@@ -96,7 +96,7 @@ def test_a_process_named_in_the_job_folder_is_the_jobs_and_so_are_its_forks(tmp_
         assert proc.stdout is not None
         fork, c_fork = (int(pid) for pid in proc.stdout.readline().split())
         wait_for(lambda: len(owned.registered(job)) == 2, "the process and its fork named")
-        assert {e.pid for e in owned.registered(job)} == {proc.pid, fork}
+        assert set(owned.registered(job)) == {proc.pid, fork}
         # Their environment hides the job: a name is enough (this process's does not count).
         other = str(tmp_path / "other")
         assert sorted(processes_of(other)) == []
@@ -108,7 +108,7 @@ def test_a_process_named_in_the_job_folder_is_the_jobs_and_so_are_its_forks(tmp_
         elsewhere = job / owned.FOLDER / f"{os.getpid()}-1-another-host"
         stale.touch()
         elsewhere.touch()
-        assert sorted(e.pid for e in owned.registered(job)) == sorted([proc.pid, fork])
+        assert sorted(owned.registered(job)) == sorted([proc.pid, fork])
         assert not stale.exists() and elsewhere.exists()
         assert sorted(kill_all(job, grace_s=2.0)) == sorted([proc.pid, fork, c_fork])
         assert proc.wait(timeout=10) == -signal.SIGTERM

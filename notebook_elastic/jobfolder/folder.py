@@ -377,7 +377,7 @@ def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
     environment is not ours to read, their names not in our folder) are never the job's."""
     job = os.fspath(job_dir)
     me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
-    found = {entry.pid for entry in owned.registered(job)} - me
+    found = set(owned.registered(job)) - me
     children: dict[int, list[int]] = {}
     for proc in psutil.process_iter():  # environ() itself, not attrs=: as_dict() costs a quarter more
         if proc.pid in me:

@@ -8,8 +8,9 @@ pool's, and a fork of that child (a DataLoader worker, the user's ``os.fork()``)
 Rather than write over that memory, each such process puts its name in the job folder:
 ``.procs/PID-TICKS-MACHINE``, an empty file (``TICKS``: its start time in clock ticks since
 boot, which tells it from a later process given the same pid; ``MACHINE``: the boot and pid
-namespace it runs in, as jobs on Slurm share their folder between machines). The pool's children register as they start and install
-``os.register_at_fork`` so that every Python-level fork of theirs registers too.
+namespace it runs in, as jobs on Slurm share their folder between machines). The pool's
+children register as they start and install ``os.register_at_fork`` so that every
+Python-level fork of theirs registers too.
 
 A process that cannot name itself (a full disk, a fork made in C) is found as a descendant of
 one that did (``processes_of``) while its parent lives; the pool's own child dies with its
@@ -26,19 +27,12 @@ import functools
 import os
 import socket
 from pathlib import Path
-from typing import NamedTuple
 
-from .procfs import stat_fields
+from .procfs import read_stat, stat_fields
 from .protocol import ENV_JOB_DIR
 
 FOLDER = ".procs"
 _hooked = False
-
-
-class Registered(NamedTuple):
-    pid: int
-    start_ticks: int
-    path: Path
 
 
 @functools.cache
@@ -59,6 +53,10 @@ def _ticks(pid: int) -> int | None:
     return int(fields[19]) if fields is not None else None
 
 
+def _name(pid: int, ticks: int) -> str:
+    return f"{pid}-{ticks}-{machine()}"
+
+
 def register(job_dir: str | None = None) -> Path | None:
     """Name this process in its job's folder (``job_dir``, else the one its environment
     names); the file written, or None where there is no job folder or no room."""
@@ -67,12 +65,12 @@ def register(job_dir: str | None = None) -> Path | None:
     if not job or ticks is None:
         return None
     folder = Path(job) / FOLDER
-    path = folder / f"{os.getpid()}-{ticks}-{machine()}"
+    path = folder / _name(os.getpid(), ticks)
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         os.close(fd)
-    except OSError:  # a full disk, a folder gone with its job: the launcher still holds it
+    except OSError:  # a full disk, a folder gone with its job: found by descent, or not at all
         return None
     return path
 
@@ -86,9 +84,9 @@ def register_forks() -> None:
         os.register_at_fork(after_in_child=register)
 
 
-def registered(job_dir: str | os.PathLike[str]) -> list[Registered]:
-    """The processes of this machine named in the job folder, still running as the process
-    that registered (pid and start time). A name is removed only on a sure answer: its process
+def registered(job_dir: str | os.PathLike[str]) -> list[int]:
+    """The pids of this machine named in the job folder, still running as the process that
+    registered (pid and start time). A name is removed only on a sure answer: its process
     ended (a zombie has) or its pid is a later process's; a process that cannot be read now
     (out of file descriptors) stays named and is listed, for the caller to check."""
     folder = Path(job_dir) / FOLDER
@@ -104,15 +102,12 @@ def registered(job_dir: str | os.PathLike[str]) -> list[Registered]:
             continue
         pid, ticks = int(parts[0]), int(parts[1])
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            fields = None  # it ended
+            fields = read_stat(pid)
         except OSError:
-            found.append(Registered(pid, ticks, folder / name))  # unknown now: not dropped
+            found.append(pid)  # unknown now: not dropped
             continue
         if fields is not None and int(fields[19]) == ticks and fields[0] != "Z":
-            found.append(Registered(pid, ticks, folder / name))
+            found.append(pid)
             continue
         try:  # it ended (a zombie has), or its pid was given to a later process
             (folder / name).unlink()
@@ -124,4 +119,4 @@ def registered(job_dir: str | os.PathLike[str]) -> list[Registered]:
 def is_registered(job_dir: str | os.PathLike[str], pid: int) -> bool:
     """Whether process ``pid``, as it runs now, is named in the job folder."""
     ticks = _ticks(pid)
-    return ticks is not None and (Path(job_dir) / FOLDER / f"{pid}-{ticks}-{machine()}").exists()
+    return ticks is not None and (Path(job_dir) / FOLDER / _name(pid, ticks)).exists()

@@ -6,9 +6,19 @@ from __future__ import annotations
 
 
 def stat_fields(pid: int) -> list[str] | None:
-    """The fields after ``(comm)``; None when the process is gone (or this is not Linux)."""
+    """The fields after ``(comm)``; None when the process is gone, or cannot be read now (or
+    this is not Linux)."""
+    try:
+        return read_stat(pid)
+    except OSError:
+        return None
+
+
+def read_stat(pid: int) -> list[str] | None:
+    """The fields after ``(comm)``; None when the process is gone; OSError when it cannot be
+    read now (out of file descriptors, another pid namespace's /proc): no answer either way."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
