@@ -505,7 +505,11 @@ def test_departures_never_spend_the_restart_budget(home):
     assert job.state.restarts == 0
     own_failures = [e for e in job.events if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer"]
     assert own_failures == [], [e.describe() for e in own_failures]
-    assert any(e.kind == Kind.RESTART and e.get("reason") == "departure" for e in job.events)
+    # Each departure was taken in place (the survivors kept their processes), or as torchrun
+    # takes it, free of the budget: never charged.
+    changes = [e.get("reason") for e in job.events if e.kind == Kind.IN_PLACE]
+    changes += ["departure" for e in job.events if e.kind == Kind.RESTART and e.get("reason") == "departure"]
+    assert changes and set(changes) <= {"left", "lost", "joined", "departure"}, changes
     assert sorted(committed_reports(job)) == list(range(200))
     assert_every_sample_once(committed_reports(job), batch=2)
 

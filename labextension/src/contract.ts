@@ -243,6 +243,7 @@ export interface IWorkerStartedEvent {
   pid: number;
   generation?: number | null;
   restart_count?: number;
+  in_place?: boolean;
 }
 
 export interface IWorkerFailedEvent {
@@ -307,6 +308,48 @@ export interface ILeftRendezvousEvent {
   t: number;
   node?: string | null;
   pid?: number;
+}
+
+export interface IInPlaceEvent {
+  kind: 'in_place';
+  t: number;
+  node?: string | null;
+  world_size: number;
+  from_world_size: number;
+  step: number;
+  redone: number;
+  kept: number;
+  joined: number;
+  took_s: number;
+  round?: number;
+  source?: number;
+  reason?: string;
+}
+
+export interface IRegroupedEvent {
+  kind: 'regrouped';
+  t: number;
+  node?: string | null;
+  round: number;
+  group_rank: number;
+  group_world_size: number;
+  kept: number[];
+  reason: string;
+  took_s: number;
+}
+
+export interface IInPlaceRefusedEvent {
+  kind: 'in_place_refused';
+  t: number;
+  node?: string | null;
+  reason: string;
+}
+
+export interface ILeftAtBoundaryEvent {
+  kind: 'left_at_boundary';
+  t: number;
+  node?: string | null;
+  local_ranks: number[];
 }
 
 export interface IGroupSucceededEvent {
@@ -412,6 +455,7 @@ export interface ISavedOnNoticeEvent {
   notice_node?: string;
   saved?: boolean;
   error?: string;
+  in_place?: boolean;
 }
 
 export interface INoticeExpiredEvent {
@@ -553,6 +597,10 @@ export type IEvent =
   | IPeerLostEvent
   | IStoreLostEvent
   | ILeftRendezvousEvent
+  | IInPlaceEvent
+  | IRegroupedEvent
+  | IInPlaceRefusedEvent
+  | ILeftAtBoundaryEvent
   | IGroupSucceededEvent
   | IMetricEvent
   | IGpuEvent

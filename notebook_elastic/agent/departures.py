@@ -27,10 +27,28 @@ def node_name() -> str:
 WATCH_INTERVAL_S = 0.5
 
 
+def _marked_leaving(handler: Any, agent_pid: int) -> bool:
+    """Whether the agent ``agent_pid`` said it leaves on purpose (agent/inplace.py) before it
+    left the round."""
+    from .deadline import call_with_deadline
+    from .inplace import leaving_key
+
+    store = torch_compat.rendezvous_store(handler)
+    if store is None:
+        return False
+    try:
+        return bool(call_with_deadline(store.check, 5.0, [leaving_key(agent_pid)]))
+    except Exception:
+        _log.debug("could not read whether the member left on purpose: taken as lost", exc_info=True)
+        return False
+
+
 class DepartureWatch:
     """Ends this node's workers when a member of their rendezvous round disappears."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_place: Any = None) -> None:
+        # (local ranks) -> whether the workers stay in place (told to abort, the agent regroups)
+        self.in_place: Any = in_place
         self.agent: Any = None  # torchrun's LocalElasticAgent, once it starts workers
         self.handler: Any = None  # torch's rendezvous handler, once a round was joined
         self.round: int | None = None  # the round being watched (None once acted on)
@@ -74,6 +92,11 @@ class DepartureWatch:
             if self.round != round_:
                 return
             self.round = None  # act once per round
+        if self.in_place is not None:
+            graceful = all(_marked_leaving(handler, node.pid) for node in gone)
+            if self.in_place(sorted(torch_compat.worker_pids_by_local_rank(agent)), round_, graceful):
+                return  # they stay: the agent regroups them in place at its next look
+        with self.lock:
             self.killed_round = round_
         pids = torch_compat.worker_pids(agent)
         emit(

@@ -968,6 +968,13 @@ def worker_pids(agent: Any) -> list[int]:
     return list(context.pids().values()) if context is not None else []
 
 
+def worker_pids_by_local_rank(agent: Any) -> dict[int, int]:
+    """``{local rank: pid}`` of the agent's workers as torch started them (under the warm pool,
+    the launchers torchrun watches)."""
+    context = getattr(agent, "_pcontext", None)
+    return {int(r): int(p) for r, p in context.pids().items()} if context is not None else {}
+
+
 def restart_budget(agent: Any) -> tuple[int, int] | None:
     """``(restarts left, --max-restarts)`` of this agent, or None when this torch does not say."""
     left = getattr(agent, "_remaining_restarts", None)
@@ -991,9 +998,18 @@ class _AgentHooks:
         self.before_stop: Callable[[Any], None] = lambda agent: None
         self.departures: Callable[[Any], list[Any]] = lambda result: []
         self.on_departure: Callable[[list[Any]], None] = lambda failures: None
-        self.regroup_now: Callable[[], bool] = lambda: False
+        self.regroup_now: Callable[[], str | None] = lambda: None  # why a healthy group regroups now
         self.gives_up: Callable[[Any], bool] = lambda result: False
         self.on_regroup: Callable[[], object] | None = None  # None: a lost store is not regained
+        # In place (agent/inplace.py): (pids by local rank, the group, its rendezvous, why) ->
+        # whether the workers were regrouped without a restart; what a healthy group's restart
+        # tells when they were not (why); what a node told to go does before torch stops its
+        # workers (its local ranks).
+        self.in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] = lambda *a: False
+        self.restarting: Callable[[str], None] = lambda why: None
+        self.leave: Callable[[list[int]], None] = lambda local_ranks: None
+        self.why: str | None = None  # why the restart under way: "joined" (torch's own), "lost",
+        # "left", "store" (a healthy group regroups), "failed" (a departure broke the workers)
 
 
 _agent_hooks = _AgentHooks()
@@ -1020,11 +1036,29 @@ def _agent_subclass() -> type:
 
         def _shutdown(self, *args: Any, **kwargs: Any) -> Any:
             hooks.before_stop(self)
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+
+            if isinstance(sys.exc_info()[1], SignalException):  # this node goes: its workers leave in place
+                hooks.leave(sorted(worker_pids_by_local_rank(self)))
             return super()._shutdown(*args, **kwargs)
+
+        def _restart_workers(self, worker_group: Any) -> Any:
+            # A change of members: torchrun stops and starts every worker; ours keep their
+            # processes when they can (each worker said so), and only a new round is formed.
+            why, hooks.why = hooks.why or "joined", None  # torch's own call: new nodes wait
+            if why != "failed" and worker_group.state == WorkerState.HEALTHY:
+                pids = worker_pids_by_local_rank(self)
+                if hooks.in_place(pids, worker_group, lambda: self._rendezvous(worker_group), why):
+                    worker_group.state = WorkerState.HEALTHY
+                    return None
+                hooks.restarting(why)
+            return super()._restart_workers(worker_group)
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
-            if result.state == WorkerState.HEALTHY and hooks.regroup_now():
+            why = hooks.regroup_now() if result.state == WorkerState.HEALTHY else None
+            if why is not None:
+                hooks.why = why
                 self._restart_workers(worker_group)
                 return RunResult(state=WorkerState.HEALTHY)
             if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
@@ -1036,6 +1070,7 @@ def _agent_subclass() -> type:
             if not failures:
                 return result
             hooks.on_departure(failures)
+            hooks.why = "failed"  # its workers are gone already: restarted, as torchrun would
             self._restart_workers(worker_group)
             return RunResult(state=WorkerState.HEALTHY)
 
@@ -1059,20 +1094,26 @@ def hook_agent(
     before_start: Callable[[Any], None],
     departures: Callable[[Any], list[Any]],
     on_departure: Callable[[list[Any]], None],
-    regroup_now: Callable[[], bool] = lambda: False,
+    regroup_now: Callable[[], str | None] = lambda: None,
     gives_up: Callable[[Any], bool] = lambda result: False,
     after_start: Callable[[Any], None] = lambda agent: None,
     before_stop: Callable[[Any], None] = lambda agent: None,
+    in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] | None = None,
+    restarting: Callable[[str], None] | None = None,
+    leave: Callable[[list[int]], None] | None = None,
 ) -> bool:
     """torchrun's agent, as ``NotebookAgent``: ``before_start(agent)`` before every (re)start
     of its workers; a failed or unhealthy round whose ``departures(result)`` is not empty is
     regrouped as for a new node (``on_departure(failures)`` first) instead of being charged to
-    the budget; so is a healthy one when ``regroup_now()`` says so (its rendezvous store was
-    replaced); a failed one that ``gives_up(result)`` is not restarted at all: torchrun stops
+    the budget; so is a healthy one when ``regroup_now()`` says why (its rendezvous store was
+    replaced, a member left); a failed one that ``gives_up(result)`` is not restarted at all: torchrun stops
     its workers and ends as when its budget is spent (``ChildFailedError``).
     ``after_start(agent)`` runs once its workers are started (torch has set its signal handlers
     by then), and ``before_stop(agent)`` before it stops them (``_shutdown``: a restart, or its
-    end). torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
+    end). In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
+    by local rank, group, rendezvous, why)`` whether its workers were regrouped without one, and
+    tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
+    ranks)`` before torch stops its workers. torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
     module's name ``LocalElasticAgent``, with no option to name another class: that one name is
     bound to our subclass (the only name of torch's we rebind for the agent). False when this
     torch lacks what it takes (then the agent runs as torch's own)."""
@@ -1082,6 +1123,12 @@ def hook_agent(
     hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
     hooks.regroup_now, hooks.gives_up = regroup_now, gives_up
     hooks.after_start, hooks.before_stop = after_start, before_stop
+    if in_place is not None:
+        hooks.in_place = in_place
+    if restarting is not None:
+        hooks.restarting = restarting
+    if leave is not None:
+        hooks.leave = leave
     _use_our_agent()
     return True
 

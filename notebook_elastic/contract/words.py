@@ -23,9 +23,12 @@ from ..runtime.event_types import (
     FilesChanged,
     Gpu,
     GroupSucceeded,
+    InPlace,
+    InPlaceRefused,
     JobFinished,
     JobResumed,
     JobSubmitted,
+    LeftAtBoundary,
     LeftRendezvous,
     Log,
     Metric,
@@ -40,6 +43,7 @@ from ..runtime.event_types import (
     Plan,
     Queue,
     Recovering,
+    Regrouped,
     Rendezvous,
     Restart,
     Resumed,
@@ -160,6 +164,9 @@ def _notice(node: str, d: Notice) -> str:
 
 
 def _saved_on_notice(_node: str, d: SavedOnNotice) -> str:
+    if d.get("in_place"):
+        who = f"{d['notice_node']} goes" if d.get("notice_node") else "a node goes"
+        return f"{who} at step {d.get('step')}: no save needed, the others keep training in place"
     if not d.get("saved", True):
         return f"could not save on notice at step {d.get('step')}: {d.get('error') or 'the write failed'}"
     who = f" ({d['notice_node']} goes)" if d.get("notice_node") else ""
@@ -281,7 +288,48 @@ def _restart(node: str, d: Restart) -> str:
 
 
 def _worker_started(node: str, d: WorkerStarted) -> str:
+    if d.get("in_place"):
+        return (
+            f"rank {d.get('rank')} on {node} goes on in place (local rank {d.get('local_rank')}, world size "
+            f"{d.get('world_size')}, the same process {d.get('pid')})"
+        )
     return f"rank {d.get('rank')} started on {node} (local rank {d.get('local_rank')}, world size {d.get('world_size')}, pid {d.get('pid')})"
+
+
+_IN_PLACE_WHY = {
+    "left": "a node left",
+    "lost": "a node was lost",
+    "joined": "a node joined",
+    "store": "the rendezvous store was replaced",
+}
+
+
+def _in_place(_node: str, d: InPlace) -> str:
+    why = _IN_PLACE_WHY.get(str(d.get("reason") or ""), "the members changed")
+    redone = d.get("redone", 0)
+    joined = d.get("joined", 0)
+    took = d.get("took_s", 0.0)
+    return (
+        f"{why}: {d.get('from_world_size')} \u2192 {d.get('world_size')} ranks in place, training again from step "
+        f"{d.get('step')} after {took:.2f} s, {redone} step{'' if redone == 1 else 's'} redone"
+        + (f"; {joined} new rank{'' if joined == 1 else 's'} took the live values" if joined else "")
+    )
+
+
+def _regrouped(node: str, d: Regrouped) -> str:
+    kept = len(d.get("kept") or [])
+    return (
+        f"{node}: new round {d.get('round')} formed in {d.get('took_s', 0.0):.2f} s; its {kept} worker"
+        f"{'' if kept == 1 else 's'} kept their processes"
+    )
+
+
+def _in_place_refused(node: str, d: InPlaceRefused) -> str:
+    return f"{node}: its workers restart instead of staying in place: {d.get('reason')}"
+
+
+def _left_at_boundary(node: str, d: LeftAtBoundary) -> str:
+    return f"{node}: its workers left at a step boundary the group agreed on (no step lost)"
 
 
 def _worker_failed(node: str, d: WorkerFailed) -> str:
@@ -422,6 +470,10 @@ _DESCRIBE: dict[Kind, Callable[[str, Any], str]] = {
     Kind.WORKER_FINISHED: _worker_finished,
     Kind.AGENT_SIGNALED: _agent_signaled,
     Kind.LEFT_RENDEZVOUS: _left_rendezvous,
+    Kind.IN_PLACE: _in_place,
+    Kind.REGROUPED: _regrouped,
+    Kind.IN_PLACE_REFUSED: _in_place_refused,
+    Kind.LEFT_AT_BOUNDARY: _left_at_boundary,
     Kind.STORE_LOST: _store_lost,
     Kind.PEER_LOST: _peer_lost,
     Kind.GROUP_SUCCEEDED: _group_succeeded,

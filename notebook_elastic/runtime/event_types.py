@@ -213,6 +213,39 @@ class WorkerStarted(TypedDict):
     pid: int
     generation: NotRequired[int | None]
     restart_count: NotRequired[int]
+    in_place: NotRequired[bool]  # the same process, now in a new group (runtime/inplace.py)
+
+
+class InPlace(TypedDict):
+    """Rank 0 of a group formed in place: the members changed, the kept workers did not restart."""
+
+    world_size: int
+    from_world_size: int  # 0: no rank of the old group was kept here (every node restarted)
+    step: int  # the step the new group trains from
+    redone: int  # steps trained before the change that are trained again (the step in flight)
+    kept: int  # ranks that kept their processes
+    joined: int  # ranks that started fresh (a new node, a restarted one): they took the live values
+    took_s: float  # the longest a kept rank went without a group
+    round: NotRequired[int]
+    source: NotRequired[int]  # the rank the values came from (-1: every rank held its own)
+    reason: NotRequired[str]  # why: "joined", "left", "lost", "store"
+
+
+class Regrouped(TypedDict):
+    round: int
+    group_rank: int
+    group_world_size: int
+    kept: list[int]  # the workers' processes, kept
+    reason: str
+    took_s: float  # the rendezvous round it took
+
+
+class InPlaceRefused(TypedDict):
+    reason: str  # why this node's workers restart instead
+
+
+class LeftAtBoundary(TypedDict):
+    local_ranks: list[int]
 
 
 class WorkerFailed(TypedDict):
@@ -332,6 +365,7 @@ class SavedOnNotice(TypedDict):
     notice_node: NotRequired[str]
     saved: NotRequired[bool]
     error: NotRequired[str]
+    in_place: NotRequired[bool]  # not saved: the node leaves in place and the others keep the values
 
 
 class NoticeExpired(TypedDict):
@@ -405,6 +439,10 @@ EVENT_TYPES: dict[Kind, type] = {
     Kind.PEER_LOST: PeerLost,
     Kind.STORE_LOST: StoreLost,
     Kind.LEFT_RENDEZVOUS: LeftRendezvous,
+    Kind.IN_PLACE: InPlace,
+    Kind.REGROUPED: Regrouped,
+    Kind.IN_PLACE_REFUSED: InPlaceRefused,
+    Kind.LEFT_AT_BOUNDARY: LeftAtBoundary,
     Kind.GROUP_SUCCEEDED: GroupSucceeded,
     Kind.METRIC: Metric,
     Kind.GPU: Gpu,

@@ -115,9 +115,34 @@ class NoticeBoard:
         )
         return saved
 
-    def answer(self, notice: dict[str, Any], step: int, seconds: float, saved: bool, error: str = "") -> None:
+    def kept_in_place(self, notice: dict[str, Any], step: int) -> None:
+        """Answer a notice without a save: the job changes in place, and the ranks that stay
+        keep every value (runtime/inplace.py); the node goes at the step boundary the group
+        agrees on, and no step is lost."""
+        seconds = max(0.0, time.time() - float(notice.get("at", time.time())))
+        self.answer(notice, step, seconds, saved=False, in_place=True)
+        emit(
+            "saved_on_notice",
+            step=step,
+            seconds=round(seconds, 3),
+            id=int(notice["id"]),
+            grace_s=float(notice.get("grace_s", 0.0)),
+            notice_node=str(notice.get("node", "")),
+            saved=False,
+            in_place=True,
+        )
+
+    def answer(
+        self, notice: dict[str, Any], step: int, seconds: float, saved: bool, error: str = "", in_place: bool = False
+    ) -> None:
         self.answered.add(int(notice["id"]))
-        body = {"step": step, "seconds": round(seconds, 3), "saved": saved, **({"error": error} if error else {})}
+        body = {
+            "step": step,
+            "seconds": round(seconds, 3),
+            "saved": saved,
+            **({"error": error} if error else {}),
+            **({"in_place": True} if in_place else {}),
+        }
         try:
             latest = {**body, "id": int(notice["id"]), "notice_at": float(notice.get("at", 0.0))}
             with self._io:

@@ -51,6 +51,12 @@ class Kind(StrEnum):
     PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
     STORE_LOST = "store_lost"  # the rendezvous store's pod went (deleted, evicted); a new one replaces it
     LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round
+    # In place (runtime/inplace.py, agent/inplace.py): the members changed and the workers kept
+    # their processes.
+    IN_PLACE = "in_place"  # rank 0 of the new group: sizes, the step it trains from, what it cost
+    REGROUPED = "regrouped"  # an agent formed a new round and kept its workers
+    IN_PLACE_REFUSED = "in_place_refused"  # an agent restarts its workers: they cannot stay (why)
+    LEFT_AT_BOUNDARY = "left_at_boundary"  # a node that goes: its workers left at a step boundary
     GROUP_SUCCEEDED = "group_succeeded"
     METRIC = "metric"
     GPU = "gpu"  # a rank's peak GPU memory and its device's utilisation, every few seconds
@@ -136,6 +142,15 @@ ENV_TERM_TO_ALL = "NOTEBOOK_ELASTIC_TERM_TO_ALL"
 # The node's notice folder, made by its keeper: the markers of term.py.
 ENV_NOTICE_DIR = "NOTEBOOK_ELASTIC_NOTICE_DIR"
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
+# In place (runtime/inplace.py, agent/inplace.py): where a worker reaches its agent (an abstract
+# Unix socket's name) and the token that proves it is the agent's; the rendezvous store
+# (host:port) its group's keys live in, and the key prefix of the group it starts into.
+ENV_AGENT_LINK = "NOTEBOOK_ELASTIC_AGENT_LINK"
+ENV_AGENT_TOKEN = "NOTEBOOK_ELASTIC_AGENT_TOKEN"
+ENV_GROUP_STORE = "NOTEBOOK_ELASTIC_GROUP_STORE"
+ENV_GROUP_PREFIX = "NOTEBOOK_ELASTIC_GROUP_PREFIX"
+#: "0" turns in-place changes off for a job: every change restarts the workers, as torchrun does.
+ENV_IN_PLACE = "NOTEBOOK_ELASTIC_IN_PLACE"
 #: Where a worker tells its agent that its group made a step (``mark_progress``): no
 #: supervisor reads a cluster's event lines, so an agent learns it from its workers this way.
 ENV_PROGRESS_DIR = "NOTEBOOK_ELASTIC_PROGRESS_DIR"

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import protocol, sharded
+from . import inplace, protocol, sharded
 from ._emit import emit
 from .checkpoints import (
     _HOST,
@@ -144,6 +144,13 @@ class State:
         # name (every rank writes into rank 0's), its save group, then the generation.
         self._collectives = Collectives(self.info)
         self._sharded = sharded.is_sharded(model)
+        # In place (runtime/inplace.py): the group may change under this process at a step
+        # boundary; this State then hands its values to the next one, not to disk.
+        self._inplace = inplace.machinery()
+        self._applied: int | None = None  # the step whose optimizer update was applied here last
+        self._switch_due = False  # the vote said: every rank leaves this group after this step
+        self._voting = False  # an optimizer of this State votes before each step
+        self._hooks: list[Any] = []  # the optimizer hooks' handles
         self._writer_tag = f"{_HOST}-{os.getpid()}"
         self._save_group: Any = None  # async sharded saves talk on a group of their own
         if self._sharded:
@@ -155,9 +162,14 @@ class State:
         self._writer = CheckpointWriter(
             self.folder, generation=self.generation, keep=keep, info=self.info, interval=self._interval, loop=self
         )
-        resumed = self._restore.latest(
-            self._objects, sharded_model=self._sharded, generation=self.generation, map_location=map_location
-        )
+        resumed = None
+        if self._inplace.group.assignment is not None and not self._sharded:
+            # A group formed in place (or joined into one): the values of the live ranks.
+            resumed = self._restore.from_live(self._inplace, self._objects)
+        if resumed is None:
+            resumed = self._restore.latest(
+                self._objects, sharded_model=self._sharded, generation=self.generation, map_location=map_location
+            )
         if resumed is not None:
             self.extra.update(resumed.extra)
             self.step = self._restored_step = resumed.step
@@ -167,6 +179,62 @@ class State:
         set_step_source(lambda: self.current_step)  # the failure report's step
         if self.is_writer:
             self._notice.start()
+        self._join_in_place()
+
+    def _join_in_place(self) -> None:
+        """Under an agent that keeps workers in place: this State is the one a change hands
+        on from, its optimizers vote before each step, and the agent hears whether this worker
+        can stay (a sharded model cannot: its shards would need resharding from disk)."""
+        machinery = self._inplace
+        if not machinery.active:
+            return
+        machinery.state = self
+        if self._sharded:
+            machinery.incapable = (
+                "the model is sharded (FSDP/DTensor): its shards are resharded from a checkpoint at a change"
+            )
+        machinery.say(machinery.incapable is None, machinery.incapable or "")
+        import torch
+
+        for obj in self._objects.values():
+            if isinstance(obj, torch.optim.Optimizer):
+                self._hooks.append(obj.register_step_pre_hook(self._vote))
+                self._hooks.append(obj.register_step_post_hook(self._stepped))
+                self._voting = True
+
+    def _vote(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Before an optimizer step: is a change pending on any rank? Every rank learns it at
+        the same step, and all leave the group at the boundary after it. A vote that fails (a
+        peer gone mid-step) raises: this step is not applied here, and is redone."""
+        flag = self._inplace.vote_flag()
+        if self._collectives.max_int(flag):
+            self._switch_due = True
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._applied = self._current
+
+    def handoff(self) -> inplace.Handoff:
+        """What the next State in this process starts from when the group changes in place."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        next_step = self.step
+        if self._applied is not None and self._applied + 1 > next_step:
+            next_step = self._applied + 1  # updated by the optimizer, not yet committed
+        reached = max(next_step, (self._current + 1) if self._current is not None else next_step)
+        states = {name: inplace.to_host(_state_dict_owner(obj).state_dict()) for name, obj in self._objects.items()}
+        try:
+            self._writer.wait()  # a background save of this group lands first
+        except Exception:
+            pass  # it said so in its own event
+        return inplace.Handoff(
+            states=states,
+            extra=dict(self.extra),
+            next_step=next_step,
+            reached=reached,
+            samples_seen=self._cursor_at(next_step),
+            rng=inplace.rng_state(),
+        )
 
     # -- start ---------------------------------------------------------------------------
 
@@ -201,6 +269,8 @@ class State:
             emit("plan", total=self.total, start=self.step, generation=self.generation)
         self._interval.loop_started()
         for step in range(self.step, self.total):
+            if self._switch_due or (not self._voting and self._inplace.vote_flag()):
+                raise inplace.MembershipChange(f"the job's members change before step {step}")
             if self._holding is not None:  # saved on notice: the step's report went out; wait here
                 notice, self._holding = self._holding, None
                 self._notice.hold(notice)
@@ -254,6 +324,9 @@ class State:
         started = self._interval.commit_started()
         saved = False
         self._notice_now = notice = self._notice.pending() if self.is_writer else None
+        if notice is not None and self._inplace.keeps_values_without(notice):
+            self._notice.kept_in_place(notice, self.step)  # the node leaves in place: nothing to save
+            self._notice_now = notice = None
         try:
             saved = self._commit_sharded() if self._sharded else self._commit_plain()
             if notice is not None:  # the node may go once answered: the write must be done

@@ -90,6 +90,7 @@ class JobState:
         self.restarts = 0  # worker-failure restarts, the most any agent used
         self.resumes = 0  # job_resumed events folded: runs continued after an outcome (or a loss)
         self.membership_changes = 0
+        self.in_place_changes = 0  # of which the workers kept their processes (runtime/inplace.py)
         self.metrics = Metrics()  # rank 0's: the one loss every view shows (chart, header, jobs, panel)
         # The other ranks' latest values (report(all_ranks=True)): rank -> {name: value}, on demand.
         self.rank_values: dict[int, dict[str, Any]] = {}

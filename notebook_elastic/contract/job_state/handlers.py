@@ -19,6 +19,7 @@ from ...runtime.event_types import (
     Degraded,
     DiskFull,
     Gpu,
+    InPlace,
     JobFinished,
     JobResumed,
     JobSubmitted,
@@ -301,6 +302,21 @@ class Fold:
             old = self.state.markers[self._size_marker]
             self.state.markers[self._size_marker] = Marker(step, old.time, old.kind, old.label)
             self._size_marker = None
+
+    def _on_in_place(self, e: Event) -> None:
+        """The members changed and the kept workers did not restart: a membership change, not a
+        restart (the budget is untouched). The world-size marker moves to the step the new
+        group trains from, and says so."""
+        d = e.fields(InPlace)
+        self.state.membership_changes += 1
+        self.state.in_place_changes += 1
+        step = d.get("step")
+        if self._size_marker is not None and step is not None:
+            old = self.state.markers[self._size_marker]
+            self.state.markers[self._size_marker] = Marker(step, old.time, old.kind, f"{old.label} in place")
+            self._size_marker = None
+        if not self.state.finished:
+            self.state.status = Status.RUNNING
 
     def _on_checkpoint_failed(self, e: Event) -> None:
         d = e.fields(CheckpointFailed)

@@ -1,0 +1,583 @@
+"""In place: a worker keeps its process, and all it holds, when the job's members change.
+
+torchrun restarts every worker of every node whenever a node leaves or joins. Under our agent a
+worker that can (``capable()``) stays instead:
+- it talks to its agent over a local socket (``Link``): the agent sends it the new group's
+  ``Assignment`` when a new rendezvous round formed (a node joined or left), ``abort`` when a
+  member of its group is gone (its collectives would otherwise wait for their timeout), and
+  ``leave`` when its own node goes (a scale-down, a preemption);
+- each optimizer step first takes a one-value vote over the group (``State``'s pre-hook): is a
+  change pending anywhere? So every rank learns it after the same step, and all leave the old
+  group at the same step boundary (``State.steps()`` raises ``MembershipChange`` there): a
+  graceful change costs no step;
+- an abrupt loss breaks the step in flight: its collective fails (the group's sockets are shut
+  down by whoever noticed first, ``Group.abort``, so no rank waits for gloo's timeout), the
+  optimizer does not step, and the step is redone in the new group;
+- ``worker.run`` then builds the new group from the assignment (a fresh key prefix in the
+  rendezvous store, so no key of an earlier group is read) and runs the cell's body again in
+  the same process; the new ``State`` takes its values from the previous one's live objects
+  (``Handoff``), or from the live rank furthest ahead when ranks differ (a joiner, a rank whose
+  step was not applied): never from disk while a rank of the job holds them.
+
+Where a worker cannot stay (the cell holds process groups of its own, a sharded model, no
+``State``), it says why once and its agent restarts the node as torchrun would. Under plain
+``torchrun`` (no agent link in the environment) nothing here is active.
+
+Worker-side module: the standard library, and torch only once a group is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from . import log as _logging
+from . import protocol
+
+_log = _logging.get("runtime.inplace")
+
+#: How long a worker whose group broke waits for its agent's next assignment before it gives up
+#: staying (and exits as a worker whose peer left: its agent then restarts it).
+ASSIGNMENT_WAIT_S = 120.0
+
+
+class MembershipChange(BaseException):
+    """Raised at a step boundary when the job's members change: the cell's body ends there and
+    runs again in the new group. A ``BaseException``, so a cell's ``except Exception`` does not
+    swallow it."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a worker stands in a group: what torchrun's environment says of a fresh worker,
+    for a group formed while it kept running."""
+
+    round: int
+    epoch: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    group_rank: int
+    group_world_size: int
+    role_rank: int
+    role_world_size: int
+    store: str  # host:port of the rendezvous store the group's keys live in
+    prefix: str  # this group's key prefix there
+    reason: str = ""  # why the group changed: "joined", "left", "lost", "store"
+    leave: bool = False  # this worker's node goes: no group for it
+
+    def env(self) -> dict[str, str]:
+        """The environment torchrun would have given a worker of this group."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.group_rank),
+            "GROUP_WORLD_SIZE": str(self.group_world_size),
+            "ROLE_RANK": str(self.role_rank),
+            "ROLE_WORLD_SIZE": str(self.role_world_size),
+            protocol.ENV_ROUND: str(self.round),
+            protocol.ENV_RDZV_EPOCH: str(self.epoch),
+            protocol.ENV_GROUP_STORE: self.store,
+            protocol.ENV_GROUP_PREFIX: self.prefix,
+        }
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Assignment | None:
+        """The group a worker was started into, when its agent forms groups in place."""
+        env = dict(os.environ) if env is None else env
+        if not env.get(protocol.ENV_GROUP_PREFIX) or not env.get(protocol.ENV_GROUP_STORE):
+            return None
+        return cls(
+            round=int(env.get(protocol.ENV_ROUND, 0)),
+            epoch=int(env.get(protocol.ENV_RDZV_EPOCH, 0)),
+            rank=int(env.get("RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+            group_rank=int(env.get("GROUP_RANK", 0)),
+            group_world_size=int(env.get("GROUP_WORLD_SIZE", 1)),
+            role_rank=int(env.get("ROLE_RANK", env.get("RANK", 0))),
+            role_world_size=int(env.get("ROLE_WORLD_SIZE", env.get("WORLD_SIZE", 1))),
+            store=env[protocol.ENV_GROUP_STORE],
+            prefix=env[protocol.ENV_GROUP_PREFIX],
+        )
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Assignment:
+        known = {k: v for k, v in message.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def group_prefix(run_id: str, round_: int, epoch: int = 0) -> str:
+    """The key prefix of the group formed in a rendezvous round: agents and fresh workers
+    compute it alike, and no later group reads an earlier one's keys."""
+    return f"notebook_elastic/group/{run_id}/{epoch}/{round_}"
+
+
+# -- the link to the agent ------------------------------------------------------------------
+
+
+class Link:
+    """This worker's connection to its agent (an abstract Unix socket the agent listens on,
+    authenticated by a token only the agent's children hold): one JSON object per line each way."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self.pending: Assignment | None = None  # the newest group the agent formed, not taken yet
+        self.leaving = False  # this worker's node goes: it leaves at the next step boundary
+        self.closed = False  # the agent went (or never answered): nothing here stays in place
+        self.on_abort: Callable[[], None] = lambda: None  # the group's abort (set by Group)
+        self.capable_said: tuple[bool, str] | None = None
+        self._thread = threading.Thread(target=self._read, name="notebook-elastic-link", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def connect(cls) -> Link | None:
+        """The link, when this worker's agent keeps workers in place (its environment says so)."""
+        name, token = os.environ.get(protocol.ENV_AGENT_LINK), os.environ.get(protocol.ENV_AGENT_TOKEN)
+        if not name or not token:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5.0)
+        try:
+            sock.connect("\0" + name)
+            hello = {
+                "op": "hello",
+                "token": token,
+                "pid": os.getpid(),
+                "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+            }
+            sock.sendall((json.dumps(hello) + "\n").encode())
+        except OSError as exc:
+            _log.info("no link to the agent (%s): a change of members restarts this worker", exc)
+            sock.close()
+            return None
+        sock.settimeout(None)
+        return cls(sock)
+
+    def send(self, **message: Any) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with self._send_lock:
+            try:
+                self._sock.sendall(data)
+            except OSError:
+                self._gone()
+
+    def say_capable(self, capable: bool, why: str = "") -> None:
+        """Tell the agent whether this worker can stay in place (once per change of answer)."""
+        if self.capable_said != (capable, why):
+            self.capable_said = (capable, why)
+            self.send(op="capable", capable=capable, why=why)
+
+    def _read(self) -> None:
+        buffer = b""
+        while True:
+            try:
+                chunk = self._sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._gone()
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                try:
+                    self._handle(json.loads(line))
+                except (ValueError, TypeError):
+                    _log.warning("the agent sent what this worker does not read: %r", line[:200])
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "assign":
+            with self._cond:
+                self.pending = Assignment.from_message(message)
+                self._cond.notify_all()
+        elif op == "leave":
+            with self._cond:
+                self.leaving = True
+                self._cond.notify_all()
+        elif op == "abort":
+            self.on_abort()
+
+    def _gone(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    @property
+    def change_pending(self) -> bool:
+        """Whether a change waits for the next step boundary (a new group, or this node's leave)."""
+        return self.leaving or self.pending is not None
+
+    def next_assignment(self, after_round: int | None, deadline: float) -> Assignment | None:
+        """The agent's next group for this worker (newer than ``after_round``), or one saying it
+        leaves; None when the agent went or said nothing by ``deadline``."""
+        with self._cond:
+            while True:
+                pending = self.pending
+                if pending is not None and (after_round is None or pending.round > after_round):
+                    self.pending = None
+                    return pending
+                if self.leaving:
+                    return None
+                if self.closed or time.monotonic() >= deadline:
+                    return None
+                self._cond.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+# -- the group --------------------------------------------------------------------------------
+
+
+def _socket_fds() -> set[int]:
+    """This process's open socket descriptors."""
+    found: set[int] = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                found.add(int(name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+class Group:
+    """The worker's default process group, formed from an ``Assignment`` over the rendezvous
+    store, and abortable: gloo has no abort (pytorch#130345), so ``abort`` shuts down the
+    sockets the group opened. A collective waiting on them fails at once, and so do its peers'
+    (their sockets close), instead of waiting for the group's timeout; NCCL's communicators are
+    aborted through torch."""
+
+    def __init__(self) -> None:
+        self.assignment: Assignment | None = None
+        self.backend = ""
+        self._fds: set[int] = set()
+        self._store: Any = None  # the TCPStore client to the rendezvous store (kept across groups)
+        self._store_at = ""
+        self._store_fds: set[int] = set()  # its connection
+        self._forming: set[int] | None = None  # while a group forms: the sockets open before it
+        self._lock = threading.Lock()
+        self.aborted = False
+
+    def open(self, assignment: Assignment, backend: str, timeout_s: float) -> None:
+        """Form the group ``assignment`` names (a collective with its other ranks). An ``abort``
+        meanwhile (a member of it went before it formed) makes it raise instead of waiting for
+        its timeout; the store connection is made again for the next one."""
+        import torch.distributed as dist
+
+        with self._lock:
+            self.aborted = False
+            before = _socket_fds()
+            if self._store is None or self._store_at != assignment.store:
+                host, _, port = assignment.store.rpartition(":")
+                self._store = dist.TCPStore(
+                    host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+                )
+                self._store_at = assignment.store
+                self._store_fds = _socket_fds() - before
+            store = dist.PrefixStore(assignment.prefix, self._store)
+            self._forming = _socket_fds()
+            self.assignment = assignment
+        try:
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=assignment.rank,
+                world_size=assignment.world_size,
+                timeout=timedelta(seconds=timeout_s),
+            )
+        except BaseException:
+            with self._lock:
+                self._forming = None
+                self.assignment = None
+                self._store, self._store_at = None, ""  # its connection may be the one aborted
+            raise
+        with self._lock:
+            self._fds = _socket_fds() - self._forming
+            self._forming = None
+            self.backend = str(dist.get_backend())
+
+    def abort(self) -> None:
+        """Fail every collective of this group now, here and (through the closed sockets) at its
+        peers. Safe from any thread, any number of times."""
+        with self._lock:
+            if self.aborted or self.assignment is None:
+                return
+            self.aborted = True
+            if self._forming is not None:
+                # Still forming: its store waits, and the connections made so far.
+                fds = self._store_fds | (_socket_fds() - self._forming)
+                backend = ""
+            else:
+                fds = set(self._fds)
+                backend = self.backend
+        if backend == "nccl":
+            _abort_nccl()
+        for fd in fds:
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    # Not its listener: gloo's loop aborts the process when accept() fails.
+                    if not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                        s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                continue  # closed meanwhile, or not a connected socket any more
+
+    def close(self) -> None:
+        """Destroy the (aborted) group, so that a new one can be made."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                _log.debug("the broken group could not be destroyed cleanly", exc_info=True)
+        with self._lock:
+            self._fds = set()
+            self.assignment = None
+
+
+def _abort_nccl() -> None:
+    """NCCL's communicators of the default group, aborted (torch >= 2.6 has the call; before,
+    the process group's own abort); a collective that hangs on a lost peer returns."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        abort = getattr(c10d, "_abort_process_group", None)
+        if abort is not None:
+            abort()
+            return
+        pg: Any = c10d._get_default_group()
+        backend = pg._get_backend(c10d.torch.device("cuda"))
+        backend.abort()
+    except Exception:
+        _log.warning("the NCCL group could not be aborted: its collectives end at its timeout", exc_info=True)
+
+
+# -- what a State hands to the next ------------------------------------------------------------
+
+
+@dataclass
+class Handoff:
+    """What a ``State`` leaves to the next one in the same process when the group changes in
+    place: its objects' states (references to the live tensors; on a GPU, copies in host
+    memory, so the cell's new objects find room), its plain values, where its loop stands, and
+    this process's random generators."""
+
+    states: dict[str, Any]
+    extra: dict[str, Any]
+    next_step: int  # the first step not applied here
+    reached: int  # the step after the one in flight when the change came (next_step at a boundary)
+    samples_seen: int
+    rng: dict[str, Any]
+
+
+def to_host(value: Any) -> Any:
+    """A state dict with every CUDA tensor copied to host memory (CPU tensors as they are)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu") if value.is_cuda else value.detach()
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_host(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(to_host(v) for v in value)
+    return value
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random generators (torch, CUDA, Python's, NumPy's when imported)."""
+    import sys
+
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch's own, untyped
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import sys
+
+    import torch
+
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "python" in state:
+        random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    numpy = sys.modules.get("numpy")
+    if "numpy" in state and numpy is not None:
+        numpy.random.set_state(state["numpy"])
+
+
+# -- the switch --------------------------------------------------------------------------------
+
+
+@dataclass
+class Switch:
+    """One change of group, as this worker lived it (rank 0's becomes the ``in_place`` event)."""
+
+    started: float  # monotonic: the change's first sign here (a boundary, a broken collective)
+    wall: float  # time.time() of the same moment
+    reason: str
+    from_world_size: int
+    from_rank: int
+    abrupt: bool  # the step in flight broke (it is redone), not a boundary everyone agreed on
+
+
+class InPlace:
+    """This worker's in-place machinery: its link, its group, the handoff between States."""
+
+    def __init__(self) -> None:
+        self.link: Link | None = None
+        self.group = Group()
+        self.handoff: Handoff | None = None  # left by the State that ended, for the next
+        self.switch: Switch | None = None  # the change under way, until the new State trains
+        self.incapable: str | None = None  # why this worker cannot stay (said to the agent)
+        self.state: Any = None  # the State of the body running now (it registers itself)
+        self.switches = 0
+
+    def start(self) -> None:
+        self.link = Link.connect()
+        if self.link is not None:
+            self.link.on_abort = self.group.abort
+
+    @property
+    def active(self) -> bool:
+        return self.link is not None and not self.link.closed
+
+    def init_group(self, backend: str, timeout_s: float) -> bool:
+        """The worker's first group, formed the way its later groups will be (over the
+        rendezvous store, under this round's prefix): False where its agent does not form groups
+        in place (plain torchrun: ``env://`` as usual)."""
+        assignment = Assignment.from_env()
+        if assignment is None or self.link is None:
+            return False
+        self.group.open(assignment, backend, timeout_s)
+        return True
+
+    def keeps_values_without(self, notice: dict[str, Any]) -> bool:
+        """Whether a notice for a node needs no save: this worker stays in place, and the
+        group spans more nodes than the one that goes (the others keep every value)."""
+        return (
+            self.active
+            and self.incapable is None
+            and self.state is not None
+            and int(os.environ.get("GROUP_WORLD_SIZE", 1)) > 1
+        )
+
+    def say(self, capable: bool, why: str = "") -> None:
+        if self.link is not None:
+            self.link.say_capable(capable, why)
+
+    def vote_flag(self) -> int:
+        """This worker's vote before an optimizer step: 1 when a change waits here."""
+        return 1 if self.link is not None and self.link.change_pending else 0
+
+    def continues_after(self, exc: BaseException, peer_lost: bool) -> Assignment | None:
+        """After the cell's body ended with ``exc``: the assignment of the group this worker
+        goes on in (its group already built), or None when it cannot stay (its agent restarts
+        it, or it leaves: see ``leaving``)."""
+        link = self.link
+        if link is None or link.closed:
+            return None
+        boundary = isinstance(exc, MembershipChange)
+        if not (boundary or peer_lost):
+            return None
+        state = self.state
+        why = self.incapable or (None if state is not None else "the cell keeps no elastic.State")
+        if why:
+            link.say_capable(False, why)
+            return None
+        import torch.distributed as dist
+
+        info_rank = int(os.environ.get("RANK", 0))
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        self.switch = Switch(time.monotonic(), time.time(), "", world, info_rank, abrupt=not boundary)
+        self.handoff = state.handoff()
+        self.state = None
+        self.group.abort()  # peers still in the old group's step fail now, not at its timeout
+        link.send(op="lost" if not boundary else "boundary", step=self.handoff.next_step)
+        current = self.group.assignment
+        after = current.round if current is not None else None
+        backend = self.group.backend or (dist.get_backend() if dist.is_initialized() else "gloo")
+        self.group.close()
+        timeout_s = float(os.environ.get(protocol.ENV_COLLECTIVE_TIMEOUT_S, 120))
+        deadline = time.monotonic() + ASSIGNMENT_WAIT_S
+        while True:
+            assignment = link.next_assignment(after, deadline)
+            if assignment is None:
+                return None
+            self.switch.reason = assignment.reason
+            os.environ.update(assignment.env())
+            try:
+                self.group.open(assignment, backend or "gloo", timeout_s)
+            except Exception as exc:
+                # A member of it went before it formed (a joiner that failed): the agent
+                # forms the next round without it.
+                _log.info("the group of round %s did not form (%s): waiting for the next", assignment.round, exc)
+                self.group.close()
+                after = assignment.round
+                continue
+            self.switches += 1
+            return assignment
+
+    @property
+    def leaving(self) -> bool:
+        return self.link is not None and self.link.leaving
+
+    def summary(self, step: int, redone: int, took_s: float, **more: Any) -> dict[str, Any]:
+        switch = self.switch
+        assert switch is not None
+        return {
+            "from_world_size": switch.from_world_size,
+            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+            "step": step,
+            "redone": redone,
+            "took_s": round(took_s, 4),
+            "reason": switch.reason,
+            "abrupt": switch.abrupt,
+            **more,
+        }
+
+
+_inplace = InPlace()
+
+
+def machinery() -> InPlace:
+    """This process's in-place machinery (one per worker)."""
+    return _inplace
+
+
+def handoff_as_dict(handoff: Handoff) -> dict[str, Any]:
+    return asdict(handoff)
