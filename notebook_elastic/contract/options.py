@@ -91,6 +91,13 @@ OPTIONS: tuple[Option, ...] = (
         f"always told after {defaults.STALL_AFTER_S:g} s.",
         flag_name="--stall-timeout",
     ),
+    Option(
+        "torchrun_restarts",
+        "restart every worker at every change of members, as torchrun does (default: when a node leaves "
+        "or joins, the surviving workers keep their processes and the group is rebuilt in place at a step "
+        "boundary).",
+        switch=True,
+    ),
     Option("max_payload_bytes", "refuse payloads above this size, like 64MiB.", "64MiB", flag_name="--max-payload"),
     Option(
         "track",

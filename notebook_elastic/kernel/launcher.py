@@ -53,6 +53,7 @@ def build_spec(
         rdzv_conf=given.get("rdzv_conf") or {},
         collective_timeout_s=given["collective_timeout_s"],
         stall_timeout_s=given.get("stall_timeout_s"),
+        torchrun_restarts=bool(given.get("torchrun_restarts")),
         max_payload_bytes=given["max_payload_bytes"],
         track=given.get("track"),
         ship=tuple(given.get("ship") or ()),
