@@ -324,6 +324,8 @@ export interface IInPlaceEvent {
   round?: number;
   source?: number;
   reason?: string;
+  transfer_s?: number;
+  transfer_bytes?: number;
 }
 
 export interface IRegroupedEvent {

@@ -54,11 +54,12 @@ def leaving_key(agent_pid: int) -> str:
     return f"{LEAVING_KEY}/{agent_pid}"
 
 
-#: How long a node that goes waits for its workers to leave at a step boundary before it tells
-#: them to abort (a step longer than this costs the survivors that step, redone).
-LEAVE_AT_BOUNDARY_S = 10.0
+#: How long a node that goes waits for its workers to leave at a step boundary (within the
+#: supervisor's stop grace, 10 s) before it tells them to abort (a step longer than this costs
+#: the survivors that step, redone).
+LEAVE_AT_BOUNDARY_S = 6.0
 #: After an abort, how long it waits for them to exit before torch's shutdown stops them.
-LEAVE_AFTER_ABORT_S = 3.0
+LEAVE_AFTER_ABORT_S = 2.0
 
 
 @dataclass
@@ -67,8 +68,9 @@ class _Worker:
     pid: int  # the process that linked (under the warm pool, the fork behind torchrun's launcher)
     conn: socket.socket
     capable: bool = False
-    why: str = "it has not said yet (no elastic.State built)"
+    why: str = "the cell keeps no elastic.State (none built yet)"
     lost: bool = False  # its group broke: it waits for the next assignment
+    progressed: bool = False  # it has reported a step (a restart of it is worth a sentence)
     open: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -145,6 +147,8 @@ class Links:
         op = message.get("op")
         if op == "capable":
             worker.capable, worker.why = bool(message.get("capable")), str(message.get("why") or "")
+        elif op == "progress":
+            worker.progressed = True
         elif op in ("lost", "boundary"):
             worker.lost = op == "lost"
             if worker.lost:
@@ -160,6 +164,11 @@ class Links:
                 if not worker.capable:
                     return f"local rank {local_rank}'s worker cannot stay: {worker.why}"
         return None
+
+    def trained(self) -> bool:
+        """Whether any of this agent's workers (now or before) reported a step."""
+        with self._lock:
+            return any(w.progressed for w in self._workers.values())
 
     def pids(self, local_ranks: list[int]) -> list[int]:
         with self._lock:
@@ -200,6 +209,7 @@ class InPlace:
         self.lost = threading.Event()  # a worker's group broke: a departure is looked for at each look
         self.reason = ""  # why the next round forms ("left", "lost", "joined", "store")
         self.regroups = 0
+        self.refused_round: int | None = None  # the round whose restart was said (in_place_refused)
 
     def start(self) -> dict[str, str]:
         """Listen for the workers' links; the environment that tells the workers where."""
@@ -228,13 +238,24 @@ class InPlace:
         abort their group first (a collective waiting on the lost peer returns). False: the
         watch ends them, as before."""
         links = self.links
-        if links is None or not local_ranks or links.why_not(local_ranks) is not None:
+        if links is None or not local_ranks:
+            return False
+        why = links.why_not(local_ranks)
+        if why is not None:
+            self._refused(why, round_)
             return False
         if not graceful:
             for local_rank in local_ranks:
                 links.send(local_rank, {"op": "abort"})
         self._regroup("left" if graceful else "lost", round_)
         return True
+
+    def _refused(self, why: str, round_: int) -> None:
+        """Said once per round: this node's workers restart, and why (not for workers that never
+        trained: still starting, there was nothing to keep)."""
+        if self.refused_round != round_ and self.links is not None and self.links.trained():
+            self.refused_round = round_
+            emit("in_place_refused", node=self._node(), reason=why)
 
     def _regroup(self, reason: str, round_: int | None) -> None:
         self.reason = reason
@@ -268,7 +289,7 @@ class InPlace:
             return False
         why = links.why_not(local_ranks)
         if why is not None:
-            emit("in_place_refused", node=self._node(), reason=why)
+            self._refused(why, int(os.environ.get(protocol.ENV_ROUND, -1)))
             return False
         started = time.monotonic()
         self.reason = ""

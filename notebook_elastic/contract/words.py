@@ -283,7 +283,8 @@ def _restart(node: str, d: Restart) -> str:
             "(not counted against the budget)"
         )
     if d.get("reason") == "membership_change":
-        return f"{node}: {d.get('new_nodes')} new node(s) waiting; restarting workers (not counted against the budget)"
+        waiting = f"{d['new_nodes']} new node(s)" if d.get("new_nodes") else "a new node"
+        return f"{node}: {waiting} waiting; restarting workers (not counted against the budget)"
     return f"{node}: worker group failed; restart {d.get('restarts_used')}/{d.get('max_restarts')}"
 
 

@@ -13,6 +13,7 @@ import time as _time
 from typing import Any
 
 from . import gpu as _gpu
+from . import inplace as _inplace
 from . import log as _log
 from . import pod_tracking as _pod_tracking
 from . import protocol as _protocol
@@ -98,6 +99,7 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     if _progress_marked != round_now:  # once per group: it has made a step (every rank says it)
         _progress_marked = round_now
         _protocol.mark_progress()
+        _inplace.machinery().progressed()
     rank_now = rank()
     gpu = _gpu.sample()  # every rank, at most every few seconds, only on CUDA
     if gpu is not None:

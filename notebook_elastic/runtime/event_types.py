@@ -229,6 +229,8 @@ class InPlace(TypedDict):
     round: NotRequired[int]
     source: NotRequired[int]  # the rank the values came from (-1: every rank held its own)
     reason: NotRequired[str]  # why: "joined", "left", "lost", "store"
+    transfer_s: NotRequired[float]  # the values sent from the source to the ranks that lacked them
+    transfer_bytes: NotRequired[int]
 
 
 class Regrouped(TypedDict):

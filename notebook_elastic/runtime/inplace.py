@@ -291,7 +291,8 @@ class Group:
         with self._lock:
             self.aborted = False
             before = _socket_fds()
-            if self._store is None or self._store_at != assignment.store:
+            # A replaced store serves at the same address: the old connection leads nowhere.
+            if self._store is None or self._store_at != assignment.store or assignment.reason == "store":
                 host, _, port = assignment.store.rpartition(":")
                 self._store = dist.TCPStore(
                     host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
@@ -486,15 +487,21 @@ class InPlace:
         self.group.open(assignment, backend, timeout_s)
         return True
 
+    def progressed(self) -> None:
+        """This worker's group made a step (its first report in the group): told to the agent,
+        which says why it restarts a worker that trained (not one that never got going)."""
+        if self.link is not None:
+            self.link.send(op="progress")
+
     def keeps_values_without(self, notice: dict[str, Any]) -> bool:
-        """Whether a notice for a node needs no save: this worker stays in place, and the
-        group spans more nodes than the one that goes (the others keep every value)."""
-        return (
-            self.active
-            and self.incapable is None
-            and self.state is not None
-            and int(os.environ.get("GROUP_WORLD_SIZE", 1)) > 1
-        )
+        """Whether a notice for a node needs no save: this worker stays in place, and its
+        notifier knows other nodes stay (they keep every value). A pod's keeper cannot know
+        (a gang eviction takes every pod at once): its notice is saved for."""
+        try:
+            stays = int(notice.get("stays", 0))
+        except (TypeError, ValueError):
+            stays = 0
+        return self.active and self.incapable is None and self.state is not None and stays > 0
 
     def say(self, capable: bool, why: str = "") -> None:
         if self.link is not None:
@@ -569,6 +576,31 @@ class InPlace:
             "abrupt": switch.abrupt,
             **more,
         }
+
+
+def own_groups(ours: int = 0) -> int:
+    """Process groups the cell made itself (beyond the default group and ``ours``): they hold
+    the old members and cannot be rebuilt from here, so such a worker restarts at a change.
+    torch keeps them in ``distributed_c10d._world.pg_map`` (every torch of the range); where it
+    does not say, none is assumed."""
+    import torch.distributed.distributed_c10d as c10d
+
+    pg_map = getattr(getattr(c10d, "_world", None), "pg_map", None)
+    if pg_map is None:
+        return 0
+    return max(0, len(pg_map) - 1 - ours)
+
+
+def torch_lacks() -> str | None:
+    """What this torch lacks to rebuild a group in place (None: nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    if not hasattr(torch.optim.Optimizer, "register_step_pre_hook"):
+        return f"torch {torch.__version__} has no optimizer step hooks (torch >= 2.0 has)"
+    if not hasattr(dist, "PrefixStore") or not dist.is_available():
+        return f"torch {torch.__version__} has no distributed PrefixStore"
+    return None
 
 
 _inplace = InPlace()

@@ -46,9 +46,11 @@ def answer_key(notice_id: int) -> str:
     return f"{NOTICE_KEY}/saved/{notice_id}"
 
 
-def post(store: Any, node: str, grace_s: float, notice_id: int) -> dict[str, Any]:
-    """Post a notice in ``store`` (a TCPStore, or anything with ``set``); returns it."""
-    notice = {"id": int(notice_id), "node": node, "grace_s": float(grace_s), "at": time.time()}
+def post(store: Any, node: str, grace_s: float, notice_id: int, stays: int = 0) -> dict[str, Any]:
+    """Post a notice in ``store`` (a TCPStore, or anything with ``set``); returns it. ``stays``:
+    how many other nodes the notifier knows stay (the local supervisor does; a pod's keeper
+    does not): where some do and the job changes in place, no save is needed."""
+    notice = {"id": int(notice_id), "node": node, "grace_s": float(grace_s), "at": time.time(), "stays": int(stays)}
     store.set(NOTICE_KEY, json.dumps(notice))
     return notice
 

@@ -75,10 +75,6 @@ class Collectives:
         dist.all_reduce(t, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}[op])
         return [int(v) for v in t.tolist()]
 
-    def max_int(self, value: int) -> int:
-        """The largest of every rank's ``value`` (the in-place vote: one small collective)."""
-        return self.all_reduce([value], "max")[0]
-
     def broadcast_tree(self, tree: Any, src: int) -> Any:
         """Rank ``src``'s state tree (dicts, lists, tensors, plain values) on every rank: its
         shape in one pickle, its tensors in one flat buffer per dtype (a few collectives, not one
@@ -162,6 +158,13 @@ def _strip(tree: Any, tensors: list[Any]) -> Any:
     if isinstance(tree, tuple):
         return tuple(_strip(v, tensors) for v in tree)
     return tree
+
+
+def _tree_bytes(tree: Any) -> int:
+    """The bytes of the tensors in a state tree."""
+    tensors: list[Any] = []
+    _strip(tree, tensors)
+    return sum(int(t.numel()) * int(t.element_size()) for t in tensors)
 
 
 def _fill(shape: Any, tensors: list[Any]) -> Any:
@@ -288,6 +291,7 @@ class Restore:
         worst = -neg_worst
         world = self._info.world_size
         source = -1
+        transfer_s, transfer_bytes = 0.0, 0
         if worst == best:
             chosen = handoff  # every rank holds the same step: its own values, no transfer
         else:
@@ -295,7 +299,10 @@ class Restore:
             sent = None
             if self._info.rank == source and handoff is not None:
                 sent = {"states": handoff.states, "extra": handoff.extra, "samples_seen": handoff.samples_seen}
+            transfer_started = time.monotonic()
             got = self._collectives.broadcast_tree(sent, src=source)
+            transfer_s = time.monotonic() - transfer_started
+            transfer_bytes = _tree_bytes(got)
             chosen = handoff if mine == best else None
             if chosen is None:
                 from .inplace import Handoff
@@ -323,6 +330,7 @@ class Restore:
                 source=source,
                 took_s=round(took_s, 4),
                 reason=switch.reason if switch is not None else "",
+                **({"transfer_s": round(transfer_s, 4), "transfer_bytes": transfer_bytes} if source >= 0 else {}),
             )
         machinery.switch = None
         return Resumed(step=best, samples_seen=chosen.samples_seen, path=None, extra=dict(chosen.extra))

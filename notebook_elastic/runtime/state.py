@@ -149,6 +149,8 @@ class State:
         self._inplace = inplace.machinery()
         self._applied: int | None = None  # the step whose optimizer update was applied here last
         self._switch_due = False  # the vote said: every rank leaves this group after this step
+        self._all_leave = False  # ... and every rank's node goes (a stop): save at the boundary
+        self._leaving_save = False  # the commit under way is that save
         self._voting = False  # an optimizer of this State votes before each step
         self._hooks: list[Any] = []  # the optimizer hooks' handles
         self._writer_tag = f"{_HOST}-{os.getpid()}"
@@ -193,6 +195,8 @@ class State:
             machinery.incapable = (
                 "the model is sharded (FSDP/DTensor): its shards are resharded from a checkpoint at a change"
             )
+        machinery.incapable = machinery.incapable or inplace.torch_lacks()
+        self._check_own_groups()
         machinery.say(machinery.incapable is None, machinery.incapable or "")
         import torch
 
@@ -202,13 +206,35 @@ class State:
                 self._hooks.append(obj.register_step_post_hook(self._stepped))
                 self._voting = True
 
+    def _check_own_groups(self) -> None:
+        """A cell that made process groups of its own cannot stay in place (they hold the old
+        members): said to the agent once, as soon as it is seen."""
+        machinery = self._inplace
+        if machinery.incapable is None and self._collectives.dist() is not None:
+            if inplace.own_groups(ours=1 if self._save_group is not None else 0):
+                machinery.incapable = "the cell made process groups of its own (they hold the old members)"
+                machinery.say(False, machinery.incapable)
+
     def _vote(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Before an optimizer step: is a change pending on any rank? Every rank learns it at
         the same step, and all leave the group at the boundary after it. A vote that fails (a
         peer gone mid-step) raises: this step is not applied here, and is redone."""
-        flag = self._inplace.vote_flag()
-        if self._collectives.max_int(flag):
+        pending, leaving = self._collectives.all_reduce(
+            [self._inplace.vote_flag(), 1 if self._inplace.leaving else 0], "sum"
+        )
+        if pending:
             self._switch_due = True
+            self._all_leave = leaving >= self.info.world_size
+
+    def _save_before_leaving(self) -> None:
+        """Every rank leaves at this boundary and no node stays: the step just committed is
+        saved (a collective for a sharded model: every rank is here), so a resume loses none."""
+        self._leaving_save = True
+        try:
+            self.commit(self.step - 1)
+            self._writer.wait()
+        finally:
+            self._leaving_save = False
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._applied = self._current
@@ -268,9 +294,14 @@ class State:
         if self.is_writer:
             emit("plan", total=self.total, start=self.step, generation=self.generation)
         self._interval.loop_started()
+        watching = self._inplace.active
         for step in range(self.step, self.total):
-            if self._switch_due or (not self._voting and self._inplace.vote_flag()):
-                raise inplace.MembershipChange(f"the job's members change before step {step}")
+            if watching:
+                self._check_own_groups()
+                if self._switch_due or (not self._voting and self._inplace.vote_flag()):
+                    if self._all_leave:  # the whole job goes (a stop): nothing stays to keep the values
+                        self._save_before_leaving()
+                    raise inplace.MembershipChange(f"the job's members change before step {step}")
             if self._holding is not None:  # saved on notice: the step's report went out; wait here
                 notice, self._holding = self._holding, None
                 self._notice.hold(notice)
@@ -345,7 +376,7 @@ class State:
     def _must_save(self) -> bool:
         """This commit saves even while a full disk pauses saving: the loop's last step, or a
         notice that the node is to go."""
-        return self._final() or self._notice_now is not None
+        return self._final() or self._notice_now is not None or self._leaving_save
 
     def _final(self, step: int | None = None) -> bool:
         """Whether ``step`` (default: the step just committed) is the loop's last: its save is

@@ -155,7 +155,9 @@ class Commands:
         noticed = False
         if how == "lose":
             self.sup.nodes.signal_agent(agent, signal.SIGKILL, "lost")
-        elif grace_s and self.sup.notices.give(agent, grace_s):
+        elif grace_s and self.sup.notices.give(
+            agent, grace_s, stays=len([a for a in self.sup.nodes.staying_agents() if a is not agent])
+        ):
             agent.exit_reason = "preempted"  # going: not a node to keep, pick or stop again
             noticed = True
         else:

@@ -29,6 +29,8 @@ EVENT_COLORS: dict[str, str] = {
     Kind.STALL: "#c62828",
     Kind.STALL_CLEARED: "#2e7d32",
     Kind.SUPERVISOR_FROZEN: "#8d6e63",  # ours, not the job's
+    Kind.IN_PLACE: "#2e7d32",  # the members changed and nobody restarted
+    Kind.IN_PLACE_REFUSED: "#ef6c00",
 }
 NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failures
 
@@ -58,6 +60,8 @@ STORY_HIDDEN = TIMELINE_HIDDEN | {
     Kind.LEFT_RENDEZVOUS,
     Kind.PEER_LOST,
     Kind.WORKER_EXITED,
+    Kind.REGROUPED,  # each node's round: the in_place line tells the change
+    Kind.LEFT_AT_BOUNDARY,
 }
 
 
@@ -67,7 +71,8 @@ def _back_after(e: Event, events: Sequence[Event], index: int, started: frozense
     same group, told a moment later) is not training starting again."""
     for later in events[index + 1 :]:
         if later.kind == Kind.WORKER_STARTED and later.get("generation") not in started:
-            return f" — back at world size {later.get('world_size')} after {later.time - e.time:.1f} s"
+            how = "in place" if later.get("in_place") else "back"
+            return f" — {how} at world size {later.get('world_size')} after {later.time - e.time:.1f} s"
         if later.kind == Kind.JOB_FINISHED:
             return ""
     return " — regrouping…"
@@ -91,7 +96,8 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
             if key in groups:
                 continue
             groups.add(key)
-            out.append((e, f"training at world size {d.get('world_size')}"))
+            if not d.get("in_place"):  # a group formed in place: its in_place line tells it
+                out.append((e, f"training at world size {d.get('world_size')}"))
         elif k == Kind.WORKER_FAILED and d.get("cause") == "peer":
             continue
         elif k == Kind.RESTART and d.get("reason") in ("departure", "membership_change", "store_replaced"):
