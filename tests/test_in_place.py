@@ -142,7 +142,8 @@ def test_a_failed_worker_restarts_alone_and_takes_the_live_values_from_its_peers
         TRAIN, nnodes="2", name="rejoin", max_restarts=2, checkpoint_every=NEVER, user_ns=namespace(total=250)
     )
     wait_for(training_at(job, 2, 10), "two nodes training", job=job, give_up_when_finished=True)
-    job.kill_worker(node="node-1")
+    wait_for(lambda: job.state.nodes["node-1"].ranks, "node-1's rank", job=job)
+    job.kill_worker(rank=next(iter(job.state.nodes["node-1"].ranks)))
     wait_for(lambda: changes(job), "in place after the failure", job=job, give_up_when_finished=True)
     [change] = changes(job)
     assert (change["kept"], change["joined"], change["world_size"]) == (1, 1, 2), change

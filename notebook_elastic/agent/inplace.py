@@ -71,6 +71,7 @@ class _Worker:
     why: str = "the cell keeps no elastic.State (none built yet)"
     lost: bool = False  # its group broke: it waits for the next assignment
     progressed: bool = False  # it has reported a step (a restart of it is worth a sentence)
+    said: bool = False  # it said whether it can stay
     open: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,6 +148,7 @@ class Links:
         op = message.get("op")
         if op == "capable":
             worker.capable, worker.why = bool(message.get("capable")), str(message.get("why") or "")
+            worker.said = True
         elif op == "progress":
             worker.progressed = True
         elif op in ("lost", "boundary"):
@@ -162,6 +164,14 @@ class Links:
                 if worker is None or not worker.open:
                     return f"local rank {local_rank}'s worker has no link to its agent"
                 if not worker.capable:
+                    return f"local rank {local_rank}'s worker cannot stay: {worker.why}"
+        return None
+
+    def said_why(self) -> str | None:
+        """The first reason a worker gave for not staying in place (None: none did)."""
+        with self._lock:
+            for local_rank, worker in sorted(self._workers.items()):
+                if worker.said and not worker.capable:
                     return f"local rank {local_rank}'s worker cannot stay: {worker.why}"
         return None
 
@@ -249,6 +259,12 @@ class InPlace:
                 links.send(local_rank, {"op": "abort"})
         self._regroup("left" if graceful else "lost", round_)
         return True
+
+    def explain_restart(self, round_: int) -> None:
+        """The agent restarts its workers: where one of them said why it cannot stay, say so."""
+        said = self.links.said_why() if self.links is not None else None
+        if said is not None:
+            self._refused(said, round_)
 
     def _refused(self, why: str, round_: int) -> None:
         """Said once per round: this node's workers restart, and why (not for workers that never

@@ -170,7 +170,11 @@ def _hook_agent() -> None:
         return _inplace.regroup_now()
 
     def restarting(why: str) -> None:
-        """A healthy group restarts (its workers could not stay): said as torchrun's would be."""
+        """The workers restart: why they could not stay (where they trained and said), and, for a
+        healthy group, the restart as torchrun's would be told ("failed": told already)."""
+        _inplace.explain_restart(int(os.environ.get(protocol.ENV_ROUND, -1)))
+        if why == "failed":
+            return
         if why == "store":
             emit("restart", node=_node_name(), reason="store_replaced", round=_store.seeded)
         elif why in ("lost", "left"):

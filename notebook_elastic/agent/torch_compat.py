@@ -1051,7 +1051,7 @@ def _agent_subclass() -> type:
                 if hooks.in_place(pids, worker_group, lambda: self._rendezvous(worker_group), why):
                     worker_group.state = WorkerState.HEALTHY
                     return None
-                hooks.restarting(why)
+            hooks.restarting(why)
             return super()._restart_workers(worker_group)
 
         def _monitor_workers(self, worker_group: Any) -> Any:
