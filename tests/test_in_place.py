@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from test_kubernetes_backend import cluster  # noqa: F401 (the fixture)
 from test_local_backend import assert_every_sample_once, committed_reports, metric_events
 from waiting import wait_for
 
@@ -81,6 +82,7 @@ def assert_never_read_a_checkpoint(job) -> None:
     ]
 
 
+@pytest.mark.torch_contract
 def test_survivors_keep_their_processes_and_step_across_loss_scale_down_and_scale_up(home):
     job = ne.launch(
         TRAIN,
@@ -134,6 +136,7 @@ def test_survivors_keep_their_processes_and_step_across_loss_scale_down_and_scal
     assert "0 steps redone" in words[1] and "2 new ranks took the live values" in words[-1], words
 
 
+@pytest.mark.torch_contract
 def test_a_failed_worker_restarts_alone_and_takes_the_live_values_from_its_peers(home):
     """A worker that fails (its own error: a crash, a CUDA error) restarts with its node, charged
     to the budget as torchrun charges it; the other node keeps its process, and the restarted
@@ -194,3 +197,50 @@ def test_a_cell_that_cannot_stay_restarts_as_torchrun_does_and_says_why(home, ce
         f"its workers restart instead of staying in place: local rank 0's worker cannot stay: {why}"
         in refused[0].describe()
     )
+
+
+def test_on_kubernetes_pods_keep_their_processes_through_an_eviction_a_lost_pod_and_a_scale(cluster):  # noqa: F811
+    """The same on the fixture: real pods (local processes), the real ``kubernetes`` client. An
+    evicted pod leaves at a step boundary (its keeper's notice saves first: a pod cannot know
+    that others stay), a deleted pod breaks the step in flight; the Job controller's
+    replacements and a scale-up join and take the live values; the pod that stays keeps its
+    process throughout and no pod ever reads a checkpoint."""
+    from test_kubernetes_backend import ns as pod_ns
+
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:3",
+        nodes=2,
+        gpus=0,
+        pvc="ckpt",
+        name="kept-pods",
+        max_restarts=0,
+        checkpoint_every=NEVER,
+        user_ns={**pod_ns(), "os": os, "TOTAL": 100_000, "STEP_S": 0.05, "BATCH": 2},
+    )
+    try:
+        wait_for(training_at(job, 2, 10), "two pods training", job=job)
+        first = {node: pids_of(job, node) for node in job.nodes}
+        evicted = job.preempt_node()["node"]
+        [stays] = [n for n in first if n != evicted]
+        wait_for(lambda: any(c["reason"] == "left" for c in changes(job)), "in place after the eviction", job=job)
+        wait_for(
+            training_at(job, 2, (job.state.step or 0) + 5), "two pods again (the replacement)", timeout=300, job=job
+        )
+        before = len(changes(job))
+        job.lose_node(next(n for n in job.nodes if n != stays))
+        # Its peer learns at the heartbeat's expiry; by then the Job controller's replacement may
+        # wait too: one change for both ("joined", the step in flight redone) or two.
+        wait_for(lambda: len(changes(job)) > before, "in place after the lost pod", timeout=300, job=job)
+        wait_for(training_at(job, 2, (job.state.step or 0) + 5), "two pods again", timeout=300, job=job)
+        job.scale(3)
+        wait_for(training_at(job, 3, (job.state.step or 0) + 5), "three pods", timeout=300, job=job)
+        assert pids_of(job, stays) == first[stays], (pids_of(job, stays), first[stays])
+        assert {c["reason"] for c in changes(job)} >= {"left", "joined"}, changes(job)
+        assert all(c["redone"] <= 1 for c in changes(job)), changes(job)
+        assert all(c["redone"] == 0 for c in changes(job)[:before]), changes(job)  # the eviction, its replacement
+        assert job.state.restarts == 0
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a pod read a checkpoint"
+    finally:
+        job.stop()

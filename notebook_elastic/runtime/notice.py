@@ -72,13 +72,18 @@ def withdraw(store: Any) -> None:
         _log.debug("a store that is gone: nobody polls it any more either", exc_info=True)
 
 
+_ANSWERED: set[int] = set()
+
+
 class NoticeBoard:
     """Rank 0's view of the notice key, polled every ``POLL_S`` from a daemon thread."""
 
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint if endpoint is not None else os.environ.get(protocol.ENV_NOTICE_STORE, "")
         self.current: dict[str, Any] | None = None  # the notice posted now, if any
-        self.answered: set[int] = set()
+        # The notices this process answered, whichever State answered them: a State made again
+        # in place must not answer (and save for) one that is still up again.
+        self.answered: set[int] = _ANSWERED
         self._store: Any = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
