@@ -886,6 +886,92 @@ def test_a_frozen_supervisor_is_said_as_such_never_as_a_stall_and_restarts_nothi
     job.stop()
 
 
+def _in_thread(call, *args):
+    """``call(*args)`` in a thread of its own: (the thread, [its result or its exception])."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(call(*args))
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_frozen_supervisor_answers_no_control_call_yet_stop_ends_the_job_and_says_so(home):
+    """#37 item 3: a SIGSTOPped supervisor's kernel still takes the control connection into its
+    backlog, and the handshake waited forever: scale and stop (CLI, job.stop(), the magic, the
+    panel) hung. Each call now has a deadline; stop then ends what is the job's from here."""
+    job = ne.launch(TRAIN, nproc_per_node=1, name="iced", user_ns=namespace(total=100_000))
+    wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+    folder = LocalBackend().folder("iced")
+    supervisor = folder.supervisor()["pid"]
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        scaling, scaled = _in_thread(LocalBackend().scale, "iced", 2)
+        scaling.join(60)
+        assert not scaling.is_alive(), "scale waited on a frozen supervisor with no deadline"
+        assert isinstance(scaled[0], ne.BackendError) and "did not answer within" in str(scaled[0]), scaled
+        stopping, stopped = _in_thread(LocalBackend().cancel, "iced")
+        stopping.join(90)
+        assert not stopping.is_alive(), "stop waited on a frozen supervisor with no deadline"
+        assert stopped == [None], stopped
+    finally:
+        if pid_alive(supervisor):
+            os.kill(supervisor, signal.SIGCONT)  # the old code's call then goes on; nothing left stopped
+    info = LocalBackend().describe("iced")
+    assert (info.status, info.summary.get("reason")) == ("stopped", "stopped; its supervisor did not answer"), info
+    assert job.wait(60) == "stopped" and job.state.reason == info.summary["reason"]
+    assert ne.attach("iced").wait(60) == "stopped"
+    assert not pid_alive(supervisor)
+    wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job)
+
+
+def test_stop_on_a_full_home_disk_is_one_end_every_view_agrees_on(home, small_disk):
+    """#37 item 8: with the home disk full, stopping a job whose supervisor does not answer
+    raised a bare OSError, and the listing then said "lost" while a new follower said
+    "stopped". The stop is written where the supervisor writes its own end (outcome.json's
+    room, taken at start), so every view reads the same."""
+    small_disk(home, "2m")
+    job = ne.launch(
+        TRAIN,
+        nproc_per_node=1,
+        name="full-stop",
+        checkpoint_dir="/tmp/ne-test-ckpt-full-stop",
+        user_ns=namespace(total=100_000),
+    )
+    try:
+        wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+        supervisor = LocalBackend().folder("full-stop").supervisor()["pid"]
+        os.kill(supervisor, signal.SIGSTOP)  # it cannot write its own end: the kernel does
+        with open(home / "filler", "wb") as f:
+            try:
+                f.write(b"0" * 4_000_000)
+            except OSError:
+                pass
+        try:
+            job.stop()  # no OSError: the processes end and the end is on record
+        finally:
+            if pid_alive(supervisor):
+                os.kill(supervisor, signal.SIGCONT)
+        reason = "stopped; its supervisor did not answer"
+        info = LocalBackend().describe("full-stop")
+        assert (info.status, info.summary.get("reason")) == ("stopped", reason), info
+        listed = [i for i in ne.jobs() if i.name == "full-stop"]
+        assert [(i.status, i.summary.get("reason")) for i in listed] == [("stopped", reason)]
+        again = ne.attach("full-stop")
+        assert again.wait(60) == "stopped" and again.state.reason == reason, again.summary()
+        assert job.wait(60) == "stopped"
+        wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job)
+    finally:
+        import shutil
+
+        shutil.rmtree("/tmp/ne-test-ckpt-full-stop", ignore_errors=True)
+
+
 def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     clean = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="clean", user_ns=namespace(total=10))
     assert clean.wait(120) == "succeeded"

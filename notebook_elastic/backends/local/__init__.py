@@ -305,32 +305,51 @@ class LocalBackend(Backend):
             if kill_all(folder.path):
                 return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if (folder.status() or {}).get("status") in FINAL_STATUSES and not folder.supervisor_alive():
+        if _ended(folder) and not folder.supervisor_alive():
             kill_all(folder.path)  # finished: only make sure nothing is left
             return
         if folder.supervisor_alive():
+            answered = True
             try:
                 self._request(name, "stop")
+            except control.NoAnswer:
+                answered = False  # frozen or wedged: it will not stop by itself, end it from here
             except BackendError:
                 pass
             deadline = time.monotonic() + timeout_s
-            while folder.supervisor_alive() and time.monotonic() < deadline:
+            while answered and folder.supervisor_alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        if folder.supervisor_alive() or (folder.status() or {}).get("status") not in FINAL_STATUSES:
-            # The supervisor is gone or stuck: clean up from here, and say so in the history.
+        if folder.supervisor_alive() or not _ended(folder):
+            # The supervisor is gone or stuck: clean up from here, and say so where it would have.
             kill_all(folder.path)
-            _append_event(
-                folder,
-                Event(
-                    Kind.JOB_FINISHED,
-                    time.time(),
-                    None,
-                    {"status": "stopped", "reason": "stopped; its supervisor did not answer"},
-                ),
-            )
-            status = folder.status() or {}
-            status.update(status="stopped", updated=time.time())
-            write_json_atomic(folder.status_file, status)
+            _record_stopped(folder, "stopped; its supervisor did not answer")
+
+
+def _ended(folder: JobFolder) -> bool:
+    """Whether the job's end is on record: its outcome (written in the room taken at start, so
+    even on a full disk) or a final status.json."""
+    if (folder.outcome() or {}).get("status") in FINAL_STATUSES:
+        return True
+    return (folder.status() or {}).get("status") in FINAL_STATUSES
+
+
+def _record_stopped(folder: JobFolder, reason: str) -> None:
+    """Write a stop its supervisor could not write where it writes its own end: the outcome
+    first, in the room taken at start (a full disk has room for it), then the event and
+    status.json, so the listing, a follower and the guardian read the same end. A
+    ``BackendError`` sentence when not even the outcome could be written."""
+    now = time.time()
+    summary = {k: v for k, v in (folder.status() or {}).items() if k not in ("status", "reason")}
+    recorded = folder.write_outcome({**summary, "status": "stopped", "reason": reason, "finished_at": now})
+    try:
+        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
+        write_json_atomic(folder.status_file, {**summary, "status": "stopped", "reason": reason, "updated": now})
+    except OSError as exc:
+        if not recorded:
+            raise BackendError(
+                f"job {folder.name!r} is stopped (its processes are ended), but its end could not be written in "
+                f"{folder.path} ({exc.strerror or exc}): free space there; until then it is listed as lost"
+            ) from None
 
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
@@ -342,7 +361,7 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
     pooled = through_pool([*base, *options], env, detach=True) if module == SUPERVISOR_MODULE else None
     command = pooled or [*base, "--detach", *options]
     try:
-        subprocess.Popen(
+        parent = subprocess.Popen(
             [*command, str(folder.path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -350,9 +369,18 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
             env=env,
             cwd=str(folder.path),
             start_new_session=True,
-        ).wait()  # the detaching parent exits at once
+        )
     finally:
         os.close(log)
+    try:
+        parent.wait(SUPERVISOR_START_TIMEOUT_S)  # the detaching parent exits at once (a stopped one never)
+    except subprocess.TimeoutExpired:
+        parent.kill()
+        parent.wait()
+        raise BackendError(
+            f"the {'supervisor' if module == SUPERVISOR_MODULE else 'guardian'} of job {folder.name!r} did not start within "
+            f"{SUPERVISOR_START_TIMEOUT_S:.0f} s: {_tail(folder.supervisor_log)}"
+        ) from None
 
 
 def _tail(path: Path, lines: int = 15) -> str:
