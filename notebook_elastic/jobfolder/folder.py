@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 
 from ..errors import BackendError
-from ..pool import own_launcher
+from ..pool import is_pool_command, own_launcher
 from ..runtime import owned
 from ..runtime.procfs import stat_fields
 from ..runtime.protocol import ENV_JOB_DIR
@@ -373,48 +373,106 @@ def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
     environment holds ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>`` (whatever was exec'd for it),
     those named in its folder (the warm pool's forks and theirs: ``runtime/owned.py``), and
     the descendants of both (a fork that could not name itself: a full disk, a fork made in C).
+    The walk by descent stops at a warm pool and at another job's process (``_Bounds``): the
+    pool forks every job, so what lies below it is each job's by its own marks, not by descent.
     The process table is the ground truth for "no orphan left". Another user's processes (their
     environment is not ours to read, their names not in our folder) are never the job's."""
     job = os.fspath(job_dir)
     me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
     found = set(owned.registered(job)) - me
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[psutil.Process]] = {}
+    marks: dict[int, str | None] = {}  # each process's job folder, as its environment names it
     for proc in psutil.process_iter():  # environ() itself, not attrs=: as_dict() costs a quarter more
         if proc.pid in me:
             continue
         try:
-            children.setdefault(proc.ppid(), []).append(proc.pid)
-            if proc.pid not in found and proc.environ().get(ENV_JOB_DIR) == job and pid_alive(proc.pid):
+            children.setdefault(proc.ppid(), []).append(proc)
+            marks[proc.pid] = mark = proc.environ().get(ENV_JOB_DIR)
+            if proc.pid not in found and mark == job and pid_alive(proc.pid):
                 found.add(proc.pid)
         except psutil.Error:  # gone, or another user's
             continue
+    bounds = _Bounds(job)
     todo = list(found)
     while todo:
         for child in children.get(todo.pop(), ()):
-            if child not in found and child not in me and pid_alive(child):
-                found.add(child)
-                todo.append(child)
+            if child.pid in found or child.pid in me or not pid_alive(child.pid):
+                continue
+            if bounds.stop_at(child, marks.get(child.pid)):
+                continue
+            found.add(child.pid)
+            todo.append(child.pid)
     return sorted(found)
+
+
+class _Bounds:
+    """Where a walk by descent from a job's processes stops: at a warm pool (it forks every
+    job's processes: a pool started by one job's process, as a guardian recovering its job did,
+    had the next job's processes below it, and stopping the first killed the second, #37), and
+    at a process that is another job's, by its environment or by a name in another job folder
+    beside this one. What is read for it is read once per walk, and only when a process that
+    is not marked as this job's is met."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self._real: str | None = None
+        self._named: dict[int, set[int]] | None = None
+
+    def stop_at(self, proc: psutil.Process, mark: str | None) -> bool:
+        return self.another_jobs(proc.pid, mark) or _is_pool(proc)
+
+    def another_jobs(self, pid: int, mark: str | None) -> bool:
+        if mark is not None and mark != self.job:
+            if self._real is None:
+                self._real = os.path.realpath(self.job)
+            if os.path.realpath(mark) != self._real:  # the same folder spelt another way is this job's
+                return True
+        if self._named is None:
+            self._named = owned.named_elsewhere(self.job)
+        ticks = self._named.get(pid)
+        return ticks is not None and process_start_ticks(pid) in ticks
+
+
+def _is_pool(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a warm pool (``python -m notebook_elastic.pool.warm pool NAME``). A
+    fork of one shows the pool's command line until it retitles itself; its parent is then the
+    pool, which tells it apart."""
+    try:
+        if not is_pool_command(proc.cmdline()):
+            return False
+        parent = proc.parent()
+        return parent is None or not is_pool_command(parent.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _is_the_jobs(proc: psutil.Process, job: str) -> bool:
     """Whether ``proc`` is one of the job's: its environment says so, the job folder names it,
-    or one of its ancestors is the job's by either."""
+    or one of its ancestors is the job's by either with no pool nor another job's process
+    between them (``processes_of``'s walk, upwards)."""
+    bounds = _Bounds(job)
 
-    def marked(p: psutil.Process) -> bool:
+    def mark(p: psutil.Process) -> str | None:
         try:
-            if p.environ().get(ENV_JOB_DIR) == job:
-                return True
+            return p.environ().get(ENV_JOB_DIR)
         except psutil.Error:
-            pass
-        return owned.is_registered(job, p.pid)
+            return None
 
-    if marked(proc):
-        return True
+    def judged(p: psutil.Process) -> bool | None:
+        """True: the job's; False: a bound; None: look at its parent."""
+        env = mark(p)
+        if env == job or owned.is_registered(job, p.pid):
+            return True
+        return False if bounds.stop_at(p, env) else None
+
     try:
-        return any(marked(parent) for parent in proc.parents())
+        for p in (proc, *proc.parents()):
+            verdict = judged(p)
+            if verdict is not None:
+                return verdict
     except psutil.Error:
-        return False
+        pass
+    return False
 
 
 class _Held:
