@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 
@@ -220,3 +221,96 @@ def test_the_panel_row_says_a_stall_and_a_warning_in_words():
     assert row["stall"] == "stalled at step 120 for 31 s: rank(s) 1 stopped, rank(s) 0,2 wait for them"
     assert row["warning"] == "checkpoints are not being saved: /ckpt is full"
     assert job_json(JobInfo("fine", "local", "running", summary={}))["stall"] is None
+
+
+SLOW_SCONTROL = """#!/bin/sh
+# A slurmctld that does not answer until the test opens the gate (its own cap: 300 s).
+echo $$ >> "{calls}"
+n=0
+while [ ! -e "{gate}" ] && [ $n -lt 3000 ]; do sleep 0.1; n=$((n + 1)); done
+echo "JobId=$4 JobName=ne-remote-supervisor JobState=COMPLETED Reason=None"
+"""
+
+
+def _pids(path) -> list[int]:
+    try:
+        return [int(line) for line in path.read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.slow  # a real job
+async def test_a_slurm_that_does_not_answer_never_holds_a_route(jp_fetch, home, tmp_path, monkeypatch):
+    """#37 item 5: GET /jobs asked scontrol inline for each job whose supervisor runs in a Slurm
+    allocation on another machine; with slurmctld unresponsive, one poll and any other request
+    the server had took ~120 s. Slurm is asked by a thread of its own: both routes answer while
+    scontrol still has not, and the row follows Slurm once it does."""
+    from conftest import pid_alive
+
+    done = ne.launch(TRAIN, nnodes="1", name="here", user_ns=ns(3))
+    assert done.wait(120) == "succeeded"
+    # A job whose supervisor runs in allocation 4242 on another machine (what run.py writes there).
+    remote = home / "jobs" / "remote"
+    remote.mkdir(mode=0o700)
+    (remote / "spec.json").write_text(json.dumps({"name": "remote", "backend": "slurm", "nnodes": [1, 2]}))
+    (remote / "status.json").write_text(json.dumps({"status": "running", "step": 7, "world_size": 1}))
+    (remote / "events.jsonl").write_text("")
+    supervisor = {"pid": 4321, "host": "node-elsewhere", "slurm_job": "4242", "control": ["node-elsewhere", 1]}
+    (remote / "supervisor.json").write_text(json.dumps({**supervisor, "authkey": "00", "started": time.time()}))
+    bin_dir, calls, gate = tmp_path / "bin", tmp_path / "scontrol-calls", tmp_path / "gate"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SLOW_SCONTROL.format(calls=calls, gate=gate))
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    try:
+        rows = {j["name"]: j for j in (await get_json(jp_fetch, "jobs"))["jobs"]}
+        assert rows["remote"]["status"] == "running" and rows["here"]["status"] == "succeeded"
+        # Slurm is being asked, in the background, and has not answered.
+        deadline = time.monotonic() + 60
+        while not [p for p in _pids(calls) if pid_alive(p)]:
+            assert time.monotonic() < deadline, "Slurm was never asked while it hung (or asked inline)"
+            await asyncio.sleep(0.1)
+        asking = [p for p in _pids(calls) if pid_alive(p)]
+        again = await get_json(jp_fetch, "jobs")
+        events = await get_json(jp_fetch, "jobs", "here", "events", since="0")
+        assert [p for p in asking if pid_alive(p)] == asking, "a route answered only once Slurm had"
+        assert {j["name"]: j["status"] for j in again["jobs"]} == {"remote": "running", "here": "succeeded"}
+        assert events["events"][0]["kind"] == "job_submitted"
+        gate.touch()  # Slurm answers: the allocation is over, so the supervisor is gone
+        await poll_json(
+            jp_fetch,
+            lambda r: {j["name"]: j["status"] for j in r["jobs"]}.get("remote") == "lost",
+            "the row to follow Slurm's answer",
+            "jobs",
+        )
+    finally:
+        gate.touch()
+        deadline = time.monotonic() + 30
+        while [p for p in _pids(calls) if pid_alive(p)] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
+
+async def test_a_fifo_in_place_of_a_jobs_file_never_holds_a_route(jp_fetch, home):
+    """A FIFO where a job's status.json or events.jsonl belongs blocked its reader, the server's
+    event loop, until someone wrote to it. The row is damaged, the events a 404 sentence."""
+    job = ne.launch(TRAIN, nnodes="1", name="piped", user_ns=ns(3))
+    assert job.wait(120) == "succeeded"
+    folder = job.backend.folder("piped")
+    for record in ("outcome.json", "status.json", "spec.json"):
+        (folder.path / record).unlink()
+        os.mkfifo(folder.path / record, 0o600)
+    folder.events_file.unlink()
+    os.mkfifo(folder.events_file, 0o600)
+    try:
+        rows = (await asyncio.wait_for(get_json(jp_fetch, "jobs"), 60))["jobs"]
+        assert [(r["name"], r["status"], r["damaged"]) for r in rows] == [
+            ("piped", "damaged", "spec.json is unreadable: spec.json is not a file")
+        ]
+        with pytest.raises(HTTPClientError) as info:
+            await asyncio.wait_for(jp_fetch("notebook-elastic", "api", "jobs", "piped", "events"), 60)
+        assert info.value.code == 404
+        message = json.loads(info.value.response.body)["message"]
+        assert message.startswith("job 'piped' has no readable event history:"), message
+    finally:
+        for fifo in ("outcome.json", "status.json", "spec.json", "events.jsonl"):
+            (folder.path / fifo).unlink()  # the suite's own checks read histories with open()

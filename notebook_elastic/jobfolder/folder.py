@@ -29,7 +29,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import psutil
 
@@ -164,9 +164,37 @@ def write_json_atomic(path: Path, data: Any, mode: int = FILE_MODE) -> None:
         raise
 
 
+def open_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading when it is a regular file; ValueError naming it when
+    something else is in its place (a FIFO would hold its reader, a server route, forever; a
+    folder); FileNotFoundError when nothing is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once this way
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path.name} is not a file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def ask_slurm(job_id: str) -> str:
+    """Slurm's state of allocation ``job_id`` ("" when it does not answer), asked now (bounded
+    by the Slurm client's own timeout)."""
+    from ..backends.slurm.cluster import job_state
+
+    return job_state(job_id)[0]
+
+
 class JobFolder:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    """``slurm_state``: how Slurm's state of a remote supervisor's allocation is learnt (by
+    default asked now; the server's routes read a cache a thread keeps, so no request waits on
+    Slurm)."""
+
+    def __init__(self, path: str | os.PathLike[str], slurm_state: Callable[[str], str] | None = None) -> None:
         self.path = Path(path)
+        self.slurm_state = slurm_state or ask_slurm
 
     @property
     def name(self) -> str:
@@ -233,8 +261,9 @@ class JobFolder:
 
     def read_json(self, path: Path) -> dict[str, Any]:
         """One of the folder's records: a JSON object, as ``write_json_atomic`` wrote it;
-        ValueError for anything else (a damaged or planted file: ``[]`` is JSON too)."""
-        with open(path) as f:
+        ValueError for anything else (a damaged or planted file: ``[]`` is JSON too, a FIFO
+        in its place would hold its reader forever)."""
+        with open_file(path) as f:
             record = json.load(f)
         if not isinstance(record, dict):
             raise ValueError(f"{path.name} holds a JSON {type(record).__name__}, not a record")
@@ -253,7 +282,7 @@ class JobFolder:
         """The outcome the supervisor wrote in place at its end (status, reason, the summary),
         or None while the job runs (the file holds only the spaces taken at start)."""
         try:
-            with open(self.outcome_file, "rb") as f:
+            with open_file(self.outcome_file) as f:
                 data = json.loads(f.read() or b"null")
         except (OSError, ValueError):
             return None
@@ -322,9 +351,9 @@ class JobFolder:
         if info.get("slurm_job") and info.get("host") not in (None, socket.gethostname()):
             # On another machine, in a Slurm allocation of its own: alive while Slurm holds it
             # (running, completing, suspended), and while Slurm does not answer.
-            from ..backends.slurm.cluster import NOT_ENDED, job_state
+            from ..backends.slurm.cluster import NOT_ENDED
 
-            state = job_state(str(info["slurm_job"]))[0]
+            state = self.slurm_state(str(info["slurm_job"]))
             return state == "" or (state in NOT_ENDED and state != "PENDING")
         return _alive(info)
 

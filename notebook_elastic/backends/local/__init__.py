@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +60,19 @@ GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, home: str | os.PathLike[str] | None = None, *, slurm_state: Callable[[str], str] | None = None
+    ) -> None:
         # ``home`` (tests, tools) names the jobs folder itself; by default it is found under
         # $NOTEBOOK_ELASTIC_HOME, in a per-user subfolder when that is a shared one like /tmp.
+        # ``slurm_state``: how a remote supervisor's allocation is looked up (JobFolder's).
         self.explicit_root = home is not None
         self.home = defaults.home() if home is None else Path(home).parent
         self.root = jobs_root(self.home) if home is None else Path(home)
+        self.slurm_state = slurm_state
 
     def folder(self, name: str) -> JobFolder:
-        return JobFolder(self.root / name)
+        return JobFolder(self.root / name, self.slurm_state)
 
     def history(self, name: str) -> Iterator[Event]:
         return _folder_history(self.folder(name))
