@@ -314,3 +314,40 @@ async def test_a_fifo_in_place_of_a_jobs_file_never_holds_a_route(jp_fetch, home
     finally:
         for fifo in ("outcome.json", "status.json", "spec.json", "events.jsonl"):
             (folder.path / fifo).unlink()  # the suite's own checks read histories with open()
+
+
+WRONG_TYPES = {
+    "stall": ("stuck", "'stall' is a str ('stuck'), which a job's status never holds"),
+    "gpu": (["a100"], "'gpu' is a list (['a100']), which a job's status never holds"),
+    "tracking": (7, "'tracking' is an int (7), which a job's status never holds"),
+    "step": ("seven", "'step' is a str ('seven'), which a job's status never holds"),
+    # Any other field of the row, read as it is: checked against rows.JobRow, not one by one.
+    "world_size": ("two", "'world_size' is a str ('two'), not a whole number or null"),
+    "transitions": ([{"status": "running", "at": "noon", "cause": "x"}], "'transitions[0].at' is a str ('noon')"),
+}
+
+
+@pytest.mark.slow  # a real job
+async def test_a_status_with_a_field_of_the_wrong_type_is_one_damaged_row_not_a_500(jp_fetch, home):
+    """#37 item 10: one status.json with a stall string, a gpu list, a tracking number or a step
+    that is not a number made GET /jobs a 500 for every job. That job is listed as damaged,
+    saying which field; the others as they are."""
+    import shutil
+
+    job = ne.launch(TRAIN, nnodes="1", name="sound", user_ns=ns(3))
+    assert job.wait(120) == "succeeded"
+    sound = job.backend.folder("sound").path
+    for key, (value, _said) in WRONG_TYPES.items():
+        bad = sound.parent / f"bad-{key.replace('_', '-')}"
+        shutil.copytree(sound, bad, ignore=shutil.ignore_patterns(".procs"))
+        status = json.loads((bad / "status.json").read_text())
+        (bad / "status.json").write_text(json.dumps({**status, key: value}))
+        (bad / "outcome.json").write_text("")  # the outcome would be read instead of status.json
+    rows = {r["name"]: r for r in (await get_json(jp_fetch, "jobs"))["jobs"]}
+    assert rows["sound"]["status"] == "succeeded" and rows["sound"]["step"] == 3 and rows["sound"]["damaged"] is None
+    for key, (_value, said) in WRONG_TYPES.items():
+        row = rows[f"bad-{key.replace('_', '-')}"]
+        assert row["status"] == "damaged" and row["step"] is None, row
+        assert row["damaged"].startswith(said) and row["damaged"].endswith(
+            "in its status.json; the row cannot show it until that is fixed"
+        ), row["damaged"]

@@ -36,6 +36,7 @@ from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..jobfolder.folder import ask_slurm, open_file
 from ..runtime import log as _logging
 from ..runtime.tracking import shown
+from .rows import a_type, mismatch
 
 _log = _logging.get("server.routes")
 
@@ -104,9 +105,33 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+class DamagedRow(ValueError):
+    """A job's summary holds a field the row cannot show (a planted or corrupted status.json):
+    the sentence says which; ``row_of`` lists the job as damaged instead."""
+
+
+#: The summary's key each derived row field is read from (for the sentence naming it).
+_SOURCE = {"gpu_mem_peak_bytes": "gpu", "gpu_util_percent": "gpu"}
+
+
+def _read(s: dict[str, Any], key: str, read: Callable[[Any], Any]) -> Any:
+    """``read(s[key])``, or a ``DamagedRow`` naming the key when its value is not what a job's
+    summary holds there (a string for a stall, a list of strings for the GPUs...)."""
+    value = s.get(key)
+    try:
+        return read(value)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise DamagedRow(f"{key!r} is {a_type(value)} ({shown}), which a job's status never holds") from None
+
+
 def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
+    """The panel's row of a job (``rows.JobRow``); ``DamagedRow`` when its summary holds a
+    field of the wrong type (each derived field read by ``_read``, the whole row then checked
+    against ``JobRow``, whatever field it is)."""
     s = info.summary
-    notebook = info.notebook
+    notebook = info.notebook if isinstance(info.notebook, str) else None
     if notebook and root_dir and os.path.isabs(notebook):
         try:
             relative = os.path.relpath(notebook, root_dir)
@@ -121,7 +146,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "damaged": info.damaged,
             "reason": s.get("reason"),
             "waiting": s.get("waiting"),
-            "stall": Event(Kind.STALL, 0, None, s["stall"]).describe() if s.get("stall") else None,
+            "stall": _read(s, "stall", lambda v: Event(Kind.STALL, 0, None, v).describe() if v else None),
             "warning": s.get("warning"),
             "world_size": s.get("world_size"),
             "nodes_running": s.get("nodes_running"),
@@ -130,7 +155,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "max_nodes": s.get("max_nodes"),
             "restarts": s.get("restarts"),
             "max_restarts": s.get("max_restarts"),
-            "step": steps_done(s.get("step")),  # steps done, as every view counts them
+            "step": _read(s, "step", steps_done),  # steps done, as every view counts them
             "total_steps": s.get("total_steps"),
             "loss": s.get("loss"),
             "loss_tail": s.get("loss_tail") or [],
@@ -138,18 +163,38 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "step_time_s": s.get("step_time_s"),
             "samples_per_s": s.get("samples_per_s"),
             "tokens_per_s": s.get("tokens_per_s"),
-            "gpu_mem_peak_bytes": max((g.get("mem_peak_bytes") or 0 for g in s.get("gpu") or []), default=None),
-            "gpu_util_percent": _mean([g["util_percent"] for g in s.get("gpu") or [] if "util_percent" in g]),
+            "gpu_mem_peak_bytes": _read(
+                s, "gpu", lambda v: max((g.get("mem_peak_bytes") or 0 for g in v or []), default=None)
+            ),
+            "gpu_util_percent": _read(
+                s, "gpu", lambda v: _mean([g["util_percent"] for g in v or [] if "util_percent" in g])
+            ),
             # Where the run is tracked (MLflow/W&B link or command, TensorBoard), as the events told it.
-            "tracking": [shown(t) for t in s.get("tracking") or []],
+            "tracking": _read(s, "tracking", lambda v: [shown(t) for t in v or []]),
             "transitions": s.get("transitions") or [],
             "started_at": s.get("started_at") or info.created,
             "finished_at": s.get("finished_at"),
             "notebook": notebook,
-            "location": info.location,
+            "location": info.location if isinstance(info.location, str) else None,
         }
     )
+    problem = mismatch(row)
+    if problem is not None:
+        raise DamagedRow(problem + next((f" (read from {_SOURCE[k]!r})" for k in _SOURCE if f"'{k}'" in problem), ""))
     return row
+
+
+def row_of(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
+    """``job_json``, or the job as a damaged row saying which field of its status is wrong: one
+    job's bad file never keeps the others from the list."""
+    try:
+        return job_json(info, root_dir)
+    except DamagedRow as exc:
+        where = " in its status.json" if info.backend in ("local", "slurm") else ""
+        damaged = dataclasses.replace(
+            info, status="damaged", summary={}, damaged=f"{exc}{where}; the row cannot show it until that is fixed"
+        )
+        return job_json(damaged, root_dir)
 
 
 class ClusterFold:
@@ -351,7 +396,7 @@ class JobsHandler(Handler):
         registry: Registry = self.settings["notebook_elastic_registry"]
         infos, errors = await registry.listing()
         root = self.settings.get("server_root_dir")
-        jobs = [job_json(i, root) for i in infos]
+        jobs = [row_of(i, root) for i in infos]
         self.finish(
             json.dumps({"jobs": jobs, "errors": errors, "server_ms": round((time.perf_counter() - started) * 1000, 2)})
         )
