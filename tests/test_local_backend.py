@@ -972,6 +972,48 @@ def test_stop_on_a_full_home_disk_is_one_end_every_view_agrees_on(home, small_di
         shutil.rmtree("/tmp/ne-test-ckpt-full-stop", ignore_errors=True)
 
 
+def test_relaunching_a_name_whose_running_job_is_damaged_or_thought_lost_is_refused(home):
+    """#37 item 11: a running job whose spec.json was damaged read as "damaged" and its folder
+    was archived for the new job of its name; the old supervisor then wrote the new job's
+    outcome. The same with a damaged supervisor.json (the job reads as lost). The job's
+    processes are looked for, not its records: the relaunch is refused in one sentence, and
+    once the old job is stopped, it goes ahead."""
+    job = ne.launch(TRAIN, nproc_per_node=1, name="twice", user_ns=namespace(total=100_000))
+    wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+    folder = LocalBackend().folder("twice")
+    spec = folder.spec_file.read_text()
+    folder.spec_file.write_text("{not json")
+    assert LocalBackend().describe("twice").status == "damaged"
+    with pytest.raises(ne.BackendError) as refused:
+        ne.launch(TRAIN, nproc_per_node=1, name="twice", user_ns=namespace(total=3))
+    said = str(refused.value)
+    assert (
+        said.startswith("a job named 'twice' still has ")
+        and "process(es) running, though its folder is damaged" in said
+    )
+    assert said.endswith("stop it first (%elastic_stop twice, or notebook-elastic stop twice) or choose another --name")
+    assert folder.spec_file.read_text() == "{not json"  # not archived: the old job's folder, as it was
+    assert not (home / "jobs" / ".history").exists()
+
+    # Its records say it is lost: supervisor.json unreadable, its guardian gone, started long ago.
+    folder.spec_file.write_text(spec)
+    os.kill(json.loads(folder.guardian_file.read_text())["pid"], signal.SIGKILL)
+    wait_for(lambda: not folder.guardian_alive(), "the guardian gone")
+    supervisor = folder.supervisor()["pid"]
+    folder.supervisor_file.write_text("[]")
+    os.utime(folder.spec_file, (time.time() - 120, time.time() - 120))
+    assert LocalBackend().describe("twice").status == "lost"
+    with pytest.raises(ne.BackendError, match=r"process\(es\) running, though it is listed as lost; stop it first"):
+        ne.launch(TRAIN, nproc_per_node=1, name="twice", fresh=True, user_ns=namespace(total=3))
+    assert pid_alive(supervisor)
+
+    LocalBackend().cancel("twice")  # a stop still reaches it (from here: its record is unreadable)
+    assert not pid_alive(supervisor) and job_processes(home) == []
+    again = ne.launch(TRAIN, nproc_per_node=1, name="twice", fresh=True, user_ns=namespace(total=3))
+    assert again.wait(120) == "succeeded", again.summary()
+    assert len(list((home / "jobs" / ".history").iterdir())) == 1
+
+
 def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):
     clean = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="clean", user_ns=namespace(total=10))
     assert clean.wait(120) == "succeeded"

@@ -32,6 +32,7 @@ from ...jobfolder.folder import (
     make_private_dir,
     pool_log,
     prepare_jobs_root,
+    processes_of,
     write_json_atomic,
 )
 from ...jobfolder.follow import (
@@ -121,6 +122,7 @@ class LocalBackend(Backend):
                     f"a job named {spec.name!r} is already {info.status}; stop it first "
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
+            _nothing_of_it_runs(folder, spec.name, info)
             self._archive(folder)
         try:
             make_private_dir(folder.path)
@@ -327,6 +329,26 @@ class LocalBackend(Backend):
             # The supervisor is gone or stuck: clean up from here, and say so where it would have.
             kill_all(folder.path)
             _record_stopped(folder, "stopped; its supervisor did not answer")
+
+
+def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> None:
+    """Before a job's folder is archived for a new job of its name: whatever of the old job
+    still runs would go on writing into the new job's folder (its processes carry the same
+    path; an old supervisor wrote the new job's outcome, #37). Its records may be damaged or
+    say it is lost while it runs, so its processes are looked for, not its records: an ended
+    job's stragglers are ended; a job not ended on record is refused, in one sentence."""
+    live = processes_of(folder.path)
+    if not live:
+        return
+    if _ended(folder):
+        kill_all(folder.path)
+        return
+    said = f"its folder is damaged ({info.damaged})" if info is not None and info.damaged else None
+    said = said or f"it is listed as {info.status if info is not None else 'gone'}"
+    raise BackendError(
+        f"a job named {name!r} still has {len(live)} process(es) running, though {said}; stop it first "
+        f"(%elastic_stop {name}, or notebook-elastic stop {name}) or choose another --name"
+    )
 
 
 def _ended(folder: JobFolder) -> bool:
