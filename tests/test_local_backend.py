@@ -930,33 +930,40 @@ def test_a_frozen_supervisor_answers_no_control_call_yet_stop_ends_the_job_and_s
     wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job)
 
 
+def fill(path) -> None:
+    """Fill the disk ``path`` is on, to its last byte."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
 def test_stop_on_a_full_home_disk_is_one_end_every_view_agrees_on(home, small_disk):
     """#37 item 8: with the home disk full, stopping a job whose supervisor does not answer
     raised a bare OSError, and the listing then said "lost" while a new follower said
     "stopped". The stop is written where the supervisor writes its own end (outcome.json's
-    room, taken at start), so every view reads the same."""
+    room, taken at start), so every view reads the same. A job that found no room at its start
+    cannot be written down at all: one sentence says so, and every view says "lost"."""
     small_disk(home, "2m")
-    job = ne.launch(
-        TRAIN,
-        nproc_per_node=1,
-        name="full-stop",
-        checkpoint_dir="/tmp/ne-test-ckpt-full-stop",
-        user_ns=namespace(total=100_000),
-    )
+    ckpt = "/tmp/ne-test-ckpt-full-stop"
+    jobs = [
+        ne.launch(TRAIN, nproc_per_node=1, name=name, checkpoint_dir=ckpt, user_ns=namespace(total=100_000))
+        for name in ("full-stop", "no-room")
+    ]
+    supervisors = []
     try:
-        wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
-        supervisor = LocalBackend().folder("full-stop").supervisor()["pid"]
-        os.kill(supervisor, signal.SIGSTOP)  # it cannot write its own end: the kernel does
-        with open(home / "filler", "wb") as f:
-            try:
-                f.write(b"0" * 4_000_000)
-            except OSError:
-                pass
-        try:
-            job.stop()  # no OSError: the processes end and the end is on record
-        finally:
-            if pid_alive(supervisor):
-                os.kill(supervisor, signal.SIGCONT)
+        for job in jobs:
+            wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+            supervisors.append(LocalBackend().folder(job.name).supervisor()["pid"])
+            os.kill(supervisors[-1], signal.SIGSTOP)  # it cannot write its own end: the kernel does
+        no_room = LocalBackend().folder("no-room")
+        no_room.outcome_file.unlink()  # as if the disk was full when it started: no room was taken
+        no_room.reserve_file.unlink()
+        fill(home / "filler")
+        jobs[0].stop()  # no OSError: the processes end and the end is on record
         reason = "stopped; its supervisor did not answer"
         info = LocalBackend().describe("full-stop")
         assert (info.status, info.summary.get("reason")) == ("stopped", reason), info
@@ -964,12 +971,25 @@ def test_stop_on_a_full_home_disk_is_one_end_every_view_agrees_on(home, small_di
         assert [(i.status, i.summary.get("reason")) for i in listed] == [("stopped", reason)]
         again = ne.attach("full-stop")
         assert again.wait(60) == "stopped" and again.state.reason == reason, again.summary()
-        assert job.wait(60) == "stopped"
-        wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job)
+        assert jobs[0].wait(60) == "stopped"
+
+        fill(home / "filler-again")  # what the first job's end freed (its reserve)
+        with pytest.raises(ne.BackendError) as unwritten:
+            jobs[1].stop()
+        said = str(unwritten.value)
+        assert said.startswith("job 'no-room' is stopped (its processes are ended), but its end could not be written")
+        assert said.endswith("(No space left on device): free space there; until then it is listed as lost"), said
+        assert not pid_alive(supervisors[1])
+        assert LocalBackend().describe("no-room").status == "lost"
+        assert ne.attach("no-room").wait(60) == "lost"
+        wait_for(lambda: job_processes(home) == [], "every process of the jobs to end")
     finally:
+        for pid in supervisors:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGCONT)
         import shutil
 
-        shutil.rmtree("/tmp/ne-test-ckpt-full-stop", ignore_errors=True)
+        shutil.rmtree(ckpt, ignore_errors=True)
 
 
 def test_relaunching_a_name_whose_running_job_is_damaged_or_thought_lost_is_refused(home):

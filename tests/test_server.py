@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -292,7 +293,8 @@ async def test_a_slurm_that_does_not_answer_never_holds_a_route(jp_fetch, home, 
 
 async def test_a_fifo_in_place_of_a_jobs_file_never_holds_a_route(jp_fetch, home):
     """A FIFO where a job's status.json or events.jsonl belongs blocked its reader, the server's
-    event loop, until someone wrote to it. The row is damaged, the events a 404 sentence."""
+    event loop, until someone wrote to it. The row is damaged, the events a 404 sentence, and a
+    kernel's reader of the history says so in one sentence."""
     job = ne.launch(TRAIN, nnodes="1", name="piped", user_ns=ns(3))
     assert job.wait(120) == "succeeded"
     folder = job.backend.folder("piped")
@@ -311,6 +313,11 @@ async def test_a_fifo_in_place_of_a_jobs_file_never_holds_a_route(jp_fetch, home
         assert info.value.code == 404
         message = json.loads(info.value.response.body)["message"]
         assert message.startswith("job 'piped' has no readable event history:"), message
+        # Nor a kernel's reader of its history (the CLI's events, attach's follower).
+        with pytest.raises(ne.BackendError, match="job 'piped' has no readable event history: events.jsonl is not"):
+            list(job.backend.history("piped"))
+        with pytest.raises(ne.BackendError, match="job 'piped' has no readable event history: events.jsonl is not"):
+            list(job.backend.follow("piped", threading.Event()))
     finally:
         for fifo in ("outcome.json", "status.json", "spec.json", "events.jsonl"):
             (folder.path / fifo).unlink()  # the suite's own checks read histories with open()

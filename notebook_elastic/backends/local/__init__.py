@@ -361,21 +361,26 @@ def _ended(folder: JobFolder) -> bool:
 
 def _record_stopped(folder: JobFolder, reason: str) -> None:
     """Write a stop its supervisor could not write where it writes its own end: the outcome
-    first, in the room taken at start (a full disk has room for it), then the event and
-    status.json, so the listing, a follower and the guardian read the same end. A
-    ``BackendError`` sentence when not even the outcome could be written."""
+    first, in the room taken at start (a full disk has room for it), then status.json, then
+    the event, which is written only once one of the others is (an event alone would be read
+    by a follower, not by the listing). Every view then reads the same end. A
+    ``BackendError`` sentence when nothing could be written."""
     now = time.time()
     summary = {k: v for k, v in (folder.status() or {}).items() if k not in ("status", "reason")}
     recorded = folder.write_outcome({**summary, "status": "stopped", "reason": reason, "finished_at": now})
     try:
-        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
         write_json_atomic(folder.status_file, {**summary, "status": "stopped", "reason": reason, "updated": now})
+        recorded = True
     except OSError as exc:
         if not recorded:
             raise BackendError(
                 f"job {folder.name!r} is stopped (its processes are ended), but its end could not be written in "
                 f"{folder.path} ({exc.strerror or exc}): free space there; until then it is listed as lost"
             ) from None
+    try:
+        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
+    except OSError:
+        pass  # the outcome or status.json says it: every reader takes it from there
 
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
