@@ -331,6 +331,8 @@ WRONG_TYPES = {
     # Any other field of the row, read as it is: checked against rows.JobRow, not one by one.
     "world_size": ("two", "'world_size' is a str ('two'), not a whole number or null"),
     "transitions": ([{"status": "running", "at": "noon", "cause": "x"}], "'transitions[0].at' is a str ('noon')"),
+    "started_at": ("noon", "'started_at' is a str ('noon'), not a number or null"),  # the list's order reads it
+    "loss": ("low", "'loss' is a str ('low'), not a number or null"),
 }
 
 
@@ -358,3 +360,4 @@ async def test_a_status_with_a_field_of_the_wrong_type_is_one_damaged_row_not_a_
         assert row["damaged"].startswith(said) and row["damaged"].endswith(
             "in its status.json; the row cannot show it until that is fixed"
         ), row["damaged"]
+    assert {j.name for j in ne.jobs()} == set(rows)  # the listing's order reads started_at: it lists them all
