@@ -361,3 +361,25 @@ async def test_a_status_with_a_field_of_the_wrong_type_is_one_damaged_row_not_a_
             "in its status.json; the row cannot show it until that is fixed"
         ), row["damaged"]
     assert {j.name for j in ne.jobs()} == set(rows)  # the listing's order reads started_at: it lists them all
+
+
+async def test_a_listing_past_its_deadline_answers_with_the_last_one_and_says_so(jp_fetch, home, monkeypatch):
+    """GET /jobs reads the job folders in a thread of its own and waits for it at most LIST_S:
+    a listing that takes longer (a slow disk, a reader that waits on a cluster) is answered with
+    the last listing, said beside it, and never holds the server. LIST_S = 0: every listing is
+    late."""
+    from notebook_elastic.server import routes
+
+    monkeypatch.setattr(routes, "LIST_S", 0.0)
+    damaged = home / "jobs" / "broken"
+    damaged.mkdir(parents=True)
+    (damaged / "spec.json").write_text("{not json")
+    first = await get_json(jp_fetch, "jobs")
+    assert (
+        first["jobs"] == [] and first["errors"]["local"] == f"reading the job folders in {home / 'jobs'} took over 0 s"
+    )
+    later = await poll_json(jp_fetch, lambda r: r["jobs"], "the late listing's rows", "jobs")
+    assert [j["name"] for j in later["jobs"]] == ["broken"]
+    assert re.fullmatch(
+        r"reading the job folders in .* took over 0 s; these rows are from \d\d:\d\d:\d\d", later["errors"]["local"]
+    )

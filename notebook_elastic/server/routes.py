@@ -352,7 +352,7 @@ class Registry:
         """The local listing, read in a worker thread (one at a time); past ``LIST_S`` the last
         one, said beside the list. A listing that finishes late is the next poll's."""
         if self._listing is None or self._listing.done():
-            self._listing = asyncio.get_running_loop().run_in_executor(None, self._list_local)
+            self._listing = self._start_listing(asyncio.get_running_loop())
         try:
             return await asyncio.wait_for(asyncio.shield(self._listing), LIST_S)
         except asyncio.TimeoutError:
@@ -361,6 +361,32 @@ class Registry:
                 f"; these rows are from {time.strftime('%H:%M:%S', time.localtime(at))}" if at else ""
             )
             return jobs
+
+    def _start_listing(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[list[JobInfo]]:
+        """The local listing in a daemon thread of its own: never queued behind stops that wait
+        on a cluster (the shared executor), never waited for at the server's exit."""
+        listing: asyncio.Future[list[JobInfo]] = loop.create_future()
+
+        def settle(jobs: list[JobInfo] | None, error: BaseException | None) -> None:
+            if listing.done():
+                return
+            if error is not None:
+                listing.set_exception(error)
+            else:
+                listing.set_result(jobs or [])
+
+        def run() -> None:
+            try:
+                jobs, error = self._list_local(), None
+            except Exception as exc:
+                jobs, error = None, exc
+            try:
+                loop.call_soon_threadsafe(settle, jobs, error)
+            except RuntimeError:
+                pass  # the server's loop closed meanwhile
+
+        threading.Thread(target=run, name="notebook-elastic-jobs", daemon=True).start()
+        return listing
 
     def _list_local(self) -> list[JobInfo]:
         jobs = self.local.list()
