@@ -374,10 +374,8 @@ async def test_a_listing_past_its_deadline_answers_with_the_last_one_and_says_so
     damaged = home / "jobs" / "broken"
     damaged.mkdir(parents=True)
     (damaged / "spec.json").write_text("{not json")
-    first = await get_json(jp_fetch, "jobs")
-    assert (
-        first["jobs"] == [] and first["errors"]["local"] == f"reading the job folders in {home / 'jobs'} took over 0 s"
-    )
+    first = await get_json(jp_fetch, "jobs")  # late: no rows yet, or those of a listing that just finished
+    assert first["errors"]["local"].startswith(f"reading the job folders in {home / 'jobs'} took over 0 s")
     later = await poll_json(jp_fetch, lambda r: r["jobs"], "the late listing's rows", "jobs")
     assert [j["name"] for j in later["jobs"]] == ["broken"]
     assert re.fullmatch(
