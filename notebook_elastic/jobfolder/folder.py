@@ -165,9 +165,8 @@ def write_json_atomic(path: Path, data: Any, mode: int = FILE_MODE) -> None:
 
 
 def open_file(path: Path) -> BinaryIO:
-    """``path`` opened for reading when it is a regular file; ValueError naming it when
-    something else is in its place (a FIFO would hold its reader, a server route, forever; a
-    folder); FileNotFoundError when nothing is."""
+    """``path`` opened for reading if it is a regular file; ValueError naming it when something
+    else is in its place (a folder; a FIFO, which would hold its reader forever)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once this way
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -180,17 +179,15 @@ def open_file(path: Path) -> BinaryIO:
 
 
 def ask_slurm(job_id: str) -> str:
-    """Slurm's state of allocation ``job_id`` ("" when it does not answer), asked now (bounded
-    by the Slurm client's own timeout)."""
+    """Slurm's state of allocation ``job_id`` ("" when it does not answer), asked now."""
     from ..backends.slurm.cluster import job_state
 
     return job_state(job_id)[0]
 
 
 class JobFolder:
-    """``slurm_state``: how Slurm's state of a remote supervisor's allocation is learnt (by
-    default asked now; the server's routes read a cache a thread keeps, so no request waits on
-    Slurm)."""
+    """``slurm_state``: how a remote supervisor's allocation is looked up in Slurm (asked now by
+    default; the server's routes read a cache a thread keeps, so no request waits on Slurm)."""
 
     def __init__(self, path: str | os.PathLike[str], slurm_state: Callable[[str], str] | None = None) -> None:
         self.path = Path(path)
@@ -435,12 +432,10 @@ def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
 
 
 class _Bounds:
-    """Where a walk by descent from a job's processes stops: at a warm pool (it forks every
-    job's processes: a pool started by one job's process, as a guardian recovering its job did,
-    had the next job's processes below it, and stopping the first killed the second, #37), and
-    at a process that is another job's, by its environment or by a name in another job folder
-    beside this one. What is read for it is read once per walk, and only when a process that
-    is not marked as this job's is met."""
+    """Where a walk by descent from a job's processes stops: at a warm pool (a pool a guardian
+    started had the next job's processes below it: stopping one job killed the other, #37), and
+    at another job's process, by its environment or a name in a job folder beside this one
+    (read once per walk, when a process not marked as this job's is met)."""
 
     def __init__(self, job: str) -> None:
         self.job = job
@@ -481,15 +476,12 @@ def _is_the_jobs(proc: psutil.Process, job: str) -> bool:
     between them (``processes_of``'s walk, upwards)."""
     bounds = _Bounds(job)
 
-    def mark(p: psutil.Process) -> str | None:
-        try:
-            return p.environ().get(ENV_JOB_DIR)
-        except psutil.Error:
-            return None
-
     def judged(p: psutil.Process) -> bool | None:
         """True: the job's; False: a bound; None: look at its parent."""
-        env = mark(p)
+        try:
+            env = p.environ().get(ENV_JOB_DIR)
+        except psutil.Error:
+            env = None
         if env == job or owned.is_registered(job, p.pid):
             return True
         return False if bounds.stop_at(p, env) else None
