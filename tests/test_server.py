@@ -352,13 +352,18 @@ async def test_a_status_with_a_field_of_the_wrong_type_is_one_damaged_row_not_a_
         status = json.loads((bad / "status.json").read_text())
         (bad / "status.json").write_text(json.dumps({**status, key: value}))
         (bad / "outcome.json").write_text("")  # the outcome would be read instead of status.json
+    bad_spec = sound.parent / "bad-spec"  # the row's backend comes from spec.json
+    shutil.copytree(sound, bad_spec, ignore=shutil.ignore_patterns(".procs"))
+    (bad_spec / "spec.json").write_text(json.dumps({**json.loads((sound / "spec.json").read_text()), "backend": 5}))
     rows = {r["name"]: r for r in (await get_json(jp_fetch, "jobs"))["jobs"]}
+    assert (rows["bad-spec"]["status"], rows["bad-spec"]["backend"]) == ("damaged", "5")
+    assert rows["bad-spec"]["damaged"].startswith("'backend' is an int (5), not text in its records")
     assert rows["sound"]["status"] == "succeeded" and rows["sound"]["step"] == 3 and rows["sound"]["damaged"] is None
     for key, (_value, said) in WRONG_TYPES.items():
         row = rows[f"bad-{key.replace('_', '-')}"]
         assert row["status"] == "damaged" and row["step"] is None, row
         assert row["damaged"].startswith(said) and row["damaged"].endswith(
-            "in its status.json; the row cannot show it until that is fixed"
+            f"in its records ({row['location']}); the row cannot show it until that is fixed"
         ), row["damaged"]
     assert {j.name for j in ne.jobs()} == set(rows)  # the listing's order reads started_at: it lists them all
 

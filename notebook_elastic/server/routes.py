@@ -190,9 +190,13 @@ def row_of(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
     try:
         return job_json(info, root_dir)
     except DamagedRow as exc:
-        where = " in its status.json" if info.backend in ("local", "slurm") else ""
+        where = f" in its records ({info.location})" if isinstance(info.location, str) else ""
         damaged = dataclasses.replace(
-            info, status="damaged", summary={}, damaged=f"{exc}{where}; the row cannot show it until that is fixed"
+            info,
+            backend=str(info.backend),  # a spec.json's, which may be damaged too
+            status="damaged",
+            summary={},
+            damaged=f"{exc}{where}; the row cannot show it until that is fixed",
         )
         return job_json(damaged, root_dir)
 
