@@ -6,7 +6,6 @@ accept(), so one such peer held every later request, stop included."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import socket
 import threading
 import time
@@ -57,6 +56,43 @@ def test_a_silent_peer_holds_no_request_and_is_cut_off(served):
 
 
 def test_a_wrong_key_gets_nothing(served):
-    with pytest.raises(multiprocessing.AuthenticationError, match="digest sent was rejected"):
+    # A sentence, not multiprocessing's AuthenticationError: a stale supervisor.json, another program on the port.
+    with pytest.raises(control.BackendError, match="is not this job's supervisor \\(it refused the job's key\\)"):
         control.request(served.address, b"x" * 32, "stop", timeout_s=5)
     assert control.request(served.address, KEY, "status", timeout_s=5) == "status"
+
+
+def test_a_supervisor_that_takes_no_connection_or_gives_no_reply_is_no_answer_in_time():
+    """#37 item 3: a frozen supervisor (SIGSTOP, a suspended machine) still has its connections
+    taken into the kernel's backlog; the kernel's handshake then waited forever, and so did
+    every stop. Each step has a deadline, past which the caller hears ``NoAnswer``."""
+    frozen = socket.create_server(("127.0.0.1", 0))  # listens, never accepts: the kernel queues
+    try:
+        started = time.monotonic()
+        with pytest.raises(control.NoAnswer, match="did not answer within 1 s during the handshake"):
+            control.request(frozen.getsockname()[:2], KEY, "stop", timeout_s=5, connect_s=1.0)
+        assert time.monotonic() - started < 10
+    finally:
+        frozen.close()
+    # Authenticated, then silent: the reply's deadline.
+    listener = control.listen(KEY)
+    held = []
+
+    def take() -> None:
+        conn = listener.authenticate(listener.accept())
+        held.append(conn)
+        conn.recv_bytes()  # reads the request, never answers it
+
+    threading.Thread(target=take, daemon=True).start()
+    try:
+        with pytest.raises(control.NoAnswer, match="did not answer 'scale' within 1 s"):
+            control.request(listener.address, KEY, "scale", timeout_s=1.0, nodes=2)
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    # Nobody listening: at once, the same family.
+    with socket.create_server(("127.0.0.1", 0)) as gone:
+        address = gone.getsockname()[:2]
+    with pytest.raises(control.NoAnswer, match="does not answer"):
+        control.request(address, KEY, "stop", timeout_s=5, connect_s=1.0)

@@ -29,12 +29,12 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import psutil
 
 from ..errors import BackendError
-from ..pool import own_launcher
+from ..pool import is_pool_command, own_launcher
 from ..runtime import owned
 from ..runtime.procfs import stat_fields
 from ..runtime.protocol import ENV_JOB_DIR
@@ -164,9 +164,34 @@ def write_json_atomic(path: Path, data: Any, mode: int = FILE_MODE) -> None:
         raise
 
 
+def open_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; ValueError naming it when something
+    else is in its place (a folder; a FIFO, which would hold its reader forever)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once this way
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path.name} is not a file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def ask_slurm(job_id: str) -> str:
+    """Slurm's state of allocation ``job_id`` ("" when it does not answer), asked now."""
+    from ..backends.slurm.cluster import job_state
+
+    return job_state(job_id)[0]
+
+
 class JobFolder:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    """``slurm_state``: how a remote supervisor's allocation is looked up in Slurm (asked now by
+    default; the server's routes read a cache a thread keeps, so no request waits on Slurm)."""
+
+    def __init__(self, path: str | os.PathLike[str], slurm_state: Callable[[str], str] | None = None) -> None:
         self.path = Path(path)
+        self.slurm_state = slurm_state or ask_slurm
 
     @property
     def name(self) -> str:
@@ -233,8 +258,9 @@ class JobFolder:
 
     def read_json(self, path: Path) -> dict[str, Any]:
         """One of the folder's records: a JSON object, as ``write_json_atomic`` wrote it;
-        ValueError for anything else (a damaged or planted file: ``[]`` is JSON too)."""
-        with open(path) as f:
+        ValueError for anything else (a damaged or planted file: ``[]`` is JSON too, a FIFO
+        in its place would hold its reader forever)."""
+        with open_file(path) as f:
             record = json.load(f)
         if not isinstance(record, dict):
             raise ValueError(f"{path.name} holds a JSON {type(record).__name__}, not a record")
@@ -253,7 +279,7 @@ class JobFolder:
         """The outcome the supervisor wrote in place at its end (status, reason, the summary),
         or None while the job runs (the file holds only the spaces taken at start)."""
         try:
-            with open(self.outcome_file, "rb") as f:
+            with open_file(self.outcome_file) as f:
                 data = json.loads(f.read() or b"null")
         except (OSError, ValueError):
             return None
@@ -322,9 +348,9 @@ class JobFolder:
         if info.get("slurm_job") and info.get("host") not in (None, socket.gethostname()):
             # On another machine, in a Slurm allocation of its own: alive while Slurm holds it
             # (running, completing, suspended), and while Slurm does not answer.
-            from ..backends.slurm.cluster import NOT_ENDED, job_state
+            from ..backends.slurm.cluster import NOT_ENDED
 
-            state = job_state(str(info["slurm_job"]))[0]
+            state = self.slurm_state(str(info["slurm_job"]))
             return state == "" or (state in NOT_ENDED and state != "PENDING")
         return _alive(info)
 
@@ -373,48 +399,101 @@ def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
     environment holds ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>`` (whatever was exec'd for it),
     those named in its folder (the warm pool's forks and theirs: ``runtime/owned.py``), and
     the descendants of both (a fork that could not name itself: a full disk, a fork made in C).
+    The walk by descent stops at a warm pool and at another job's process (``_Bounds``): the
+    pool forks every job, so what lies below it is each job's by its own marks, not by descent.
     The process table is the ground truth for "no orphan left". Another user's processes (their
     environment is not ours to read, their names not in our folder) are never the job's."""
     job = os.fspath(job_dir)
     me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
     found = set(owned.registered(job)) - me
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[psutil.Process]] = {}
+    marks: dict[int, str | None] = {}  # each process's job folder, as its environment names it
     for proc in psutil.process_iter():  # environ() itself, not attrs=: as_dict() costs a quarter more
         if proc.pid in me:
             continue
         try:
-            children.setdefault(proc.ppid(), []).append(proc.pid)
-            if proc.pid not in found and proc.environ().get(ENV_JOB_DIR) == job and pid_alive(proc.pid):
+            children.setdefault(proc.ppid(), []).append(proc)
+            marks[proc.pid] = mark = proc.environ().get(ENV_JOB_DIR)
+            if proc.pid not in found and mark == job and pid_alive(proc.pid):
                 found.add(proc.pid)
         except psutil.Error:  # gone, or another user's
             continue
+    bounds = _Bounds(job)
     todo = list(found)
     while todo:
         for child in children.get(todo.pop(), ()):
-            if child not in found and child not in me and pid_alive(child):
-                found.add(child)
-                todo.append(child)
+            if child.pid in found or child.pid in me or not pid_alive(child.pid):
+                continue
+            if bounds.stop_at(child, marks.get(child.pid)):
+                continue
+            found.add(child.pid)
+            todo.append(child.pid)
     return sorted(found)
+
+
+class _Bounds:
+    """Where a walk by descent from a job's processes stops: at a warm pool (a pool a guardian
+    started had the next job's processes below it: stopping one job killed the other, #37), and
+    at another job's process, by its environment or a name in a job folder beside this one
+    (read once per walk, when a process not marked as this job's is met)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self._real: str | None = None
+        self._named: dict[int, set[int]] | None = None
+
+    def stop_at(self, proc: psutil.Process, mark: str | None) -> bool:
+        return self.another_jobs(proc.pid, mark) or _is_pool(proc)
+
+    def another_jobs(self, pid: int, mark: str | None) -> bool:
+        if mark is not None and mark != self.job:
+            if self._real is None:
+                self._real = os.path.realpath(self.job)
+            if os.path.realpath(mark) != self._real:  # the same folder spelt another way is this job's
+                return True
+        if self._named is None:
+            self._named = owned.named_elsewhere(self.job)
+        ticks = self._named.get(pid)
+        return ticks is not None and process_start_ticks(pid) in ticks
+
+
+def _is_pool(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a warm pool (``python -m notebook_elastic.pool.warm pool NAME``). A
+    fork of one shows the pool's command line until it retitles itself; its parent is then the
+    pool, which tells it apart."""
+    try:
+        if not is_pool_command(proc.cmdline()):
+            return False
+        parent = proc.parent()
+        return parent is None or not is_pool_command(parent.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _is_the_jobs(proc: psutil.Process, job: str) -> bool:
     """Whether ``proc`` is one of the job's: its environment says so, the job folder names it,
-    or one of its ancestors is the job's by either."""
+    or one of its ancestors is the job's by either with no pool nor another job's process
+    between them (``processes_of``'s walk, upwards)."""
+    bounds = _Bounds(job)
 
-    def marked(p: psutil.Process) -> bool:
+    def judged(p: psutil.Process) -> bool | None:
+        """True: the job's; False: a bound; None: look at its parent."""
         try:
-            if p.environ().get(ENV_JOB_DIR) == job:
-                return True
+            env = p.environ().get(ENV_JOB_DIR)
         except psutil.Error:
-            pass
-        return owned.is_registered(job, p.pid)
+            env = None
+        if env == job or owned.is_registered(job, p.pid):
+            return True
+        return False if bounds.stop_at(p, env) else None
 
-    if marked(proc):
-        return True
     try:
-        return any(marked(parent) for parent in proc.parents())
+        for p in (proc, *proc.parents()):
+            verdict = judged(p)
+            if verdict is not None:
+                return verdict
     except psutil.Error:
-        return False
+        pass
+    return False
 
 
 class _Held:

@@ -41,6 +41,10 @@ from ...runtime.event_types import (
 from ..events import Event, Status, degraded_text, describe, steps_done
 from .records import Marker, NodeInfo, RankInfo
 
+#: Beside the agent's leave, a pod's grace keeps this for a step in flight when the notice comes
+#: (the least --grace, LEAVE_S + 2, leaves a second for a save).
+SAVE_MARGIN_S = 1.0
+
 if TYPE_CHECKING:
     from . import JobState
 
@@ -354,16 +358,26 @@ class Fold:
 
     def _check_grace(self, d: Checkpoint) -> None:
         """Kubernetes: a pod's grace (--grace) must hold a save on notice; once a save is
-        measured longer than that allows, say what grace would (the pods' is fixed at launch)."""
+        measured longer than that allows, say what grace would (the pods' is fixed at launch).
+        The room for a save is the grace less the agent's leave and a second's margin (a
+        step in flight): the one the check and the sentence both use (#37: the sentence
+        said a room one second longer than the check's, "1.5 s, more than ... (2 s)")."""
         save_s = (d.get("ms") or 0) / 1000
         grace_s = self.state.grace_s
-        if not grace_s or self.state.warning or save_s + LEAVE_S + 1 <= grace_s:
+        if not grace_s or self.state.warning:
+            return
+        room_s = grace_s - LEAVE_S - SAVE_MARGIN_S
+        if save_s <= room_s:
             return
         enough = math.ceil(save_s * 1.5 + LEAVE_S + 2)
+        leaves = (
+            f"leaves for a save on notice ({room_s:g} s)"
+            if room_s > 0
+            else f"leaves no time for a save on notice (its agent needs {LEAVE_S:g} s to leave)"
+        )
         self.state.warning = (
-            f"a save takes {save_s:.1f} s, more than a pod's grace of {grace_s:g} s (--grace) leaves for a save "
-            f"on notice ({grace_s - LEAVE_S:g} s): a reclaim will cost the steps since the last save; "
-            f"relaunch with --grace {enough} or more"
+            f"a save takes {_above(save_s, room_s)} s, more than a pod's grace of {grace_s:g} s (--grace) {leaves}: "
+            f"a reclaim will cost the steps since the last save; relaunch with --grace {enough} or more"
         )
 
     def _on_job_finished(self, e: Event) -> None:
@@ -375,3 +389,13 @@ class Fold:
             if node.status != "left":
                 node.status = "left"
                 node.left_reason = node.left_reason or "finished"
+
+
+def _above(seconds: float, bound: float) -> str:
+    """``seconds`` with the fewest decimals (one at least) that still read above ``bound``:
+    1.04 s over a room of 1 s is "1.04", not "1.0"."""
+    for decimals in range(1, 7):
+        text = f"{seconds:.{decimals}f}"
+        if float(text) > bound:
+            return text
+    return repr(seconds)
