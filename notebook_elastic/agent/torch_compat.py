@@ -141,8 +141,11 @@ def missing() -> dict[str, str]:
     return {name: INTERNALS[name] for name, ok in present.items() if not ok}
 
 
-#: How long the probe's round may take to close at its target (torch alone: last call, 5 s).
-PROBE_CLOSE_S = 2.5
+#: How long the probe's round may take to close at its target; torch alone closes it at its last
+#: call (``PROBE_LAST_CALL_S``). Apart enough that a loaded machine (the probe runs at the lowest
+#: priority) is not taken for a torch that changed: at 2.5 s against 5 s it was, under load.
+PROBE_CLOSE_S = 6.0
+PROBE_LAST_CALL_S = 15
 
 
 def probe() -> dict[str, str]:
@@ -174,8 +177,8 @@ def probe() -> dict[str, str]:
         run_id="notebook-elastic-probe",
         min_nodes=1,
         max_nodes=2,
-        join_timeout=10,
-        last_call_timeout=5,
+        join_timeout=30,
+        last_call_timeout=PROBE_LAST_CALL_S,
     )
     inner: Any = None
     try:

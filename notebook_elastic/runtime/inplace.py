@@ -23,24 +23,25 @@ Where a worker cannot stay (the cell holds process groups of its own, a sharded 
 ``State``), it says why once and its agent restarts the node as torchrun would. Under plain
 ``torchrun`` (no agent link in the environment) nothing here is active.
 
-Worker-side module: the standard library, and torch only once a group is built.
+Its parts: the group, abortable (``group.py``), and what a State hands to the next
+(``handoff.py``). Worker-side module: the standard library, and torch only once a group is built.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any
 
 from . import log as _logging
 from . import protocol
+from .group import Group
+from .handoff import Handoff
 
 _log = _logging.get("runtime.inplace")
 
@@ -245,202 +246,6 @@ class Link:
             pass
 
 
-# -- the group --------------------------------------------------------------------------------
-
-
-def _socket_fds() -> set[int]:
-    """This process's open socket descriptors."""
-    found: set[int] = set()
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return found
-    for name in names:
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                found.add(int(name))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-class Group:
-    """The worker's default process group, formed from an ``Assignment`` over the rendezvous
-    store, and abortable: gloo has no abort (pytorch#130345), so ``abort`` shuts down the
-    sockets the group opened. A collective waiting on them fails at once, and so do its peers'
-    (their sockets close), instead of waiting for the group's timeout; NCCL's communicators are
-    aborted through torch."""
-
-    def __init__(self) -> None:
-        self.assignment: Assignment | None = None
-        self.backend = ""
-        self._fds: set[int] = set()
-        self._store: Any = None  # the TCPStore client to the rendezvous store (kept across groups)
-        self._store_at = ""
-        self._store_fds: set[int] = set()  # its connection
-        self._forming: set[int] | None = None  # while a group forms: the sockets open before it
-        self._lock = threading.Lock()
-        self.aborted = False
-
-    def open(self, assignment: Assignment, backend: str, timeout_s: float) -> None:
-        """Form the group ``assignment`` names (a collective with its other ranks). An ``abort``
-        meanwhile (a member of it went before it formed) makes it raise instead of waiting for
-        its timeout; the store connection is made again for the next one."""
-        import torch.distributed as dist
-
-        with self._lock:
-            self.aborted = False
-            before = _socket_fds()
-            # A replaced store serves at the same address: the old connection leads nowhere.
-            if self._store is None or self._store_at != assignment.store or assignment.reason == "store":
-                host, _, port = assignment.store.rpartition(":")
-                self._store = dist.TCPStore(
-                    host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-                )
-                self._store_at = assignment.store
-                self._store_fds = _socket_fds() - before
-            store = dist.PrefixStore(assignment.prefix, self._store)
-            self._forming = _socket_fds()
-            self.assignment = assignment
-        try:
-            dist.init_process_group(
-                backend,
-                store=store,
-                rank=assignment.rank,
-                world_size=assignment.world_size,
-                timeout=timedelta(seconds=timeout_s),
-            )
-        except BaseException:
-            with self._lock:
-                self._forming = None
-                self.assignment = None
-                self._store, self._store_at = None, ""  # its connection may be the one aborted
-            raise
-        with self._lock:
-            self._fds = _socket_fds() - self._forming
-            self._forming = None
-            self.backend = str(dist.get_backend())
-
-    def abort(self) -> None:
-        """Fail every collective of this group now, here and (through the closed sockets) at its
-        peers. Safe from any thread, any number of times."""
-        with self._lock:
-            if self.aborted or self.assignment is None:
-                return
-            self.aborted = True
-            if self._forming is not None:
-                # Still forming: its store waits, and the connections made so far.
-                fds = self._store_fds | (_socket_fds() - self._forming)
-                backend = ""
-            else:
-                fds = set(self._fds)
-                backend = self.backend
-        if backend == "nccl":
-            _abort_nccl()
-        for fd in fds:
-            try:
-                with socket.socket(fileno=os.dup(fd)) as s:
-                    # Not its listener: gloo's loop aborts the process when accept() fails.
-                    if not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                        s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                continue  # closed meanwhile, or not a connected socket any more
-
-    def close(self) -> None:
-        """Destroy the (aborted) group, so that a new one can be made."""
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                _log.debug("the broken group could not be destroyed cleanly", exc_info=True)
-        with self._lock:
-            self._fds = set()
-            self.assignment = None
-
-
-def _abort_nccl() -> None:
-    """NCCL's communicators of the default group, aborted (torch >= 2.6 has the call; before,
-    the process group's own abort); a collective that hangs on a lost peer returns."""
-    try:
-        import torch.distributed.distributed_c10d as c10d
-
-        abort = getattr(c10d, "_abort_process_group", None)
-        if abort is not None:
-            abort()
-            return
-        pg: Any = c10d._get_default_group()
-        backend = pg._get_backend(c10d.torch.device("cuda"))
-        backend.abort()
-    except Exception:
-        _log.warning("the NCCL group could not be aborted: its collectives end at its timeout", exc_info=True)
-
-
-# -- what a State hands to the next ------------------------------------------------------------
-
-
-@dataclass
-class Handoff:
-    """What a ``State`` leaves to the next one in the same process when the group changes in
-    place: its objects' states (references to the live tensors; on a GPU, copies in host
-    memory, so the cell's new objects find room), its plain values, where its loop stands, and
-    this process's random generators."""
-
-    states: dict[str, Any]
-    extra: dict[str, Any]
-    next_step: int  # the first step not applied here
-    reached: int  # the step after the one in flight when the change came (next_step at a boundary)
-    samples_seen: int
-    rng: dict[str, Any]
-
-
-def to_host(value: Any) -> Any:
-    """A state dict with every CUDA tensor copied to host memory (CPU tensors as they are)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu") if value.is_cuda else value.detach()
-    if isinstance(value, dict):
-        return {k: to_host(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_host(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(to_host(v) for v in value)
-    return value
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random generators (torch, CUDA, Python's, NumPy's when imported)."""
-    import sys
-
-    import torch
-
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch's own, untyped
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    import sys
-
-    import torch
-
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "python" in state:
-        random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    numpy = sys.modules.get("numpy")
-    if "numpy" in state and numpy is not None:
-        numpy.random.set_state(state["numpy"])
-
-
 # -- the switch --------------------------------------------------------------------------------
 
 
@@ -609,7 +414,3 @@ _inplace = InPlace()
 def machinery() -> InPlace:
     """This process's in-place machinery (one per worker)."""
     return _inplace
-
-
-def handoff_as_dict(handoff: Handoff) -> dict[str, Any]:
-    return asdict(handoff)

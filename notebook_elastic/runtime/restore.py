@@ -275,7 +275,7 @@ class Restore:
         then a checkpoint, as at any start. Rank 0 says what happened (``in_place``)."""
         import time
 
-        from .inplace import set_rng_state
+        from .handoff import set_rng_state
 
         handoff = machinery.handoff
         switch = machinery.switch
@@ -305,7 +305,7 @@ class Restore:
             transfer_bytes = _tree_bytes(got)
             chosen = handoff if mine == best else None
             if chosen is None:
-                from .inplace import Handoff
+                from .handoff import Handoff
 
                 chosen = Handoff(got["states"], got["extra"], best, best, got["samples_seen"], {})
         assert chosen is not None

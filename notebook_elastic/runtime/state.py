@@ -49,6 +49,7 @@ from .checkpoints import (
     run_base,
     torch_save,
 )
+from .handoff import Handoff, rng_state, to_host
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env, is_final
 from .notice import NoticeBoard
 from .restore import Collectives, Restore
@@ -239,7 +240,7 @@ class State:
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._applied = self._current
 
-    def handoff(self) -> inplace.Handoff:
+    def handoff(self) -> Handoff:
         """What the next State in this process starts from when the group changes in place."""
         for handle in self._hooks:
             handle.remove()
@@ -248,18 +249,18 @@ class State:
         if self._applied is not None and self._applied + 1 > next_step:
             next_step = self._applied + 1  # updated by the optimizer, not yet committed
         reached = max(next_step, (self._current + 1) if self._current is not None else next_step)
-        states = {name: inplace.to_host(_state_dict_owner(obj).state_dict()) for name, obj in self._objects.items()}
+        states = {name: to_host(_state_dict_owner(obj).state_dict()) for name, obj in self._objects.items()}
         try:
             self._writer.wait()  # a background save of this group lands first
         except Exception:
             pass  # it said so in its own event
-        return inplace.Handoff(
+        return Handoff(
             states=states,
             extra=dict(self.extra),
             next_step=next_step,
             reached=reached,
             samples_seen=self._cursor_at(next_step),
-            rng=inplace.rng_state(),
+            rng=rng_state(),
         )
 
     # -- start ---------------------------------------------------------------------------
