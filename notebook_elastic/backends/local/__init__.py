@@ -8,6 +8,8 @@ a crash) can list, follow (``jobfolder/follow.py``), scale and stop any job.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -169,23 +171,33 @@ class LocalBackend(Backend):
         same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
         starts again (said in the ``job_resumed`` event)."""
         folder = self.folder(name)
-        info = self.describe(name)
-        if info is None:
-            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
-            raise BackendError(
-                f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
-                + (" (a succeeded job is done: run the cell again to train anew)" if info.status == "succeeded" else "")
-            )
-        kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
-        folder.supervisor_file.unlink(missing_ok=True)
-        with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
-            size = f.seek(0, os.SEEK_END)
-            if size:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-        self._start_supervisor(folder, name, resume=True)
+        with _resuming(folder, name):
+            info = self.describe(name)
+            if info is None:
+                raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+            if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
+                raise BackendError(
+                    f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
+                    + (
+                        " (a succeeded job is done: run the cell again to train anew)"
+                        if info.status == "succeeded"
+                        else ""
+                    )
+                )
+            self._before_resume(name)
+            kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
+            folder.supervisor_file.unlink(missing_ok=True)
+            with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+            self._start_supervisor(folder, name, resume=True)
+
+    def _before_resume(self, name: str) -> None:
+        """What a backend clears before a resumed job's supervisor starts (Slurm: what is left
+        of the earlier run's allocations); nothing here."""
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
@@ -331,6 +343,27 @@ class LocalBackend(Backend):
             status = folder.status() or {}
             status.update(status="stopped", updated=time.time())
             write_json_atomic(folder.status_file, status)
+
+
+@contextlib.contextmanager
+def _resuming(folder: JobFolder, name: str) -> Iterator[None]:
+    """One resume of a job at a time (two kernels, a kernel and the guardian): the second is
+    refused in one sentence, and finds the job running once the first is done, instead of
+    starting a second supervisor for the same folder."""
+    try:
+        fd = os.open(folder.path / ".resume.lock", os.O_WRONLY | os.O_CREAT, FILE_MODE)
+    except FileNotFoundError:
+        raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackendError(
+                f"job {name!r} is being resumed by another process right now; wait for it (%elastic_jobs)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
