@@ -613,3 +613,57 @@ def test_a_node_slurm_refuses_says_slurms_sentence_in_its_events(on_slurm, home,
     while _ours(on_slurm, "refused") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _ours(on_slurm, "refused"), on_slurm.jobs()
+
+
+@pytest.mark.slow
+def test_at_a_nodes_time_limit_it_saves_on_notice_and_no_step_is_redone(on_slurm, home):
+    """#37 item 6 on the real daemons: at a node's --time limit Slurm 22.05 sends its step
+    SIGTERM, SIGCONT, SIGTERM within a few milliseconds, and the keeper took the second as "stop
+    waiting": the node left without its save and 40 steps were redone, unsaid. The burst is one
+    notice: rank 0 saves (the job saves on nothing else here), the node goes, its replacement
+    joins, and the group goes on from exactly the saved step."""
+    job = ne.launch(
+        TRAIN,
+        backend="slurm",
+        nnodes="1:2",
+        nodes=1,
+        time="1",
+        supervisor_in="ctl",
+        checkpoint_every=1_000_000,
+        name="timed",
+        user_ns=user_ns(1_000_000),
+    )
+    try:
+        wait_for(
+            lambda: any(e.kind == Kind.NODE_LEFT and e.node == "node-0" for e in job.events),
+            "node-0's time limit",
+            timeout=300,
+            job=job,
+        )
+        [left] = [e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == "node-0"]
+        assert left.get("reason") == "its Slurm time limit was up", left.data
+        saved = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE and e.get("saved")]
+        assert saved, [e.describe() for e in job.events[-30:]]
+        assert not [e for e in job.events if e.kind == Kind.NOTICE_EXPIRED]
+        wait_for(
+            lambda: any(e.kind == Kind.RESUMED and e.get("rank") in (None, 0) for e in job.events),
+            "the new node resumed",
+            timeout=300,
+            job=job,
+        )
+        [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.get("rank") in (None, 0)][:1]
+        assert resumed.get("step") == saved[-1].get("step"), (resumed.data, saved[-1].data)
+        gens: dict[int, set] = {}
+        wait_for(lambda: (job.state.step or 0) > saved[-1].get("step") + 3, "training after the resume", job=job)
+        for line in (home / "jobs" / "timed" / "events.jsonl").read_text().splitlines():
+            e = json.loads(line)
+            if e["kind"] == "metric" and e.get("rank", 0) == 0:
+                gens.setdefault(e["step"], set()).add(e["values"]["gen"])
+        assert max(gens) > saved[-1].get("step") and len({g for s in gens.values() for g in s}) == 2, gens
+        assert not [step for step, g in gens.items() if len(g) > 1]  # no step trained twice
+    finally:
+        job.stop()
+    deadline = time.monotonic() + 30
+    while on_slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not on_slurm.jobs(), on_slurm.jobs()
