@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -485,7 +486,7 @@ def stopped_while_queued(on_slurm, home, name: str, thread: threading.Thread, re
     thread.join(timeout=60)
     assert not thread.is_alive()
     assert isinstance(result.get("error"), BackendError), result
-    assert "ended (CANCELLED) before the job started" in str(result["error"]), result
+    assert "was stopped before its supervisor started; its allocation (Slurm job" in str(result["error"]), result
     [info] = [i for i in ne.jobs() if i.name == name]
     assert info.status == "stopped" and info.backend == "slurm", info
 
@@ -525,6 +526,50 @@ def test_stopping_a_job_whose_supervisor_waits_in_the_queue_cancels_it(on_slurm,
     while on_slurm.jobs() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not on_slurm.jobs(), on_slurm.jobs()  # no allocation of theirs ran once the partition freed
+
+
+#: sbatch as a slow slurmctld makes it: before Slurm takes the job, or after (its answer late).
+SLOW_SBATCH = {
+    "before": '#!/bin/sh\nsleep 3\nexec {sbatch} "$@"\n',
+    "after": '#!/bin/sh\nout=$({sbatch} "$@") || exit $?\nsleep 3\necho "$out"\n',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow_when", ["before", "after"])
+def test_a_stop_before_sbatch_answered_cancels_what_it_submits(on_slurm, home, tmp_path, monkeypatch, slow_when):
+    """The same stop a moment earlier: while sbatch has not answered yet (a slow slurmctld), the
+    stop finds nothing of the job in Slurm, and ends the job's processes, sbatch among them.
+    Whether Slurm had taken the job or not, the launch cancels whatever carries the job's mark,
+    and says the job was stopped: no supervisor of it ever runs."""
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "sbatch").write_text(SLOW_SBATCH[slow_when].format(sbatch=shutil.which("sbatch")))
+    (slow / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slow}:{os.environ['PATH']}")
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["job"] = ne.launch(TRAIN, backend="slurm", supervisor_in="ctl", name="q-early", user_ns=user_ns(10))
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_for(lambda: (home / "jobs" / "q-early" / "slurm.json").exists(), "the job's mark written, sbatch under way")
+    if slow_when == "after":
+        wait_for(lambda: _ours(on_slurm, "q-early"), "Slurm took the job (its answer still to come)")
+    stopped = _cli("stop", "q-early")
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "q-early: stopped", stopped
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert "was stopped before its supervisor started" in str(result.get("error")), result
+    deadline = time.monotonic() + 30
+    while [j for j in _ours(on_slurm, "q-early") if j[2] in ("RUNNING", "PENDING")] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [j for j in _ours(on_slurm, "q-early") if j[2] in ("RUNNING", "PENDING")], on_slurm.jobs()
+    assert not (home / "jobs" / "q-early" / "supervisor.json").exists()  # no supervisor ever ran
 
 
 @pytest.mark.slow
