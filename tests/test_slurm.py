@@ -622,8 +622,27 @@ def test_a_resumed_slurm_job_runs_its_supervisor_in_slurm_again_after_its_leftov
             assert out.strip().endswith("slurm"), out
             in_slurm_again(first | second)
             assert nb.run("%elastic_stop again").strip() == "again: stopped"
+        # Resumed twice at once (two terminals): one resumes, the other is told, and one
+        # supervisor runs, not two for the same folder.
+        both = [
+            subprocess.Popen(
+                [str(CLI), "resume", "again"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ),
+            )
+            for _ in range(2)
+        ]
+        said = [p.communicate(timeout=300) for p in both]
+        assert sorted(p.returncode for p in both) == [0, 1], said
+        [refused] = [err for p, (_, err) in zip(both, said) if p.returncode == 1]
+        assert "is being resumed by another process right now" in refused or "is running" in refused, refused
+        supervisors = [j for j in _ours(on_slurm, "again") if j[1] == "ne-again-supervisor" and j[2] == "RUNNING"]
+        assert len(supervisors) == 1, on_slurm.jobs()
     finally:
         job.stop()
+        _cli("stop", "again")  # resumed by other processes: this handle saw it stopped
     deadline = time.monotonic() + 30
     while on_slurm.jobs() and time.monotonic() < deadline:
         time.sleep(0.2)
