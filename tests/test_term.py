@@ -5,6 +5,7 @@ parent terminates them, and a multiprocessing pool closes at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -169,14 +170,17 @@ def _slurm_signals(keeper: int, agent: int, *signals: int) -> None:
         time.sleep(0.005)
 
 
-def _posted(store, keeper):
+def _posted(store, keeper, agent):
     import json
 
     from notebook_elastic.runtime.notice import NOTICE_KEY
 
     deadline = time.monotonic() + 30
     while not store.check([NOTICE_KEY]):
-        assert keeper.poll() is None, f"the node left without waiting for its save: {keeper.communicate()[0]}"
+        if keeper.poll() is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent, signal.SIGKILL)  # it holds the output pipe
+            raise AssertionError(f"the node left without waiting for its save: {keeper.communicate(timeout=30)[0]}")
         assert time.monotonic() < deadline, "the keeper posted no notice"
         time.sleep(0.02)
     return json.loads(store.get(NOTICE_KEY))
@@ -196,7 +200,7 @@ def test_slurms_burst_of_sigterms_at_a_time_limit_is_one_notice_and_the_save_hap
     keeper, agent = _keeper(tmp_path, store)
     try:
         _slurm_signals(keeper.pid, agent, signal.SIGTERM, signal.SIGCONT, signal.SIGTERM)
-        notice = _posted(store, keeper)
+        notice = _posted(store, keeper, agent)
         assert keeper.poll() is None  # still waiting for the save
         answered = time.time()
         NoticeBoard(f"127.0.0.1:{store.port}").answer(notice, step=40, seconds=0.2, saved=True)  # rank 0's answer
@@ -212,7 +216,7 @@ def test_slurms_burst_of_sigterms_at_a_time_limit_is_one_notice_and_the_save_hap
     try:
         _slurm_signals(keeper.pid, agent, signal.SIGTERM)
         first = time.monotonic()
-        _posted(store, keeper)
+        _posted(store, keeper, agent)
         from notebook_elastic.agent.notice_keeper import BURST_S
 
         time.sleep(max(0.0, first + BURST_S + 0.2 - time.monotonic()))  # past the burst

@@ -234,16 +234,22 @@ def keep() -> None:
         os.environ[protocol.ENV_NOTICE_DIR] = notice_dir
     sys.stdout.flush()
     sys.stderr.flush()
+    # A signal between the fork and the keeper's handlers would end the keeper as it ends any
+    # process (Slurm's SIGTERM to the whole step, at once): held until they are in place.
+    passed_on = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, *passed_on})
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
         return
     log.for_process("keeper")
     keeper = Keeper(child, endpoint, float(grace), os.environ.get(protocol.ENV_NODE) or socket.gethostname())
     signal.signal(signal.SIGTERM, keeper.on_term)
+    for other in passed_on:
+        signal.signal(other, lambda signum, _frame: keeper._pass_on(signum))
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)  # what came meanwhile is handled now
     if notice_dir is not None:  # Slurm: the supervisor may be on another host than these workers
         threading.Thread(target=keeper.serve_drills, name="drills", daemon=True).start()
-    for other in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(other, lambda signum, _frame: keeper._pass_on(signum))
     while True:
         try:
             _pid, status = os.waitpid(child, 0)
