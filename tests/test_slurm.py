@@ -528,6 +528,42 @@ def test_stopping_a_job_whose_supervisor_waits_in_the_queue_cancels_it(on_slurm,
     assert not on_slurm.jobs(), on_slurm.jobs()  # no allocation of theirs ran once the partition freed
 
 
+@pytest.mark.slow
+def test_a_stop_slurm_does_not_answer_says_so_instead_of_stopped(on_slurm, home):
+    """A stop while slurmctld does not answer (frozen here) cannot cancel the queued
+    allocation: it says so in one sentence (exit 1), naming the allocations' comment, and so
+    does the launch that waited, with the id to scancel. Once Slurm answers, the same stop ends
+    it."""
+    blocker = subprocess.Popen(
+        ["srun", "--partition=ctl", f"--cpus-per-task={CPUS}", "--job-name=blocker", "sleep", "600"],
+        env={**os.environ, **on_slurm.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    slurmctld = next(p for p in on_slurm.procs if "slurmctld" in str(p.args))
+    try:
+        wait_for(lambda: ("blocker", "RUNNING") in [(n, s) for _, n, s in on_slurm.jobs()], "the ctl partition full")
+        thread, result = launch_queued(on_slurm, "q-mute")
+        os.kill(slurmctld.pid, signal.SIGSTOP)
+        try:
+            stopped = _cli("stop", "q-mute")
+            thread.join(timeout=120)
+        finally:
+            os.kill(slurmctld.pid, signal.SIGCONT)
+        assert stopped.returncode == 1, stopped
+        assert "Slurm did not answer, so what job 'q-mute' may still hold there" in stopped.stderr, stopped
+        assert "was not cancelled; try again once squeue answers" in stopped.stderr, stopped
+        assert not thread.is_alive()
+        assert "could not be cancelled, Slurm did not answer: scancel" in str(result.get("error")), result
+        assert [s for _, n, s in on_slurm.jobs() if n == "ne-q-mute-supervisor"] == ["PENDING"]  # as said
+        again = _cli("stop", "q-mute")
+        assert again.returncode == 0 and again.stdout.strip() == "q-mute: stopped", again
+        assert not _ours(on_slurm, "q-mute"), on_slurm.jobs()
+    finally:
+        blocker.kill()
+        blocker.wait(timeout=30)
+
+
 #: sbatch as a slow slurmctld makes it: before Slurm takes the job, or after (its answer late).
 SLOW_SBATCH = {
     "before": '#!/bin/sh\nsleep 3\nexec {sbatch} "$@"\n',

@@ -53,6 +53,9 @@ from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
+#: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
+#: job's nodes end at Slurm's SIGTERM: their store went with their supervisor).
+LEFTOVERS_WAIT_S = 30.0
 #: The job's processes the kernel starts, each detached: the supervisor (supervisor/run.py) and
 #: the guardian that brings it back (guardian.py).
 SUPERVISOR_MODULE = "notebook_elastic.supervisor.run"
@@ -119,6 +122,13 @@ class LocalBackend(Backend):
                     f"a job named {spec.name!r} is already {info.status}; stop it first "
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
+            # The folder goes to the history: what its own backend still holds of that run (a
+            # lost Slurm job's allocations) goes first, whichever backend the new job runs in.
+            from .. import backend_of
+
+            owner = backend_of(spec.name, root=self.root)
+            if isinstance(owner, LocalBackend):
+                owner._clear_leftovers(spec.name)
             self._archive(folder)
         try:
             make_private_dir(folder.path)
@@ -184,7 +194,7 @@ class LocalBackend(Backend):
                         else ""
                     )
                 )
-            self._before_resume(name)
+            self._clear_leftovers(name, wait_s=LEFTOVERS_WAIT_S)
             kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
             folder.supervisor_file.unlink(missing_ok=True)
             with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
@@ -195,9 +205,10 @@ class LocalBackend(Backend):
                         f.write(b"\n")
             self._start_supervisor(folder, name, resume=True)
 
-    def _before_resume(self, name: str) -> None:
-        """What a backend clears before a resumed job's supervisor starts (Slurm: what is left
-        of the earlier run's allocations); nothing here."""
+    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
+        """End what a backend still holds of job ``name``'s earlier run outside its folder's
+        processes (Slurm: its allocations), before a resume or before its folder is archived;
+        wait up to ``wait_s`` for it to end. Nothing here: ``kill_all`` ends a local job's."""
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"

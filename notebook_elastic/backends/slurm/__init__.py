@@ -24,6 +24,7 @@ home, another machine) is never cancelled, signalled or read as this one.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from typing import Any
@@ -44,9 +45,6 @@ __all__ = ["SlurmBackend"]
 
 #: How long a launch waits for the supervisor's allocation while Slurm keeps it pending.
 SUPERVISOR_WAIT_S = 120.0
-#: How long a resume waits for what is left of the earlier run to end once cancelled (its nodes
-#: end at Slurm's SIGTERM: their store went with their supervisor).
-LEFTOVERS_WAIT_S = 30.0
 
 
 def _job_name(folder: JobFolder) -> str:
@@ -81,13 +79,22 @@ class SlurmBackend(LocalBackend):
             return self._marks[name]
         return None if folder.path.exists() else self._marks.get(name)
 
-    def _cancel_all(self, name: str, wait_s: float = 0.0) -> None:
+    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
         """Cancel every allocation of job ``name`` (only those carrying its mark); wait up to
-        ``wait_s`` for them to end."""
+        ``wait_s`` for them to end. Before a resume: a supervisor thought lost (on another
+        machine) must not meet its successor, which then runs as it was launched (in an
+        allocation of its own, or here with ``--supervisor-in here``). Before its folder is
+        archived: nothing of it is left to run once its mark is in the history. BackendError
+        when Slurm does not answer (nothing may have been cancelled)."""
         marked = self._mark(name)
         if marked is None:
             return  # nothing of its own in Slurm: never cancel by a name alone
         ids = cluster.cancel(*marked)
+        if ids is None:
+            raise BackendError(
+                f"Slurm did not answer, so what job {name!r} may still hold there (allocations with the comment "
+                f"{cluster.comment(marked[1])}) was not cancelled; try again once squeue answers"
+            )
         if ids and wait_s:
             cluster.wait_ended(ids, wait_s)
 
@@ -108,17 +115,13 @@ class SlurmBackend(LocalBackend):
         cluster.check(options)  # before anything
         if options.supervisor_in not in (None, "here"):
             cluster.check(SlurmOptions(partition=options.supervisor_in))
-        info = self.describe(dryrun.spec.name)
-        if info is not None and info.status in (*FINAL_STATUSES, "lost", "damaged"):
-            # Its folder goes to the history: what Slurm still holds of that run (a lost
-            # supervisor's nodes) is cancelled now, while its mark is at hand.
-            self._cancel_all(dryrun.spec.name)
         super().schedule(dryrun)
 
     def _start_supervisor(self, folder: JobFolder, name: str, *, resume: bool = False) -> None:
         """The supervisor as a small allocation of its own (``sbatch``), so that the job lives in
         the cluster, not on the kernel's machine; ``--supervisor-in here`` runs it here, as the
         local backend does."""
+        asked = time.time()
         options = SlurmOptions.from_json((folder.spec().get("backend_options") or {}).get("slurm"))
         mark = mark_for_run(folder)  # before anything is submitted: a stop meanwhile finds it
         self._marks[name] = (_job_name(folder), mark)
@@ -135,10 +138,45 @@ class SlurmBackend(LocalBackend):
         argv = options.sbatch_supervisor(
             _job_name(folder), str(folder.supervisor_log), command, cluster.comment(mark), minutes=limit
         )
-        job_id = cluster.submit(argv, env)
+        try:
+            job_id = cluster.submit(argv, env)
+        except (BackendError, subprocess.TimeoutExpired):
+            # sbatch may have ended after Slurm took the job (a stop meanwhile ends the job's
+            # processes, sbatch among them; a timeout): whatever carries its mark goes.
+            for _ in range(2):  # again a moment later: one registered as this one looked
+                cluster.cancel(_job_name(folder), mark)
+                time.sleep(1.0)
+            stopped = self._stopped_since(folder, asked)
+            if stopped:
+                raise BackendError(
+                    f"job {name!r} was {stopped} before its supervisor started; what it had submitted to Slurm "
+                    "was cancelled"
+                ) from None
+            raise
+        kept = cluster.job_comment(job_id)
+        if kept is not None and kept != cluster.comment(mark):
+            cluster.cancel_ids([job_id])
+            raise BackendError(
+                f"this Slurm cluster replaced the comment of job {name!r}'s supervisor allocation (Slurm job "
+                f"{job_id}: {kept!r}); notebook-elastic marks each allocation with it to act on the job's own "
+                "only, so it was cancelled and nothing runs; ask the cluster's admins to keep --comment as given"
+            )
         submitted, granted = time.monotonic(), None
         unknown = 0
         while folder.supervisor() is None:
+            stopped = self._stopped_since(folder, asked)
+            if stopped:
+                # Stopped (by another kernel, the CLI, the panel) while its allocation waited, or
+                # before sbatch had answered (that stop found nothing in Slurm yet).
+                done = cluster.cancel_ids([job_id])
+                raise BackendError(
+                    f"job {name!r} was {stopped} before its supervisor started; its allocation "
+                    + (
+                        f"(Slurm job {job_id}) was cancelled"
+                        if done
+                        else f"(Slurm job {job_id}) could not be cancelled, Slurm did not answer: scancel {job_id}"
+                    )
+                )
             state, reason = cluster.job_state(job_id)
             now = time.monotonic()
             unknown = unknown + 1 if not state else 0
@@ -162,12 +200,13 @@ class SlurmBackend(LocalBackend):
                 )
             time.sleep(0.5 if granted is None else 0.1)
 
-    def _before_resume(self, name: str) -> None:
-        """Once nothing of the job's earlier run is left in Slurm (its own allocations, by its
-        mark): a supervisor thought lost (on another machine) must not meet its successor. The
-        new supervisor then runs as it was launched: in an allocation of its own
-        (``_start_supervisor``), or here with ``--supervisor-in here``."""
-        self._cancel_all(name, wait_s=LEFTOVERS_WAIT_S)
+    @staticmethod
+    def _stopped_since(folder: JobFolder, since: float) -> str | None:
+        """The job's final status when it was written after ``since`` (a stop while its
+        supervisor was being started), else None."""
+        status = folder.status() or {}
+        final = status.get("status")
+        return str(final) if final in FINAL_STATUSES and float(status.get("updated") or 0) >= since else None
 
     def cancel(self, name: str, timeout_s: float = 30.0) -> None:
         """Stop the job as the local backend does, then cancel any allocation of it Slurm still
@@ -175,4 +214,4 @@ class SlurmBackend(LocalBackend):
         try:
             super().cancel(name, timeout_s)
         finally:
-            self._cancel_all(name)
+            self._clear_leftovers(name)

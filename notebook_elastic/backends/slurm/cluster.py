@@ -131,6 +131,15 @@ def job_state(job_id: str) -> tuple[str, str]:
     return job.get("JobState", ""), job.get("Reason", "")
 
 
+def job_comment(job_id: str) -> str | None:
+    """The comment Slurm keeps for a job (a site's job_submit plugin may have replaced the one
+    given); None when Slurm does not answer or no longer knows it."""
+    job = _job(job_id)
+    if job is None or job.get("JobState") == "GONE":
+        return None
+    return job.get("Comment", "")
+
+
 def job_names(job: str) -> re.Pattern[str]:
     """The names of one job's allocations: ne-JOB-supervisor, ne-JOB-node-N (not ne-JOB-2's)."""
     return re.compile(rf"ne-{re.escape(job)}-(supervisor|node-\d+)")
@@ -160,27 +169,37 @@ def allocations(names: re.Pattern[str], mark: str, states: str | None = None) ->
     return found
 
 
-def _scancel(ids: list[str], *options: str) -> None:
+def _scancel(ids: list[str], *options: str) -> bool:
     """``scancel --me OPTIONS IDS``: by id, and only this user's (an id of another user's job is
-    never acted on, whatever the caller was told). One that ended meanwhile is skipped."""
-    if ids:
-        try:
-            _run(["scancel", "--me", *options, *ids])
-        except (BackendError, subprocess.TimeoutExpired):
-            pass  # "Invalid job id" for one that ended meanwhile; the others were acted on
+    never acted on, whatever the caller was told). One that ended meanwhile is skipped. Whether
+    Slurm answered (False: it did not, or refused: nothing may have been done)."""
+    if not ids:
+        return True
+    try:
+        _run(["scancel", "--me", *options, *ids])
+    except subprocess.TimeoutExpired:
+        return False
+    except BackendError as exc:
+        # "Invalid job id" for one that ended meanwhile: the others were acted on.
+        return "Invalid job id" in str(exc) or "already completing or completed" in str(exc)
+    return True
 
 
-def cancel(job: str, mark: str) -> list[str]:
+def cancel(job: str, mark: str) -> list[str] | None:
     """scancel every allocation of job ``job`` that carries its folder's ``mark`` (its
-    supervisor's, its nodes', waiting or running); their ids."""
-    ids = [i for i, _, _ in allocations(job_names(job), mark) or []]
-    _scancel(ids)
-    return ids
+    supervisor's, its nodes', waiting or running); their ids. None when Slurm did not answer
+    (nothing may have been cancelled)."""
+    found = allocations(job_names(job), mark)
+    if found is None:
+        return None
+    ids = [i for i, _, _ in found]
+    return ids if _scancel(ids) else None
 
 
-def cancel_ids(ids: list[str]) -> None:
-    """scancel these allocations (ids the caller holds: the supervisor's it submitted)."""
-    _scancel([i for i in ids if i])
+def cancel_ids(ids: list[str]) -> bool:
+    """scancel these allocations (ids the caller holds: the supervisor's it submitted); whether
+    Slurm answered."""
+    return _scancel([i for i in ids if i])
 
 
 def signal_node(name: str, mark: str, signal_name: str | None, state: str | None = None) -> None:
