@@ -122,13 +122,9 @@ class LocalBackend(Backend):
                     f"a job named {spec.name!r} is already {info.status}; stop it first "
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
-            # The folder goes to the history: what its own backend still holds of that run (a
+            # The folder goes to the history: what its run still holds outside its folder (a
             # lost Slurm job's allocations) goes first, whichever backend the new job runs in.
-            from .. import backend_of
-
-            owner = backend_of(spec.name, root=self.root)
-            if isinstance(owner, LocalBackend):
-                owner._clear_leftovers(spec.name)
+            self._clear_leftovers(spec.name)
             self._archive(folder)
         try:
             make_private_dir(folder.path)
@@ -206,9 +202,19 @@ class LocalBackend(Backend):
             self._start_supervisor(folder, name, resume=True)
 
     def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
-        """End what a backend still holds of job ``name``'s earlier run outside its folder's
-        processes (Slurm: its allocations), before a resume or before its folder is archived;
-        wait up to ``wait_s`` for it to end. Nothing here: ``kill_all`` ends a local job's."""
+        """End what job ``name``'s earlier run still holds outside its folder's processes,
+        before a resume or before its folder is archived; wait up to ``wait_s`` for it to end.
+        A local job holds nothing more (``kill_all`` ends its processes); a folder a Slurm job
+        ran in may hold allocations (a local launch of its name replaces it), by its mark."""
+        folder = self.folder(name)
+        try:
+            ran_in = folder.spec().get("backend")
+        except (OSError, ValueError):
+            return
+        if ran_in == "slurm":
+            from ..slurm.mark import clear_leftovers
+
+            clear_leftovers(folder, wait_s)
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"

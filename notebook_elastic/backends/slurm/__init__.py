@@ -38,23 +38,13 @@ from ...runtime import protocol
 from ..base import DryRun
 from ..local import SUPERVISOR_MODULE, LocalBackend, _tail
 from . import cluster
-from .mark import mark_for_run, own_mark
+from .mark import cancel_marked, job_name, mark_for_run, own_mark
 from .options import SlurmOptions
 
 __all__ = ["SlurmBackend"]
 
 #: How long a launch waits for the supervisor's allocation while Slurm keeps it pending.
 SUPERVISOR_WAIT_S = 120.0
-
-
-def _job_name(folder: JobFolder) -> str:
-    """The name the job's allocations are named after: its spec's (a folder renamed by hand
-    keeps it), else the folder's."""
-    try:
-        name = folder.spec().get("name")
-    except (OSError, ValueError):
-        name = None
-    return name if isinstance(name, str) and name else folder.name
 
 
 class SlurmBackend(LocalBackend):
@@ -75,28 +65,19 @@ class SlurmBackend(LocalBackend):
         folder = self.folder(name)
         mark = own_mark(folder)
         if mark is not None:
-            self._marks[name] = (_job_name(folder), mark)
+            self._marks[name] = (job_name(folder), mark)
             return self._marks[name]
         return None if folder.path.exists() else self._marks.get(name)
 
     def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
-        """Cancel every allocation of job ``name`` (only those carrying its mark); wait up to
-        ``wait_s`` for them to end. Before a resume: a supervisor thought lost (on another
-        machine) must not meet its successor, which then runs as it was launched (in an
-        allocation of its own, or here with ``--supervisor-in here``). Before its folder is
-        archived: nothing of it is left to run once its mark is in the history. BackendError
-        when Slurm does not answer (nothing may have been cancelled)."""
+        """Cancel every allocation of job ``name`` (only those carrying its mark, from its folder
+        or, once the folder is gone, this backend's memory); wait up to ``wait_s`` for them to
+        end. Before a resume: a supervisor thought lost (on another machine) must not meet its
+        successor, which then runs as it was launched (in an allocation of its own, or here
+        with ``--supervisor-in here``). BackendError when Slurm does not answer."""
         marked = self._mark(name)
-        if marked is None:
-            return  # nothing of its own in Slurm: never cancel by a name alone
-        ids = cluster.cancel(*marked)
-        if ids is None:
-            raise BackendError(
-                f"Slurm did not answer, so what job {name!r} may still hold there (allocations with the comment "
-                f"{cluster.comment(marked[1])}) was not cancelled; try again once squeue answers"
-            )
-        if ids and wait_s:
-            cluster.wait_ended(ids, wait_s)
+        if marked is not None:  # else nothing of its own in Slurm: never cancel by a name alone
+            cancel_marked(*marked, wait_s=wait_s)
 
     def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
         dry = super().submit_dryrun(spec, bundle)
@@ -124,7 +105,7 @@ class SlurmBackend(LocalBackend):
         asked = time.time()
         options = SlurmOptions.from_json((folder.spec().get("backend_options") or {}).get("slurm"))
         mark = mark_for_run(folder)  # before anything is submitted: a stop meanwhile finds it
-        self._marks[name] = (_job_name(folder), mark)
+        self._marks[name] = (job_name(folder), mark)
         if options.supervisor_in == "here":
             super()._start_supervisor(folder, name, resume=resume)
             return
@@ -136,7 +117,7 @@ class SlurmBackend(LocalBackend):
         known = cluster.partitions()
         limit = known.get(options.supervisor_in or options.partition or next(iter(known), ""))
         argv = options.sbatch_supervisor(
-            _job_name(folder), str(folder.supervisor_log), command, cluster.comment(mark), minutes=limit
+            job_name(folder), str(folder.supervisor_log), command, cluster.comment(mark), minutes=limit
         )
         try:
             job_id = cluster.submit(argv, env)
@@ -144,7 +125,7 @@ class SlurmBackend(LocalBackend):
             # sbatch may have ended after Slurm took the job (a stop meanwhile ends the job's
             # processes, sbatch among them; a timeout): whatever carries its mark goes.
             for _ in range(2):  # again a moment later: one registered as this one looked
-                cluster.cancel(_job_name(folder), mark)
+                cluster.cancel(job_name(folder), mark)
                 time.sleep(1.0)
             stopped = self._stopped_since(folder, asked)
             if stopped:

@@ -21,7 +21,9 @@ import os
 import secrets
 from typing import Any
 
+from ...errors import BackendError
 from ...jobfolder.folder import JobFolder, write_json_atomic
+from . import cluster
 
 #: The file in the job folder that holds its mark.
 MARK_FILE = "slurm.json"
@@ -74,3 +76,35 @@ def supervisor_mark(folder: JobFolder) -> str:
     mark = secrets.token_hex(8)
     write_json_atomic(folder.path / MARK_FILE, {"mark": mark, "inode": _inode(folder)})
     return mark
+
+
+def job_name(folder: JobFolder) -> str:
+    """The name the job's allocations are named after: its spec's (a folder renamed by hand
+    keeps it), else the folder's."""
+    try:
+        name = folder.spec().get("name")
+    except (OSError, ValueError):
+        name = None
+    return name if isinstance(name, str) and name else folder.name
+
+
+def cancel_marked(job: str, mark: str, wait_s: float = 0.0) -> None:
+    """Cancel every allocation of job ``job`` (named after it) that carries ``mark``; wait up
+    to ``wait_s`` for them to end. BackendError when Slurm does not answer (nothing may have
+    been cancelled)."""
+    ids = cluster.cancel(job, mark)
+    if ids is None:
+        raise BackendError(
+            f"Slurm did not answer, so what job {job!r} may still hold there (allocations with the comment "
+            f"{cluster.comment(mark)}) was not cancelled; try again once squeue answers"
+        )
+    if ids and wait_s:
+        cluster.wait_ended(ids, wait_s)
+
+
+def clear_leftovers(folder: JobFolder, wait_s: float = 0.0) -> None:
+    """What Slurm still holds of the job in ``folder`` (by its own mark), cancelled; nothing
+    for a folder with no mark of its own (never run with one, or a copy)."""
+    mark = own_mark(folder)
+    if mark is not None:
+        cancel_marked(job_name(folder), mark, wait_s)
