@@ -676,6 +676,17 @@ def test_a_resumed_slurm_job_runs_its_supervisor_in_slurm_again_after_its_leftov
         assert "is being resumed by another process right now" in refused or "is running" in refused, refused
         supervisors = [j for j in _ours(on_slurm, "again") if j[1] == "ne-again-supervisor" and j[2] == "RUNNING"]
         assert len(supervisors) == 1, on_slurm.jobs()
+        # Lost again, its nodes' allocations left behind; a new job of the same name (a local
+        # one: the earlier run goes to the history) first cancels them, by the old folder's mark.
+        wait_for(lambda: (folder.supervisor() or {}).get("pid"), "the resumed supervisor's record")
+        wait_for(lambda: len(_ours(on_slurm, "again")) == 3, "the resumed run's two nodes")
+        os.kill(int(folder.supervisor()["pid"]), signal.SIGKILL)
+        wait_for(lambda: job.backend.describe("again").status == "lost", "the job lost again")
+        left = {jid for jid, n, s in _ours(on_slurm, "again") if n.startswith("ne-again-node-") and s == "RUNNING"}
+        assert left, on_slurm.jobs()
+        local = ne.launch(TRAIN, nnodes="1", name="again", user_ns=user_ns(5))
+        assert not [j for j in on_slurm.jobs() if j[0] in left and j[2] in ("RUNNING", "PENDING")], on_slurm.jobs()
+        assert local.wait(120) == "succeeded" and local.backend.name == "local"
     finally:
         job.stop()
         _cli("stop", "again")  # resumed by other processes: this handle saw it stopped
