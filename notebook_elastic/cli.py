@@ -10,8 +10,8 @@
     notebook-elastic resume NAME                    continue a lost, failed or stopped job
     notebook-elastic export NOTEBOOK --cell N -o train.py
 
-Every command takes ``--backend local|kubernetes`` (and ``--namespace``/``--context`` for a
-cluster). Exit status: 0 done, 1 the operation failed (one sentence on stderr), 2 bad usage,
+A local or Slurm job is found by its folder, which says where it runs; ``--backend kubernetes``
+(and ``--namespace``/``--context``) names a Kubernetes job. Exit status: 0 done, 1 the operation failed (one sentence on stderr), 2 bad usage,
 4 no such job. Like the magics, it only parses and delegates to the Python API.
 """
 
@@ -87,11 +87,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _backend(args: argparse.Namespace) -> Any:
-    from .backends import get_backend
+    """The backend that runs job ``args.name``: a local or Slurm job's own folder says which
+    (``--backend`` is needed only for Kubernetes)."""
+    from .backends import backend_of
 
-    if args.backend == "kubernetes":
-        return get_backend("kubernetes", namespace=args.namespace, context=args.context)
-    return get_backend("local")
+    return backend_of(args.name, args.backend, namespace=args.namespace, context=args.context)
 
 
 def _info(args: argparse.Namespace) -> Any:
@@ -149,8 +149,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from .runtime.protocol import EVENT_PREFIX
 
     backend = _backend(args)
-    if args.backend != "local":
-        raise NotebookElasticError("logs are read from local job folders; for a cluster use kubectl logs")
+    if args.backend == "kubernetes":
+        raise NotebookElasticError("logs are read from job folders; for a Kubernetes job use kubectl logs")
     folder = backend.folder(args.name)
     if not folder.exists():
         raise JobNotFound(f"no local job named {args.name!r}; `notebook-elastic jobs` lists them")

@@ -7,13 +7,17 @@ import asyncio
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 
 import pytest
 import torch
 from conftest import job_processes
+from slurm_cluster import CPUS
+from test_slurm import launch_queued, on_slurm, slurm, stopped_while_queued  # noqa: F401 (the fixtures)
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -148,7 +152,7 @@ BAD_QUERIES = [
     ({"limit": "abc"}, r"limit='abc' must be a whole number"),
     ({"limit": "-1"}, r"limit='-1' must be a whole number"),
     ({"all": "yes"}, r"all='yes' must be 1, 0, true or false"),
-    ({"backend": "slurm"}, r"backend='slurm' is unknown; use one of: local, kubernetes"),
+    ({"backend": "lsf"}, r"backend='lsf' is unknown; use one of: local, kubernetes, slurm"),
     ({"backend": "kubernetes"}, r"events are served for local jobs; follow a Kubernetes job with %elastic_attach"),
 ]
 
@@ -176,13 +180,43 @@ async def test_every_route_refuses_bad_input_with_400_and_a_sentence(jp_fetch, h
         (("jobs", long_name, "events"), "GET", None),
         (("jobs", long_name, "stop"), "POST", "{}"),
         (("jobs", "table-job", "stop"), "POST", "[1]"),
-        (("jobs", "table-job", "stop"), "POST", '{"backend": "slurm"}'),
+        (("jobs", "table-job", "stop"), "POST", '{"backend": "lsf"}'),
         (("jobs", "table-job", "stop"), "POST", "{not json"),
     ]:
         with pytest.raises(HTTPClientError) as info:
             await jp_fetch("notebook-elastic", "api", *path, method=method, body=body)
         assert info.value.code == 400, (path, body, info.value)
         assert json.loads(info.value.response.body)["message"], (path, body)
+
+
+@pytest.mark.slow
+async def test_the_panels_stop_on_a_slurm_row_cancels_its_queued_allocation(jp_fetch, on_slurm, home):  # noqa: F811
+    """#37 item 2, the panel: its Stop posts the row's backend ("slurm", which the route refused
+    as unknown) and the route stopped any job not on Kubernetes as a local one, leaving a
+    queued supervisor's allocation to start later and train. The job's folder says where it
+    runs: the route stops it as a Slurm job, whatever the body names, and its events are
+    served as a local job's are."""
+    blocker = subprocess.Popen(
+        ["srun", "--partition=ctl", f"--cpus-per-task={CPUS}", "--job-name=blocker", "sleep", "600"],
+        env={**os.environ, **on_slurm.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: ("blocker", "RUNNING") in [(n, s) for _, n, s in on_slurm.jobs()], "the ctl partition full")
+        for name, body in (("q-panel", None), ("q-named-local", '{"backend": "local"}')):
+            thread, result = launch_queued(on_slurm, name)
+            [row] = [j for j in (await get_json(jp_fetch, "jobs"))["jobs"] if j["name"] == name]
+            assert row["backend"] == "slurm", row
+            body = body or json.dumps({"backend": row["backend"]})  # what the panel's Stop sends
+            reply = await jp_fetch("notebook-elastic", "api", "jobs", name, "stop", method="POST", body=body)
+            assert json.loads(reply.body) == {"name": name, "status": "stopped"}
+            stopped_while_queued(on_slurm, home, name, thread, result)
+            events = await get_json(jp_fetch, "jobs", name, "events", backend="slurm", all="1")
+            assert "job_finished" in [e["kind"] for e in events["events"]], events
+    finally:
+        blocker.kill()
+        blocker.wait(timeout=30)
 
 
 async def test_a_damaged_job_folder_gets_a_404_or_its_readable_events_with_a_note_never_a_500(jp_fetch, home):

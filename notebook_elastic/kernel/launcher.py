@@ -10,7 +10,7 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
-from ..backends import get_backend
+from ..backends import FOLDER_BACKENDS, backend_of, get_backend
 from ..backends.base import Backend, JobInfo, attention_order
 from ..contract import options
 from ..contract.events import steps_done
@@ -130,7 +130,10 @@ def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = No
     succeeded is kept in the history and the job starts anew. Returns one sentence saying
     what happened to the earlier run (None when there was none)."""
     runner = job.backend
-    info = runner.describe(job.name) if runner.name == "local" else None  # the backend that resumes
+    # The earlier run, where a folder keeps it (local, Slurm), when it ran where this one runs.
+    info = runner.describe(job.name) if runner.name in FOLDER_BACKENDS else None
+    if info is not None and info.backend != runner.name:
+        info = None  # another backend's job of that name: started anew, the earlier run kept in the history
     status = info.status if info is not None else None
     if resume and status not in RESUMABLE:
         raise BackendError(
@@ -313,16 +316,17 @@ def jobs(backend: str | None = None, **options: Any) -> JobList:
     return JobList(attention_order(found))
 
 
-def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
+def attach(name: str, backend: str | None = None, **options: Any) -> ElasticJob:
     """Re-open a job by name: replays its history, then follows it live. Returns once the
-    history recorded so far is folded, so the handle shows the job as it is now."""
-    runner = _backends(backend, **options)[0]
+    history recorded so far is folded, so the handle shows the job as it is now. A local or
+    Slurm job is found by its folder (``backend`` is needed only for Kubernetes)."""
+    runner = backend_of(name, backend, **options)
     info: JobInfo | None = runner.describe(name)
     if info is None:
-        raise JobNotFound(f"no {backend} job named {name!r}; %elastic_jobs lists the jobs there are")
+        raise JobNotFound(f"no {runner.name} job named {name!r}; %elastic_jobs lists the jobs there are")
     spec = None
     try:
-        if backend == "local":
+        if runner.name in FOLDER_BACKENDS:
             spec = JobSpec.from_json(cast("LocalBackend", runner).folder(name).spec())
         else:
             summary = info.summary
@@ -330,7 +334,7 @@ def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
             spec = JobSpec.from_json(
                 {
                     "name": name,
-                    "backend": backend,
+                    "backend": runner.name,
                     "nnodes": [summary.get("min_nodes", 1), summary.get("max_nodes", 1)],
                     **known,
                 }

@@ -221,7 +221,7 @@ class ElasticMagics(Magics):
         parts = _names(line, "elastic_attach")
         assert self.shell is not None  # IPython runs a magic on the instance it registered, with itself
         var = job_variable(self.shell.user_ns, parts[0])
-        job = attach(parts[0], *(parts[1:2] or ["local"]))
+        job = attach(parts[0], *parts[1:2])
         if var:
             self.shell.user_ns[var] = job
         return job
@@ -244,9 +244,9 @@ class ElasticMagics(Magics):
     def elastic_stop(self, line: str) -> None:
         """%elastic_stop NAME [BACKEND]: stop a job and every process or pod it started."""
         parts = _names(line, "elastic_stop")
-        from ..backends import get_backend
+        from ..backends import backend_of
 
-        runner = get_backend(parts[1] if len(parts) > 1 else "local")
+        runner = backend_of(parts[0], parts[1] if len(parts) > 1 else None)
         runner.cancel(parts[0])
         info = runner.describe(parts[0])
         print(f"{parts[0]}: {info.status if info else 'gone'}")

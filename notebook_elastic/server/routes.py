@@ -27,6 +27,7 @@ import tornado
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from ..backends import backend_of
 from ..backends.base import JobInfo, attention_order
 from ..backends.local import LocalBackend
 from ..contract.events import Event, Kind, Status, steps_done
@@ -50,7 +51,7 @@ LIST_S = 10.0
 STOP_S = 120.0
 QUIET = {Kind.METRIC, Kind.LOG, Kind.CHECKPOINT}
 MAX_EVENTS = 5000
-BACKENDS = ("local", "kubernetes")
+BACKENDS = ("local", "kubernetes", "slurm")
 
 
 def bad_request(message: str) -> tornado.web.HTTPError:
@@ -398,13 +399,15 @@ class Registry:
         return jobs
 
     def backend(self, name: str, backend: str) -> Any:
+        """The backend that runs job ``name``: a local or Slurm job's folder says which
+        (``backends.backend_of``, the one way a name is resolved)."""
         if backend == "kubernetes":
             if self._k8s_backend is None:
                 from ..backends.kubernetes import KubernetesBackend
 
                 self._k8s_backend = KubernetesBackend()
             return self._k8s_backend
-        return self.local
+        return backend_of(name, backend, root=self.local.root, slurm_state=self.slurm.state)
 
 
 class Handler(APIHandler):
@@ -441,7 +444,7 @@ class EventsHandler(Handler):
         since = whole_number(self, "since", 0)
         limit = whole_number(self, "limit", 500, maximum=MAX_EVENTS)
         include_all = flag(self, "all")
-        if backend != "local":
+        if backend == "kubernetes":
             raise bad_request("events are served for local jobs; follow a Kubernetes job with %elastic_attach")
         folder = registry.local.folder(name)
         if not folder.exists():

@@ -367,6 +367,13 @@ class Nodes:
         (it waits in the queue until Slurm gives the node back); cancelled, it is not
         replaced. Either is a departure, free of the restart budget."""
         assert self.sup.placement is not None  # called only for a Slurm job's node (reap)
+        refused = self.sup.placement.refused(agent.name)
+        if refused is not None:
+            # Never granted (no GPUs there, too much memory, a partition not taking jobs):
+            # Slurm's own sentence, in the node's departure and so in the timeline.
+            agent.exit_reason = f"refused by Slurm: {refused}"
+            self.sup.commands.lower_target(agent.name, "refused by Slurm")
+            return
         why = self.sup.placement.why_ended(agent.name)
         if why in ("preempted", "timeout"):
             agent.exit_reason = "preempted by Slurm" if why == "preempted" else "its Slurm time limit was up"

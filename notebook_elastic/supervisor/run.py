@@ -101,7 +101,7 @@ class Supervisor:
         self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
         self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
         self.authkey = secrets.token_bytes(32)
-        self.placement = placement_for(self.spec, self.emit)  # Slurm: each node an allocation of its own
+        self.placement = placement_for(self.spec, self.folder, self.emit)  # Slurm: each node an allocation of its own
         self.failures_seen: dict[tuple[Any, ...], int] = {}
         self.fatal: str | None = None  # why the job stops now, when retrying is pointless
         self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)

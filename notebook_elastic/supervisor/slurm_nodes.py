@@ -18,8 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends.slurm import cluster
+from ..backends.slurm.mark import supervisor_mark
 from ..backends.slurm.options import SlurmOptions
 from ..contract.events import Kind
+from ..jobfolder.folder import JobFolder
 from ..pool import ENV_POOL
 from ..runtime import protocol
 from ..runtime.event_types import Pending
@@ -38,17 +40,26 @@ ALLOCATION_VARS = re.compile(
 )
 #: srun's line for an allocation Slurm does not grant at once.
 SRUN_QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
+#: srun's own error, not a task's ("srun: error: HOST: task 0: Exited with exit code 1"): before
+#: anything of the node ran, Slurm's reason for refusing its allocation ("Unable to allocate
+#: resources: Requested node configuration is not available", "Invalid generic resource...").
+SRUN_ERROR = re.compile(r"srun: error: (?!\S+: tasks? [\d,-]+: )(.+)")
 
 
 class SlurmNodes:
     """The Slurm side of the supervisor's nodes (it holds one where the backend is slurm)."""
 
-    def __init__(self, spec: Any, emit: Callable[..., None]) -> None:
+    def __init__(self, spec: Any, folder: JobFolder, emit: Callable[..., None]) -> None:
         self.spec = spec
         self.options = SlurmOptions.from_json(spec.backend_options.get("slurm"))
+        # Every allocation of this job carries it, and only those are acted on: another job of
+        # the same name (another home, another machine) is never touched (mark.py).
+        self.mark = supervisor_mark(folder)
         self._emit = emit
         self._grace_s: float | None = None  # the notice Slurm gives: KillWait (+ GraceTime), asked once
         self._cancelled: dict[str, str] = {}  # node -> why slurmstepd said its step was cancelled
+        self._errors: dict[str, list[str]] = {}  # node -> srun's errors before anything of it ran
+        self._ran: set[str] = set()  # nodes whose step printed a line of its own
 
     def grace_s(self) -> float:
         if self._grace_s is None:
@@ -65,11 +76,18 @@ class SlurmNodes:
             del env[key]
         env[protocol.ENV_TERM_TO_ALL] = "1"
         env[protocol.ENV_NOTICE_GRACE_S] = f"{self.grace_s():g}"
-        return [*self.options.srun(self.spec.name, name, self.spec.nproc_per_node), *command]
+        srun = self.options.srun(self.spec.name, name, self.spec.nproc_per_node, cluster.comment(self.mark))
+        return [*srun, *command]
 
     def says(self, node: str, line: str) -> None:
         """srun's own word on a node's allocation: waiting (with squeue's reason), as a pending
         node; its step cancelled (by scancel, a preemption, or the supervisor itself)."""
+        if node not in self._ran:
+            error = SRUN_ERROR.match(line.strip())
+            if error:
+                self._errors.setdefault(node, []).append(error.group(1).strip())
+            elif line.strip() and not line.startswith(("srun:", "slurmstepd")):
+                self._ran.add(node)
         cancelled = STEP_CANCELLED.search(line)
         if cancelled:
             why = {"PREEMPTION": "preempted", "TIME LIMIT": "timeout"}.get(cancelled.group(2) or "", "cancelled")
@@ -79,13 +97,21 @@ class SlurmNodes:
             reason = cluster.pending_reason(m.group(1)) or "Resources"
             self._emit(Kind.PENDING, node, **Pending(reason=reason, message=f"Slurm job {m.group(1)} waits ({reason})"))
 
+    def refused(self, node: str) -> str | None:
+        """Slurm's sentence when it refused the node's allocation (srun said why and ended
+        before anything of the node ran), else None."""
+        errors = self._errors.get(node)
+        if node in self._ran or not errors:
+            return None
+        return "; ".join(dict.fromkeys(errors))
+
     def term(self, node: str) -> None:
         """Stop a node as Slurm itself would (scale-down, a drill, stop): SIGTERM to every process
         of its step, which the keeper turns into a notice (a save first); a node still waiting for
         its allocation is cancelled. (srun, signalled, would kill the step outright.)"""
         name = f"ne-{self.spec.name}-{node}"
-        cluster.signal_jobs(name, None, state="PENDING")  # first: one granted meanwhile is signalled next
-        cluster.signal_jobs(name, "TERM", state="RUNNING")
+        cluster.signal_node(name, self.mark, None, state="PENDING")  # first: one granted meanwhile is signalled next
+        cluster.signal_node(name, self.mark, "TERM", state="RUNNING")
 
     def kill(self, node: str) -> None:
         """End every process of the node's step at once (a lost node, a stop past its grace).
@@ -94,21 +120,21 @@ class SlurmNodes:
         which none of the node's processes handles but the keeper, which passes it on, ends
         each at once, as SIGKILL would. A node still waiting for its allocation is cancelled."""
         name = f"ne-{self.spec.name}-{node}"
-        cluster.signal_jobs(name, "USR2", state="RUNNING")
-        cluster.signal_jobs(name, None, state="PENDING")
+        cluster.signal_node(name, self.mark, "USR2", state="RUNNING")
+        cluster.signal_node(name, self.mark, None, state="PENDING")
 
     def why_ended(self, node: str) -> str | None:
         """Why Slurm ended a node's allocation: "preempted" (a higher-priority job took it),
         "timeout" (its --time is up), "cancelled" (scancel), "node_fail"; None when Slurm did
         not end it (the agent ended by itself) or cannot say."""
-        why = cluster.ended_why(f"ne-{self.spec.name}-{node}", wait_s=3.0)
+        why = cluster.ended_why(f"ne-{self.spec.name}-{node}", self.mark, wait_s=3.0)
         return why or self._cancelled.get(node)
 
     def gone(self, node: str) -> None:
         """A node reaped: whatever Slurm still holds under its name (its srun was killed, and
         with InactiveLimit=0 the allocation would outlive it) is cancelled."""
-        cluster.signal_jobs(f"ne-{self.spec.name}-{node}", None)
+        cluster.signal_node(f"ne-{self.spec.name}-{node}", self.mark, None)
 
 
-def placement_for(spec: Any, emit: Callable[..., None]) -> SlurmNodes | None:
-    return SlurmNodes(spec, emit) if spec.backend == "slurm" else None
+def placement_for(spec: Any, folder: JobFolder, emit: Callable[..., None]) -> SlurmNodes | None:
+    return SlurmNodes(spec, folder, emit) if spec.backend == "slurm" else None

@@ -8,6 +8,8 @@ a crash) can list, follow (``jobfolder/follow.py``), scale and stop any job.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -52,6 +54,9 @@ from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
+#: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
+#: job's nodes end at Slurm's SIGTERM: their store went with their supervisor).
+LEFTOVERS_WAIT_S = 30.0
 #: The job's processes the kernel starts, each detached: the supervisor (supervisor/run.py) and
 #: the guardian that brings it back (guardian.py).
 SUPERVISOR_MODULE = "notebook_elastic.supervisor.run"
@@ -123,6 +128,9 @@ class LocalBackend(Backend):
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
             _nothing_of_it_runs(folder, spec.name, info)
+            # The folder goes to the history: what its run still holds outside its folder (a
+            # lost Slurm job's allocations) goes first, whichever backend the new job runs in.
+            self._clear_leftovers(spec.name)
             self._archive(folder)
         try:
             make_private_dir(folder.path)
@@ -175,23 +183,44 @@ class LocalBackend(Backend):
         same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
         starts again (said in the ``job_resumed`` event)."""
         folder = self.folder(name)
-        info = self.describe(name)
-        if info is None:
-            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
-            raise BackendError(
-                f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
-                + (" (a succeeded job is done: run the cell again to train anew)" if info.status == "succeeded" else "")
-            )
-        kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
-        folder.supervisor_file.unlink(missing_ok=True)
-        with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
-            size = f.seek(0, os.SEEK_END)
-            if size:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-        self._start_supervisor(folder, name, resume=True)
+        with _resuming(folder, name):
+            info = self.describe(name)
+            if info is None:
+                raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+            if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
+                raise BackendError(
+                    f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
+                    + (
+                        " (a succeeded job is done: run the cell again to train anew)"
+                        if info.status == "succeeded"
+                        else ""
+                    )
+                )
+            self._clear_leftovers(name, wait_s=LEFTOVERS_WAIT_S)
+            kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
+            folder.supervisor_file.unlink(missing_ok=True)
+            with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+            self._start_supervisor(folder, name, resume=True)
+
+    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
+        """End what job ``name``'s earlier run still holds outside its folder's processes,
+        before a resume or before its folder is archived; wait up to ``wait_s`` for it to end.
+        A local job holds nothing more (``kill_all`` ends its processes); a folder a Slurm job
+        ran in may hold allocations (a local launch of its name replaces it), by its mark."""
+        folder = self.folder(name)
+        try:
+            ran_in = folder.spec().get("backend")
+        except (OSError, ValueError):
+            return
+        if ran_in == "slurm":
+            from ..slurm.mark import clear_leftovers
+
+            clear_leftovers(folder, wait_s)
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
@@ -381,6 +410,27 @@ def _record_stopped(folder: JobFolder, reason: str) -> None:
         _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
     except OSError:
         pass  # the outcome or status.json says it: every reader takes it from there
+
+
+@contextlib.contextmanager
+def _resuming(folder: JobFolder, name: str) -> Iterator[None]:
+    """One resume of a job at a time (two kernels, a kernel and the guardian): the second is
+    refused in one sentence, and finds the job running once the first is done, instead of
+    starting a second supervisor for the same folder."""
+    try:
+        fd = os.open(folder.path / ".resume.lock", os.O_WRONLY | os.O_CREAT, FILE_MODE)
+    except FileNotFoundError:
+        raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackendError(
+                f"job {name!r} is being resumed by another process right now; wait for it (%elastic_jobs)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
