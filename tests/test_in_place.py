@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_kubernetes_backend import cluster  # noqa: F401 (the fixture)
 from test_local_backend import assert_every_sample_once, committed_reports, metric_events
+from test_slurm import on_slurm, slurm  # noqa: F401 (the fixtures)
 from waiting import wait_for
 
 import notebook_elastic as ne
@@ -242,5 +243,43 @@ def test_on_kubernetes_pods_keep_their_processes_through_an_eviction_a_lost_pod_
         assert all(c["redone"] == 0 for c in changes(job)[:before]), changes(job)  # the eviction, its replacement
         assert job.state.restarts == 0
         assert not [e for e in job.events if e.kind == Kind.RESUMED], "a pod read a checkpoint"
+    finally:
+        job.stop()
+
+
+def test_on_slurm_nodes_keep_their_processes_through_a_loss_and_a_scale(on_slurm, home):  # noqa: F811
+    """The same on a real Slurm cluster: each node an allocation under srun, the supervisor an
+    allocation of its own. A lost node breaks the step in flight; a scale-down leaves at a step
+    boundary; a scale-up's new allocation takes the live values; the first node keeps its
+    process throughout and no node reads a checkpoint."""
+    job = ne.launch(
+        TRAIN,
+        backend="slurm",
+        nnodes="1:3",
+        nodes=3,
+        supervisor_in="ctl",
+        name="kept-slurm",
+        max_restarts=0,
+        checkpoint_every=NEVER,
+        user_ns=namespace(total=100_000, step_s=0.1),
+    )
+    try:
+        wait_for(training_at(job, 3, 5), "three nodes training", timeout=300, job=job)
+        first = pids_of(job, "node-0")
+        job.lose_node("node-2")
+        wait_for(lambda: len(changes(job)) >= 1, "in place after the loss", timeout=300, job=job)
+        assert changes(job)[0]["redone"] <= 1 and changes(job)[0]["world_size"] == 2, changes(job)
+        wait_for(training_at(job, 2, (job.state.step or 0) + 3), "two nodes training", timeout=300, job=job)
+        job.scale(1)
+        wait_for(lambda: len(changes(job)) >= 2, "in place after the scale-down", timeout=300, job=job)
+        assert (changes(job)[1]["reason"], changes(job)[1]["redone"]) == ("left", 0), changes(job)
+        wait_for(training_at(job, 1, (job.state.step or 0) + 3), "one node training", timeout=300, job=job)
+        job.scale(2)
+        wait_for(training_at(job, 2, (job.state.step or 0) + 3), "two nodes again", timeout=300, job=job)
+        up = changes(job)[-1]
+        assert (up["reason"], up["joined"], up["redone"]) == ("joined", 1, 0), changes(job)
+        assert pids_of(job, "node-0") == first, (pids_of(job, "node-0"), first)
+        assert job.state.restarts == 0
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a node read a checkpoint"
     finally:
         job.stop()

@@ -24,7 +24,18 @@ def node_name() -> str:
     return os.environ.get(protocol.ENV_NODE) or socket.gethostname()
 
 
+#: How often the watch looks at the round: where rounds are polled faster than torch's second
+#: (a local job: ``ENV_RDZV_POLL_S``), as often, at most ten times a second; on a cluster, where
+#: a thousand agents share the store, twice a second.
 WATCH_INTERVAL_S = 0.5
+
+
+def watch_interval_s() -> float:
+    try:
+        poll_s = float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0)
+    except ValueError:
+        poll_s = 0.0
+    return min(WATCH_INTERVAL_S, max(0.1, poll_s)) if poll_s > 0 else WATCH_INTERVAL_S
 
 
 def _marked_leaving(handler: Any, agent_pid: int) -> bool:
@@ -67,8 +78,9 @@ class DepartureWatch:
             self.thread.start()
 
     def _run(self) -> None:
+        interval_s = watch_interval_s()  # now: a warm spare learns its environment after import
         while True:
-            time.sleep(WATCH_INTERVAL_S)
+            time.sleep(interval_s)
             try:
                 self._check()
             except Exception:
