@@ -63,6 +63,10 @@ SUPERVISOR_MODULE = "notebook_elastic.supervisor.run"
 GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
 
 
+#: How long a launch over an earlier run's folder waits for that run's allocations to end.
+LEFTOVERS_WAIT_S = 30.0
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -127,10 +131,11 @@ class LocalBackend(Backend):
                     f"a job named {spec.name!r} is already {info.status}; stop it first "
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
-            _nothing_of_it_runs(folder, spec.name, info)
             # The folder goes to the history: what its run still holds outside its folder (a
-            # lost Slurm job's allocations) goes first, whichever backend the new job runs in.
-            self._clear_leftovers(spec.name)
+            # lost Slurm job's allocations) goes first, whichever backend the new job runs in;
+            # then nothing of it may run here.
+            self._clear_leftovers(spec.name, wait_s=LEFTOVERS_WAIT_S)
+            _nothing_of_it_runs(folder, spec.name, info)
             self._archive(folder)
         try:
             make_private_dir(folder.path)

@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...contract.events import FINAL_STATUSES
@@ -52,8 +53,10 @@ class SlurmBackend(LocalBackend):
 
     name = "slurm"
 
-    def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
-        super().__init__(home)
+    def __init__(
+        self, home: str | os.PathLike[str] | None = None, *, slurm_state: Callable[[str], str] | None = None
+    ) -> None:
+        super().__init__(home, slurm_state=slurm_state)
         # The mark of each job this backend ran, kept for the case its folder goes: stop() still
         # finds its allocations (job name -> (allocations' name, mark)).
         self._marks: dict[str, tuple[str, str]] = {}
