@@ -275,7 +275,7 @@ def test_on_slurm_nodes_keep_their_processes_through_a_loss_and_a_scale(on_slurm
         assert (changes(job)[1]["reason"], changes(job)[1]["redone"]) == ("left", 0), changes(job)
         wait_for(training_at(job, 1, (job.state.step or 0) + 3), "one node training", timeout=300, job=job)
         job.scale(2)
-        wait_for(training_at(job, 2, (job.state.step or 0) + 3), "two nodes again", timeout=300, job=job)
+        wait_for(lambda: len(changes(job)) >= 3, "in place after the scale-up", timeout=300, job=job)
         up = changes(job)[-1]
         assert (up["reason"], up["joined"], up["redone"]) == ("joined", 1, 0), changes(job)
         assert pids_of(job, "node-0") == first, (pids_of(job, "node-0"), first)

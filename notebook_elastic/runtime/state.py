@@ -366,8 +366,11 @@ class State:
         finally:
             self._notice_now = None
             self._interval.commit_ended(started, saved)
-        if notice is not None and saved:
-            self._holding = notice  # steps() holds before the next step: nothing after it is redone
+        if notice is not None and saved and not self._inplace.active:
+            # steps() holds before the next step: nothing after it is redone by the restart.
+            # In place there is no restart to wait for: the node leaves at the boundary the
+            # vote agrees on, and a hold here would stall the others mid-step until it gave up.
+            self._holding = notice
 
     def _due(self) -> bool:
         """Whether this commit saves: the loop's last step and a notice always do (runtime/notice.py:
