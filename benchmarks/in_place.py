@@ -4,7 +4,9 @@ The same job (a DDP cell that never saves on its own, 3 local nodes of 1 process
 the same changes twice: once as notebook-elastic takes them (the survivors keep their
 processes), once with ``--torchrun-restarts`` (every change restarts every worker, as torchrun
 does). For each change: the time from the change (the drill, or the scale) to the first step
-at the new size, the steps redone, and the share of the survivors' processes kept. Then a
+at the new size, how long training stood still (rank 0's last step at the old size to its first
+at the new: in place the old size trains on while the new round forms), the steps redone, and
+the share of the survivors' processes kept. Then a
 joiner's state transfer from a live peer at 10M and 100M parameters (Adam: the weights and two
 moments each).
 
@@ -115,6 +117,9 @@ def run_changes(name: str, torchrun_restarts: bool) -> list[dict]:
                 timeout=120,
             )
             at, step = first_step_at(job, world, started)
+            # Training stood still from rank 0's last step at the old size to its first at the new.
+            before_change = [e["t"] for e in reports(job) if e["t"] < at and e["values"].get("ws") != world]
+            paused = at - max(before_change) if before_change else float("nan")
             time.sleep(0.5)
             after = {e.node: e.get("pid") for e in job.events if e.kind == Kind.WORKER_STARTED}
             survivors = [
@@ -125,6 +130,7 @@ def run_changes(name: str, torchrun_restarts: bool) -> list[dict]:
                 {
                     "change": what,
                     "resume_s": at - started,
+                    "paused_s": paused,
                     "redone": max(0, last + 1 - step) if step <= last else 0,
                     "kept": kept / max(1, len(survivors)),
                 }
@@ -187,6 +193,9 @@ def main() -> None:
             rows.append(row(f"{what}: in place, to the first step", ours, "s", "<= 0.2", ours <= 0.2))
             rows.append(row(f"{what}: restart (torchrun's way), to the first step", theirs, "s"))
             rows.append(row(f"{what}: ratio in place / restart", ours / theirs, "x", "<= 0.25", ours / theirs <= 0.25))
+            stood = median([r[j]["paused_s"] for r in runs["in place"]])
+            stood_restart = median([r[j]["paused_s"] for r in runs["restart"]])
+            rows.append(row(f"{what}: training stood still, in place (restart: {stood_restart:.2f} s)", stood, "s"))
             target = "0" if "notice" in what or "down" in what or "up" in what else "<= 1"
             rows.append(row(f"{what}: steps redone in place (restart: {redone_restart})", redone, "steps", target))
             rows.append(row(f"{what}: survivors' processes kept in place", kept, "share", "1", kept == 1))

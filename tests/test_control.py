@@ -96,3 +96,31 @@ def test_a_supervisor_that_takes_no_connection_or_gives_no_reply_is_no_answer_in
         address = gone.getsockname()[:2]
     with pytest.raises(control.NoAnswer, match="does not answer"):
         control.request(address, KEY, "stop", timeout_s=5, connect_s=1.0)
+
+
+def test_each_request_is_read_once_into_its_command_and_a_bad_one_is_one_sentence():
+    """The supervisor takes a request by its type (contract/commands.py), read once from the
+    wire the kernel writes; what is not a command is refused in one sentence naming what."""
+    from notebook_elastic.contract import commands as c
+
+    assert c.parse({"command": "scale", "args": {"nodes": 3}}) == c.Scale(3)
+    assert c.parse({"command": "set_range", "args": {"min_nodes": 1, "max_nodes": 4}}) == c.SetRange(1, 4)
+    assert c.parse({"command": "kill_worker", "args": {}}) == c.KillWorker(None)
+    assert c.parse({"command": "lose_node", "args": {"node": "node-1"}}) == c.RemoveNode("lose", "node-1")
+    assert c.parse({"command": "preempt_node", "args": {"grace_s": 30}}) == c.RemoveNode("preempt", grace_s=30.0)
+    assert c.parse({"command": "stop"}) == c.Stop() and c.parse({"command": "status", "args": None}) == c.Status()
+    bad = {
+        "unknown command 'rm -rf'": {"command": "rm -rf"},
+        "scale needs a whole number nodes, not 'many'": {"command": "scale", "args": {"nodes": "many"}},
+        "scale needs a whole number nodes, not True": {"command": "scale", "args": {"nodes": True}},
+        "set_range needs a whole number max_nodes, not None": {"command": "set_range", "args": {"min_nodes": 1}},
+        "preempt_node needs grace_s in seconds, not 'soon'": {"command": "preempt_node", "args": {"grace_s": "soon"}},
+        "lose_node names a node by its name, not 3": {"command": "lose_node", "args": {"node": 3}},
+        "a request is a JSON object with a command, not list": ["scale"],
+        "scale: its args are a JSON object, not list": {"command": "scale", "args": [3]},
+    }
+    for said, request in bad.items():
+        with pytest.raises(ValueError) as refused:
+            c.parse(request)
+        assert str(refused.value) == said
+    assert c.words(c.RemoveNode("lose")) == "lose a node" and c.words(c.Scale(2)) == "scale"

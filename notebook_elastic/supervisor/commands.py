@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..agent.notice_keeper import KILL_KEY
+from ..contract import commands
 from ..contract.events import Kind
 from ..errors import SpecError
 from ..runtime import log as _logging
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 _log = _logging.get("supervisor.commands")
 
 STOP_GRACE_S = 10.0
+#: After a control connection could not be accepted, the wait before the next try.
+ACCEPT_RETRY_S = 0.1
 
 
 class Commands:
@@ -207,24 +210,23 @@ class Commands:
             return self.sup.state.summary()
 
     def handle(self, request: dict[str, Any]) -> Any:
-        command = request.get("command")
-        args = request.get("args") or {}
-        if self.sup.stopping and command not in ("stop", "status"):
-            raise ValueError(f"the job is stopping, so it cannot {str(command).replace('_', ' ')}")
-        if command == "scale":
-            return self.do_scale(int(args["nodes"]))
-        if command == "set_range":
-            return self.do_set_range(int(args["min_nodes"]), int(args["max_nodes"]))
-        if command == "kill_worker":
-            return self.do_kill_worker(args.get("rank"))
-        if command in ("preempt_node", "lose_node"):
-            how = "lose" if command == "lose_node" else "preempt"
-            return self.do_remove_node(args.get("node"), how, args.get("return_after_s"), args.get("grace_s"))
-        if command == "stop":
-            return self.do_stop()
-        if command == "status":
-            return self.do_status()
-        raise ValueError(f"unknown command {command!r}")
+        """Carry out one request of the kernel's (typed once: ``contract/commands.py``)."""
+        command = commands.parse(request)
+        if self.sup.stopping and not isinstance(command, commands.WHILE_STOPPING):
+            raise ValueError(f"the job is stopping, so it cannot {commands.words(command)}")
+        match command:
+            case commands.Scale(nodes):
+                return self.do_scale(nodes)
+            case commands.SetRange(min_nodes, max_nodes):
+                return self.do_set_range(min_nodes, max_nodes)
+            case commands.KillWorker(rank):
+                return self.do_kill_worker(rank)
+            case commands.RemoveNode(how, node, return_after_s, grace_s):
+                return self.do_remove_node(node, how, return_after_s, grace_s)
+            case commands.Stop():
+                return self.do_stop()
+            case commands.Status():
+                return self.do_status()
 
     def serve(self, listener: Any) -> None:
         while True:
@@ -233,6 +235,7 @@ class Commands:
             except Exception:
                 if self.sup.closed:
                     return
+                time.sleep(ACCEPT_RETRY_S)  # out of descriptors, say: never spin on it
                 continue
             threading.Thread(target=self._answer, args=(listener, conn), daemon=True).start()
 
