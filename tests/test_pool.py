@@ -24,7 +24,8 @@ import notebook_elastic.runtime as runtime
 from notebook_elastic import pool
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.contract.events import Kind
-from notebook_elastic.jobfolder.folder import pid_alive, prepare_jobs_root, processes_of
+from notebook_elastic.jobfolder.folder import prepare_jobs_root
+from notebook_elastic.jobfolder.processes import pid_alive, processes_of
 from notebook_elastic.runtime import owned
 
 pytestmark = pytest.mark.slow

@@ -161,6 +161,8 @@ class Links:
         with self._lock:
             for local_rank in local_ranks:
                 worker = self._workers.get(local_rank)
+                if worker is not None and worker.said and not worker.capable:
+                    return f"local rank {local_rank}'s worker cannot stay: {worker.why}"  # what it said last
                 if worker is None or not worker.open:
                     return f"local rank {local_rank}'s worker has no link to its agent"
                 if not worker.capable:

@@ -1,7 +1,7 @@
 """The processes a job owns that their environment does not show: forks.
 
 A job's processes are found by ``NOTEBOOK_ELASTIC_JOB_DIR=<job folder>`` in their environment
-(``jobfolder.folder.processes_of``): every process started by ``exec`` with the job's
+(``jobfolder.processes.processes_of``): every process started by ``exec`` with the job's
 environment carries it, whatever starts it. A fork does not: Linux shows a process's
 environment from the memory it was exec'd with, so a child the warm pool forks shows the
 pool's, and a fork of that child (a DataLoader worker, the user's ``os.fork()``) the same.

@@ -16,7 +16,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..agent.notice_keeper import KILL_KEY
 from ..contract import commands
 from ..contract.events import Kind
 from ..errors import SpecError
@@ -119,17 +118,7 @@ class Commands:
         """SIGKILL a rank's process: here, or on Slurm through its node's keeper (the worker may
         be on another host, where its pid is not ours: notice_keeper.py). False when it is gone."""
         pid, node, _gen = self.sup.workers[rank]
-        if self.sup.placement is not None:
-            try:
-                self.sup.store.set(KILL_KEY.format(node=node), json.dumps({"pid": pid, "rank": rank}))
-            except Exception:  # no store now: the drill cannot reach the node
-                return False
-            return True
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return False
-        return True
+        return self.sup.placement.kill_rank(pid, node, rank, self.sup.store)
 
     def lower_target(self, node: str, reason: str) -> None:
         """A node taken away is not replaced: the target says so, in an event of its own, so
@@ -193,7 +182,7 @@ class Commands:
     def stop_grace_s(self) -> float:
         """How long stopping nodes may take before they are killed: on Slurm, each node's notice
         (its keeper waits that long for rank 0's save) and a little more."""
-        return max(STOP_GRACE_S, self.sup.placement.grace_s() + 5.0) if self.sup.placement is not None else STOP_GRACE_S
+        return self.sup.placement.stop_grace_s(STOP_GRACE_S)
 
     def do_stop(self, leave: str | None = None) -> dict[str, Any]:
         """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, TYPE_CHECKING
 
 from .. import pool
@@ -45,7 +45,6 @@ class Agent:
     failure: str | None = None  # its workers' latest own failure, in words
     log_bytes: int = 0  # written to its current log file
     reaped: bool = False
-    killed_at: float | None = None  # when Slurm was asked to end its step at once (monotonic)
     agent_pid: int | None = None  # the torchrun agent's own (forked by the warm pool): its rendezvous id
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
@@ -75,7 +74,7 @@ class Nodes:
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
         # A warm spare saves a scale-up its torch import (none for Slurm's allocations); so does the warm pool.
-        spare_ok = bool(sup.spec.backend_options.get("warm_spare", True)) and sup.placement is None
+        spare_ok = bool(sup.spec.backend_options.get("warm_spare", True)) and sup.placement.warm_spares
         self.warm_spare = spare_ok and pool.in_use() is None
         self._space_checked = 0.0  # when the disk's free space was last looked at (monotonic)
         self._space_ok = True
@@ -88,11 +87,9 @@ class Nodes:
             self.sup.folder,
             gpus=self.gpus,
             store_port=self.sup.store_port,
-            # An agent dies with the supervisor that started it; under srun its parent is Slurm's
-            # step daemon, and srun, the supervisor's child, ends the step when it goes.
-            supervisor_pid=None if self.sup.spec.backend == "slurm" else os.getpid(),
+            supervisor_pid=self.sup.placement.supervisor_pid(),  # an agent dies with it
             files_sha256=self.sup.files_sha256,
-            store_host=socket.gethostname() if self.sup.placement is not None else None,
+            store_host=self.sup.placement.store_host(),
         )
         return launch_plan(
             self.sup.spec,
@@ -122,13 +119,8 @@ class Nodes:
         return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
-        if self.sup.placement is not None:
-            # A node is a Slurm allocation: the agent runs under srun there (backends/slurm).
-            env = dict(env)
-            command = self.sup.placement.command(name, command, env)
-        else:
-            # Forked by the warm pool when there is one: a light launcher stands in for the agent.
-            command = pool.through_pool(command, env) or command
+        env = dict(env)
+        command = self.sup.placement.command(name, command, env)  # here, or under srun
         proc = subprocess.Popen(
             command,
             env=env,
@@ -237,8 +229,7 @@ class Nodes:
                 with agent.log_lock:
                     self._log(agent, raw)
             line = raw.decode("utf-8", "replace")
-            if self.sup.placement is not None:
-                self.sup.placement.says(agent.name, line)
+            self.sup.placement.says(agent.name, line)
             event = parser.feed(line, now)
             if event is not None and not agent.name.startswith("spare-"):
                 self.sup.sink.put(event)
@@ -290,19 +281,10 @@ class Nodes:
         if agent.exit_reason is None:
             agent.exit_reason = reason
         try:
-            if sig == signal.SIGKILL and self.sup.placement is not None:
-                # Its processes are in Slurm's step, not under srun (killed, srun would leave them
-                # to Slurm's KillWait): Slurm ends them, and srun with them; srun is killed only
-                # if it is still there 10 s later (asked again, until then, nothing is done).
-                if agent.killed_at is None:
-                    agent.killed_at = time.monotonic()
-                    self.sup.placement.kill(agent.name)
-                elif time.monotonic() - agent.killed_at > 10:
-                    os.killpg(agent.proc.pid, signal.SIGKILL)
-            elif sig == signal.SIGKILL:
-                os.killpg(agent.proc.pid, signal.SIGKILL)  # the whole node: agent and anything in its group
-            elif self.sup.placement is not None:
-                self.sup.placement.term(agent.name)  # srun would kill the step at once: Slurm's own SIGTERM
+            if sig == signal.SIGKILL:
+                self.sup.placement.kill(agent)  # the whole node at once
+            elif sig == signal.SIGTERM:
+                self.sup.placement.term(agent)  # on purpose: its workers leave, or save first
             else:
                 agent.proc.send_signal(sig)
         except ProcessLookupError:
@@ -348,11 +330,14 @@ class Nodes:
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
                 self.sup.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.target))
             self.sup.publish_gone(agent)
-            if self.sup.placement is not None:
-                if agent.exit_reason is None and not self.sup.stopping:
-                    self._slurm_ended(agent)
-                self.sup.notices.withdraw_for(agent.name, self.sup.store)  # its keeper may have had no time to
-                self.sup.placement.gone(agent.name)
+            if agent.exit_reason is None and not self.sup.stopping:
+                departure = self.sup.placement.departure(agent.name)  # its place ended it (Slurm)
+                if departure is not None:
+                    agent.exit_reason = departure.reason
+                    if departure.lower is not None:
+                        self.sup.commands.lower_target(agent.name, departure.lower)
+            # Its keeper's notice (Slurm) comes down with it: it may have had no time to.
+            self.sup.placement.gone(agent.name, partial(self.sup.notices.withdraw_for, agent.name, self.sup.store))
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.sup.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -361,25 +346,6 @@ class Nodes:
             self.sup.emit(Kind.NODE_LEFT, agent.name, **NodeLeft(reason=reason, exitcode=code))
             if agent.log:
                 agent.log.close()
-
-    def _slurm_ended(self, agent: Agent) -> None:
-        """Slurm took the node: preempted or out of time, a new allocation takes its place
-        (it waits in the queue until Slurm gives the node back); cancelled, it is not
-        replaced. Either is a departure, free of the restart budget."""
-        assert self.sup.placement is not None  # called only for a Slurm job's node (reap)
-        refused = self.sup.placement.refused(agent.name)
-        if refused is not None:
-            # Never granted (no GPUs there, too much memory, a partition not taking jobs):
-            # Slurm's own sentence, in the node's departure and so in the timeline.
-            agent.exit_reason = f"refused by Slurm: {refused}"
-            self.sup.commands.lower_target(agent.name, "refused by Slurm")
-            return
-        why = self.sup.placement.why_ended(agent.name)
-        if why in ("preempted", "timeout"):
-            agent.exit_reason = "preempted by Slurm" if why == "preempted" else "its Slurm time limit was up"
-        elif why in ("cancelled", "node_fail"):
-            agent.exit_reason = "cancelled in Slurm" if why == "cancelled" else "its Slurm node failed"
-            self.sup.commands.lower_target(agent.name, why)
 
     def converge(self) -> None:
         """Start or stop agents until as many run as the target says."""

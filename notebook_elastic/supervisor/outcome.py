@@ -13,7 +13,8 @@ import psutil
 
 from ..contract.events import Kind
 from ..contract.job_state import budget_spent_reason
-from ..jobfolder.folder import kill_all, processes_of, signal_all, write_json_atomic
+from ..jobfolder.folder import write_json_atomic
+from ..jobfolder.processes import kill_all, processes_of, signal_all
 
 if TYPE_CHECKING:
     from .run import Supervisor

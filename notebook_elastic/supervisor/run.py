@@ -38,9 +38,10 @@ from ..contract.events import Event, Kind
 from ..contract.job_state import JobState, describe_failure
 from ..contract.spec import JobSpec
 from ..jobfolder.control import listen, reachable
-from ..jobfolder.folder import JOB_UMASK, JobFolder, process_start_ticks, write_json_atomic
+from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
 from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
+from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
 from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled
 from ..runtime.payload import payload_path_for
@@ -51,8 +52,9 @@ from .commands import Commands
 from .nodes import Agent, Nodes
 from .notices import Notices
 from .outcome import Outcome
+from .placement import Placement
 from .sink import EventSink
-from .slurm_nodes import placement_for
+from .slurm_nodes import SlurmPlacement
 from .stall import Stalls
 from .tensorboard import TensorBoardWriter
 from .tensorboard import available as tensorboard_available
@@ -101,7 +103,8 @@ class Supervisor:
         self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
         self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
         self.authkey = secrets.token_bytes(32)
-        self.placement = placement_for(self.spec, self.folder, self.emit)  # Slurm: each node an allocation of its own
+        # Where a node runs: here, or on Slurm each node an allocation of its own.
+        self.placement = SlurmPlacement(self.spec, folder, self.emit) if self.spec.backend == "slurm" else Placement()
         self.failures_seen: dict[tuple[Any, ...], int] = {}
         self.fatal: str | None = None  # why the job stops now, when retrying is pointless
         self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
@@ -236,7 +239,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Listen first, host the store there once torch is imported: agents started meanwhile wait in the backlog.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        bind = "0.0.0.0" if self.placement is not None else "127.0.0.1"  # Slurm: reached from other hosts
+        bind = self.placement.bind_address  # Slurm: reached from other hosts
         sock.bind((bind, 0))
         sock.listen(512)
         self.store_port = sock.getsockname()[1]

@@ -13,10 +13,14 @@ does not replace. Either is free: no restart is charged.
 
 from __future__ import annotations
 
+import json
 import re
+import socket
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..agent.notice_keeper import KILL_KEY
 from ..backends.slurm import cluster
 from ..backends.slurm.mark import supervisor_mark
 from ..backends.slurm.options import SlurmOptions
@@ -25,6 +29,13 @@ from ..jobfolder.folder import JobFolder
 from ..pool import ENV_POOL
 from ..runtime import protocol
 from ..runtime.event_types import Pending
+from .placement import Departure, Placement
+
+if TYPE_CHECKING:
+    from .nodes import Agent
+
+#: After Slurm was asked to end a node's step at once, how long before its srun is killed too.
+SRUN_KILL_AFTER_S = 10.0
 
 #: slurmstepd's line, through srun, for a step Slurm cancelled (and why, where it says).
 STEP_CANCELLED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+( DUE TO (PREEMPTION|TIME LIMIT))?")
@@ -46,8 +57,12 @@ SRUN_QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
 SRUN_ERROR = re.compile(r"srun: error: (?!\S+: tasks? [\d,-]+: )(.+)")
 
 
-class SlurmNodes:
-    """The Slurm side of the supervisor's nodes (it holds one where the backend is slurm)."""
+class SlurmPlacement(Placement):
+    """A node in a Slurm allocation of its own: its agent under srun, reached from other hosts."""
+
+    bind_address = "0.0.0.0"
+    warm_spares = False  # none for Slurm's allocations
+    pids_here = False  # a pid on another host tells nothing here
 
     def __init__(self, spec: Any, folder: JobFolder, emit: Callable[..., None]) -> None:
         self.spec = spec
@@ -60,6 +75,28 @@ class SlurmNodes:
         self._cancelled: dict[str, str] = {}  # node -> why slurmstepd said its step was cancelled
         self._errors: dict[str, list[str]] = {}  # node -> srun's errors before anything of it ran
         self._ran: set[str] = set()  # nodes whose step printed a line of its own
+        self._killed_at: dict[str, float] = {}  # node -> when Slurm was asked to end its step (monotonic)
+
+    def store_host(self) -> str | None:
+        return socket.gethostname()
+
+    def supervisor_pid(self) -> int | None:
+        # Under srun an agent's parent is Slurm's step daemon; srun, the supervisor's child,
+        # ends the step when it goes.
+        return None
+
+    def stop_grace_s(self, base_s: float) -> float:
+        # Each node's notice: its keeper waits that long for rank 0's save, and a little more.
+        return max(base_s, self.grace_s() + 5.0)
+
+    def kill_rank(self, pid: int, node: str, rank: int, store: Any) -> bool:
+        """Through the node's keeper (the worker may be on another host, where its pid is not
+        ours: notice_keeper.py)."""
+        try:
+            store.set(KILL_KEY.format(node=node), json.dumps({"pid": pid, "rank": rank}))
+        except Exception:  # no store now: the drill cannot reach the node
+            return False
+        return True
 
     def grace_s(self) -> float:
         if self._grace_s is None:
@@ -105,23 +142,31 @@ class SlurmNodes:
             return None
         return "; ".join(dict.fromkeys(errors))
 
-    def term(self, node: str) -> None:
+    def term(self, agent: Agent) -> None:
         """Stop a node as Slurm itself would (scale-down, a drill, stop): SIGTERM to every process
         of its step, which the keeper turns into a notice (a save first); a node still waiting for
         its allocation is cancelled. (srun, signalled, would kill the step outright.)"""
-        name = f"ne-{self.spec.name}-{node}"
+        name = f"ne-{self.spec.name}-{agent.name}"
         cluster.signal_node(name, self.mark, None, state="PENDING")  # first: one granted meanwhile is signalled next
         cluster.signal_node(name, self.mark, "TERM", state="RUNNING")
 
-    def kill(self, node: str) -> None:
+    def kill(self, agent: Agent) -> None:
         """End every process of the node's step at once (a lost node, a stop past its grace).
         Slurm turns ``scancel --signal=KILL`` into a cancel (SIGTERM, and SIGKILL after
         KillWait: a notice), and killing srun leaves the step to that same path; SIGUSR2,
         which none of the node's processes handles but the keeper, which passes it on, ends
-        each at once, as SIGKILL would. A node still waiting for its allocation is cancelled."""
-        name = f"ne-{self.spec.name}-{node}"
-        cluster.signal_node(name, self.mark, "USR2", state="RUNNING")
-        cluster.signal_node(name, self.mark, None, state="PENDING")
+        each at once, as SIGKILL would. A node still waiting for its allocation is cancelled.
+        Its processes are in Slurm's step, not under srun (killed, srun would leave them to
+        Slurm's KillWait): Slurm ends them, and srun with them; srun is killed only if it is
+        still there ``SRUN_KILL_AFTER_S`` later (asked again until then, nothing is done)."""
+        asked = self._killed_at.get(agent.name)
+        if asked is None:
+            self._killed_at[agent.name] = time.monotonic()
+            name = f"ne-{self.spec.name}-{agent.name}"
+            cluster.signal_node(name, self.mark, "USR2", state="RUNNING")
+            cluster.signal_node(name, self.mark, None, state="PENDING")
+        elif time.monotonic() - asked > SRUN_KILL_AFTER_S:
+            super().kill(agent)
 
     def why_ended(self, node: str) -> str | None:
         """Why Slurm ended a node's allocation: "preempted" (a higher-priority job took it),
@@ -130,11 +175,25 @@ class SlurmNodes:
         why = cluster.ended_why(f"ne-{self.spec.name}-{node}", self.mark, wait_s=3.0)
         return why or self._cancelled.get(node)
 
-    def gone(self, node: str) -> None:
-        """A node reaped: whatever Slurm still holds under its name (its srun was killed, and
-        with InactiveLimit=0 the allocation would outlive it) is cancelled."""
+    def departure(self, node: str) -> Departure | None:
+        """Slurm took the node: preempted or out of time, a new allocation takes its place (it
+        waits in the queue until Slurm gives the node back); cancelled, failed, or refused (its
+        allocation never granted: Slurm's own sentence), it is not replaced. Either is a
+        departure, free of the restart budget."""
+        refused = self.refused(node)
+        if refused is not None:
+            # Slurm's own sentence, in the node's departure and so in the timeline.
+            return Departure(f"refused by Slurm: {refused}", lower="refused by Slurm")
+        why = self.why_ended(node)
+        if why in ("preempted", "timeout"):
+            return Departure("preempted by Slurm" if why == "preempted" else "its Slurm time limit was up")
+        if why in ("cancelled", "node_fail"):
+            return Departure("cancelled in Slurm" if why == "cancelled" else "its Slurm node failed", lower=why)
+        return None
+
+    def gone(self, node: str, withdraw_notice: Callable[[], None]) -> None:
+        """A node reaped: the notice its keeper posted comes down (it may have had no time to),
+        and whatever Slurm still holds under its name (its srun was killed, and with
+        InactiveLimit=0 the allocation would outlive it) is cancelled."""
+        withdraw_notice()
         cluster.signal_node(f"ne-{self.spec.name}-{node}", self.mark, None)
-
-
-def placement_for(spec: Any, folder: JobFolder, emit: Callable[..., None]) -> SlurmNodes | None:
-    return SlurmNodes(spec, folder, emit) if spec.backend == "slurm" else None

@@ -30,11 +30,9 @@ from ...jobfolder.folder import (
     FILE_MODE,
     JobFolder,
     jobs_root,
-    kill_all,
     make_private_dir,
     pool_log,
     prepare_jobs_root,
-    processes_of,
     write_json_atomic,
 )
 from ...jobfolder.follow import (
@@ -49,6 +47,7 @@ from ...jobfolder.follow import (
 from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
+from ...jobfolder.processes import kill_all, processes_of
 from ...pool import ENV_POOL, ensure_pool, through_pool
 from ...runtime import protocol
 from ..base import Backend, DryRun, JobInfo

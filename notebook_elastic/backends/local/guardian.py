@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...errors import NotebookElasticError
-from ...jobfolder.folder import JobFolder, process_start_ticks, write_json_atomic
+from ...jobfolder.folder import JobFolder, write_json_atomic
+from ...jobfolder.processes import process_start_ticks
 
 POLL_S = 0.5
 #: Supervisor deaths a job recovers from by itself; past that it is lost (resume() by hand).
