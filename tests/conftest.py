@@ -209,6 +209,7 @@ QUICK_MODULES = frozenset(
         "test_term.py",
         "test_torch_compat.py",
         "test_waits.py",
+        "test_words.py",
     }
 )
 

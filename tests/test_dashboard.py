@@ -110,7 +110,7 @@ def test_the_timeline_tells_a_preemption_in_plain_words_without_its_symptoms():
     lines = [text for _e, text in story(state.events)]
     assert lines == [
         "training at world size 2",
-        "node-1 preempted (drill) — back at world size 1 after 2.0 s",  # once (#11), from the drill
+        "node-1 preempted (drill) — back at world size 1 after 2.0s",  # once (#11), from the drill
         "training at world size 1",
         "node-0 released (scaled down) — regrouping…",
     ]
@@ -134,7 +134,7 @@ def test_a_drill_is_back_from_the_survivors_restart_even_when_its_node_left_is_t
     assert lines == [
         "training at world size 2",
         "training at world size 1",
-        "node-1 preempted (drill) — back at world size 1 after 3.5 s",
+        "node-1 preempted (drill) — back at world size 1 after 3.5s",
     ]
     # A drill right after the first rank started: the other rank of that same group, told after
     # the drill, is not the job back (seen in CI under load: it read "back at world size 2").
@@ -146,7 +146,7 @@ def test_a_drill_is_back_from_the_survivors_restart_even_when_its_node_left_is_t
         Event(Kind.WORKER_STARTED, 11.1, "node-1", {"rank": 0, "world_size": 1, "generation": 1, **ws}),
     ]
     lines = [text for _e, text in story(early)]
-    assert "node-0 preempted (drill) — back at world size 1 after 2.4 s" in lines, lines
+    assert "node-0 preempted (drill) — back at world size 1 after 2.4s" in lines, lines
 
 
 def test_chart_ticks_read_as_numbers_and_log_scale_and_smoothing_apply():

@@ -623,6 +623,7 @@ def test_a_departure_that_flips_the_job_is_its_own_root():
         "cause": describe(left),
         "events": [describe(left)],
         "rooted": True,
+        "since": 5.0,  # the outage begins at its cause (#39 item 4)
     }
     state.apply(ev(Kind.WORKER_FAILED, 5.2, "node-0", rank=0, error="E", message="m", generation=1))
     assert entry["cause"] == describe(left) and len(entry["events"]) == 2
@@ -653,6 +654,7 @@ def test_the_summary_is_the_fold_in_a_few_fields():
         "loss": None,
         "started_at": None,
         "finished_at": None,
+        "ran_s": None,
         "generation": None,
         "transitions": [],
         "nodes": [],

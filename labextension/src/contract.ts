@@ -479,6 +479,7 @@ export interface ITransition {
   cause: string;
   events?: string[];
   rooted?: boolean;
+  since?: number;
 }
 
 export interface ITracking {
@@ -518,6 +519,7 @@ export interface IJobRow {
   transitions: ITransition[];
   started_at: number | null;
   finished_at: number | null;
+  ran_s?: number | null;
   notebook: string | null;
   location: string | null;
 }

@@ -1,7 +1,11 @@
 """The words of the event contract: one sentence per event kind (``describe``), the one place
 every view (timeline, text view, CLI, panel) takes them from, and the numbers they share
 (steps done, durations, sizes, rates). Each kind's sentence reads its data as its kind's
-class (``_DESCRIBE``), so the type checker and tests/test_contract.py check every key read."""
+class (``_DESCRIBE``), so the type checker and tests/test_contract.py check every key read.
+
+The numbers are written one way in every view (#39 item 4): the jobs panel is TypeScript, so
+``labextension/src/format.ts`` implements the same rules once more, and both test suites read
+one table of cases (``tests/data/words.json``: test_words.py here, format.test.ts there)."""
 
 from __future__ import annotations
 
@@ -79,16 +83,47 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
+def _half_up(x: float) -> int:
+    """Rounded half away from zero, as JavaScript's Math.round rounds a positive number (Python's
+    round() goes to the even neighbour): the panel's format.ts rounds the same way."""
+    return math.floor(x + 0.5)
+
+
 def format_duration(seconds: float | None) -> str:
-    """42s, 3m 05s, 2h 10m; a dash when unknown."""
+    """Every duration every view writes (#39 item 4): "0.8s" under ten seconds, "42s", "3m 05s",
+    "2h 10m"; a dash when unknown."""
     if seconds is None or not math.isfinite(seconds):
         return "–"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    seconds = max(0.0, float(seconds))
+    tenths = _half_up(seconds * 10)
+    if tenths < 100:
+        return f"{tenths // 10}.{tenths % 10}s"
+    whole = _half_up(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+def sig(value: float, digits: int) -> str:
+    """A number to ``digits`` significant digits, trailing zeros dropped (printf's %g): the loss
+    "0.1313", a step time "0.204"."""
+    return f"{value:.{digits}g}"
+
+
+STATUS_PHRASES = {
+    "succeeded": "has succeeded",
+    "failed": "has failed",
+    "stopped": "was stopped",
+    "lost": "is lost",
+    "damaged": "is damaged",
+}
+
+
+def status_phrase(status: str) -> str:
+    """A status as a sentence says it: "job 'long' has succeeded", "was stopped", "is running"."""
+    return STATUS_PHRASES.get(status, f"is {status}")
 
 
 def gib(n: Any) -> str:
@@ -104,8 +139,8 @@ def rate(per_s: float | None, unit: str) -> str:
         return "–"
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if per_s >= scale:
-            return f"{per_s / scale:.3g}{suffix} {unit}/s"
-    return f"{per_s:.3g} {unit}/s"
+            return f"{sig(per_s / scale, 3)}{suffix} {unit}/s"
+    return f"{sig(per_s, 3)} {unit}/s"
 
 
 def degraded_text(d: Degraded) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..backends import get_backend
 from ..backends.base import Backend, JobInfo, attention_order
 from ..contract import options
-from ..contract.events import steps_done
+from ..contract.events import sig, steps_done
 from ..contract.spec import JobSpec, new_name, parse_nnodes
 from ..errors import BackendError, JobNotFound, PackagingError, SpecError
 from ..packaging import Bundle, NotebookContext, package_cell, package_function
@@ -293,7 +293,7 @@ class JobList(list[JobInfo]):
                     f"{s.get('nodes_running', 0)} ({s.get('min_nodes', '?')}:{s.get('max_nodes', '?')})",
                     f"{s.get('restarts', 0)}/{s.get('max_restarts', '?')}",
                     step,
-                    "" if loss is None else f"{loss:.4g}",
+                    "" if loss is None else sig(loss, 4),
                     os.path.basename(j.notebook or ""),
                 )
             )

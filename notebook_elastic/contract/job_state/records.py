@@ -42,6 +42,33 @@ class NodeInfo:
         }
 
 
+@dataclass
+class RunClock:
+    """How long a job has run: the sum of its runs, from each start (submitted, resumed) to its
+    outcome, so that the time it sat stopped before a resume is not counted (#39 item 4: "ran
+    8 min 32 s" counted it)."""
+
+    before_s: float = 0.0  # the runs that ended
+    since: float | None = None  # when the current run started; None between an outcome and a resume
+    runs: int = 0  # starts told (a history without job_submitted, a cluster's, has none)
+
+    def start(self, t: float, last_seen: float | None) -> None:
+        """A run starts at ``t``. A run still open (it was lost: no outcome was told) counts up to
+        the last thing it said (``last_seen``)."""
+        if self.since is not None:
+            self.before_s += max(0.0, (last_seen if last_seen is not None else self.since) - self.since)
+        self.since = t
+        self.runs += 1
+
+    def end(self, t: float) -> None:
+        if self.since is not None:
+            self.before_s += max(0.0, t - self.since)
+            self.since = None
+
+    def ran_s(self, now: float) -> float:
+        return self.before_s + (max(0.0, now - self.since) if self.since is not None else 0.0)
+
+
 @dataclass(frozen=True)
 class Marker:
     """A point on the metric chart where something happened to the job."""

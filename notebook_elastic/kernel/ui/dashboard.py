@@ -245,8 +245,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
                 backend = getattr(job.backend, "name", "")
                 self._set(self.header, "value", header_html(job.name, backend, state))
                 if state.total_steps:
-                    done = (state.step + 1) if state.step is not None else 0
-                    self._set(self.progress, "value", min(1.0, done / state.total_steps))
+                    self._set(self.progress, "value", min(1.0, (state.steps_done or 0) / state.total_steps))
             if "chart" in dirty:
                 names = chart_metrics(state.metrics.names)
                 if names and tuple(names) != tuple(self.metric.options):

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ...contract.events import Event, Kind, gib, rate
+from ...contract.events import Event, Kind, gib, rate, sig
 from ...contract.events import format_duration as duration
 from ...contract.job_state import JobState, elapsed_s
 from ...runtime.tracking import shown
@@ -107,7 +107,7 @@ def speed_text(state: JobState) -> str:
     step_s = state.step_time_s
     if step_s is None:
         return ""
-    parts = [f"{step_s:.3g} s/step"]
+    parts = [f"{sig(step_s, 3)} s/step"]
     if state.samples_per_s is not None:
         parts.append(rate(state.samples_per_s, "samples"))
     if state.tokens_per_s is not None:
@@ -178,7 +178,7 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     # Every step done and every node gone, the outcome not yet told: the job is ending, not
     # "running · nodes 0" (#30 item 3).
     ending = (
-        not state.finished and nodes == 0 and state.step is not None and state.step + 1 >= (state.total_steps or 0) > 0
+        not state.finished and nodes == 0 and (state.steps_done or 0) >= (state.total_steps or 0) > 0
     )
     cells = [
         f'world size <b class="ne-world-size">{state.world_size}</b>',
@@ -191,15 +191,14 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         f"({state.nnodes[0]}:{state.nnodes[1]})</span>",
     ]
     if state.step is not None:
-        done = state.step + 1
-        step = f'step <b class="ne-step">{done}</b>' + (f" / {state.total_steps}" if state.total_steps else "")
+        step = f'step <b class="ne-step">{state.steps_done}</b>' + (f" / {state.total_steps}" if state.total_steps else "")
         if eta is not None:
             step += f' <span style="color:{FG_FAINT}">ETA {duration(eta)}</span>'
         cells.append(step)
     loss_name = "loss" if "loss" in state.metrics else next(iter(chart_metrics(state.metrics.names)), None)
     last = state.metrics.last(loss_name) if loss_name else None
     if last is not None:
-        cells.append(f'{esc(loss_name)} <b class="ne-loss">{last:.4g}</b>')
+        cells.append(f'{esc(loss_name)} <b class="ne-loss">{sig(last, 4)}</b>')
     speed = speed_text(state)
     if speed and not state.finished:
         cells.append(f'<span class="ne-speed">{esc(speed)}</span>')
@@ -219,7 +218,7 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
             f'and the share of the loop its commits blocked">checkpoint {how}, blocks '
             f'<span class="ne-blocked">{saving.get("blocked_pct")}</span> %</span>'
         )
-    cells.append(f'<span style="color:{FG_FAINT}">{duration(elapsed_s(state, now))}</span>')
+    cells.append(f'<span class="ne-ran" style="color:{FG_FAINT}">ran {duration(elapsed_s(state, now))}</span>')
     sep = f' <span style="color:{FG_FAINT}">·</span> '
     # The line wraps between values, never inside one ("blocks 28.1" / "% · 3s" at 970 px).
     stats = sep.join(f'<span class="ne-cell" style="white-space:nowrap">{cell}</span>' for cell in cells)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...contract.events import FAULT_WORDS, Event, Kind, describe
+from ...contract.events import FAULT_WORDS, Event, Kind, describe, format_duration
 from .theme import FG, FG_FAINT, esc, left_words
 
 EVENT_COLORS: dict[str, str] = {
@@ -62,12 +62,14 @@ STORY_HIDDEN = TIMELINE_HIDDEN | {
 
 
 def _back_after(e: Event, events: Sequence[Event], index: int, started: frozenset[Any]) -> str:
-    """' — back at world size 2 after 1.6 s': when a new worker group started after ``e``. A
-    worker of a group in ``started`` (those started before ``e``: a slower node's rank of the
-    same group, told a moment later) is not training starting again."""
+    """' — back at world size 2 after 1.6s': when a new worker group started after ``e`` (the
+    drill, else the departure: where the jobs panel's "running again after" counts from too,
+    the fold's restart ``since``). A worker of a group in ``started`` (those started before
+    ``e``: a slower node's rank of the same group, told a moment later) is not training
+    starting again."""
     for later in events[index + 1 :]:
         if later.kind == Kind.WORKER_STARTED and later.get("generation") not in started:
-            return f" — back at world size {later.get('world_size')} after {later.time - e.time:.1f} s"
+            return f" — back at world size {later.get('world_size')} after {format_duration(later.time - e.time)}"
         if later.kind == Kind.JOB_FINISHED:
             return ""
     return " — regrouping…"
