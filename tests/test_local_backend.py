@@ -347,7 +347,7 @@ def test_stop_is_idempotent_and_leaves_nothing(home):
     assert job.stop() == "stopped"
     assert job_processes(home) == []
     assert job.stop() == "stopped"
-    with pytest.raises(ne.BackendError, match="has stopped; it cannot scale"):
+    with pytest.raises(ne.BackendError, match="was stopped; it cannot scale"):
         job.scale(1)
 
 

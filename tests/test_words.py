@@ -95,7 +95,9 @@ def test_an_outage_counts_from_its_drill_in_the_fold_as_in_the_timeline():
     state = JobState(max_restarts=3, nnodes=(1, 2))
     _run(state, Kind.JOB_SUBMITTED, 100.0, nodes=2, min_nodes=1, max_nodes=2, max_restarts=3)
     for rank, node in ((0, "node-0"), (1, "node-1")):
-        _run(state, Kind.WORKER_STARTED, 101.0, node, rank=rank, local_rank=0, world_size=2, generation=1, pid=10 + rank)
+        _run(
+            state, Kind.WORKER_STARTED, 101.0, node, rank=rank, local_rank=0, world_size=2, generation=1, pid=10 + rank
+        )
     _run(state, Kind.METRIC, 102.0, step=5, values={"loss": 1.0})
     _run(state, Kind.FAULT, 110.0, "node-1", fault="preempt_node", target="node-1")
     _run(state, Kind.SAVED_ON_NOTICE, 110.2, step=7, seconds=0.2, id=1, grace_s=30.0, notice_node="node-1", saved=True)
@@ -106,6 +108,8 @@ def test_an_outage_counts_from_its_drill_in_the_fold_as_in_the_timeline():
     assert restart["since"] == 110.0
     panel = format_duration(healed["at"] - restart["since"])  # what format.ts's lastDisruption computes
     line = next(text for e, text in story(state.events) if "drill" in text)
-    assert line == f"node-1 preempted (drill) — back at world size 1 after {panel}" == (
-        "node-1 preempted (drill) — back at world size 1 after 1.1s"
+    assert (
+        line
+        == f"node-1 preempted (drill) — back at world size 1 after {panel}"
+        == ("node-1 preempted (drill) — back at world size 1 after 1.1s")
     )

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..contract.events import Event, Kind, Status
+from ..contract.events import Event, Kind, Status, status_phrase
 from ..contract.job_state import JobState, Metrics, summary_text
 from ..contract.spec import JobSpec, check_scale
 from ..errors import BackendError, SpecError
@@ -306,7 +306,7 @@ class ElasticJob:
         if self._prepared:
             raise BackendError(f"job {self.name!r} is prepared but not started; call .start() before {what}")
         if self.finished:
-            raise BackendError(f"job {self.name!r} has {self.status}; it cannot {what}")
+            raise BackendError(f"job {self.name!r} {status_phrase(self.status)}; it cannot {what}")
 
     def scale(self, nodes: int) -> dict[str, Any]:
         """Run on ``nodes`` nodes (within the range). Scaling up costs no restart; scaling

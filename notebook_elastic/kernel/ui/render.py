@@ -177,9 +177,7 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     eta = None if state.finished else state.eta_s
     # Every step done and every node gone, the outcome not yet told: the job is ending, not
     # "running · nodes 0" (#30 item 3).
-    ending = (
-        not state.finished and nodes == 0 and (state.steps_done or 0) >= (state.total_steps or 0) > 0
-    )
+    ending = not state.finished and nodes == 0 and (state.steps_done or 0) >= (state.total_steps or 0) > 0
     cells = [
         f'world size <b class="ne-world-size">{state.world_size}</b>',
         # An ended job runs on no node: its range, not "nodes 0" (#11 item 6).
@@ -191,7 +189,9 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         f"({state.nnodes[0]}:{state.nnodes[1]})</span>",
     ]
     if state.step is not None:
-        step = f'step <b class="ne-step">{state.steps_done}</b>' + (f" / {state.total_steps}" if state.total_steps else "")
+        step = f'step <b class="ne-step">{state.steps_done}</b>' + (
+            f" / {state.total_steps}" if state.total_steps else ""
+        )
         if eta is not None:
             step += f' <span style="color:{FG_FAINT}">ETA {duration(eta)}</span>'
         cells.append(step)
