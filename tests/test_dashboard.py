@@ -509,3 +509,30 @@ def test_a_dashboard_follows_a_range_changed_elsewhere_without_setting_it_back(h
         assert "range" not in dash.controls._busy and "scale" not in dash.controls._busy and calls == []
     finally:
         dash.close()
+
+
+def test_stops_hint_asks_in_amber_and_goes_with_the_confirmation(home):
+    """#39 item 8: the hint under Stop outlived its confirmation (clicking as it said only armed
+    the button again) and was green, the colour of done. A prepared job: nothing launches."""
+    from notebook_elastic.kernel.ui import Dashboard
+    from notebook_elastic.kernel.ui.controls import MESSAGE_COLORS
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        name="hint",
+        dry_run=True,
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 5},
+    )
+    dash = Dashboard(job)
+    try:
+        dash.controls.stop_confirm_s = 0.6
+        dash.stop_button.click()
+        assert dash.stop_button.description == "Confirm stop"
+        assert "click Confirm stop within 0.6 s" in dash.message.value
+        assert MESSAGE_COLORS["ask"] in dash.message.value and MESSAGE_COLORS["ok"] not in dash.message.value
+        wait_for(lambda: dash.stop_button.description == "Stop", "the confirmation to lapse", timeout=10)
+        wait_for(lambda: dash.message.value == "", "the hint to go with it", timeout=2)
+        assert job.status == "prepared"  # nothing was stopped
+    finally:
+        dash.close()

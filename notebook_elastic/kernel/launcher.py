@@ -80,8 +80,13 @@ def spec_from_options(
 
 
 def bundle_for(
-    code_or_function: str | Callable[[], Any], spec: JobSpec, ctx: NotebookContext, script_name: str = "script.py"
+    code_or_function: str | Callable[[], Any],
+    spec: JobSpec,
+    ctx: NotebookContext,
+    script_name: str = "script.py",
+    first_line: int = 1,
 ) -> Bundle:
+    """``first_line``: the editor's number of the code's first line (2 under ``%%elastic_train``)."""
     options: dict[str, Any] = {
         "name": spec.name,
         "ship": spec.ship,
@@ -98,7 +103,7 @@ def bundle_for(
         options["ship_local_modules"] = True
         options["pod_workdir"] = pod_workdir((spec.backend_options.get("kubernetes") or {}).get("image"))
     if isinstance(code_or_function, str):
-        bundle = package_cell(code_or_function, ctx, **options)
+        bundle = package_cell(code_or_function, ctx, first_line=first_line, **options)
     else:
         bundle = package_function(code_or_function, ctx, **options)
     if spec.backend == "kubernetes":
