@@ -878,3 +878,20 @@ def test_the_chart_is_rank_0s_loss_and_the_other_ranks_latest_are_on_demand():
     assert state.metrics["loss"].points() == [(0.0, 2.0), (1.0, 1.0)]
     assert state.metrics.last("loss") == 1.0 and state.summary()["loss"] == 1.0
     assert state.rank_values == {1: {"loss": 8.0}} and state.step == 1
+
+
+def test_a_clean_end_puts_no_departure_on_the_chart_and_none_in_the_timeline():
+    """#39 item 5: every finished job got a "node left" marker on its chart, with no line in
+    the timeline; a stopped one too. A departure that is a disruption keeps both."""
+    from notebook_elastic.kernel.ui.story import story
+
+    for end in ("finished", "stopped"):
+        state = _running()
+        state.apply(ev(Kind.NODE_LEFT, 20.0, "node-0", reason=end))
+        state.apply(ev(Kind.JOB_FINISHED, 20.5, None, status="succeeded" if end == "finished" else "stopped"))
+        assert [m for m in state.markers if m.kind == "node_left"] == [], end
+        assert [t for _e, t in story(state.events) if "node-0" in t and "joined" not in t] == [], end
+    state = _running()
+    state.apply(ev(Kind.NODE_LEFT, 20.0, "node-0", reason="preempted"))
+    assert [m.kind for m in state.markers if m.kind == "node_left"] == ["node_left"]
+    assert any("node-0 preempted" in text for _e, text in story(state.events))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...contract.events import FAULT_WORDS, Event, Kind, describe, format_duration
+from ...contract.job_state.handlers import quiet_departure
 from .theme import FG, FG_FAINT, esc, left_words
 
 EVENT_COLORS: dict[str, str] = {
@@ -113,8 +114,8 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
         elif k == Kind.NODE_LEFT:
             reason = d.get("reason")
             drilled_at = drilled.pop(e.node, None) if e.node else None
-            if reason in ("stopped", "finished") and drilled_at is None:
-                continue
+            if quiet_departure(reason) and drilled_at is None:
+                continue  # nor is it marked on the chart: the same rule, the fold's
             if drilled_at is not None:  # the outage counts from the drill, not from when the node was gone
                 drill, at, before = drilled_at
                 words = FAULT_WORDS.get(str(drill.get("fault")), str(drill.get("fault")))
