@@ -536,3 +536,49 @@ def test_stops_hint_asks_in_amber_and_goes_with_the_confirmation(home):
         assert job.status == "prepared"  # nothing was stopped
     finally:
         dash.close()
+
+
+@pytest.mark.slow
+def test_a_dashboard_follows_a_resume_from_the_terminal_and_the_range_survives_it(home):
+    """#39 item 3: after a resume from the CLI the notebook's dashboard still said "stopped
+    889/3000" while the panel and the CLI said "succeeded 3000/3000"; and the resume put the
+    range set with the slider (1:4) back to the cell's (1:2)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from notebook_elastic.kernel.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nproc_per_node=1,
+        name="resumed-elsewhere",
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 120},
+    )
+    dash = Dashboard(job)
+    try:
+        wait_for(lambda: (job.state.step or 0) >= 5, "step 5", job=job, give_up_when_finished=True)
+        dash.range.value = (1, 4)  # the slider: set_range
+        wait_for(lambda: job.state.nnodes == (1, 4) and job.status == "running", "the new range, training")
+        job.stop()
+        wait_for(lambda: 'data-status="stopped"' in dash.header.value, "the dashboard to say stopped")
+        stopped_at = job.state.steps_done
+        cli = Path(sys.executable).with_name("notebook-elastic")
+        done = subprocess.run(
+            [str(cli), "resume", "resumed-elsewhere"], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+        )
+        assert done.returncode == 0, done.stderr
+        wait_for(
+            lambda: 'data-status="succeeded"' in dash.header.value and 'class="ne-step">120<' in dash.header.value,
+            "the dashboard to follow the resumed run to its end",
+            timeout=240,
+        )
+        assert stopped_at < 120 and job.status == "succeeded" and job.state.steps_done == 120
+        resumed = [e for e in job.events if e.kind == Kind.JOB_RESUMED]
+        assert [(e.get("min_nodes"), e.get("max_nodes")) for e in resumed] == [(1, 4)]
+        assert job.state.nnodes == (1, 4) and tuple(dash.range.value) == (1, 4)
+    finally:
+        dash.close()
+        job.stop()
