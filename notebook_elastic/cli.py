@@ -69,7 +69,7 @@ def _unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The command's parser and each subcommand's (a bad flag prints its subcommand's usage)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--backend", default="local", choices=["local", "kubernetes", "slurm"], help="where the job runs"
     )
