@@ -181,7 +181,32 @@ def test_the_header_says_how_often_the_job_saves_and_what_share_of_the_loop_it_b
     state.apply(Event(Kind.CHECKPOINT, 2.0, "node-0", saved))
     text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))  # what a person reads
     assert "checkpoint every 8 steps, blocks 6.5 %" in text, text
-    assert "blocks 6.5 % of the loop" in Event(Kind.CHECKPOINT, 2.0, "node-0", saved).describe()
+    assert "blocked 6.5 % of the loop since the last one" in Event(Kind.CHECKPOINT, 2.0, "node-0", saved).describe()
+
+
+def test_the_header_shows_the_jobs_share_over_every_worker_group_not_one_window():
+    """#39 item 2: the header showed one checkpoint event's window, a group's first (one step
+    and its first save: 37 %), for a job that blocked well under a tenth of its loop. Now: the
+    share of the job's loop, from the running totals rank 0's metrics carry, banked at each new
+    worker group, shown once ten seconds of the loop are measured."""
+    state = JobState(max_restarts=3, nnodes=(1, 1))
+    state.apply(Event(Kind.WORKER_STARTED, 1.0, "node-0", {"rank": 0, "local_rank": 0, "world_size": 1}))
+
+    def report(t: float, step: int, blocked_s: float, loop_s: float) -> None:
+        values = {"step": step, "rank": 0, "values": {"loss": 1.0}, "blocked_s": blocked_s, "loop_s": loop_s}
+        state.apply(Event(Kind.METRIC, t, "node-0", values))
+
+    first = {"step": 1, "commits": 1, "every": 1, "chosen": True, "blocked_pct": 37.0}
+    report(1.1, 0, 0.03, 0.081)
+    state.apply(Event(Kind.CHECKPOINT, 1.2, "node-0", first))
+    text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))
+    assert "checkpoint every step, its cost being measured" in text and "37" not in text, text
+    report(8.0, 39, 0.09, 7.0)  # the group's last report: then a restart
+    report(9.0, 35, 0.001, 0.05)  # a new group's State: its totals start again
+    state.apply(Event(Kind.CHECKPOINT, 9.5, "node-0", {**first, "step": 40, "commits": 9, "every": 4}))
+    report(14.0, 59, 0.05, 5.0)
+    text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))
+    assert "checkpoint every ~6 steps, blocks 1.2 %" in text, text  # (0.09 + 0.05) / 12.0; 60 steps / 10 saves
 
 
 def test_a_job_between_its_last_step_and_its_outcome_is_ending_not_running_on_no_node():

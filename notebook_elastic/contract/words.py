@@ -382,7 +382,10 @@ def _resumed(_node: str, d: Resumed) -> str:
 def _checkpoint(_node: str, d: Checkpoint) -> str:
     text = f"checkpoint at step {d.get('step')} ({d.get('bytes', 0) / 1e6:.1f} MB, {d.get('ms')} ms"
     if d.get("blocked_pct") is not None:
-        text += f"; saving every {d.get('every')} step(s) blocks {d.get('blocked_pct')} % of the loop"
+        text += (
+            f"; saving every {d.get('every')} step(s), commit() blocked {d.get('blocked_pct')} % of the loop "
+            "since the last one"
+        )
     return text + ")"
 
 

@@ -97,6 +97,7 @@ class Resumed:
     samples_seen: int  # the data cursor
     path: Path
     extra: dict[str, Any]  # the plain values saved beside the objects
+    save_s: float | None = None  # what a save blocked the loop that wrote it (the next group's estimate)
 
 
 class Restore:
@@ -163,6 +164,7 @@ class Restore:
             samples_seen=int(payload.get("samples_seen", 0)),
             path=Path(chosen),
             extra=payload.get("extra", {}),
+            save_s=payload.get("save_s") if isinstance(payload.get("save_s"), (int, float)) else None,
         )
         if is_writer:
             emit(

@@ -22,7 +22,7 @@ from ...runtime.tracking import tracking_text
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe, format_duration, sig, steps_done
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
 from .handlers import Fold
-from .records import Marker, Metrics, MetricSeries, NodeInfo, RankInfo, RunClock
+from .records import SAVING_MEASURED_S, Marker, Metrics, MetricSeries, NodeInfo, RankInfo, RunClock, SavingClock
 
 # The fold, and the names that were defined here before its parts moved out (still imported from here).
 __all__ = [
@@ -37,6 +37,8 @@ __all__ = [
     "NodeInfo",
     "RankInfo",
     "RunClock",
+    "SAVING_MEASURED_S",
+    "SavingClock",
     "budget_spent_reason",
     "describe_failure",
     "elapsed_s",
@@ -103,6 +105,7 @@ class JobState:
         # How the job saves: {"every": steps between saves, "chosen": by State or given,
         # "blocked_pct": share of the loop commit() blocked}, from the latest checkpoint event.
         self.checkpointing: dict[str, Any] | None = None
+        self.saving = SavingClock()  # the share of the loop State's commits blocked, over the job
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.first_step_at: float | None = None
@@ -268,6 +271,7 @@ class JobState:
                 self.rank_values[int(rank)] = dict(d.get("values") or {})
             else:
                 self.metrics.add(step if step is not None else self.metrics.count, d.get("values") or {}, e.time)
+                self.saving.observe(d.get("blocked_s"), d.get("loop_s"))
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._saw_step(int(step), e.time)
             values = d.get("values") or {}

@@ -332,6 +332,7 @@ class Fold:
         if self.state.warning and self.state.warning.startswith("checkpoints are not being saved"):
             self.state.warning = None
         d = e.fields(Checkpoint)
+        self.state.saving.saves += int(d.get("commits") or 1)
         if d.get("blocked_pct") is not None:
             self.state.checkpointing = {
                 "every": d.get("every"),

@@ -69,6 +69,43 @@ class RunClock:
         return self.before_s + (max(0.0, now - self.since) if self.since is not None else 0.0)
 
 
+#: How much of the loop's time must be measured before the share commit() blocked is shown: a
+#: share of a second or two is one save over a step or two, not how the job saves.
+SAVING_MEASURED_S = 10.0
+
+
+@dataclass
+class SavingClock:
+    """The share of the job's loop time that State's commit() blocked (#39 item 2: the header
+    showed one checkpoint event's window, a group's first step and first save, 37 %, for a job
+    that kept under a tenth). Rank 0's metrics carry its group's running totals; a total that
+    falls is a new group (a restart, a rescale), and the old group's last totals are banked."""
+
+    banked_blocked_s: float = 0.0  # groups that ended
+    banked_loop_s: float = 0.0
+    blocked_s: float = 0.0  # the group training now, up to its latest report
+    loop_s: float = 0.0
+    saves: int = 0  # checkpoints written, as the checkpoint events count them
+
+    def observe(self, blocked_s: Any, loop_s: Any) -> None:
+        if not isinstance(blocked_s, (int, float)) or not isinstance(loop_s, (int, float)):
+            return
+        if loop_s < self.loop_s:  # a new worker group's State
+            self.banked_blocked_s += self.blocked_s
+            self.banked_loop_s += self.loop_s
+        self.blocked_s, self.loop_s = float(blocked_s), float(loop_s)
+
+    @property
+    def measured_s(self) -> float:
+        return self.banked_loop_s + self.loop_s
+
+    def blocked_pct(self) -> float | None:
+        """The share, in percent, once ``SAVING_MEASURED_S`` of the loop are measured; else None."""
+        if self.measured_s < SAVING_MEASURED_S:
+            return None
+        return round(100 * (self.banked_blocked_s + self.blocked_s) / self.measured_s, 1)
+
+
 @dataclass(frozen=True)
 class Marker:
     """A point on the metric chart where something happened to the job."""

@@ -79,6 +79,7 @@ __all__ = [
     "fmt_number",
     "gpu_text",
     "header_html",
+    "saving_html",
     "left_words",
     "legend_html",
     "logs_html",
@@ -170,6 +171,28 @@ def tracking_html(tracking: Sequence[dict[str, Any]]) -> str:
     return f'<div class="ne-tracking" style="color:{FG_DIM};font-size:12px">{sep.join(items)}</div>'
 
 
+def saving_html(state: JobState) -> str:
+    """ "checkpoint every ~6 steps, blocks 1.6 %": how often State saves and the share of the
+    job's loop time its commits blocked, over every worker group so far (``SavingClock``: the
+    figure the promise is about, #39 item 2); none before ten seconds of the loop are measured
+    (one save over one step), and a history from before the totals were sent shows its last
+    checkpoint event's share."""
+    saving = state.checkpointing or {}
+    every = saving.get("every")
+    about = ""
+    if saving.get("chosen") and state.saving.measured_s and state.saving.saves and state.steps_done:
+        # chosen, it varies: the job's mean
+        every, about = max(1, round(state.steps_done / state.saving.saves)), "~"
+    how = f"every {about}{every} steps" if isinstance(every, int) and every > 1 else "every step"
+    share = state.saving.blocked_pct() if state.saving.measured_s else saving.get("blocked_pct")
+    cost = f'blocks <span class="ne-blocked">{share}</span> %' if share is not None else "its cost being measured"
+    why = "chosen to block at most a tenth of the loop's time" if saving.get("chosen") else "--checkpoint-every"
+    return (
+        f'<span class="ne-checkpointing" style="color:{FG_DIM}" title="how often State saves ({why}) and the share '
+        f"of the job's loop time its commits blocked, over the job so far\">checkpoint {how}, {cost}</span>"
+    )
+
+
 def header_html(name: str, backend: str, state: JobState, now: float | None = None) -> str:
     """One line with the state at a glance: status, world size, nodes, step / ETA, loss,
     restarts; below it only what needs a word (why it ended, a warning, a stall)."""
@@ -208,16 +231,8 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     cells.append(
         f'<span style="color:{FG_DIM}">restarts <span class="ne-restarts">{state.restarts}</span>/{state.max_restarts}</span>'
     )
-    saving = state.checkpointing
-    if saving and not state.finished:
-        every = saving.get("every")
-        how = f"every {every} steps" if isinstance(every, int) and every > 1 else "every step"
-        cells.append(
-            f'<span class="ne-checkpointing" style="color:{FG_DIM}" title="how often State saves '
-            f"({'chosen to block at most 10 % of the loop' if saving.get('chosen') else '--checkpoint-every'}) "
-            f'and the share of the loop its commits blocked">checkpoint {how}, blocks '
-            f'<span class="ne-blocked">{saving.get("blocked_pct")}</span> %</span>'
-        )
+    if state.checkpointing and not state.finished:
+        cells.append(saving_html(state))
     cells.append(f'<span class="ne-ran" style="color:{FG_FAINT}">ran {duration(elapsed_s(state, now))}</span>')
     sep = f' <span style="color:{FG_FAINT}">·</span> '
     # The line wraps between values, never inside one ("blocks 28.1" / "% · 3s" at 970 px).
