@@ -113,3 +113,16 @@ def test_an_outage_counts_from_its_drill_in_the_fold_as_in_the_timeline():
         == f"node-1 preempted (drill) — back at world size 1 after {panel}"
         == ("node-1 preempted (drill) — back at world size 1 after 1.1s")
     )
+
+
+def test_a_path_under_the_home_is_written_as_a_person_types_it(monkeypatch, tmp_path):
+    """#39 item 11: the README's picture showed the test's temporary job folder; a person's
+    folder is under their home, and a command shows it as ~/..., still runnable in a shell."""
+    from notebook_elastic.runtime.tracking import shell_path, tensorboard_link
+
+    monkeypatch.setenv("HOME", str(tmp_path / "reader"))
+    assert shell_path(str(tmp_path / "reader" / ".notebook-elastic" / "jobs" / "q")) == "~/.notebook-elastic/jobs/q"
+    assert shell_path(str(tmp_path / "reader" / "my runs")) == "~/'my runs'"
+    assert shell_path("/srv/jobs/q") == "/srv/jobs/q"
+    command = tensorboard_link(str(tmp_path / "reader" / ".notebook-elastic" / "jobs" / "q"))["command"]
+    assert command.endswith(" --logdir ~/.notebook-elastic/jobs/q"), command

@@ -323,6 +323,8 @@ export interface IMetricEvent {
   step?: number | null;
   rank?: number;
   samples_per_step?: number;
+  blocked_s?: number;
+  loop_s?: number;
 }
 
 export interface IGpuEvent {

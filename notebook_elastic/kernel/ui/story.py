@@ -139,16 +139,17 @@ def timeline_html(events: Sequence[Event], limit: int = 150) -> str:
     for e, text in reversed(story(events)[-limit:]):
         color = event_color(e)
         when = time.strftime("%H:%M:%S", time.localtime(e.time))
-        body = esc(text)
+        line = f'<span class="ne-when" style="color:{FG_FAINT};white-space:nowrap">{when}</span> {esc(text)}'
         if e.kind == Kind.WORKER_FAILED and e.get("traceback"):
-            body = (
-                f"<details><summary>{body}</summary><pre style='font-size:11px;white-space:pre-wrap;"
+            # The time inside the summary: a <details> is a block, and the time stood alone on a
+            # line above its sentence (#39 item 9).
+            line = (
+                f"<details><summary>{line}</summary><pre style='font-size:11px;white-space:pre-wrap;"
                 f"overflow-wrap:anywhere;margin:2px 0'>{esc(e.get('traceback'))}</pre></details>"
             )
         items.append(
             f'<li class="ne-event" data-kind="{esc(e.kind)}" style="list-style:none;border-left:3px solid {color};'
-            f'padding-left:6px;margin:2px 0;overflow-wrap:anywhere">'
-            f'<span style="color:{FG_FAINT}">{when}</span> {body}</li>'
+            f'padding-left:6px;margin:2px 0;overflow-wrap:anywhere">{line}</li>'
         )
     return (
         f'<ul class="ne-timeline" style="margin:0;padding:0;max-height:260px;overflow-y:auto;overflow-x:hidden;'
