@@ -4,9 +4,12 @@ end adds (widget state, the kernel's language_info, cell timing), in nbformat's 
 usage: python scripts/strip_notebook.py < IN.ipynb > OUT.ipynb
 
 It is the clean filter ``scripts/setup.sh`` installs for ``notebooks/*.ipynb`` (.gitattributes):
-a person who runs the shipped notebooks in JupyterLab keeps the outputs on disk, and git sees the
-notebooks unchanged (#39 item 11: autosave dirtied a fresh clone). tests/test_docs.py checks the
-stored notebooks are already in this form, so a clone without the filter is clean as well.
+a person who runs the shipped notebooks in JupyterLab keeps the outputs on disk, and nothing of
+the run reaches git: ``git diff`` shows no change and a commit stores none (#39 item 11: autosave
+wrote outputs and the kernel's language_info into the tracked notebooks, even on merely opening
+one). ``git status`` may still list such a notebook until it is ``git add``-ed (which stores
+nothing new): git trusts a changed file size without asking the filter. tests/test_docs.py
+checks the stored notebooks are already in this form.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import nbformat
 #: What JupyterLab and the kernel write into a notebook as it runs: never part of what ships.
 RUN_METADATA = ("language_info", "widgets", "toc", "varInspector")
 CELL_RUN_METADATA = ("collapsed", "scrolled", "execution", "trusted", "jupyter")
-#: The kernelspec the shipped notebooks name; a front end's own display name is not a change.
-KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+#: The kernelspec the shipped notebooks name, as ipykernel's own kernelspec names itself (what
+#: JupyterLab writes back on opening a notebook).
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
 def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
