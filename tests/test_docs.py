@@ -103,3 +103,41 @@ def test_a_notebook_run_in_jupyterlab_leaves_nothing_to_commit(tmp_path):
     git("add", "--all", "notebooks")
     assert git("diff", "--cached", "--stat") == "" and git("status", "--porcelain", "--untracked-files=no") == ""
     assert "cell 0 ran" in path.read_text()  # the run's outputs stay the person's
+    assert diff.stdout == ""
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_options_reference_never_breaks_a_flag_at_900_1280_and_1920_px(tmp_path):
+    """#39 item 9: the options reference broke flags mid-word (`--nproc-` / `per-node`). The
+    built site in Chromium: no flag, keyword or kind of a table spans two lines; screenshots in
+    test-artifacts/docs-options-*.png."""
+    from browser import chromium_page, require_chromium
+    from conftest import ARTIFACTS
+
+    require_chromium()
+    site = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    split = {}
+    ARTIFACTS.mkdir(exist_ok=True)
+    with chromium_page(tmp_path) as page:
+        for width in (900, 1280, 1920):
+            page.set_viewport_size({"width": width, "height": 1000})
+            for name in ("options", "events"):
+                page.goto((site / "reference" / name / "index.html").as_uri())
+                page.wait_for_selector("td code")
+                split[(name, width)] = page.evaluate(
+                    """() => [...document.querySelectorAll('td code')].filter(e => {
+                         const tops = [...e.getClientRects()].map(r => r.top);
+                         return Math.max(...tops) - Math.min(...tops) > 2;
+                       }).map(e => e.textContent)"""
+                )
+                page.screenshot(path=str(ARTIFACTS / f"docs-{name}-{width}.png"))
+    assert all(v == [] for v in split.values()), {k: v for k, v in split.items() if v}
