@@ -178,34 +178,14 @@ export function trackingRow(tracking: ITracking[]): HTMLElement | null {
       );
     } else if (t.command) {
       const item = el('span', { class: 'ne-tracking-item', 'data-tracker': t.tracker, title: t.command }, `${t.label}: `);
-      item.appendChild(wrappable(el('code', { class: 'ne-tracking-command' }), t.command));
+      // One line, cut with an ellipsis in a narrow panel; the whole command selects at a click
+      // and is the item's title (Chromium breaks at a <wbr> even in a nowrap line: the command
+      // wrapped over four lines, and a card was 230 px, #39 item 9).
+      item.appendChild(el('code', { class: 'ne-tracking-command' }, t.command));
       row.appendChild(item);
     }
   });
   return row;
-}
-
-/**
- * A command or a path that a narrow panel breaks after a '/' or at a space, never inside a name
- * (at its hyphens): each name between slashes an unbreakable piece, each slash a place to break.
- */
-export function wrappable(into: HTMLElement, text: string): HTMLElement {
-  text.split(/(\s+)/).forEach(token => {
-    if (!token || /^\s+$/.test(token)) {
-      into.appendChild(document.createTextNode(token));
-      return;
-    }
-    token.split('/').forEach((seg, i) => {
-      if (i) {
-        into.appendChild(document.createTextNode('/'));
-        into.appendChild(document.createElement('wbr'));
-      }
-      if (seg) {
-        into.appendChild(el('span', { class: 'ne-path-seg' }, seg));
-      }
-    });
-  });
-  return into;
 }
 
 /** A small SVG line of the latest losses. */

@@ -184,7 +184,7 @@ export class JobsPanel extends Widget {
         }
       });
       top.appendChild(link);
-      top.appendChild(el('span', { class: `ne-badge ne-status-${job.status}`, title: job.damaged || job.reason || '' }, job.status));
+      top.appendChild(el('span', { class: `ne-badge ne-status-${job.status}`, title: [job.damaged || job.reason, `${job.backend} backend`].filter(Boolean).join(' · ') }, job.status));
       const spacer = el('span', { class: 'ne-spacer' });
       top.appendChild(spacer);
       if (!FINAL.has(job.status)) {
@@ -211,7 +211,9 @@ export class JobsPanel extends Widget {
       // How long it ran leaves out the time it sat stopped before a resume (JobState.ran_s).
       const ran = job.ran_s ?? (job.finished_at && job.started_at ? job.finished_at - job.started_at : null);
       const when = finished && job.finished_at ? [`ran ${duration(ran)}`, `ended ${ago(job.finished_at)}`] : [`started ${ago(job.started_at)}`];
-      bottom.appendChild(cellsRow('ne-sub ne-when', [loss, job.backend, ...when].filter(Boolean)));
+      // The backend only where it is not the local one: a word on every row of a short card.
+      const where = job.backend === 'local' ? '' : job.backend;
+      bottom.appendChild(cellsRow('ne-sub ne-when', [loss, where, ...when].filter(Boolean)));
       card.appendChild(bottom);
       const speed = speedParts(job);
       if (speed.length && !FINAL.has(job.status)) {

@@ -5,7 +5,7 @@ import { readFileSync } from 'fs';
 import { resolve } from 'path';
 import { describe, expect, it } from 'vitest';
 
-import { ago, cellsRow, duration, gib, lastDisruption, pollInterval, POLL_MS, rate, sig, sparkline, speedText, statusPhrase, statusText, trackingRow, wrappable } from '../src/format';
+import { ago, cellsRow, duration, gib, lastDisruption, pollInterval, POLL_MS, rate, sig, sparkline, speedText, statusPhrase, statusText, trackingRow } from '../src/format';
 import type { IJob, ITransition } from '../src/request';
 
 // The numbers every view writes: the same table the Python views are tested with
@@ -111,16 +111,6 @@ describe('cellsRow', () => {
   });
 });
 
-describe('wrappable', () => {
-  it('breaks a path after each slash, never inside a name', () => {
-    const node = wrappable(document.createElement('code'), 'tensorboard --logdir /home/a-b/jobs/my-job');
-    expect(node.textContent).toBe('tensorboard --logdir /home/a-b/jobs/my-job');
-    const pieces = Array.from(node.querySelectorAll('.ne-path-seg')).map(n => n.textContent);
-    expect(pieces).toEqual(['tensorboard', '--logdir', 'home', 'a-b', 'jobs', 'my-job']);
-    expect(node.querySelectorAll('wbr').length).toBe(4); // one after each of the 4 slashes
-  });
-});
-
 describe('trackingRow', () => {
   it('links only http(s) pages, and shows a command otherwise', () => {
     const row = trackingRow([
@@ -132,6 +122,9 @@ describe('trackingRow', () => {
     expect(row?.querySelector('a')?.getAttribute('href')).toBe('https://mlflow.example/r/3f2a');
     expect(row?.querySelector('a')?.getAttribute('rel')).toBe('noopener noreferrer');
     expect(row?.querySelector('.ne-tracking-command')?.textContent).toBe('tensorboard --logdir /j/toy');
+    // One line (CSS: nowrap, an ellipsis): no break opportunity inside the command.
+    expect(row?.querySelectorAll('.ne-tracking-command wbr').length).toBe(0);
+    expect(row?.querySelector('.ne-tracking-item')?.getAttribute('title')).toBe('tensorboard --logdir /j/toy');
     expect(trackingRow([])).toBeNull();
   });
 });

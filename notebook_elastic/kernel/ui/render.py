@@ -180,8 +180,8 @@ def saving_html(state: JobState) -> str:
     saving = state.checkpointing or {}
     every = saving.get("every")
     about = ""
-    if saving.get("chosen") and state.saving.measured_s and state.saving.saves and state.steps_done:
-        # chosen, it varies: the job's mean
+    if saving.get("chosen") and state.saving.blocked_pct() is not None and state.saving.saves and state.steps_done:
+        # chosen, it varies: the job's mean, once measured as long as its share
         every, about = max(1, round(state.steps_done / state.saving.saves)), "~"
     how = f"every {about}{every} steps" if isinstance(every, int) and every > 1 else "every step"
     share = state.saving.blocked_pct() if state.saving.measured_s else saving.get("blocked_pct")
