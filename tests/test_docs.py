@@ -103,7 +103,6 @@ def test_a_notebook_run_in_jupyterlab_leaves_nothing_to_commit(tmp_path):
     git("add", "--all", "notebooks")
     assert git("diff", "--cached", "--stat") == "" and git("status", "--porcelain", "--untracked-files=no") == ""
     assert "cell 0 ran" in path.read_text()  # the run's outputs stay the person's
-    assert diff.stdout == ""
 
 
 @pytest.mark.slow
