@@ -68,9 +68,12 @@ def shot(page, name: str) -> None:
 
 
 def test_dashboard_in_jupyterlab(tmp_path):
+    from browser import save_widget_state
+
     require_chromium()
     home = tmp_path / "ne-home"
     write_notebook(tmp_path / "train.ipynb", CELLS)
+    save_widget_state(tmp_path)  # a reload then shows the kernel's live dashboard (#39 item 3)
     with jupyter_lab(tmp_path, {"NOTEBOOK_ELASTIC_HOME": str(home)}) as lab, chromium_page(tmp_path) as page:
         run_notebook(page, lab, "train.ipynb")
 
@@ -124,6 +127,7 @@ def test_dashboard_in_jupyterlab(tmp_path):
             "() => document.querySelector('.ne-status').dataset.status === 'stopped'", timeout=60_000
         )
         shot(page, "3-stopped")
+        latency = page.evaluate("() => window.__neLatency")  # (a reload below starts the page anew)
 
         # #39 item 3: resumed from a terminal, the job is followed by the dashboard (it kept
         # saying "stopped"), a page reload included; stopped from the terminal again, it says so.
@@ -136,15 +140,19 @@ def test_dashboard_in_jupyterlab(tmp_path):
         page.wait_for_function(
             "() => document.querySelector('.ne-status').dataset.status === 'running'", timeout=120_000
         )
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
         page.reload()
-        page.wait_for_selector(".notebook-elastic-dashboard .ne-status[data-status='running']", timeout=90_000)
+        page.wait_for_selector(
+            ".notebook-elastic-dashboard:not(.jupyter-widgets-disconnected) .ne-status[data-status='running']",
+            timeout=90_000,
+        )
         shot(page, "4-resumed-from-the-terminal-reloaded")
         assert cli("stop", "browser-job").returncode == 0
         page.wait_for_function(
             "() => document.querySelector('.notebook-elastic-dashboard .ne-status').dataset.status === 'stopped'",
             timeout=90_000,
         )
-        latency = page.evaluate("() => window.__neLatency")
         errors = list(page.console_errors)
 
     assert job_processes(home) == []

@@ -178,6 +178,12 @@ class Controls:
             timer.daemon = True
             timer.start()
 
+    def forget_done(self) -> None:
+        """What an action did is over (the job was resumed, here or elsewhere): "job stopped"
+        under the buttons of a running job read as its present."""
+        if "data-tone='ok'" in self.message.value:
+            self.message.value = ""
+
     def _act(self, name: str, widget: W.Widget | None, action: Callable[[], str]) -> None:
         """Run ``action`` in a thread; its control stays disabled until it returns."""
         if name in self._busy:

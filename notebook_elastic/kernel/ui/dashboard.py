@@ -177,6 +177,8 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
                 self._dirty.update(("header", "ranks", "timeline", "chart", "controls"))
         if k == Kind.JOB_FINISHED:
             self._wake.set()
+        if k == Kind.JOB_RESUMED:
+            self.controls.forget_done()
         self._keep_drawing()
 
     def _on_output_of(self, change: dict[str, Any]) -> None:
