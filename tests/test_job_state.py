@@ -862,7 +862,7 @@ def test_every_view_counts_steps_done_alike():
     assert " 100/100 " in repr(JobList([info]))
     assert job_json(info)["step"] == 100 and job_json(info)["total_steps"] == 100
     stall = ev(Kind.STALL, 3.0, None, step=state.step, for_s=31.0, stopped=[1], waiting=[0])
-    assert describe(stall).startswith("stalled at step 100 for 31 s")
+    assert describe(stall).startswith("stalled at step 100 for 31s")
 
 
 def test_the_chart_is_rank_0s_loss_and_the_other_ranks_latest_are_on_demand():

@@ -198,7 +198,7 @@ def _saved_on_notice(_node: str, d: SavedOnNotice) -> str:
     if not d.get("saved", True):
         return f"could not save on notice at step {d.get('step')}: {d.get('error') or 'the write failed'}"
     who = f" ({d['notice_node']} goes)" if d.get("notice_node") else ""
-    return f"saved on notice at step {d.get('step')} in {d.get('seconds', 0):.1f} s{who}"
+    return f"saved on notice at step {d.get('step')} in {format_duration(d.get('seconds', 0))}{who}"
 
 
 def _notice_expired(node: str, d: NoticeExpired) -> str:
@@ -209,7 +209,7 @@ def _notice_expired(node: str, d: NoticeExpired) -> str:
         else "work since the last checkpoint is redone"
     )
     enough = (
-        f"a grace of about {d['needed_s']:.0f} s would have been enough"
+        f"a grace of about {format_duration(d['needed_s'])} would have been enough"
         if isinstance(d.get("needed_s"), (int, float))
         else "give a grace longer than a save and a step (--grace)"
     )
@@ -225,7 +225,7 @@ def _stall(_node: str, d: Stall) -> str:
     who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"
     then = f"; restarting the group after {d.get('restart_after_s'):.0f} s" if d.get("restart_after_s") else ""
     return (
-        f"stalled at step {steps_done(d.get('step'))} for {d.get('for_s', 0):.0f} s: {who}"
+        f"stalled at step {steps_done(d.get('step'))} for {format_duration(d.get('for_s', 0))}: {who}"
         + (f", rank(s) {_ranks(waiting)} wait for them" if waiting else "")
         + then
     )
@@ -233,13 +233,13 @@ def _stall(_node: str, d: Stall) -> str:
 
 def _stall_cleared(_node: str, d: StallCleared) -> str:
     if d.get("restarted"):
-        return f"stalled {d.get('for_s', 0):.0f} s: the worker group was restarted (one restart)"
-    return f"training again after a {d.get('for_s', 0):.0f} s stall"
+        return f"stalled {format_duration(d.get('for_s', 0))}: the worker group was restarted (one restart)"
+    return f"training again after a {format_duration(d.get('for_s', 0))} stall"
 
 
 def _supervisor_frozen(_node: str, d: SupervisorFrozen) -> str:
     return (
-        f"the job's supervisor did not run for {d.get('for_s', 0):.0f} s (stopped, or the machine "
+        f"the job's supervisor did not run for {format_duration(d.get('for_s', 0))} (stopped, or the machine "
         "suspended): its processes trained on meanwhile, and progress is judged afresh from now"
     )
 
