@@ -245,13 +245,13 @@ def test_the_header_says_status_world_size_step_eta_and_loss_in_one_line():
         'data-status="running"',
         'class="ne-world-size">2<',
         'class="ne-step">10<',
-        "/ 100",
+        "</b>/100",
         "ETA",
         'class="ne-loss">0.1<',
     ):
         assert part in glance, part
     text = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", glance))  # what a person reads
-    assert "world size 2 · nodes 1 (1:2) · step 10 / 100" in text and "loss 0.1" in text, text
+    assert "world size 2 · nodes 1 (1:2) · step 10/100" in text and "loss 0.1" in text, text
     # Ended, the job runs on no node: the header gives its range, not "nodes 0" (#11 item 6).
     state.apply(Event(Kind.JOB_FINISHED, 20.0, None, {"status": "succeeded", "reason": "finished"}))
     ended = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", header_html("toy", "local", state)))

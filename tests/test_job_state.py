@@ -855,7 +855,7 @@ def test_every_view_counts_steps_done_alike():
     state = fold(
         metric(1.0, 98, loss=0.5), metric(2.0, 99, loss=0.25), ev(Kind.PLAN, 0.5, "node-0", total=100, start=0)
     )
-    assert 'step <b class="ne-step">100</b> / 100' in header_html("done", "local", state)
+    assert 'step <b class="ne-step">100</b>/100' in header_html("done", "local", state)
     assert "step 100/100" in summary_text("done", state)
     assert progress_line(state).startswith("step 100/100")
     info = JobInfo("done", "local", "running", summary=state.summary())

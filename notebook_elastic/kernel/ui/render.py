@@ -213,7 +213,7 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     ]
     if state.step is not None:
         step = f'step <b class="ne-step">{state.steps_done}</b>' + (
-            f" / {state.total_steps}" if state.total_steps else ""
+            f"/{state.total_steps}" if state.total_steps else ""  # as the panel, the CLI and the summary write it
         )
         if eta is not None:
             step += f' <span style="color:{FG_FAINT}">ETA {duration(eta)}</span>'
