@@ -209,7 +209,7 @@ def _notice_expired(node: str, d: NoticeExpired) -> str:
         else "work since the last checkpoint is redone"
     )
     enough = (
-        f"a grace of about {format_duration(d['needed_s'])} would have been enough"
+        f"a grace of about {d['needed_s']:.0f} s would have been enough"  # a setting to give: whole seconds
         if isinstance(d.get("needed_s"), (int, float))
         else "give a grace longer than a save and a step (--grace)"
     )
