@@ -191,6 +191,7 @@ QUICK_MODULES = frozenset(
         "test_contract.py",
         "test_control.py",
         "test_deadline.py",
+        "test_docs.py",
         "test_types.py",
         "test_events.py",
         "test_folder_records.py",
@@ -209,6 +210,7 @@ QUICK_MODULES = frozenset(
         "test_term.py",
         "test_torch_compat.py",
         "test_waits.py",
+        "test_words.py",
     }
 )
 

@@ -347,7 +347,7 @@ def test_stop_is_idempotent_and_leaves_nothing(home):
     assert job.stop() == "stopped"
     assert job_processes(home) == []
     assert job.stop() == "stopped"
-    with pytest.raises(ne.BackendError, match="has stopped; it cannot scale"):
+    with pytest.raises(ne.BackendError, match="was stopped; it cannot scale"):
         job.scale(1)
 
 
@@ -367,6 +367,10 @@ def test_changing_the_range_restarts_agents_and_resumes(home):
     assert job.state.nnodes == (1, 2)
     assert job.wait(180) == "succeeded"
     assert sorted(committed_reports(job)) == list(range(60))
+    # #39 item 5: the new range restarts node-0's agent, under its own name (every node was renamed).
+    joined = [e.node for e in job.events if e.kind == Kind.NODE_JOINED]
+    assert joined == ["node-0", "node-0", "node-1"], joined
+    assert [m.kind for m in job.state.markers if m.kind == "node_left" and m.label.endswith("(finished)")] == []
 
 
 def test_workers_need_only_torch_and_cloudpickle(home, tmp_path, monkeypatch):

@@ -253,7 +253,7 @@ def test_the_panel_row_says_a_stall_and_a_warning_in_words():
         "warning": "checkpoints are not being saved: /ckpt is full",
     }
     row = job_json(JobInfo("stuck", "local", "running", summary=summary))
-    assert row["stall"] == "stalled at step 120 for 31 s: rank(s) 1 stopped, rank(s) 0,2 wait for them"
+    assert row["stall"] == "stalled at step 120 for 31s: rank(s) 1 stopped, rank(s) 0,2 wait for them"
     assert row["warning"] == "checkpoints are not being saved: /ckpt is full"
     assert job_json(JobInfo("fine", "local", "running", summary={}))["stall"] is None
 

@@ -368,6 +368,8 @@ export interface IMetricEvent {
   step?: number | null;
   rank?: number;
   samples_per_step?: number;
+  blocked_s?: number;
+  loop_s?: number;
 }
 
 export interface IGpuEvent {
@@ -525,6 +527,7 @@ export interface ITransition {
   cause: string;
   events?: string[];
   rooted?: boolean;
+  since?: number;
 }
 
 export interface ITracking {
@@ -564,6 +567,7 @@ export interface IJobRow {
   transitions: ITransition[];
   started_at: number | null;
   finished_at: number | null;
+  ran_s?: number | null;
   notebook: string | null;
   location: string | null;
 }

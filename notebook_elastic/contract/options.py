@@ -65,7 +65,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "checkpoint_every",
         "State() saves every N steps (and the last); default: chosen so that saving blocks "
-        "at most a tenth of the training loop's time.",
+        "at most a tenth of the training loop's time over the run.",
         metavar="N",
     ),
     Option(

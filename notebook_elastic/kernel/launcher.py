@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..backends import FOLDER_BACKENDS, backend_of, get_backend
 from ..backends.base import Backend, JobInfo, attention_order
 from ..contract import options
-from ..contract.events import steps_done
+from ..contract.events import sig, steps_done
 from ..contract.spec import JobSpec, new_name, parse_nnodes
 from ..errors import BackendError, JobNotFound, PackagingError, SpecError
 from ..packaging import Bundle, NotebookContext, package_cell, package_function
@@ -81,8 +81,13 @@ def spec_from_options(
 
 
 def bundle_for(
-    code_or_function: str | Callable[[], Any], spec: JobSpec, ctx: NotebookContext, script_name: str = "script.py"
+    code_or_function: str | Callable[[], Any],
+    spec: JobSpec,
+    ctx: NotebookContext,
+    script_name: str = "script.py",
+    first_line: int = 1,
 ) -> Bundle:
+    """``first_line``: the editor's number of the code's first line (2 under ``%%elastic_train``)."""
     options: dict[str, Any] = {
         "name": spec.name,
         "ship": spec.ship,
@@ -99,7 +104,7 @@ def bundle_for(
         options["ship_local_modules"] = True
         options["pod_workdir"] = pod_workdir((spec.backend_options.get("kubernetes") or {}).get("image"))
     if isinstance(code_or_function, str):
-        bundle = package_cell(code_or_function, ctx, **options)
+        bundle = package_cell(code_or_function, ctx, first_line=first_line, **options)
     else:
         bundle = package_function(code_or_function, ctx, **options)
     if spec.backend == "kubernetes":
@@ -297,7 +302,7 @@ class JobList(list[JobInfo]):
                     f"{s.get('nodes_running', 0)} ({s.get('min_nodes', '?')}:{s.get('max_nodes', '?')})",
                     f"{s.get('restarts', 0)}/{s.get('max_restarts', '?')}",
                     step,
-                    "" if loss is None else f"{loss:.4g}",
+                    "" if loss is None else sig(loss, 4),
                     os.path.basename(j.notebook or ""),
                 )
             )

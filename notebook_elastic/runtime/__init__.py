@@ -23,6 +23,7 @@ from .payload import load_payload, secret
 from .protocol import ENV_TRACK, EVENT_PREFIX
 from .state import State
 from .state import samples_per_step as _samples_per_step
+from .state import saving_seconds as _saving_seconds
 from .term import data_worker_init
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, guard_against_orphaning, init, run
 
@@ -120,10 +121,13 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
                 f"report() takes numbers a chart can hold: {name} is an integer of about {digits} digits, "
                 "more than a float holds; report it scaled (or as a float)"
             )
-    extra = {}
+    extra: dict[str, float] = {}
     samples = _samples_per_step()
     if samples:  # the State's data cursor knows the global batch: samples/s without asking
         extra["samples_per_step"] = samples
+    saving = _saving_seconds() if rank_now == 0 else None
+    if saving is not None and saving[1] > 0:  # what State's commits blocked of the loop so far
+        extra["blocked_s"], extra["loop_s"] = round(saving[0], 4), round(saving[1], 3)
     emit("metric", t=_time.time(), rank=rank_now, step=step, values=metrics, **extra)
     if _TRACKED and rank_now == 0:  # a pod's rank 0 logs to MLflow/W&B itself
         _pod_tracking.observe(step, metrics)

@@ -302,6 +302,10 @@ class Metric(TypedDict):
     step: NotRequired[float | None]
     rank: NotRequired[int]
     samples_per_step: NotRequired[int]  # the State's data cursor's global batch, when it knows it
+    # Rank 0's State: seconds commit() blocked and the loop's seconds (inside and outside it) since
+    # this worker group's loop started; the notebook sums them over the job's groups (#39 item 2).
+    blocked_s: NotRequired[float]
+    loop_s: NotRequired[float]
 
 
 class Gpu(TypedDict):

@@ -187,6 +187,7 @@ class Resumed:
     samples_seen: int  # the data cursor
     path: Path | None  # None: taken from the live ranks (in place), not a file
     extra: dict[str, Any]  # the plain values saved beside the objects
+    save_s: float | None = None  # what a save blocked the loop that wrote it (the next group's estimate)
 
 
 class Restore:
@@ -253,6 +254,7 @@ class Restore:
             samples_seen=int(payload.get("samples_seen", 0)),
             path=Path(chosen),
             extra=payload.get("extra", {}),
+            save_s=payload.get("save_s") if isinstance(payload.get("save_s"), (int, float)) else None,
         )
         if is_writer:
             emit(

@@ -77,6 +77,13 @@ __all__ = [
 ]
 
 _sampling_state: Any = None  # the State whose batch sampler sets the samples per step
+_saving_state: Any = None  # the latest State made in this process: what its commits blocked
+
+
+def saving_seconds() -> tuple[float, float] | None:
+    """(blocked, loop) seconds of the latest State's loop (``SaveInterval.seconds``), which
+    rank 0's ``report()`` sends with each metric; None without a State."""
+    return _saving_state._interval.seconds() if _saving_state is not None else None
 
 
 def samples_per_step() -> int:
@@ -115,6 +122,8 @@ class State:
         # How often it saves, from what commit() blocks: also what the checkpoint events tell
         # the notebook (blocked_pct).
         self._interval = SaveInterval(checkpoint_every_from_env(checkpoint_every))
+        global _saving_state
+        _saving_state = self
         self._objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         for name, value in (("model", model), ("optimizer", optimizer), *extra.items()):
@@ -178,6 +187,7 @@ class State:
             self.step = self._restored_step = resumed.step
             self.samples_seen = self._restored_samples = resumed.samples_seen
             self.resumed_from = resumed.path
+            self._interval.expect_save_cost(resumed.save_s)
         on_finish(self.flush)
         set_step_source(lambda: self.current_step)  # the failure report's step
         if self.is_writer:
@@ -397,6 +407,7 @@ class State:
             "samples_seen": self.samples_seen,
             "time": time.time(),
             "every": self._interval.steps_since_save,  # steps since the previous save
+            "save_s": self._interval.save_cost,  # what the previous save blocked: a resumed group's estimate
         }
 
     def _commit_plain(self) -> bool:

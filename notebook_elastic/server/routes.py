@@ -175,6 +175,7 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             "transitions": s.get("transitions") or [],
             "started_at": s.get("started_at") or info.created,
             "finished_at": s.get("finished_at"),
+            "ran_s": s.get("ran_s"),
             "notebook": notebook,
             "location": info.location if isinstance(info.location, str) else None,
         }

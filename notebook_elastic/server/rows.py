@@ -24,6 +24,7 @@ class Transition(TypedDict):
     cause: str
     events: NotRequired[list[str]]  # a restart: its cause first, then what else happened while it lasted
     rooted: NotRequired[bool]  # a restart whose cause is a drill or a departure, not a symptom
+    since: NotRequired[float]  # a restart: when the outage began (its cause), what "after N s" counts from
 
 
 class Tracking(TypedDict):
@@ -65,6 +66,7 @@ class JobRow(TypedDict):
     transitions: list[Transition]
     started_at: float | None
     finished_at: float | None
+    ran_s: NotRequired[float | None]  # how long it ran, its stopped spells left out (JobState.ran_s)
     notebook: str | None  # relative to the server's root, or None outside it
     location: str | None  # a job folder, a namespace
 

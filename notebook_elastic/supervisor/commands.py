@@ -92,6 +92,7 @@ class Commands:
                     os.killpg(agent.proc.pid, signal.SIGKILL)
                     agent.proc.wait()
         self.sup.nodes.reap()
+        self.sup.nodes.reuse_names_of(old)  # the new agents are the same nodes, told a new range
         self.sup.emit(
             Kind.SCALED,
             **Scaled(target=self.sup.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True),

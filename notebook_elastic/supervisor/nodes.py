@@ -6,6 +6,7 @@ Held by the ``Supervisor``, whose course (spec, folder, target, range, epoch, th
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import signal
@@ -69,6 +70,9 @@ class Nodes:
         self.sup = sup
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
+        # Numbers of nodes replaced by a change of the range: their successors take them, so a
+        # range change does not rename every node (#39 item 5); the lowest first.
+        self.reusable: list[int] = []
         self.gpus = visible_gpus()
         self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
         self.spare: Agent | None = None
@@ -145,8 +149,11 @@ class Nodes:
         gpus = self._take_gpus()
         if gpus is None:
             return None
-        index = self.next_index
-        self.next_index += 1
+        if self.reusable:
+            index = heapq.heappop(self.reusable)
+        else:
+            index = self.next_index
+            self.next_index += 1
         plan = self.plan()
         node = plan.node(index, gpus)
         name = node.name
@@ -194,6 +201,14 @@ class Nodes:
             **({"gpus": gpus} if gpus else {}),
         )
         return agent
+
+    def reuse_names_of(self, agents: list[Agent]) -> None:
+        """These agents were replaced, not lost (a new range bakes a new --nnodes into every
+        agent): the next nodes started take their names."""
+        for agent in agents:
+            number = agent.name.rpartition("-")[2]
+            if agent.name.startswith("node-") and number.isdigit() and int(number) not in self.reusable:
+                heapq.heappush(self.reusable, int(number))
 
     def keep_a_spare(self) -> None:
         """Once the job runs and can still grow, keep one standby agent warm."""

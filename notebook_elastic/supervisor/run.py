@@ -252,6 +252,12 @@ class Supervisor:
             with self.sink.lock:
                 self.state.apply_all(history)
                 before = self.state.status if self.state.finished else "lost"
+                # The range and the size the run was left at (the slider, scale()), not the
+                # spec's first ones (#39 item 3: a resume put a 1:4 job back to 1:2).
+                lo, hi = self.state.nnodes
+                if 1 <= lo <= hi:
+                    self.range = (lo, hi)
+                    self.target = min(max(self.state.target or lo, lo), hi)
         self.emit(
             Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
             **({"after": before} if self.resume else {}),

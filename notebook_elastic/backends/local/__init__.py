@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import defaults
-from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.events import FINAL_STATUSES, Event, Kind, status_phrase
 from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control
@@ -193,7 +193,7 @@ class LocalBackend(Backend):
                 raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
             if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
                 raise BackendError(
-                    f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
+                    f"job {name!r} {status_phrase(info.status)}; only a lost, failed or stopped job can be resumed"
                     + (
                         " (a succeeded job is done: run the cell again to train anew)"
                         if info.status == "succeeded"

@@ -49,6 +49,12 @@ if TYPE_CHECKING:
     from . import JobState
 
 
+def quiet_departure(reason: str | None) -> bool:
+    """A node that left because the job was done or told to stop: no disruption, so no
+    marker on the chart and no line in the timeline (a clean run looked disrupted, #39 item 5)."""
+    return reason == "finished" or str(reason or "").startswith("stopped")
+
+
 class Fold:
     """The fold's per-kind steps, applied to ``state``."""
 
@@ -177,7 +183,8 @@ class Fold:
         node.status = "left"
         node.left_reason = d.get("reason")
         node.left_at = e.time
-        self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
+        if not quiet_departure(d.get("reason")):  # the timeline tells these not either (#39 item 5)
+            self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
         if str(d.get("reason") or "").startswith("stopped"):
             self._stopping = True
         # A node stopped with the job or done with its work is no reason to regroup, and neither
@@ -345,6 +352,7 @@ class Fold:
         if self.state.warning and self.state.warning.startswith("checkpoints are not being saved"):
             self.state.warning = None
         d = e.fields(Checkpoint)
+        self.state.saving.saves += int(d.get("commits") or 1)
         if d.get("blocked_pct") is not None:
             self.state.checkpointing = {
                 "every": d.get("every"),
