@@ -340,7 +340,10 @@ def test_drills_and_resume_on_slurm(on_slurm, home):
         assert job.wait(timeout=120) == "stopped", job.summary()
         newest = max(home.glob("jobs/drills/checkpoints/ckpt-*.pt"), key=lambda p: int(p.stem.rsplit("-s", 1)[1]))
         saved = int(newest.stem.rsplit("-s", 1)[1])
-        assert any(e.kind == Kind.SAVED_ON_NOTICE and e.get("step") == saved for e in job.events), saved
+        # Saved on the keeper's notice, or, every node leaving at the same step boundary (in
+        # place), at that boundary: the newest save is no older than the notice's.
+        on_notice = [e.get("step") for e in job.events if e.kind == Kind.SAVED_ON_NOTICE and e.get("saved")]
+        assert on_notice and saved >= max(on_notice), (saved, on_notice)
         before = len(job.events)
         job.resume()
         wait_for(lambda: any(e.kind == Kind.RESUMED for e in job.events[before:]), "the resumed run", job=job)
@@ -763,7 +766,9 @@ def test_at_a_nodes_time_limit_it_saves_on_notice_and_no_step_is_redone(on_slurm
             job=job,
         )
         [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.get("rank") in (None, 0)][:1]
-        assert resumed.get("step") == saved[-1].get("step"), (resumed.data, saved[-1].data)
+        # From the save on notice, or (in place, no node staying to keep the values) from the save
+        # its workers made at the step boundary they left at: after it, never before.
+        assert resumed.get("step") >= saved[-1].get("step"), (resumed.data, saved[-1].data)
         gens: dict[int, set] = {}
         wait_for(lambda: (job.state.step or 0) > saved[-1].get("step") + 3, "training after the resume", job=job)
         for line in (home / "jobs" / "timed" / "events.jsonl").read_text().splitlines():
