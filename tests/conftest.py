@@ -196,6 +196,7 @@ QUICK_MODULES = frozenset(
         "test_events.py",
         "test_folder_records.py",
         "test_job_state.py",
+        "test_membership.py",
         "test_kubernetes_manifests.py",
         "test_launch_api.py",
         "test_layers.py",
