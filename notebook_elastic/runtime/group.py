@@ -119,6 +119,15 @@ class Group:
             except OSError:
                 continue  # closed meanwhile, or not a connected socket any more
 
+    def superseded_by(self, assignment: Assignment) -> None:
+        """A newer round was formed while this one still forms (another node joined or left
+        meanwhile): its members went on to the newer one, so this one never forms; give it up."""
+        with self._lock:
+            forming = self._forming is not None and self.assignment is not None
+            older = forming and self.assignment is not None and self.assignment.round < assignment.round
+        if older:
+            self.abort()
+
     def close(self) -> None:
         """Destroy the (aborted) group, so that a new one can be made."""
         import torch.distributed as dist

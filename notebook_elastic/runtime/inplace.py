@@ -141,6 +141,7 @@ class Link:
         self.leaving = False  # this worker's node goes: it leaves at the next step boundary
         self.closed = False  # the agent went (or never answered): nothing here stays in place
         self.on_abort: Callable[[], None] = lambda: None  # the group's abort (set by Group)
+        self.on_assign: Callable[[Assignment], None] = lambda a: None  # a newer round was formed
         self.capable_said: tuple[bool, str] | None = None
         self._thread = threading.Thread(target=self._read, name="notebook-elastic-link", daemon=True)
         self._thread.start()
@@ -204,9 +205,11 @@ class Link:
     def _handle(self, message: dict[str, Any]) -> None:
         op = message.get("op")
         if op == "assign":
+            assignment = Assignment.from_message(message)
             with self._cond:
-                self.pending = Assignment.from_message(message)
+                self.pending = assignment
                 self._cond.notify_all()
+            self.on_assign(assignment)
         elif op == "leave":
             with self._cond:
                 self.leaving = True
@@ -277,6 +280,7 @@ class InPlace:
         self.link = Link.connect()
         if self.link is not None:
             self.link.on_abort = self.group.abort
+            self.link.on_assign = self.group.superseded_by
 
     @property
     def active(self) -> bool:
