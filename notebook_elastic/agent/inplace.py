@@ -37,7 +37,9 @@ from typing import Any
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
+from ..runtime.event_types import InPlaceRefused, LeftAtBoundary, Regrouped
 from ..runtime.inplace import group_prefix
+from ..runtime.protocol import Kind
 from .deadline import call_with_deadline
 
 #: A store call of ours here: a few hundred bytes; no answer by then is no answer.
@@ -273,7 +275,7 @@ class InPlace:
         trained: still starting, there was nothing to keep)."""
         if self.refused_round != round_ and self.links is not None and self.links.trained():
             self.refused_round = round_
-            emit("in_place_refused", node=self._node(), reason=why)
+            emit(Kind.IN_PLACE_REFUSED, node=self._node(), **InPlaceRefused(reason=why))
 
     def _regroup(self, reason: str, round_: int | None) -> None:
         self.reason = reason
@@ -341,14 +343,16 @@ class InPlace:
             )
         self.regroups += 1
         emit(
-            "regrouped",
+            Kind.REGROUPED,
             node=self._node(),
-            round=round_,
-            group_rank=worker_group.group_rank,
-            group_world_size=worker_group.group_world_size,
-            kept=links.pids(local_ranks),
-            reason=reason,
-            took_s=round(time.monotonic() - started, 4),
+            **Regrouped(
+                round=round_,
+                group_rank=worker_group.group_rank,
+                group_world_size=worker_group.group_world_size,
+                kept=links.pids(local_ranks),
+                reason=reason,
+                took_s=round(time.monotonic() - started, 4),
+            ),
         )
         return True
 
@@ -368,7 +372,7 @@ class InPlace:
         for local_rank in local_ranks:
             links.send(local_rank, {"op": "leave"})
         if links.wait_closed(local_ranks, LEAVE_AT_BOUNDARY_S):
-            emit("left_at_boundary", node=self._node(), local_ranks=local_ranks)
+            emit(Kind.LEFT_AT_BOUNDARY, node=self._node(), **LeftAtBoundary(local_ranks=local_ranks))
             return
         for local_rank in local_ranks:
             links.send(local_rank, {"op": "abort"})
