@@ -71,7 +71,6 @@ class _Worker:
     conn: socket.socket
     capable: bool = False
     why: str = "the cell keeps no elastic.State (none built yet)"
-    lost: bool = False  # its group broke: it waits for the next assignment
     progressed: bool = False  # it has reported a step (a restart of it is worth a sentence)
     said: bool = False  # it said whether it can stay
     open: bool = True
@@ -153,10 +152,8 @@ class Links:
             worker.said = True
         elif op == "progress":
             worker.progressed = True
-        elif op in ("lost", "boundary"):
-            worker.lost = op == "lost"
-            if worker.lost:
-                self._on_lost()
+        elif op == "lost":  # its group broke: it waits for the next assignment
+            self._on_lost()
 
     def why_not(self, local_ranks: list[int]) -> str | None:
         """Why the workers of these local ranks cannot all stay in place (None: they can)."""
@@ -193,10 +190,7 @@ class Links:
             worker = self._workers.get(local_rank)
         if worker is None:
             return False
-        sent = worker.send(message)
-        if message.get("op") == "assign":
-            worker.lost = False
-        return sent
+        return worker.send(message)
 
     def wait_closed(self, local_ranks: list[int], timeout_s: float) -> bool:
         """Wait until these local ranks' links are closed (their processes ended); False on timeout."""
@@ -222,7 +216,6 @@ class InPlace:
         self.regroup_after: int | None = None  # ... of a member of this round (stale once past it)
         self.lost = threading.Event()  # a worker's group broke: a departure is looked for at each look
         self.reason = ""  # why the next round forms ("left", "lost", "joined", "store")
-        self.regroups = 0
         self.refused_round: int | None = None  # the round whose restart was said (in_place_refused)
 
     def start(self) -> dict[str, str]:
@@ -341,7 +334,6 @@ class InPlace:
                     "reason": reason,
                 },
             )
-        self.regroups += 1
         emit(
             Kind.REGROUPED,
             node=self._node(),
