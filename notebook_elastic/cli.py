@@ -390,7 +390,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     before = backend.describe(args.name)
     backend.cancel(args.name)
     if before is not None and before.status in FINAL_STATUSES:
-        print(f"job {args.name!r} {status_phrase(before.status)} already: nothing was left to stop")
+        print(f"job {args.name!r} {status_phrase(before.status)} already: nothing of it is left running")
         return 0
     info = backend.describe(args.name)
     if info is None:
