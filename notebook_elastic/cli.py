@@ -424,8 +424,9 @@ def cmd_pool(args: argparse.Namespace) -> int:
     import signal
 
     from . import pool
+    from .runtime.protocol import ENV_POOL
 
-    name = os.environ.get(pool.ENV_POOL) or pool.pool_name()
+    name = os.environ.get(ENV_POOL) or pool.pool_name()
     pid = pool.ping(name)
     if pid is None:
         print(f"no warm pool runs for this environment ({name[1:]})")

@@ -47,15 +47,6 @@ STORE_CALL_S = 5.0
 
 _log = _logging.get("agent.inplace")
 
-#: Set (with the time) in the rendezvous store by a node that goes on purpose, before it leaves
-#: its round: its peers' watch then regroups without aborting their step (it is not lost).
-LEAVING_KEY = "notebook_elastic/leaving"
-
-
-def leaving_key(agent_pid: int) -> str:
-    return f"{LEAVING_KEY}/{agent_pid}"
-
-
 #: How long a node that goes waits for its workers to leave at a step boundary (within the
 #: supervisor's stop grace, 10 s) before it tells them to abort (a step longer than this costs
 #: the survivors that step, redone).
@@ -357,7 +348,7 @@ class InPlace:
             return
         try:
             if store is not None:
-                call_with_deadline(store.set, STORE_CALL_S, leaving_key(os.getpid()), str(time.time()))
+                call_with_deadline(store.set, STORE_CALL_S, protocol.leaving_key(os.getpid()), str(time.time()))
             leave_round()  # the survivors form their round meanwhile
         except Exception:
             _log.debug("could not leave the round first: the survivors see it at the heartbeat", exc_info=True)

@@ -33,7 +33,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..agent.torch_compat import GONE_KEY, TARGET_KEY
 from ..contract.events import Event, Kind
 from ..contract.job_state import JobState, describe_failure
 from ..contract.spec import JobSpec
@@ -45,6 +44,7 @@ from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
 from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled
 from ..runtime.payload import payload_path_for
+from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
 from ..store.run import host_store

@@ -34,8 +34,8 @@ from ...contract.events import FINAL_STATUSES
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder
 from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
-from ...pool import ENV_POOL
 from ...runtime import protocol
+from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
 from ..local import SUPERVISOR_MODULE, LocalBackend, _tail
 from . import cluster
