@@ -427,7 +427,10 @@ def test_jobs_of_the_same_name_in_two_homes_never_touch_each_other(on_slurm, tmp
         assert not [j for j in on_slurm.jobs() if j[0] not in b_ids and j[2] in ("RUNNING", "PENDING")]
 
         a.resume()  # in an allocation of its own again, from the same folder: the same mark
-        wait_for(lambda: a.world_size == 3 and a.status == "running", "A resumed on three nodes", job=a)
+        # at the size it was scaled to (a resume keeps what the user set), then grown again
+        wait_for(lambda: a.world_size == 1 and a.status == "running", "A resumed on its one node", job=a)
+        a.scale(3)
+        wait_for(lambda: a.world_size == 3 and a.status == "running", "A on three nodes again", job=a)
         supervised = json.loads((tmp_path / "a" / "jobs" / "twin" / "supervisor.json").read_text())
         resumed_in = {jid: name for jid, name, _ in on_slurm.jobs() if jid not in b_ids}
         assert resumed_in.get(supervised["slurm_job"]) == "ne-twin-supervisor", (supervised, resumed_in)
