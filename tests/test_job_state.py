@@ -895,3 +895,37 @@ def test_a_clean_end_puts_no_departure_on_the_chart_and_none_in_the_timeline():
     state.apply(ev(Kind.NODE_LEFT, 20.0, "node-0", reason="preempted"))
     assert [m.kind for m in state.markers if m.kind == "node_left"] == ["node_left"]
     assert any("node-0 preempted" in text for _e, text in story(state.events))
+
+
+def test_a_change_in_place_is_no_restart_in_the_transitions():
+    """#41 item 7: a membership change whose survivors kept their processes is marked in place
+    in the status history (the panel says "changed in place", not "restart"); a real restart
+    is not, nor is the change before it once another restart comes."""
+    state = _running()
+    state.apply(ev(Kind.NODE_LEFT, 10.0, "node-1", reason="preempted"))
+    state.apply(ev(Kind.PEER_LOST, 10.1, "node-0", lost=["node-1"], round=1))
+    assert state.status == Status.RESTARTING
+    state.apply(
+        ev(
+            Kind.IN_PLACE,
+            10.3,
+            "node-0",
+            world_size=1,
+            from_world_size=2,
+            step=7,
+            redone=0,
+            kept=1,
+            joined=0,
+            took_s=0.2,
+        )
+    )
+    assert state.status == Status.RUNNING
+    changed = [t for t in state.transitions if t["status"] == Status.RESTARTING]
+    assert [t.get("in_place") for t in changed] == [True]
+    state.apply(ev(Kind.PEER_LOST, 20.0, "node-0", lost=["node-2"], round=2))
+    state.apply(started(21.0, "node-0", 0, 1, generation=3))  # a group started anew: a restart
+    changed = [t for t in state.transitions if t["status"] == Status.RESTARTING]
+    assert [t.get("in_place") for t in changed] == [True, None]
+    state.apply(ev(Kind.PEER_LOST, 30.0, "node-0", lost=["node-2"], round=3))
+    state.apply(started(30.5, "node-0", 0, 1, generation=4, in_place=True))  # told by its worker first
+    assert [t.get("in_place") for t in state.transitions if t["status"] == Status.RESTARTING] == [True, None, True]

@@ -528,6 +528,7 @@ export interface ITransition {
   events?: string[];
   rooted?: boolean;
   since?: number;
+  in_place?: boolean;
 }
 
 export interface ITracking {

@@ -253,7 +253,15 @@ export function lastDisruption(history: ITransition[], finished = false): { text
   // dashboard's timeline counts "back at world size N after ..." (#39 item 4).
   const since = start.since ?? start.at;
   // A finished job's restarts are its history, not its present: said as such, in calm colours.
-  const text = finished ? `last restart ${ago(since)}: ${cause}` : `restarting ${ago(since)}: ${cause}`;
+  // A change in place restarted nothing (#41 item 7): "restart" only where one happened.
+  const what = start.in_place
+    ? finished
+      ? 'last change in place'
+      : 'changed in place'
+    : finished
+      ? 'last restart'
+      : 'restarting';
+  const text = `${what} ${ago(since)}: ${cause}`;
   return {
     text: healed ? `${text} · running again after ${duration(healed.at - since)}` : text,
     detail: (start.events || [start.cause]).join('\n')

@@ -82,6 +82,13 @@ describe('lastDisruption', () => {
     expect(lastDisruption(history, true)?.text).toMatch(/^last restart /);
   });
 
+  it('calls a change in place what it was: no process restarted (#41 item 7)', () => {
+    const kept = [history[0], { ...history[1], in_place: true }, history[2]] as ITransition[];
+    expect(lastDisruption(kept)?.text).toMatch(/^changed in place \d+[smh] ago: node-1 left \(preempted\) · running again after 1\.8s$/);
+    expect(lastDisruption(kept, true)?.text).toMatch(/^last change in place /);
+    expect(lastDisruption(kept, true)?.text).not.toMatch(/restart/);
+  });
+
   it('says nothing when the job never restarted', () => {
     expect(lastDisruption([{ status: 'running', at: 1, cause: '' } as ITransition])).toBeNull();
   });

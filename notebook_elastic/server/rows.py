@@ -25,6 +25,7 @@ class Transition(TypedDict):
     events: NotRequired[list[str]]  # a restart: its cause first, then what else happened while it lasted
     rooted: NotRequired[bool]  # a restart whose cause is a drill or a departure, not a symptom
     since: NotRequired[float]  # a restart: when the outage began (its cause), what "after N s" counts from
+    in_place: NotRequired[bool]  # a restart that was a membership change in place: no process restarted
 
 
 class Tracking(TypedDict):

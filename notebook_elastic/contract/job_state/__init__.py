@@ -316,6 +316,10 @@ class JobState:
                 # the timeline's "back at world size N after ..." counts from too (#39 item 4).
                 entry["since"] = recent.time if recent is not None and close else e.time
             self.transitions.append(entry)
+            if self.status == Status.RUNNING and before == Status.RESTARTING and _kept_in_place(e):
+                self._restart_was_in_place()
+        elif e.kind == Kind.IN_PLACE:  # told after its group already trains: the same change
+            self._restart_was_in_place()
         elif self.status == Status.RESTARTING and e.kind in SYMPTOMS and self.transitions:
             entry = self.transitions[-1]
             if entry["status"] == Status.RESTARTING and len(entry.setdefault("events", [])) < 8:
@@ -325,11 +329,24 @@ class JobState:
         if root:
             self._last_root = e
 
+    def _restart_was_in_place(self) -> None:
+        """The latest membership change kept its survivors' processes: not a restart (#41 item 7),
+        and every view says so."""
+        for entry in reversed(self.transitions):
+            if entry["status"] == Status.RESTARTING:
+                entry["in_place"] = True
+                return
+
     def _saw_step(self, step: int, t: float) -> None:
         if self.first_step_at is None:
             self.first_step_at = t
         self.step = step
         self._rates.append((t, step))
+
+
+def _kept_in_place(e: Event) -> bool:
+    """Whether ``e`` says training went on in the processes it ran in (a group formed in place)."""
+    return e.kind == Kind.IN_PLACE or (e.kind == Kind.WORKER_STARTED and bool(e.get("in_place")))
 
 
 #: What a listing that reads a cluster (pods, the workers' Job) takes from a fold of the job's
