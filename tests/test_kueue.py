@@ -255,10 +255,13 @@ def test_queued_admitted_preempted_readmitted_and_no_step_lost(queued, tmp_path)
             job=job,
         )
         [resumed] = [e for e in job.events if e.kind == Kind.RESUMED and e.time > saved.time][:1]
-        assert resumed.get("step") == saved.get("step"), (resumed.data, saved.data)
+        # In place, the save on notice is not the last word: the workers train on until their own
+        # pods go, and the last rank to stay saves where it leaves (SIGTERMs a moment apart may
+        # split the pods over two boundaries); the job resumes from the newest save.
+        assert resumed.get("step") >= saved.get("step"), (resumed.data, saved.data)
         series = job.metrics["loss"]
         trained_before = [s for s, t in zip(series.steps, series.times) if t < resumed.time]
-        assert max(trained_before) < saved.get("step"), "a step after the save was trained, then redone"
+        assert max(trained_before) < resumed.get("step"), "a step after the save was trained, then redone"
         states = [e.get("state") for e in job.events if e.kind == Kind.QUEUE]
         assert states == ["waiting", "admitted", "evicted", "admitted"], states
         assert validate_kueue_objects(queued) >= 3  # the LocalQueue, the job's Workload, the urgent one

@@ -332,6 +332,7 @@ class InPlace:
         self.switch = Switch(time.monotonic(), "", world, abrupt=not boundary)
         self.handoff = state.handoff()
         self.state = None
+        ended = state
         self.group.abort()  # peers still in the old group's step fail now, not at its timeout
         link.send(op="lost" if not boundary else "boundary", step=self.handoff.next_step)
         current = self.group.assignment
@@ -343,6 +344,12 @@ class InPlace:
         while True:
             assignment = link.next_assignment(after, deadline)
             if assignment is None:
+                if boundary and link.leaving:
+                    # Its own node goes too, while the rest regroup (a gang eviction's SIGTERMs a
+                    # moment apart: one node left at the vote, this one just after). It holds
+                    # the values of the boundary everyone agreed on: the old group's writer
+                    # saves them, so the steps since the last save are not redone.
+                    ended.save_leaving_between_groups()
                 return None
             self.switch.reason = assignment.reason
             os.environ.update(assignment.env())

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import inplace, protocol, sharded
+from . import inplace, log, protocol, sharded
 from ._emit import emit
 from .checkpoints import (
     _HOST,
@@ -56,6 +56,8 @@ from .restore import Collectives, Restore
 from .state_dicts import _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source
 from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWriter
+
+_log = log.get("state")
 
 # State, and the names that were defined here before its parts moved out (still imported from here).
 __all__ = [
@@ -160,6 +162,9 @@ class State:
         self._applied: int | None = None  # the step whose optimizer update was applied here last
         self._switch_due = False  # the vote said: every rank leaves this group after this step
         self._all_leave = False  # ... and every rank's node goes (a stop): save at the boundary
+        self._voted_leaving = False  # this rank's own node was going when it voted
+        self._saver: int | None = None  # the lowest rank that stayed at the last vote (see _vote)
+        self._saving_alone = False  # the commit under way is that rank's save, rank 0 or not
         self._leaving_save = False  # the commit under way is that save
         self._voting = False  # an optimizer of this State votes before each step
         self._hooks: list[Any] = []  # the optimizer hooks' handles
@@ -230,12 +235,18 @@ class State:
         """Before an optimizer step: is a change pending on any rank? Every rank learns it at
         the same step, and all leave the group at the boundary after it. A vote that fails (a
         peer gone mid-step) raises: this step is not applied here, and is redone."""
+        self._voted_leaving = self._inplace.leaving
         pending, leaving = self._collectives.all_reduce(
-            [self._inplace.vote_flag(), 1 if self._inplace.leaving else 0], "sum"
+            [self._inplace.vote_flag(), 1 if self._voted_leaving else 0], "sum"
         )
         if pending:
             self._switch_due = True
             self._all_leave = leaving >= self.info.world_size
+            if not self._all_leave and not self._sharded:
+                # Who saves if the ranks that stay are told to go too before their next group
+                # forms (a gang eviction's SIGTERMs a moment apart): the lowest of them.
+                world = self.info.world_size
+                [self._saver] = self._collectives.all_reduce([world if self._voted_leaving else self.info.rank], "min")
 
     def _save_before_leaving(self) -> None:
         """Every rank leaves at this boundary and no node stays: the step just committed is
@@ -246,6 +257,24 @@ class State:
             self._writer.wait()
         finally:
             self._leaving_save = False
+
+    def save_leaving_between_groups(self) -> None:
+        """This State's group ended at a boundary where some nodes left and this rank's stayed,
+        and its node was told to go before the next group formed: whether any other stays is not
+        known here, so the lowest staying rank of the vote saves the step committed there, alone
+        (no collective: the others need not be here; a sharded state cannot, said not tried)."""
+        if self._saver != self.info.rank:
+            return
+        if self._sharded:
+            _log.warning("left between groups: a sharded state cannot be saved without its group")
+            return
+        self._saving_alone = True
+        try:
+            self._save_before_leaving()
+        except Exception:
+            _log.warning("left between groups: the save at step %s failed", self.step, exc_info=True)
+        finally:
+            self._saving_alone = False
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._applied = self._current
@@ -312,6 +341,10 @@ class State:
                 if self._switch_due or (not self._voting and self._inplace.vote_flag()):
                     if self._all_leave:  # the whole job goes (a stop): nothing stays to keep the values
                         self._save_before_leaving()
+                    elif self._inplace.leaving and not self._voted_leaving:
+                        # Told its node goes after the vote (a gang eviction's SIGTERMs a moment
+                        # apart): whether the rest stay is not known here.
+                        self.save_leaving_between_groups()
                     raise inplace.MembershipChange(f"the job's members change before step {step}")
             if self._holding is not None:  # saved on notice: the step's report went out; wait here
                 notice, self._holding = self._holding, None
@@ -411,7 +444,7 @@ class State:
         }
 
     def _commit_plain(self) -> bool:
-        if not self.is_writer:
+        if not (self.is_writer or self._saving_alone):
             return False
         writer = self._writer
         if not self._due():
