@@ -227,9 +227,15 @@ def test_dashboard_states_kernel_restart_and_reload(tmp_path):
     home = tmp_path / "ne-home"
     cells = list(STATES_CELLS)
     cells[1] += "\nSTEPS = 1500"
+    # Its changes restart every worker as torchrun does: the restarting state lasts long enough
+    # to be drawn (in place, a preemption is over in about 0.3 s; test_labextension's timeline
+    # says "in place").
+    cells[2] = cells[2].replace("--name states", "--name states --torchrun-restarts", 1)
     write_notebook(tmp_path / "states.ipynb", cells)
     save_widget_state(tmp_path)
-    env = {"NOTEBOOK_ELASTIC_HOME": str(home), **worktree_extension_env(tmp_path)}
+    # Cold starts (no warm pool): a warm job is running in well under a second, before the
+    # dashboard is first drawn, and "pending" would never be on the page to be seen.
+    env = {"NOTEBOOK_ELASTIC_HOME": str(home), "NOTEBOOK_ELASTIC_WARM_POOL": "0", **worktree_extension_env(tmp_path)}
     shots = ARTIFACTS / "dashboard-states"
     shots.mkdir(parents=True, exist_ok=True)
 
