@@ -378,8 +378,8 @@ class _IdleStop:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    result = _backend(args).scale(args.name, args.nodes)
-    print(f"{args.name}: scaling to {result.get('target', args.nodes)} node(s)")
+    answer = _backend(args).scale(args.name, args.nodes)
+    print(f"{args.name}: scaling to {answer.target} node(s)")
     return 0
 
 

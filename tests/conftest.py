@@ -193,6 +193,7 @@ QUICK_MODULES = frozenset(
         "test_deadline.py",
         "test_docs.py",
         "test_types.py",
+        "test_typed_seams.py",
         "test_events.py",
         "test_folder_records.py",
         "test_job_state.py",

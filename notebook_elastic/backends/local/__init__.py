@@ -17,9 +17,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ... import defaults
 from ...contract.events import FINAL_STATUSES, Event, Kind, status_phrase
@@ -50,7 +50,7 @@ from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
 from ...pool import ENV_POOL, ensure_pool, through_pool
 from ...runtime import protocol
-from ..base import Backend, DryRun, JobInfo
+from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 #: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
@@ -319,23 +319,43 @@ class LocalBackend(Backend):
         info = folder.supervisor()
         if info is None or info.get("exited") or not folder.supervisor_alive():
             raise BackendError(f"job {name!r} is not running, so it cannot {command.replace('_', ' ')}")
-        result: dict[str, Any] = control.request(
-            tuple(info["control"]), bytes.fromhex(info["authkey"]), command, **args
-        )
-        return result  # what the supervisor's command answered (commands.py: a dict each)
+        reply = control.request(tuple(info["control"]), bytes.fromhex(info["authkey"]), command, **args)
+        if not isinstance(reply, dict):
+            raise BackendError(f"job {name!r}'s supervisor answered {command!r} with {reply!r}, not a record")
+        return reply  # what the supervisor's command answered (commands.py: a dict each)
 
-    def scale(self, name: str, nodes: int) -> dict[str, Any]:
-        return self._request(name, "scale", nodes=nodes)
+    def scale(self, name: str, nodes: int) -> ScaleAnswer:
+        reply = self._request(name, "scale", nodes=nodes)
+        return ScaleAnswer(target=int(reply["target"]))
 
-    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
-        return self._request(name, "set_range", min_nodes=min_nodes, max_nodes=max_nodes)
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> RangeAnswer:
+        reply = self._request(name, "set_range", min_nodes=min_nodes, max_nodes=max_nodes)
+        return RangeAnswer(target=int(reply["target"]), reconfigured=bool(reply["reconfigured"]))
 
-    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
+    def inject(
+        self,
+        name: str,
+        fault: str,
+        target: int | str | None = None,
+        *,
+        return_after_s: float | None = None,
+        grace_s: float | None = None,
+    ) -> DrillAnswer:
         if fault == "kill_worker":
-            return self._request(name, "kill_worker", rank=target)
-        if fault in ("preempt_node", "lose_node"):
-            return self._request(name, fault, node=target, **options)
-        raise BackendError(f"unknown fault {fault!r}: use kill_worker, preempt_node or lose_node")
+            reply = self._request(name, "kill_worker", rank=target)
+        elif fault == "preempt_node":
+            reply = self._request(name, fault, node=target, return_after_s=return_after_s, grace_s=grace_s)
+        elif fault == "lose_node":
+            reply = self._request(name, fault, node=target)
+        else:
+            raise BackendError(f"unknown fault {fault!r}: use kill_worker, preempt_node or lose_node")
+        return DrillAnswer(
+            node=_optional(reply, "node", str),
+            rank=_optional(reply, "rank", int),
+            pid=_optional(reply, "pid", int),
+            target=_optional(reply, "target", int),
+            grace_s=_optional(reply, "grace_s", float),
+        )
 
     def cancel(self, name: str, timeout_s: float = 30.0) -> None:
         folder = self.folder(name)
@@ -466,6 +486,15 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
             f"the {'supervisor' if module == SUPERVISOR_MODULE else 'guardian'} of job {folder.name!r} did not start within "
             f"{SUPERVISOR_START_TIMEOUT_S:.0f} s: {_tail(folder.supervisor_log)}"
         ) from None
+
+
+_T = TypeVar("_T")
+
+
+def _optional(reply: Mapping[str, Any], key: str, kind: Callable[[Any], _T]) -> _T | None:
+    """``reply[key]`` as ``kind`` (a JSON reply's number may come as an int or a float), None when absent."""
+    value = reply.get(key)
+    return None if value is None else kind(value)
 
 
 def _tail(path: Path, lines: int = 15) -> str:
