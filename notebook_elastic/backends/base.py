@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ..contract.events import Event
     from ..contract.spec import JobSpec
     from ..packaging import Bundle
+    from .kubernetes.submit import ClusterRequest
+    from .local import FolderRequest
 
 
 @dataclass
@@ -32,7 +34,7 @@ class DryRun:
     backend: str
     spec: JobSpec
     bundle: Bundle
-    request: Any  # backend-specific: a dict of files and commands, a list of manifests, ...
+    request: FolderRequest | ClusterRequest  # a job folder's files and commands (local, Slurm); a cluster's objects
     text: str = ""  # the request, for people
 
     def __str__(self) -> str:

@@ -5,9 +5,11 @@ lent to its ``JobControl`` (``control.py``), which creates a range's new workers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ...agent.notice_keeper import LEAVE_S
@@ -21,6 +23,17 @@ from .client import Connection, explain, is_missing
 from .options import KubernetesOptions
 
 _log = _logging.get("backends.kubernetes.submit")
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    """What a job on a cluster would be: its objects in the order they are created, the run's
+    id (its rendezvous and its objects' annotations carry it), and its Kubernetes options (the
+    grace resolved; the GPUs, when not given, decided as it is scheduled)."""
+
+    objects: list[dict[str, Any]]
+    run_id: str
+    options: KubernetesOptions
 
 
 class Submitter:
@@ -97,14 +110,14 @@ class Submitter:
             + "".join(f"#{line}\n" for line in plan.text().splitlines())
             + m.to_yaml(objects)
         )
-        return DryRun(
-            "kubernetes", spec, bundle, {"objects": objects, "run_id": run_id, "options": options.to_json()}, text
-        )
+        return DryRun("kubernetes", spec, bundle, ClusterRequest(objects, run_id, options), text)
 
     def schedule(self, dryrun: DryRun) -> None:
         conn = self.connection()
-        objects = dryrun.request["objects"]
-        options = KubernetesOptions.from_json(dryrun.request["options"])
+        if not isinstance(dryrun.request, ClusterRequest):
+            raise BackendError(f"a dry-run of the {dryrun.backend} backend cannot be scheduled on a cluster")
+        objects = dryrun.request.objects
+        options = dataclasses.replace(dryrun.request.options)  # its own: what the cluster has decides a default here
         self._check_namespace()
         if options.pvc:
             try:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,6 +67,21 @@ GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
 LEFTOVERS_WAIT_S = 30.0
 
 
+@dataclass(frozen=True)
+class FolderRequest:
+    """What a job in a folder (local, Slurm) would be: its folder, the files written there (their
+    sizes), the nodes started first, the launch plan as the dry-run shows it (``Plan.as_dict``:
+    the secret environment values hidden), the workers' working directory; on Slurm, each
+    node's ``srun``."""
+
+    folder: str
+    files: dict[str, int]
+    nodes: int
+    plan: dict[str, Any]
+    working_directory: str
+    srun: str | None = None
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -95,20 +111,20 @@ class LocalBackend(Backend):
         folder = self.folder(spec.name)
         place = local_place(spec, folder, gpus=visible_gpus())
         plan = launch_plan(spec, place, rdzv_id=rdzv_id(spec.name, "<run>", 0))  # refuses a range the GPUs cannot hold
-        request = {
-            "folder": str(folder.path),
-            "files": {"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
-            "nodes": spec.initial_nodes,
-            "plan": plan.as_dict(),
-            "working_directory": spec.backend_options.get("cwd") or os.getcwd(),
-        }
+        request = FolderRequest(
+            folder=str(folder.path),
+            files={"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
+            nodes=spec.initial_nodes,
+            plan=plan.as_dict(),
+            working_directory=spec.backend_options.get("cwd") or os.getcwd(),
+        )
         text = "\n".join(
             [
                 f"local backend: job folder {folder.path}",
                 f"  a supervisor hosts the rendezvous store and starts {spec.initial_nodes} agent(s):",
                 plan.text(),
                 f"  checkpoints: {plan.env[protocol.ENV_CHECKPOINT_DIR]}",
-                f"  working directory of the workers: {request['working_directory']} (the notebook's folder, on "
+                f"  working directory of the workers: {request.working_directory} (the notebook's folder, on "
                 "their path: relative paths and the notebook's own modules resolve as in the notebook)",
             ]
         )

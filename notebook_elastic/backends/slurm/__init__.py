@@ -23,6 +23,7 @@ home, another machine) is never cancelled, signalled or read as this one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
 from ...pool import ENV_POOL
 from ...runtime import protocol
 from ..base import DryRun
-from ..local import SUPERVISOR_MODULE, LocalBackend, _tail
+from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster
 from .mark import ENV_MARK, cancel_marked, job_name, mark_for_run, own_mark
 from .options import SlurmOptions
@@ -92,7 +93,8 @@ class SlurmBackend(LocalBackend):
             where = f"not checked against the cluster: {exc}"
         text = dry.text.replace("local backend:", "slurm backend:", 1)
         text += f"\n  each node is a Slurm allocation ({where}): {srun} <the agent's command above>"
-        return DryRun("slurm", spec, bundle, {**dry.request, "srun": srun}, text)
+        assert isinstance(dry.request, FolderRequest)  # the local backend's
+        return DryRun("slurm", spec, bundle, dataclasses.replace(dry.request, srun=srun), text)
 
     def schedule(self, dryrun: DryRun) -> None:
         options = SlurmOptions.from_json(dryrun.spec.backend_options.get("slurm"))
