@@ -1,5 +1,6 @@
-"""The option table is the one declaration: the magic's flags, launch()'s keywords, the
-Kubernetes options and the documentation's table all follow it, and nothing declares an option apart."""
+"""Each option is declared once, on the field it fills (JobSpec, KubernetesOptions, SlurmOptions,
+Launching); the table put together from them is what the magic's flags, launch()'s keywords, the
+backends' options and the documentation's table all follow, and nothing declares an option apart."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
+from notebook_elastic.backends import options
 from notebook_elastic.backends.kubernetes.options import KubernetesOptions, parse_options
-from notebook_elastic.contract import options
+from notebook_elastic.backends.slurm.options import SlurmOptions
+from notebook_elastic.contract.options import Launching
 from notebook_elastic.contract.spec import JobSpec
 from notebook_elastic.errors import SpecError
 from notebook_elastic.kernel.launcher import launch
@@ -49,12 +52,49 @@ def test_launch_lists_every_keyword_and_refuses_an_unknown_one_with_the_nearest(
 
 def test_the_kubernetes_options_are_the_tables():
     internal = {"ttl_seconds_after_finished", "rdzv_port", "grace_given"}  # set by us, not flags
-    fields = {f.name for f in dataclasses.fields(KubernetesOptions)} - internal
+    fields = {f.name: f for f in dataclasses.fields(KubernetesOptions)}
     keywords = set(options.KUBERNETES_KEYWORDS)
-    assert keywords == fields == set(inspect.signature(parse_options).parameters)
+    assert keywords == set(fields) - internal
     for o in options.OPTIONS:
         if o.goes_to == "kubernetes" and o.default is not None:
-            assert inspect.signature(parse_options).parameters[o.keyword].default == o.default, o.keyword
+            assert fields[o.keyword].default == o.default, o.keyword  # the default shown is the one used
+    # The parse takes exactly the table's keywords: each checked by its declaration, any other refused.
+    assert parse_options(**{k: None for k in keywords}) == KubernetesOptions()
+    with pytest.raises(SpecError, match=r"got an unknown option worklaod='pods'; did you mean workload=\?"):
+        parse_options(worklaod="pods")
+
+
+def test_each_option_is_a_field_of_the_class_it_fills_in_the_tables_order():
+    """The table is the declarations, in their order: the job's, Kubernetes', Slurm's, how to launch."""
+    declared = [
+        (f.name, part)
+        for cls, part in (
+            (JobSpec, "spec"),
+            (KubernetesOptions, "kubernetes"),
+            (SlurmOptions, "slurm"),
+            (Launching, "launch"),
+        )
+        for f in dataclasses.fields(cls)
+        if "option" in f.metadata
+    ]
+    assert [(o.keyword, o.goes_to) for o in options.OPTIONS] == declared
+    assert set(options.SLURM_KEYWORDS) == {f.name for f in dataclasses.fields(SlurmOptions)}
+
+
+def test_a_field_declared_with_option_is_an_option_with_its_flag_default_help_and_check():
+    """What a new option needs is its field: the magic's flag, launch()'s keyword, the check and the
+    table follow (a field added to the spec here, as a contributor would add one)."""
+    from notebook_elastic.contract.options import declared, option
+    from notebook_elastic.contract.spec import _restarts
+
+    @dataclasses.dataclass
+    class Spec:
+        retries: int = option("how many times to retry.", default=2, check=_restarts, metavar="N")
+
+    (new,) = declared(Spec, "spec")
+    assert new.flag == "--retries" and new.default == 2 and new.help_text == "how many times to retry. Default 2."
+    with pytest.raises(SpecError, match=r"--retries -1 must be 0 or more"):
+        new.check(-1, new.flag)
 
 
 def test_the_spec_options_are_job_spec_fields_with_the_tables_defaults():
@@ -62,8 +102,11 @@ def test_the_spec_options_are_job_spec_fields_with_the_tables_defaults():
     for o in options.OPTIONS:
         if o.goes_to == "spec":
             assert o.keyword in spec_fields, o.keyword
-    spec = JobSpec(**{k: v for k, v in options.spec_defaults().items() if k != "nnodes"}).validated()
+    shown = {o.keyword: o.default for o in options.OPTIONS if o.goes_to == "spec" and o.default is not None}
+    spec = JobSpec(**{k: v for k, v in shown.items() if k != "nnodes"}).validated()
     assert spec.max_payload_bytes == 64 * 1024 * 1024 and spec.max_restarts == JobSpec().max_restarts
+    # What the table shows as a default is what a spec given nothing holds.
+    assert JobSpec(name="x", **shown).validated() == JobSpec(name="x").validated()
 
 
 def test_kubernetes_options_on_the_local_backend_are_refused_before_anything(shell, home):

@@ -20,7 +20,7 @@ from IPython.core import magic_arguments as ipython_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..contract import options
+from ..backends import options
 from ..errors import NotebookElasticError
 from ..packaging import NotebookContext
 from .launcher import (
