@@ -129,3 +129,62 @@ def test_the_documentation_shows_the_table_as_generated():
     assert "| `--queue NAME` | `queue=` | kubernetes |" in built
     events = hooks.on_page_markdown("<!-- events -->", None, None, None)
     assert "| `queue` | `queue`, `state` |" in events, events[:400]
+
+
+def test_the_keywords_type_checkers_read_are_the_tables():
+    """kernel/launch_options.py (launch()'s keywords for type checkers) is generated from the
+    table: an option added, removed or retyped without scripts/gen_options.py fails here."""
+    import subprocess
+    import sys
+
+    from notebook_elastic.kernel.launch_options import LaunchOptions
+
+    assert list(LaunchOptions.__annotations__) == [o.keyword for o in options.OPTIONS if o.keyword_arg]
+    done = subprocess.run(
+        [sys.executable, str(README.parent / "scripts" / "gen_options.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+USES_OF_LAUNCH = """\
+import notebook_elastic as ne
+
+ne.launch("print(1)", nnodes="1:4", nproc_per_node=2, gpus=1, env=["A=1"], tolerations=["spot:NoSchedule"], dry_run=True)
+ne.launch("print(1)", nproc_per_nod=2)
+ne.launch("print(1)", nnodes=[1, 4])
+ne.launch("print(1)", wait=True)
+job = ne.attach("toy")
+taken: str | None = job.preempt_node(grace_s=30).node
+"""
+
+
+@pytest.mark.slow
+def test_a_type_checker_knows_launchs_keywords_and_their_types(tmp_path):
+    """A user's type checker (mypy, strict, from the user's own folder) reads notebook_elastic's
+    types (py.typed), launch()'s real keywords among them: a misspelt one, a wrong type and one
+    of the magic's alone are errors; the rest of the call checks. Red before: the package had no
+    py.typed (its types were skipped) and launch took ``**options: Any``."""
+    import subprocess
+    import sys
+
+    (tmp_path / "use.py").write_text(USES_OF_LAUNCH)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-error-summary",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "use.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert [line.split(":")[1] for line in errors] == ["4", "5", "6"], done.stdout + done.stderr
+    assert 'Unexpected keyword argument "nproc_per_nod"' in errors[0] and 'did you mean "nproc_per_node"' in errors[0]
+    assert 'Argument "nnodes"' in errors[1] and "str | int | tuple[int, int] | None" in errors[1]
+    assert 'Unexpected keyword argument "wait"' in errors[2]

@@ -21,6 +21,12 @@ from .job import ElasticJob
 
 if TYPE_CHECKING:
     from ..backends.local import LocalBackend
+    from .launch_options import LaunchOptions
+
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
 
 
 def build_spec(
@@ -186,7 +192,7 @@ def launch(
     user_ns: Mapping[str, Any] | None = None,
     notebook_context: NotebookContext | None = None,
     backend_options: Mapping[str, Any] | None = None,
-    **options_given: Any,
+    **options_given: Unpack[LaunchOptions],
 ) -> ElasticJob:
     """Package the training code and run it as an elastic torchrun job.
 
@@ -196,7 +202,9 @@ def launch(
     launches it later. Every error (bad option, unshippable value) is raised before
     anything starts. A job of the same name that was lost, failed or stopped is resumed
     from its checkpoint when the code is the same (``resume=True`` insists on it,
-    ``fresh=True`` starts over); see ``start_or_resume``.
+    ``fresh=True`` starts over); see ``start_or_resume``. ``options_given``: the option
+    table's keywords (``LaunchOptions``, kernel/launch_options.py, for type checkers; the
+    signature lists them with their defaults for help() and Shift-Tab).
     """
     ctx = with_elastic(
         notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())
