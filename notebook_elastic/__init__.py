@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 if TYPE_CHECKING:  # what type checkers and editors see of the lazy names below, each as it is
+    from IPython.core.interactiveshell import InteractiveShell
+
     from .contract.spec import JobSpec as JobSpec
     from .errors import BackendError as BackendError
     from .errors import NotebookElasticError as NotebookElasticError
@@ -61,13 +63,13 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "notebook-elastic"}]
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     from .kernel.magics import load_ipython_extension as load
 
     load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     from .kernel.magics import unload_ipython_extension as unload
 
     unload(ipython)

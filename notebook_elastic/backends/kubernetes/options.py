@@ -80,7 +80,7 @@ def untested_torch_warning(image: str, flag: str = "--image") -> str | None:
     )
 
 
-def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, Any]:
+def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, str]:
     """``key=value:Effect``, ``key:Effect``, ``key=value`` or ``key`` -> a toleration."""
     body, _, effect = text.partition(":")
     if effect and effect not in _EFFECTS:
@@ -88,7 +88,7 @@ def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, Any]:
     key, eq, value = body.partition("=")
     if not key or not _LABEL_NAME.match(key):
         raise SpecError(f"{flag} {text!r} must look like key=value:NoSchedule (for example nvidia.com/gpu:NoSchedule)")
-    tol: dict[str, Any] = {"key": key, "operator": "Equal" if eq else "Exists"}
+    tol: dict[str, str] = {"key": key, "operator": "Equal" if eq else "Exists"}
     if eq:
         tol["value"] = value
     if effect:
@@ -144,7 +144,7 @@ def _gpus(value: int | str, flag: str) -> int:
     return gpus
 
 
-def _tolerations(values: Iterable[str], flag: str) -> list[dict[str, Any]]:
+def _tolerations(values: Iterable[str], flag: str) -> list[dict[str, str]]:
     return [parse_toleration(t, flag) for t in values]
 
 
@@ -205,7 +205,7 @@ class KubernetesOptions:
     )
     cpu: str | None = option("CPU request per pod, like 8 or 500m.", default=None, check=_quantity)
     memory: str | None = option("memory per pod, like 32Gi.", default=None, check=_quantity)
-    tolerations: list[dict[str, Any]] = option(
+    tolerations: list[dict[str, str]] = option(
         "worker toleration.",
         default_factory=list,
         check=_tolerations,
@@ -216,7 +216,7 @@ class KubernetesOptions:
     node_selector: dict[str, str] = option(
         "worker node selector.", default_factory=dict, check=_selector, repeatable=True, metavar="LABEL=VALUE"
     )
-    rdzv_tolerations: list[dict[str, Any]] = option(
+    rdzv_tolerations: list[dict[str, str]] = option(
         "toleration of the rendezvous pod.",
         default_factory=list,
         check=_tolerations,

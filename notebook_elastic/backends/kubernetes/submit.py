@@ -10,7 +10,7 @@ import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...agent.notice_keeper import LEAVE_S
 from ...contract.plan import rdzv_id
@@ -21,6 +21,10 @@ from . import grace, kueue
 from . import manifests as m
 from .client import Connection, explain, is_missing
 from .options import KubernetesOptions
+
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
 
 _log = _logging.get("backends.kubernetes.submit")
 
@@ -48,7 +52,7 @@ class Submitter:
         self.namespace = namespace
         self.cancel = cancel
 
-    def _options(self, spec: Any) -> KubernetesOptions:
+    def _options(self, spec: JobSpec) -> KubernetesOptions:
         """The job's options, its pods' grace resolved: the user's, else derived from the last
         save measured for a job of this name here (grace.py)."""
         options = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
@@ -56,7 +60,7 @@ class Submitter:
             options.grace = grace.derived(grace.measured(spec.name))
         return options
 
-    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+    def submit_dryrun(self, spec: JobSpec, bundle: Bundle) -> DryRun:
         options = self._options(spec)
         run_id = secrets.token_hex(4)
         objects = m.build(spec, bundle, options, run_id=run_id)

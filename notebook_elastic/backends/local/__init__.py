@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
 from ...contract.events import FINAL_STATUSES, Event, Kind, status_phrase
@@ -52,6 +52,10 @@ from ...jobfolder.processes import kill_all, processes_of
 from ...pool import ENV_POOL, ensure_pool, through_pool
 from ...runtime import protocol
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
+
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 #: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
@@ -107,7 +111,7 @@ class LocalBackend(Backend):
 
     # -- submit --------------------------------------------------------------------------
 
-    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+    def submit_dryrun(self, spec: JobSpec, bundle: Bundle) -> DryRun:
         folder = self.folder(spec.name)
         place = local_place(spec, folder, gpus=visible_gpus())
         plan = launch_plan(spec, place, rdzv_id=rdzv_id(spec.name, "<run>", 0))  # refuses a range the GPUs cannot hold

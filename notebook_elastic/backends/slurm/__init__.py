@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...contract.events import FINAL_STATUSES
 from ...errors import BackendError
@@ -42,6 +42,10 @@ from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster
 from .mark import ENV_MARK, cancel_marked, job_name, mark_for_run, own_mark
 from .options import SlurmOptions
+
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
 
 __all__ = ["SlurmBackend"]
 
@@ -83,7 +87,7 @@ class SlurmBackend(LocalBackend):
         if marked is not None:  # else nothing of its own in Slurm: never cancel by a name alone
             cancel_marked(*marked, wait_s=wait_s)
 
-    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+    def submit_dryrun(self, spec: JobSpec, bundle: Bundle) -> DryRun:
         dry = super().submit_dryrun(spec, bundle)
         options = SlurmOptions.from_json(spec.backend_options.get("slurm"))
         srun = " ".join(options.srun(spec.name, "node-N", spec.nproc_per_node, cluster.comment("<the folder's mark>")))
