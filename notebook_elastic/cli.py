@@ -395,7 +395,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     before = backend.describe(args.name)
     backend.cancel(args.name)
     if before is not None and before.status in FINAL_STATUSES:
-        print(f"job {args.name!r} {status_phrase(before.status)} already: nothing was left to stop")
+        print(f"job {args.name!r} {status_phrase(before.status)} already: nothing of it is left running")
         return 0
     info = backend.describe(args.name)
     if info is None:
@@ -429,8 +429,9 @@ def cmd_pool(args: argparse.Namespace) -> int:
     import signal
 
     from . import pool
+    from .runtime.protocol import ENV_POOL
 
-    name = os.environ.get(pool.ENV_POOL) or pool.pool_name()
+    name = os.environ.get(ENV_POOL) or pool.pool_name()
     pid = pool.ping(name)
     if pid is None:
         print(f"no warm pool runs for this environment ({name[1:]})")

@@ -171,7 +171,7 @@ def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(hom
     again = cli("resume", "term")
     assert again.returncode == 1 and "job 'term' has succeeded; only a lost" in again.stderr, again.stderr
     done = cli("stop", "term")
-    assert done.stdout.strip() == "job 'term' has succeeded already: nothing was left to stop"
+    assert done.stdout.strip() == "job 'term' has succeeded already: nothing of it is left running"
 
 
 @pytest.mark.slow

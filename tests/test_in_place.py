@@ -283,3 +283,45 @@ def test_on_slurm_nodes_keep_their_processes_through_a_loss_and_a_scale(on_slurm
         assert not [e for e in job.events if e.kind == Kind.RESUMED], "a node read a checkpoint"
     finally:
         job.stop()
+
+
+def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_the_next(home, tmp_path):
+    """A scale-up's new node that goes before its workers ever come (stuck at their start here,
+    then scaled away): the kept worker and the other new one wait in the group that cannot form,
+    are told to give it up, and form the next round's. Old code: the kept worker had counted the
+    group it gave up, named its next group after it, and the two never met (the job hung)."""
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    (stuck / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('LOCAL_RANK') is not None:\n    time.sleep(120)\n"
+    )
+    cold = {"NOTEBOOK_ELASTIC_WARM_WORKERS": "0", "NOTEBOOK_ELASTIC_WARM_POOL": "0", "PYTHONPATH": str(stuck)}
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:3",
+        nodes=1,
+        name="formed",
+        checkpoint_every=NEVER,
+        backend_options={"node_env": {"node-2": cold}},
+        user_ns=namespace(total=100_000),
+    )
+    try:
+        wait_for(training_at(job, 1, 5), "one node training", job=job)
+        first = pids_of(job, "node-0")
+        job.scale(3)
+        wait_for(
+            lambda: any(e.kind == Kind.REGROUPED and e.get("group_world_size") == 3 for e in job.events),
+            "a round of three (node-2's workers stuck at their start)",
+            job=job,
+        )
+        job.scale(2)  # node-2 goes: the group of three never forms
+        wait_for(
+            lambda: any(c["world_size"] == 2 for c in changes(job)) and training_at(job, 2, 0)(),
+            "two nodes training in place",
+            timeout=120,
+            job=job,
+        )
+        assert pids_of(job, "node-0") == first
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a rank read a checkpoint"
+    finally:
+        job.stop()

@@ -26,7 +26,7 @@ from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.contract.events import Kind
 from notebook_elastic.jobfolder.folder import prepare_jobs_root
 from notebook_elastic.jobfolder.processes import pid_alive, processes_of
-from notebook_elastic.runtime import owned
+from notebook_elastic.runtime import owned, protocol
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +153,7 @@ def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):
     the job succeeds without a restart."""
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
     proc = start_private_pool(name)
-    monkeypatch.setenv(pool.ENV_POOL, name)
+    monkeypatch.setenv(protocol.ENV_POOL, name)
     gate = str(tmp_path / "gate")
     try:
         job = ne.launch(GATED, nproc_per_node=2, name="orphaned-pool", user_ns=namespace(gate))
@@ -176,7 +176,7 @@ def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):
 
 def test_an_idle_pool_is_reaped_gives_way_to_none_and_serves_only_its_user():
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
-    first = start_private_pool(name, **{pool.ENV_IDLE: "2"})
+    first = start_private_pool(name, **{protocol.ENV_POOL_IDLE_S: "2"})
     try:
         # A second pool started for the same name finds it taken and exits before importing.
         second = pool.start(name, dict(os.environ))
@@ -201,7 +201,7 @@ def test_a_pool_ends_with_its_owner_and_never_follows_a_planted_log_link(tmp_pat
     target = tmp_path / "someone-elses-file"
     target.write_text("theirs\n")
     (tmp_path / "pool.log").symlink_to(target)
-    proc = pool.start(name, {**os.environ, pool.ENV_OWNER: str(owner.pid)}, tmp_path / "pool.log")
+    proc = pool.start(name, {**os.environ, protocol.ENV_POOL_OWNER: str(owner.pid)}, tmp_path / "pool.log")
     try:
         assert pool.wait_for(name, 180) == proc.pid, "the pool did not come up"
         assert target.read_text() == "theirs\n"
@@ -210,7 +210,7 @@ def test_a_pool_ends_with_its_owner_and_never_follows_a_planted_log_link(tmp_pat
         assert proc.wait(180) == 0
         assert pool.ping(name) is None
         # An owner gone before the pool starts: it does not stay.
-        late = pool.start(name, {**os.environ, pool.ENV_OWNER: str(owner.pid)})
+        late = pool.start(name, {**os.environ, protocol.ENV_POOL_OWNER: str(owner.pid)})
         assert late.wait(180) == 0 and pool.ping(name) is None
     finally:
         for p in (owner, proc):
@@ -220,9 +220,9 @@ def test_a_pool_ends_with_its_owner_and_never_follows_a_planted_log_link(tmp_pat
 
 
 def test_the_pool_is_off_with_its_switch(monkeypatch):
-    monkeypatch.setenv(pool.ENV_POOL_ON, "0")
+    monkeypatch.setenv(protocol.ENV_POOL_ON, "0")
     assert pool.ensure_pool() is None
-    monkeypatch.setenv(pool.ENV_POOL_ON, "1")
+    monkeypatch.setenv(protocol.ENV_POOL_ON, "1")
     monkeypatch.setenv("NOTEBOOK_ELASTIC_WARM_WORKERS", "0")
     assert pool.ensure_pool() is None
 
@@ -248,7 +248,7 @@ def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_p
     from notebook_kernel import NotebookKernel
 
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
-    monkeypatch.setenv(pool.ENV_POOL, name)  # the kernel inherits it (the session's pool is not this one)
+    monkeypatch.setenv(protocol.ENV_POOL, name)  # the kernel inherits it (the session's pool is not this one)
     assert pool.ping(name) is None
     prepare_jobs_root(home)  # a user who has run jobs before: the pool logs there
     pid = None
@@ -275,7 +275,7 @@ def test_the_cli_tells_whether_the_pool_runs_and_stops_it(monkeypatch, capsys):
     from notebook_elastic import cli
 
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
-    monkeypatch.setenv(pool.ENV_POOL, name)
+    monkeypatch.setenv(protocol.ENV_POOL, name)
     assert cli.main(["pool"]) == 0
     assert "no warm pool runs" in capsys.readouterr().out
     proc = start_private_pool(name)
@@ -297,7 +297,7 @@ def test_a_pool_a_jobs_guardian_started_is_no_part_of_that_job(home, tmp_path, m
     first job's guardian, and stopping the first job killed the second. The pool is started
     detached (its parent is init), and the walk by descent stops at a pool."""
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
-    monkeypatch.setenv(pool.ENV_POOL, name)
+    monkeypatch.setenv(protocol.ENV_POOL, name)
     pools: list[int] = []
     try:
         first = ne.launch(GATED, nproc_per_node=1, name="first", user_ns=namespace(str(tmp_path / "never")))
@@ -347,7 +347,7 @@ def test_the_pool_is_one_whichever_spelling_of_the_interpreter_names_it(monkeypa
         {os.path.join(bin_dir, n) for n in os.listdir(bin_dir) if n.startswith("python3")} | {sys.executable}
     )
     spellings.append(os.path.join(bin_dir, ".", "..", os.path.basename(bin_dir), os.path.basename(sys.executable)))
-    env = {k: v for k, v in os.environ.items() if k != pool.ENV_POOL}
+    env = {k: v for k, v in os.environ.items() if k != protocol.ENV_POOL}
     env["TORCH_NE_TEST_POOL"] = os.urandom(8).hex()  # read as an import-time variable: a name of this test's own
     ask = "from notebook_elastic import pool; print(pool.pool_name())"
     names = {

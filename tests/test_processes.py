@@ -21,7 +21,7 @@ from waiting import wait_for
 
 from notebook_elastic.jobfolder.processes import kill_all, pid_alive, process_start_ticks, processes_of
 from notebook_elastic.runtime import owned
-from notebook_elastic.runtime.protocol import ENV_JOB_DIR
+from notebook_elastic.runtime.protocol import ENV_JOB_DIR, ENV_POOL
 from notebook_elastic.supervisor.outcome import _is_ours
 from notebook_elastic.supervisor.stall import is_stopped
 
@@ -277,7 +277,7 @@ def test_the_walk_by_descent_stops_at_a_pool_and_at_another_jobs_processes(tmp_p
         assert pool.wait_for(name, 180) == warm and psutil.Process(warm).ppid() == parent.pid
         launcher = subprocess.Popen(
             [sys.executable, "-m", "notebook_elastic.pool.warm", "-m", "sleeper"],
-            env={**os.environ, pool.ENV_POOL: name, ENV_JOB_DIR: str(b), "PYTHONPATH": str(tmp_path)},
+            env={**os.environ, ENV_POOL: name, ENV_JOB_DIR: str(b), "PYTHONPATH": str(tmp_path)},
         )
         everyone.append(launcher.pid)
         wait_for(lambda: [p for p in owned.registered(b) if p != named_b], "the pool's fork for job B named")

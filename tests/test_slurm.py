@@ -422,7 +422,7 @@ def test_jobs_of_the_same_name_in_two_homes_never_touch_each_other(on_slurm, tmp
         stopped = subprocess.run(
             [str(CLI), "stop", "twin"], capture_output=True, text=True, timeout=120, env=dict(os.environ)
         )
-        assert stopped.returncode == 0 and stopped.stdout.strip() == "twin: stopped", stopped
+        assert stopped.returncode == 0 and stopped.stdout.strip() == stopped_said("twin"), stopped
         _b_untouched(on_slurm, b, b_ids)
         assert not [j for j in on_slurm.jobs() if j[0] not in b_ids and j[2] in ("RUNNING", "PENDING")]
 
@@ -455,6 +455,14 @@ def test_jobs_of_the_same_name_in_two_homes_never_touch_each_other(on_slurm, tmp
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=180, env=dict(os.environ))
+
+
+def stopped_said(name: str) -> str:
+    """What ``notebook-elastic stop NAME`` prints when it stopped the job."""
+    return (
+        f"job {name!r} was stopped, with every process it started; its checkpoints stay "
+        f"(`notebook-elastic resume {name}` continues it)"
+    )
 
 
 def _ours(on_slurm, name: str) -> list[tuple[str, str, str]]:
@@ -513,7 +521,7 @@ def test_stopping_a_job_whose_supervisor_waits_in_the_queue_cancels_it(on_slurm,
         wait_for(lambda: ("blocker", "RUNNING") in [(n, s) for _, n, s in on_slurm.jobs()], "the ctl partition full")
         thread, result = launch_queued(on_slurm, "q-cli")
         stopped = _cli("stop", "q-cli")
-        assert stopped.returncode == 0 and stopped.stdout.strip() == "q-cli: stopped", stopped
+        assert stopped.returncode == 0 and stopped.stdout.strip() == stopped_said("q-cli"), stopped
         stopped_while_queued(on_slurm, home, "q-cli", thread, result)
 
         with NotebookKernel(tmp_path / "nb", timeout_s=300) as nb:
@@ -560,7 +568,10 @@ def test_a_stop_slurm_does_not_answer_says_so_instead_of_stopped(on_slurm, home)
         assert "could not be cancelled, Slurm did not answer: scancel" in str(result.get("error")), result
         assert [s for _, n, s in on_slurm.jobs() if n == "ne-q-mute-supervisor"] == ["PENDING"]  # as said
         again = _cli("stop", "q-mute")
-        assert again.returncode == 0 and again.stdout.strip() == "q-mute: stopped", again
+        assert (
+            again.returncode == 0
+            and again.stdout.strip() == "job 'q-mute' was stopped already: nothing of it is left running"
+        ), again
         assert not _ours(on_slurm, "q-mute"), on_slurm.jobs()
     finally:
         blocker.kill()
@@ -600,7 +611,7 @@ def test_a_stop_before_sbatch_answered_cancels_what_it_submits(on_slurm, home, t
     if slow_when == "after":
         wait_for(lambda: _ours(on_slurm, "q-early"), "Slurm took the job (its answer still to come)")
     stopped = _cli("stop", "q-early")
-    assert stopped.returncode == 0 and stopped.stdout.strip() == "q-early: stopped", stopped
+    assert stopped.returncode == 0 and stopped.stdout.strip() == stopped_said("q-early"), stopped
     thread.join(timeout=60)
     assert not thread.is_alive()
     assert "was stopped before its supervisor started" in str(result.get("error")), result

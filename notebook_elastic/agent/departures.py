@@ -42,13 +42,12 @@ def _marked_leaving(handler: Any, agent_pid: int) -> bool:
     """Whether the agent ``agent_pid`` said it leaves on purpose (agent/inplace.py) before it
     left the round."""
     from .deadline import call_with_deadline
-    from .inplace import leaving_key
 
     store = torch_compat.rendezvous_store(handler)
     if store is None:
         return False
     try:
-        return bool(call_with_deadline(store.check, 5.0, [leaving_key(agent_pid)]))
+        return bool(call_with_deadline(store.check, 5.0, [protocol.leaving_key(agent_pid)]))
     except Exception:
         _log.debug("could not read whether the member left on purpose: taken as lost", exc_info=True)
         return False

@@ -37,22 +37,15 @@ from typing import Any
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
+from ..runtime.event_types import InPlaceRefused, LeftAtBoundary, Regrouped
 from ..runtime.inplace import group_prefix
+from ..runtime.protocol import Kind
 from .deadline import call_with_deadline
 
 #: A store call of ours here: a few hundred bytes; no answer by then is no answer.
 STORE_CALL_S = 5.0
 
 _log = _logging.get("agent.inplace")
-
-#: Set (with the time) in the rendezvous store by a node that goes on purpose, before it leaves
-#: its round: its peers' watch then regroups without aborting their step (it is not lost).
-LEAVING_KEY = "notebook_elastic/leaving"
-
-
-def leaving_key(agent_pid: int) -> str:
-    return f"{LEAVING_KEY}/{agent_pid}"
-
 
 #: How long a node that goes waits for its workers to leave at a step boundary (within the
 #: supervisor's stop grace, 10 s) before it tells them to abort (a step longer than this costs
@@ -69,7 +62,6 @@ class _Worker:
     conn: socket.socket
     capable: bool = False
     why: str = "the cell keeps no elastic.State (none built yet)"
-    lost: bool = False  # its group broke: it waits for the next assignment
     progressed: bool = False  # it has reported a step (a restart of it is worth a sentence)
     said: bool = False  # it said whether it can stay
     open: bool = True
@@ -151,10 +143,8 @@ class Links:
             worker.said = True
         elif op == "progress":
             worker.progressed = True
-        elif op in ("lost", "boundary"):
-            worker.lost = op == "lost"
-            if worker.lost:
-                self._on_lost()
+        elif op == "lost":  # its group broke: it waits for the next assignment
+            self._on_lost()
 
     def why_not(self, local_ranks: list[int]) -> str | None:
         """Why the workers of these local ranks cannot all stay in place (None: they can)."""
@@ -191,10 +181,7 @@ class Links:
             worker = self._workers.get(local_rank)
         if worker is None:
             return False
-        sent = worker.send(message)
-        if message.get("op") == "assign":
-            worker.lost = False
-        return sent
+        return worker.send(message)
 
     def wait_closed(self, local_ranks: list[int], timeout_s: float) -> bool:
         """Wait until these local ranks' links are closed (their processes ended); False on timeout."""
@@ -220,7 +207,6 @@ class InPlace:
         self.regroup_after: int | None = None  # ... of a member of this round (stale once past it)
         self.lost = threading.Event()  # a worker's group broke: a departure is looked for at each look
         self.reason = ""  # why the next round forms ("left", "lost", "joined", "store")
-        self.regroups = 0
         self.refused_round: int | None = None  # the round whose restart was said (in_place_refused)
 
     def start(self) -> dict[str, str]:
@@ -273,7 +259,7 @@ class InPlace:
         trained: still starting, there was nothing to keep)."""
         if self.refused_round != round_ and self.links is not None and self.links.trained():
             self.refused_round = round_
-            emit("in_place_refused", node=self._node(), reason=why)
+            emit(Kind.IN_PLACE_REFUSED, node=self._node(), **InPlaceRefused(reason=why))
 
     def _regroup(self, reason: str, round_: int | None) -> None:
         self.reason = reason
@@ -339,16 +325,17 @@ class InPlace:
                     "reason": reason,
                 },
             )
-        self.regroups += 1
         emit(
-            "regrouped",
+            Kind.REGROUPED,
             node=self._node(),
-            round=round_,
-            group_rank=worker_group.group_rank,
-            group_world_size=worker_group.group_world_size,
-            kept=links.pids(local_ranks),
-            reason=reason,
-            took_s=round(time.monotonic() - started, 4),
+            **Regrouped(
+                round=round_,
+                group_rank=worker_group.group_rank,
+                group_world_size=worker_group.group_world_size,
+                kept=links.pids(local_ranks),
+                reason=reason,
+                took_s=round(time.monotonic() - started, 4),
+            ),
         )
         return True
 
@@ -361,14 +348,14 @@ class InPlace:
             return
         try:
             if store is not None:
-                call_with_deadline(store.set, STORE_CALL_S, leaving_key(os.getpid()), str(time.time()))
+                call_with_deadline(store.set, STORE_CALL_S, protocol.leaving_key(os.getpid()), str(time.time()))
             leave_round()  # the survivors form their round meanwhile
         except Exception:
             _log.debug("could not leave the round first: the survivors see it at the heartbeat", exc_info=True)
         for local_rank in local_ranks:
             links.send(local_rank, {"op": "leave"})
         if links.wait_closed(local_ranks, LEAVE_AT_BOUNDARY_S):
-            emit("left_at_boundary", node=self._node(), local_ranks=local_ranks)
+            emit(Kind.LEFT_AT_BOUNDARY, node=self._node(), **LeftAtBoundary(local_ranks=local_ranks))
             return
         for local_rank in local_ranks:
             links.send(local_rank, {"op": "abort"})

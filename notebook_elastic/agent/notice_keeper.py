@@ -94,9 +94,6 @@ def saved_after(store: StoreClient, notice: dict[str, Any]) -> bool:
     return False
 
 
-#: Where the supervisor asks a node's keeper to SIGKILL one of its workers (the kill-a-worker
-#: drill, for a node on another host than the supervisor's: Slurm): ``{"pid", "rank"}``.
-KILL_KEY = "notebook_elastic/kill/{node}"
 #: How often the keeper looks for such a request.
 KILL_POLL_S = 0.5
 
@@ -129,7 +126,7 @@ class Keeper:
     def serve_drills(self) -> None:
         """From a thread, while the node lives: SIGKILL a worker of this node when the supervisor
         asks (the drill, as it does with a local pid), if it is one of this keeper's descendants."""
-        key = KILL_KEY.format(node=self.node)
+        key = protocol.KILL_KEY.format(node=self.node)
         store = None
         while True:
             time.sleep(KILL_POLL_S)

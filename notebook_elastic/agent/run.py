@@ -299,11 +299,10 @@ def _start_zygote() -> bool:
     (``pool``), else a zygote of the node's own."""
     from .. import pool
     from ..pool.warm import start_zygote
-    from ..pool.wire import ENV_ZYGOTE
 
     name = pool.in_use()
     if name:
-        os.environ[ENV_ZYGOTE] = name
+        os.environ[protocol.ENV_ZYGOTE] = name
         return True
     return start_zygote() is not None
 

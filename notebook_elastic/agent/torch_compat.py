@@ -40,6 +40,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..runtime import log as _logging
+from ..runtime.protocol import GONE_KEY, STORE_ID_KEY, TARGET_KEY
 from .deadline import StoreSilent, call_with_deadline
 
 _log = _logging.get("agent.torch_compat")
@@ -327,8 +328,6 @@ def leave_instead_of_closing(always: bool = True) -> bool:
 # many closes at once, and nodes waiting in a round look again every ``poll_s``. Where the key
 # is absent (a cluster's store) rounds close as torch closes them.
 
-#: The number of nodes the job runs now, set in the rendezvous store by the local supervisor.
-TARGET_KEY = "notebook_elastic/target"
 _round_store = threading.local()
 
 
@@ -409,10 +408,6 @@ def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
         return action
 
     return join_op
-
-
-#: Agents that died on this machine, {pid: when}, set in the store by the local supervisor.
-GONE_KEY = "notebook_elastic/gone"
 
 
 def _gone_pids(store: Any, window_s: float) -> set[int]:
@@ -693,7 +688,6 @@ def _store_of_round(torch_handler: Any) -> Any:
 # Where the store cannot be replaced (the local supervisor's own: it dies with its agents), only
 # the same store answering again is waited for; a store that went (a reset) ends the agent at once.
 
-STORE_ID_KEY = "notebook_elastic/store_id"  # set by our store server (store/run.py)
 #: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after
 #: this long, even on a loaded node, is a store that does not answer.
 STORE_CALL_TIMEOUT_S = 15.0

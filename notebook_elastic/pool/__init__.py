@@ -47,12 +47,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
-ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
-ENV_IDLE = "NOTEBOOK_ELASTIC_POOL_IDLE_S"
-ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
-ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
-ENV_OWNER = "NOTEBOOK_ELASTIC_POOL_OWNER"  # a pid: the pool ends with that process (a test session)
+from ..runtime.protocol import (
+    ENV_FORKED,
+    ENV_LAUNCHER,
+    ENV_POOL,
+    ENV_POOL_IDLE_S,
+    ENV_POOL_ON,
+    ENV_POOL_OWNER,
+    ENV_WARM_WORKERS,
+)
+
 IDLE_S = 600.0
 #: Read when torch and the preloaded modules are imported: a pool imported under other values
 #: would hand children the wrong ones. (CUDA_VISIBLE_DEVICES is read only when CUDA starts.)
@@ -61,9 +65,9 @@ _IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "LD_", "LOG
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return (
-        env.get(ENV_POOL_ON, "1") != "0" and env.get("NOTEBOOK_ELASTIC_WARM_WORKERS", "1") != "0"
-    ) and sys.platform.startswith("linux")
+    return (env.get(ENV_POOL_ON, "1") != "0" and env.get(ENV_WARM_WORKERS, "1") != "0") and sys.platform.startswith(
+        "linux"
+    )
 
 
 def in_use(env: Mapping[str, str] | None = None) -> str | None:
@@ -112,7 +116,7 @@ def _torch_install() -> str:
 
 def idle_seconds() -> float:
     try:
-        return float(os.environ.get(ENV_IDLE, IDLE_S))
+        return float(os.environ.get(ENV_POOL_IDLE_S, IDLE_S))
     except ValueError:
         return IDLE_S
 
@@ -218,10 +222,10 @@ def is_pool_command(argv: list[str]) -> bool:
 
 
 def owner_fd() -> int | None:
-    """A pidfd of the process the pool ends with (``ENV_OWNER``): readable once it has
+    """A pidfd of the process the pool ends with (``ENV_POOL_OWNER``): readable once it has
     exited; -1 when it is gone already; None when there is none."""
     try:
-        pid = int(os.environ[ENV_OWNER])
+        pid = int(os.environ[ENV_POOL_OWNER])
     except (KeyError, ValueError):
         return None
     try:

@@ -74,6 +74,7 @@ class Group:
             store = dist.PrefixStore(assignment.prefix, self._store)
             self._forming = _socket_fds()
             self.assignment = assignment
+        _first_group_name()
         try:
             dist.init_process_group(
                 backend,
@@ -118,6 +119,15 @@ class Group:
             except OSError:
                 continue  # closed meanwhile, or not a connected socket any more
 
+    def superseded_by(self, assignment: Assignment) -> None:
+        """A newer round was formed while this one still forms (another node joined or left
+        meanwhile): its members went on to the newer one, so this one never forms; give it up."""
+        with self._lock:
+            forming = self._forming is not None and self.assignment is not None
+            older = forming and self.assignment is not None and self.assignment.round < assignment.round
+        if older:
+            self.abort()
+
     def close(self) -> None:
         """Destroy the (aborted) group, so that a new one can be made."""
         import torch.distributed as dist
@@ -130,6 +140,20 @@ class Group:
         with self._lock:
             self._fds = set()
             self.assignment = None
+
+
+def _first_group_name() -> None:
+    """The group about to form takes the name a fresh process's first group takes. torch names
+    each group by a per-process count (``distributed_c10d._world.group_count``, in the keys its
+    ranks meet under) that destroying the default group sets back to 0, but a group that failed
+    to form leaves counted: a kept worker whose first try was aborted (a member left before the
+    group formed) named its next group "1" while the new ranks named theirs "0", and they never
+    met. No other group lives here now (a cell's own groups make a worker restart instead)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    world = getattr(c10d, "_world", None)
+    if world is not None and hasattr(type(world), "group_count"):
+        world.group_count = 0
 
 
 def _abort_nccl() -> None:

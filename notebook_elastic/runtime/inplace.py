@@ -141,6 +141,7 @@ class Link:
         self.leaving = False  # this worker's node goes: it leaves at the next step boundary
         self.closed = False  # the agent went (or never answered): nothing here stays in place
         self.on_abort: Callable[[], None] = lambda: None  # the group's abort (set by Group)
+        self.on_assign: Callable[[Assignment], None] = lambda a: None  # a newer round was formed
         self.capable_said: tuple[bool, str] | None = None
         self._thread = threading.Thread(target=self._read, name="notebook-elastic-link", daemon=True)
         self._thread.start()
@@ -204,9 +205,11 @@ class Link:
     def _handle(self, message: dict[str, Any]) -> None:
         op = message.get("op")
         if op == "assign":
+            assignment = Assignment.from_message(message)
             with self._cond:
-                self.pending = Assignment.from_message(message)
+                self.pending = assignment
                 self._cond.notify_all()
+            self.on_assign(assignment)
         elif op == "leave":
             with self._cond:
                 self.leaving = True
@@ -239,12 +242,6 @@ class Link:
                     return None
                 self._cond.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
 
-    def close(self) -> None:
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-
 
 # -- the switch --------------------------------------------------------------------------------
 
@@ -254,10 +251,8 @@ class Switch:
     """One change of group, as this worker lived it (rank 0's becomes the ``in_place`` event)."""
 
     started: float  # monotonic: the change's first sign here (a boundary, a broken collective)
-    wall: float  # time.time() of the same moment
     reason: str
     from_world_size: int
-    from_rank: int
     abrupt: bool  # the step in flight broke (it is redone), not a boundary everyone agreed on
 
 
@@ -271,12 +266,12 @@ class InPlace:
         self.switch: Switch | None = None  # the change under way, until the new State trains
         self.incapable: str | None = None  # why this worker cannot stay (said to the agent)
         self.state: Any = None  # the State of the body running now (it registers itself)
-        self.switches = 0
 
     def start(self) -> None:
         self.link = Link.connect()
         if self.link is not None:
             self.link.on_abort = self.group.abort
+            self.link.on_assign = self.group.superseded_by
 
     @property
     def active(self) -> bool:
@@ -333,9 +328,8 @@ class InPlace:
             return None
         import torch.distributed as dist
 
-        info_rank = int(os.environ.get("RANK", 0))
         world = int(os.environ.get("WORLD_SIZE", 1))
-        self.switch = Switch(time.monotonic(), time.time(), "", world, info_rank, abrupt=not boundary)
+        self.switch = Switch(time.monotonic(), "", world, abrupt=not boundary)
         self.handoff = state.handoff()
         self.state = None
         self.group.abort()  # peers still in the old group's step fail now, not at its timeout
@@ -361,26 +355,11 @@ class InPlace:
                 self.group.close()
                 after = assignment.round
                 continue
-            self.switches += 1
             return assignment
 
     @property
     def leaving(self) -> bool:
         return self.link is not None and self.link.leaving
-
-    def summary(self, step: int, redone: int, took_s: float, **more: Any) -> dict[str, Any]:
-        switch = self.switch
-        assert switch is not None
-        return {
-            "from_world_size": switch.from_world_size,
-            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-            "step": step,
-            "redone": redone,
-            "took_s": round(took_s, 4),
-            "reason": switch.reason,
-            "abrupt": switch.abrupt,
-            **more,
-        }
 
 
 def own_groups(ours: int = 0) -> int:

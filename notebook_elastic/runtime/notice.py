@@ -26,6 +26,8 @@ from typing import Any
 from . import log as _logging
 from . import protocol
 from ._emit import emit
+from .event_types import SavedOnNotice
+from .protocol import Kind
 
 _log = _logging.get("runtime.notice")
 
@@ -129,14 +131,16 @@ class NoticeBoard:
         seconds = max(0.0, time.time() - float(notice.get("at", time.time())))
         self.answer(notice, step, seconds, saved=False, in_place=True)
         emit(
-            "saved_on_notice",
-            step=step,
-            seconds=round(seconds, 3),
-            id=int(notice["id"]),
-            grace_s=float(notice.get("grace_s", 0.0)),
-            notice_node=str(notice.get("node", "")),
-            saved=False,
-            in_place=True,
+            Kind.SAVED_ON_NOTICE,
+            **SavedOnNotice(
+                step=step,
+                seconds=round(seconds, 3),
+                id=int(notice["id"]),
+                grace_s=float(notice.get("grace_s", 0.0)),
+                notice_node=str(notice.get("node", "")),
+                saved=False,
+                in_place=True,
+            ),
         )
 
     def answer(

@@ -164,6 +164,44 @@ ENV_RUN = "NOTEBOOK_ELASTIC_RUN"
 #: Kubernetes pods: the tracker rank 0 logs to itself (runtime/pod_tracking.py): mlflow, wandb,
 #: none, or auto (as MLFLOW_TRACKING_URI / WANDB_PROJECT say). Local jobs: unset (the supervisor logs).
 ENV_TRACK = "NOTEBOOK_ELASTIC_TRACK"
+# The warm pool and a node's zygote (pool/): where a process of a job is forked from.
+ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
+ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
+ENV_POOL_IDLE_S = "NOTEBOOK_ELASTIC_POOL_IDLE_S"  # how long an idle pool waits before it ends
+ENV_POOL_OWNER = "NOTEBOOK_ELASTIC_POOL_OWNER"  # a pid: the pool ends with that process (a test session)
+ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
+ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
+ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # a node's zygote's socket name ("@..." = abstract), for launchers
+ENV_WARM_WORKERS = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off (the pool's and the zygote's)
+ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
+
+# Keys of ours in the job's rendezvous store, beside torch's rendezvous state.
+#: The number of nodes the job runs now, set by the local supervisor: a round that holds that
+#: many closes at once (agent/rendezvous.py).
+TARGET_KEY = "notebook_elastic/target"
+#: Agents that died on this machine, JSON ``{pid: when}``, set by the local supervisor: its
+#: agents drop them from their round at once, not when their heartbeat expires.
+GONE_KEY = "notebook_elastic/gone"
+#: A random id our store server (store/run.py) sets: an agent tells a replacement store from
+#: the one it lost by it.
+STORE_ID_KEY = "notebook_elastic/store_id"
+#: Set (with the time) by a node that goes on purpose, before it leaves its round
+#: (``leaving_key``): its peers then regroup without aborting their step (it is not lost).
+LEAVING_KEY = "notebook_elastic/leaving"
+#: Where the supervisor asks a node's keeper to SIGKILL one of its workers (the kill-a-worker
+#: drill, for a node on another host than the supervisor's: Slurm): ``{"pid", "rank"}``.
+KILL_KEY = "notebook_elastic/kill/{node}"
+
+
+def leaving_key(agent_pid: int) -> str:
+    return f"{LEAVING_KEY}/{agent_pid}"
+
+
+def joiner_key(run_id: str, name: str) -> str:
+    """A key of the agents' eviction of a node that fails while joining (agent/joiner.py):
+    ``progressed``, ``failed/ROUND``, ``evicted/INDEX``, ``charged/INDEX``."""
+    return f"notebook_elastic/{run_id}/joiners/{name}"
+
 
 #: Our agent's exit status when its workers failed more often than --max-restarts allows
 #: (torchrun itself exits 1 then, as it does on SIGTERM). A Kubernetes Job fails at once on

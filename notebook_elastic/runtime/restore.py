@@ -14,6 +14,8 @@ from typing import Any
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _meta_path, claim_generation, list_checkpoints, run_base
+from .event_types import InPlace
+from .protocol import Kind
 from .state_dicts import _load_into
 from .worker import WorkerInfo, device
 
@@ -320,8 +322,7 @@ class Restore:
         machinery.handoff = None
         if self._info.rank == 0:
             took_s = elapsed_ms / 1000  # the longest any kept rank went without a group
-            emit(
-                "in_place",
+            said = InPlace(
                 round=int(os.environ.get(protocol.ENV_ROUND, -1)),
                 from_world_size=from_world,
                 world_size=world,
@@ -332,7 +333,9 @@ class Restore:
                 source=source,
                 took_s=round(took_s, 4),
                 reason=switch.reason if switch is not None else "",
-                **({"transfer_s": round(transfer_s, 4), "transfer_bytes": transfer_bytes} if source >= 0 else {}),
             )
+            if source >= 0:
+                said["transfer_s"], said["transfer_bytes"] = round(transfer_s, 4), transfer_bytes
+            emit(Kind.IN_PLACE, **said)
         machinery.switch = None
         return Resumed(step=best, samples_seen=chosen.samples_seen, path=None, extra=dict(chosen.extra))

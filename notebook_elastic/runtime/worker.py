@@ -100,7 +100,7 @@ def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> Non
     """
     if not sys.platform.startswith("linux"):
         return
-    if os.environ.get("NOTEBOOK_ELASTIC_FORKED") == str(os.getpid()):
+    if os.environ.get(protocol.ENV_FORKED) == str(os.getpid()):
         # Forked by the warm pool (pool): its parent is the pool, which it must not die
         # with; its launcher, a child of the real parent, holds this signal and forwards it,
         # and the process dies with its launcher.
@@ -117,7 +117,7 @@ def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> Non
 def guard_against_orphaning() -> None:
     """Called at import inside workers started by our agent wrapper."""
     # A warm-started worker is the zygote's child (the launcher watches its agent for it).
-    parent = os.environ.get("NOTEBOOK_ELASTIC_WARM_PARENT") or os.environ.get(protocol.ENV_AGENT_PID)
+    parent = os.environ.get(protocol.ENV_WARM_PARENT) or os.environ.get(protocol.ENV_AGENT_PID)
     if parent and os.environ.get("LOCAL_RANK") is not None:
         set_parent_death_signal(signal.SIGKILL, int(parent))
 

@@ -2,7 +2,7 @@
 (``control.py``): scale, set the range (new agents in a new rendezvous epoch), the drills
 (kill a worker, preempt or lose a node), stop, status. ``_answer`` queues each request; the
 supervisor's main loop runs them one at a time. Held by the ``Supervisor``, whose course
-(target, range, epoch, stopping) they change and whose nodes they steer."""
+(its membership, its phase) they change and whose nodes they steer."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ..errors import SpecError
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime.event_types import Fault, FilesChanged, Scaled
+from .membership import Phase
 from .nodes import Agent
 
 if TYPE_CHECKING:
@@ -53,30 +54,22 @@ class Commands:
         raise ValueError(f"node {node!r} is not running (running: {names})")
 
     def do_scale(self, nodes: int) -> dict[str, Any]:
-        lo, hi = self.sup.range
-        if not lo <= nodes <= hi:
-            raise ValueError(
-                f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
-            )
-        self.sup.target = nodes
-        self.sup.emit(Kind.SCALED, **Scaled(target=nodes, min_nodes=lo, max_nodes=hi))
+        self.sup.membership = scaled = self.sup.membership.scaled(nodes)
+        self.sup.emit(Kind.SCALED, **Scaled(target=nodes, min_nodes=scaled.min_nodes, max_nodes=scaled.max_nodes))
         self.sup.nodes.converge()
         return {"target": nodes}
 
     def do_set_range(self, min_nodes: int, max_nodes: int) -> dict[str, Any]:
-        if not 1 <= min_nodes <= max_nodes:
-            raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
-        if (min_nodes, max_nodes) == tuple(self.sup.range):
-            return {"target": self.sup.target, "reconfigured": False}
+        ranged = self.sup.membership.ranged(min_nodes, max_nodes)  # refused here when invalid
+        if ranged.range == self.sup.membership.range:
+            return {"target": self.sup.membership.target, "reconfigured": False}
         try:
             self.sup.nodes.plan((min_nodes, max_nodes))  # refused here, before any agent is stopped
         except SpecError as e:
             raise ValueError(str(e).replace("--nnodes", "range", 1)) from None
-        self.sup.range = (min_nodes, max_nodes)
-        self.sup.target = min(max(self.sup.target, min_nodes), max_nodes)
         # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
         # rendezvous epoch, resuming from the latest checkpoint.
-        self.sup.epoch += 1
+        self.sup.membership = ranged
         old = self.sup.nodes.alive_agents()
         for agent in old:
             self.sup.nodes.signal_agent(agent, signal.SIGTERM, "reconfigured")
@@ -95,10 +88,10 @@ class Commands:
         self.sup.nodes.reuse_names_of(old)  # the new agents are the same nodes, told a new range
         self.sup.emit(
             Kind.SCALED,
-            **Scaled(target=self.sup.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True),
+            **Scaled(target=ranged.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True),
         )
         self.sup.nodes.converge()
-        return {"target": self.sup.target, "reconfigured": True}
+        return {"target": ranged.target, "reconfigured": True}
 
     def do_kill_worker(self, rank: int | None = None) -> dict[str, Any]:
         if not self.sup.workers:
@@ -124,11 +117,11 @@ class Commands:
     def lower_target(self, node: str, reason: str) -> None:
         """A node taken away is not replaced: the target says so, in an event of its own, so
         every view of the target (the dashboard's nodes box, the panel) follows."""
-        self.sup.target = max(0, self.sup.target - 1)
+        self.sup.membership = lowered = self.sup.membership.lowered()
         self.sup.emit(
             Kind.SCALED,
             node,
-            **Scaled(target=self.sup.target, min_nodes=self.sup.range[0], max_nodes=self.sup.range[1], reason=reason),
+            **Scaled(target=lowered.target, min_nodes=lowered.min_nodes, max_nodes=lowered.max_nodes, reason=reason),
         )
 
     def do_remove_node(
@@ -156,7 +149,7 @@ class Commands:
         else:
             self.sup.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         if return_after_s is not None:
-            self.sup.returns.append(time.monotonic() + float(return_after_s))
+            self.sup.membership = self.sup.membership.returning(time.monotonic() + float(return_after_s))
         self.sup.emit(
             Kind.FAULT,
             agent.name,
@@ -165,7 +158,7 @@ class Commands:
             return_after_s=return_after_s,
             **({"grace_s": grace_s} if noticed else {}),
         )
-        return {"node": agent.name, "target": self.sup.target, **({"grace_s": grace_s} if noticed else {})}
+        return {"node": agent.name, "target": self.sup.membership.target, **({"grace_s": grace_s} if noticed else {})}
 
     def files_changed(self, paths: list[str], node: str | None) -> None:
         """Someone changed the script or payload: stop everything rather than run it."""
@@ -173,8 +166,7 @@ class Commands:
             return
         self.sup.files_reason = protocol.files_changed_reason(paths)
         self.sup.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.sup.files_reason))
-        self.sup.stopping = True
-        self.sup.stop_deadline = time.monotonic() + self.stop_grace_s()
+        self.sup.stop(self.stop_grace_s())
         for agent in self.sup.nodes.alive_agents():
             self.sup.nodes.signal_agent(
                 agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED)
@@ -187,9 +179,7 @@ class Commands:
 
     def do_stop(self, leave: str | None = None) -> dict[str, Any]:
         """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""
-        if not self.sup.stopping:
-            self.sup.stopping = True
-            self.sup.stop_deadline = time.monotonic() + self.stop_grace_s()
+        if self.sup.stop(self.stop_grace_s()):
             for agent in self.sup.nodes.alive_agents():
                 if agent.name != leave:
                     self.sup.nodes.signal_agent(agent, signal.SIGTERM, "stopped")
@@ -223,7 +213,7 @@ class Commands:
             try:
                 conn = listener.accept()
             except Exception:
-                if self.sup.closed:
+                if self.sup.phase is Phase.ENDED:
                     return
                 time.sleep(ACCEPT_RETRY_S)  # out of descriptors, say: never spin on it
                 continue

@@ -98,9 +98,9 @@ class Nodes:
         return launch_plan(
             self.sup.spec,
             place,
-            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.epoch),
-            epoch=self.sup.epoch,
-            nnodes=nnodes or self.sup.range,
+            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.membership.epoch),
+            epoch=self.sup.membership.epoch,
+            nnodes=nnodes or self.sup.membership.range,
             nodes=0,
         )
 
@@ -135,7 +135,11 @@ class Nodes:
             start_new_session=True,
         )
         agent = Agent(
-            name, proc, time.time(), self.sup.epoch, log=open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
+            name,
+            proc,
+            time.time(),
+            self.sup.membership.epoch,
+            log=open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0),
         )
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             parser = LineParser(name, stream, agent_clock=True)  # an agent on this machine
@@ -183,7 +187,7 @@ class Nodes:
                     pass
                 agent.log = open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
             agent.name = name
-            agent.epoch = self.sup.epoch
+            agent.epoch = self.sup.membership.epoch
             agent.started = time.time()
             for parser in agent.parsers:
                 parser.node = name
@@ -196,7 +200,7 @@ class Nodes:
             Kind.NODE_JOINED,
             name,
             pid=agent.proc.pid,
-            epoch=self.sup.epoch,
+            epoch=self.sup.membership.epoch,
             warm=agent is spare,
             **({"gpus": gpus} if gpus else {}),
         )
@@ -216,7 +220,7 @@ class Nodes:
             self.warm_spare
             and not self.sup.stopping
             and self.sup.state.world_size > 0
-            and len(self.alive_agents()) < self.sup.range[1]
+            and len(self.alive_agents()) < self.sup.membership.max_nodes
         )
         if self.spare is not None and not self.spare.alive:
             self.spare = None
@@ -343,7 +347,9 @@ class Nodes:
                 agent.exit_reason = "evicted"
                 self.sup.commands.lower_target(agent.name, "evicted")
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
-                self.sup.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.target))
+                self.sup.emit(
+                    Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.membership.target)
+                )
             self.sup.publish_gone(agent)
             if agent.exit_reason is None and not self.sup.stopping:
                 departure = self.sup.placement.departure(agent.name)  # its place ended it (Slurm)
@@ -372,11 +378,12 @@ class Nodes:
         alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
-        while len(alive) < self.sup.target:
+        target = self.sup.membership.target
+        while len(alive) < target:
             agent = self.start_agent()
             if agent is None:
                 break  # its GPUs are still held by a node on its way out: next round
             alive.append(agent)
-        if len(alive) > self.sup.target:
-            for agent in sorted(alive, key=lambda a: a.started)[self.sup.target :]:
+        if len(alive) > target:
+            for agent in sorted(alive, key=lambda a: a.started)[target:]:
                 self.signal_agent(agent, signal.SIGTERM, "scaled_down")

@@ -20,15 +20,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..agent.notice_keeper import KILL_KEY
 from ..backends.slurm import cluster
 from ..backends.slurm.mark import supervisor_mark
 from ..backends.slurm.options import SlurmOptions
 from ..contract.events import Kind
 from ..jobfolder.folder import JobFolder
-from ..pool import ENV_POOL
 from ..runtime import protocol
 from ..runtime.event_types import Pending
+from ..runtime.protocol import ENV_POOL, KILL_KEY
 from .placement import Departure, Placement
 
 if TYPE_CHECKING:

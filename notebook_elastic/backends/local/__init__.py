@@ -49,8 +49,9 @@ from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
-from ...pool import ENV_POOL, ensure_pool, through_pool
+from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
+from ...runtime.protocol import ENV_POOL
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 
 if TYPE_CHECKING:

@@ -35,8 +35,8 @@ from ...contract.events import FINAL_STATUSES
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder
 from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
-from ...pool import ENV_POOL
 from ...runtime import protocol
+from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
 from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster
