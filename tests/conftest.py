@@ -192,6 +192,7 @@ QUICK_MODULES = frozenset(
         "test_control.py",
         "test_deadline.py",
         "test_docs.py",
+        "test_docs_true.py",
         "test_types.py",
         "test_typed_seams.py",
         "test_events.py",
