@@ -1,5 +1,6 @@
 """MkDocs hooks: the reference pages are generated from the code as the site is built, so
-they cannot go stale: the option table from ``notebook_elastic/contract/options.py`` and the event
+they cannot go stale: the option table from ``notebook_elastic/backends/options.py`` (each option declared
+on the field it fills: ``JobSpec``, ``KubernetesOptions``, ``SlurmOptions``, ``Launching``) and the event
 table from ``notebook_elastic/runtime/protocol.py`` (each kind's fields) and ``contract/events.py``
 (each kind's sentence, for a sample event)."""
 
@@ -34,7 +35,7 @@ def events_table() -> str:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if OPTIONS_MARK in markdown:
-        from notebook_elastic.contract.options import markdown_table
+        from notebook_elastic.backends.options import markdown_table
 
         markdown = markdown.replace(OPTIONS_MARK, markdown_table())
     if EVENTS_MARK in markdown:

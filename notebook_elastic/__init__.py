@@ -7,9 +7,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+
+if TYPE_CHECKING:  # what type checkers and editors see of the lazy names below, each as it is
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from .contract.spec import JobSpec as JobSpec
+    from .errors import BackendError as BackendError
+    from .errors import NotebookElasticError as NotebookElasticError
+    from .errors import PackagingError as PackagingError
+    from .errors import SpecError as SpecError
+    from .kernel.job import ElasticJob as ElasticJob
+    from .kernel.launcher import attach as attach
+    from .kernel.launcher import jobs as jobs
+    from .kernel.launcher import launch as launch
+    from .packaging import package_cell as package_cell
 
 _LAZY = {
     "launch": ("notebook_elastic.kernel.launcher", "launch"),
@@ -49,13 +63,13 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "notebook-elastic"}]
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     from .kernel.magics import load_ipython_extension as load
 
     load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     from .kernel.magics import unload_ipython_extension as unload
 
     unload(ipython)

@@ -30,12 +30,16 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .contract.events import FINAL_STATUSES
 from .errors import JobNotFound, NotebookElasticError
+
+if TYPE_CHECKING:
+    from .backends.base import Backend, JobInfo
+    from .contract.events import Event
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -163,7 +167,7 @@ def _since(text: str, now: float | None = None) -> float:
     )
 
 
-def _backend(args: argparse.Namespace) -> Any:
+def _backend(args: argparse.Namespace) -> Backend:
     """The backend that runs job ``args.name``: a local or Slurm job's own folder says which
     (``--backend`` is needed only for Kubernetes)."""
     from .backends import backend_of
@@ -171,14 +175,14 @@ def _backend(args: argparse.Namespace) -> Any:
     return backend_of(args.name, args.backend, namespace=args.namespace, context=args.context)
 
 
-def _info(args: argparse.Namespace) -> Any:
+def _info(args: argparse.Namespace) -> JobInfo:
     info = _backend(args).describe(args.name)
     if info is None:
         raise JobNotFound(f"no {args.backend} job named {args.name!r}; `notebook-elastic jobs` lists them")
     return info
 
 
-def _info_json(info: Any) -> dict[str, Any]:
+def _info_json(info: JobInfo) -> dict[str, Any]:
     return {
         "name": info.name,
         "backend": info.backend,
@@ -223,10 +227,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from .backends.local import LocalBackend
     from .runtime.protocol import EVENT_PREFIX
 
     backend = _backend(args)
-    if args.backend == "kubernetes":
+    if args.backend == "kubernetes" or not isinstance(backend, LocalBackend):  # Slurm's is one too
         raise NotebookElasticError("logs are read from job folders; for a Kubernetes job use kubectl logs")
     folder = backend.folder(args.name)
     if not folder.exists():
@@ -272,20 +277,20 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _logs_since(backend: Any, args: argparse.Namespace, node: str | None) -> int:
+def _logs_since(backend: Backend, args: argparse.Namespace, node: str | None) -> int:
     """``logs --since``: the nodes' output since then, in the order the supervisor read it (the
     history's output events carry that time; the node logs carry none), the last ``--tail``."""
     from .contract.events import Kind
 
     stop = threading.Event()
     if args.follow:  # the history, then what comes, until the job ends
-        events: Any = backend.follow(args.name, stop)
+        events: Iterable[Event] = backend.follow(args.name, stop)
     else:
         events = backend.history(args.name)
     shown: list[str] = []
     capped = False
 
-    def line_of(event: Any) -> str:
+    def line_of(event: Event) -> str:
         return f"[{event.node}] {event.get('text')}" if not node else str(event.get("text"))
 
     try:
@@ -328,7 +333,7 @@ def cmd_debug(args: argparse.Namespace) -> int:
     return 0
 
 
-def _running(backend: Any, name: str) -> bool:
+def _running(backend: Backend, name: str) -> bool:
     from .contract.events import FINAL_STATUSES
 
     info = backend.describe(name)
@@ -344,7 +349,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.follow or args.backend != "local":
         stop = threading.Event()
         idle = _IdleStop(stop, None if args.follow else 2.0)  # a cluster's history, then quiet
-        events = (idle.saw(e) for e in backend.follow(args.name, stop))
+        events: Iterable[Event] = (idle.saw(e) for e in backend.follow(args.name, stop))
     else:  # the history as written now
         events = backend.history(args.name)
     for event in events:
@@ -366,7 +371,7 @@ class _IdleStop:
         if idle_s is not None:
             threading.Thread(target=self._watch, daemon=True).start()
 
-    def saw(self, event: Any) -> Any:
+    def saw(self, event: Event) -> Event:
         self.last = time.monotonic()
         return event
 
@@ -378,8 +383,8 @@ class _IdleStop:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    result = _backend(args).scale(args.name, args.nodes)
-    print(f"{args.name}: scaling to {result.get('target', args.nodes)} node(s)")
+    answer = _backend(args).scale(args.name, args.nodes)
+    print(f"{args.name}: scaling to {answer.target} node(s)")
     return 0
 
 

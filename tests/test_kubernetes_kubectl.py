@@ -174,7 +174,7 @@ def test_kubectl_validates_our_manifests_and_refuses_a_misspelt_field(cluster, t
             user_ns=user_ns,
             **EVERY_OPTION,
         )
-        objects = job.dryrun.request["objects"]
+        objects = job.dryrun.request.objects
         applied = kubectl(
             cluster, tmp_path, "apply", "--dry-run=server", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects)
         )

@@ -311,7 +311,7 @@ def test_the_default_grace_is_derived_from_the_last_measured_save_and_the_dry_ru
     pod_grace.record("spot-train", 41.0)
     dry = backend.submit_dryrun(spec, bundle)
     assert "given 67 s" in dry.text and "derived from the last run's longest save, 41.0 s" in dry.text
-    pod = dry.request["objects"][-1]["spec"]["template"]["spec"]
+    pod = dry.request.objects[-1]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == 67
     spec, bundle, _ = make(grace=45)
     dry = backend.submit_dryrun(spec, bundle)
@@ -334,7 +334,7 @@ def test_a_damaged_record_of_the_last_save_gives_the_default_grace_and_says_so(h
     pod_grace.record("spot-train", 1.0)  # the folder and file as a follower makes them
     pod_grace._path("spot-train").write_text(record)
     dry = backend.submit_dryrun(spec, bundle)
-    pod = dry.request["objects"][-1]["spec"]["template"]["spec"]
+    pod = dry.request.objects[-1]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == 30
     assert "given 30 s" in dry.text and "the record of the last run's save" in dry.text and "is damaged" in dry.text
     # A worker's report is no better: what no save can take is never recorded.

@@ -37,7 +37,7 @@ LAYERS = [
     {"backends", "supervisor"},
     # The kernel's side: the job handle and what shows it.
     {"kernel.waits"},
-    {"kernel.job", "kernel.launcher"},
+    {"kernel.job", "kernel.launcher", "kernel.launch_options"},
     {"kernel", "kernel.views", "kernel.ui", "kernel.magics", "server", "cli", "export", "__init__"},
 ]
 

@@ -157,6 +157,7 @@ def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     assert job.wait(180) == "succeeded", job.summary()
     started = [e for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 1]
     assert killed["pid"] == started[0].get("pid")  # the drill hit rank 1's own process
+    assert killed.rank == 1 and killed.pid == killed["pid"] and killed.node == started[0].node  # read typed, too
     # torchrun logs the first failure of the group it found: the killed rank, or a peer that
     # lost its connection to it; which one is a race. Either way an abnormal exit.
     exited = [e for e in job.events if e.kind == Kind.WORKER_EXITED]

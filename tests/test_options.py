@@ -1,5 +1,6 @@
-"""The option table is the one declaration: the magic's flags, launch()'s keywords, the
-Kubernetes options and the documentation's table all follow it, and nothing declares an option apart."""
+"""Each option is declared once, on the field it fills (JobSpec, KubernetesOptions, SlurmOptions,
+Launching); the table put together from them is what the magic's flags, launch()'s keywords, the
+backends' options and the documentation's table all follow, and nothing declares an option apart."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
+from notebook_elastic.backends import options
 from notebook_elastic.backends.kubernetes.options import KubernetesOptions, parse_options
-from notebook_elastic.contract import options
+from notebook_elastic.backends.slurm.options import SlurmOptions
+from notebook_elastic.contract.options import Launching
 from notebook_elastic.contract.spec import JobSpec
 from notebook_elastic.errors import SpecError
 from notebook_elastic.kernel.launcher import launch
@@ -49,12 +52,49 @@ def test_launch_lists_every_keyword_and_refuses_an_unknown_one_with_the_nearest(
 
 def test_the_kubernetes_options_are_the_tables():
     internal = {"ttl_seconds_after_finished", "rdzv_port", "grace_given"}  # set by us, not flags
-    fields = {f.name for f in dataclasses.fields(KubernetesOptions)} - internal
+    fields = {f.name: f for f in dataclasses.fields(KubernetesOptions)}
     keywords = set(options.KUBERNETES_KEYWORDS)
-    assert keywords == fields == set(inspect.signature(parse_options).parameters)
+    assert keywords == set(fields) - internal
     for o in options.OPTIONS:
         if o.goes_to == "kubernetes" and o.default is not None:
-            assert inspect.signature(parse_options).parameters[o.keyword].default == o.default, o.keyword
+            assert fields[o.keyword].default == o.default, o.keyword  # the default shown is the one used
+    # The parse takes exactly the table's keywords: each checked by its declaration, any other refused.
+    assert parse_options(**{k: None for k in keywords}) == KubernetesOptions()
+    with pytest.raises(SpecError, match=r"got an unknown option worklaod='pods'; did you mean workload=\?"):
+        parse_options(worklaod="pods")
+
+
+def test_each_option_is_a_field_of_the_class_it_fills_in_the_tables_order():
+    """The table is the declarations, in their order: the job's, Kubernetes', Slurm's, how to launch."""
+    declared = [
+        (f.name, part)
+        for cls, part in (
+            (JobSpec, "spec"),
+            (KubernetesOptions, "kubernetes"),
+            (SlurmOptions, "slurm"),
+            (Launching, "launch"),
+        )
+        for f in dataclasses.fields(cls)
+        if "option" in f.metadata
+    ]
+    assert [(o.keyword, o.goes_to) for o in options.OPTIONS] == declared
+    assert set(options.SLURM_KEYWORDS) == {f.name for f in dataclasses.fields(SlurmOptions)}
+
+
+def test_a_field_declared_with_option_is_an_option_with_its_flag_default_help_and_check():
+    """What a new option needs is its field: the magic's flag, launch()'s keyword, the check and the
+    table follow (a field added to the spec here, as a contributor would add one)."""
+    from notebook_elastic.contract.options import declared, option
+    from notebook_elastic.contract.spec import _restarts
+
+    @dataclasses.dataclass
+    class Spec:
+        retries: int = option("how many times to retry.", default=2, check=_restarts, metavar="N")
+
+    (new,) = declared(Spec, "spec")
+    assert new.flag == "--retries" and new.default == 2 and new.help_text == "how many times to retry. Default 2."
+    with pytest.raises(SpecError, match=r"--retries -1 must be 0 or more"):
+        new.check(-1, new.flag)
 
 
 def test_the_spec_options_are_job_spec_fields_with_the_tables_defaults():
@@ -62,8 +102,11 @@ def test_the_spec_options_are_job_spec_fields_with_the_tables_defaults():
     for o in options.OPTIONS:
         if o.goes_to == "spec":
             assert o.keyword in spec_fields, o.keyword
-    spec = JobSpec(**{k: v for k, v in options.spec_defaults().items() if k != "nnodes"}).validated()
+    shown = {o.keyword: o.default for o in options.OPTIONS if o.goes_to == "spec" and o.default is not None}
+    spec = JobSpec(**{k: v for k, v in shown.items() if k != "nnodes"}).validated()
     assert spec.max_payload_bytes == 64 * 1024 * 1024 and spec.max_restarts == JobSpec().max_restarts
+    # What the table shows as a default is what a spec given nothing holds.
+    assert JobSpec(name="x", **shown).validated() == JobSpec(name="x").validated()
 
 
 def test_kubernetes_options_on_the_local_backend_are_refused_before_anything(shell, home):
@@ -86,3 +129,62 @@ def test_the_documentation_shows_the_table_as_generated():
     assert "| `--queue NAME` | `queue=` | kubernetes |" in built
     events = hooks.on_page_markdown("<!-- events -->", None, None, None)
     assert "| `queue` | `queue`, `state` |" in events, events[:400]
+
+
+def test_the_keywords_type_checkers_read_are_the_tables():
+    """kernel/launch_options.py (launch()'s keywords for type checkers) is generated from the
+    table: an option added, removed or retyped without scripts/gen_options.py fails here."""
+    import subprocess
+    import sys
+
+    from notebook_elastic.kernel.launch_options import LaunchOptions
+
+    assert list(LaunchOptions.__annotations__) == [o.keyword for o in options.OPTIONS if o.keyword_arg]
+    done = subprocess.run(
+        [sys.executable, str(README.parent / "scripts" / "gen_options.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+USES_OF_LAUNCH = """\
+import notebook_elastic as ne
+
+ne.launch("print(1)", nnodes="1:4", nproc_per_node=2, gpus=1, env=["A=1"], tolerations=["spot:NoSchedule"], dry_run=True)
+ne.launch("print(1)", nproc_per_nod=2)
+ne.launch("print(1)", nnodes=[1, 4])
+ne.launch("print(1)", wait=True)
+job = ne.attach("toy")
+taken: str | None = job.preempt_node(grace_s=30).node
+"""
+
+
+@pytest.mark.slow
+def test_a_type_checker_knows_launchs_keywords_and_their_types(tmp_path):
+    """A user's type checker (mypy, strict, from the user's own folder) reads notebook_elastic's
+    types (py.typed), launch()'s real keywords among them: a misspelt one, a wrong type and one
+    of the magic's alone are errors; the rest of the call checks. Red before: the package had no
+    py.typed (its types were skipped) and launch took ``**options: Any``."""
+    import subprocess
+    import sys
+
+    (tmp_path / "use.py").write_text(USES_OF_LAUNCH)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-error-summary",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "use.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert [line.split(":")[1] for line in errors] == ["4", "5", "6"], done.stdout + done.stderr
+    assert 'Unexpected keyword argument "nproc_per_nod"' in errors[0] and 'did you mean "nproc_per_node"' in errors[0]
+    assert 'Argument "nnodes"' in errors[1] and "str | int | tuple[int, int] | None" in errors[1]
+    assert 'Unexpected keyword argument "wait"' in errors[2]

@@ -152,7 +152,7 @@ def test_the_local_place_and_its_dry_run_print_the_plan_the_supervisor_runs(tmp_
 
     dry = LocalBackend(tmp_path).submit_dryrun(spec, Bundle())
     # The dry-run's command is the running one but for what only a running supervisor knows.
-    shown = dry.request["plan"]["argv"]
+    shown = dry.request.plan["argv"]
     assert len(shown) == len(running.argv)
     differ = [(a, b) for a, b in zip(shown, running.argv, strict=True) if a != b]
     assert differ == [("127.0.0.1:<supervisor store port>", "127.0.0.1:4321"), ("toy-<run>-e0", "toy-run1-e0")]

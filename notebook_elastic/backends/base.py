@@ -9,9 +9,10 @@ can be inspected and tested without running anything.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from ..contract.events import Event
     from ..contract.spec import JobSpec
     from ..packaging import Bundle
+    from .kubernetes.submit import ClusterRequest
+    from .local import FolderRequest
 
 
 @dataclass
@@ -31,11 +34,65 @@ class DryRun:
     backend: str
     spec: JobSpec
     bundle: Bundle
-    request: Any  # backend-specific: a dict of files and commands, a list of manifests, ...
+    request: FolderRequest | ClusterRequest  # a job folder's files and commands (local, Slurm); a cluster's objects
     text: str = ""  # the request, for people
 
     def __str__(self) -> str:
         return self.text
+
+
+class Answer(Mapping[str, object]):
+    """What a backend answers a change of a running job (``scale``, ``set_range``, ``inject``):
+    a dataclass read by its fields (``answer.node``), and, as the plain dicts these answers
+    were before, a read-only mapping of its fields that hold a value (``answer["node"]``,
+    ``answer.get("grace_s")``, ``dict(answer)``): a notebook written against those still runs."""
+
+    def __getitem__(self, key: str) -> object:
+        if key in self._given():
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._given())
+
+    def __len__(self) -> int:
+        return len(self._given())
+
+    def _given(self) -> list[str]:
+        assert dataclasses.is_dataclass(self)  # every answer is one
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+
+# eq=False: an answer equals another, or a dict, as a mapping does (by its given fields).
+@dataclass(frozen=True, eq=False)
+class ScaleAnswer(Answer):
+    """``scale``: the number of nodes the job now aims at."""
+
+    target: int
+
+
+@dataclass(frozen=True, eq=False)
+class RangeAnswer(Answer):
+    """``set_range``: the nodes the job aims at within the new range; ``reconfigured`` when its
+    nodes were started again with it (False: the range was already that); ``epoch``, on a
+    cluster, the rendezvous epoch the new workers meet in."""
+
+    target: int
+    reconfigured: bool
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class DrillAnswer(Answer):
+    """``inject``: what the drill hit, the node (a pod on a cluster) and, for ``kill_worker``, the
+    rank and its process; for a node taken away, the nodes the job now aims at (it is not
+    replaced) and the notice it was given (``grace_s``, when one was)."""
+
+    node: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    target: int | None = None
+    grace_s: float | None = None
 
 
 @dataclass
@@ -99,14 +156,24 @@ class Backend(abc.ABC):
         ``unfollow_pod(node)`` takes asks for a node's output (``ElasticJob.follow_output``)."""
 
     @abc.abstractmethod
-    def scale(self, name: str, nodes: int) -> dict[str, Any]: ...
+    def scale(self, name: str, nodes: int) -> ScaleAnswer: ...
 
     @abc.abstractmethod
-    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]: ...
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> RangeAnswer: ...
 
     @abc.abstractmethod
-    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
-        """Fault drills: ``kill_worker`` (a rank), ``preempt_node`` / ``lose_node`` (a node)."""
+    def inject(
+        self,
+        name: str,
+        fault: str,
+        target: int | str | None = None,
+        *,
+        return_after_s: float | None = None,
+        grace_s: float | None = None,
+    ) -> DrillAnswer:
+        """Fault drills: ``kill_worker`` (``target``: a rank), ``preempt_node`` (with a notice of
+        ``grace_s`` where the backend gives one) / ``lose_node`` (``target``: a node; its capacity
+        back after ``return_after_s`` where the backend takes it away itself)."""
 
     def history(self, name: str) -> Iterator[Event]:
         """Every event recorded so far, metrics and output included; does not wait."""

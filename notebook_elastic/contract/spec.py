@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -17,6 +18,7 @@ from typing import Any
 
 from .. import defaults
 from ..errors import SpecError
+from .options import checked, declared, option
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -129,27 +131,205 @@ def parse_rdzv_conf(text: str | Mapping[str, str] | None) -> dict[str, str]:
     return conf
 
 
+def _nnodes(value: str | int | tuple[int, int], flag: str) -> tuple[int, int]:
+    return parse_nnodes(value)
+
+
+def _nproc(value: int | str, flag: str) -> int:
+    nproc = whole_number(value, flag, "2")
+    if nproc < 1:
+        raise SpecError(f"{flag} {nproc}: each node needs at least 1 process")
+    if nproc > 256:
+        raise SpecError(f"{flag} {nproc}: at most 256 processes per node are supported")
+    return nproc
+
+
+def _restarts(value: int | str, flag: str) -> int:
+    restarts = whole_number(value, flag, "3")
+    if restarts < 0:
+        raise SpecError(f"{flag} {restarts} must be 0 or more")
+    return restarts
+
+
+def _nodes(value: int | str, flag: str) -> int:
+    return whole_number(value, flag, "2")  # within --nnodes: JobSpec.validated
+
+
+def _backend(value: str, flag: str) -> str:
+    if value not in defaults.BACKENDS:
+        raise SpecError(f"{flag} {value!r} is unknown; choose one of: {', '.join(defaults.BACKENDS)}")
+    return value
+
+
+def _checkpoint_dir(value: str, flag: str) -> str:
+    if not str(value).strip():
+        raise SpecError(f"{flag} must not be empty")
+    return os.path.abspath(os.path.expanduser(value))  # where the kernel is: its meaning when typed
+
+
+def _every(value: int | str, flag: str) -> int:
+    every = whole_number(value, flag, "50")
+    if every < 1:
+        raise SpecError(
+            f"{flag} {every}: give 1 or more steps, or leave it out to let State "
+            "choose (saving then blocks at most 10 % of the loop)"
+        )
+    return every
+
+
+def _env(items: Iterable[str] | Mapping[str, str], flag: str) -> dict[str, str]:
+    return parse_env(items)
+
+
+def _ship(names: Iterable[str], flag: str) -> tuple[str, ...]:
+    for name in names:
+        if not str(name).isidentifier():
+            raise SpecError(f"{flag} {name!r} must name a notebook variable")
+    return tuple(names)
+
+
+def _monitor(value: float | str, flag: str) -> float:
+    try:
+        monitor = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{flag} must be a number of seconds, not {value!r}") from None
+    if not 0 < monitor <= 60:
+        raise SpecError(f"{flag} {monitor} must be between 0 and 60 seconds (torchrun's default is 0.1)")
+    return monitor
+
+
+def _rdzv_conf(text: str | Mapping[str, str], flag: str) -> dict[str, str]:
+    return parse_rdzv_conf(text)
+
+
+def _timeout(value: float | str, flag: str) -> float:
+    return _seconds(value, flag)
+
+
+def _stall(value: float | str, flag: str) -> float:
+    return _seconds(value, flag, f" (a stall is told after {defaults.STALL_AFTER_S:g} s)")
+
+
+def _switch(value: bool, flag: str) -> bool:
+    return bool(value)
+
+
+def _max_payload(value: int | str, flag: str) -> int:
+    size = parse_size(value, flag)
+    if size < 1:
+        raise SpecError(f"{flag} {value!r}: the payload size limit must be positive")
+    return size
+
+
+def _track(value: str, flag: str) -> str:
+    if value not in TRACKERS:
+        raise SpecError(f"{flag} {value!r} is unknown; choose mlflow or wandb (or none to log nowhere)")
+    return value  # whether its package is here: JobSpec.validated, which knows the backend
+
+
+TRACKERS = ("mlflow", "wandb", "none")
+
+
 @dataclass
 class JobSpec:
-    """Everything about *what* a job runs and its elastic limits; backends decide *where*."""
+    """Everything about *what* a job runs and its elastic limits; backends decide *where*.
 
-    name: str = field(default_factory=new_name)
-    nnodes: tuple[int, int] = (1, 1)
-    nodes: int | None = None  # nodes to start with; default: the minimum
-    nproc_per_node: int = 1
-    max_restarts: int = defaults.MAX_RESTARTS
-    backend: str = "local"
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None  # State saves every N steps (None: State chooses)
-    env: dict[str, str] = field(default_factory=dict)
-    monitor_interval_s: float = defaults.MONITOR_INTERVAL_S
-    rdzv_conf: dict[str, str] = field(default_factory=dict)
-    collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
-    stall_timeout_s: float | None = None  # restart the group after a stall this long (None: only say so)
-    torchrun_restarts: bool = False  # every change of members restarts every worker (no in place)
-    max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES
-    track: str | None = None  # "mlflow", "wandb" or "none"; None: as their variables say (trackers.py)
-    ship: tuple[str, ...] = ()
+    Each field declared with ``option()`` is a launch option (a flag of the magic, a keyword of
+    ``launch()``, a row of the documentation's table), checked by its declaration in
+    ``validated``; ``backend_options`` and ``notebook`` are set by the launcher."""
+
+    # What to run and its elastic limits (torchrun's own flags first).
+    nnodes: tuple[int, int] = option(
+        "nodes as N or MIN:MAX (an elastic range), like torchrun.", default=(1, 1), check=_nnodes, shown="1:1"
+    )
+    nodes: int | None = option("nodes to start with (default: MIN).", default=None, check=_nodes, metavar="N")
+    nproc_per_node: int = option("worker processes per node.", default=1, check=_nproc)
+    max_restarts: int = option(
+        "restart budget for failures of the code (departures are free), like torchrun.",
+        default=defaults.MAX_RESTARTS,
+        check=_restarts,
+    )
+    name: str = option(
+        "job name (lowercase letters, digits, '-'); also the variable holding the job.",
+        default_factory=new_name,
+        check=validate_name,
+        empty_is_default=True,
+    )
+    backend: str = option("where to run: local, kubernetes or slurm.", default="local", check=_backend)
+    checkpoint_dir: str | None = option(
+        "where State() keeps checkpoints (default: the job folder).",
+        default=None,
+        check=_checkpoint_dir,
+        empty_is_default=True,
+    )
+    checkpoint_every: int | None = option(
+        "State() saves every N steps (and the last); default: chosen so that saving blocks "
+        "at most a tenth of the training loop's time over the run.",
+        default=None,
+        check=_every,
+        metavar="N",
+    )
+    env: dict[str, str] = option(
+        "environment variable for the workers; values are kept private.",
+        default_factory=dict,
+        check=_env,
+        repeatable=True,
+        metavar="KEY=VALUE",
+    )
+    ship: tuple[str, ...] = option(
+        "ship this notebook variable even if it looks like a credential.",
+        default=(),
+        check=_ship,
+        repeatable=True,
+        metavar="NAME",
+    )
+    monitor_interval_s: float = option(
+        "seconds between the agent's worker checks.",
+        default=defaults.MONITOR_INTERVAL_S,
+        check=_monitor,
+        flag="--monitor-interval",
+    )
+    rdzv_conf: dict[str, str] = option(
+        "extra rendezvous settings, k=v,k=v (torchrun syntax).", default_factory=dict, check=_rdzv_conf
+    )
+    collective_timeout_s: float = option(
+        "seconds before a collective operation times out.",
+        default=defaults.COLLECTIVE_TIMEOUT_S,
+        check=_timeout,
+        flag="--collective-timeout",
+    )
+    # None: a stall is only told
+    stall_timeout_s: float | None = option(
+        "restart the worker group when no step came for this many seconds; a stall is "
+        f"always told after {defaults.STALL_AFTER_S:g} s.",
+        default=None,
+        check=_stall,
+        flag="--stall-timeout",
+    )
+    torchrun_restarts: bool = option(
+        "restart every worker at every change of members, as torchrun does (default: when a node leaves "
+        "or joins, the surviving workers keep their processes and the group is rebuilt in place at a step "
+        "boundary).",
+        default=False,
+        check=_switch,
+        switch=True,
+    )
+    max_payload_bytes: int = option(
+        "refuse payloads above this size, like 64MiB.",
+        default=defaults.MAX_PAYLOAD_BYTES,
+        check=_max_payload,
+        flag="--max-payload",
+        shown="64MiB",
+    )
+    # None: as the trackers' variables say (supervisor/trackers.py)
+    track: str | None = option(
+        "log the metrics to one run named after the job: mlflow, wandb, or none (default: MLflow when "
+        "MLFLOW_TRACKING_URI is set, W&B when WANDB_PROJECT is; on Kubernetes rank 0's pod logs, with "
+        "the variables and credentials given by --env).",
+        default=None,
+        check=_track,
+        metavar="TRACKER",
+    )
     backend_options: dict[str, Any] = field(default_factory=dict)
     notebook: str | None = None  # the notebook that launched it, for the jobs panel
 
@@ -166,75 +346,24 @@ class JobSpec:
         return self.nodes if self.nodes is not None else self.min_nodes
 
     def validated(self) -> JobSpec:
-        """A normalized copy, or a ``SpecError`` naming the first bad option."""
-        validate_name(self.name)
-        nnodes = parse_nnodes(self.nnodes)
-        nproc = whole_number(self.nproc_per_node, "--nproc-per-node", "2")
-        if nproc < 1:
-            raise SpecError(f"--nproc-per-node {nproc}: each node needs at least 1 process")
-        if nproc > 256:
-            raise SpecError(f"--nproc-per-node {nproc}: at most 256 processes per node are supported")
-        restarts = whole_number(self.max_restarts, "--max-restarts", "3")
-        if restarts < 0:
-            raise SpecError(f"--max-restarts {restarts} must be 0 or more")
-        if self.backend not in defaults.BACKENDS:
-            raise SpecError(f"--backend {self.backend!r} is unknown; choose one of: {', '.join(defaults.BACKENDS)}")
-        nodes = self.nodes
-        if nodes is not None:
-            nodes = whole_number(nodes, "--nodes", "2")
-            if not nnodes[0] <= nodes <= nnodes[1]:
-                raise SpecError(
-                    f"--nodes {nodes} is outside --nnodes {nnodes[0]}:{nnodes[1]}; start with a "
-                    "number of nodes inside the range"
-                )
-        try:
-            monitor = float(self.monitor_interval_s)
-        except (TypeError, ValueError):
-            raise SpecError(
-                f"--monitor-interval must be a number of seconds, not {self.monitor_interval_s!r}"
-            ) from None
-        if not 0 < monitor <= 60:
-            raise SpecError(
-                f"--monitor-interval {monitor} must be between 0 and 60 seconds (torchrun's default is 0.1)"
-            )
-        collective = _seconds(self.collective_timeout_s, "--collective-timeout")
-        stall = self.stall_timeout_s
-        if stall is not None:
-            stall = _seconds(stall, "--stall-timeout", " (a stall is told after 30 s)")
-        max_payload = parse_size(self.max_payload_bytes)
-        if max_payload < 1:
-            raise SpecError(f"--max-payload {self.max_payload_bytes!r}: the payload size limit must be positive")
-        for name in self.ship:
-            if not str(name).isidentifier():
-                raise SpecError(f"--ship {name!r} must name a notebook variable")
-        if self.checkpoint_dir is not None and not str(self.checkpoint_dir).strip():
-            raise SpecError("--checkpoint-dir must not be empty")
-        if self.track is not None:
-            _check_track(self.track, self.backend)
-        every = self.checkpoint_every
-        if every is not None:
-            every = whole_number(every, "--checkpoint-every", "50")
-            if every < 1:
-                raise SpecError(
-                    f"--checkpoint-every {every}: give 1 or more steps, or leave it out to let State "
-                    "choose (saving then blocks at most 10 % of the loop)"
-                )
-        return dataclasses.replace(
+        """A normalized copy, or a ``SpecError`` naming the first bad option: each option by its
+        declaration's check, then what one option says of another."""
+        spec = dataclasses.replace(
             self,
-            nnodes=nnodes,
-            nodes=nodes,
-            nproc_per_node=nproc,
-            max_restarts=restarts,
-            env=parse_env(self.env),
-            monitor_interval_s=monitor,
-            rdzv_conf=parse_rdzv_conf(self.rdzv_conf),
-            collective_timeout_s=collective,
-            stall_timeout_s=stall,
-            max_payload_bytes=max_payload,
-            ship=tuple(self.ship),
-            checkpoint_every=every,
-            torchrun_restarts=bool(self.torchrun_restarts),
+            **{
+                o.keyword: checked(o, getattr(self, o.keyword))
+                for o in SPEC_OPTIONS
+                if getattr(self, o.keyword) is not None
+            },
         )
+        lo, hi = spec.nnodes
+        if spec.nodes is not None and not lo <= spec.nodes <= hi:
+            raise SpecError(
+                f"--nodes {spec.nodes} is outside --nnodes {lo}:{hi}; start with a number of nodes inside the range"
+            )
+        if spec.track is not None:
+            _check_track(spec.track, spec.backend)
+        return spec
 
     def to_json(self) -> dict[str, Any]:
         """The spec as it is stored (job folder, Kubernetes annotation): ``env`` as names only,
@@ -257,9 +386,11 @@ class JobSpec:
         return cls(**kwargs)
 
 
-def _check_track(track: Any, backend: str) -> None:
-    if track not in ("mlflow", "wandb", "none"):
-        raise SpecError(f"--track {track!r} is unknown; choose mlflow or wandb (or none to log nowhere)")
+#: The job's own launch options, as declared on its fields.
+SPEC_OPTIONS = declared(JobSpec, "spec")
+
+
+def _check_track(track: str, backend: str) -> None:
     # On a cluster, rank 0's pod logs (runtime/pod_tracking.py): the package is the image's to have.
     if backend == "local" and track != "none" and importlib.util.find_spec(track) is None:
         raise SpecError(

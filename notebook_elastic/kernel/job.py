@@ -22,7 +22,7 @@ from ..errors import BackendError, SpecError
 from . import waits
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend, DryRun, JobInfo
+    from ..backends.base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 
 Callback = Callable[["Event", "ElasticJob"], None]
 #: How long attach and resume() wait for the replay of the job's history (it reads a file).
@@ -346,7 +346,7 @@ class ElasticJob:
         if self.finished:
             raise BackendError(f"job {self.name!r} {status_phrase(self.status)}; it cannot {what}")
 
-    def scale(self, nodes: int) -> dict[str, Any]:
+    def scale(self, nodes: int) -> ScaleAnswer:
         """Run on ``nodes`` nodes (within the range). Scaling up costs no restart; scaling
         down costs one restart of the remaining nodes."""
         self._require_running("scale")
@@ -355,7 +355,7 @@ class ElasticJob:
         self._await(lambda: self._state.target == int(nodes))
         return result
 
-    def set_range(self, min_nodes: int, max_nodes: int) -> dict[str, Any]:
+    def set_range(self, min_nodes: int, max_nodes: int) -> RangeAnswer:
         """Change the elastic range (``--nnodes MIN:MAX``). torchrun fixes the range per agent,
         so the agents restart with the new one and resume from the latest checkpoint."""
         self._require_running("change its range")
@@ -372,14 +372,14 @@ class ElasticJob:
         while not done() and time.monotonic() < deadline and not self.finished:
             time.sleep(0.01)
 
-    def kill_worker(self, rank: int | None = None) -> dict[str, Any]:
+    def kill_worker(self, rank: int | None = None) -> DrillAnswer:
         """Drill: SIGKILL one worker process (a random one by default)."""
         self._require_running("kill a worker")
         return self.backend.inject(self.name, "kill_worker", rank)
 
     def preempt_node(
         self, node: str | None = None, *, return_after_s: float | None = None, grace_s: float | None = 30.0
-    ) -> dict[str, Any]:
+    ) -> DrillAnswer:
         """Drill: take a node away with notice, as a spot reclaim or another team's quota would.
         With ``grace_s`` (the kubelet's default 30 s) the job is told first: its ``State`` saves
         at the next step boundary and the node goes once that save is on disk (or when the
@@ -389,7 +389,7 @@ class ElasticJob:
         self._require_running("preempt a node")
         return self.backend.inject(self.name, "preempt_node", node, return_after_s=return_after_s, grace_s=grace_s)
 
-    def lose_node(self, node: str | None = None) -> dict[str, Any]:
+    def lose_node(self, node: str | None = None) -> DrillAnswer:
         """Drill: a node dies without notice (SIGKILL to its agent)."""
         self._require_running("lose a node")
         return self.backend.inject(self.name, "lose_node", node)

@@ -10,11 +10,10 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
-from ..backends import FOLDER_BACKENDS, backend_of, get_backend
+from ..backends import FOLDER_BACKENDS, backend_of, get_backend, options
 from ..backends.base import Backend, JobInfo, attention_order
-from ..contract import options
 from ..contract.events import sig, steps_done
-from ..contract.spec import JobSpec, new_name, parse_nnodes
+from ..contract.spec import JobSpec
 from ..errors import BackendError, JobNotFound, PackagingError, SpecError
 from ..packaging import Bundle, NotebookContext, package_cell, package_function
 from ..packaging.render import same_training_code
@@ -22,6 +21,12 @@ from .job import ElasticJob
 
 if TYPE_CHECKING:
     from ..backends.local import LocalBackend
+    from .launch_options import LaunchOptions
+
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
 
 
 def build_spec(
@@ -30,35 +35,14 @@ def build_spec(
     notebook: str | None = None,
     **values: Any,
 ) -> JobSpec:
-    """A validated ``JobSpec`` from the spec's options (``options.OPTIONS`` with ``goes_to``
-    "spec"), the table's defaults for the rest (``SpecError`` on the first bad one)."""
+    """A validated ``JobSpec`` from the spec's options (``JobSpec``'s declared fields), their
+    declared defaults for the rest (``SpecError`` on the first bad one)."""
     spec_values, per_backend, launching = options.split(values, surface="build_spec()")
     apart = [k for part in per_backend.values() for k in part]
     if apart or launching:
         raise SpecError(f"build_spec() takes the job's own options, not {', '.join([*apart, *launching])}")
-    given = {**options.spec_defaults(), **spec_values}
     return JobSpec(
-        name=given.get("name") or new_name(),
-        nnodes=parse_nnodes(given["nnodes"]),
-        nodes=given.get("nodes"),
-        nproc_per_node=given["nproc_per_node"],
-        max_restarts=given["max_restarts"],
-        backend=given["backend"],
-        checkpoint_dir=os.path.abspath(os.path.expanduser(given["checkpoint_dir"]))
-        if given.get("checkpoint_dir")
-        else None,
-        checkpoint_every=given.get("checkpoint_every"),
-        env=given.get("env") or {},
-        monitor_interval_s=given["monitor_interval_s"],
-        rdzv_conf=given.get("rdzv_conf") or {},
-        collective_timeout_s=given["collective_timeout_s"],
-        stall_timeout_s=given.get("stall_timeout_s"),
-        torchrun_restarts=bool(given.get("torchrun_restarts")),
-        max_payload_bytes=given["max_payload_bytes"],
-        track=given.get("track"),
-        ship=tuple(given.get("ship") or ()),
-        backend_options=dict(backend_options or {}),
-        notebook=notebook,
+        **options.spec_given(spec_values), backend_options=dict(backend_options or {}), notebook=notebook
     ).validated()
 
 
@@ -72,11 +56,10 @@ def spec_from_options(
     if launching:
         raise SpecError(f"{surface}: {', '.join(launching)} say how to launch, not what; pass them apart")
     backend = spec_values.get("backend", "local")
-    extra = {**kubernetes_options(backend, per_backend["kubernetes"]), **slurm_options(backend, per_backend["slurm"])}
     return build_spec(
         **spec_values,
         notebook=ctx.notebook,
-        backend_options={"cwd": ctx.cwd, **extra, **(backend_options or {})},
+        backend_options={"cwd": ctx.cwd, **options.backend_options(backend, per_backend), **(backend_options or {})},
     )
 
 
@@ -182,34 +165,6 @@ def backend_for(spec: JobSpec) -> Backend:
     return get_backend(spec.backend)
 
 
-def kubernetes_options(backend: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The Kubernetes options, validated (SpecError on a bad one, or on any with another backend)."""
-    picked = {k: v for k, v in given.items() if v is not None}
-    if not picked:
-        return {} if backend != "kubernetes" else {"kubernetes": _k8s_parse({}).to_json()}
-    if backend != "kubernetes":
-        raise SpecError(f"{', '.join(sorted(picked))} only apply with backend='kubernetes'")
-    return {"kubernetes": _k8s_parse(picked).to_json()}
-
-
-def slurm_options(backend: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The Slurm options, validated (SpecError on a bad one, or on any with another backend)."""
-    picked = {k: v for k, v in given.items() if v is not None and v != []}
-    if picked and backend != "slurm":
-        raise SpecError(f"{', '.join(sorted(picked))} only apply with backend='slurm'")
-    if backend != "slurm":
-        return {}
-    from ..backends.slurm.options import parse_options
-
-    return {"slurm": parse_options(**picked).to_json()}
-
-
-def _k8s_parse(picked: dict[str, Any]) -> Any:
-    from ..backends.kubernetes.options import parse_options
-
-    return parse_options(**picked)
-
-
 def with_elastic(ctx: NotebookContext) -> NotebookContext:
     """The namespace with the ``elastic`` name the magic's extension provides (the worker
     runtime), so that code written for ``%%elastic_train`` runs through ``launch()`` as is.
@@ -237,7 +192,7 @@ def launch(
     user_ns: Mapping[str, Any] | None = None,
     notebook_context: NotebookContext | None = None,
     backend_options: Mapping[str, Any] | None = None,
-    **options_given: Any,
+    **options_given: Unpack[LaunchOptions],
 ) -> ElasticJob:
     """Package the training code and run it as an elastic torchrun job.
 
@@ -247,7 +202,9 @@ def launch(
     launches it later. Every error (bad option, unshippable value) is raised before
     anything starts. A job of the same name that was lost, failed or stopped is resumed
     from its checkpoint when the code is the same (``resume=True`` insists on it,
-    ``fresh=True`` starts over); see ``start_or_resume``.
+    ``fresh=True`` starts over); see ``start_or_resume``. ``options_given``: the option
+    table's keywords (``LaunchOptions``, kernel/launch_options.py, for type checkers; the
+    signature lists them with their defaults for help() and Shift-Tab).
     """
     ctx = with_elastic(
         notebook_context or NotebookContext.from_globals(user_ns if user_ns is not None else _caller_namespace())

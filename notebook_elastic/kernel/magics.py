@@ -14,16 +14,17 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core import magic_arguments as ipython_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..contract import options
+from ..backends import options
 from ..errors import NotebookElasticError
 from ..packaging import NotebookContext
 from .launcher import (
+    JobList,
     announce,
     attach,
     backend_for,
@@ -33,6 +34,12 @@ from .launcher import (
     spec_from_options,
     start_or_resume,
 )
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ..backends.base import Backend
+    from .job import ElasticJob
 
 # IPython's magic_arguments is unannotated: its decorators and parser, typed here once.
 _Decorator = Callable[[Any], Any]
@@ -114,7 +121,7 @@ def _names(line: str, magic: str) -> list[str]:
     return parts
 
 
-def _stop_quietly(runner: Any, name: str) -> None:
+def _stop_quietly(runner: Backend, name: str) -> None:
     try:
         runner.cancel(name)
     except (NotebookElasticError, KeyboardInterrupt):
@@ -128,7 +135,7 @@ class ElasticMagics(Magics):
     @argument("-h", "--help", action="store_true", help="show this help; launch nothing.")
     @cell_magic
     @_errors_as_usage
-    def elastic_train(self, line: str, cell: str) -> Any:
+    def elastic_train(self, line: str, cell: str) -> ElasticJob | None:
         """Run this cell as an elastic torchrun job; returns at once with the job handle."""
         args = parse_argstring(self.elastic_train, line)
         if args.help:
@@ -211,14 +218,14 @@ class ElasticMagics(Magics):
 
     @line_magic
     @_errors_as_usage
-    def elastic_jobs(self, line: str = "") -> Any:
+    def elastic_jobs(self, line: str = "") -> JobList:
         """List elastic jobs, including those started before a kernel restart."""
         backend = line.strip() or None
         return jobs(backend)
 
     @line_magic
     @_errors_as_usage
-    def elastic_attach(self, line: str) -> Any:
+    def elastic_attach(self, line: str) -> ElasticJob:
         """%elastic_attach NAME [BACKEND]: re-open a job's dashboard and replay its history."""
         parts = _names(line, "elastic_attach")
         assert self.shell is not None  # IPython runs a magic on the instance it registered, with itself
@@ -230,7 +237,7 @@ class ElasticMagics(Magics):
 
     @line_magic
     @_errors_as_usage
-    def elastic_resume(self, line: str) -> Any:
+    def elastic_resume(self, line: str) -> ElasticJob:
         """%elastic_resume NAME: continue a lost, failed or stopped job from its latest checkpoint."""
         parts = _names(line, "elastic_resume")
         assert self.shell is not None  # IPython runs a magic on the instance it registered, with itself
@@ -272,7 +279,7 @@ def help_in_an_empty_cell(lines: list[str]) -> list[str]:
     return lines
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     from ..runtime import log
     from .views import register_display
 
@@ -296,6 +303,6 @@ def load_ipython_extension(ipython: Any) -> None:
     ensure_pool(log=pool_log(LocalBackend().root))
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     if help_in_an_empty_cell in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.remove(help_in_an_empty_cell)

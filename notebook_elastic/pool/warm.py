@@ -15,7 +15,7 @@ forwards signals to the child and exits with the child's status (a signal as a s
 A pipe ties the child to the launcher: if the launcher dies, the child dies.
 
 Without a zygote (disabled with NOTEBOOK_ELASTIC_WARM_WORKERS=0, or not answering) the
-launcher runs SCRIPT itself: a cold start, as before. The launcher lives in ``warm_launch``.
+launcher runs SCRIPT itself: a cold start, as before. The launcher lives in ``pool/launch.py``.
 
 The same server, started as ``... warm pool NAME``, is the user's warm pool (``pool``):
 it outlives jobs, forks supervisors and agents too (``-m MODULE`` requests), puts each child in

@@ -3,7 +3,7 @@
 
 Everything else is derived from these classes: the JSON Schema of each kind (``EVENT_SCHEMAS``,
 which the test suite checks every job history it produces against), the checked-in JSON Schema
-document (``schema/events.schema.json``) and the labextension's TypeScript types
+document (``runtime/events.schema.json``) and the labextension's TypeScript types
 (``labextension/src/contract.ts``), both written by ``scripts/gen_contract.py`` and kept current
 by ``tests/test_contract.py``. A field without ``NotRequired`` is in every event of its kind; an
 event may carry fields a newer version added (readers ignore what they do not know), so a

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...runtime import log as _logging
-from ..base import Backend, DryRun, JobInfo
+from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 from . import kueue
 from . import manifests as m
 from .client import Connection, connect, explain, is_missing
@@ -68,16 +68,26 @@ class KubernetesBackend(Backend):
     def has_pytorchjob_crd(self) -> bool:
         return self.submitter.has_pytorchjob_crd()
 
-    def scale(self, name: str, nodes: int) -> dict[str, Any]:
+    def scale(self, name: str, nodes: int) -> ScaleAnswer:
         return self.control.scale(name, nodes)
 
-    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> RangeAnswer:
         """torchrun fixes --nnodes per agent, and a Job's pod template cannot change: new
         workers are created in a new rendezvous epoch; they resume from the checkpoint."""
         return self.control.set_range(name, min_nodes, max_nodes)
 
-    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
-        return self.control.inject(name, fault, target, **options)
+    def inject(
+        self,
+        name: str,
+        fault: str,
+        target: int | str | None = None,
+        *,
+        return_after_s: float | None = None,
+        grace_s: float | None = None,
+    ) -> DrillAnswer:
+        """The pod's own grace is its notice, and a cluster gives capacity back by itself:
+        ``grace_s`` and ``return_after_s`` are the local drill's."""
+        return self.control.inject(name, fault, target)
 
     def cancel(self, name: str) -> None:
         """Delete every object of the job. Idempotent."""

@@ -11,7 +11,7 @@ import json
 import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import defaults
 from ...errors import SpecError
@@ -32,10 +32,14 @@ from .naming import (
 )
 from .options import DEFAULT_IMAGE, KubernetesOptions
 
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
+
 SECRET_PLACEHOLDER = defaults.HIDDEN_VALUE
 
 
-def env_secret(spec: Any) -> dict[str, Any] | None:
+def env_secret(spec: JobSpec) -> dict[str, Any] | None:
     """The Secret holding the ``--env`` values (placeholders here), or None without any."""
     if not spec.env:
         return None
@@ -102,7 +106,7 @@ def modules_zip(files: dict[str, bytes]) -> bytes:
 
 
 def code_configmap(
-    spec: Any, bundle: Any, options: KubernetesOptions, *, run_id: str, epoch: int = 0
+    spec: JobSpec, bundle: Bundle, options: KubernetesOptions, *, run_id: str, epoch: int = 0
 ) -> dict[str, Any]:
     binary = {RUNTIME_ZIP: runtime_zip()}
     if bundle.payload:

@@ -15,6 +15,7 @@ from typing import Any
 from ...contract.plan import rdzv_id
 from ...errors import BackendError, JobNotFound, SpecError
 from ...runtime import protocol
+from ..base import DrillAnswer, RangeAnswer, ScaleAnswer
 from . import kueue
 from . import manifests as m
 from .client import Connection, explain, is_missing
@@ -52,7 +53,7 @@ class JobControl:
             )
         return cm, spec_of(cm)
 
-    def scale(self, name: str, nodes: int) -> dict[str, Any]:
+    def scale(self, name: str, nodes: int) -> ScaleAnswer:
         conn = self.connection()
         cm, spec = self._require(name)
         lo, hi = self._range(name, spec)
@@ -86,7 +87,7 @@ class JobControl:
             raise
         except Exception as exc:
             raise explain(exc, f"scale job {name!r} to {nodes} pods", conn) from None
-        return {"target": nodes}
+        return ScaleAnswer(target=nodes)
 
     def _range(self, name: str, spec: dict[str, Any]) -> tuple[int, int]:
         try:
@@ -98,7 +99,7 @@ class JobControl:
             lo, hi = spec.get("nnodes", [1, 1])
             return int(lo), int(hi)
 
-    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> RangeAnswer:
         """torchrun fixes --nnodes per agent, and a Job's pod template cannot change: new
         workers are created in a new rendezvous epoch; they resume from the checkpoint."""
         conn = self.connection()
@@ -152,9 +153,11 @@ class JobControl:
             raise
         except Exception as exc:
             raise explain(exc, f"change the range of {name!r}", conn) from None
-        return {"target": target, "reconfigured": True, "epoch": epoch}
+        return RangeAnswer(target=target, reconfigured=True, epoch=epoch)
 
-    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
+    def inject(self, name: str, fault: str, target: int | str | None = None) -> DrillAnswer:
+        """A drill on a worker pod: ``preempt_node`` evicts it, ``lose_node`` deletes it at once
+        (``target``: its name; a random running one when None)."""
         conn = self.connection()
         self._require(name)
         if fault == "kill_worker":
@@ -177,7 +180,7 @@ class JobControl:
                 raise BackendError(
                     f"{target!r} is not a running worker pod of {name!r} (running: {', '.join(p.metadata.name for p in pods) or 'none'})"
                 )
-            victim = target
+            victim = str(target)
         try:
             if fault == "preempt_node":
                 # The Eviction API, as a drain or a spot handler uses it: the pod gets the
@@ -193,7 +196,7 @@ class JobControl:
             raise explain(
                 exc, f"evict pod {victim}" if fault == "preempt_node" else f"delete pod {victim}", conn
             ) from None
-        return {"node": victim}
+        return DrillAnswer(node=victim)
 
     def cancel(self, name: str) -> None:
         """Delete every object of the job. Idempotent."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...contract.plan import rdzv_id as run_rdzv_id
 from ...errors import SpecError
@@ -90,6 +90,10 @@ from .workers import (
     workers_job,
 )
 
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
+
 # The builders, and every name that was defined here before the objects moved out (still
 # imported from here: ``from notebook_elastic.backends.kubernetes import manifests as m``).
 __all__ = [
@@ -148,7 +152,7 @@ __all__ = [
 ]
 
 
-def check(spec: Any, options: KubernetesOptions) -> None:
+def check(spec: JobSpec, options: KubernetesOptions) -> None:
     """Refusals that depend on the cluster shape, before anything is sent."""
     if not spec.name[:1].isalpha():
         hint = f"run-{spec.name}"
@@ -174,7 +178,7 @@ def check(spec: Any, options: KubernetesOptions) -> None:
 
 
 def build(
-    spec: Any, bundle: Any, options: KubernetesOptions, *, run_id: str, epoch: int = 0, target: int | None = None
+    spec: JobSpec, bundle: Bundle, options: KubernetesOptions, *, run_id: str, epoch: int = 0, target: int | None = None
 ) -> list[dict[str, Any]]:
     """Every object of the job, in creation order (owner first)."""
     check(spec, options)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...agent.notice_keeper import LEAVE_S
+from ...contract.options import declared, option, parse
 from ...contract.spec import whole_number
 from ...errors import SpecError
 
@@ -79,7 +80,7 @@ def untested_torch_warning(image: str, flag: str = "--image") -> str | None:
     )
 
 
-def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, Any]:
+def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, str]:
     """``key=value:Effect``, ``key:Effect``, ``key=value`` or ``key`` -> a toleration."""
     body, _, effect = text.partition(":")
     if effect and effect not in _EFFECTS:
@@ -87,7 +88,7 @@ def parse_toleration(text: str, flag: str = "--toleration") -> dict[str, Any]:
     key, eq, value = body.partition("=")
     if not key or not _LABEL_NAME.match(key):
         raise SpecError(f"{flag} {text!r} must look like key=value:NoSchedule (for example nvidia.com/gpu:NoSchedule)")
-    tol: dict[str, Any] = {"key": key, "operator": "Equal" if eq else "Exists"}
+    tol: dict[str, str] = {"key": key, "operator": "Equal" if eq else "Exists"}
     if eq:
         tol["value"] = value
     if effect:
@@ -113,54 +114,198 @@ def parse_selector(items: Iterable[str] | Mapping[str, str] | None, flag: str = 
     return out
 
 
-def _quantity(value: str | None, flag: str) -> str | None:
-    if value is None:
-        return None
+def _quantity(value: str, flag: str) -> str:
     value = str(value).strip()
     if not _QUANTITY.match(value):
         raise SpecError(f"{flag} {value!r} is not a Kubernetes quantity (for example 4, 500m, 16Gi)")
     return value
 
 
-def _name(value: str | None, flag: str) -> str | None:
-    if value is None:
-        return None
+def _name(value: str, flag: str) -> str:
     if not _DNS1123.match(value) or len(value) > 253:
         raise SpecError(f"{flag} {value!r} is not a valid Kubernetes name (lowercase letters, digits, '-' and '.')")
     return value
 
 
+def _names(values: Iterable[str], flag: str) -> list[str]:
+    return [_name(v, flag) for v in values]
+
+
+def _image(value: str, flag: str) -> str:
+    if not value.strip() or any(c.isspace() for c in value):
+        raise SpecError(f"{flag} {value!r} is not an image reference (for example {DEFAULT_IMAGE})")
+    return value
+
+
+def _gpus(value: int | str, flag: str) -> int:
+    gpus = whole_number(value, f"{flag} (GPUs per pod)", "1, or 0 for CPU pods")
+    if gpus < 0:
+        raise SpecError(f"{flag} {gpus} must be 0 or more")
+    return gpus
+
+
+def _tolerations(values: Iterable[str], flag: str) -> list[dict[str, str]]:
+    return [parse_toleration(t, flag) for t in values]
+
+
+def _selector(items: Iterable[str] | Mapping[str, str], flag: str) -> dict[str, str]:
+    return parse_selector(items, flag)
+
+
+def _grace(value: int | str, flag: str) -> int:
+    grace = whole_number(value, f"{flag} (seconds between the kubelet's SIGTERM and its SIGKILL)", "30")
+    if not MIN_GRACE_S <= grace <= MAX_GRACE_S:
+        raise SpecError(
+            f"{flag} {grace} is outside {MIN_GRACE_S}..{MAX_GRACE_S} seconds: the job saves on notice within the grace "
+            f"less {LEAVE_S:g} s for its agent to leave, so give at least {MIN_GRACE_S} (the save's time plus a step "
+            "and 4 s is enough)"
+        )
+    return grace
+
+
+def _queue(value: str, flag: str) -> str:
+    if len(value) > 63:
+        raise SpecError(f"{flag} {value!r} is longer than 63 characters, more than a label value may hold")
+    return _name(value, flag)
+
+
+def _workload(value: str, flag: str) -> str:
+    if value not in WORKLOADS:
+        raise SpecError(f"{flag} {value!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
+    return value
+
+
+def _pod_security(value: str, flag: str) -> str:
+    if value not in POD_SECURITY_LEVELS:
+        raise SpecError(
+            f"{flag} {value!r} is unknown; choose one of: {', '.join(POD_SECURITY_LEVELS)} "
+            "(the level your namespace enforces: kubectl get ns NAME --show-labels)"
+        )
+    return value
+
+
 @dataclass
 class KubernetesOptions:
-    namespace: str | None = None  # None: the kubeconfig context's namespace, else "default"
-    context: str | None = None
-    image: str = DEFAULT_IMAGE
+    """Where a job's pods run. Each field declared with ``option()`` is a launch option (a flag
+    of the magic, a keyword of ``launch()``, checked by its declaration as ``parse`` makes one);
+    the others are set by the backend."""
+
+    # None: the kubeconfig context's namespace, else "default"
+    namespace: str | None = option("the namespace (default: the context's).", default=None, check=_name)
+    context: str | None = option("the kubeconfig context (default: the current one).", default=None)
+    image: str = option(
+        "the container image (needs torch; default a PyTorch CUDA image).",
+        default=DEFAULT_IMAGE,
+        check=_image,
+        shown=None,
+    )
+    # Per pod; None: --nproc-per-node; 0: CPU pods.
+    gpus: int | None = option(
+        "nvidia.com/gpu per pod (default: --nproc-per-node; 0 for CPU pods).", default=None, check=_gpus
+    )
+    cpu: str | None = option("CPU request per pod, like 8 or 500m.", default=None, check=_quantity)
+    memory: str | None = option("memory per pod, like 32Gi.", default=None, check=_quantity)
+    tolerations: list[dict[str, str]] = option(
+        "worker toleration.",
+        default_factory=list,
+        check=_tolerations,
+        flag="--toleration",
+        repeatable=True,
+        metavar="KEY=VALUE:EFFECT",
+    )
+    node_selector: dict[str, str] = option(
+        "worker node selector.", default_factory=dict, check=_selector, repeatable=True, metavar="LABEL=VALUE"
+    )
+    rdzv_tolerations: list[dict[str, str]] = option(
+        "toleration of the rendezvous pod.",
+        default_factory=list,
+        check=_tolerations,
+        flag="--rdzv-toleration",
+        repeatable=True,
+        metavar="KEY=VALUE:EFFECT",
+    )
+    rdzv_node_selector: dict[str, str] = option(
+        "node selector of the rendezvous pod (e.g. on-demand nodes; without one it is kept off spot nodes "
+        "when the workers tolerate spot).",
+        default_factory=dict,
+        check=_selector,
+        repeatable=True,
+        metavar="LABEL=VALUE",
+    )
+    # The workers' (often a low, preemptible one for spot).
+    priority_class: str | None = option("priorityClassName of the pods.", default=None, check=_name)
     # The store's image. None: a small Python image when the workers' is Docker Hub's official
     # PyTorch image (the store needs Python alone), else the workers' own (a registry the
     # cluster can pull from; its -runtime twin for an official -devel image).
-    rdzv_image: str | None = None
-    gpus: int | None = None  # per pod; None: --nproc-per-node; 0: CPU pods
-    cpu: str | None = None
-    memory: str | None = None
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    node_selector: dict[str, str] = field(default_factory=dict)
-    rdzv_tolerations: list[dict[str, Any]] = field(default_factory=list)
-    rdzv_node_selector: dict[str, str] = field(default_factory=dict)
-    priority_class: str | None = None  # the workers' (often a low, preemptible one for spot)
-    rdzv_priority_class: str | None = None  # the store's own; never the workers'
-    service_account: str | None = None
-    image_pull_secrets: list[str] = field(default_factory=list)
-    pvc: str | None = None
-    shm_size: str | None = "2Gi"
+    rdzv_image: str | None = option(
+        "image of the rendezvous store (any image with Python 3: the store needs no torch; default: "
+        "python:3.12-slim beside Docker Hub's pytorch/pytorch images, else --image, or its -runtime twin for an "
+        "official -devel image).",
+        default=None,
+        check=_image,
+    )
+    # The store's own; never the workers'.
+    rdzv_priority_class: str | None = option(
+        "priorityClassName of the rendezvous pod (never the workers').", default=None, check=_name
+    )
+    service_account: str | None = option("serviceAccountName of the pods.", default=None, check=_name)
+    image_pull_secrets: list[str] = option(
+        "image pull secret.",
+        default_factory=list,
+        check=_names,
+        flag="--image-pull-secret",
+        repeatable=True,
+        metavar="NAME",
+    )
+    pvc: str | None = option(
+        "PersistentVolumeClaim for checkpoints (needed when MAX nodes > 1).", default=None, check=_name
+    )
+    shm_size: str | None = option("size of /dev/shm in the workers.", default="2Gi", check=_quantity)
     # The worker pods' terminationGracePeriodSeconds: a save on notice fits in it. None until the
     # backend derives it from the job's last measured save (grace.py); given, it is the user's.
-    grace: int | None = None
+    grace: int | None = option(
+        "seconds a worker pod is given between the kubelet's SIGTERM and its SIGKILL "
+        "(terminationGracePeriodSeconds): the job saves on that notice first, within it less 3 s for the "
+        "agent to leave. Default: derived from the longest save the last run of this job name measured "
+        "(1.5 x it + 5 s), at least 30; 30 before any was measured. The dry-run says which.",
+        default=None,
+        check=_grace,
+        metavar="SECONDS",
+    )
+    # A Kueue LocalQueue (kueue.py).
+    queue: str | None = option(
+        "Kueue LocalQueue to queue the workers in: they are created suspended and start when Kueue admits "
+        "them; the views say what quota they wait for, and a Kueue preemption is a notice (the job saves first).",
+        default=None,
+        check=_queue,
+        metavar="NAME",
+    )
+    workload: str = option(
+        "job (an elastic Indexed Job), pods, or pytorchjob (Kubeflow).", default="job", check=_workload
+    )
+    # "restricted": pods pass a namespace enforcing that level.
+    pod_security: str = option(
+        "baseline, or restricted: non-root, no privilege escalation, capabilities dropped, RuntimeDefault seccomp "
+        "(for namespaces that enforce that Pod Security level).",
+        default="baseline",
+        check=_pod_security,
+        shown=None,
+    )
     grace_given: bool = False
-    workload: str = "job"
-    queue: str | None = None  # a Kueue LocalQueue (kueue.py)
-    pod_security: str = "baseline"  # "restricted": pods pass a namespace enforcing that level
     ttl_seconds_after_finished: int = 3600
     rdzv_port: int = 29400
+
+    @classmethod
+    def parse(cls, given: Mapping[str, Any]) -> KubernetesOptions:
+        """Validated options from the values given (``SpecError`` on the first bad one): each by
+        its declaration, then what one says of another."""
+        options = parse(cls, given, what="the Kubernetes options")
+        if options.queue is not None and options.workload == "pods":
+            raise SpecError(
+                "--queue needs a workload Kueue admits as one: the default --workload job (or pytorchjob), not pods"
+            )
+        options.grace_given = options.grace is not None
+        return options
 
     @property
     def pod_grace(self) -> int:
@@ -198,80 +343,10 @@ class KubernetesOptions:
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
-def parse_options(
-    *,
-    namespace: str | None = None,
-    context: str | None = None,
-    image: str | None = None,
-    rdzv_image: str | None = None,
-    gpus: int | str | None = None,
-    cpu: str | None = None,
-    memory: str | None = None,
-    tolerations: Iterable[str] = (),
-    node_selector: Iterable[str] | Mapping[str, str] = (),
-    rdzv_tolerations: Iterable[str] = (),
-    rdzv_node_selector: Iterable[str] | Mapping[str, str] = (),
-    priority_class: str | None = None,
-    rdzv_priority_class: str | None = None,
-    service_account: str | None = None,
-    image_pull_secrets: Iterable[str] = (),
-    pvc: str | None = None,
-    shm_size: str | None = "2Gi",
-    grace: int | str | None = None,
-    workload: str = "job",
-    queue: str | None = None,
-    pod_security: str | None = None,
-) -> KubernetesOptions:
-    """Validated options from flag values (``SpecError`` on the first bad one)."""
-    if gpus is not None:
-        gpus = whole_number(gpus, "--gpus (GPUs per pod)", "1, or 0 for CPU pods")
-        if gpus < 0:
-            raise SpecError(f"--gpus {gpus} must be 0 or more")
-    if pod_security is not None and pod_security not in POD_SECURITY_LEVELS:
-        raise SpecError(
-            f"--pod-security {pod_security!r} is unknown; choose one of: {', '.join(POD_SECURITY_LEVELS)} "
-            "(the level your namespace enforces: kubectl get ns NAME --show-labels)"
-        )
-    if grace is not None:
-        grace = whole_number(grace, "--grace (seconds between the kubelet's SIGTERM and its SIGKILL)", "30")
-    if grace is not None and not MIN_GRACE_S <= grace <= MAX_GRACE_S:
-        raise SpecError(
-            f"--grace {grace} is outside {MIN_GRACE_S}..{MAX_GRACE_S} seconds: the job saves on notice within the grace "
-            f"less {LEAVE_S:g} s for its agent to leave, so give at least {MIN_GRACE_S} (the save's time plus a step "
-            "and 4 s is enough)"
-        )
-    if workload not in WORKLOADS:
-        raise SpecError(f"--workload {workload!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
-    if queue is not None and workload == "pods":
-        raise SpecError(
-            "--queue needs a workload Kueue admits as one: the default --workload job (or pytorchjob), not pods"
-        )
-    if queue is not None and len(queue) > 63:
-        raise SpecError(f"--queue {queue!r} is longer than 63 characters, more than a label value may hold")
-    for flag, value in (("--image", image), ("--rdzv-image", rdzv_image)):
-        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
-            raise SpecError(f"{flag} {value!r} is not an image reference (for example {DEFAULT_IMAGE})")
-    return KubernetesOptions(
-        namespace=_name(namespace, "--namespace"),
-        context=context,
-        image=image or DEFAULT_IMAGE,
-        rdzv_image=rdzv_image or None,
-        gpus=gpus,
-        cpu=_quantity(cpu, "--cpu"),
-        memory=_quantity(memory, "--memory"),
-        tolerations=[parse_toleration(t) for t in tolerations],
-        node_selector=parse_selector(node_selector),
-        rdzv_tolerations=[parse_toleration(t, "--rdzv-toleration") for t in rdzv_tolerations],
-        rdzv_node_selector=parse_selector(rdzv_node_selector, "--rdzv-node-selector"),
-        priority_class=_name(priority_class, "--priority-class"),
-        rdzv_priority_class=_name(rdzv_priority_class, "--rdzv-priority-class"),
-        service_account=_name(service_account, "--service-account"),
-        image_pull_secrets=[_name(s, "--image-pull-secret") or "" for s in image_pull_secrets],
-        pvc=_name(pvc, "--pvc"),
-        shm_size=_quantity(shm_size, "--shm-size"),
-        grace=grace,
-        grace_given=grace is not None,
-        workload=workload,
-        queue=_name(queue, "--queue"),
-        pod_security=pod_security or "baseline",
-    )
+def parse_options(**given: Any) -> KubernetesOptions:
+    """Validated options from flag values (``KubernetesOptions.parse``)."""
+    return KubernetesOptions.parse(given)
+
+
+#: The Kubernetes launch options, as declared on ``KubernetesOptions``' fields.
+OPTIONS = declared(KubernetesOptions, "kubernetes", backends=("kubernetes",))

@@ -4,15 +4,18 @@ and how to keep a pod off spot nodes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...contract.plan import LaunchPlan
 from ...runtime import protocol
 from .naming import code_name, env_name
 from .options import KubernetesOptions
 
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
 
-def _env(spec: Any, plan: LaunchPlan) -> list[dict[str, Any]]:
+
+def _env(spec: JobSpec, plan: LaunchPlan) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": protocol.ENV_NODE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -30,7 +33,7 @@ def _env(spec: Any, plan: LaunchPlan) -> list[dict[str, Any]]:
     return env
 
 
-def _code_volume(spec: Any) -> dict[str, Any]:
+def _code_volume(spec: JobSpec) -> dict[str, Any]:
     return {"name": "code", "configMap": {"name": code_name(spec.name)}}
 
 
@@ -63,7 +66,7 @@ def _place(
     pod_spec: dict[str, Any],
     options: KubernetesOptions,
     node_selector: dict[str, str],
-    tolerations: list[dict[str, Any]],
+    tolerations: list[dict[str, str]],
     priority_class: str | None,
 ) -> None:
     """Where a pod may run and as whom: its own selector/tolerations/priority, the job's identity."""
@@ -92,7 +95,7 @@ SPOT_NODE_LABELS = {
 }
 
 
-def tolerates_spot(tolerations: list[dict[str, Any]]) -> bool:
+def tolerates_spot(tolerations: list[dict[str, str]]) -> bool:
     """Whether the workers' tolerations are for spot nodes (a key or value naming spot or
     preemptible, or a cloud's spot label)."""
     for tol in tolerations:

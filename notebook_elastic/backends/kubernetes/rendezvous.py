@@ -4,14 +4,17 @@ the Service the agents reach it by."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .naming import CODE_MOUNT, COMPONENT, INSTANCE, RUNTIME_ZIP, labels, rdzv_name
 from .options import KubernetesOptions
 from .podspec import _code_volume, _place, _secure, off_spot_affinity, tolerates_spot
 
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
 
-def rendezvous_pod_spec(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
+
+def rendezvous_pod_spec(spec: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "containers": [
@@ -45,7 +48,7 @@ def rendezvous_pod_spec(spec: Any, options: KubernetesOptions) -> dict[str, Any]
     return pod_spec
 
 
-def rendezvous_deployment(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
+def rendezvous_deployment(spec: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     """The store under a one-replica Deployment: its pod deleted, evicted (a drain, a
     preemption) or lost with its node is replaced by the ReplicaSet controller, and a drain or
     the Cluster Autoscaler may move it (a bare pod blocks both). ``Recreate``: never two
@@ -64,7 +67,7 @@ def rendezvous_deployment(spec: Any, options: KubernetesOptions) -> dict[str, An
     }
 
 
-def rendezvous_service(spec: Any, options: KubernetesOptions) -> dict[str, Any]:
+def rendezvous_service(spec: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -5,10 +5,12 @@ lent to its ``JobControl`` (``control.py``), which creates a range's new workers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ...agent.notice_keeper import LEAVE_S
 from ...contract.plan import rdzv_id
@@ -20,7 +22,22 @@ from . import manifests as m
 from .client import Connection, explain, is_missing
 from .options import KubernetesOptions
 
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
+
 _log = _logging.get("backends.kubernetes.submit")
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    """What a job on a cluster would be: its objects in the order they are created, the run's
+    id (its rendezvous and its objects' annotations carry it), and its Kubernetes options (the
+    grace resolved; the GPUs, when not given, decided as it is scheduled)."""
+
+    objects: list[dict[str, Any]]
+    run_id: str
+    options: KubernetesOptions
 
 
 class Submitter:
@@ -35,7 +52,7 @@ class Submitter:
         self.namespace = namespace
         self.cancel = cancel
 
-    def _options(self, spec: Any) -> KubernetesOptions:
+    def _options(self, spec: JobSpec) -> KubernetesOptions:
         """The job's options, its pods' grace resolved: the user's, else derived from the last
         save measured for a job of this name here (grace.py)."""
         options = KubernetesOptions.from_json(spec.backend_options.get("kubernetes"))
@@ -43,7 +60,7 @@ class Submitter:
             options.grace = grace.derived(grace.measured(spec.name))
         return options
 
-    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+    def submit_dryrun(self, spec: JobSpec, bundle: Bundle) -> DryRun:
         options = self._options(spec)
         run_id = secrets.token_hex(4)
         objects = m.build(spec, bundle, options, run_id=run_id)
@@ -97,14 +114,14 @@ class Submitter:
             + "".join(f"#{line}\n" for line in plan.text().splitlines())
             + m.to_yaml(objects)
         )
-        return DryRun(
-            "kubernetes", spec, bundle, {"objects": objects, "run_id": run_id, "options": options.to_json()}, text
-        )
+        return DryRun("kubernetes", spec, bundle, ClusterRequest(objects, run_id, options), text)
 
     def schedule(self, dryrun: DryRun) -> None:
         conn = self.connection()
-        objects = dryrun.request["objects"]
-        options = KubernetesOptions.from_json(dryrun.request["options"])
+        if not isinstance(dryrun.request, ClusterRequest):
+            raise BackendError(f"a dry-run of the {dryrun.backend} backend cannot be scheduled on a cluster")
+        objects = dryrun.request.objects
+        options = dataclasses.replace(dryrun.request.options)  # its own: what the cluster has decides a default here
         self._check_namespace()
         if options.pvc:
             try:

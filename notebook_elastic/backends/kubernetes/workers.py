@@ -5,7 +5,7 @@ PyTorchJob with an elasticPolicy."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import defaults
 from ...contract.plan import LaunchPlan, Place, launch_plan
@@ -27,8 +27,11 @@ from .naming import (
 from .options import KubernetesOptions
 from .podspec import _code_volume, _env, _place, _secure
 
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
 
-def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
+
+def cluster_place(spec: JobSpec, options: KubernetesOptions) -> Place:
     """A cluster as a launch plan sees it: the store behind the job's Service, the script in
     the code ConfigMap, each pod advertising its own IP; GPUs are the device plugin's."""
     return Place(
@@ -52,7 +55,7 @@ def cluster_place(spec: Any, options: KubernetesOptions) -> Place:
     )
 
 
-def plan_for(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int) -> LaunchPlan:
+def plan_for(spec: JobSpec, options: KubernetesOptions, *, rdzv_id: str, epoch: int) -> LaunchPlan:
     return launch_plan(spec, cluster_place(spec, options), rdzv_id=rdzv_id, epoch=epoch)
 
 
@@ -69,7 +72,7 @@ CLUSTER_RDZV_CONF = {
 
 
 def worker_pod_spec(
-    spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, restart_policy: str = "Never"
+    spec: JobSpec, options: KubernetesOptions, *, rdzv_id: str, epoch: int, restart_policy: str = "Never"
 ) -> dict[str, Any]:
     gpus = options.gpus_per_pod(spec.nproc_per_node)
     resources: dict[str, Any] = {}
@@ -111,12 +114,12 @@ def worker_pod_spec(
     return pod_spec
 
 
-def workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
+def workers_job(spec: JobSpec, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
     job = _workers_job(spec, options, rdzv_id=rdzv_id, epoch=epoch, target=target)
     return apply_queue(job, options.queue, elastic=spec.nnodes[0] < spec.nnodes[1])
 
 
-def _workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
+def _workers_job(spec: JobSpec, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -176,7 +179,7 @@ def _workers_job(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: 
     }
 
 
-def worker_pod(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, index: int) -> dict[str, Any]:
+def worker_pod(spec: JobSpec, options: KubernetesOptions, *, rdzv_id: str, epoch: int, index: int) -> dict[str, Any]:
     """A plain worker pod (``--workload pods``, for clusters without elastic Indexed Jobs)."""
     return {
         "apiVersion": "v1",
@@ -189,7 +192,7 @@ def worker_pod(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: in
     }
 
 
-def pytorchjob(spec: Any, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
+def pytorchjob(spec: JobSpec, options: KubernetesOptions, *, rdzv_id: str, epoch: int, target: int) -> dict[str, Any]:
     """A Kubeflow PyTorchJob with an elasticPolicy, pointed at our rendezvous service."""
     plan = plan_for(spec, options, rdzv_id=rdzv_id, epoch=epoch)
     lo, hi = plan.nnodes

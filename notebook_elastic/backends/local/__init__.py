@@ -17,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
 from ...contract.events import FINAL_STATUSES, Event, Kind, status_phrase
@@ -51,7 +52,11 @@ from ...jobfolder.processes import kill_all, processes_of
 from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
 from ...runtime.protocol import ENV_POOL
-from ..base import Backend, DryRun, JobInfo
+from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
+
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 #: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
@@ -65,6 +70,21 @@ GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
 
 #: How long a launch over an earlier run's folder waits for that run's allocations to end.
 LEFTOVERS_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class FolderRequest:
+    """What a job in a folder (local, Slurm) would be: its folder, the files written there (their
+    sizes), the nodes started first, the launch plan as the dry-run shows it (``Plan.as_dict``:
+    the secret environment values hidden), the workers' working directory; on Slurm, each
+    node's ``srun``."""
+
+    folder: str
+    files: dict[str, int]
+    nodes: int
+    plan: dict[str, Any]
+    working_directory: str
+    srun: str | None = None
 
 
 class LocalBackend(Backend):
@@ -92,24 +112,24 @@ class LocalBackend(Backend):
 
     # -- submit --------------------------------------------------------------------------
 
-    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+    def submit_dryrun(self, spec: JobSpec, bundle: Bundle) -> DryRun:
         folder = self.folder(spec.name)
         place = local_place(spec, folder, gpus=visible_gpus())
         plan = launch_plan(spec, place, rdzv_id=rdzv_id(spec.name, "<run>", 0))  # refuses a range the GPUs cannot hold
-        request = {
-            "folder": str(folder.path),
-            "files": {"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
-            "nodes": spec.initial_nodes,
-            "plan": plan.as_dict(),
-            "working_directory": spec.backend_options.get("cwd") or os.getcwd(),
-        }
+        request = FolderRequest(
+            folder=str(folder.path),
+            files={"script.py": len(bundle.script.encode()), "script.payload.pkl": len(bundle.payload)},
+            nodes=spec.initial_nodes,
+            plan=plan.as_dict(),
+            working_directory=spec.backend_options.get("cwd") or os.getcwd(),
+        )
         text = "\n".join(
             [
                 f"local backend: job folder {folder.path}",
                 f"  a supervisor hosts the rendezvous store and starts {spec.initial_nodes} agent(s):",
                 plan.text(),
                 f"  checkpoints: {plan.env[protocol.ENV_CHECKPOINT_DIR]}",
-                f"  working directory of the workers: {request['working_directory']} (the notebook's folder, on "
+                f"  working directory of the workers: {request.working_directory} (the notebook's folder, on "
                 "their path: relative paths and the notebook's own modules resolve as in the notebook)",
             ]
         )
@@ -320,23 +340,43 @@ class LocalBackend(Backend):
         info = folder.supervisor()
         if info is None or info.get("exited") or not folder.supervisor_alive():
             raise BackendError(f"job {name!r} is not running, so it cannot {command.replace('_', ' ')}")
-        result: dict[str, Any] = control.request(
-            tuple(info["control"]), bytes.fromhex(info["authkey"]), command, **args
-        )
-        return result  # what the supervisor's command answered (commands.py: a dict each)
+        reply = control.request(tuple(info["control"]), bytes.fromhex(info["authkey"]), command, **args)
+        if not isinstance(reply, dict):
+            raise BackendError(f"job {name!r}'s supervisor answered {command!r} with {reply!r}, not a record")
+        return reply  # what the supervisor's command answered (commands.py: a dict each)
 
-    def scale(self, name: str, nodes: int) -> dict[str, Any]:
-        return self._request(name, "scale", nodes=nodes)
+    def scale(self, name: str, nodes: int) -> ScaleAnswer:
+        reply = self._request(name, "scale", nodes=nodes)
+        return ScaleAnswer(target=int(reply["target"]))
 
-    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
-        return self._request(name, "set_range", min_nodes=min_nodes, max_nodes=max_nodes)
+    def set_range(self, name: str, min_nodes: int, max_nodes: int) -> RangeAnswer:
+        reply = self._request(name, "set_range", min_nodes=min_nodes, max_nodes=max_nodes)
+        return RangeAnswer(target=int(reply["target"]), reconfigured=bool(reply["reconfigured"]))
 
-    def inject(self, name: str, fault: str, target: Any = None, **options: Any) -> dict[str, Any]:
+    def inject(
+        self,
+        name: str,
+        fault: str,
+        target: int | str | None = None,
+        *,
+        return_after_s: float | None = None,
+        grace_s: float | None = None,
+    ) -> DrillAnswer:
         if fault == "kill_worker":
-            return self._request(name, "kill_worker", rank=target)
-        if fault in ("preempt_node", "lose_node"):
-            return self._request(name, fault, node=target, **options)
-        raise BackendError(f"unknown fault {fault!r}: use kill_worker, preempt_node or lose_node")
+            reply = self._request(name, "kill_worker", rank=target)
+        elif fault == "preempt_node":
+            reply = self._request(name, fault, node=target, return_after_s=return_after_s, grace_s=grace_s)
+        elif fault == "lose_node":
+            reply = self._request(name, fault, node=target)
+        else:
+            raise BackendError(f"unknown fault {fault!r}: use kill_worker, preempt_node or lose_node")
+        return DrillAnswer(
+            node=_optional(reply, "node", str),
+            rank=_optional(reply, "rank", int),
+            pid=_optional(reply, "pid", int),
+            target=_optional(reply, "target", int),
+            grace_s=_optional(reply, "grace_s", float),
+        )
 
     def cancel(self, name: str, timeout_s: float = 30.0) -> None:
         folder = self.folder(name)
@@ -467,6 +507,15 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
             f"the {'supervisor' if module == SUPERVISOR_MODULE else 'guardian'} of job {folder.name!r} did not start within "
             f"{SUPERVISOR_START_TIMEOUT_S:.0f} s: {_tail(folder.supervisor_log)}"
         ) from None
+
+
+_T = TypeVar("_T")
+
+
+def _optional(reply: Mapping[str, Any], key: str, kind: Callable[[Any], _T]) -> _T | None:
+    """``reply[key]`` as ``kind`` (a JSON reply's number may come as an int or a float), None when absent."""
+    value = reply.get(key)
+    return None if value is None else kind(value)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

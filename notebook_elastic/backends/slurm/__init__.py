@@ -23,12 +23,13 @@ home, another machine) is never cancelled, signalled or read as this one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...contract.events import FINAL_STATUSES
 from ...errors import BackendError
@@ -37,10 +38,14 @@ from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
 from ...runtime import protocol
 from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
-from ..local import SUPERVISOR_MODULE, LocalBackend, _tail
+from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster
 from .mark import ENV_MARK, cancel_marked, job_name, mark_for_run, own_mark
 from .options import SlurmOptions
+
+if TYPE_CHECKING:
+    from ...contract.spec import JobSpec
+    from ...packaging import Bundle
 
 __all__ = ["SlurmBackend"]
 
@@ -82,7 +87,7 @@ class SlurmBackend(LocalBackend):
         if marked is not None:  # else nothing of its own in Slurm: never cancel by a name alone
             cancel_marked(*marked, wait_s=wait_s)
 
-    def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
+    def submit_dryrun(self, spec: JobSpec, bundle: Bundle) -> DryRun:
         dry = super().submit_dryrun(spec, bundle)
         options = SlurmOptions.from_json(spec.backend_options.get("slurm"))
         srun = " ".join(options.srun(spec.name, "node-N", spec.nproc_per_node, cluster.comment("<the folder's mark>")))
@@ -92,7 +97,8 @@ class SlurmBackend(LocalBackend):
             where = f"not checked against the cluster: {exc}"
         text = dry.text.replace("local backend:", "slurm backend:", 1)
         text += f"\n  each node is a Slurm allocation ({where}): {srun} <the agent's command above>"
-        return DryRun("slurm", spec, bundle, {**dry.request, "srun": srun}, text)
+        assert isinstance(dry.request, FolderRequest)  # the local backend's
+        return DryRun("slurm", spec, bundle, dataclasses.replace(dry.request, srun=srun), text)
 
     def schedule(self, dryrun: DryRun) -> None:
         options = SlurmOptions.from_json(dryrun.spec.backend_options.get("slurm"))

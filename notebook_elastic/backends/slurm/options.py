@@ -8,9 +8,10 @@ import dataclasses
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ...contract.options import declared, option, parse
 from ...errors import SpecError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -38,16 +39,93 @@ def minutes(text: str) -> float | None:
     return float(a)  # M
 
 
+def _slurm_name(value: str, flag: str) -> str:
+    if not _NAME.match(value):
+        raise SpecError(f"{flag} {value!r} is not a Slurm name (letters, digits, '_', '.', ':', '-')")
+    return value
+
+
+def _time(value: str | int, flag: str) -> str:
+    try:
+        if minutes(str(value)) is None:
+            raise ValueError(value)
+    except ValueError:
+        raise SpecError(
+            f"{flag} {value!r} is not a Slurm time limit; write MINUTES, HH:MM:SS or D-HH:MM (like 90, 2:00:00, 1-12:00)"
+        ) from None
+    return str(value)
+
+
+def _gpus_per_node(value: int | str, flag: str) -> int:
+    try:
+        gpus = int(value)
+    except (TypeError, ValueError):
+        gpus = -1
+    if gpus < 0:
+        raise SpecError(f"{flag} {value!r} must be a whole number of GPUs, 0 or more")
+    return gpus
+
+
+def _slurm_args(values: Iterable[str], flag: str) -> list[str]:
+    args = [str(a) for a in values]
+    for arg in args:
+        if not arg.startswith("-") or any(c.isspace() for c in arg.split("=", 1)[0]):
+            raise SpecError(f"{flag} {arg!r} is not an srun option; give one option each, like {flag}=--mem=32G")
+        taken = ours(arg)
+        if taken is not None:
+            option, instead = taken
+            raise SpecError(
+                f"{flag} {arg!r} sets {option}, which notebook-elastic sets itself for each node "
+                f"(its allocations are named, marked and read by the job); {instead}"
+            )
+    return args
+
+
 @dataclass
 class SlurmOptions:
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = None
-    gpus_per_node: int | None = None
-    constraint: str | None = None
-    slurm_args: list[str] = field(default_factory=list)
-    supervisor_in: str | None = None  # the supervisor's allocation's partition (None: the nodes'), or "here"
+    """Where a job's nodes are allocated. Each field is a launch option (a flag of the magic, a
+    keyword of ``launch()``), checked by its declaration as ``parse`` makes one; each node is an
+    allocation of its own (backends/slurm)."""
+
+    partition: str | None = option(
+        "the partition each node's allocation runs in (default: the cluster's).", default=None, check=_slurm_name
+    )
+    account: str | None = option("the account the allocations are charged to.", default=None, check=_slurm_name)
+    qos: str | None = option("the quality of service of the allocations.", default=None, check=_slurm_name)
+    time: str | None = option(
+        "each node's time limit, as Slurm writes it (MINUTES, HH:MM:SS, D-HH:MM); checked against the partition's.",
+        default=None,
+        check=_time,
+    )
+    gpus_per_node: int | None = option(
+        "GPUs of each node's allocation (default: --nproc-per-node where the partition has GPUs, else none).",
+        default=None,
+        check=_gpus_per_node,
+        metavar="N",
+    )
+    constraint: str | None = option("the node features the allocations need (Slurm's --constraint).", default=None)
+    slurm_args: list[str] = option(
+        "another option for each node's srun, passed as is (like --slurm-arg=--mem=32G).",
+        default_factory=list,
+        check=_slurm_args,
+        flag="--slurm-arg",
+        repeatable=True,
+        metavar="ARG",
+    )
+    # The supervisor's allocation's partition (None: the nodes'), or "here".
+    supervisor_in: str | None = option(
+        "where the job's supervisor runs: a small allocation of its own in this partition (default: the "
+        "nodes'), so the job outlives the kernel's machine; or 'here', on the machine the job is launched from.",
+        default=None,
+        check=_slurm_name,
+        metavar="PARTITION",
+    )
+
+    @classmethod
+    def parse(cls, given: Mapping[str, Any]) -> SlurmOptions:
+        """Validated options from the values given (``SpecError`` on the first bad one), each by
+        its declaration; against the cluster in ``cluster.py``."""
+        return parse(cls, given, what="the Slurm options")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -171,62 +249,10 @@ def ours(arg: str) -> tuple[str, str] | None:
     return None
 
 
-def parse_options(
-    *,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    time: str | None = None,
-    gpus_per_node: int | str | None = None,
-    constraint: str | None = None,
-    slurm_args: Iterable[str] = (),
-    supervisor_in: str | None = None,
-) -> SlurmOptions:
-    """Validated options from flag values (``SpecError`` on the first bad one)."""
-    for flag, value in (
-        ("--partition", partition),
-        ("--account", account),
-        ("--qos", qos),
-        ("--supervisor-in", supervisor_in),
-    ):
-        if value is not None and not _NAME.match(value):
-            raise SpecError(f"{flag} {value!r} is not a Slurm name (letters, digits, '_', '.', ':', '-')")
-    if time is not None:
-        try:
-            if minutes(str(time)) is None:
-                raise ValueError(time)
-        except ValueError:
-            raise SpecError(
-                f"--time {time!r} is not a Slurm time limit; write MINUTES, HH:MM:SS or D-HH:MM (like 90, 2:00:00, 1-12:00)"
-            ) from None
-    gpus = None
-    if gpus_per_node is not None:
-        try:
-            gpus = int(gpus_per_node)
-        except (TypeError, ValueError):
-            gpus = -1
-        if gpus < 0:
-            raise SpecError(f"--gpus-per-node {gpus_per_node!r} must be a whole number of GPUs, 0 or more")
-    args = [str(a) for a in slurm_args]
-    for arg in args:
-        if not arg.startswith("-") or any(c.isspace() for c in arg.split("=", 1)[0]):
-            raise SpecError(
-                f"--slurm-arg {arg!r} is not an srun option; give one option each, like --slurm-arg=--mem=32G"
-            )
-        taken = ours(arg)
-        if taken is not None:
-            flag, instead = taken
-            raise SpecError(
-                f"--slurm-arg {arg!r} sets {flag}, which notebook-elastic sets itself for each node "
-                f"(its allocations are named, marked and read by the job); {instead}"
-            )
-    return SlurmOptions(
-        partition=partition,
-        account=account,
-        qos=qos,
-        time=str(time) if time is not None else None,
-        gpus_per_node=gpus,
-        constraint=constraint,
-        slurm_args=args,
-        supervisor_in=supervisor_in,
-    )
+def parse_options(**given: Any) -> SlurmOptions:
+    """Validated options from flag values (``SlurmOptions.parse``)."""
+    return SlurmOptions.parse(given)
+
+
+#: The Slurm launch options, as declared on ``SlurmOptions``' fields.
+OPTIONS = declared(SlurmOptions, "slurm", backends=("slurm",))

@@ -215,8 +215,8 @@ class Controls:
         self._act("range", self.range, lambda: self._set_range(lo, hi))
 
     def _set_range(self, lo: int, hi: int) -> str:
-        result = self.job.set_range(lo, hi)
-        return f"range {lo}:{hi}" + (" (agents restarted with the new range)" if result.get("reconfigured") else "")
+        answer = self.job.set_range(lo, hi)
+        return f"range {lo}:{hi}" + (" (agents restarted with the new range)" if answer.reconfigured else "")
 
     def _scale(self) -> str:
         n = int(self.target.value)
@@ -229,14 +229,14 @@ class Controls:
         return "started"
 
     def _kill(self) -> str:
-        r = self.job.kill_worker()
-        return f"killed rank {r['rank']} (pid {r['pid']}) on {r['node']}"
+        killed = self.job.kill_worker()
+        return f"killed rank {killed.rank} (pid {killed.pid}) on {killed.node}"
 
     def _preempt(self) -> str:
-        r = self.job.preempt_node()
-        if r.get("grace_s"):
-            return f"preempting {r['node']} with {r['grace_s']:g} s notice: the job saves first"
-        return f"preempted {r['node']}"
+        taken = self.job.preempt_node()
+        if taken.grace_s:
+            return f"preempting {taken.node} with {taken.grace_s:g} s notice: the job saves first"
+        return f"preempted {taken.node}"
 
     def _on_stop(self, _button: W.Button) -> None:
         # One confirmation, once: the first click arms the button for a few seconds; the hint
