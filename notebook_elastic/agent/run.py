@@ -350,9 +350,15 @@ def main(argv: list[str] | None = None) -> None:
         _joining.start()
     _hook_rendezvous()
     _hook_agent()
-    # A round closes once it holds the job's nodes (the supervisor's target, in the store).
-    torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
-    torch_compat.drop_gone_nodes()  # a node the supervisor saw die leaves its round at once
+    # Under a supervisor (local, Slurm), a round closes once it holds the job's nodes (the
+    # supervisor's target, in the store), and a node it saw die leaves its round at once. A
+    # cluster's store pod has no supervisor: looking for those keys there was a call after every
+    # read of the round, for nothing (#40).
+    if os.environ.get(protocol.ENV_STORE_REPLACEABLE) != "1":
+        torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
+        torch_compat.drop_gone_nodes()
+    # Nodes join, leave and beat together: a round of hundreds of nodes in a few writes (#40).
+    torch_compat.join_and_beat_together()
     _report_degraded()
     from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException
