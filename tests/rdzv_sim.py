@@ -514,7 +514,7 @@ class Agent:
             await self.sync()
             ctx = dr._RendezvousContext(self.node, self.state, self.settings)
             action = op(ctx, deadline)
-            if action == A.KEEP_ALIVE and self.fleet.settings.together:
+            if action == A.KEEP_ALIVE and self.fleet.settings.together and together.beats_together(self.settings):
                 action = await self._beat_together(op)
             if (
                 self.fleet.settings.supervised
@@ -553,7 +553,7 @@ class Agent:
         if now - self.said_alive >= interval:
             self.said_alive = now
             await self._say(together.ALIVE, -1, now)
-        if together.beat_due(self.state, self.node, self.settings.keep_alive_interval, datetime.now(timezone.utc)):
+        if together.beat_due(self.state, self.node, self.settings.keep_alive_interval, time.time()):
             return A.KEEP_ALIVE
         return A.SYNC if isinstance(op, dr._RendezvousJoinOp) else A.FINISH
 

@@ -324,3 +324,66 @@ def test_a_round_of_1024_simulated_agents_gives_each_a_rank_and_keeps_them_all(t
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_the_views_of_a_1024_node_job_stay_bounded():
+    """#40: a job of 1,024 nodes x 8 ranks, its first round and a node lost, folded as the
+    kernel folds it: the agents' rendezvous lines no longer carry the round's members past
+    ``MEMBERS_TOLD`` (a million entries a round: the fold held 567 MB), the fold stays under
+    64 MB, and the rank map is a summary a person can read, with the lost node named."""
+    import json
+    import tracemalloc
+
+    from notebook_elastic.agent.run import MEMBERS_TOLD, rendezvous_members
+    from notebook_elastic.contract.events import LineParser
+    from notebook_elastic.contract.job_state import JobState
+    from notebook_elastic.kernel.ui.render import RANK_MAP_ROWS, ranks_html
+    from notebook_elastic.runtime.protocol import EVENT_PREFIX
+
+    n, nproc = 1024, 8
+    names = [f"big-workers-{i}" for i in range(n)]
+
+    def line(kind: str, t: float, node: str, **fields: object) -> str:
+        return EVENT_PREFIX + json.dumps({"kind": kind, "t": t, "node": node, **fields})
+
+    def round_(r: int, t: float, alive: list[int]) -> list[tuple[str, str]]:
+        members = [
+            {"addr": f"10.0.{i // 256}.{i % 256}", "pid": 7, "local_id": 0, "group_rank": g}
+            for g, i in enumerate(alive)
+        ]
+        shown = rendezvous_members(members)
+        out = []
+        for g, i in enumerate(alive):
+            told = {"members": shown} if shown is not None else {}
+            out.append(
+                (names[i], line("rendezvous", t, names[i], round=r, group_rank=g, group_world_size=len(alive), **told))
+            )
+            for local in range(nproc):
+                rank = g * nproc + local
+                started = {"rank": rank, "local_rank": local, "world_size": len(alive) * nproc, "group_rank": g}
+                out.append((names[i], line("worker_started", t + 1, names[i], pid=rank, generation=r, **started)))
+        return out
+
+    assert rendezvous_members([{}] * MEMBERS_TOLD) is not None and rendezvous_members([{}] * (MEMBERS_TOLD + 1)) is None
+    lost = 300
+    alive = [i for i in range(n) if i != lost]
+    lines = round_(0, 1000.0, list(range(n)))
+    lines += [(names[lost], line("node_left", 1100.0, names[lost], reason="lost"))]
+    lines += [(names[i], line("restart", 1100.5, names[i], reason="departure")) for i in alive]
+    lines += round_(1, 1102.0, alive)
+    tracemalloc.start()
+    state = JobState(max_restarts=3, nnodes=(n - 1, n))
+    parsers: dict[str, LineParser] = {}
+    for node, text in lines:
+        event = parsers.setdefault(node, LineParser(node)).feed(text)
+        if event is not None:
+            state.apply(event)
+    held, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert state.world_size == (n - 1) * nproc and state.round == 1
+    assert held < 64 * 2**20, f"the fold holds {held / 2**20:.0f} MB"
+    html = ranks_html(state)
+    assert len(html) < 20_000, len(html)
+    assert f'data-node="{names[lost]}" data-status="left"' in html and "1,023 nodes" in html
+    assert f"world size <b>{(n - 1) * nproc:,}</b> on 1,024 nodes" in html
+    assert html.count('class="ne-node"') <= RANK_MAP_ROWS

@@ -198,6 +198,7 @@ def _hook_rendezvous() -> None:
         _store.round = None  # a round formed on the store there is now: nothing to re-form
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
+        shown = rendezvous_members(members)
         emit(
             "rendezvous",
             node=_node_name(),
@@ -205,11 +206,23 @@ def _hook_rendezvous() -> None:
             epoch=int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0)),
             group_rank=info.rank,
             group_world_size=info.world_size,
-            members=members,
+            **({"members": shown} if shown is not None else {}),
             agent_pid=os.getpid(),
         )
 
     torch_compat.hook_next_rendezvous(after, before=_joining.before_joining)
+
+
+#: A round's members are told in each agent's rendezvous line up to this many; a bigger round
+#: tells its size alone (``group_world_size``): every agent tells the round, so the members of
+#: a round of N nodes were N x N entries in the job's events (at 1,024 nodes, a million, some
+#: 60 MB of lines at every regroup, for the kernel and the supervisor to read and keep; #40).
+MEMBERS_TOLD = 64
+
+
+def rendezvous_members(members: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The members a rendezvous line tells: all of a round of up to ``MEMBERS_TOLD``, else none."""
+    return members if len(members) <= MEMBERS_TOLD else None
 
 
 def _report_degraded() -> None:
