@@ -55,11 +55,11 @@ class Client:
     """One connection's state: what it sent and was not answered yet, what it was answered and
     did not read yet."""
 
-    __slots__ = ("sock", "fd", "inbox", "scan", "out", "queued", "validated", "awaited", "mask", "peer", "recv", "send")
+    __slots__ = ("sock", "fd", "inbox", "scan", "out", "queued", "validated", "awaited", "mask", "peer", "send")
 
     def __init__(self, sock: socket.socket, peer: object) -> None:
         self.sock = sock
-        self.recv, self.send = sock.recv, sock.send  # bound once: a call each, on every command
+        self.send = sock.send  # bound once: it is called on every command
         self.fd = sock.fileno()  # -1 once closed (its number may be another client's by then)
         self.inbox = bytearray()  # a command still arriving, or commands held back, from its start
         self.scan: Scan | None = None  # the walk of the command at the head of the inbox

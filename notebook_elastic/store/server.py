@@ -32,6 +32,7 @@ are parsed where they landed, and a command's answers to it go out in one send.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -126,7 +127,6 @@ class StoreServer:
         self._stopping = False
         self._accept_pause = ACCEPT_PAUSE_S
         self._accept_resumes: float | None = None  # the listening socket rests until then
-        self.commands = 0  # commands answered, for those who measure the load (benchmarks)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -196,7 +196,7 @@ class StoreServer:
 
     def _read(self, client: Client) -> None:
         try:
-            chunk = client.recv(_READ)
+            chunk = os.read(client.fd, _READ)  # a socket's own recv costs 0.5 us more a call
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -212,7 +212,7 @@ class StoreServer:
             return
         # The usual case: whole commands, parsed where they landed, each handler called here
         # (a validated client's; the first command and unknown ones through ``_command``).
-        at, size, handlers, keys, served = 0, len(chunk), _HANDLERS, self.keys, 0
+        at, size, handlers, keys = 0, len(chunk), _HANDLERS, self.keys
         try:
             while at < size and client.queued < OUTBOX_HIGH:
                 start = at
@@ -222,17 +222,14 @@ class StoreServer:
                         at = self._command(client, chunk, at)
                     else:
                         at = handler(keys, client, chunk, at + 1)
-                        served += 1
                 except _Incomplete:
                     client.inbox += chunk[start:]  # the rest, walked from its start as it comes
                     client.scan = Scan()
-                    self.commands += served
                     self._process_inbox(client)
                     return
         except (_Refused, ValueError) as exc:
             self._refuse(client, exc)
             return
-        self.commands += served
         if at < size:  # held back while its answers pile up unread
             client.inbox += chunk[at:]
         self._flush(client)
@@ -278,7 +275,6 @@ class StoreServer:
                 reply = READY if there else NOT_READY
         else:
             return False
-        self.commands += 1
         try:
             sent = client.send(reply)
         except (BlockingIOError, InterruptedError):
@@ -385,9 +381,7 @@ class StoreServer:
         handler = _HANDLERS[command]
         if handler is None:
             raise _Refused(f"an unknown command {command}")
-        end = handler(self.keys, client, data, at + 1)
-        self.commands += 1
-        return end
+        return handler(self.keys, client, data, at + 1)
 
     def _answer_now(self, client: Client, data: bytes) -> None:
         """Answer a client released by another's command (its WAIT's keys came)."""
