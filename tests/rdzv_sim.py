@@ -123,7 +123,11 @@ class Codec:
         self._times: dict[datetime, bytes] = {}
         self._decoded: OrderedDict[bytes, dr._RendezvousState] = OrderedDict()
         self._cache = cache
-        self.decodes = 0  # states read that this process did not write (pickle.loads)
+        self.decodes = 0  # states read that were not in the cache (pickle.loads)
+        # Every state written here, by its hash: a state read that is none of them came from
+        # elsewhere (the cache alone cannot tell: a slow reader's state may have left it).
+        self._written: set[int] = set()
+        self.foreign = 0
 
     def _learn(self, node: dr._NodeDesc) -> tuple[dr._NodeDesc, bytes, bytes]:
         slot = self._slots.setdefault(node, _FIRST_NODE_SLOT + len(self._slots))
@@ -174,6 +178,7 @@ class Codec:
             out += (node(n), time_(beat))
         out.append(b"uub.")
         encoded = base64.b64encode(b"".join(out))
+        self._written.add(hash(encoded))
         if DEBUG:
             back = pickle.loads(base64.b64decode(encoded))
             if vars(back) != vars(state):
@@ -186,6 +191,8 @@ class Codec:
         state = self._decoded.get(encoded)
         if state is None:
             self.decodes += 1
+            if hash(encoded) not in self._written:
+                self.foreign += 1
             state = pickle.loads(base64.b64decode(encoded))
             self._remember(encoded, state)
         else:

@@ -314,7 +314,7 @@ def test_a_round_of_1024_simulated_agents_gives_each_a_rank_and_keeps_them_all(t
             assert {a.round for a in fleet.agents} == {0}
             await asyncio.sleep(2 * settings.keep_alive_interval_s)
             assert not [a for a in fleet.agents if a.marks.departures or a.marks.waiting], "a live node was dropped"
-            assert fleet.codec.decodes == 0  # every state read was one an agent here wrote
+            assert fleet.codec.foreign == 0  # every state read was one an agent here wrote
         finally:
             fleet.close()
             await asyncio.sleep(0.2)
