@@ -389,11 +389,11 @@ def run() -> None:
     for n in range(runs):
         plain.append(first_step_torchrun(script, ["--standalone", "--nproc-per-node", "2"], workdir))
         ours.append(first_step_ours("1", 2, f"bench-first-{n}"))
-        os.environ[pool.ENV_POOL_ON] = "0"
+        os.environ[runtime.protocol.ENV_POOL_ON] = "0"
         try:
             no_pool.append(first_step_ours("1", 2, f"bench-nopool-{n}"))
         finally:
-            os.environ.pop(pool.ENV_POOL_ON)
+            os.environ.pop(runtime.protocol.ENV_POOL_ON)
     rows.append(row("first step: torchrun --standalone, 2 procs", median(plain), "s"))
     rows.append(
         row(

@@ -2,22 +2,28 @@
 
     notebook-elastic jobs [--json]                  every job, including finished ones
     notebook-elastic status NAME [--json]           one job's state
-    notebook-elastic logs NAME [-f] [--node N]      the agents' and workers' output (--protocol: with
-                                                    the ranks' '@@elastic' event lines)
+    notebook-elastic logs NAME [-f] [--node N]      the agents' and workers' output (--tail N: the last
+                      [--tail N] [--since WHEN]     N lines of each node; --since 10m or 14:05: what
+                                                    came since, in time order; --protocol: with the
+                                                    ranks' '@@elastic' event lines)
     notebook-elastic events NAME [-f] [--json]      the job's history, then live events
     notebook-elastic scale NAME N                   run on N nodes
     notebook-elastic stop NAME                      stop it and everything it started
     notebook-elastic resume NAME                    continue a lost, failed or stopped job
     notebook-elastic export NOTEBOOK --cell N -o train.py
 
-Every command takes ``--backend local|kubernetes`` (and ``--namespace``/``--context`` for a
-cluster). Exit status: 0 done, 1 the operation failed (one sentence on stderr), 2 bad usage,
-4 no such job. Like the magics, it only parses and delegates to the Python API.
+A local or Slurm job is found by its folder, which says where it runs; ``--backend kubernetes``
+(and ``--namespace``/``--context``) names a Kubernetes job. Exit status: 0 done, 1 the operation
+failed (one sentence on stderr), 2 bad usage (the command's own usage, and what was probably
+meant), 4 no such job (and the job probably meant). Like the magics, it only parses and delegates
+to the Python API; what the API says in a notebook's words (``%elastic_jobs``) it says in a
+terminal's (``notebook-elastic jobs``).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -26,7 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .contract.events import FINAL_STATUSES
 from .errors import JobNotFound, NotebookElasticError
@@ -37,17 +43,43 @@ EXIT_NOT_FOUND = 4
 FOLLOW_POLL_S = 0.2
 
 
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+class _Parser(argparse.ArgumentParser):
+    """argparse, with what was probably meant: ``stauts`` -> did you mean 'status'?"""
+
+    def error(self, message: str) -> NoReturn:
+        chosen = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if chosen:
+            choices = re.findall(r"'([^']*)'", chosen.group(2))
+            close = difflib.get_close_matches(chosen.group(1), choices, n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+
+def _unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """'unrecognized arguments: --tial 5; did you mean --tail?' for this subcommand's flags."""
+    flags = [f for action in parser._actions for f in action.option_strings]  # argparse keeps no public list
+    said = f"unrecognized arguments: {' '.join(extras)}"
+    for extra in extras:
+        if extra.startswith("-"):
+            close = difflib.get_close_matches(extra.split("=")[0], flags, n=1)
+            if close:
+                return f"{said}; did you mean {close[0]}?"
+    return said
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command's parser and each subcommand's (a bad flag prints its subcommand's usage)."""
+    common = _Parser(add_help=False)
     common.add_argument(
         "--backend", default="local", choices=["local", "kubernetes", "slurm"], help="where the job runs"
     )
     common.add_argument("--namespace", default=None, help="kubernetes: the namespace (default: the context's)")
     common.add_argument("--context", default=None, help="kubernetes: the kubeconfig context (default: current)")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="notebook-elastic", description="Elastic torchrun jobs launched from notebooks, from a terminal."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     p = sub.add_parser("jobs", parents=[common], help="list every job")
     p.add_argument("--json", action="store_true", help="one JSON object per job")
     p = sub.add_parser("status", parents=[common], help="one job's state")
@@ -57,6 +89,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     p.add_argument("--node", default=None, help="only this node (node-1, or 1)")
+    p.add_argument("--tail", type=_count, default=None, metavar="N", help="only the last N lines of each node")
+    p.add_argument(
+        "--since",
+        type=_since,
+        default=None,
+        metavar="WHEN",
+        help="only what came since WHEN: how long ago (10m, 90s, 1h30m) or a clock time today (14:05); "
+        "the nodes' lines in the order they came",
+    )
     p.add_argument(
         "--protocol",
         action="store_true",
@@ -83,15 +124,51 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("notebook", help="the .ipynb file")
     p.add_argument("--cell", type=int, required=True, help="the training cell: its number, counting code cells from 1")
     p.add_argument("-o", "--output", required=True, help="the script to write, like train.py")
-    return parser
+    return parser, dict(sub.choices)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines: give one like --tail 50")
+    return int(text)
+
+
+def _since(text: str, now: float | None = None) -> float:
+    """The Unix time ``--since`` names: how long ago (``10m``, ``90s``, ``1h30m``) or a clock time
+    of today (``14:05``, ``14:05:30``; yesterday's when that is still to come)."""
+    now = time.time() if now is None else now
+    ago = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    if ago and any(ago.groups()):
+        hours, minutes, seconds = (int(g or 0) for g in ago.groups())
+        return now - (3600 * hours + 60 * minutes + seconds)
+    clock = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", text)
+    if clock and int(clock.group(1)) < 24 and int(clock.group(2)) < 60 and int(clock.group(3) or 0) < 60:
+        today = time.localtime(now)
+        stamp = time.mktime(
+            (
+                today.tm_year,
+                today.tm_mon,
+                today.tm_mday,
+                int(clock.group(1)),
+                int(clock.group(2)),
+                int(clock.group(3) or 0),
+                0,
+                0,
+                -1,
+            )
+        )
+        return stamp - 86400 if stamp > now else stamp
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a time: give how long ago, like 10m, 90s or 1h30m, or a clock time today, like 14:05"
+    )
 
 
 def _backend(args: argparse.Namespace) -> Any:
-    from .backends import get_backend
+    """The backend that runs job ``args.name``: a local or Slurm job's own folder says which
+    (``--backend`` is needed only for Kubernetes)."""
+    from .backends import backend_of
 
-    if args.backend == "kubernetes":
-        return get_backend("kubernetes", namespace=args.namespace, context=args.context)
-    return get_backend("local")
+    return backend_of(args.name, args.backend, namespace=args.namespace, context=args.context)
 
 
 def _info(args: argparse.Namespace) -> Any:
@@ -149,8 +226,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from .runtime.protocol import EVENT_PREFIX
 
     backend = _backend(args)
-    if args.backend != "local":
-        raise NotebookElasticError("logs are read from local job folders; for a cluster use kubectl logs")
+    if args.backend == "kubernetes":
+        raise NotebookElasticError("logs are read from job folders; for a Kubernetes job use kubectl logs")
     folder = backend.folder(args.name)
     if not folder.exists():
         raise JobNotFound(f"no local job named {args.name!r}; `notebook-elastic jobs` lists them")
@@ -161,26 +238,76 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if node and not paths:
         known = ", ".join(p.stem for p in sorted(folder.logs.glob("node-*.log"))) or "none yet"
         raise NotebookElasticError(f"job {args.name!r} has no node {node!r} (nodes: {known})")
+    if args.since is not None:
+        if args.protocol:
+            raise NotebookElasticError(
+                "--since reads when each line came from the job's history, which keeps the output, not the "
+                f"'@@elastic' lines: `notebook-elastic events {args.name} --all` tells those with their times"
+            )
+        return _logs_since(backend, args, node)
     offsets: dict[str, int] = {}
     prefix = len(paths) > 1 or not node
 
-    def drain() -> None:
+    def drain(tail: int | None = None) -> None:
         for path in sorted(folder.logs.glob(f"{node}.log" if node else "node-*.log")):
             with open(path, "rb") as f:
                 f.seek(offsets.get(path.name, 0))
                 data = f.read()
             whole = data[: data.rfind(b"\n") + 1]  # a line being written: next time
             offsets[path.name] = offsets.get(path.name, 0) + len(whole)
-            for line in whole.decode("utf-8", "replace").splitlines():
-                if not args.protocol and EVENT_PREFIX in line:
-                    continue  # a metric, a checkpoint: `notebook-elastic events NAME --all` says them in words
+            lines = [
+                line
+                for line in whole.decode("utf-8", "replace").splitlines()
+                # a metric, a checkpoint: `notebook-elastic events NAME --all` says them in words
+                if args.protocol or EVENT_PREFIX not in line
+            ]
+            for line in lines[-tail:] if tail is not None else lines:
                 print(f"[{path.stem}] {line}" if prefix else line, flush=True)
 
-    drain()
+    drain(args.tail)
     while args.follow and _running(backend, args.name):
         time.sleep(FOLLOW_POLL_S)
         drain()
     drain()
+    return 0
+
+
+def _logs_since(backend: Any, args: argparse.Namespace, node: str | None) -> int:
+    """``logs --since``: the nodes' output since then, in the order the supervisor read it (the
+    history's output events carry that time; the node logs carry none), the last ``--tail``."""
+    from .contract.events import Kind
+
+    stop = threading.Event()
+    if args.follow:  # the history, then what comes, until the job ends
+        events: Any = backend.follow(args.name, stop)
+    else:
+        events = backend.history(args.name)
+    shown: list[str] = []
+    capped = False
+
+    def line_of(event: Any) -> str:
+        return f"[{event.node}] {event.get('text')}" if not node else str(event.get("text"))
+
+    try:
+        for event in events:
+            if event.kind == Kind.OUTPUT_CAPPED:
+                capped = True
+            if event.kind != Kind.LOG or event.time < args.since or (node and event.node != node):
+                continue
+            if args.follow and args.tail is None:
+                print(line_of(event), flush=True)
+            else:
+                shown.append(line_of(event))
+    finally:
+        stop.set()
+    for line in shown[-args.tail :] if args.tail is not None else shown:
+        print(line, flush=True)
+    if capped:
+        print(
+            "notebook-elastic: the job's history keeps the first 8 MiB of its output with their times; "
+            f"what came later is in the node logs only (`notebook-elastic logs {args.name}` without --since)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -257,10 +384,24 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from .contract.events import status_phrase
+
     backend = _backend(args)
+    before = backend.describe(args.name)
     backend.cancel(args.name)
+    if before is not None and before.status in FINAL_STATUSES:
+        print(f"job {args.name!r} {status_phrase(before.status)} already: nothing of it is left running")
+        return 0
     info = backend.describe(args.name)
-    print(f"{args.name}: {info.status if info else 'gone'}")
+    if info is None:
+        print(f"job {args.name!r} is gone, with every process it started")
+    elif info.status == "stopped":
+        print(
+            f"job {args.name!r} was stopped, with every process it started; its checkpoints stay "
+            f"(`notebook-elastic resume {args.name}` continues it)"
+        )
+    else:
+        print(f"job {args.name!r} {status_phrase(info.status)}")
     return 0
 
 
@@ -283,8 +424,9 @@ def cmd_pool(args: argparse.Namespace) -> int:
     import signal
 
     from . import pool
+    from .runtime.protocol import ENV_POOL
 
-    name = os.environ.get(pool.ENV_POOL) or pool.pool_name()
+    name = os.environ.get(ENV_POOL) or pool.pool_name()
     pid = pool.ping(name)
     if pid is None:
         print(f"no warm pool runs for this environment ({name[1:]})")
@@ -326,8 +468,47 @@ def _check_arguments(args: argparse.Namespace) -> None:
         )
 
 
+#: A notebook's words in what the Python API says, and a terminal's for them.
+TERMINAL_WORDS = (
+    (r"\(see %elastic_jobs\)", "(`notebook-elastic jobs` lists them)"),
+    (r"\(see %elastic_jobs (\w+)\)", r"(`notebook-elastic jobs --backend \1` lists them)"),
+    (r"%elastic_jobs (\w+) lists", r"`notebook-elastic jobs --backend \1` lists"),
+    (r"%elastic_jobs", "`notebook-elastic jobs`"),
+    (r"%elastic_stop ([\w.-]+)", r"`notebook-elastic stop \1`"),
+    (r"%elastic_resume ([\w.-]+) \(or job\.resume\(\)\)", r"`notebook-elastic resume \1`"),
+    (r"%elastic_resume ([\w.-]+)", r"`notebook-elastic resume \1`"),
+    (r"widen it with set_range\(\) first", "widen it first from the notebook (job.set_range(MIN, MAX))"),
+)
+
+
+def for_terminal(message: str) -> str:
+    """What the API says, in a terminal's words: ``notebook-elastic jobs``, not ``%elastic_jobs``."""
+    for pattern, words in TERMINAL_WORDS:
+        message = re.sub(pattern, words, message)
+    return message
+
+
+def _meant(args: argparse.Namespace, message: str) -> str:
+    """A missing job's sentence, with the job probably meant: did you mean 'quickstart'?"""
+    name = getattr(args, "name", None)
+    if not name or "did you mean" in message:
+        return message
+    try:
+        from .kernel.launcher import jobs
+
+        options = {"namespace": args.namespace, "context": args.context} if args.backend == "kubernetes" else {}
+        known = [info.name for info in jobs(args.backend, **{k: v for k, v in options.items() if v})]
+    except Exception:  # listing failed too: the sentence as it is
+        return message
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"{message}; did you mean {close[0]!r}?" if close else message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser, commands = _parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # a flag of the subcommand mistyped: its own usage, not the command's
+        commands[args.command].error(_unknown_flags(commands[args.command], extras))
     from .errors import SpecError
 
     try:
@@ -338,10 +519,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except JobNotFound as exc:
-        print(f"notebook-elastic: {exc}", file=sys.stderr)
+        print(f"notebook-elastic: {_meant(args, for_terminal(str(exc)))}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except NotebookElasticError as exc:
-        print(f"notebook-elastic: {exc}", file=sys.stderr)
+        print(f"notebook-elastic: {for_terminal(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

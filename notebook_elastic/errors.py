@@ -4,6 +4,16 @@
 class NotebookElasticError(Exception):
     """Base of every error notebook-elastic raises on purpose."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows of it in a notebook: its one sentence, not thirty lines of our code
+        (#39 item 1: a drill on a finished job). The whole traceback stays on the exception:
+        ``import sys, traceback; traceback.print_exception(sys.last_value)``, or ``%debug``."""
+        cause = self.__cause__
+        said = [f"{type(self).__name__}: {self}"]
+        if cause is not None:
+            said.append(f"  (from {type(cause).__name__}: {cause})")
+        return said
+
 
 class SpecError(NotebookElasticError, ValueError):
     """A job option is invalid (bad flag value, bad name, ...); nothing was launched."""

@@ -1,7 +1,10 @@
 """Execute a notebook headless on a real kernel, printing each cell's output as it finishes.
 
-usage: python scripts/run_notebook.py NOTEBOOK [--save OUT.ipynb] [--timeout SECONDS]
-Exits non-zero when a cell fails.
+usage: python scripts/run_notebook.py NOTEBOOK [--save OUT.ipynb] [--timeout SECONDS] [--pace SECONDS]
+Exits non-zero when a cell fails. Each cell's line says how long the cell took and when it
+finished ("cell 1.2 s, at 13.5 s"). ``--pace S``: as a person reads and runs it, S seconds before
+each cell (markdown cells count: they are read) once a job is launched (before, nothing runs
+that a pause could change): the shipped notebooks must work so as well as with Run All.
 """
 
 from __future__ import annotations
@@ -33,15 +36,24 @@ def main() -> int:
     parser.add_argument("notebook")
     parser.add_argument("--save", default=None)
     parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--pace", type=float, default=0.0, help="seconds before each cell once a job runs")
     args = parser.parse_args()
     nb = nbformat.read(args.notebook, as_version=4)
     started = time.monotonic()
+    cell_started = {"at": started}
+
+    def on_cell_execute(cell, cell_index, **_):
+        cell_started["at"] = time.monotonic()
 
     def on_cell_executed(cell, cell_index, execute_reply, **_):
         if cell.cell_type != "code":
             return
         first = cell.source.splitlines()[0] if cell.source else ""
-        print(f"--- [{cell_index}] {first[:90]}  ({time.monotonic() - started:.1f} s)", flush=True)
+        now = time.monotonic()
+        # The cell's own time, and when it finished since the notebook started (#39 item 11: the
+        # one figure there was read as the cell's).
+        took = f"cell {now - cell_started['at']:.1f} s, at {now - started:.1f} s"
+        print(f"--- [{cell_index}] {first[:90]}  ({took})", flush=True)
         for output in cell.get("outputs", []):
             sys.stdout.write(_text(output))
         sys.stdout.flush()
@@ -53,10 +65,18 @@ def main() -> int:
     config.KernelManager.transport = "ipc"
     config.KernelManager.ip = os.path.join(sockets, "kernel")
     client = NotebookClient(
-        nb, timeout=args.timeout, kernel_name="python3", on_cell_executed=on_cell_executed, config=config
+        nb,
+        timeout=args.timeout,
+        kernel_name="python3",
+        on_cell_execute=on_cell_execute,
+        on_cell_executed=on_cell_executed,
+        config=config,
     )
     try:
-        client.execute()
+        if args.pace > 0:
+            run_at_a_pace(client, nb, args.pace)
+        else:
+            client.execute()
     except CellExecutionError as exc:
         print(f"notebook failed: {str(exc)[-3000:]}", file=sys.stderr)
         return 1
@@ -67,6 +87,27 @@ def main() -> int:
     print(f"--- {args.notebook} ran in {time.monotonic() - started:.1f} s")
     _tell_the_warm_pool()
     return 0
+
+
+def launches(cell) -> bool:
+    """A cell that starts a job (a dry run starts nothing)."""
+    source = cell.source.lstrip()
+    return (
+        cell.cell_type == "code" and source.startswith("%%elastic_train") and "--dry-run" not in source.split("\n")[0]
+    )
+
+
+def run_at_a_pace(client: NotebookClient, nb, pace_s: float) -> None:
+    """Every cell in order on one kernel, ``pace_s`` seconds before each once a job runs."""
+    launched = False
+    with client.setup_kernel():
+        for index, cell in enumerate(nb.cells):
+            if launched:
+                print(f"--- (a reader's {pace_s:g} s before cell [{index}], a {cell.cell_type} cell)", flush=True)
+                time.sleep(pace_s)
+            if cell.cell_type == "code":
+                client.execute_cell(cell, index)
+            launched = launched or launches(cell)
 
 
 def _tell_the_warm_pool() -> None:

@@ -191,10 +191,12 @@ QUICK_MODULES = frozenset(
         "test_contract.py",
         "test_control.py",
         "test_deadline.py",
+        "test_docs.py",
         "test_types.py",
         "test_events.py",
         "test_folder_records.py",
         "test_job_state.py",
+        "test_membership.py",
         "test_kubernetes_manifests.py",
         "test_launch_api.py",
         "test_layers.py",
@@ -209,6 +211,7 @@ QUICK_MODULES = frozenset(
         "test_term.py",
         "test_torch_compat.py",
         "test_waits.py",
+        "test_words.py",
     }
 )
 
@@ -372,20 +375,21 @@ def warm_pool(tmp_path_factory):
     JupyterLab the tests start inherits its name; the processes it forks are named in their job
     folders (``runtime/owned.py``), so the leftover check sees them as it sees cold ones."""
     from notebook_elastic import pool
+    from notebook_elastic.runtime import protocol
 
     if not pool.enabled():
         yield None
         return
     name = f"@notebook-elastic-pool-test-{os.getpid()}-{secrets.token_hex(8)}"
     env = {k: v for k, v in os.environ.items() if k != TEST_ID_ENV}
-    env[pool.ENV_IDLE] = "0"
-    env[pool.ENV_OWNER] = str(os.getpid())  # a killed pytest takes its pool with it
+    env[protocol.ENV_POOL_IDLE_S] = "0"
+    env[protocol.ENV_POOL_OWNER] = str(os.getpid())  # a killed pytest takes its pool with it
     proc = pool.start(name, env, tmp_path_factory.mktemp("pool") / "pool.log")
-    os.environ[pool.ENV_POOL] = name
+    os.environ[protocol.ENV_POOL] = name
     try:
         yield name
     finally:
-        os.environ.pop(pool.ENV_POOL, None)
+        os.environ.pop(protocol.ENV_POOL, None)
         proc.terminate()
         try:
             proc.wait(120)  # it may still be importing torch on loaded cores

@@ -44,6 +44,7 @@ from typing import Any
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
 from notebook_elastic.agent import together, torch_compat
+from notebook_elastic.runtime import protocol
 
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
@@ -491,8 +492,8 @@ class Agent:
 
     async def _sanitize(self) -> None:
         if self.fleet.settings.supervised:  # NotebookStateHolder._sanitize: _gone_pids reads GONE_KEY
-            if await self.wire.check([torch_compat.GONE_KEY]):
-                await self.wire.get(torch_compat.GONE_KEY)
+            if await self.wire.check([protocol.GONE_KEY]):
+                await self.wire.get(protocol.GONE_KEY)
         window = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
         expire = datetime.now(timezone.utc) - window
         beats = self.state.last_heartbeats
@@ -597,8 +598,8 @@ class Agent:
         state, settings = self.state, self.settings
         held = len(state.participants)
         if not state.complete and self.node in state.participants and settings.min_nodes <= held <= settings.max_nodes:
-            if await self.wire.check([torch_compat.TARGET_KEY]):
-                if int(await self.wire.get(torch_compat.TARGET_KEY)) == held:
+            if await self.wire.check([protocol.TARGET_KEY]):
+                if int(await self.wire.get(protocol.TARGET_KEY)) == held:
                     return A.MARK_RENDEZVOUS_COMPLETE
         return action
 
@@ -607,8 +608,8 @@ class Agent:
     async def start(self) -> None:
         await self.wire.connect()
         await self.wire.compare_set(self.key, b"", SENTINEL)  # C10dRendezvousBackend.__init__
-        if await self.wire.check([torch_compat.STORE_ID_KEY]):  # NotebookBackend: the store's id
-            await self.wire.get(torch_compat.STORE_ID_KEY)
+        if await self.wire.check([protocol.STORE_ID_KEY]):  # NotebookBackend: the store's id
+            await self.wire.get(protocol.STORE_ID_KEY)
         self.task = asyncio.ensure_future(self._life())
 
     async def _life(self) -> None:

@@ -9,7 +9,11 @@ test-artifacts/dashboard_browser.json (measured, not asserted; benchmarks/dashbo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from browser import chromium_page, jupyter_lab, record_figures, require_chromium, training_cells, write_notebook
@@ -64,9 +68,12 @@ def shot(page, name: str) -> None:
 
 
 def test_dashboard_in_jupyterlab(tmp_path):
+    from browser import save_widget_state
+
     require_chromium()
     home = tmp_path / "ne-home"
     write_notebook(tmp_path / "train.ipynb", CELLS)
+    save_widget_state(tmp_path)  # a reload then shows the kernel's live dashboard (#39 item 3)
     with jupyter_lab(tmp_path, {"NOTEBOOK_ELASTIC_HOME": str(home)}) as lab, chromium_page(tmp_path) as page:
         run_notebook(page, lab, "train.ipynb")
 
@@ -101,14 +108,51 @@ def test_dashboard_in_jupyterlab(tmp_path):
         )
         shot(page, "2-grown")
 
+        # #39 item 8: the hint asks (amber, not the green of done) and goes with its confirmation.
         stop = page.get_by_role("button", name="Stop")
         stop.click()
+        hint = page.locator(".notebook-elastic-dashboard .ne-message").first
+        hint.wait_for(timeout=10_000)
+        assert "Confirm stop within 5 s" in hint.inner_text()
+        assert hint.evaluate("e => getComputedStyle(e).color") == "rgb(230, 81, 0)"  # MESSAGE_COLORS["ask"]
+        shot(page, "3a-stop-asks")
+        page.wait_for_function(
+            "() => ![...document.querySelectorAll('.notebook-elastic-dashboard button')].some(b => b.textContent.includes('Confirm stop'))"
+            " && !document.querySelector('.notebook-elastic-dashboard .ne-message')",
+            timeout=15_000,
+        )
+        page.get_by_role("button", name="Stop").click()
         page.get_by_role("button", name="Confirm stop").click()
         page.wait_for_function(
             "() => document.querySelector('.ne-status').dataset.status === 'stopped'", timeout=60_000
         )
         shot(page, "3-stopped")
-        latency = page.evaluate("() => window.__neLatency")
+        latency = page.evaluate("() => window.__neLatency")  # (a reload below starts the page anew)
+
+        # #39 item 3: resumed from a terminal, the job is followed by the dashboard (it kept
+        # saying "stopped"), a page reload included; stopped from the terminal again, it says so.
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            command = Path(sys.executable).with_name("notebook-elastic")
+            env = dict(os.environ, NOTEBOOK_ELASTIC_HOME=str(home))
+            return subprocess.run([str(command), *args], capture_output=True, text=True, timeout=120, env=env)
+
+        assert cli("resume", "browser-job").returncode == 0
+        page.wait_for_function(
+            "() => document.querySelector('.ne-status').dataset.status === 'running'", timeout=120_000
+        )
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+        page.reload()
+        page.wait_for_selector(
+            ".notebook-elastic-dashboard:not(.jupyter-widgets-disconnected) .ne-status[data-status='running']",
+            timeout=90_000,
+        )
+        shot(page, "4-resumed-from-the-terminal-reloaded")
+        assert cli("stop", "browser-job").returncode == 0
+        page.wait_for_function(
+            "() => document.querySelector('.notebook-elastic-dashboard .ne-status').dataset.status === 'stopped'",
+            timeout=90_000,
+        )
         errors = list(page.console_errors)
 
     assert job_processes(home) == []
@@ -245,6 +289,13 @@ def test_dashboard_states_kernel_restart_and_reload(tmp_path):
         broken.locator(".ne-timeline summary").first.click()
         snap("5-failed-with-traceback", broken)
         assert "ValueError: bad batch at step 5" in broken.inner_text()
+        # #39 item 9: the failed rank's time stood on a line of its own above its sentence.
+        failed = broken.locator(".ne-event[data-kind='worker_failed'] summary").first
+        when_top = failed.locator(".ne-when").evaluate("e => e.getBoundingClientRect().top")
+        text_top = failed.evaluate(
+            "e => { const r = document.createRange(); r.selectNodeContents(e); return r.getClientRects()[0].top; }"
+        )
+        assert abs(when_top - text_top) < 4, (when_top, text_top)
 
         wait_status(page, "states", ("succeeded",), timeout=300_000)
         snap("6-succeeded", states)
@@ -393,12 +444,16 @@ def test_run_all_on_the_shipped_quickstart_keeps_the_dashboard_live_and_steerabl
     from conftest import REPO
 
     require_chromium()
-    home = tmp_path / "ne-home"
+    # The README's pictures show what a person sees: their job folder under their home
+    # (~/.notebook-elastic/...), not this test's temporary path (#39 item 11).
+    person = tmp_path / "home" / "reader"
+    person.mkdir(parents=True)
+    home = person / ".notebook-elastic"
     _shutil.copy(REPO / "notebooks" / "quickstart.ipynb", tmp_path / "quickstart.ipynb")
     busy = "() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(p => p.textContent.includes('[*]'))"
     from browser import worktree_extension_env
 
-    env = {"NOTEBOOK_ELASTIC_HOME": str(home), **worktree_extension_env(tmp_path)}
+    env = {"NOTEBOOK_ELASTIC_HOME": str(home), "HOME": str(person), **worktree_extension_env(tmp_path)}
     with jupyter_lab(tmp_path, env) as lab, chromium_page(tmp_path) as page:
         run_notebook(page, lab, "quickstart.ipynb", background=True)
         page.wait_for_selector(".notebook-elastic-dashboard svg.ne-chart", timeout=120_000)
@@ -439,6 +494,8 @@ def test_run_all_on_the_shipped_quickstart_keeps_the_dashboard_live_and_steerabl
         )
         page.locator(".notebook-elastic-dashboard").first.screenshot(path=str(ARTIFACTS / "readme-dashboard.png"))
         panel, card = _box(page, "#notebook-elastic-panel"), _box(page, ".ne-job[data-name='quickstart']")
+        card_height = card["height"]  # #39 item 9: about 200 px a job (3-4 jobs at 1280x900)
+        tracking = page.locator(".ne-job[data-name='quickstart'] .ne-tracking-command").first.text_content()
         height = card["y"] + card["height"] - panel["y"] + 8  # the panel's title and the job's row
         clip = {"x": panel["x"], "y": panel["y"], "width": panel["width"], "height": height}
         page.screenshot(path=str(ARTIFACTS / "readme-panel.png"), clip=clip)
@@ -462,6 +519,8 @@ def test_run_all_on_the_shipped_quickstart_keeps_the_dashboard_live_and_steerabl
         errors = list(page.console_errors)
 
     assert still_busy, "the log-scale box took effect only after the waiting cells were done"
+    assert card_height <= 170, card_height  # 233 px before: five jobs fit a 1280x900 window now, not three
+    assert tracking.endswith("--logdir ~/.notebook-elastic/jobs/quickstart") and "/tmp/" not in tracking, tracking
     assert split == {900: [], 1280: [], 1920: []}, split
     assert min(ticks.values()) >= 9, ticks  # was 5.6 px at a 900 px window
     assert "Traceback" not in outputs, outputs[-3000:]

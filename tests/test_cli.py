@@ -37,6 +37,49 @@ def test_the_console_script_is_installed_and_says_what_is_wrong(home):
 
 
 @pytest.mark.parametrize(
+    ("args", "usage", "said"),
+    [
+        (["stauts", "x"], "usage: notebook-elastic [-h] COMMAND", "did you mean 'status'?"),
+        (
+            ["logs", "x", "--tial", "5"],
+            "usage: notebook-elastic logs ",
+            "unrecognized arguments: --tial 5; did you mean --tail?",
+        ),
+        (["logs", "x", "--tail", "five"], "usage: notebook-elastic logs ", "'five' is not a number of lines"),
+        (
+            ["logs", "x", "--since", "5 minutes"],
+            "usage: notebook-elastic logs ",
+            "like 10m, 90s or 1h30m, or a clock time",
+        ),
+        (["scale", "x", "--nodes", "2"], "usage: notebook-elastic scale ", "unrecognized arguments"),
+    ],
+)
+def test_a_typo_gets_what_was_probably_meant_and_a_bad_flag_its_own_commands_usage(home, args, usage, said):
+    """#39 item 10: no "did you mean" on a typo, and a bad flag of a subcommand printed the
+    top-level usage."""
+    done = cli(*args)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.startswith(usage), done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_missing_job_is_said_in_a_terminals_words_not_a_notebooks(home):
+    """#39 item 10: `stop` pointed a terminal user to %elastic_jobs, a notebook magic."""
+    done = cli("stop", "nope")
+    assert done.returncode == 4
+    assert "%elastic" not in done.stderr and "`notebook-elastic jobs` lists them" in done.stderr, done.stderr
+
+
+def test_since_reads_how_long_ago_or_a_clock_time_of_today():
+    from notebook_elastic.cli import _since
+
+    now = time.mktime((2024, 5, 2, 15, 0, 0, 0, 0, -1))
+    assert _since("10m", now) == now - 600 and _since("1h30m", now) == now - 5400 and _since("90s", now) == now - 90
+    assert _since("14:05", now) == now - 55 * 60
+    assert _since("16:00", now) == now + 3600 - 86400  # still to come today: yesterday's
+
+
+@pytest.mark.parametrize(
     ("args", "said"),
     [
         (["status", ".."], "the job name '..' is not a valid name"),
@@ -94,8 +137,25 @@ def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(hom
     raw = cli("logs", "term", "--node", "0", "--protocol")
     assert raw.returncode == 0 and '@@elastic {"kind":"metric"' in raw.stdout and "hello from rank 0" in raw.stdout
     assert "no node 'node-7'" in cli("logs", "term", "--node", "7").stderr
+    # #39 item 10: the last lines of each node, and what came since, in the order it came.
+    tail = cli("logs", "term", "--tail", "2")
+    assert tail.returncode == 0, tail.stderr
+    by_node = {}
+    for line in tail.stdout.splitlines():
+        by_node.setdefault(line.split("]")[0] + "]", []).append(line)
+    assert set(by_node) == {"[node-0]", "[node-1]"} and all(len(v) <= 2 for v in by_node.values()), tail.stdout
+    since = cli("logs", "term", "--since", "1h")
+    assert since.returncode == 0 and "[node-0] hello from rank 0" in since.stdout, since.stdout[-2000:]
+    assert "@@elastic" not in since.stdout
+    assert cli("logs", "term", "--since", "0s").stdout == ""  # nothing came since now
+    meant = cli("status", "trem")
+    assert meant.returncode == 4 and meant.stderr.strip().endswith("did you mean 'term'?"), meant.stderr
     stopped = cli("stop", "term")
-    assert stopped.returncode == 0 and stopped.stdout.strip() == "term: stopped"
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == (
+        "job 'term' was stopped, with every process it started; its checkpoints stay "
+        "(`notebook-elastic resume term` continues it)"
+    )
     resumed = cli("resume", "term")
     assert resumed.returncode == 0, resumed.stderr
     followed = cli("events", "term", "-f", timeout=240)  # returns when the job ends
@@ -107,6 +167,11 @@ def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(hom
     kinds = [json.loads(line)["kind"] for line in history.stdout.splitlines()]
     assert kinds.count("metric") >= 150 and kinds[-1] == "job_finished"
     assert json.loads(cli("jobs", "--json").stdout)["status"] == "succeeded"
+    # #39 item 10: "job 'long' is succeeded"; a stop of a finished job is not "term: succeeded".
+    again = cli("resume", "term")
+    assert again.returncode == 1 and "job 'term' has succeeded; only a lost" in again.stderr, again.stderr
+    done = cli("stop", "term")
+    assert done.stdout.strip() == "job 'term' has succeeded already: nothing of it is left running"
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "notebook_elastic"
 
 #: Bases of ours a class may inherit from: an interface it implements, or a kind it is (and
 #: every exception family: ``...Error``).
-KINDS = {"Backend", "LocalBackend", "Tracker", "Handler"}
+KINDS = {"Backend", "LocalBackend", "Tracker", "Handler", "Placement"}
 
 
 def classes():

@@ -110,7 +110,7 @@ def test_the_timeline_tells_a_preemption_in_plain_words_without_its_symptoms():
     lines = [text for _e, text in story(state.events)]
     assert lines == [
         "training at world size 2",
-        "node-1 preempted (drill) — back at world size 1 after 2.0 s",  # once (#11), from the drill
+        "node-1 preempted (drill) — back at world size 1 after 2.0s",  # once (#11), from the drill
         "training at world size 1",
         "node-0 released (scaled down) — regrouping…",
     ]
@@ -134,7 +134,7 @@ def test_a_drill_is_back_from_the_survivors_restart_even_when_its_node_left_is_t
     assert lines == [
         "training at world size 2",
         "training at world size 1",
-        "node-1 preempted (drill) — back at world size 1 after 3.5 s",
+        "node-1 preempted (drill) — back at world size 1 after 3.5s",
     ]
     # A drill right after the first rank started: the other rank of that same group, told after
     # the drill, is not the job back (seen in CI under load: it read "back at world size 2").
@@ -146,7 +146,7 @@ def test_a_drill_is_back_from_the_survivors_restart_even_when_its_node_left_is_t
         Event(Kind.WORKER_STARTED, 11.1, "node-1", {"rank": 0, "world_size": 1, "generation": 1, **ws}),
     ]
     lines = [text for _e, text in story(early)]
-    assert "node-0 preempted (drill) — back at world size 1 after 2.4 s" in lines, lines
+    assert "node-0 preempted (drill) — back at world size 1 after 2.4s" in lines, lines
 
 
 def test_chart_ticks_read_as_numbers_and_log_scale_and_smoothing_apply():
@@ -181,7 +181,32 @@ def test_the_header_says_how_often_the_job_saves_and_what_share_of_the_loop_it_b
     state.apply(Event(Kind.CHECKPOINT, 2.0, "node-0", saved))
     text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))  # what a person reads
     assert "checkpoint every 8 steps, blocks 6.5 %" in text, text
-    assert "blocks 6.5 % of the loop" in Event(Kind.CHECKPOINT, 2.0, "node-0", saved).describe()
+    assert "blocked 6.5 % of the loop since the last one" in Event(Kind.CHECKPOINT, 2.0, "node-0", saved).describe()
+
+
+def test_the_header_shows_the_jobs_share_over_every_worker_group_not_one_window():
+    """#39 item 2: the header showed one checkpoint event's window, a group's first (one step
+    and its first save: 37 %), for a job that blocked well under a tenth of its loop. Now: the
+    share of the job's loop, from the running totals rank 0's metrics carry, banked at each new
+    worker group, shown once ten seconds of the loop are measured."""
+    state = JobState(max_restarts=3, nnodes=(1, 1))
+    state.apply(Event(Kind.WORKER_STARTED, 1.0, "node-0", {"rank": 0, "local_rank": 0, "world_size": 1}))
+
+    def report(t: float, step: int, blocked_s: float, loop_s: float) -> None:
+        values = {"step": step, "rank": 0, "values": {"loss": 1.0}, "blocked_s": blocked_s, "loop_s": loop_s}
+        state.apply(Event(Kind.METRIC, t, "node-0", values))
+
+    first = {"step": 1, "commits": 1, "every": 1, "chosen": True, "blocked_pct": 37.0}
+    report(1.1, 0, 0.03, 0.081)
+    state.apply(Event(Kind.CHECKPOINT, 1.2, "node-0", first))
+    text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))
+    assert "checkpoint every step, its cost being measured" in text and "37" not in text, text
+    report(8.0, 39, 0.09, 7.0)  # the group's last report: then a restart
+    report(9.0, 35, 0.001, 0.05)  # a new group's State: its totals start again
+    state.apply(Event(Kind.CHECKPOINT, 9.5, "node-0", {**first, "step": 40, "commits": 9, "every": 4}))
+    report(14.0, 59, 0.05, 5.0)
+    text = re.sub(r"<[^>]+>", "", header_html("toy", "local", state))
+    assert "checkpoint every ~6 steps, blocks 1.2 %" in text, text  # (0.09 + 0.05) / 12.0; 60 steps / 10 saves
 
 
 def test_a_job_between_its_last_step_and_its_outcome_is_ending_not_running_on_no_node():
@@ -220,13 +245,13 @@ def test_the_header_says_status_world_size_step_eta_and_loss_in_one_line():
         'data-status="running"',
         'class="ne-world-size">2<',
         'class="ne-step">10<',
-        "/ 100",
+        "</b>/100",
         "ETA",
         'class="ne-loss">0.1<',
     ):
         assert part in glance, part
     text = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", glance))  # what a person reads
-    assert "world size 2 · nodes 1 (1:2) · step 10 / 100" in text and "loss 0.1" in text, text
+    assert "world size 2 · nodes 1 (1:2) · step 10/100" in text and "loss 0.1" in text, text
     # Ended, the job runs on no node: the header gives its range, not "nodes 0" (#11 item 6).
     state.apply(Event(Kind.JOB_FINISHED, 20.0, None, {"status": "succeeded", "reason": "finished"}))
     ended = re.sub(r"<[^>]+>", "", re.sub(r"<style.*?</style>", "", header_html("toy", "local", state)))
@@ -278,8 +303,9 @@ def test_a_real_job_drives_the_widgets_and_the_controls_drive_the_job(home):
         dash.scale_button.click()
         assert dash.scale_button.disabled  # in flight
         wait_for(lambda: 'class="ne-world-size">2<' in dash.header.value, "world size 2 on the page")
-        wait_for(lambda: any(e.kind == Kind.RESUMED for e in job.events), "the resume")
-        resumed = next(e for e in job.events if e.kind == Kind.RESUMED)
+        # In place: the node joins, the kept rank goes on from the step it was at.
+        wait_for(lambda: any(e.kind in (Kind.RESUMED, Kind.IN_PLACE) for e in job.events), "the change")
+        resumed = next(e for e in job.events if e.kind in (Kind.RESUMED, Kind.IN_PLACE))
         # At the step the new size trains from (an automatic save interval back from the last
         # step reported at the old size, under load), drawn where it is.
         (marker,) = [m for m in job.state.markers if m.kind == "world_size"]
@@ -469,11 +495,15 @@ def test_the_nodes_box_follows_a_preemption(home):
         # The drill gives notice (30 s, a kubelet's default): the job saves, then the node goes.
         wait_for(lambda: "preempting node-" in dash.message.value, "the drill's answer")
         assert "30 s notice: the job saves first" in dash.message.value, dash.message.value
-        wait_for(lambda: "saved on notice at step" in dash.timeline.value, "the save on notice in the timeline")
+        # In place the others keep the values (no save needed); else rank 0 saves first.
+        wait_for(
+            lambda: "saved on notice at step" in dash.timeline.value or "no save needed" in dash.timeline.value,
+            "the answer to the notice in the timeline",
+        )
         wait_for(lambda: job.state.target == 1, "the target to follow the preemption")
         wait_for(lambda: dash.target.value == 1, "the nodes box to follow the preemption")
         wait_for(lambda: 'class="ne-world-size">1<' in dash.header.value, "world size 1")
-        wait_for(lambda: "back at world size 1 after" in dash.timeline.value, "the preemption told in plain words")
+        wait_for(lambda: "at world size 1 after" in dash.timeline.value, "the preemption told in plain words")
         job.stop()
         wait_for(
             lambda: dash.drills.layout.display == "none" and dash.stop_button.layout.display == "none",
@@ -509,3 +539,76 @@ def test_a_dashboard_follows_a_range_changed_elsewhere_without_setting_it_back(h
         assert "range" not in dash.controls._busy and "scale" not in dash.controls._busy and calls == []
     finally:
         dash.close()
+
+
+def test_stops_hint_asks_in_amber_and_goes_with_the_confirmation(home):
+    """#39 item 8: the hint under Stop outlived its confirmation (clicking as it said only armed
+    the button again) and was green, the colour of done. A prepared job: nothing launches."""
+    from notebook_elastic.kernel.ui import Dashboard
+    from notebook_elastic.kernel.ui.controls import MESSAGE_COLORS
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        name="hint",
+        dry_run=True,
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 5},
+    )
+    dash = Dashboard(job)
+    try:
+        dash.controls.stop_confirm_s = 0.6
+        dash.stop_button.click()
+        assert dash.stop_button.description == "Confirm stop"
+        assert "click Confirm stop within 0.6 s" in dash.message.value
+        assert MESSAGE_COLORS["ask"] in dash.message.value and MESSAGE_COLORS["ok"] not in dash.message.value
+        wait_for(lambda: dash.stop_button.description == "Stop", "the confirmation to lapse", timeout=10)
+        wait_for(lambda: dash.message.value == "", "the hint to go with it", timeout=2)
+        assert job.status == "prepared"  # nothing was stopped
+    finally:
+        dash.close()
+
+
+@pytest.mark.slow
+def test_a_dashboard_follows_a_resume_from_the_terminal_and_the_range_survives_it(home):
+    """#39 item 3: after a resume from the CLI the notebook's dashboard still said "stopped
+    889/3000" while the panel and the CLI said "succeeded 3000/3000"; and the resume put the
+    range set with the slider (1:4) back to the cell's (1:2)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from notebook_elastic.kernel.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nproc_per_node=1,
+        name="resumed-elsewhere",
+        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 120},
+    )
+    dash = Dashboard(job)
+    try:
+        wait_for(lambda: (job.state.step or 0) >= 5, "step 5", job=job, give_up_when_finished=True)
+        dash.range.value = (1, 4)  # the slider: set_range
+        wait_for(lambda: job.state.nnodes == (1, 4) and job.status == "running", "the new range, training")
+        job.stop()
+        wait_for(lambda: 'data-status="stopped"' in dash.header.value, "the dashboard to say stopped")
+        stopped_at = job.state.steps_done
+        cli = Path(sys.executable).with_name("notebook-elastic")
+        done = subprocess.run(
+            [str(cli), "resume", "resumed-elsewhere"], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+        )
+        assert done.returncode == 0, done.stderr
+        wait_for(
+            lambda: 'data-status="succeeded"' in dash.header.value and 'class="ne-step">120<' in dash.header.value,
+            "the dashboard to follow the resumed run to its end",
+            timeout=240,
+        )
+        assert stopped_at < 120 and job.status == "succeeded" and job.state.steps_done == 120
+        resumed = [e for e in job.events if e.kind == Kind.JOB_RESUMED]
+        assert [(e.get("min_nodes"), e.get("max_nodes")) for e in resumed] == [(1, 4)]
+        assert job.state.nnodes == (1, 4) and tuple(dash.range.value) == (1, 4)
+    finally:
+        dash.close()
+        job.stop()

@@ -163,3 +163,40 @@ def test_a_node_whose_nccl_fails_while_joining_is_evicted(home):
     assert job.restarts == 1
     assert sorted(committed_reports(job)) == list(range(300))
     assert world_sizes(job)[-1] == 1
+
+
+def test_in_place_on_nccl_the_survivor_keeps_its_process_and_a_joiner_takes_the_live_values(home):
+    """#41 item 4 on NCCL: a lost node's peers abort their communicator (a collective waiting on
+    the lost peer returns), form a new one at the new size and go on from the step they were
+    at, in the same processes; a node that joins takes the live values over NCCL. Needs a GPU
+    for each of two nodes."""
+    if gpus() < 2:
+        pytest.skip(f"needs two GPUs (one per node); {gpus()} visible")
+    job = ne.launch(
+        GPU_CELL,
+        nnodes="1:2",
+        nodes=2,
+        nproc_per_node=1,
+        name="nccl-in-place",
+        checkpoint_every=10**9,
+        user_ns=namespace(total=100_000, step_s=0.02),
+    )
+    try:
+        wait_for(lambda: job.world_size == 2 and at_step(job, 10)(), "two GPU nodes training", job=job)
+        kept = {e.get("pid") for e in job.events if e.kind == Kind.WORKER_STARTED and e.node == "node-0"}
+        job.lose_node("node-1")
+        wait_for(lambda: any(e.kind == Kind.IN_PLACE for e in job.events), "in place after the loss", job=job)
+        job.scale(2)
+        wait_for(
+            lambda: sum(e.kind == Kind.IN_PLACE for e in job.events) >= 2 and job.world_size == 2,
+            "the joiner in place",
+            timeout=300,
+            job=job,
+        )
+        changes = [e.data for e in job.events if e.kind == Kind.IN_PLACE]
+        assert changes[0]["redone"] <= 1 and changes[-1]["joined"] == 1 and changes[-1]["source"] >= 0, changes
+        assert {e.get("pid") for e in job.events if e.kind == Kind.WORKER_STARTED and e.node == "node-0"} == kept
+        assert all(p["backend"] == "nccl" for p in placed(job)), placed(job)
+        assert not [e for e in job.events if e.kind == Kind.RESUMED]
+    finally:
+        job.stop()

@@ -623,6 +623,7 @@ def test_a_departure_that_flips_the_job_is_its_own_root():
         "cause": describe(left),
         "events": [describe(left)],
         "rooted": True,
+        "since": 5.0,  # the outage begins at its cause (#39 item 4)
     }
     state.apply(ev(Kind.WORKER_FAILED, 5.2, "node-0", rank=0, error="E", message="m", generation=1))
     assert entry["cause"] == describe(left) and len(entry["events"]) == 2
@@ -653,6 +654,7 @@ def test_the_summary_is_the_fold_in_a_few_fields():
         "loss": None,
         "started_at": None,
         "finished_at": None,
+        "ran_s": None,
         "generation": None,
         "transitions": [],
         "nodes": [],
@@ -853,14 +855,14 @@ def test_every_view_counts_steps_done_alike():
     state = fold(
         metric(1.0, 98, loss=0.5), metric(2.0, 99, loss=0.25), ev(Kind.PLAN, 0.5, "node-0", total=100, start=0)
     )
-    assert 'step <b class="ne-step">100</b> / 100' in header_html("done", "local", state)
+    assert 'step <b class="ne-step">100</b>/100' in header_html("done", "local", state)
     assert "step 100/100" in summary_text("done", state)
     assert progress_line(state).startswith("step 100/100")
     info = JobInfo("done", "local", "running", summary=state.summary())
     assert " 100/100 " in repr(JobList([info]))
     assert job_json(info)["step"] == 100 and job_json(info)["total_steps"] == 100
     stall = ev(Kind.STALL, 3.0, None, step=state.step, for_s=31.0, stopped=[1], waiting=[0])
-    assert describe(stall).startswith("stalled at step 100 for 31 s")
+    assert describe(stall).startswith("stalled at step 100 for 31s")
 
 
 def test_the_chart_is_rank_0s_loss_and_the_other_ranks_latest_are_on_demand():
@@ -876,3 +878,20 @@ def test_the_chart_is_rank_0s_loss_and_the_other_ranks_latest_are_on_demand():
     assert state.metrics["loss"].points() == [(0.0, 2.0), (1.0, 1.0)]
     assert state.metrics.last("loss") == 1.0 and state.summary()["loss"] == 1.0
     assert state.rank_values == {1: {"loss": 8.0}} and state.step == 1
+
+
+def test_a_clean_end_puts_no_departure_on_the_chart_and_none_in_the_timeline():
+    """#39 item 5: every finished job got a "node left" marker on its chart, with no line in
+    the timeline; a stopped one too. A departure that is a disruption keeps both."""
+    from notebook_elastic.kernel.ui.story import story
+
+    for end in ("finished", "stopped"):
+        state = _running()
+        state.apply(ev(Kind.NODE_LEFT, 20.0, "node-0", reason=end))
+        state.apply(ev(Kind.JOB_FINISHED, 20.5, None, status="succeeded" if end == "finished" else "stopped"))
+        assert [m for m in state.markers if m.kind == "node_left"] == [], end
+        assert [t for _e, t in story(state.events) if "node-0" in t and "joined" not in t] == [], end
+    state = _running()
+    state.apply(ev(Kind.NODE_LEFT, 20.0, "node-0", reason="preempted"))
+    assert [m.kind for m in state.markers if m.kind == "node_left"] == ["node_left"]
+    assert any("node-0 preempted" in text for _e, text in story(state.events))

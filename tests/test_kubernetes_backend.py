@@ -123,12 +123,14 @@ def test_spot_story_on_the_fake_cluster(cluster, no_leftovers):
             job.status == "running"
             and job.world_size == 2
             and {e.node for e in job.events if e.kind == Kind.NODE_JOINED} - joined  # a new pod joined
-            and any(e.kind == Kind.RESUMED for e in job.events)
+            and any(e.kind in (Kind.RESUMED, Kind.IN_PLACE) and e.time > left.time for e in job.events)
         ),
         "the replacement pod",
         job=job,
     )
-    resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
+    # In place: the survivor kept its process and the replacement took its values; the step
+    # count goes on from where it was.
+    resumed = [e.get("step") for e in job.events if e.kind in (Kind.RESUMED, Kind.IN_PLACE)]
     assert resumed and resumed[-1] >= step_before
     assert [p["metadata"]["uid"] for p in cluster.pods(selector=m.selector("spot", "rendezvous"))] == [rdzv_before]
 
@@ -303,12 +305,12 @@ def test_a_missing_image_says_so_and_the_range_can_change(cluster):
             job.world_size == 2
             and job.status == "running"
             and job.state.nnodes == (1, 2)
-            and any(e.kind == Kind.RESUMED for e in job.events)
+            and any(e.kind in (Kind.RESUMED, Kind.IN_PLACE) for e in job.events)
         ),
         "two pods in the new range",
         job=job,
     )
-    resumed = [e for e in job.events if e.kind == Kind.RESUMED]
+    resumed = [e for e in job.events if e.kind in (Kind.RESUMED, Kind.IN_PLACE)]
     assert resumed and resumed[-1].get("step") >= 5
     job.stop()
 

@@ -319,6 +319,33 @@ def test_the_default_grace_is_derived_from_the_last_measured_save_and_the_dry_ru
     assert pod_grace.derived(1.0) == 30 and pod_grace.derived(None) == 30
 
 
+@pytest.mark.parametrize(
+    "record", ['{"save_s": NaN}', '{"save_s": Infinity}', '{"save_s": 1e30}', '{"save_s": -4}', '{"save_s": "x"}', "[]"]
+)
+def test_a_damaged_record_of_the_last_save_gives_the_default_grace_and_says_so(home, record):
+    """#37 item 16: a saved-grace record holding NaN or Infinity made the launch raise a bare
+    ValueError/OverflowError; 1e30 made a terminationGracePeriodSeconds of 1.5e30. A damaged
+    record is no measure: the default grace, and the dry-run says why."""
+    from notebook_elastic.backends.kubernetes import KubernetesBackend
+    from notebook_elastic.backends.kubernetes import grace as pod_grace
+
+    backend = KubernetesBackend(namespace="default")
+    spec, bundle, _ = make()
+    pod_grace.record("spot-train", 1.0)  # the folder and file as a follower makes them
+    pod_grace._path("spot-train").write_text(record)
+    dry = backend.submit_dryrun(spec, bundle)
+    pod = dry.request["objects"][-1]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30
+    assert "given 30 s" in dry.text and "the record of the last run's save" in dry.text and "is damaged" in dry.text
+    # A worker's report is no better: what no save can take is never recorded.
+    for reported in (float("nan"), float("inf"), -1.0, 1e30):
+        pod_grace.record("spot-train", reported)
+        assert pod_grace.measured("spot-train") is None
+    # A long save, but a real one: the grace it derives stays within what --grace takes.
+    pod_grace.record("spot-train", 80_000.0)
+    assert pod_grace.derived(pod_grace.measured("spot-train")) == 86_400
+
+
 SECRET_VALUE = "hf_" + "Qx7" * 12  # made up
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,14 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
             }""",
         )
         disruption = page.locator(".ne-job[data-name='panel-job'] .ne-disruption").text_content()
+        # #39 item 4: one preemption, one figure: the panel's "running again after" is the
+        # notebook's timeline's "back at world size 1 after" (1.1 s against 0.8 s before).
+        page.wait_for_function(
+            "() => /preempted \\(drill\\) — back at world size 1 after/.test("
+            "(document.querySelector('.ne-timeline') || {textContent: ''}).textContent)",
+            timeout=60_000,
+        )
+        timeline = page.locator(".ne-timeline").first.text_content()
         shot(page, "2-after-preemption")
 
         # Stop from the panel, with one confirmation.
@@ -232,12 +241,23 @@ def test_jobs_panel_follows_a_job_and_stops_it(installed, tmp_path):
         told = card.locator(".ne-history").text_content()
         assert told.startswith("last restart ") and "running again after" in told, told
         assert "ended " in card.locator(".ne-when").text_content()
+        # How long it ran, the same words in the panel and in the notebook's dashboard.
+        page.wait_for_function(
+            "() => (document.querySelector('.notebook-elastic-dashboard .ne-status') || {dataset: {}}).dataset.status === 'stopped'",
+            timeout=60_000,
+        )
+        ran_panel = re.search(r"ran ([0-9hms. ]+?)(?: ·|$)", card.locator(".ne-when").text_content()).group(1)
+        ran_dashboard = page.locator(".notebook-elastic-dashboard .ne-ran").first.text_content()
         seen = page.evaluate("() => window.__neSeen")
         errors = list(page.console_errors)
 
     assert seen[0] == "running" and seen[-1] == "stopped", seen
-    healed_after_s = float(disruption.split("running again after ")[1].split(" s")[0])
-    assert healed_after_s > 0, disruption
+    healed = re.search(r"running again after ([0-9.]+)s", disruption)
+    assert healed and float(healed.group(1)) > 0, disruption
+    healed_after_s = float(healed.group(1))
+    back = re.search(r"node-1 preempted \(drill\) — back at world size 1 after ([0-9.]+)s", timeline)
+    assert back and back.group(1) == healed.group(1), (disruption, timeline)
+    assert ran_dashboard == f"ran {ran_panel}", (ran_dashboard, ran_panel)
     assert job_processes(home) == []
     assert errors == [], errors
     record_figures(

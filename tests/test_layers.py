@@ -21,7 +21,14 @@ LAYERS = [
     {"agent", "store", "pool"},
     # Slurm's own commands (sinfo, squeue, sbatch...) and options, wrapped: the job folder asks
     # them whether a supervisor on another host lives.
-    {"packaging", "contract.spec", "contract.options", "backends.slurm.cluster", "backends.slurm.options"},
+    {
+        "packaging",
+        "contract.spec",
+        "contract.options",
+        "contract.commands",
+        "backends.slurm.cluster",
+        "backends.slurm.options",
+    },
     {"contract.plan"},
     {"contract.events", "contract.words", "contract.job_state"},
     # The job folder: shared by the kernel's backend and the supervisor it starts.

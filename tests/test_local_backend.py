@@ -347,7 +347,7 @@ def test_stop_is_idempotent_and_leaves_nothing(home):
     assert job.stop() == "stopped"
     assert job_processes(home) == []
     assert job.stop() == "stopped"
-    with pytest.raises(ne.BackendError, match="has stopped; it cannot scale"):
+    with pytest.raises(ne.BackendError, match="was stopped; it cannot scale"):
         job.scale(1)
 
 
@@ -367,6 +367,10 @@ def test_changing_the_range_restarts_agents_and_resumes(home):
     assert job.state.nnodes == (1, 2)
     assert job.wait(180) == "succeeded"
     assert sorted(committed_reports(job)) == list(range(60))
+    # #39 item 5: the new range restarts node-0's agent, under its own name (every node was renamed).
+    joined = [e.node for e in job.events if e.kind == Kind.NODE_JOINED]
+    assert joined == ["node-0", "node-0", "node-1"], joined
+    assert [m.kind for m in job.state.markers if m.kind == "node_left" and m.label.endswith("(finished)")] == []
 
 
 def test_workers_need_only_torch_and_cloudpickle(home, tmp_path, monkeypatch):
@@ -505,7 +509,11 @@ def test_departures_never_spend_the_restart_budget(home):
     assert job.state.restarts == 0
     own_failures = [e for e in job.events if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer"]
     assert own_failures == [], [e.describe() for e in own_failures]
-    assert any(e.kind == Kind.RESTART and e.get("reason") == "departure" for e in job.events)
+    # Each departure was taken in place (the survivors kept their processes), or as torchrun
+    # takes it, free of the budget: never charged.
+    changes = [e.get("reason") for e in job.events if e.kind == Kind.IN_PLACE]
+    changes += ["departure" for e in job.events if e.kind == Kind.RESTART and e.get("reason") == "departure"]
+    assert changes and set(changes) <= {"left", "lost", "joined", "departure"}, changes
     assert sorted(committed_reports(job)) == list(range(200))
     assert_every_sample_once(committed_reports(job), batch=2)
 
@@ -884,6 +892,154 @@ def test_a_frozen_supervisor_is_said_as_such_never_as_a_stall_and_restarts_nothi
     assert [e.describe() for e in job.events if e.kind in (Kind.STALL, Kind.STALL_CLEARED)] == []
     assert job.restarts == 0 and job.status == "running"
     job.stop()
+
+
+def _in_thread(call, *args):
+    """``call(*args)`` in a thread of its own: (the thread, [its result or its exception])."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(call(*args))
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_frozen_supervisor_answers_no_control_call_yet_stop_ends_the_job_and_says_so(home):
+    """#37 item 3: a SIGSTOPped supervisor's kernel still takes the control connection into its
+    backlog, and the handshake waited forever: scale and stop (CLI, job.stop(), the magic, the
+    panel) hung. Each call now has a deadline; stop then ends what is the job's from here."""
+    job = ne.launch(TRAIN, nproc_per_node=1, name="iced", user_ns=namespace(total=100_000))
+    wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+    folder = LocalBackend().folder("iced")
+    supervisor = folder.supervisor()["pid"]
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        scaling, scaled = _in_thread(LocalBackend().scale, "iced", 2)
+        scaling.join(60)
+        assert not scaling.is_alive(), "scale waited on a frozen supervisor with no deadline"
+        assert isinstance(scaled[0], ne.BackendError) and "did not answer within" in str(scaled[0]), scaled
+        stopping, stopped = _in_thread(LocalBackend().cancel, "iced")
+        stopping.join(90)
+        assert not stopping.is_alive(), "stop waited on a frozen supervisor with no deadline"
+        assert stopped == [None], stopped
+    finally:
+        if pid_alive(supervisor):
+            os.kill(supervisor, signal.SIGCONT)  # the old code's call then goes on; nothing left stopped
+    info = LocalBackend().describe("iced")
+    assert (info.status, info.summary.get("reason")) == ("stopped", "stopped; its supervisor did not answer"), info
+    assert job.wait(60) == "stopped" and job.state.reason == info.summary["reason"]
+    assert ne.attach("iced").wait(60) == "stopped"
+    assert not pid_alive(supervisor)
+    wait_for(lambda: job_processes(home) == [], "every process of the job to end", job=job)
+
+
+def fill(path) -> None:
+    """Fill the disk ``path`` is on, to its last byte."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_stop_on_a_full_home_disk_is_one_end_every_view_agrees_on(home, small_disk):
+    """#37 item 8: with the home disk full, stopping a job whose supervisor does not answer
+    raised a bare OSError, and the listing then said "lost" while a new follower said
+    "stopped". The stop is written where the supervisor writes its own end (outcome.json's
+    room, taken at start), so every view reads the same. A job that found no room at its start
+    cannot be written down at all: one sentence says so, and every view says "lost"."""
+    small_disk(home, "2m")
+    ckpt = "/tmp/ne-test-ckpt-full-stop"
+    jobs = [
+        ne.launch(TRAIN, nproc_per_node=1, name=name, checkpoint_dir=ckpt, user_ns=namespace(total=100_000))
+        for name in ("full-stop", "no-room")
+    ]
+    supervisors = []
+    try:
+        for job in jobs:
+            wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+            supervisors.append(LocalBackend().folder(job.name).supervisor()["pid"])
+            os.kill(supervisors[-1], signal.SIGSTOP)  # it cannot write its own end: the kernel does
+        no_room = LocalBackend().folder("no-room")
+        no_room.outcome_file.unlink()  # as if the disk was full when it started: no room was taken
+        no_room.reserve_file.unlink()
+        fill(home / "filler")
+        jobs[0].stop()  # no OSError: the processes end and the end is on record
+        reason = "stopped; its supervisor did not answer"
+        info = LocalBackend().describe("full-stop")
+        assert (info.status, info.summary.get("reason")) == ("stopped", reason), info
+        listed = [i for i in ne.jobs() if i.name == "full-stop"]
+        assert [(i.status, i.summary.get("reason")) for i in listed] == [("stopped", reason)]
+        again = ne.attach("full-stop")
+        assert again.wait(60) == "stopped" and again.state.reason == reason, again.summary()
+        assert jobs[0].wait(60) == "stopped"
+
+        fill(home / "filler-again")  # what the first job's end freed (its reserve)
+        with pytest.raises(ne.BackendError) as unwritten:
+            jobs[1].stop()
+        said = str(unwritten.value)
+        assert said.startswith("job 'no-room' is stopped (its processes are ended), but its end could not be written")
+        assert said.endswith("(No space left on device): free space there; until then it is listed as lost"), said
+        assert not pid_alive(supervisors[1])
+        assert LocalBackend().describe("no-room").status == "lost"
+        assert ne.attach("no-room").wait(60) == "lost"
+        wait_for(lambda: job_processes(home) == [], "every process of the jobs to end")
+    finally:
+        for pid in supervisors:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGCONT)
+        import shutil
+
+        shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def test_relaunching_a_name_whose_running_job_is_damaged_or_thought_lost_is_refused(home):
+    """#37 item 11: a running job whose spec.json was damaged read as "damaged" and its folder
+    was archived for the new job of its name; the old supervisor then wrote the new job's
+    outcome. The same with a damaged supervisor.json (the job reads as lost). The job's
+    processes are looked for, not its records: the relaunch is refused in one sentence, and
+    once the old job is stopped, it goes ahead."""
+    job = ne.launch(TRAIN, nproc_per_node=1, name="twice", user_ns=namespace(total=100_000))
+    wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+    folder = LocalBackend().folder("twice")
+    spec = folder.spec_file.read_text()
+    folder.spec_file.write_text("{not json")
+    assert LocalBackend().describe("twice").status == "damaged"
+    with pytest.raises(ne.BackendError) as refused:
+        ne.launch(TRAIN, nproc_per_node=1, name="twice", user_ns=namespace(total=3))
+    said = str(refused.value)
+    assert (
+        said.startswith("a job named 'twice' still has ")
+        and "process(es) running, though its folder is damaged" in said
+    )
+    assert said.endswith("stop it first (%elastic_stop twice, or notebook-elastic stop twice) or choose another --name")
+    assert folder.spec_file.read_text() == "{not json"  # not archived: the old job's folder, as it was
+    assert not (home / "jobs" / ".history").exists()
+
+    # Its records say it is lost: supervisor.json unreadable, its guardian gone, started long ago.
+    folder.spec_file.write_text(spec)
+    os.kill(json.loads(folder.guardian_file.read_text())["pid"], signal.SIGKILL)
+    wait_for(lambda: not folder.guardian_alive(), "the guardian gone")
+    supervisor = folder.supervisor()["pid"]
+    folder.supervisor_file.write_text("[]")
+    os.utime(folder.spec_file, (time.time() - 120, time.time() - 120))
+    assert LocalBackend().describe("twice").status == "lost"
+    with pytest.raises(ne.BackendError, match=r"process\(es\) running, though it is listed as lost; stop it first"):
+        ne.launch(TRAIN, nproc_per_node=1, name="twice", fresh=True, user_ns=namespace(total=3))
+    assert pid_alive(supervisor)
+
+    LocalBackend().cancel("twice")  # a stop still reaches it (from here: its record is unreadable)
+    assert not pid_alive(supervisor) and job_processes(home) == []
+    again = ne.launch(TRAIN, nproc_per_node=1, name="twice", fresh=True, user_ns=namespace(total=3))
+    assert again.wait(120) == "succeeded", again.summary()
+    assert len(list((home / "jobs" / ".history").iterdir())) == 1
 
 
 def test_a_deleted_job_folder_makes_the_job_lost_and_stop_still_ends_it(home):

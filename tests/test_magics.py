@@ -52,8 +52,10 @@ CELL = "print('training')\n"
         ("--ship 9lives", CELL, r"--ship '9lives' must name a notebook variable"),
         ("--nprocs 2", CELL, r"unrecognized arguments: --nprocs 2"),
         ("", "   \n", r"the cell is empty"),
-        ("", "undefined_thing()\n", r"name `undefined_thing` is used by the cell \(line 1\)"),
-        ("", "x = 1\n%time y = 2\n", r"line 2 of the cell \('%time y = 2'\) is IPython syntax"),
+        # Lines as the editor numbers them, the %%elastic_train line being line 1 (#39 item 6).
+        ("", "undefined_thing()\n", r"name `undefined_thing` is used by the cell \(line 2\)"),
+        ("", "x = 1\n%time y = 2\n", r"line 3 of the cell \('%time y = 2'\) is IPython syntax"),
+        ("", "x = 1\ny = (\n", r"the cell does not parse: line 3"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_launches_nothing(shell, home, line, cell, message):
@@ -90,6 +92,25 @@ def test_help_lists_torchrun_style_flags_and_launches_nothing(shell, home, capsy
         "--ship",
     ):
         assert flag in text
+    assert not (home / "jobs").exists()
+
+
+@pytest.mark.parametrize(
+    "cell", ["%%elastic_train --help", "%%elastic_train --help\n\n", "%%elastic_train -h --nnodes 1:2\n"]
+)
+def test_help_in_a_cell_of_its_own_as_the_readme_writes_it(shell, home, capsys, cell):
+    """#39 item 7: `%%elastic_train --help` in an empty cell failed ("the cell body is empty"),
+    IPython's refusal of a cell magic without a body, before the magic ran."""
+    result = shell.run_cell(cell, store_history=True)
+    assert result.error_in_exec is None and result.error_before_exec is None, result
+    text = capsys.readouterr().out
+    assert "--nproc-per-node" in text and "--nnodes" in text
+    assert not (home / "jobs").exists()
+
+
+def test_an_empty_cell_without_help_is_still_refused(shell, home, capsys):
+    result = shell.run_cell("%%elastic_train --nnodes 1:2\n", store_history=True)
+    assert isinstance(result.error_in_exec, UsageError) and "cell body is empty" in str(result.error_in_exec)
     assert not (home / "jobs").exists()
 
 

@@ -24,8 +24,9 @@ import notebook_elastic.runtime as runtime
 from notebook_elastic import pool
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.contract.events import Kind
-from notebook_elastic.jobfolder.folder import prepare_jobs_root, processes_of
-from notebook_elastic.runtime import owned
+from notebook_elastic.jobfolder.folder import prepare_jobs_root
+from notebook_elastic.jobfolder.processes import pid_alive, processes_of
+from notebook_elastic.runtime import owned, protocol
 
 pytestmark = pytest.mark.slow
 
@@ -152,7 +153,7 @@ def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):
     the job succeeds without a restart."""
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
     proc = start_private_pool(name)
-    monkeypatch.setenv(pool.ENV_POOL, name)
+    monkeypatch.setenv(protocol.ENV_POOL, name)
     gate = str(tmp_path / "gate")
     try:
         job = ne.launch(GATED, nproc_per_node=2, name="orphaned-pool", user_ns=namespace(gate))
@@ -175,7 +176,7 @@ def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):
 
 def test_an_idle_pool_is_reaped_gives_way_to_none_and_serves_only_its_user():
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
-    first = start_private_pool(name, **{pool.ENV_IDLE: "2"})
+    first = start_private_pool(name, **{protocol.ENV_POOL_IDLE_S: "2"})
     try:
         # A second pool started for the same name finds it taken and exits before importing.
         second = pool.start(name, dict(os.environ))
@@ -200,7 +201,7 @@ def test_a_pool_ends_with_its_owner_and_never_follows_a_planted_log_link(tmp_pat
     target = tmp_path / "someone-elses-file"
     target.write_text("theirs\n")
     (tmp_path / "pool.log").symlink_to(target)
-    proc = pool.start(name, {**os.environ, pool.ENV_OWNER: str(owner.pid)}, tmp_path / "pool.log")
+    proc = pool.start(name, {**os.environ, protocol.ENV_POOL_OWNER: str(owner.pid)}, tmp_path / "pool.log")
     try:
         assert pool.wait_for(name, 180) == proc.pid, "the pool did not come up"
         assert target.read_text() == "theirs\n"
@@ -209,7 +210,7 @@ def test_a_pool_ends_with_its_owner_and_never_follows_a_planted_log_link(tmp_pat
         assert proc.wait(180) == 0
         assert pool.ping(name) is None
         # An owner gone before the pool starts: it does not stay.
-        late = pool.start(name, {**os.environ, pool.ENV_OWNER: str(owner.pid)})
+        late = pool.start(name, {**os.environ, protocol.ENV_POOL_OWNER: str(owner.pid)})
         assert late.wait(180) == 0 and pool.ping(name) is None
     finally:
         for p in (owner, proc):
@@ -219,9 +220,9 @@ def test_a_pool_ends_with_its_owner_and_never_follows_a_planted_log_link(tmp_pat
 
 
 def test_the_pool_is_off_with_its_switch(monkeypatch):
-    monkeypatch.setenv(pool.ENV_POOL_ON, "0")
+    monkeypatch.setenv(protocol.ENV_POOL_ON, "0")
     assert pool.ensure_pool() is None
-    monkeypatch.setenv(pool.ENV_POOL_ON, "1")
+    monkeypatch.setenv(protocol.ENV_POOL_ON, "1")
     monkeypatch.setenv("NOTEBOOK_ELASTIC_WARM_WORKERS", "0")
     assert pool.ensure_pool() is None
 
@@ -247,7 +248,7 @@ def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_p
     from notebook_kernel import NotebookKernel
 
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
-    monkeypatch.setenv(pool.ENV_POOL, name)  # the kernel inherits it (the session's pool is not this one)
+    monkeypatch.setenv(protocol.ENV_POOL, name)  # the kernel inherits it (the session's pool is not this one)
     assert pool.ping(name) is None
     prepare_jobs_root(home)  # a user who has run jobs before: the pool logs there
     pid = None
@@ -274,7 +275,7 @@ def test_the_cli_tells_whether_the_pool_runs_and_stops_it(monkeypatch, capsys):
     from notebook_elastic import cli
 
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
-    monkeypatch.setenv(pool.ENV_POOL, name)
+    monkeypatch.setenv(protocol.ENV_POOL, name)
     assert cli.main(["pool"]) == 0
     assert "no warm pool runs" in capsys.readouterr().out
     proc = start_private_pool(name)
@@ -288,3 +289,86 @@ def test_the_cli_tells_whether_the_pool_runs_and_stops_it(monkeypatch, capsys):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_pool_a_jobs_guardian_started_is_no_part_of_that_job(home, tmp_path, monkeypatch):
+    """#37 item 4: with no pool running, a job's guardian bringing its job back started the pool
+    as its own child; the next job was forked from that pool, so it read as a descendant of the
+    first job's guardian, and stopping the first job killed the second. The pool is started
+    detached (its parent is init), and the walk by descent stops at a pool."""
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    monkeypatch.setenv(protocol.ENV_POOL, name)
+    pools: list[int] = []
+    try:
+        first = ne.launch(GATED, nproc_per_node=1, name="first", user_ns=namespace(str(tmp_path / "never")))
+        wait_for(lambda: first.state.step is not None and first.state.step >= 5, "the first job's held step")
+        pools.append(pool.wait_for(name, 180))
+        os.kill(pools[0], signal.SIGKILL)  # no pool runs now
+        wait_for(lambda: pool.ping(name) is None, "the pool gone")
+        first_dir = home / "jobs" / "first"
+        os.kill(json.loads((first_dir / "supervisor.json").read_text())["pid"], signal.SIGKILL)
+        # Its guardian brings it back, and starts the pool again on the way.
+        wait_for(lambda: pool.ping(name) is not None, "the pool the guardian started", job=first)
+        pools.append(pool.ping(name))
+        wait_for(lambda: any(e.kind == Kind.JOB_RESUMED for e in first.events), "the recovery", job=first)
+        guardian = json.loads((first_dir / "guardian.json").read_text())["pid"]
+        assert ppid(pools[1]) != guardian
+        assert pools[1] not in processes_of(first_dir) and ppid(pools[1]) not in processes_of(first_dir)
+
+        gate = str(tmp_path / "gate")
+        second = ne.launch(GATED, nproc_per_node=1, name="second", user_ns=namespace(gate))
+        wait_for(lambda: second.state.step is not None and second.state.step >= 5, "the second job's held step")
+        second_dir = home / "jobs" / "second"
+        supervisor = json.loads((second_dir / "supervisor.json").read_text())["pid"]
+        assert ppid(supervisor) == pools[1]  # forked from the pool the first job's guardian started
+        assert not set(processes_of(second_dir)) & set(processes_of(first_dir))
+        # Stopped from the kernel's side (its supervisor frozen: the kernel ends the job's
+        # processes itself, its guardian among them, walking down from each).
+        os.kill(json.loads((first_dir / "supervisor.json").read_text())["pid"], signal.SIGSTOP)
+        assert first.stop() == "stopped"
+        assert pid_alive(supervisor) and pool.ping(name) == pools[1]
+        open(gate, "w").close()
+        assert second.wait(timeout=180) == "succeeded", second.summary()
+        assert not [e for e in second.events if e.kind in (Kind.JOB_RESUMED, Kind.RECOVERING)]
+    finally:
+        for pid in pools[1:]:
+            if pid is not None and pid_alive(pid):
+                os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: pool.ping(name) is None, "the pool to exit")
+
+
+def test_the_pool_is_one_whichever_spelling_of_the_interpreter_names_it(monkeypatch):
+    """#37 item 17: the pool's name hashed the interpreter's path as spelt, so a pool started
+    from .venv/bin/python3 was not the one `notebook-elastic pool stop` (.venv/bin/python) looked
+    for. Every spelling of one interpreter in one environment names one pool; another
+    environment over the same interpreter still gets its own."""
+    bin_dir = os.path.dirname(sys.executable)
+    spellings = sorted(
+        {os.path.join(bin_dir, n) for n in os.listdir(bin_dir) if n.startswith("python3")} | {sys.executable}
+    )
+    spellings.append(os.path.join(bin_dir, ".", "..", os.path.basename(bin_dir), os.path.basename(sys.executable)))
+    env = {k: v for k, v in os.environ.items() if k != protocol.ENV_POOL}
+    env["TORCH_NE_TEST_POOL"] = os.urandom(8).hex()  # read as an import-time variable: a name of this test's own
+    ask = "from notebook_elastic import pool; print(pool.pool_name())"
+    names = {
+        subprocess.run([s, "-c", ask], env=env, capture_output=True, text=True, check=True).stdout for s in spellings
+    }
+    assert len(names) == 1 and len(spellings) >= 3, (spellings, names)
+    name = names.pop().strip()
+    monkeypatch.setattr(sys, "prefix", "/another/venv")
+    assert pool.pool_name({k: v for k, v in env.items()}) != name
+
+    # Started from one spelling, seen and stopped by the command line from another.
+    start = "from notebook_elastic import pool; print(pool.ensure_pool())"
+    started = subprocess.run([spellings[-1], "-c", start], env=env, capture_output=True, text=True, check=True)
+    assert started.stdout.strip() == name
+    pid = pool.wait_for(name, 180)
+    try:
+        assert pid is not None and ppid(pid) != os.getpid()  # detached: not this process's child
+        cli = os.path.join(bin_dir, "notebook-elastic")
+        said = subprocess.run([cli, "pool", "stop"], env=env, capture_output=True, text=True, check=True).stdout
+        assert f"stopped the warm pool (pid {pid})" in said, said
+        wait_for(lambda: pool.ping(name) is None and ppid(pid) is None, "the pool to exit")
+    finally:
+        if pid is not None and ppid(pid) is not None:
+            os.kill(pid, signal.SIGKILL)

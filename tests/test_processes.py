@@ -19,9 +19,9 @@ import psutil
 import pytest
 from waiting import wait_for
 
-from notebook_elastic.jobfolder.folder import kill_all, pid_alive, process_start_ticks, processes_of
+from notebook_elastic.jobfolder.processes import kill_all, pid_alive, process_start_ticks, processes_of
 from notebook_elastic.runtime import owned
-from notebook_elastic.runtime.protocol import ENV_JOB_DIR
+from notebook_elastic.runtime.protocol import ENV_JOB_DIR, ENV_POOL
 from notebook_elastic.supervisor.outcome import _is_ours
 from notebook_elastic.supervisor.stall import is_stopped
 
@@ -228,3 +228,75 @@ def test_machinery_is_told_by_marks_spanning_its_arguments():
         assert _is_ours(proc.pid, "notebook_elastic.pool.warm\0serve")
         assert not _is_ours(proc.pid, "notebook_elastic.pool.warm serve", "local.guardian")
     assert not _is_ours(proc.pid, "notebook_elastic.pool.warm\0serve")
+
+
+BESIDE_ANOTHER_JOB = """
+import os, subprocess, sys, time
+from notebook_elastic import pool
+a, b, name = sys.argv[1:4]
+clean = {k: v for k, v in os.environ.items() if k != "NOTEBOOK_ELASTIC_JOB_DIR"}
+marked_b = subprocess.Popen(["sleep", "600"], env={**clean, "NOTEBOOK_ELASTIC_JOB_DIR": b})
+named_b = subprocess.Popen(
+    [sys.executable, "-c", "import sys, time; from notebook_elastic.runtime import owned; "
+     "owned.register(sys.argv[1]); time.sleep(600)", b], env=clean)
+plain = subprocess.Popen(["sleep", "600"], env=clean)  # unmarked: this job's by descent
+warm = pool.start(name, clean)  # attached: this process of job A is the pool's parent
+print(marked_b.pid, named_b.pid, plain.pid, warm.pid, flush=True)
+time.sleep(600)
+"""
+
+SLEEPER = "import time\ntime.sleep(600)\n"
+
+
+@pytest.mark.slow
+def test_the_walk_by_descent_stops_at_a_pool_and_at_another_jobs_processes(tmp_path: Path):
+    """#37 item 4: ownership by descent ran from job A's process through a warm pool it had
+    started to job B's processes forked from that pool, and stopping A killed B. Below one of
+    A's processes: a process whose environment names job B, one named in B's folder, a real
+    pool and a fork of it for B (a launcher's request, as B's supervisor is made), and a plain
+    child. Only the plain child is A's; ending A leaves the others running."""
+    from notebook_elastic import pool
+
+    root = tmp_path / "jobs"
+    a, b = root / "a", root / "b"
+    a.mkdir(parents=True)
+    b.mkdir()
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", BESIDE_ANOTHER_JOB, str(a), str(b), name],
+        env={**os.environ, ENV_JOB_DIR: str(a)},
+        stdout=subprocess.PIPE,
+    )
+    everyone = [parent.pid]
+    launcher = None
+    try:
+        assert parent.stdout is not None
+        marked_b, named_b, plain, warm = (int(pid) for pid in parent.stdout.readline().split())
+        everyone += [marked_b, named_b, plain, warm]
+        assert pool.wait_for(name, 180) == warm and psutil.Process(warm).ppid() == parent.pid
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "notebook_elastic.pool.warm", "-m", "sleeper"],
+            env={**os.environ, ENV_POOL: name, ENV_JOB_DIR: str(b), "PYTHONPATH": str(tmp_path)},
+        )
+        everyone.append(launcher.pid)
+        wait_for(lambda: [p for p in owned.registered(b) if p != named_b], "the pool's fork for job B named")
+        (fork,) = [p for p in owned.registered(b) if p != named_b]
+        everyone.append(fork)
+        assert psutil.Process(fork).ppid() == warm
+        assert sorted(processes_of(a)) == sorted([parent.pid, plain])
+        assert sorted(kill_all(a, grace_s=2.0)) == sorted([parent.pid, plain])
+        assert parent.wait(timeout=10) == -signal.SIGTERM
+        for pid in (marked_b, named_b, warm, fork):
+            assert pid_alive(pid), f"{pid} was not job A's, yet it was ended with it"
+        assert launcher.poll() is None and pool.ping(name) == warm
+    finally:
+        for pid in reversed(everyone):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in (parent, launcher):
+            if proc is not None:
+                proc.wait()
+        wait_for(lambda: not any(pid_alive(p) for p in everyone), "every process of the test ended", timeout=30)

@@ -476,6 +476,39 @@ def test_state_chooses_how_often_to_save_so_commits_block_little_and_the_last_st
     assert torch.equal(again._objects["model"][0].bias, model[0].bias)
 
 
+def test_a_resumed_group_saves_when_its_share_allows_not_at_its_first_step(ckpt, monkeypatch):
+    """#39 item 2: every worker group saved at its first commit, whatever it cost: its first
+    checkpoint event (one step of training, one save) said a third of the loop, and short groups
+    (a restart, a rescale) spent well over a tenth. A group that resumes takes what a save cost
+    the group before it (the checkpoint says) and waits for its share, like every later save;
+    each event tells its window's seconds, which the notebook sums over the job."""
+    monkeypatch.delenv(protocol.ENV_CHECKPOINT_EVERY)  # State chooses
+    model, opt = big_model_and_optimizer()
+    with redirect_stdout(io.StringIO()):
+        first = State(model=model, optimizer=opt, keep=2)
+        quick_steps(first, model, 5)  # its first save comes at its first commit: nothing to go by
+        first.flush()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        again = State(model=model, optimizer=opt, keep=2)
+        assert again.step == 5
+        commits_before_a_save = 0
+        for _step in again.steps(10_000):
+            with torch.no_grad():
+                model[0].bias.add_(1e-3)
+            time.sleep(0.002)  # the step
+            again.commit()
+            commits_before_a_save += 1
+            if again._interval.steps_since_save == 0:  # this commit saved
+                break
+        again.flush()
+        blocked, loop = again._interval.seconds()
+        report(step=again.step, loss=1.0)
+    assert commits_before_a_save > 1, "the resumed group saved at its first commit"
+    (metric,) = [e for e in events_of(out.getvalue()) if e["kind"] == "metric"]
+    assert metric["blocked_s"] == round(blocked, 4) and metric["loop_s"] == round(loop, 3) and loop > blocked > 0
+
+
 def test_checkpoint_every_saves_every_n_steps_and_the_last(ckpt, monkeypatch):
     monkeypatch.setenv(protocol.ENV_CHECKPOINT_EVERY, "4")  # what --checkpoint-every 4 sets
     model = make_model()

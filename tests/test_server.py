@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import threading
 import time
 
 import pytest
 import torch
 from conftest import job_processes
+from slurm_cluster import CPUS
+from test_slurm import launch_queued, on_slurm, slurm, stopped_while_queued  # noqa: F401 (the fixtures)
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
@@ -146,7 +152,7 @@ BAD_QUERIES = [
     ({"limit": "abc"}, r"limit='abc' must be a whole number"),
     ({"limit": "-1"}, r"limit='-1' must be a whole number"),
     ({"all": "yes"}, r"all='yes' must be 1, 0, true or false"),
-    ({"backend": "slurm"}, r"backend='slurm' is unknown; use one of: local, kubernetes"),
+    ({"backend": "lsf"}, r"backend='lsf' is unknown; use one of: local, kubernetes, slurm"),
     ({"backend": "kubernetes"}, r"events are served for local jobs; follow a Kubernetes job with %elastic_attach"),
 ]
 
@@ -174,13 +180,43 @@ async def test_every_route_refuses_bad_input_with_400_and_a_sentence(jp_fetch, h
         (("jobs", long_name, "events"), "GET", None),
         (("jobs", long_name, "stop"), "POST", "{}"),
         (("jobs", "table-job", "stop"), "POST", "[1]"),
-        (("jobs", "table-job", "stop"), "POST", '{"backend": "slurm"}'),
+        (("jobs", "table-job", "stop"), "POST", '{"backend": "lsf"}'),
         (("jobs", "table-job", "stop"), "POST", "{not json"),
     ]:
         with pytest.raises(HTTPClientError) as info:
             await jp_fetch("notebook-elastic", "api", *path, method=method, body=body)
         assert info.value.code == 400, (path, body, info.value)
         assert json.loads(info.value.response.body)["message"], (path, body)
+
+
+@pytest.mark.slow
+async def test_the_panels_stop_on_a_slurm_row_cancels_its_queued_allocation(jp_fetch, on_slurm, home):  # noqa: F811
+    """#37 item 2, the panel: its Stop posts the row's backend ("slurm", which the route refused
+    as unknown) and the route stopped any job not on Kubernetes as a local one, leaving a
+    queued supervisor's allocation to start later and train. The job's folder says where it
+    runs: the route stops it as a Slurm job, whatever the body names, and its events are
+    served as a local job's are."""
+    blocker = subprocess.Popen(
+        ["srun", "--partition=ctl", f"--cpus-per-task={CPUS}", "--job-name=blocker", "sleep", "600"],
+        env={**os.environ, **on_slurm.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: ("blocker", "RUNNING") in [(n, s) for _, n, s in on_slurm.jobs()], "the ctl partition full")
+        for name, body in (("q-panel", None), ("q-named-local", '{"backend": "local"}')):
+            thread, result = launch_queued(on_slurm, name)
+            [row] = [j for j in (await get_json(jp_fetch, "jobs"))["jobs"] if j["name"] == name]
+            assert row["backend"] == "slurm", row
+            body = body or json.dumps({"backend": row["backend"]})  # what the panel's Stop sends
+            reply = await jp_fetch("notebook-elastic", "api", "jobs", name, "stop", method="POST", body=body)
+            assert json.loads(reply.body) == {"name": name, "status": "stopped"}
+            stopped_while_queued(on_slurm, home, name, thread, result)
+            events = await get_json(jp_fetch, "jobs", name, "events", backend="slurm", all="1")
+            assert "job_finished" in [e["kind"] for e in events["events"]], events
+    finally:
+        blocker.kill()
+        blocker.wait(timeout=30)
 
 
 async def test_a_damaged_job_folder_gets_a_404_or_its_readable_events_with_a_note_never_a_500(jp_fetch, home):
@@ -217,6 +253,170 @@ def test_the_panel_row_says_a_stall_and_a_warning_in_words():
         "warning": "checkpoints are not being saved: /ckpt is full",
     }
     row = job_json(JobInfo("stuck", "local", "running", summary=summary))
-    assert row["stall"] == "stalled at step 120 for 31 s: rank(s) 1 stopped, rank(s) 0,2 wait for them"
+    assert row["stall"] == "stalled at step 120 for 31s: rank(s) 1 stopped, rank(s) 0,2 wait for them"
     assert row["warning"] == "checkpoints are not being saved: /ckpt is full"
     assert job_json(JobInfo("fine", "local", "running", summary={}))["stall"] is None
+
+
+SLOW_SCONTROL = """#!/bin/sh
+# A slurmctld that does not answer until the test opens the gate (its own cap: 300 s).
+echo $$ >> "{calls}"
+n=0
+while [ ! -e "{gate}" ] && [ $n -lt 3000 ]; do sleep 0.1; n=$((n + 1)); done
+echo "JobId=$4 JobName=ne-remote-supervisor JobState=COMPLETED Reason=None"
+"""
+
+
+def _pids(path) -> list[int]:
+    try:
+        return [int(line) for line in path.read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.slow  # a real job
+async def test_a_slurm_that_does_not_answer_never_holds_a_route(jp_fetch, home, tmp_path, monkeypatch):
+    """#37 item 5: GET /jobs asked scontrol inline for each job whose supervisor runs in a Slurm
+    allocation on another machine; with slurmctld unresponsive, one poll and any other request
+    the server had took ~120 s. Slurm is asked by a thread of its own: both routes answer while
+    scontrol still has not, and the row follows Slurm once it does."""
+    from conftest import pid_alive
+
+    done = ne.launch(TRAIN, nnodes="1", name="here", user_ns=ns(3))
+    assert done.wait(120) == "succeeded"
+    # A job whose supervisor runs in allocation 4242 on another machine (what run.py writes there).
+    remote = home / "jobs" / "remote"
+    remote.mkdir(mode=0o700)
+    (remote / "spec.json").write_text(json.dumps({"name": "remote", "backend": "slurm", "nnodes": [1, 2]}))
+    (remote / "status.json").write_text(json.dumps({"status": "running", "step": 7, "world_size": 1}))
+    (remote / "events.jsonl").write_text("")
+    supervisor = {"pid": 4321, "host": "node-elsewhere", "slurm_job": "4242", "control": ["node-elsewhere", 1]}
+    (remote / "supervisor.json").write_text(json.dumps({**supervisor, "authkey": "00", "started": time.time()}))
+    bin_dir, calls, gate = tmp_path / "bin", tmp_path / "scontrol-calls", tmp_path / "gate"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SLOW_SCONTROL.format(calls=calls, gate=gate))
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    try:
+        rows = {j["name"]: j for j in (await get_json(jp_fetch, "jobs"))["jobs"]}
+        assert rows["remote"]["status"] == "running" and rows["here"]["status"] == "succeeded"
+        # Slurm is being asked, in the background, and has not answered.
+        deadline = time.monotonic() + 60
+        while not [p for p in _pids(calls) if pid_alive(p)]:
+            assert time.monotonic() < deadline, "Slurm was never asked while it hung (or asked inline)"
+            await asyncio.sleep(0.1)
+        asking = [p for p in _pids(calls) if pid_alive(p)]
+        again = await get_json(jp_fetch, "jobs")
+        events = await get_json(jp_fetch, "jobs", "here", "events", since="0")
+        assert [p for p in asking if pid_alive(p)] == asking, "a route answered only once Slurm had"
+        assert {j["name"]: j["status"] for j in again["jobs"]} == {"remote": "running", "here": "succeeded"}
+        assert events["events"][0]["kind"] == "job_submitted"
+        gate.touch()  # Slurm answers: the allocation is over, so the supervisor is gone
+        await poll_json(
+            jp_fetch,
+            lambda r: {j["name"]: j["status"] for j in r["jobs"]}.get("remote") == "lost",
+            "the row to follow Slurm's answer",
+            "jobs",
+        )
+    finally:
+        gate.touch()
+        deadline = time.monotonic() + 30
+        while [p for p in _pids(calls) if pid_alive(p)] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
+
+async def test_a_fifo_in_place_of_a_jobs_file_never_holds_a_route(jp_fetch, home):
+    """A FIFO where a job's status.json or events.jsonl belongs blocked its reader, the server's
+    event loop, until someone wrote to it. The row is damaged, the events a 404 sentence, and a
+    kernel's reader of the history says so in one sentence."""
+    job = ne.launch(TRAIN, nnodes="1", name="piped", user_ns=ns(3))
+    assert job.wait(120) == "succeeded"
+    folder = job.backend.folder("piped")
+    for record in ("outcome.json", "status.json", "spec.json"):
+        (folder.path / record).unlink()
+        os.mkfifo(folder.path / record, 0o600)
+    folder.events_file.unlink()
+    os.mkfifo(folder.events_file, 0o600)
+    try:
+        rows = (await asyncio.wait_for(get_json(jp_fetch, "jobs"), 60))["jobs"]
+        assert [(r["name"], r["status"], r["damaged"]) for r in rows] == [
+            ("piped", "damaged", "spec.json is unreadable: spec.json is not a file")
+        ]
+        with pytest.raises(HTTPClientError) as info:
+            await asyncio.wait_for(jp_fetch("notebook-elastic", "api", "jobs", "piped", "events"), 60)
+        assert info.value.code == 404
+        message = json.loads(info.value.response.body)["message"]
+        assert message.startswith("job 'piped' has no readable event history:"), message
+        # Nor a kernel's reader of its history (the CLI's events, attach's follower).
+        with pytest.raises(ne.BackendError, match="job 'piped' has no readable event history: events.jsonl is not"):
+            list(job.backend.history("piped"))
+        with pytest.raises(ne.BackendError, match="job 'piped' has no readable event history: events.jsonl is not"):
+            list(job.backend.follow("piped", threading.Event()))
+    finally:
+        for fifo in ("outcome.json", "status.json", "spec.json", "events.jsonl"):
+            (folder.path / fifo).unlink()  # the suite's own checks read histories with open()
+
+
+WRONG_TYPES = {
+    "stall": ("stuck", "'stall' is a str ('stuck'), which a job's status never holds"),
+    "gpu": (["a100"], "'gpu' is a list (['a100']), which a job's status never holds"),
+    "tracking": (7, "'tracking' is an int (7), which a job's status never holds"),
+    "step": ("seven", "'step' is a str ('seven'), which a job's status never holds"),
+    # Any other field of the row, read as it is: checked against rows.JobRow, not one by one.
+    "world_size": ("two", "'world_size' is a str ('two'), not a whole number or null"),
+    "transitions": ([{"status": "running", "at": "noon", "cause": "x"}], "'transitions[0].at' is a str ('noon')"),
+    "started_at": ("noon", "'started_at' is a str ('noon'), not a number or null"),  # the list's order reads it
+    "loss": ("low", "'loss' is a str ('low'), not a number or null"),
+}
+
+
+@pytest.mark.slow  # a real job
+async def test_a_status_with_a_field_of_the_wrong_type_is_one_damaged_row_not_a_500(jp_fetch, home):
+    """#37 item 10: one status.json with a stall string, a gpu list, a tracking number or a step
+    that is not a number made GET /jobs a 500 for every job. That job is listed as damaged,
+    saying which field; the others as they are."""
+    import shutil
+
+    job = ne.launch(TRAIN, nnodes="1", name="sound", user_ns=ns(3))
+    assert job.wait(120) == "succeeded"
+    sound = job.backend.folder("sound").path
+    for key, (value, _said) in WRONG_TYPES.items():
+        bad = sound.parent / f"bad-{key.replace('_', '-')}"
+        shutil.copytree(sound, bad, ignore=shutil.ignore_patterns(".procs"))
+        status = json.loads((bad / "status.json").read_text())
+        (bad / "status.json").write_text(json.dumps({**status, key: value}))
+        (bad / "outcome.json").write_text("")  # the outcome would be read instead of status.json
+    bad_spec = sound.parent / "bad-spec"  # the row's backend comes from spec.json
+    shutil.copytree(sound, bad_spec, ignore=shutil.ignore_patterns(".procs"))
+    (bad_spec / "spec.json").write_text(json.dumps({**json.loads((sound / "spec.json").read_text()), "backend": 5}))
+    rows = {r["name"]: r for r in (await get_json(jp_fetch, "jobs"))["jobs"]}
+    assert (rows["bad-spec"]["status"], rows["bad-spec"]["backend"]) == ("damaged", "5")
+    assert rows["bad-spec"]["damaged"].startswith("'backend' is an int (5), not text in its records")
+    assert rows["sound"]["status"] == "succeeded" and rows["sound"]["step"] == 3 and rows["sound"]["damaged"] is None
+    for key, (_value, said) in WRONG_TYPES.items():
+        row = rows[f"bad-{key.replace('_', '-')}"]
+        assert row["status"] == "damaged" and row["step"] is None, row
+        assert row["damaged"].startswith(said) and row["damaged"].endswith(
+            f"in its records ({row['location']}); the row cannot show it until that is fixed"
+        ), row["damaged"]
+    assert {j.name for j in ne.jobs()} == set(rows)  # the listing's order reads started_at: it lists them all
+
+
+async def test_a_listing_past_its_deadline_answers_with_the_last_one_and_says_so(jp_fetch, home, monkeypatch):
+    """GET /jobs reads the job folders in a thread of its own and waits for it at most LIST_S:
+    a listing that takes longer (a slow disk, a reader that waits on a cluster) is answered with
+    the last listing, said beside it, and never holds the server. LIST_S = 0: every listing is
+    late."""
+    from notebook_elastic.server import routes
+
+    monkeypatch.setattr(routes, "LIST_S", 0.0)
+    damaged = home / "jobs" / "broken"
+    damaged.mkdir(parents=True)
+    (damaged / "spec.json").write_text("{not json")
+    first = await get_json(jp_fetch, "jobs")  # late: no rows yet, or those of a listing that just finished
+    assert first["errors"]["local"].startswith(f"reading the job folders in {home / 'jobs'} took over 0 s")
+    later = await poll_json(jp_fetch, lambda r: r["jobs"], "the late listing's rows", "jobs")
+    assert [j["name"] for j in later["jobs"]] == ["broken"]
+    assert re.fullmatch(
+        r"reading the job folders in .* took over 0 s; these rows are from \d\d:\d\d:\d\d", later["errors"]["local"]
+    )

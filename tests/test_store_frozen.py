@@ -286,6 +286,7 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
     def regrouped() -> bool:
         assert job.status not in ("failed", "succeeded", "stopped"), job.summary()
         replaced = [e for e in job.events if e.kind == Kind.RESTART and e.get("reason") == "store_replaced"]
+        replaced += [e for e in job.events if e.kind == Kind.IN_PLACE and e.get("reason") == "store"]
         latest = {e.node: e.get("round") for e in job.events if e.kind == Kind.RENDEZVOUS}
         return (
             bool(replaced)
@@ -293,7 +294,7 @@ def test_a_job_survives_its_store_pod_cut_off_by_a_partition(cluster):  # noqa: 
             and job.world_size == 2
             and job.status == "running"
             and (job.state.step or 0) > step + 5
-            and any(e.kind == Kind.RESUMED and e.get("step", -1) >= step for e in job.events)
+            and any(e.kind in (Kind.RESUMED, Kind.IN_PLACE) and e.get("step", -1) >= step for e in job.events)
         )
 
     wait_for(regrouped, "both agents re-formed their round on the replacement store", timeout=300, job=job)

@@ -5,6 +5,7 @@ parent terminates them, and a multiprocessing pool closes at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -114,3 +115,113 @@ def test_a_burst_of_sigterms_never_locks_the_agent_up(tmp_path):
         assert agent.wait(30) == 3
     finally:
         agent.kill()
+
+
+KEEPER = r"""
+import os, signal, sys, time
+from notebook_elastic.agent.notice_keeper import keep
+from notebook_elastic.runtime import term
+
+keep()  # the keeper stays in there; what goes on below is the node's agent
+
+def on_term(signum, frame):  # the agent acts on SIGTERM once the keeper let it go (term.py)
+    if term.marked(term.RELEASED):
+        print("released", time.time(), flush=True)
+        os._exit(0)
+
+signal.signal(signal.SIGTERM, on_term)
+print("agent", os.getpid(), flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _keeper(tmp_path, store):
+    """A node's keeper and its agent, as Slurm runs them, giving notice in a real TCPStore."""
+    from notebook_elastic.runtime import protocol
+
+    script = tmp_path / "keeper.py"
+    script.write_text(KEEPER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTEBOOK_ELASTIC_")}
+    env.update(
+        {
+            protocol.ENV_NOTICE_GRACE_S: "30",
+            protocol.ENV_NOTICE_STORE: f"127.0.0.1:{store.port}",
+            protocol.ENV_TERM_TO_ALL: "1",
+            protocol.ENV_NODE: "node-0",
+            "NOTEBOOK_ELASTIC_TEST_ID": os.environ.get("NOTEBOOK_ELASTIC_TEST_ID", ""),
+        }
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    first = proc.stdout.readline().split()
+    assert first[:1] == ["agent"], first
+    return proc, int(first[1])
+
+
+def _slurm_signals(keeper: int, agent: int, *signals: int) -> None:
+    """As slurmstepd signals a step: every process of it, one signal after the other, a few
+    milliseconds apart (signals sent closer are merged into one before Python's handler runs)."""
+    for sig in signals:
+        for pid in (keeper, agent):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # gone already (let go at the first SIGTERM)
+        time.sleep(0.005)
+
+
+def _posted(store, keeper, agent):
+    import json
+
+    from notebook_elastic.runtime.notice import NOTICE_KEY
+
+    deadline = time.monotonic() + 30
+    while not store.check([NOTICE_KEY]):
+        if keeper.poll() is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent, signal.SIGKILL)  # it holds the output pipe
+            raise AssertionError(f"the node left without waiting for its save: {keeper.communicate(timeout=30)[0]}")
+        assert time.monotonic() < deadline, "the keeper posted no notice"
+        time.sleep(0.02)
+    return json.loads(store.get(NOTICE_KEY))
+
+
+def test_slurms_burst_of_sigterms_at_a_time_limit_is_one_notice_and_the_save_happens_first(tmp_path):
+    """#37 item 6: at a --time limit Slurm 22.05 sends SIGTERM, SIGCONT, SIGTERM within a few
+    milliseconds; the keeper took the second SIGTERM as "stop waiting" and the node left without
+    its save. A burst is one notice: the agent is let go only once rank 0 answered. A SIGTERM
+    that comes later (a preemption's GraceTime is over) still ends the wait, and the node's
+    history says the work since the last checkpoint is redone."""
+    from torch.distributed import TCPStore
+
+    from notebook_elastic.runtime.notice import NoticeBoard
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    keeper, agent = _keeper(tmp_path, store)
+    try:
+        _slurm_signals(keeper.pid, agent, signal.SIGTERM, signal.SIGCONT, signal.SIGTERM)
+        notice = _posted(store, keeper, agent)
+        assert keeper.poll() is None  # still waiting for the save
+        answered = time.time()
+        NoticeBoard(f"127.0.0.1:{store.port}").answer(notice, step=40, seconds=0.2, saved=True)  # rank 0's answer
+        out, _ = keeper.communicate(timeout=30)
+        released = [float(line.split()[1]) for line in out.splitlines() if line.startswith("released")]
+        assert released and released[0] >= answered, out  # let go after the save, not at the burst
+        assert '"kind":"notice"' in out and "notice_expired" not in out, out
+        assert keeper.returncode == 0
+    finally:
+        keeper.kill()
+
+    keeper, agent = _keeper(tmp_path, store)
+    try:
+        _slurm_signals(keeper.pid, agent, signal.SIGTERM)
+        first = time.monotonic()
+        _posted(store, keeper, agent)
+        from notebook_elastic.agent.notice_keeper import BURST_S
+
+        time.sleep(max(0.0, first + BURST_S + 0.2 - time.monotonic()))  # past the burst
+        _slurm_signals(keeper.pid, agent, signal.SIGTERM)  # no save came: the wait ends now
+        out, _ = keeper.communicate(timeout=30)
+        assert "released" in out and "notice_expired" in out, out
+    finally:
+        keeper.kill()

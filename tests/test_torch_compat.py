@@ -22,6 +22,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from notebook_elastic.agent import torch_compat
 from notebook_elastic.contract.events import Event, Kind, describe
 from notebook_elastic.contract.job_state import JobState
+from notebook_elastic.runtime import protocol
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract
@@ -296,7 +297,7 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
         monkeypatch.setattr(torch_compat._round_rules, rule, value)
     assert torch_compat.close_rounds_at_target(poll_s=0.1)
     assert torch_compat.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
-    store.set(torch_compat.TARGET_KEY, "2")
+    store.set(protocol.TARGET_KEY, "2")
     host, port = "127.0.0.1", store.port
 
     def join(i: int, results: dict) -> None:
@@ -361,7 +362,7 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
         assert {n.pid for n in members} == {os.getpid(), peer.pid}
         peer.kill()
         peer.wait()
-        store.set(torch_compat.GONE_KEY, json.dumps({str(peer.pid): time.time()}))
+        store.set(protocol.GONE_KEY, json.dumps({str(peer.pid): time.time()}))
         # Well inside the heartbeat window (180 s; 15 s where torch fixes it): dropped by the
         # supervisor's word, not by its heartbeat's expiry.
         deadline = time.monotonic() + min(60, torch_compat.keep_alive_window_s(handler) / 2)

@@ -243,6 +243,7 @@ export interface IWorkerStartedEvent {
   pid: number;
   generation?: number | null;
   restart_count?: number;
+  in_place?: boolean;
 }
 
 export interface IWorkerFailedEvent {
@@ -309,6 +310,50 @@ export interface ILeftRendezvousEvent {
   pid?: number;
 }
 
+export interface IInPlaceEvent {
+  kind: 'in_place';
+  t: number;
+  node?: string | null;
+  world_size: number;
+  from_world_size: number;
+  step: number;
+  redone: number;
+  kept: number;
+  joined: number;
+  took_s: number;
+  round?: number;
+  source?: number;
+  reason?: string;
+  transfer_s?: number;
+  transfer_bytes?: number;
+}
+
+export interface IRegroupedEvent {
+  kind: 'regrouped';
+  t: number;
+  node?: string | null;
+  round: number;
+  group_rank: number;
+  group_world_size: number;
+  kept: number[];
+  reason: string;
+  took_s: number;
+}
+
+export interface IInPlaceRefusedEvent {
+  kind: 'in_place_refused';
+  t: number;
+  node?: string | null;
+  reason: string;
+}
+
+export interface ILeftAtBoundaryEvent {
+  kind: 'left_at_boundary';
+  t: number;
+  node?: string | null;
+  local_ranks: number[];
+}
+
 export interface IGroupSucceededEvent {
   kind: 'group_succeeded';
   t: number;
@@ -323,6 +368,8 @@ export interface IMetricEvent {
   step?: number | null;
   rank?: number;
   samples_per_step?: number;
+  blocked_s?: number;
+  loop_s?: number;
 }
 
 export interface IGpuEvent {
@@ -412,6 +459,7 @@ export interface ISavedOnNoticeEvent {
   notice_node?: string;
   saved?: boolean;
   error?: string;
+  in_place?: boolean;
 }
 
 export interface INoticeExpiredEvent {
@@ -479,6 +527,7 @@ export interface ITransition {
   cause: string;
   events?: string[];
   rooted?: boolean;
+  since?: number;
 }
 
 export interface ITracking {
@@ -518,6 +567,7 @@ export interface IJobRow {
   transitions: ITransition[];
   started_at: number | null;
   finished_at: number | null;
+  ran_s?: number | null;
   notebook: string | null;
   location: string | null;
 }
@@ -553,6 +603,10 @@ export type IEvent =
   | IPeerLostEvent
   | IStoreLostEvent
   | ILeftRendezvousEvent
+  | IInPlaceEvent
+  | IRegroupedEvent
+  | IInPlaceRefusedEvent
+  | ILeftAtBoundaryEvent
   | IGroupSucceededEvent
   | IMetricEvent
   | IGpuEvent

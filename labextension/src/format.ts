@@ -1,6 +1,10 @@
 /**
  * What the panel and the status bar say, as plain functions of the jobs the server lists: no
  * JupyterLab import, so the unit tests (test/) run them in a bare DOM.
+ *
+ * The numbers (durations, significant digits, rates, memory) follow the rules of the Python
+ * views (notebook_elastic/contract/words.py), implemented here once more: both test suites read
+ * one table of cases, tests/data/words.json (#39 item 4).
  */
 import type { IJob, ITracking, ITransition } from './request';
 
@@ -29,6 +33,19 @@ export function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/** A row of values separated by " · ", each value a nowrap cell: the row wraps between values,
+ * never inside one ("ran 1" / "min 44 s" at a normal width, #39 item 9). */
+export function cellsRow(cls: string, values: string[]): HTMLElement {
+  const row = el('div', { class: cls });
+  values.forEach((value, i) => {
+    if (i) {
+      row.appendChild(document.createTextNode(' · '));
+    }
+    row.appendChild(el('span', { class: 'ne-cell' }, value));
+  });
+  return row;
+}
+
 /** "2 elastic jobs · 1 restarting" */
 export function statusText(jobs: IJob[]): string {
   const live = jobs.filter(j => ['pending', 'running', 'restarting'].includes(j.status));
@@ -43,31 +60,105 @@ export function statusText(jobs: IJob[]): string {
   return text;
 }
 
-/** "0.21 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy": what GPU users read first. */
-export function speedText(job: IJob): string {
-  const perS = (v: number | null | undefined, unit: string): string => {
-    if (v === null || v === undefined || !isFinite(v)) {
-      return '';
+/** Rounded half up, as words.py's _half_up: the two languages round alike. */
+function halfUp(x: number): number {
+  return Math.floor(x + 0.5);
+}
+
+/** Every duration: "0.8s" under ten seconds, "42s", "3m 05s", "2h 10m"; a dash when unknown. */
+export function duration(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) {
+    return '–';
+  }
+  const s = Math.max(0, seconds);
+  const tenths = halfUp(s * 10);
+  if (tenths < 100) {
+    return `${Math.floor(tenths / 10)}.${tenths % 10}s`;
+  }
+  const whole = halfUp(s);
+  const two = (n: number): string => String(n).padStart(2, '0');
+  if (whole < 60) {
+    return `${whole}s`;
+  }
+  if (whole < 3600) {
+    return `${Math.floor(whole / 60)}m ${two(whole % 60)}s`;
+  }
+  return `${Math.floor(whole / 3600)}h ${two(Math.floor((whole % 3600) / 60))}m`;
+}
+
+/** A number to `digits` significant digits, trailing zeros dropped: Python's "%g" (words.sig). */
+export function sig(value: number, digits: number): string {
+  if (!Number.isFinite(value)) {
+    return Number.isNaN(value) ? 'nan' : value > 0 ? 'inf' : '-inf';
+  }
+  if (value === 0) {
+    return '0';
+  }
+  const [mantissa, exp] = value.toExponential(digits - 1).split('e');
+  const e = Number(exp);
+  const trim = (text: string): string => (text.includes('.') ? text.replace(/0+$/, '').replace(/\.$/, '') : text);
+  if (e < -4 || e >= digits) {
+    return `${trim(mantissa)}e${e < 0 ? '-' : '+'}${String(Math.abs(e)).padStart(2, '0')}`;
+  }
+  return trim(value.toFixed(Math.max(0, digits - 1 - e)));
+}
+
+/** "1.52k samples/s", "35 tokens/s" (words.rate). */
+export function rate(perS: number | null | undefined, unit: string): string {
+  if (perS === null || perS === undefined || !Number.isFinite(perS)) {
+    return '–';
+  }
+  for (const [scale, suffix] of [[1e9, 'G'], [1e6, 'M'], [1e3, 'k']] as [number, string][]) {
+    if (perS >= scale) {
+      return `${sig(perS / scale, 3)}${suffix} ${unit}/s`;
     }
-    for (const [scale, suffix] of [[1e9, 'G'], [1e6, 'M'], [1e3, 'k']] as [number, string][]) {
-      if (v >= scale) {
-        return `${(v / scale).toPrecision(3)}${suffix} ${unit}/s`;
-      }
-    }
-    return `${v.toPrecision(3)} ${unit}/s`;
+  }
+  return `${sig(perS, 3)} ${unit}/s`;
+}
+
+/** Bytes as people read GPU memory: "1.5 GiB", "300 MiB" (words.gib). */
+export function gib(n: number | null | undefined): string {
+  if (n === null || n === undefined || !Number.isFinite(n)) {
+    return '–';
+  }
+  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(1)} GiB` : `${(n / 2 ** 20).toFixed(0)} MiB`;
+}
+
+/** A status as a sentence says it: "has succeeded", "was stopped", "is running" (words.status_phrase). */
+export function statusPhrase(status: string): string {
+  const phrases: { [s: string]: string } = {
+    succeeded: 'has succeeded',
+    failed: 'has failed',
+    stopped: 'was stopped',
+    lost: 'is lost',
+    damaged: 'is damaged'
   };
+  return phrases[status] ?? `is ${status}`;
+}
+
+/** "0.204 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy": what GPU users read first,
+ * each value a piece of its own (the row wraps between them, never inside one). */
+export function speedParts(job: IJob): string[] {
   const parts: string[] = [];
   if (job.step_time_s) {
-    parts.push(`${job.step_time_s.toPrecision(3)} s/step`);
+    parts.push(`${sig(job.step_time_s, 3)} s/step`);
   }
-  parts.push(perS(job.samples_per_s, 'samples'), perS(job.tokens_per_s, 'tokens'));
+  for (const [v, unit] of [[job.samples_per_s, 'samples'], [job.tokens_per_s, 'tokens']] as [number | null | undefined, string][]) {
+    if (v !== null && v !== undefined && Number.isFinite(v)) {
+      parts.push(rate(v, unit));
+    }
+  }
   if (job.gpu_mem_peak_bytes) {
-    parts.push(`GPU peak ${(job.gpu_mem_peak_bytes / 2 ** 30).toFixed(1)} GiB`);
+    parts.push(`GPU peak ${gib(job.gpu_mem_peak_bytes)}`);
   }
   if (job.gpu_util_percent !== null && job.gpu_util_percent !== undefined) {
     parts.push(`${Math.round(job.gpu_util_percent)}% busy`);
   }
-  return parts.filter(Boolean).join(' · ');
+  return parts;
+}
+
+export function speedText(job: IJob): string {
+  return speedParts(job).join(' · ');
 }
 
 /** "MLflow run 3f2a · TensorBoard: tensorboard --logdir ...": a link to each run's page, else the
@@ -86,35 +177,15 @@ export function trackingRow(tracking: ITracking[]): HTMLElement | null {
         el('a', { class: 'ne-tracking-link', 'data-tracker': t.tracker, href: t.url, target: '_blank', rel: 'noopener noreferrer', title: t.url }, t.label)
       );
     } else if (t.command) {
-      const item = el('span', { class: 'ne-tracking-item', 'data-tracker': t.tracker, title: t.path ? `${t.label} in ${t.path}` : t.label }, `${t.label}: `);
-      item.appendChild(wrappable(el('code', { class: 'ne-tracking-command' }), t.command));
+      const item = el('span', { class: 'ne-tracking-item', 'data-tracker': t.tracker, title: t.command }, `${t.label}: `);
+      // One line, cut with an ellipsis in a narrow panel; the whole command selects at a click
+      // and is the item's title (Chromium breaks at a <wbr> even in a nowrap line: the command
+      // wrapped over four lines, and a card was 230 px, #39 item 9).
+      item.appendChild(el('code', { class: 'ne-tracking-command' }, t.command));
       row.appendChild(item);
     }
   });
   return row;
-}
-
-/**
- * A command or a path that a narrow panel breaks after a '/' or at a space, never inside a name
- * (at its hyphens): each name between slashes an unbreakable piece, each slash a place to break.
- */
-export function wrappable(into: HTMLElement, text: string): HTMLElement {
-  text.split(/(\s+)/).forEach(token => {
-    if (!token || /^\s+$/.test(token)) {
-      into.appendChild(document.createTextNode(token));
-      return;
-    }
-    token.split('/').forEach((seg, i) => {
-      if (i) {
-        into.appendChild(document.createTextNode('/'));
-        into.appendChild(document.createElement('wbr'));
-      }
-      if (seg) {
-        into.appendChild(el('span', { class: 'ne-path-seg' }, seg));
-      }
-    });
-  });
-  return into;
 }
 
 /** A small SVG line of the latest losses. */
@@ -148,17 +219,6 @@ export function sparkline(values: number[], width = 80, height = 18): SVGSVGElem
   return svg;
 }
 
-export function duration(seconds: number): string {
-  const s = Math.max(0, Math.round(seconds));
-  if (s < 60) {
-    return `${s} s`;
-  }
-  if (s < 3600) {
-    return `${Math.floor(s / 60)} min ${s % 60} s`;
-  }
-  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
-}
-
 export function ago(seconds: number | null, now: number = Date.now() / 1000): string {
   if (!seconds) {
     return '';
@@ -189,10 +249,13 @@ export function lastDisruption(history: ITransition[], finished = false): { text
   const start = history[i];
   const healed = history.slice(i + 1).find(t => t.status === 'running');
   const cause = start.cause.length > 120 ? start.cause.slice(0, 119) + '…' : start.cause;
+  // The outage counts from its cause (the drill, else the departure: the fold's `since`), as the
+  // dashboard's timeline counts "back at world size N after ..." (#39 item 4).
+  const since = start.since ?? start.at;
   // A finished job's restarts are its history, not its present: said as such, in calm colours.
-  const text = finished ? `last restart ${ago(start.at)}: ${cause}` : `restarting ${ago(start.at)}: ${cause}`;
+  const text = finished ? `last restart ${ago(since)}: ${cause}` : `restarting ${ago(since)}: ${cause}`;
   return {
-    text: healed ? `${text} · running again after ${(healed.at - start.at).toFixed(1)} s` : text,
+    text: healed ? `${text} · running again after ${duration(healed.at - since)}` : text,
     detail: (start.events || [start.cause]).join('\n')
   };
 }

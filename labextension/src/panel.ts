@@ -6,7 +6,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { FINAL, POLL_MS, ago, duration, el, lastDisruption, pollInterval, sparkline, speedText, trackingRow } from './format';
+import { FINAL, POLL_MS, ago, cellsRow, duration, el, lastDisruption, pollInterval, sig, sparkline, speedParts, trackingRow } from './format';
 import { IJob, IJobsReply, listJobs, stopJob } from './request';
 
 /** What a refresh found: the jobs, or why the server could not be asked. */
@@ -184,7 +184,7 @@ export class JobsPanel extends Widget {
         }
       });
       top.appendChild(link);
-      top.appendChild(el('span', { class: `ne-badge ne-status-${job.status}`, title: job.damaged || job.reason || '' }, job.status));
+      top.appendChild(el('span', { class: `ne-badge ne-status-${job.status}`, title: [job.damaged || job.reason, `${job.backend} backend`].filter(Boolean).join(' · ') }, job.status));
       const spacer = el('span', { class: 'ne-spacer' });
       top.appendChild(spacer);
       if (!FINAL.has(job.status)) {
@@ -204,26 +204,20 @@ export class JobsPanel extends Widget {
         job.step === null || job.step === undefined ? '' : `step ${job.step}${job.total_steps ? '/' + job.total_steps : ''}`
       ].filter(Boolean);
       // Each value on one line: the row wraps between values, never inside one ("step" / "48/100").
-      const statsRow = el('div', { class: 'ne-sub ne-stats' });
-      stats.forEach((value, i) => {
-        if (i) {
-          statsRow.appendChild(document.createTextNode(' · '));
-        }
-        statsRow.appendChild(el('span', { class: 'ne-cell' }, value));
-      });
-      card.appendChild(statsRow);
+      card.appendChild(cellsRow('ne-sub ne-stats', stats));
       const bottom = el('div', { class: 'ne-job-bottom' });
       bottom.appendChild(sparkline(job.loss_tail || [], 110, 18));
-      const loss = job.loss === null || job.loss === undefined ? '' : `loss ${job.loss.toPrecision(4)}`;
-      const when =
-        finished && job.finished_at && job.started_at
-          ? `ran ${duration(job.finished_at - job.started_at)}, ended ${ago(job.finished_at)}`
-          : `started ${ago(job.started_at)}`;
-      bottom.appendChild(el('span', { class: 'ne-sub ne-when' }, [loss, `${job.backend} · ${when}`].filter(Boolean).join(' · ')));
+      const loss = job.loss === null || job.loss === undefined ? '' : `loss ${sig(job.loss, 4)}`;
+      // How long it ran leaves out the time it sat stopped before a resume (JobState.ran_s).
+      const ran = job.ran_s ?? (job.finished_at && job.started_at ? job.finished_at - job.started_at : null);
+      const when = finished && job.finished_at ? [`ran ${duration(ran)}`, `ended ${ago(job.finished_at)}`] : [`started ${ago(job.started_at)}`];
+      // The backend only where it is not the local one: a word on every row of a short card.
+      const where = job.backend === 'local' ? '' : job.backend;
+      bottom.appendChild(cellsRow('ne-sub ne-when', [loss, where, ...when].filter(Boolean)));
       card.appendChild(bottom);
-      const speed = speedText(job);
-      if (speed && !FINAL.has(job.status)) {
-        card.appendChild(el('div', { class: 'ne-sub ne-speed' }, speed));
+      const speed = speedParts(job);
+      if (speed.length && !FINAL.has(job.status)) {
+        card.appendChild(cellsRow('ne-sub ne-speed', speed));
       }
       for (const alert of [job.waiting, job.stall, job.warning]) {
         if (alert && !FINAL.has(job.status)) {

@@ -1,10 +1,41 @@
 /**
  * The panel's and the status bar's words, from the jobs the server lists (src/format.ts).
  */
+import { readFileSync } from 'fs';
+import { resolve } from 'path';
 import { describe, expect, it } from 'vitest';
 
-import { ago, duration, lastDisruption, pollInterval, POLL_MS, sparkline, speedText, statusText, trackingRow, wrappable } from '../src/format';
+import { ago, cellsRow, duration, gib, lastDisruption, pollInterval, POLL_MS, rate, sig, sparkline, speedText, statusPhrase, statusText, trackingRow } from '../src/format';
 import type { IJob, ITransition } from '../src/request';
+
+// The numbers every view writes: the same table the Python views are tested with
+// (tests/test_words.py), so the panel and the dashboard cannot write one number two ways.
+type Case = (number | string | null)[];
+const TABLE = JSON.parse(readFileSync(resolve(__dirname, '../../tests/data/words.json'), 'utf-8')) as { [rule: string]: Case[] };
+const num = (v: number | string | null): number | null => (v === 'NaN' ? NaN : (v as number | null));
+
+describe('the shared table of numbers (tests/data/words.json)', () => {
+  it.each(TABLE.duration)('duration(%s) is %s', (seconds, said) => {
+    expect(duration(num(seconds))).toBe(said);
+  });
+  it.each(TABLE.sig)('sig(%s, %s) is %s', (value, digits, said) => {
+    expect(sig(value as number, digits as number)).toBe(said);
+  });
+  it.each(TABLE.rate)('rate(%s, %s) is %s', (perS, unit, said) => {
+    expect(rate(num(perS), unit as string)).toBe(said);
+  });
+  it.each(TABLE.gib)('gib(%s) is %s', (n, said) => {
+    expect(gib(num(n))).toBe(said);
+  });
+  it.each(TABLE.status_phrase)('statusPhrase(%s) is %s', (status, said) => {
+    expect(statusPhrase(status as string)).toBe(said);
+  });
+  it('has every rule and cases for each', () => {
+    for (const rule of ['duration', 'sig', 'rate', 'gib', 'status_phrase']) {
+      expect(TABLE[rule].length).toBeGreaterThan(3);
+    }
+  });
+});
 
 function job(overrides: Partial<IJob>): IJob {
   return { name: 'toy', backend: 'local', status: 'running', ...overrides } as IJob;
@@ -38,8 +69,13 @@ describe('lastDisruption', () => {
 
   it('says the latest restart and how long it took to heal', () => {
     const said = lastDisruption(history);
-    expect(said?.text).toMatch(/^restarting \d+[smh] ago: node-1 left \(preempted\) · running again after 1\.8 s$/);
+    expect(said?.text).toMatch(/^restarting \d+[smh] ago: node-1 left \(preempted\) · running again after 1\.8s$/);
     expect(said?.detail).toBe('node-1 left\npeer lost');
+  });
+
+  it('counts the outage from its cause (the fold\'s since), as the dashboard\'s timeline does', () => {
+    const drilled = [history[0], { ...history[1], at: 110.3, since: 110 }, history[2]] as ITransition[];
+    expect(lastDisruption(drilled)?.text).toMatch(/ · running again after 1\.8s$/);
   });
 
   it('calls a finished job\'s restart its history', () => {
@@ -52,10 +88,7 @@ describe('lastDisruption', () => {
 });
 
 describe('time words', () => {
-  it('says durations and ages as people do', () => {
-    expect(duration(42)).toBe('42 s');
-    expect(duration(125)).toBe('2 min 5 s');
-    expect(duration(7260)).toBe('2 h 1 min');
+  it('says ages as people do (durations: the shared table above)', () => {
     expect(ago(null)).toBe('');
     expect(ago(1000, 1008)).toBe('8s ago');
     expect(ago(1000, 1000 + 5 * 60)).toBe('5m ago');
@@ -65,18 +98,16 @@ describe('time words', () => {
 describe('speedText', () => {
   it('gives step time, throughput and GPU memory in short units', () => {
     const text = speedText(job({ step_time_s: 0.21, samples_per_s: 1520, gpu_mem_peak_bytes: 31.2 * 2 ** 30, gpu_util_percent: 87.4 }));
-    expect(text).toBe('0.210 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy');
+    expect(text).toBe('0.21 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy');
     expect(speedText(job({}))).toBe('');
   });
 });
 
-describe('wrappable', () => {
-  it('breaks a path after each slash, never inside a name', () => {
-    const node = wrappable(document.createElement('code'), 'tensorboard --logdir /home/a-b/jobs/my-job');
-    expect(node.textContent).toBe('tensorboard --logdir /home/a-b/jobs/my-job');
-    const pieces = Array.from(node.querySelectorAll('.ne-path-seg')).map(n => n.textContent);
-    expect(pieces).toEqual(['tensorboard', '--logdir', 'home', 'a-b', 'jobs', 'my-job']);
-    expect(node.querySelectorAll('wbr').length).toBe(4); // one after each of the 4 slashes
+describe('cellsRow', () => {
+  it('keeps each value on one line and puts the breaks between them', () => {
+    const row = cellsRow('ne-sub', ['ran 1m 44s', 'ended 3m ago']);
+    expect([...row.querySelectorAll('.ne-cell')].map(c => c.textContent)).toEqual(['ran 1m 44s', 'ended 3m ago']);
+    expect(row.textContent).toBe('ran 1m 44s · ended 3m ago');
   });
 });
 
@@ -91,6 +122,9 @@ describe('trackingRow', () => {
     expect(row?.querySelector('a')?.getAttribute('href')).toBe('https://mlflow.example/r/3f2a');
     expect(row?.querySelector('a')?.getAttribute('rel')).toBe('noopener noreferrer');
     expect(row?.querySelector('.ne-tracking-command')?.textContent).toBe('tensorboard --logdir /j/toy');
+    // One line (CSS: nowrap, an ellipsis): no break opportunity inside the command.
+    expect(row?.querySelectorAll('.ne-tracking-command wbr').length).toBe(0);
+    expect(row?.querySelector('.ne-tracking-item')?.getAttribute('title')).toBe('tensorboard --logdir /j/toy');
     expect(trackingRow([])).toBeNull();
   });
 });

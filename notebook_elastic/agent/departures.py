@@ -24,13 +24,41 @@ def node_name() -> str:
     return os.environ.get(protocol.ENV_NODE) or socket.gethostname()
 
 
+#: How often the watch looks at the round: where rounds are polled faster than torch's second
+#: (a local job: ``ENV_RDZV_POLL_S``), as often, at most ten times a second; on a cluster, where
+#: a thousand agents share the store, twice a second.
 WATCH_INTERVAL_S = 0.5
+
+
+def watch_interval_s() -> float:
+    try:
+        poll_s = float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0)
+    except ValueError:
+        poll_s = 0.0
+    return min(WATCH_INTERVAL_S, max(0.1, poll_s)) if poll_s > 0 else WATCH_INTERVAL_S
+
+
+def _marked_leaving(handler: Any, agent_pid: int) -> bool:
+    """Whether the agent ``agent_pid`` said it leaves on purpose (agent/inplace.py) before it
+    left the round."""
+    from .deadline import call_with_deadline
+
+    store = torch_compat.rendezvous_store(handler)
+    if store is None:
+        return False
+    try:
+        return bool(call_with_deadline(store.check, 5.0, [protocol.leaving_key(agent_pid)]))
+    except Exception:
+        _log.debug("could not read whether the member left on purpose: taken as lost", exc_info=True)
+        return False
 
 
 class DepartureWatch:
     """Ends this node's workers when a member of their rendezvous round disappears."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_place: Any = None) -> None:
+        # (local ranks) -> whether the workers stay in place (told to abort, the agent regroups)
+        self.in_place: Any = in_place
         self.agent: Any = None  # torchrun's LocalElasticAgent, once it starts workers
         self.handler: Any = None  # torch's rendezvous handler, once a round was joined
         self.round: int | None = None  # the round being watched (None once acted on)
@@ -49,8 +77,9 @@ class DepartureWatch:
             self.thread.start()
 
     def _run(self) -> None:
+        interval_s = watch_interval_s()  # now: a warm spare learns its environment after import
         while True:
-            time.sleep(WATCH_INTERVAL_S)
+            time.sleep(interval_s)
             try:
                 self._check()
             except Exception:
@@ -74,6 +103,11 @@ class DepartureWatch:
             if self.round != round_:
                 return
             self.round = None  # act once per round
+        if self.in_place is not None:
+            graceful = all(_marked_leaving(handler, node.pid) for node in gone)
+            if self.in_place(sorted(torch_compat.worker_pids_by_local_rank(agent)), round_, graceful):
+                return  # they stay: the agent regroups them in place at its next look
+        with self.lock:
             self.killed_round = round_
         pids = torch_compat.worker_pids(agent)
         emit(

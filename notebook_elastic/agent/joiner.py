@@ -87,7 +87,7 @@ class Joining:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def _key(self, handler: Any, name: str) -> str:
-        return f"notebook_elastic/{handler.get_run_id()}/joiners/{name}"
+        return protocol.joiner_key(handler.get_run_id(), name)
 
     # -- before the first join, and after every one ----------------------------------------
 

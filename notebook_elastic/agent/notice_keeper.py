@@ -32,6 +32,10 @@ _log = log.get("keeper")
 #: What the agent needs, after the keeper passes the SIGTERM on, to stop its workers and leave
 #: its round before the kubelet's SIGKILL.
 LEAVE_S = 3.0
+#: SIGTERMs this close after the first are the same notice: at a --time limit Slurm 22.05 sends
+#: SIGTERM, SIGCONT, SIGTERM within a few milliseconds (a preemption's second SIGTERM, the end
+#: of its GraceTime, comes seconds later).
+BURST_S = 1.0
 _U64 = struct.Struct("<Q")
 
 
@@ -90,9 +94,6 @@ def saved_after(store: StoreClient, notice: dict[str, Any]) -> bool:
     return False
 
 
-#: Where the supervisor asks a node's keeper to SIGKILL one of its workers (the kill-a-worker
-#: drill, for a node on another host than the supervisor's: Slurm): ``{"pid", "rank"}``.
-KILL_KEY = "notebook_elastic/kill/{node}"
 #: How often the keeper looks for such a request.
 KILL_POLL_S = 0.5
 
@@ -117,13 +118,15 @@ def descends_from(pid: int, ancestor: int, depth: int = 8) -> bool:
 class Keeper:
     def __init__(self, child: int, endpoint: str, grace_s: float, node: str) -> None:
         self.child, self.endpoint, self.grace_s, self.node = child, endpoint, grace_s, node
-        self.noticed = False
+        self.noticed: float | None = None  # when the first SIGTERM came (monotonic)
         self.notice: dict[str, Any] | None = None
+        self.saved = False  # rank 0 answered the notice
+        self.released = False  # the SIGTERM was passed on to the agent (once)
 
     def serve_drills(self) -> None:
         """From a thread, while the node lives: SIGKILL a worker of this node when the supervisor
         asks (the drill, as it does with a local pid), if it is one of this keeper's descendants."""
-        key = KILL_KEY.format(node=self.node)
+        key = protocol.KILL_KEY.format(node=self.node)
         store = None
         while True:
             time.sleep(KILL_POLL_S)
@@ -145,11 +148,18 @@ class Keeper:
                 store = None
 
     def on_term(self, signum: int, _frame: Any) -> None:
-        if self.noticed:  # a second SIGTERM: no more waiting
+        now = time.monotonic()
+        if self.noticed is None:
+            self.noticed = now
+            threading.Thread(target=self._notice_then_pass_on, daemon=True).start()
+        elif now - self.noticed < BURST_S:
+            _log.info("another SIGTERM %.3f s after the first: the same notice", now - self.noticed)
+        elif not self.released:  # a later SIGTERM (a preemption's GraceTime is over): no more waiting
+            self.released = True  # the waiting thread stops, saying nothing more
+            if not self.saved and self.notice is not None:
+                # The node goes without its save: the work since the last checkpoint is redone.
+                emit("notice_expired", node=self.node, grace_s=self.grace_s, id=self.notice["id"])
             self._pass_on(signum)
-            return
-        self.noticed = True
-        threading.Thread(target=self._notice_then_pass_on, daemon=True).start()
 
     def _pass_on(self, signum: int) -> None:
         if signum == signal.SIGTERM:
@@ -168,18 +178,22 @@ class Keeper:
             self.notice = notice = {"id": int(at * 1000) % 2**31, "node": self.node, "grace_s": self.grace_s, "at": at}
             store.set(NOTICE_KEY, json.dumps(notice))
             emit("notice", node=self.node, grace_s=self.grace_s, id=notice["id"])
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not self.released:
                 if saved_after(store, notice):
+                    self.saved = True
                     break
                 time.sleep(POLL_S)
             else:
-                emit("notice_expired", node=self.node, grace_s=self.grace_s, id=notice["id"])
+                if not self.released:
+                    emit("notice_expired", node=self.node, grace_s=self.grace_s, id=notice["id"])
         except Exception as exc:  # no store to post in: the node goes as it would have
             _log.warning("could not give notice: %s", exc)
         finally:
             if store is not None:
                 store.close()
-            self._pass_on(signal.SIGTERM)
+            if not self.released:
+                self.released = True
+                self._pass_on(signal.SIGTERM)
 
     def withdraw(self) -> None:
         """The agent is gone: take this node's notice down (a newer one, another node's, stays)."""
@@ -217,16 +231,22 @@ def keep() -> None:
         os.environ[protocol.ENV_NOTICE_DIR] = notice_dir
     sys.stdout.flush()
     sys.stderr.flush()
+    # A signal between the fork and the keeper's handlers would end the keeper as it ends any
+    # process (Slurm's SIGTERM to the whole step, at once): held until they are in place.
+    passed_on = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, *passed_on})
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
         return
     log.for_process("keeper")
     keeper = Keeper(child, endpoint, float(grace), os.environ.get(protocol.ENV_NODE) or socket.gethostname())
     signal.signal(signal.SIGTERM, keeper.on_term)
+    for other in passed_on:
+        signal.signal(other, lambda signum, _frame: keeper._pass_on(signum))
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)  # what came meanwhile is handled now
     if notice_dir is not None:  # Slurm: the supervisor may be on another host than these workers
         threading.Thread(target=keeper.serve_drills, name="drills", daemon=True).start()
-    for other in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(other, lambda signum, _frame: keeper._pass_on(signum))
     while True:
         try:
             _pid, status = os.waitpid(child, 0)

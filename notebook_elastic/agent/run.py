@@ -39,6 +39,7 @@ A thin wrapper around ``torch.distributed.run.main()`` that
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -52,11 +53,14 @@ from ..runtime.worker import set_parent_death_signal
 from . import notice_keeper, torch_compat
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
+from .inplace import InPlace
 from .joiner import Joining
 
 _log = log.get("agent")
 
 _watch = DepartureWatch()
+_inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0))
+_watch.in_place = _inplace.departure_seen
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
 
@@ -66,16 +70,23 @@ class _StoreReplaced:
 
     def __init__(self) -> None:
         self.round: int | None = None  # the round seeded in the new store, until regrouped
+        self.seeded: int | None = None  # the last seeded round a healthy group regrouped on
 
     def replaced(self, seeded_round: int) -> None:
         self.round = seeded_round
 
     def regroup_now(self) -> bool:
+        """A round on the new store, formed while the agent forms its group: told as a restart."""
         seeded, self.round = self.round, None
         if seeded is None:
             return False
         emit("restart", node=_node_name(), reason="store_replaced", round=seeded)
         return True
+
+    def pending(self) -> int | None:
+        """The round seeded in a new store, once: the healthy group regroups on it."""
+        seeded, self.round = self.round, None
+        return seeded
 
 
 _store = _StoreReplaced()
@@ -149,14 +160,41 @@ def _hook_agent() -> None:
     def before_stop(agent: Any) -> None:
         term.agent_stops_workers()  # these workers are stopped on purpose: they go at once
 
+    def regroup_now() -> str | None:
+        """Why a healthy group regroups now: its store was replaced, or a member of its round
+        went (seen by the watch, or sooner by a worker whose group broke)."""
+        seeded = _store.pending()
+        if seeded is not None:
+            _store.seeded = seeded
+            return "store"
+        return _inplace.regroup_now()
+
+    def restarting(why: str) -> None:
+        """The workers restart: why they could not stay (where they trained and said), and, for a
+        healthy group, the restart as torchrun's would be told ("failed": told already)."""
+        _inplace.explain_restart(int(os.environ.get(protocol.ENV_ROUND, -1)))
+        if why == "failed":
+            return
+        if why == "store":
+            emit("restart", node=_node_name(), reason="store_replaced", round=_store.seeded)
+        elif why in ("lost", "left"):
+            emit("restart", node=_node_name(), reason="departure", round=_watch.latest[0])
+        else:
+            emit("restart", node=_node_name(), reason="membership_change")
+
     torch_compat.hook_agent(
         before_start,
         _departure_or_eviction,
         on_departure,
-        _store.regroup_now,
+        regroup_now,
         _gives_up,
         after_start=after_start,
         before_stop=before_stop,
+        in_place=_inplace.restart,
+        restarting=restarting,
+        leave=lambda local_ranks: _inplace.leave(
+            local_ranks, _leave_rendezvous, torch_compat.rendezvous_store(_watch.handler) if _watch.handler else None
+        ),
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
@@ -170,6 +208,13 @@ def _hook_agent() -> None:
     torch_compat.hook_store_reconnect(
         lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
     )
+
+
+class _NotRestartingYet(logging.Filter):
+    """Drops torch's announcement of a membership restart (``regrouped`` or ``restart`` follows)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and "new nodes from group_rank" in record.msg)
 
 
 def _refuse_changed_files() -> None:
@@ -198,6 +243,8 @@ def _hook_rendezvous() -> None:
         _store.round = None  # a round formed on the store there is now: nothing to re-form
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
+        # Where this round's group forms (fresh workers, and kept ones told in place).
+        os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_compat.rendezvous_store(handler)))
         shown = rendezvous_members(members)
         emit(
             "rendezvous",
@@ -265,11 +312,10 @@ def _start_zygote() -> bool:
     (``pool``), else a zygote of the node's own."""
     from .. import pool
     from ..pool.warm import start_zygote
-    from ..pool.wire import ENV_ZYGOTE
 
     name = pool.in_use()
     if name:
-        os.environ[ENV_ZYGOTE] = name
+        os.environ[protocol.ENV_ZYGOTE] = name
         return True
     return start_zygote() is not None
 
@@ -361,6 +407,12 @@ def main(argv: list[str] | None = None) -> None:
         _log.warning("could not unpack the notebook's files: %s", exc)
     if os.environ.get(protocol.ENV_AGENTS_EVICT) == "1":
         _joining.start()
+    link_env = _inplace.start()  # the workers' link to this agent (in place)
+    os.environ.update(link_env)
+    if link_env:
+        # torch says "Detected N new nodes ...; will restart worker group" before it calls the
+        # restart that keeps the workers in place: the agent says what happened instead.
+        logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(_NotRestartingYet())
     _hook_rendezvous()
     _hook_agent()
     # Under a supervisor (local, Slurm), a round closes once it holds the job's nodes (the

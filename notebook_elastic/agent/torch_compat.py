@@ -40,6 +40,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..runtime import log as _logging
+from ..runtime.protocol import GONE_KEY, STORE_ID_KEY, TARGET_KEY
 from . import together
 from .deadline import StoreSilent, call_with_deadline
 
@@ -154,8 +155,11 @@ def missing() -> dict[str, str]:
     return {name: INTERNALS[name] for name, ok in present.items() if not ok}
 
 
-#: How long the probe's round may take to close at its target (torch alone: last call, 5 s).
-PROBE_CLOSE_S = 2.5
+#: How long the probe's round may take to close at its target; torch alone closes it at its last
+#: call (``PROBE_LAST_CALL_S``). Apart enough that a loaded machine (the probe runs at the lowest
+#: priority) is not taken for a torch that changed: at 2.5 s against 5 s it was, under load.
+PROBE_CLOSE_S = 6.0
+PROBE_LAST_CALL_S = 15
 
 
 def probe() -> dict[str, str]:
@@ -187,8 +191,8 @@ def probe() -> dict[str, str]:
         run_id="notebook-elastic-probe",
         min_nodes=1,
         max_nodes=2,
-        join_timeout=10,
-        last_call_timeout=5,
+        join_timeout=30,
+        last_call_timeout=PROBE_LAST_CALL_S,
     )
     inner: Any = None
     try:
@@ -337,8 +341,6 @@ def leave_instead_of_closing(always: bool = True) -> bool:
 # many closes at once, and nodes waiting in a round look again every ``poll_s``. Where the key
 # is absent (a cluster's store) rounds close as torch closes them.
 
-#: The number of nodes the job runs now, set in the rendezvous store by the local supervisor.
-TARGET_KEY = "notebook_elastic/target"
 _round_store = threading.local()
 
 
@@ -420,10 +422,6 @@ def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
         return action
 
     return join_op
-
-
-#: Agents that died on this machine, {pid: when}, set in the store by the local supervisor.
-GONE_KEY = "notebook_elastic/gone"
 
 
 def _gone_pids(store: Any, window_s: float) -> set[int]:
@@ -525,6 +523,9 @@ def handler_over(store: Any, params: Any) -> Any:
     else:
         torch_handler._state_holder, torch_handler._op_executor = holder, executor
     vars(torch_handler)["_get_store"] = types.MethodType(_store_of_round, torch_handler)  # this instance's
+    record = getattr(torch_handler, "_record", None)
+    if record is not None:
+        vars(torch_handler)["_record"] = _recording_only_when_heard(record)  # this instance's
     return _rendezvous_class()(torch_handler)
 
 
@@ -552,6 +553,27 @@ def join_and_beat_together() -> bool:
 #: on the same state (1,024 simulated nodes that did never closed a round).
 BACKOFF_S = 0.02
 BACKOFF_MAX_S = 0.5
+
+
+def _rdzv_events_heard() -> bool:
+    """Whether torch's rendezvous events go anywhere (a handler other than its default null one)."""
+    import logging
+
+    from torch.distributed.elastic.events import get_logging_handler
+
+    return not isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler)
+
+
+def _recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``_record`` of a rendezvous part, made only when its events are heard: it names
+    its event after its caller through ``inspect.stack()``, twice, before it looks whether any
+    handler listens (by default none does). That cost about 0.1 s per step of a round on 2
+    cores, most of a round's time (py-spy: 0.75 s of a 1.2 s regroup in place)."""
+
+    def _record(*args: Any, **kwargs: Any) -> Any:
+        return record(*args, **kwargs) if _rdzv_events_heard() else None
+
+    return _record
 
 
 def _holder_class() -> type:
@@ -596,6 +618,9 @@ def _holder_class() -> type:
                 _mark_gone_expired(self)
             return super()._sanitize()
 
+        def _record(self, *args: Any, **kwargs: Any) -> Any:
+            return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
+
     return NotebookStateHolder
 
 
@@ -619,6 +644,10 @@ def _executor_class() -> type:
         def __init__(self, node: Any, state_holder: Any, settings: Any) -> None:
             super().__init__(node, state_holder, settings)
             self._ne_taking = False  # inside a join or a leave that takes the others' in
+
+        def _record(self, *args: Any, **kwargs: Any) -> Any:
+            # torch names the event through inspect.stack() before it looks whether anyone hears.
+            return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
             # The store the operation syncs with: the one a round's target is read from.
@@ -805,7 +834,6 @@ def _store_of_round(torch_handler: Any) -> Any:
 # Where the store cannot be replaced (the local supervisor's own: it dies with its agents), only
 # the same store answering again is waited for; a store that went (a reset) ends the agent at once.
 
-STORE_ID_KEY = "notebook_elastic/store_id"  # set by our store server (store/run.py)
 #: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after
 #: this long, even on a loaded node, is a store that does not answer.
 STORE_CALL_TIMEOUT_S = 15.0
@@ -1114,6 +1142,13 @@ def worker_pids(agent: Any) -> list[int]:
     return list(context.pids().values()) if context is not None else []
 
 
+def worker_pids_by_local_rank(agent: Any) -> dict[int, int]:
+    """``{local rank: pid}`` of the agent's workers as torch started them (under the warm pool,
+    the launchers torchrun watches)."""
+    context = getattr(agent, "_pcontext", None)
+    return {int(r): int(p) for r, p in context.pids().items()} if context is not None else {}
+
+
 def restart_budget(agent: Any) -> tuple[int, int] | None:
     """``(restarts left, --max-restarts)`` of this agent, or None when this torch does not say."""
     left = getattr(agent, "_remaining_restarts", None)
@@ -1137,9 +1172,18 @@ class _AgentHooks:
         self.before_stop: Callable[[Any], None] = lambda agent: None
         self.departures: Callable[[Any], list[Any]] = lambda result: []
         self.on_departure: Callable[[list[Any]], None] = lambda failures: None
-        self.regroup_now: Callable[[], bool] = lambda: False
+        self.regroup_now: Callable[[], str | None] = lambda: None  # why a healthy group regroups now
         self.gives_up: Callable[[Any], bool] = lambda result: False
         self.on_regroup: Callable[[], object] | None = None  # None: a lost store is not regained
+        # In place (agent/inplace.py): (pids by local rank, the group, its rendezvous, why) ->
+        # whether the workers were regrouped without a restart; what a healthy group's restart
+        # tells when they were not (why); what a node told to go does before torch stops its
+        # workers (its local ranks).
+        self.in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] = lambda *a: False
+        self.restarting: Callable[[str], None] = lambda why: None
+        self.leave: Callable[[list[int]], None] = lambda local_ranks: None
+        self.why: str | None = None  # why the restart under way: "joined" (torch's own), "lost",
+        # "left", "store" (a healthy group regroups), "failed" (a departure broke the workers)
 
 
 _agent_hooks = _AgentHooks()
@@ -1166,11 +1210,29 @@ def _agent_subclass() -> type:
 
         def _shutdown(self, *args: Any, **kwargs: Any) -> Any:
             hooks.before_stop(self)
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+
+            if isinstance(sys.exc_info()[1], SignalException):  # this node goes: its workers leave in place
+                hooks.leave(sorted(worker_pids_by_local_rank(self)))
             return super()._shutdown(*args, **kwargs)
+
+        def _restart_workers(self, worker_group: Any) -> Any:
+            # A change of members: torchrun stops and starts every worker; ours keep their
+            # processes when they can (each worker said so), and only a new round is formed.
+            why, hooks.why = hooks.why or "joined", None  # torch's own call: new nodes wait
+            if why != "failed" and worker_group.state == WorkerState.HEALTHY:
+                pids = worker_pids_by_local_rank(self)
+                if hooks.in_place(pids, worker_group, lambda: self._rendezvous(worker_group), why):
+                    worker_group.state = WorkerState.HEALTHY
+                    return None
+            hooks.restarting(why)
+            return super()._restart_workers(worker_group)
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
-            if result.state == WorkerState.HEALTHY and hooks.regroup_now():
+            why = hooks.regroup_now() if result.state == WorkerState.HEALTHY else None
+            if why is not None:
+                hooks.why = why
                 self._restart_workers(worker_group)
                 return RunResult(state=WorkerState.HEALTHY)
             if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
@@ -1182,6 +1244,7 @@ def _agent_subclass() -> type:
             if not failures:
                 return result
             hooks.on_departure(failures)
+            hooks.why = "failed"  # its workers are gone already: restarted, as torchrun would
             self._restart_workers(worker_group)
             return RunResult(state=WorkerState.HEALTHY)
 
@@ -1205,20 +1268,26 @@ def hook_agent(
     before_start: Callable[[Any], None],
     departures: Callable[[Any], list[Any]],
     on_departure: Callable[[list[Any]], None],
-    regroup_now: Callable[[], bool] = lambda: False,
+    regroup_now: Callable[[], str | None] = lambda: None,
     gives_up: Callable[[Any], bool] = lambda result: False,
     after_start: Callable[[Any], None] = lambda agent: None,
     before_stop: Callable[[Any], None] = lambda agent: None,
+    in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] | None = None,
+    restarting: Callable[[str], None] | None = None,
+    leave: Callable[[list[int]], None] | None = None,
 ) -> bool:
     """torchrun's agent, as ``NotebookAgent``: ``before_start(agent)`` before every (re)start
     of its workers; a failed or unhealthy round whose ``departures(result)`` is not empty is
     regrouped as for a new node (``on_departure(failures)`` first) instead of being charged to
-    the budget; so is a healthy one when ``regroup_now()`` says so (its rendezvous store was
-    replaced); a failed one that ``gives_up(result)`` is not restarted at all: torchrun stops
+    the budget; so is a healthy one when ``regroup_now()`` says why (its rendezvous store was
+    replaced, a member left); a failed one that ``gives_up(result)`` is not restarted at all: torchrun stops
     its workers and ends as when its budget is spent (``ChildFailedError``).
     ``after_start(agent)`` runs once its workers are started (torch has set its signal handlers
     by then), and ``before_stop(agent)`` before it stops them (``_shutdown``: a restart, or its
-    end). torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
+    end). In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
+    by local rank, group, rendezvous, why)`` whether its workers were regrouped without one, and
+    tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
+    ranks)`` before torch stops its workers. torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
     module's name ``LocalElasticAgent``, with no option to name another class: that one name is
     bound to our subclass (the only name of torch's we rebind for the agent). False when this
     torch lacks what it takes (then the agent runs as torch's own)."""
@@ -1228,6 +1297,12 @@ def hook_agent(
     hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
     hooks.regroup_now, hooks.gives_up = regroup_now, gives_up
     hooks.after_start, hooks.before_stop = after_start, before_stop
+    if in_place is not None:
+        hooks.in_place = in_place
+    if restarting is not None:
+        hooks.restarting = restarting
+    if leave is not None:
+        hooks.leave = leave
     _use_our_agent()
     return True
 

@@ -9,6 +9,7 @@ can be inspected and tested without running anything.
 from __future__ import annotations
 
 import abc
+import math
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -60,7 +61,9 @@ def attention_order(jobs: list[JobInfo]) -> list[JobInfo]:
         status = info.status
         rank = ATTENTION_ORDER.index(status) if status in ATTENTION_ORDER else ATTENTION_ORDER.index("pending")
         started = info.summary.get("started_at") or info.created or 0.0
-        return rank, -float(started), info.name
+        if isinstance(started, bool) or not isinstance(started, (int, float)) or not math.isfinite(started):
+            started = 0.0  # a damaged status.json's: sorted last of its status, never the whole list's end
+        return rank, -float(started), str(info.name)
 
     return sorted(jobs, key=key)
 

@@ -33,6 +33,8 @@ __all__ = [
     "format_duration",
     "gib",
     "rate",
+    "sig",
+    "status_phrase",
     "steps_done",
 ]
 
@@ -222,5 +224,7 @@ from .words import (  # noqa: E402
     format_duration,
     gib,
     rate,
+    sig,
+    status_phrase,
     steps_done,
 )

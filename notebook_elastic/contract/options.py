@@ -65,7 +65,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "checkpoint_every",
         "State() saves every N steps (and the last); default: chosen so that saving blocks "
-        "at most a tenth of the training loop's time.",
+        "at most a tenth of the training loop's time over the run.",
         metavar="N",
     ),
     Option(
@@ -90,6 +90,13 @@ OPTIONS: tuple[Option, ...] = (
         "restart the worker group when no step came for this many seconds; a stall is "
         f"always told after {defaults.STALL_AFTER_S:g} s.",
         flag_name="--stall-timeout",
+    ),
+    Option(
+        "torchrun_restarts",
+        "restart every worker at every change of members, as torchrun does (default: when a node leaves "
+        "or joins, the surviving workers keep their processes and the group is rebuilt in place at a step "
+        "boundary).",
+        switch=True,
     ),
     Option("max_payload_bytes", "refuse payloads above this size, like 64MiB.", "64MiB", flag_name="--max-payload"),
     Option(

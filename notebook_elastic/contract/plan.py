@@ -209,6 +209,7 @@ def launch_plan(
         protocol.ENV_NOTICE_STORE: place.rdzv_endpoint,  # notices before a node goes (runtime/notice.py)
         protocol.ENV_COLLECTIVE_TIMEOUT_S: f"{float(spec.collective_timeout_s):g}",
         **({protocol.ENV_CHECKPOINT_EVERY: str(spec.checkpoint_every)} if spec.checkpoint_every else {}),
+        **({protocol.ENV_IN_PLACE: "0"} if spec.torchrun_restarts else {}),
         **FIXED_ENV,
         **place.env,
     }

@@ -146,6 +146,7 @@ class JobSpec:
     rdzv_conf: dict[str, str] = field(default_factory=dict)
     collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
     stall_timeout_s: float | None = None  # restart the group after a stall this long (None: only say so)
+    torchrun_restarts: bool = False  # every change of members restarts every worker (no in place)
     max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES
     track: str | None = None  # "mlflow", "wandb" or "none"; None: as their variables say (trackers.py)
     ship: tuple[str, ...] = ()
@@ -232,6 +233,7 @@ class JobSpec:
             max_payload_bytes=max_payload,
             ship=tuple(self.ship),
             checkpoint_every=every,
+            torchrun_restarts=bool(self.torchrun_restarts),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -1,7 +1,11 @@
 """The words of the event contract: one sentence per event kind (``describe``), the one place
 every view (timeline, text view, CLI, panel) takes them from, and the numbers they share
 (steps done, durations, sizes, rates). Each kind's sentence reads its data as its kind's
-class (``_DESCRIBE``), so the type checker and tests/test_contract.py check every key read."""
+class (``_DESCRIBE``), so the type checker and tests/test_contract.py check every key read.
+
+The numbers are written one way in every view (#39 item 4): the jobs panel is TypeScript, so
+``labextension/src/format.ts`` implements the same rules once more, and both test suites read
+one table of cases (``tests/data/words.json``: test_words.py here, format.test.ts there)."""
 
 from __future__ import annotations
 
@@ -23,9 +27,12 @@ from ..runtime.event_types import (
     FilesChanged,
     Gpu,
     GroupSucceeded,
+    InPlace,
+    InPlaceRefused,
     JobFinished,
     JobResumed,
     JobSubmitted,
+    LeftAtBoundary,
     LeftRendezvous,
     Log,
     Metric,
@@ -40,6 +47,7 @@ from ..runtime.event_types import (
     Plan,
     Queue,
     Recovering,
+    Regrouped,
     Rendezvous,
     Restart,
     Resumed,
@@ -79,16 +87,47 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
+def _half_up(x: float) -> int:
+    """Rounded half away from zero, as JavaScript's Math.round rounds a positive number (Python's
+    round() goes to the even neighbour): the panel's format.ts rounds the same way."""
+    return math.floor(x + 0.5)
+
+
 def format_duration(seconds: float | None) -> str:
-    """42s, 3m 05s, 2h 10m; a dash when unknown."""
+    """Every duration every view writes (#39 item 4): "0.8s" under ten seconds, "42s", "3m 05s",
+    "2h 10m"; a dash when unknown."""
     if seconds is None or not math.isfinite(seconds):
         return "–"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    seconds = max(0.0, float(seconds))
+    tenths = _half_up(seconds * 10)
+    if tenths < 100:
+        return f"{tenths // 10}.{tenths % 10}s"
+    whole = _half_up(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+def sig(value: float, digits: int) -> str:
+    """A number to ``digits`` significant digits, trailing zeros dropped (printf's %g): the loss
+    "0.1313", a step time "0.204"."""
+    return f"{value:.{digits}g}"
+
+
+STATUS_PHRASES = {
+    "succeeded": "has succeeded",
+    "failed": "has failed",
+    "stopped": "was stopped",
+    "lost": "is lost",
+    "damaged": "is damaged",
+}
+
+
+def status_phrase(status: str) -> str:
+    """A status as a sentence says it: "job 'long' has succeeded", "was stopped", "is running"."""
+    return STATUS_PHRASES.get(status, f"is {status}")
 
 
 def gib(n: Any) -> str:
@@ -104,8 +143,8 @@ def rate(per_s: float | None, unit: str) -> str:
         return "–"
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if per_s >= scale:
-            return f"{per_s / scale:.3g}{suffix} {unit}/s"
-    return f"{per_s:.3g} {unit}/s"
+            return f"{sig(per_s / scale, 3)}{suffix} {unit}/s"
+    return f"{sig(per_s, 3)} {unit}/s"
 
 
 def degraded_text(d: Degraded) -> str:
@@ -160,10 +199,13 @@ def _notice(node: str, d: Notice) -> str:
 
 
 def _saved_on_notice(_node: str, d: SavedOnNotice) -> str:
+    if d.get("in_place"):
+        who = f"{d['notice_node']} goes" if d.get("notice_node") else "a node goes"
+        return f"{who} at step {d.get('step')}: no save needed, the others keep training in place"
     if not d.get("saved", True):
         return f"could not save on notice at step {d.get('step')}: {d.get('error') or 'the write failed'}"
     who = f" ({d['notice_node']} goes)" if d.get("notice_node") else ""
-    return f"saved on notice at step {d.get('step')} in {d.get('seconds', 0):.1f} s{who}"
+    return f"saved on notice at step {d.get('step')} in {format_duration(d.get('seconds', 0))}{who}"
 
 
 def _notice_expired(node: str, d: NoticeExpired) -> str:
@@ -174,7 +216,7 @@ def _notice_expired(node: str, d: NoticeExpired) -> str:
         else "work since the last checkpoint is redone"
     )
     enough = (
-        f"a grace of about {d['needed_s']:.0f} s would have been enough"
+        f"a grace of about {d['needed_s']:.0f} s would have been enough"  # a setting to give: whole seconds
         if isinstance(d.get("needed_s"), (int, float))
         else "give a grace longer than a save and a step (--grace)"
     )
@@ -190,7 +232,7 @@ def _stall(_node: str, d: Stall) -> str:
     who = f"rank(s) {_ranks(stopped)} stopped" if stopped else "no rank is making progress"
     then = f"; restarting the group after {d.get('restart_after_s'):.0f} s" if d.get("restart_after_s") else ""
     return (
-        f"stalled at step {steps_done(d.get('step'))} for {d.get('for_s', 0):.0f} s: {who}"
+        f"stalled at step {steps_done(d.get('step'))} for {format_duration(d.get('for_s', 0))}: {who}"
         + (f", rank(s) {_ranks(waiting)} wait for them" if waiting else "")
         + then
     )
@@ -198,13 +240,13 @@ def _stall(_node: str, d: Stall) -> str:
 
 def _stall_cleared(_node: str, d: StallCleared) -> str:
     if d.get("restarted"):
-        return f"stalled {d.get('for_s', 0):.0f} s: the worker group was restarted (one restart)"
-    return f"training again after a {d.get('for_s', 0):.0f} s stall"
+        return f"stalled {format_duration(d.get('for_s', 0))}: the worker group was restarted (one restart)"
+    return f"training again after a {format_duration(d.get('for_s', 0))} stall"
 
 
 def _supervisor_frozen(_node: str, d: SupervisorFrozen) -> str:
     return (
-        f"the job's supervisor did not run for {d.get('for_s', 0):.0f} s (stopped, or the machine "
+        f"the job's supervisor did not run for {format_duration(d.get('for_s', 0))} (stopped, or the machine "
         "suspended): its processes trained on meanwhile, and progress is judged afresh from now"
     )
 
@@ -276,12 +318,54 @@ def _restart(node: str, d: Restart) -> str:
             "(not counted against the budget)"
         )
     if d.get("reason") == "membership_change":
-        return f"{node}: {d.get('new_nodes')} new node(s) waiting; restarting workers (not counted against the budget)"
+        waiting = f"{d['new_nodes']} new node(s)" if d.get("new_nodes") else "a new node"
+        return f"{node}: {waiting} waiting; restarting workers (not counted against the budget)"
     return f"{node}: worker group failed; restart {d.get('restarts_used')}/{d.get('max_restarts')}"
 
 
 def _worker_started(node: str, d: WorkerStarted) -> str:
+    if d.get("in_place"):
+        return (
+            f"rank {d.get('rank')} on {node} goes on in place (local rank {d.get('local_rank')}, world size "
+            f"{d.get('world_size')}, the same process {d.get('pid')})"
+        )
     return f"rank {d.get('rank')} started on {node} (local rank {d.get('local_rank')}, world size {d.get('world_size')}, pid {d.get('pid')})"
+
+
+_IN_PLACE_WHY = {
+    "left": "a node left",
+    "lost": "a node was lost",
+    "joined": "a node joined",
+    "store": "the rendezvous store was replaced",
+}
+
+
+def _in_place(_node: str, d: InPlace) -> str:
+    why = _IN_PLACE_WHY.get(str(d.get("reason") or ""), "the members changed")
+    redone = d.get("redone", 0)
+    joined = d.get("joined", 0)
+    took = d.get("took_s", 0.0)
+    return (
+        f"{why}: {d.get('from_world_size')} \u2192 {d.get('world_size')} ranks in place, training again from step "
+        f"{d.get('step')} after {took:.2f} s, {redone} step{'' if redone == 1 else 's'} redone"
+        + (f"; {joined} new rank{'' if joined == 1 else 's'} took the live values" if joined else "")
+    )
+
+
+def _regrouped(node: str, d: Regrouped) -> str:
+    kept = len(d.get("kept") or [])
+    return (
+        f"{node}: new round {d.get('round')} formed in {d.get('took_s', 0.0):.2f} s; its {kept} worker"
+        f"{'' if kept == 1 else 's'} kept their processes"
+    )
+
+
+def _in_place_refused(node: str, d: InPlaceRefused) -> str:
+    return f"{node}: its workers restart instead of staying in place: {d.get('reason')}"
+
+
+def _left_at_boundary(node: str, d: LeftAtBoundary) -> str:
+    return f"{node}: its workers left at a step boundary the group agreed on (no step lost)"
 
 
 def _worker_failed(node: str, d: WorkerFailed) -> str:
@@ -347,7 +431,10 @@ def _resumed(_node: str, d: Resumed) -> str:
 def _checkpoint(_node: str, d: Checkpoint) -> str:
     text = f"checkpoint at step {d.get('step')} ({d.get('bytes', 0) / 1e6:.1f} MB, {d.get('ms')} ms"
     if d.get("blocked_pct") is not None:
-        text += f"; saving every {d.get('every')} step(s) blocks {d.get('blocked_pct')} % of the loop"
+        text += (
+            f"; saving every {d.get('every')} step(s), commit() blocked {d.get('blocked_pct')} % of the loop "
+            "since the last one"
+        )
     return text + ")"
 
 
@@ -422,6 +509,10 @@ _DESCRIBE: dict[Kind, Callable[[str, Any], str]] = {
     Kind.WORKER_FINISHED: _worker_finished,
     Kind.AGENT_SIGNALED: _agent_signaled,
     Kind.LEFT_RENDEZVOUS: _left_rendezvous,
+    Kind.IN_PLACE: _in_place,
+    Kind.REGROUPED: _regrouped,
+    Kind.IN_PLACE_REFUSED: _in_place_refused,
+    Kind.LEFT_AT_BOUNDARY: _left_at_boundary,
     Kind.STORE_LOST: _store_lost,
     Kind.PEER_LOST: _peer_lost,
     Kind.GROUP_SUCCEEDED: _group_succeeded,

@@ -3,7 +3,11 @@
 JSON requests and replies over a TCP connection (loopback; every interface on Slurm)
 authenticated with the job's secret key (``multiprocessing.connection``'s HMAC handshake, run
 in each connection's own thread); the key lives in the job's ``supervisor.json``, readable only
-by its owner. One request, one reply, per connection.
+by its owner. One request, one reply, per connection. Every wait of either end has a
+deadline: the supervisor cuts off a peer that does not finish the handshake (``HANDSHAKE_S``),
+the kernel gives up on a supervisor that does not take its connection, finish the handshake
+(``CONNECT_S``) or reply (``timeout_s``) with ``NoAnswer``, so a frozen supervisor never holds a
+stop (``LocalBackend.cancel`` then ends the job's processes itself).
 """
 
 from __future__ import annotations
@@ -12,28 +16,105 @@ import json
 import os
 import socket
 import threading
-from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
 from ..errors import BackendError
 
+#: How long a kernel waits for the supervisor to take its connection and finish the handshake.
+#: A live supervisor does both in a thread of its own at once; one that is frozen (SIGSTOP, a
+#: suspended machine) or wedged does neither, and its kernel's TCP stack still accepts the
+#: connection into the backlog: without this deadline a stop waited forever (#37).
+CONNECT_S = 10.0
 
-def request(address: tuple[str, int], authkey: bytes, command: str, timeout_s: float = 60.0, **args: Any) -> Any:
+
+class NoAnswer(BackendError):
+    """The supervisor took no connection, or did not finish the handshake or answer in time:
+    frozen, wedged, or on a machine that does not answer. Its caller falls back to what it
+    can do without it (``LocalBackend.cancel``: end the job's processes from here)."""
+
+
+class _Watchdog:
+    """Shuts a socket once its deadline passes, so a read or write blocked on it returns
+    (EOFError/OSError); ``fired`` tells that from a peer that closed it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.fired = threading.Event()
+        self._timer: threading.Timer | None = None
+
+    def arm(self, seconds: float) -> None:
+        self.disarm()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self.fired.set()
+        _shut(self.sock)
+
+
+def request(
+    address: tuple[str, int],
+    authkey: bytes,
+    command: str,
+    timeout_s: float = 60.0,
+    *,
+    connect_s: float = CONNECT_S,
+    **args: Any,
+) -> Any:
+    """Send one command and return its result. Every step has a deadline: the connection and
+    the handshake ``connect_s``, the reply ``timeout_s``; past one, ``NoAnswer`` (a sentence
+    naming the supervisor's address and the step); a refusal is a ``BackendError``."""
+    where = f"{address[0]}:{address[1]}"
     try:
-        conn = Client(address, authkey=authkey)
-    except (ConnectionError, OSError) as exc:
-        raise BackendError(f"the job's supervisor at {address[0]}:{address[1]} does not answer ({exc})") from None
+        sock = socket.create_connection((address[0], int(address[1])), timeout=connect_s)
+    except OSError as exc:
+        raise NoAnswer(f"the job's supervisor at {where} does not answer ({exc})") from None
+    sock.settimeout(None)  # multiprocessing's Connection reads and writes a blocking descriptor
+    watchdog = _Watchdog(sock)
+    watchdog.arm(connect_s)
+    conn: Connection | None = None
+    step = "the handshake"
     try:
+        conn = Connection(os.dup(sock.fileno()))
+        answer_challenge(conn, authkey)
+        deliver_challenge(conn, authkey)
+        step = f"{command!r}"
         conn.send_bytes(json.dumps({"command": command, "args": args}).encode())
+        watchdog.arm(timeout_s + connect_s)  # the reply's read too, not only its first byte
         if not conn.poll(timeout_s):
-            raise BackendError(f"the job's supervisor did not answer {command!r} within {timeout_s:.0f} s")
+            raise NoAnswer(f"the job's supervisor at {where} did not answer {command!r} within {timeout_s:.0f} s")
         reply = json.loads(conn.recv_bytes())
+    except (AuthenticationError, AssertionError, ValueError):  # another program's port; garbage for a reply
+        raise BackendError(
+            f"the process at {where} is not this job's supervisor (it refused the job's key); "
+            "the job's supervisor.json may be stale"
+        ) from None
     except (EOFError, ConnectionError, OSError) as exc:
-        raise BackendError(f"the job's supervisor closed the connection during {command!r} ({exc})") from None
+        if watchdog.fired.is_set():
+            raise NoAnswer(
+                f"the job's supervisor at {where} did not answer within {connect_s:.0f} s during {step} "
+                "(is it stopped, suspended or hung?)"
+            ) from None
+        raise BackendError(f"the job's supervisor closed the connection during {step} ({exc})") from None
     finally:
-        conn.close()
+        watchdog.disarm()
+        if conn is not None:
+            conn.close()
+        sock.close()
+    if not isinstance(reply, dict):
+        raise BackendError(
+            f"the process at {where} is not this job's supervisor (it answered {command!r} with no record)"
+        )
     if not reply.get("ok"):
-        raise BackendError(reply.get("error") or f"{command} failed")
+        raise BackendError(str(reply.get("error") or f"{command} failed"))
     return reply.get("result")
 
 

@@ -22,22 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import signal
 import socket
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import Any, BinaryIO
 
 from ..errors import BackendError
-from ..pool import own_launcher
-from ..runtime import owned
-from ..runtime.procfs import stat_fields
-from ..runtime.protocol import ENV_JOB_DIR
+from .processes import pid_alive
 
 #: Modes of everything a job leaves on disk: private to its owner, whatever the umask.
 DIR_MODE = 0o700
@@ -164,9 +156,34 @@ def write_json_atomic(path: Path, data: Any, mode: int = FILE_MODE) -> None:
         raise
 
 
+def open_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; ValueError naming it when something
+    else is in its place (a folder; a FIFO, which would hold its reader forever)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once this way
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path.name} is not a file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def ask_slurm(job_id: str) -> str:
+    """Slurm's state of allocation ``job_id`` ("" when it does not answer), asked now."""
+    from ..backends.slurm.cluster import job_state
+
+    return job_state(job_id)[0]
+
+
 class JobFolder:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    """``slurm_state``: how a remote supervisor's allocation is looked up in Slurm (asked now by
+    default; the server's routes read a cache a thread keeps, so no request waits on Slurm)."""
+
+    def __init__(self, path: str | os.PathLike[str], slurm_state: Callable[[str], str] | None = None) -> None:
         self.path = Path(path)
+        self.slurm_state = slurm_state or ask_slurm
 
     @property
     def name(self) -> str:
@@ -233,8 +250,9 @@ class JobFolder:
 
     def read_json(self, path: Path) -> dict[str, Any]:
         """One of the folder's records: a JSON object, as ``write_json_atomic`` wrote it;
-        ValueError for anything else (a damaged or planted file: ``[]`` is JSON too)."""
-        with open(path) as f:
+        ValueError for anything else (a damaged or planted file: ``[]`` is JSON too, a FIFO
+        in its place would hold its reader forever)."""
+        with open_file(path) as f:
             record = json.load(f)
         if not isinstance(record, dict):
             raise ValueError(f"{path.name} holds a JSON {type(record).__name__}, not a record")
@@ -253,7 +271,7 @@ class JobFolder:
         """The outcome the supervisor wrote in place at its end (status, reason, the summary),
         or None while the job runs (the file holds only the spaces taken at start)."""
         try:
-            with open(self.outcome_file, "rb") as f:
+            with open_file(self.outcome_file) as f:
                 data = json.loads(f.read() or b"null")
         except (OSError, ValueError):
             return None
@@ -322,9 +340,9 @@ class JobFolder:
         if info.get("slurm_job") and info.get("host") not in (None, socket.gethostname()):
             # On another machine, in a Slurm allocation of its own: alive while Slurm holds it
             # (running, completing, suspended), and while Slurm does not answer.
-            from ..backends.slurm.cluster import NOT_ENDED, job_state
+            from ..backends.slurm.cluster import NOT_ENDED
 
-            state = job_state(str(info["slurm_job"]))[0]
+            state = self.slurm_state(str(info["slurm_job"]))
             return state == "" or (state in NOT_ENDED and state != "PENDING")
         return _alive(info)
 
@@ -345,174 +363,3 @@ def _alive(info: dict[str, Any]) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     return pid > 0 and pid_alive(pid, info.get("start_ticks"))
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (proc(5) field 22), as the records
-    hold it: it tells a reused pid from the original. Read from the stat line because psutil
-    gives it only as seconds since the epoch, through a boot time that a clock step moves."""
-    fields = stat_fields(pid)
-    return int(fields[19]) if fields is not None else None
-
-
-def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
-    """Whether process ``pid`` runs (a zombie has ended); with ``start_ticks``, whether it is
-    still the process that started then, not a later one given the same pid."""
-    try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True  # a /proc that hides other users' processes: it exists, which is all we learn
-    return start_ticks is None or process_start_ticks(pid) == start_ticks
-
-
-def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
-    """Pids of every live process started for this job, less this process: those whose
-    environment holds ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>`` (whatever was exec'd for it),
-    those named in its folder (the warm pool's forks and theirs: ``runtime/owned.py``), and
-    the descendants of both (a fork that could not name itself: a full disk, a fork made in C).
-    The process table is the ground truth for "no orphan left". Another user's processes (their
-    environment is not ours to read, their names not in our folder) are never the job's."""
-    job = os.fspath(job_dir)
-    me = {os.getpid(), own_launcher()}  # a supervisor forked by the warm pool: its launcher is itself
-    found = set(owned.registered(job)) - me
-    children: dict[int, list[int]] = {}
-    for proc in psutil.process_iter():  # environ() itself, not attrs=: as_dict() costs a quarter more
-        if proc.pid in me:
-            continue
-        try:
-            children.setdefault(proc.ppid(), []).append(proc.pid)
-            if proc.pid not in found and proc.environ().get(ENV_JOB_DIR) == job and pid_alive(proc.pid):
-                found.add(proc.pid)
-        except psutil.Error:  # gone, or another user's
-            continue
-    todo = list(found)
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found and child not in me and pid_alive(child):
-                found.add(child)
-                todo.append(child)
-    return sorted(found)
-
-
-def _is_the_jobs(proc: psutil.Process, job: str) -> bool:
-    """Whether ``proc`` is one of the job's: its environment says so, the job folder names it,
-    or one of its ancestors is the job's by either."""
-
-    def marked(p: psutil.Process) -> bool:
-        try:
-            if p.environ().get(ENV_JOB_DIR) == job:
-                return True
-        except psutil.Error:
-            pass
-        return owned.is_registered(job, p.pid)
-
-    if marked(proc):
-        return True
-    try:
-        return any(marked(parent) for parent in proc.parents())
-    except psutil.Error:
-        return False
-
-
-class _Held:
-    """One process, held so that a signal reaches it and never a later process given its pid:
-    by a pidfd (Linux 5.3+), else by psutil's handle, which checks the start time it saw first
-    (a pid freed and reused between that check and the signal is then the one gap left)."""
-
-    def __init__(self, proc: psutil.Process, pidfd: int | None) -> None:
-        self.proc = proc
-        self.pidfd = pidfd
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def running(self) -> bool:
-        """Whether it has not exited yet (a zombie has)."""
-        if self.pidfd is not None:
-            exited = select.poll()  # poll, not select: a kernel may hold fds past select's 1024
-            exited.register(self.pidfd, select.POLLIN)  # a pidfd reads ready once its process exits
-            return not exited.poll(0)
-        try:
-            return self.proc.is_running() and self.proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    def signal(self, sig: int) -> None:
-        try:
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, sig)
-            else:
-                self.proc.send_signal(sig)
-        except (OSError, psutil.Error):
-            pass  # it exited meanwhile
-
-    def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-def _hold(pid: int, job: str, which: Callable[[int], bool] | None) -> _Held | None:
-    """Process ``pid``, held, if it is one of the job's (and ``which`` accepts it). The handle
-    is taken before the check: it names one process for good, and a check made while that
-    process still runs read that process, not a newcomer with its pid."""
-    try:
-        proc = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return None
-    try:
-        pidfd: int | None = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    except OSError:  # no pidfds here (Linux < 5.3, a sandbox that forbids them): psutil's handle alone
-        pidfd = None
-    held = _Held(proc, pidfd)
-    ours = _is_the_jobs(proc, job) and (which is None or which(pid))
-    if ours and held.running():
-        return held
-    held.close()
-    return None
-
-
-def _held_of(job_dir: str | os.PathLike[str], which: Callable[[int], bool] | None = None) -> list[_Held]:
-    """The job's processes (those ``which`` accepts, when given), each held (``_hold``)."""
-    job = os.fspath(job_dir)
-    return [held for pid in processes_of(job) if (held := _hold(pid, job, which)) is not None]
-
-
-def signal_all(job_dir: str | os.PathLike[str], sig: int, which: Callable[[int], bool] | None = None) -> list[int]:
-    """Send ``sig`` to every process of the job (those ``which`` accepts, when given); the pids
-    signalled. Never to a process that got the pid of one of them meanwhile (``_hold``)."""
-    signalled = []
-    for held in _held_of(job_dir, which):
-        held.signal(sig)
-        held.close()
-        signalled.append(held.pid)
-    return signalled
-
-
-def kill_all(job_dir: str | os.PathLike[str], grace_s: float = 3.0) -> list[int]:
-    """SIGTERM every process of the job, then SIGKILL what is left after ``grace_s`` (and what
-    started meanwhile); the pids sent SIGTERM. Never signals a process that got the pid of one of
-    them meanwhile (``_hold``)."""
-    victims = _held_of(job_dir)
-    try:
-        for held in victims:
-            held.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(held.running() for held in victims):
-            time.sleep(0.05)
-        # Those still running, through the handles taken: one found as a descendant may have
-        # lost its parent meanwhile (reparented, it is no longer found by descent).
-        for held in victims:
-            if held.running():
-                held.signal(signal.SIGKILL)
-    finally:
-        for held in victims:
-            held.close()
-    signal_all(job_dir, signal.SIGKILL)  # and what started meanwhile
-    return [held.pid for held in victims]

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..contract.events import Event, Kind
-from ..errors import JobNotFound
-from .folder import JobFolder, write_json_atomic
+from ..contract.events import FINAL_STATUSES, Event, Kind
+from ..errors import BackendError, JobNotFound
+from .folder import JobFolder, open_file, write_json_atomic
 from .history import history_file, parse, read_all
 
 SUPERVISOR_START_TIMEOUT_S = 30.0
@@ -82,7 +82,14 @@ def _require(folder: JobFolder) -> None:
 def history(folder: JobFolder) -> Iterator[Event]:
     """The job's events so far (the compacted part, then the live file)."""
     _require(folder)
-    yield from read_all(folder.events_file)
+    try:
+        yield from read_all(folder.events_file)
+    except ValueError as exc:
+        raise _unreadable(folder, exc) from None
+
+
+def _unreadable(folder: JobFolder, exc: ValueError) -> BackendError:
+    return BackendError(f"job {folder.name!r} has no readable event history: {exc} (in {folder.path})")
 
 
 def follow(folder: JobFolder, stop: threading.Event) -> FollowedHistory:
@@ -102,7 +109,7 @@ def _read_on(folder: JobFolder, stop: threading.Event, caught_up: threading.Even
     _require(folder)
     finished = False  # a job_finished read; a job_resumed after it (resume()) goes on
     try:  # the compacted history first (it is replaced whole, never appended to)
-        with open(history_file(folder.events_file), "rb") as h:
+        with open_file(history_file(folder.events_file)) as h:
             for line in h:
                 event = parse(line)
                 if event is not None:
@@ -110,10 +117,15 @@ def _read_on(folder: JobFolder, stop: threading.Event, caught_up: threading.Even
                     finished = event.kind == Kind.JOB_FINISHED or (finished and event.kind != Kind.JOB_RESUMED)
     except FileNotFoundError:
         pass
+    except ValueError as exc:  # a FIFO or a folder in its place would hold this follower forever
+        raise _unreadable(folder, exc) from None
     buffer = b""
     idle_checks = 0
     gone_since: float | None = None
-    f = open(folder.events_file, "rb")
+    try:
+        f = open_file(folder.events_file)
+    except ValueError as exc:
+        raise _unreadable(folder, exc) from None
     try:
         while not stop.is_set():
             chunk = f.read(1 << 20)
@@ -135,7 +147,10 @@ def _read_on(folder: JobFolder, stop: threading.Event, caught_up: threading.Even
                 continue
             if _rotated(folder.events_file, f):
                 f.close()  # read to its end: the rest is in the new file
-                f, buffer = open(folder.events_file, "rb"), b""
+                try:
+                    f, buffer = open_file(folder.events_file), b""
+                except ValueError as exc:
+                    raise _unreadable(folder, exc) from None
                 continue
             # At the end of the live file: everything written before the follower came is
             # yielded, and (a generator runs on only when asked) taken by its consumer.
@@ -157,6 +172,8 @@ def _read_on(folder: JobFolder, stop: threading.Event, caught_up: threading.Even
                     f.seek(-1, os.SEEK_CUR)
                     continue
                 outcome = folder.outcome()
+                if outcome is None and (folder.status() or {}).get("status") in FINAL_STATUSES:
+                    outcome = folder.status()  # its end, where a listing reads it (a stop written from a kernel)
                 if outcome is not None:  # its last event found no room; its outcome did
                     said = {k: outcome[k] for k in ("status", "reason", "orphans_killed") if outcome.get(k) is not None}
                     yield Event(Kind.JOB_FINISHED, outcome.get("finished_at") or time.time(), None, said)

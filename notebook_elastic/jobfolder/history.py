@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..contract.events import Event, Kind
+from .folder import open_file  # a FIFO in a file's place: ValueError, not a reader held forever
 
 #: events.jsonl is rotated past this size (a 600-step job writes ~100 KB; 100k metric points ~12 MiB).
 ROTATE_BYTES = 16 * 1024 * 1024
@@ -40,7 +41,7 @@ def read_all(events_file: Path) -> Iterator[Event]:
     """Every event of the job, oldest first: the compacted history, then the current file."""
     for path in (history_file(events_file), events_file):
         try:
-            with open(path, "rb") as f:
+            with open_file(path) as f:
                 for line in f:
                     event = parse(line)
                     if event is not None:

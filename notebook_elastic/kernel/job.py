@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..contract.events import Event, Kind, Status
+from ..contract.events import Event, Kind, Status, status_phrase
 from ..contract.job_state import JobState, Metrics, summary_text
 from ..contract.spec import JobSpec, check_scale
 from ..errors import BackendError, SpecError
@@ -26,6 +27,34 @@ if TYPE_CHECKING:
 Callback = Callable[["Event", "ElasticJob"], None]
 #: How long attach and resume() wait for the replay of the job's history (it reads a file).
 REPLAY_TIMEOUT_S = 30.0
+#: How often a handle of an ended job looks whether it was resumed elsewhere (the CLI, the jobs
+#: panel, another kernel): a read of its listing (status.json for a local job).
+RESUME_WATCH_S = 2.0
+
+
+def _watch_for_a_resume(handle: weakref.ReferenceType[ElasticJob], stop: threading.Event, seen: int) -> None:
+    """Until the handle is gone or told to stop following: once the backend lists more resumed
+    runs than the handle folded (``seen``), the handle follows the resumed run (#39 item 3: a
+    dashboard said "stopped 889/3000" after a resume from the CLI had run the job to its end)."""
+    while not stop.wait(RESUME_WATCH_S):
+        job = handle()
+        if job is None:
+            return
+        try:
+            info = job.backend.describe(job.name)
+        except Exception:  # the backend cannot be asked now: ask again later
+            continue
+        recorded = int(((info.summary if info is not None else None) or {}).get("resumes") or 0)
+        if recorded > seen:
+            # resume() here holds the lock while it resumes and follows itself: nothing to do then.
+            if job._refollowing.acquire(blocking=False):
+                try:
+                    if not stop.is_set():
+                        job._refollow(info)
+                finally:
+                    job._refollowing.release()
+            return
+        del job  # no strong reference while waiting
 
 
 class ElasticJob:
@@ -52,6 +81,7 @@ class ElasticJob:
         # The job_resumed events its backend has recorded (status.json's count, at attach or
         # resume()): until the replay has folded that many, the outcomes it passes are history.
         self._resumes_recorded = 0
+        self._refollowing = threading.Lock()  # held while the handle turns to a resumed run
         self._prepared = dryrun is not None
         if dryrun is None:
             self._state.status = "pending"
@@ -149,6 +179,14 @@ class ElasticJob:
             with self._lock:
                 if state.finished and self._state is state:
                     self._finished.set()
+                    # Files say when a local or Slurm job is resumed elsewhere; a cluster is not polled.
+                    if not self._stop_following.is_set() and getattr(self.backend, "name", "") in ("local", "slurm"):
+                        threading.Thread(
+                            target=_watch_for_a_resume,
+                            args=(weakref.ref(self), self._stop_following, state.resumes),
+                            name=f"elastic-resume-watch-{self.name}",
+                            daemon=True,
+                        ).start()
 
     def follow_output(self, node: str | None) -> None:
         """Stream ``node``'s output live (None: back to the default). A Kubernetes job's
@@ -306,7 +344,7 @@ class ElasticJob:
         if self._prepared:
             raise BackendError(f"job {self.name!r} is prepared but not started; call .start() before {what}")
         if self.finished:
-            raise BackendError(f"job {self.name!r} has {self.status}; it cannot {what}")
+            raise BackendError(f"job {self.name!r} {status_phrase(self.status)}; it cannot {what}")
 
     def scale(self, nodes: int) -> dict[str, Any]:
         """Run on ``nodes`` nodes (within the range). Scaling up costs no restart; scaling
@@ -372,10 +410,17 @@ class ElasticJob:
         with the same spec: the step counter and the data cursor carry on, the history stays
         (a "resumed" marker on the chart), and the restart budget starts again. Returns once
         the job's state shows the resumed run (not the outcome it continues from)."""
-        self.backend.resume(self.name)  # returns once job_resumed is written and counted
-        self._prepared = False
+        with self._refollowing:
+            self.backend.resume(self.name)  # returns once job_resumed is written and counted
+            self._prepared = False
+            self._refollow(self.backend.describe(self.name))
+        return self
+
+    def _refollow(self, info: JobInfo | None) -> None:
+        """Follow the job's resumed run (resumed here, or elsewhere: ``_watch_for_a_resume``):
+        a new state replayed from the first event, the same callbacks (a dashboard follows)."""
         self._stop_following.set()
-        if self._follower is not None:
+        if self._follower is not None and self._follower is not threading.current_thread():
             self._follower.join(timeout=5)
         with self._lock:
             # Replayed from the first event: the history, then the resumed run, live.
@@ -388,14 +433,13 @@ class ElasticJob:
         self._stop_following = threading.Event()
         self._follower = None
         self._stream = None  # the old stream's caught_up says nothing of the new one
-        self._expect_resumes(self.backend.describe(self.name))
+        self._expect_resumes(info)
         self._follow()
         assert self._follower is not None  # _follow() just started one
         deadline = time.monotonic() + REPLAY_TIMEOUT_S  # the replay up to it reads a file
         while not self._replayed() and self._follower.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
         self._await_history(max(0.0, deadline - time.monotonic()))
-        return self
 
     # -- display -------------------------------------------------------------------------
 

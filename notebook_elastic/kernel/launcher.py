@@ -10,10 +10,10 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
-from ..backends import get_backend
+from ..backends import FOLDER_BACKENDS, backend_of, get_backend
 from ..backends.base import Backend, JobInfo, attention_order
 from ..contract import options
-from ..contract.events import steps_done
+from ..contract.events import sig, steps_done
 from ..contract.spec import JobSpec, new_name, parse_nnodes
 from ..errors import BackendError, JobNotFound, PackagingError, SpecError
 from ..packaging import Bundle, NotebookContext, package_cell, package_function
@@ -53,6 +53,7 @@ def build_spec(
         rdzv_conf=given.get("rdzv_conf") or {},
         collective_timeout_s=given["collective_timeout_s"],
         stall_timeout_s=given.get("stall_timeout_s"),
+        torchrun_restarts=bool(given.get("torchrun_restarts")),
         max_payload_bytes=given["max_payload_bytes"],
         track=given.get("track"),
         ship=tuple(given.get("ship") or ()),
@@ -80,8 +81,13 @@ def spec_from_options(
 
 
 def bundle_for(
-    code_or_function: str | Callable[[], Any], spec: JobSpec, ctx: NotebookContext, script_name: str = "script.py"
+    code_or_function: str | Callable[[], Any],
+    spec: JobSpec,
+    ctx: NotebookContext,
+    script_name: str = "script.py",
+    first_line: int = 1,
 ) -> Bundle:
+    """``first_line``: the editor's number of the code's first line (2 under ``%%elastic_train``)."""
     options: dict[str, Any] = {
         "name": spec.name,
         "ship": spec.ship,
@@ -98,7 +104,7 @@ def bundle_for(
         options["ship_local_modules"] = True
         options["pod_workdir"] = pod_workdir((spec.backend_options.get("kubernetes") or {}).get("image"))
     if isinstance(code_or_function, str):
-        bundle = package_cell(code_or_function, ctx, **options)
+        bundle = package_cell(code_or_function, ctx, first_line=first_line, **options)
     else:
         bundle = package_function(code_or_function, ctx, **options)
     if spec.backend == "kubernetes":
@@ -129,7 +135,10 @@ def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = No
     succeeded is kept in the history and the job starts anew. Returns one sentence saying
     what happened to the earlier run (None when there was none)."""
     runner = job.backend
-    info = runner.describe(job.name) if runner.name == "local" else None  # the backend that resumes
+    # The earlier run, where a folder keeps it (local, Slurm), when it ran where this one runs.
+    info = runner.describe(job.name) if runner.name in FOLDER_BACKENDS else None
+    if info is not None and info.backend != runner.name:
+        info = None  # another backend's job of that name: started anew, the earlier run kept in the history
     status = info.status if info is not None else None
     if resume and status not in RESUMABLE:
         raise BackendError(
@@ -293,7 +302,7 @@ class JobList(list[JobInfo]):
                     f"{s.get('nodes_running', 0)} ({s.get('min_nodes', '?')}:{s.get('max_nodes', '?')})",
                     f"{s.get('restarts', 0)}/{s.get('max_restarts', '?')}",
                     step,
-                    "" if loss is None else f"{loss:.4g}",
+                    "" if loss is None else sig(loss, 4),
                     os.path.basename(j.notebook or ""),
                 )
             )
@@ -312,16 +321,17 @@ def jobs(backend: str | None = None, **options: Any) -> JobList:
     return JobList(attention_order(found))
 
 
-def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
+def attach(name: str, backend: str | None = None, **options: Any) -> ElasticJob:
     """Re-open a job by name: replays its history, then follows it live. Returns once the
-    history recorded so far is folded, so the handle shows the job as it is now."""
-    runner = _backends(backend, **options)[0]
+    history recorded so far is folded, so the handle shows the job as it is now. A local or
+    Slurm job is found by its folder (``backend`` is needed only for Kubernetes)."""
+    runner = backend_of(name, backend, **options)
     info: JobInfo | None = runner.describe(name)
     if info is None:
-        raise JobNotFound(f"no {backend} job named {name!r}; %elastic_jobs lists the jobs there are")
+        raise JobNotFound(f"no {runner.name} job named {name!r}; %elastic_jobs lists the jobs there are")
     spec = None
     try:
-        if backend == "local":
+        if runner.name in FOLDER_BACKENDS:
             spec = JobSpec.from_json(cast("LocalBackend", runner).folder(name).spec())
         else:
             summary = info.summary
@@ -329,7 +339,7 @@ def attach(name: str, backend: str = "local", **options: Any) -> ElasticJob:
             spec = JobSpec.from_json(
                 {
                     "name": name,
-                    "backend": backend,
+                    "backend": runner.name,
                     "nnodes": [summary.get("min_nodes", 1), summary.get("max_nodes", 1)],
                     **known,
                 }

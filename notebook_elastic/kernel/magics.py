@@ -102,6 +102,8 @@ def job_variable(namespace: dict[str, Any], name: str) -> str | None:
 
 
 _UNBOUND = object()
+#: The editor's number of the body's first line: the %%elastic_train line is line 1 (#39 item 6).
+CELL_FIRST_LINE = 2
 
 
 def _names(line: str, magic: str) -> list[str]:
@@ -149,7 +151,7 @@ class ElasticMagics(Magics):
                 raise UsageError(f"--export {args.export!r} must name a .py file, like train.py")
             if not os.path.isdir(os.path.dirname(path)):
                 raise UsageError(f"--export {args.export!r}: the folder {os.path.dirname(path)} does not exist")
-            bundle = bundle_for(cell, spec, ctx, script_name=os.path.basename(path))
+            bundle = bundle_for(cell, spec, ctx, script_name=os.path.basename(path), first_line=CELL_FIRST_LINE)
             script, payload = bundle.write(path)
             print(bundle.manifest.format())
             print(f"\nwrote {script}" + (f" and {payload}" if payload else ""))
@@ -158,7 +160,7 @@ class ElasticMagics(Magics):
         from .job import ElasticJob
 
         try:
-            bundle = bundle_for(cell, spec, ctx)
+            bundle = bundle_for(cell, spec, ctx, first_line=CELL_FIRST_LINE)
             runner = backend_for(spec)
             dryrun = runner.submit_dryrun(spec, bundle)
         except KeyboardInterrupt:
@@ -221,7 +223,7 @@ class ElasticMagics(Magics):
         parts = _names(line, "elastic_attach")
         assert self.shell is not None  # IPython runs a magic on the instance it registered, with itself
         var = job_variable(self.shell.user_ns, parts[0])
-        job = attach(parts[0], *(parts[1:2] or ["local"]))
+        job = attach(parts[0], *parts[1:2])
         if var:
             self.shell.user_ns[var] = job
         return job
@@ -244,12 +246,30 @@ class ElasticMagics(Magics):
     def elastic_stop(self, line: str) -> None:
         """%elastic_stop NAME [BACKEND]: stop a job and every process or pod it started."""
         parts = _names(line, "elastic_stop")
-        from ..backends import get_backend
+        from ..backends import backend_of
 
-        runner = get_backend(parts[1] if len(parts) > 1 else "local")
+        runner = backend_of(parts[0], parts[1] if len(parts) > 1 else None)
         runner.cancel(parts[0])
         info = runner.describe(parts[0])
         print(f"{parts[0]}: {info.status if info else 'gone'}")
+
+
+def help_in_an_empty_cell(lines: list[str]) -> list[str]:
+    """``%%elastic_train --help`` alone in a cell, as the README writes it (#39 item 7): IPython
+    refuses a cell magic whose body is empty before the magic runs ("the cell body is empty"),
+    so the cell gets a comment for a body; the magic prints its help and runs nothing."""
+    if not lines or not any(line.strip() for line in lines[:1]) or any(line.strip() for line in lines[1:]):
+        return lines
+    first = lines[0].strip()
+    if not first.startswith("%%elastic_train"):
+        return lines
+    try:
+        flags = shlex.split(first[len("%%elastic_train") :])
+    except ValueError:
+        return lines
+    if "--help" in flags or "-h" in flags:
+        return [lines[0].rstrip("\n") + "\n", "# (the help is all this cell asks for)\n"]
+    return lines
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -259,6 +279,8 @@ def load_ipython_extension(ipython: Any) -> None:
     log.in_kernel()  # NOTEBOOK_ELASTIC_LOG=debug: the kernel's own lines on its stderr (the server's log)
 
     ipython.register_magics(ElasticMagics)
+    if help_in_an_empty_cell not in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.append(help_in_an_empty_cell)
     register_display(ipython)
     import notebook_elastic.runtime as runtime
 
@@ -275,4 +297,5 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    pass
+    if help_in_an_empty_cell in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(help_in_an_empty_cell)

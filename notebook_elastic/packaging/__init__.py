@@ -188,13 +188,18 @@ def package_cell(
     script_name: str = "script.py",
     ship_local_modules: bool = False,
     pod_workdir: str | None = None,
+    first_line: int = 1,
 ) -> Bundle:
     """Package ``cell`` with what it needs from the notebook ``ctx``. Launches nothing.
 
     ``ship_local_modules``: carry the notebook folder's own modules the code imports (for
     workers that never saw the folder). ``pod_workdir``: where relative paths land on such
-    workers; each relative write the code makes is named in a warning."""
-    collector = Collector(ctx, ship=ship, extra_import_paths=extra_import_paths, check_imports=check_imports)
+    workers; each relative write the code makes is named in a warning. ``first_line``: the
+    line the editor numbers the code's first line (2 in a cell under ``%%elastic_train``): the
+    lines messages name are the editor's."""
+    collector = Collector(
+        ctx, ship=ship, extra_import_paths=extra_import_paths, check_imports=check_imports, first_line=first_line
+    )
     collection = collector.collect(cell)
     _check_size(collection, max_payload_bytes)
     shipped = [i for i in collection.items.values() if i.kind in ("value", "function-by-value")]
@@ -240,7 +245,7 @@ def package_cell(
             collection.items[f"file:{path}"] = Shipped(
                 path, "file", origin="notebook folder", size=len(data), order=(-1, 1), note="read by a relative name"
             )
-    launch_warnings = _relative_write_warnings(collection, pod_workdir) if pod_workdir else []
+    launch_warnings = _relative_write_warnings(collection, pod_workdir, first_line) if pod_workdir else []
     collection.warnings.extend(launch_warnings)
     manifest = Manifest(
         name=name,
@@ -271,9 +276,9 @@ def _modules_used(collection: Collection) -> set[str]:
     return names | imported_modules(collection.cell)
 
 
-def _relative_write_warnings(collection: Collection, workdir: str) -> list[str]:
+def _relative_write_warnings(collection: Collection, workdir: str, first_line: int = 1) -> list[str]:
     # (where, source, the line of its first line in its cell): lines are told as the notebook shows them
-    sources = [("the cell", collection.cell, 1)] + [
+    sources = [("the cell", collection.cell, first_line)] + [
         (f"{i.kind} `{i.name}`" + (f" ({i.origin})" if i.origin else ""), i.code or "", i.order[1] or 1)
         for i in sorted(collection.items.values(), key=lambda i: i.order)
         if i.kind in ("function", "class")

@@ -47,8 +47,12 @@ class Collector:
         ship: Iterable[str] = (),
         extra_import_paths: Iterable[str] = (),
         check_imports: bool = True,
+        first_line: int = 1,
     ) -> None:
         self.ctx = ctx
+        # The line number the editor shows for the code's first line: 2 under a %%elastic_train
+        # line (#39 item 6: lines were counted from below it), 1 for launch("...").
+        self.first_line = first_line
         self.ns = ctx.namespace
         self.ship = set(ship)
         self.items: dict[str, Shipped] = {}
@@ -84,20 +88,21 @@ class Collector:
     def collect(self, cell: str) -> Collection:
         if not cell.strip():
             raise PackagingError("the cell is empty: write the training code below the %%elastic_train line")
+        shift = self.first_line - 1
         magics = magic_lines(cell)
         if magics:
             line, text = magics[0]
             raise PackagingError(
-                f"line {line} of the cell ({text!r}) is IPython syntax, which a plain Python worker "
+                f"line {line + shift} of the cell ({text!r}) is IPython syntax, which a plain Python worker "
                 "cannot run; move it to another cell or write it in Python"
             )
         try:
             names = cell_names(cell)
         except SyntaxError as exc:
-            raise PackagingError(f"the cell does not parse: line {exc.lineno}: {exc.msg}") from None
+            raise PackagingError(f"the cell does not parse: line {(exc.lineno or 1) + shift}: {exc.msg}") from None
         self._definitions.cell_assigned = names.assigned
         for name, line in sorted(names.free.items(), key=lambda kv: kv[1]):
-            self._need(name, f"the cell (line {line})")
+            self._need(name, f"the cell (line {line + shift})")
         self._drain()
         if not self.problems:
             self._values.ship_shared_together()

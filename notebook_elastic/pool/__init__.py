@@ -9,7 +9,10 @@ for that already. The pool is ``warm.py``'s zygote in pool mode; this module nam
 starts it, and makes its children look like the processes they stand for.
 
 - **Started** at ``%load_ext notebook_elastic`` (in the background) or by the first local
-  job, as ``python -m notebook_elastic.pool.warm pool NAME``, in a session of its own.
+  job, as ``python -m notebook_elastic.pool.warm pool NAME``, in a session of its own and
+  detached from whoever started it (``start_detached``: a double fork, so its parent is init):
+  were a job's process its parent (a guardian bringing its job back starts it too), every job
+  forked from it would read as that job's descendant, and be ended with it (#37).
 - **Named** by the user and the environment: ``@notebook-elastic-pool-UID-KEY`` in Linux's
   abstract namespace, KEY a hash of the interpreter, its version, ``PYTHONPATH`` and the
   variables read when torch is imported; a kernel in another environment gets a pool of its
@@ -44,12 +47,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
-ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
-ENV_IDLE = "NOTEBOOK_ELASTIC_POOL_IDLE_S"
-ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
-ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
-ENV_OWNER = "NOTEBOOK_ELASTIC_POOL_OWNER"  # a pid: the pool ends with that process (a test session)
+from ..runtime.protocol import (
+    ENV_FORKED,
+    ENV_LAUNCHER,
+    ENV_POOL,
+    ENV_POOL_IDLE_S,
+    ENV_POOL_ON,
+    ENV_POOL_OWNER,
+    ENV_WARM_WORKERS,
+)
+
 IDLE_S = 600.0
 #: Read when torch and the preloaded modules are imported: a pool imported under other values
 #: would hand children the wrong ones. (CUDA_VISIBLE_DEVICES is read only when CUDA starts.)
@@ -58,9 +65,9 @@ _IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "LD_", "LOG
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return (
-        env.get(ENV_POOL_ON, "1") != "0" and env.get("NOTEBOOK_ELASTIC_WARM_WORKERS", "1") != "0"
-    ) and sys.platform.startswith("linux")
+    return (env.get(ENV_POOL_ON, "1") != "0" and env.get(ENV_WARM_WORKERS, "1") != "0") and sys.platform.startswith(
+        "linux"
+    )
 
 
 def in_use(env: Mapping[str, str] | None = None) -> str | None:
@@ -83,7 +90,10 @@ def pool_name(env: Mapping[str, str] | None = None) -> str:
     """This user's pool for this interpreter and import-time environment."""
     env = os.environ if env is None else env
     key = hashlib.sha256()
-    key.update(f"{sys.executable}\0{sys.version}\0{_torch_install()}\0".encode())
+    # The interpreter and its environment, however their paths are spelt (.venv/bin/python3 and
+    # .venv/bin/python are one interpreter: `pool stop` from either must find the pool).
+    where = f"{os.path.realpath(sys.executable)}\0{os.path.realpath(sys.prefix)}"
+    key.update(f"{where}\0{sys.version}\0{_torch_install()}\0".encode())
     for name in sorted(env):
         if name.startswith(_IMPORT_TIME_PREFIXES) and not name.startswith("NOTEBOOK_ELASTIC"):
             key.update(f"{name}={env[name]}\0".encode())
@@ -106,7 +116,7 @@ def _torch_install() -> str:
 
 def idle_seconds() -> float:
     try:
-        return float(os.environ.get(ENV_IDLE, IDLE_S))
+        return float(os.environ.get(ENV_POOL_IDLE_S, IDLE_S))
     except ValueError:
         return IDLE_S
 
@@ -139,13 +149,48 @@ def ensure_pool(env: dict[str, str] | None = None, log: str | os.PathLike[str] |
         return None
     name = env.get(ENV_POOL) or pool_name(env)
     if ping(name) is None:
-        start(name, env, log)
+        start_detached(name, env, log)
     return name
 
 
+#: The pool's module: ``python -m POOL_MODULE pool NAME`` is a pool (jobfolder/folder.py's walk
+#: by descent stops there).
+POOL_MODULE = "notebook_elastic.pool.warm"
+#: The double fork of ``start_detached``: the first child forks the pool and exits at once, so
+#: the pool is reparented to init (or the nearest subreaper), never its starter's child.
+_DETACH = "import os, sys\nif os.fork():\n    os._exit(0)\nos.setsid()\nos.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+#: How long the starter waits for that first child to exit (it forks at once).
+DETACH_WAIT_S = 30.0
+
+
 def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
-    """Start the pool ``name`` (one that finds the name taken exits at once); its output goes
-    to ``log`` (a file of ours, 0600, in a private folder), else nowhere."""
+    """Start the pool ``name`` as a child of this process (one that finds the name taken exits
+    at once); its output goes to ``log`` (a file of ours, 0600, in a private folder), else
+    nowhere. For a caller that is no job's and waits for it (a test session, a tool); a job's
+    side starts it with ``start_detached``."""
+    return _popen(_command(name), name, env, log)
+
+
+def start_detached(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = None) -> None:
+    """Start the pool ``name`` detached from this process: its parent is init, so no process
+    of a job (a guardian recovering its job starts one) is ever its ancestor, and the jobs
+    forked from it are never found below that job's processes. Returns once the short-lived
+    first child has forked it (a few milliseconds)."""
+    first = _popen([sys.executable, "-c", _DETACH, *_command(name)[1:]], name, env, log)
+    try:
+        first.wait(DETACH_WAIT_S)
+    except subprocess.TimeoutExpired:  # stopped before it forked: no pool this time, jobs start cold
+        first.kill()
+        first.wait()
+
+
+def _command(name: str) -> list[str]:
+    return [sys.executable, "-m", POOL_MODULE, "pool", name]
+
+
+def _popen(
+    command: list[str], name: str, env: dict[str, str], log: str | os.PathLike[str] | None
+) -> subprocess.Popen[bytes]:
     from ..runtime.protocol import ENV_JOB_DIR
 
     env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job
@@ -158,7 +203,7 @@ def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = N
             out = None
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "notebook_elastic.pool.warm", "pool", name],
+            command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL if out is None else out,
             stderr=subprocess.DEVNULL if out is None else subprocess.STDOUT,
@@ -171,11 +216,16 @@ def start(name: str, env: dict[str, str], log: str | os.PathLike[str] | None = N
             os.close(out)
 
 
+def is_pool_command(argv: list[str]) -> bool:
+    """Whether a command line is a pool's (``start``'s or ``start_detached``'s, once exec'd)."""
+    return argv[1:4] == ["-m", POOL_MODULE, "pool"]
+
+
 def owner_fd() -> int | None:
-    """A pidfd of the process the pool ends with (``ENV_OWNER``): readable once it has
+    """A pidfd of the process the pool ends with (``ENV_POOL_OWNER``): readable once it has
     exited; -1 when it is gone already; None when there is none."""
     try:
-        pid = int(os.environ[ENV_OWNER])
+        pid = int(os.environ[ENV_POOL_OWNER])
     except (KeyError, ValueError):
         return None
     try:

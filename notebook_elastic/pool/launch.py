@@ -16,7 +16,8 @@ import socket
 import sys
 import time
 
-from .wire import CONNECT_WAIT_S, ENV_ZYGOTE, _address, _recv_line, _send, enabled, same_user
+from ..runtime.protocol import ENV_ZYGOTE
+from .wire import CONNECT_WAIT_S, _address, _recv_line, _send, enabled, same_user
 
 
 def launch(argv: list[str]) -> None:

@@ -36,11 +36,10 @@ from typing import Any
 
 from ..runtime import log as _logging
 from ..runtime import owned, protocol
-from .wire import ENV_ZYGOTE, _address, _send, enabled, same_user
+from .wire import _address, _send, enabled, same_user
 
 _log = _logging.get("pool.warm")
 
-ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo", "cloudpickle")
 #: The pool also forks agents (torchrun) and supervisors (the store, TensorBoard's writer).
 POOL_PRELOAD = (
@@ -239,11 +238,11 @@ def _child(request: dict[str, Any], fds: list[int], as_pool: bool = False) -> No
     if as_pool:
         # Its own session, as a cold start in one would be; tied to its launcher, not the pool.
         os.setsid()
-        os.environ[pool.ENV_FORKED] = str(os.getpid())
-        os.environ[pool.ENV_LAUNCHER] = str(request.get("launcher", ""))
+        os.environ[protocol.ENV_FORKED] = str(os.getpid())
+        os.environ[protocol.ENV_LAUNCHER] = str(request.get("launcher", ""))
         owned.register_forks()  # its environment reads as the pool's: the job folder names it
     else:
-        os.environ[ENV_WARM_PARENT] = str(os.getppid())
+        os.environ[protocol.ENV_WARM_PARENT] = str(os.getppid())
     # Our package reads who it is (RANK, ...) from the environment when imported: the child
     # must import it afresh, with its own environment, not reuse the zygote's.
     fresh = "notebook_elastic" if as_pool else "notebook_elastic.runtime"
@@ -298,7 +297,7 @@ def start_zygote() -> str | None:
     # Abstract: nothing in the system temp folder, nothing to remove, gone with the zygote.
     path = f"@notebook-elastic-zygote-{os.getpid()}-{os.urandom(16).hex()}"
     subprocess.Popen([sys.executable, "-m", "notebook_elastic.pool.warm", "serve", path], stdin=subprocess.DEVNULL)
-    os.environ[ENV_ZYGOTE] = path
+    os.environ[protocol.ENV_ZYGOTE] = path
     return path
 
 

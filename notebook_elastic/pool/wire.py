@@ -11,13 +11,13 @@ import struct
 import sys
 from typing import Any
 
-ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # the zygote's socket name ("@..." = abstract), for launchers
-ENV_WARM = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off
+from ..runtime.protocol import ENV_WARM_WORKERS
+
 CONNECT_WAIT_S = 15.0  # the zygote may still be importing torch on a node's first start
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_WARM, "1") != "0" and sys.platform.startswith("linux")
+    return os.environ.get(ENV_WARM_WORKERS, "1") != "0" and sys.platform.startswith("linux")
 
 
 def _address(name: str) -> str:

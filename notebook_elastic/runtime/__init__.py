@@ -13,6 +13,7 @@ import time as _time
 from typing import Any
 
 from . import gpu as _gpu
+from . import inplace as _inplace
 from . import log as _log
 from . import pod_tracking as _pod_tracking
 from . import protocol as _protocol
@@ -22,6 +23,7 @@ from .payload import load_payload, secret
 from .protocol import ENV_TRACK, EVENT_PREFIX
 from .state import State
 from .state import samples_per_step as _samples_per_step
+from .state import saving_seconds as _saving_seconds
 from .term import data_worker_init
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, device, guard_against_orphaning, init, run
 
@@ -48,14 +50,14 @@ if _os.environ.get("LOCAL_RANK") is not None:
     _log.for_process("worker")  # our lines in its output: "notebook-elastic worker: ..."
     _term.defer_in_worker()  # Slurm's SIGTERM to every process of the node: the keeper answers it
 
-_RANK = int(_os.environ.get("RANK", 0))
 _TRACKED = bool(_os.environ.get(ENV_TRACK))  # Kubernetes pods (runtime/pod_tracking.py)
 _auto_step = 0
-_progress_marked = False
+_progress_marked: str | None = "-"  # the round this process marked as one its group made a step in
 
 
 def rank() -> int:
-    return _RANK
+    """This worker's global rank now (it follows the group when the job changes in place)."""
+    return int(_os.environ.get("RANK", 0))
 
 
 def world_size() -> int:
@@ -94,13 +96,16 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     Without ``step``, a per-process counter numbers the calls.
     """
     global _auto_step, _progress_marked
-    if not _progress_marked:  # once per process: this group has made a step (every rank says it)
-        _progress_marked = True
+    round_now = _os.environ.get(_protocol.ENV_ROUND)
+    if _progress_marked != round_now:  # once per group: it has made a step (every rank says it)
+        _progress_marked = round_now
         _protocol.mark_progress()
+        _inplace.machinery().progressed()
+    rank_now = rank()
     gpu = _gpu.sample()  # every rank, at most every few seconds, only on CUDA
     if gpu is not None:
-        emit("gpu", t=_time.time(), rank=_RANK, **gpu)
-    if _RANK != 0 and not all_ranks:
+        emit("gpu", t=_time.time(), rank=rank_now, **gpu)
+    if rank_now != 0 and not all_ranks:
         return
     if step is None:
         step = _auto_step
@@ -116,10 +121,13 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
                 f"report() takes numbers a chart can hold: {name} is an integer of about {digits} digits, "
                 "more than a float holds; report it scaled (or as a float)"
             )
-    extra = {}
+    extra: dict[str, float] = {}
     samples = _samples_per_step()
     if samples:  # the State's data cursor knows the global batch: samples/s without asking
         extra["samples_per_step"] = samples
-    emit("metric", t=_time.time(), rank=_RANK, step=step, values=metrics, **extra)
-    if _TRACKED and _RANK == 0:  # a pod's rank 0 logs to MLflow/W&B itself
+    saving = _saving_seconds() if rank_now == 0 else None
+    if saving is not None and saving[1] > 0:  # what State's commits blocked of the loop so far
+        extra["blocked_s"], extra["loop_s"] = round(saving[0], 4), round(saving[1], 3)
+    emit("metric", t=_time.time(), rank=rank_now, step=step, values=metrics, **extra)
+    if _TRACKED and rank_now == 0:  # a pod's rank 0 logs to MLflow/W&B itself
         _pod_tracking.observe(step, metrics)

@@ -213,6 +213,41 @@ class WorkerStarted(TypedDict):
     pid: int
     generation: NotRequired[int | None]
     restart_count: NotRequired[int]
+    in_place: NotRequired[bool]  # the same process, now in a new group (runtime/inplace.py)
+
+
+class InPlace(TypedDict):
+    """Rank 0 of a group formed in place: the members changed, the kept workers did not restart."""
+
+    world_size: int
+    from_world_size: int  # 0: no rank of the old group was kept here (every node restarted)
+    step: int  # the step the new group trains from
+    redone: int  # steps trained before the change that are trained again (the step in flight)
+    kept: int  # ranks that kept their processes
+    joined: int  # ranks that started fresh (a new node, a restarted one): they took the live values
+    took_s: float  # the longest a kept rank went without a group
+    round: NotRequired[int]
+    source: NotRequired[int]  # the rank the values came from (-1: every rank held its own)
+    reason: NotRequired[str]  # why: "joined", "left", "lost", "store"
+    transfer_s: NotRequired[float]  # the values sent from the source to the ranks that lacked them
+    transfer_bytes: NotRequired[int]
+
+
+class Regrouped(TypedDict):
+    round: int
+    group_rank: int
+    group_world_size: int
+    kept: list[int]  # the workers' processes, kept
+    reason: str
+    took_s: float  # the rendezvous round it took
+
+
+class InPlaceRefused(TypedDict):
+    reason: str  # why this node's workers restart instead
+
+
+class LeftAtBoundary(TypedDict):
+    local_ranks: list[int]
 
 
 class WorkerFailed(TypedDict):
@@ -267,6 +302,10 @@ class Metric(TypedDict):
     step: NotRequired[float | None]
     rank: NotRequired[int]
     samples_per_step: NotRequired[int]  # the State's data cursor's global batch, when it knows it
+    # Rank 0's State: seconds commit() blocked and the loop's seconds (inside and outside it) since
+    # this worker group's loop started; the notebook sums them over the job's groups (#39 item 2).
+    blocked_s: NotRequired[float]
+    loop_s: NotRequired[float]
 
 
 class Gpu(TypedDict):
@@ -332,6 +371,7 @@ class SavedOnNotice(TypedDict):
     notice_node: NotRequired[str]
     saved: NotRequired[bool]
     error: NotRequired[str]
+    in_place: NotRequired[bool]  # not saved: the node leaves in place and the others keep the values
 
 
 class NoticeExpired(TypedDict):
@@ -405,6 +445,10 @@ EVENT_TYPES: dict[Kind, type] = {
     Kind.PEER_LOST: PeerLost,
     Kind.STORE_LOST: StoreLost,
     Kind.LEFT_RENDEZVOUS: LeftRendezvous,
+    Kind.IN_PLACE: InPlace,
+    Kind.REGROUPED: Regrouped,
+    Kind.IN_PLACE_REFUSED: InPlaceRefused,
+    Kind.LEFT_AT_BOUNDARY: LeftAtBoundary,
     Kind.GROUP_SUCCEEDED: GroupSucceeded,
     Kind.METRIC: Metric,
     Kind.GPU: Gpu,

@@ -59,6 +59,19 @@ class SaveInterval:
         self._window = [0.0, 0.0]  # [blocked, trained] seconds since the last checkpoint event
 
     @property
+    def save_cost(self) -> float | None:
+        """What the last save blocked the loop (seconds), or the estimate it started with."""
+        return self._save_cost
+
+    def expect_save_cost(self, seconds: float | None) -> None:
+        """A restored checkpoint says what a save blocked the group that wrote it: this group's
+        first save then waits for its share of the loop like every other, instead of coming at
+        the first step (where it alone was a third of the loop's time so far, #39 item 2). A
+        fresh job's first save still comes at its first commit, to measure the cost."""
+        if seconds is not None and seconds >= 0 and self._save_cost is None:
+            self._save_cost = float(seconds)
+
+    @property
     def chosen(self) -> bool:
         """Whether State chooses how often to save (no ``checkpoint_every``)."""
         return self.checkpoint_every is None
@@ -87,6 +100,11 @@ class SaveInterval:
         if saved:
             self._save_cost = ended - started
             self.steps_since_save = 0
+
+    def seconds(self) -> tuple[float, float]:
+        """(blocked, loop) seconds since the loop started: what commit() blocked, and the
+        loop's whole time (inside commit() and outside it), up to the last commit."""
+        return self._blocked, self._blocked + self._trained
 
     def wrote(self, started: float, ended: float) -> None:
         """A checkpoint was written between these perf_counter times (any thread)."""

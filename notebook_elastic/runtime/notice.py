@@ -26,6 +26,8 @@ from typing import Any
 from . import log as _logging
 from . import protocol
 from ._emit import emit
+from .event_types import SavedOnNotice
+from .protocol import Kind
 
 _log = _logging.get("runtime.notice")
 
@@ -46,9 +48,11 @@ def answer_key(notice_id: int) -> str:
     return f"{NOTICE_KEY}/saved/{notice_id}"
 
 
-def post(store: Any, node: str, grace_s: float, notice_id: int) -> dict[str, Any]:
-    """Post a notice in ``store`` (a TCPStore, or anything with ``set``); returns it."""
-    notice = {"id": int(notice_id), "node": node, "grace_s": float(grace_s), "at": time.time()}
+def post(store: Any, node: str, grace_s: float, notice_id: int, stays: int = 0) -> dict[str, Any]:
+    """Post a notice in ``store`` (a TCPStore, or anything with ``set``); returns it. ``stays``:
+    how many other nodes the notifier knows stay (the local supervisor does; a pod's keeper
+    does not): where some do and the job changes in place, no save is needed."""
+    notice = {"id": int(notice_id), "node": node, "grace_s": float(grace_s), "at": time.time(), "stays": int(stays)}
     store.set(NOTICE_KEY, json.dumps(notice))
     return notice
 
@@ -70,13 +74,18 @@ def withdraw(store: Any) -> None:
         _log.debug("a store that is gone: nobody polls it any more either", exc_info=True)
 
 
+_ANSWERED: set[int] = set()
+
+
 class NoticeBoard:
     """Rank 0's view of the notice key, polled every ``POLL_S`` from a daemon thread."""
 
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint if endpoint is not None else os.environ.get(protocol.ENV_NOTICE_STORE, "")
         self.current: dict[str, Any] | None = None  # the notice posted now, if any
-        self.answered: set[int] = set()
+        # The notices this process answered, whichever State answered them: a State made again
+        # in place must not answer (and save for) one that is still up again.
+        self.answered: set[int] = _ANSWERED
         self._store: Any = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -115,9 +124,36 @@ class NoticeBoard:
         )
         return saved
 
-    def answer(self, notice: dict[str, Any], step: int, seconds: float, saved: bool, error: str = "") -> None:
+    def kept_in_place(self, notice: dict[str, Any], step: int) -> None:
+        """Answer a notice without a save: the job changes in place, and the ranks that stay
+        keep every value (runtime/inplace.py); the node goes at the step boundary the group
+        agrees on, and no step is lost."""
+        seconds = max(0.0, time.time() - float(notice.get("at", time.time())))
+        self.answer(notice, step, seconds, saved=False, in_place=True)
+        emit(
+            Kind.SAVED_ON_NOTICE,
+            **SavedOnNotice(
+                step=step,
+                seconds=round(seconds, 3),
+                id=int(notice["id"]),
+                grace_s=float(notice.get("grace_s", 0.0)),
+                notice_node=str(notice.get("node", "")),
+                saved=False,
+                in_place=True,
+            ),
+        )
+
+    def answer(
+        self, notice: dict[str, Any], step: int, seconds: float, saved: bool, error: str = "", in_place: bool = False
+    ) -> None:
         self.answered.add(int(notice["id"]))
-        body = {"step": step, "seconds": round(seconds, 3), "saved": saved, **({"error": error} if error else {})}
+        body = {
+            "step": step,
+            "seconds": round(seconds, 3),
+            "saved": saved,
+            **({"error": error} if error else {}),
+            **({"in_place": True} if in_place else {}),
+        }
         try:
             latest = {**body, "id": int(notice["id"]), "notice_at": float(notice.get("at", 0.0))}
             with self._io:

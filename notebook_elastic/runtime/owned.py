@@ -1,7 +1,7 @@
 """The processes a job owns that their environment does not show: forks.
 
 A job's processes are found by ``NOTEBOOK_ELASTIC_JOB_DIR=<job folder>`` in their environment
-(``jobfolder.folder.processes_of``): every process started by ``exec`` with the job's
+(``jobfolder.processes.processes_of``): every process started by ``exec`` with the job's
 environment carries it, whatever starts it. A fork does not: Linux shows a process's
 environment from the memory it was exec'd with, so a child the warm pool forks shows the
 pool's, and a fork of that child (a DataLoader worker, the user's ``os.fork()``) the same.
@@ -113,6 +113,32 @@ def registered(job_dir: str | os.PathLike[str]) -> list[int]:
             (folder / name).unlink()
         except OSError:
             pass
+    return found
+
+
+def named_elsewhere(job_dir: str | os.PathLike[str]) -> dict[int, set[int]]:
+    """The processes of this machine named in the other job folders beside ``job_dir`` (under
+    the same jobs folder): pid -> the start times named. Read as they are, not checked: the
+    caller checks the few it meets (a walk by descent stops at another job's process)."""
+    job = Path(job_dir)
+    here = machine()
+    found: dict[int, set[int]] = {}
+    try:
+        entries = os.scandir(job.parent)
+    except OSError:
+        return found
+    with entries:
+        for entry in entries:
+            if entry.name == job.name:
+                continue
+            try:
+                names = os.listdir(os.path.join(entry.path, FOLDER))
+            except OSError:  # not a job folder, or no process of it was ever named
+                continue
+            for name in names:
+                parts = name.split("-", 2)
+                if len(parts) == 3 and parts[2] == here and parts[0].isdigit() and parts[1].isdigit():
+                    found.setdefault(int(parts[0]), set()).add(int(parts[1]))
     return found
 
 

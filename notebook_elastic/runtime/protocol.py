@@ -51,6 +51,12 @@ class Kind(StrEnum):
     PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
     STORE_LOST = "store_lost"  # the rendezvous store's pod went (deleted, evicted); a new one replaces it
     LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round
+    # In place (runtime/inplace.py, agent/inplace.py): the members changed and the workers kept
+    # their processes.
+    IN_PLACE = "in_place"  # rank 0 of the new group: sizes, the step it trains from, what it cost
+    REGROUPED = "regrouped"  # an agent formed a new round and kept its workers
+    IN_PLACE_REFUSED = "in_place_refused"  # an agent restarts its workers: they cannot stay (why)
+    LEFT_AT_BOUNDARY = "left_at_boundary"  # a node that goes: its workers left at a step boundary
     GROUP_SUCCEEDED = "group_succeeded"
     METRIC = "metric"
     GPU = "gpu"  # a rank's peak GPU memory and its device's utilisation, every few seconds
@@ -136,6 +142,15 @@ ENV_TERM_TO_ALL = "NOTEBOOK_ELASTIC_TERM_TO_ALL"
 # The node's notice folder, made by its keeper: the markers of term.py.
 ENV_NOTICE_DIR = "NOTEBOOK_ELASTIC_NOTICE_DIR"
 ENV_ROUND = "NOTEBOOK_ELASTIC_ROUND"  # the rendezvous round the worker group was formed in
+# In place (runtime/inplace.py, agent/inplace.py): where a worker reaches its agent (an abstract
+# Unix socket's name) and the token that proves it is the agent's; the rendezvous store
+# (host:port) its group's keys live in, and the key prefix of the group it starts into.
+ENV_AGENT_LINK = "NOTEBOOK_ELASTIC_AGENT_LINK"
+ENV_AGENT_TOKEN = "NOTEBOOK_ELASTIC_AGENT_TOKEN"
+ENV_GROUP_STORE = "NOTEBOOK_ELASTIC_GROUP_STORE"
+ENV_GROUP_PREFIX = "NOTEBOOK_ELASTIC_GROUP_PREFIX"
+#: "0" turns in-place changes off for a job: every change restarts the workers, as torchrun does.
+ENV_IN_PLACE = "NOTEBOOK_ELASTIC_IN_PLACE"
 #: Where a worker tells its agent that its group made a step (``mark_progress``): no
 #: supervisor reads a cluster's event lines, so an agent learns it from its workers this way.
 ENV_PROGRESS_DIR = "NOTEBOOK_ELASTIC_PROGRESS_DIR"
@@ -149,6 +164,44 @@ ENV_RUN = "NOTEBOOK_ELASTIC_RUN"
 #: Kubernetes pods: the tracker rank 0 logs to itself (runtime/pod_tracking.py): mlflow, wandb,
 #: none, or auto (as MLFLOW_TRACKING_URI / WANDB_PROJECT say). Local jobs: unset (the supervisor logs).
 ENV_TRACK = "NOTEBOOK_ELASTIC_TRACK"
+# The warm pool and a node's zygote (pool/): where a process of a job is forked from.
+ENV_POOL = "NOTEBOOK_ELASTIC_POOL"  # the pool's socket name ("@..."), passed to every process of a job
+ENV_POOL_ON = "NOTEBOOK_ELASTIC_WARM_POOL"  # "0" turns the pool off
+ENV_POOL_IDLE_S = "NOTEBOOK_ELASTIC_POOL_IDLE_S"  # how long an idle pool waits before it ends
+ENV_POOL_OWNER = "NOTEBOOK_ELASTIC_POOL_OWNER"  # a pid: the pool ends with that process (a test session)
+ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
+ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
+ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # a node's zygote's socket name ("@..." = abstract), for launchers
+ENV_WARM_WORKERS = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off (the pool's and the zygote's)
+ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
+
+# Keys of ours in the job's rendezvous store, beside torch's rendezvous state.
+#: The number of nodes the job runs now, set by the local supervisor: a round that holds that
+#: many closes at once (agent/rendezvous.py).
+TARGET_KEY = "notebook_elastic/target"
+#: Agents that died on this machine, JSON ``{pid: when}``, set by the local supervisor: its
+#: agents drop them from their round at once, not when their heartbeat expires.
+GONE_KEY = "notebook_elastic/gone"
+#: A random id our store server (store/run.py) sets: an agent tells a replacement store from
+#: the one it lost by it.
+STORE_ID_KEY = "notebook_elastic/store_id"
+#: Set (with the time) by a node that goes on purpose, before it leaves its round
+#: (``leaving_key``): its peers then regroup without aborting their step (it is not lost).
+LEAVING_KEY = "notebook_elastic/leaving"
+#: Where the supervisor asks a node's keeper to SIGKILL one of its workers (the kill-a-worker
+#: drill, for a node on another host than the supervisor's: Slurm): ``{"pid", "rank"}``.
+KILL_KEY = "notebook_elastic/kill/{node}"
+
+
+def leaving_key(agent_pid: int) -> str:
+    return f"{LEAVING_KEY}/{agent_pid}"
+
+
+def joiner_key(run_id: str, name: str) -> str:
+    """A key of the agents' eviction of a node that fails while joining (agent/joiner.py):
+    ``progressed``, ``failed/ROUND``, ``evicted/INDEX``, ``charged/INDEX``."""
+    return f"notebook_elastic/{run_id}/joiners/{name}"
+
 
 #: Our agent's exit status when its workers failed more often than --max-restarts allows
 #: (torchrun itself exits 1 then, as it does on SIGTERM). A Kubernetes Job fails at once on

@@ -14,6 +14,8 @@ from typing import Any
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _meta_path, claim_generation, list_checkpoints, run_base
+from .event_types import InPlace
+from .protocol import Kind
 from .state_dicts import _load_into
 from .worker import WorkerInfo, device
 
@@ -36,9 +38,15 @@ class Collectives:
             return None
         return dist if dist.is_available() and dist.is_initialized() else None
 
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's ``value`` on every rank. Not ``broadcast_object_list``: it needs numpy on
-        the receiving side, which torch does not depend on (nor do we)."""
+    def _on(self, dist: Any) -> Any:
+        """Where this group's collectives take their tensors: the GPU for NCCL, else the CPU."""
+        import torch
+
+        return device() if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def broadcast(self, value: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``value`` on every rank. Not ``broadcast_object_list``: it needs numpy
+        on the receiving side, which torch does not depend on (nor do we)."""
         dist = self.dist()
         if dist is None:
             return value
@@ -46,17 +54,59 @@ class Collectives:
 
         import torch
 
-        on = device() if dist.get_backend() == "nccl" else torch.device("cpu")
-        is_writer = self._info.rank == 0
-        data = pickle.dumps(value) if is_writer else b""
+        on = self._on(dist)
+        sending = self._info.rank == src
+        data = pickle.dumps(value) if sending else b""
         size = torch.tensor([len(data)], dtype=torch.long, device=on)
-        dist.broadcast(size, src=0)
-        if is_writer:
+        dist.broadcast(size, src=src)
+        if sending:
             buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(on)
         else:
             buf = torch.empty(int(size.item()), dtype=torch.uint8, device=on)
-        dist.broadcast(buf, src=0)
+        dist.broadcast(buf, src=src)
         return pickle.loads(bytes(buf.cpu().tolist()))
+
+    def all_reduce(self, values: list[int], op: str) -> list[int]:
+        """``values`` reduced over every rank (``op``: "max", "min" or "sum"); as they are alone."""
+        dist = self.dist()
+        if dist is None:
+            return list(values)
+        import torch
+
+        t = torch.tensor(values, dtype=torch.long, device=self._on(dist))
+        dist.all_reduce(t, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}[op])
+        return [int(v) for v in t.tolist()]
+
+    def broadcast_tree(self, tree: Any, src: int) -> Any:
+        """Rank ``src``'s state tree (dicts, lists, tensors, plain values) on every rank: its
+        shape in one pickle, its tensors in one flat buffer per dtype (a few collectives, not one
+        per tensor). Tensors arrive on the CPU."""
+        dist = self.dist()
+        if dist is None:
+            return tree
+        import torch
+
+        sending = self._info.rank == src
+        tensors: list[Any] = []
+        shape = _strip(tree, tensors) if sending else None
+        specs = [(tuple(t.shape), t.dtype) for t in tensors] if sending else None
+        shape, specs = self.broadcast((shape, specs), src=src)
+        on = self._on(dist)
+        received: list[Any] = [None] * len(specs)
+        for dtype in sorted({d for _s, d in specs}, key=str):
+            picks = [i for i, (_s, d) in enumerate(specs) if d == dtype]
+            sizes = [int(torch.Size(specs[i][0]).numel()) for i in picks]
+            if sending:
+                flat = torch.cat([tensors[i].detach().reshape(-1).to(on) for i in picks])
+            else:
+                flat = torch.empty(sum(sizes), dtype=dtype, device=on)
+            dist.broadcast(flat, src=src)
+            flat = flat.cpu()
+            offset = 0
+            for i, n in zip(picks, sizes, strict=True):
+                received[i] = flat[offset : offset + n].view(specs[i][0]).clone()
+                offset += n
+        return _fill(shape, received)
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank, in one small tensor (each sharded commit's verdict)."""
@@ -89,14 +139,57 @@ class Collectives:
         return dist.new_group(backend="gloo")
 
 
+class _Slot:
+    """Where a tensor was in a tree sent by ``broadcast_tree``."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _strip(tree: Any, tensors: list[Any]) -> Any:
+    """``tree`` with each tensor replaced by a ``_Slot`` (the tensor appended to ``tensors``)."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        tensors.append(tree)
+        return _Slot(len(tensors) - 1)
+    if isinstance(tree, dict):
+        return type(tree)((k, _strip(v, tensors)) for k, v in tree.items())
+    if isinstance(tree, list):
+        return [_strip(v, tensors) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_strip(v, tensors) for v in tree)
+    return tree
+
+
+def _tree_bytes(tree: Any) -> int:
+    """The bytes of the tensors in a state tree."""
+    tensors: list[Any] = []
+    _strip(tree, tensors)
+    return sum(int(t.numel()) * int(t.element_size()) for t in tensors)
+
+
+def _fill(shape: Any, tensors: list[Any]) -> Any:
+    if isinstance(shape, _Slot):
+        return tensors[shape.index]
+    if isinstance(shape, dict):
+        return type(shape)((k, _fill(v, tensors)) for k, v in shape.items())
+    if isinstance(shape, list):
+        return [_fill(v, tensors) for v in shape]
+    if isinstance(shape, tuple):
+        return tuple(_fill(v, tensors) for v in shape)
+    return shape
+
+
 @dataclass(frozen=True)
 class Resumed:
     """Where a restored checkpoint puts the loop: ``State`` takes these on."""
 
     step: int  # the next step to run
     samples_seen: int  # the data cursor
-    path: Path
+    path: Path | None  # None: taken from the live ranks (in place), not a file
     extra: dict[str, Any]  # the plain values saved beside the objects
+    save_s: float | None = None  # what a save blocked the loop that wrote it (the next group's estimate)
 
 
 class Restore:
@@ -163,6 +256,7 @@ class Restore:
             samples_seen=int(payload.get("samples_seen", 0)),
             path=Path(chosen),
             extra=payload.get("extra", {}),
+            save_s=payload.get("save_s") if isinstance(payload.get("save_s"), (int, float)) else None,
         )
         if is_writer:
             emit(
@@ -176,3 +270,72 @@ class Restore:
                 path=chosen,
             )
         return resumed
+
+    def from_live(self, machinery: Any, objects: dict[str, Any]) -> Resumed | None:
+        """The values the live ranks hold (a group formed in place), loaded into ``objects`` on
+        every rank (a collective): each rank's own when all stand at the same step, else those
+        of the rank furthest ahead (a joiner has none; a rank whose step in flight was applied
+        is ahead of one where it broke). None when no rank holds any (the job's first group):
+        then a checkpoint, as at any start. Rank 0 says what happened (``in_place``)."""
+        import time
+
+        from .handoff import set_rng_state
+
+        handoff = machinery.handoff
+        switch = machinery.switch
+        mine = handoff.next_step if handoff is not None else -1
+        reached = handoff.reached if handoff is not None else -1
+        elapsed_ms = int((time.monotonic() - switch.started) * 1000) if switch is not None and handoff else 0
+        from_world = switch.from_world_size if switch is not None and handoff is not None else 0
+        best, neg_worst, most_reached, from_world, elapsed_ms = self._collectives.all_reduce(
+            [mine, -mine, reached, from_world, elapsed_ms], "max"
+        )
+        if best < 0:
+            return None
+        worst = -neg_worst
+        world = self._info.world_size
+        source = -1
+        transfer_s, transfer_bytes = 0.0, 0
+        if worst == best:
+            chosen = handoff  # every rank holds the same step: its own values, no transfer
+        else:
+            source = self._collectives.all_reduce([self._info.rank if mine == best else world], "min")[0]
+            sent = None
+            if self._info.rank == source and handoff is not None:
+                sent = {"states": handoff.states, "extra": handoff.extra, "samples_seen": handoff.samples_seen}
+            transfer_started = time.monotonic()
+            got = self._collectives.broadcast_tree(sent, src=source)
+            transfer_s = time.monotonic() - transfer_started
+            transfer_bytes = _tree_bytes(got)
+            chosen = handoff if mine == best else None
+            if chosen is None:
+                from .handoff import Handoff
+
+                chosen = Handoff(got["states"], got["extra"], best, best, got["samples_seen"], {})
+        assert chosen is not None
+        for name, obj in objects.items():
+            if name in chosen.states:
+                _load_into(obj, chosen.states[name])
+        if handoff is not None and handoff.rng:
+            set_rng_state(handoff.rng)  # this process's own generators, as they were
+        kept = self._collectives.all_reduce([1 if handoff is not None else 0], "sum")[0]
+        machinery.handoff = None
+        if self._info.rank == 0:
+            took_s = elapsed_ms / 1000  # the longest any kept rank went without a group
+            said = InPlace(
+                round=int(os.environ.get(protocol.ENV_ROUND, -1)),
+                from_world_size=from_world,
+                world_size=world,
+                step=best,
+                redone=max(0, most_reached - best),
+                kept=kept,
+                joined=world - kept,
+                source=source,
+                took_s=round(took_s, 4),
+                reason=switch.reason if switch is not None else "",
+            )
+            if source >= 0:
+                said["transfer_s"], said["transfer_bytes"] = round(transfer_s, 4), transfer_bytes
+            emit(Kind.IN_PLACE, **said)
+        machinery.switch = None
+        return Resumed(step=best, samples_seen=chosen.samples_seen, path=None, extra=dict(chosen.extra))

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import protocol, sharded
+from . import inplace, protocol, sharded
 from ._emit import emit
 from .checkpoints import (
     _HOST,
@@ -49,6 +49,7 @@ from .checkpoints import (
     run_base,
     torch_save,
 )
+from .handoff import Handoff, rng_state, to_host
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env, is_final
 from .notice import NoticeBoard
 from .restore import Collectives, Restore
@@ -76,6 +77,13 @@ __all__ = [
 ]
 
 _sampling_state: Any = None  # the State whose batch sampler sets the samples per step
+_saving_state: Any = None  # the latest State made in this process: what its commits blocked
+
+
+def saving_seconds() -> tuple[float, float] | None:
+    """(blocked, loop) seconds of the latest State's loop (``SaveInterval.seconds``), which
+    rank 0's ``report()`` sends with each metric; None without a State."""
+    return _saving_state._interval.seconds() if _saving_state is not None else None
 
 
 def samples_per_step() -> int:
@@ -114,6 +122,8 @@ class State:
         # How often it saves, from what commit() blocks: also what the checkpoint events tell
         # the notebook (blocked_pct).
         self._interval = SaveInterval(checkpoint_every_from_env(checkpoint_every))
+        global _saving_state
+        _saving_state = self
         self._objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         for name, value in (("model", model), ("optimizer", optimizer), *extra.items()):
@@ -144,6 +154,15 @@ class State:
         # name (every rank writes into rank 0's), its save group, then the generation.
         self._collectives = Collectives(self.info)
         self._sharded = sharded.is_sharded(model)
+        # In place (runtime/inplace.py): the group may change under this process at a step
+        # boundary; this State then hands its values to the next one, not to disk.
+        self._inplace = inplace.machinery()
+        self._applied: int | None = None  # the step whose optimizer update was applied here last
+        self._switch_due = False  # the vote said: every rank leaves this group after this step
+        self._all_leave = False  # ... and every rank's node goes (a stop): save at the boundary
+        self._leaving_save = False  # the commit under way is that save
+        self._voting = False  # an optimizer of this State votes before each step
+        self._hooks: list[Any] = []  # the optimizer hooks' handles
         self._writer_tag = f"{_HOST}-{os.getpid()}"
         self._save_group: Any = None  # async sharded saves talk on a group of their own
         if self._sharded:
@@ -155,18 +174,104 @@ class State:
         self._writer = CheckpointWriter(
             self.folder, generation=self.generation, keep=keep, info=self.info, interval=self._interval, loop=self
         )
-        resumed = self._restore.latest(
-            self._objects, sharded_model=self._sharded, generation=self.generation, map_location=map_location
-        )
+        resumed = None
+        if self._inplace.group.assignment is not None and not self._sharded:
+            # A group formed in place (or joined into one): the values of the live ranks.
+            resumed = self._restore.from_live(self._inplace, self._objects)
+        if resumed is None:
+            resumed = self._restore.latest(
+                self._objects, sharded_model=self._sharded, generation=self.generation, map_location=map_location
+            )
         if resumed is not None:
             self.extra.update(resumed.extra)
             self.step = self._restored_step = resumed.step
             self.samples_seen = self._restored_samples = resumed.samples_seen
             self.resumed_from = resumed.path
+            self._interval.expect_save_cost(resumed.save_s)
         on_finish(self.flush)
         set_step_source(lambda: self.current_step)  # the failure report's step
         if self.is_writer:
             self._notice.start()
+        self._join_in_place()
+
+    def _join_in_place(self) -> None:
+        """Under an agent that keeps workers in place: this State is the one a change hands
+        on from, its optimizers vote before each step, and the agent hears whether this worker
+        can stay (a sharded model cannot: its shards would need resharding from disk)."""
+        machinery = self._inplace
+        if not machinery.active:
+            return
+        machinery.state = self
+        if self._sharded:
+            machinery.incapable = (
+                "the model is sharded (FSDP/DTensor): its shards are resharded from a checkpoint at a change"
+            )
+        machinery.incapable = machinery.incapable or inplace.torch_lacks()
+        self._check_own_groups()
+        machinery.say(machinery.incapable is None, machinery.incapable or "")
+        import torch
+
+        for obj in self._objects.values():
+            if isinstance(obj, torch.optim.Optimizer):
+                self._hooks.append(obj.register_step_pre_hook(self._vote))
+                self._hooks.append(obj.register_step_post_hook(self._stepped))
+                self._voting = True
+
+    def _check_own_groups(self) -> None:
+        """A cell that made process groups of its own cannot stay in place (they hold the old
+        members): said to the agent once, as soon as it is seen."""
+        machinery = self._inplace
+        if machinery.incapable is None and self._collectives.dist() is not None:
+            if inplace.own_groups(ours=1 if self._save_group is not None else 0):
+                machinery.incapable = "the cell made process groups of its own (they hold the old members)"
+                machinery.say(False, machinery.incapable)
+
+    def _vote(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Before an optimizer step: is a change pending on any rank? Every rank learns it at
+        the same step, and all leave the group at the boundary after it. A vote that fails (a
+        peer gone mid-step) raises: this step is not applied here, and is redone."""
+        pending, leaving = self._collectives.all_reduce(
+            [self._inplace.vote_flag(), 1 if self._inplace.leaving else 0], "sum"
+        )
+        if pending:
+            self._switch_due = True
+            self._all_leave = leaving >= self.info.world_size
+
+    def _save_before_leaving(self) -> None:
+        """Every rank leaves at this boundary and no node stays: the step just committed is
+        saved (a collective for a sharded model: every rank is here), so a resume loses none."""
+        self._leaving_save = True
+        try:
+            self.commit(self.step - 1)
+            self._writer.wait()
+        finally:
+            self._leaving_save = False
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._applied = self._current
+
+    def handoff(self) -> Handoff:
+        """What the next State in this process starts from when the group changes in place."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        next_step = self.step
+        if self._applied is not None and self._applied + 1 > next_step:
+            next_step = self._applied + 1  # updated by the optimizer, not yet committed
+        reached = max(next_step, (self._current + 1) if self._current is not None else next_step)
+        states = {name: to_host(_state_dict_owner(obj).state_dict()) for name, obj in self._objects.items()}
+        try:
+            self._writer.wait()  # a background save of this group lands first
+        except Exception:
+            pass  # it said so in its own event
+        return Handoff(
+            states=states,
+            extra=dict(self.extra),
+            next_step=next_step,
+            reached=reached,
+            samples_seen=self._cursor_at(next_step),
+            rng=rng_state(),
+        )
 
     # -- start ---------------------------------------------------------------------------
 
@@ -200,7 +305,14 @@ class State:
         if self.is_writer:
             emit("plan", total=self.total, start=self.step, generation=self.generation)
         self._interval.loop_started()
+        watching = self._inplace.active
         for step in range(self.step, self.total):
+            if watching:
+                self._check_own_groups()
+                if self._switch_due or (not self._voting and self._inplace.vote_flag()):
+                    if self._all_leave:  # the whole job goes (a stop): nothing stays to keep the values
+                        self._save_before_leaving()
+                    raise inplace.MembershipChange(f"the job's members change before step {step}")
             if self._holding is not None:  # saved on notice: the step's report went out; wait here
                 notice, self._holding = self._holding, None
                 self._notice.hold(notice)
@@ -254,6 +366,9 @@ class State:
         started = self._interval.commit_started()
         saved = False
         self._notice_now = notice = self._notice.pending() if self.is_writer else None
+        if notice is not None and self._inplace.keeps_values_without(notice):
+            self._notice.kept_in_place(notice, self.step)  # the node leaves in place: nothing to save
+            self._notice_now = notice = None
         try:
             saved = self._commit_sharded() if self._sharded else self._commit_plain()
             if notice is not None:  # the node may go once answered: the write must be done
@@ -261,8 +376,11 @@ class State:
         finally:
             self._notice_now = None
             self._interval.commit_ended(started, saved)
-        if notice is not None and saved:
-            self._holding = notice  # steps() holds before the next step: nothing after it is redone
+        if notice is not None and saved and not self._inplace.active:
+            # steps() holds before the next step: nothing after it is redone by the restart.
+            # In place there is no restart to wait for: the node leaves at the boundary the
+            # vote agrees on, and a hold here would stall the others mid-step until it gave up.
+            self._holding = notice
 
     def _due(self) -> bool:
         """Whether this commit saves: the loop's last step and a notice always do (runtime/notice.py:
@@ -272,7 +390,7 @@ class State:
     def _must_save(self) -> bool:
         """This commit saves even while a full disk pauses saving: the loop's last step, or a
         notice that the node is to go."""
-        return self._final() or self._notice_now is not None
+        return self._final() or self._notice_now is not None or self._leaving_save
 
     def _final(self, step: int | None = None) -> bool:
         """Whether ``step`` (default: the step just committed) is the loop's last: its save is
@@ -289,6 +407,7 @@ class State:
             "samples_seen": self.samples_seen,
             "time": time.time(),
             "every": self._interval.steps_since_save,  # steps since the previous save
+            "save_s": self._interval.save_cost,  # what the previous save blocked: a resumed group's estimate
         }
 
     def _commit_plain(self) -> bool:

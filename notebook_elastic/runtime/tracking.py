@@ -119,7 +119,19 @@ def tensorboard_command() -> str:
     import sys
 
     beside = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    return shlex.quote(beside) if os.access(beside, os.X_OK) else "tensorboard"
+    return shell_path(beside) if os.access(beside, os.X_OK) else "tensorboard"
+
+
+def shell_path(path: str) -> str:
+    """A path as a person types it in a shell: under their home, ``~/...`` (a job folder read
+    ``/tmp/pytest-of-root/.../jobs/quickstart`` in the README's picture, and reads
+    ``~/.notebook-elastic/jobs/quickstart`` for a person); quoted where it needs to be."""
+    import os
+
+    home = os.path.expanduser("~").rstrip("/")
+    if home and path.startswith(home + "/"):
+        return "~/" + shlex.quote(path[len(home) + 1 :])
+    return shlex.quote(path)
 
 
 def tensorboard_link(logdir: str) -> dict[str, Any]:
@@ -127,7 +139,7 @@ def tensorboard_link(logdir: str) -> dict[str, Any]:
     return {
         "tracker": "tensorboard",
         "path": logdir,
-        "command": f"{tensorboard_command()} --logdir {shlex.quote(logdir)}",
+        "command": f"{tensorboard_command()} --logdir {shell_path(logdir)}",
     }
 
 

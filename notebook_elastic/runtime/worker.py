@@ -100,7 +100,7 @@ def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> Non
     """
     if not sys.platform.startswith("linux"):
         return
-    if os.environ.get("NOTEBOOK_ELASTIC_FORKED") == str(os.getpid()):
+    if os.environ.get(protocol.ENV_FORKED) == str(os.getpid()):
         # Forked by the warm pool (pool): its parent is the pool, which it must not die
         # with; its launcher, a child of the real parent, holds this signal and forwards it,
         # and the process dies with its launcher.
@@ -117,7 +117,7 @@ def set_parent_death_signal(sig: int, expected_parent: int | None = None) -> Non
 def guard_against_orphaning() -> None:
     """Called at import inside workers started by our agent wrapper."""
     # A warm-started worker is the zygote's child (the launcher watches its agent for it).
-    parent = os.environ.get("NOTEBOOK_ELASTIC_WARM_PARENT") or os.environ.get(protocol.ENV_AGENT_PID)
+    parent = os.environ.get(protocol.ENV_WARM_PARENT) or os.environ.get(protocol.ENV_AGENT_PID)
     if parent and os.environ.get("LOCAL_RANK") is not None:
         set_parent_death_signal(signal.SIGKILL, int(parent))
 
@@ -146,7 +146,12 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> bool:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if timeout_s is None:
         timeout_s = float(os.environ.get(protocol.ENV_COLLECTIVE_TIMEOUT_S, 120))
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    from .inplace import machinery
+
+    # Under an agent that keeps workers in place, over the rendezvous store (as every later
+    # group of this process will be); under plain torchrun, env:// as torchrun set it up.
+    if not machinery().init_group(backend, timeout_s):
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     _initialized_here = True
     return True
 
@@ -194,10 +199,23 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
 
         handler = get_error_handler()
         handler.initialize()
+    from .inplace import MembershipChange, machinery
+
+    inplace = machinery()
+    if init_process_group:
+        inplace.start()  # under our agent: a change of members need not end this process
     try:
         if init_process_group and init():
             _adopt_user_init_calls()
-        result = main()
+        while True:
+            try:
+                result = main()
+                break
+            except BaseException as exc:
+                if not _stays_in_place(inplace, exc):
+                    raise
+                info = WorkerInfo.from_env()
+                emit("worker_started", **asdict(info), in_place=True)
         _run_finish_hooks()
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
@@ -206,7 +224,13 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
         _run_finish_hooks()
         if isinstance(exc, KeyboardInterrupt):
             raise
-        by_peer = caused_by_a_peer(exc)
+        if inplace.leaving and (isinstance(exc, MembershipChange) or caused_by_a_peer(exc)):
+            # Its node goes (a scale-down, a preemption): it left the group at a step boundary
+            # every rank agreed on (or, stuck past it, was told to abort); nothing is lost here.
+            _log.info("left the group: its node goes")
+            sys.stdout.flush()
+            os._exit(0)
+        by_peer = caused_by_a_peer(exc) or isinstance(exc, MembershipChange)
         extra: dict[str, Any] = {"cause": "peer"} if by_peer else {}
         if isinstance(exc, StateNotSaveable):
             extra["fatal"] = True  # the same at every retry: no point spending the budget
@@ -235,6 +259,28 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
     _shutdown_process_group()
     emit("worker_finished", rank=info.rank, node=info.node, pid=info.pid)
     return result
+
+
+def _stays_in_place(inplace: Any, exc: BaseException) -> bool:
+    """Whether this worker goes on in a new group after the cell's body ended with ``exc``
+    (a change of members at a step boundary, or a peer lost mid-step): the group is rebuilt and
+    the body runs again, its State taking the live values (runtime/inplace.py)."""
+    from .inplace import MembershipChange
+
+    boundary = isinstance(exc, MembershipChange)
+    peer_lost = not boundary and caused_by_a_peer(exc)
+    if not inplace.active or not (boundary or peer_lost) or inplace.leaving:
+        return False  # not a change of members (or its node goes: run() ends it)
+    _run_finish_hooks()  # the ended State's background save lands; its hooks go with it
+    try:
+        assignment = inplace.continues_after(exc, peer_lost)
+    except Exception:
+        _log.warning("could not form the new group in place: restarting as torchrun would", exc_info=True)
+        return False
+    if assignment is None:
+        return False
+    exc.__traceback__ = None  # the ended body's frames (and the objects they hold) are let go
+    return True
 
 
 _USER_INIT_NOTE = (

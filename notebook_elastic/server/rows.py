@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import sys
-from typing import TypedDict
+import types
+from typing import Any, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired
@@ -23,6 +24,7 @@ class Transition(TypedDict):
     cause: str
     events: NotRequired[list[str]]  # a restart: its cause first, then what else happened while it lasted
     rooted: NotRequired[bool]  # a restart whose cause is a drill or a departure, not a symptom
+    since: NotRequired[float]  # a restart: when the outage began (its cause), what "after N s" counts from
 
 
 class Tracking(TypedDict):
@@ -64,5 +66,82 @@ class JobRow(TypedDict):
     transitions: list[Transition]
     started_at: float | None
     finished_at: float | None
+    ran_s: NotRequired[float | None]  # how long it ran, its stopped spells left out (JobState.ran_s)
     notebook: str | None  # relative to the server's root, or None outside it
     location: str | None  # a job folder, a namespace
+
+
+def mismatch(row: Any, hint: Any = JobRow, where: str = "") -> str | None:
+    """Where ``row`` is not of its type, in words (the first key that is not: "'world_size' is
+    a str ('two'), not a whole number or null"); None when it is. What the panel would be
+    sent is checked against this module's classes, so a job whose status holds a field of the
+    wrong type is one damaged row, not a 500 for every job (#37)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if getattr(origin, "_name", None) in ("NotRequired", "Required"):  # Python 3.10 keeps the wrapper
+        return mismatch(row, args[0], where)
+    if hint is Any:
+        return None
+    if origin in (Union, types.UnionType):
+        return None if any(mismatch(row, arm, where) is None for arm in args) else _wrong(row, hint, where)
+    if is_typeddict(hint):
+        if not isinstance(row, dict):
+            return _wrong(row, hint, where)
+        # NotRequired read from the hints themselves: with postponed annotations (this module's)
+        # the class's __required_keys__ counts every key as required.
+        for key, key_hint in get_type_hints(hint, include_extras=True).items():
+            if key not in row:
+                optional = getattr(get_origin(key_hint), "_name", None) == "NotRequired"
+                if not optional and key in hint.__required_keys__:
+                    return f"{_at(where, key)!r} is missing"
+                continue
+            found = mismatch(row[key], key_hint, _at(where, key))
+            if found:
+                return found
+        return None
+    if origin is list:
+        if not isinstance(row, list):
+            return _wrong(row, hint, where)
+        for i, item in enumerate(row):
+            found = mismatch(item, args[0], f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    ok = {
+        type(None): row is None,
+        str: isinstance(row, str),
+        bool: isinstance(row, bool),
+        int: isinstance(row, int) and not isinstance(row, bool),
+        float: isinstance(row, (int, float)) and not isinstance(row, bool),
+    }.get(hint)
+    if ok is None:
+        raise TypeError(f"mismatch() does not know {hint!r}")  # a new kind of field: teach it here
+    return None if ok else _wrong(row, hint, where)
+
+
+def _at(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _wrong(value: Any, hint: Any, where: str) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"{where!r} is {a_type(value)} ({shown}), not {_expected(hint)}"
+
+
+def a_type(value: Any) -> str:
+    """'a str', 'an int': the type of ``value`` in words."""
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def _expected(hint: Any) -> str:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_expected(arm) for arm in args)
+    if origin is list:
+        return f"a list of {_expected(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    if is_typeddict(hint):
+        return f"a {hint.__name__.lower()} record"
+    return {type(None): "null", str: "text", bool: "true or false", int: "a whole number", float: "a number"}.get(
+        hint, repr(hint)
+    )

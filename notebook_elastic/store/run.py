@@ -15,9 +15,10 @@ import signal
 import socket
 import uuid
 
-from ..agent.torch_compat import STORE_ID_KEY, tcp_store_server
+from ..agent.torch_compat import tcp_store_server
 from ..runtime import log
 from ..runtime._emit import emit
+from ..runtime.protocol import STORE_ID_KEY
 from .server import StoreServer
 
 

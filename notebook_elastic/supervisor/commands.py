@@ -2,7 +2,7 @@
 (``control.py``): scale, set the range (new agents in a new rendezvous epoch), the drills
 (kill a worker, preempt or lose a node), stop, status. ``_answer`` queues each request; the
 supervisor's main loop runs them one at a time. Held by the ``Supervisor``, whose course
-(target, range, epoch, stopping) they change and whose nodes they steer."""
+(its membership, its phase) they change and whose nodes they steer."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..agent.notice_keeper import KILL_KEY
+from ..contract import commands
 from ..contract.events import Kind
 from ..errors import SpecError
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime.event_types import Fault, FilesChanged, Scaled
+from .membership import Phase
 from .nodes import Agent
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 _log = _logging.get("supervisor.commands")
 
 STOP_GRACE_S = 10.0
+#: After a control connection could not be accepted, the wait before the next try.
+ACCEPT_RETRY_S = 0.1
 
 
 class Commands:
@@ -51,30 +54,22 @@ class Commands:
         raise ValueError(f"node {node!r} is not running (running: {names})")
 
     def do_scale(self, nodes: int) -> dict[str, Any]:
-        lo, hi = self.sup.range
-        if not lo <= nodes <= hi:
-            raise ValueError(
-                f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
-            )
-        self.sup.target = nodes
-        self.sup.emit(Kind.SCALED, **Scaled(target=nodes, min_nodes=lo, max_nodes=hi))
+        self.sup.membership = scaled = self.sup.membership.scaled(nodes)
+        self.sup.emit(Kind.SCALED, **Scaled(target=nodes, min_nodes=scaled.min_nodes, max_nodes=scaled.max_nodes))
         self.sup.nodes.converge()
         return {"target": nodes}
 
     def do_set_range(self, min_nodes: int, max_nodes: int) -> dict[str, Any]:
-        if not 1 <= min_nodes <= max_nodes:
-            raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
-        if (min_nodes, max_nodes) == tuple(self.sup.range):
-            return {"target": self.sup.target, "reconfigured": False}
+        ranged = self.sup.membership.ranged(min_nodes, max_nodes)  # refused here when invalid
+        if ranged.range == self.sup.membership.range:
+            return {"target": self.sup.membership.target, "reconfigured": False}
         try:
             self.sup.nodes.plan((min_nodes, max_nodes))  # refused here, before any agent is stopped
         except SpecError as e:
             raise ValueError(str(e).replace("--nnodes", "range", 1)) from None
-        self.sup.range = (min_nodes, max_nodes)
-        self.sup.target = min(max(self.sup.target, min_nodes), max_nodes)
         # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
         # rendezvous epoch, resuming from the latest checkpoint.
-        self.sup.epoch += 1
+        self.sup.membership = ranged
         old = self.sup.nodes.alive_agents()
         for agent in old:
             self.sup.nodes.signal_agent(agent, signal.SIGTERM, "reconfigured")
@@ -90,12 +85,13 @@ class Commands:
                     os.killpg(agent.proc.pid, signal.SIGKILL)
                     agent.proc.wait()
         self.sup.nodes.reap()
+        self.sup.nodes.reuse_names_of(old)  # the new agents are the same nodes, told a new range
         self.sup.emit(
             Kind.SCALED,
-            **Scaled(target=self.sup.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True),
+            **Scaled(target=ranged.target, min_nodes=min_nodes, max_nodes=max_nodes, reconfigured=True),
         )
         self.sup.nodes.converge()
-        return {"target": self.sup.target, "reconfigured": True}
+        return {"target": ranged.target, "reconfigured": True}
 
     def do_kill_worker(self, rank: int | None = None) -> dict[str, Any]:
         if not self.sup.workers:
@@ -116,26 +112,16 @@ class Commands:
         """SIGKILL a rank's process: here, or on Slurm through its node's keeper (the worker may
         be on another host, where its pid is not ours: notice_keeper.py). False when it is gone."""
         pid, node, _gen = self.sup.workers[rank]
-        if self.sup.placement is not None:
-            try:
-                self.sup.store.set(KILL_KEY.format(node=node), json.dumps({"pid": pid, "rank": rank}))
-            except Exception:  # no store now: the drill cannot reach the node
-                return False
-            return True
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return False
-        return True
+        return self.sup.placement.kill_rank(pid, node, rank, self.sup.store)
 
     def lower_target(self, node: str, reason: str) -> None:
         """A node taken away is not replaced: the target says so, in an event of its own, so
         every view of the target (the dashboard's nodes box, the panel) follows."""
-        self.sup.target = max(0, self.sup.target - 1)
+        self.sup.membership = lowered = self.sup.membership.lowered()
         self.sup.emit(
             Kind.SCALED,
             node,
-            **Scaled(target=self.sup.target, min_nodes=self.sup.range[0], max_nodes=self.sup.range[1], reason=reason),
+            **Scaled(target=lowered.target, min_nodes=lowered.min_nodes, max_nodes=lowered.max_nodes, reason=reason),
         )
 
     def do_remove_node(
@@ -155,13 +141,15 @@ class Commands:
         noticed = False
         if how == "lose":
             self.sup.nodes.signal_agent(agent, signal.SIGKILL, "lost")
-        elif grace_s and self.sup.notices.give(agent, grace_s):
+        elif grace_s and self.sup.notices.give(
+            agent, grace_s, stays=len([a for a in self.sup.nodes.staying_agents() if a is not agent])
+        ):
             agent.exit_reason = "preempted"  # going: not a node to keep, pick or stop again
             noticed = True
         else:
             self.sup.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         if return_after_s is not None:
-            self.sup.returns.append(time.monotonic() + float(return_after_s))
+            self.sup.membership = self.sup.membership.returning(time.monotonic() + float(return_after_s))
         self.sup.emit(
             Kind.FAULT,
             agent.name,
@@ -170,7 +158,7 @@ class Commands:
             return_after_s=return_after_s,
             **({"grace_s": grace_s} if noticed else {}),
         )
-        return {"node": agent.name, "target": self.sup.target, **({"grace_s": grace_s} if noticed else {})}
+        return {"node": agent.name, "target": self.sup.membership.target, **({"grace_s": grace_s} if noticed else {})}
 
     def files_changed(self, paths: list[str], node: str | None) -> None:
         """Someone changed the script or payload: stop everything rather than run it."""
@@ -178,8 +166,7 @@ class Commands:
             return
         self.sup.files_reason = protocol.files_changed_reason(paths)
         self.sup.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.sup.files_reason))
-        self.sup.stopping = True
-        self.sup.stop_deadline = time.monotonic() + self.stop_grace_s()
+        self.sup.stop(self.stop_grace_s())
         for agent in self.sup.nodes.alive_agents():
             self.sup.nodes.signal_agent(
                 agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED)
@@ -188,13 +175,11 @@ class Commands:
     def stop_grace_s(self) -> float:
         """How long stopping nodes may take before they are killed: on Slurm, each node's notice
         (its keeper waits that long for rank 0's save) and a little more."""
-        return max(STOP_GRACE_S, self.sup.placement.grace_s() + 5.0) if self.sup.placement is not None else STOP_GRACE_S
+        return self.sup.placement.stop_grace_s(STOP_GRACE_S)
 
     def do_stop(self, leave: str | None = None) -> dict[str, Any]:
         """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""
-        if not self.sup.stopping:
-            self.sup.stopping = True
-            self.sup.stop_deadline = time.monotonic() + self.stop_grace_s()
+        if self.sup.stop(self.stop_grace_s()):
             for agent in self.sup.nodes.alive_agents():
                 if agent.name != leave:
                     self.sup.nodes.signal_agent(agent, signal.SIGTERM, "stopped")
@@ -205,32 +190,32 @@ class Commands:
             return self.sup.state.summary()
 
     def handle(self, request: dict[str, Any]) -> Any:
-        command = request.get("command")
-        args = request.get("args") or {}
-        if self.sup.stopping and command not in ("stop", "status"):
-            raise ValueError(f"the job is stopping, so it cannot {str(command).replace('_', ' ')}")
-        if command == "scale":
-            return self.do_scale(int(args["nodes"]))
-        if command == "set_range":
-            return self.do_set_range(int(args["min_nodes"]), int(args["max_nodes"]))
-        if command == "kill_worker":
-            return self.do_kill_worker(args.get("rank"))
-        if command in ("preempt_node", "lose_node"):
-            how = "lose" if command == "lose_node" else "preempt"
-            return self.do_remove_node(args.get("node"), how, args.get("return_after_s"), args.get("grace_s"))
-        if command == "stop":
-            return self.do_stop()
-        if command == "status":
-            return self.do_status()
-        raise ValueError(f"unknown command {command!r}")
+        """Carry out one request of the kernel's (typed once: ``contract/commands.py``)."""
+        command = commands.parse(request)
+        if self.sup.stopping and not isinstance(command, commands.WHILE_STOPPING):
+            raise ValueError(f"the job is stopping, so it cannot {commands.words(command)}")
+        match command:
+            case commands.Scale(nodes):
+                return self.do_scale(nodes)
+            case commands.SetRange(min_nodes, max_nodes):
+                return self.do_set_range(min_nodes, max_nodes)
+            case commands.KillWorker(rank):
+                return self.do_kill_worker(rank)
+            case commands.RemoveNode(how, node, return_after_s, grace_s):
+                return self.do_remove_node(node, how, return_after_s, grace_s)
+            case commands.Stop():
+                return self.do_stop()
+            case commands.Status():
+                return self.do_status()
 
     def serve(self, listener: Any) -> None:
         while True:
             try:
                 conn = listener.accept()
             except Exception:
-                if self.sup.closed:
+                if self.sup.phase is Phase.ENDED:
                     return
+                time.sleep(ACCEPT_RETRY_S)  # out of descriptors, say: never spin on it
                 continue
             threading.Thread(target=self._answer, args=(listener, conn), daemon=True).start()
 

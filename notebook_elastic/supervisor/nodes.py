@@ -6,14 +6,15 @@ Held by the ``Supervisor``, whose course (spec, folder, target, range, epoch, th
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, TYPE_CHECKING
 
 from .. import pool
@@ -45,7 +46,6 @@ class Agent:
     failure: str | None = None  # its workers' latest own failure, in words
     log_bytes: int = 0  # written to its current log file
     reaped: bool = False
-    killed_at: float | None = None  # when Slurm was asked to end its step at once (monotonic)
     agent_pid: int | None = None  # the torchrun agent's own (forked by the warm pool): its rendezvous id
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
@@ -70,12 +70,15 @@ class Nodes:
         self.sup = sup
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
+        # Numbers of nodes replaced by a change of the range: their successors take them, so a
+        # range change does not rename every node (#39 item 5); the lowest first.
+        self.reusable: list[int] = []
         self.gpus = visible_gpus()
         self.free_gpus = list(self.gpus)  # handed to a node when it starts, back when it is reaped
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
         # A warm spare saves a scale-up its torch import (none for Slurm's allocations); so does the warm pool.
-        spare_ok = bool(sup.spec.backend_options.get("warm_spare", True)) and sup.placement is None
+        spare_ok = bool(sup.spec.backend_options.get("warm_spare", True)) and sup.placement.warm_spares
         self.warm_spare = spare_ok and pool.in_use() is None
         self._space_checked = 0.0  # when the disk's free space was last looked at (monotonic)
         self._space_ok = True
@@ -88,18 +91,16 @@ class Nodes:
             self.sup.folder,
             gpus=self.gpus,
             store_port=self.sup.store_port,
-            # An agent dies with the supervisor that started it; under srun its parent is Slurm's
-            # step daemon, and srun, the supervisor's child, ends the step when it goes.
-            supervisor_pid=None if self.sup.spec.backend == "slurm" else os.getpid(),
+            supervisor_pid=self.sup.placement.supervisor_pid(),  # an agent dies with it
             files_sha256=self.sup.files_sha256,
-            store_host=socket.gethostname() if self.sup.placement is not None else None,
+            store_host=self.sup.placement.store_host(),
         )
         return launch_plan(
             self.sup.spec,
             place,
-            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.epoch),
-            epoch=self.sup.epoch,
-            nnodes=nnodes or self.sup.range,
+            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.membership.epoch),
+            epoch=self.sup.membership.epoch,
+            nnodes=nnodes or self.sup.membership.range,
             nodes=0,
         )
 
@@ -122,13 +123,8 @@ class Nodes:
         return taken
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
-        if self.sup.placement is not None:
-            # A node is a Slurm allocation: the agent runs under srun there (backends/slurm).
-            env = dict(env)
-            command = self.sup.placement.command(name, command, env)
-        else:
-            # Forked by the warm pool when there is one: a light launcher stands in for the agent.
-            command = pool.through_pool(command, env) or command
+        env = dict(env)
+        command = self.sup.placement.command(name, command, env)  # here, or under srun
         proc = subprocess.Popen(
             command,
             env=env,
@@ -139,7 +135,11 @@ class Nodes:
             start_new_session=True,
         )
         agent = Agent(
-            name, proc, time.time(), self.sup.epoch, log=open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
+            name,
+            proc,
+            time.time(),
+            self.sup.membership.epoch,
+            log=open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0),
         )
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             parser = LineParser(name, stream, agent_clock=True)  # an agent on this machine
@@ -153,8 +153,11 @@ class Nodes:
         gpus = self._take_gpus()
         if gpus is None:
             return None
-        index = self.next_index
-        self.next_index += 1
+        if self.reusable:
+            index = heapq.heappop(self.reusable)
+        else:
+            index = self.next_index
+            self.next_index += 1
         plan = self.plan()
         node = plan.node(index, gpus)
         name = node.name
@@ -184,7 +187,7 @@ class Nodes:
                     pass
                 agent.log = open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
             agent.name = name
-            agent.epoch = self.sup.epoch
+            agent.epoch = self.sup.membership.epoch
             agent.started = time.time()
             for parser in agent.parsers:
                 parser.node = name
@@ -197,11 +200,19 @@ class Nodes:
             Kind.NODE_JOINED,
             name,
             pid=agent.proc.pid,
-            epoch=self.sup.epoch,
+            epoch=self.sup.membership.epoch,
             warm=agent is spare,
             **({"gpus": gpus} if gpus else {}),
         )
         return agent
+
+    def reuse_names_of(self, agents: list[Agent]) -> None:
+        """These agents were replaced, not lost (a new range bakes a new --nnodes into every
+        agent): the next nodes started take their names."""
+        for agent in agents:
+            number = agent.name.rpartition("-")[2]
+            if agent.name.startswith("node-") and number.isdigit() and int(number) not in self.reusable:
+                heapq.heappush(self.reusable, int(number))
 
     def keep_a_spare(self) -> None:
         """Once the job runs and can still grow, keep one standby agent warm."""
@@ -209,7 +220,7 @@ class Nodes:
             self.warm_spare
             and not self.sup.stopping
             and self.sup.state.world_size > 0
-            and len(self.alive_agents()) < self.sup.range[1]
+            and len(self.alive_agents()) < self.sup.membership.max_nodes
         )
         if self.spare is not None and not self.spare.alive:
             self.spare = None
@@ -237,8 +248,7 @@ class Nodes:
                 with agent.log_lock:
                     self._log(agent, raw)
             line = raw.decode("utf-8", "replace")
-            if self.sup.placement is not None:
-                self.sup.placement.says(agent.name, line)
+            self.sup.placement.says(agent.name, line)
             event = parser.feed(line, now)
             if event is not None and not agent.name.startswith("spare-"):
                 self.sup.sink.put(event)
@@ -290,19 +300,10 @@ class Nodes:
         if agent.exit_reason is None:
             agent.exit_reason = reason
         try:
-            if sig == signal.SIGKILL and self.sup.placement is not None:
-                # Its processes are in Slurm's step, not under srun (killed, srun would leave them
-                # to Slurm's KillWait): Slurm ends them, and srun with them; srun is killed only
-                # if it is still there 10 s later (asked again, until then, nothing is done).
-                if agent.killed_at is None:
-                    agent.killed_at = time.monotonic()
-                    self.sup.placement.kill(agent.name)
-                elif time.monotonic() - agent.killed_at > 10:
-                    os.killpg(agent.proc.pid, signal.SIGKILL)
-            elif sig == signal.SIGKILL:
-                os.killpg(agent.proc.pid, signal.SIGKILL)  # the whole node: agent and anything in its group
-            elif self.sup.placement is not None:
-                self.sup.placement.term(agent.name)  # srun would kill the step at once: Slurm's own SIGTERM
+            if sig == signal.SIGKILL:
+                self.sup.placement.kill(agent)  # the whole node at once
+            elif sig == signal.SIGTERM:
+                self.sup.placement.term(agent)  # on purpose: its workers leave, or save first
             else:
                 agent.proc.send_signal(sig)
         except ProcessLookupError:
@@ -346,13 +347,18 @@ class Nodes:
                 agent.exit_reason = "evicted"
                 self.sup.commands.lower_target(agent.name, "evicted")
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
-                self.sup.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.target))
+                self.sup.emit(
+                    Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.membership.target)
+                )
             self.sup.publish_gone(agent)
-            if self.sup.placement is not None:
-                if agent.exit_reason is None and not self.sup.stopping:
-                    self._slurm_ended(agent)
-                self.sup.notices.withdraw_for(agent.name, self.sup.store)  # its keeper may have had no time to
-                self.sup.placement.gone(agent.name)
+            if agent.exit_reason is None and not self.sup.stopping:
+                departure = self.sup.placement.departure(agent.name)  # its place ended it (Slurm)
+                if departure is not None:
+                    agent.exit_reason = departure.reason
+                    if departure.lower is not None:
+                        self.sup.commands.lower_target(agent.name, departure.lower)
+            # Its keeper's notice (Slurm) comes down with it: it may have had no time to.
+            self.sup.placement.gone(agent.name, partial(self.sup.notices.withdraw_for, agent.name, self.sup.store))
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.sup.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -361,18 +367,6 @@ class Nodes:
             self.sup.emit(Kind.NODE_LEFT, agent.name, **NodeLeft(reason=reason, exitcode=code))
             if agent.log:
                 agent.log.close()
-
-    def _slurm_ended(self, agent: Agent) -> None:
-        """Slurm took the node: preempted or out of time, a new allocation takes its place
-        (it waits in the queue until Slurm gives the node back); cancelled, it is not
-        replaced. Either is a departure, free of the restart budget."""
-        assert self.sup.placement is not None  # called only for a Slurm job's node (reap)
-        why = self.sup.placement.why_ended(agent.name)
-        if why in ("preempted", "timeout"):
-            agent.exit_reason = "preempted by Slurm" if why == "preempted" else "its Slurm time limit was up"
-        elif why in ("cancelled", "node_fail"):
-            agent.exit_reason = "cancelled in Slurm" if why == "cancelled" else "its Slurm node failed"
-            self.sup.commands.lower_target(agent.name, why)
 
     def converge(self) -> None:
         """Start or stop agents until as many run as the target says."""
@@ -384,11 +378,12 @@ class Nodes:
         alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
-        while len(alive) < self.sup.target:
+        target = self.sup.membership.target
+        while len(alive) < target:
             agent = self.start_agent()
             if agent is None:
                 break  # its GPUs are still held by a node on its way out: next round
             alive.append(agent)
-        if len(alive) > self.sup.target:
-            for agent in sorted(alive, key=lambda a: a.started)[self.sup.target :]:
+        if len(alive) > target:
+            for agent in sorted(alive, key=lambda a: a.started)[target:]:
                 self.signal_agent(agent, signal.SIGTERM, "scaled_down")

@@ -65,15 +65,16 @@ class Notices:
         elif e.kind == Kind.SAVED_ON_NOTICE and e.get("saved"):
             self.saved_step = max(self.saved_step or 0, int(e.get("step")))
 
-    def give(self, node: Any, grace_s: float) -> bool:
-        """Post a notice for ``node``; False when there is no store to post it in yet, or no
-        State in the job to save (the caller then lets the node go at once)."""
+    def give(self, node: Any, grace_s: float, stays: int = 0) -> bool:
+        """Post a notice for ``node`` (``stays``: how many other nodes stay); False when there is
+        no store to post it in yet, or no State in the job to save (the caller then lets the
+        node go at once)."""
         store = self._store()
         if store is None or not self.has_state:
             return False
         self._last_id += 1
         try:
-            board.post(store, node.name, grace_s, self._last_id)
+            board.post(store, node.name, grace_s, self._last_id, stays=stays)
         except Exception:
             _log.debug("could not post the notice: the node goes at once", exc_info=True)
             return False

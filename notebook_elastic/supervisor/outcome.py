@@ -13,7 +13,8 @@ import psutil
 
 from ..contract.events import Kind
 from ..contract.job_state import budget_spent_reason
-from ..jobfolder.folder import kill_all, processes_of, signal_all, write_json_atomic
+from ..jobfolder.folder import write_json_atomic
+from ..jobfolder.processes import kill_all, processes_of, signal_all
 
 if TYPE_CHECKING:
     from .run import Supervisor
@@ -84,9 +85,9 @@ class Outcome:
         summary.update(
             name=self.sup.spec.name,
             backend=self.sup.spec.backend,
-            target=self.sup.target,
-            min_nodes=self.sup.range[0],
-            max_nodes=self.sup.range[1],
+            target=self.sup.membership.target,
+            min_nodes=self.sup.membership.min_nodes,
+            max_nodes=self.sup.membership.max_nodes,
             supervisor_pid=os.getpid(),
             notebook=self.sup.spec.notebook,
             updated=time.time(),

@@ -33,26 +33,29 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..agent.torch_compat import GONE_KEY, TARGET_KEY
 from ..contract.events import Event, Kind
 from ..contract.job_state import JobState, describe_failure
 from ..contract.spec import JobSpec
 from ..jobfolder.control import listen, reachable
-from ..jobfolder.folder import JOB_UMASK, JobFolder, process_start_ticks, write_json_atomic
+from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
 from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
+from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
 from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled
 from ..runtime.payload import payload_path_for
+from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
 from ..store.run import host_store
 from .commands import Commands
+from .membership import DELETED, Membership, Phase, ending
 from .nodes import Agent, Nodes
 from .notices import Notices
 from .outcome import Outcome
+from .placement import Placement
 from .sink import EventSink
-from .slurm_nodes import placement_for
+from .slurm_nodes import SlurmPlacement
 from .stall import Stalls
 from .tensorboard import TensorBoardWriter
 from .tensorboard import available as tensorboard_available
@@ -78,30 +81,34 @@ class Supervisor:
             files_sha256 = {str(p): protocol.sha256_of(p) for p in paths if p.exists()}
         self.files_sha256: dict[str, str] = dict(files_sha256)
         self.files_reason: str | None = None  # set once a changed file stopped the job
-        self.range: tuple[int, int] = self.spec.nnodes
-        self.target: int = self.spec.initial_nodes
         # Above every generation already in the checkpoint folder (a resumed job, a reused
         # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
         newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
-        self.epoch = newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0
+        # The job's membership, one typed value its transitions replace (membership.py).
+        self.membership = Membership(
+            target=self.spec.initial_nodes,
+            range=self.spec.nnodes,
+            epoch=newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0,
+        )
+        self.phase = Phase.STARTING
         self.run_id = uuid.uuid4().hex[:8]
-        self.returns: list[float] = []  # times at which preempted capacity comes back
-        self.stopping = False
-        self.stop_deadline: float | None = None
+        self.stop_deadline: float | None = None  # stopping: when the nodes left are killed (monotonic)
         # The kernel's requests (and SIGTERM's stop), run one at a time by the main loop.
         self.requests: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[dict[str, Any]]]] = queue.SimpleQueue()
         self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
-        self.state = JobState(max_restarts=self.spec.max_restarts, nnodes=self.range, target=self.target)
+        self.state = JobState(
+            max_restarts=self.spec.max_restarts, nnodes=self.membership.range, target=self.membership.target
+        )
         self.folder.logs.mkdir(exist_ok=True)
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.trackers: list[Tracker] = []  # MLflow, W&B: --track or their variables (run())
         self.store: Any = None  # torch's TCPStore server, once run() hosts it
         self.store_port = 0  # the port it listens on, from run() on
-        self.closed = False  # run() is over: the control listener is closed
         self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
         self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
         self.authkey = secrets.token_bytes(32)
-        self.placement = placement_for(self.spec, self.emit)  # Slurm: each node an allocation of its own
+        # Where a node runs: here, or on Slurm each node an allocation of its own.
+        self.placement = SlurmPlacement(self.spec, folder, self.emit) if self.spec.backend == "slurm" else Placement()
         self.failures_seen: dict[tuple[Any, ...], int] = {}
         self.fatal: str | None = None  # why the job stops now, when retrying is pointless
         self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
@@ -122,6 +129,19 @@ class Supervisor:
         self.notices = Notices(
             lambda: self.store, self.emit, lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         )
+
+    @property
+    def stopping(self) -> bool:
+        """Told to stop (a request, SIGTERM, a failure no retry mends): every node is going."""
+        return self.phase is Phase.STOPPING
+
+    def stop(self, grace_s: float) -> bool:
+        """Into the stopping phase (False: already there); the nodes left after ``grace_s`` are killed."""
+        if self.phase is Phase.STOPPING:
+            return False
+        self.phase = Phase.STOPPING
+        self.stop_deadline = time.monotonic() + grace_s
+        return True
 
     def emit(self, kind: str, node: str | None = None, **data: Any) -> None:
         self.sink.put(Event(kind, time.time(), node, data))
@@ -201,7 +221,7 @@ class Supervisor:
             return
         self.nodes.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
         self.commands.lower_target(agent.name, "evicted")
-        self.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.target))
+        self.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.membership.target))
 
     def _tell_agents(self, key: str, value: str) -> bool:
         """Set what the agents' rendezvous reads beside its round (torch_compat); False when
@@ -218,8 +238,9 @@ class Supervisor:
     def publish_target(self) -> None:
         """The number of nodes the job runs, in the store: a round that holds that many closes
         at once instead of waiting last_call_timeout for nodes that will not come."""
-        if self.target != self._published_target and self._tell_agents(TARGET_KEY, str(self.target)):
-            self._published_target = self.target
+        target = self.membership.target
+        if target != self._published_target and self._tell_agents(TARGET_KEY, str(target)):
+            self._published_target = target
 
     def publish_gone(self, agent: Agent) -> None:
         """An agent reaped: its peers drop it from their round now, not at its heartbeat's
@@ -236,7 +257,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Listen first, host the store there once torch is imported: agents started meanwhile wait in the backlog.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        bind = "0.0.0.0" if self.placement is not None else "127.0.0.1"  # Slurm: reached from other hosts
+        bind = self.placement.bind_address  # Slurm: reached from other hosts
         sock.bind((bind, 0))
         sock.listen(512)
         self.store_port = sock.getsockname()[1]
@@ -249,14 +270,17 @@ class Supervisor:
             with self.sink.lock:
                 self.state.apply_all(history)
                 before = self.state.status if self.state.finished else "lost"
+                # The range and the size the run was left at (the slider, scale()), not the
+                # spec's first ones (#39 item 3: a resume put a 1:4 job back to 1:2).
+                self.membership = self.membership.resumed_at(*self.state.nnodes, self.state.target)
         self.emit(
             Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
             **({"after": before} if self.resume else {}),
             schema=SCHEMA_VERSION,
             name=spec.name,
-            nodes=self.target,
-            min_nodes=self.range[0],
-            max_nodes=self.range[1],
+            nodes=self.membership.target,
+            min_nodes=self.membership.min_nodes,
+            max_nodes=self.membership.max_nodes,
             nproc_per_node=spec.nproc_per_node,
             max_restarts=spec.max_restarts,
             backend=self.spec.backend,
@@ -285,6 +309,7 @@ class Supervisor:
         threading.Thread(target=self.commands.serve, args=(listener,), daemon=True).start()
         self.nodes.converge()
         self.store = host_store(sock)
+        self.phase = Phase.RUNNING
         self.publish_target()
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
@@ -296,7 +321,7 @@ class Supervisor:
         status = self._loop()
         self.outcome.finish(status)
         self.store = None  # the store server goes with the last reference
-        self.closed = True
+        self.phase = Phase.ENDED
         listener.close()
         return 0
 
@@ -316,14 +341,12 @@ class Supervisor:
             self.nodes.reap()
             self.notices.watch(self.state.step, self.state.step_time_s)
             now = time.monotonic()
-            while self.returns and self.returns[0] <= now and not self.stopping:
-                self.returns.pop(0)
-                self.target = min(self.target + 1, self.range[1])
+            while not self.stopping and (back := self.membership.returned(now)) is not None:
+                self.membership = back  # preempted capacity came back
                 self.emit(
                     Kind.SCALED,
-                    **Scaled(target=self.target, min_nodes=self.range[0], max_nodes=self.range[1], returned=True),
+                    **Scaled(target=back.target, min_nodes=back.min_nodes, max_nodes=back.max_nodes, returned=True),
                 )
-            self.returns.sort()
             self.nodes.converge()
             self.nodes.keep_a_spare()
             self.stalls.watch(now)
@@ -351,19 +374,19 @@ class Supervisor:
                 last_status = time.monotonic()
                 self.outcome.write_status()
             if not self.nodes.alive_agents() and all(a.reaped for a in self.nodes.agents.values()):
-                if self._folder_deleted():  # its workers failed of it before the check above saw it
-                    return "lost", LOST_FOLDER["reason"]
-                if self.files_reason is not None:
-                    return "failed", self.files_reason
-                if self.fatal:
-                    return "failed", self.fatal
-                if self.stopping:
-                    return "stopped", "stopped on request"
-                if any(a.proc.returncode == 0 for a in self.nodes.agents.values()):
-                    return "succeeded", None
-                if self.returns:
+                ended = ending(
+                    self.phase,
+                    (a.proc.returncode for a in self.nodes.agents.values()),
+                    # its workers failed of it before the check above saw it
+                    folder=DELETED if self._folder_deleted() else None,
+                    files_changed=self.files_reason,
+                    fatal=self.fatal,
+                    waits_for_capacity=self.membership.waits_for_capacity,
+                )
+                if ended is None:
                     continue  # capacity comes back later: wait for it
-                return "failed", self.outcome.failure_reason()
+                status, reason = ended
+                return status, reason or (LOST_FOLDER["reason"] if status == "lost" else self.outcome.failure_reason())
 
     def _folder_deleted(self) -> bool:
         """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new

@@ -102,7 +102,7 @@ class Stalls:
         newest = max((g for _p, _n, g in self.sup.workers.values() if g is not None), default=None)
         stopped: list[int] = []
         waiting: list[int] = []
-        here = self.sup.placement is None  # a pid on another host (Slurm) tells nothing here: every rank waits
+        here = self.sup.placement.pids_here  # a pid on another host (Slurm) tells nothing here: every rank waits
         for rank, (pid, _node, gen) in sorted(self.sup.workers.items()):
             if gen != newest:
                 continue

@@ -34,6 +34,7 @@ POD_SECURITY_LEVELS = ("baseline", "restricted")  # the Pod Security Standards a
 # the least grace leaves a second beside it for a save.
 MIN_GRACE_S = int(LEAVE_S) + 2
 DEFAULT_GRACE_S = 30  # before any save of the job was measured (grace.py derives it after)
+MAX_GRACE_S = 86_400  # a day: the most --grace takes, and the most grace.py derives
 DEFAULT_CPU_PER_PROCESS = 1
 DEFAULT_MEMORY_PER_PROCESS_GI = 2
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -233,9 +234,9 @@ def parse_options(
         )
     if grace is not None:
         grace = whole_number(grace, "--grace (seconds between the kubelet's SIGTERM and its SIGKILL)", "30")
-    if grace is not None and not MIN_GRACE_S <= grace <= 86_400:
+    if grace is not None and not MIN_GRACE_S <= grace <= MAX_GRACE_S:
         raise SpecError(
-            f"--grace {grace} is outside {MIN_GRACE_S}..86400 seconds: the job saves on notice within the grace "
+            f"--grace {grace} is outside {MIN_GRACE_S}..{MAX_GRACE_S} seconds: the job saves on notice within the grace "
             f"less {LEAVE_S:g} s for its agent to leave, so give at least {MIN_GRACE_S} (the save's time plus a step "
             "and 4 s is enough)"
         )

@@ -8,6 +8,8 @@ a crash) can list, follow (``jobfolder/follow.py``), scale and stop any job.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -15,12 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ... import defaults
-from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.events import FINAL_STATUSES, Event, Kind, status_phrase
 from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control
@@ -28,7 +30,6 @@ from ...jobfolder.folder import (
     FILE_MODE,
     JobFolder,
     jobs_root,
-    kill_all,
     make_private_dir,
     pool_log,
     prepare_jobs_root,
@@ -46,29 +47,42 @@ from ...jobfolder.follow import (
 from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
-from ...pool import ENV_POOL, ensure_pool, through_pool
+from ...jobfolder.processes import kill_all, processes_of
+from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
+from ...runtime.protocol import ENV_POOL
 from ..base import Backend, DryRun, JobInfo
 
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
+#: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
+#: job's nodes end at Slurm's SIGTERM: their store went with their supervisor).
+LEFTOVERS_WAIT_S = 30.0
 #: The job's processes the kernel starts, each detached: the supervisor (supervisor/run.py) and
 #: the guardian that brings it back (guardian.py).
 SUPERVISOR_MODULE = "notebook_elastic.supervisor.run"
 GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
 
 
+#: How long a launch over an earlier run's folder waits for that run's allocations to end.
+LEFTOVERS_WAIT_S = 30.0
+
+
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, home: str | os.PathLike[str] | None = None, *, slurm_state: Callable[[str], str] | None = None
+    ) -> None:
         # ``home`` (tests, tools) names the jobs folder itself; by default it is found under
         # $NOTEBOOK_ELASTIC_HOME, in a per-user subfolder when that is a shared one like /tmp.
+        # ``slurm_state``: how a remote supervisor's allocation is looked up (JobFolder's).
         self.explicit_root = home is not None
         self.home = defaults.home() if home is None else Path(home).parent
         self.root = jobs_root(self.home) if home is None else Path(home)
+        self.slurm_state = slurm_state
 
     def folder(self, name: str) -> JobFolder:
-        return JobFolder(self.root / name)
+        return JobFolder(self.root / name, self.slurm_state)
 
     def history(self, name: str) -> Iterator[Event]:
         return _folder_history(self.folder(name))
@@ -117,6 +131,11 @@ class LocalBackend(Backend):
                     f"a job named {spec.name!r} is already {info.status}; stop it first "
                     f"(%elastic_stop {spec.name}) or choose another --name"
                 )
+            # The folder goes to the history: what its run still holds outside its folder (a
+            # lost Slurm job's allocations) goes first, whichever backend the new job runs in;
+            # then nothing of it may run here.
+            self._clear_leftovers(spec.name, wait_s=LEFTOVERS_WAIT_S)
+            _nothing_of_it_runs(folder, spec.name, info)
             self._archive(folder)
         try:
             make_private_dir(folder.path)
@@ -169,23 +188,44 @@ class LocalBackend(Backend):
         same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
         starts again (said in the ``job_resumed`` event)."""
         folder = self.folder(name)
-        info = self.describe(name)
-        if info is None:
-            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
-            raise BackendError(
-                f"job {name!r} is {info.status}; only a lost, failed or stopped job can be resumed"
-                + (" (a succeeded job is done: run the cell again to train anew)" if info.status == "succeeded" else "")
-            )
-        kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
-        folder.supervisor_file.unlink(missing_ok=True)
-        with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
-            size = f.seek(0, os.SEEK_END)
-            if size:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-        self._start_supervisor(folder, name, resume=True)
+        with _resuming(folder, name):
+            info = self.describe(name)
+            if info is None:
+                raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+            if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
+                raise BackendError(
+                    f"job {name!r} {status_phrase(info.status)}; only a lost, failed or stopped job can be resumed"
+                    + (
+                        " (a succeeded job is done: run the cell again to train anew)"
+                        if info.status == "succeeded"
+                        else ""
+                    )
+                )
+            self._clear_leftovers(name, wait_s=LEFTOVERS_WAIT_S)
+            kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
+            folder.supervisor_file.unlink(missing_ok=True)
+            with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+            self._start_supervisor(folder, name, resume=True)
+
+    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
+        """End what job ``name``'s earlier run still holds outside its folder's processes,
+        before a resume or before its folder is archived; wait up to ``wait_s`` for it to end.
+        A local job holds nothing more (``kill_all`` ends its processes); a folder a Slurm job
+        ran in may hold allocations (a local launch of its name replaces it), by its mark."""
+        folder = self.folder(name)
+        try:
+            ran_in = folder.spec().get("backend")
+        except (OSError, ValueError):
+            return
+        if ran_in == "slurm":
+            from ..slurm.mark import clear_leftovers
+
+            clear_leftovers(folder, wait_s)
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
@@ -305,32 +345,97 @@ class LocalBackend(Backend):
             if kill_all(folder.path):
                 return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if (folder.status() or {}).get("status") in FINAL_STATUSES and not folder.supervisor_alive():
+        if _ended(folder) and not folder.supervisor_alive():
             kill_all(folder.path)  # finished: only make sure nothing is left
             return
         if folder.supervisor_alive():
+            answered = True
             try:
                 self._request(name, "stop")
+            except control.NoAnswer:
+                answered = False  # frozen or wedged: it will not stop by itself, end it from here
             except BackendError:
                 pass
             deadline = time.monotonic() + timeout_s
-            while folder.supervisor_alive() and time.monotonic() < deadline:
+            while answered and folder.supervisor_alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        if folder.supervisor_alive() or (folder.status() or {}).get("status") not in FINAL_STATUSES:
-            # The supervisor is gone or stuck: clean up from here, and say so in the history.
+        if folder.supervisor_alive() or not _ended(folder):
+            # The supervisor is gone or stuck: clean up from here, and say so where it would have.
             kill_all(folder.path)
-            _append_event(
-                folder,
-                Event(
-                    Kind.JOB_FINISHED,
-                    time.time(),
-                    None,
-                    {"status": "stopped", "reason": "stopped; its supervisor did not answer"},
-                ),
-            )
-            status = folder.status() or {}
-            status.update(status="stopped", updated=time.time())
-            write_json_atomic(folder.status_file, status)
+            _record_stopped(folder, "stopped; its supervisor did not answer")
+
+
+def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> None:
+    """Before a job's folder is archived for a new job of its name: whatever of the old job
+    still runs would go on writing into the new job's folder (its processes carry the same
+    path; an old supervisor wrote the new job's outcome, #37). Its records may be damaged or
+    say it is lost while it runs, so its processes are looked for, not its records: an ended
+    job's stragglers are ended; a job not ended on record is refused, in one sentence."""
+    live = processes_of(folder.path)
+    if not live:
+        return
+    if _ended(folder):
+        kill_all(folder.path)
+        return
+    said = f"its folder is damaged ({info.damaged})" if info is not None and info.damaged else None
+    said = said or f"it is listed as {info.status if info is not None else 'gone'}"
+    raise BackendError(
+        f"a job named {name!r} still has {len(live)} process(es) running, though {said}; stop it first "
+        f"(%elastic_stop {name}, or notebook-elastic stop {name}) or choose another --name"
+    )
+
+
+def _ended(folder: JobFolder) -> bool:
+    """Whether the job's end is on record: its outcome (written in the room taken at start, so
+    even on a full disk) or a final status.json."""
+    if (folder.outcome() or {}).get("status") in FINAL_STATUSES:
+        return True
+    return (folder.status() or {}).get("status") in FINAL_STATUSES
+
+
+def _record_stopped(folder: JobFolder, reason: str) -> None:
+    """Write a stop its supervisor could not write where it writes its own end: the outcome
+    first, in the room taken at start (a full disk has room for it), then status.json, then
+    the event, which is written only once one of the others is (an event alone would be read
+    by a follower, not by the listing). Every view then reads the same end. A
+    ``BackendError`` sentence when nothing could be written."""
+    now = time.time()
+    summary = {k: v for k, v in (folder.status() or {}).items() if k not in ("status", "reason")}
+    recorded = folder.write_outcome({**summary, "status": "stopped", "reason": reason, "finished_at": now})
+    try:
+        write_json_atomic(folder.status_file, {**summary, "status": "stopped", "reason": reason, "updated": now})
+        recorded = True
+    except OSError as exc:
+        if not recorded:
+            raise BackendError(
+                f"job {folder.name!r} is stopped (its processes are ended), but its end could not be written in "
+                f"{folder.path} ({exc.strerror or exc}): free space there; until then it is listed as lost"
+            ) from None
+    try:
+        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
+    except OSError:
+        pass  # the outcome or status.json says it: every reader takes it from there
+
+
+@contextlib.contextmanager
+def _resuming(folder: JobFolder, name: str) -> Iterator[None]:
+    """One resume of a job at a time (two kernels, a kernel and the guardian): the second is
+    refused in one sentence, and finds the job running once the first is done, instead of
+    starting a second supervisor for the same folder."""
+    try:
+        fd = os.open(folder.path / ".resume.lock", os.O_WRONLY | os.O_CREAT, FILE_MODE)
+    except FileNotFoundError:
+        raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackendError(
+                f"job {name!r} is being resumed by another process right now; wait for it (%elastic_jobs)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:
@@ -342,7 +447,7 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
     pooled = through_pool([*base, *options], env, detach=True) if module == SUPERVISOR_MODULE else None
     command = pooled or [*base, "--detach", *options]
     try:
-        subprocess.Popen(
+        parent = subprocess.Popen(
             [*command, str(folder.path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -350,9 +455,18 @@ def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) 
             env=env,
             cwd=str(folder.path),
             start_new_session=True,
-        ).wait()  # the detaching parent exits at once
+        )
     finally:
         os.close(log)
+    try:
+        parent.wait(SUPERVISOR_START_TIMEOUT_S)  # the detaching parent exits at once (a stopped one never)
+    except subprocess.TimeoutExpired:
+        parent.kill()
+        parent.wait()
+        raise BackendError(
+            f"the {'supervisor' if module == SUPERVISOR_MODULE else 'guardian'} of job {folder.name!r} did not start within "
+            f"{SUPERVISOR_START_TIMEOUT_S:.0f} s: {_tail(folder.supervisor_log)}"
+        ) from None
 
 
 def _tail(path: Path, lines: int = 15) -> str:

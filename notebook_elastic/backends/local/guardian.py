@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...errors import NotebookElasticError
-from ...jobfolder.folder import JobFolder, process_start_ticks, write_json_atomic
+from ...jobfolder.folder import JobFolder, write_json_atomic
+from ...jobfolder.processes import process_start_ticks
 
 POLL_S = 0.5
 #: Supervisor deaths a job recovers from by itself; past that it is lost (resume() by hand).
@@ -39,6 +40,7 @@ def ended(folder: JobFolder) -> bool:
 
 
 def guard(folder: JobFolder) -> int:
+    from .. import backend_of
     from . import LocalBackend
 
     me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
@@ -64,7 +66,10 @@ def guard(folder: JobFolder) -> int:
             _say(folder, Event(Kind.RECOVERING, time.time(), None, {"reason": reason, "recovery": recoveries}))
             _write_status(folder, "recovering", reason)
             try:
-                LocalBackend(folder.path.parent).resume(folder.name, guarded=True)
+                # The job's own backend (a Slurm job's first cancels what is left of it in Slurm).
+                backend = backend_of(folder.name, root=folder.path.parent)
+                assert isinstance(backend, LocalBackend)  # a folder's job: local or Slurm
+                backend.resume(folder.name, guarded=True)
             except (NotebookElasticError, OSError) as exc:
                 _say(folder, Event(Kind.ERROR, time.time(), None, {"message": f"recovery failed: {exc}"}))
     finally:

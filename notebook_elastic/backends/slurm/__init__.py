@@ -15,23 +15,31 @@ SIGTERM to a node (a preemption, ``scancel``, the time limit) is a notice: rank 
 allocation that joins when Slurm grants it; a cancelled one is not replaced. Before anything is
 submitted the options are checked against the cluster (``sinfo``): an unknown partition, a
 ``--time`` over the partition's limit, no Slurm client here.
+
+Every allocation of the job carries its folder's mark (``mark.py``), and every action on Slurm
+takes only this user's allocations that carry it: a job of the same name elsewhere (another
+home, another machine) is never cancelled, signalled or read as this one.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+from ...contract.events import FINAL_STATUSES
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder
 from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
-from ...pool import ENV_POOL
 from ...runtime import protocol
+from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
-from ..local import RESUMABLE_STATUSES, SUPERVISOR_MODULE, LocalBackend, _tail
+from ..local import SUPERVISOR_MODULE, LocalBackend, _tail
 from . import cluster
+from .mark import ENV_MARK, cancel_marked, job_name, mark_for_run, own_mark
 from .options import SlurmOptions
 
 __all__ = ["SlurmBackend"]
@@ -45,10 +53,39 @@ class SlurmBackend(LocalBackend):
 
     name = "slurm"
 
+    def __init__(
+        self, home: str | os.PathLike[str] | None = None, *, slurm_state: Callable[[str], str] | None = None
+    ) -> None:
+        super().__init__(home, slurm_state=slurm_state)
+        # The mark of each job this backend ran, kept for the case its folder goes: stop() still
+        # finds its allocations (job name -> (allocations' name, mark)).
+        self._marks: dict[str, tuple[str, str]] = {}
+
+    def _mark(self, name: str) -> tuple[str, str] | None:
+        """(the name its allocations are named after, the mark they carry) of job ``name``, from
+        its folder (or from this backend's memory when the folder went); None when it has none
+        of its own (it never ran in Slurm with one, or the folder is a copy)."""
+        folder = self.folder(name)
+        mark = own_mark(folder)
+        if mark is not None:
+            self._marks[name] = (job_name(folder), mark)
+            return self._marks[name]
+        return None if folder.path.exists() else self._marks.get(name)
+
+    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
+        """Cancel every allocation of job ``name`` (only those carrying its mark, from its folder
+        or, once the folder is gone, this backend's memory); wait up to ``wait_s`` for them to
+        end. Before a resume: a supervisor thought lost (on another machine) must not meet its
+        successor, which then runs as it was launched (in an allocation of its own, or here
+        with ``--supervisor-in here``). BackendError when Slurm does not answer."""
+        marked = self._mark(name)
+        if marked is not None:  # else nothing of its own in Slurm: never cancel by a name alone
+            cancel_marked(*marked, wait_s=wait_s)
+
     def submit_dryrun(self, spec: Any, bundle: Any) -> DryRun:
         dry = super().submit_dryrun(spec, bundle)
         options = SlurmOptions.from_json(spec.backend_options.get("slurm"))
-        srun = " ".join(options.srun(spec.name, "node-N", spec.nproc_per_node))
+        srun = " ".join(options.srun(spec.name, "node-N", spec.nproc_per_node, cluster.comment("<the folder's mark>")))
         try:
             where = f"partition {cluster.check(options)}"
         except Exception as exc:  # a dry-run shows what it would do, and what Slurm would refuse
@@ -68,27 +105,68 @@ class SlurmBackend(LocalBackend):
         """The supervisor as a small allocation of its own (``sbatch``), so that the job lives in
         the cluster, not on the kernel's machine; ``--supervisor-in here`` runs it here, as the
         local backend does."""
+        asked = time.time()
         options = SlurmOptions.from_json((folder.spec().get("backend_options") or {}).get("slurm"))
+        mark = mark_for_run(folder)  # before anything is submitted: a stop meanwhile finds it
+        self._marks[name] = (job_name(folder), mark)
         if options.supervisor_in == "here":
             super()._start_supervisor(folder, name, resume=resume)
             return
         env = dict(os.environ)
         env.pop(ENV_POOL, None)  # no warm pool on the allocation's machine
         env[protocol.ENV_JOB_DIR] = str(folder.path)
+        env[ENV_MARK] = mark  # what its nodes carry, whatever its host's view of the folder
         command = [sys.executable, "-m", SUPERVISOR_MODULE]
         command += [*(["--resume"] if resume else []), str(folder.path)]
         known = cluster.partitions()
         limit = known.get(options.supervisor_in or options.partition or next(iter(known), ""))
-        argv = options.sbatch_supervisor(name, str(folder.supervisor_log), command, minutes=limit)
-        job_id = cluster.submit(argv, env)
+        argv = options.sbatch_supervisor(
+            job_name(folder), str(folder.supervisor_log), command, cluster.comment(mark), minutes=limit
+        )
+        try:
+            job_id = cluster.submit(argv, env)
+        except (BackendError, subprocess.TimeoutExpired):
+            # sbatch may have ended after Slurm took the job (a stop meanwhile ends the job's
+            # processes, sbatch among them; a timeout): whatever carries its mark goes.
+            for _ in range(2):  # again a moment later: one registered as this one looked
+                cluster.cancel(job_name(folder), mark)
+                time.sleep(1.0)
+            stopped = self._stopped_since(folder, asked)
+            if stopped:
+                raise BackendError(
+                    f"job {name!r} was {stopped} before its supervisor started; what it had submitted to Slurm "
+                    "was cancelled"
+                ) from None
+            raise
+        kept = cluster.job_comment(job_id)
+        if kept is not None and kept != cluster.comment(mark):
+            cluster.cancel_ids([job_id])
+            raise BackendError(
+                f"this Slurm cluster replaced the comment of job {name!r}'s supervisor allocation (Slurm job "
+                f"{job_id}: {kept!r}); notebook-elastic marks each allocation with it to act on the job's own "
+                "only, so it was cancelled and nothing runs; ask the cluster's admins to keep --comment as given"
+            )
         submitted, granted = time.monotonic(), None
         unknown = 0
         while folder.supervisor() is None:
+            stopped = self._stopped_since(folder, asked)
+            if stopped:
+                # Stopped (by another kernel, the CLI, the panel) while its allocation waited, or
+                # before sbatch had answered (that stop found nothing in Slurm yet).
+                done = cluster.cancel_ids([job_id])
+                raise BackendError(
+                    f"job {name!r} was {stopped} before its supervisor started; its allocation "
+                    + (
+                        f"(Slurm job {job_id}) was cancelled"
+                        if done
+                        else f"(Slurm job {job_id}) could not be cancelled, Slurm did not answer: scancel {job_id}"
+                    )
+                )
             state, reason = cluster.job_state(job_id)
             now = time.monotonic()
             unknown = unknown + 1 if not state else 0
             if state == "GONE" or (state and state not in cluster.NOT_ENDED) or unknown > 20:
-                cluster.cancel(name)
+                cluster.cancel_ids([job_id])
                 raise BackendError(
                     f"the supervisor's allocation (Slurm job {job_id}) ended ({state or 'Slurm does not answer'}) "
                     f"before the job started: {_tail(folder.supervisor_log)}"
@@ -98,7 +176,7 @@ class SlurmBackend(LocalBackend):
             if (granted is None and now - submitted > SUPERVISOR_WAIT_S) or (
                 granted is not None and now - granted > SUPERVISOR_START_TIMEOUT_S
             ):
-                cluster.cancel(name)
+                cluster.cancel_ids([job_id])
                 waits = f"still waits ({reason})" if granted is None else f"did not start the supervisor ({state})"
                 raise BackendError(
                     f"the supervisor's allocation (Slurm job {job_id}) {waits} after {now - submitted:.0f} s and was "
@@ -107,13 +185,13 @@ class SlurmBackend(LocalBackend):
                 )
             time.sleep(0.5 if granted is None else 0.1)
 
-    def resume(self, name: str, *, guarded: bool = False) -> None:
-        """As the local backend resumes, once nothing of the job is left in Slurm: a supervisor
-        thought lost (on another machine) must not meet its successor."""
-        info = self.describe(name)
-        if info is not None and (info.status in RESUMABLE_STATUSES or (guarded and info.status == "recovering")):
-            cluster.cancel(name)
-        super().resume(name, guarded=guarded)
+    @staticmethod
+    def _stopped_since(folder: JobFolder, since: float) -> str | None:
+        """The job's final status when it was written after ``since`` (a stop while its
+        supervisor was being started), else None."""
+        status = folder.status() or {}
+        final = status.get("status")
+        return str(final) if final in FINAL_STATUSES and float(status.get("updated") or 0) >= since else None
 
     def cancel(self, name: str, timeout_s: float = 30.0) -> None:
         """Stop the job as the local backend does, then cancel any allocation of it Slurm still
@@ -121,4 +199,4 @@ class SlurmBackend(LocalBackend):
         try:
             super().cancel(name, timeout_s)
         finally:
-            cluster.cancel(name)
+            self._clear_leftovers(name)

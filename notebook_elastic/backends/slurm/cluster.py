@@ -114,31 +114,6 @@ def _job(job_id: str) -> dict[str, str] | None:
     return _fields(done.stdout)
 
 
-def ended_why(job_name: str, wait_s: float = 5.0) -> str | None:
-    """Why Slurm ended the newest allocation named ``job_name``: "preempted" (it has a
-    PreemptTime), "timeout", "cancelled", "node_fail"; None when it ended by itself or Slurm
-    no longer knows it. Its step can end before the job does: a job not ended yet is asked
-    again for up to ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            ids = _run(["squeue", "--me", "--states=all", "--noheader", "--name", job_name, "--format=%i"]).split()
-            if not ids:
-                return None
-            newest = max(ids, key=lambda i: int(re.sub(r"\D", "", i) or 0))
-        except (BackendError, subprocess.TimeoutExpired):
-            return None
-        job = _job(newest)
-        if job is None:
-            return None
-        if job.get("PreemptTime", "None") not in ("None", "Unknown", ""):
-            return "preempted"
-        state = job.get("JobState", "")
-        if state not in NOT_ENDED or time.monotonic() > deadline:
-            return ENDS.get(state)
-        time.sleep(0.2)
-
-
 def submit(argv: list[str], env: dict[str, str]) -> str:
     """``sbatch --parsable ...``: the new job's id."""
     if shutil.which(argv[0]) is None:
@@ -156,34 +131,116 @@ def job_state(job_id: str) -> tuple[str, str]:
     return job.get("JobState", ""), job.get("Reason", "")
 
 
+def job_comment(job_id: str) -> str | None:
+    """The comment Slurm keeps for a job (a site's job_submit plugin may have replaced the one
+    given); None when Slurm does not answer or no longer knows it."""
+    job = _job(job_id)
+    if job is None or job.get("JobState") == "GONE":
+        return None
+    return job.get("Comment", "")
+
+
 def job_names(job: str) -> re.Pattern[str]:
     """The names of one job's allocations: ne-JOB-supervisor, ne-JOB-node-N (not ne-JOB-2's)."""
     return re.compile(rf"ne-{re.escape(job)}-(supervisor|node-\d+)")
 
 
-def cancel(job: str) -> list[str]:
-    """scancel every allocation of this user's job ``job`` (its supervisor's, its nodes'); their ids."""
-    try:
-        out = _run(["squeue", "--noheader", "--me", "--format=%i|%j"])
-    except (BackendError, subprocess.TimeoutExpired):
-        return []
-    names = job_names(job)
-    ids = [i for i, _, name in (line.partition("|") for line in out.split()) if names.fullmatch(name)]
-    if ids:
-        try:
-            _run(["scancel", *ids])
-        except (BackendError, subprocess.TimeoutExpired):
-            pass
-    return ids
+def comment(mark: str) -> str:
+    """What each allocation of a job carries (``--comment``, ``squeue``'s ``%k``): its folder's
+    mark (``mark.py``). A name is not enough: another folder (another home, another machine)
+    may hold a job of the same name."""
+    return f"notebook-elastic:{mark}"
 
 
-def signal_jobs(job_name: str, signal_name: str | None, state: str | None = None) -> None:
-    """Signal every process of this user's jobs named ``job_name`` (``scancel --signal``), or
-    cancel them (``signal_name`` None); only those in ``state`` when given."""
-    argv = ["scancel", "--me", f"--name={job_name}"]
-    argv += [f"--signal={signal_name}"] if signal_name else []
-    argv += [f"--state={state}"] if state else []
+def allocations(names: re.Pattern[str], mark: str, states: str | None = None) -> list[tuple[str, str, str]] | None:
+    """This user's allocations that carry ``mark`` and whose name ``names`` matches, as (id,
+    name, state); only those in ``states`` (squeue's ``--states``) when given. None when Slurm
+    does not answer."""
+    argv = ["squeue", "--me", "--noheader", "--format=%i|%T|%k|%j", *([f"--states={states}"] if states else [])]
     try:
-        _run(argv)
+        out = _run(argv)
     except (BackendError, subprocess.TimeoutExpired):
-        pass
+        return None
+    found = []
+    for line in out.splitlines():
+        parts = line.strip().split("|", 3)  # the name last: another job's may hold a '|'
+        if len(parts) == 4 and parts[2] == comment(mark) and names.fullmatch(parts[3]):
+            found.append((parts[0], parts[3], parts[1]))
+    return found
+
+
+def _scancel(ids: list[str], *options: str) -> bool:
+    """``scancel --me OPTIONS IDS``: by id, and only this user's (an id of another user's job is
+    never acted on, whatever the caller was told). One that ended meanwhile is skipped. Whether
+    Slurm answered (False: it did not, or refused: nothing may have been done)."""
+    if not ids:
+        return True
+    try:
+        _run(["scancel", "--me", *options, *ids])
+    except subprocess.TimeoutExpired:
+        return False
+    except BackendError as exc:
+        # "Invalid job id" for one that ended meanwhile: the others were acted on.
+        return "Invalid job id" in str(exc) or "already completing or completed" in str(exc)
+    return True
+
+
+def cancel(job: str, mark: str) -> list[str] | None:
+    """scancel every allocation of job ``job`` that carries its folder's ``mark`` (its
+    supervisor's, its nodes', waiting or running); their ids. None when Slurm did not answer
+    (nothing may have been cancelled)."""
+    found = allocations(job_names(job), mark)
+    if found is None:
+        return None
+    ids = [i for i, _, _ in found]
+    return ids if _scancel(ids) else None
+
+
+def cancel_ids(ids: list[str]) -> bool:
+    """scancel these allocations (ids the caller holds: the supervisor's it submitted); whether
+    Slurm answered."""
+    return _scancel([i for i in ids if i])
+
+
+def signal_node(name: str, mark: str, signal_name: str | None, state: str | None = None) -> None:
+    """Signal every process of the allocation named ``name`` that carries ``mark``
+    (``scancel --signal``), or cancel it (``signal_name`` None); only one in ``state`` when
+    given (squeue's and scancel's filter both: one whose state changed in between is left to
+    the caller's next call)."""
+    ids = [i for i, _, _ in allocations(re.compile(re.escape(name)), mark, state) or []]
+    _scancel(ids, *([f"--signal={signal_name}"] if signal_name else []), *([f"--state={state}"] if state else []))
+
+
+def ended_why(name: str, mark: str, wait_s: float = 5.0) -> str | None:
+    """Why Slurm ended the newest allocation named ``name`` that carries ``mark``: "preempted"
+    (it has a PreemptTime), "timeout", "cancelled", "node_fail"; None when it ended by itself or
+    Slurm no longer knows it. Its step can end before the job does: a job not ended yet is asked
+    again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = allocations(re.compile(re.escape(name)), mark, "all")
+        if not found:
+            return None
+        newest = max((i for i, _, _ in found), key=lambda i: int(re.sub(r"\D", "", i) or 0))
+        job = _job(newest)
+        if job is None:
+            return None
+        if job.get("PreemptTime", "None") not in ("None", "Unknown", ""):
+            return "preempted"
+        state = job.get("JobState", "")
+        if state not in NOT_ENDED or time.monotonic() > deadline:
+            return ENDS.get(state)
+        time.sleep(0.2)
+
+
+def wait_ended(ids: list[str], timeout_s: float) -> bool:
+    """Wait (up to ``timeout_s``) until Slurm holds none of these allocations pending or
+    running: whether it came to that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = [job_state(i)[0] for i in ids]
+        if all(s and s not in NOT_ENDED for s in states):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)

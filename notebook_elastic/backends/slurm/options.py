@@ -57,16 +57,17 @@ class SlurmOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
-    def srun(self, job: str, node: str, nproc_per_node: int) -> list[str]:
+    def srun(self, job: str, node: str, nproc_per_node: int, comment: str) -> list[str]:
         """The ``srun`` a node's agent runs under: one task on one node, its own allocation,
-        named after the job and the node (``squeue`` shows which is which), the environment
-        passed on, and the job's options."""
+        named after the job and the node (``squeue`` shows which is which) and carrying the
+        job's mark (``comment``: ``mark.py``), the environment passed on, and the job's options."""
         argv = [
             "srun",
             "--nodes=1",
             "--ntasks=1",
             f"--cpus-per-task={max(1, nproc_per_node)}",
             f"--job-name=ne-{job}-{node}",
+            f"--comment={comment}",
             "--export=ALL",
             "--kill-on-bad-exit=1",
         ]
@@ -83,9 +84,11 @@ class SlurmOptions:
             argv.append(f"--gpus-per-node={self.gpus_per_node}")
         return [*argv, *self.slurm_args, "--"]
 
-    def sbatch_supervisor(self, job: str, log: str, command: list[str], minutes: float | None = None) -> list[str]:
-        """The ``sbatch`` of the job's supervisor: one small task of its own (``ne-JOB-supervisor``),
-        in the supervisor's partition (the nodes' by default), charged as the nodes are, its
+    def sbatch_supervisor(
+        self, job: str, log: str, command: list[str], comment: str, minutes: float | None = None
+    ) -> list[str]:
+        """The ``sbatch`` of the job's supervisor: one small task of its own (``ne-JOB-supervisor``,
+        carrying the job's mark: ``comment``), in the supervisor's partition (the nodes' by default), charged as the nodes are, its
         output appended to the job's supervisor.log; its time the partition's limit (``minutes``;
         without --time Slurm would give it the partition's DefaultTime), so it outlives nodes
         that are replaced at theirs."""
@@ -93,6 +96,7 @@ class SlurmOptions:
             "sbatch",
             "--parsable",
             f"--job-name=ne-{job}-supervisor",
+            f"--comment={comment}",
             "--ntasks=1",
             "--cpus-per-task=1",
             "--export=ALL",
@@ -110,6 +114,61 @@ class SlurmOptions:
         if minutes is not None:
             argv.append(f"--time={int(minutes)}")
         return [*argv, "--wrap", "exec " + " ".join(shlex.quote(c) for c in command)]
+
+
+#: The srun options notebook-elastic sets itself (``SlurmOptions.srun``), or that would hide a
+#: node from its job (its output read by the supervisor, its own allocation): the long name,
+#: the short letter, and what to do instead. sbatch's own (--parsable, --wrap, --open-mode) too:
+#: they are never given to srun, and a user who writes them means the supervisor's, which is ours.
+OURS: dict[str, tuple[str | None, str]] = {
+    "--job-name": ("J", "remove it (squeue shows each node as ne-JOB-node-N)"),
+    "--comment": (None, "remove it (the comment holds the job's mark)"),
+    "--nodes": ("N", "remove it (each node is an allocation of one node; --nnodes sets how many)"),
+    "--ntasks": ("n", "remove it (one agent per node; --nproc-per-node sets the ranks)"),
+    "--cpus-per-task": ("c", "remove it (it follows --nproc-per-node)"),
+    "--export": (None, "remove it (the environment is passed on; give variables with --env)"),
+    "--kill-on-bad-exit": ("K", "remove it"),
+    "--output": ("o", "remove it (the node's output goes to the job's logs/)"),
+    "--error": ("e", "remove it (the node's output goes to the job's logs/)"),
+    "--input": ("i", "remove it"),
+    "--label": ("l", "remove it (the job reads each node's lines as they are)"),
+    "--jobid": (None, "remove it (each node is an allocation of its own)"),
+    "--parsable": (None, "remove it"),
+    "--wrap": (None, "remove it"),
+    "--open-mode": (None, "remove it"),
+    "--partition": ("p", "use --partition instead (it is checked against the cluster)"),
+    "--account": ("A", "use --account instead"),
+    "--qos": ("q", "use --qos instead"),
+    "--time": ("t", "use --time instead (it is checked against the partition's limit)"),
+    "--constraint": ("C", "use --constraint instead"),
+    "--gpus-per-node": (None, "use --gpus-per-node instead"),
+}
+#: srun options that are a prefix of one of ours but an option of their own (exact names win).
+_OWN_PREFIXES = ("--gpus",)
+#: srun's short options that take no value: "-uJx" is -u then -J x.
+_SHORT_FLAGS = set("EHkKlOQsuvXZhV")
+
+
+def ours(arg: str) -> tuple[str, str] | None:
+    """(the option of ours ``arg`` sets, what to do instead), or None. srun (getopt) takes a
+    long option's unambiguous prefix for it (``--job-na=x`` is ``--job-name=x``), and short
+    flags run together (``-lJx``): both are read as srun reads them."""
+    if arg.startswith("--"):
+        name = arg.split("=", 1)[0]
+        if name in OURS:
+            return name, OURS[name][1]
+        if name not in _OWN_PREFIXES and len(name) > 2:
+            for full, (_, instead) in OURS.items():
+                if full.startswith(name):
+                    return full, instead
+        return None
+    by_letter = {letter: (full, instead) for full, (letter, instead) in OURS.items() if letter}
+    for letter in arg[1:]:
+        if letter in by_letter:
+            return by_letter[letter]
+        if letter not in _SHORT_FLAGS:
+            return None  # an option that takes a value: the rest is its value
+    return None
 
 
 def parse_options(
@@ -153,6 +212,13 @@ def parse_options(
         if not arg.startswith("-") or any(c.isspace() for c in arg.split("=", 1)[0]):
             raise SpecError(
                 f"--slurm-arg {arg!r} is not an srun option; give one option each, like --slurm-arg=--mem=32G"
+            )
+        taken = ours(arg)
+        if taken is not None:
+            flag, instead = taken
+            raise SpecError(
+                f"--slurm-arg {arg!r} sets {flag}, which notebook-elastic sets itself for each node "
+                f"(its allocations are named, marked and read by the job); {instead}"
             )
     return SlurmOptions(
         partition=partition,

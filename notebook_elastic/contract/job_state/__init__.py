@@ -19,10 +19,10 @@ from typing import Any, cast
 
 from ...runtime.event_types import Metric, NodeLeft
 from ...runtime.tracking import tracking_text
-from ..events import FINAL_STATUSES, Event, Kind, Status, describe, steps_done
+from ..events import FINAL_STATUSES, Event, Kind, Status, describe, format_duration, sig, steps_done
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
 from .handlers import Fold
-from .records import Marker, Metrics, MetricSeries, NodeInfo, RankInfo
+from .records import SAVING_MEASURED_S, Marker, Metrics, MetricSeries, NodeInfo, RankInfo, RunClock, SavingClock
 
 # The fold, and the names that were defined here before its parts moved out (still imported from here).
 __all__ = [
@@ -36,6 +36,9 @@ __all__ = [
     "Metrics",
     "NodeInfo",
     "RankInfo",
+    "RunClock",
+    "SAVING_MEASURED_S",
+    "SavingClock",
     "budget_spent_reason",
     "describe_failure",
     "elapsed_s",
@@ -90,6 +93,7 @@ class JobState:
         self.restarts = 0  # worker-failure restarts, the most any agent used
         self.resumes = 0  # job_resumed events folded: runs continued after an outcome (or a loss)
         self.membership_changes = 0
+        self.in_place_changes = 0  # of which the workers kept their processes (runtime/inplace.py)
         self.metrics = Metrics()  # rank 0's: the one loss every view shows (chart, header, jobs, panel)
         # The other ranks' latest values (report(all_ranks=True)): rank -> {name: value}, on demand.
         self.rank_values: dict[int, dict[str, Any]] = {}
@@ -102,10 +106,12 @@ class JobState:
         # How the job saves: {"every": steps between saves, "chosen": by State or given,
         # "blocked_pct": share of the loop commit() blocked}, from the latest checkpoint event.
         self.checkpointing: dict[str, Any] | None = None
+        self.saving = SavingClock()  # the share of the loop State's commits blocked, over the job
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.first_step_at: float | None = None
         self.last_event_at: float | None = None
+        self.runs = RunClock()  # how long it ran, its stopped spells left out
         self.dropped_events = 0  # events the fold could not take (malformed), dropped
         self.last_dropped: str | None = None
         # Status changes with their time and cause, newest last: a restart that heals in
@@ -128,6 +134,23 @@ class JobState:
     @property
     def running_nodes(self) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if n.status != "left"]
+
+    @property
+    def steps_done(self) -> int | None:
+        """The steps done, as every view counts them: the latest step index reported + 1 (a
+        100-step loop's last report says 99; the dashboard, the panel, the CLI and the summary
+        say 100/100). ``step`` stays the index the ranks reported."""
+        return steps_done(self.step)
+
+    def ran_s(self, now: float | None = None) -> float | None:
+        """Seconds the job ran: every run from its start to its outcome, up to ``now`` while it
+        runs; the time it sat stopped, failed or lost before a resume is not counted."""
+        if self.started_at is None:
+            return None
+        now = time.time() if now is None else now
+        if not self.runs.runs:  # no start told (a history from its first worker): one run
+            return max(0.0, (self.finished_at or now) - self.started_at)
+        return self.runs.ran_s(now)
 
     @property
     def steps_per_s(self) -> float | None:
@@ -208,6 +231,7 @@ class JobState:
             "loss": loss,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "ran_s": self.ran_s(),
             "generation": self.generation,
             "transitions": list(self.transitions)[-8:],
             "nodes": [n.to_json() for n in self.nodes.values()],
@@ -234,8 +258,12 @@ class JobState:
             self.last_dropped = f"{getattr(e, 'kind', '?')}: {type(exc).__name__}: {exc}"[:300]
 
     def _apply(self, e: Event) -> None:
-        self.last_event_at = e.time
+        previous_at, self.last_event_at = self.last_event_at, e.time
         k = e.kind
+        if k in (Kind.JOB_SUBMITTED, Kind.JOB_RESUMED):
+            self.runs.start(e.time, previous_at)
+        elif k == Kind.JOB_FINISHED:
+            self.runs.end(e.time)
         if k == Kind.METRIC:
             d = e.fields(Metric)
             step = d.get("step")
@@ -244,6 +272,7 @@ class JobState:
                 self.rank_values[int(rank)] = dict(d.get("values") or {})
             else:
                 self.metrics.add(step if step is not None else self.metrics.count, d.get("values") or {}, e.time)
+                self.saving.observe(d.get("blocked_s"), d.get("loop_s"))
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._saw_step(int(step), e.time)
             values = d.get("values") or {}
@@ -278,10 +307,14 @@ class JobState:
             if self.status == Status.RESTARTING:
                 entry["events"] = [describe(e)]
                 recent = self._last_root
-                if not root and recent is not None and 0 <= e.time - recent.time <= ROOT_WINDOW_S:
+                close = recent is not None and 0 <= e.time - recent.time <= ROOT_WINDOW_S
+                if not root and recent is not None and close:
                     entry["cause"] = describe(recent)
                     entry["events"].insert(0, describe(recent))
                 entry["rooted"] = root or entry["cause"] != describe(e)
+                # When the outage began: at its cause (the drill, else the departure), the moment
+                # the timeline's "back at world size N after ..." counts from too (#39 item 4).
+                entry["since"] = recent.time if recent is not None and close else e.time
             self.transitions.append(entry)
         elif self.status == Status.RESTARTING and e.kind in SYMPTOMS and self.transitions:
             entry = self.transitions[-1]
@@ -309,6 +342,7 @@ FOLDED_FIELDS = (
     "loss",
     "loss_tail",
     "transitions",
+    "ran_s",
     "generation",
     "stall",
     "warning",
@@ -334,10 +368,8 @@ def with_fold(status: str, summary: dict[str, Any], state: JobState | None) -> t
 
 
 def elapsed_s(state: JobState, now: float | None = None) -> float | None:
-    if state.started_at is None:
-        return None
-    end = state.finished_at or (time.time() if now is None else now)
-    return max(0.0, end - state.started_at)
+    """How long the job ran (``JobState.ran_s``): the one figure of its time every view shows."""
+    return state.ran_s(now)
 
 
 def summary_text(name: str, s: JobState) -> str:
@@ -351,14 +383,14 @@ def summary_text(name: str, s: JobState) -> str:
     if not finished:
         parts.append(f"nodes {len(s.running_nodes)} (range {s.nnodes[0]}:{s.nnodes[1]})")
     if s.step is not None:
-        parts.append(f"step {steps_done(s.step)}" + (f"/{s.total_steps}" if s.total_steps else ""))
+        parts.append(f"step {s.steps_done}" + (f"/{s.total_steps}" if s.total_steps else ""))
     loss = s.metrics.last("loss")
     if loss is not None:
-        parts.append(f"loss {loss:.4g}")
+        parts.append(f"loss {sig(loss, 4)}")
     parts.append(f"restarts {s.restarts}/{s.max_restarts}")
     took = elapsed_s(s)
     if took is not None:
-        parts.append(f"{took:.0f} s")
+        parts.append(f"ran {format_duration(took)}")
     text = ", ".join(parts)
     if s.reason and finished:
         text += f"\n  reason: {s.reason}"

@@ -19,6 +19,7 @@ from ...runtime.event_types import (
     Degraded,
     DiskFull,
     Gpu,
+    InPlace,
     JobFinished,
     JobResumed,
     JobSubmitted,
@@ -40,8 +41,18 @@ from ...runtime.event_types import (
 from ..events import Event, Status, degraded_text, describe, steps_done
 from .records import Marker, NodeInfo, RankInfo
 
+#: Beside the agent's leave, a pod's grace keeps this for a step in flight when the notice comes
+#: (the least --grace, LEAVE_S + 2, leaves a second for a save).
+SAVE_MARGIN_S = 1.0
+
 if TYPE_CHECKING:
     from . import JobState
+
+
+def quiet_departure(reason: str | None) -> bool:
+    """A node that left because the job was done or told to stop: no disruption, so no
+    marker on the chart and no line in the timeline (a clean run looked disrupted, #39 item 5)."""
+    return reason == "finished" or str(reason or "").startswith("stopped")
 
 
 class Fold:
@@ -172,7 +183,8 @@ class Fold:
         node.status = "left"
         node.left_reason = d.get("reason")
         node.left_at = e.time
-        self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
+        if not quiet_departure(d.get("reason")):  # the timeline tells these not either (#39 item 5)
+            self._mark(e, "node_left", f"{node.name} left ({node.left_reason})")
         if str(d.get("reason") or "").startswith("stopped"):
             self._stopping = True
         # A node stopped with the job or done with its work is no reason to regroup, and neither
@@ -302,6 +314,21 @@ class Fold:
             self.state.markers[self._size_marker] = Marker(step, old.time, old.kind, old.label)
             self._size_marker = None
 
+    def _on_in_place(self, e: Event) -> None:
+        """The members changed and the kept workers did not restart: a membership change, not a
+        restart (the budget is untouched). The world-size marker moves to the step the new
+        group trains from, and says so."""
+        d = e.fields(InPlace)
+        self.state.membership_changes += 1
+        self.state.in_place_changes += 1
+        step = d.get("step")
+        if self._size_marker is not None and step is not None:
+            old = self.state.markers[self._size_marker]
+            self.state.markers[self._size_marker] = Marker(step, old.time, old.kind, f"{old.label} in place")
+            self._size_marker = None
+        if not self.state.finished:
+            self.state.status = Status.RUNNING
+
     def _on_checkpoint_failed(self, e: Event) -> None:
         d = e.fields(CheckpointFailed)
         if d.get("final"):  # stays: the job ends without its last step saved
@@ -325,6 +352,7 @@ class Fold:
         if self.state.warning and self.state.warning.startswith("checkpoints are not being saved"):
             self.state.warning = None
         d = e.fields(Checkpoint)
+        self.state.saving.saves += int(d.get("commits") or 1)
         if d.get("blocked_pct") is not None:
             self.state.checkpointing = {
                 "every": d.get("every"),
@@ -338,16 +366,26 @@ class Fold:
 
     def _check_grace(self, d: Checkpoint) -> None:
         """Kubernetes: a pod's grace (--grace) must hold a save on notice; once a save is
-        measured longer than that allows, say what grace would (the pods' is fixed at launch)."""
+        measured longer than that allows, say what grace would (the pods' is fixed at launch).
+        The room for a save is the grace less the agent's leave and a second's margin (a
+        step in flight): the one the check and the sentence both use (#37: the sentence
+        said a room one second longer than the check's, "1.5 s, more than ... (2 s)")."""
         save_s = (d.get("ms") or 0) / 1000
         grace_s = self.state.grace_s
-        if not grace_s or self.state.warning or save_s + LEAVE_S + 1 <= grace_s:
+        if not grace_s or self.state.warning:
+            return
+        room_s = grace_s - LEAVE_S - SAVE_MARGIN_S
+        if save_s <= room_s:
             return
         enough = math.ceil(save_s * 1.5 + LEAVE_S + 2)
+        leaves = (
+            f"leaves for a save on notice ({room_s:g} s)"
+            if room_s > 0
+            else f"leaves no time for a save on notice (its agent needs {LEAVE_S:g} s to leave)"
+        )
         self.state.warning = (
-            f"a save takes {save_s:.1f} s, more than a pod's grace of {grace_s:g} s (--grace) leaves for a save "
-            f"on notice ({grace_s - LEAVE_S:g} s): a reclaim will cost the steps since the last save; "
-            f"relaunch with --grace {enough} or more"
+            f"a save takes {_above(save_s, room_s)} s, more than a pod's grace of {grace_s:g} s (--grace) {leaves}: "
+            f"a reclaim will cost the steps since the last save; relaunch with --grace {enough} or more"
         )
 
     def _on_job_finished(self, e: Event) -> None:
@@ -359,3 +397,13 @@ class Fold:
             if node.status != "left":
                 node.status = "left"
                 node.left_reason = node.left_reason or "finished"
+
+
+def _above(seconds: float, bound: float) -> str:
+    """``seconds`` with the fewest decimals (one at least) that still read above ``bound``:
+    1.04 s over a room of 1 s is "1.04", not "1.0"."""
+    for decimals in range(1, 7):
+        text = f"{seconds:.{decimals}f}"
+        if float(text) > bound:
+            return text
+    return repr(seconds)

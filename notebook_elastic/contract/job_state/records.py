@@ -42,6 +42,70 @@ class NodeInfo:
         }
 
 
+@dataclass
+class RunClock:
+    """How long a job has run: the sum of its runs, from each start (submitted, resumed) to its
+    outcome, so that the time it sat stopped before a resume is not counted (#39 item 4: "ran
+    8 min 32 s" counted it)."""
+
+    before_s: float = 0.0  # the runs that ended
+    since: float | None = None  # when the current run started; None between an outcome and a resume
+    runs: int = 0  # starts told (a history without job_submitted, a cluster's, has none)
+
+    def start(self, t: float, last_seen: float | None) -> None:
+        """A run starts at ``t``. A run still open (it was lost: no outcome was told) counts up to
+        the last thing it said (``last_seen``)."""
+        if self.since is not None:
+            self.before_s += max(0.0, (last_seen if last_seen is not None else self.since) - self.since)
+        self.since = t
+        self.runs += 1
+
+    def end(self, t: float) -> None:
+        if self.since is not None:
+            self.before_s += max(0.0, t - self.since)
+            self.since = None
+
+    def ran_s(self, now: float) -> float:
+        return self.before_s + (max(0.0, now - self.since) if self.since is not None else 0.0)
+
+
+#: How much of the loop's time must be measured before the share commit() blocked is shown: a
+#: share of a second or two is one save over a step or two, not how the job saves.
+SAVING_MEASURED_S = 10.0
+
+
+@dataclass
+class SavingClock:
+    """The share of the job's loop time that State's commit() blocked (#39 item 2: the header
+    showed one checkpoint event's window, a group's first step and first save, 37 %, for a job
+    that kept under a tenth). Rank 0's metrics carry its group's running totals; a total that
+    falls is a new group (a restart, a rescale), and the old group's last totals are banked."""
+
+    banked_blocked_s: float = 0.0  # groups that ended
+    banked_loop_s: float = 0.0
+    blocked_s: float = 0.0  # the group training now, up to its latest report
+    loop_s: float = 0.0
+    saves: int = 0  # checkpoints written, as the checkpoint events count them
+
+    def observe(self, blocked_s: Any, loop_s: Any) -> None:
+        if not isinstance(blocked_s, (int, float)) or not isinstance(loop_s, (int, float)):
+            return
+        if loop_s < self.loop_s:  # a new worker group's State
+            self.banked_blocked_s += self.blocked_s
+            self.banked_loop_s += self.loop_s
+        self.blocked_s, self.loop_s = float(blocked_s), float(loop_s)
+
+    @property
+    def measured_s(self) -> float:
+        return self.banked_loop_s + self.loop_s
+
+    def blocked_pct(self) -> float | None:
+        """The share, in percent, once ``SAVING_MEASURED_S`` of the loop are measured; else None."""
+        if self.measured_s < SAVING_MEASURED_S:
+            return None
+        return round(100 * (self.banked_blocked_s + self.blocked_s) / self.measured_s, 1)
+
+
 @dataclass(frozen=True)
 class Marker:
     """A point on the metric chart where something happened to the job."""

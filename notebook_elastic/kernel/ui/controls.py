@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from ..job import ElasticJob
 
 MESSAGE_FADES_S = 10.0  # how long what an action did stays under the buttons
+STOP_CONFIRM_S = 5.0  # how long Stop waits for its confirming click
+STOP_HINT = "click Confirm stop within 5 s to stop the job and all its processes"
+#: What a word under the buttons says by its colour: done, a question waiting, gone wrong.
+MESSAGE_COLORS = {"ok": "#2e7d32", "ask": "#e65100", "error": "#c62828"}
 
 
 def slider_max(state: JobState, hi: int) -> int:
@@ -45,6 +49,7 @@ class Controls:
         self._syncing: int | None = None  # the thread now moving the controls to the job's values
         self._busy: set[str] = set()  # actions in flight, by name: their controls stay disabled
         self._stop_armed_until = 0.0  # Stop's one confirmation: a second click before this stops
+        self.stop_confirm_s = STOP_CONFIRM_S
         state = job.state
         lo, hi = state.nnodes
         self._synced_target = state.target  # the job's target the nodes box last moved to
@@ -154,12 +159,14 @@ class Controls:
         self.kill_button.disabled = not live or "kill" in self._busy
         self.preempt_button.disabled = not live or "preempt" in self._busy
 
-    def say(self, text: str, ok: bool = True, *, fades: bool = False) -> None:
+    def say(self, text: str, ok: bool = True, *, fades: bool = False, tone: str | None = None) -> None:
         """A word under the buttons. What an action did (``fades``) goes after a while, once the
         header and the timeline tell its effect ("scaling to 2 node(s)" under the buttons long
-        after the job grew read as still in progress); what went wrong stays until replaced."""
-        color = "#2e7d32" if ok else "#c62828"
-        value = f"<span class='ne-message' style='color:{color};font-size:12px'>{text}</span>"
+        after the job grew read as still in progress); what went wrong stays until replaced.
+        ``tone``: "ask" for a question waiting on the user (amber, not the green of done)."""
+        tone = tone or ("ok" if ok else "error")
+        color = MESSAGE_COLORS[tone]
+        value = f"<span class='ne-message' data-tone='{tone}' style='color:{color};font-size:12px'>{text}</span>"
         self.message.value = value
         if fades:
 
@@ -170,6 +177,12 @@ class Controls:
             timer = threading.Timer(MESSAGE_FADES_S, fade)
             timer.daemon = True
             timer.start()
+
+    def forget_done(self) -> None:
+        """What an action did is over (the job was resumed, here or elsewhere): "job stopped"
+        under the buttons of a running job read as its present."""
+        if "data-tone='ok'" in self.message.value:
+            self.message.value = ""
 
     def _act(self, name: str, widget: W.Widget | None, action: Callable[[], str]) -> None:
         """Run ``action`` in a thread; its control stays disabled until it returns."""
@@ -226,13 +239,17 @@ class Controls:
         return f"preempted {r['node']}"
 
     def _on_stop(self, _button: W.Button) -> None:
-        # One confirmation, once: the first click arms the button for five seconds.
+        # One confirmation, once: the first click arms the button for a few seconds; the hint
+        # lives exactly as long (#39 item 8: it outlived the arming, and clicking as it said
+        # only armed the button again).
         now = time.monotonic()
         if now > self._stop_armed_until:
-            self._stop_armed_until = now + 5
+            self._stop_armed_until = now + self.stop_confirm_s
             self.stop_button.description = "Confirm stop"
-            self.say("click again to stop the job and all its processes", ok=True)
-            threading.Timer(5.0, self._disarm_stop).start()
+            self.say(STOP_HINT.replace("5 s", f"{self.stop_confirm_s:g} s"), tone="ask")
+            timer = threading.Timer(self.stop_confirm_s, self._disarm_stop)
+            timer.daemon = True
+            timer.start()
             return
         self._stop_armed_until = 0.0
         self.stop_button.description = "Stop"
@@ -241,3 +258,5 @@ class Controls:
     def _disarm_stop(self) -> None:
         if time.monotonic() >= self._stop_armed_until and self.stop_button.description == "Confirm stop":
             self.stop_button.description = "Stop"
+            if "data-tone='ask'" in self.message.value:
+                self.message.value = ""

@@ -147,9 +147,20 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
         # gone) is the last picture, not the first.
         self.display_handle: Any = None
         self._published_status: str | None = job.status  # what the first display shows
-        self._unsubscribe: Callable[[], None] | None = job.on_event(self._on_event)
-        self._thread = threading.Thread(target=self._loop, name=f"dashboard-{job.name}", daemon=True)
-        self._thread.start()
+        with self._lock:  # an event meanwhile waits for the loop to exist (_keep_drawing)
+            self._thread = threading.Thread(target=self._loop, name=f"dashboard-{job.name}", daemon=True)
+            self._unsubscribe: Callable[[], None] | None = job.on_event(self._on_event)
+            self._thread.start()
+
+    def _keep_drawing(self) -> None:
+        """The render loop ends once the job has ended and its last picture is drawn; events
+        after that are a resumed run (here, or from the CLI or the panel: the handle follows
+        it): draw again (#39 item 3)."""
+        with self._lock:
+            if self._closed or self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._loop, name=f"dashboard-{self.job.name}", daemon=True)
+            self._thread.start()
 
     # -- updates -------------------------------------------------------------------------
 
@@ -166,6 +177,9 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
                 self._dirty.update(("header", "ranks", "timeline", "chart", "controls"))
         if k == Kind.JOB_FINISHED:
             self._wake.set()
+        if k == Kind.JOB_RESUMED:
+            self.controls.forget_done()
+        self._keep_drawing()
 
     def _on_output_of(self, change: dict[str, Any]) -> None:
         if not self.controls.by_the_user():
@@ -245,8 +259,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
                 backend = getattr(job.backend, "name", "")
                 self._set(self.header, "value", header_html(job.name, backend, state))
                 if state.total_steps:
-                    done = (state.step + 1) if state.step is not None else 0
-                    self._set(self.progress, "value", min(1.0, done / state.total_steps))
+                    self._set(self.progress, "value", min(1.0, (state.steps_done or 0) / state.total_steps))
             if "chart" in dirty:
                 names = chart_metrics(state.metrics.names)
                 if names and tuple(names) != tuple(self.metric.options):

@@ -8,7 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...contract.events import FAULT_WORDS, Event, Kind, describe
+from ...contract.events import FAULT_WORDS, Event, Kind, describe, format_duration
+from ...contract.job_state.handlers import quiet_departure
 from .theme import FG, FG_FAINT, esc, left_words
 
 EVENT_COLORS: dict[str, str] = {
@@ -29,6 +30,8 @@ EVENT_COLORS: dict[str, str] = {
     Kind.STALL: "#c62828",
     Kind.STALL_CLEARED: "#2e7d32",
     Kind.SUPERVISOR_FROZEN: "#8d6e63",  # ours, not the job's
+    Kind.IN_PLACE: "#2e7d32",  # the members changed and nobody restarted
+    Kind.IN_PLACE_REFUSED: "#ef6c00",
 }
 NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failures
 
@@ -58,16 +61,21 @@ STORY_HIDDEN = TIMELINE_HIDDEN | {
     Kind.LEFT_RENDEZVOUS,
     Kind.PEER_LOST,
     Kind.WORKER_EXITED,
+    Kind.REGROUPED,  # each node's round: the in_place line tells the change
+    Kind.LEFT_AT_BOUNDARY,
 }
 
 
 def _back_after(e: Event, events: Sequence[Event], index: int, started: frozenset[Any]) -> str:
-    """' — back at world size 2 after 1.6 s': when a new worker group started after ``e``. A
-    worker of a group in ``started`` (those started before ``e``: a slower node's rank of the
-    same group, told a moment later) is not training starting again."""
+    """' — back at world size 2 after 1.6s': when a new worker group started after ``e`` (the
+    drill, else the departure: where the jobs panel's "running again after" counts from too,
+    the fold's restart ``since``). A worker of a group in ``started`` (those started before
+    ``e``: a slower node's rank of the same group, told a moment later) is not training
+    starting again."""
     for later in events[index + 1 :]:
         if later.kind == Kind.WORKER_STARTED and later.get("generation") not in started:
-            return f" — back at world size {later.get('world_size')} after {later.time - e.time:.1f} s"
+            how = "in place" if later.get("in_place") else "back"
+            return f" — {how} at world size {later.get('world_size')} after {format_duration(later.time - e.time)}"
         if later.kind == Kind.JOB_FINISHED:
             return ""
     return " — regrouping…"
@@ -91,7 +99,8 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
             if key in groups:
                 continue
             groups.add(key)
-            out.append((e, f"training at world size {d.get('world_size')}"))
+            if not d.get("in_place"):  # a group formed in place: its in_place line tells it
+                out.append((e, f"training at world size {d.get('world_size')}"))
         elif k == Kind.WORKER_FAILED and d.get("cause") == "peer":
             continue
         elif k == Kind.RESTART and d.get("reason") in ("departure", "membership_change", "store_replaced"):
@@ -111,8 +120,8 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
         elif k == Kind.NODE_LEFT:
             reason = d.get("reason")
             drilled_at = drilled.pop(e.node, None) if e.node else None
-            if reason in ("stopped", "finished") and drilled_at is None:
-                continue
+            if quiet_departure(reason) and drilled_at is None:
+                continue  # nor is it marked on the chart: the same rule, the fold's
             if drilled_at is not None:  # the outage counts from the drill, not from when the node was gone
                 drill, at, before = drilled_at
                 words = FAULT_WORDS.get(str(drill.get("fault")), str(drill.get("fault")))
@@ -136,16 +145,17 @@ def timeline_html(events: Sequence[Event], limit: int = 150) -> str:
     for e, text in reversed(story(events)[-limit:]):
         color = event_color(e)
         when = time.strftime("%H:%M:%S", time.localtime(e.time))
-        body = esc(text)
+        line = f'<span class="ne-when" style="color:{FG_FAINT};white-space:nowrap">{when}</span> {esc(text)}'
         if e.kind == Kind.WORKER_FAILED and e.get("traceback"):
-            body = (
-                f"<details><summary>{body}</summary><pre style='font-size:11px;white-space:pre-wrap;"
+            # The time inside the summary: a <details> is a block, and the time stood alone on a
+            # line above its sentence (#39 item 9).
+            line = (
+                f"<details><summary>{line}</summary><pre style='font-size:11px;white-space:pre-wrap;"
                 f"overflow-wrap:anywhere;margin:2px 0'>{esc(e.get('traceback'))}</pre></details>"
             )
         items.append(
             f'<li class="ne-event" data-kind="{esc(e.kind)}" style="list-style:none;border-left:3px solid {color};'
-            f'padding-left:6px;margin:2px 0;overflow-wrap:anywhere">'
-            f'<span style="color:{FG_FAINT}">{when}</span> {body}</li>'
+            f'padding-left:6px;margin:2px 0;overflow-wrap:anywhere">{line}</li>'
         )
     return (
         f'<ul class="ne-timeline" style="margin:0;padding:0;max-height:260px;overflow-y:auto;overflow-x:hidden;'

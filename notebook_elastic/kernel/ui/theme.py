@@ -62,6 +62,7 @@ LEFT_WORDS = {
     "finished": "finished",
     "files_changed": "stopped: its files changed",
     "evicted": "evicted",  # a node sent away (node_evicted says why) or a pod the cluster evicted
+    "reconfigured": "restarted with the new range",
 }
 
 

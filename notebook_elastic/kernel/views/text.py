@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from ...contract.events import Event, Kind, describe, format_duration, steps_done
+from ...contract.events import Event, Kind, describe, format_duration, sig
 from ...contract.job_state import JobState
 
 if TYPE_CHECKING:
@@ -25,11 +25,11 @@ QUIET_KINDS = {Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.AGENT_STARTED, Kind.
 def progress_line(state: JobState) -> str:
     parts = []
     if state.step is not None:
-        parts.append(f"step {steps_done(state.step)}" + (f"/{state.total_steps}" if state.total_steps else ""))
+        parts.append(f"step {state.steps_done}" + (f"/{state.total_steps}" if state.total_steps else ""))
     for name in state.metrics.names[:3]:
         value = state.metrics.last(name)
         if value is not None:
-            parts.append(f"{name}={value:.4g}")
+            parts.append(f"{name}={sig(value, 4)}")
     rate = state.steps_per_s
     if rate:
         parts.append(f"{rate:.1f} steps/s")

@@ -1,0 +1,362 @@
+"""The agent's side of in place: its workers keep their processes when the job's members change.
+
+torchrun's agent stops and starts every worker at every change of members (a node joins or
+leaves). Ours (``torch_compat.NotebookAgent``) asks ``InPlace.restart`` first: when each of its
+workers is linked (``runtime/inplace.py``) and says it can stay, the agent only rendezvouses
+(torch's own round: the same members, ranks and world size a restart would get), and sends each
+worker its place in the new group instead of a new process. A worker that cannot stay, or a
+worker that failed, makes the node restart as torchrun would (charged as torchrun charges it);
+its new workers join the others' new group and take the live values from them.
+
+- A departure seen by the watch (``departures.py``) no longer ends the workers: they are told to
+  abort their group (a collective waiting on a peer on a lost host fails at once), and the agent
+  regroups in place.
+- A node that goes on purpose (SIGTERM: a scale-down, a preemption, a stop) tells its workers to
+  leave at the next step boundary the group agrees on (the vote before each optimizer step), so
+  no step is lost, and leaves its round first, so the survivors form theirs meanwhile. Workers
+  that do not reach a boundary in time are told to abort, then stopped as torchrun stops them.
+
+The link: an abstract Unix socket (no file to leave behind) whose name and token reach the
+workers through their environment; a connection without the token, or from another user
+(``SO_PEERCRED``), is closed unheard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runtime import log as _logging
+from ..runtime import protocol
+from ..runtime._emit import emit
+from ..runtime.event_types import InPlaceRefused, LeftAtBoundary, Regrouped
+from ..runtime.inplace import group_prefix
+from ..runtime.protocol import Kind
+from .deadline import call_with_deadline
+
+#: A store call of ours here: a few hundred bytes; no answer by then is no answer.
+STORE_CALL_S = 5.0
+
+_log = _logging.get("agent.inplace")
+
+#: How long a node that goes waits for its workers to leave at a step boundary (within the
+#: supervisor's stop grace, 10 s) before it tells them to abort (a step longer than this costs
+#: the survivors that step, redone).
+LEAVE_AT_BOUNDARY_S = 6.0
+#: After an abort, how long it waits for them to exit before torch's shutdown stops them.
+LEAVE_AFTER_ABORT_S = 2.0
+
+
+@dataclass
+class _Worker:
+    local_rank: int
+    pid: int  # the process that linked (under the warm pool, the fork behind torchrun's launcher)
+    conn: socket.socket
+    capable: bool = False
+    why: str = "the cell keeps no elastic.State (none built yet)"
+    progressed: bool = False  # it has reported a step (a restart of it is worth a sentence)
+    said: bool = False  # it said whether it can stay
+    open: bool = True
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, message: dict[str, Any]) -> bool:
+        data = (json.dumps(message) + "\n").encode()
+        with self.lock:
+            try:
+                self.conn.sendall(data)
+                return True
+            except OSError:
+                self.open = False
+                return False
+
+
+class Links:
+    """The agent's end of its workers' links."""
+
+    def __init__(self, on_lost: Callable[[], None] = lambda: None) -> None:
+        self._on_lost = on_lost  # a worker said its group broke: look for a departure now
+        self.token = secrets.token_hex(16)
+        self.name = f"notebook-elastic-agent-{os.getpid()}-{secrets.token_hex(6)}"
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind("\0" + self.name)
+        self._sock.listen(64)
+        self._workers: dict[int, _Worker] = {}  # by local rank: the newest link of each
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)  # a worker said something, or went
+        threading.Thread(target=self._accept, name="notebook-elastic-links", daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        return {protocol.ENV_AGENT_LINK: self.name, protocol.ENV_AGENT_TOKEN: self.token}
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                time.sleep(0.1)  # out of descriptors: try again, never spin
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="notebook-elastic-link", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        peer_pid, peer_uid, _gid = struct.unpack("3i", creds)
+        reader = conn.makefile("rb")
+        worker: _Worker | None = None
+        try:
+            conn.settimeout(10.0)
+            hello = json.loads(reader.readline() or b"{}")
+            if peer_uid != os.getuid() or not secrets.compare_digest(str(hello.get("token", "")), self.token):
+                _log.warning("a link from pid %s (uid %s) without the agent's token: closed", peer_pid, peer_uid)
+                return
+            conn.settimeout(None)
+            worker = _Worker(int(hello.get("local_rank", -1)), peer_pid, conn)
+            with self._lock:
+                self._workers[worker.local_rank] = worker
+                self.changed.notify_all()
+            for line in reader:
+                message = json.loads(line)
+                with self._lock:
+                    self._said(worker, message)
+                    self.changed.notify_all()
+        except (OSError, ValueError):
+            pass
+        finally:
+            reader.close()
+            conn.close()
+            if worker is not None:
+                with self._lock:
+                    worker.open = False
+                    self.changed.notify_all()
+
+    def _said(self, worker: _Worker, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "capable":
+            worker.capable, worker.why = bool(message.get("capable")), str(message.get("why") or "")
+            worker.said = True
+        elif op == "progress":
+            worker.progressed = True
+        elif op == "lost":  # its group broke: it waits for the next assignment
+            self._on_lost()
+
+    def why_not(self, local_ranks: list[int]) -> str | None:
+        """Why the workers of these local ranks cannot all stay in place (None: they can)."""
+        with self._lock:
+            for local_rank in local_ranks:
+                worker = self._workers.get(local_rank)
+                if worker is not None and worker.said and not worker.capable:
+                    return f"local rank {local_rank}'s worker cannot stay: {worker.why}"  # what it said last
+                if worker is None or not worker.open:
+                    return f"local rank {local_rank}'s worker has no link to its agent"
+                if not worker.capable:
+                    return f"local rank {local_rank}'s worker cannot stay: {worker.why}"
+        return None
+
+    def said_why(self) -> str | None:
+        """The first reason a worker gave for not staying in place (None: none did)."""
+        with self._lock:
+            for local_rank, worker in sorted(self._workers.items()):
+                if worker.said and not worker.capable:
+                    return f"local rank {local_rank}'s worker cannot stay: {worker.why}"
+        return None
+
+    def trained(self) -> bool:
+        """Whether any of this agent's workers (now or before) reported a step."""
+        with self._lock:
+            return any(w.progressed for w in self._workers.values())
+
+    def pids(self, local_ranks: list[int]) -> list[int]:
+        with self._lock:
+            return [w.pid for r in local_ranks if (w := self._workers.get(r)) is not None]
+
+    def send(self, local_rank: int, message: dict[str, Any]) -> bool:
+        with self._lock:
+            worker = self._workers.get(local_rank)
+        if worker is None:
+            return False
+        return worker.send(message)
+
+    def wait_closed(self, local_ranks: list[int], timeout_s: float) -> bool:
+        """Wait until these local ranks' links are closed (their processes ended); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                if all(not w.open for r in local_ranks if (w := self._workers.get(r)) is not None):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(timeout=left)
+
+
+class InPlace:
+    """The agent's policy: regroup in place when its workers can, restart when they cannot."""
+
+    def __init__(self, node: Callable[[], str], member_gone: Callable[[], bool] = lambda: False) -> None:
+        self._node = node
+        self._member_gone = member_gone  # whether the round this node is in has lost a member
+        self.links: Links | None = None
+        self.regroup = threading.Event()  # a departure was seen: regroup at the next look
+        self.regroup_after: int | None = None  # ... of a member of this round (stale once past it)
+        self.lost = threading.Event()  # a worker's group broke: a departure is looked for at each look
+        self.reason = ""  # why the next round forms ("left", "lost", "joined", "store")
+        self.refused_round: int | None = None  # the round whose restart was said (in_place_refused)
+
+    def start(self) -> dict[str, str]:
+        """Listen for the workers' links; the environment that tells the workers where."""
+        if os.environ.get(protocol.ENV_IN_PLACE) == "0":
+            return {}
+        self.links = Links(on_lost=self.lost.set)
+        return self.links.env()
+
+    def group_env(self, run_id: str, round_: int | None, store: Any) -> dict[str, str]:
+        """What a fresh worker of this round needs to form its group as the kept ones do."""
+        if self.links is None or round_ is None or store is None:
+            return {}
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        if not host or not port:
+            return {}
+        epoch = int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0))
+        return {
+            protocol.ENV_GROUP_STORE: f"{host}:{port}",
+            protocol.ENV_GROUP_PREFIX: group_prefix(run_id, round_, epoch),
+        }
+
+    def departure_seen(self, local_ranks: list[int], round_: int, graceful: bool) -> bool:
+        """The watch saw a member of round ``round_`` go: when this node's workers can stay,
+        the agent regroups at its next look, and unless the member left on purpose
+        (``graceful``: it leaves at the step boundary the vote agrees on) the workers are told to
+        abort their group first (a collective waiting on the lost peer returns). False: the
+        watch ends them, as before."""
+        links = self.links
+        if links is None or not local_ranks:
+            return False
+        why = links.why_not(local_ranks)
+        if why is not None:
+            self._refused(why, round_)
+            return False
+        if not graceful:
+            for local_rank in local_ranks:
+                links.send(local_rank, {"op": "abort"})
+        self._regroup("left" if graceful else "lost", round_)
+        return True
+
+    def explain_restart(self, round_: int) -> None:
+        """The agent restarts its workers: where one of them said why it cannot stay, say so."""
+        said = self.links.said_why() if self.links is not None else None
+        if said is not None:
+            self._refused(said, round_)
+
+    def _refused(self, why: str, round_: int) -> None:
+        """Said once per round: this node's workers restart, and why (not for workers that never
+        trained: still starting, there was nothing to keep)."""
+        if self.refused_round != round_ and self.links is not None and self.links.trained():
+            self.refused_round = round_
+            emit(Kind.IN_PLACE_REFUSED, node=self._node(), **InPlaceRefused(reason=why))
+
+    def _regroup(self, reason: str, round_: int | None) -> None:
+        self.reason = reason
+        self.regroup_after = round_
+        self.regroup.set()
+
+    def regroup_now(self) -> str | None:
+        """Why the agent should regroup now ("lost", "left"), or None: a departure seen by the
+        watch, or a worker whose group broke while the round has lost a member (sooner than the
+        watch). A departure from a round this node has regrouped past already is done with."""
+        current = int(os.environ.get(protocol.ENV_ROUND, -1))
+        if self.lost.is_set() and not self.regroup.is_set() and self._member_gone():
+            self._regroup("lost", current)
+        if not self.regroup.is_set():
+            return None
+        self.regroup.clear()
+        self.lost.clear()
+        if self.regroup_after is not None and self.regroup_after < current:
+            return None
+        return self.reason or "lost"
+
+    def restart(
+        self, pids_by_local_rank: dict[int, int], worker_group: Any, rendezvous: Callable[[], None], reason: str
+    ) -> bool:
+        """Instead of torchrun's restart of the workers: rendezvous, then send each kept worker
+        its place in the new group (torch's worker ids stay its processes'). False (nothing
+        done) when they cannot all stay."""
+        links = self.links
+        local_ranks = sorted(pids_by_local_rank)
+        if links is None or not local_ranks:
+            return False
+        why = links.why_not(local_ranks)
+        if why is not None:
+            self._refused(why, int(os.environ.get(protocol.ENV_ROUND, -1)))
+            return False
+        started = time.monotonic()
+        self.reason = ""
+        rendezvous()  # torch's round: the new members, ranks and world size
+        round_ = int(os.environ.get(protocol.ENV_ROUND, 0))
+        store, prefix = os.environ.get(protocol.ENV_GROUP_STORE, ""), os.environ.get(protocol.ENV_GROUP_PREFIX, "")
+        epoch = int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0))
+        for worker in worker_group.workers:
+            pid = pids_by_local_rank.get(worker.local_rank)
+            if pid is None:
+                return False
+            worker.id = pid
+            links.send(
+                worker.local_rank,
+                {
+                    "op": "assign",
+                    "round": round_,
+                    "epoch": epoch,
+                    "rank": worker.global_rank,
+                    "world_size": worker.world_size,
+                    "local_rank": worker.local_rank,
+                    "local_world_size": len(worker_group.workers),
+                    "group_rank": worker_group.group_rank,
+                    "group_world_size": worker_group.group_world_size,
+                    "role_rank": worker.role_rank,
+                    "role_world_size": worker.role_world_size,
+                    "store": store,
+                    "prefix": prefix,
+                    "reason": reason,
+                },
+            )
+        emit(
+            Kind.REGROUPED,
+            node=self._node(),
+            **Regrouped(
+                round=round_,
+                group_rank=worker_group.group_rank,
+                group_world_size=worker_group.group_world_size,
+                kept=links.pids(local_ranks),
+                reason=reason,
+                took_s=round(time.monotonic() - started, 4),
+            ),
+        )
+        return True
+
+    def leave(self, local_ranks: list[int], leave_round: Callable[[], object], store: Any) -> None:
+        """This node goes (SIGTERM): out of the round first (marked as leaving in ``store``, so
+        its peers do not take it for lost), then its workers leave at the next step boundary,
+        or are told to abort after ``LEAVE_AT_BOUNDARY_S``."""
+        links = self.links
+        if links is None or not local_ranks or links.why_not(local_ranks) is not None:
+            return
+        try:
+            if store is not None:
+                call_with_deadline(store.set, STORE_CALL_S, protocol.leaving_key(os.getpid()), str(time.time()))
+            leave_round()  # the survivors form their round meanwhile
+        except Exception:
+            _log.debug("could not leave the round first: the survivors see it at the heartbeat", exc_info=True)
+        for local_rank in local_ranks:
+            links.send(local_rank, {"op": "leave"})
+        if links.wait_closed(local_ranks, LEAVE_AT_BOUNDARY_S):
+            emit(Kind.LEFT_AT_BOUNDARY, node=self._node(), **LeftAtBoundary(local_ranks=local_ranks))
+            return
+        for local_rank in local_ranks:
+            links.send(local_rank, {"op": "abort"})
+        links.wait_closed(local_ranks, LEAVE_AFTER_ABORT_S)

@@ -1,0 +1,173 @@
+"""A worker's process group in place (runtime/inplace.py): formed from an ``Assignment`` over
+the rendezvous store under its round's key prefix, and abortable, which gloo is not by itself.
+
+Worker-side module: the standard library, and torch once a group is formed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import log as _logging
+
+if TYPE_CHECKING:
+    from .inplace import Assignment
+
+_log = _logging.get("runtime.group")
+
+
+def _socket_fds() -> set[int]:
+    """This process's open socket descriptors."""
+    found: set[int] = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                found.add(int(name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+class Group:
+    """The worker's default process group, formed from an ``Assignment`` over the rendezvous
+    store, and abortable: gloo has no abort (pytorch#130345), so ``abort`` shuts down the
+    sockets the group opened. A collective waiting on them fails at once, and so do its peers'
+    (their sockets close), instead of waiting for the group's timeout; NCCL's communicators are
+    aborted through torch."""
+
+    def __init__(self) -> None:
+        self.assignment: Assignment | None = None
+        self.backend = ""
+        self._fds: set[int] = set()
+        self._store: Any = None  # the TCPStore client to the rendezvous store (kept across groups)
+        self._store_at = ""
+        self._store_fds: set[int] = set()  # its connection
+        self._forming: set[int] | None = None  # while a group forms: the sockets open before it
+        self._lock = threading.Lock()
+        self.aborted = False
+
+    def open(self, assignment: Assignment, backend: str, timeout_s: float) -> None:
+        """Form the group ``assignment`` names (a collective with its other ranks). An ``abort``
+        meanwhile (a member of it went before it formed) makes it raise instead of waiting for
+        its timeout; the store connection is made again for the next one."""
+        import torch.distributed as dist
+
+        with self._lock:
+            self.aborted = False
+            before = _socket_fds()
+            # A replaced store serves at the same address: the old connection leads nowhere.
+            if self._store is None or self._store_at != assignment.store or assignment.reason == "store":
+                host, _, port = assignment.store.rpartition(":")
+                self._store = dist.TCPStore(
+                    host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+                )
+                self._store_at = assignment.store
+                self._store_fds = _socket_fds() - before
+            store = dist.PrefixStore(assignment.prefix, self._store)
+            self._forming = _socket_fds()
+            self.assignment = assignment
+        _first_group_name()
+        try:
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=assignment.rank,
+                world_size=assignment.world_size,
+                timeout=timedelta(seconds=timeout_s),
+            )
+        except BaseException:
+            with self._lock:
+                self._forming = None
+                self.assignment = None
+                self._store, self._store_at = None, ""  # its connection may be the one aborted
+            raise
+        with self._lock:
+            self._fds = _socket_fds() - self._forming
+            self._forming = None
+            self.backend = str(dist.get_backend())
+
+    def abort(self) -> None:
+        """Fail every collective of this group now, here and (through the closed sockets) at its
+        peers. Safe from any thread, any number of times."""
+        with self._lock:
+            if self.aborted or self.assignment is None:
+                return
+            self.aborted = True
+            if self._forming is not None:
+                # Still forming: its store waits, and the connections made so far.
+                fds = self._store_fds | (_socket_fds() - self._forming)
+                backend = ""
+            else:
+                fds = set(self._fds)
+                backend = self.backend
+        if backend == "nccl":
+            _abort_nccl()
+        for fd in fds:
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    # Not its listener: gloo's loop aborts the process when accept() fails.
+                    if not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                        s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                continue  # closed meanwhile, or not a connected socket any more
+
+    def superseded_by(self, assignment: Assignment) -> None:
+        """A newer round was formed while this one still forms (another node joined or left
+        meanwhile): its members went on to the newer one, so this one never forms; give it up."""
+        with self._lock:
+            forming = self._forming is not None and self.assignment is not None
+            older = forming and self.assignment is not None and self.assignment.round < assignment.round
+        if older:
+            self.abort()
+
+    def close(self) -> None:
+        """Destroy the (aborted) group, so that a new one can be made."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                _log.debug("the broken group could not be destroyed cleanly", exc_info=True)
+        with self._lock:
+            self._fds = set()
+            self.assignment = None
+
+
+def _first_group_name() -> None:
+    """The group about to form takes the name a fresh process's first group takes. torch names
+    each group by a per-process count (``distributed_c10d._world.group_count``, in the keys its
+    ranks meet under) that destroying the default group sets back to 0, but a group that failed
+    to form leaves counted: a kept worker whose first try was aborted (a member left before the
+    group formed) named its next group "1" while the new ranks named theirs "0", and they never
+    met. No other group lives here now (a cell's own groups make a worker restart instead)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    world = getattr(c10d, "_world", None)
+    if world is not None and hasattr(type(world), "group_count"):
+        world.group_count = 0
+
+
+def _abort_nccl() -> None:
+    """NCCL's communicators of the default group, aborted (torch >= 2.6 has the call; before,
+    the process group's own abort); a collective that hangs on a lost peer returns."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        abort = getattr(c10d, "_abort_process_group", None)
+        if abort is not None:
+            abort()
+            return
+        pg: Any = c10d._get_default_group()
+        backend = pg._get_backend(c10d.torch.device("cuda"))
+        backend.abort()
+    except Exception:
+        _log.warning("the NCCL group could not be aborted: its collectives end at its timeout", exc_info=True)

@@ -1,0 +1,128 @@
+"""The supervisor's course as a state machine (#38 item 1): the job's membership is one typed
+value (``Membership``: how many nodes it runs, in what range, in which rendezvous epoch, when
+preempted capacity comes back), each change of it a named transition that makes a new value
+(``scaled``, ``ranged``, ``lowered``, ``returning``, ``returned``); the supervisor's life is a
+``Phase`` (starting, running, stopping, ended); and how a job ends is a function of what is
+left of it (``ending``), not of the loop that asks. torch's rendezvous is the model
+(``_RendezvousState`` and its small operations).
+
+    STARTING --store hosted--> RUNNING --stop (request, SIGTERM, a fatal failure)--> STOPPING
+       every phase --no agent left (ending() says how)--> ENDED
+
+A transition never signals a process: the parts that do (``Nodes``, ``Commands``) take the new
+value and act on the difference.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+#: A folder deleted under the job: no checkpoint or record can be written any more.
+DELETED = "deleted"
+
+
+class Phase(Enum):
+    STARTING = "starting"  # the store is not hosted yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # told to stop: every node is going; those left at the deadline are killed
+    ENDED = "ended"  # the outcome is written; the control channel is closed
+
+
+@dataclass(frozen=True)
+class Membership:
+    """How many nodes the job runs (``target``), within ``range``, in rendezvous ``epoch`` (new
+    agents, a new epoch: torchrun bakes the range into every agent), and the monotonic times at
+    which preempted capacity comes back (``returns``, sorted)."""
+
+    target: int
+    range: tuple[int, int]
+    epoch: int = 0
+    returns: tuple[float, ...] = ()
+
+    @property
+    def min_nodes(self) -> int:
+        return self.range[0]
+
+    @property
+    def max_nodes(self) -> int:
+        return self.range[1]
+
+    def scaled(self, nodes: int) -> Membership:
+        """Run ``nodes`` nodes (``ValueError``, one sentence, outside the range)."""
+        lo, hi = self.range
+        if not lo <= nodes <= hi:
+            raise ValueError(
+                f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
+            )
+        return dataclasses.replace(self, target=nodes)
+
+    def ranged(self, min_nodes: int, max_nodes: int) -> Membership:
+        """A new range: the target kept inside it, and a new epoch (its agents are new)."""
+        if not 1 <= min_nodes <= max_nodes:
+            raise ValueError(f"range {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
+        target = min(max(self.target, min_nodes), max_nodes)
+        return dataclasses.replace(self, range=(min_nodes, max_nodes), target=target, epoch=self.epoch + 1)
+
+    def resumed_at(self, min_nodes: int, max_nodes: int, target: int | None) -> Membership:
+        """A resumed run goes on with the range and size its run was left at (the slider,
+        scale()), not the spec's first ones (#39 item 3); the epoch is the run's own."""
+        if not 1 <= min_nodes <= max_nodes:
+            return self
+        return dataclasses.replace(
+            self, range=(min_nodes, max_nodes), target=min(max(target or min_nodes, min_nodes), max_nodes)
+        )
+
+    def lowered(self) -> Membership:
+        """A node taken away that is not replaced (lost, cancelled, evicted): one node fewer."""
+        return dataclasses.replace(self, target=max(0, self.target - 1))
+
+    def returning(self, at: float) -> Membership:
+        """Preempted capacity that comes back at (monotonic) ``at``."""
+        returns = list(self.returns)
+        bisect.insort(returns, at)
+        return dataclasses.replace(self, returns=tuple(returns))
+
+    def returned(self, now: float) -> Membership | None:
+        """The next capacity due by ``now`` back: a node more, up to the range's top (None:
+        none is due)."""
+        if not self.returns or self.returns[0] > now:
+            return None
+        return dataclasses.replace(self, target=min(self.target + 1, self.range[1]), returns=self.returns[1:])
+
+    @property
+    def waits_for_capacity(self) -> bool:
+        """Whether preempted capacity is still to come back (a job with no node left waits)."""
+        return bool(self.returns)
+
+
+def ending(
+    phase: Phase,
+    exit_codes: Iterable[int | None],
+    *,
+    folder: str | None,
+    files_changed: str | None,
+    fatal: str | None,
+    waits_for_capacity: bool,
+) -> tuple[str, str | None] | None:
+    """How the job ends once no agent of it is left (``exit_codes``: theirs), or None while it
+    goes on (capacity comes back later). ``folder`` is ``DELETED`` when the job folder went.
+    The first that holds decides: the folder gone, files changed, a failure no retry mends, a
+    stop asked for, a node that finished its work, a job waiting for capacity; else it failed
+    (the caller says how: ``failure_reason``)."""
+    if folder == DELETED:
+        return "lost", None
+    if files_changed is not None:
+        return "failed", files_changed
+    if fatal:
+        return "failed", fatal
+    if phase == Phase.STOPPING:
+        return "stopped", "stopped on request"
+    if any(code == 0 for code in exit_codes):
+        return "succeeded", None
+    if waits_for_capacity:
+        return None
+    return "failed", None

@@ -1,0 +1,327 @@
+"""In place (#41): when the job's members change, the surviving workers keep their processes
+and everything they hold; the group is rebuilt at a step boundary and training goes on from the
+step it was at. Real torchrun agents, real c10d rendezvous, real gloo, on the local backend.
+
+The jobs here never save on their own (``checkpoint_every`` far beyond the run): whatever a
+survivor knows after a change it kept in memory, or took from a live peer, never from disk.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+import torch
+from test_kubernetes_backend import cluster  # noqa: F401 (the fixture)
+from test_local_backend import assert_every_sample_once, committed_reports, metric_events
+from test_slurm import on_slurm, slurm  # noqa: F401 (the fixtures)
+from waiting import wait_for
+
+import notebook_elastic as ne
+import notebook_elastic.runtime as runtime
+from notebook_elastic.contract.events import Kind
+
+pytestmark = pytest.mark.slow
+
+#: Adam keeps per-parameter state: a rank that did not get the live optimizer state (a joiner
+#: that started from scratch) reports another sum than its peers at the same step.
+TRAIN = """
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+state = elastic.State(model=model, optimizer=opt)
+batches = iter(state.batch_sampler(1_000_000, BATCH, shuffle=False))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(TOTAL):
+    idx = next(batches)
+    loss = ddp(torch.randn(BATCH, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    state.commit()
+    moments = sum(float(v.sum()) for s in opt.state.values() for k, v in s.items() if k != "step")
+    elastic.report(step=step, loss=loss.item(), start=idx[0], ws=elastic.world_size(), gen=state.generation,
+                   opt=moments, w=float(model.weight.sum()), pid=os.getpid(), all_ranks=True)
+    time.sleep(STEP_S)
+"""
+
+NEVER = 10**9  # checkpoint_every: the run saves only its last step
+
+
+def namespace(total: int, step_s: float = 0.05) -> dict:
+    return {"torch": torch, "elastic": runtime, "time": time, "os": os, "TOTAL": total, "STEP_S": step_s, "BATCH": 2}
+
+
+def training_at(job, world: int, step: int):
+    return lambda: job.world_size == world and (job.state.step or 0) >= step and job.status == "running"
+
+
+def pids_of(job, node: str) -> set[int]:
+    """Every worker process that ever started on ``node`` (a restart adds new ones)."""
+    return {e.get("pid") for e in job.events if e.kind == Kind.WORKER_STARTED and e.node == node}
+
+
+def changes(job) -> list[dict]:
+    return [e.data for e in job.events if e.kind == Kind.IN_PLACE]
+
+
+def assert_ranks_agree(job) -> None:
+    """At every step of a group, every rank holds the same weights and optimizer state: no rank
+    started from scratch (a joiner takes the live values) and none drifted."""
+    by_step: dict[tuple[int, int], list[dict]] = {}
+    for e in metric_events(job):
+        by_step.setdefault((e["values"]["gen"], e["step"]), []).append(e["values"])
+    for (gen, step), reports in by_step.items():
+        for key in ("w", "opt"):
+            values = [r[key] for r in reports]
+            assert all(math.isclose(v, values[0], rel_tol=1e-6, abs_tol=1e-9) for v in values), (gen, step, key, values)
+
+
+def assert_never_read_a_checkpoint(job) -> None:
+    assert not [e for e in job.events if e.kind == Kind.RESUMED], "a group read a checkpoint"
+    assert not [e for e in job.events if e.kind == Kind.RESTART], [
+        e.describe() for e in job.events if e.kind == Kind.RESTART
+    ]
+
+
+@pytest.mark.torch_contract
+def test_survivors_keep_their_processes_and_step_across_loss_scale_down_and_scale_up(home):
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:3",
+        nodes=3,
+        name="kept",
+        max_restarts=0,  # a restart charged would end the job
+        checkpoint_every=NEVER,
+        user_ns=namespace(total=400),
+    )
+    wait_for(training_at(job, 3, 10), "three nodes training", job=job, give_up_when_finished=True)
+    first = {node: pids_of(job, node) for node in ("node-0", "node-1", "node-2")}
+
+    job.lose_node("node-2")  # SIGKILL: the step in flight breaks; at most it is redone
+    wait_for(lambda: len(changes(job)) >= 1, "in place after the loss", job=job, give_up_when_finished=True)
+    lost = changes(job)[0]
+    assert (lost["reason"], lost["from_world_size"], lost["world_size"], lost["kept"]) == ("lost", 3, 2, 2), lost
+    assert lost["redone"] <= 1
+
+    wait_for(training_at(job, 2, lost["step"] + 5), "two nodes training", job=job, give_up_when_finished=True)
+    job.scale(1)  # the newer node goes at a step boundary: nothing redone
+    wait_for(lambda: len(changes(job)) >= 2, "in place after the scale-down", job=job, give_up_when_finished=True)
+    down = changes(job)[1]
+    assert (down["reason"], down["world_size"], down["redone"]) == ("left", 1, 0), down
+
+    wait_for(training_at(job, 1, down["step"] + 5), "one node training", job=job, give_up_when_finished=True)
+    job.scale(3)  # two new nodes take the live values from the survivor
+    wait_for(lambda: len(changes(job)) >= 3, "in place after the scale-up", job=job, give_up_when_finished=True)
+    up = changes(job)[-1]
+    assert (up["reason"], up["world_size"], up["redone"], up["kept"], up["joined"]) == ("joined", 3, 0, 1, 2), up
+    assert up["source"] >= 0  # the values went from a live rank to the new ones
+    assert job.wait(300) == "succeeded", job.summary()
+
+    # The one node there from start to end never started another process.
+    stayed = next(
+        n
+        for n in ("node-0", "node-1")
+        if not [
+            e for e in job.events if e.kind == Kind.NODE_LEFT and e.node == n and e.time < job.state.finished_at - 1
+        ]
+    )  # noqa: E501
+    assert pids_of(job, stayed) == first[stayed], (pids_of(job, stayed), first[stayed])
+    assert job.state.restarts == 0 and job.state.in_place_changes >= 3
+    assert_never_read_a_checkpoint(job)
+    reports = committed_reports(job)
+    assert sorted(reports) == list(range(400))
+    assert_every_sample_once(reports, batch=2)
+    assert_ranks_agree(job)
+    words = [e.describe() for e in job.events if e.kind == Kind.IN_PLACE]
+    assert words[0].startswith("a node was lost: 3 \u2192 2 ranks in place, training again from step "), words
+    assert "0 steps redone" in words[1] and "2 new ranks took the live values" in words[-1], words
+
+
+@pytest.mark.torch_contract
+def test_a_failed_worker_restarts_alone_and_takes_the_live_values_from_its_peers(home):
+    """A worker that fails (its own error: a crash, a CUDA error) restarts with its node, charged
+    to the budget as torchrun charges it; the other node keeps its process, and the restarted
+    ranks take the live values from it, not from a checkpoint."""
+    job = ne.launch(
+        TRAIN, nnodes="2", name="rejoin", max_restarts=2, checkpoint_every=NEVER, user_ns=namespace(total=250)
+    )
+    wait_for(training_at(job, 2, 10), "two nodes training", job=job, give_up_when_finished=True)
+    wait_for(lambda: job.state.nodes["node-1"].ranks, "node-1's rank", job=job)
+    job.kill_worker(rank=next(iter(job.state.nodes["node-1"].ranks)))
+    wait_for(lambda: changes(job), "in place after the failure", job=job, give_up_when_finished=True)
+    [change] = changes(job)
+    assert (change["kept"], change["joined"], change["world_size"]) == (1, 1, 2), change
+    assert change["redone"] <= 1
+    assert job.wait(240) == "succeeded", job.summary()
+    assert len(pids_of(job, "node-0")) == 1 and len(pids_of(job, "node-1")) == 2
+    assert job.state.restarts == 1  # the failure is charged; the peer that stayed is not
+    assert not [e for e in job.events if e.kind == Kind.RESUMED], "the restarted rank read a checkpoint"
+    assert sorted(committed_reports(job)) == list(range(250))
+    assert_ranks_agree(job)
+
+
+NO_STATE = """
+model = torch.nn.Linear(4, 1)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in range(TOTAL):
+    ddp(torch.randn(2, 4)).sum().backward()
+    elastic.report(step=step, ws=elastic.world_size())
+    time.sleep(STEP_S)
+"""
+
+OWN_GROUP = TRAIN.replace(
+    "ddp = torch.nn.parallel.DistributedDataParallel(model)",
+    "ddp = torch.nn.parallel.DistributedDataParallel(model)\n"
+    "mine = torch.distributed.new_group(backend='gloo')  # a group of the cell's own",
+)
+
+
+@pytest.mark.parametrize(
+    ("cell", "why"),
+    [
+        (NO_STATE, "the cell keeps no elastic.State"),
+        (OWN_GROUP, "the cell made process groups of its own"),
+    ],
+    ids=["no-state", "own-group"],
+)
+def test_a_cell_that_cannot_stay_restarts_as_torchrun_does_and_says_why(home, cell, why):
+    job = ne.launch(cell, nnodes="1:2", nodes=2, name="fallback", max_restarts=1, user_ns=namespace(total=150))
+    wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
+    job.lose_node("node-1")
+    wait_for(training_at(job, 1, (job.state.step or 0) + 3), "one node training again", job=job)
+    job.stop()
+    assert not changes(job)
+    refused = [e for e in job.events if e.kind == Kind.IN_PLACE_REFUSED]
+    said = [e.describe() for e in job.events if e.kind in (Kind.IN_PLACE_REFUSED, Kind.PEER_LOST, Kind.RESTART)]
+    assert refused and why in refused[0].get("reason"), said
+    assert (
+        f"its workers restart instead of staying in place: local rank 0's worker cannot stay: {why}"
+        in refused[0].describe()
+    )
+
+
+def test_on_kubernetes_pods_keep_their_processes_through_an_eviction_a_lost_pod_and_a_scale(cluster):  # noqa: F811
+    """The same on the fixture: real pods (local processes), the real ``kubernetes`` client. An
+    evicted pod leaves at a step boundary (its keeper's notice saves first: a pod cannot know
+    that others stay), a deleted pod breaks the step in flight; the Job controller's
+    replacements and a scale-up join and take the live values; the pod that stays keeps its
+    process throughout and no pod ever reads a checkpoint."""
+    from test_kubernetes_backend import ns as pod_ns
+
+    job = ne.launch(
+        TRAIN,
+        backend="kubernetes",
+        nnodes="1:3",
+        nodes=2,
+        gpus=0,
+        pvc="ckpt",
+        name="kept-pods",
+        max_restarts=0,
+        checkpoint_every=NEVER,
+        user_ns={**pod_ns(), "os": os, "TOTAL": 100_000, "STEP_S": 0.05, "BATCH": 2},
+    )
+    try:
+        wait_for(training_at(job, 2, 10), "two pods training", job=job)
+        first = {node: pids_of(job, node) for node in job.nodes}
+        evicted = job.preempt_node()["node"]
+        [stays] = [n for n in first if n != evicted]
+        wait_for(lambda: any(c["reason"] == "left" for c in changes(job)), "in place after the eviction", job=job)
+        wait_for(
+            training_at(job, 2, (job.state.step or 0) + 5), "two pods again (the replacement)", timeout=300, job=job
+        )
+        before = len(changes(job))
+        job.lose_node(next(n for n in job.nodes if n != stays))
+        # Its peer learns at the heartbeat's expiry; by then the Job controller's replacement may
+        # wait too: one change for both ("joined", the step in flight redone) or two.
+        wait_for(lambda: len(changes(job)) > before, "in place after the lost pod", timeout=300, job=job)
+        wait_for(training_at(job, 2, (job.state.step or 0) + 5), "two pods again", timeout=300, job=job)
+        job.scale(3)
+        wait_for(training_at(job, 3, (job.state.step or 0) + 5), "three pods", timeout=300, job=job)
+        assert pids_of(job, stays) == first[stays], (pids_of(job, stays), first[stays])
+        assert {c["reason"] for c in changes(job)} >= {"left", "joined"}, changes(job)
+        assert all(c["redone"] <= 1 for c in changes(job)), changes(job)
+        assert all(c["redone"] == 0 for c in changes(job)[:before]), changes(job)  # the eviction, its replacement
+        assert job.state.restarts == 0
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a pod read a checkpoint"
+    finally:
+        job.stop()
+
+
+def test_on_slurm_nodes_keep_their_processes_through_a_loss_and_a_scale(on_slurm, home):  # noqa: F811
+    """The same on a real Slurm cluster: each node an allocation under srun, the supervisor an
+    allocation of its own. A lost node breaks the step in flight; a scale-down leaves at a step
+    boundary; a scale-up's new allocation takes the live values; the first node keeps its
+    process throughout and no node reads a checkpoint."""
+    job = ne.launch(
+        TRAIN,
+        backend="slurm",
+        nnodes="1:3",
+        nodes=3,
+        supervisor_in="ctl",
+        name="kept-slurm",
+        max_restarts=0,
+        checkpoint_every=NEVER,
+        user_ns=namespace(total=100_000, step_s=0.1),
+    )
+    try:
+        wait_for(training_at(job, 3, 5), "three nodes training", timeout=300, job=job)
+        first = pids_of(job, "node-0")
+        job.lose_node("node-2")
+        wait_for(lambda: len(changes(job)) >= 1, "in place after the loss", timeout=300, job=job)
+        assert changes(job)[0]["redone"] <= 1 and changes(job)[0]["world_size"] == 2, changes(job)
+        wait_for(training_at(job, 2, (job.state.step or 0) + 3), "two nodes training", timeout=300, job=job)
+        job.scale(1)
+        wait_for(lambda: len(changes(job)) >= 2, "in place after the scale-down", timeout=300, job=job)
+        assert (changes(job)[1]["reason"], changes(job)[1]["redone"]) == ("left", 0), changes(job)
+        wait_for(training_at(job, 1, (job.state.step or 0) + 3), "one node training", timeout=300, job=job)
+        job.scale(2)
+        wait_for(lambda: len(changes(job)) >= 3, "in place after the scale-up", timeout=300, job=job)
+        up = changes(job)[-1]
+        assert (up["reason"], up["joined"], up["redone"]) == ("joined", 1, 0), changes(job)
+        assert pids_of(job, "node-0") == first, (pids_of(job, "node-0"), first)
+        assert job.state.restarts == 0
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a node read a checkpoint"
+    finally:
+        job.stop()
+
+
+def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_the_next(home, tmp_path):
+    """A scale-up's new node that goes before its workers ever come (stuck at their start here,
+    then scaled away): the kept worker and the other new one wait in the group that cannot form,
+    are told to give it up, and form the next round's. Old code: the kept worker had counted the
+    group it gave up, named its next group after it, and the two never met (the job hung)."""
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    (stuck / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('LOCAL_RANK') is not None:\n    time.sleep(120)\n"
+    )
+    cold = {"NOTEBOOK_ELASTIC_WARM_WORKERS": "0", "NOTEBOOK_ELASTIC_WARM_POOL": "0", "PYTHONPATH": str(stuck)}
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:3",
+        nodes=1,
+        name="formed",
+        checkpoint_every=NEVER,
+        backend_options={"node_env": {"node-2": cold}},
+        user_ns=namespace(total=100_000),
+    )
+    try:
+        wait_for(training_at(job, 1, 5), "one node training", job=job)
+        first = pids_of(job, "node-0")
+        job.scale(3)
+        wait_for(
+            lambda: any(e.kind == Kind.REGROUPED and e.get("group_world_size") == 3 for e in job.events),
+            "a round of three (node-2's workers stuck at their start)",
+            job=job,
+        )
+        job.scale(2)  # node-2 goes: the group of three never forms
+        wait_for(
+            lambda: any(c["world_size"] == 2 for c in changes(job)) and training_at(job, 2, 0)(),
+            "two nodes training in place",
+            timeout=120,
+            job=job,
+        )
+        assert pids_of(job, "node-0") == first
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a rank read a checkpoint"
+    finally:
+        job.stop()
