@@ -363,16 +363,21 @@ def follower(nodes: list[int], window_s: float) -> list[dict]:
 
 
 def slurm(nodes: list[int], repeat: int = 20) -> list[dict]:
-    """squeue's listing of the user's jobs (this job's N allocations among as many of another
-    job's) read to find this job's (``cluster.cancel``), and ``scontrol --oneliner show job``
+    """squeue's listing of the user's jobs (this job's N allocations among as many of a same-named
+    job's from another folder and of another job's) read to find this job's (``cluster.cancel``), and ``scontrol --oneliner show job``
     read for each allocation (``cluster._fields``): what the backend parses when it stops a job
     or asks why a node ended, per call, median of ``repeat``."""
     from notebook_elastic.backends.slurm import cluster
 
     results = []
     for n in nodes:
-        lines = [f"{1000 + i}|ne-big-node-{i}" for i in range(n)] + [f"{9000 + i}|ne-other-node-{i}" for i in range(n)]
-        listing = "\n".join(["999|ne-big-supervisor", *lines]) + "\n"
+        # squeue --format=%i|%T|%k|%j: this job's (its folder's mark in the comment), a same-named
+        # job's from another folder, and another job's.
+        ours, theirs = cluster.comment("mark-a"), cluster.comment("mark-b")
+        lines = [f"{1000 + i}|RUNNING|{ours}|ne-big-node-{i}" for i in range(n)]
+        lines += [f"{5000 + i}|RUNNING|{theirs}|ne-big-node-{i}" for i in range(n)]
+        lines += [f"{9000 + i}|RUNNING|{theirs}|ne-other-node-{i}" for i in range(n)]
+        listing = "\n".join([f"999|RUNNING|{ours}|ne-big-supervisor", *lines]) + "\n"
         shown = (
             "JobId={id} JobName=ne-big-node-{i} UserId=me(1000) GroupId=me(1000) Priority=1 JobState=RUNNING "
             "Reason=None Dependency=(null) RunTime=00:10:00 TimeLimit=UNLIMITED PreemptTime=None "
@@ -388,9 +393,9 @@ def slurm(nodes: list[int], repeat: int = 20) -> list[dict]:
             times = []
             for _ in range(repeat):
                 t = time.perf_counter()
-                ids = cluster.cancel("big")
+                ids = cluster.cancel("big", "mark-a")
                 times.append(time.perf_counter() - t)
-            assert len(ids) == n + 1, len(ids)
+            assert ids is not None and len(ids) == n + 1, ids
         finally:
             cluster._run = real  # type: ignore[assignment]
         per_job = []
@@ -471,6 +476,7 @@ def main() -> None:
     if "slurm" in parts:
         data["slurm"] = slurm(nodes)
         rows += per_node_rows(data["slurm"], nodes, SLURM_FIGURES, "slurm")
+    rows += goal_rows(data, max(nodes))
     report("thousand", rows, notes=f"machine: {args.machine}; steady window {window:g} s")
     path = RESULTS / "thousand.json"
     saved = json.loads(path.read_text())
@@ -504,6 +510,60 @@ FOLD_FIGURES = [
     ("rank map render ms", "rank map: render", "ms"),
     ("timeline render ms", "timeline: render", "ms"),
 ]
+
+
+def goal_rows(data: dict[str, Any], n: int) -> list[dict]:
+    """#40 item 3's goals at the largest N measured (1,024 by default), each with its target:
+    our agents (``together``) against our store, as a cluster job runs them."""
+    rows = []
+    rdzv = [r for r in data.get("rendezvous", []) if r["nodes"] == n and r["mode"] == "ours" and r["store"] == "ours"]
+    if rdzv:
+        r = rdzv[0]
+        first = r.get("first_round_s")
+        rows.append(
+            row(
+                f"goal, {n} nodes: first round closed",
+                first or "not closed",
+                "s",
+                "<= 10",
+                first is not None and first <= 10,
+            )
+        )
+        load = r.get("steady_store_load")
+        if load is not None:
+            rows.append(
+                row(f"goal, {n} nodes: steady store load (share of its one core)", load, "x", "<= 0.5", load <= 0.5)
+            )
+        noticed, window = r.get("lost_noticed_s"), r.get("keep_alive_window_s")
+        rows.append(
+            row(
+                f"goal, {n} nodes: a lost node noticed by every survivor ({r.get('lost_noticed_by')})",
+                noticed if noticed is not None else "not by all",
+                "s",
+                f"<= keep-alive window ({window:g} s)" if window else "",
+                noticed is not None and window is not None and noticed <= window,
+            )
+        )
+    fold = [r for r in data.get("fold", []) if r["nodes"] == n]
+    if fold:
+        f = fold[0]
+        share = f["steady fold share of a core"]
+        rows.append(
+            row(f"goal, {n} nodes: the kernel's fold, steady (share of a core)", share, "x", "<= 0.05", share <= 0.05)
+        )
+        rows.append(
+            row(
+                f"goal, {n} nodes: rank map per redraw (a summary past 32 nodes)",
+                f["rank map kB"],
+                "kB",
+                "<= 64",
+                f["rank map kB"] <= 64,
+            )
+        )
+        rows.append(
+            row(f"goal, {n} nodes: the fold's memory", f["fold memory MB"], "MB", "<= 64", f["fold memory MB"] <= 64)
+        )
+    return rows
 
 
 def per_node_rows(results: list[dict], nodes: list[int], figures: list[tuple[str, str, str]], _part: str) -> list[dict]:
