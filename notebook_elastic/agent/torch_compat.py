@@ -586,6 +586,8 @@ def _holder_class() -> type:
         nodes the supervisor saw die (``drop_gone_nodes``); with ``join_and_beat_together``, a
         lost write backs off and reads again, and a won one deletes the sayings no longer read."""
 
+        _last_sync_time: float  # torch's, set in its __init__: -1 makes its next sync read the store
+
         def __init__(self, backend: Any, settings: Any, cache_duration: int = 1) -> None:
             super().__init__(backend, settings, cache_duration)
             if _round_rules.poll_s:
