@@ -387,3 +387,14 @@ def test_the_views_of_a_1024_node_job_stay_bounded():
     assert f'data-node="{names[lost]}" data-status="left"' in html and "1,023 nodes" in html
     assert f"world size <b>{(n - 1) * nproc:,}</b> on 1,024 nodes" in html
     assert html.count('class="ne-node"') <= RANK_MAP_ROWS
+
+
+def test_a_job_of_1024_nodes_sends_the_kernel_a_bounded_number_of_gpu_lines():
+    """#40: every rank sampled its GPU every 5 s whatever the job's size: 8,192 ranks sent the
+    kernel 1,638 lines a second, 8 % of a core to fold (the goal is 5 %). Up to 1,000 ranks each
+    still samples every 5 s; past that the job as a whole sends at most ``JOB_LINES_PER_S``."""
+    from notebook_elastic.runtime import gpu
+
+    assert gpu.interval_s(1) == gpu.interval_s(1000) == gpu.SAMPLE_EVERY_S == 5.0
+    for ranks in (1024 * 8, 4096 * 8):
+        assert ranks / gpu.interval_s(ranks) <= gpu.JOB_LINES_PER_S <= 200
