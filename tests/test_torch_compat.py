@@ -200,6 +200,7 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     for key, value in torch_compat._recovery.items():
         monkeypatch.setitem(torch_compat._recovery, key, value)
     assert torch_compat.close_rounds_at_target(poll_s=0.1) and torch_compat.drop_gone_nodes()
+    assert torch_compat.join_and_beat_together()
     assert torch_compat.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
     assert torch_compat.leave_instead_of_closing(always=False)
     assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)

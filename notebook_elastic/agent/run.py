@@ -245,6 +245,7 @@ def _hook_rendezvous() -> None:
             os.environ[protocol.ENV_ROUND] = str(round_)
         # Where this round's group forms (fresh workers, and kept ones told in place).
         os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_compat.rendezvous_store(handler)))
+        shown = rendezvous_members(members)
         emit(
             "rendezvous",
             node=_node_name(),
@@ -252,11 +253,23 @@ def _hook_rendezvous() -> None:
             epoch=int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0)),
             group_rank=info.rank,
             group_world_size=info.world_size,
-            members=members,
+            **({"members": shown} if shown is not None else {}),
             agent_pid=os.getpid(),
         )
 
     torch_compat.hook_next_rendezvous(after, before=_joining.before_joining)
+
+
+#: A round's members are told in each agent's rendezvous line up to this many; a bigger round
+#: tells its size alone (``group_world_size``): every agent tells the round, so the members of
+#: a round of N nodes were N x N entries in the job's events (at 1,024 nodes, a million, some
+#: 60 MB of lines at every regroup, for the kernel and the supervisor to read and keep; #40).
+MEMBERS_TOLD = 64
+
+
+def rendezvous_members(members: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The members a rendezvous line tells: all of a round of up to ``MEMBERS_TOLD``, else none."""
+    return members if len(members) <= MEMBERS_TOLD else None
 
 
 def _report_degraded() -> None:
@@ -402,9 +415,15 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(_NotRestartingYet())
     _hook_rendezvous()
     _hook_agent()
-    # A round closes once it holds the job's nodes (the supervisor's target, in the store).
-    torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
-    torch_compat.drop_gone_nodes()  # a node the supervisor saw die leaves its round at once
+    # Under a supervisor (local, Slurm), a round closes once it holds the job's nodes (the
+    # supervisor's target, in the store), and a node it saw die leaves its round at once. A
+    # cluster's store pod has no supervisor: looking for those keys there was a call after every
+    # read of the round, for nothing (#40).
+    if os.environ.get(protocol.ENV_STORE_REPLACEABLE) != "1":
+        torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
+        torch_compat.drop_gone_nodes()
+    # Nodes join, leave and beat together: a round of hundreds of nodes in a few writes (#40).
+    torch_compat.join_and_beat_together()
     _report_degraded()
     from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException

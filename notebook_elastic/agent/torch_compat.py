@@ -41,6 +41,7 @@ from typing import Any
 
 from ..runtime import log as _logging
 from ..runtime.protocol import GONE_KEY, STORE_ID_KEY, TARGET_KEY
+from . import together
 from .deadline import StoreSilent, call_with_deadline
 
 _log = _logging.get("agent.torch_compat")
@@ -76,6 +77,18 @@ INTERNALS = {
     "dynamic_rendezvous._delay": "a node waiting in a round looks again once a second",
     "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": "a node waiting in a round looks again once a second",
     "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize": "a node that died is dropped when its heartbeat expires",
+    "dynamic_rendezvous._BackendRendezvousStateHolder._last_sync_time": (
+        "a node whose write lost reads the state again only at its next look (more lost writes at scale)"
+    ),
+    "dynamic_rendezvous._DistributedRendezvousOpExecutor._add_to_participants": (
+        "each node writes its own join, leave and heartbeat (a round of hundreds of nodes closes slowly)"
+    ),
+    "dynamic_rendezvous._DistributedRendezvousOpExecutor._remove_from_participants": (
+        "each node writes its own join, leave and heartbeat (a round of hundreds of nodes closes slowly)"
+    ),
+    "dynamic_rendezvous._DistributedRendezvousOpExecutor._keep_alive": (
+        "each node writes its own join, leave and heartbeat (a round of hundreds of nodes closes slowly)"
+    ),
 }
 
 
@@ -355,6 +368,7 @@ class _RoundRules:
         self.close_at_target = False  # a round holding TARGET_KEY's nodes closes at once
         self.poll_s: float | None = None  # a waiting node looks again this often (torch: 1 s)
         self.drop_gone = False  # nodes named in GONE_KEY are dropped at once
+        self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
 
 
 _round_rules = _RoundRules()
@@ -515,6 +529,32 @@ def handler_over(store: Any, params: Any) -> Any:
     return _rendezvous_class()(torch_handler)
 
 
+def join_and_beat_together() -> bool:
+    """Our handler's nodes join, leave and beat together (``together.py``): each says what it
+    does in a small key beside the state, and a write of the state takes in what the others
+    said; a write that lost to another's backs off a little and reads the state again before
+    the next. Idempotent; False where torch lacks what it takes (each node then writes its own,
+    as torch's do)."""
+    needed = {
+        "dynamic_rendezvous._BackendRendezvousStateHolder._last_sync_time",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor._add_to_participants",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor._remove_from_participants",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor._keep_alive",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor",
+    }
+    if missing().keys() & needed:
+        return False
+    _round_rules.together = True
+    return True
+
+
+#: A write that lost waits a random pause below this, doubling with each loss in a row up to
+#: BACKOFF_MAX_S, then reads the state again: the nodes that lost do not all try again at once
+#: on the same state (1,024 simulated nodes that did never closed a round).
+BACKOFF_S = 0.02
+BACKOFF_MAX_S = 0.5
+
+
 def _rdzv_events_heard() -> bool:
     """Whether torch's rendezvous events go anywhere (a handler other than its default null one)."""
     import logging
@@ -537,17 +577,43 @@ def _recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]
 
 
 def _holder_class() -> type:
+    import random
+
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     class NotebookStateHolder(dr._BackendRendezvousStateHolder):
         """torch's view of the round in the store, read at most ``poll_s`` old, and without the
-        nodes the supervisor saw die (``drop_gone_nodes``)."""
+        nodes the supervisor saw die (``drop_gone_nodes``); with ``join_and_beat_together``, a
+        lost write backs off and reads again, and a won one deletes the sayings no longer read."""
+
+        _last_sync_time: float  # torch's, set in its __init__: -1 makes its next sync read the store
 
         def __init__(self, backend: Any, settings: Any, cache_duration: int = 1) -> None:
             super().__init__(backend, settings, cache_duration)
             if _round_rules.poll_s:
                 # Seconds, compared with a float: torch annotates its 1 s default as an int.
                 vars(self)["_cache_duration"] = min(self._cache_duration, _round_rules.poll_s)
+            self._ne_lost = 0  # writes lost in a row
+            interval_s = settings.keep_alive_interval.total_seconds()
+            state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
+            self._ne_sayings = together.Sayings(state_key, None, interval_s, _call_with_deadline) if state_key else None
+
+        def sync(self) -> Any:
+            has_set = super().sync()
+            if not _round_rules.together or self._ne_sayings is None or has_set is None:
+                return has_set
+            if has_set:
+                self._ne_lost = 0
+                try:
+                    self._ne_sayings.won(holder_store(self))
+                except Exception:
+                    _log.debug("an old key of sayings stays: a later write deletes it", exc_info=True)
+                return has_set
+            self._ne_lost += 1
+            time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(self._ne_lost, 10))))
+            self._last_sync_time = -1  # the state as it is after the pause, for the next decision
+            super().sync()
+            return has_set
 
         def _sanitize(self) -> Any:
             if _round_rules.drop_gone:
@@ -560,11 +626,26 @@ def _holder_class() -> type:
     return NotebookStateHolder
 
 
+def _call_with_deadline(fn: Callable[..., Any], *args: Any) -> Any:
+    return call_with_deadline(fn, STORE_CALL_TIMEOUT_S, *args)
+
+
+def _node_of(fields: tuple[str, int, int]) -> Any:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    return dr._NodeDesc(*fields)
+
+
 def _executor_class() -> type:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     class NotebookExecutor(dr._DistributedRendezvousOpExecutor):
-        """torch's executor of rendezvous operations; its join closes at the job's target."""
+        """torch's executor of rendezvous operations; its join closes at the job's target;
+        with ``join_and_beat_together`` its joins, leaves and heartbeats go together."""
+
+        def __init__(self, node: Any, state_holder: Any, settings: Any) -> None:
+            super().__init__(node, state_holder, settings)
+            self._ne_taking = False  # inside a join or a leave that takes the others' in
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
             # torch names the event through inspect.stack() before it looks whether anyone hears.
@@ -573,9 +654,76 @@ def _executor_class() -> type:
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
             # The store the operation syncs with: the one a round's target is read from.
             _round_store.store = holder_store(self._state_holder)
-            if _round_rules.close_at_target and isinstance(state_handler, dr._RendezvousJoinOp):
+            joining = isinstance(state_handler, dr._RendezvousJoinOp)
+            if _round_rules.close_at_target and joining:
                 state_handler = _closing_at_target(state_handler)
+            if self._ne_sayings() is not None and together.beats_together(self._settings):
+                state_handler = self._beating_together(state_handler, joining)
             return super().run(state_handler, deadline, update_deadline)
+
+        def _beating_together(self, op: Any, joining: bool) -> Callable[[Any, float], Any]:
+            """torch wants this node's heartbeat written: it says it lives (once an interval),
+            and writes it only when what it said before was not taken in; else it looks again
+            (a join) or is done (a heartbeat)."""
+
+            def beat(ctx: Any, deadline: float) -> Any:
+                action = op(ctx, deadline)
+                if action != dr._Action.KEEP_ALIVE:
+                    return action
+                now = time.time()
+                if not self._ne_say(together.ALIVE, -1, now):
+                    return action
+                if together.beat_due(ctx.state, ctx.node, ctx.settings.keep_alive_interval, now):
+                    return action
+                return dr._Action.SYNC if joining else dr._Action.FINISH
+
+            return beat
+
+        def _ne_say(self, kind: str, round_: int, now: float) -> bool:
+            sayings = self._ne_sayings()
+            sayings.node = self._node
+            try:
+                sayings.say(holder_store(self._state_holder), kind, round_, now)
+                return True
+            except Exception:
+                _log.debug("could not say it: this node writes for itself", exc_info=True)
+                return False
+
+        def _ne_sayings(self) -> Any:
+            """The holder's sayings, when this node joins, leaves and beats together."""
+            return getattr(self._state_holder, "_ne_sayings", None) if _round_rules.together else None
+
+        def _ne_read(self) -> list[Any]:
+            try:
+                return list(self._ne_sayings().read(holder_store(self._state_holder), time.time()))
+            except Exception:
+                _log.debug("could not read what the others said: this write is this node's own", exc_info=True)
+                return []
+
+        def _add_to_participants(self) -> None:
+            if self._ne_sayings() is None:
+                return super()._add_to_participants()
+            self._ne_say(together.JOIN, self._state.round, time.time())
+            said = self._ne_read()
+            self._ne_taking = True
+            try:
+                super()._add_to_participants()  # calls _keep_alive: its own heartbeat, not a read
+            finally:
+                self._ne_taking = False
+            together.take_joins(self._state, said, self._settings, _node_of, time.time())
+            together.take_alive(self._state, said, _node_of)
+
+        def _remove_from_participants(self) -> None:
+            if self._ne_sayings() is None:
+                return super()._remove_from_participants()
+            self._ne_say(together.LEAVE, self._state.round, time.time())
+            together.take_leaves(self._state, self._ne_read(), _node_of, self._node)
+            super()._remove_from_participants()
+
+        def _keep_alive(self) -> None:
+            super()._keep_alive()
+            if self._ne_sayings() is not None and not self._ne_taking:
+                together.take_alive(self._state, self._ne_read(), _node_of)
 
     return NotebookExecutor
 

@@ -102,7 +102,7 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
         _protocol.mark_progress()
         _inplace.machinery().progressed()
     rank_now = rank()
-    gpu = _gpu.sample()  # every rank, at most every few seconds, only on CUDA
+    gpu = _gpu.sample(world_size=world_size())  # every rank, every few seconds, only on CUDA
     if gpu is not None:
         emit("gpu", t=_time.time(), rank=rank_now, **gpu)
     if rank_now != 0 and not all_ranks:

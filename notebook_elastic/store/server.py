@@ -11,77 +11,100 @@ is one byte, then its fields, little-endian: strings and byte vectors are a uint
 and the bytes, integers int64, counts uint64. WAIT answers when every key exists; a client
 that timed out sends CANCEL_WAIT and gets WAIT_CANCELED. One thread, non-blocking sockets.
 
-It serves every rank of a cluster job, so no client may take it down (#26):
+It serves every rank of a cluster job, so no client may take it down (#26, #37):
 - back-pressure: a client whose answers pile up unread (``OUTBOX_HIGH``) is not read until it
-  takes them, so one that sends GETs of an 8 MiB value without reading costs a few MiB, not
-  what it asks for (it grew the server past 1 GiB);
-- linear parsing: a command still arriving is not parsed again until the bytes it needs are in
-  (a MULTI_SET of 8 values of 8 MiB was re-parsed from its start on every read: 21 s, others'
-  calls waiting 370 ms), and one command is at most ``MAX_REQUEST_LEN`` bytes;
+  takes them; an answer refers to the stored values (bytes, never changed in place) instead of
+  copying them, so one that sends GETs of an 8 MiB value without reading costs a few MiB, not
+  what it asks for (it grew the server past 1 GiB), and so does one MULTI_GET naming that value
+  128 times (back-pressure was checked only between commands: 1 GiB built at once);
+- linear parsing: a command still arriving is walked once, resuming where it stopped
+  (``wire.Scan``), and parsed once, when its bytes are in (a MULTI_SET of 8 values of 8 MiB was
+  re-parsed from its start on every read: 21 s, others' calls waiting 370 ms); one command is
+  at most ``MAX_REQUEST_LEN`` bytes (8 of torch's largest values fit);
 - out of descriptors (EMFILE), the listening socket rests (``ACCEPT_PAUSE_S``, doubling)
   instead of waking the loop at once, again and again; the backlog keeps the connections.
+
+It is on every rank's path, so a call costs as few system calls and as little Python as it
+can (#40; benchmarks/store_server.py): the poller is epoll (poll where there is none) by
+descriptor; a socket's interest changes only when its backlog of answers does; a read's bytes
+are parsed where they landed, and a command's answers to it go out in one send.
 """
 
 from __future__ import annotations
 
-import selectors
+import os
+import select
 import socket
+import struct
 import threading
 import time
 import uuid
-from collections import deque
-from typing import cast
+from typing import Any
 
+from ..runtime import log as _logging
+from .keys import _HANDLERS, Client, Keys
+from .keys import IN as _IN
+from .keys import OUT as _OUT
 from .wire import (
-    _I64,
     _OUT_OF_DESCRIPTORS,
     _U32,
     _U64,
     ACCEPT_PAUSE_MAX_S,
     ACCEPT_PAUSE_S,
-    ADD,
-    APPEND,
-    BARRIER,
-    CANCEL_WAIT,
     CHECK,
     COMPARE_SET,
-    DELETE_KEY,
     GET,
-    GETNUMKEYS,
-    LIST_KEYS,
-    MAX_REQUEST_LEN,
-    MULTI_GET,
-    MULTI_SET,
+    MAX_STRING_LEN,
     NOT_READY,
     OUTBOX_HIGH,
-    PING,
-    QUEUE_LEN,
-    QUEUE_POP,
-    QUEUE_PUSH,
     READY,
-    SET,
     STOP_WAITING,
     VALIDATE,
     VALIDATION_MAGIC,
     WAIT,
-    WAIT_CANCELED,
+    Scan,
     _Incomplete,
-    _Reader,
     _Refused,
-    _vector,
+    fixed_at,
 )
 
+_log = _logging.get("store.server")
 
-class _Client:
-    __slots__ = ("sock", "inbox", "outbox", "validated", "awaited", "need")
+#: A send takes at most this many pieces of answers (the system's bound on one gather is 1024).
+_GATHER = 512
+#: What one read takes from a socket.
+_READ = 1 << 16
+#: A value shorter than this is answered by the quick path (``_answer_one``).
+_SMALL = 4096
+_ONE_KEY = struct.Struct("<QQ")  # a count of 1, then the key's length
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.inbox = bytearray()
-        self.outbox = bytearray()
-        self.validated = False
-        self.awaited = 0  # keys its WAIT still waits for
-        self.need = 0  # bytes the command at the head of the inbox needs before it is parsed again
+
+class _Poller:
+    """epoll where there is one, else poll: descriptors and event masks, the same bits in both."""
+
+    def __init__(self) -> None:
+        self._seconds = hasattr(select, "epoll")  # epoll's timeout is in seconds, poll's in ms
+        self._p: Any = select.epoll() if self._seconds else select.poll()
+
+    def register(self, fd: int, mask: int) -> None:
+        self._p.register(fd, mask)
+
+    def modify(self, fd: int, mask: int) -> None:
+        self._p.modify(fd, mask)
+
+    def unregister(self, fd: int) -> None:
+        self._p.unregister(fd)
+
+    def poll(self, timeout_s: float | None) -> list[tuple[int, int]]:
+        if self._seconds:
+            events: list[tuple[int, int]] = self._p.poll(-1 if timeout_s is None else timeout_s)
+        else:
+            events = self._p.poll(None if timeout_s is None else 1000 * timeout_s)
+        return events
+
+    def close(self) -> None:
+        if self._seconds:
+            self._p.close()
 
 
 class StoreServer:
@@ -91,18 +114,16 @@ class StoreServer:
     def __init__(self, sock: socket.socket, store_id_key: str | None = None) -> None:
         self.sock = sock
         self.sock.setblocking(False)
-        self.data: dict[bytes, bytes] = {}
-        self.queues: dict[bytes, deque[bytes]] = {}
-        self.waiting: dict[bytes, list[_Client]] = {}
-        self.clients: dict[socket.socket, _Client] = {}
+        self.keys = Keys(self._answer_now)
+        self.clients: dict[int, Client] = {}  # by descriptor
         self.store_id = uuid.uuid4().hex
         if store_id_key is not None:
-            self.data[b"/" + store_id_key.encode()] = self.store_id.encode()  # torch's key prefix
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(sock, selectors.EVENT_READ)
+            self.keys.data[b"/" + store_id_key.encode()] = self.store_id.encode()  # torch's key prefix
+        self._poller = _Poller()
+        self._poller.register(sock.fileno(), _IN)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._poller.register(self._wake_r.fileno(), _IN)
         self._stopping = False
         self._accept_pause = ACCEPT_PAUSE_S
         self._accept_resumes: float | None = None  # the listening socket rests until then
@@ -110,32 +131,32 @@ class StoreServer:
     # -- the loop --------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
+        listen_fd, wake_fd = self.sock.fileno(), self._wake_r.fileno()
+        clients, read, flush = self.clients, self._read, self._flush
         try:
             while not self._stopping:
                 resumes = self._accept_resumes
                 timeout = None if resumes is None else max(0.0, resumes - time.monotonic())
-                for key, events in self._selector.select(timeout):
-                    if key.fileobj is self.sock:
+                for fd, events in self._poller.poll(timeout):
+                    client = clients.get(fd)
+                    if client is not None:
+                        if events & ~_OUT:  # readable, or hung up / in error: a read says which
+                            read(client)
+                        if events & _OUT and client.fd >= 0:
+                            flush(client)
+                            if client.inbox and client.queued < OUTBOX_HIGH and client.fd >= 0:
+                                self._process_inbox(client)  # commands held back while answers piled up
+                    elif fd == listen_fd:
                         self._accept()
-                    elif key.fileobj is self._wake_r:
+                    elif fd == wake_fd:
                         self._wake_r.recv(64)
-                    else:
-                        client = self.clients.get(cast(socket.socket, key.fileobj))  # only sockets are registered
-                        if client is None:
-                            continue
-                        if events & selectors.EVENT_READ:
-                            self._read(client)
-                        if events & selectors.EVENT_WRITE and client.sock in self.clients:
-                            self._flush(client)
-                            if client.sock in self.clients and len(client.outbox) < OUTBOX_HIGH:
-                                self._process(client)  # commands held back while answers piled up
                 if resumes is not None and time.monotonic() >= resumes:
                     self._accept_resumes = None
-                    self._selector.register(self.sock, selectors.EVENT_READ)
+                    self._poller.register(listen_fd, _IN)
         finally:
             for client in list(self.clients.values()):
                 self._close(client)
-            self._selector.close()
+            self._poller.close()
             self._wake_r.close()
             self._wake_w.close()
             self.sock.close()
@@ -155,26 +176,27 @@ class StoreServer:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _addr = self.sock.accept()
+                conn, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 if exc.errno in _OUT_OF_DESCRIPTORS:
                     # The backlog keeps the connection; the socket stays readable, so rest it
                     # instead of waking the loop at once, again and again (it spun a core).
-                    self._selector.unregister(self.sock)
+                    self._poller.unregister(self.sock.fileno())
                     self._accept_resumes = time.monotonic() + self._accept_pause
                     self._accept_pause = min(2 * self._accept_pause, ACCEPT_PAUSE_MAX_S)
                 return
             self._accept_pause = ACCEPT_PAUSE_S
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.clients[conn] = _Client(conn)
-            self._selector.register(conn, selectors.EVENT_READ)
+            client = Client(conn, addr)
+            self.clients[client.fd] = client
+            self._poller.register(client.fd, _IN)
 
-    def _read(self, client: _Client) -> None:
+    def _read(self, client: Client) -> None:
         try:
-            chunk = client.sock.recv(1 << 16)
+            chunk = os.read(client.fd, _READ)  # a socket's own recv costs 0.5 us more a call
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -182,202 +204,187 @@ class StoreServer:
         if not chunk:
             self._close(client)
             return
-        client.inbox += chunk
-        self._process(client)
-
-    def _process(self, client: _Client) -> None:
-        """Answer the whole commands in the client's inbox, while its unread answers stay
-        under ``OUTBOX_HIGH``; a command still arriving waits for the bytes it needs."""
-        if len(client.inbox) < client.need:
-            return  # not parsed again before its bytes are in: linear, however it arrives
-        reader = _Reader(client.inbox)
-        try:
-            while reader.at < len(client.inbox) and len(client.outbox) < OUTBOX_HIGH:
-                start = reader.at
-                try:
-                    self._command(client, reader)
-                    client.need = 0
-                except _Incomplete as incomplete:
-                    reader.at = start
-                    client.need = incomplete.end - start
-                    if client.need > MAX_REQUEST_LEN:
-                        raise _Refused(f"a command of over {MAX_REQUEST_LEN} bytes") from None
-                    break
-        except (_Refused, ValueError):
-            self._close(client)
+        if not client.queued and not client.inbox and client.validated and self._answer_one(client, chunk):
             return
-        del client.inbox[: reader.at]
+        if client.inbox:
+            client.inbox += chunk
+            self._process_inbox(client)
+            return
+        # The usual case: whole commands, parsed where they landed, each handler called here
+        # (a validated client's; the first command and unknown ones through ``_command``).
+        at, size, handlers, keys = 0, len(chunk), _HANDLERS, self.keys
+        try:
+            while at < size and client.queued < OUTBOX_HIGH:
+                start = at
+                try:
+                    handler = handlers[chunk[at]] if client.validated else None
+                    if handler is None:
+                        at = self._command(client, chunk, at)
+                    else:
+                        at = handler(keys, client, chunk, at + 1)
+                except _Incomplete:
+                    client.inbox += chunk[start:]  # the rest, walked from its start as it comes
+                    client.scan = Scan()
+                    self._process_inbox(client)
+                    return
+        except (_Refused, ValueError) as exc:
+            self._refuse(client, exc)
+            return
+        if at < size:  # held back while its answers pile up unread
+            client.inbox += chunk[at:]
         self._flush(client)
 
-    def _send(self, client: _Client, data: bytes) -> None:
-        client.outbox += data
+    def _answer_one(self, client: Client, chunk: bytes) -> bool:
+        """The most frequent read of all, answered here: one GET, or one WAIT or CHECK of one key
+        (torch's client sends a WAIT before each GET), of a small value, to a client with nothing
+        pending; the answer sent at once. False: anything else, for the general path."""
+        command, size = chunk[0], len(chunk)
+        if command == GET:
+            if size < 9 or _U64.unpack_from(chunk, 1)[0] != size - 9 or size - 9 > MAX_STRING_LEN:
+                return False
+            value = self.keys.data.get(chunk[9:], b"")
+            if len(value) >= _SMALL:
+                return False
+            reply = _U64.pack(len(value)) + value
+        elif command == COMPARE_SET:
+            if size < 25:
+                return False
+            n = _U64.unpack_from(chunk, 1)[0]
+            at = 9 + n
+            if n > MAX_STRING_LEN or at + 8 > size:
+                return False
+            m = _U64.unpack_from(chunk, at)[0]
+            if at + 16 + m > size or m >= _SMALL:
+                return False
+            k = _U64.unpack_from(chunk, at + 8 + m)[0]
+            if at + 16 + m + k != size or k >= _SMALL:
+                return False
+            key, expected, desired = chunk[9:at], chunk[at + 8 : at + 8 + m], chunk[at + 16 + m :]
+            current = self.keys.compare_set_value(key, expected, desired)
+            reply = _U64.pack(len(current)) + current
+        elif command == WAIT or command == CHECK:
+            if size < 17 or _ONE_KEY.unpack_from(chunk, 1) != (1, size - 17) or size - 17 > MAX_STRING_LEN:
+                return False
+            key = chunk[17:]
+            there = key in self.keys.data or bool(self.keys.queues.get(key))
+            if command == WAIT:
+                if not there:
+                    return False
+                reply = STOP_WAITING
+            else:
+                reply = READY if there else NOT_READY
+        else:
+            return False
+        try:
+            sent = client.send(reply)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(client)
+            return True
+        if sent < len(reply):
+            client.reply(reply[sent:])
+            self._flush(client)
+        return True
 
-    def _flush(self, client: _Client) -> None:
-        if client.outbox:
+    def _process_inbox(self, client: Client) -> None:
+        """Answer the whole commands at the head of the client's inbox, while its unread
+        answers stay under ``OUTBOX_HIGH``; one still arriving is walked as far as its bytes go."""
+        inbox = client.inbox
+        done = 0
+        try:
+            with memoryview(inbox) as view:
+                while done < len(inbox) and client.queued < OUTBOX_HIGH:
+                    scan = client.scan or Scan()
+                    try:
+                        end = scan.walk(view[done:])
+                    except _Incomplete:
+                        client.scan = scan
+                        break
+                    client.scan = None
+                    if self._command(client, view[done : done + end], 0) != end:
+                        raise _Refused("a command whose fields do not match its length")
+                    done += end
+        except (_Refused, ValueError) as exc:
+            self._refuse(client, exc)
+            return
+        if done:
+            del inbox[:done]
+        self._flush(client)
+
+    def _flush(self, client: Client) -> None:
+        out = client.out
+        if out:
             try:
-                sent = client.sock.send(client.outbox)
+                if len(out) == 1:
+                    sent = client.send(out[0])
+                elif client.queued <= _READ:  # small answers: one piece
+                    joined = b"".join(out)
+                    out[:] = [joined]
+                    sent = client.send(joined)
+                else:
+                    sent = client.sock.sendmsg(out[:_GATHER])
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
                 self._close(client)
                 return
-            del client.outbox[:sent]
+            if sent == client.queued:
+                out.clear()
+                client.queued = 0
+            elif sent:
+                client.queued -= sent
+                done = 0
+                while sent >= len(out[done]):
+                    sent -= len(out[done])
+                    done += 1
+                del out[:done]
+                if sent:
+                    out[0] = memoryview(out[0])[sent:]
         # Back-pressure: a client that leaves its answers unread is not read (nor answered
         # more) until it takes them; its socket's buffers hold the rest of what it sends.
-        reading = selectors.EVENT_READ if len(client.outbox) < OUTBOX_HIGH else 0
-        self._selector.modify(client.sock, reading | (selectors.EVENT_WRITE if client.outbox else 0))
+        mask = (_IN if client.queued < OUTBOX_HIGH else 0) | (_OUT if client.queued else 0)
+        if mask != client.mask:
+            client.mask = mask
+            self._poller.modify(client.fd, mask)
 
-    def _close(self, client: _Client) -> None:
-        if self.clients.pop(client.sock, None) is None:
+    def _refuse(self, client: Client, why: BaseException) -> None:
+        _log.info("closed the client at %s: %s", client.peer, why)
+        self._close(client)
+
+    def _close(self, client: Client) -> None:
+        if self.clients.pop(client.fd, None) is None:
             return
-        self._clear_wait(client)
+        self.keys.clear_wait(client)
         try:
-            self._selector.unregister(client.sock)
-        except (KeyError, ValueError):
+            self._poller.unregister(client.fd)
+        except (KeyError, ValueError, OSError):
             pass
         client.sock.close()
+        client.out.clear()
+        client.fd = -1  # closed: its number may be another client's by now
 
-    # -- commands (torch's TCPStoreLibUvBackend, command by command) ------------------------
+    # -- commands ----------------------------------------------------------------------------
 
-    def _command(self, client: _Client, r: _Reader) -> None:
-        command = r.take(1)[0]
+    def _command(self, client: Client, data: bytes | memoryview, at: int) -> int:
+        """Answer the command at ``at`` in ``data`` (``keys.py``); where it ends. ``_Incomplete``
+        when its bytes are not all there (nothing is done then)."""
+        command = data[at]
         if not client.validated:
-            if command != VALIDATE or r.u32() != VALIDATION_MAGIC:
-                raise _Refused("the first command was not VALIDATE with torch's magic number")
+            if command != VALIDATE:
+                raise _Refused("the first command was not VALIDATE")
+            end = fixed_at(data, at + 1, 4)
+            if _U32.unpack_from(data, at + 1)[0] != VALIDATION_MAGIC:
+                raise _Refused("VALIDATE without torch's magic number")
             client.validated = True
-            return
-        if command == PING:
-            self._send(client, _U32.pack(r.u32()))
-        elif command == SET:
-            key, value = r.key(), r.payload()
-            self._set(key, value)
-        elif command == COMPARE_SET:
-            key, expected, desired = r.key(), r.payload(), r.payload()
-            self._send(client, _vector(self._compare_set(key, expected, desired)))
-        elif command == GET:
-            self._send(client, _vector(self.data.get(r.key(), b"")))
-        elif command == ADD:
-            key, delta = r.key(), r.i64()
-            self._send(client, _I64.pack(self._add(key, delta)))
-        elif command == CHECK:
-            keys = [r.key() for _ in range(r.count())]
-            self._send(client, READY if self._check(keys) else NOT_READY)
-        elif command == WAIT:
-            keys = [r.key() for _ in range(r.count())]
-            if self._wait(client, keys):
-                self._send(client, STOP_WAITING)
-        elif command == GETNUMKEYS:
-            self._send(client, _I64.pack(len(self.data)))
-        elif command == DELETE_KEY:
-            self._send(client, _I64.pack(1 if self.data.pop(r.key(), None) is not None else 0))
-        elif command == APPEND:
-            key, value = r.key(), r.payload()
-            self._set(key, self.data.get(key, b"") + value)
-        elif command == MULTI_GET:
-            keys = [r.key() for _ in range(r.count())]
-            self._send(client, b"".join(_vector(self.data.get(k, b"")) for k in keys))
-        elif command == MULTI_SET:
-            pairs = [(r.key(), r.payload()) for _ in range(r.count())]
-            for key, value in pairs:
-                self._set(key, value)
-        elif command == CANCEL_WAIT:
-            self._clear_wait(client)
-            self._send(client, WAIT_CANCELED)
-        elif command == QUEUE_PUSH:
-            key, value = r.key(), r.payload()
-            self.queues.setdefault(key, deque()).append(value)
-            self._wake(key, one=True)
-        elif command == QUEUE_POP:
-            queue = self.queues.setdefault(r.key(), deque())
-            reply = _I64.pack(len(queue))
-            if queue:
-                reply += _vector(queue.popleft())
-            self._send(client, reply)
-        elif command == QUEUE_LEN:
-            self._send(client, _I64.pack(len(self.queues.get(r.key(), ()))))
-        elif command == LIST_KEYS:
-            self._send(client, _U64.pack(len(self.data)) + b"".join(_vector(k) for k in self.data))
-        elif command == BARRIER:
-            key, world_size = r.key(), r.i64()
-            if self._barrier(client, key, world_size):
-                self._send(client, STOP_WAITING)
-        else:
+            return end
+        handler = _HANDLERS[command]
+        if handler is None:
             raise _Refused(f"an unknown command {command}")
+        return handler(self.keys, client, data, at + 1)
 
-    def _set(self, key: bytes, value: bytes) -> None:
-        self.data[key] = value
-        self._wake(key)
-
-    def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
-        current = self.data.get(key)
-        if current is None:
-            if expected:
-                self._wake(key)
-                return expected  # torch's answer for a missing key: the expected value
-            self._set(key, desired)
-            return desired
-        if current == expected:
-            self.data[key] = current = desired
-        self._wake(key)
-        return current
-
-    def _add(self, key: bytes, delta: int) -> int:
-        current = self.data.get(key)
-        value = delta + (int(current.decode()) if current is not None else 0)
-        self._set(key, str(value).encode())
-        return value
-
-    def _barrier(self, client: _Client, key: bytes, world_size: int) -> bool:
-        """Count this client in; True (answer now) for the last of ``world_size``."""
-        current = self.data.get(key)
-        count = 1 + (int(current.decode()) if current is not None else 0)
-        self.data[key] = str(count).encode()
-        if count >= world_size:
-            self._wake(key)
-            return True
-        self.waiting.setdefault(key, []).append(client)
-        client.awaited = 1
-        return False
-
-    def _check(self, keys: list[bytes]) -> bool:
-        return all(k in self.data or self.queues.get(k) for k in keys)
-
-    def _wait(self, client: _Client, keys: list[bytes]) -> bool:
-        if self._check(keys):
-            return True
-        missing = [k for k in keys if k not in self.data]
-        for key in missing:
-            self.waiting.setdefault(key, []).append(client)
-        client.awaited = len(missing)
-        return False
-
-    def _wake(self, key: bytes, *, one: bool = False) -> None:
-        clients = self.waiting.get(key)
-        if not clients:
-            return
-        if one:  # a queue push answers one waiter
-            for client in clients:
-                client.awaited -= 1
-                if client.awaited == 0:
-                    self._reply_now(client, STOP_WAITING)
-                    return
-            return
-        del self.waiting[key]
-        for client in clients:
-            client.awaited -= 1
-            if client.awaited == 0:
-                self._reply_now(client, STOP_WAITING)
-
-    def _reply_now(self, client: _Client, data: bytes) -> None:
-        if client.sock in self.clients:
-            self._send(client, data)
+    def _answer_now(self, client: Client, data: bytes) -> None:
+        """Answer a client released by another's command (its WAIT's keys came)."""
+        if client.fd >= 0:
+            client.reply(data)
             self._flush(client)
-
-    def _clear_wait(self, client: _Client) -> None:
-        if not client.awaited:
-            return
-        client.awaited = 0
-        for key in [k for k, cs in self.waiting.items() if client in cs]:
-            self.waiting[key] = [c for c in self.waiting[key] if c is not client]
-            if not self.waiting[key]:
-                del self.waiting[key]

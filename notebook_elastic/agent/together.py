@@ -1,0 +1,218 @@
+"""Nodes that join, leave and beat together: one write of the rendezvous state for many (#40).
+
+torch's c10d rendezvous keeps a job's whole round in one store key, written with compare_set by
+each node for itself: to join, to leave, and every ``keep_alive_interval`` to say it lives. A
+write that loses to another's is made again on the state that won; at 1,024 nodes the state is
+85 kB and heartbeats alone ask 205 writes a second of it (5 s apart), more than the key can
+take one at a time (each write is a read, a decode, an encode and a round trip): the first
+round of 1,024 simulated nodes never closed, and nodes in it were dropped for heartbeats that
+could not be written (``benchmarks/thousand.py``).
+
+So each of our nodes also *says* what it does, in a small key beside the state (``announced``,
+one line per saying, appended: cheap and never lost to another's write), and whoever writes the
+state takes in what the others said:
+- ``join R``: this node is joining round R; a node adding itself to round R adds every node
+  that said so too (up to the round's maximum), each with its own heartbeat: the round fills in
+  a few writes instead of one each;
+- ``leave R``: it is leaving round R; a node leaving R takes the others out with it;
+- ``alive``: it lives, at this time; every write sets each member's heartbeat to the latest it
+  said (never older than the state's). A node writes its own heartbeat only when what it said
+  an interval ago has not been taken in (``beat_due``): in steady state about one write per
+  interval for the job, not one per node.
+Each change is one torch would make (a node's own join, leave or heartbeat, at the time it
+said), so torch's own agents may share the rendezvous: they read and write the same state, and
+what they say is only what they write. Sayings go to a key per interval (``key``); a writer
+reads this interval's and the last (each node says it lives once an interval, so both hold a
+saying of every node that lives), and one whose write won deletes the key of the interval
+before those. A saying that ages out unread costs that node its own write, nothing else. A
+key is read with ``compare_set(key, "", "")``: its value, or an empty key made where there was
+none (torch's ``get`` would wait for a key that is not there).
+
+The standard library and torch's state classes only, passed in: the agent (``torch_compat``)
+and the simulated agents of the benchmark (``tests/rdzv_sim.py``) run the same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+#: Beside torch's state key (``torch.rendezvous.<run id>``).
+KEY_SUFFIX = "/announced"
+JOIN, LEAVE, ALIVE = "join", "leave", "alive"
+#: A node writes its own heartbeat when the state's is older than this many intervals: what it
+#: said one interval ago was not taken in (torch writes at one interval).
+BEAT_AFTER_INTERVALS = 1.5
+#: How much of the heartbeat window stays past the oldest a heartbeat taken in may be.
+MARGIN_S = 5.0
+
+
+@dataclass(frozen=True)
+class Said:
+    kind: str
+    round: int
+    node: tuple[str, int, int]  # addr, pid, local_id: torch's _NodeDesc fields
+    when: float  # seconds since the epoch
+
+
+def interval_of(when: float, interval_s: float) -> int:
+    return int(when // interval_s)
+
+
+def key(state_key: str, interval: int) -> str:
+    """The key of what nodes said during ``interval`` (numbered from the epoch)."""
+    return f"{state_key}{KEY_SUFFIX}/{interval}"
+
+
+def line(kind: str, round_: int, node: Any, when: float) -> bytes:
+    """One saying, as appended to the key (an address has no spaces: torch's node address is a
+    host name or an IP)."""
+    return f"{kind} {round_} {node.addr} {node.pid} {node.local_id} {when:.3f}\n".encode()
+
+
+def parse(data: bytes) -> list[Said]:
+    """The sayings in the key's value; a line that is not one (a torn append) is skipped."""
+    out = []
+    for raw in data.decode(errors="replace").splitlines():
+        parts = raw.split()
+        if len(parts) != 6 or parts[0] not in (JOIN, LEAVE, ALIVE):
+            continue
+        try:
+            out.append(Said(parts[0], int(parts[1]), (parts[2], int(parts[3]), int(parts[4])), float(parts[5])))
+        except ValueError:
+            continue
+    return out
+
+
+def _time_like(example: datetime | None, when: float) -> datetime:
+    """``when`` as the state's own times are: aware (torch >= 2.5) or naive UTC (2.4)."""
+    aware = datetime.fromtimestamp(when, timezone.utc)
+    return aware if example is None or example.tzinfo is not None else aware.replace(tzinfo=None)
+
+
+def _example(state: Any) -> datetime | None:
+    return next(iter(state.last_heartbeats.values()), None)
+
+
+def take_alive(state: Any, said: Iterable[Said], node_of: Callable[[tuple[str, int, int]], Any]) -> int:
+    """Set each member's heartbeat to the latest time it said it lives, where that is newer;
+    the number of members refreshed."""
+    latest: dict[tuple[str, int, int], float] = {}
+    for s in said:
+        if s.kind == ALIVE and s.when > latest.get(s.node, 0.0):
+            latest[s.node] = s.when
+    example, refreshed = _example(state), 0
+    for fields, when in latest.items():
+        node = node_of(fields)
+        beat = state.last_heartbeats.get(node)
+        if beat is None:
+            continue  # not a member (left, or dropped): its saying is stale
+        said_at = _time_like(example, when)
+        if said_at > beat:
+            state.last_heartbeats[node] = said_at
+            refreshed += 1
+    return refreshed
+
+
+def take_joins(
+    state: Any, said: Iterable[Said], settings: Any, node_of: Callable[[tuple[str, int, int]], Any], now: float
+) -> int:
+    """Add every node that said it joins this (open) round and said so within the heartbeat
+    window, as torch's ``_add_to_participants`` adds one, up to the round's maximum; the round's
+    deadline and completion as torch sets them. The number added."""
+    if state.complete or state.closed:
+        return 0
+    window = (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds()
+    before, added, example = len(state.participants), 0, _example(state)
+    for s in said:
+        if s.kind != JOIN or s.round != state.round or now - s.when > window:
+            continue
+        if len(state.participants) >= settings.max_nodes:
+            break
+        node = node_of(s.node)
+        if node in state.participants or node in state.wait_list or node in state.redundancy_list:
+            continue
+        state.participants[node] = 0
+        state.last_heartbeats[node] = _time_like(example, s.when)
+        added += 1
+    held = len(state.participants)
+    if added and before < settings.min_nodes <= held and state.deadline is None:
+        state.deadline = _time_like(example, now) + settings.timeout.last_call
+    if added and held == settings.max_nodes:
+        state.complete = True
+        state.deadline = None
+        for rank, member in enumerate(sorted(state.participants)):
+            state.participants[member] = rank
+    return added
+
+
+def take_leaves(state: Any, said: Iterable[Said], node_of: Callable[[tuple[str, int, int]], Any], me: Any) -> list[Any]:
+    """Take out of this round every other member that said it leaves it (torch's
+    ``_remove_from_participants`` for each; its epilogue runs with the caller's own removal,
+    after these); the members taken out."""
+    gone = []
+    for s in said:
+        if s.kind != LEAVE or s.round != state.round:
+            continue
+        node = node_of(s.node)
+        if node != me and node in state.participants:
+            del state.participants[node]
+            state.last_heartbeats.pop(node, None)
+            gone.append(node)
+    return gone
+
+
+def beat_due(state: Any, node: Any, interval: timedelta, now: float) -> bool:
+    """Whether this node writes its own heartbeat now: the state's for it is older than
+    ``BEAT_AFTER_INTERVALS`` intervals (what it said last time was not taken in), or absent."""
+    beat = state.last_heartbeats.get(node)
+    return beat is None or beat < _time_like(beat, now) - BEAT_AFTER_INTERVALS * interval
+
+
+def beats_together(settings: Any) -> bool:
+    """Whether a job's heartbeats may go together: a heartbeat taken in by another's write is
+    up to two intervals old before this node writes its own, so the window (interval x
+    max_attempt) keeps ``MARGIN_S`` past that (a cluster's 5 s x 6: yes; the local 1 s x 3,
+    sized to notice a lost node in 3 s: no, each node writes its own, as torch's do)."""
+    interval: float = settings.keep_alive_interval.total_seconds()
+    attempts: int = settings.keep_alive_max_attempt
+    return (attempts - 2) * interval >= MARGIN_S
+
+
+class Sayings:
+    """One node's side: what it says and when, what it reads, the key it deletes. Each store
+    call goes through ``call(fn, *args)`` (the agent's deadline); a failing call is the caller's
+    to handle (a node that cannot say or read writes for itself, as torch's do)."""
+
+    def __init__(self, state_key: str, node: Any, interval_s: float, call: Callable[..., Any]) -> None:
+        self.state_key, self.node, self.interval_s, self.call = state_key, node, interval_s, call
+        self.said: dict[tuple[str, int], float] = {}  # (kind, round) -> when it said so last
+        self.stale: int | None = None  # the interval whose key goes once the pending write wins
+        self.deleted = -1
+
+    def say(self, store: Any, kind: str, round_: int, now: float) -> None:
+        """Say it, unless it was said less than an interval ago (a join or a leave lasts)."""
+        if now - self.said.get((kind, round_), 0.0) < self.interval_s:
+            return
+        self.said = {k: t for k, t in self.said.items() if now - t < self.interval_s} | {(kind, round_): now}
+        this = interval_of(now, self.interval_s)
+        self.call(store.append, key(self.state_key, this), line(kind, round_, self.node, now))
+
+    def read(self, store: Any, now: float) -> list[Said]:
+        """What was said this interval and the last (``compare_set(k, "", "")``: the value, or an
+        empty key made where there was none); the key before those goes once this node's next
+        write wins (``won``)."""
+        this = interval_of(now, self.interval_s)
+        said: list[Said] = []
+        for i in (this - 1, this):
+            said += parse(self.call(store.compare_set, key(self.state_key, i), "", ""))
+        self.stale = this - 2
+        return said
+
+    def won(self, store: Any) -> None:
+        stale, self.stale = self.stale, None
+        if stale is not None and stale > self.deleted:
+            self.deleted = stale
+            self.call(store.delete_key, key(self.state_key, stale))
