@@ -31,6 +31,7 @@ FOREIGN = {
         "SimpleElasticAgent",
         "RendezvousHandler",
         "TCPStore",
+        "TCPStoreLibUvBackend",
         "PrefixStore",
         "DistributedDataParallel",
         "GradScaler",
