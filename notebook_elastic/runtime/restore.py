@@ -192,6 +192,11 @@ class Resumed:
     save_s: float | None = None  # what a save blocked the loop that wrote it (the next group's estimate)
 
 
+#: Why a group changed in place, as a number every rank can reduce (the largest wins where kept
+#: ranks heard different ones: a loss over a join, a join over a store replaced).
+_REASONS = ("", "store", "joined", "failed", "left", "lost")
+
+
 class Restore:
     """Agreeing on the generation and restoring the latest checkpoint."""
 
@@ -287,8 +292,10 @@ class Restore:
         reached = handoff.reached if handoff is not None else -1
         elapsed_ms = int((time.monotonic() - switch.started) * 1000) if switch is not None and handoff else 0
         from_world = switch.from_world_size if switch is not None and handoff is not None else 0
-        best, neg_worst, most_reached, from_world, elapsed_ms = self._collectives.all_reduce(
-            [mine, -mine, reached, from_world, elapsed_ms], "max"
+        # Why, as a kept rank heard it (rank 0 may be a joiner's, which knows none).
+        why = _REASONS.index(switch.reason) if switch is not None and switch.reason in _REASONS else 0
+        best, neg_worst, most_reached, from_world, elapsed_ms, why = self._collectives.all_reduce(
+            [mine, -mine, reached, from_world, elapsed_ms, why], "max"
         )
         if best < 0:
             return None
@@ -332,7 +339,7 @@ class Restore:
                 joined=world - kept,
                 source=source,
                 took_s=round(took_s, 4),
-                reason=switch.reason if switch is not None else "",
+                reason=_REASONS[why],
             )
             if source >= 0:
                 said["transfer_s"], said["transfer_bytes"] = round(transfer_s, 4), transfer_bytes
