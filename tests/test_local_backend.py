@@ -114,7 +114,9 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
     )
     wait_for(at_step(job, 10), "step 10 on one node", job=job, give_up_when_finished=True)
     assert job.world_size == 2 and job.nodes == ["node-0"]
-    job.scale(2)
+    answer = job.scale(2)
+    # #38 item 7: it returns on the job's own word of its new target, folded in (no clock)
+    assert answer.pending is None and answer.target == 2 and job.state.target == 2, answer
     wait_for(
         lambda: job.world_size == 4 and job.status == "running", "world size 4", job=job, give_up_when_finished=True
     )
@@ -1323,3 +1325,26 @@ def test_step_time_samples_and_tokens_per_s_are_read_beside_the_loss_and_in_tens
         s.value > 0 for s in accumulator.Scalars("speed/samples_per_s")
     )
     assert oct(logdir.stat().st_mode & 0o777) == oct(0o700)  # private, like the rest of the folder
+
+
+def test_a_scale_the_job_has_not_confirmed_says_what_is_pending(home, monkeypatch):
+    """#38 item 7: scale() answers with the outcome once the job has said it, or says what is
+    still pending when it has not (here: this handle stopped reading the job's events), instead
+    of returning after 10 s without a word."""
+    from notebook_elastic.kernel import job as job_module
+
+    job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=1, name="unsaid", user_ns=namespace(total=100_000))
+    try:
+        wait_for(at_step(job, 3), "step 3", job=job, give_up_when_finished=True)
+        job._stop_following.set()  # the handle hears nothing more (a kernel that stopped reading)
+        time.sleep(0.5)
+        monkeypatch.setattr(job_module, "ANSWER_WAIT_S", 1.0)
+        answer = job.scale(2)
+        assert answer.target == 2, answer
+        assert answer.pending == (
+            "asked, but job 'unsaid' has not said its new target of 2 node(s) within 1 s (its supervisor may be "
+            "busy); job.state shows it once it does"
+        ), answer
+        assert dict(answer)["pending"] == answer.pending  # read as the dict it was, too
+    finally:
+        job.backend.cancel(job.name)  # this handle follows no more: stop() would wait for its word

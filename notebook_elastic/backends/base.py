@@ -66,9 +66,11 @@ class Answer(Mapping[str, object]):
 # eq=False: an answer equals another, or a dict, as a mapping does (by its given fields).
 @dataclass(frozen=True, eq=False)
 class ScaleAnswer(Answer):
-    """``scale``: the number of nodes the job now aims at."""
+    """``scale``: the number of nodes the job now aims at; ``pending``, from the job handle,
+    what the job has not said yet when it answered (None: it said its new target)."""
 
     target: int
+    pending: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +82,7 @@ class RangeAnswer(Answer):
     target: int
     reconfigured: bool
     epoch: int | None = None
+    pending: str | None = None  # as ScaleAnswer's
 
 
 @dataclass(frozen=True, eq=False)

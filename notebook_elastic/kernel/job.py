@@ -8,6 +8,7 @@ to the backend; their effects come back as events.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import traceback
@@ -30,6 +31,9 @@ REPLAY_TIMEOUT_S = 30.0
 #: How often a handle of an ended job looks whether it was resumed elsewhere (the CLI, the jobs
 #: panel, another kernel): a read of its listing (status.json for a local job).
 RESUME_WATCH_S = 2.0
+#: How long scale() and set_range() wait for the job's own word of the change before they answer
+#: with what is still pending.
+ANSWER_WAIT_S = 10.0
 
 
 def _watch_for_a_resume(handle: weakref.ReferenceType[ElasticJob], stop: threading.Event, seen: int) -> None:
@@ -72,6 +76,9 @@ class ElasticJob:
         if spec is not None:
             self._state.nproc_per_node = spec.nproc_per_node
         self._lock = threading.RLock()
+        # Told each time the follower folds an event in (or the stream ends): what waits on the
+        # job's own word (scale, set_range) waits on this, not on a clock.
+        self._folded = threading.Condition(self._lock)
         self._callbacks: list[Callback] = []
         self._finished = threading.Event()
         self._stop_following = threading.Event()
@@ -162,6 +169,7 @@ class ElasticJob:
                         break  # resume() replaced it: the new follower replays from the first event
                     state.apply(event)
                     callbacks = list(self._callbacks)
+                    self._folded.notify_all()
                 for callback in callbacks:
                     try:
                         callback(event, self)
@@ -177,6 +185,7 @@ class ElasticJob:
                     )
         finally:
             with self._lock:
+                self._folded.notify_all()
                 if state.finished and self._state is state:
                     self._finished.set()
                     # Files say when a local or Slurm job is resumed elsewhere; a cluster is not polled.
@@ -347,13 +356,15 @@ class ElasticJob:
             raise BackendError(f"job {self.name!r} {status_phrase(self.status)}; it cannot {what}")
 
     def scale(self, nodes: int) -> ScaleAnswer:
-        """Run on ``nodes`` nodes (within the range). Scaling up costs no restart; scaling
-        down costs one restart of the remaining nodes."""
+        """Run on ``nodes`` nodes (within the range); the survivors keep their processes (in
+        place, docs/guide/in-place.md). Returns once the job itself has said its new target
+        (``job.state.target``), or after ``ANSWER_WAIT_S`` with ``pending`` saying what it has
+        not said yet."""
         self._require_running("scale")
         check_scale(self._state.nnodes, nodes)
         result = self.backend.scale(self.name, int(nodes))
-        self._await(lambda: self._state.target == int(nodes))
-        return result
+        pending = self._await(lambda: self._state.target == int(nodes), f"its new target of {int(nodes)} node(s)")
+        return dataclasses.replace(result, pending=pending) if pending else result
 
     def set_range(self, min_nodes: int, max_nodes: int) -> RangeAnswer:
         """Change the elastic range (``--nnodes MIN:MAX``). torchrun fixes the range per agent,
@@ -362,15 +373,29 @@ class ElasticJob:
         if not (isinstance(min_nodes, int) and isinstance(max_nodes, int)) or not 1 <= min_nodes <= max_nodes:
             raise SpecError(f"range {min_nodes}:{max_nodes} is invalid: need whole numbers 1 <= MIN <= MAX")
         result = self.backend.set_range(self.name, min_nodes, max_nodes)
-        self._await(lambda: tuple(self._state.nnodes) == (min_nodes, max_nodes))
-        return result
+        pending = self._await(
+            lambda: tuple(self._state.nnodes) == (min_nodes, max_nodes), f"its new range {min_nodes}:{max_nodes}"
+        )
+        return dataclasses.replace(result, pending=pending) if pending else result
 
-    def _await(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
-        """Wait until the backend's own event about a change has been folded in, so the
-        next call sees the state it caused."""
+    def _await(self, done: Callable[[], bool], what: str, timeout_s: float | None = None) -> str | None:
+        """Wait until the job's own event about a change is folded in (woken by each event the
+        follower folds, no polling), so the next call sees the state it caused. None once it
+        is; else one sentence of what is still pending."""
+        timeout_s = ANSWER_WAIT_S if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
-        while not done() and time.monotonic() < deadline and not self.finished:
-            time.sleep(0.01)
+        with self._folded:
+            while not done():
+                if self.finished:
+                    return f"job {self.name!r} {status_phrase(self.status)} before it said {what}"
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return (
+                        f"asked, but job {self.name!r} has not said {what} within {timeout_s:g} s "
+                        "(its supervisor may be busy); job.state shows it once it does"
+                    )
+                self._folded.wait(left)
+        return None
 
     def kill_worker(self, rank: int | None = None) -> DrillAnswer:
         """Drill: SIGKILL one worker process (a random one by default)."""

@@ -216,12 +216,13 @@ class Controls:
 
     def _set_range(self, lo: int, hi: int) -> str:
         answer = self.job.set_range(lo, hi)
-        return f"range {lo}:{hi}" + (" (agents restarted with the new range)" if answer.reconfigured else "")
+        said = f"range {lo}:{hi}" + (" (agents restarted with the new range)" if answer.reconfigured else "")
+        return f"{said}; {answer.pending}" if answer.pending else said
 
     def _scale(self) -> str:
         n = int(self.target.value)
-        self.job.scale(n)
-        return f"scaling to {n} node(s)"
+        answer = self.job.scale(n)
+        return f"scaling to {n} node(s); {answer.pending}" if answer.pending else f"scaling to {n} node(s)"
 
     def _start(self) -> str:
         self.job.configure(nproc_per_node=int(self.nproc.value), max_restarts=int(self.max_restarts.value))
