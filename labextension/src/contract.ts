@@ -159,7 +159,7 @@ export interface INodeEvictedEvent {
   failure: string | null;
   target?: number;
   round?: number | null;
-  index?: number;
+  index?: string;
 }
 
 export interface IPendingEvent {

@@ -40,6 +40,8 @@ from typing import Any
 
 from ..runtime import log, protocol
 from ..runtime._emit import emit
+from ..runtime.event_types import NodeEvicted, Restart
+from ..runtime.protocol import Kind
 from . import torch_compat
 from .deadline import call_with_deadline
 
@@ -207,8 +209,12 @@ class Joining:
             first = True
         if first and budget is not None and budget[0] > 0:
             left, most = budget
-            emit("restart", node=me, reason="worker_failed", restarts_used=most - left + 1, max_restarts=most)
-        emit("node_evicted", node=me, failure=failure, target=others, round=round_, index=self.index)
+            emit(
+                Kind.RESTART,
+                node=me,
+                **Restart(reason="worker_failed", restarts_used=most - left + 1, max_restarts=most),
+            )
+        emit(Kind.NODE_EVICTED, node=me, **NodeEvicted(failure=failure, target=others, round=round_, index=self.index))
         self.leave_round()
         _log.warning(
             "its workers failed while joining a job that trains (%s); left the rendezvous, the job goes on at %s node(s)",

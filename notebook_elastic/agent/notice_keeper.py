@@ -23,8 +23,10 @@ from typing import Any
 
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
+from ..runtime.event_types import Notice, NoticeExpired
 from ..runtime.notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
 from ..runtime.procfs import stat_fields
+from ..runtime.protocol import Kind
 from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
 
 _log = log.get("keeper")
@@ -158,7 +160,7 @@ class Keeper:
             self.released = True  # the waiting thread stops, saying nothing more
             if not self.saved and self.notice is not None:
                 # The node goes without its save: the work since the last checkpoint is redone.
-                emit("notice_expired", node=self.node, grace_s=self.grace_s, id=self.notice["id"])
+                emit(Kind.NOTICE_EXPIRED, node=self.node, **NoticeExpired(grace_s=self.grace_s, id=self.notice["id"]))
             self._pass_on(signum)
 
     def _pass_on(self, signum: int) -> None:
@@ -175,9 +177,10 @@ class Keeper:
             deadline = time.monotonic() + max(0.0, self.grace_s - LEAVE_S)
             store = StoreClient(self.endpoint)
             at = time.time()
-            self.notice = notice = {"id": int(at * 1000) % 2**31, "node": self.node, "grace_s": self.grace_s, "at": at}
+            said = Notice(grace_s=self.grace_s, id=int(at * 1000) % 2**31)
+            self.notice = notice = {"id": said["id"], "node": self.node, "grace_s": self.grace_s, "at": at}
             store.set(NOTICE_KEY, json.dumps(notice))
-            emit("notice", node=self.node, grace_s=self.grace_s, id=notice["id"])
+            emit(Kind.NOTICE, node=self.node, **said)
             while time.monotonic() < deadline and not self.released:
                 if saved_after(store, notice):
                     self.saved = True
@@ -185,7 +188,7 @@ class Keeper:
                 time.sleep(POLL_S)
             else:
                 if not self.released:
-                    emit("notice_expired", node=self.node, grace_s=self.grace_s, id=notice["id"])
+                    emit(Kind.NOTICE_EXPIRED, node=self.node, **NoticeExpired(grace_s=self.grace_s, id=said["id"]))
         except Exception as exc:  # no store to post in: the node goes as it would have
             _log.warning("could not give notice: %s", exc)
         finally:

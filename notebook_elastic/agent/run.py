@@ -49,6 +49,8 @@ from typing import Any
 
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
+from ..runtime.event_types import AgentStarted, Degraded, FilesChanged, LeftRendezvous, Restart
+from ..runtime.protocol import Kind
 from ..runtime.worker import set_parent_death_signal
 from . import notice_keeper, torch_compat
 from .departures import DepartureWatch
@@ -80,7 +82,7 @@ class _StoreReplaced:
         seeded, self.round = self.round, None
         if seeded is None:
             return False
-        emit("restart", node=_node_name(), reason="store_replaced", round=seeded)
+        emit(Kind.RESTART, node=_node_name(), **Restart(reason="store_replaced", round=seeded))
         return True
 
     def pending(self) -> int | None:
@@ -176,11 +178,11 @@ def _hook_agent() -> None:
         if why == "failed":
             return
         if why == "store":
-            emit("restart", node=_node_name(), reason="store_replaced", round=_store.seeded)
+            emit(Kind.RESTART, node=_node_name(), **Restart(reason="store_replaced", round=_store.seeded))
         elif why in ("lost", "left"):
-            emit("restart", node=_node_name(), reason="departure", round=_watch.latest[0])
+            emit(Kind.RESTART, node=_node_name(), **Restart(reason="departure", round=_watch.latest[0]))
         else:
-            emit("restart", node=_node_name(), reason="membership_change")
+            emit(Kind.RESTART, node=_node_name(), **Restart(reason="membership_change"))
 
     torch_compat.hook_agent(
         before_start,
@@ -225,7 +227,7 @@ def _refuse_changed_files() -> None:
     if not changed:
         return
     reason = protocol.files_changed_reason(changed)
-    emit("files_changed", node=_node_name(), files=changed, reason=reason)
+    emit(Kind.FILES_CHANGED, node=_node_name(), **FilesChanged(files=changed, reason=reason))
     _log.error(reason)
     sys.stdout.flush()
     os._exit(protocol.EXIT_FILES_CHANGED)  # torchrun would catch SystemExit and retry
@@ -304,7 +306,7 @@ def _degraded(lost: dict[str, str]) -> None:
     import torch
 
     tested = f"torch{torch_compat.tested_torch_text()}"
-    emit("degraded", node=_node_name(), torch=torch.__version__, missing=lost, tested=tested)
+    emit(Kind.DEGRADED, node=_node_name(), **Degraded(torch=torch.__version__, missing=lost, tested=tested))
 
 
 def _start_zygote() -> bool:
@@ -331,7 +333,7 @@ def _leave_rendezvous() -> None:
     except Exception as exc:  # the store does not answer: peers drop this node at its heartbeat's expiry
         _log.warning("could not leave the rendezvous: %s", exc)
         return
-    emit("left_rendezvous", node=_node_name(), pid=os.getpid())
+    emit(Kind.LEFT_RENDEZVOUS, node=_node_name(), **LeftRendezvous(pid=os.getpid()))
 
 
 def _local_addr_toward_the_store(args: list[str]) -> None:
@@ -438,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
     torch_compat.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
-    emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
+    emit(Kind.AGENT_STARTED, node=_node_name(), **AgentStarted(pid=os.getpid(), host=socket.gethostname()))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 

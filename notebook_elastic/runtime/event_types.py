@@ -148,7 +148,7 @@ class NodeEvicted(TypedDict):
     failure: str | None
     target: NotRequired[int]
     round: NotRequired[int | None]  # the round it was sent away from
-    index: NotRequired[int]  # its place in the job (a pod's completion index)
+    index: NotRequired[str]  # its place in the job (a pod's completion index, else its node's name)
 
 
 class Pending(TypedDict):

@@ -28,6 +28,8 @@ from typing import Any
 
 from . import protocol
 from ._emit import emit
+from .event_types import Error
+from .protocol import Kind
 from .tracking import MAX_BATCH, mlflow_link, next_batch, scrub, wandb_link
 
 PACKAGES = {"mlflow": "mlflow (or mlflow-skinny)", "wandb": "wandb"}
@@ -105,7 +107,7 @@ class PodRun:
 
     def _fail(self, message: str) -> None:
         self.failed = True
-        emit("error", t=time.time(), error="tracker", message=message)
+        emit(Kind.ERROR, t=time.time(), **Error(error="tracker", message=message))
 
     def _open(self) -> None:
         if self.tracker == "mlflow":

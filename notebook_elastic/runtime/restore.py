@@ -14,7 +14,7 @@ from typing import Any
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _meta_path, claim_generation, list_checkpoints, run_base
-from .event_types import InPlace
+from .event_types import CheckpointUnreadable, InPlace
 from .protocol import Kind
 from .state_dicts import _load_into
 from .worker import WorkerInfo, device
@@ -235,7 +235,10 @@ class Restore:
                         raise FileNotFoundError(f"{sharded.DCP_METADATA} or {sharded.META_FILE} missing")
                     torch.load(_meta_path(path), map_location="cpu", weights_only=False)
                 except Exception as exc:  # a torn or foreign file: fall back to the previous one
-                    emit("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"[:300])
+                    emit(
+                        Kind.CHECKPOINT_UNREADABLE,
+                        **CheckpointUnreadable(path=str(path), error=f"{type(exc).__name__}: {exc}"[:300]),
+                    )
                     continue
                 chosen = str(path)
                 break

@@ -49,9 +49,11 @@ from .checkpoints import (
     run_base,
     torch_save,
 )
+from .event_types import Plan
 from .handoff import Handoff, rng_state, to_host
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env, is_final
 from .notice import NoticeBoard
+from .protocol import Kind
 from .restore import Collectives, Restore
 from .state_dicts import _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source
@@ -332,7 +334,7 @@ class State:
         """Yield step indices from the restored step up to ``total - 1``."""
         self.total = int(total)
         if self.is_writer:
-            emit("plan", total=self.total, start=self.step, generation=self.generation)
+            emit(Kind.PLAN, **Plan(total=self.total, start=self.step, generation=self.generation))
         self._interval.loop_started()
         watching = self._inplace.active
         for step in range(self.step, self.total):

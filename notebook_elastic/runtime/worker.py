@@ -20,6 +20,8 @@ from typing import Any
 from . import log as _logging
 from . import protocol
 from ._emit import emit
+from .event_types import WorkerFinished
+from .protocol import Kind
 
 _log = _logging.get("runtime.worker")
 
@@ -257,7 +259,7 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             raise SystemExit(protocol.EXIT_FATAL) from exc
         raise
     _shutdown_process_group()
-    emit("worker_finished", rank=info.rank, node=info.node, pid=info.pid)
+    emit(Kind.WORKER_FINISHED, node=info.node, **WorkerFinished(rank=info.rank, pid=info.pid))
     return result
 
 

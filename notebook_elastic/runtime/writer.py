@@ -15,7 +15,9 @@ from typing import Any, Protocol
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _HOST, _fsync_dir, _remove, _size, dead_writers_files, list_checkpoints, newest_generation
+from .event_types import CheckpointFailed
 from .interval import SaveInterval, is_final
+from .protocol import Kind
 from .state_dicts import _Snapshotter
 from .worker import StaleGenerationError, WorkerInfo
 
@@ -157,10 +159,16 @@ class CheckpointWriter:
         except OSError as exc:
             if not self._disk_is_full(exc, tree["step"]):
                 self._error = exc
-                emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"])
+                emit(
+                    Kind.CHECKPOINT_FAILED,
+                    **CheckpointFailed(error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"]),
+                )
         except BaseException as exc:
             self._error = exc
-            emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"])
+            emit(
+                Kind.CHECKPOINT_FAILED,
+                **CheckpointFailed(error=f"{type(exc).__name__}: {exc}"[:500], step=tree["step"]),
+            )
 
     def _write(self, tree: dict[str, Any]) -> None:
         import torch
@@ -219,7 +227,7 @@ class CheckpointWriter:
         except BaseException as exc:
             if not self.sharded_save_failed(exc, step):
                 self._error = exc
-                emit("checkpoint_failed", error=f"{type(exc).__name__}: {exc}"[:500], step=step)
+                emit(Kind.CHECKPOINT_FAILED, **CheckpointFailed(error=f"{type(exc).__name__}: {exc}"[:500], step=step))
         finally:
             if tmp.exists():
                 _remove(tmp)

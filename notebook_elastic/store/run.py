@@ -18,7 +18,8 @@ import uuid
 from ..agent.torch_compat import tcp_store_server
 from ..runtime import log
 from ..runtime._emit import emit
-from ..runtime.protocol import STORE_ID_KEY
+from ..runtime.event_types import StoreReady
+from ..runtime.protocol import STORE_ID_KEY, Kind
 from .server import StoreServer
 
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     server = StoreServer(sock, STORE_ID_KEY)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
-    emit("store_ready", host=args.host, port=sock.getsockname()[1], pid=os.getpid())
+    emit(Kind.STORE_READY, **StoreReady(host=args.host, port=sock.getsockname()[1], pid=os.getpid()))
     server.serve_forever()
 
 
