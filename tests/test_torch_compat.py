@@ -19,7 +19,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import torch_compat
+from notebook_elastic.agent import torch_adapter, torch_compat
 from notebook_elastic.contract.events import Event, Kind, describe
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.runtime import protocol
@@ -37,7 +37,7 @@ def store():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    served = torch_compat.tcp_store_server(sock, timeout_s=10)
+    served = torch_adapter.tcp_store_server(sock, timeout_s=10)
     yield served
     del served
     sock.close()
@@ -252,7 +252,7 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
         monkeypatch.setitem(torch_compat._recovery, key, value)
     assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None)
     assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
-    tested = f"torch{torch_compat.tested_torch_text()}"
+    tested = f"torch{torch_adapter.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})
     text = describe(event)
     # One sentence: the torch, the range it is tested with, and what the job loses.
@@ -280,7 +280,7 @@ def test_the_store_leaves_its_callers_socket_open_when_it_goes():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(4)
-    store = torch_compat.tcp_store_server(sock, timeout_s=5)
+    store = torch_adapter.tcp_store_server(sock, timeout_s=5)
     store.set("k", "v")
     del store
     gc.collect()

@@ -50,7 +50,7 @@ from typing import Any
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
 from ..runtime.worker import set_parent_death_signal
-from . import notice_keeper, torch_compat
+from . import notice_keeper, torch_adapter, torch_compat
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .inplace import InPlace
@@ -303,7 +303,7 @@ FIRST_ROUND_WAIT_S = 120.0
 def _degraded(lost: dict[str, str]) -> None:
     import torch
 
-    tested = f"torch{torch_compat.tested_torch_text()}"
+    tested = f"torch{torch_adapter.tested_torch_text()}"
     emit("degraded", node=_node_name(), torch=torch.__version__, missing=lost, tested=tested)
 
 
