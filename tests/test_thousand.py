@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import together, torch_compat
+from notebook_elastic.agent import together, torch_adapter, torch_compat
 from notebook_elastic.store import keys as store_keys
 from notebook_elastic.store.server import StoreServer
 
@@ -163,7 +163,7 @@ def test_heartbeats_go_together_and_nobody_is_dropped(served, rules):
         before = won[key]
         time.sleep(10)  # five intervals: what is counted is writes, not time
         writes = won[key] - before
-        members = {frozenset(torch_compat.round_state(h)[1]) for h, _i in joined}
+        members = {frozenset(torch_adapter.round_state(h)[1]) for h, _i in joined}
         assert len(members) == 1 and len(next(iter(members))) == 8, "a node was dropped"
         assert writes < 20, f"{writes} writes of the state for 8 nodes' heartbeats over 5 intervals"
     finally:

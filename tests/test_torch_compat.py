@@ -29,7 +29,7 @@ pytestmark = pytest.mark.torch_contract
 
 
 def test_the_installed_torch_has_every_internal_we_use():
-    assert torch_compat.missing() == {}, f"torch {torch.__version__} moved internals we use"
+    assert torch_adapter.missing() == {}, f"torch {torch.__version__} moved internals we use"
 
 
 @pytest.fixture
@@ -86,17 +86,17 @@ def test_a_real_round_is_read_left_and_hooked(store):
     inner = handler.torch_handler
     info = handler.next_rendezvous()
     assert info.world_size == 1 and seen == [(inner, 1)]  # the hooks are told torch's own handler
-    assert torch_compat.torch_handler(handler) is inner and torch_compat.torch_handler(inner) is inner
-    round_, participants = torch_compat.joined_round(inner)
+    assert torch_adapter.torch_handler(handler) is inner and torch_adapter.torch_handler(inner) is inner
+    round_, participants = torch_adapter.joined_round(inner)
     assert round_ == 0 and list(participants.values()) == [0]
     # The store's view agrees with the handler's own.
-    assert torch_compat.round_state(inner) == (0, frozenset(participants))
-    assert torch_compat.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
-    assert torch_compat.rendezvous_store(inner) is store  # where our keys go beside the round's
+    assert torch_adapter.round_state(inner) == (0, frozenset(participants))
+    assert torch_adapter.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
+    assert torch_adapter.rendezvous_store(inner) is store  # where our keys go beside the round's
     assert torch_compat.leave_round(inner)
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10
-    while torch_compat.round_state(inner)[1]:
+    while torch_adapter.round_state(inner)[1]:
         assert time.monotonic() < deadline, "the node is still a participant after leaving"
         time.sleep(0.05)
 
@@ -119,12 +119,12 @@ def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface
     )
     handler = rendezvous_handler_registry.create_handler(params)
     assert isinstance(handler, RendezvousHandler) and type(handler).__name__ == "NotebookRendezvous"
-    assert isinstance(torch_compat.torch_handler(handler), dr.DynamicRendezvousHandler)
+    assert isinstance(torch_adapter.torch_handler(handler), dr.DynamicRendezvousHandler)
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
-    assert handler.get_backend() == name and torch_compat.torch_handler(handler).get_backend() == "c10d"
+    assert handler.get_backend() == name and torch_adapter.torch_handler(handler).get_backend() == "c10d"
     assert handler.get_run_id() == "registry" and handler.num_nodes_waiting() == 0
-    assert handler.use_agent_store is torch_compat.torch_handler(handler).use_agent_store
+    assert handler.use_agent_store is torch_adapter.torch_handler(handler).use_agent_store
     assert not handler.is_closed()
     assert handler.shutdown() and handler.is_closed()  # a job done: closed, as torch does
 
@@ -145,7 +145,7 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
         raise SignalException("stopped", sigval=signals.SIGTERM)
     except SignalException:
         assert handler.shutdown()
-    assert not handler.is_closed() and torch_compat.round_state(handler.torch_handler)[1] == frozenset()
+    assert not handler.is_closed() and torch_adapter.round_state(handler.torch_handler)[1] == frozenset()
     other = handler_on(store, "done")
     other.next_rendezvous()
     assert other.shutdown() and other.is_closed()  # a job done (or failed): closed, as torch does
@@ -171,7 +171,7 @@ def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_unto
         assert (LocalElasticAgent._start_workers, LocalElasticAgent._monitor_workers) == (start, monitor)
     finally:
         launcher.LocalElasticAgent = made
-    assert torch_compat.worker_pids(object()) == [] and not torch_compat.group_is_healthy(object())
+    assert torch_adapter.worker_pids(object()) == [] and not torch_adapter.group_is_healthy(object())
 
 
 def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
@@ -231,7 +231,7 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
     lost = torch_compat.probe()
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
-    assert lost == {name: torch_compat.INTERNALS[name]}, lost
+    assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
     print(f"probe: {took * 1000:.0f} ms")
 
@@ -239,7 +239,7 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
 def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch):
     monkeypatch.delattr(SimpleElasticAgent, "_restart_workers")  # defined on the base class
     monkeypatch.delattr(dr, "_RendezvousExitOp")
-    lacking = torch_compat.missing()
+    lacking = torch_adapter.missing()
     assert set(lacking) == {"LocalElasticAgent._restart_workers", "dynamic_rendezvous._RendezvousExitOp"}
     assert not torch_compat.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
     # ... yet an agent store lost while it forms its group is still regained: our agent's
@@ -358,18 +358,18 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
         assert ours.next_rendezvous().world_size == 2
         handler = ours.torch_handler
         assert peer.stdout.readline() == "joined\n"
-        _round, members = torch_compat.round_state(handler)
+        _round, members = torch_adapter.round_state(handler)
         assert {n.pid for n in members} == {os.getpid(), peer.pid}
         peer.kill()
         peer.wait()
         store.set(protocol.GONE_KEY, json.dumps({str(peer.pid): time.time()}))
         # Well inside the heartbeat window (180 s; 15 s where torch fixes it): dropped by the
         # supervisor's word, not by its heartbeat's expiry.
-        deadline = time.monotonic() + min(60, torch_compat.keep_alive_window_s(handler) / 2)
-        while peer.pid in {n.pid for n in torch_compat.round_state(handler)[1]}:
+        deadline = time.monotonic() + min(60, torch_adapter.keep_alive_window_s(handler) / 2)
+        while peer.pid in {n.pid for n in torch_adapter.round_state(handler)[1]}:
             assert time.monotonic() < deadline, "the dead peer is still in the round"
             time.sleep(0.1)
-        assert {n.pid for n in torch_compat.round_state(handler)[1]} == {os.getpid()}
+        assert {n.pid for n in torch_adapter.round_state(handler)[1]} == {os.getpid()}
         handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
     finally:
         if peer.poll() is None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..runtime import log, protocol
 from ..runtime._emit import emit
-from . import torch_compat
+from . import torch_adapter, torch_compat
 from .deadline import call_with_deadline
 
 _log = log.get("agent.joiner")
@@ -97,7 +97,7 @@ class Joining:
             return
         self.waited = True
         try:
-            store: Any = torch_compat.rendezvous_store(handler)  # None: its calls raise, caught below
+            store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
             key = self._key(handler, f"evicted/{self.index}")
             if not call_with_deadline(store.check, torch_compat.STORE_CALL_TIMEOUT_S, [key]):
                 return
@@ -138,7 +138,7 @@ class Joining:
             return
         if not protocol.progress_marked(self.folder, round_):
             return
-        store: Any = torch_compat.rendezvous_store(handler)  # None: its call raises, caught by _run
+        store: Any = torch_adapter.rendezvous_store(handler)  # None: its call raises, caught by _run
         call_with_deadline(store.set, torch_compat.STORE_CALL_TIMEOUT_S, self._key(handler, "progressed"), str(round_))
         self.published = round_
 
@@ -152,7 +152,7 @@ class Joining:
         handler, agent, (round_, members) = self.watch.handler, self.watch.agent, self.watch.latest
         if not own or handler is None or agent is None or round_ is None or len(members) < 2:
             return
-        store: Any = torch_compat.rendezvous_store(handler)  # None: its calls raise, caught below
+        store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
         timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
         failed = self._key(handler, f"failed/{round_}")
         try:
@@ -190,14 +190,14 @@ class Joining:
         return int(call_with_deadline(store.get, torch_compat.STORE_CALL_TIMEOUT_S, key).decode())
 
     def _leave(self, store: Any, handler: Any, agent: Any, round_: int, others: int, failure: str) -> None:
-        for pid in torch_compat.worker_pids(agent):  # its other local ranks, still waiting for peers
+        for pid in torch_adapter.worker_pids(agent):  # its other local ranks, still waiting for peers
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
         me = self.node_name()
-        budget = torch_compat.restart_budget(agent)
+        budget = torch_adapter.restart_budget(agent)
         try:
             call_with_deadline(store.add, timeout_s, self._key(handler, f"evicted/{self.index}"), 1)
             # Once per node index: a replacement failing the same way is not charged again.

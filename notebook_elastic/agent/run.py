@@ -193,7 +193,7 @@ def _hook_agent() -> None:
         in_place=_inplace.restart,
         restarting=restarting,
         leave=lambda local_ranks: _inplace.leave(
-            local_ranks, _leave_rendezvous, torch_compat.rendezvous_store(_watch.handler) if _watch.handler else None
+            local_ranks, _leave_rendezvous, torch_adapter.rendezvous_store(_watch.handler) if _watch.handler else None
         ),
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
@@ -233,7 +233,7 @@ def _refuse_changed_files() -> None:
 
 def _hook_rendezvous() -> None:
     def after(handler: Any, info: Any) -> None:
-        round_, participants = torch_compat.joined_round(handler)
+        round_, participants = torch_adapter.joined_round(handler)
         members = []
         for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
             members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
@@ -244,7 +244,7 @@ def _hook_rendezvous() -> None:
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
         # Where this round's group forms (fresh workers, and kept ones told in place).
-        os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_compat.rendezvous_store(handler)))
+        os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_adapter.rendezvous_store(handler)))
         shown = rendezvous_members(members)
         emit(
             "rendezvous",
@@ -276,7 +276,7 @@ def _report_degraded() -> None:
     """One event naming what this torch lacks and what the job loses for it; then, off the
     agent's start, a trial round of the rendezvous (``torch_compat.probe``): an internal whose
     name stayed while what it does changed is said in a second event, with the first's."""
-    lacking = torch_compat.missing()
+    lacking = torch_adapter.missing()
     if lacking:
         _degraded(lacking)
 

@@ -41,116 +41,28 @@ from ..runtime import log as _logging
 from ..runtime.protocol import GONE_KEY, STORE_ID_KEY, TARGET_KEY
 from . import together
 from .deadline import StoreSilent, call_with_deadline
+from .torch_adapter import (
+    INTERNALS,
+    agent_class,
+    exit_round,
+    group_is_healthy,
+    handler_class,
+    holder_store,
+    joined_round,
+    keep_alive_window_s,
+    mark_ours,
+    missing,
+    node_of,
+    rendezvous_store,
+    restart_budget,
+    round_state,
+    seeded_round,
+    torch_handler,
+    worker_pids,
+    worker_pids_by_local_rank,
+)
 
 _log = _logging.get("agent.torch_compat")
-
-#: name -> what a job loses when the installed torch lacks it.
-INTERNALS = {
-    "DynamicRendezvousHandler._heartbeat_lock": "departed peers are noticed at the collective timeout, not at once",
-    "DynamicRendezvousHandler._state_holder": "departed peers are noticed at the collective timeout, not at once",
-    "DynamicRendezvousHandler._settings": "a departure is told apart from a bug after a fixed 2 s grace",
-    "DynamicRendezvousHandler._stop_heartbeats": "a stopped node is noticed when its heartbeat expires",
-    "DynamicRendezvousHandler._this_node": (
-        "a round waits last_call_timeout past the nodes the job runs; a node that died is dropped when its "
-        "heartbeat expires"
-    ),
-    "DynamicRendezvousHandler._op_executor": "a stopped node is noticed when its heartbeat expires",
-    "dynamic_rendezvous._RendezvousExitOp": "a stopped node is noticed when its heartbeat expires",
-    "LocalElasticAgent._start_workers": "changed files are not refused at a restart",
-    "LocalElasticAgent._monitor_workers": "departures are charged to --max-restarts like failures",
-    "LocalElasticAgent._restart_workers": "departures are charged to --max-restarts like failures",
-    "LocalElasticAgent._pcontext": "departed peers are noticed at the collective timeout, not at once",
-    "LocalElasticAgent._worker_group": "departed peers are noticed at the collective timeout, not at once",
-    "LocalElasticAgent._remaining_restarts": (
-        "a node sent away while joining is not charged to --max-restarts; a failure no retry can mend "
-        "(state that cannot be saved) may spend one restart before the job stops"
-    ),
-    "C10dRendezvousBackend._call_store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
-    "C10dRendezvousBackend._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
-    "DynamicRendezvousHandler._store": "a replaced rendezvous store ends every agent, a frozen one hangs them",
-    "DynamicRendezvousHandler._get_store": "a store frozen while ranks are assigned or at the exit barrier hangs the agent",
-    "LocalElasticAgent._rendezvous": "a store frozen while ranks are assigned or at the exit barrier hangs the agent",
-    "dynamic_rendezvous._RendezvousJoinOp": "a round waits last_call_timeout past the nodes the job runs",
-    "dynamic_rendezvous._DistributedRendezvousOpExecutor": "a round waits last_call_timeout past the nodes the job runs",
-    "dynamic_rendezvous._delay": "a node waiting in a round looks again once a second",
-    "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": "a node waiting in a round looks again once a second",
-    "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize": "a node that died is dropped when its heartbeat expires",
-    "dynamic_rendezvous._BackendRendezvousStateHolder._last_sync_time": (
-        "a node whose write lost reads the state again only at its next look (more lost writes at scale)"
-    ),
-    "dynamic_rendezvous._DistributedRendezvousOpExecutor._add_to_participants": (
-        "each node writes its own join, leave and heartbeat (a round of hundreds of nodes closes slowly)"
-    ),
-    "dynamic_rendezvous._DistributedRendezvousOpExecutor._remove_from_participants": (
-        "each node writes its own join, leave and heartbeat (a round of hundreds of nodes closes slowly)"
-    ),
-    "dynamic_rendezvous._DistributedRendezvousOpExecutor._keep_alive": (
-        "each node writes its own join, leave and heartbeat (a round of hundreds of nodes closes slowly)"
-    ),
-}
-
-
-def _handler_class() -> Any:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    return dr.DynamicRendezvousHandler
-
-
-def _agent_class() -> Any:
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    return LocalElasticAgent
-
-
-def _mark_ours(patch: Any) -> None:
-    """Mark ``patch`` as ours: a hook that finds it in place already does not wrap it again."""
-    patch._notebook_elastic = True
-
-
-def missing() -> dict[str, str]:
-    """The internals the installed torch lacks, each with what the job loses."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    handler, agent = _handler_class(), _agent_class()
-    # Instance attributes are set in __init__: read them from its code, without an instance.
-    handler_init = set(handler.__init__.__code__.co_names)
-    agent_names = set()
-    for klass in agent.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is not None and hasattr(init, "__code__"):
-            agent_names |= set(init.__code__.co_names)
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
-
-    backend_init = set(cb.C10dRendezvousBackend.__init__.__code__.co_names)
-    present = {
-        "C10dRendezvousBackend._call_store": hasattr(cb.C10dRendezvousBackend, "_call_store"),
-        "C10dRendezvousBackend._store": "_store" in backend_init,
-        "DynamicRendezvousHandler._store": "_store" in handler_init,
-        "DynamicRendezvousHandler._get_store": hasattr(handler, "_get_store"),
-        "LocalElasticAgent._rendezvous": hasattr(agent, "_rendezvous"),
-        "DynamicRendezvousHandler._heartbeat_lock": "_heartbeat_lock" in handler_init,
-        "DynamicRendezvousHandler._state_holder": "_state_holder" in handler_init,
-        "DynamicRendezvousHandler._settings": "_settings" in handler_init,
-        "DynamicRendezvousHandler._this_node": "_this_node" in handler_init,
-        "DynamicRendezvousHandler._stop_heartbeats": hasattr(handler, "_stop_heartbeats"),
-        "DynamicRendezvousHandler._op_executor": "_op_executor" in handler_init,
-        "dynamic_rendezvous._RendezvousExitOp": hasattr(dr, "_RendezvousExitOp"),
-        "LocalElasticAgent._start_workers": hasattr(agent, "_start_workers"),
-        "LocalElasticAgent._monitor_workers": hasattr(agent, "_monitor_workers"),
-        "LocalElasticAgent._restart_workers": hasattr(agent, "_restart_workers"),
-        "LocalElasticAgent._pcontext": "_pcontext" in agent_names,
-        "LocalElasticAgent._worker_group": "_worker_group" in agent_names,
-        "LocalElasticAgent._remaining_restarts": "_remaining_restarts" in agent_names,
-        "dynamic_rendezvous._RendezvousJoinOp": hasattr(dr, "_RendezvousJoinOp") and hasattr(dr, "_Action"),
-        "dynamic_rendezvous._DistributedRendezvousOpExecutor": hasattr(dr, "_DistributedRendezvousOpExecutor"),
-        "dynamic_rendezvous._delay": hasattr(dr, "_delay"),
-        "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": "_cache_duration"
-        in getattr(getattr(dr, "_BackendRendezvousStateHolder", None), "__annotations__", {}),
-        "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize": hasattr(
-            getattr(dr, "_BackendRendezvousStateHolder", None), "_sanitize"
-        ),
-    }
-    return {name: INTERNALS[name] for name, ok in present.items() if not ok}
 
 
 #: How long the probe's round may take to close at its target; torch alone closes it at its last
@@ -206,7 +118,7 @@ def probe() -> dict[str, str]:
         # A replaced store is seeded with a state torch reads back (_reconnect): the round's
         # state is where and as the seeding writes it.
         backend = inner._state_holder._backend
-        if rendezvous_store(inner) is not store or state is None or _seeded_round(store.get(backend._key)) != state[0]:
+        if rendezvous_store(inner) is not store or state is None or seeded_round(store.get(backend._key)) != state[0]:
             fails("C10dRendezvousBackend._store")
         if _round_rules.drop_gone:
             store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
@@ -215,7 +127,7 @@ def probe() -> dict[str, str]:
             if after is None or after[1]:
                 fails("dynamic_rendezvous._BackendRendezvousStateHolder._sanitize")
             store.delete_key(GONE_KEY)
-        if not _exit_round(inner, 5.0):
+        if not exit_round(inner, 5.0):
             fails("DynamicRendezvousHandler._stop_heartbeats", "dynamic_rendezvous._RendezvousExitOp")
         _probe_agent(inner, fails)
     except Exception as exc:  # a step that broke: what it takes is lost, and why, said once
@@ -231,15 +143,6 @@ def probe() -> dict[str, str]:
             except Exception:
                 _log.debug("the probe's heartbeats were stopped already", exc_info=True)
     return lost
-
-
-def _seeded_round(raw: bytes) -> int | None:
-    """The round of a rendezvous state as the backend stores it (base64 of a pickle)."""
-    import pickle
-    from base64 import b64decode
-
-    round_: int | None = pickle.loads(b64decode(raw)).round
-    return round_
 
 
 def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
@@ -260,60 +163,11 @@ def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
 # -- the rendezvous ------------------------------------------------------------------------
 
 
-def round_state(handler: Any) -> tuple[int, frozenset[Any]] | None:
-    """``(round, participants)`` of the rendezvous as the store has it now (None: unknown)."""
-    try:
-        with handler._heartbeat_lock:
-            handler._state_holder.sync()
-            state = handler._state_holder.state
-        return state.round, frozenset(state.participants)
-    except AttributeError:
-        return None
-
-
-def joined_round(handler: Any) -> tuple[int | None, dict[Any, int]]:
-    """``(round, {node: group rank})`` the handler just joined, from its local copy."""
-    state = getattr(getattr(handler, "_state_holder", None), "state", None)
-    return getattr(state, "round", None), dict(getattr(state, "participants", {}))
-
-
-def keep_alive_window_s(handler: Any) -> float | None:
-    """How long a silent member stays in the round (interval x attempts), if known."""
-    settings = getattr(handler, "_settings", None)
-    if settings is None:
-        return None
-    window_s: float = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
-    return window_s
-
-
 def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
     """Take this node out of its round now (False: this torch cannot, peers wait for its
     heartbeat to expire)."""
     _leaving.set()  # a store lost now is not waited for
-    return _exit_round(handler, timeout_s)
-
-
-def _exit_round(handler: Any, timeout_s: float) -> bool:
-    try:
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
-
-        handler._stop_heartbeats()
-        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + timeout_s)
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
-def rendezvous_store(handler: Any) -> Any | None:
-    """The store the rendezvous backend talks to now (a replacement, once reconnected), for
-    keys of our own beside the rendezvous state; None when this torch does not say."""
-    return holder_store(getattr(handler, "_state_holder", None))
-
-
-def holder_store(holder: Any) -> Any | None:
-    """The store a rendezvous state holder's backend talks to now; None when this torch does
-    not say."""
-    return getattr(getattr(holder, "_backend", None), "_store", None)
+    return exit_round(handler, timeout_s)
 
 
 def leave_instead_of_closing(always: bool = True) -> bool:
@@ -395,7 +249,7 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
             wait = _round_rules.poll_s if seconds == 1 and _round_rules.poll_s else seconds
             return delay(wait)
 
-        _mark_ours(_delay)
+        mark_ours(_delay)
         dr._delay = _delay
     return True
 
@@ -627,12 +481,6 @@ def _call_with_deadline(fn: Callable[..., Any], *args: Any) -> Any:
     return call_with_deadline(fn, STORE_CALL_TIMEOUT_S, *args)
 
 
-def _node_of(fields: tuple[str, int, int]) -> Any:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    return dr._NodeDesc(*fields)
-
-
 def _executor_class() -> type:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
@@ -707,20 +555,20 @@ def _executor_class() -> type:
                 super()._add_to_participants()  # calls _keep_alive: its own heartbeat, not a read
             finally:
                 self._ne_taking = False
-            together.take_joins(self._state, said, self._settings, _node_of, time.time())
-            together.take_alive(self._state, said, _node_of)
+            together.take_joins(self._state, said, self._settings, node_of, time.time())
+            together.take_alive(self._state, said, node_of)
 
         def _remove_from_participants(self) -> None:
             if self._ne_sayings() is None:
                 return super()._remove_from_participants()
             self._ne_say(together.LEAVE, self._state.round, time.time())
-            together.take_leaves(self._state, self._ne_read(), _node_of, self._node)
+            together.take_leaves(self._state, self._ne_read(), node_of, self._node)
             super()._remove_from_participants()
 
         def _keep_alive(self) -> None:
             super()._keep_alive()
             if self._ne_sayings() is not None and not self._ne_taking:
-                together.take_alive(self._state, self._ne_read(), _node_of)
+                together.take_alive(self._state, self._ne_read(), node_of)
 
     return NotebookExecutor
 
@@ -789,11 +637,6 @@ def _rendezvous_class() -> type:
 
     _made["rendezvous"] = NotebookRendezvous
     return NotebookRendezvous
-
-
-def torch_handler(handler: Any) -> Any:
-    """torch's own handler behind ``handler`` (ours holds it; any other is its own)."""
-    return getattr(handler, "torch_handler", handler)
 
 
 def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None) -> bool:
@@ -1063,7 +906,7 @@ class _BoundedStore:
 def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
     """The round's store, as the agent gets it, answers under the deadline (``_store_of_round``);
     our agent (``NotebookAgent._rendezvous``) forms its group again when it was lost."""
-    if hasattr(_handler_class(), "_get_store") and hasattr(_agent_class(), "_rendezvous"):
+    if hasattr(handler_class(), "_get_store") and hasattr(agent_class(), "_rendezvous"):
         _agent_hooks.on_regroup = on_regroup
         _use_our_agent()  # its _rendezvous regroups, whether or not hook_agent could hook the rest
 
@@ -1136,31 +979,6 @@ def _follow_replaced_store(handler: Any) -> None:
 # -- the agent -----------------------------------------------------------------------------
 
 
-def worker_pids(agent: Any) -> list[int]:
-    context = getattr(agent, "_pcontext", None)
-    return list(context.pids().values()) if context is not None else []
-
-
-def worker_pids_by_local_rank(agent: Any) -> dict[int, int]:
-    """``{local rank: pid}`` of the agent's workers as torch started them (under the warm pool,
-    the launchers torchrun watches)."""
-    context = getattr(agent, "_pcontext", None)
-    return {int(r): int(p) for r, p in context.pids().items()} if context is not None else {}
-
-
-def restart_budget(agent: Any) -> tuple[int, int] | None:
-    """``(restarts left, --max-restarts)`` of this agent, or None when this torch does not say."""
-    left = getattr(agent, "_remaining_restarts", None)
-    group = getattr(agent, "_worker_group", None)
-    most = getattr(getattr(group, "spec", None), "max_restarts", None)
-    return (int(left), int(most)) if left is not None and most is not None else None
-
-
-def group_is_healthy(agent: Any) -> bool:
-    group = getattr(agent, "_worker_group", None)
-    return group is not None and getattr(group.state, "name", "") == "HEALTHY"
-
-
 class _AgentHooks:
     """What ``NotebookAgent`` calls at torchrun's documented agent hooks, set at agent start
     (``hook_agent``, ``hook_store_reconnect``); each default leaves torch's behaviour."""
@@ -1198,7 +1016,7 @@ def _agent_subclass() -> type:
 
     hooks = _agent_hooks
 
-    class NotebookAgent(_agent_class()):  # type: ignore[misc]  # torch's class, known at run time
+    class NotebookAgent(agent_class()):  # type: ignore[misc]  # torch's class, known at run time
         _remaining_restarts: int  # torch's (SimpleElasticAgent's) budget, spent at once by gives_up
 
         def _start_workers(self, worker_group: Any) -> Any:
@@ -1290,7 +1108,7 @@ def hook_agent(
     module's name ``LocalElasticAgent``, with no option to name another class: that one name is
     bound to our subclass (the only name of torch's we rebind for the agent). False when this
     torch lacks what it takes (then the agent runs as torch's own)."""
-    if not all(hasattr(_agent_class(), n) for n in ("_start_workers", "_monitor_workers", "_restart_workers")):
+    if not all(hasattr(agent_class(), n) for n in ("_start_workers", "_monitor_workers", "_restart_workers")):
         return False
     hooks = _agent_hooks
     hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
