@@ -19,7 +19,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import torch_adapter, torch_compat
+from notebook_elastic.agent import store_link, torch_adapter, torch_compat
 from notebook_elastic.contract.events import Event, Kind, describe
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.runtime import protocol
@@ -197,8 +197,8 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     for hooks in (torch_compat._round_rules, torch_compat._rendezvous_hooks, torch_compat._agent_hooks):
         for name, value in vars(hooks).items():
             monkeypatch.setattr(hooks, name, value)
-    for key, value in torch_compat._recovery.items():
-        monkeypatch.setitem(torch_compat._recovery, key, value)
+    for key, value in store_link._recovery.items():
+        monkeypatch.setitem(store_link._recovery, key, value)
     assert torch_compat.close_rounds_at_target(poll_s=0.1) and torch_compat.drop_gone_nodes()
     assert torch_compat.join_and_beat_together()
     assert torch_compat.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
@@ -223,11 +223,11 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     for rule in ("close_at_target", "drop_gone"):
         monkeypatch.setattr(torch_compat._round_rules, rule, True)
     monkeypatch.setattr(torch_compat._rendezvous_hooks, "after", lambda handler, info: told.append(info))
-    monkeypatch.setattr(torch_compat, "_leaving", threading.Event())  # a test before may have left
+    monkeypatch.setattr(store_link, "_leaving", threading.Event())  # a test before may have left
     started = time.monotonic()
     assert torch_compat.probe() == {}
     took = time.monotonic() - started
-    assert not told and not torch_compat._leaving.is_set()
+    assert not told and not store_link._leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
     lost = torch_compat.probe()
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
@@ -248,8 +248,8 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
 
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
     monkeypatch.setattr(torch_compat._agent_hooks, "on_regroup", torch_compat._agent_hooks.on_regroup)
-    for key, value in torch_compat._recovery.items():
-        monkeypatch.setitem(torch_compat._recovery, key, value)
+    for key, value in store_link._recovery.items():
+        monkeypatch.setitem(store_link._recovery, key, value)
     assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None)
     assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
     tested = f"torch{torch_adapter.tested_torch_text()}"

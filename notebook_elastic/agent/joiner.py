@@ -40,7 +40,7 @@ from typing import Any
 
 from ..runtime import log, protocol
 from ..runtime._emit import emit
-from . import torch_adapter, torch_compat
+from . import store_link, torch_adapter
 from .deadline import call_with_deadline
 
 _log = log.get("agent.joiner")
@@ -99,9 +99,9 @@ class Joining:
         try:
             store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
             key = self._key(handler, f"evicted/{self.index}")
-            if not call_with_deadline(store.check, torch_compat.STORE_CALL_TIMEOUT_S, [key]):
+            if not call_with_deadline(store.check, store_link.STORE_CALL_TIMEOUT_S, [key]):
                 return
-            times = int(call_with_deadline(store.add, torch_compat.STORE_CALL_TIMEOUT_S, key, 0))
+            times = int(call_with_deadline(store.add, store_link.STORE_CALL_TIMEOUT_S, key, 0))
         except Exception:
             _log.debug("the store does not say: join now", exc_info=True)
             return
@@ -139,7 +139,7 @@ class Joining:
         if not protocol.progress_marked(self.folder, round_):
             return
         store: Any = torch_adapter.rendezvous_store(handler)  # None: its call raises, caught by _run
-        call_with_deadline(store.set, torch_compat.STORE_CALL_TIMEOUT_S, self._key(handler, "progressed"), str(round_))
+        call_with_deadline(store.set, store_link.STORE_CALL_TIMEOUT_S, self._key(handler, "progressed"), str(round_))
         self.published = round_
 
     # -- when its workers failed -----------------------------------------------------------
@@ -153,7 +153,7 @@ class Joining:
         if not own or handler is None or agent is None or round_ is None or len(members) < 2:
             return
         store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
-        timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
+        timeout_s = store_link.STORE_CALL_TIMEOUT_S
         failed = self._key(handler, f"failed/{round_}")
         try:
             trained = self._trained(store, handler)
@@ -185,9 +185,9 @@ class Joining:
     def _trained(self, store: Any, handler: Any) -> int | None:
         """The job's latest round that made a step, if one did."""
         key = self._key(handler, "progressed")
-        if not call_with_deadline(store.check, torch_compat.STORE_CALL_TIMEOUT_S, [key]):
+        if not call_with_deadline(store.check, store_link.STORE_CALL_TIMEOUT_S, [key]):
             return None
-        return int(call_with_deadline(store.get, torch_compat.STORE_CALL_TIMEOUT_S, key).decode())
+        return int(call_with_deadline(store.get, store_link.STORE_CALL_TIMEOUT_S, key).decode())
 
     def _leave(self, store: Any, handler: Any, agent: Any, round_: int, others: int, failure: str) -> None:
         for pid in torch_adapter.worker_pids(agent):  # its other local ranks, still waiting for peers
@@ -195,7 +195,7 @@ class Joining:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
+        timeout_s = store_link.STORE_CALL_TIMEOUT_S
         me = self.node_name()
         budget = torch_adapter.restart_budget(agent)
         try:

@@ -34,13 +34,12 @@ import threading
 import time
 import types
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from ..runtime import log as _logging
-from ..runtime.protocol import GONE_KEY, STORE_ID_KEY, TARGET_KEY
-from . import together
-from .deadline import StoreSilent, call_with_deadline
+from ..runtime.protocol import GONE_KEY, TARGET_KEY
+from . import store_link, together
+from .deadline import call_with_deadline
 from .torch_adapter import (
     INTERNALS,
     agent_class,
@@ -166,7 +165,7 @@ def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
 def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
     """Take this node out of its round now (False: this torch cannot, peers wait for its
     heartbeat to expire)."""
-    _leaving.set()  # a store lost now is not waited for
+    store_link.mark_leaving()  # a store lost now is not waited for
     return exit_round(handler, timeout_s)
 
 
@@ -195,17 +194,12 @@ def leave_instead_of_closing(always: bool = True) -> bool:
 _round_store = threading.local()
 
 
-def _value(store: Any, key: str) -> bytes | None:
-    """What ``key`` holds in ``store``, or None when it is not set (a get alone would wait)."""
-    return store.get(key) if store.check([key]) else None
-
-
 def _target_nodes() -> int | None:
     store = getattr(_round_store, "store", None)
     if store is None:
         return None
     try:
-        value = _value(store, TARGET_KEY)
+        value = store_link.read_key(store, TARGET_KEY)
         return None if value is None else int(value)
     except Exception:
         _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
@@ -279,7 +273,7 @@ def _gone_pids(store: Any, window_s: float) -> set[int]:
     """Pids of agents the supervisor saw die within ``window_s`` (a pid reused later is not
     one of them: by then torch's own heartbeat expiry has dropped the dead node anyway)."""
     try:
-        value = None if store is None else _value(store, GONE_KEY)
+        value = None if store is None else store_link.read_key(store, GONE_KEY)
         if value is None:
             return set()
         import json
@@ -361,7 +355,7 @@ def handler_over(store: Any, params: Any) -> Any:
     operation executor in place of torch's (``_holder_class``, ``_executor_class``)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    backend = rendezvous_backend(store, params.run_id)
+    backend = store_link.rendezvous_backend(store, params.run_id)
     torch_handler = create_handler(store, backend, params)
     # torch's handler takes its state holder as made by from_backend, and makes its executor
     # from it: both are replaced before its first round, by instances of our subclasses.
@@ -478,7 +472,7 @@ def _holder_class() -> type:
 
 
 def _call_with_deadline(fn: Callable[..., Any], *args: Any) -> Any:
-    return call_with_deadline(fn, STORE_CALL_TIMEOUT_S, *args)
+    return call_with_deadline(fn, store_link.STORE_CALL_TIMEOUT_S, *args)
 
 
 def _executor_class() -> type:
@@ -579,7 +573,7 @@ _made: dict[str, type] = {}  # our subclasses of torch's classes, made once torc
 def _subclass(kind: str) -> type:
     """Our subclass of one of torch's classes, made at its first use (torch imported by then)."""
     if kind not in _made:
-        _made[kind] = {"backend": _backend_class, "holder": _holder_class, "executor": _executor_class}[kind]()
+        _made[kind] = {"holder": _holder_class, "executor": _executor_class}[kind]()
     return _made[kind]
 
 
@@ -650,65 +644,12 @@ def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[An
 def _store_of_round(torch_handler: Any) -> Any:
     """The round's store, as torch's handler makes it in ``_get_store`` (a PrefixStore), on the
     store the rendezvous reaches now (a replacement, once reconnected), not the one it was made
-    with; once ``hook_store_reconnect`` ran, each call on it has a deadline (``_BoundedStore``).
+    with; once ``hook_store_reconnect`` ran, each call on it has a deadline (``store_link.BoundedStore``).
     Set on our handlers' torch handler only (an attribute of the instance, not of torch's
     class): torch's ``create_handler`` makes the handler, so no subclass of ours can."""
-    _follow_replaced_store(torch_handler)
+    store_link.follow_replaced_store(torch_handler)
     store = type(torch_handler)._get_store(torch_handler)
-    return _BoundedStore(store, torch_handler._store) if _agent_hooks.on_regroup is not None else store
-
-
-# -- a replaced (or frozen) store -------------------------------------------------------------
-#
-# torch's TCPStore client never reconnects: once its server is gone, every call raises
-# DistNetworkError at once, even when a new server serves at the same address (measured on
-# 2.13). torchrun's agent then fails on its next rendezvous sync (RendezvousConnectionError
-# from num_nodes_waiting) and exits: a store pod that Kubernetes replaced would end every
-# agent. So the rendezvous backend reconnects: on a failed call it opens a new client to the
-# same endpoint (waiting up to the store's timeout for the replacement to serve), and when the
-# store there is another one (``STORE_ID_KEY`` differs, or the rendezvous state is gone) it
-# seeds an empty round numbered after the last one (rounds fence checkpoint writes, so they
-# must not start over at 0) and says so; the agent then re-forms its round on it.
-#
-# A store that freezes without resetting the connection (its process stopped, its node cut off)
-# never fails a call: the client waits for its reply far past its own timeout (agent/deadline.py).
-# So every call of the backend has a deadline, and one that passes it is a lost connection.
-# Where the store cannot be replaced (the local supervisor's own: it dies with its agents), only
-# the same store answering again is waited for; a store that went (a reset) ends the agent at once.
-
-#: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after
-#: this long, even on a loaded node, is a store that does not answer.
-STORE_CALL_TIMEOUT_S = 15.0
-_reconnect_lock = threading.Lock()
-_leaving = threading.Event()  # this node is leaving: a lost store is not waited for
-
-
-def store_id(store: Any) -> str | None:
-    """The id our store server put in the store, or None (another server, or none).
-    ``StoreSilent`` when the store does not answer."""
-
-    def read() -> str | None:
-        value = _value(store, STORE_ID_KEY)
-        return None if value is None else value.decode()
-
-    try:
-        found: str | None = call_with_deadline(read, STORE_CALL_TIMEOUT_S)
-        return found
-    except StoreSilent:
-        raise
-    except Exception:
-        _log.debug("the store's id could not be read", exc_info=True)
-        return None
-
-
-def _store_gone(store: Any, silent: bool, replaceable: bool) -> str:
-    where = f"The rendezvous store at {store.host}:{store.port}"
-    how = f"stopped answering (no reply in {STORE_CALL_TIMEOUT_S:g} s)" if silent else "closed its connection"
-    back = "no store answered there" if replaceable else "it did not answer again"
-    return (
-        f"{where} {how} and {back} within {store.timeout.total_seconds():g} s: its process is stopped or gone, "
-        "or its machine is unreachable."
-    )
+    return store_link.BoundedStore(store, torch_handler._store) if _agent_hooks.on_regroup is not None else store
 
 
 def hook_store_reconnect(
@@ -724,183 +665,10 @@ def hook_store_reconnect(
     node was in; ``on_replaced(seeded_round)`` is called once per replacement this node sees;
     ``on_regroup()`` when the agent rendezvouses again because its store was lost while it
     formed its group. False when this torch lacks what it takes."""
-    try:
-        from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
-    except ImportError:
+    if not store_link.recover_lost_stores(last_round, on_replaced, replaceable):
         return False
-    if not hasattr(cb.C10dRendezvousBackend, "_call_store"):
-        return False
-    _recovery.update(last_round=last_round, on_replaced=on_replaced, replaceable=replaceable, hooked=True)
     _hook_agent_store(on_regroup)
     return True
-
-
-def rendezvous_backend(store: Any, run_id: str) -> Any:
-    """torch's c10d rendezvous backend on ``store``, as our handler uses it: once
-    ``hook_store_reconnect`` ran, each call has a deadline and survives the store's loss."""
-    return _subclass("backend")(store, run_id)
-
-
-def _backend_class() -> type:
-    import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
-    class NotebookBackend(C10dRendezvousBackend):
-        def __init__(self, store: Any, run_id: str) -> None:
-            self._ne_store_id: str | None = None
-            self._ne_id_read = False  # the store's id is read at the first call
-            self._ne_given_up: Any = None  # the client a lost store was waited for once already
-            super().__init__(store, run_id)
-
-        def _bounded(self, store_op: Any, *args: Any, **kwargs: Any) -> Any:
-            call = super()._call_store
-            return call_with_deadline(call, STORE_CALL_TIMEOUT_S, store_op, *args, **kwargs)
-
-        def _call_store(self, store_op: Any, *args: Any, **kwargs: Any) -> Any:
-            if not _recovery["hooked"]:
-                return super()._call_store(store_op, *args, **kwargs)  # as torch's own
-            failed = self._store
-            try:
-                if not self._ne_id_read:
-                    self._ne_store_id, self._ne_id_read = store_id(failed), True
-                return self._bounded(store_op, *args, **kwargs)
-            except StoreSilent:
-                silent = True
-            except RendezvousConnectionError as exc:
-                if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
-                    raise  # a timeout or a bad request, not a lost connection
-                if not _recovery["replaceable"]:
-                    raise  # the supervisor's store went with the supervisor, and its agents go too
-                silent = False
-            _regain_store(self, failed, silent)
-            try:
-                return self._bounded(store_op, *args, **kwargs)
-            except StoreSilent as exc:
-                raise RendezvousConnectionError(_store_gone(self._store, True, _recovery["replaceable"])) from exc
-
-    return NotebookBackend
-
-
-#: What a lost store is answered with (hook_store_reconnect's arguments).
-_recovery: dict[str, Any] = {
-    "last_round": lambda: None,
-    "on_replaced": lambda _round: None,
-    "replaceable": False,
-    "hooked": False,  # until hook_store_reconnect: our backend calls the store as torch's does
-}
-
-
-def _regain_store(backend: Any, failed: Any, silent: bool) -> None:
-    """After a call on ``failed`` (the backend's store client) got no reply (``silent``) or found
-    its connection closed: wait for the store there to answer again, or (replaceable) for a
-    replacement, and give the backend a client of it. ``RendezvousConnectionError``, in one
-    sentence, when none answers within the store's timeout or this node is leaving."""
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-
-    replaceable = _recovery["replaceable"]
-    if _leaving.is_set():
-        how = "stopped answering" if silent else "closed its connection"
-        raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
-    with _reconnect_lock:
-        if getattr(backend, "_ne_given_up", None) is failed:  # waited for once already: not again
-            raise RendezvousConnectionError(_store_gone(failed, silent, replaceable))
-        if backend._store is failed:  # no other thread has reconnected meanwhile
-            try:
-                _reconnect(backend, failed, _recovery["last_round"], _recovery["on_replaced"], replaceable)
-            except (ValueError, RuntimeError, TimeoutError) as exc:
-                backend._ne_given_up = failed
-                raise RendezvousConnectionError(_store_gone(failed, silent, replaceable)) from exc
-
-
-# torchrun's agent also calls the store outside the rendezvous backend, on the round's PrefixStore
-# over the same client (``DynamicRendezvousHandler._get_store``): the bootstrap address exchange
-# at the end of ``next_rendezvous``, rank assignment (``_assign_worker_ranks``: set, multi_get,
-# multi_set, get) and the exit barrier (``store_util.barrier``: add, set, wait). Those calls get
-# the same deadline. One without a reply while the agent forms its group (``_rendezvous``) is a
-# lost store: it is regained as above and the agent rendezvouses again (the keys it was waiting
-# for are on a store that may be gone), spending no restart. At the exit barrier torch logs the
-# error and the agent ends with its workers' result: they are done, and a silent store is a
-# reason to stop waiting for the other nodes, not to wait longer.
-
-#: Between two checks of a key a store wait is polling for (doubling from 10 ms).
-STORE_POLL_MAX_S = 0.5
-
-
-class AgentStoreLost(ConnectionError):
-    """A call of torchrun's agent on its store got no reply by the deadline, or (``silent``
-    False) found the connection closed."""
-
-    def __init__(self, message: str, client: Any, silent: bool) -> None:
-        super().__init__(message)
-        self.client, self.silent = client, silent
-
-
-class _BoundedStore:
-    """The agent's store (the round's PrefixStore over ``client``), each call under the deadline.
-    A call that waits for a key (``get``, ``multi_get``, ``wait``) waits as checks, each a round
-    trip under the deadline, for as long as the store's timeout allows: a peer slow to write
-    the key is waited for, a store that does not answer is not (the exit barrier waits
-    ``exit_barrier_timeout`` for the slowest node: a deadline per call, not per barrier)."""
-
-    def __init__(self, store: Any, client: Any) -> None:
-        self._ne_store, self._ne_client = store, client
-        self._ne_timeout: timedelta | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._ne_store, name)
-        if not callable(attr):
-            return attr
-        return lambda *args, **kwargs: self._call(attr, *args, **kwargs)
-
-    # The agent's waits only. On the PrefixStore it would be the client's, which the rendezvous
-    # backend shares: the exit barrier sets 300 s and, failing, never restores it (torch's
-    # ``store_timeout`` has no ``finally``), so waiting for a lost store would take 300 s.
-    @property
-    def timeout(self) -> timedelta:
-        return self._ne_timeout or self._ne_store.timeout
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._ne_timeout = timeout
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        import torch.distributed as dist
-
-        try:
-            return call_with_deadline(fn, STORE_CALL_TIMEOUT_S, *args, **kwargs)
-        except StoreSilent as exc:
-            where = f"{self._ne_client.host}:{self._ne_client.port}"
-            raise AgentStoreLost(
-                f"The rendezvous store at {where} stopped answering torchrun's agent "
-                f"(no reply to {getattr(fn, '__name__', 'a call')} in {STORE_CALL_TIMEOUT_S:g} s).",
-                self._ne_client,
-                silent=True,
-            ) from exc
-        except dist.DistNetworkError as exc:
-            if not _recovery["replaceable"]:
-                raise  # the supervisor's store went with the supervisor
-            raise AgentStoreLost(str(exc), self._ne_client, silent=False) from exc
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        import torch.distributed as dist
-
-        limit_s = (timeout or self.timeout).total_seconds()
-        end, pause = time.monotonic() + limit_s, 0.01
-        while not self._call(self._ne_store.check, list(keys)):
-            if time.monotonic() >= end:
-                raise dist.DistStoreError(f"wait timeout after {limit_s * 1000:.0f}ms, keys: {list(keys)}")
-            time.sleep(min(pause, max(0.0, end - time.monotonic())))
-            pause = min(2 * pause, STORE_POLL_MAX_S)
-
-    def get(self, key: str) -> bytes:
-        self.wait([key])
-        value: bytes = self._call(self._ne_store.get, key)
-        return value
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        self.wait(keys)
-        values: list[bytes] = self._call(self._ne_store.multi_get, keys)
-        return values
 
 
 def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
@@ -909,71 +677,6 @@ def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
     if hasattr(handler_class(), "_get_store") and hasattr(agent_class(), "_rendezvous"):
         _agent_hooks.on_regroup = on_regroup
         _use_our_agent()  # its _rendezvous regroups, whether or not hook_agent could hook the rest
-
-
-RECONNECT_ATTEMPT_S = 5.0
-
-
-def _reconnect(
-    backend: Any, failed: Any, last_round: Callable[[], int | None], on_replaced: Any, replaceable: bool
-) -> None:
-    import pickle
-    from base64 import b64decode, b64encode
-
-    import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
-
-    # The Service has no endpoint until the replacement store serves: the constructor retries
-    # refused connections; one accepted and then dropped (a proxy still routing to the store
-    # that went) raises, one accepted by a frozen store is never answered; either is tried
-    # again, until the store's timeout.
-    # Each attempt is short: signals (SIGTERM from the kubelet, or the parent-death signal)
-    # are handled between attempts, never held off for the whole timeout inside C++.
-    deadline = time.monotonic() + failed.timeout.total_seconds()
-    sentinel = backend._NULL_SENTINEL
-    while True:
-        attempt_s = max(0.5, min(RECONNECT_ATTEMPT_S, deadline - time.monotonic()))
-        try:
-            store = call_with_deadline(
-                dist.TCPStore,
-                attempt_s + RECONNECT_ATTEMPT_S,
-                failed.host,
-                failed.port,
-                is_master=False,
-                timeout=timedelta(seconds=attempt_s),
-            )
-            store.set_timeout(failed.timeout)
-            new_id = store_id(store)
-            known = getattr(backend, "_ne_store_id", None)
-            if not replaceable and known is not None and new_id != known:
-                raise ValueError(f"another store serves at {failed.host}:{failed.port}")
-            # the state, or the sentinel just set
-            current = call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, "", sentinel)
-            break
-        except (RuntimeError, TimeoutError):
-            if time.monotonic() >= deadline or _leaving.is_set():
-                raise
-            time.sleep(0.5)
-    replaced = new_id != getattr(backend, "_ne_store_id", None) or (new_id is None and current == sentinel.encode())
-    backend._store, backend._ne_store_id = store, new_id
-    if not replaced or not replaceable:
-        return  # the same store, reached again
-    if current == sentinel.encode():
-        state = _RendezvousState()
-        state.round = (last_round() or 0) + 1
-        seed = b64encode(pickle.dumps(state)).decode()
-        call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, sentinel, seed)
-    won = call_with_deadline(store.get, STORE_CALL_TIMEOUT_S, backend._key)
-    seeded = pickle.loads(b64decode(won)).round if won != sentinel.encode() else 0
-    on_replaced(seeded)
-
-
-def _follow_replaced_store(handler: Any) -> None:
-    """The handler keeps its own reference to the store (for the round's PrefixStore): the
-    backend's, which a reconnection replaced."""
-    store = rendezvous_store(handler)
-    if store is not None and getattr(handler, "_store", None) is not store:
-        handler._store = store
 
 
 # -- the agent -----------------------------------------------------------------------------
@@ -1069,12 +772,12 @@ def _agent_subclass() -> type:
             while True:
                 try:
                     return super()._rendezvous(worker_group)
-                except AgentStoreLost as lost:
+                except store_link.AgentStoreLost as lost:
                     rendezvous = torch_handler(worker_group.spec.rdzv_handler)
                     backend = getattr(getattr(rendezvous, "_state_holder", None), "_backend", None)
                     if hooks.on_regroup is None or backend is None or not hasattr(backend, "_store"):
                         raise
-                    _regain_store(backend, lost.client, lost.silent)
+                    store_link.regain_store(backend, lost.client, lost.silent)
                 hooks.on_regroup()  # a round on the store there now, for every node: nothing charged
 
     _made["agent"] = NotebookAgent
