@@ -593,7 +593,7 @@ class Agent:
         self.consumed = this - 2  # the interval whose key goes once this write wins
 
     async def _closing_at_target(self, action: Any) -> Any:
-        """torch_compat._closing_at_target: a round holding TARGET_KEY's nodes closes at once (the
+        """rounds._closing_at_target: a round holding TARGET_KEY's nodes closes at once (the
         key is read only when the rest holds; a cluster's store has none)."""
         state, settings = self.state, self.settings
         held = len(state.participants)
@@ -720,7 +720,7 @@ class Agent:
         self.wire.close()
 
     async def leave(self) -> None:
-        """The node leaves (a scale-down, a notice): torch_compat.leave_round, then gone. Its
+        """The node leaves (a scale-down, a notice): rounds.leave_round, then gone. Its
         life is cut where it is; the exit goes on a connection of its own (the cut call's reply
         would come on the old one)."""
         self._stop_heartbeats()

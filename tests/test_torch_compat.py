@@ -19,7 +19,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import store_link, torch_adapter, torch_compat
+from notebook_elastic.agent import rounds, store_link, torch_adapter, torch_compat
 from notebook_elastic.contract.events import Event, Kind, describe
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.runtime import protocol
@@ -57,7 +57,7 @@ def handler_on(
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     params = RendezvousParameters(
-        backend=torch_compat.RDZV_BACKEND,
+        backend=rounds.RDZV_BACKEND,
         endpoint=f"{store.host}:{store.port}",
         run_id=run_id,
         min_nodes=nodes[0],
@@ -67,7 +67,7 @@ def handler_on(
         keep_alive_interval=keep_alive_s,
         keep_alive_max_attempt=3,
     )
-    return torch_compat.handler_over(store, params)
+    return rounds.handler_over(store, params)
 
 
 #: Whether this torch lets a handler's heartbeat be set (2.5 and later; 2.4 fixes 5 s x 3).
@@ -80,8 +80,8 @@ def test_a_real_round_is_read_left_and_hooked(store):
     def after(handler, info):
         seen.append((handler, info.world_size))
 
-    assert torch_compat.hook_next_rendezvous(after)
-    assert torch_compat.hook_next_rendezvous(after)  # idempotent: one hook, not two
+    assert rounds.hook_next_rendezvous(after)
+    assert rounds.hook_next_rendezvous(after)  # idempotent: one hook, not two
     handler = handler_on(store, "contract")
     inner = handler.torch_handler
     info = handler.next_rendezvous()
@@ -93,7 +93,7 @@ def test_a_real_round_is_read_left_and_hooked(store):
     assert torch_adapter.round_state(inner) == (0, frozenset(participants))
     assert torch_adapter.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
     assert torch_adapter.rendezvous_store(inner) is store  # where our keys go beside the round's
-    assert torch_compat.leave_round(inner)
+    assert rounds.leave_round(inner)
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10
     while torch_adapter.round_state(inner)[1]:
@@ -111,8 +111,8 @@ def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface
         rendezvous_handler_registry,
     )
 
-    name = torch_compat.register_rendezvous()
-    assert torch_compat.register_rendezvous() == name == torch_compat.RDZV_BACKEND
+    name = rounds.register_rendezvous()
+    assert rounds.register_rendezvous() == name == rounds.RDZV_BACKEND
     host, port = "127.0.0.1", store.port
     params = RendezvousParameters(
         backend=name, endpoint=f"{host}:{port}", run_id="registry", min_nodes=1, max_nodes=1, is_host=False
@@ -137,8 +137,8 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    monkeypatch.setattr(torch_compat._rendezvous_hooks, "leave_always", False)
-    assert torch_compat.leave_instead_of_closing(always=False)
+    monkeypatch.setattr(rounds._rendezvous_hooks, "leave_always", False)
+    assert rounds.leave_instead_of_closing(always=False)
     handler = handler_on(store, "signalled")
     handler.next_rendezvous()
     try:
@@ -194,15 +194,15 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     before = {klass: dict(vars(klass)) for klass in classes}
     monkeypatch.setattr(dr, "_delay", dr._delay)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    for hooks in (torch_compat._round_rules, torch_compat._rendezvous_hooks, torch_compat._agent_hooks):
+    for hooks in (rounds._round_rules, rounds._rendezvous_hooks, torch_compat._agent_hooks):
         for name, value in vars(hooks).items():
             monkeypatch.setattr(hooks, name, value)
     for key, value in store_link._recovery.items():
         monkeypatch.setitem(store_link._recovery, key, value)
-    assert torch_compat.close_rounds_at_target(poll_s=0.1) and torch_compat.drop_gone_nodes()
-    assert torch_compat.join_and_beat_together()
-    assert torch_compat.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
-    assert torch_compat.leave_instead_of_closing(always=False)
+    assert rounds.close_rounds_at_target(poll_s=0.1) and rounds.drop_gone_nodes()
+    assert rounds.join_and_beat_together()
+    assert rounds.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
+    assert rounds.leave_instead_of_closing(always=False)
     assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
     assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
     for klass in classes:
@@ -221,8 +221,8 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     marks this node as leaving its real one."""
     told = []
     for rule in ("close_at_target", "drop_gone"):
-        monkeypatch.setattr(torch_compat._round_rules, rule, True)
-    monkeypatch.setattr(torch_compat._rendezvous_hooks, "after", lambda handler, info: told.append(info))
+        monkeypatch.setattr(rounds._round_rules, rule, True)
+    monkeypatch.setattr(rounds._rendezvous_hooks, "after", lambda handler, info: told.append(info))
     monkeypatch.setattr(store_link, "_leaving", threading.Event())  # a test before may have left
     started = time.monotonic()
     assert torch_compat.probe() == {}
@@ -248,6 +248,7 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
 
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
     monkeypatch.setattr(torch_compat._agent_hooks, "on_regroup", torch_compat._agent_hooks.on_regroup)
+    monkeypatch.setattr(rounds._rendezvous_hooks, "bounded_store", rounds._rendezvous_hooks.bounded_store)
     for key, value in store_link._recovery.items():
         monkeypatch.setitem(store_link._recovery, key, value)
     assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None)
@@ -293,10 +294,10 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
     job's target of 2 in the store, it closes as soon as the second node joins (old code:
     both nodes still waiting at the test's limit)."""
     monkeypatch.setattr(dr, "_delay", dr._delay)  # this process's torch as it was, after
-    for rule, value in vars(torch_compat._round_rules).items():
-        monkeypatch.setattr(torch_compat._round_rules, rule, value)
-    assert torch_compat.close_rounds_at_target(poll_s=0.1)
-    assert torch_compat.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
+    for rule, value in vars(rounds._round_rules).items():
+        monkeypatch.setattr(rounds._round_rules, rule, value)
+    assert rounds.close_rounds_at_target(poll_s=0.1)
+    assert rounds.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
     store.set(protocol.TARGET_KEY, "2")
     host, port = "127.0.0.1", store.port
 
@@ -343,9 +344,9 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     import subprocess
     import sys
 
-    monkeypatch.setattr(torch_compat._round_rules, "drop_gone", torch_compat._round_rules.drop_gone)
-    assert torch_compat.drop_gone_nodes()
-    assert torch_compat.drop_gone_nodes()  # idempotent
+    monkeypatch.setattr(rounds._round_rules, "drop_gone", rounds._round_rules.drop_gone)
+    assert rounds.drop_gone_nodes()
+    assert rounds.drop_gone_nodes()  # idempotent
     peer = subprocess.Popen(
         [sys.executable, "-c", PEER, str(store.port), str(int(KEEP_ALIVE_SET))],
         stdin=subprocess.PIPE,

@@ -50,7 +50,7 @@ from typing import Any
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
 from ..runtime.worker import set_parent_death_signal
-from . import notice_keeper, torch_adapter, torch_compat
+from . import notice_keeper, rounds, torch_adapter, torch_compat
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .inplace import InPlace
@@ -257,7 +257,7 @@ def _hook_rendezvous() -> None:
             agent_pid=os.getpid(),
         )
 
-    torch_compat.hook_next_rendezvous(after, before=_joining.before_joining)
+    rounds.hook_next_rendezvous(after, before=_joining.before_joining)
 
 
 #: A round's members are told in each agent's rendezvous line up to this many; a bigger round
@@ -326,7 +326,7 @@ def _leave_rendezvous() -> None:
     to expire (keep_alive_interval x keep_alive_max_attempt) before they can regroup."""
     handler = _watch.handler
     try:
-        if handler is None or not torch_compat.leave_round(handler):
+        if handler is None or not rounds.leave_round(handler):
             return
     except Exception as exc:  # the store does not answer: peers drop this node at its heartbeat's expiry
         _log.warning("could not leave the rendezvous: %s", exc)
@@ -420,10 +420,10 @@ def main(argv: list[str] | None = None) -> None:
     # cluster's store pod has no supervisor: looking for those keys there was a call after every
     # read of the round, for nothing (#40).
     if os.environ.get(protocol.ENV_STORE_REPLACEABLE) != "1":
-        torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
-        torch_compat.drop_gone_nodes()
+        rounds.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
+        rounds.drop_gone_nodes()
     # Nodes join, leave and beat together: a round of hundreds of nodes in a few writes (#40).
-    torch_compat.join_and_beat_together()
+    rounds.join_and_beat_together()
     _report_degraded()
     from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
-    torch_compat.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
+    rounds.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
     emit("agent_started", node=_node_name(), pid=os.getpid(), host=socket.gethostname())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.rdzv_backend == "c10d":
         # The job's c10d rendezvous, joined through our handler (torch's public registry):
         # the same store, state and rounds as torch's own handler, with what a notebook job adds.
-        options.rdzv_backend = torch_compat.register_rendezvous()
+        options.rdzv_backend = rounds.register_rendezvous()
     try:
         record(torchrun.run)(options)  # torchrun's main: its arguments, then run, its errors recorded
     except SignalException as exc:
