@@ -4,7 +4,7 @@
 Each simulated node is one asyncio task with its own TCP connection to the store, speaking
 torch's TCPStore wire protocol call by call as torch's client does (a ``get`` is a WAIT and a
 GET; every key under "/"), and torch's c10d rendezvous as our agents run it (``agent/run.py``,
-``agent/torch_compat.py``): the rendezvous state in one key (base64 of a pickled
+``agent/rounds.py``): the rendezvous state in one key (base64 of a pickled
 ``_RendezvousState``), read with ``get`` and written with ``compare_set`` on the token last read;
 each decision taken by torch's own operations (``_RendezvousJoinOp``, ``_RendezvousExitOp``,
 ``_RendezvousKeepAliveOp``) on torch's own state classes; the state holder's cache (a state read

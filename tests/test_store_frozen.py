@@ -44,16 +44,16 @@ CLIENT = textwrap.dedent(
     from datetime import timedelta
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from notebook_elastic.agent import store_link, torch_compat
+    from notebook_elastic.agent import notebook_agent, store_link
 
     port, replaceable = int(sys.argv[1]), sys.argv[2] == "1"
     store_link.STORE_CALL_TIMEOUT_S = 2.0
     replaced = []
-    if hasattr(torch_compat, "hook_store_reconnect"):
+    if hasattr(notebook_agent, "hook_store_reconnect"):
         try:
-            torch_compat.hook_store_reconnect(lambda: 7, replaced.append, replaceable=replaceable)
+            notebook_agent.hook_store_reconnect(lambda: 7, replaced.append, replaceable=replaceable)
         except TypeError:  # the code before the deadline: no replaceable flag
-            torch_compat.hook_store_reconnect(lambda: 7, replaced.append)
+            notebook_agent.hook_store_reconnect(lambda: 7, replaced.append)
     original = getattr(store_link, "_reconnect", None)
     if original is not None:  # say when the client gives up on the silent store and waits for it
 

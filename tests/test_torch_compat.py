@@ -1,4 +1,5 @@
-"""The contract of every private torch internal we use (agent/torch_compat.py), checked on
+"""The contract of every private torch internal we use (agent/torch_adapter.py; used by rounds.py,
+store_link.py and notebook_agent.py), checked on
 real torch objects: a real rendezvous handler over a real TCPStore, torchrun's real agent
 class. A torch release that moves one of them fails here, by name, before any job does; a
 torch that lacks one is reported as a ``degraded`` event and the job runs on."""
@@ -19,7 +20,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import rounds, store_link, torch_adapter, torch_compat
+from notebook_elastic.agent import notebook_agent, rounds, store_link, torch_adapter
 from notebook_elastic.contract.events import Event, Kind, describe
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.runtime import protocol
@@ -160,10 +161,10 @@ def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_unto
         launcher.LocalElasticAgent,
     )
     try:
-        assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
         ours_ = launcher.LocalElasticAgent
         assert ours_ is not LocalElasticAgent and issubclass(ours_, LocalElasticAgent)
-        assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
         assert launcher.LocalElasticAgent is ours_  # one subclass, however often hooked
         # The hooks torch documents for subclasses, each overridden; torch's own class as it was.
         for name in ("_start_workers", "_monitor_workers", "_shutdown", "_rendezvous"):
@@ -194,7 +195,7 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     before = {klass: dict(vars(klass)) for klass in classes}
     monkeypatch.setattr(dr, "_delay", dr._delay)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    for hooks in (rounds._round_rules, rounds._rendezvous_hooks, torch_compat._agent_hooks):
+    for hooks in (rounds._round_rules, rounds._rendezvous_hooks, notebook_agent._agent_hooks):
         for name, value in vars(hooks).items():
             monkeypatch.setattr(hooks, name, value)
     for key, value in store_link._recovery.items():
@@ -203,13 +204,13 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     assert rounds.join_and_beat_together()
     assert rounds.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
     assert rounds.leave_instead_of_closing(always=False)
-    assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
-    assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
+    assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
     for klass in classes:
         after = dict(vars(klass))
         changed = sorted(n for n in before[klass].keys() | after.keys() if before[klass].get(n) is not after.get(n))
         assert not changed, f"{klass.__name__}: {changed} replaced"
-    assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
+    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
     assert getattr(dr._delay, "_notebook_elastic", False)
 
 
@@ -225,11 +226,11 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     monkeypatch.setattr(rounds._rendezvous_hooks, "after", lambda handler, info: told.append(info))
     monkeypatch.setattr(store_link, "_leaving", threading.Event())  # a test before may have left
     started = time.monotonic()
-    assert torch_compat.probe() == {}
+    assert notebook_agent.probe() == {}
     took = time.monotonic() - started
     assert not told and not store_link._leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
-    lost = torch_compat.probe()
+    lost = notebook_agent.probe()
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
     assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
@@ -241,18 +242,18 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
     monkeypatch.delattr(dr, "_RendezvousExitOp")
     lacking = torch_adapter.missing()
     assert set(lacking) == {"LocalElasticAgent._restart_workers", "dynamic_rendezvous._RendezvousExitOp"}
-    assert not torch_compat.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
+    assert not notebook_agent.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
     # ... yet an agent store lost while it forms its group is still regained: our agent's
     # _rendezvous regroups (the store's calls have their deadline), whatever else it lacks.
     import torch.distributed.launcher.api as launcher
 
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    monkeypatch.setattr(torch_compat._agent_hooks, "on_regroup", torch_compat._agent_hooks.on_regroup)
+    monkeypatch.setattr(notebook_agent._agent_hooks, "on_regroup", notebook_agent._agent_hooks.on_regroup)
     monkeypatch.setattr(rounds._rendezvous_hooks, "bounded_store", rounds._rendezvous_hooks.bounded_store)
     for key, value in store_link._recovery.items():
         monkeypatch.setitem(store_link._recovery, key, value)
-    assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None)
-    assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
+    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None)
+    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
     tested = f"torch{torch_adapter.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})
     text = describe(event)

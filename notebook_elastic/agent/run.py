@@ -50,7 +50,7 @@ from typing import Any
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
 from ..runtime.worker import set_parent_death_signal
-from . import notice_keeper, rounds, torch_adapter, torch_compat
+from . import notebook_agent, notice_keeper, rounds, torch_adapter
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .inplace import InPlace
@@ -65,7 +65,7 @@ _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
 
 class _StoreReplaced:
-    """Set when this node's rendezvous backend found a new store (torch_compat); the agent
+    """Set when this node's rendezvous backend found a new store (store_link); the agent
     then restarts its workers into a round on it, as for a new member."""
 
     def __init__(self) -> None:
@@ -182,7 +182,7 @@ def _hook_agent() -> None:
         else:
             emit("restart", node=_node_name(), reason="membership_change")
 
-    torch_compat.hook_agent(
+    notebook_agent.hook_agent(
         before_start,
         _departure_or_eviction,
         on_departure,
@@ -205,7 +205,7 @@ def _hook_agent() -> None:
     # The agent's own store calls (rank assignment, the exit barrier) have the same deadline; a
     # store lost while it forms its group makes it rendezvous again (a replacement is told then).
     replaceable = os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1"
-    torch_compat.hook_store_reconnect(
+    notebook_agent.hook_store_reconnect(
         lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
     )
 
@@ -274,7 +274,7 @@ def rendezvous_members(members: list[dict[str, Any]]) -> list[dict[str, Any]] | 
 
 def _report_degraded() -> None:
     """One event naming what this torch lacks and what the job loses for it; then, off the
-    agent's start, a trial round of the rendezvous (``torch_compat.probe``): an internal whose
+    agent's start, a trial round of the rendezvous (``notebook_agent.probe``): an internal whose
     name stayed while what it does changed is said in a second event, with the first's."""
     lacking = torch_adapter.missing()
     if lacking:
@@ -288,7 +288,7 @@ def _report_degraded() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        changed = {name: loss for name, loss in torch_compat.probe().items() if name not in lacking}
+        changed = {name: loss for name, loss in notebook_agent.probe().items() if name not in lacking}
         if changed:
             _degraded({**lacking, **changed})
 
@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         _log.error("restart budget spent: %s", _root(exc))
         sys.exit(protocol.EXIT_RESTARTS_SPENT)
     except RendezvousConnectionError as exc:
-        # The store is gone or frozen and none answered in time (torch_compat): one sentence.
+        # The store is gone or frozen and none answered in time (store_link): one sentence.
         _log.error("%s", exc)
         sys.exit(protocol.EXIT_STORE_LOST)
 

@@ -1,8 +1,30 @@
 """Every name of torch's we read or write that torch does not document, and the versions we
-run on: the one place a torch upgrade is checked (#38 item 3).
+run on: the one place a torch upgrade is checked (#12 item 5, #38 item 3).
+
+torchrun gives no public hook for what an elastic notebook job needs: the members of a
+rendezvous round, leaving a round at once, closing a round at the job's size, a say in whether
+a failure is charged to ``--max-restarts``. So we build on what torch offers for extension and
+replace none of its methods (#25; ``tests/test_torch_compat.py`` checks torch's classes are left
+as torch made them):
+- the rendezvous (``rounds.py``): a handler of ours (``NotebookRendezvous``, torch's public
+  ``RendezvousHandler`` interface), registered in torch's public handler registry, holding
+  torch's c10d handler as torch's ``create_handler`` makes it, on our subclasses of torch's
+  backend (``store_link.py``), state holder and operation executor;
+- the agent (``notebook_agent.py``): our subclass of torchrun's ``LocalElasticAgent``
+  (``NotebookAgent``) through the hooks ``SimpleElasticAgent`` names for subclasses; torchrun
+  makes it by the name its launcher module holds, the one class name of torch's we rebind;
+- one module function, the executor's wait between looks (``_delay``), is rebound when a job
+  polls faster than torch's second.
+The private names we use are listed in ``INTERNALS`` with what is lost without them;
+``missing()`` checks them against the installed torch, and the agent reports the missing ones in
+one ``degraded`` event: the job still runs, it heals slower; ``notebook_agent.probe`` tries what
+each does. Reading torch's private state goes through the functions here (``round_state``,
+``rendezvous_store``, ``worker_pids``, ``restart_budget``...).
 
 The versions differ too: a store served on a socket bound before torch is imported needs the
-legacy server before torch 2.7 (``tcp_store_server``); the range CI proves is ``TESTED_TORCH``.
+legacy server before torch 2.7 (``tcp_store_server``). ``tests/test_torch_compat.py`` is the
+contract, run on the oldest and the newest torch of pyproject's range (``torch>=2.4,<2.16``,
+``TESTED_TORCH``) by ``scripts/torch_range.py``.
 """
 
 from __future__ import annotations

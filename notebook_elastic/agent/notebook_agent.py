@@ -1,29 +1,9 @@
-"""Every use of torch's private internals, in one place, each guarded.
-
-torchrun gives no public hook for what an elastic notebook job needs: the members of a
-rendezvous round, leaving a round at once, closing a round at the job's size, a say in whether
-a failure is charged to ``--max-restarts``. So we build on what torch offers for extension and
-replace none of its methods (#25; ``tests/test_torch_compat.py`` checks torch's classes are left
-as torch made them):
-- the rendezvous: a handler of ours (``NotebookRendezvous``, torch's public ``RendezvousHandler``
-  interface), registered in torch's public handler registry (``register_rendezvous``), holding
-  torch's c10d handler as torch's ``create_handler`` makes it, on our subclasses of torch's
-  backend, state holder and operation executor (``handler_over``);
-- the agent: our subclass of torchrun's ``LocalElasticAgent`` (``NotebookAgent``) through the
-  hooks ``SimpleElasticAgent`` names for subclasses; torchrun makes it by the name its launcher
-  module holds, the one class name of torch's we rebind;
-- one module function, the executor's wait between looks (``_delay``), is rebound when a job
-  polls faster than torch's second.
-The versions differ too: a store served on a socket bound before torch is imported needs the
-legacy server before torch 2.7 (``tcp_store_server``). The private names we use are listed in
-``INTERNALS`` with what is lost without them; ``missing()`` checks them against the installed
-torch, and the agent reports the missing ones in one ``degraded`` event: the job still runs, it
-heals slower. ``tests/test_torch_compat.py`` is the contract, run on the oldest and the newest
-torch of pyproject's range (``torch>=2.4,<2.16``) by ``scripts/torch_range.py``.
-
-One module on purpose, well over 600 lines (some 950): one adapter owns every private torch
-internal (#12 item 5), so a torch upgrade is checked in one place. The deadline its store calls
-run under is plain Python and lives beside it (``deadline.py``).
+"""torchrun's agent, ours: ``NotebookAgent``, a subclass of torchrun's ``LocalElasticAgent``
+through the hooks ``SimpleElasticAgent`` names for subclasses, calling what the job's agent
+(``run.py``) hooks in around torch's own (``hook_agent``, ``hook_store_reconnect``); torchrun
+makes it by the name its launcher module holds, the one class name of torch's we rebind. And
+the trial round at agent start (``probe``) that tries every behaviour of torch's private names
+we use, on a throwaway round of our rendezvous (``rounds.py``) and a throwaway agent.
 """
 
 from __future__ import annotations
@@ -55,7 +35,7 @@ from .torch_adapter import (
     worker_pids_by_local_rank,
 )
 
-_log = _logging.get("agent.torch_compat")
+_log = _logging.get("agent.notebook_agent")
 
 
 #: How long the probe's round may take to close at its target; torch alone closes it at its last
@@ -144,7 +124,7 @@ def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     spec = WorkerSpec(role="probe", local_world_size=1, rdzv_handler=handler, entrypoint="true", max_restarts=3)
-    agent = _agent_subclass()(spec, logs_specs=DefaultLogsSpecs())
+    agent = agent_subclass()(spec, logs_specs=DefaultLogsSpecs())
     if restart_budget(agent) != (3, 3):
         fails("LocalElasticAgent._remaining_restarts")
     if group_is_healthy(agent) or getattr(getattr(agent, "_worker_group", None), "spec", None) is not spec:
@@ -212,7 +192,7 @@ _agent_hooks = _AgentHooks()
 
 
 @functools.cache  # made once, at its first use (torch imported by then)
-def _agent_subclass() -> type:
+def agent_subclass() -> type:
     """``NotebookAgent``: torchrun's ``LocalElasticAgent`` through the hooks its base class
     documents for subclasses (``SimpleElasticAgent``: ``_start_workers``, ``_monitor_workers``,
     ``_shutdown``, ``_rendezvous``), each calling torch's own and ``_agent_hooks`` around it."""
@@ -332,4 +312,4 @@ def _use_our_agent() -> None:
     import torch.distributed.launcher.api as launcher
 
     launcher_module: Any = launcher  # its LocalElasticAgent, bound to ours below
-    launcher_module.LocalElasticAgent = _agent_subclass()
+    launcher_module.LocalElasticAgent = agent_subclass()
