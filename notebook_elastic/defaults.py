@@ -13,7 +13,7 @@ from pathlib import Path
 
 #: Waited once participants >= min and < max; dominates start-up and scale-up on a cluster.
 LAST_CALL_TIMEOUT_S = 1
-#: Locally a round closes as soon as it holds the supervisor's target (torch_compat), so the last
+#: Locally a round closes as soon as it holds the supervisor's target (agent/rounds.py), so the last
 #: call only bounds a round that never gets there (a node that died joining). At 1 s, agents slowed
 #: by three multi-node jobs at once on 2 cores missed it again and again: a round closed without
 #: the node it restarted for, which then waited, restarted the group again, and so on.

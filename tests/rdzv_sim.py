@@ -4,7 +4,7 @@
 Each simulated node is one asyncio task with its own TCP connection to the store, speaking
 torch's TCPStore wire protocol call by call as torch's client does (a ``get`` is a WAIT and a
 GET; every key under "/"), and torch's c10d rendezvous as our agents run it (``agent/run.py``,
-``agent/torch_compat.py``): the rendezvous state in one key (base64 of a pickled
+``agent/rounds.py``): the rendezvous state in one key (base64 of a pickled
 ``_RendezvousState``), read with ``get`` and written with ``compare_set`` on the token last read;
 each decision taken by torch's own operations (``_RendezvousJoinOp``, ``_RendezvousExitOp``,
 ``_RendezvousKeepAliveOp``) on torch's own state classes; the state holder's cache (a state read
@@ -14,7 +14,7 @@ than ``keep_alive_interval x keep_alive_max_attempt`` are dropped); heartbeats e
 ``monitor_interval`` and our departure watch; after a round: the bootstrap keys
 (``RendezvousStoreInfo.build``) and torch's rank assignment (``_assign_worker_ranks``: set,
 multi_get, multi_set, get) on the round's prefix, each wait as our agent makes it
-(``_BoundedStore``); our holder's check of ``GONE_KEY`` after each read, our join's check of
+(``store_link.BoundedStore``); our holder's check of ``GONE_KEY`` after each read, our join's check of
 ``TARGET_KEY``, our backend's read of the store's id at its first call.
 
 What is not torch's own code here, for speed (1,024 nodes on 2 cores): the executor's loop and
@@ -43,7 +43,7 @@ from typing import Any
 
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
-from notebook_elastic.agent import together, torch_compat
+from notebook_elastic.agent import store_link, together
 from notebook_elastic.runtime import protocol
 
 _U64 = struct.Struct("<Q")
@@ -593,7 +593,7 @@ class Agent:
         self.consumed = this - 2  # the interval whose key goes once this write wins
 
     async def _closing_at_target(self, action: Any) -> Any:
-        """torch_compat._closing_at_target: a round holding TARGET_KEY's nodes closes at once (the
+        """rounds._closing_at_target: a round holding TARGET_KEY's nodes closes at once (the
         key is read only when the rest holds; a cluster's store has none)."""
         state, settings = self.state, self.settings
         held = len(state.participants)
@@ -654,16 +654,16 @@ class Agent:
         return await self.wire.get(key)
 
     async def _wait(self, keys: list[str]) -> None:
-        """_BoundedStore.wait: checks, 10 ms apart doubling to STORE_POLL_MAX_S ("poll"), or
+        """store_link.BoundedStore.wait: checks, 10 ms apart doubling to STORE_POLL_MAX_S ("poll"), or
         torch's WAIT, answered by the store when the keys come, at most WAIT_S long ("wait")."""
         if self.fleet.settings.store_wait == "wait":
-            while not await self.wire.wait(keys, getattr(torch_compat, "STORE_WAIT_S", 1.0)):
+            while not await self.wire.wait(keys, getattr(store_link, "STORE_WAIT_S", 1.0)):
                 pass
             return
         pause = 0.01
         while not await self.wire.check(keys):
             await asyncio.sleep(pause)
-            pause = min(2 * pause, torch_compat.STORE_POLL_MAX_S)
+            pause = min(2 * pause, store_link.STORE_POLL_MAX_S)
 
     async def _keep_alive(self, stopped: asyncio.Event) -> None:
         """torch's _PeriodicTimer: a heartbeat every interval until stopped; one under way when
@@ -720,7 +720,7 @@ class Agent:
         self.wire.close()
 
     async def leave(self) -> None:
-        """The node leaves (a scale-down, a notice): torch_compat.leave_round, then gone. Its
+        """The node leaves (a scale-down, a notice): rounds.leave_round, then gone. Its
         life is cut where it is; the exit goes on a connection of its own (the cut call's reply
         would come on the old one)."""
         self._stop_heartbeats()

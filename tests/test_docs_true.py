@@ -29,6 +29,7 @@ FOREIGN = {
         "torchrun",
         "LocalElasticAgent",
         "SimpleElasticAgent",
+        "_assign_worker_ranks",  # SimpleElasticAgent's, cited where the agent's store calls are bounded
         "RendezvousHandler",
         "TCPStore",
         "TCPStoreLibUvBackend",

@@ -296,7 +296,7 @@ def test_a_cluster_row_takes_training_from_the_fold_and_pods_from_the_cluster():
 
 def test_the_degraded_event_the_agent_sends_keeps_the_contract_and_the_fold_reads_it(tmp_path, monkeypatch):
     """On a torch that lacks an internal, the agent names each one with what the job loses
-    (``torch_compat.missing()``, a mapping); the contract and the fold read that same shape."""
+    (``torch_adapter.missing()``, a mapping); the contract and the fold read that same shape."""
     from conftest import contract_problems
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 

@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import joiner, torch_compat
+from notebook_elastic.agent import joiner, torch_adapter
 from notebook_elastic.runtime import protocol
 from notebook_elastic.runtime.protocol import EVENT_PREFIX
 
@@ -30,7 +30,7 @@ def store():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    served = torch_compat.tcp_store_server(sock, timeout_s=10)
+    served = torch_adapter.tcp_store_server(sock, timeout_s=10)
     yield served
     del served
     sock.close()

@@ -511,14 +511,14 @@ def test_the_default_image_carries_a_tested_torch_and_an_untested_one_is_told(mo
     and an official PyTorch image with another is told in one sentence, in the dry-run and
     at launch, before anything starts."""
     import notebook_elastic as ne
-    from notebook_elastic.agent import torch_compat
+    from notebook_elastic.agent import torch_adapter
     from notebook_elastic.backends.kubernetes.options import image_torch
 
-    assert torch_compat.torch_is_tested(image_torch(DEFAULT_IMAGE))
+    assert torch_adapter.torch_is_tested(image_torch(DEFAULT_IMAGE))
     assert image_torch("ghcr.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime") == (2, 5)
     assert image_torch("registry.example/team/train:2.5.1") is None  # unknown until the pod runs
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "does-not-exist"))  # a dry run needs no cluster
-    assert torch_compat.torch_is_tested(image_torch("pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"))  # in range now
+    assert torch_adapter.torch_is_tested(image_torch("pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"))  # in range now
     old = "pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime"
     job = ne.launch("print(1)", backend="kubernetes", image=old, gpus=0, name="old-torch", dry_run=True, user_ns={})
     (warning,) = [w for w in job.dryrun.bundle.launch_warnings if "torch" in w]

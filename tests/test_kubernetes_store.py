@@ -16,7 +16,7 @@ from test_kubernetes_backend import TRAIN, _post, cluster, ns  # noqa: F401 (clu
 from waiting import wait_for
 
 import notebook_elastic as ne
-from notebook_elastic.agent import torch_compat
+from notebook_elastic.agent import torch_adapter
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.options import STORE_IMAGE
 from notebook_elastic.contract.events import Kind
@@ -30,19 +30,19 @@ pytestmark = pytest.mark.torch_contract
     [("2.4.1", False), ("2.5.1+cu124", False), ("2.6.0", False), ("2.7.0", True), ("2.13.0+cpu", True)],
 )
 def test_which_torch_versions_need_the_legacy_store(version, takes_fd):
-    assert torch_compat.libuv_store_takes_listen_fd(torch_compat.torch_version(version)) is takes_fd
+    assert torch_adapter.libuv_store_takes_listen_fd(torch_adapter.torch_version(version)) is takes_fd
 
 
 @pytest.mark.parametrize("seen", [(2, 5), None])
 def test_the_store_serves_clients_on_a_listen_fd(monkeypatch, seen):
     if seen is not None:
-        monkeypatch.setattr(torch_compat, "torch_version", lambda text=None: seen)
+        monkeypatch.setattr(torch_adapter, "torch_version", lambda text=None: seen)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
     host, port = sock.getsockname()
-    server = torch_compat.tcp_store_server(sock, timeout_s=10)
+    server = torch_adapter.tcp_store_server(sock, timeout_s=10)
     if seen == (2, 5):
         assert server.libuvBackend is False  # what torch 2.5 needs for a listen fd
     client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10))

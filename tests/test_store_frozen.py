@@ -2,12 +2,12 @@
 stopped (SIGSTOP), or its node cut off by a partition that drops packets. torch's store client
 then waits for a reply far past its own timeout (torch 2.13: ``get``, ``compare_set``, ``add``,
 ``check`` and the constructor still blocked after 60 s with a 5 s timeout), and torchrun's
-agents hung with it. Now every rendezvous store call has a deadline (torch_compat), and one
+agents hung with it. Now every rendezvous store call has a deadline (store_link), and one
 that passes it is a lost connection.
 
 Real processes throughout: the store is ``python -m notebook_elastic.store.run``, the
 client is our rendezvous backend (torch's C10dRendezvousBackend, subclassed) in a Python process of its own
-(torch_compat.rendezvous_backend), and the cluster test freezes the store pod's real process through the fixture."""
+(store_link.rendezvous_backend), and the cluster test freezes the store pod's real process through the fixture."""
 
 from __future__ import annotations
 
@@ -44,28 +44,28 @@ CLIENT = textwrap.dedent(
     from datetime import timedelta
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from notebook_elastic.agent import torch_compat
+    from notebook_elastic.agent import notebook_agent, store_link
 
     port, replaceable = int(sys.argv[1]), sys.argv[2] == "1"
-    torch_compat.STORE_CALL_TIMEOUT_S = 2.0
+    store_link.STORE_CALL_TIMEOUT_S = 2.0
     replaced = []
-    if hasattr(torch_compat, "hook_store_reconnect"):
+    if hasattr(notebook_agent, "hook_store_reconnect"):
         try:
-            torch_compat.hook_store_reconnect(lambda: 7, replaced.append, replaceable=replaceable)
+            notebook_agent.hook_store_reconnect(lambda: 7, replaced.append, replaceable=replaceable)
         except TypeError:  # the code before the deadline: no replaceable flag
-            torch_compat.hook_store_reconnect(lambda: 7, replaced.append)
-    original = getattr(torch_compat, "_reconnect", None)
+            notebook_agent.hook_store_reconnect(lambda: 7, replaced.append)
+    original = getattr(store_link, "_reconnect", None)
     if original is not None:  # say when the client gives up on the silent store and waits for it
 
         def _reconnect(*args, **kwargs):
             print(json.dumps({"reconnecting": True}), flush=True)
             return original(*args, **kwargs)
 
-        torch_compat._reconnect = _reconnect
+        store_link._reconnect = _reconnect
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=6))
     # Our handler's backend (torch's, with the deadline and the reconnection); before it
     # existed, torch's own class was patched in place.
-    make = getattr(torch_compat, "rendezvous_backend", C10dRendezvousBackend)
+    make = getattr(store_link, "rendezvous_backend", C10dRendezvousBackend)
     backend = make(store, "frozen")
     backend.set_state(b"round 3")
     print(json.dumps({"ready": True}), flush=True)
@@ -325,9 +325,9 @@ AGENT = textwrap.dedent(
     """
     import json, sys
     from notebook_elastic.agent import run as agent
-    from notebook_elastic.agent import torch_compat
+    from notebook_elastic.agent import store_link
 
-    torch_compat.STORE_CALL_TIMEOUT_S = 2.0
+    store_link.STORE_CALL_TIMEOUT_S = 2.0
     where, argv = sys.argv[1], sys.argv[2:]
     said = []
 
@@ -349,13 +349,13 @@ AGENT = textwrap.dedent(
         import torch.distributed.elastic.utils.store as store_util
 
         store_util.barrier = seam(store_util.barrier)
-    reconnect = torch_compat._reconnect
+    reconnect = store_link._reconnect
 
     def _reconnect(*args, **kwargs):  # say when the agent gives up on the silent store's reply
         print(json.dumps({"reconnecting": True}), flush=True)
         return reconnect(*args, **kwargs)
 
-    torch_compat._reconnect = _reconnect
+    store_link._reconnect = _reconnect
     agent.main(argv)
     """
 )
@@ -481,16 +481,16 @@ def test_an_agent_store_wait_outlasts_the_call_deadline_while_the_store_answers(
 
     import torch.distributed as dist
 
-    from notebook_elastic.agent import torch_compat
+    from notebook_elastic.agent import store_link
 
-    monkeypatch.setattr(torch_compat, "STORE_CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(store_link, "STORE_CALL_TIMEOUT_S", 0.2)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60))
-    store = torch_compat._BoundedStore(dist.PrefixStore("round.3", client), client)
+    store = store_link.BoundedStore(dist.PrefixStore("round.3", client), client)
     got: list = []
     reader = threading.Thread(target=lambda: got.append(store.get("torchelastic/assigned_ranks/1")), daemon=True)
     reader.start()
-    waited_past = time.monotonic() + 5 * torch_compat.STORE_CALL_TIMEOUT_S
+    waited_past = time.monotonic() + 5 * store_link.STORE_CALL_TIMEOUT_S
     while time.monotonic() < waited_past:  # the reader waits on, many deadlines long
         assert reader.is_alive(), got
         time.sleep(0.05)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from notebook_elastic.agent.torch_compat import store_id
+from notebook_elastic.agent.store_link import store_id
 from notebook_elastic.backends.kubernetes.code import runtime_zip
 from notebook_elastic.runtime.protocol import EVENT_PREFIX
 from notebook_elastic.store import server as store_server

@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import together, torch_compat
+from notebook_elastic.agent import rounds, together, torch_adapter
 from notebook_elastic.store import keys as store_keys
 from notebook_elastic.store.server import StoreServer
 
@@ -61,11 +61,11 @@ def served(monkeypatch):
 def rules(monkeypatch):
     """This process's round rules as they were, after the test; and no random wait before a
     first round (torch's 0-0.3 s, which spreads twelve nodes so that no two writes meet)."""
-    for rule, value in vars(torch_compat._round_rules).items():
-        monkeypatch.setattr(torch_compat._round_rules, rule, value)
+    for rule, value in vars(rounds._round_rules).items():
+        monkeypatch.setattr(rounds._round_rules, rule, value)
     delay = dr._delay
     monkeypatch.setattr(dr, "_delay", lambda seconds: None if isinstance(seconds, tuple) else delay(seconds))
-    return torch_compat._round_rules
+    return rounds._round_rules
 
 
 def _client(port: int) -> torch.distributed.TCPStore:
@@ -75,7 +75,7 @@ def _client(port: int) -> torch.distributed.TCPStore:
 def _params(port: int, run_id: str, n: int, keep_alive: tuple[int, int] = (5, 6)) -> RendezvousParameters:
     extra = {"keep_alive_interval": keep_alive[0], "keep_alive_max_attempt": keep_alive[1]} if KEEP_ALIVE_SET else {}
     return RendezvousParameters(
-        backend=torch_compat.RDZV_BACKEND,
+        backend=rounds.RDZV_BACKEND,
         endpoint=f"127.0.0.1:{port}",
         run_id=run_id,
         min_nodes=n,
@@ -100,7 +100,7 @@ def _round(port: int, run_id: str, n: int, plain: int = 0, keep_alive: tuple[int
             if i < plain:
                 handler = dr.create_handler(client, C10dRendezvousBackend(client, run_id), params)
             else:
-                handler = torch_compat.handler_over(client, params).torch_handler
+                handler = rounds.handler_over(client, params).torch_handler
             start.wait()
             out[i] = (handler, handler.next_rendezvous())
         except Exception as exc:  # told by the assertion below, with its node
@@ -126,13 +126,13 @@ def test_nodes_that_join_together_fill_a_round_in_a_few_writes_and_torchs_own_no
     sayings): every node gets its own rank in one round. Each node wrote its own join before:
     12 writes of the state at least; together, far fewer (the first writers take in the rest)."""
     port, won = served
-    assert torch_compat.join_and_beat_together()
+    assert rounds.join_and_beat_together()
     joined = _round(port, "together", 12, plain=1)
     try:
         ranks = sorted(info.rank for _h, info in joined)
         assert ranks == list(range(12)) and {info.world_size for _h, info in joined} == {12}
-        rounds = {h._state_holder.state.round for h, _i in joined}
-        assert rounds == {0}
+        formed = {h._state_holder.state.round for h, _i in joined}
+        assert formed == {0}
         writes = won[b"/torch.rendezvous.together"]
         assert writes < 6, f"{writes} writes of the state for 12 joins"
     finally:
@@ -156,14 +156,14 @@ def test_heartbeats_go_together_and_nobody_is_dropped(served, rules):
     node wrote its own heartbeat before (40 writes at least); together, what each says is taken
     in by another's write, and every node stays in its round."""
     port, won = served
-    assert torch_compat.join_and_beat_together()
+    assert rounds.join_and_beat_together()
     joined = _round(port, "beats", 8, keep_alive=(2, 6))
     try:
         key = b"/torch.rendezvous.beats"
         before = won[key]
         time.sleep(10)  # five intervals: what is counted is writes, not time
         writes = won[key] - before
-        members = {frozenset(torch_compat.round_state(h)[1]) for h, _i in joined}
+        members = {frozenset(torch_adapter.round_state(h)[1]) for h, _i in joined}
         assert len(members) == 1 and len(next(iter(members))) == 8, "a node was dropped"
         assert writes < 20, f"{writes} writes of the state for 8 nodes' heartbeats over 5 intervals"
     finally:

@@ -1,4 +1,5 @@
-"""The contract of every private torch internal we use (agent/torch_compat.py), checked on
+"""The contract of every private torch internal we use (agent/torch_adapter.py; used by rounds.py,
+store_link.py and notebook_agent.py), checked on
 real torch objects: a real rendezvous handler over a real TCPStore, torchrun's real agent
 class. A torch release that moves one of them fails here, by name, before any job does; a
 torch that lacks one is reported as a ``degraded`` event and the job runs on."""
@@ -19,7 +20,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import torch_compat
+from notebook_elastic.agent import notebook_agent, rounds, store_link, torch_adapter
 from notebook_elastic.contract.events import Event, Kind, describe
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.runtime import protocol
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.torch_contract
 
 
 def test_the_installed_torch_has_every_internal_we_use():
-    assert torch_compat.missing() == {}, f"torch {torch.__version__} moved internals we use"
+    assert torch_adapter.missing() == {}, f"torch {torch.__version__} moved internals we use"
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def store():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    served = torch_compat.tcp_store_server(sock, timeout_s=10)
+    served = torch_adapter.tcp_store_server(sock, timeout_s=10)
     yield served
     del served
     sock.close()
@@ -57,7 +58,7 @@ def handler_on(
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     params = RendezvousParameters(
-        backend=torch_compat.RDZV_BACKEND,
+        backend=rounds.RDZV_BACKEND,
         endpoint=f"{store.host}:{store.port}",
         run_id=run_id,
         min_nodes=nodes[0],
@@ -67,7 +68,7 @@ def handler_on(
         keep_alive_interval=keep_alive_s,
         keep_alive_max_attempt=3,
     )
-    return torch_compat.handler_over(store, params)
+    return rounds.handler_over(store, params)
 
 
 #: Whether this torch lets a handler's heartbeat be set (2.5 and later; 2.4 fixes 5 s x 3).
@@ -80,23 +81,23 @@ def test_a_real_round_is_read_left_and_hooked(store):
     def after(handler, info):
         seen.append((handler, info.world_size))
 
-    assert torch_compat.hook_next_rendezvous(after)
-    assert torch_compat.hook_next_rendezvous(after)  # idempotent: one hook, not two
+    assert rounds.hook_next_rendezvous(after)
+    assert rounds.hook_next_rendezvous(after)  # idempotent: one hook, not two
     handler = handler_on(store, "contract")
     inner = handler.torch_handler
     info = handler.next_rendezvous()
     assert info.world_size == 1 and seen == [(inner, 1)]  # the hooks are told torch's own handler
-    assert torch_compat.torch_handler(handler) is inner and torch_compat.torch_handler(inner) is inner
-    round_, participants = torch_compat.joined_round(inner)
+    assert torch_adapter.torch_handler(handler) is inner and torch_adapter.torch_handler(inner) is inner
+    round_, participants = torch_adapter.joined_round(inner)
     assert round_ == 0 and list(participants.values()) == [0]
     # The store's view agrees with the handler's own.
-    assert torch_compat.round_state(inner) == (0, frozenset(participants))
-    assert torch_compat.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
-    assert torch_compat.rendezvous_store(inner) is store  # where our keys go beside the round's
-    assert torch_compat.leave_round(inner)
+    assert torch_adapter.round_state(inner) == (0, frozenset(participants))
+    assert torch_adapter.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
+    assert torch_adapter.rendezvous_store(inner) is store  # where our keys go beside the round's
+    assert rounds.leave_round(inner)
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10
-    while torch_compat.round_state(inner)[1]:
+    while torch_adapter.round_state(inner)[1]:
         assert time.monotonic() < deadline, "the node is still a participant after leaving"
         time.sleep(0.05)
 
@@ -111,20 +112,20 @@ def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface
         rendezvous_handler_registry,
     )
 
-    name = torch_compat.register_rendezvous()
-    assert torch_compat.register_rendezvous() == name == torch_compat.RDZV_BACKEND
+    name = rounds.register_rendezvous()
+    assert rounds.register_rendezvous() == name == rounds.RDZV_BACKEND
     host, port = "127.0.0.1", store.port
     params = RendezvousParameters(
         backend=name, endpoint=f"{host}:{port}", run_id="registry", min_nodes=1, max_nodes=1, is_host=False
     )
     handler = rendezvous_handler_registry.create_handler(params)
     assert isinstance(handler, RendezvousHandler) and type(handler).__name__ == "NotebookRendezvous"
-    assert isinstance(torch_compat.torch_handler(handler), dr.DynamicRendezvousHandler)
+    assert isinstance(torch_adapter.torch_handler(handler), dr.DynamicRendezvousHandler)
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
-    assert handler.get_backend() == name and torch_compat.torch_handler(handler).get_backend() == "c10d"
+    assert handler.get_backend() == name and torch_adapter.torch_handler(handler).get_backend() == "c10d"
     assert handler.get_run_id() == "registry" and handler.num_nodes_waiting() == 0
-    assert handler.use_agent_store is torch_compat.torch_handler(handler).use_agent_store
+    assert handler.use_agent_store is torch_adapter.torch_handler(handler).use_agent_store
     assert not handler.is_closed()
     assert handler.shutdown() and handler.is_closed()  # a job done: closed, as torch does
 
@@ -137,15 +138,15 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    monkeypatch.setattr(torch_compat._rendezvous_hooks, "leave_always", False)
-    assert torch_compat.leave_instead_of_closing(always=False)
+    monkeypatch.setattr(rounds._rendezvous_hooks, "leave_always", False)
+    assert rounds.leave_instead_of_closing(always=False)
     handler = handler_on(store, "signalled")
     handler.next_rendezvous()
     try:
         raise SignalException("stopped", sigval=signals.SIGTERM)
     except SignalException:
         assert handler.shutdown()
-    assert not handler.is_closed() and torch_compat.round_state(handler.torch_handler)[1] == frozenset()
+    assert not handler.is_closed() and torch_adapter.round_state(handler.torch_handler)[1] == frozenset()
     other = handler_on(store, "done")
     other.next_rendezvous()
     assert other.shutdown() and other.is_closed()  # a job done (or failed): closed, as torch does
@@ -160,10 +161,10 @@ def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_unto
         launcher.LocalElasticAgent,
     )
     try:
-        assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
         ours_ = launcher.LocalElasticAgent
         assert ours_ is not LocalElasticAgent and issubclass(ours_, LocalElasticAgent)
-        assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
         assert launcher.LocalElasticAgent is ours_  # one subclass, however often hooked
         # The hooks torch documents for subclasses, each overridden; torch's own class as it was.
         for name in ("_start_workers", "_monitor_workers", "_shutdown", "_rendezvous"):
@@ -171,7 +172,7 @@ def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_unto
         assert (LocalElasticAgent._start_workers, LocalElasticAgent._monitor_workers) == (start, monitor)
     finally:
         launcher.LocalElasticAgent = made
-    assert torch_compat.worker_pids(object()) == [] and not torch_compat.group_is_healthy(object())
+    assert torch_adapter.worker_pids(object()) == [] and not torch_adapter.group_is_healthy(object())
 
 
 def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
@@ -194,22 +195,22 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     before = {klass: dict(vars(klass)) for klass in classes}
     monkeypatch.setattr(dr, "_delay", dr._delay)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    for hooks in (torch_compat._round_rules, torch_compat._rendezvous_hooks, torch_compat._agent_hooks):
+    for hooks in (rounds._round_rules, rounds._rendezvous_hooks, notebook_agent._agent_hooks):
         for name, value in vars(hooks).items():
             monkeypatch.setattr(hooks, name, value)
-    for key, value in torch_compat._recovery.items():
-        monkeypatch.setitem(torch_compat._recovery, key, value)
-    assert torch_compat.close_rounds_at_target(poll_s=0.1) and torch_compat.drop_gone_nodes()
-    assert torch_compat.join_and_beat_together()
-    assert torch_compat.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
-    assert torch_compat.leave_instead_of_closing(always=False)
-    assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
-    assert torch_compat.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+    for key, value in store_link._recovery.items():
+        monkeypatch.setitem(store_link._recovery, key, value)
+    assert rounds.close_rounds_at_target(poll_s=0.1) and rounds.drop_gone_nodes()
+    assert rounds.join_and_beat_together()
+    assert rounds.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
+    assert rounds.leave_instead_of_closing(always=False)
+    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
+    assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
     for klass in classes:
         after = dict(vars(klass))
         changed = sorted(n for n in before[klass].keys() | after.keys() if before[klass].get(n) is not after.get(n))
         assert not changed, f"{klass.__name__}: {changed} replaced"
-    assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
+    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
     assert getattr(dr._delay, "_notebook_elastic", False)
 
 
@@ -221,17 +222,17 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     marks this node as leaving its real one."""
     told = []
     for rule in ("close_at_target", "drop_gone"):
-        monkeypatch.setattr(torch_compat._round_rules, rule, True)
-    monkeypatch.setattr(torch_compat._rendezvous_hooks, "after", lambda handler, info: told.append(info))
-    monkeypatch.setattr(torch_compat, "_leaving", threading.Event())  # a test before may have left
+        monkeypatch.setattr(rounds._round_rules, rule, True)
+    monkeypatch.setattr(rounds._rendezvous_hooks, "after", lambda handler, info: told.append(info))
+    monkeypatch.setattr(store_link, "_leaving", threading.Event())  # a test before may have left
     started = time.monotonic()
-    assert torch_compat.probe() == {}
+    assert notebook_agent.probe() == {}
     took = time.monotonic() - started
-    assert not told and not torch_compat._leaving.is_set()
+    assert not told and not store_link._leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
-    lost = torch_compat.probe()
+    lost = notebook_agent.probe()
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
-    assert lost == {name: torch_compat.INTERNALS[name]}, lost
+    assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
     print(f"probe: {took * 1000:.0f} ms")
 
@@ -239,20 +240,21 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
 def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch):
     monkeypatch.delattr(SimpleElasticAgent, "_restart_workers")  # defined on the base class
     monkeypatch.delattr(dr, "_RendezvousExitOp")
-    lacking = torch_compat.missing()
+    lacking = torch_adapter.missing()
     assert set(lacking) == {"LocalElasticAgent._restart_workers", "dynamic_rendezvous._RendezvousExitOp"}
-    assert not torch_compat.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
+    assert not notebook_agent.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
     # ... yet an agent store lost while it forms its group is still regained: our agent's
     # _rendezvous regroups (the store's calls have their deadline), whatever else it lacks.
     import torch.distributed.launcher.api as launcher
 
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    monkeypatch.setattr(torch_compat._agent_hooks, "on_regroup", torch_compat._agent_hooks.on_regroup)
-    for key, value in torch_compat._recovery.items():
-        monkeypatch.setitem(torch_compat._recovery, key, value)
-    assert torch_compat.hook_store_reconnect(lambda: 0, lambda _round: None)
-    assert launcher.LocalElasticAgent is torch_compat._agent_subclass()
-    tested = f"torch{torch_compat.tested_torch_text()}"
+    monkeypatch.setattr(notebook_agent._agent_hooks, "on_regroup", notebook_agent._agent_hooks.on_regroup)
+    monkeypatch.setattr(rounds._rendezvous_hooks, "bounded_store", rounds._rendezvous_hooks.bounded_store)
+    for key, value in store_link._recovery.items():
+        monkeypatch.setitem(store_link._recovery, key, value)
+    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None)
+    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
+    tested = f"torch{torch_adapter.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})
     text = describe(event)
     # One sentence: the torch, the range it is tested with, and what the job loses.
@@ -280,7 +282,7 @@ def test_the_store_leaves_its_callers_socket_open_when_it_goes():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(4)
-    store = torch_compat.tcp_store_server(sock, timeout_s=5)
+    store = torch_adapter.tcp_store_server(sock, timeout_s=5)
     store.set("k", "v")
     del store
     gc.collect()
@@ -293,10 +295,10 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
     job's target of 2 in the store, it closes as soon as the second node joins (old code:
     both nodes still waiting at the test's limit)."""
     monkeypatch.setattr(dr, "_delay", dr._delay)  # this process's torch as it was, after
-    for rule, value in vars(torch_compat._round_rules).items():
-        monkeypatch.setattr(torch_compat._round_rules, rule, value)
-    assert torch_compat.close_rounds_at_target(poll_s=0.1)
-    assert torch_compat.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
+    for rule, value in vars(rounds._round_rules).items():
+        monkeypatch.setattr(rounds._round_rules, rule, value)
+    assert rounds.close_rounds_at_target(poll_s=0.1)
+    assert rounds.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
     store.set(protocol.TARGET_KEY, "2")
     host, port = "127.0.0.1", store.port
 
@@ -343,9 +345,9 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     import subprocess
     import sys
 
-    monkeypatch.setattr(torch_compat._round_rules, "drop_gone", torch_compat._round_rules.drop_gone)
-    assert torch_compat.drop_gone_nodes()
-    assert torch_compat.drop_gone_nodes()  # idempotent
+    monkeypatch.setattr(rounds._round_rules, "drop_gone", rounds._round_rules.drop_gone)
+    assert rounds.drop_gone_nodes()
+    assert rounds.drop_gone_nodes()  # idempotent
     peer = subprocess.Popen(
         [sys.executable, "-c", PEER, str(store.port), str(int(KEEP_ALIVE_SET))],
         stdin=subprocess.PIPE,
@@ -358,18 +360,18 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
         assert ours.next_rendezvous().world_size == 2
         handler = ours.torch_handler
         assert peer.stdout.readline() == "joined\n"
-        _round, members = torch_compat.round_state(handler)
+        _round, members = torch_adapter.round_state(handler)
         assert {n.pid for n in members} == {os.getpid(), peer.pid}
         peer.kill()
         peer.wait()
         store.set(protocol.GONE_KEY, json.dumps({str(peer.pid): time.time()}))
         # Well inside the heartbeat window (180 s; 15 s where torch fixes it): dropped by the
         # supervisor's word, not by its heartbeat's expiry.
-        deadline = time.monotonic() + min(60, torch_compat.keep_alive_window_s(handler) / 2)
-        while peer.pid in {n.pid for n in torch_compat.round_state(handler)[1]}:
+        deadline = time.monotonic() + min(60, torch_adapter.keep_alive_window_s(handler) / 2)
+        while peer.pid in {n.pid for n in torch_adapter.round_state(handler)[1]}:
             assert time.monotonic() < deadline, "the dead peer is still in the round"
             time.sleep(0.1)
-        assert {n.pid for n in torch_compat.round_state(handler)[1]} == {os.getpid()}
+        assert {n.pid for n in torch_adapter.round_state(handler)[1]} == {os.getpid()}
         handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
     finally:
         if peer.poll() is None:

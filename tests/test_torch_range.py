@@ -5,7 +5,7 @@ A GPU user's environment already holds a torch (a CUDA build, a vendor's build):
 replaced it would rule us out. pyproject declares the range; ``scripts/torch_range.py`` (called
 by ``.ci/run``) runs the tests marked ``torch_contract`` on the oldest and the newest release
 of it, each in an environment of its own, the whole suite runs on the set-up's 2.13.0. These
-tests keep the three (the declared range, its two ends, the warning ``torch_compat`` gives)
+tests keep the three (the declared range, its two ends, the warning the agent gives from ``torch_adapter.TESTED_TORCH``)
 in step, and ask pip's own resolver what an install would do to the torch at hand.
 """
 
@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
 import pytest
 import torch
 
-from notebook_elastic.agent import torch_compat
+from notebook_elastic.agent import torch_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +46,9 @@ def _declared() -> tuple[tuple[int, int], tuple[int, int]]:
 
 def test_the_declared_range_is_the_one_ci_runs_at_both_ends():
     low, high = _declared()
-    assert (low, high) == torch_compat.TESTED_TORCH  # the warning for other torches reads this
+    assert (low, high) == torch_adapter.TESTED_TORCH  # the warning for other torches reads this
     ends = _pyproject()["tool"]["notebook-elastic"]["torch-ends"]
-    oldest, newest = (torch_compat.torch_version(v) for v in ends)
+    oldest, newest = (torch_adapter.torch_version(v) for v in ends)
     assert oldest == low, f"the range starts at {low}, its contract runs on {ends[0]}"
     assert (newest[0], newest[1] + 1) == high, f"the range ends before {high}, its contract runs on {ends[1]}"
     # CI runs both ends (and fails when either fails), the README's test command the rest.
@@ -57,13 +57,13 @@ def test_the_declared_range_is_the_one_ci_runs_at_both_ends():
     # The set-up's own torch is in the range too.
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     (pinned,) = set(re.findall(r"torch==(\d+\.\d+\.\d+)", setup))
-    assert torch_compat.torch_is_tested(torch_compat.torch_version(pinned))
+    assert torch_adapter.torch_is_tested(torch_adapter.torch_version(pinned))
 
 
 @pytest.mark.torch_contract
 def test_the_torch_running_this_is_in_the_declared_range():
-    assert torch_compat.torch_is_tested(torch_compat.torch_version()), (
-        f"torch {torch.__version__} runs the contract but pyproject declares torch{torch_compat.tested_torch_text()}"
+    assert torch_adapter.torch_is_tested(torch_adapter.torch_version()), (
+        f"torch {torch.__version__} runs the contract but pyproject declares torch{torch_adapter.tested_torch_text()}"
     )
 
 

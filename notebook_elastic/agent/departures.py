@@ -15,7 +15,7 @@ from typing import Any
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
-from . import torch_compat
+from . import torch_adapter
 
 _log = _logging.get("agent.departures")
 
@@ -43,7 +43,7 @@ def _marked_leaving(handler: Any, agent_pid: int) -> bool:
     left the round."""
     from .deadline import call_with_deadline
 
-    store = torch_compat.rendezvous_store(handler)
+    store = torch_adapter.rendezvous_store(handler)
     if store is None:
         return False
     try:
@@ -91,9 +91,9 @@ class DepartureWatch:
             handler, round_, members, agent = self.handler, self.round, self.members, self.agent
         if handler is None or agent is None or round_ is None or len(members) < 2:
             return
-        if not torch_compat.group_is_healthy(agent):
+        if not torch_adapter.group_is_healthy(agent):
             return
-        now = torch_compat.round_state(handler)
+        now = torch_adapter.round_state(handler)
         if now is None or now[0] != round_:
             return
         gone = [n for n in members if n not in now[1]]
@@ -105,11 +105,11 @@ class DepartureWatch:
             self.round = None  # act once per round
         if self.in_place is not None:
             graceful = all(_marked_leaving(handler, node.pid) for node in gone)
-            if self.in_place(sorted(torch_compat.worker_pids_by_local_rank(agent)), round_, graceful):
+            if self.in_place(sorted(torch_adapter.worker_pids_by_local_rank(agent)), round_, graceful):
                 return  # they stay: the agent regroups them in place at its next look
         with self.lock:
             self.killed_round = round_
-        pids = torch_compat.worker_pids(agent)
+        pids = torch_adapter.worker_pids(agent)
         emit(
             "peer_lost",
             node=node_name(),
@@ -132,7 +132,7 @@ class DepartureWatch:
             return False  # alone in the round: no peer could have left
         deadline = time.monotonic() + grace_s
         while True:
-            now = torch_compat.round_state(handler)
+            now = torch_adapter.round_state(handler)
             if now is None:
                 return False  # this torch does not say: charged, as torchrun would
             if now[0] != round_ or any(m not in now[1] for m in members):
@@ -158,6 +158,6 @@ class DepartureWatch:
             return []  # a worker's own failure: charged, as torchrun does
         # A leaving peer takes itself out of the round once its own workers are stopped, which on
         # a loaded machine can take a while; a dead one is dropped when its heartbeat expires.
-        window_s = torch_compat.keep_alive_window_s(self.handler)
+        window_s = torch_adapter.keep_alive_window_s(self.handler)
         grace_s = 2.0 + 2 * (window_s or 0.0)
         return failures if self.round_lost_a_member(grace_s) else []

@@ -1,7 +1,7 @@
 """The agent's side of in place: its workers keep their processes when the job's members change.
 
 torchrun's agent stops and starts every worker at every change of members (a node joins or
-leaves). Ours (``torch_compat.NotebookAgent``) asks ``InPlace.restart`` first: when each of its
+leaves). Ours (``notebook_agent.NotebookAgent``) asks ``InPlace.restart`` first: when each of its
 workers is linked (``runtime/inplace.py``) and says it can stay, the agent only rendezvouses
 (torch's own round: the same members, ranks and world size a restart would get), and sends each
 worker its place in the new group instead of a new process. A worker that cannot stay, or a

@@ -42,7 +42,7 @@ from ..runtime import log, protocol
 from ..runtime._emit import emit
 from ..runtime.event_types import NodeEvicted, Restart
 from ..runtime.protocol import Kind
-from . import torch_compat
+from . import store_link, torch_adapter
 from .deadline import call_with_deadline
 
 _log = log.get("agent.joiner")
@@ -99,11 +99,11 @@ class Joining:
             return
         self.waited = True
         try:
-            store: Any = torch_compat.rendezvous_store(handler)  # None: its calls raise, caught below
+            store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
             key = self._key(handler, f"evicted/{self.index}")
-            if not call_with_deadline(store.check, torch_compat.STORE_CALL_TIMEOUT_S, [key]):
+            if not call_with_deadline(store.check, store_link.STORE_CALL_TIMEOUT_S, [key]):
                 return
-            times = int(call_with_deadline(store.add, torch_compat.STORE_CALL_TIMEOUT_S, key, 0))
+            times = int(call_with_deadline(store.add, store_link.STORE_CALL_TIMEOUT_S, key, 0))
         except Exception:
             _log.debug("the store does not say: join now", exc_info=True)
             return
@@ -140,8 +140,8 @@ class Joining:
             return
         if not protocol.progress_marked(self.folder, round_):
             return
-        store: Any = torch_compat.rendezvous_store(handler)  # None: its call raises, caught by _run
-        call_with_deadline(store.set, torch_compat.STORE_CALL_TIMEOUT_S, self._key(handler, "progressed"), str(round_))
+        store: Any = torch_adapter.rendezvous_store(handler)  # None: its call raises, caught by _run
+        call_with_deadline(store.set, store_link.STORE_CALL_TIMEOUT_S, self._key(handler, "progressed"), str(round_))
         self.published = round_
 
     # -- when its workers failed -----------------------------------------------------------
@@ -154,8 +154,8 @@ class Joining:
         handler, agent, (round_, members) = self.watch.handler, self.watch.agent, self.watch.latest
         if not own or handler is None or agent is None or round_ is None or len(members) < 2:
             return
-        store: Any = torch_compat.rendezvous_store(handler)  # None: its calls raise, caught below
-        timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
+        store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
+        timeout_s = store_link.STORE_CALL_TIMEOUT_S
         failed = self._key(handler, f"failed/{round_}")
         try:
             trained = self._trained(store, handler)
@@ -187,19 +187,19 @@ class Joining:
     def _trained(self, store: Any, handler: Any) -> int | None:
         """The job's latest round that made a step, if one did."""
         key = self._key(handler, "progressed")
-        if not call_with_deadline(store.check, torch_compat.STORE_CALL_TIMEOUT_S, [key]):
+        if not call_with_deadline(store.check, store_link.STORE_CALL_TIMEOUT_S, [key]):
             return None
-        return int(call_with_deadline(store.get, torch_compat.STORE_CALL_TIMEOUT_S, key).decode())
+        return int(call_with_deadline(store.get, store_link.STORE_CALL_TIMEOUT_S, key).decode())
 
     def _leave(self, store: Any, handler: Any, agent: Any, round_: int, others: int, failure: str) -> None:
-        for pid in torch_compat.worker_pids(agent):  # its other local ranks, still waiting for peers
+        for pid in torch_adapter.worker_pids(agent):  # its other local ranks, still waiting for peers
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        timeout_s = torch_compat.STORE_CALL_TIMEOUT_S
+        timeout_s = store_link.STORE_CALL_TIMEOUT_S
         me = self.node_name()
-        budget = torch_compat.restart_budget(agent)
+        budget = torch_adapter.restart_budget(agent)
         try:
             call_with_deadline(store.add, timeout_s, self._key(handler, f"evicted/{self.index}"), 1)
             # Once per node index: a replacement failing the same way is not charged again.

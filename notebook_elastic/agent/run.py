@@ -52,7 +52,7 @@ from ..runtime._emit import emit
 from ..runtime.event_types import AgentStarted, Degraded, FilesChanged, LeftRendezvous, Restart
 from ..runtime.protocol import Kind
 from ..runtime.worker import set_parent_death_signal
-from . import notice_keeper, torch_compat
+from . import notebook_agent, notice_keeper, rounds, torch_adapter
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .inplace import InPlace
@@ -67,7 +67,7 @@ _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
 
 class _StoreReplaced:
-    """Set when this node's rendezvous backend found a new store (torch_compat); the agent
+    """Set when this node's rendezvous backend found a new store (store_link); the agent
     then restarts its workers into a round on it, as for a new member."""
 
     def __init__(self) -> None:
@@ -184,7 +184,7 @@ def _hook_agent() -> None:
         else:
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="membership_change"))
 
-    torch_compat.hook_agent(
+    notebook_agent.hook_agent(
         before_start,
         _departure_or_eviction,
         on_departure,
@@ -195,7 +195,7 @@ def _hook_agent() -> None:
         in_place=_inplace.restart,
         restarting=restarting,
         leave=lambda local_ranks: _inplace.leave(
-            local_ranks, _leave_rendezvous, torch_compat.rendezvous_store(_watch.handler) if _watch.handler else None
+            local_ranks, _leave_rendezvous, torch_adapter.rendezvous_store(_watch.handler) if _watch.handler else None
         ),
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
@@ -207,7 +207,7 @@ def _hook_agent() -> None:
     # The agent's own store calls (rank assignment, the exit barrier) have the same deadline; a
     # store lost while it forms its group makes it rendezvous again (a replacement is told then).
     replaceable = os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1"
-    torch_compat.hook_store_reconnect(
+    notebook_agent.hook_store_reconnect(
         lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
     )
 
@@ -235,7 +235,7 @@ def _refuse_changed_files() -> None:
 
 def _hook_rendezvous() -> None:
     def after(handler: Any, info: Any) -> None:
-        round_, participants = torch_compat.joined_round(handler)
+        round_, participants = torch_adapter.joined_round(handler)
         members = []
         for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
             members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
@@ -246,7 +246,7 @@ def _hook_rendezvous() -> None:
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
         # Where this round's group forms (fresh workers, and kept ones told in place).
-        os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_compat.rendezvous_store(handler)))
+        os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_adapter.rendezvous_store(handler)))
         shown = rendezvous_members(members)
         emit(
             "rendezvous",
@@ -259,7 +259,7 @@ def _hook_rendezvous() -> None:
             agent_pid=os.getpid(),
         )
 
-    torch_compat.hook_next_rendezvous(after, before=_joining.before_joining)
+    rounds.hook_next_rendezvous(after, before=_joining.before_joining)
 
 
 #: A round's members are told in each agent's rendezvous line up to this many; a bigger round
@@ -276,9 +276,9 @@ def rendezvous_members(members: list[dict[str, Any]]) -> list[dict[str, Any]] | 
 
 def _report_degraded() -> None:
     """One event naming what this torch lacks and what the job loses for it; then, off the
-    agent's start, a trial round of the rendezvous (``torch_compat.probe``): an internal whose
+    agent's start, a trial round of the rendezvous (``notebook_agent.probe``): an internal whose
     name stayed while what it does changed is said in a second event, with the first's."""
-    lacking = torch_compat.missing()
+    lacking = torch_adapter.missing()
     if lacking:
         _degraded(lacking)
 
@@ -290,7 +290,7 @@ def _report_degraded() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        changed = {name: loss for name, loss in torch_compat.probe().items() if name not in lacking}
+        changed = {name: loss for name, loss in notebook_agent.probe().items() if name not in lacking}
         if changed:
             _degraded({**lacking, **changed})
 
@@ -305,7 +305,7 @@ FIRST_ROUND_WAIT_S = 120.0
 def _degraded(lost: dict[str, str]) -> None:
     import torch
 
-    tested = f"torch{torch_compat.tested_torch_text()}"
+    tested = f"torch{torch_adapter.tested_torch_text()}"
     emit(Kind.DEGRADED, node=_node_name(), **Degraded(torch=torch.__version__, missing=lost, tested=tested))
 
 
@@ -328,7 +328,7 @@ def _leave_rendezvous() -> None:
     to expire (keep_alive_interval x keep_alive_max_attempt) before they can regroup."""
     handler = _watch.handler
     try:
-        if handler is None or not torch_compat.leave_round(handler):
+        if handler is None or not rounds.leave_round(handler):
             return
     except Exception as exc:  # the store does not answer: peers drop this node at its heartbeat's expiry
         _log.warning("could not leave the rendezvous: %s", exc)
@@ -422,10 +422,10 @@ def main(argv: list[str] | None = None) -> None:
     # cluster's store pod has no supervisor: looking for those keys there was a call after every
     # read of the round, for nothing (#40).
     if os.environ.get(protocol.ENV_STORE_REPLACEABLE) != "1":
-        torch_compat.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
-        torch_compat.drop_gone_nodes()
+        rounds.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
+        rounds.drop_gone_nodes()
     # Nodes join, leave and beat together: a round of hundreds of nodes in a few writes (#40).
-    torch_compat.join_and_beat_together()
+    rounds.join_and_beat_together()
     _report_degraded()
     from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
-    torch_compat.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
+    rounds.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
     emit(Kind.AGENT_STARTED, node=_node_name(), **AgentStarted(pid=os.getpid(), host=socket.gethostname()))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.rdzv_backend == "c10d":
         # The job's c10d rendezvous, joined through our handler (torch's public registry):
         # the same store, state and rounds as torch's own handler, with what a notebook job adds.
-        options.rdzv_backend = torch_compat.register_rendezvous()
+        options.rdzv_backend = rounds.register_rendezvous()
     try:
         record(torchrun.run)(options)  # torchrun's main: its arguments, then run, its errors recorded
     except SignalException as exc:
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         _log.error("restart budget spent: %s", _root(exc))
         sys.exit(protocol.EXIT_RESTARTS_SPENT)
     except RendezvousConnectionError as exc:
-        # The store is gone or frozen and none answered in time (torch_compat): one sentence.
+        # The store is gone or frozen and none answered in time (store_link): one sentence.
         _log.error("%s", exc)
         sys.exit(protocol.EXIT_STORE_LOST)
 

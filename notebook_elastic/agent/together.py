@@ -28,7 +28,7 @@ before those. A saying that ages out unread costs that node its own write, nothi
 key is read with ``compare_set(key, "", "")``: its value, or an empty key made where there was
 none (torch's ``get`` would wait for a key that is not there).
 
-The standard library and torch's state classes only, passed in: the agent (``torch_compat``)
+The standard library and torch's state classes only, passed in: the agent (``rounds.py``)
 and the simulated agents of the benchmark (``tests/rdzv_sim.py``) run the same functions.
 """
 

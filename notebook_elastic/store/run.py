@@ -15,7 +15,7 @@ import signal
 import socket
 import uuid
 
-from ..agent.torch_compat import tcp_store_server
+from ..agent.torch_adapter import tcp_store_server
 from ..runtime import log
 from ..runtime._emit import emit
 from ..runtime.event_types import StoreReady
@@ -27,7 +27,7 @@ def host_store(sock: socket.socket) -> object:
     """torch's c10d TCPStore, served on `sock` (bound and listening already, so agents may
     connect while torch imports): the local supervisor's store (the Kubernetes rendezvous
     pod serves the same protocol without torch, ``store_server``). torch < 2.7 needs the
-    legacy server for a listen fd (torch_compat). It holds a random id, by which agents
+    legacy server for a listen fd (torch_adapter). It holds a random id, by which agents
     that reconnect tell a replacement store from the one they lost."""
     store = tcp_store_server(sock, timeout_s=60)
     store.set(STORE_ID_KEY, uuid.uuid4().hex)

@@ -224,7 +224,7 @@ class Supervisor:
         self.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.membership.target))
 
     def _tell_agents(self, key: str, value: str) -> bool:
-        """Set what the agents' rendezvous reads beside its round (torch_compat); False when
+        """Set what the agents' rendezvous reads beside its round (agent/rounds.py); False when
         the store is not hosted yet or is going (the job ends): the agents then do as torch."""
         if self.store is None:
             return False

@@ -11,7 +11,7 @@
   (with its own image, node selector, tolerations and priority class; kept off spot nodes by
   default when the workers tolerate spot), so losing any worker never takes the rendezvous
   down, and a store pod that is deleted, evicted or loses its node is replaced: the agents
-  re-form their round on the new store (agent/torch_compat.py).
+  re-form their round on the new store (agent/store_link.py).
 - ``<job>-workers``: an Indexed Job (elastic: scaled by patching completions and
   parallelism together, Kubernetes >= 1.31), or plain pods, or a Kubeflow PyTorchJob with
   an elasticPolicy. Each worker pod runs our torchrun agent with the fast rendezvous

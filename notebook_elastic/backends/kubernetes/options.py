@@ -17,7 +17,7 @@ from ...contract.options import declared, option, parse
 from ...contract.spec import whole_number
 from ...errors import SpecError
 
-# The official PyTorch image of the torch the project is tested with (torch_compat.TESTED_TORCH;
+# The official PyTorch image of the torch the project is tested with (torch_adapter.TESTED_TORCH;
 # tests/test_kubernetes_manifests.py keeps them in step).
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime"
 # The store's image beside workers on Docker Hub's official PyTorch images: its server is the
@@ -68,7 +68,7 @@ def runtime_twin(image: str) -> str:
 def untested_torch_warning(image: str, flag: str = "--image") -> str | None:
     """One sentence when ``image`` is an official PyTorch image whose torch is outside the
     range notebook-elastic is tested with (its agent reaches into torch internals)."""
-    from ...agent.torch_compat import tested_torch_text, torch_is_tested
+    from ...agent.torch_adapter import tested_torch_text, torch_is_tested
 
     version = image_torch(image)
     if version is None or torch_is_tested(version):

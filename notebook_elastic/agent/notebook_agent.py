@@ -1,0 +1,315 @@
+"""torchrun's agent, ours: ``NotebookAgent``, a subclass of torchrun's ``LocalElasticAgent``
+through the hooks ``SimpleElasticAgent`` names for subclasses, calling what the job's agent
+(``run.py``) hooks in around torch's own (``hook_agent``, ``hook_store_reconnect``); torchrun
+makes it by the name its launcher module holds, the one class name of torch's we rebind. And
+the trial round at agent start (``probe``) that tries every behaviour of torch's private names
+we use, on a throwaway round of our rendezvous (``rounds.py``) and a throwaway agent.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..runtime import log as _logging
+from ..runtime.protocol import GONE_KEY, TARGET_KEY
+from . import rounds, store_link
+from .torch_adapter import (
+    INTERNALS,
+    agent_class,
+    exit_round,
+    group_is_healthy,
+    handler_class,
+    joined_round,
+    keep_alive_window_s,
+    rendezvous_store,
+    restart_budget,
+    round_state,
+    seeded_round,
+    torch_handler,
+    worker_pids,
+    worker_pids_by_local_rank,
+)
+
+_log = _logging.get("agent.notebook_agent")
+
+
+#: How long the probe's round may take to close at its target; torch alone closes it at its last
+#: call (``PROBE_LAST_CALL_S``). Apart enough that a loaded machine (the probe runs at the lowest
+#: priority) is not taken for a torch that changed: at 2.5 s against 5 s it was, under load.
+PROBE_CLOSE_S = 6.0
+PROBE_LAST_CALL_S = 15
+
+
+def probe() -> dict[str, str]:
+    """What the rendezvous internals we use still do on this torch, tried on a throwaway round
+    of our handler over an in-memory store (``HashStore``; some 70 ms): a round of 1:2 nodes
+    closes at a target of 1 (where ``close_rounds_at_target`` is on), its members are read, its
+    state lies where and as a replaced store is seeded, a node the supervisor names as gone is
+    dropped (where ``drop_gone_nodes`` is on), and a node leaves at once; then a throwaway agent
+    of ours, never started, has its restart budget, group and workers read. A name torch kept while changing what it does fails here, not in a job.
+    Each behaviour that fails maps to its entries of ``INTERNALS`` (what the job loses); ``{}``
+    when all hold. Touches nothing of the agent's own rendezvous: its hooks are not called, and
+    this node is not marked as leaving."""
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    lost: dict[str, str] = {}
+
+    def fails(*names: str) -> None:
+        lost.update({name: INTERNALS[name] for name in names})
+
+    store = dist.HashStore()
+    store.set(TARGET_KEY, "1")
+    params = RendezvousParameters(
+        backend=rounds.RDZV_BACKEND,
+        endpoint="127.0.0.1:0",
+        run_id="notebook-elastic-probe",
+        min_nodes=1,
+        max_nodes=2,
+        join_timeout=30,
+        last_call_timeout=PROBE_LAST_CALL_S,
+    )
+    inner: Any = None
+    try:
+        inner = rounds.handler_over(store, params).torch_handler
+        started = time.monotonic()
+        inner.next_rendezvous()  # torch's own: the agent's hooks are not told of this round
+        if rounds._round_rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
+            fails("dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor")
+        state = round_state(inner)
+        if state is None or len(state[1]) != 1 or joined_round(inner)[1].keys() != state[1]:
+            fails("DynamicRendezvousHandler._heartbeat_lock", "DynamicRendezvousHandler._state_holder")
+        if keep_alive_window_s(inner) is None:
+            fails("DynamicRendezvousHandler._settings")
+        # A replaced store is seeded with a state torch reads back (_reconnect): the round's
+        # state is where and as the seeding writes it.
+        backend = inner._state_holder._backend
+        if rendezvous_store(inner) is not store or state is None or seeded_round(store.get(backend._key)) != state[0]:
+            fails("C10dRendezvousBackend._store")
+        if rounds._round_rules.drop_gone:
+            store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
+            inner._state_holder.mark_dirty()
+            after = round_state(inner)
+            if after is None or after[1]:
+                fails("dynamic_rendezvous._BackendRendezvousStateHolder._sanitize")
+            store.delete_key(GONE_KEY)
+        if not exit_round(inner, 5.0):
+            fails("DynamicRendezvousHandler._stop_heartbeats", "dynamic_rendezvous._RendezvousExitOp")
+        _probe_agent(inner, fails)
+    except Exception as exc:  # a step that broke: what it takes is lost, and why, said once
+        _log.debug("the rendezvous probe failed", exc_info=True)
+        if not lost:
+            fails("dynamic_rendezvous._RendezvousJoinOp", "DynamicRendezvousHandler._state_holder")
+        lost["probe"] = f"a trial round failed ({type(exc).__name__}: {exc})"[:300]
+    finally:
+        stop = getattr(inner, "_stop_heartbeats", None)
+        if stop is not None:
+            try:
+                stop()
+            except Exception:
+                _log.debug("the probe's heartbeats were stopped already", exc_info=True)
+    return lost
+
+
+def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
+    """A throwaway agent of ours (never started): its restart budget, group and workers read."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    spec = WorkerSpec(role="probe", local_world_size=1, rdzv_handler=handler, entrypoint="true", max_restarts=3)
+    agent = agent_subclass()(spec, logs_specs=DefaultLogsSpecs())
+    if restart_budget(agent) != (3, 3):
+        fails("LocalElasticAgent._remaining_restarts")
+    if group_is_healthy(agent) or getattr(getattr(agent, "_worker_group", None), "spec", None) is not spec:
+        fails("LocalElasticAgent._worker_group")
+    if worker_pids(agent) != [] or not hasattr(agent, "_pcontext"):
+        fails("LocalElasticAgent._pcontext")
+
+
+def hook_store_reconnect(
+    last_round: Callable[[], int | None],
+    on_replaced: Callable[[int], None],
+    replaceable: bool = True,
+    on_regroup: Callable[[], object] = lambda: None,
+) -> bool:
+    """Give every call of our rendezvous backend (``rendezvous_backend``), and every call
+    torchrun's agent makes on its store, a deadline, and make them survive the store's loss
+    (idempotent): a store that stopped answering is waited for; with ``replaceable`` a store
+    that went is waited for too, and a replacement is taken. ``last_round()`` is the round this
+    node was in; ``on_replaced(seeded_round)`` is called once per replacement this node sees;
+    ``on_regroup()`` when the agent rendezvouses again because its store was lost while it
+    formed its group. False when this torch lacks what it takes."""
+    if not store_link.recover_lost_stores(last_round, on_replaced, replaceable):
+        return False
+    _hook_agent_store(on_regroup)
+    return True
+
+
+def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
+    """The round's store, as the agent gets it, answers under the deadline (``_store_of_round``);
+    our agent (``NotebookAgent._rendezvous``) forms its group again when it was lost."""
+    if hasattr(handler_class(), "_get_store") and hasattr(agent_class(), "_rendezvous"):
+        _agent_hooks.on_regroup = on_regroup
+        rounds._rendezvous_hooks.bounded_store = True
+        _use_our_agent()  # its _rendezvous regroups, whether or not hook_agent could hook the rest
+
+
+# -- the agent -----------------------------------------------------------------------------
+
+
+class _AgentHooks:
+    """What ``NotebookAgent`` calls at torchrun's documented agent hooks, set at agent start
+    (``hook_agent``, ``hook_store_reconnect``); each default leaves torch's behaviour."""
+
+    def __init__(self) -> None:
+        self.before_start: Callable[[Any], None] = lambda agent: None
+        self.after_start: Callable[[Any], None] = lambda agent: None
+        self.before_stop: Callable[[Any], None] = lambda agent: None
+        self.departures: Callable[[Any], list[Any]] = lambda result: []
+        self.on_departure: Callable[[list[Any]], None] = lambda failures: None
+        self.regroup_now: Callable[[], str | None] = lambda: None  # why a healthy group regroups now
+        self.gives_up: Callable[[Any], bool] = lambda result: False
+        self.on_regroup: Callable[[], object] | None = None  # None: a lost store is not regained
+        # In place (agent/inplace.py): (pids by local rank, the group, its rendezvous, why) ->
+        # whether the workers were regrouped without a restart; what a healthy group's restart
+        # tells when they were not (why); what a node told to go does before torch stops its
+        # workers (its local ranks).
+        self.in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] = lambda *a: False
+        self.restarting: Callable[[str], None] = lambda why: None
+        self.leave: Callable[[list[int]], None] = lambda local_ranks: None
+        self.why: str | None = None  # why the restart under way: "joined" (torch's own), "lost",
+        # "left", "store" (a healthy group regroups), "failed" (a departure broke the workers)
+
+
+_agent_hooks = _AgentHooks()
+
+
+@functools.cache  # made once, at its first use (torch imported by then)
+def agent_subclass() -> type:
+    """``NotebookAgent``: torchrun's ``LocalElasticAgent`` through the hooks its base class
+    documents for subclasses (``SimpleElasticAgent``: ``_start_workers``, ``_monitor_workers``,
+    ``_shutdown``, ``_rendezvous``), each calling torch's own and ``_agent_hooks`` around it."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+    hooks = _agent_hooks
+
+    class NotebookAgent(agent_class()):  # type: ignore[misc]  # torch's class, known at run time
+        _remaining_restarts: int  # torch's (SimpleElasticAgent's) budget, spent at once by gives_up
+
+        def _start_workers(self, worker_group: Any) -> Any:
+            hooks.before_start(self)
+            started = super()._start_workers(worker_group)
+            hooks.after_start(self)
+            return started
+
+        def _shutdown(self, *args: Any, **kwargs: Any) -> Any:
+            hooks.before_stop(self)
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+
+            if isinstance(sys.exc_info()[1], SignalException):  # this node goes: its workers leave in place
+                hooks.leave(sorted(worker_pids_by_local_rank(self)))
+            return super()._shutdown(*args, **kwargs)
+
+        def _restart_workers(self, worker_group: Any) -> Any:
+            # A change of members: torchrun stops and starts every worker; ours keep their
+            # processes when they can (each worker said so), and only a new round is formed.
+            why, hooks.why = hooks.why or "joined", None  # torch's own call: new nodes wait
+            if why != "failed" and worker_group.state == WorkerState.HEALTHY:
+                pids = worker_pids_by_local_rank(self)
+                if hooks.in_place(pids, worker_group, lambda: self._rendezvous(worker_group), why):
+                    worker_group.state = WorkerState.HEALTHY
+                    return None
+            hooks.restarting(why)
+            return super()._restart_workers(worker_group)
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            why = hooks.regroup_now() if result.state == WorkerState.HEALTHY else None
+            if why is not None:
+                hooks.why = why
+                self._restart_workers(worker_group)
+                return RunResult(state=WorkerState.HEALTHY)
+            if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                return result
+            if result.state == WorkerState.FAILED and hooks.gives_up(result):
+                self._remaining_restarts = 0  # torchrun's own "no attempts left" path
+                return result
+            failures = hooks.departures(result)
+            if not failures:
+                return result
+            hooks.on_departure(failures)
+            hooks.why = "failed"  # its workers are gone already: restarted, as torchrun would
+            self._restart_workers(worker_group)
+            return RunResult(state=WorkerState.HEALTHY)
+
+        def _rendezvous(self, worker_group: Any) -> Any:
+            while True:
+                try:
+                    return super()._rendezvous(worker_group)
+                except store_link.AgentStoreLost as lost:
+                    rendezvous = torch_handler(worker_group.spec.rdzv_handler)
+                    backend = getattr(getattr(rendezvous, "_state_holder", None), "_backend", None)
+                    if hooks.on_regroup is None or backend is None or not hasattr(backend, "_store"):
+                        raise
+                    store_link.regain_store(backend, lost.client, lost.silent)
+                hooks.on_regroup()  # a round on the store there now, for every node: nothing charged
+
+    return NotebookAgent
+
+
+def hook_agent(
+    before_start: Callable[[Any], None],
+    departures: Callable[[Any], list[Any]],
+    on_departure: Callable[[list[Any]], None],
+    regroup_now: Callable[[], str | None] = lambda: None,
+    gives_up: Callable[[Any], bool] = lambda result: False,
+    after_start: Callable[[Any], None] = lambda agent: None,
+    before_stop: Callable[[Any], None] = lambda agent: None,
+    in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] | None = None,
+    restarting: Callable[[str], None] | None = None,
+    leave: Callable[[list[int]], None] | None = None,
+) -> bool:
+    """torchrun's agent, as ``NotebookAgent``: ``before_start(agent)`` before every (re)start
+    of its workers; a failed or unhealthy round whose ``departures(result)`` is not empty is
+    regrouped as for a new node (``on_departure(failures)`` first) instead of being charged to
+    the budget; so is a healthy one when ``regroup_now()`` says why (its rendezvous store was
+    replaced, a member left); a failed one that ``gives_up(result)`` is not restarted at all: torchrun stops
+    its workers and ends as when its budget is spent (``ChildFailedError``).
+    ``after_start(agent)`` runs once its workers are started (torch has set its signal handlers
+    by then), and ``before_stop(agent)`` before it stops them (``_shutdown``: a restart, or its
+    end). In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
+    by local rank, group, rendezvous, why)`` whether its workers were regrouped without one, and
+    tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
+    ranks)`` before torch stops its workers. torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
+    module's name ``LocalElasticAgent``, with no option to name another class: that one name is
+    bound to our subclass (the only name of torch's we rebind for the agent). False when this
+    torch lacks what it takes (then the agent runs as torch's own)."""
+    if not all(hasattr(agent_class(), n) for n in ("_start_workers", "_monitor_workers", "_restart_workers")):
+        return False
+    hooks = _agent_hooks
+    hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
+    hooks.regroup_now, hooks.gives_up = regroup_now, gives_up
+    hooks.after_start, hooks.before_stop = after_start, before_stop
+    if in_place is not None:
+        hooks.in_place = in_place
+    if restarting is not None:
+        hooks.restarting = restarting
+    if leave is not None:
+        hooks.leave = leave
+    _use_our_agent()
+    return True
+
+
+def _use_our_agent() -> None:
+    """torchrun makes ``NotebookAgent`` (each hook not set leaves torch's behaviour)."""
+    import torch.distributed.launcher.api as launcher
+
+    launcher_module: Any = launcher  # its LocalElasticAgent, bound to ours below
+    launcher_module.LocalElasticAgent = agent_subclass()

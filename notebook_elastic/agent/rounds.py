@@ -1,0 +1,521 @@
+"""Our rendezvous: torch's c10d rounds, held by a handler of ours (``NotebookRendezvous``,
+torch's public ``RendezvousHandler`` interface, registered in torch's public handler registry),
+on our subclasses of torch's state holder and operation executor (``handler_over``), with the
+rules a notebook job's rounds follow (each off until the agent turns it on at start).
+
+torch closes a round between min and max nodes last_call_timeout after it reached min, and a
+node waiting in a round looks at it again once a second: a scale-up from 1 to 2 of 1:3 waited
+for both (about 1.5 s of the 3.6 s it took on 2 cores). The local supervisor knows how many
+nodes the job runs (its target) and keeps that number in the store; a round that holds that
+many closes at once, and nodes waiting in a round look again every ``poll_s``. Where the key
+is absent (a cluster's store) rounds close as torch closes them.
+
+A node the supervisor saw die (``GONE_KEY``) is dropped at once (``drop_gone_nodes``); nodes
+join, leave and beat together (``join_and_beat_together``, ``together.py``); a node stopped by
+a signal leaves its round instead of closing it (``leave_instead_of_closing``). What each needs
+of torch's private names is checked in ``torch_adapter.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+from ..runtime import log as _logging
+from ..runtime.protocol import GONE_KEY, TARGET_KEY
+from . import store_link, together
+from .deadline import call_with_deadline
+from .torch_adapter import exit_round, holder_store, mark_ours, missing, node_of
+
+_log = _logging.get("agent.rounds")
+
+
+def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
+    """Take this node out of its round now (False: this torch cannot, peers wait for its
+    heartbeat to expire)."""
+    store_link.mark_leaving()  # a store lost now is not waited for
+    return exit_round(handler, timeout_s)
+
+
+def leave_instead_of_closing(always: bool = True) -> bool:
+    """``shutdown()`` closes the rendezvous for every node: the whole job ends. Our handler
+    (``NotebookRendezvous``) takes this node out of its round instead
+    - when the agent was stopped by a signal: torch 2.4's agent shuts its rendezvous down on
+      SIGTERM (``LocalElasticAgent._shutdown``; later releases do not), so a preempted or
+      scaled-down node closed the round under the survivors and the job failed;
+    - always, with ``always``: a joiner that spends its budget failing to join must not end
+      the job it joins.
+    Idempotent (``always`` once set stays)."""
+    _rendezvous_hooks.leave_always = _rendezvous_hooks.leave_always or always
+    return True
+
+
+_round_store = threading.local()
+
+
+def _target_nodes() -> int | None:
+    store = getattr(_round_store, "store", None)
+    if store is None:
+        return None
+    try:
+        value = store_link.read_key(store, TARGET_KEY)
+        return None if value is None else int(value)
+    except Exception:
+        _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
+        return None
+
+
+class _RoundRules:
+    """How our handler's rounds differ from torch's, set at agent start (each default: as torch)."""
+
+    def __init__(self) -> None:
+        self.close_at_target = False  # a round holding TARGET_KEY's nodes closes at once
+        self.poll_s: float | None = None  # a waiting node looks again this often (torch: 1 s)
+        self.drop_gone = False  # nodes named in GONE_KEY are dropped at once
+        self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
+
+
+_round_rules = _RoundRules()
+
+
+def close_rounds_at_target(poll_s: float | None = None) -> bool:
+    """Our handler closes a round as soon as it holds the job's target number of nodes
+    (``TARGET_KEY``), not ``last_call_timeout`` later; with ``poll_s``, a node waiting in a
+    round looks again that often instead of every second, and a look reads the store's state
+    at most ``poll_s`` old (the agent's check for nodes waiting to join too). Must run before
+    the rendezvous handler is made. Idempotent; False where torch lacks the internals."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    dr: Any = dynamic_rendezvous  # its _delay, patched below
+    needed = {"dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor"}
+    polling = {"dynamic_rendezvous._delay", "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration"}
+    if missing().keys() & (needed | (polling if poll_s else set())):
+        return False
+    _round_rules.close_at_target = True
+    _round_rules.poll_s = poll_s or _round_rules.poll_s
+    if poll_s and not getattr(dr._delay, "_notebook_elastic", False):
+        # The wait between two looks is a module function torch's executor calls with 1 (its
+        # only call with 1; backoffs pass other values): not reachable from a subclass.
+        delay = dr._delay
+
+        def _delay(seconds: Any) -> Any:
+            wait = _round_rules.poll_s if seconds == 1 and _round_rules.poll_s else seconds
+            return delay(wait)
+
+        mark_ours(_delay)
+        dr._delay = _delay
+    return True
+
+
+def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
+    """torch's join operation, closing the round when it holds the job's target."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    def join_op(ctx: Any, deadline: float) -> Any:
+        action = join(ctx, deadline)
+        if action in (dr._Action.SYNC, dr._Action.KEEP_ALIVE):
+            state, settings = ctx.state, ctx.settings
+            held = len(state.participants)
+            if (
+                not state.complete
+                and ctx.node in state.participants
+                and settings.min_nodes <= held <= settings.max_nodes
+                and held == _target_nodes()  # last: a store read, only when the rest holds
+            ):
+                return dr._Action.MARK_RENDEZVOUS_COMPLETE
+        return action
+
+    return join_op
+
+
+def _gone_pids(store: Any, window_s: float) -> set[int]:
+    """Pids of agents the supervisor saw die within ``window_s`` (a pid reused later is not
+    one of them: by then torch's own heartbeat expiry has dropped the dead node anyway)."""
+    try:
+        value = None if store is None else store_link.read_key(store, GONE_KEY)
+        if value is None:
+            return set()
+        import json
+
+        now = time.time()
+        return {int(pid) for pid, when in json.loads(value).items() if now - when <= window_s}
+    except Exception:
+        _log.debug("unreadable, or the store lost: heartbeats decide, as in torch", exc_info=True)
+        return set()
+
+
+def drop_gone_nodes() -> bool:
+    """Our handler drops a node whose agent died from the rendezvous as soon as the supervisor
+    saw it die (``GONE_KEY``), not when its heartbeat expires (keep_alive_interval x
+    max_attempt later): a lost node's peers regroup at once. Idempotent; False where torch
+    lacks it."""
+    if "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize" in missing():
+        return False
+    _round_rules.drop_gone = True
+    return True
+
+
+def _mark_gone_expired(holder: Any) -> None:
+    """Mark the nodes GONE_KEY names as expired in ``holder``'s state: torch's sanitize drops
+    them next."""
+    from datetime import datetime, timezone
+
+    settings = holder._settings
+    window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+    gone = _gone_pids(holder_store(holder), window_s)
+    for node, beat in list(holder._state.last_heartbeats.items()) if gone else ():
+        if node.pid in gone:
+            # The same kind of time as torch's own: aware (UTC) since 2.5, naive before (2.4's
+            # utcnow(); comparing the two raised TypeError in every agent's next sync, and the
+            # job failed on a node's loss).
+            expired = datetime.min if beat.tzinfo is None else datetime.min.replace(tzinfo=timezone.utc)
+            holder._state.last_heartbeats[node] = expired
+
+
+class _RendezvousHooks:
+    """What ``NotebookRendezvous`` calls around torch's rendezvous, set by the agent at start."""
+
+    def __init__(self) -> None:
+        self.before: Callable[[Any], None] | None = None  # (torch's handler) before joining a round
+        self.after: Callable[[Any, Any], None] | None = None  # (torch's handler, its info) after
+        self.leave_always = False  # every shutdown leaves the round (a joiner), not only a signalled one
+        # The round's store, as the agent gets it, answers under the deadline: set with the agent's
+        # regroup on a lost store (hook_store_reconnect), which that deadline's error starts.
+        self.bounded_store = False
+
+
+_rendezvous_hooks = _RendezvousHooks()
+
+
+#: The name our handler is registered under in torch's public registry
+#: (``rendezvous_handler_registry``). It is torch's c10d rendezvous (the same store, state and
+#: rounds: plain torchrun agents may join it), held by a handler of ours: ``agent/run.py`` runs a
+#: job's ``--rdzv-backend c10d`` through it.
+RDZV_BACKEND = "notebook-elastic-c10d"
+
+
+def register_rendezvous() -> str:
+    """Register our handler in torch's public handler registry (idempotent); its name."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(RDZV_BACKEND, _create_rendezvous)
+    return RDZV_BACKEND
+
+
+def _create_rendezvous(params: Any) -> Any:
+    """As torch's registry makes its c10d handler (``_create_c10d_handler``: the store from
+    ``create_backend``), with our backend and round parts, held by our handler."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+    _torch_backend, store = create_backend(params)
+    return handler_over(store, params)
+
+
+def handler_over(store: Any, params: Any) -> Any:
+    """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
+    ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
+    from ``params``), on our backend (``rendezvous_backend``), with our state holder and
+    operation executor in place of torch's (``_holder_class``, ``_executor_class``)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    backend = store_link.rendezvous_backend(store, params.run_id)
+    torch_handler = create_handler(store, backend, params)
+    # torch's handler takes its state holder as made by from_backend, and makes its executor
+    # from it: both are replaced before its first round, by instances of our subclasses.
+    try:
+        settings, node = torch_handler._settings, torch_handler._this_node
+        holder = _subclass("holder")(backend, settings)
+        executor = _subclass("executor")(node, holder, settings)
+    except (AttributeError, TypeError):  # another torch: its own parts (missing() and the probe say what is lost)
+        _log.debug("torch's rendezvous parts are kept", exc_info=True)
+    else:
+        torch_handler._state_holder, torch_handler._op_executor = holder, executor
+    vars(torch_handler)["_get_store"] = types.MethodType(_store_of_round, torch_handler)  # this instance's
+    record = getattr(torch_handler, "_record", None)
+    if record is not None:
+        vars(torch_handler)["_record"] = _recording_only_when_heard(record)  # this instance's
+    return _rendezvous_class()(torch_handler)
+
+
+def join_and_beat_together() -> bool:
+    """Our handler's nodes join, leave and beat together (``together.py``): each says what it
+    does in a small key beside the state, and a write of the state takes in what the others
+    said; a write that lost to another's backs off a little and reads the state again before
+    the next. Idempotent; False where torch lacks what it takes (each node then writes its own,
+    as torch's do)."""
+    needed = {
+        "dynamic_rendezvous._BackendRendezvousStateHolder._last_sync_time",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor._add_to_participants",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor._remove_from_participants",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor._keep_alive",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor",
+    }
+    if missing().keys() & needed:
+        return False
+    _round_rules.together = True
+    return True
+
+
+#: A write that lost waits a random pause below this, doubling with each loss in a row up to
+#: BACKOFF_MAX_S, then reads the state again: the nodes that lost do not all try again at once
+#: on the same state (1,024 simulated nodes that did never closed a round).
+BACKOFF_S = 0.02
+
+
+BACKOFF_MAX_S = 0.5
+
+
+def _rdzv_events_heard() -> bool:
+    """Whether torch's rendezvous events go anywhere (a handler other than its default null one)."""
+    import logging
+
+    from torch.distributed.elastic.events import get_logging_handler
+
+    return not isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler)
+
+
+def _recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``_record`` of a rendezvous part, made only when its events are heard: it names
+    its event after its caller through ``inspect.stack()``, twice, before it looks whether any
+    handler listens (by default none does). That cost about 0.1 s per step of a round on 2
+    cores, most of a round's time (py-spy: 0.75 s of a 1.2 s regroup in place)."""
+
+    def _record(*args: Any, **kwargs: Any) -> Any:
+        return record(*args, **kwargs) if _rdzv_events_heard() else None
+
+    return _record
+
+
+def _holder_class() -> type:
+    import random
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    class NotebookStateHolder(dr._BackendRendezvousStateHolder):
+        """torch's view of the round in the store, read at most ``poll_s`` old, and without the
+        nodes the supervisor saw die (``drop_gone_nodes``); with ``join_and_beat_together``, a
+        lost write backs off and reads again, and a won one deletes the sayings no longer read."""
+
+        _last_sync_time: float  # torch's, set in its __init__: -1 makes its next sync read the store
+
+        def __init__(self, backend: Any, settings: Any, cache_duration: int = 1) -> None:
+            super().__init__(backend, settings, cache_duration)
+            if _round_rules.poll_s:
+                # Seconds, compared with a float: torch annotates its 1 s default as an int.
+                vars(self)["_cache_duration"] = min(self._cache_duration, _round_rules.poll_s)
+            self._ne_lost = 0  # writes lost in a row
+            interval_s = settings.keep_alive_interval.total_seconds()
+            state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
+            self._ne_sayings = together.Sayings(state_key, None, interval_s, _call_with_deadline) if state_key else None
+
+        def sync(self) -> Any:
+            has_set = super().sync()
+            if not _round_rules.together or self._ne_sayings is None or has_set is None:
+                return has_set
+            if has_set:
+                self._ne_lost = 0
+                try:
+                    self._ne_sayings.won(holder_store(self))
+                except Exception:
+                    _log.debug("an old key of sayings stays: a later write deletes it", exc_info=True)
+                return has_set
+            self._ne_lost += 1
+            time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(self._ne_lost, 10))))
+            self._last_sync_time = -1  # the state as it is after the pause, for the next decision
+            super().sync()
+            return has_set
+
+        def _sanitize(self) -> Any:
+            if _round_rules.drop_gone:
+                _mark_gone_expired(self)
+            return super()._sanitize()
+
+        def _record(self, *args: Any, **kwargs: Any) -> Any:
+            return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
+
+    return NotebookStateHolder
+
+
+def _call_with_deadline(fn: Callable[..., Any], *args: Any) -> Any:
+    return call_with_deadline(fn, store_link.STORE_CALL_TIMEOUT_S, *args)
+
+
+def _executor_class() -> type:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    class NotebookExecutor(dr._DistributedRendezvousOpExecutor):
+        """torch's executor of rendezvous operations; its join closes at the job's target;
+        with ``join_and_beat_together`` its joins, leaves and heartbeats go together."""
+
+        def __init__(self, node: Any, state_holder: Any, settings: Any) -> None:
+            super().__init__(node, state_holder, settings)
+            self._ne_taking = False  # inside a join or a leave that takes the others' in
+
+        def _record(self, *args: Any, **kwargs: Any) -> Any:
+            # torch names the event through inspect.stack() before it looks whether anyone hears.
+            return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
+
+        def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
+            # The store the operation syncs with: the one a round's target is read from.
+            _round_store.store = holder_store(self._state_holder)
+            joining = isinstance(state_handler, dr._RendezvousJoinOp)
+            if _round_rules.close_at_target and joining:
+                state_handler = _closing_at_target(state_handler)
+            if self._ne_sayings() is not None and together.beats_together(self._settings):
+                state_handler = self._beating_together(state_handler, joining)
+            return super().run(state_handler, deadline, update_deadline)
+
+        def _beating_together(self, op: Any, joining: bool) -> Callable[[Any, float], Any]:
+            """torch wants this node's heartbeat written: it says it lives (once an interval),
+            and writes it only when what it said before was not taken in; else it looks again
+            (a join) or is done (a heartbeat)."""
+
+            def beat(ctx: Any, deadline: float) -> Any:
+                action = op(ctx, deadline)
+                if action != dr._Action.KEEP_ALIVE:
+                    return action
+                now = time.time()
+                if not self._ne_say(together.ALIVE, -1, now):
+                    return action
+                if together.beat_due(ctx.state, ctx.node, ctx.settings.keep_alive_interval, now):
+                    return action
+                return dr._Action.SYNC if joining else dr._Action.FINISH
+
+            return beat
+
+        def _ne_say(self, kind: str, round_: int, now: float) -> bool:
+            sayings = self._ne_sayings()
+            sayings.node = self._node
+            try:
+                sayings.say(holder_store(self._state_holder), kind, round_, now)
+                return True
+            except Exception:
+                _log.debug("could not say it: this node writes for itself", exc_info=True)
+                return False
+
+        def _ne_sayings(self) -> Any:
+            """The holder's sayings, when this node joins, leaves and beats together."""
+            return getattr(self._state_holder, "_ne_sayings", None) if _round_rules.together else None
+
+        def _ne_read(self) -> list[Any]:
+            try:
+                return list(self._ne_sayings().read(holder_store(self._state_holder), time.time()))
+            except Exception:
+                _log.debug("could not read what the others said: this write is this node's own", exc_info=True)
+                return []
+
+        def _add_to_participants(self) -> None:
+            if self._ne_sayings() is None:
+                return super()._add_to_participants()
+            self._ne_say(together.JOIN, self._state.round, time.time())
+            said = self._ne_read()
+            self._ne_taking = True
+            try:
+                super()._add_to_participants()  # calls _keep_alive: its own heartbeat, not a read
+            finally:
+                self._ne_taking = False
+            together.take_joins(self._state, said, self._settings, node_of, time.time())
+            together.take_alive(self._state, said, node_of)
+
+        def _remove_from_participants(self) -> None:
+            if self._ne_sayings() is None:
+                return super()._remove_from_participants()
+            self._ne_say(together.LEAVE, self._state.round, time.time())
+            together.take_leaves(self._state, self._ne_read(), node_of, self._node)
+            super()._remove_from_participants()
+
+        def _keep_alive(self) -> None:
+            super()._keep_alive()
+            if self._ne_sayings() is not None and not self._ne_taking:
+                together.take_alive(self._state, self._ne_read(), node_of)
+
+    return NotebookExecutor
+
+
+_made: dict[str, type] = {}  # our subclasses of torch's classes, made once torch is imported
+
+
+def _subclass(kind: str) -> type:
+    """Our subclass of one of torch's classes, made at its first use (torch imported by then)."""
+    if kind not in _made:
+        _made[kind] = {"holder": _holder_class, "executor": _executor_class}[kind]()
+    return _made[kind]
+
+
+def _rendezvous_class() -> type:
+    """``NotebookRendezvous``: a ``RendezvousHandler`` (torch's public interface) that holds
+    torch's c10d handler and adds what a notebook job needs around it: the hooks before and
+    after each round (``hook_next_rendezvous``), and leaving the round instead of closing it
+    when stopped (``leave_instead_of_closing``)."""
+    if "rendezvous" in _made:
+        return _made["rendezvous"]
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+    class NotebookRendezvous(RendezvousHandler):
+        def __init__(self, torch_handler: Any) -> None:
+            self.torch_handler = torch_handler  # torch's DynamicRendezvousHandler
+
+        def get_backend(self) -> str:
+            return RDZV_BACKEND  # the name it is made by (torch's registry checks it)
+
+        @property
+        def use_agent_store(self) -> bool:
+            return bool(self.torch_handler.use_agent_store)
+
+        def next_rendezvous(self) -> Any:
+            hooks = _rendezvous_hooks
+            if hooks.before is not None:
+                hooks.before(self.torch_handler)
+            info = self.torch_handler.next_rendezvous()
+            if hooks.after is not None:
+                hooks.after(self.torch_handler, info)
+            return info
+
+        def is_closed(self) -> bool:
+            return bool(self.torch_handler.is_closed())
+
+        def set_closed(self) -> None:
+            self.torch_handler.set_closed()
+
+        def num_nodes_waiting(self) -> int:
+            return int(self.torch_handler.num_nodes_waiting())
+
+        def get_run_id(self) -> str:
+            return str(self.torch_handler.get_run_id())
+
+        def shutdown(self) -> bool:
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+
+            if not _rendezvous_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
+                return bool(self.torch_handler.shutdown())  # the job is done (or failed): close it, as torch does
+            try:
+                return leave_round(self.torch_handler)
+            except Exception:
+                _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
+                return False
+
+    _made["rendezvous"] = NotebookRendezvous
+    return NotebookRendezvous
+
+
+def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None) -> bool:
+    """Have our handler call ``after(handler, info)`` each time a rendezvous completes, and
+    ``before(handler)`` each time this node is about to join one (``handler``: torch's own).
+    Idempotent: the hooks are replaced, never added twice."""
+    _rendezvous_hooks.before, _rendezvous_hooks.after = before, after
+    return True
+
+
+def _store_of_round(torch_handler: Any) -> Any:
+    """The round's store, as torch's handler makes it in ``_get_store`` (a PrefixStore), on the
+    store the rendezvous reaches now (a replacement, once reconnected), not the one it was made
+    with; once ``hook_store_reconnect`` ran, each call on it has a deadline (``store_link.BoundedStore``).
+    Set on our handlers' torch handler only (an attribute of the instance, not of torch's
+    class): torch's ``create_handler`` makes the handler, so no subclass of ours can."""
+    store_link.follow_replaced_store(torch_handler)
+    store = type(torch_handler)._get_store(torch_handler)
+    return store_link.BoundedStore(store, torch_handler._store) if _rendezvous_hooks.bounded_store else store

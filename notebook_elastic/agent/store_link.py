@@ -1,0 +1,333 @@
+"""The agent's link to its rendezvous store: every call under a deadline, and a store that was
+lost (replaced, or frozen) regained.
+
+torch's TCPStore client never reconnects: once its server is gone, every call raises
+DistNetworkError at once, even when a new server serves at the same address (measured on
+2.13). torchrun's agent then fails on its next rendezvous sync (RendezvousConnectionError
+from num_nodes_waiting) and exits: a store pod that Kubernetes replaced would end every
+agent. So the rendezvous backend reconnects: on a failed call it opens a new client to the
+same endpoint (waiting up to the store's timeout for the replacement to serve), and when the
+store there is another one (``STORE_ID_KEY`` differs, or the rendezvous state is gone) it
+seeds an empty round numbered after the last one (rounds fence checkpoint writes, so they
+must not start over at 0) and says so; the agent then re-forms its round on it.
+
+A store that freezes without resetting the connection (its process stopped, its node cut off)
+never fails a call: the client waits for its reply far past its own timeout (agent/deadline.py).
+So every call of the backend has a deadline, and one that passes it is a lost connection.
+Where the store cannot be replaced (the local supervisor's own: it dies with its agents), only
+the same store answering again is waited for; a store that went (a reset) ends the agent at once.
+
+torchrun's agent also calls the store outside the rendezvous backend, on the round's PrefixStore
+over the same client (``DynamicRendezvousHandler._get_store``): the bootstrap address exchange
+at the end of ``next_rendezvous``, rank assignment (``_assign_worker_ranks``: set, multi_get,
+multi_set, get) and the exit barrier (``store_util.barrier``: add, set, wait). Those calls get
+the same deadline. One without a reply while the agent forms its group (``_rendezvous``) is a
+lost store: it is regained as above and the agent rendezvouses again (the keys it was waiting
+for are on a store that may be gone), spending no restart. At the exit barrier torch logs the
+error and the agent ends with its workers' result: they are done, and a silent store is a
+reason to stop waiting for the other nodes, not to wait longer.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from ..runtime import log as _logging
+from ..runtime.protocol import STORE_ID_KEY
+from .deadline import StoreSilent, call_with_deadline
+from .torch_adapter import rendezvous_store
+
+_log = _logging.get("agent.store_link")
+
+
+def read_key(store: Any, key: str) -> bytes | None:
+    """What ``key`` holds in ``store``, or None when it is not set (a get alone would wait)."""
+    return store.get(key) if store.check([key]) else None
+
+
+#: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after
+#: this long, even on a loaded node, is a store that does not answer.
+STORE_CALL_TIMEOUT_S = 15.0
+
+
+_reconnect_lock = threading.Lock()
+
+
+_leaving = threading.Event()  # this node is leaving: a lost store is not waited for
+
+
+def store_id(store: Any) -> str | None:
+    """The id our store server put in the store, or None (another server, or none).
+    ``StoreSilent`` when the store does not answer."""
+
+    def read() -> str | None:
+        value = read_key(store, STORE_ID_KEY)
+        return None if value is None else value.decode()
+
+    try:
+        found: str | None = call_with_deadline(read, STORE_CALL_TIMEOUT_S)
+        return found
+    except StoreSilent:
+        raise
+    except Exception:
+        _log.debug("the store's id could not be read", exc_info=True)
+        return None
+
+
+def _store_gone(store: Any, silent: bool, replaceable: bool) -> str:
+    where = f"The rendezvous store at {store.host}:{store.port}"
+    how = f"stopped answering (no reply in {STORE_CALL_TIMEOUT_S:g} s)" if silent else "closed its connection"
+    back = "no store answered there" if replaceable else "it did not answer again"
+    return (
+        f"{where} {how} and {back} within {store.timeout.total_seconds():g} s: its process is stopped or gone, "
+        "or its machine is unreachable."
+    )
+
+
+def recover_lost_stores(
+    last_round: Callable[[], int | None], on_replaced: Callable[[int], None], replaceable: bool
+) -> bool:
+    """Our rendezvous backend's calls (``rendezvous_backend``) get a deadline and survive the
+    store's loss (``hook_store_reconnect`` says how); False when this torch lacks what it takes."""
+    try:
+        from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
+    except ImportError:
+        return False
+    if not hasattr(cb.C10dRendezvousBackend, "_call_store"):
+        return False
+    _recovery.update(last_round=last_round, on_replaced=on_replaced, replaceable=replaceable, hooked=True)
+    return True
+
+
+def mark_leaving() -> None:
+    """This node is leaving: a store lost from now on is not waited for."""
+    _leaving.set()
+
+
+def rendezvous_backend(store: Any, run_id: str) -> Any:
+    """torch's c10d rendezvous backend on ``store``, as our handler uses it: once
+    ``hook_store_reconnect`` ran, each call has a deadline and survives the store's loss."""
+    return _backend_class()(store, run_id)
+
+
+@functools.cache  # our subclass of torch's class, made at its first use (torch imported by then)
+def _backend_class() -> type:
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    class NotebookBackend(C10dRendezvousBackend):
+        def __init__(self, store: Any, run_id: str) -> None:
+            self._ne_store_id: str | None = None
+            self._ne_id_read = False  # the store's id is read at the first call
+            self._ne_given_up: Any = None  # the client a lost store was waited for once already
+            super().__init__(store, run_id)
+
+        def _bounded(self, store_op: Any, *args: Any, **kwargs: Any) -> Any:
+            call = super()._call_store
+            return call_with_deadline(call, STORE_CALL_TIMEOUT_S, store_op, *args, **kwargs)
+
+        def _call_store(self, store_op: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _recovery["hooked"]:
+                return super()._call_store(store_op, *args, **kwargs)  # as torch's own
+            failed = self._store
+            try:
+                if not self._ne_id_read:
+                    self._ne_store_id, self._ne_id_read = store_id(failed), True
+                return self._bounded(store_op, *args, **kwargs)
+            except StoreSilent:
+                silent = True
+            except RendezvousConnectionError as exc:
+                if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
+                    raise  # a timeout or a bad request, not a lost connection
+                if not _recovery["replaceable"]:
+                    raise  # the supervisor's store went with the supervisor, and its agents go too
+                silent = False
+            regain_store(self, failed, silent)
+            try:
+                return self._bounded(store_op, *args, **kwargs)
+            except StoreSilent as exc:
+                raise RendezvousConnectionError(_store_gone(self._store, True, _recovery["replaceable"])) from exc
+
+    return NotebookBackend
+
+
+#: What a lost store is answered with (hook_store_reconnect's arguments).
+_recovery: dict[str, Any] = {
+    "last_round": lambda: None,
+    "on_replaced": lambda _round: None,
+    "replaceable": False,
+    "hooked": False,  # until hook_store_reconnect: our backend calls the store as torch's does
+}
+
+
+def regain_store(backend: Any, failed: Any, silent: bool) -> None:
+    """After a call on ``failed`` (the backend's store client) got no reply (``silent``) or found
+    its connection closed: wait for the store there to answer again, or (replaceable) for a
+    replacement, and give the backend a client of it. ``RendezvousConnectionError``, in one
+    sentence, when none answers within the store's timeout or this node is leaving."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    replaceable = _recovery["replaceable"]
+    if _leaving.is_set():
+        how = "stopped answering" if silent else "closed its connection"
+        raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
+    with _reconnect_lock:
+        if getattr(backend, "_ne_given_up", None) is failed:  # waited for once already: not again
+            raise RendezvousConnectionError(_store_gone(failed, silent, replaceable))
+        if backend._store is failed:  # no other thread has reconnected meanwhile
+            try:
+                _reconnect(backend, failed, _recovery["last_round"], _recovery["on_replaced"], replaceable)
+            except (ValueError, RuntimeError, TimeoutError) as exc:
+                backend._ne_given_up = failed
+                raise RendezvousConnectionError(_store_gone(failed, silent, replaceable)) from exc
+
+
+#: Between two checks of a key a store wait is polling for (doubling from 10 ms).
+STORE_POLL_MAX_S = 0.5
+
+
+class AgentStoreLost(ConnectionError):
+    """A call of torchrun's agent on its store got no reply by the deadline, or (``silent``
+    False) found the connection closed."""
+
+    def __init__(self, message: str, client: Any, silent: bool) -> None:
+        super().__init__(message)
+        self.client, self.silent = client, silent
+
+
+class BoundedStore:
+    """The agent's store (the round's PrefixStore over ``client``), each call under the deadline.
+    A call that waits for a key (``get``, ``multi_get``, ``wait``) waits as checks, each a round
+    trip under the deadline, for as long as the store's timeout allows: a peer slow to write
+    the key is waited for, a store that does not answer is not (the exit barrier waits
+    ``exit_barrier_timeout`` for the slowest node: a deadline per call, not per barrier)."""
+
+    def __init__(self, store: Any, client: Any) -> None:
+        self._ne_store, self._ne_client = store, client
+        self._ne_timeout: timedelta | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ne_store, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._call(attr, *args, **kwargs)
+
+    # The agent's waits only. On the PrefixStore it would be the client's, which the rendezvous
+    # backend shares: the exit barrier sets 300 s and, failing, never restores it (torch's
+    # ``store_timeout`` has no ``finally``), so waiting for a lost store would take 300 s.
+    @property
+    def timeout(self) -> timedelta:
+        return self._ne_timeout or self._ne_store.timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._ne_timeout = timeout
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
+        try:
+            return call_with_deadline(fn, STORE_CALL_TIMEOUT_S, *args, **kwargs)
+        except StoreSilent as exc:
+            where = f"{self._ne_client.host}:{self._ne_client.port}"
+            raise AgentStoreLost(
+                f"The rendezvous store at {where} stopped answering torchrun's agent "
+                f"(no reply to {getattr(fn, '__name__', 'a call')} in {STORE_CALL_TIMEOUT_S:g} s).",
+                self._ne_client,
+                silent=True,
+            ) from exc
+        except dist.DistNetworkError as exc:
+            if not _recovery["replaceable"]:
+                raise  # the supervisor's store went with the supervisor
+            raise AgentStoreLost(str(exc), self._ne_client, silent=False) from exc
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        import torch.distributed as dist
+
+        limit_s = (timeout or self.timeout).total_seconds()
+        end, pause = time.monotonic() + limit_s, 0.01
+        while not self._call(self._ne_store.check, list(keys)):
+            if time.monotonic() >= end:
+                raise dist.DistStoreError(f"wait timeout after {limit_s * 1000:.0f}ms, keys: {list(keys)}")
+            time.sleep(min(pause, max(0.0, end - time.monotonic())))
+            pause = min(2 * pause, STORE_POLL_MAX_S)
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        value: bytes = self._call(self._ne_store.get, key)
+        return value
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.wait(keys)
+        values: list[bytes] = self._call(self._ne_store.multi_get, keys)
+        return values
+
+
+RECONNECT_ATTEMPT_S = 5.0
+
+
+def _reconnect(
+    backend: Any, failed: Any, last_round: Callable[[], int | None], on_replaced: Any, replaceable: bool
+) -> None:
+    import pickle
+    from base64 import b64decode, b64encode
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    # The Service has no endpoint until the replacement store serves: the constructor retries
+    # refused connections; one accepted and then dropped (a proxy still routing to the store
+    # that went) raises, one accepted by a frozen store is never answered; either is tried
+    # again, until the store's timeout.
+    # Each attempt is short: signals (SIGTERM from the kubelet, or the parent-death signal)
+    # are handled between attempts, never held off for the whole timeout inside C++.
+    deadline = time.monotonic() + failed.timeout.total_seconds()
+    sentinel = backend._NULL_SENTINEL
+    while True:
+        attempt_s = max(0.5, min(RECONNECT_ATTEMPT_S, deadline - time.monotonic()))
+        try:
+            store = call_with_deadline(
+                dist.TCPStore,
+                attempt_s + RECONNECT_ATTEMPT_S,
+                failed.host,
+                failed.port,
+                is_master=False,
+                timeout=timedelta(seconds=attempt_s),
+            )
+            store.set_timeout(failed.timeout)
+            new_id = store_id(store)
+            known = getattr(backend, "_ne_store_id", None)
+            if not replaceable and known is not None and new_id != known:
+                raise ValueError(f"another store serves at {failed.host}:{failed.port}")
+            # the state, or the sentinel just set
+            current = call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, "", sentinel)
+            break
+        except (RuntimeError, TimeoutError):
+            if time.monotonic() >= deadline or _leaving.is_set():
+                raise
+            time.sleep(0.5)
+    replaced = new_id != getattr(backend, "_ne_store_id", None) or (new_id is None and current == sentinel.encode())
+    backend._store, backend._ne_store_id = store, new_id
+    if not replaced or not replaceable:
+        return  # the same store, reached again
+    if current == sentinel.encode():
+        state = _RendezvousState()
+        state.round = (last_round() or 0) + 1
+        seed = b64encode(pickle.dumps(state)).decode()
+        call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, sentinel, seed)
+    won = call_with_deadline(store.get, STORE_CALL_TIMEOUT_S, backend._key)
+    seeded = pickle.loads(b64decode(won)).round if won != sentinel.encode() else 0
+    on_replaced(seeded)
+
+
+def follow_replaced_store(handler: Any) -> None:
+    """The handler keeps its own reference to the store (for the round's PrefixStore): the
+    backend's, which a reconnection replaced."""
+    store = rendezvous_store(handler)
+    if store is not None and getattr(handler, "_store", None) is not store:
+        handler._store = store
