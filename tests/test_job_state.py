@@ -929,3 +929,50 @@ def test_a_change_in_place_is_no_restart_in_the_transitions():
     state.apply(ev(Kind.PEER_LOST, 30.0, "node-0", lost=["node-2"], round=3))
     state.apply(started(30.5, "node-0", 0, 1, generation=4, in_place=True))  # told by its worker first
     assert [t.get("in_place") for t in state.transitions if t["status"] == Status.RESTARTING] == [True, None, True]
+
+
+def test_a_change_in_place_that_broke_no_step_is_in_the_history_from_its_cause():
+    """A graceful change in place (a preemption with notice: the node leaves at a step boundary)
+    flips no status, yet the panel must say it happened: the history gets it as a change in
+    place from its drill to the first rank training in the new group (the timeline's "in place
+    at world size 1 after 0.35s" counts the same)."""
+    state = _running()
+    drill = ev(Kind.FAULT, 10.0, "node-1", fault="preempt_node", target="node-1")
+    state.apply(drill)
+    state.apply(started(10.35, "node-0", 0, 1, generation=2, in_place=True))
+    assert state.status == Status.RUNNING and [t["status"] for t in state.transitions] == ["running"]
+    state.apply(
+        ev(
+            Kind.IN_PLACE,
+            10.4,
+            "node-0",
+            world_size=1,
+            from_world_size=2,
+            step=9,
+            redone=0,
+            kept=1,
+            joined=0,
+            took_s=0.1,
+        )
+    )
+    state.apply(ev(Kind.NODE_LEFT, 10.5, "node-1", reason="preempted"))  # reaped after the others regrouped
+    change, back = list(state.transitions)[-2:]
+    assert change["status"] == Status.RESTARTING and change["in_place"] is True, change
+    assert change["since"] == change["at"] == 10.0 and change["cause"] == describe(drill), change
+    assert back["status"] == Status.RUNNING and back["at"] == 10.35, back
+    state.apply(
+        ev(
+            Kind.IN_PLACE,
+            30.4,
+            "node-0",
+            world_size=2,
+            from_world_size=1,
+            step=90,
+            redone=0,
+            kept=1,
+            joined=1,
+            took_s=0.2,
+        )
+    )  # a join long after, with no drill: from its own start
+    change, back = list(state.transitions)[-2:]
+    assert (change["at"], change["in_place"], change["rooted"], back["at"]) == (30.2, True, False, 30.4), change

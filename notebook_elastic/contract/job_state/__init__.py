@@ -60,6 +60,9 @@ SYMPTOMS = frozenset(
     }
 )
 ROOT_WINDOW_S = 10.0  # a drill or a departure this long before a restart is its cause
+#: A restarting entry this long before a change in place began (its in_place event's time less
+#: the time its ranks went without a group) is not that change's.
+CHANGE_SLACK_S = 2.0
 
 
 def _is_root_cause(e: Event) -> bool:
@@ -118,6 +121,7 @@ class JobState:
         # less than a poll interval still shows in the jobs panel.
         self.transitions: deque[dict[str, Any]] = deque(maxlen=16)
         self._last_root: Event | None = None
+        self._in_place_started: float | None = None  # the first rank training in a change in place
         self._rates: deque[tuple[float, float]] = deque(maxlen=64)
         self.samples_per_step: float | None = None  # the data cursor's global batch, or reported samples=
         self.tokens_per_step: float | None = None  # reported tokens=
@@ -318,8 +322,8 @@ class JobState:
             self.transitions.append(entry)
             if self.status == Status.RUNNING and before == Status.RESTARTING and _kept_in_place(e):
                 self._restart_was_in_place()
-        elif e.kind == Kind.IN_PLACE:  # told after its group already trains: the same change
-            self._restart_was_in_place()
+        elif e.kind == Kind.IN_PLACE:  # told after its group already trains, or with no symptom at all
+            self._restart_was_in_place(e)
         elif self.status == Status.RESTARTING and e.kind in SYMPTOMS and self.transitions:
             entry = self.transitions[-1]
             if entry["status"] == Status.RESTARTING and len(entry.setdefault("events", [])) < 8:
@@ -328,14 +332,50 @@ class JobState:
                     entry["cause"], entry["rooted"] = describe(e), True
         if root:
             self._last_root = e
+        if e.kind == Kind.WORKER_STARTED and e.get("in_place"):
+            since = self._last_root.time if self._last_root is not None else 0.0
+            if self._in_place_started is None or self._in_place_started < since:
+                self._in_place_started = e.time  # the first rank training in the change's new group
 
-    def _restart_was_in_place(self) -> None:
+    def _restart_was_in_place(self, told: Event | None = None) -> None:
         """The latest membership change kept its survivors' processes: not a restart (#41 item 7),
-        and every view says so."""
+        and every view says so. ``told``: its ``in_place`` event; a change that broke no step
+        (a graceful leave, a join) flipped no status, so it is entered in the history here."""
         for entry in reversed(self.transitions):
             if entry["status"] == Status.RESTARTING:
-                entry["in_place"] = True
-                return
+                began = told.time - float(told.get("took_s") or 0.0) - CHANGE_SLACK_S if told is not None else 0.0
+                if entry["at"] >= began:
+                    entry["in_place"] = True
+                    return
+                break
+        if told is not None:
+            self._changed_without_a_symptom(told)
+
+    def _changed_without_a_symptom(self, told: Event) -> None:
+        """A change in place no status flipped for: entered in the status history as the change it
+        was (from its cause, the drill or the departure, to the first rank training in the new
+        group: the timeline's "in place at world size N after ..." counts the same)."""
+        recent = self._last_root
+        close = recent is not None and 0 <= told.time - recent.time <= ROOT_WINDOW_S
+        began = recent.time if recent is not None and close else told.time - float(told.get("took_s") or 0.0)
+        cause = describe(recent) if recent is not None and close else describe(told)
+        trained = (
+            self._in_place_started
+            if self._in_place_started is not None and self._in_place_started >= began
+            else told.time
+        )
+        self.transitions.append(
+            {
+                "status": Status.RESTARTING,
+                "at": began,
+                "cause": cause,
+                "events": [cause],
+                "rooted": close,
+                "since": began,
+                "in_place": True,
+            }
+        )
+        self.transitions.append({"status": Status.RUNNING, "at": trained, "cause": describe(told)})
 
     def _saw_step(self, step: int, t: float) -> None:
         if self.first_step_at is None:
