@@ -19,7 +19,6 @@ of torch's private names is checked in ``torch_adapter.py``.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable
@@ -54,11 +53,8 @@ def leave_instead_of_closing(always: bool = True) -> bool:
     return True
 
 
-_round_store = threading.local()
-
-
-def _target_nodes() -> int | None:
-    store = getattr(_round_store, "store", None)
+def _target_nodes(store: Any) -> int | None:
+    """The job's target number of nodes in ``store`` (``TARGET_KEY``), or None."""
     if store is None:
         return None
     try:
@@ -111,8 +107,9 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
     return True
 
 
-def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
-    """torch's join operation, closing the round when it holds the job's target."""
+def _closing_at_target(join: Any, store: Any) -> Callable[[Any, float], Any]:
+    """torch's join operation, closing the round when it holds the job's target (read in
+    ``store``: the one the operation's executor syncs with)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     def join_op(ctx: Any, deadline: float) -> Any:
@@ -124,7 +121,7 @@ def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
                 not state.complete
                 and ctx.node in state.participants
                 and settings.min_nodes <= held <= settings.max_nodes
-                and held == _target_nodes()  # last: a store read, only when the rest holds
+                and held == _target_nodes(store)  # last: a store read, only when the rest holds
             ):
                 return dr._Action.MARK_RENDEZVOUS_COMPLETE
         return action
@@ -360,11 +357,10 @@ def _executor_class() -> type:
             return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
-            # The store the operation syncs with: the one a round's target is read from.
-            _round_store.store = holder_store(self._state_holder)
             joining = isinstance(state_handler, dr._RendezvousJoinOp)
             if _round_rules.close_at_target and joining:
-                state_handler = _closing_at_target(state_handler)
+                # The store the operation syncs with: the one a round's target is read from.
+                state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
             if self._ne_sayings() is not None and together.beats_together(self._settings):
                 state_handler = self._beating_together(state_handler, joining)
             return super().run(state_handler, deadline, update_deadline)
