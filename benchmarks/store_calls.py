@@ -49,8 +49,9 @@ def main() -> None:
     _timed(backend, 200)  # warm up
     walls, raw_cpu = _timed(backend, CALLS)
     raw = median(walls)
-    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
-    backend = store_link.rendezvous_backend(client, "bench")  # what our handler calls
+    link = store_link.StoreLink()
+    assert notebook_agent.hook_store_reconnect(link, lambda: 0, lambda _round: None, replaceable=True)
+    backend = store_link.rendezvous_backend(client, "bench", link)  # what our handler calls
     _timed(backend, 200)
     walls, bounded_cpu = _timed(backend, CALLS)
     bounded = median(walls)

@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import rounds, together, torch_adapter
+from notebook_elastic.agent import rounds, store_link, together, torch_adapter
 from notebook_elastic.store import keys as store_keys
 from notebook_elastic.store.server import StoreServer
 
@@ -100,7 +100,7 @@ def _round(port: int, run_id: str, n: int, plain: int = 0, keep_alive: tuple[int
             if i < plain:
                 handler = dr.create_handler(client, C10dRendezvousBackend(client, run_id), params)
             else:
-                handler = rounds.handler_over(client, params).torch_handler
+                handler = rounds.handler_over(client, params, store_link.StoreLink()).torch_handler
             start.wait()
             out[i] = (handler, handler.next_rendezvous())
         except Exception as exc:  # told by the assertion below, with its node

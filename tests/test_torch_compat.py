@@ -52,9 +52,11 @@ def handler_on(
     join_s: float = 20,
     last_call_s: float = 1,
     keep_alive_s: int = 1,
+    link: store_link.StoreLink | None = None,
 ):
     """Our handler over a round of torch's c10d rendezvous on ``store``, as the registry makes
-    it (keep_alive_s: where this torch lets it be set; 2.4 fixes the interval)."""
+    it (keep_alive_s: where this torch lets it be set; 2.4 fixes the interval), over ``link``
+    (an agent's link to its store; a fresh one by default)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     params = RendezvousParameters(
@@ -68,7 +70,7 @@ def handler_on(
         keep_alive_interval=keep_alive_s,
         keep_alive_max_attempt=3,
     )
-    return rounds.handler_over(store, params)
+    return rounds.handler_over(store, params, link or store_link.StoreLink())
 
 
 #: Whether this torch lets a handler's heartbeat be set (2.5 and later; 2.4 fixes 5 s x 3).
@@ -83,7 +85,8 @@ def test_a_real_round_is_read_left_and_hooked(store):
 
     assert rounds.hook_next_rendezvous(after)
     assert rounds.hook_next_rendezvous(after)  # idempotent: one hook, not two
-    handler = handler_on(store, "contract")
+    link = store_link.StoreLink()
+    handler = handler_on(store, "contract", link=link)
     inner = handler.torch_handler
     info = handler.next_rendezvous()
     assert info.world_size == 1 and seen == [(inner, 1)]  # the hooks are told torch's own handler
@@ -94,7 +97,7 @@ def test_a_real_round_is_read_left_and_hooked(store):
     assert torch_adapter.round_state(inner) == (0, frozenset(participants))
     assert torch_adapter.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
     assert torch_adapter.rendezvous_store(inner) is store  # where our keys go beside the round's
-    assert rounds.leave_round(inner)
+    assert rounds.leave_round(inner, link) and link.leaving.is_set()  # a store lost now is not waited for
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10
     while torch_adapter.round_state(inner)[1]:
@@ -112,8 +115,9 @@ def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface
         rendezvous_handler_registry,
     )
 
-    name = rounds.register_rendezvous()
-    assert rounds.register_rendezvous() == name == rounds.RDZV_BACKEND
+    link = store_link.StoreLink()
+    name = rounds.register_rendezvous(link)
+    assert rounds.register_rendezvous(link) == name == rounds.RDZV_BACKEND
     host, port = "127.0.0.1", store.port
     params = RendezvousParameters(
         backend=name, endpoint=f"{host}:{port}", run_id="registry", min_nodes=1, max_nodes=1, is_host=False
@@ -198,13 +202,12 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     for hooks in (rounds._round_rules, rounds._rendezvous_hooks, notebook_agent._agent_hooks):
         for name, value in vars(hooks).items():
             monkeypatch.setattr(hooks, name, value)
-    for key, value in store_link._recovery.items():
-        monkeypatch.setitem(store_link._recovery, key, value)
     assert rounds.close_rounds_at_target(poll_s=0.1) and rounds.drop_gone_nodes()
     assert rounds.join_and_beat_together()
     assert rounds.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
     assert rounds.leave_instead_of_closing(always=False)
-    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
+    link = store_link.StoreLink()
+    assert notebook_agent.hook_store_reconnect(link, lambda: 0, lambda _round: None, replaceable=True)
     assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
     for klass in classes:
         after = dict(vars(klass))
@@ -224,13 +227,13 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     for rule in ("close_at_target", "drop_gone"):
         monkeypatch.setattr(rounds._round_rules, rule, True)
     monkeypatch.setattr(rounds._rendezvous_hooks, "after", lambda handler, info: told.append(info))
-    monkeypatch.setattr(store_link, "_leaving", threading.Event())  # a test before may have left
+    link = store_link.StoreLink()  # the agent's
     started = time.monotonic()
-    assert notebook_agent.probe() == {}
+    assert notebook_agent.probe(link) == {}
     took = time.monotonic() - started
-    assert not told and not store_link._leaving.is_set()
+    assert not told and not link.leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
-    lost = notebook_agent.probe()
+    lost = notebook_agent.probe(link)
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
     assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
@@ -250,9 +253,7 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
     monkeypatch.setattr(notebook_agent._agent_hooks, "on_regroup", notebook_agent._agent_hooks.on_regroup)
     monkeypatch.setattr(rounds._rendezvous_hooks, "bounded_store", rounds._rendezvous_hooks.bounded_store)
-    for key, value in store_link._recovery.items():
-        monkeypatch.setitem(store_link._recovery, key, value)
-    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None)
+    assert notebook_agent.hook_store_reconnect(store_link.StoreLink(), lambda: 0, lambda _round: None)
     assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
     tested = f"torch{torch_adapter.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})

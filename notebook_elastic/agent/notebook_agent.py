@@ -45,7 +45,7 @@ PROBE_CLOSE_S = 6.0
 PROBE_LAST_CALL_S = 15
 
 
-def probe() -> dict[str, str]:
+def probe(link: store_link.StoreLink) -> dict[str, str]:
     """What the rendezvous internals we use still do on this torch, tried on a throwaway round
     of our handler over an in-memory store (``HashStore``; some 70 ms): a round of 1:2 nodes
     closes at a target of 1 (where ``close_rounds_at_target`` is on), its members are read, its
@@ -54,7 +54,8 @@ def probe() -> dict[str, str]:
     of ours, never started, has its restart budget, group and workers read. A name torch kept while changing what it does fails here, not in a job.
     Each behaviour that fails maps to its entries of ``INTERNALS`` (what the job loses); ``{}``
     when all hold. Touches nothing of the agent's own rendezvous: its hooks are not called, and
-    this node is not marked as leaving."""
+    this node is not marked as leaving (in ``link``, the agent's, its round's store calls are
+    answered as the agent's are)."""
     import json
 
     import torch.distributed as dist
@@ -78,7 +79,7 @@ def probe() -> dict[str, str]:
     )
     inner: Any = None
     try:
-        inner = rounds.handler_over(store, params).torch_handler
+        inner = rounds.handler_over(store, params, link).torch_handler
         started = time.monotonic()
         inner.next_rendezvous()  # torch's own: the agent's hooks are not told of this round
         if rounds._round_rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
@@ -134,6 +135,7 @@ def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
 
 
 def hook_store_reconnect(
+    link: store_link.StoreLink,
     last_round: Callable[[], int | None],
     on_replaced: Callable[[int], None],
     replaceable: bool = True,
@@ -145,8 +147,9 @@ def hook_store_reconnect(
     that went is waited for too, and a replacement is taken. ``last_round()`` is the round this
     node was in; ``on_replaced(seeded_round)`` is called once per replacement this node sees;
     ``on_regroup()`` when the agent rendezvouses again because its store was lost while it
-    formed its group. False when this torch lacks what it takes."""
-    if not store_link.recover_lost_stores(last_round, on_replaced, replaceable):
+    formed its group. ``link``: the agent's (its rendezvous backends hold it). False when this
+    torch lacks what it takes."""
+    if not link.recover_lost_stores(last_round, on_replaced, replaceable):
         return False
     _hook_agent_store(on_regroup)
     return True

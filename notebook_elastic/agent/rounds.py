@@ -18,9 +18,10 @@ of torch's private names is checked in ``torch_adapter.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -33,10 +34,10 @@ from .torch_adapter import exit_round, holder_store, mark_ours, missing, node_of
 _log = _logging.get("agent.rounds")
 
 
-def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
+def leave_round(handler: Any, link: store_link.StoreLink, timeout_s: float = 5.0) -> bool:
     """Take this node out of its round now (False: this torch cannot, peers wait for its
-    heartbeat to expire)."""
-    store_link.mark_leaving()  # a store lost now is not waited for
+    heartbeat to expire); ``link`` (this agent's) marks it leaving first."""
+    link.mark_leaving()  # a store lost now is not waited for
     return exit_round(handler, timeout_s)
 
 
@@ -195,31 +196,42 @@ _rendezvous_hooks = _RendezvousHooks()
 RDZV_BACKEND = "notebook-elastic-c10d"
 
 
-def register_rendezvous() -> str:
-    """Register our handler in torch's public handler registry (idempotent); its name."""
+def register_rendezvous(link: store_link.StoreLink) -> str:
+    """Register our handler in torch's public handler registry, its handlers made over this
+    agent's ``link``; its name. Idempotent for the same objects: torch's registry refuses a
+    second, different maker under the name (one set per agent process)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(RDZV_BACKEND, _create_rendezvous)
+    rendezvous_handler_registry.register(RDZV_BACKEND, _RendezvousMaker(link))
     return RDZV_BACKEND
 
 
-def _create_rendezvous(params: Any) -> Any:
-    """As torch's registry makes its c10d handler (``_create_c10d_handler``: the store from
-    ``create_backend``), with our backend and round parts, held by our handler."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+@dataclasses.dataclass(frozen=True)
+class _RendezvousMaker:
+    """What torch's registry calls to make our handler: the agent's objects, closed over at
+    registration (torch calls it with the parameters alone). Equal when made over the same
+    objects, so registering them again is no second registration for torch."""
 
-    _torch_backend, store = create_backend(params)
-    return handler_over(store, params)
+    link: store_link.StoreLink
+
+    def __call__(self, params: Any) -> Any:
+        """As torch's registry makes its c10d handler (``_create_c10d_handler``: the store from
+        ``create_backend``), with our backend and round parts, held by our handler."""
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+        _torch_backend, store = create_backend(params)
+        return handler_over(store, params, self.link)
 
 
-def handler_over(store: Any, params: Any) -> Any:
+def handler_over(store: Any, params: Any, link: store_link.StoreLink) -> Any:
     """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
     ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
     from ``params``), on our backend (``rendezvous_backend``), with our state holder and
-    operation executor in place of torch's (``_holder_class``, ``_executor_class``)."""
+    operation executor in place of torch's (``_holder_class``, ``_executor_class``); a lost
+    store answered as this agent's ``link`` says."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    backend = store_link.rendezvous_backend(store, params.run_id)
+    backend = store_link.rendezvous_backend(store, params.run_id, link)
     torch_handler = create_handler(store, backend, params)
     # torch's handler takes its state holder as made by from_backend, and makes its executor
     # from it: both are replaced before its first round, by instances of our subclasses.
@@ -231,11 +243,11 @@ def handler_over(store: Any, params: Any) -> Any:
         _log.debug("torch's rendezvous parts are kept", exc_info=True)
     else:
         torch_handler._state_holder, torch_handler._op_executor = holder, executor
-    vars(torch_handler)["_get_store"] = types.MethodType(_store_of_round, torch_handler)  # this instance's
+    vars(torch_handler)["_get_store"] = functools.partial(_store_of_round, torch_handler, link)  # this instance's
     record = getattr(torch_handler, "_record", None)
     if record is not None:
         vars(torch_handler)["_record"] = _recording_only_when_heard(record)  # this instance's
-    return _rendezvous_class()(torch_handler)
+    return _rendezvous_class()(torch_handler, link)
 
 
 def join_and_beat_together() -> bool:
@@ -452,8 +464,9 @@ def _rendezvous_class() -> type:
     from torch.distributed.elastic.rendezvous import RendezvousHandler
 
     class NotebookRendezvous(RendezvousHandler):
-        def __init__(self, torch_handler: Any) -> None:
+        def __init__(self, torch_handler: Any, link: store_link.StoreLink) -> None:
             self.torch_handler = torch_handler  # torch's DynamicRendezvousHandler
+            self._ne_link = link  # this agent's: a node leaving does not wait for a lost store
 
         def get_backend(self) -> str:
             return RDZV_BACKEND  # the name it is made by (torch's registry checks it)
@@ -489,7 +502,7 @@ def _rendezvous_class() -> type:
             if not _rendezvous_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
                 return bool(self.torch_handler.shutdown())  # the job is done (or failed): close it, as torch does
             try:
-                return leave_round(self.torch_handler)
+                return leave_round(self.torch_handler, self._ne_link)
             except Exception:
                 _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
                 return False
@@ -506,7 +519,7 @@ def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[An
     return True
 
 
-def _store_of_round(torch_handler: Any) -> Any:
+def _store_of_round(torch_handler: Any, link: store_link.StoreLink) -> Any:
     """The round's store, as torch's handler makes it in ``_get_store`` (a PrefixStore), on the
     store the rendezvous reaches now (a replacement, once reconnected), not the one it was made
     with; once ``hook_store_reconnect`` ran, each call on it has a deadline (``store_link.BoundedStore``).
@@ -514,4 +527,4 @@ def _store_of_round(torch_handler: Any) -> Any:
     class): torch's ``create_handler`` makes the handler, so no subclass of ours can."""
     store_link.follow_replaced_store(torch_handler)
     store = type(torch_handler)._get_store(torch_handler)
-    return store_link.BoundedStore(store, torch_handler._store) if _rendezvous_hooks.bounded_store else store
+    return store_link.BoundedStore(store, torch_handler._store, link) if _rendezvous_hooks.bounded_store else store

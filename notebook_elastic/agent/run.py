@@ -52,7 +52,7 @@ from ..runtime._emit import emit
 from ..runtime.event_types import AgentStarted, Degraded, FilesChanged, LeftRendezvous, Restart
 from ..runtime.protocol import Kind
 from ..runtime.worker import set_parent_death_signal
-from . import notebook_agent, notice_keeper, rounds, torch_adapter
+from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .inplace import InPlace
@@ -60,6 +60,9 @@ from .joiner import Joining
 
 _log = log.get("agent")
 
+# This agent's policy objects, one each per agent process: what torch calls (our rendezvous
+# factory, torchrun's agent class) is built over them when the agent installs its hooks.
+_link = store_link.StoreLink()  # how a lost store is answered; whether this node is leaving
 _watch = DepartureWatch()
 _inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0))
 _watch.in_place = _inplace.departure_seen
@@ -208,7 +211,7 @@ def _hook_agent() -> None:
     # store lost while it forms its group makes it rendezvous again (a replacement is told then).
     replaceable = os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1"
     notebook_agent.hook_store_reconnect(
-        lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
+        _link, lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
     )
 
 
@@ -290,7 +293,7 @@ def _report_degraded() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        changed = {name: loss for name, loss in notebook_agent.probe().items() if name not in lacking}
+        changed = {name: loss for name, loss in notebook_agent.probe(_link).items() if name not in lacking}
         if changed:
             _degraded({**lacking, **changed})
 
@@ -328,7 +331,7 @@ def _leave_rendezvous() -> None:
     to expire (keep_alive_interval x keep_alive_max_attempt) before they can regroup."""
     handler = _watch.handler
     try:
-        if handler is None or not rounds.leave_round(handler):
+        if handler is None or not rounds.leave_round(handler, _link):
             return
     except Exception as exc:  # the store does not answer: peers drop this node at its heartbeat's expiry
         _log.warning("could not leave the rendezvous: %s", exc)
@@ -450,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.rdzv_backend == "c10d":
         # The job's c10d rendezvous, joined through our handler (torch's public registry):
         # the same store, state and rounds as torch's own handler, with what a notebook job adds.
-        options.rdzv_backend = rounds.register_rendezvous()
+        options.rdzv_backend = rounds.register_rendezvous(_link)
     try:
         record(torchrun.run)(options)  # torchrun's main: its arguments, then run, its errors recorded
     except SignalException as exc:
