@@ -53,10 +53,11 @@ def handler_on(
     last_call_s: float = 1,
     keep_alive_s: int = 1,
     link: store_link.StoreLink | None = None,
+    rules: rounds.RoundRules | None = None,
 ):
     """Our handler over a round of torch's c10d rendezvous on ``store``, as the registry makes
     it (keep_alive_s: where this torch lets it be set; 2.4 fixes the interval), over ``link``
-    (an agent's link to its store; a fresh one by default)."""
+    (an agent's link to its store) and ``rules`` (its round rules: torch's, by default)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     params = RendezvousParameters(
@@ -70,7 +71,7 @@ def handler_on(
         keep_alive_interval=keep_alive_s,
         keep_alive_max_attempt=3,
     )
-    return rounds.handler_over(store, params, link or store_link.StoreLink())
+    return rounds.handler_over(store, params, rules or rounds.RoundRules(), link or store_link.StoreLink())
 
 
 #: Whether this torch lets a handler's heartbeat be set (2.5 and later; 2.4 fixes 5 s x 3).
@@ -115,9 +116,9 @@ def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface
         rendezvous_handler_registry,
     )
 
-    link = store_link.StoreLink()
-    name = rounds.register_rendezvous(link)
-    assert rounds.register_rendezvous(link) == name == rounds.RDZV_BACKEND
+    rules, link = rounds.RoundRules(), store_link.StoreLink()
+    name = rounds.register_rendezvous(rules, link)
+    assert rounds.register_rendezvous(rules, link) == name == rounds.RDZV_BACKEND
     host, port = "127.0.0.1", store.port
     params = RendezvousParameters(
         backend=name, endpoint=f"{host}:{port}", run_id="registry", min_nodes=1, max_nodes=1, is_host=False
@@ -199,11 +200,12 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     before = {klass: dict(vars(klass)) for klass in classes}
     monkeypatch.setattr(dr, "_delay", dr._delay)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    for hooks in (rounds._round_rules, rounds._rendezvous_hooks, notebook_agent._agent_hooks):
+    for hooks in (rounds._rendezvous_hooks, notebook_agent._agent_hooks):
         for name, value in vars(hooks).items():
             monkeypatch.setattr(hooks, name, value)
-    assert rounds.close_rounds_at_target(poll_s=0.1) and rounds.drop_gone_nodes()
-    assert rounds.join_and_beat_together()
+    rules = rounds.RoundRules()
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1) and rounds.drop_gone_nodes(rules)
+    assert rounds.join_and_beat_together(rules)
     assert rounds.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
     assert rounds.leave_instead_of_closing(always=False)
     link = store_link.StoreLink()
@@ -214,7 +216,7 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
         changed = sorted(n for n in before[klass].keys() | after.keys() if before[klass].get(n) is not after.get(n))
         assert not changed, f"{klass.__name__}: {changed} replaced"
     assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
-    assert getattr(dr._delay, "_notebook_elastic", False)
+    assert getattr(dr._delay, "_notebook_elastic", False) and dr._delay._ne_rules is rules
 
 
 def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_its_name(monkeypatch):
@@ -224,16 +226,16 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     nothing: named with what the job loses. It never tells the agent's hooks of its round, nor
     marks this node as leaving its real one."""
     told = []
-    for rule in ("close_at_target", "drop_gone"):
-        monkeypatch.setattr(rounds._round_rules, rule, True)
+    rules = rounds.RoundRules()  # the agent's
+    rules.close_at_target = rules.drop_gone = True
     monkeypatch.setattr(rounds._rendezvous_hooks, "after", lambda handler, info: told.append(info))
     link = store_link.StoreLink()  # the agent's
     started = time.monotonic()
-    assert notebook_agent.probe(link) == {}
+    assert notebook_agent.probe(rules, link) == {}
     took = time.monotonic() - started
     assert not told and not link.leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
-    lost = notebook_agent.probe(link)
+    lost = notebook_agent.probe(rules, link)
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
     assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
@@ -296,16 +298,17 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
     job's target of 2 in the store, it closes as soon as the second node joins (old code:
     both nodes still waiting at the test's limit)."""
     monkeypatch.setattr(dr, "_delay", dr._delay)  # this process's torch as it was, after
-    for rule, value in vars(rounds._round_rules).items():
-        monkeypatch.setattr(rounds._round_rules, rule, value)
-    assert rounds.close_rounds_at_target(poll_s=0.1)
-    assert rounds.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
+    rules = rounds.RoundRules()
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1)
+    ours = dr._delay
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1)  # idempotent: one _delay, not two
+    assert dr._delay is ours
     store.set(protocol.TARGET_KEY, "2")
     host, port = "127.0.0.1", store.port
 
     def join(i: int, results: dict) -> None:
         client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-        handler = handler_on(client, "target", nodes=(1, 3), join_s=600, last_call_s=600).torch_handler
+        handler = handler_on(client, "target", nodes=(1, 3), join_s=600, last_call_s=600, rules=rules).torch_handler
         assert handler._state_holder._cache_duration == 0.1  # a look reads the store at most 0.1 s old
         handlers.append(handler)
         results[i] = handler.next_rendezvous().world_size
@@ -346,9 +349,9 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     import subprocess
     import sys
 
-    monkeypatch.setattr(rounds._round_rules, "drop_gone", rounds._round_rules.drop_gone)
-    assert rounds.drop_gone_nodes()
-    assert rounds.drop_gone_nodes()  # idempotent
+    rules = rounds.RoundRules()
+    assert rounds.drop_gone_nodes(rules)
+    assert rounds.drop_gone_nodes(rules)  # idempotent
     peer = subprocess.Popen(
         [sys.executable, "-c", PEER, str(store.port), str(int(KEEP_ALIVE_SET))],
         stdin=subprocess.PIPE,
@@ -357,7 +360,7 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     )
     try:
         client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
-        ours = handler_on(client, "gone", nodes=(2, 2), join_s=120, last_call_s=30, keep_alive_s=60)
+        ours = handler_on(client, "gone", nodes=(2, 2), join_s=120, last_call_s=30, keep_alive_s=60, rules=rules)
         assert ours.next_rendezvous().world_size == 2
         handler = ours.torch_handler
         assert peer.stdout.readline() == "joined\n"

@@ -45,9 +45,10 @@ PROBE_CLOSE_S = 6.0
 PROBE_LAST_CALL_S = 15
 
 
-def probe(link: store_link.StoreLink) -> dict[str, str]:
+def probe(rules: rounds.RoundRules, link: store_link.StoreLink) -> dict[str, str]:
     """What the rendezvous internals we use still do on this torch, tried on a throwaway round
-    of our handler over an in-memory store (``HashStore``; some 70 ms): a round of 1:2 nodes
+    of our handler over an in-memory store (``HashStore``; some 70 ms), its rounds as the agent's
+    ``rules`` say: a round of 1:2 nodes
     closes at a target of 1 (where ``close_rounds_at_target`` is on), its members are read, its
     state lies where and as a replaced store is seeded, a node the supervisor names as gone is
     dropped (where ``drop_gone_nodes`` is on), and a node leaves at once; then a throwaway agent
@@ -79,10 +80,10 @@ def probe(link: store_link.StoreLink) -> dict[str, str]:
     )
     inner: Any = None
     try:
-        inner = rounds.handler_over(store, params, link).torch_handler
+        inner = rounds.handler_over(store, params, rules, link).torch_handler
         started = time.monotonic()
         inner.next_rendezvous()  # torch's own: the agent's hooks are not told of this round
-        if rounds._round_rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
+        if rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
             fails("dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor")
         state = round_state(inner)
         if state is None or len(state[1]) != 1 or joined_round(inner)[1].keys() != state[1]:
@@ -94,7 +95,7 @@ def probe(link: store_link.StoreLink) -> dict[str, str]:
         backend = inner._state_holder._backend
         if rendezvous_store(inner) is not store or state is None or seeded_round(store.get(backend._key)) != state[0]:
             fails("C10dRendezvousBackend._store")
-        if rounds._round_rules.drop_gone:
+        if rules.drop_gone:
             store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
             inner._state_holder.mark_dirty()
             after = round_state(inner)

@@ -66,8 +66,10 @@ def _target_nodes(store: Any) -> int | None:
         return None
 
 
-class _RoundRules:
-    """How our handler's rounds differ from torch's, set at agent start (each default: as torch)."""
+class RoundRules:
+    """How our handler's rounds differ from torch's, set at agent start (each default: as torch):
+    one per agent process (``agent/run.py`` makes it), given to each handler made over it
+    (``handler_over``), whose state holder and executor read it."""
 
     def __init__(self) -> None:
         self.close_at_target = False  # a round holding TARGET_KEY's nodes closes at once
@@ -76,15 +78,14 @@ class _RoundRules:
         self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
 
 
-_round_rules = _RoundRules()
-
-
-def close_rounds_at_target(poll_s: float | None = None) -> bool:
+def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bool:
     """Our handler closes a round as soon as it holds the job's target number of nodes
     (``TARGET_KEY``), not ``last_call_timeout`` later; with ``poll_s``, a node waiting in a
     round looks again that often instead of every second, and a look reads the store's state
     at most ``poll_s`` old (the agent's check for nodes waiting to join too). Must run before
-    the rendezvous handler is made. Idempotent; False where torch lacks the internals."""
+    the rendezvous handler is made. Set in ``rules``; torch's wait between looks, a module
+    function, reads them (the last rules given: one per agent process). Idempotent; False where
+    torch lacks the internals."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     dr: Any = dynamic_rendezvous  # its _delay, patched below
@@ -92,18 +93,21 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
     polling = {"dynamic_rendezvous._delay", "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration"}
     if missing().keys() & (needed | (polling if poll_s else set())):
         return False
-    _round_rules.close_at_target = True
-    _round_rules.poll_s = poll_s or _round_rules.poll_s
-    if poll_s and not getattr(dr._delay, "_notebook_elastic", False):
+    rules.close_at_target = True
+    rules.poll_s = poll_s or rules.poll_s
+    if poll_s and getattr(dr._delay, "_ne_rules", None) is not rules:
         # The wait between two looks is a module function torch's executor calls with 1 (its
-        # only call with 1; backoffs pass other values): not reachable from a subclass.
-        delay = dr._delay
+        # only call with 1; backoffs pass other values): not reachable from a subclass. Ours
+        # wraps torch's own, never one of ours (other rules: a test's).
+        delay = getattr(dr._delay, "_ne_delay", dr._delay)
 
         def _delay(seconds: Any) -> Any:
-            wait = _round_rules.poll_s if seconds == 1 and _round_rules.poll_s else seconds
+            wait = rules.poll_s if seconds == 1 and rules.poll_s else seconds
             return delay(wait)
 
         mark_ours(_delay)
+        ours: Any = _delay  # the rules it reads and torch's own, on it
+        ours._ne_rules, ours._ne_delay = rules, delay
         dr._delay = _delay
     return True
 
@@ -146,14 +150,14 @@ def _gone_pids(store: Any, window_s: float) -> set[int]:
         return set()
 
 
-def drop_gone_nodes() -> bool:
+def drop_gone_nodes(rules: RoundRules) -> bool:
     """Our handler drops a node whose agent died from the rendezvous as soon as the supervisor
     saw it die (``GONE_KEY``), not when its heartbeat expires (keep_alive_interval x
-    max_attempt later): a lost node's peers regroup at once. Idempotent; False where torch
-    lacks it."""
+    max_attempt later): a lost node's peers regroup at once. Set in ``rules``. Idempotent; False
+    where torch lacks it."""
     if "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize" in missing():
         return False
-    _round_rules.drop_gone = True
+    rules.drop_gone = True
     return True
 
 
@@ -196,13 +200,13 @@ _rendezvous_hooks = _RendezvousHooks()
 RDZV_BACKEND = "notebook-elastic-c10d"
 
 
-def register_rendezvous(link: store_link.StoreLink) -> str:
+def register_rendezvous(rules: RoundRules, link: store_link.StoreLink) -> str:
     """Register our handler in torch's public handler registry, its handlers made over this
-    agent's ``link``; its name. Idempotent for the same objects: torch's registry refuses a
+    agent's ``rules`` and ``link``; its name. Idempotent for the same objects: torch's registry refuses a
     second, different maker under the name (one set per agent process)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(RDZV_BACKEND, _RendezvousMaker(link))
+    rendezvous_handler_registry.register(RDZV_BACKEND, _RendezvousMaker(rules, link))
     return RDZV_BACKEND
 
 
@@ -212,6 +216,7 @@ class _RendezvousMaker:
     registration (torch calls it with the parameters alone). Equal when made over the same
     objects, so registering them again is no second registration for torch."""
 
+    rules: RoundRules
     link: store_link.StoreLink
 
     def __call__(self, params: Any) -> Any:
@@ -220,15 +225,15 @@ class _RendezvousMaker:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
         _torch_backend, store = create_backend(params)
-        return handler_over(store, params, self.link)
+        return handler_over(store, params, self.rules, self.link)
 
 
-def handler_over(store: Any, params: Any, link: store_link.StoreLink) -> Any:
+def handler_over(store: Any, params: Any, rules: RoundRules, link: store_link.StoreLink) -> Any:
     """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
     ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
     from ``params``), on our backend (``rendezvous_backend``), with our state holder and
-    operation executor in place of torch's (``_holder_class``, ``_executor_class``); a lost
-    store answered as this agent's ``link`` says."""
+    operation executor in place of torch's (``_holder_class``, ``_executor_class``), whose
+    rounds follow ``rules``; a lost store answered as this agent's ``link`` says."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     backend = store_link.rendezvous_backend(store, params.run_id, link)
@@ -237,8 +242,8 @@ def handler_over(store: Any, params: Any, link: store_link.StoreLink) -> Any:
     # from it: both are replaced before its first round, by instances of our subclasses.
     try:
         settings, node = torch_handler._settings, torch_handler._this_node
-        holder = _subclass("holder")(backend, settings)
-        executor = _subclass("executor")(node, holder, settings)
+        holder = _holder_class()(backend, settings, rules=rules)
+        executor = _executor_class()(node, holder, settings, rules=rules)
     except (AttributeError, TypeError):  # another torch: its own parts (missing() and the probe say what is lost)
         _log.debug("torch's rendezvous parts are kept", exc_info=True)
     else:
@@ -250,12 +255,12 @@ def handler_over(store: Any, params: Any, link: store_link.StoreLink) -> Any:
     return _rendezvous_class()(torch_handler, link)
 
 
-def join_and_beat_together() -> bool:
+def join_and_beat_together(rules: RoundRules) -> bool:
     """Our handler's nodes join, leave and beat together (``together.py``): each says what it
     does in a small key beside the state, and a write of the state takes in what the others
     said; a write that lost to another's backs off a little and reads the state again before
-    the next. Idempotent; False where torch lacks what it takes (each node then writes its own,
-    as torch's do)."""
+    the next. Set in ``rules``. Idempotent; False where torch lacks what it takes (each node then
+    writes its own, as torch's do)."""
     needed = {
         "dynamic_rendezvous._BackendRendezvousStateHolder._last_sync_time",
         "dynamic_rendezvous._DistributedRendezvousOpExecutor._add_to_participants",
@@ -265,7 +270,7 @@ def join_and_beat_together() -> bool:
     }
     if missing().keys() & needed:
         return False
-    _round_rules.together = True
+    rules.together = True
     return True
 
 
@@ -299,6 +304,10 @@ def _recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]
     return _record
 
 
+# Our subclasses of torch's classes, each made once, at its first use (torch imported by then): a
+# cache, not a registry, for the classes hold nothing; each instance holds the rules or hooks
+# it was made with.
+@functools.cache
 def _holder_class() -> type:
     import random
 
@@ -311,11 +320,12 @@ def _holder_class() -> type:
 
         _last_sync_time: float  # torch's, set in its __init__: -1 makes its next sync read the store
 
-        def __init__(self, backend: Any, settings: Any, cache_duration: int = 1) -> None:
+        def __init__(self, backend: Any, settings: Any, cache_duration: int = 1, *, rules: RoundRules) -> None:
             super().__init__(backend, settings, cache_duration)
-            if _round_rules.poll_s:
+            self._ne_rules = rules
+            if rules.poll_s:
                 # Seconds, compared with a float: torch annotates its 1 s default as an int.
-                vars(self)["_cache_duration"] = min(self._cache_duration, _round_rules.poll_s)
+                vars(self)["_cache_duration"] = min(self._cache_duration, rules.poll_s)
             self._ne_lost = 0  # writes lost in a row
             interval_s = settings.keep_alive_interval.total_seconds()
             state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
@@ -323,7 +333,7 @@ def _holder_class() -> type:
 
         def sync(self) -> Any:
             has_set = super().sync()
-            if not _round_rules.together or self._ne_sayings is None or has_set is None:
+            if not self._ne_rules.together or self._ne_sayings is None or has_set is None:
                 return has_set
             if has_set:
                 self._ne_lost = 0
@@ -339,7 +349,7 @@ def _holder_class() -> type:
             return has_set
 
         def _sanitize(self) -> Any:
-            if _round_rules.drop_gone:
+            if self._ne_rules.drop_gone:
                 _mark_gone_expired(self)
             return super()._sanitize()
 
@@ -353,6 +363,7 @@ def _call_with_deadline(fn: Callable[..., Any], *args: Any) -> Any:
     return call_with_deadline(fn, store_link.STORE_CALL_TIMEOUT_S, *args)
 
 
+@functools.cache
 def _executor_class() -> type:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
@@ -360,8 +371,9 @@ def _executor_class() -> type:
         """torch's executor of rendezvous operations; its join closes at the job's target;
         with ``join_and_beat_together`` its joins, leaves and heartbeats go together."""
 
-        def __init__(self, node: Any, state_holder: Any, settings: Any) -> None:
+        def __init__(self, node: Any, state_holder: Any, settings: Any, *, rules: RoundRules) -> None:
             super().__init__(node, state_holder, settings)
+            self._ne_rules = rules
             self._ne_taking = False  # inside a join or a leave that takes the others' in
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
@@ -370,7 +382,7 @@ def _executor_class() -> type:
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
             joining = isinstance(state_handler, dr._RendezvousJoinOp)
-            if _round_rules.close_at_target and joining:
+            if self._ne_rules.close_at_target and joining:
                 # The store the operation syncs with: the one a round's target is read from.
                 state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
             if self._ne_sayings() is not None and together.beats_together(self._settings):
@@ -407,7 +419,7 @@ def _executor_class() -> type:
 
         def _ne_sayings(self) -> Any:
             """The holder's sayings, when this node joins, leaves and beats together."""
-            return getattr(self._state_holder, "_ne_sayings", None) if _round_rules.together else None
+            return getattr(self._state_holder, "_ne_sayings", None) if self._ne_rules.together else None
 
         def _ne_read(self) -> list[Any]:
             try:
@@ -444,23 +456,12 @@ def _executor_class() -> type:
     return NotebookExecutor
 
 
-_made: dict[str, type] = {}  # our subclasses of torch's classes, made once torch is imported
-
-
-def _subclass(kind: str) -> type:
-    """Our subclass of one of torch's classes, made at its first use (torch imported by then)."""
-    if kind not in _made:
-        _made[kind] = {"holder": _holder_class, "executor": _executor_class}[kind]()
-    return _made[kind]
-
-
+@functools.cache
 def _rendezvous_class() -> type:
     """``NotebookRendezvous``: a ``RendezvousHandler`` (torch's public interface) that holds
     torch's c10d handler and adds what a notebook job needs around it: the hooks before and
     after each round (``hook_next_rendezvous``), and leaving the round instead of closing it
     when stopped (``leave_instead_of_closing``)."""
-    if "rendezvous" in _made:
-        return _made["rendezvous"]
     from torch.distributed.elastic.rendezvous import RendezvousHandler
 
     class NotebookRendezvous(RendezvousHandler):
@@ -507,7 +508,6 @@ def _rendezvous_class() -> type:
                 _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
                 return False
 
-    _made["rendezvous"] = NotebookRendezvous
     return NotebookRendezvous
 
 

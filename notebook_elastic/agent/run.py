@@ -63,6 +63,7 @@ _log = log.get("agent")
 # This agent's policy objects, one each per agent process: what torch calls (our rendezvous
 # factory, torchrun's agent class) is built over them when the agent installs its hooks.
 _link = store_link.StoreLink()  # how a lost store is answered; whether this node is leaving
+_rules = rounds.RoundRules()  # how our rounds differ from torch's
 _watch = DepartureWatch()
 _inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0))
 _watch.in_place = _inplace.departure_seen
@@ -293,7 +294,7 @@ def _report_degraded() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        changed = {name: loss for name, loss in notebook_agent.probe(_link).items() if name not in lacking}
+        changed = {name: loss for name, loss in notebook_agent.probe(_rules, _link).items() if name not in lacking}
         if changed:
             _degraded({**lacking, **changed})
 
@@ -425,10 +426,10 @@ def main(argv: list[str] | None = None) -> None:
     # cluster's store pod has no supervisor: looking for those keys there was a call after every
     # read of the round, for nothing (#40).
     if os.environ.get(protocol.ENV_STORE_REPLACEABLE) != "1":
-        rounds.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
-        rounds.drop_gone_nodes()
+        rounds.close_rounds_at_target(_rules, float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
+        rounds.drop_gone_nodes(_rules)
     # Nodes join, leave and beat together: a round of hundreds of nodes in a few writes (#40).
-    rounds.join_and_beat_together()
+    rounds.join_and_beat_together(_rules)
     _report_degraded()
     from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.rdzv_backend == "c10d":
         # The job's c10d rendezvous, joined through our handler (torch's public registry):
         # the same store, state and rounds as torch's own handler, with what a notebook job adds.
-        options.rdzv_backend = rounds.register_rendezvous(_link)
+        options.rdzv_backend = rounds.register_rendezvous(_rules, _link)
     try:
         record(torchrun.run)(options)  # torchrun's main: its arguments, then run, its errors recorded
     except SignalException as exc:
