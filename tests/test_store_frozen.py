@@ -43,13 +43,13 @@ CLIENT = textwrap.dedent(
     import json, signal, sys
     from datetime import timedelta
     import torch.distributed as dist
-    from notebook_elastic.agent import notebook_agent, store_link
+    from notebook_elastic.agent import notebook_agent, rounds, store_link
 
     port, replaceable = int(sys.argv[1]), sys.argv[2] == "1"
     store_link.STORE_CALL_TIMEOUT_S = 2.0
     replaced = []
     link = store_link.StoreLink()  # this client's, as an agent's
-    notebook_agent.hook_store_reconnect(link, lambda: 7, replaced.append, replaceable=replaceable)
+    notebook_agent.hook_store_reconnect(link, rounds.RendezvousHooks(), lambda: 7, replaced.append, replaceable=replaceable)
     original = store_link._reconnect  # say when the client gives up on the silent store and waits for it
 
     def _reconnect(*args, **kwargs):

@@ -100,7 +100,8 @@ def _round(
             if i < plain:
                 handler = dr.create_handler(client, C10dRendezvousBackend(client, run_id), params)
             else:
-                handler = rounds.handler_over(client, params, rules, store_link.StoreLink()).torch_handler
+                handler = rounds.handler_over(client, params, rules, rounds.RendezvousHooks(), store_link.StoreLink())
+                handler = handler.torch_handler
             start.wait()
             out[i] = (handler, handler.next_rendezvous())
         except Exception as exc:  # told by the assertion below, with its node

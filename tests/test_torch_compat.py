@@ -54,10 +54,12 @@ def handler_on(
     keep_alive_s: int = 1,
     link: store_link.StoreLink | None = None,
     rules: rounds.RoundRules | None = None,
+    hooks: rounds.RendezvousHooks | None = None,
 ):
     """Our handler over a round of torch's c10d rendezvous on ``store``, as the registry makes
     it (keep_alive_s: where this torch lets it be set; 2.4 fixes the interval), over ``link``
-    (an agent's link to its store) and ``rules`` (its round rules: torch's, by default)."""
+    (an agent's link to its store), ``rules`` (its round rules: torch's, by default) and
+    ``hooks`` (what the handler calls around a round: nothing, by default)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     params = RendezvousParameters(
@@ -71,7 +73,8 @@ def handler_on(
         keep_alive_interval=keep_alive_s,
         keep_alive_max_attempt=3,
     )
-    return rounds.handler_over(store, params, rules or rounds.RoundRules(), link or store_link.StoreLink())
+    rules, hooks = rules or rounds.RoundRules(), hooks or rounds.RendezvousHooks()
+    return rounds.handler_over(store, params, rules, hooks, link or store_link.StoreLink())
 
 
 #: Whether this torch lets a handler's heartbeat be set (2.5 and later; 2.4 fixes 5 s x 3).
@@ -84,10 +87,11 @@ def test_a_real_round_is_read_left_and_hooked(store):
     def after(handler, info):
         seen.append((handler, info.world_size))
 
-    assert rounds.hook_next_rendezvous(after)
-    assert rounds.hook_next_rendezvous(after)  # idempotent: one hook, not two
+    hooks = rounds.RendezvousHooks()
+    assert rounds.hook_next_rendezvous(hooks, after)
+    assert rounds.hook_next_rendezvous(hooks, after)  # idempotent: one hook, not two
     link = store_link.StoreLink()
-    handler = handler_on(store, "contract", link=link)
+    handler = handler_on(store, "contract", link=link, hooks=hooks)
     inner = handler.torch_handler
     info = handler.next_rendezvous()
     assert info.world_size == 1 and seen == [(inner, 1)]  # the hooks are told torch's own handler
@@ -116,9 +120,9 @@ def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface
         rendezvous_handler_registry,
     )
 
-    rules, link = rounds.RoundRules(), store_link.StoreLink()
-    name = rounds.register_rendezvous(rules, link)
-    assert rounds.register_rendezvous(rules, link) == name == rounds.RDZV_BACKEND
+    rules, hooks, link = rounds.RoundRules(), rounds.RendezvousHooks(), store_link.StoreLink()
+    name = rounds.register_rendezvous(rules, hooks, link)
+    assert rounds.register_rendezvous(rules, hooks, link) == name == rounds.RDZV_BACKEND
     host, port = "127.0.0.1", store.port
     params = RendezvousParameters(
         backend=name, endpoint=f"{host}:{port}", run_id="registry", min_nodes=1, max_nodes=1, is_host=False
@@ -143,16 +147,16 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    monkeypatch.setattr(rounds._rendezvous_hooks, "leave_always", False)
-    assert rounds.leave_instead_of_closing(always=False)
-    handler = handler_on(store, "signalled")
+    hooks = rounds.RendezvousHooks()
+    assert rounds.leave_instead_of_closing(hooks, always=False)
+    handler = handler_on(store, "signalled", hooks=hooks)
     handler.next_rendezvous()
     try:
         raise SignalException("stopped", sigval=signals.SIGTERM)
     except SignalException:
         assert handler.shutdown()
     assert not handler.is_closed() and torch_adapter.round_state(handler.torch_handler)[1] == frozenset()
-    other = handler_on(store, "done")
+    other = handler_on(store, "done", hooks=hooks)
     other.next_rendezvous()
     assert other.shutdown() and other.is_closed()  # a job done (or failed): closed, as torch does
 
@@ -200,16 +204,16 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     before = {klass: dict(vars(klass)) for klass in classes}
     monkeypatch.setattr(dr, "_delay", dr._delay)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    for hooks in (rounds._rendezvous_hooks, notebook_agent._agent_hooks):
-        for name, value in vars(hooks).items():
-            monkeypatch.setattr(hooks, name, value)
+    for name, value in vars(notebook_agent._agent_hooks).items():
+        monkeypatch.setattr(notebook_agent._agent_hooks, name, value)
     rules = rounds.RoundRules()
     assert rounds.close_rounds_at_target(rules, poll_s=0.1) and rounds.drop_gone_nodes(rules)
     assert rounds.join_and_beat_together(rules)
-    assert rounds.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
-    assert rounds.leave_instead_of_closing(always=False)
+    hooks = rounds.RendezvousHooks()
+    assert rounds.hook_next_rendezvous(hooks, lambda handler, info: None, before=lambda handler: None)
+    assert rounds.leave_instead_of_closing(hooks, always=False)
     link = store_link.StoreLink()
-    assert notebook_agent.hook_store_reconnect(link, lambda: 0, lambda _round: None, replaceable=True)
+    assert notebook_agent.hook_store_reconnect(link, hooks, lambda: 0, lambda _round: None, replaceable=True)
     assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
     for klass in classes:
         after = dict(vars(klass))
@@ -228,14 +232,15 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     told = []
     rules = rounds.RoundRules()  # the agent's
     rules.close_at_target = rules.drop_gone = True
-    monkeypatch.setattr(rounds._rendezvous_hooks, "after", lambda handler, info: told.append(info))
+    hooks = rounds.RendezvousHooks()  # the agent's
+    hooks.after = lambda handler, info: told.append(info)
     link = store_link.StoreLink()  # the agent's
     started = time.monotonic()
-    assert notebook_agent.probe(rules, link) == {}
+    assert notebook_agent.probe(rules, hooks, link) == {}
     took = time.monotonic() - started
     assert not told and not link.leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
-    lost = notebook_agent.probe(rules, link)
+    lost = notebook_agent.probe(rules, hooks, link)
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
     assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
@@ -254,8 +259,9 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
 
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
     monkeypatch.setattr(notebook_agent._agent_hooks, "on_regroup", notebook_agent._agent_hooks.on_regroup)
-    monkeypatch.setattr(rounds._rendezvous_hooks, "bounded_store", rounds._rendezvous_hooks.bounded_store)
-    assert notebook_agent.hook_store_reconnect(store_link.StoreLink(), lambda: 0, lambda _round: None)
+    hooks = rounds.RendezvousHooks()
+    assert notebook_agent.hook_store_reconnect(store_link.StoreLink(), hooks, lambda: 0, lambda _round: None)
+    assert hooks.bounded_store  # the round's store, as the agent gets it, answers under the deadline
     assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
     tested = f"torch{torch_adapter.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})

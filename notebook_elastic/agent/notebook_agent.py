@@ -45,7 +45,7 @@ PROBE_CLOSE_S = 6.0
 PROBE_LAST_CALL_S = 15
 
 
-def probe(rules: rounds.RoundRules, link: store_link.StoreLink) -> dict[str, str]:
+def probe(rules: rounds.RoundRules, hooks: rounds.RendezvousHooks, link: store_link.StoreLink) -> dict[str, str]:
     """What the rendezvous internals we use still do on this torch, tried on a throwaway round
     of our handler over an in-memory store (``HashStore``; some 70 ms), its rounds as the agent's
     ``rules`` say: a round of 1:2 nodes
@@ -54,9 +54,9 @@ def probe(rules: rounds.RoundRules, link: store_link.StoreLink) -> dict[str, str
     dropped (where ``drop_gone_nodes`` is on), and a node leaves at once; then a throwaway agent
     of ours, never started, has its restart budget, group and workers read. A name torch kept while changing what it does fails here, not in a job.
     Each behaviour that fails maps to its entries of ``INTERNALS`` (what the job loses); ``{}``
-    when all hold. Touches nothing of the agent's own rendezvous: its hooks are not called, and
-    this node is not marked as leaving (in ``link``, the agent's, its round's store calls are
-    answered as the agent's are)."""
+    when all hold. Touches nothing of the agent's own rendezvous: its ``hooks`` are not called,
+    and this node is not marked as leaving in its ``link`` (the round's store calls are answered
+    as the agent's are)."""
     import json
 
     import torch.distributed as dist
@@ -80,7 +80,7 @@ def probe(rules: rounds.RoundRules, link: store_link.StoreLink) -> dict[str, str
     )
     inner: Any = None
     try:
-        inner = rounds.handler_over(store, params, rules, link).torch_handler
+        inner = rounds.handler_over(store, params, rules, hooks, link).torch_handler
         started = time.monotonic()
         inner.next_rendezvous()  # torch's own: the agent's hooks are not told of this round
         if rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
@@ -137,6 +137,7 @@ def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
 
 def hook_store_reconnect(
     link: store_link.StoreLink,
+    rendezvous: rounds.RendezvousHooks,
     last_round: Callable[[], int | None],
     on_replaced: Callable[[int], None],
     replaceable: bool = True,
@@ -148,20 +149,20 @@ def hook_store_reconnect(
     that went is waited for too, and a replacement is taken. ``last_round()`` is the round this
     node was in; ``on_replaced(seeded_round)`` is called once per replacement this node sees;
     ``on_regroup()`` when the agent rendezvouses again because its store was lost while it
-    formed its group. ``link``: the agent's (its rendezvous backends hold it). False when this
-    torch lacks what it takes."""
+    formed its group. ``link`` and ``rendezvous``: the agent's (its rendezvous handlers hold
+    them). False when this torch lacks what it takes."""
     if not link.recover_lost_stores(last_round, on_replaced, replaceable):
         return False
-    _hook_agent_store(on_regroup)
+    _hook_agent_store(on_regroup, rendezvous)
     return True
 
 
-def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
+def _hook_agent_store(on_regroup: Callable[[], object], rendezvous: rounds.RendezvousHooks) -> None:
     """The round's store, as the agent gets it, answers under the deadline (``_store_of_round``);
     our agent (``NotebookAgent._rendezvous``) forms its group again when it was lost."""
     if hasattr(handler_class(), "_get_store") and hasattr(agent_class(), "_rendezvous"):
         _agent_hooks.on_regroup = on_regroup
-        rounds._rendezvous_hooks.bounded_store = True
+        rendezvous.bounded_store = True
         _use_our_agent()  # its _rendezvous regroups, whether or not hook_agent could hook the rest
 
 

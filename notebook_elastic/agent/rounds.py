@@ -41,7 +41,7 @@ def leave_round(handler: Any, link: store_link.StoreLink, timeout_s: float = 5.0
     return exit_round(handler, timeout_s)
 
 
-def leave_instead_of_closing(always: bool = True) -> bool:
+def leave_instead_of_closing(hooks: RendezvousHooks, always: bool = True) -> bool:
     """``shutdown()`` closes the rendezvous for every node: the whole job ends. Our handler
     (``NotebookRendezvous``) takes this node out of its round instead
     - when the agent was stopped by a signal: torch 2.4's agent shuts its rendezvous down on
@@ -49,8 +49,8 @@ def leave_instead_of_closing(always: bool = True) -> bool:
       scaled-down node closed the round under the survivors and the job failed;
     - always, with ``always``: a joiner that spends its budget failing to join must not end
       the job it joins.
-    Idempotent (``always`` once set stays)."""
-    _rendezvous_hooks.leave_always = _rendezvous_hooks.leave_always or always
+    Set in ``hooks`` (the agent's). Idempotent (``always`` once set stays)."""
+    hooks.leave_always = hooks.leave_always or always
     return True
 
 
@@ -178,8 +178,10 @@ def _mark_gone_expired(holder: Any) -> None:
             holder._state.last_heartbeats[node] = expired
 
 
-class _RendezvousHooks:
-    """What ``NotebookRendezvous`` calls around torch's rendezvous, set by the agent at start."""
+class RendezvousHooks:
+    """What ``NotebookRendezvous`` calls around torch's rendezvous, set by the agent at start:
+    one per agent process (``agent/run.py`` makes it), held by each handler made over it
+    (``handler_over``)."""
 
     def __init__(self) -> None:
         self.before: Callable[[Any], None] | None = None  # (torch's handler) before joining a round
@@ -190,9 +192,6 @@ class _RendezvousHooks:
         self.bounded_store = False
 
 
-_rendezvous_hooks = _RendezvousHooks()
-
-
 #: The name our handler is registered under in torch's public registry
 #: (``rendezvous_handler_registry``). It is torch's c10d rendezvous (the same store, state and
 #: rounds: plain torchrun agents may join it), held by a handler of ours: ``agent/run.py`` runs a
@@ -200,13 +199,13 @@ _rendezvous_hooks = _RendezvousHooks()
 RDZV_BACKEND = "notebook-elastic-c10d"
 
 
-def register_rendezvous(rules: RoundRules, link: store_link.StoreLink) -> str:
+def register_rendezvous(rules: RoundRules, hooks: RendezvousHooks, link: store_link.StoreLink) -> str:
     """Register our handler in torch's public handler registry, its handlers made over this
-    agent's ``rules`` and ``link``; its name. Idempotent for the same objects: torch's registry refuses a
+    agent's ``rules``, ``hooks`` and ``link``; its name. Idempotent for the same objects: torch's registry refuses a
     second, different maker under the name (one set per agent process)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(RDZV_BACKEND, _RendezvousMaker(rules, link))
+    rendezvous_handler_registry.register(RDZV_BACKEND, _RendezvousMaker(rules, hooks, link))
     return RDZV_BACKEND
 
 
@@ -217,6 +216,7 @@ class _RendezvousMaker:
     objects, so registering them again is no second registration for torch."""
 
     rules: RoundRules
+    hooks: RendezvousHooks
     link: store_link.StoreLink
 
     def __call__(self, params: Any) -> Any:
@@ -225,15 +225,16 @@ class _RendezvousMaker:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
         _torch_backend, store = create_backend(params)
-        return handler_over(store, params, self.rules, self.link)
+        return handler_over(store, params, self.rules, self.hooks, self.link)
 
 
-def handler_over(store: Any, params: Any, rules: RoundRules, link: store_link.StoreLink) -> Any:
+def handler_over(store: Any, params: Any, rules: RoundRules, hooks: RendezvousHooks, link: store_link.StoreLink) -> Any:
     """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
     ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
     from ``params``), on our backend (``rendezvous_backend``), with our state holder and
     operation executor in place of torch's (``_holder_class``, ``_executor_class``), whose
-    rounds follow ``rules``; a lost store answered as this agent's ``link`` says."""
+    rounds follow ``rules``; ``hooks`` called around each round; a lost store answered as this
+    agent's ``link`` says."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     backend = store_link.rendezvous_backend(store, params.run_id, link)
@@ -248,11 +249,13 @@ def handler_over(store: Any, params: Any, rules: RoundRules, link: store_link.St
         _log.debug("torch's rendezvous parts are kept", exc_info=True)
     else:
         torch_handler._state_holder, torch_handler._op_executor = holder, executor
-    vars(torch_handler)["_get_store"] = functools.partial(_store_of_round, torch_handler, link)  # this instance's
+    vars(torch_handler)["_get_store"] = functools.partial(
+        _store_of_round, torch_handler, hooks, link
+    )  # this instance's
     record = getattr(torch_handler, "_record", None)
     if record is not None:
         vars(torch_handler)["_record"] = _recording_only_when_heard(record)  # this instance's
-    return _rendezvous_class()(torch_handler, link)
+    return _rendezvous_class()(torch_handler, hooks, link)
 
 
 def join_and_beat_together(rules: RoundRules) -> bool:
@@ -465,8 +468,9 @@ def _rendezvous_class() -> type:
     from torch.distributed.elastic.rendezvous import RendezvousHandler
 
     class NotebookRendezvous(RendezvousHandler):
-        def __init__(self, torch_handler: Any, link: store_link.StoreLink) -> None:
+        def __init__(self, torch_handler: Any, hooks: RendezvousHooks, link: store_link.StoreLink) -> None:
             self.torch_handler = torch_handler  # torch's DynamicRendezvousHandler
+            self._ne_hooks = hooks
             self._ne_link = link  # this agent's: a node leaving does not wait for a lost store
 
         def get_backend(self) -> str:
@@ -477,7 +481,7 @@ def _rendezvous_class() -> type:
             return bool(self.torch_handler.use_agent_store)
 
         def next_rendezvous(self) -> Any:
-            hooks = _rendezvous_hooks
+            hooks = self._ne_hooks
             if hooks.before is not None:
                 hooks.before(self.torch_handler)
             info = self.torch_handler.next_rendezvous()
@@ -500,7 +504,7 @@ def _rendezvous_class() -> type:
         def shutdown(self) -> bool:
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
-            if not _rendezvous_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
+            if not self._ne_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
                 return bool(self.torch_handler.shutdown())  # the job is done (or failed): close it, as torch does
             try:
                 return leave_round(self.torch_handler, self._ne_link)
@@ -511,15 +515,17 @@ def _rendezvous_class() -> type:
     return NotebookRendezvous
 
 
-def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None) -> bool:
-    """Have our handler call ``after(handler, info)`` each time a rendezvous completes, and
-    ``before(handler)`` each time this node is about to join one (``handler``: torch's own).
-    Idempotent: the hooks are replaced, never added twice."""
-    _rendezvous_hooks.before, _rendezvous_hooks.after = before, after
+def hook_next_rendezvous(
+    hooks: RendezvousHooks, after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None
+) -> bool:
+    """Have our handlers over ``hooks`` call ``after(handler, info)`` each time a rendezvous
+    completes, and ``before(handler)`` each time this node is about to join one (``handler``:
+    torch's own). Idempotent: the hooks are replaced, never added twice."""
+    hooks.before, hooks.after = before, after
     return True
 
 
-def _store_of_round(torch_handler: Any, link: store_link.StoreLink) -> Any:
+def _store_of_round(torch_handler: Any, hooks: RendezvousHooks, link: store_link.StoreLink) -> Any:
     """The round's store, as torch's handler makes it in ``_get_store`` (a PrefixStore), on the
     store the rendezvous reaches now (a replacement, once reconnected), not the one it was made
     with; once ``hook_store_reconnect`` ran, each call on it has a deadline (``store_link.BoundedStore``).
@@ -527,4 +533,4 @@ def _store_of_round(torch_handler: Any, link: store_link.StoreLink) -> Any:
     class): torch's ``create_handler`` makes the handler, so no subclass of ours can."""
     store_link.follow_replaced_store(torch_handler)
     store = type(torch_handler)._get_store(torch_handler)
-    return store_link.BoundedStore(store, torch_handler._store, link) if _rendezvous_hooks.bounded_store else store
+    return store_link.BoundedStore(store, torch_handler._store, link) if hooks.bounded_store else store

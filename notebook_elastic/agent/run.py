@@ -64,6 +64,7 @@ _log = log.get("agent")
 # factory, torchrun's agent class) is built over them when the agent installs its hooks.
 _link = store_link.StoreLink()  # how a lost store is answered; whether this node is leaving
 _rules = rounds.RoundRules()  # how our rounds differ from torch's
+_rendezvous = rounds.RendezvousHooks()  # what our handler calls around each round
 _watch = DepartureWatch()
 _inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0))
 _watch.in_place = _inplace.departure_seen
@@ -212,7 +213,12 @@ def _hook_agent() -> None:
     # store lost while it forms its group makes it rendezvous again (a replacement is told then).
     replaceable = os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1"
     notebook_agent.hook_store_reconnect(
-        _link, lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
+        _link,
+        _rendezvous,
+        lambda: _watch.latest[0],
+        _store.replaced,
+        replaceable=replaceable,
+        on_regroup=_store.regroup_now,
     )
 
 
@@ -263,7 +269,7 @@ def _hook_rendezvous() -> None:
             agent_pid=os.getpid(),
         )
 
-    rounds.hook_next_rendezvous(after, before=_joining.before_joining)
+    rounds.hook_next_rendezvous(_rendezvous, after, before=_joining.before_joining)
 
 
 #: A round's members are told in each agent's rendezvous line up to this many; a bigger round
@@ -294,7 +300,9 @@ def _report_degraded() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        changed = {name: loss for name, loss in notebook_agent.probe(_rules, _link).items() if name not in lacking}
+        changed = {
+            name: loss for name, loss in notebook_agent.probe(_rules, _rendezvous, _link).items() if name not in lacking
+        }
         if changed:
             _degraded({**lacking, **changed})
 
@@ -443,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
         args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
-    rounds.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
+    rounds.leave_instead_of_closing(_rendezvous, always=os.environ.get(protocol.ENV_JOINER) == "1")
     emit(Kind.AGENT_STARTED, node=_node_name(), **AgentStarted(pid=os.getpid(), host=socket.gethostname()))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
@@ -454,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.rdzv_backend == "c10d":
         # The job's c10d rendezvous, joined through our handler (torch's public registry):
         # the same store, state and rounds as torch's own handler, with what a notebook job adds.
-        options.rdzv_backend = rounds.register_rendezvous(_rules, _link)
+        options.rdzv_backend = rounds.register_rendezvous(_rules, _rendezvous, _link)
     try:
         record(torchrun.run)(options)  # torchrun's main: its arguments, then run, its errors recorded
     except SignalException as exc:
