@@ -51,7 +51,7 @@ def main() -> None:
     raw = median(walls)
     link = store_link.StoreLink()
     assert notebook_agent.hook_store_reconnect(
-        link, rounds.RendezvousHooks(), lambda: 0, lambda _round: None, replaceable=True
+        link, rounds.RendezvousHooks(), notebook_agent.AgentHooks(), lambda: 0, lambda _round: None, replaceable=True
     )
     backend = store_link.rendezvous_backend(client, "bench", link)  # what our handler calls
     _timed(backend, 200)

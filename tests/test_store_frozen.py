@@ -49,7 +49,8 @@ CLIENT = textwrap.dedent(
     store_link.STORE_CALL_TIMEOUT_S = 2.0
     replaced = []
     link = store_link.StoreLink()  # this client's, as an agent's
-    notebook_agent.hook_store_reconnect(link, rounds.RendezvousHooks(), lambda: 7, replaced.append, replaceable=replaceable)
+    rendezvous, agent = rounds.RendezvousHooks(), notebook_agent.AgentHooks()
+    notebook_agent.hook_store_reconnect(link, rendezvous, agent, lambda: 7, replaced.append, replaceable=replaceable)
     original = store_link._reconnect  # say when the client gives up on the silent store and waits for it
 
     def _reconnect(*args, **kwargs):

@@ -169,11 +169,12 @@ def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_unto
         LocalElasticAgent._monitor_workers,
         launcher.LocalElasticAgent,
     )
+    hooks = notebook_agent.AgentHooks()  # an agent's
     try:
-        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(hooks, lambda agent: None, lambda result: [], lambda failures: None)
         ours_ = launcher.LocalElasticAgent
         assert ours_ is not LocalElasticAgent and issubclass(ours_, LocalElasticAgent)
-        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(hooks, lambda agent: None, lambda result: [], lambda failures: None)
         assert launcher.LocalElasticAgent is ours_  # one subclass, however often hooked
         # The hooks torch documents for subclasses, each overridden; torch's own class as it was.
         for name in ("_start_workers", "_monitor_workers", "_shutdown", "_rendezvous"):
@@ -204,8 +205,6 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     before = {klass: dict(vars(klass)) for klass in classes}
     monkeypatch.setattr(dr, "_delay", dr._delay)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    for name, value in vars(notebook_agent._agent_hooks).items():
-        monkeypatch.setattr(notebook_agent._agent_hooks, name, value)
     rules = rounds.RoundRules()
     assert rounds.close_rounds_at_target(rules, poll_s=0.1) and rounds.drop_gone_nodes(rules)
     assert rounds.join_and_beat_together(rules)
@@ -213,13 +212,14 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     assert rounds.hook_next_rendezvous(hooks, lambda handler, info: None, before=lambda handler: None)
     assert rounds.leave_instead_of_closing(hooks, always=False)
     link = store_link.StoreLink()
-    assert notebook_agent.hook_store_reconnect(link, hooks, lambda: 0, lambda _round: None, replaceable=True)
-    assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+    agent = notebook_agent.AgentHooks()
+    assert notebook_agent.hook_store_reconnect(link, hooks, agent, lambda: 0, lambda _round: None, replaceable=True)
+    assert notebook_agent.hook_agent(agent, lambda agent: None, lambda result: [], lambda failures: None)
     for klass in classes:
         after = dict(vars(klass))
         changed = sorted(n for n in before[klass].keys() | after.keys() if before[klass].get(n) is not after.get(n))
         assert not changed, f"{klass.__name__}: {changed} replaced"
-    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
+    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass(agent)
     assert getattr(dr._delay, "_notebook_elastic", False) and dr._delay._ne_rules is rules
 
 
@@ -236,11 +236,12 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     hooks.after = lambda handler, info: told.append(info)
     link = store_link.StoreLink()  # the agent's
     started = time.monotonic()
-    assert notebook_agent.probe(rules, hooks, link) == {}
+    agent = notebook_agent.AgentHooks()
+    assert notebook_agent.probe(rules, hooks, link, agent) == {}
     took = time.monotonic() - started
     assert not told and not link.leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
-    lost = notebook_agent.probe(rules, hooks, link)
+    lost = notebook_agent.probe(rules, hooks, link, agent)
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
     assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
@@ -252,17 +253,17 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
     monkeypatch.delattr(dr, "_RendezvousExitOp")
     lacking = torch_adapter.missing()
     assert set(lacking) == {"LocalElasticAgent._restart_workers", "dynamic_rendezvous._RendezvousExitOp"}
-    assert not notebook_agent.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
+    agent = notebook_agent.AgentHooks()
+    assert not notebook_agent.hook_agent(agent, lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
     # ... yet an agent store lost while it forms its group is still regained: our agent's
     # _rendezvous regroups (the store's calls have their deadline), whatever else it lacks.
     import torch.distributed.launcher.api as launcher
 
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    monkeypatch.setattr(notebook_agent._agent_hooks, "on_regroup", notebook_agent._agent_hooks.on_regroup)
     hooks = rounds.RendezvousHooks()
-    assert notebook_agent.hook_store_reconnect(store_link.StoreLink(), hooks, lambda: 0, lambda _round: None)
+    assert notebook_agent.hook_store_reconnect(store_link.StoreLink(), hooks, agent, lambda: 0, lambda _round: None)
     assert hooks.bounded_store  # the round's store, as the agent gets it, answers under the deadline
-    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
+    assert agent.on_regroup is not None and launcher.LocalElasticAgent is notebook_agent.agent_subclass(agent)
     tested = f"torch{torch_adapter.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})
     text = describe(event)

@@ -65,6 +65,7 @@ _log = log.get("agent")
 _link = store_link.StoreLink()  # how a lost store is answered; whether this node is leaving
 _rules = rounds.RoundRules()  # how our rounds differ from torch's
 _rendezvous = rounds.RendezvousHooks()  # what our handler calls around each round
+_agent = notebook_agent.AgentHooks()  # what our agent calls at torchrun's agent hooks
 _watch = DepartureWatch()
 _inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0))
 _watch.in_place = _inplace.departure_seen
@@ -190,6 +191,7 @@ def _hook_agent() -> None:
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="membership_change"))
 
     notebook_agent.hook_agent(
+        _agent,
         before_start,
         _departure_or_eviction,
         on_departure,
@@ -215,6 +217,7 @@ def _hook_agent() -> None:
     notebook_agent.hook_store_reconnect(
         _link,
         _rendezvous,
+        _agent,
         lambda: _watch.latest[0],
         _store.replaced,
         replaceable=replaceable,
@@ -301,7 +304,9 @@ def _report_degraded() -> None:
         except OSError:
             pass
         changed = {
-            name: loss for name, loss in notebook_agent.probe(_rules, _rendezvous, _link).items() if name not in lacking
+            name: loss
+            for name, loss in notebook_agent.probe(_rules, _rendezvous, _link, _agent).items()
+            if name not in lacking
         }
         if changed:
             _degraded({**lacking, **changed})
