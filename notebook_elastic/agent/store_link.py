@@ -55,9 +55,6 @@ def read_key(store: Any, key: str) -> bytes | None:
 STORE_CALL_TIMEOUT_S = 15.0
 
 
-_reconnect_lock = threading.Lock()
-
-
 def store_id(store: Any) -> str | None:
     """The id our store server put in the store, or None (another server, or none).
     ``StoreSilent`` when the store does not answer."""
@@ -98,6 +95,7 @@ class StoreLink:
         self.replaceable = False
         self.hooked = False  # until recover_lost_stores: our backend calls the store as torch's does
         self.leaving = threading.Event()  # this node is leaving: a lost store is not waited for
+        self.reconnecting = threading.Lock()  # one thread regains the store; the others find it regained
 
     def recover_lost_stores(
         self, last_round: Callable[[], int | None], on_replaced: Callable[[int], None], replaceable: bool
@@ -182,7 +180,7 @@ def regain_store(backend: Any, failed: Any, silent: bool) -> None:
     if link.leaving.is_set():
         how = "stopped answering" if silent else "closed its connection"
         raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
-    with _reconnect_lock:
+    with link.reconnecting:
         if getattr(backend, "_ne_given_up", None) is failed:  # waited for once already: not again
             raise RendezvousConnectionError(_store_gone(failed, silent, replaceable))
         if backend._store is failed:  # no other thread has reconnected meanwhile
