@@ -35,7 +35,7 @@ def main() -> None:
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from notebook_elastic.agent import notebook_agent, store_link
+    from notebook_elastic.agent import notebook_agent, rounds, store_link
     from notebook_elastic.store.run import host_store
 
     sock = socket.socket()
@@ -49,8 +49,11 @@ def main() -> None:
     _timed(backend, 200)  # warm up
     walls, raw_cpu = _timed(backend, CALLS)
     raw = median(walls)
-    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
-    backend = store_link.rendezvous_backend(client, "bench")  # what our handler calls
+    link = store_link.StoreLink()
+    assert notebook_agent.hook_store_reconnect(
+        link, rounds.RendezvousHooks(), notebook_agent.AgentHooks(), lambda: 0, lambda _round: None, replaceable=True
+    )
+    backend = store_link.rendezvous_backend(client, "bench", link)  # what our handler calls
     _timed(backend, 200)
     walls, bounded_cpu = _timed(backend, CALLS)
     bounded = median(walls)

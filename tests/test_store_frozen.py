@@ -43,30 +43,24 @@ CLIENT = textwrap.dedent(
     import json, signal, sys
     from datetime import timedelta
     import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from notebook_elastic.agent import notebook_agent, store_link
+    from notebook_elastic.agent import notebook_agent, rounds, store_link
 
     port, replaceable = int(sys.argv[1]), sys.argv[2] == "1"
     store_link.STORE_CALL_TIMEOUT_S = 2.0
     replaced = []
-    if hasattr(notebook_agent, "hook_store_reconnect"):
-        try:
-            notebook_agent.hook_store_reconnect(lambda: 7, replaced.append, replaceable=replaceable)
-        except TypeError:  # the code before the deadline: no replaceable flag
-            notebook_agent.hook_store_reconnect(lambda: 7, replaced.append)
-    original = getattr(store_link, "_reconnect", None)
-    if original is not None:  # say when the client gives up on the silent store and waits for it
+    link = store_link.StoreLink()  # this client's, as an agent's
+    rendezvous, agent = rounds.RendezvousHooks(), notebook_agent.AgentHooks()
+    notebook_agent.hook_store_reconnect(link, rendezvous, agent, lambda: 7, replaced.append, replaceable=replaceable)
+    original = store_link._reconnect  # say when the client gives up on the silent store and waits for it
 
-        def _reconnect(*args, **kwargs):
-            print(json.dumps({"reconnecting": True}), flush=True)
-            return original(*args, **kwargs)
+    def _reconnect(*args, **kwargs):
+        print(json.dumps({"reconnecting": True}), flush=True)
+        return original(*args, **kwargs)
 
-        store_link._reconnect = _reconnect
+    store_link._reconnect = _reconnect
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=6))
-    # Our handler's backend (torch's, with the deadline and the reconnection); before it
-    # existed, torch's own class was patched in place.
-    make = getattr(store_link, "rendezvous_backend", C10dRendezvousBackend)
-    backend = make(store, "frozen")
+    # Our handler's backend (torch's, with the deadline and the reconnection).
+    backend = store_link.rendezvous_backend(store, "frozen", link)
     backend.set_state(b"round 3")
     print(json.dumps({"ready": True}), flush=True)
     # As torchrun's agent does: SIGTERM (the kubelet's, a scale-down's) raises in the main thread.
@@ -486,7 +480,7 @@ def test_an_agent_store_wait_outlasts_the_call_deadline_while_the_store_answers(
     monkeypatch.setattr(store_link, "STORE_CALL_TIMEOUT_S", 0.2)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60))
-    store = store_link.BoundedStore(dist.PrefixStore("round.3", client), client)
+    store = store_link.BoundedStore(dist.PrefixStore("round.3", client), client, store_link.StoreLink())
     got: list = []
     reader = threading.Thread(target=lambda: got.append(store.get("torchelastic/assigned_ranks/1")), daemon=True)
     reader.start()

@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from notebook_elastic.agent import rounds, together, torch_adapter
+from notebook_elastic.agent import rounds, store_link, together, torch_adapter
 from notebook_elastic.store import keys as store_keys
 from notebook_elastic.store.server import StoreServer
 
@@ -59,13 +59,11 @@ def served(monkeypatch):
 
 @pytest.fixture
 def rules(monkeypatch):
-    """This process's round rules as they were, after the test; and no random wait before a
-    first round (torch's 0-0.3 s, which spreads twelve nodes so that no two writes meet)."""
-    for rule, value in vars(rounds._round_rules).items():
-        monkeypatch.setattr(rounds._round_rules, rule, value)
+    """The round rules of this test's nodes (torch's, until the test sets one); and no random
+    wait before a first round (torch's 0-0.3 s, which spreads twelve nodes so that no two writes meet)."""
     delay = dr._delay
     monkeypatch.setattr(dr, "_delay", lambda seconds: None if isinstance(seconds, tuple) else delay(seconds))
-    return rounds._round_rules
+    return rounds.RoundRules()
 
 
 def _client(port: int) -> torch.distributed.TCPStore:
@@ -86,9 +84,11 @@ def _params(port: int, run_id: str, n: int, keep_alive: tuple[int, int] = (5, 6)
     )
 
 
-def _round(port: int, run_id: str, n: int, plain: int = 0, keep_alive: tuple[int, int] = (5, 6)) -> list:
-    """n nodes, ``plain`` of them torch's own handler, each joining in a thread: their
-    (handler, rendezvous info)."""
+def _round(
+    port: int, run_id: str, n: int, rules: rounds.RoundRules, plain: int = 0, keep_alive: tuple[int, int] = (5, 6)
+) -> list:
+    """n nodes, ``plain`` of them torch's own handler, the others ours under ``rules``, each
+    joining in a thread: their (handler, rendezvous info)."""
     out: list = [None] * n
     errors: list = []
     start = threading.Barrier(n, timeout=120)  # all at once: their writes meet
@@ -100,7 +100,8 @@ def _round(port: int, run_id: str, n: int, plain: int = 0, keep_alive: tuple[int
             if i < plain:
                 handler = dr.create_handler(client, C10dRendezvousBackend(client, run_id), params)
             else:
-                handler = rounds.handler_over(client, params).torch_handler
+                handler = rounds.handler_over(client, params, rules, rounds.RendezvousHooks(), store_link.StoreLink())
+                handler = handler.torch_handler
             start.wait()
             out[i] = (handler, handler.next_rendezvous())
         except Exception as exc:  # told by the assertion below, with its node
@@ -126,8 +127,8 @@ def test_nodes_that_join_together_fill_a_round_in_a_few_writes_and_torchs_own_no
     sayings): every node gets its own rank in one round. Each node wrote its own join before:
     12 writes of the state at least; together, far fewer (the first writers take in the rest)."""
     port, won = served
-    assert rounds.join_and_beat_together()
-    joined = _round(port, "together", 12, plain=1)
+    assert rounds.join_and_beat_together(rules)
+    joined = _round(port, "together", 12, rules, plain=1)
     try:
         ranks = sorted(info.rank for _h, info in joined)
         assert ranks == list(range(12)) and {info.world_size for _h, info in joined} == {12}
@@ -142,7 +143,7 @@ def test_nodes_that_join_together_fill_a_round_in_a_few_writes_and_torchs_own_no
 def test_each_node_writing_its_own_join_is_what_torch_does(served, rules):
     """The baseline of the test above, torch's way (our nodes without sayings): a write each."""
     port, won = served
-    joined = _round(port, "alone", 12)
+    joined = _round(port, "alone", 12, rules)
     try:
         assert sorted(info.rank for _h, info in joined) == list(range(12))
         assert won[b"/torch.rendezvous.alone"] >= 12
@@ -156,8 +157,8 @@ def test_heartbeats_go_together_and_nobody_is_dropped(served, rules):
     node wrote its own heartbeat before (40 writes at least); together, what each says is taken
     in by another's write, and every node stays in its round."""
     port, won = served
-    assert rounds.join_and_beat_together()
-    joined = _round(port, "beats", 8, keep_alive=(2, 6))
+    assert rounds.join_and_beat_together(rules)
+    joined = _round(port, "beats", 8, rules, keep_alive=(2, 6))
     try:
         key = b"/torch.rendezvous.beats"
         before = won[key]

@@ -52,9 +52,14 @@ def handler_on(
     join_s: float = 20,
     last_call_s: float = 1,
     keep_alive_s: int = 1,
+    link: store_link.StoreLink | None = None,
+    rules: rounds.RoundRules | None = None,
+    hooks: rounds.RendezvousHooks | None = None,
 ):
     """Our handler over a round of torch's c10d rendezvous on ``store``, as the registry makes
-    it (keep_alive_s: where this torch lets it be set; 2.4 fixes the interval)."""
+    it (keep_alive_s: where this torch lets it be set; 2.4 fixes the interval), over ``link``
+    (an agent's link to its store), ``rules`` (its round rules: torch's, by default) and
+    ``hooks`` (what the handler calls around a round: nothing, by default)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     params = RendezvousParameters(
@@ -68,7 +73,8 @@ def handler_on(
         keep_alive_interval=keep_alive_s,
         keep_alive_max_attempt=3,
     )
-    return rounds.handler_over(store, params)
+    rules, hooks = rules or rounds.RoundRules(), hooks or rounds.RendezvousHooks()
+    return rounds.handler_over(store, params, rules, hooks, link or store_link.StoreLink())
 
 
 #: Whether this torch lets a handler's heartbeat be set (2.5 and later; 2.4 fixes 5 s x 3).
@@ -81,9 +87,11 @@ def test_a_real_round_is_read_left_and_hooked(store):
     def after(handler, info):
         seen.append((handler, info.world_size))
 
-    assert rounds.hook_next_rendezvous(after)
-    assert rounds.hook_next_rendezvous(after)  # idempotent: one hook, not two
-    handler = handler_on(store, "contract")
+    hooks = rounds.RendezvousHooks()
+    assert rounds.hook_next_rendezvous(hooks, after)
+    assert rounds.hook_next_rendezvous(hooks, after)  # idempotent: one hook, not two
+    link = store_link.StoreLink()
+    handler = handler_on(store, "contract", link=link, hooks=hooks)
     inner = handler.torch_handler
     info = handler.next_rendezvous()
     assert info.world_size == 1 and seen == [(inner, 1)]  # the hooks are told torch's own handler
@@ -94,7 +102,7 @@ def test_a_real_round_is_read_left_and_hooked(store):
     assert torch_adapter.round_state(inner) == (0, frozenset(participants))
     assert torch_adapter.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
     assert torch_adapter.rendezvous_store(inner) is store  # where our keys go beside the round's
-    assert rounds.leave_round(inner)
+    assert rounds.leave_round(inner, link) and link.leaving.is_set()  # a store lost now is not waited for
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10
     while torch_adapter.round_state(inner)[1]:
@@ -112,8 +120,9 @@ def test_our_handler_is_made_by_torchs_public_registry_and_answers_its_interface
         rendezvous_handler_registry,
     )
 
-    name = rounds.register_rendezvous()
-    assert rounds.register_rendezvous() == name == rounds.RDZV_BACKEND
+    rules, hooks, link = rounds.RoundRules(), rounds.RendezvousHooks(), store_link.StoreLink()
+    name = rounds.register_rendezvous(rules, hooks, link)
+    assert rounds.register_rendezvous(rules, hooks, link) == name == rounds.RDZV_BACKEND
     host, port = "127.0.0.1", store.port
     params = RendezvousParameters(
         backend=name, endpoint=f"{host}:{port}", run_id="registry", min_nodes=1, max_nodes=1, is_host=False
@@ -138,16 +147,16 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    monkeypatch.setattr(rounds._rendezvous_hooks, "leave_always", False)
-    assert rounds.leave_instead_of_closing(always=False)
-    handler = handler_on(store, "signalled")
+    hooks = rounds.RendezvousHooks()
+    assert rounds.leave_instead_of_closing(hooks, always=False)
+    handler = handler_on(store, "signalled", hooks=hooks)
     handler.next_rendezvous()
     try:
         raise SignalException("stopped", sigval=signals.SIGTERM)
     except SignalException:
         assert handler.shutdown()
     assert not handler.is_closed() and torch_adapter.round_state(handler.torch_handler)[1] == frozenset()
-    other = handler_on(store, "done")
+    other = handler_on(store, "done", hooks=hooks)
     other.next_rendezvous()
     assert other.shutdown() and other.is_closed()  # a job done (or failed): closed, as torch does
 
@@ -160,11 +169,12 @@ def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_unto
         LocalElasticAgent._monitor_workers,
         launcher.LocalElasticAgent,
     )
+    hooks = notebook_agent.AgentHooks()  # an agent's
     try:
-        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(hooks, lambda agent: None, lambda result: [], lambda failures: None)
         ours_ = launcher.LocalElasticAgent
         assert ours_ is not LocalElasticAgent and issubclass(ours_, LocalElasticAgent)
-        assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+        assert notebook_agent.hook_agent(hooks, lambda agent: None, lambda result: [], lambda failures: None)
         assert launcher.LocalElasticAgent is ours_  # one subclass, however often hooked
         # The hooks torch documents for subclasses, each overridden; torch's own class as it was.
         for name in ("_start_workers", "_monitor_workers", "_shutdown", "_rendezvous"):
@@ -195,23 +205,22 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     before = {klass: dict(vars(klass)) for klass in classes}
     monkeypatch.setattr(dr, "_delay", dr._delay)
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    for hooks in (rounds._round_rules, rounds._rendezvous_hooks, notebook_agent._agent_hooks):
-        for name, value in vars(hooks).items():
-            monkeypatch.setattr(hooks, name, value)
-    for key, value in store_link._recovery.items():
-        monkeypatch.setitem(store_link._recovery, key, value)
-    assert rounds.close_rounds_at_target(poll_s=0.1) and rounds.drop_gone_nodes()
-    assert rounds.join_and_beat_together()
-    assert rounds.hook_next_rendezvous(lambda handler, info: None, before=lambda handler: None)
-    assert rounds.leave_instead_of_closing(always=False)
-    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None, replaceable=True)
-    assert notebook_agent.hook_agent(lambda agent: None, lambda result: [], lambda failures: None)
+    rules = rounds.RoundRules()
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1) and rounds.drop_gone_nodes(rules)
+    assert rounds.join_and_beat_together(rules)
+    hooks = rounds.RendezvousHooks()
+    assert rounds.hook_next_rendezvous(hooks, lambda handler, info: None, before=lambda handler: None)
+    assert rounds.leave_instead_of_closing(hooks, always=False)
+    link = store_link.StoreLink()
+    agent = notebook_agent.AgentHooks()
+    assert notebook_agent.hook_store_reconnect(link, hooks, agent, lambda: 0, lambda _round: None, replaceable=True)
+    assert notebook_agent.hook_agent(agent, lambda agent: None, lambda result: [], lambda failures: None)
     for klass in classes:
         after = dict(vars(klass))
         changed = sorted(n for n in before[klass].keys() | after.keys() if before[klass].get(n) is not after.get(n))
         assert not changed, f"{klass.__name__}: {changed} replaced"
-    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
-    assert getattr(dr._delay, "_notebook_elastic", False)
+    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass(agent)
+    assert getattr(dr._delay, "_notebook_elastic", False) and dr._delay._ne_rules is rules
 
 
 def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_its_name(monkeypatch):
@@ -221,16 +230,18 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     nothing: named with what the job loses. It never tells the agent's hooks of its round, nor
     marks this node as leaving its real one."""
     told = []
-    for rule in ("close_at_target", "drop_gone"):
-        monkeypatch.setattr(rounds._round_rules, rule, True)
-    monkeypatch.setattr(rounds._rendezvous_hooks, "after", lambda handler, info: told.append(info))
-    monkeypatch.setattr(store_link, "_leaving", threading.Event())  # a test before may have left
+    rules = rounds.RoundRules()  # the agent's
+    rules.close_at_target = rules.drop_gone = True
+    hooks = rounds.RendezvousHooks()  # the agent's
+    hooks.after = lambda handler, info: told.append(info)
+    link = store_link.StoreLink()  # the agent's
     started = time.monotonic()
-    assert notebook_agent.probe() == {}
+    agent = notebook_agent.AgentHooks()
+    assert notebook_agent.probe(rules, hooks, link, agent) == {}
     took = time.monotonic() - started
-    assert not told and not store_link._leaving.is_set()
+    assert not told and not link.leaving.is_set()
     monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", lambda self: None)
-    lost = notebook_agent.probe()
+    lost = notebook_agent.probe(rules, hooks, link, agent)
     name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
     assert lost == {name: torch_adapter.INTERNALS[name]}, lost
     assert "dropped when its heartbeat expires" in lost[name]
@@ -242,18 +253,17 @@ def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch)
     monkeypatch.delattr(dr, "_RendezvousExitOp")
     lacking = torch_adapter.missing()
     assert set(lacking) == {"LocalElasticAgent._restart_workers", "dynamic_rendezvous._RendezvousExitOp"}
-    assert not notebook_agent.hook_agent(lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
+    agent = notebook_agent.AgentHooks()
+    assert not notebook_agent.hook_agent(agent, lambda a: None, lambda r: [], lambda f: None)  # runs unhooked
     # ... yet an agent store lost while it forms its group is still regained: our agent's
     # _rendezvous regroups (the store's calls have their deadline), whatever else it lacks.
     import torch.distributed.launcher.api as launcher
 
     monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)
-    monkeypatch.setattr(notebook_agent._agent_hooks, "on_regroup", notebook_agent._agent_hooks.on_regroup)
-    monkeypatch.setattr(rounds._rendezvous_hooks, "bounded_store", rounds._rendezvous_hooks.bounded_store)
-    for key, value in store_link._recovery.items():
-        monkeypatch.setitem(store_link._recovery, key, value)
-    assert notebook_agent.hook_store_reconnect(lambda: 0, lambda _round: None)
-    assert launcher.LocalElasticAgent is notebook_agent.agent_subclass()
+    hooks = rounds.RendezvousHooks()
+    assert notebook_agent.hook_store_reconnect(store_link.StoreLink(), hooks, agent, lambda: 0, lambda _round: None)
+    assert hooks.bounded_store  # the round's store, as the agent gets it, answers under the deadline
+    assert agent.on_regroup is not None and launcher.LocalElasticAgent is notebook_agent.agent_subclass(agent)
     tested = f"torch{torch_adapter.tested_torch_text()}"
     event = Event(Kind.DEGRADED, time.time(), "node-0", {"torch": "9.9", "missing": lacking, "tested": tested})
     text = describe(event)
@@ -295,16 +305,17 @@ def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store,
     job's target of 2 in the store, it closes as soon as the second node joins (old code:
     both nodes still waiting at the test's limit)."""
     monkeypatch.setattr(dr, "_delay", dr._delay)  # this process's torch as it was, after
-    for rule, value in vars(rounds._round_rules).items():
-        monkeypatch.setattr(rounds._round_rules, rule, value)
-    assert rounds.close_rounds_at_target(poll_s=0.1)
-    assert rounds.close_rounds_at_target(poll_s=0.1)  # idempotent: one _delay, not two
+    rules = rounds.RoundRules()
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1)
+    ours = dr._delay
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1)  # idempotent: one _delay, not two
+    assert dr._delay is ours
     store.set(protocol.TARGET_KEY, "2")
     host, port = "127.0.0.1", store.port
 
     def join(i: int, results: dict) -> None:
         client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-        handler = handler_on(client, "target", nodes=(1, 3), join_s=600, last_call_s=600).torch_handler
+        handler = handler_on(client, "target", nodes=(1, 3), join_s=600, last_call_s=600, rules=rules).torch_handler
         assert handler._state_holder._cache_duration == 0.1  # a look reads the store at most 0.1 s old
         handlers.append(handler)
         results[i] = handler.next_rendezvous().world_size
@@ -345,9 +356,9 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     import subprocess
     import sys
 
-    monkeypatch.setattr(rounds._round_rules, "drop_gone", rounds._round_rules.drop_gone)
-    assert rounds.drop_gone_nodes()
-    assert rounds.drop_gone_nodes()  # idempotent
+    rules = rounds.RoundRules()
+    assert rounds.drop_gone_nodes(rules)
+    assert rounds.drop_gone_nodes(rules)  # idempotent
     peer = subprocess.Popen(
         [sys.executable, "-c", PEER, str(store.port), str(int(KEEP_ALIVE_SET))],
         stdin=subprocess.PIPE,
@@ -356,7 +367,7 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
     )
     try:
         client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
-        ours = handler_on(client, "gone", nodes=(2, 2), join_s=120, last_call_s=30, keep_alive_s=60)
+        ours = handler_on(client, "gone", nodes=(2, 2), join_s=120, last_call_s=30, keep_alive_s=60, rules=rules)
         assert ours.next_rendezvous().world_size == 2
         handler = ours.torch_handler
         assert peer.stdout.readline() == "joined\n"

@@ -45,16 +45,21 @@ PROBE_CLOSE_S = 6.0
 PROBE_LAST_CALL_S = 15
 
 
-def probe() -> dict[str, str]:
+def probe(
+    rules: rounds.RoundRules, hooks: rounds.RendezvousHooks, link: store_link.StoreLink, agent: AgentHooks
+) -> dict[str, str]:
     """What the rendezvous internals we use still do on this torch, tried on a throwaway round
-    of our handler over an in-memory store (``HashStore``; some 70 ms): a round of 1:2 nodes
+    of our handler over an in-memory store (``HashStore``; some 70 ms), its rounds as the agent's
+    ``rules`` say: a round of 1:2 nodes
     closes at a target of 1 (where ``close_rounds_at_target`` is on), its members are read, its
     state lies where and as a replaced store is seeded, a node the supervisor names as gone is
     dropped (where ``drop_gone_nodes`` is on), and a node leaves at once; then a throwaway agent
     of ours, never started, has its restart budget, group and workers read. A name torch kept while changing what it does fails here, not in a job.
     Each behaviour that fails maps to its entries of ``INTERNALS`` (what the job loses); ``{}``
-    when all hold. Touches nothing of the agent's own rendezvous: its hooks are not called, and
-    this node is not marked as leaving."""
+    when all hold. Touches nothing of the agent's own rendezvous: its ``hooks`` are not called,
+    and this node is not marked as leaving in its ``link`` (the round's store calls are answered
+    as the agent's are); the throwaway agent is of the agent's class (over its hooks, ``agent``),
+    never started."""
     import json
 
     import torch.distributed as dist
@@ -78,10 +83,10 @@ def probe() -> dict[str, str]:
     )
     inner: Any = None
     try:
-        inner = rounds.handler_over(store, params).torch_handler
+        inner = rounds.handler_over(store, params, rules, hooks, link).torch_handler
         started = time.monotonic()
         inner.next_rendezvous()  # torch's own: the agent's hooks are not told of this round
-        if rounds._round_rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
+        if rules.close_at_target and time.monotonic() - started > PROBE_CLOSE_S:
             fails("dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor")
         state = round_state(inner)
         if state is None or len(state[1]) != 1 or joined_round(inner)[1].keys() != state[1]:
@@ -93,7 +98,7 @@ def probe() -> dict[str, str]:
         backend = inner._state_holder._backend
         if rendezvous_store(inner) is not store or state is None or seeded_round(store.get(backend._key)) != state[0]:
             fails("C10dRendezvousBackend._store")
-        if rounds._round_rules.drop_gone:
+        if rules.drop_gone:
             store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
             inner._state_holder.mark_dirty()
             after = round_state(inner)
@@ -102,7 +107,7 @@ def probe() -> dict[str, str]:
             store.delete_key(GONE_KEY)
         if not exit_round(inner, 5.0):
             fails("DynamicRendezvousHandler._stop_heartbeats", "dynamic_rendezvous._RendezvousExitOp")
-        _probe_agent(inner, fails)
+        _probe_agent(inner, agent, fails)
     except Exception as exc:  # a step that broke: what it takes is lost, and why, said once
         _log.debug("the rendezvous probe failed", exc_info=True)
         if not lost:
@@ -118,13 +123,13 @@ def probe() -> dict[str, str]:
     return lost
 
 
-def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
+def _probe_agent(handler: Any, hooks: AgentHooks, fails: Callable[..., None]) -> None:
     """A throwaway agent of ours (never started): its restart budget, group and workers read."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     spec = WorkerSpec(role="probe", local_world_size=1, rdzv_handler=handler, entrypoint="true", max_restarts=3)
-    agent = agent_subclass()(spec, logs_specs=DefaultLogsSpecs())
+    agent = agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
     if restart_budget(agent) != (3, 3):
         fails("LocalElasticAgent._remaining_restarts")
     if group_is_healthy(agent) or getattr(getattr(agent, "_worker_group", None), "spec", None) is not spec:
@@ -134,6 +139,9 @@ def _probe_agent(handler: Any, fails: Callable[..., None]) -> None:
 
 
 def hook_store_reconnect(
+    link: store_link.StoreLink,
+    rendezvous: rounds.RendezvousHooks,
+    agent: AgentHooks,
     last_round: Callable[[], int | None],
     on_replaced: Callable[[int], None],
     replaceable: bool = True,
@@ -145,28 +153,32 @@ def hook_store_reconnect(
     that went is waited for too, and a replacement is taken. ``last_round()`` is the round this
     node was in; ``on_replaced(seeded_round)`` is called once per replacement this node sees;
     ``on_regroup()`` when the agent rendezvouses again because its store was lost while it
-    formed its group. False when this torch lacks what it takes."""
-    if not store_link.recover_lost_stores(last_round, on_replaced, replaceable):
+    formed its group. ``link`` and ``rendezvous``: the agent's (its rendezvous handlers hold
+    them); ``agent``: its hooks (its class is made over them). False when this torch lacks what
+    it takes."""
+    if not link.recover_lost_stores(last_round, on_replaced, replaceable):
         return False
-    _hook_agent_store(on_regroup)
+    _hook_agent_store(on_regroup, rendezvous, agent)
     return True
 
 
-def _hook_agent_store(on_regroup: Callable[[], object]) -> None:
+def _hook_agent_store(on_regroup: Callable[[], object], rendezvous: rounds.RendezvousHooks, agent: AgentHooks) -> None:
     """The round's store, as the agent gets it, answers under the deadline (``_store_of_round``);
     our agent (``NotebookAgent._rendezvous``) forms its group again when it was lost."""
     if hasattr(handler_class(), "_get_store") and hasattr(agent_class(), "_rendezvous"):
-        _agent_hooks.on_regroup = on_regroup
-        rounds._rendezvous_hooks.bounded_store = True
-        _use_our_agent()  # its _rendezvous regroups, whether or not hook_agent could hook the rest
+        agent.on_regroup = on_regroup
+        rendezvous.bounded_store = True
+        _use_our_agent(agent)  # its _rendezvous regroups, whether or not hook_agent could hook the rest
 
 
 # -- the agent -----------------------------------------------------------------------------
 
 
-class _AgentHooks:
+class AgentHooks:
     """What ``NotebookAgent`` calls at torchrun's documented agent hooks, set at agent start
-    (``hook_agent``, ``hook_store_reconnect``); each default leaves torch's behaviour."""
+    (``hook_agent``, ``hook_store_reconnect``); each default leaves torch's behaviour. One per
+    agent process (``agent/run.py`` makes it): torchrun makes its agent by a class name, with no
+    way to hand it an object, so the class is made over them (``agent_subclass``)."""
 
     def __init__(self) -> None:
         self.before_start: Callable[[Any], None] = lambda agent: None
@@ -188,17 +200,14 @@ class _AgentHooks:
         # "left", "store" (a healthy group regroups), "failed" (a departure broke the workers)
 
 
-_agent_hooks = _AgentHooks()
-
-
-@functools.cache  # made once, at its first use (torch imported by then)
-def agent_subclass() -> type:
+# Made once per hooks object, at its first use (torch imported by then): a cache, not a
+# registry; one agent process has one hooks object, so one class.
+@functools.cache
+def agent_subclass(hooks: AgentHooks) -> type:
     """``NotebookAgent``: torchrun's ``LocalElasticAgent`` through the hooks its base class
     documents for subclasses (``SimpleElasticAgent``: ``_start_workers``, ``_monitor_workers``,
-    ``_shutdown``, ``_rendezvous``), each calling torch's own and ``_agent_hooks`` around it."""
+    ``_shutdown``, ``_rendezvous``), each calling torch's own and ``hooks`` around it."""
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
-
-    hooks = _agent_hooks
 
     class NotebookAgent(agent_class()):  # type: ignore[misc]  # torch's class, known at run time
         _remaining_restarts: int  # torch's (SimpleElasticAgent's) budget, spent at once by gives_up
@@ -265,6 +274,7 @@ def agent_subclass() -> type:
 
 
 def hook_agent(
+    hooks: AgentHooks,
     before_start: Callable[[Any], None],
     departures: Callable[[Any], list[Any]],
     on_departure: Callable[[list[Any]], None],
@@ -289,11 +299,11 @@ def hook_agent(
     tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
     ranks)`` before torch stops its workers. torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
     module's name ``LocalElasticAgent``, with no option to name another class: that one name is
-    bound to our subclass (the only name of torch's we rebind for the agent). False when this
-    torch lacks what it takes (then the agent runs as torch's own)."""
+    bound to our subclass, made over ``hooks`` (the agent's; the only name of torch's we rebind
+    for the agent). False when this torch lacks what it takes (then the agent runs as torch's
+    own)."""
     if not all(hasattr(agent_class(), n) for n in ("_start_workers", "_monitor_workers", "_restart_workers")):
         return False
-    hooks = _agent_hooks
     hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
     hooks.regroup_now, hooks.gives_up = regroup_now, gives_up
     hooks.after_start, hooks.before_stop = after_start, before_stop
@@ -303,13 +313,13 @@ def hook_agent(
         hooks.restarting = restarting
     if leave is not None:
         hooks.leave = leave
-    _use_our_agent()
+    _use_our_agent(hooks)
     return True
 
 
-def _use_our_agent() -> None:
-    """torchrun makes ``NotebookAgent`` (each hook not set leaves torch's behaviour)."""
+def _use_our_agent(hooks: AgentHooks) -> None:
+    """torchrun makes ``NotebookAgent`` over ``hooks`` (each hook not set leaves torch's behaviour)."""
     import torch.distributed.launcher.api as launcher
 
     launcher_module: Any = launcher  # its LocalElasticAgent, bound to ours below
-    launcher_module.LocalElasticAgent = agent_subclass()
+    launcher_module.LocalElasticAgent = agent_subclass(hooks)

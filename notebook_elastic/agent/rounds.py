@@ -18,10 +18,10 @@ of torch's private names is checked in ``torch_adapter.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
-import threading
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -34,14 +34,14 @@ from .torch_adapter import exit_round, holder_store, mark_ours, missing, node_of
 _log = _logging.get("agent.rounds")
 
 
-def leave_round(handler: Any, timeout_s: float = 5.0) -> bool:
+def leave_round(handler: Any, link: store_link.StoreLink, timeout_s: float = 5.0) -> bool:
     """Take this node out of its round now (False: this torch cannot, peers wait for its
-    heartbeat to expire)."""
-    store_link.mark_leaving()  # a store lost now is not waited for
+    heartbeat to expire); ``link`` (this agent's) marks it leaving first."""
+    link.mark_leaving()  # a store lost now is not waited for
     return exit_round(handler, timeout_s)
 
 
-def leave_instead_of_closing(always: bool = True) -> bool:
+def leave_instead_of_closing(hooks: RendezvousHooks, always: bool = True) -> bool:
     """``shutdown()`` closes the rendezvous for every node: the whole job ends. Our handler
     (``NotebookRendezvous``) takes this node out of its round instead
     - when the agent was stopped by a signal: torch 2.4's agent shuts its rendezvous down on
@@ -49,16 +49,13 @@ def leave_instead_of_closing(always: bool = True) -> bool:
       scaled-down node closed the round under the survivors and the job failed;
     - always, with ``always``: a joiner that spends its budget failing to join must not end
       the job it joins.
-    Idempotent (``always`` once set stays)."""
-    _rendezvous_hooks.leave_always = _rendezvous_hooks.leave_always or always
+    Set in ``hooks`` (the agent's). Idempotent (``always`` once set stays)."""
+    hooks.leave_always = hooks.leave_always or always
     return True
 
 
-_round_store = threading.local()
-
-
-def _target_nodes() -> int | None:
-    store = getattr(_round_store, "store", None)
+def _target_nodes(store: Any) -> int | None:
+    """The job's target number of nodes in ``store`` (``TARGET_KEY``), or None."""
     if store is None:
         return None
     try:
@@ -69,8 +66,10 @@ def _target_nodes() -> int | None:
         return None
 
 
-class _RoundRules:
-    """How our handler's rounds differ from torch's, set at agent start (each default: as torch)."""
+class RoundRules:
+    """How our handler's rounds differ from torch's, set at agent start (each default: as torch):
+    one per agent process (``agent/run.py`` makes it), given to each handler made over it
+    (``handler_over``), whose state holder and executor read it."""
 
     def __init__(self) -> None:
         self.close_at_target = False  # a round holding TARGET_KEY's nodes closes at once
@@ -79,15 +78,14 @@ class _RoundRules:
         self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
 
 
-_round_rules = _RoundRules()
-
-
-def close_rounds_at_target(poll_s: float | None = None) -> bool:
+def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bool:
     """Our handler closes a round as soon as it holds the job's target number of nodes
     (``TARGET_KEY``), not ``last_call_timeout`` later; with ``poll_s``, a node waiting in a
     round looks again that often instead of every second, and a look reads the store's state
     at most ``poll_s`` old (the agent's check for nodes waiting to join too). Must run before
-    the rendezvous handler is made. Idempotent; False where torch lacks the internals."""
+    the rendezvous handler is made. Set in ``rules``; torch's wait between looks, a module
+    function, reads them (the last rules given: one per agent process). Idempotent; False where
+    torch lacks the internals."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     dr: Any = dynamic_rendezvous  # its _delay, patched below
@@ -95,24 +93,28 @@ def close_rounds_at_target(poll_s: float | None = None) -> bool:
     polling = {"dynamic_rendezvous._delay", "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration"}
     if missing().keys() & (needed | (polling if poll_s else set())):
         return False
-    _round_rules.close_at_target = True
-    _round_rules.poll_s = poll_s or _round_rules.poll_s
-    if poll_s and not getattr(dr._delay, "_notebook_elastic", False):
+    rules.close_at_target = True
+    rules.poll_s = poll_s or rules.poll_s
+    if poll_s and getattr(dr._delay, "_ne_rules", None) is not rules:
         # The wait between two looks is a module function torch's executor calls with 1 (its
-        # only call with 1; backoffs pass other values): not reachable from a subclass.
-        delay = dr._delay
+        # only call with 1; backoffs pass other values): not reachable from a subclass. Ours
+        # wraps torch's own, never one of ours (other rules: a test's).
+        delay = getattr(dr._delay, "_ne_delay", dr._delay)
 
         def _delay(seconds: Any) -> Any:
-            wait = _round_rules.poll_s if seconds == 1 and _round_rules.poll_s else seconds
+            wait = rules.poll_s if seconds == 1 and rules.poll_s else seconds
             return delay(wait)
 
         mark_ours(_delay)
+        ours: Any = _delay  # the rules it reads and torch's own, on it
+        ours._ne_rules, ours._ne_delay = rules, delay
         dr._delay = _delay
     return True
 
 
-def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
-    """torch's join operation, closing the round when it holds the job's target."""
+def _closing_at_target(join: Any, store: Any) -> Callable[[Any, float], Any]:
+    """torch's join operation, closing the round when it holds the job's target (read in
+    ``store``: the one the operation's executor syncs with)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     def join_op(ctx: Any, deadline: float) -> Any:
@@ -124,7 +126,7 @@ def _closing_at_target(join: Any) -> Callable[[Any, float], Any]:
                 not state.complete
                 and ctx.node in state.participants
                 and settings.min_nodes <= held <= settings.max_nodes
-                and held == _target_nodes()  # last: a store read, only when the rest holds
+                and held == _target_nodes(store)  # last: a store read, only when the rest holds
             ):
                 return dr._Action.MARK_RENDEZVOUS_COMPLETE
         return action
@@ -148,14 +150,14 @@ def _gone_pids(store: Any, window_s: float) -> set[int]:
         return set()
 
 
-def drop_gone_nodes() -> bool:
+def drop_gone_nodes(rules: RoundRules) -> bool:
     """Our handler drops a node whose agent died from the rendezvous as soon as the supervisor
     saw it die (``GONE_KEY``), not when its heartbeat expires (keep_alive_interval x
-    max_attempt later): a lost node's peers regroup at once. Idempotent; False where torch
-    lacks it."""
+    max_attempt later): a lost node's peers regroup at once. Set in ``rules``. Idempotent; False
+    where torch lacks it."""
     if "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize" in missing():
         return False
-    _round_rules.drop_gone = True
+    rules.drop_gone = True
     return True
 
 
@@ -176,8 +178,10 @@ def _mark_gone_expired(holder: Any) -> None:
             holder._state.last_heartbeats[node] = expired
 
 
-class _RendezvousHooks:
-    """What ``NotebookRendezvous`` calls around torch's rendezvous, set by the agent at start."""
+class RendezvousHooks:
+    """What ``NotebookRendezvous`` calls around torch's rendezvous, set by the agent at start:
+    one per agent process (``agent/run.py`` makes it), held by each handler made over it
+    (``handler_over``)."""
 
     def __init__(self) -> None:
         self.before: Callable[[Any], None] | None = None  # (torch's handler) before joining a round
@@ -188,9 +192,6 @@ class _RendezvousHooks:
         self.bounded_store = False
 
 
-_rendezvous_hooks = _RendezvousHooks()
-
-
 #: The name our handler is registered under in torch's public registry
 #: (``rendezvous_handler_registry``). It is torch's c10d rendezvous (the same store, state and
 #: rounds: plain torchrun agents may join it), held by a handler of ours: ``agent/run.py`` runs a
@@ -198,55 +199,71 @@ _rendezvous_hooks = _RendezvousHooks()
 RDZV_BACKEND = "notebook-elastic-c10d"
 
 
-def register_rendezvous() -> str:
-    """Register our handler in torch's public handler registry (idempotent); its name."""
+def register_rendezvous(rules: RoundRules, hooks: RendezvousHooks, link: store_link.StoreLink) -> str:
+    """Register our handler in torch's public handler registry, its handlers made over this
+    agent's ``rules``, ``hooks`` and ``link``; its name. Idempotent for the same objects: torch's registry refuses a
+    second, different maker under the name (one set per agent process)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(RDZV_BACKEND, _create_rendezvous)
+    rendezvous_handler_registry.register(RDZV_BACKEND, _RendezvousMaker(rules, hooks, link))
     return RDZV_BACKEND
 
 
-def _create_rendezvous(params: Any) -> Any:
-    """As torch's registry makes its c10d handler (``_create_c10d_handler``: the store from
-    ``create_backend``), with our backend and round parts, held by our handler."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+@dataclasses.dataclass(frozen=True)
+class _RendezvousMaker:
+    """What torch's registry calls to make our handler: the agent's objects, closed over at
+    registration (torch calls it with the parameters alone). Equal when made over the same
+    objects, so registering them again is no second registration for torch."""
 
-    _torch_backend, store = create_backend(params)
-    return handler_over(store, params)
+    rules: RoundRules
+    hooks: RendezvousHooks
+    link: store_link.StoreLink
+
+    def __call__(self, params: Any) -> Any:
+        """As torch's registry makes its c10d handler (``_create_c10d_handler``: the store from
+        ``create_backend``), with our backend and round parts, held by our handler."""
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+        _torch_backend, store = create_backend(params)
+        return handler_over(store, params, self.rules, self.hooks, self.link)
 
 
-def handler_over(store: Any, params: Any) -> Any:
+def handler_over(store: Any, params: Any, rules: RoundRules, hooks: RendezvousHooks, link: store_link.StoreLink) -> Any:
     """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
     ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
     from ``params``), on our backend (``rendezvous_backend``), with our state holder and
-    operation executor in place of torch's (``_holder_class``, ``_executor_class``)."""
+    operation executor in place of torch's (``_holder_class``, ``_executor_class``), whose
+    rounds follow ``rules``; ``hooks`` called around each round; a lost store answered as this
+    agent's ``link`` says."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    backend = store_link.rendezvous_backend(store, params.run_id)
+    backend = store_link.rendezvous_backend(store, params.run_id, link)
     torch_handler = create_handler(store, backend, params)
     # torch's handler takes its state holder as made by from_backend, and makes its executor
     # from it: both are replaced before its first round, by instances of our subclasses.
     try:
         settings, node = torch_handler._settings, torch_handler._this_node
-        holder = _subclass("holder")(backend, settings)
-        executor = _subclass("executor")(node, holder, settings)
+        holder = _holder_class()(backend, settings, rules=rules)
+        executor = _executor_class()(node, holder, settings, rules=rules)
     except (AttributeError, TypeError):  # another torch: its own parts (missing() and the probe say what is lost)
         _log.debug("torch's rendezvous parts are kept", exc_info=True)
     else:
         torch_handler._state_holder, torch_handler._op_executor = holder, executor
-    vars(torch_handler)["_get_store"] = types.MethodType(_store_of_round, torch_handler)  # this instance's
+    vars(torch_handler)["_get_store"] = functools.partial(
+        _store_of_round, torch_handler, hooks, link
+    )  # this instance's
     record = getattr(torch_handler, "_record", None)
     if record is not None:
         vars(torch_handler)["_record"] = _recording_only_when_heard(record)  # this instance's
-    return _rendezvous_class()(torch_handler)
+    return _rendezvous_class()(torch_handler, hooks, link)
 
 
-def join_and_beat_together() -> bool:
+def join_and_beat_together(rules: RoundRules) -> bool:
     """Our handler's nodes join, leave and beat together (``together.py``): each says what it
     does in a small key beside the state, and a write of the state takes in what the others
     said; a write that lost to another's backs off a little and reads the state again before
-    the next. Idempotent; False where torch lacks what it takes (each node then writes its own,
-    as torch's do)."""
+    the next. Set in ``rules``. Idempotent; False where torch lacks what it takes (each node then
+    writes its own, as torch's do)."""
     needed = {
         "dynamic_rendezvous._BackendRendezvousStateHolder._last_sync_time",
         "dynamic_rendezvous._DistributedRendezvousOpExecutor._add_to_participants",
@@ -256,7 +273,7 @@ def join_and_beat_together() -> bool:
     }
     if missing().keys() & needed:
         return False
-    _round_rules.together = True
+    rules.together = True
     return True
 
 
@@ -290,6 +307,10 @@ def _recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]
     return _record
 
 
+# Our subclasses of torch's classes, each made once, at its first use (torch imported by then): a
+# cache, not a registry, for the classes hold nothing; each instance holds the rules or hooks
+# it was made with.
+@functools.cache
 def _holder_class() -> type:
     import random
 
@@ -302,11 +323,12 @@ def _holder_class() -> type:
 
         _last_sync_time: float  # torch's, set in its __init__: -1 makes its next sync read the store
 
-        def __init__(self, backend: Any, settings: Any, cache_duration: int = 1) -> None:
+        def __init__(self, backend: Any, settings: Any, cache_duration: int = 1, *, rules: RoundRules) -> None:
             super().__init__(backend, settings, cache_duration)
-            if _round_rules.poll_s:
+            self._ne_rules = rules
+            if rules.poll_s:
                 # Seconds, compared with a float: torch annotates its 1 s default as an int.
-                vars(self)["_cache_duration"] = min(self._cache_duration, _round_rules.poll_s)
+                vars(self)["_cache_duration"] = min(self._cache_duration, rules.poll_s)
             self._ne_lost = 0  # writes lost in a row
             interval_s = settings.keep_alive_interval.total_seconds()
             state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
@@ -314,7 +336,7 @@ def _holder_class() -> type:
 
         def sync(self) -> Any:
             has_set = super().sync()
-            if not _round_rules.together or self._ne_sayings is None or has_set is None:
+            if not self._ne_rules.together or self._ne_sayings is None or has_set is None:
                 return has_set
             if has_set:
                 self._ne_lost = 0
@@ -330,7 +352,7 @@ def _holder_class() -> type:
             return has_set
 
         def _sanitize(self) -> Any:
-            if _round_rules.drop_gone:
+            if self._ne_rules.drop_gone:
                 _mark_gone_expired(self)
             return super()._sanitize()
 
@@ -344,6 +366,7 @@ def _call_with_deadline(fn: Callable[..., Any], *args: Any) -> Any:
     return call_with_deadline(fn, store_link.STORE_CALL_TIMEOUT_S, *args)
 
 
+@functools.cache
 def _executor_class() -> type:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
@@ -351,8 +374,9 @@ def _executor_class() -> type:
         """torch's executor of rendezvous operations; its join closes at the job's target;
         with ``join_and_beat_together`` its joins, leaves and heartbeats go together."""
 
-        def __init__(self, node: Any, state_holder: Any, settings: Any) -> None:
+        def __init__(self, node: Any, state_holder: Any, settings: Any, *, rules: RoundRules) -> None:
             super().__init__(node, state_holder, settings)
+            self._ne_rules = rules
             self._ne_taking = False  # inside a join or a leave that takes the others' in
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
@@ -360,11 +384,10 @@ def _executor_class() -> type:
             return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
-            # The store the operation syncs with: the one a round's target is read from.
-            _round_store.store = holder_store(self._state_holder)
             joining = isinstance(state_handler, dr._RendezvousJoinOp)
-            if _round_rules.close_at_target and joining:
-                state_handler = _closing_at_target(state_handler)
+            if self._ne_rules.close_at_target and joining:
+                # The store the operation syncs with: the one a round's target is read from.
+                state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
             if self._ne_sayings() is not None and together.beats_together(self._settings):
                 state_handler = self._beating_together(state_handler, joining)
             return super().run(state_handler, deadline, update_deadline)
@@ -399,7 +422,7 @@ def _executor_class() -> type:
 
         def _ne_sayings(self) -> Any:
             """The holder's sayings, when this node joins, leaves and beats together."""
-            return getattr(self._state_holder, "_ne_sayings", None) if _round_rules.together else None
+            return getattr(self._state_holder, "_ne_sayings", None) if self._ne_rules.together else None
 
         def _ne_read(self) -> list[Any]:
             try:
@@ -436,28 +459,19 @@ def _executor_class() -> type:
     return NotebookExecutor
 
 
-_made: dict[str, type] = {}  # our subclasses of torch's classes, made once torch is imported
-
-
-def _subclass(kind: str) -> type:
-    """Our subclass of one of torch's classes, made at its first use (torch imported by then)."""
-    if kind not in _made:
-        _made[kind] = {"holder": _holder_class, "executor": _executor_class}[kind]()
-    return _made[kind]
-
-
+@functools.cache
 def _rendezvous_class() -> type:
     """``NotebookRendezvous``: a ``RendezvousHandler`` (torch's public interface) that holds
     torch's c10d handler and adds what a notebook job needs around it: the hooks before and
     after each round (``hook_next_rendezvous``), and leaving the round instead of closing it
     when stopped (``leave_instead_of_closing``)."""
-    if "rendezvous" in _made:
-        return _made["rendezvous"]
     from torch.distributed.elastic.rendezvous import RendezvousHandler
 
     class NotebookRendezvous(RendezvousHandler):
-        def __init__(self, torch_handler: Any) -> None:
+        def __init__(self, torch_handler: Any, hooks: RendezvousHooks, link: store_link.StoreLink) -> None:
             self.torch_handler = torch_handler  # torch's DynamicRendezvousHandler
+            self._ne_hooks = hooks
+            self._ne_link = link  # this agent's: a node leaving does not wait for a lost store
 
         def get_backend(self) -> str:
             return RDZV_BACKEND  # the name it is made by (torch's registry checks it)
@@ -467,7 +481,7 @@ def _rendezvous_class() -> type:
             return bool(self.torch_handler.use_agent_store)
 
         def next_rendezvous(self) -> Any:
-            hooks = _rendezvous_hooks
+            hooks = self._ne_hooks
             if hooks.before is not None:
                 hooks.before(self.torch_handler)
             info = self.torch_handler.next_rendezvous()
@@ -490,27 +504,28 @@ def _rendezvous_class() -> type:
         def shutdown(self) -> bool:
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
-            if not _rendezvous_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
+            if not self._ne_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
                 return bool(self.torch_handler.shutdown())  # the job is done (or failed): close it, as torch does
             try:
-                return leave_round(self.torch_handler)
+                return leave_round(self.torch_handler, self._ne_link)
             except Exception:
                 _log.debug("the store is gone already: nothing to leave, nothing to close", exc_info=True)
                 return False
 
-    _made["rendezvous"] = NotebookRendezvous
     return NotebookRendezvous
 
 
-def hook_next_rendezvous(after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None) -> bool:
-    """Have our handler call ``after(handler, info)`` each time a rendezvous completes, and
-    ``before(handler)`` each time this node is about to join one (``handler``: torch's own).
-    Idempotent: the hooks are replaced, never added twice."""
-    _rendezvous_hooks.before, _rendezvous_hooks.after = before, after
+def hook_next_rendezvous(
+    hooks: RendezvousHooks, after: Callable[[Any, Any], None], before: Callable[[Any], None] | None = None
+) -> bool:
+    """Have our handlers over ``hooks`` call ``after(handler, info)`` each time a rendezvous
+    completes, and ``before(handler)`` each time this node is about to join one (``handler``:
+    torch's own). Idempotent: the hooks are replaced, never added twice."""
+    hooks.before, hooks.after = before, after
     return True
 
 
-def _store_of_round(torch_handler: Any) -> Any:
+def _store_of_round(torch_handler: Any, hooks: RendezvousHooks, link: store_link.StoreLink) -> Any:
     """The round's store, as torch's handler makes it in ``_get_store`` (a PrefixStore), on the
     store the rendezvous reaches now (a replacement, once reconnected), not the one it was made
     with; once ``hook_store_reconnect`` ran, each call on it has a deadline (``store_link.BoundedStore``).
@@ -518,4 +533,4 @@ def _store_of_round(torch_handler: Any) -> Any:
     class): torch's ``create_handler`` makes the handler, so no subclass of ours can."""
     store_link.follow_replaced_store(torch_handler)
     store = type(torch_handler)._get_store(torch_handler)
-    return store_link.BoundedStore(store, torch_handler._store) if _rendezvous_hooks.bounded_store else store
+    return store_link.BoundedStore(store, torch_handler._store, link) if hooks.bounded_store else store

@@ -52,7 +52,7 @@ from ..runtime._emit import emit
 from ..runtime.event_types import AgentStarted, Degraded, FilesChanged, LeftRendezvous, Restart
 from ..runtime.protocol import Kind
 from ..runtime.worker import set_parent_death_signal
-from . import notebook_agent, notice_keeper, rounds, torch_adapter
+from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .inplace import InPlace
@@ -60,6 +60,12 @@ from .joiner import Joining
 
 _log = log.get("agent")
 
+# This agent's policy objects, one each per agent process: what torch calls (our rendezvous
+# factory, torchrun's agent class) is built over them when the agent installs its hooks.
+_link = store_link.StoreLink()  # how a lost store is answered; whether this node is leaving
+_rules = rounds.RoundRules()  # how our rounds differ from torch's
+_rendezvous = rounds.RendezvousHooks()  # what our handler calls around each round
+_agent = notebook_agent.AgentHooks()  # what our agent calls at torchrun's agent hooks
 _watch = DepartureWatch()
 _inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0))
 _watch.in_place = _inplace.departure_seen
@@ -185,6 +191,7 @@ def _hook_agent() -> None:
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="membership_change"))
 
     notebook_agent.hook_agent(
+        _agent,
         before_start,
         _departure_or_eviction,
         on_departure,
@@ -208,7 +215,13 @@ def _hook_agent() -> None:
     # store lost while it forms its group makes it rendezvous again (a replacement is told then).
     replaceable = os.environ.get(protocol.ENV_STORE_REPLACEABLE) == "1"
     notebook_agent.hook_store_reconnect(
-        lambda: _watch.latest[0], _store.replaced, replaceable=replaceable, on_regroup=_store.regroup_now
+        _link,
+        _rendezvous,
+        _agent,
+        lambda: _watch.latest[0],
+        _store.replaced,
+        replaceable=replaceable,
+        on_regroup=_store.regroup_now,
     )
 
 
@@ -259,7 +272,7 @@ def _hook_rendezvous() -> None:
             agent_pid=os.getpid(),
         )
 
-    rounds.hook_next_rendezvous(after, before=_joining.before_joining)
+    rounds.hook_next_rendezvous(_rendezvous, after, before=_joining.before_joining)
 
 
 #: A round's members are told in each agent's rendezvous line up to this many; a bigger round
@@ -290,7 +303,11 @@ def _report_degraded() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        changed = {name: loss for name, loss in notebook_agent.probe().items() if name not in lacking}
+        changed = {
+            name: loss
+            for name, loss in notebook_agent.probe(_rules, _rendezvous, _link, _agent).items()
+            if name not in lacking
+        }
         if changed:
             _degraded({**lacking, **changed})
 
@@ -328,7 +345,7 @@ def _leave_rendezvous() -> None:
     to expire (keep_alive_interval x keep_alive_max_attempt) before they can regroup."""
     handler = _watch.handler
     try:
-        if handler is None or not rounds.leave_round(handler):
+        if handler is None or not rounds.leave_round(handler, _link):
             return
     except Exception as exc:  # the store does not answer: peers drop this node at its heartbeat's expiry
         _log.warning("could not leave the rendezvous: %s", exc)
@@ -422,10 +439,10 @@ def main(argv: list[str] | None = None) -> None:
     # cluster's store pod has no supervisor: looking for those keys there was a call after every
     # read of the round, for nothing (#40).
     if os.environ.get(protocol.ENV_STORE_REPLACEABLE) != "1":
-        rounds.close_rounds_at_target(float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
-        rounds.drop_gone_nodes()
+        rounds.close_rounds_at_target(_rules, float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None)
+        rounds.drop_gone_nodes(_rules)
     # Nodes join, leave and beat together: a round of hundreds of nodes in a few writes (#40).
-    rounds.join_and_beat_together()
+    rounds.join_and_beat_together(_rules)
     _report_degraded()
     from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -439,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
         args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
-    rounds.leave_instead_of_closing(always=os.environ.get(protocol.ENV_JOINER) == "1")
+    rounds.leave_instead_of_closing(_rendezvous, always=os.environ.get(protocol.ENV_JOINER) == "1")
     emit(Kind.AGENT_STARTED, node=_node_name(), **AgentStarted(pid=os.getpid(), host=socket.gethostname()))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
@@ -450,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.rdzv_backend == "c10d":
         # The job's c10d rendezvous, joined through our handler (torch's public registry):
         # the same store, state and rounds as torch's own handler, with what a notebook job adds.
-        options.rdzv_backend = rounds.register_rendezvous()
+        options.rdzv_backend = rounds.register_rendezvous(_rules, _rendezvous, _link)
     try:
         record(torchrun.run)(options)  # torchrun's main: its arguments, then run, its errors recorded
     except SignalException as exc:

@@ -55,12 +55,6 @@ def read_key(store: Any, key: str) -> bytes | None:
 STORE_CALL_TIMEOUT_S = 15.0
 
 
-_reconnect_lock = threading.Lock()
-
-
-_leaving = threading.Event()  # this node is leaving: a lost store is not waited for
-
-
 def store_id(store: Any) -> str | None:
     """The id our store server put in the store, or None (another server, or none).
     ``StoreSilent`` when the store does not answer."""
@@ -89,40 +83,57 @@ def _store_gone(store: Any, silent: bool, replaceable: bool) -> str:
     )
 
 
-def recover_lost_stores(
-    last_round: Callable[[], int | None], on_replaced: Callable[[int], None], replaceable: bool
-) -> bool:
-    """Our rendezvous backend's calls (``rendezvous_backend``) get a deadline and survive the
-    store's loss (``hook_store_reconnect`` says how); False when this torch lacks what it takes."""
-    try:
-        from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
-    except ImportError:
-        return False
-    if not hasattr(cb.C10dRendezvousBackend, "_call_store"):
-        return False
-    _recovery.update(last_round=last_round, on_replaced=on_replaced, replaceable=replaceable, hooked=True)
-    return True
+class StoreLink:
+    """How this agent answers a lost store, and whether its node is leaving: one per agent
+    process (``agent/run.py`` makes it), held by each rendezvous backend of ours made for it
+    (``rendezvous_backend``) and passed to what the agent calls on its store (``BoundedStore``).
+    Until ``recover_lost_stores``, the backend calls the store as torch's does."""
+
+    def __init__(self) -> None:
+        self.last_round: Callable[[], int | None] = lambda: None
+        self.on_replaced: Callable[[int], None] = lambda _round: None
+        self.replaceable = False
+        self.hooked = False  # until recover_lost_stores: our backend calls the store as torch's does
+        self.leaving = threading.Event()  # this node is leaving: a lost store is not waited for
+        self.reconnecting = threading.Lock()  # one thread regains the store; the others find it regained
+
+    def recover_lost_stores(
+        self, last_round: Callable[[], int | None], on_replaced: Callable[[int], None], replaceable: bool
+    ) -> bool:
+        """Our rendezvous backend's calls (``rendezvous_backend``) get a deadline and survive the
+        store's loss (``hook_store_reconnect`` says how); False when this torch lacks what it takes."""
+        try:
+            from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
+        except ImportError:
+            return False
+        if not hasattr(cb.C10dRendezvousBackend, "_call_store"):
+            return False
+        self.last_round, self.on_replaced, self.replaceable = last_round, on_replaced, replaceable
+        self.hooked = True
+        return True
+
+    def mark_leaving(self) -> None:
+        """This node is leaving: a store lost from now on is not waited for."""
+        self.leaving.set()
 
 
-def mark_leaving() -> None:
-    """This node is leaving: a store lost from now on is not waited for."""
-    _leaving.set()
+def rendezvous_backend(store: Any, run_id: str, link: StoreLink) -> Any:
+    """torch's c10d rendezvous backend on ``store``, as our handler uses it: once ``link``'s
+    ``recover_lost_stores`` ran, each call has a deadline and survives the store's loss."""
+    return _backend_class()(store, run_id, link)
 
 
-def rendezvous_backend(store: Any, run_id: str) -> Any:
-    """torch's c10d rendezvous backend on ``store``, as our handler uses it: once
-    ``hook_store_reconnect`` ran, each call has a deadline and survives the store's loss."""
-    return _backend_class()(store, run_id)
-
-
-@functools.cache  # our subclass of torch's class, made at its first use (torch imported by then)
+# Our subclass of torch's class, made at its first use (torch imported by then); a cache, not a
+# registry: the class holds nothing, each backend its link.
+@functools.cache
 def _backend_class() -> type:
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     class NotebookBackend(C10dRendezvousBackend):
-        def __init__(self, store: Any, run_id: str) -> None:
+        def __init__(self, store: Any, run_id: str, link: StoreLink) -> None:
+            self._ne_link = link
             self._ne_store_id: str | None = None
             self._ne_id_read = False  # the store's id is read at the first call
             self._ne_given_up: Any = None  # the client a lost store was waited for once already
@@ -133,7 +144,7 @@ def _backend_class() -> type:
             return call_with_deadline(call, STORE_CALL_TIMEOUT_S, store_op, *args, **kwargs)
 
         def _call_store(self, store_op: Any, *args: Any, **kwargs: Any) -> Any:
-            if not _recovery["hooked"]:
+            if not self._ne_link.hooked:
                 return super()._call_store(store_op, *args, **kwargs)  # as torch's own
             failed = self._store
             try:
@@ -145,44 +156,36 @@ def _backend_class() -> type:
             except RendezvousConnectionError as exc:
                 if not isinstance(exc.__cause__, getattr(dist, "DistNetworkError", RuntimeError)):
                     raise  # a timeout or a bad request, not a lost connection
-                if not _recovery["replaceable"]:
+                if not self._ne_link.replaceable:
                     raise  # the supervisor's store went with the supervisor, and its agents go too
                 silent = False
             regain_store(self, failed, silent)
             try:
                 return self._bounded(store_op, *args, **kwargs)
             except StoreSilent as exc:
-                raise RendezvousConnectionError(_store_gone(self._store, True, _recovery["replaceable"])) from exc
+                raise RendezvousConnectionError(_store_gone(self._store, True, self._ne_link.replaceable)) from exc
 
     return NotebookBackend
-
-
-#: What a lost store is answered with (hook_store_reconnect's arguments).
-_recovery: dict[str, Any] = {
-    "last_round": lambda: None,
-    "on_replaced": lambda _round: None,
-    "replaceable": False,
-    "hooked": False,  # until hook_store_reconnect: our backend calls the store as torch's does
-}
 
 
 def regain_store(backend: Any, failed: Any, silent: bool) -> None:
     """After a call on ``failed`` (the backend's store client) got no reply (``silent``) or found
     its connection closed: wait for the store there to answer again, or (replaceable) for a
-    replacement, and give the backend a client of it. ``RendezvousConnectionError``, in one
+    replacement, and give the backend a client of it (as its link says: ``StoreLink``). ``RendezvousConnectionError``, in one
     sentence, when none answers within the store's timeout or this node is leaving."""
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-    replaceable = _recovery["replaceable"]
-    if _leaving.is_set():
+    link: StoreLink = backend._ne_link
+    replaceable = link.replaceable
+    if link.leaving.is_set():
         how = "stopped answering" if silent else "closed its connection"
         raise RendezvousConnectionError(f"The rendezvous store {how}; this node is leaving, so not waiting for it.")
-    with _reconnect_lock:
+    with link.reconnecting:
         if getattr(backend, "_ne_given_up", None) is failed:  # waited for once already: not again
             raise RendezvousConnectionError(_store_gone(failed, silent, replaceable))
         if backend._store is failed:  # no other thread has reconnected meanwhile
             try:
-                _reconnect(backend, failed, _recovery["last_round"], _recovery["on_replaced"], replaceable)
+                _reconnect(backend, failed, link)
             except (ValueError, RuntimeError, TimeoutError) as exc:
                 backend._ne_given_up = failed
                 raise RendezvousConnectionError(_store_gone(failed, silent, replaceable)) from exc
@@ -208,8 +211,8 @@ class BoundedStore:
     the key is waited for, a store that does not answer is not (the exit barrier waits
     ``exit_barrier_timeout`` for the slowest node: a deadline per call, not per barrier)."""
 
-    def __init__(self, store: Any, client: Any) -> None:
-        self._ne_store, self._ne_client = store, client
+    def __init__(self, store: Any, client: Any, link: StoreLink) -> None:
+        self._ne_store, self._ne_client, self._ne_link = store, client, link
         self._ne_timeout: timedelta | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -242,7 +245,7 @@ class BoundedStore:
                 silent=True,
             ) from exc
         except dist.DistNetworkError as exc:
-            if not _recovery["replaceable"]:
+            if not self._ne_link.replaceable:
                 raise  # the supervisor's store went with the supervisor
             raise AgentStoreLost(str(exc), self._ne_client, silent=False) from exc
 
@@ -271,9 +274,7 @@ class BoundedStore:
 RECONNECT_ATTEMPT_S = 5.0
 
 
-def _reconnect(
-    backend: Any, failed: Any, last_round: Callable[[], int | None], on_replaced: Any, replaceable: bool
-) -> None:
+def _reconnect(backend: Any, failed: Any, link: StoreLink) -> None:
     import pickle
     from base64 import b64decode, b64encode
 
@@ -286,6 +287,7 @@ def _reconnect(
     # again, until the store's timeout.
     # Each attempt is short: signals (SIGTERM from the kubelet, or the parent-death signal)
     # are handled between attempts, never held off for the whole timeout inside C++.
+    replaceable = link.replaceable
     deadline = time.monotonic() + failed.timeout.total_seconds()
     sentinel = backend._NULL_SENTINEL
     while True:
@@ -308,7 +310,7 @@ def _reconnect(
             current = call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, "", sentinel)
             break
         except (RuntimeError, TimeoutError):
-            if time.monotonic() >= deadline or _leaving.is_set():
+            if time.monotonic() >= deadline or link.leaving.is_set():
                 raise
             time.sleep(0.5)
     replaced = new_id != getattr(backend, "_ne_store_id", None) or (new_id is None and current == sentinel.encode())
@@ -317,12 +319,12 @@ def _reconnect(
         return  # the same store, reached again
     if current == sentinel.encode():
         state = _RendezvousState()
-        state.round = (last_round() or 0) + 1
+        state.round = (link.last_round() or 0) + 1
         seed = b64encode(pickle.dumps(state)).decode()
         call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, sentinel, seed)
     won = call_with_deadline(store.get, STORE_CALL_TIMEOUT_S, backend._key)
     seeded = pickle.loads(b64decode(won)).round if won != sentinel.encode() else 0
-    on_replaced(seeded)
+    link.on_replaced(seeded)
 
 
 def follow_replaced_store(handler: Any) -> None:
