@@ -208,8 +208,13 @@ def test_queued_admitted_preempted_readmitted_and_no_step_lost(queued, tmp_path)
         user_ns=user_ns(),
     )
     try:
-        wait_for(lambda: job.state.waiting and "waiting for quota in team-a" in job.state.waiting, "the wait", job=job)
-        assert "1 more needed" in job.state.waiting and job.status == "pending"
+        # Kueue's first word ("has not considered it yet") comes before its reason: wait for the reason
+        wait_for(
+            lambda: "waiting for quota in team-a" in (job.state.waiting or "") and "1 more needed" in job.state.waiting,
+            "the wait and its reason",
+            job=job,
+        )
+        assert job.status == "pending"
         assert not queued.pods(selector=m.selector("queued", "worker"))  # suspended: no worker pod
         [listed] = [j for j in ne.jobs(backend="kubernetes") if j.name == "queued"]
         assert "waiting for quota in team-a" in (listed.summary.get("waiting") or ""), listed.summary
