@@ -310,15 +310,14 @@ class JobState:
             entry: dict[str, Any] = {"status": self.status, "at": e.time, "cause": describe(e)}
             if self.status == Status.RESTARTING:
                 entry["events"] = [describe(e)]
-                recent = self._last_root
-                close = recent is not None and 0 <= e.time - recent.time <= ROOT_WINDOW_S
-                if not root and recent is not None and close:
+                recent = self._root_before(e.time)
+                if not root and recent is not None:
                     entry["cause"] = describe(recent)
                     entry["events"].insert(0, describe(recent))
                 entry["rooted"] = root or entry["cause"] != describe(e)
                 # When the outage began: at its cause (the drill, else the departure), the moment
                 # the timeline's "back at world size N after ..." counts from too (#39 item 4).
-                entry["since"] = recent.time if recent is not None and close else e.time
+                entry["since"] = recent.time if recent is not None else e.time
             self.transitions.append(entry)
             if self.status == Status.RUNNING and before == Status.RESTARTING and _kept_in_place(e):
                 self._restart_was_in_place()
@@ -336,6 +335,12 @@ class JobState:
             since = self._last_root.time if self._last_root is not None else 0.0
             if self._in_place_started is None or self._in_place_started < since:
                 self._in_place_started = e.time  # the first rank training in the change's new group
+
+    def _root_before(self, t: float) -> Event | None:
+        """The drill or departure at most ``ROOT_WINDOW_S`` before ``t``: the cause of what
+        happens at ``t`` (a restart, a change in place)."""
+        recent = self._last_root
+        return recent if recent is not None and 0 <= t - recent.time <= ROOT_WINDOW_S else None
 
     def _restart_was_in_place(self, told: Event | None = None) -> None:
         """The latest membership change kept its survivors' processes: not a restart (#41 item 7),
@@ -355,10 +360,9 @@ class JobState:
         """A change in place no status flipped for: entered in the status history as the change it
         was (from its cause, the drill or the departure, to the first rank training in the new
         group: the timeline's "in place at world size N after ..." counts the same)."""
-        recent = self._last_root
-        close = recent is not None and 0 <= told.time - recent.time <= ROOT_WINDOW_S
-        began = recent.time if recent is not None and close else told.time - float(told.get("took_s") or 0.0)
-        cause = describe(recent) if recent is not None and close else describe(told)
+        recent = self._root_before(told.time)
+        began = recent.time if recent is not None else told.time - float(told.get("took_s") or 0.0)
+        cause = describe(recent if recent is not None else told)
         trained = (
             self._in_place_started
             if self._in_place_started is not None and self._in_place_started >= began
@@ -370,7 +374,7 @@ class JobState:
                 "at": began,
                 "cause": cause,
                 "events": [cause],
-                "rooted": close,
+                "rooted": recent is not None,
                 "since": began,
                 "in_place": True,
             }
