@@ -438,6 +438,63 @@ def test_a_dashboard_carries_its_kernel_gone_word_and_a_static_twin(home):
         dash.close()
 
 
+def test_a_restart_shorter_than_a_frame_is_still_drawn_for_a_frame(home):
+    """A restart over in 0.1 s falls between two frames (4 a second): the header drew only
+    the status at each frame, so "restarting" was never on the page (a flaky browser test on
+    an idle machine). Each status the job passed through is drawn for a frame of its own, in
+    order, then the present; an in-place change (no status of its own lasted) is not held."""
+    from notebook_elastic.kernel.ui import Dashboard
+
+    job = ne.launch(
+        TRAIN, name="flash", dry_run=True, user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 30}
+    )
+    dash = Dashboard(job, max_updates_per_s=20)
+    drawn: list[str] = []
+    dash.header.observe(
+        lambda change: drawn.append(re.search(r'data-status="(\w+)"', change["new"]).group(1)), names="value"
+    )
+    ws = {"local_rank": 0, "pid": 1}
+
+    def told(*events: Event) -> None:  # as the follower folds them: under the job's lock, then the callbacks
+        for e in events:
+            with job._lock:
+                job._state.apply(e)
+            dash._on_event(e, job)
+
+    try:
+        now = time.time()
+        told(
+            Event(Kind.WORKER_STARTED, now, "node-0", {"rank": 0, "world_size": 2, "generation": 1, **ws}),
+            Event(Kind.WORKER_STARTED, now, "node-1", {"rank": 1, "world_size": 2, "generation": 1, **ws}),
+        )
+        wait_for(lambda: drawn and drawn[-1] == "running", "running drawn", 10, poll_s=0.01)
+        now = time.time()
+        told(  # a whole restart between two frames
+            Event(Kind.FAULT, now, "node-1", {"fault": "preempt_node", "target": "node-1"}),
+            Event(Kind.WORKER_FAILED, now, "node-0", {"rank": 0, "cause": "peer", "error": "RuntimeError"}),
+            Event(Kind.RESTART, now, "node-0", {"reason": "departure"}),
+            Event(Kind.WORKER_STARTED, now + 0.1, "node-0", {"rank": 0, "world_size": 1, "generation": 2, **ws}),
+        )
+        assert job.status == "running"
+        wait_for(
+            lambda: "restarting" in drawn and drawn[-1] == "running", "the restart drawn, then running", 10, poll_s=0.01
+        )
+        held = drawn[drawn.index("restarting") :]
+        assert held[0] == "restarting" and held[-1] == "running", drawn
+        # A replayed history (an attach, a resume) is not flashed again: its times are old.
+        drawn.clear()
+        old = now - 60
+        told(
+            Event(Kind.WORKER_FAILED, old, "node-0", {"rank": 0, "cause": "peer", "error": "RuntimeError"}),
+            Event(Kind.RESTART, old, "node-0", {"reason": "departure"}),
+            Event(Kind.WORKER_STARTED, old + 0.1, "node-0", {"rank": 0, "world_size": 1, "generation": 3, **ws}),
+        )
+        time.sleep(0.5)  # ten frames
+        assert "restarting" not in drawn, drawn
+    finally:
+        dash.close()
+
+
 @pytest.mark.slow
 def test_the_output_is_republished_at_each_status_so_a_saved_notebook_keeps_the_last_picture(home):
     """Item 7 of #11: the display is updated (its text/html twin with it) when the job ends,

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from ..job import ElasticJob
 
 SECTIONS = ("header", "chart", "ranks", "timeline", "logs", "controls")
+#: A status of the history older than this is not drawn again: a replay, not something the
+#: job passed through between two frames.
+HOLD_RECENT_S = 10.0
 TWIN_EVERY_S = 2.0  # how stale the hidden static picture may get while only metrics move
 
 
@@ -55,6 +58,10 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
         self._closed = False
         self.renders = 0
         self._last_chart: tuple[tuple[Any, ...], str] = ((), "")  # (what it was drawn from, the SVG)
+        # The status history's entry the header drew last: a status the job passed through
+        # between two frames is drawn for one frame of its own (_status_to_draw).
+        self._drawn_entry: dict[str, Any] | None = job.state.transitions[-1] if job.state.transitions else None
+        self._held = False
 
         state = job.state
         self.header = W.HTML(layout=W.Layout(width="100%", margin="0"))
@@ -257,7 +264,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
         with job.reading():
             if "header" in dirty:
                 backend = getattr(job.backend, "name", "")
-                self._set(self.header, "value", header_html(job.name, backend, state))
+                self._set(self.header, "value", header_html(job.name, backend, state, status=self._status_to_draw()))
                 if state.total_steps:
                     self._set(self.progress, "value", min(1.0, (state.steps_done or 0) / state.total_steps))
             if "chart" in dirty:
@@ -289,7 +296,36 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
                 self._set(self.logs, "value", logs_html([f"[{e.node}] {e.get('text')}" for e in lines]))
             if "controls" in dirty:
                 self.controls.sync()
+        if self._held:
+            self._held = False
+            self._mark("header")
         self.renders += 1
+
+    def _status_to_draw(self) -> str:
+        """The status the header draws this frame: the job's, unless it passed through another
+        since the last frame. A restart of 0.2 s falls between two frames at 4 a second and
+        would never be seen; each status of the history is drawn for one frame, in order, then
+        the present (in-place changes are not held: no status of theirs lasted). Call with the
+        job's state read-locked; ``_render`` marks the header for the next frame when one is held."""
+        state = self.job.state
+        entries = list(state.transitions)
+        start = 0
+        if self._drawn_entry is not None:
+            for i in range(len(entries) - 1, -1, -1):
+                if entries[i] is self._drawn_entry:
+                    start = i + 1
+                    break
+            else:
+                start = len(entries)  # rolled off the history: only the present is left to draw
+        for i in range(start, len(entries)):
+            entry = entries[i]
+            self._drawn_entry = entry
+            if entry.get("in_place") or float(entry["at"]) < time.time() - HOLD_RECENT_S:
+                continue  # no status of its own lasted / history replayed (a resume, an attach)
+            if i < len(entries) - 1 or entry["status"] != state.status:
+                self._held = True  # the next frame draws what came after it
+                return str(entry["status"])
+        return state.status
 
     def _chart(self, state: Any) -> str:
         """The chart's SVG; drawn again only when its points, markers or options changed."""

@@ -193,9 +193,11 @@ def saving_html(state: JobState) -> str:
     )
 
 
-def header_html(name: str, backend: str, state: JobState, now: float | None = None) -> str:
+def header_html(name: str, backend: str, state: JobState, now: float | None = None, status: str | None = None) -> str:
     """One line with the state at a glance: status, world size, nodes, step / ETA, loss,
-    restarts; below it only what needs a word (why it ended, a warning, a stall)."""
+    restarts; below it only what needs a word (why it ended, a warning, a stall). ``status``:
+    the one to draw when it is not the job's present one (the dashboard draws each status the
+    job passed through for a frame)."""
     nodes = len(state.running_nodes)
     eta = None if state.finished else state.eta_s
     # Every step done and every node gone, the outcome not yet told: the job is ending, not
@@ -252,7 +254,7 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
     return (
         f'<div class="ne-header" style="font-family:{FONT};font-size:13px;color:{FG};line-height:1.6">'
         f'<div class="ne-glance" style="display:flex;flex-wrap:wrap;align-items:center;gap:2px 8px">'
-        f'<b style="font-size:14px">{esc(name)}</b> {status_badge(state.status)} '
+        f'<b style="font-size:14px">{esc(name)}</b> {status_badge(status or state.status)} '
         f"<span>{stats}</span>"
         f'<span style="color:{FG_FAINT};margin-left:auto;font-size:11px">{esc(backend)}</span></div>'
         f"{''.join(notes)}</div>"
