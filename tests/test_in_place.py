@@ -176,13 +176,19 @@ OWN_GROUP = TRAIN.replace(
 )
 
 
+#: A torch without optimizer step hooks (before 2.0): the probe the worker runs finds the hook
+#: gone, as it would find it missing there.
+OLD_TORCH = "del torch.optim.Optimizer.register_step_pre_hook\n" + TRAIN
+
+
 @pytest.mark.parametrize(
     ("cell", "why"),
     [
         (NO_STATE, "the cell keeps no elastic.State"),
         (OWN_GROUP, "the cell made process groups of its own"),
+        (OLD_TORCH, f"torch {torch.__version__} has no optimizer step hooks (torch >= 2.0 has)"),
     ],
-    ids=["no-state", "own-group"],
+    ids=["no-state", "own-group", "torch-lacks"],
 )
 def test_a_cell_that_cannot_stay_restarts_as_torchrun_does_and_says_why(home, cell, why):
     job = ne.launch(cell, nnodes="1:2", nodes=2, name="fallback", max_restarts=1, user_ns=namespace(total=150))

@@ -127,6 +127,10 @@ def test_an_fsdp_job_scaled_2_1_2_reshards_and_keeps_the_unscaled_loss_curve(hom
     resumed = [(e.get("from_world_size"), e.get("world_size")) for e in job.events if e.kind == Kind.RESUMED]
     assert (2, 1) in resumed and (1, 2) in resumed, resumed
     assert all(e.get("path", "").endswith(".dcp") for e in job.events if e.kind == Kind.RESUMED)
+    # #41 item 6: a sharded model cannot stay in place (its shards are resharded from disk); each
+    # change restarted its workers, and the events say why in one sentence.
+    refused = [e.describe() for e in job.events if e.kind == Kind.IN_PLACE_REFUSED]
+    assert refused and all("the model is sharded (FSDP/DTensor)" in r for r in refused), refused
     got = losses(job)
     assert sorted(got) == list(range(total))  # every step, none skipped
     for step in range(total):

@@ -219,7 +219,9 @@ class State:
         import torch
 
         for obj in self._objects.values():
-            if isinstance(obj, torch.optim.Optimizer):
+            # A torch without step hooks was said above (torch_lacks): its workers restart at a
+            # change, and there is no boundary to vote at.
+            if isinstance(obj, torch.optim.Optimizer) and hasattr(obj, "register_step_pre_hook"):
                 self._hooks.append(obj.register_step_pre_hook(self._vote))
                 self._hooks.append(obj.register_step_post_hook(self._stepped))
                 self._voting = True
