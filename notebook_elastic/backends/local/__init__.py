@@ -8,8 +8,6 @@ a crash) can list, follow (``jobfolder/follow.py``), scale and stop any job.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
-from ...contract.events import FINAL_STATUSES, Event, Kind, status_phrase
+from ...contract.events import FINAL_STATUSES, Event, status_phrase
 from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control
@@ -40,15 +38,14 @@ from ...jobfolder.follow import (
     FOLDER_GONE_WAIT_S,
     FOLLOW_POLL_S,
     LOST_FOLDER,
-    LOST_SUPERVISOR,
     SUPERVISOR_START_TIMEOUT_S,
     FollowedHistory,
-    _append_event,
 )
 from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
+from ...jobfolder.record import clear_for_a_new_supervisor, ended, read_record, record_stopped, resuming
 from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
 from ...runtime.protocol import ENV_POOL
@@ -206,30 +203,25 @@ class LocalBackend(Backend):
 
         The history stays (events, logs, checkpoints); a new supervisor takes over with the
         same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
-        starts again (said in the ``job_resumed`` event)."""
+        starts again (said in the ``job_resumed`` event). In order: the folder's lock (one
+        resume at a time), its record (may it resume?), what the earlier run holds outside its
+        folder, the folder made ready (jobfolder/record.py), the new supervisor."""
         folder = self.folder(name)
-        with _resuming(folder, name):
-            info = self.describe(name)
-            if info is None:
+        with resuming(folder, name):
+            record = read_record(folder)
+            if record is None:
                 raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-            if info.status not in RESUMABLE_STATUSES and not (guarded and info.status == "recovering"):
+            if record.status not in RESUMABLE_STATUSES and not (guarded and record.status == "recovering"):
                 raise BackendError(
-                    f"job {name!r} {status_phrase(info.status)}; only a lost, failed or stopped job can be resumed"
+                    f"job {name!r} {status_phrase(record.status)}; only a lost, failed or stopped job can be resumed"
                     + (
                         " (a succeeded job is done: run the cell again to train anew)"
-                        if info.status == "succeeded"
+                        if record.status == "succeeded"
                         else ""
                     )
                 )
             self._clear_leftovers(name, wait_s=LEFTOVERS_WAIT_S)
-            kill_all(folder.path)  # stragglers of a lost supervisor must not meet the new group
-            folder.supervisor_file.unlink(missing_ok=True)
-            with open(folder.events_file, "rb+") as f:  # a supervisor killed mid-line left a torn one
-                size = f.seek(0, os.SEEK_END)
-                if size:
-                    f.seek(size - 1)
-                    if f.read(1) != b"\n":
-                        f.write(b"\n")
+            clear_for_a_new_supervisor(folder)
             self._start_supervisor(folder, name, resume=True)
 
     def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
@@ -262,52 +254,18 @@ class LocalBackend(Backend):
 
     def describe(self, name: str) -> JobInfo | None:
         folder = self.folder(name)
-        if not folder.path.is_dir():
+        record = read_record(folder)
+        if record is None:
             return None
-        try:
-            spec = folder.spec()
-        except FileNotFoundError:
-            outcome = folder.outcome()
-            if outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
-                summary = {k: v for k, v in outcome.items() if v is not None}
-                return JobInfo(name, "local", outcome["status"], summary=summary, location=str(folder.path))
-            return JobInfo(
-                name,
-                "local",
-                "damaged",
-                location=str(folder.path),
-                damaged="spec.json is missing (was the folder deleted while the job ran?)",
-            )
-        except ValueError as exc:
-            return JobInfo(
-                name, "local", "damaged", location=str(folder.path), damaged=f"spec.json is unreadable: {exc}"
-            )
-        status = folder.status() or {}
-        state = status.get("status", "pending")
-        outcome = folder.outcome() if state not in FINAL_STATUSES else None
-        if outcome is not None:  # status.json could not be written at the end (a full disk)
-            status, state = outcome, outcome["status"]
-        elif state not in FINAL_STATUSES and not folder.supervisor_alive() and folder.guardian_alive():
-            state = "recovering"  # its guardian is bringing it back
-        elif state not in FINAL_STATUSES and not folder.supervisor_alive():
-            started = (folder.supervisor() or {}).get("started")
-            if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
-                state = "lost"
-                status = {**status, "reason": LOST_SUPERVISOR["reason"]}
         return JobInfo(
             name=name,
-            backend=spec.get("backend") or "local",  # a slurm job's folder is one of these too
-            status=state,
-            summary={
-                # The launch spec's range until the job reports its own (set_range moves it).
-                "min_nodes": spec["nnodes"][0],
-                "max_nodes": spec["nnodes"][1],
-                **{k: v for k, v in status.items() if v is not None},
-                "nproc_per_node": spec.get("nproc_per_node"),
-            },
-            notebook=spec.get("notebook"),
-            created=folder.spec_file.stat().st_mtime,
+            backend=record.backend,
+            status=record.status,
+            summary=record.summary,
+            notebook=record.notebook,
+            created=record.created,
             location=str(folder.path),
+            damaged=record.damaged,
         )
 
     def list(self) -> list[JobInfo]:
@@ -385,7 +343,7 @@ class LocalBackend(Backend):
             if kill_all(folder.path):
                 return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if _ended(folder) and not folder.supervisor_alive():
+        if ended(folder) and not folder.supervisor_alive():
             kill_all(folder.path)  # finished: only make sure nothing is left
             return
         if folder.supervisor_alive():
@@ -399,10 +357,10 @@ class LocalBackend(Backend):
             deadline = time.monotonic() + timeout_s
             while answered and folder.supervisor_alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        if folder.supervisor_alive() or not _ended(folder):
+        if folder.supervisor_alive() or not ended(folder):
             # The supervisor is gone or stuck: clean up from here, and say so where it would have.
             kill_all(folder.path)
-            _record_stopped(folder, "stopped; its supervisor did not answer")
+            record_stopped(folder, "stopped; its supervisor did not answer")
 
 
 def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> None:
@@ -414,7 +372,7 @@ def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> N
     live = processes_of(folder.path)
     if not live:
         return
-    if _ended(folder):
+    if ended(folder):
         kill_all(folder.path)
         return
     said = f"its folder is damaged ({info.damaged})" if info is not None and info.damaged else None
@@ -423,59 +381,6 @@ def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> N
         f"a job named {name!r} still has {len(live)} process(es) running, though {said}; stop it first "
         f"(%elastic_stop {name}, or notebook-elastic stop {name}) or choose another --name"
     )
-
-
-def _ended(folder: JobFolder) -> bool:
-    """Whether the job's end is on record: its outcome (written in the room taken at start, so
-    even on a full disk) or a final status.json."""
-    if (folder.outcome() or {}).get("status") in FINAL_STATUSES:
-        return True
-    return (folder.status() or {}).get("status") in FINAL_STATUSES
-
-
-def _record_stopped(folder: JobFolder, reason: str) -> None:
-    """Write a stop its supervisor could not write where it writes its own end: the outcome
-    first, in the room taken at start (a full disk has room for it), then status.json, then
-    the event, which is written only once one of the others is (an event alone would be read
-    by a follower, not by the listing). Every view then reads the same end. A
-    ``BackendError`` sentence when nothing could be written."""
-    now = time.time()
-    summary = {k: v for k, v in (folder.status() or {}).items() if k not in ("status", "reason")}
-    recorded = folder.write_outcome({**summary, "status": "stopped", "reason": reason, "finished_at": now})
-    try:
-        write_json_atomic(folder.status_file, {**summary, "status": "stopped", "reason": reason, "updated": now})
-        recorded = True
-    except OSError as exc:
-        if not recorded:
-            raise BackendError(
-                f"job {folder.name!r} is stopped (its processes are ended), but its end could not be written in "
-                f"{folder.path} ({exc.strerror or exc}): free space there; until then it is listed as lost"
-            ) from None
-    try:
-        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
-    except OSError:
-        pass  # the outcome or status.json says it: every reader takes it from there
-
-
-@contextlib.contextmanager
-def _resuming(folder: JobFolder, name: str) -> Iterator[None]:
-    """One resume of a job at a time (two kernels, a kernel and the guardian): the second is
-    refused in one sentence, and finds the job running once the first is done, instead of
-    starting a second supervisor for the same folder."""
-    try:
-        fd = os.open(folder.path / ".resume.lock", os.O_WRONLY | os.O_CREAT, FILE_MODE)
-    except FileNotFoundError:
-        raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BackendError(
-                f"job {name!r} is being resumed by another process right now; wait for it (%elastic_jobs)"
-            ) from None
-        yield
-    finally:
-        os.close(fd)  # and with it the lock
 
 
 def _detach(folder: JobFolder, env: dict[str, str], module: str, *options: str) -> None:

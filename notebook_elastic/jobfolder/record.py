@@ -1,0 +1,152 @@
+"""What a job folder says its job is, and the few writes a kernel makes there itself.
+
+Every listing (``%elastic_jobs``, the jobs panel, the CLI) and a resume's check read the job's
+status here (``read_record``): from its records (spec, status, outcome) and from whether its
+supervisor and guardian still run. The writes are those a kernel makes when the job's own
+supervisor cannot: one resume at a time (``resuming``), the folder made ready for a new
+supervisor (``clear_for_a_new_supervisor``), a stop written down (``record_stopped``).
+The local backend calls these in order; none of them calls back into a backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..contract.events import FINAL_STATUSES, Event, Kind
+from ..errors import BackendError, JobNotFound
+from .folder import FILE_MODE, JobFolder, write_json_atomic
+from .follow import LOST_SUPERVISOR, SUPERVISOR_START_TIMEOUT_S, _append_event
+from .processes import kill_all
+
+
+@dataclass(frozen=True)
+class FolderRecord:
+    """A job as its folder tells it: its status, the summary every listing shows, the backend it
+    ran in (a Slurm job's folder is one of these too) and, where its records could not be read,
+    why (``damaged``)."""
+
+    status: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    backend: str = "local"
+    notebook: str | None = None
+    created: float | None = None
+    damaged: str | None = None
+
+
+def read_record(folder: JobFolder) -> FolderRecord | None:
+    """The job's status from its records and its processes; None when there is no folder. A
+    job not ended on record whose supervisor is gone is ``recovering`` while its guardian runs,
+    else ``lost``; a spec that is missing or unreadable makes it ``damaged``, with why."""
+    if not folder.path.is_dir():
+        return None
+    try:
+        spec = folder.spec()
+    except FileNotFoundError:
+        outcome = folder.outcome()
+        if outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
+            return FolderRecord(outcome["status"], summary={k: v for k, v in outcome.items() if v is not None})
+        return FolderRecord("damaged", damaged="spec.json is missing (was the folder deleted while the job ran?)")
+    except ValueError as exc:
+        return FolderRecord("damaged", damaged=f"spec.json is unreadable: {exc}")
+    status = folder.status() or {}
+    state = status.get("status", "pending")
+    outcome = folder.outcome() if state not in FINAL_STATUSES else None
+    if outcome is not None:  # status.json could not be written at the end (a full disk)
+        status, state = outcome, outcome["status"]
+    elif state not in FINAL_STATUSES and not folder.supervisor_alive():
+        if folder.guardian_alive():
+            return _record(spec, folder, "recovering", status)  # its guardian is bringing it back
+        started = (folder.supervisor() or {}).get("started")
+        if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
+            state = "lost"
+            status = {**status, "reason": LOST_SUPERVISOR["reason"]}
+    return _record(spec, folder, state, status)
+
+
+def _record(spec: dict[str, Any], folder: JobFolder, state: str, status: dict[str, Any]) -> FolderRecord:
+    return FolderRecord(
+        state,
+        summary={
+            # The launch spec's range until the job reports its own (set_range moves it).
+            "min_nodes": spec["nnodes"][0],
+            "max_nodes": spec["nnodes"][1],
+            **{k: v for k, v in status.items() if v is not None},
+            "nproc_per_node": spec.get("nproc_per_node"),
+        },
+        backend=spec.get("backend") or "local",
+        notebook=spec.get("notebook"),
+        created=folder.spec_file.stat().st_mtime,
+    )
+
+
+def ended(folder: JobFolder) -> bool:
+    """Whether the job's end is on record: its outcome (written in the room taken at start, so
+    even on a full disk) or a final status.json."""
+    if (folder.outcome() or {}).get("status") in FINAL_STATUSES:
+        return True
+    return (folder.status() or {}).get("status") in FINAL_STATUSES
+
+
+@contextlib.contextmanager
+def resuming(folder: JobFolder, name: str) -> Iterator[None]:
+    """One resume of a job at a time (two kernels, a kernel and the guardian): the second is
+    refused in one sentence, and finds the job running once the first is done, instead of
+    starting a second supervisor for the same folder."""
+    try:
+        fd = os.open(folder.path / ".resume.lock", os.O_WRONLY | os.O_CREAT, FILE_MODE)
+    except FileNotFoundError:
+        raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackendError(
+                f"job {name!r} is being resumed by another process right now; wait for it (%elastic_jobs)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def clear_for_a_new_supervisor(folder: JobFolder) -> None:
+    """Before a resumed job's supervisor starts: the stragglers of a lost one are ended (they
+    must not meet the new group), its supervisor.json goes, and a line a supervisor killed
+    mid-write left torn in the events is ended, so the new run's first event is a line of its own."""
+    kill_all(folder.path)
+    folder.supervisor_file.unlink(missing_ok=True)
+    with open(folder.events_file, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def record_stopped(folder: JobFolder, reason: str) -> None:
+    """Write a stop its supervisor could not write where it writes its own end: the outcome
+    first, in the room taken at start (a full disk has room for it), then status.json, then
+    the event, which is written only once one of the others is (an event alone would be read
+    by a follower, not by the listing). Every view then reads the same end. A
+    ``BackendError`` sentence when nothing could be written."""
+    now = time.time()
+    summary = {k: v for k, v in (folder.status() or {}).items() if k not in ("status", "reason")}
+    recorded = folder.write_outcome({**summary, "status": "stopped", "reason": reason, "finished_at": now})
+    try:
+        write_json_atomic(folder.status_file, {**summary, "status": "stopped", "reason": reason, "updated": now})
+        recorded = True
+    except OSError as exc:
+        if not recorded:
+            raise BackendError(
+                f"job {folder.name!r} is stopped (its processes are ended), but its end could not be written in "
+                f"{folder.path} ({exc.strerror or exc}): free space there; until then it is listed as lost"
+            ) from None
+    try:
+        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
+    except OSError:
+        pass  # the outcome or status.json says it: every reader takes it from there
