@@ -107,6 +107,8 @@ model = torch.nn.Linear(2, 1)
 state = elastic.State(model=model)
 print(f"hello from rank {elastic.rank()}", flush=True)
 for step in state.steps(TOTAL):
+    while step >= HOLD_AT and not os.path.exists(GATE):  # the test opens it: states, not seconds
+        time.sleep(0.05)
     elastic.report(step=step, loss=1.0 / (step + 1))
     state.commit()
     time.sleep(0.05)
@@ -114,10 +116,12 @@ for step in state.steps(TOTAL):
 
 
 @pytest.mark.slow
-def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(home):
-    job = ne.launch(
-        TRAIN, nnodes="1:2", name="term", user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 150}
-    )
+def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(home, tmp_path):
+    # Held before step 100 until resumed: a loaded machine's CLI calls once outlasted the job,
+    # which had succeeded by the time the test stopped it.
+    gate = tmp_path / "resumed"
+    names = {"torch": torch, "elastic": runtime, "time": time, "os": os, "TOTAL": 150, "HOLD_AT": 100}
+    job = ne.launch(TRAIN, nnodes="1:2", name="term", user_ns={**names, "GATE": str(gate)})
     deadline = time.monotonic() + 90
     while job.state.step is None or job.state.step < 3:
         assert time.monotonic() < deadline, job.summary()
@@ -158,6 +162,7 @@ def test_a_job_driven_from_the_terminal_status_scale_logs_stop_resume_events(hom
     )
     resumed = cli("resume", "term")
     assert resumed.returncode == 0, resumed.stderr
+    gate.touch()
     followed = cli("events", "term", "-f", timeout=240)  # returns when the job ends
     assert followed.returncode == 0
     lines = followed.stdout.splitlines()
