@@ -206,7 +206,7 @@ def test_a_cell_that_cannot_stay_restarts_as_torchrun_does_and_says_why(home, ce
     )
 
 
-def test_on_kubernetes_pods_keep_their_processes_through_an_eviction_a_lost_pod_and_a_scale(cluster):  # noqa: F811
+def test_on_kubernetes_pods_keep_their_processes_through_an_eviction_a_lost_pod_and_scales(cluster):  # noqa: F811
     """The same on the fixture: real pods (local processes), the real ``kubernetes`` client. An
     evicted pod leaves at a step boundary (its keeper's notice saves first: a pod cannot know
     that others stay), a deleted pod breaks the step in flight; the Job controller's
@@ -243,6 +243,14 @@ def test_on_kubernetes_pods_keep_their_processes_through_an_eviction_a_lost_pod_
         wait_for(training_at(job, 2, (job.state.step or 0) + 5), "two pods again", timeout=300, job=job)
         job.scale(3)
         wait_for(training_at(job, 3, (job.state.step or 0) + 5), "three pods", timeout=300, job=job)
+        # Rank 0 tells a change once its new group trains: wait for it before counting changes.
+        wait_for(lambda: changes(job)[-1]["world_size"] == 3, "the scale-up told", timeout=60, job=job)
+        grown = len(changes(job))
+        job.scale(2)  # the newest pod leaves at a step boundary
+        wait_for(lambda: len(changes(job)) > grown, "in place after the scale-down", timeout=300, job=job)
+        down = changes(job)[grown]
+        assert (down["reason"], down["world_size"], down["redone"]) == ("left", 2, 0), changes(job)
+        wait_for(training_at(job, 2, (job.state.step or 0) + 5), "two pods after the scale-down", timeout=300, job=job)
         assert pids_of(job, stays) == first[stays], (pids_of(job, stays), first[stays])
         assert {c["reason"] for c in changes(job)} >= {"left", "joined"}, changes(job)
         assert all(c["redone"] <= 1 for c in changes(job)), changes(job)
@@ -253,7 +261,7 @@ def test_on_kubernetes_pods_keep_their_processes_through_an_eviction_a_lost_pod_
         job.stop()
 
 
-def test_on_slurm_nodes_keep_their_processes_through_a_loss_and_a_scale(on_slurm, home):  # noqa: F811
+def test_on_slurm_nodes_keep_their_processes_through_a_loss_a_scale_and_a_preemption(on_slurm, home):  # noqa: F811
     """The same on a real Slurm cluster: each node an allocation under srun, the supervisor an
     allocation of its own. A lost node breaks the step in flight; a scale-down leaves at a step
     boundary; a scale-up's new allocation takes the live values; the first node keeps its
@@ -284,6 +292,14 @@ def test_on_slurm_nodes_keep_their_processes_through_a_loss_and_a_scale(on_slurm
         wait_for(lambda: len(changes(job)) >= 3, "in place after the scale-up", timeout=300, job=job)
         up = changes(job)[-1]
         assert (up["reason"], up["joined"], up["redone"]) == ("joined", 1, 0), changes(job)
+        # A preemption with notice (Slurm's SIGTERM to the allocation): the node leaves at a step
+        # boundary, nothing redone; its replacement allocation joins and takes the live values.
+        wait_for(training_at(job, 2, (job.state.step or 0) + 3), "two nodes training", timeout=300, job=job)
+        grown = len(changes(job))
+        job.preempt_node(next(n for n in job.nodes if n != "node-0"))
+        wait_for(lambda: len(changes(job)) > grown, "in place after the preemption", timeout=300, job=job)
+        gone = changes(job)[grown]
+        assert (gone["reason"], gone["redone"]) == ("left", 0), changes(job)
         assert pids_of(job, "node-0") == first, (pids_of(job, "node-0"), first)
         assert job.state.restarts == 0
         assert not [e for e in job.events if e.kind == Kind.RESUMED], "a node read a checkpoint"
