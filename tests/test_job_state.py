@@ -272,6 +272,26 @@ def test_a_new_generation_drops_the_old_ranks_and_a_late_line_from_an_old_one_is
     assert state.nodes["node-0"].restart_count == 2 and state.nodes["node-0"].ranks[0].restart_count == 1
 
 
+def test_a_node_left_behind_in_place_that_sees_its_old_round_vanish_leaves_the_job_running():
+    """In place, the survivors regroup without a preempted node; that node's agent, still there a
+    moment, then sees the members of its old round vanish and says so (peer_lost, restart). The
+    job trains on: it stays running (the panel said "restarting" for good under load, fresh-clone
+    run of the whole suite). The same words from a node of the group training still flip it."""
+    state = fold(started(1.0, "node-0", 0, 2, generation=1), started(1.0, "node-1", 1, 2, generation=1))
+    state.apply(ev(Kind.FAULT, 2.0, "node-1", fault="preempt_node", target="node-1"))
+    state.apply(started(2.3, "node-0", 0, 1, generation=2, in_place=True))
+    state.apply(ev(Kind.IN_PLACE, 2.4, "node-0", reason="left", from_world_size=2, world_size=1, took_s=0.1))
+    assert state.status == Status.RUNNING
+    state.apply(ev(Kind.PEER_LOST, 2.5, "node-1", round=0, lost=["node-0"]))
+    state.apply(ev(Kind.RESTART, 2.5, "node-1", reason="membership_change"))
+    state.apply(ev(Kind.NODE_LEFT, 2.6, "node-1", reason="preempted"))
+    assert state.status == Status.RUNNING, state.transitions
+    assert state.transitions[-1]["status"] == Status.RUNNING
+    # A member of the group training that sees a peer vanish: the job regroups.
+    state.apply(ev(Kind.PEER_LOST, 3.0, "node-0", round=1, lost=["node-2"]))
+    assert state.status == Status.RESTARTING
+
+
 def test_an_agents_restart_line_read_after_its_new_group_started_leaves_the_job_running():
     """A local agent's own lines (stderr: "failed (exitcode: -9)", "will restart worker group")
     and its workers' lines (stdout) come through two pipes, read by two threads: under load the

@@ -222,6 +222,8 @@ class Fold:
             return  # counted and kept, but the restart it announced is over
         if self._stopping and d.get("reason") != "worker_failed":
             return  # a peer stopped with the job: the group ends, it does not regroup
+        if self._outside_the_group(node):
+            return  # its own restart, outside the group training
         node.status = "restarting"
         if not self.state.finished:
             self.state.status = Status.RESTARTING
@@ -288,8 +290,20 @@ class Fold:
             self.state.status = Status.RESTARTING
 
     def _on_peer_lost(self, e: Event) -> None:
+        if self._outside_the_group(self._node(e.node)):
+            return
         if not self.state.finished:
             self.state.status = Status.RESTARTING
+
+    def _outside_the_group(self, node: NodeInfo) -> bool:
+        """Whether ``node`` has no rank in the group now training while another node has: a node
+        the survivors regrouped without (in place, its departure is over for them), whose agent
+        then sees the members of its old round vanish. What it says is its own end, not the
+        job's: the job stays running (under load the panel stayed "restarting" for good while
+        the survivors trained on in place)."""
+        return (
+            self.state.status == Status.RUNNING and not node.ranks and any(n.ranks for n in self.state.nodes.values())
+        )
 
     def _on_worker_exited(self, e: Event) -> None:
         node = self.state.nodes.get(e.node) if e.node else None
