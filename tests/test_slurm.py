@@ -582,9 +582,12 @@ def test_a_stop_slurm_does_not_answer_says_so_instead_of_stopped(on_slurm, home)
 
 
 #: sbatch as a slow slurmctld makes it: before Slurm takes the job, or after (its answer late).
+#: It answers once the test has stopped the job (the gate file; at most 60 s), not after a fixed
+#: sleep: under load the stop's CLI took longer than 3 s to start, and found the job running.
+_HELD = "i=0; while [ ! -e {gate} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n"
 SLOW_SBATCH = {
-    "before": '#!/bin/sh\nsleep 3\nexec {sbatch} "$@"\n',
-    "after": '#!/bin/sh\nout=$({sbatch} "$@") || exit $?\nsleep 3\necho "$out"\n',
+    "before": "#!/bin/sh\n" + _HELD + 'exec {sbatch} "$@"\n',
+    "after": '#!/bin/sh\nout=$({sbatch} "$@") || exit $?\n' + _HELD + 'echo "$out"\n',
 }
 
 
@@ -597,7 +600,8 @@ def test_a_stop_before_sbatch_answered_cancels_what_it_submits(on_slurm, home, t
     and says the job was stopped: no supervisor of it ever runs."""
     slow = tmp_path / "bin"
     slow.mkdir()
-    (slow / "sbatch").write_text(SLOW_SBATCH[slow_when].format(sbatch=shutil.which("sbatch")))
+    gate = tmp_path / "stopped"
+    (slow / "sbatch").write_text(SLOW_SBATCH[slow_when].format(sbatch=shutil.which("sbatch"), gate=gate))
     (slow / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{slow}:{os.environ['PATH']}")
     result: dict = {}
@@ -614,6 +618,7 @@ def test_a_stop_before_sbatch_answered_cancels_what_it_submits(on_slurm, home, t
     if slow_when == "after":
         wait_for(lambda: _ours(on_slurm, "q-early"), "Slurm took the job (its answer still to come)")
     stopped = _cli("stop", "q-early")
+    gate.touch()  # sbatch answers now, if the stop left it running
     assert stopped.returncode == 0 and stopped.stdout.strip() == stopped_said("q-early"), stopped
     thread.join(timeout=60)
     assert not thread.is_alive()
