@@ -244,6 +244,10 @@ export interface IWorkerStartedEvent {
   generation?: number | null;
   restart_count?: number;
   in_place?: boolean;
+  local_world_size?: number;
+  group_rank?: number;
+  run_id?: string;
+  host?: string;
 }
 
 export interface IWorkerFailedEvent {

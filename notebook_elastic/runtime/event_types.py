@@ -214,6 +214,12 @@ class WorkerStarted(TypedDict):
     generation: NotRequired[int | None]
     restart_count: NotRequired[int]
     in_place: NotRequired[bool]  # the same process, now in a new group (runtime/inplace.py)
+    # The rest of what torchrun told the worker (runtime/worker.py WorkerInfo): sent since the
+    # first version, declared here so the worker's line goes through this class.
+    local_world_size: NotRequired[int]
+    group_rank: NotRequired[int]
+    run_id: NotRequired[str]
+    host: NotRequired[str]
 
 
 class InPlace(TypedDict):

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..contract.events import Event, Kind
 from ..contract.spec import JobSpec
+from ..runtime.event_types import Tracking
 from ..runtime.tracking import mlflow_link, next_batch, scrub, wandb_link
 
 TRACKERS = ("mlflow", "wandb")
@@ -83,7 +84,7 @@ class Tracker:
     name = ""
 
     def __init__(
-        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[Tracking], None] = lambda _: None
     ) -> None:
         self.spec = spec
         self.say = say
@@ -128,7 +129,7 @@ class Tracker:
     def _open(self) -> None:
         raise NotImplementedError
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> Tracking:
         """The open run's ``tracking`` event (``runtime/tracking.py``)."""
         raise NotImplementedError
 
@@ -152,7 +153,7 @@ class MlflowTracker(Tracker):
     name = "MLflow"
 
     def __init__(
-        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[Tracking], None] = lambda _: None
     ) -> None:
         # The open run, set by _open on the tracker's thread (started by the base's __init__: after these).
         self.client: Any = None
@@ -180,7 +181,7 @@ class MlflowTracker(Tracker):
         self.experiment_id = run.info.experiment_id
         client.log_batch(self.run_id, params=[Param(k, v) for k, v in params_of(self.spec).items()])
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> Tracking:
         import mlflow
 
         return mlflow_link(mlflow.get_tracking_uri(), self.experiment_id, self.run_id)
@@ -203,7 +204,7 @@ class WandbTracker(Tracker):
     name = "W&B"
 
     def __init__(
-        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[Tracking], None] = lambda _: None
     ) -> None:
         self.run: Any = None  # the open run, set by _open on the tracker's thread (started below)
         self.step = -1  # W&B's step only grows: the last one logged
@@ -217,7 +218,7 @@ class WandbTracker(Tracker):
         )
         self.step = -1
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> Tracking:
         return wandb_link(self.run)
 
     def _log(self, metrics: list[tuple[str, float, float, int]]) -> None:
