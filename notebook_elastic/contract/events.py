@@ -53,6 +53,13 @@ class Event:
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
 
+    @property
+    def sender(self) -> str | None:
+        """The node it came from: the envelope's, else a ``node`` its data holds (an event made
+        from a dict that kept it there)."""
+        held = self.data.get("node")
+        return self.node or (str(held) if held else None)
+
     def fields(self, kind_type: type[_Fields]) -> _Fields:
         """``data`` as its kind's class of the event contract (``runtime/event_types.py``), so
         the type checker checks each key read against it: ``e.fields(JobFinished)["status"]``.

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, cast
 
-from ...runtime.event_types import Metric, NodeLeft
+from ...runtime.event_types import InPlace, Metric, NodeLeft, WorkerStarted
 from ...runtime.tracking import tracking_text
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe, format_duration, sig, steps_done
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
@@ -331,7 +331,7 @@ class JobState:
                     entry["cause"], entry["rooted"] = describe(e), True
         if root:
             self._last_root = e
-        if e.kind == Kind.WORKER_STARTED and e.get("in_place"):
+        if e.kind == Kind.WORKER_STARTED and e.fields(WorkerStarted).get("in_place"):
             since = self._last_root.time if self._last_root is not None else 0.0
             if self._in_place_started is None or self._in_place_started < since:
                 self._in_place_started = e.time  # the first rank training in the change's new group
@@ -348,7 +348,11 @@ class JobState:
         (a graceful leave, a join) flipped no status, so it is entered in the history here."""
         for entry in reversed(self.transitions):
             if entry["status"] == Status.RESTARTING:
-                began = told.time - float(told.get("took_s") or 0.0) - CHANGE_SLACK_S if told is not None else 0.0
+                began = (
+                    told.time - float(told.fields(InPlace).get("took_s") or 0.0) - CHANGE_SLACK_S
+                    if told is not None
+                    else 0.0
+                )
                 if entry["at"] >= began:
                     entry["in_place"] = True
                     return
@@ -361,7 +365,7 @@ class JobState:
         was (from its cause, the drill or the departure, to the first rank training in the new
         group: the timeline's "in place at world size N after ..." counts the same)."""
         recent = self._root_before(told.time)
-        began = recent.time if recent is not None else told.time - float(told.get("took_s") or 0.0)
+        began = recent.time if recent is not None else told.time - float(told.fields(InPlace).get("took_s") or 0.0)
         cause = describe(recent if recent is not None else told)
         trained = (
             self._in_place_started
@@ -390,7 +394,7 @@ class JobState:
 
 def _kept_in_place(e: Event) -> bool:
     """Whether ``e`` says training went on in the processes it ran in (a group formed in place)."""
-    return e.kind == Kind.IN_PLACE or (e.kind == Kind.WORKER_STARTED and bool(e.get("in_place")))
+    return e.kind == Kind.IN_PLACE or (e.kind == Kind.WORKER_STARTED and bool(e.fields(WorkerStarted).get("in_place")))
 
 
 #: What a listing that reads a cluster (pods, the workers' Job) takes from a fold of the job's

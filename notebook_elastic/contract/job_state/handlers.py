@@ -248,7 +248,7 @@ class Fold:
 
     def _on_worker_started(self, e: Event) -> None:
         d = e.fields(WorkerStarted)
-        node = self._node(e.node or e.get("node"))  # not a field: the envelope's, if an Event holds it in data
+        node = self._node(e.sender)
         generation = d.get("generation")
         if generation is not None and self.state.generation is not None and generation < self.state.generation:
             return  # a late line from a superseded group

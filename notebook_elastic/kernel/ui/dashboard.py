@@ -20,6 +20,7 @@ import ipywidgets as W
 
 from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...runtime import log as _logging
+from ...runtime.event_types import Log
 from .controls import Controls
 from .render import (
     chart_box,
@@ -286,7 +287,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
             if "logs" in dirty:
                 node = self.output_of.value
                 lines = [e for e in list(state.logs) if not node or e.node == node][-60:]
-                self._set(self.logs, "value", logs_html([f"[{e.node}] {e.get('text')}" for e in lines]))
+                self._set(self.logs, "value", logs_html([f"[{e.node}] {e.fields(Log).get('text')}" for e in lines]))
             if "controls" in dirty:
                 self.controls.sync()
         self.renders += 1
