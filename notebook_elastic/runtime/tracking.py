@@ -148,7 +148,7 @@ def tensorboard_link(logdir: str) -> Tracking:
 TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B", "tensorboard": "TensorBoard"}
 
 
-def shown(d: dict[str, Any]) -> dict[str, Any]:
+def shown(d: Mapping[str, Any]) -> dict[str, Any]:
     """What a view shows of a ``tracking`` event (which a pod's rank 0 may have written):
     ``{"tracker", "label", "url" (http(s) only) or None, "command" or None, "path" or None}``,
     stripped of credentials once more."""

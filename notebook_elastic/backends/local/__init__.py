@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
 from ...contract.events import FINAL_STATUSES, Event, Kind, status_phrase
+from ...contract.job_state.records import summary_of
 from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control
@@ -269,7 +270,7 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             outcome = folder.outcome()
             if outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
-                summary = {k: v for k, v in outcome.items() if v is not None}
+                summary = summary_of({k: v for k, v in outcome.items() if v is not None})
                 return JobInfo(name, "local", outcome["status"], summary=summary, location=str(folder.path))
             return JobInfo(
                 name,
@@ -298,13 +299,15 @@ class LocalBackend(Backend):
             name=name,
             backend=spec.get("backend") or "local",  # a slurm job's folder is one of these too
             status=state,
-            summary={
-                # The launch spec's range until the job reports its own (set_range moves it).
-                "min_nodes": spec["nnodes"][0],
-                "max_nodes": spec["nnodes"][1],
-                **{k: v for k, v in status.items() if v is not None},
-                "nproc_per_node": spec.get("nproc_per_node"),
-            },
+            summary=summary_of(
+                {
+                    # The launch spec's range until the job reports its own (set_range moves it).
+                    "min_nodes": spec["nnodes"][0],
+                    "max_nodes": spec["nnodes"][1],
+                    **{k: v for k, v in status.items() if v is not None},
+                    "nproc_per_node": spec.get("nproc_per_node"),
+                }
+            ),
             notebook=spec.get("notebook"),
             created=folder.spec_file.stat().st_mtime,
             location=str(folder.path),
