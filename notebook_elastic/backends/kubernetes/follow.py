@@ -32,7 +32,7 @@ from typing import Any
 from ...contract.events import Event, Kind
 from ...contract.job_state import budget_spent_reason, describe_failure
 from ...runtime import protocol
-from ...runtime.event_types import SCHEMA_VERSION
+from ...runtime.event_types import SCHEMA_VERSION, JobFinished, JobSubmitted
 from . import grace
 from . import manifests as m
 from .client import Connection
@@ -126,7 +126,7 @@ class ClusterFollower:
                 Kind.JOB_FINISHED,
                 time.time(),
                 None,
-                {"status": "stopped", "reason": "the job's objects are gone from the cluster"},
+                dict(JobFinished(status="stopped", reason="the job's objects are gone from the cluster")),
             )
             return
         self._submitted(code)
@@ -186,9 +186,7 @@ class ClusterFollower:
         options = json.loads((cm.metadata.annotations or {}).get("notebook-elastic.io/options", "{}"))
         lo, hi = spec.get("nnodes", [1, 1])
         self.max_restarts = spec.get("max_restarts")
-        self.emit(
-            Kind.JOB_SUBMITTED,
-            t=_ts(cm.metadata.creation_timestamp),
+        submitted = JobSubmitted(
             schema=SCHEMA_VERSION,
             name=self.job,
             nodes=spec.get("nodes") or lo,
@@ -199,5 +197,7 @@ class ClusterFollower:
             backend="kubernetes",
             namespace=self.conn.namespace,
             notebook=spec.get("notebook"),
-            **({"grace_s": options["grace"]} if options.get("grace") else {}),
         )
+        if options.get("grace"):
+            submitted["grace_s"] = options["grace"]
+        self.emit(Kind.JOB_SUBMITTED, t=_ts(cm.metadata.creation_timestamp), **submitted)
