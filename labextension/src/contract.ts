@@ -54,6 +54,7 @@ export interface IRecoveringEvent {
   t: number;
   node?: string | null;
   reason: string;
+  recovery?: number;
 }
 
 export interface IStallEvent {
@@ -231,6 +232,7 @@ export interface IRestartEvent {
   written?: number;
   round?: number | null;
   local_ranks?: number[];
+  state?: string;
 }
 
 export interface IWorkerStartedEvent {

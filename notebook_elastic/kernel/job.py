@@ -20,7 +20,7 @@ from ..contract.events import Event, Kind, Status, status_phrase
 from ..contract.job_state import JobState, Metrics, summary_text
 from ..contract.spec import JobSpec, check_scale
 from ..errors import BackendError, SpecError
-from ..runtime.event_types import Log
+from ..runtime.event_types import Error, Log
 from . import waits
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class ElasticJob:
             with self._lock:
                 if self._state is state:
                     state.apply(
-                        Event(Kind.ERROR, time.time(), None, {"message": f"lost the job's event stream: {exc}"})
+                        Event(Kind.ERROR, time.time(), None, dict(Error(message=f"lost the job's event stream: {exc}")))
                     )
         finally:
             with self._lock:

@@ -76,6 +76,7 @@ class JobFinished(TypedDict):
 
 class Recovering(TypedDict):
     reason: str
+    recovery: NotRequired[int]  # which of the guardian's tries (backends/local/guardian.py), from 1
 
 
 class Stall(TypedDict):
@@ -204,6 +205,7 @@ class Restart(TypedDict):
     written: NotRequired[float]
     round: NotRequired[int | None]  # the rendezvous round the restart leaves (agent side)
     local_ranks: NotRequired[list[int]]  # a departure: the local ranks that left
+    state: NotRequired[str]  # torchrun's word for the group it restarts: FAILED or UNHEALTHY (its log line)
 
 
 class WorkerStarted(TypedDict):

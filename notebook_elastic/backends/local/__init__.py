@@ -52,6 +52,7 @@ from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
 from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
+from ...runtime.event_types import JobFinished
 from ...runtime.protocol import ENV_POOL
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 
@@ -455,7 +456,7 @@ def _record_stopped(folder: JobFolder, reason: str) -> None:
                 f"{folder.path} ({exc.strerror or exc}): free space there; until then it is listed as lost"
             ) from None
     try:
-        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
+        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, dict(JobFinished(status="stopped", reason=reason))))
     except OSError:
         pass  # the outcome or status.json says it: every reader takes it from there
 
