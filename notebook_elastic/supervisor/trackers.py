@@ -25,7 +25,7 @@ from typing import Any
 
 from ..contract.events import Event, Kind
 from ..contract.spec import JobSpec
-from ..runtime.event_types import Tracking
+from ..runtime.event_types import Metric, Tracking
 from ..runtime.tracking import mlflow_link, next_batch, scrub, wandb_link
 
 TRACKERS = ("mlflow", "wandb")
@@ -51,17 +51,17 @@ def requested(track: str | None, env: Mapping[str, str]) -> tuple[str, ...]:
 
 def metrics_of(e: Event, state: Any) -> list[tuple[str, float, int]]:
     """``(name, value, step)`` of one metric event of rank 0; ``state`` has it folded already."""
-    if e.kind != Kind.METRIC or e.get("rank", 0) not in (0, None) or not isinstance(e.get("step"), int):
+    metric = e.fields(Metric)
+    step = metric.get("step")
+    if e.kind != Kind.METRIC or metric.get("rank", 0) not in (0, None) or not isinstance(step, int):
         return []
-    pairs = list((e.get("values") or {}).items()) + [
+    pairs = list((metric.get("values") or {}).items()) + [
         ("speed/step_time_s", state.step_time_s),
         ("speed/samples_per_s", state.samples_per_s),
         ("speed/tokens_per_s", state.tokens_per_s),
         ("job/world_size", state.world_size),
     ]
-    return [
-        (str(k), float(v), e.get("step")) for k, v in pairs if isinstance(v, (int, float)) and not isinstance(v, bool)
-    ]
+    return [(str(k), float(v), step) for k, v in pairs if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def params_of(spec: JobSpec) -> dict[str, str]:
