@@ -281,6 +281,7 @@ def _logs_since(backend: Backend, args: argparse.Namespace, node: str | None) ->
     """``logs --since``: the nodes' output since then, in the order the supervisor read it (the
     history's output events carry that time; the node logs carry none), the last ``--tail``."""
     from .contract.events import Kind
+    from .runtime.event_types import Log
 
     stop = threading.Event()
     if args.follow:  # the history, then what comes, until the job ends
@@ -291,7 +292,8 @@ def _logs_since(backend: Backend, args: argparse.Namespace, node: str | None) ->
     capped = False
 
     def line_of(event: Event) -> str:
-        return f"[{event.node}] {event.get('text')}" if not node else str(event.get("text"))
+        text = event.fields(Log).get("text")
+        return f"[{event.node}] {text}" if not node else str(text)
 
     try:
         for event in events:

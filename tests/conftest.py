@@ -331,17 +331,37 @@ def _check_and_clean(request, test_id: str, tmp: str) -> list[str]:
 _VALIDATORS: dict = {}  # one validator per event kind, built once a run
 
 
-def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
-    """Events in the job histories under ``folders`` that break the event contract."""
-    import json
-
+def _validators() -> dict:
     import jsonschema
 
     from notebook_elastic.runtime.event_types import EVENT_SCHEMAS
 
     if not _VALIDATORS:
         _VALIDATORS.update({k.value: jsonschema.Draft202012Validator(s) for k, s in EVENT_SCHEMAS.items()})
-    validators = _VALIDATORS
+    return _VALIDATORS
+
+
+def events_breaking_contract(events) -> list[str]:
+    """What breaks the event contract in ``events`` (``Event`` objects: a job handle's, a
+    cluster job's that no history on disk keeps), one sentence each."""
+    validators = _validators()
+    found = []
+    for event in events:
+        validator = validators.get(str(event.kind))
+        if validator is None:
+            found.append(f"kind {event.kind!r} has no class in runtime/event_types.py")
+            continue
+        for error in validator.iter_errors(event.data):
+            where = "/".join(str(p) for p in error.absolute_path) or "(event)"
+            found.append(f"{event.kind} {where}: {error.message}")
+    return found
+
+
+def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
+    """Events in the job histories under ``folders`` that break the event contract."""
+    import json
+
+    validators = _validators()
     found: list[str] = []
     for folder in {str(f) for f in folders if f}:
         for history in Path(folder).rglob("events.jsonl"):

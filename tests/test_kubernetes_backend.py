@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TEST_ID_ENV, cmdline, processes_with_env
+from conftest import TEST_ID_ENV, cmdline, events_breaking_contract, processes_with_env
 from k8s_apiserver import FakeCluster
 from waiting import wait_for
 
@@ -312,6 +312,10 @@ def test_a_missing_image_says_so_and_the_range_can_change(cluster):
     )
     resumed = [e for e in job.events if e.kind in (Kind.RESUMED, Kind.IN_PLACE)]
     assert resumed and resumed[-1].get("step") >= 5
+    # A cluster job keeps no history on disk for the suite's contract check: its events are
+    # checked here. The new range's scaled event carried its epoch as the annotation's text.
+    assert any(e.kind == Kind.SCALED and e.get("reconfigured") for e in job.events)
+    assert events_breaking_contract(job.events) == []
     job.stop()
 
 

@@ -54,6 +54,7 @@ export interface IRecoveringEvent {
   t: number;
   node?: string | null;
   reason: string;
+  recovery?: number;
 }
 
 export interface IStallEvent {
@@ -231,6 +232,7 @@ export interface IRestartEvent {
   written?: number;
   round?: number | null;
   local_ranks?: number[];
+  state?: string;
 }
 
 export interface IWorkerStartedEvent {
@@ -244,6 +246,10 @@ export interface IWorkerStartedEvent {
   generation?: number | null;
   restart_count?: number;
   in_place?: boolean;
+  local_world_size?: number;
+  group_rank?: number;
+  run_id?: string;
+  host?: string;
 }
 
 export interface IWorkerFailedEvent {

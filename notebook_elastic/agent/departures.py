@@ -15,6 +15,8 @@ from typing import Any
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
+from ..runtime.event_types import PeerLost
+from ..runtime.protocol import Kind
 from . import torch_adapter
 
 _log = _logging.get("agent.departures")
@@ -111,11 +113,9 @@ class DepartureWatch:
             self.killed_round = round_
         pids = torch_adapter.worker_pids(agent)
         emit(
-            "peer_lost",
+            Kind.PEER_LOST,
             node=node_name(),
-            round=round_,
-            lost=[{"addr": n.addr, "pid": n.pid} for n in gone],
-            workers=pids,
+            **PeerLost(round=round_, lost=[{"addr": n.addr, "pid": n.pid} for n in gone], workers=pids),
         )
         for pid in pids:
             try:

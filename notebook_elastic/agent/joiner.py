@@ -40,7 +40,7 @@ from typing import Any
 
 from ..runtime import log, protocol
 from ..runtime._emit import emit
-from ..runtime.event_types import NodeEvicted, Restart
+from ..runtime.event_types import NodeEvicted, Pending, Restart
 from ..runtime.protocol import Kind
 from . import store_link, torch_adapter
 from .deadline import call_with_deadline
@@ -109,12 +109,14 @@ class Joining:
             return
         wait_s = min(BACKOFF_FIRST_S * 2 ** max(times - 1, 0), BACKOFF_MAX_S)
         emit(
-            "pending",
+            Kind.PENDING,
             node=self.node_name(),
-            reason="BackOff",
-            message=(
-                f"node index {self.index} failed while joining {times} time(s); "
-                f"this replacement joins in {wait_s:g} s, the job trains on meanwhile"
+            **Pending(
+                reason="BackOff",
+                message=(
+                    f"node index {self.index} failed while joining {times} time(s); "
+                    f"this replacement joins in {wait_s:g} s, the job trains on meanwhile"
+                ),
             ),
         )
         time.sleep(wait_s)  # a SIGTERM (scale-down, stop) ends it as it would a join

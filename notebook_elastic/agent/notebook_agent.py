@@ -21,16 +21,24 @@ from . import rounds, store_link
 from .torch_adapter import (
     INTERNALS,
     agent_class,
+    backend_has_store,
     exit_round,
     group_is_healthy,
     handler_class,
+    has_worker_context,
     joined_round,
     keep_alive_window_s,
+    mark_round_dirty,
+    rendezvous_backend,
     rendezvous_store,
     restart_budget,
     round_state,
     seeded_round,
+    spend_restart_budget,
+    state_key,
+    stop_heartbeats,
     torch_handler,
+    worker_group_spec,
     worker_pids,
     worker_pids_by_local_rank,
 )
@@ -95,12 +103,16 @@ def probe(
             fails("DynamicRendezvousHandler._settings")
         # A replaced store is seeded with a state torch reads back (_reconnect): the round's
         # state is where and as the seeding writes it.
-        backend = inner._state_holder._backend
-        if rendezvous_store(inner) is not store or state is None or seeded_round(store.get(backend._key)) != state[0]:
+        backend = rendezvous_backend(inner)
+        if (
+            rendezvous_store(inner) is not store
+            or state is None
+            or seeded_round(store.get(state_key(backend))) != state[0]
+        ):
             fails("C10dRendezvousBackend._store")
         if rules.drop_gone:
             store.set(GONE_KEY, json.dumps({str(os.getpid()): time.time()}))
-            inner._state_holder.mark_dirty()
+            mark_round_dirty(inner)
             after = round_state(inner)
             if after is None or after[1]:
                 fails("dynamic_rendezvous._BackendRendezvousStateHolder._sanitize")
@@ -114,12 +126,10 @@ def probe(
             fails("dynamic_rendezvous._RendezvousJoinOp", "DynamicRendezvousHandler._state_holder")
         lost["probe"] = f"a trial round failed ({type(exc).__name__}: {exc})"[:300]
     finally:
-        stop = getattr(inner, "_stop_heartbeats", None)
-        if stop is not None:
-            try:
-                stop()
-            except Exception:
-                _log.debug("the probe's heartbeats were stopped already", exc_info=True)
+        try:
+            stop_heartbeats(inner)
+        except Exception:
+            _log.debug("the probe's heartbeats were stopped already", exc_info=True)
     return lost
 
 
@@ -132,9 +142,9 @@ def _probe_agent(handler: Any, hooks: AgentHooks, fails: Callable[..., None]) ->
     agent = agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
     if restart_budget(agent) != (3, 3):
         fails("LocalElasticAgent._remaining_restarts")
-    if group_is_healthy(agent) or getattr(getattr(agent, "_worker_group", None), "spec", None) is not spec:
+    if group_is_healthy(agent) or worker_group_spec(agent) is not spec:
         fails("LocalElasticAgent._worker_group")
-    if worker_pids(agent) != [] or not hasattr(agent, "_pcontext"):
+    if worker_pids(agent) != [] or not has_worker_context(agent):
         fails("LocalElasticAgent._pcontext")
 
 
@@ -248,7 +258,7 @@ def agent_subclass(hooks: AgentHooks) -> type:
             if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 return result
             if result.state == WorkerState.FAILED and hooks.gives_up(result):
-                self._remaining_restarts = 0  # torchrun's own "no attempts left" path
+                spend_restart_budget(self)  # torchrun's own "no attempts left" path
                 return result
             failures = hooks.departures(result)
             if not failures:
@@ -264,8 +274,8 @@ def agent_subclass(hooks: AgentHooks) -> type:
                     return super()._rendezvous(worker_group)
                 except store_link.AgentStoreLost as lost:
                     rendezvous = torch_handler(worker_group.spec.rdzv_handler)
-                    backend = getattr(getattr(rendezvous, "_state_holder", None), "_backend", None)
-                    if hooks.on_regroup is None or backend is None or not hasattr(backend, "_store"):
+                    backend = rendezvous_backend(rendezvous)
+                    if hooks.on_regroup is None or backend is None or not backend_has_store(backend):
                         raise
                     store_link.regain_store(backend, lost.client, lost.silent)
                 hooks.on_regroup()  # a round on the store there now, for every node: nothing charged

@@ -49,7 +49,7 @@ from typing import Any
 
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
-from ..runtime.event_types import AgentStarted, Degraded, FilesChanged, LeftRendezvous, Restart
+from ..runtime.event_types import AgentStarted, Degraded, FilesChanged, LeftRendezvous, Rendezvous, Restart, RoundMember
 from ..runtime.protocol import Kind
 from ..runtime.worker import set_parent_death_signal
 from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
@@ -153,11 +153,9 @@ def _hook_agent() -> None:
         # torchrun would charge this to --max-restarts (and give up at 0). Regroup as for a
         # new node instead: the loop then sees a healthy group and carries on.
         emit(
-            "restart",
+            Kind.RESTART,
             node=_node_name(),
-            reason="departure",
-            round=_watch.latest[0],
-            local_ranks=sorted(f.local_rank for f in failures),
+            **Restart(reason="departure", round=_watch.latest[0], local_ranks=sorted(f.local_rank for f in failures)),
         )
 
     def after_start(agent: Any) -> None:
@@ -249,9 +247,9 @@ def _refuse_changed_files() -> None:
 def _hook_rendezvous() -> None:
     def after(handler: Any, info: Any) -> None:
         round_, participants = torch_adapter.joined_round(handler)
-        members = []
+        members: list[RoundMember] = []
         for node, rank in sorted(participants.items(), key=lambda kv: kv[1]):
-            members.append({"addr": node.addr, "pid": node.pid, "local_id": node.local_id, "group_rank": rank})
+            members.append(RoundMember(addr=node.addr, pid=node.pid, local_id=node.local_id, group_rank=rank))
         _watch.joined(handler, round_, frozenset(participants))
         _joining.joined(round_)
         _first_round.set()  # the trial round may run now, off the way of joining
@@ -261,16 +259,16 @@ def _hook_rendezvous() -> None:
         # Where this round's group forms (fresh workers, and kept ones told in place).
         os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_adapter.rendezvous_store(handler)))
         shown = rendezvous_members(members)
-        emit(
-            "rendezvous",
-            node=_node_name(),
+        said = Rendezvous(
             round=round_,
             epoch=int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0)),
             group_rank=info.rank,
             group_world_size=info.world_size,
-            **({"members": shown} if shown is not None else {}),
-            agent_pid=os.getpid(),
         )
+        if shown is not None:
+            said["members"] = shown
+        said["agent_pid"] = os.getpid()
+        emit(Kind.RENDEZVOUS, node=_node_name(), **said)
 
     rounds.hook_next_rendezvous(_rendezvous, after, before=_joining.before_joining)
 
@@ -282,7 +280,7 @@ def _hook_rendezvous() -> None:
 MEMBERS_TOLD = 64
 
 
-def rendezvous_members(members: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def rendezvous_members(members: list[RoundMember]) -> list[RoundMember] | None:
     """The members a rendezvous line tells: all of a round of up to ``MEMBERS_TOLD``, else none."""
     return members if len(members) <= MEMBERS_TOLD else None
 

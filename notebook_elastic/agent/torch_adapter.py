@@ -253,6 +253,34 @@ def exit_round(handler: Any, timeout_s: float) -> bool:
     return True
 
 
+def stop_heartbeats(handler: Any) -> None:
+    """Stop the handler's heartbeats, if this torch has them to stop (else nothing)."""
+    stop = getattr(handler, "_stop_heartbeats", None)
+    if stop is not None:
+        stop()
+
+
+def rendezvous_backend(handler: Any) -> Any | None:
+    """The rendezvous backend the handler's state holder keeps the round in; None when this
+    torch does not say."""
+    return getattr(getattr(handler, "_state_holder", None), "_backend", None)
+
+
+def backend_has_store(backend: Any) -> bool:
+    """Whether the rendezvous backend talks to a store we can replace (``C10dRendezvousBackend._store``)."""
+    return hasattr(backend, "_store")
+
+
+def state_key(backend: Any) -> Any:
+    """The store key a rendezvous backend keeps the round's state under."""
+    return backend._key
+
+
+def mark_round_dirty(handler: Any) -> None:
+    """Make the handler read its round's state again (and sanitize it) at its next sync."""
+    handler._state_holder.mark_dirty()
+
+
 def rendezvous_store(handler: Any) -> Any | None:
     """The store the rendezvous backend talks to now (a replacement, once reconnected), for
     keys of our own beside the rendezvous state; None when this torch does not say."""
@@ -294,6 +322,21 @@ def restart_budget(agent: Any) -> tuple[int, int] | None:
     group = getattr(agent, "_worker_group", None)
     most = getattr(getattr(group, "spec", None), "max_restarts", None)
     return (int(left), int(most)) if left is not None and most is not None else None
+
+
+def worker_group_spec(agent: Any) -> Any | None:
+    """The spec of the agent's worker group; None when this torch does not say."""
+    return getattr(getattr(agent, "_worker_group", None), "spec", None)
+
+
+def has_worker_context(agent: Any) -> bool:
+    """Whether the agent has the place torch keeps its workers' processes (``_pcontext``)."""
+    return hasattr(agent, "_pcontext")
+
+
+def spend_restart_budget(agent: Any) -> None:
+    """No restart left: the agent takes torchrun's own "no attempts left" path at its next look."""
+    agent._remaining_restarts = 0
 
 
 def group_is_healthy(agent: Any) -> bool:

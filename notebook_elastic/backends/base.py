@@ -14,8 +14,9 @@ import math
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..contract.job_state.records import JobSummary
 from ..errors import BackendError
 from ..runtime.protocol import ATTENTION_ORDER
 
@@ -105,7 +106,7 @@ class JobInfo:
     name: str
     backend: str
     status: str
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: JobSummary = field(default_factory=lambda: JobSummary())
     notebook: str | None = None
     created: float | None = None
     location: str | None = None  # a job folder, a namespace, ...

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from ..runtime.event_types import AgentSignaled, Error, Log, Restart, WorkerExited
 from ..runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, FINAL_STATUSES, Kind, Status
 
 __all__ = [
@@ -52,6 +53,13 @@ class Event:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
+
+    @property
+    def sender(self) -> str | None:
+        """The node it came from: the envelope's, else a ``node`` its data holds (an event made
+        from a dict that kept it there)."""
+        held = self.data.get("node")
+        return self.node or (str(held) if held else None)
 
     def fields(self, kind_type: type[_Fields]) -> _Fields:
         """``data`` as its kind's class of the event contract (``runtime/event_types.py``), so
@@ -178,7 +186,7 @@ class LineParser:
             if agent_event is not None and self.agent_clock and agent_event.kind in (Kind.RESTART, Kind.WORKER_EXITED):
                 agent_event.data["written"] = _glog_time(m.group("month_day"), m.group("clock"), now)
             return agent_event
-        return Event(Kind.LOG, now, self.node, {"stream": self.stream, "text": line[:4000]})
+        return Event(Kind.LOG, now, self.node, dict(Log(stream=self.stream, text=line[:4000])))
 
     def _agent_line(self, msg: str, t: float) -> Event | None:
         for pattern, what in _AGENT_PATTERNS:
@@ -188,31 +196,26 @@ class LineParser:
             g = m.groupdict()
             if what == "restart_failed":
                 left, most = int(g["left"]), int(g["max"])
-                return Event(
-                    Kind.RESTART,
-                    t,
-                    self.node,
-                    {
-                        "reason": "worker_failed",
-                        "restarts_used": most - left + 1,
-                        "max_restarts": most,
-                        "state": g["state"],
-                    },
+                restart = Restart(
+                    reason="worker_failed", restarts_used=most - left + 1, max_restarts=most, state=g["state"]
                 )
+                return Event(Kind.RESTART, t, self.node, dict(restart))
             if what == "restart_membership":
-                return Event(Kind.RESTART, t, self.node, {"reason": "membership_change", "new_nodes": int(g["n"])})
+                return Event(
+                    Kind.RESTART, t, self.node, dict(Restart(reason="membership_change", new_nodes=int(g["n"])))
+                )
             if what == "worker_exited":
                 code = int(g["code"])
-                data = {"exitcode": code, "local_rank": int(g["lr"]), "pid": int(g["pid"])}
+                exited = WorkerExited(exitcode=code, local_rank=int(g["lr"]), pid=int(g["pid"]))
                 if code < 0:
-                    data["signal"] = -code
-                return Event(Kind.WORKER_EXITED, t, self.node, data)
+                    exited["signal"] = -code
+                return Event(Kind.WORKER_EXITED, t, self.node, dict(exited))
             if what == "signaled":
-                return Event(Kind.AGENT_SIGNALED, t, self.node, {"signal": _signal_name(g["sig"])})
+                return Event(Kind.AGENT_SIGNALED, t, self.node, dict(AgentSignaled(signal=_signal_name(g["sig"]))))
             if what == "succeeded":
                 return Event(Kind.GROUP_SUCCEEDED, t, self.node, {})
             if what == "error":
-                return Event(Kind.ERROR, t, self.node, {"error": g["err"], "message": msg[:500]})
+                return Event(Kind.ERROR, t, self.node, dict(Error(error=g["err"], message=msg[:500])))
         return None
 
 

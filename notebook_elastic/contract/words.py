@@ -159,7 +159,7 @@ FAULT_WORDS = {"kill_worker": "killed", "preempt_node": "preempted", "lose_node"
 def describe(e: Event) -> str:
     """One line for people (timeline, text view): the kind's own words (``_DESCRIBE``), from
     its data read as the kind's class."""
-    node = e.node or str(e.data.get("node") or "")
+    node = e.sender or ""
     words = _DESCRIBE.get(Kind(e.kind)) if e.kind in Kind._value2member_map_ else None
     return words(node, e.data) if words is not None else f"{e.kind} {e.data}"
 

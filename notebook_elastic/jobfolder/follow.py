@@ -15,6 +15,7 @@ from typing import Any
 
 from ..contract.events import FINAL_STATUSES, Event, Kind
 from ..errors import BackendError, JobNotFound
+from ..runtime.event_types import JobFinished
 from .folder import JobFolder, open_file, write_json_atomic
 from .history import history_file, parse, read_all
 
@@ -46,10 +47,11 @@ def _record_outcome(folder: JobFolder, event: Event) -> None:
     unless another observer already did."""
     try:
         status = folder.status() or {}
-        if status.get("status") == event.get("status"):
+        finished = event.fields(JobFinished)
+        if status.get("status") == finished.get("status"):
             return
         _append_event(folder, event)
-        status.update(status=event.get("status"), reason=event.get("reason"), updated=time.time())
+        status.update(status=finished.get("status"), reason=finished.get("reason"), updated=time.time())
         write_json_atomic(folder.status_file, status)
     except OSError:
         pass  # a full or vanished disk: the event still reaches this observer

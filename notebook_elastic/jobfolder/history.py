@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..contract.events import Event, Kind
+from ..runtime.event_types import Metric
 from .folder import open_file  # a FIFO in a file's place: ValueError, not a reader held forever
 
 #: events.jsonl is rotated past this size (a 600-step job writes ~100 KB; 100k metric points ~12 MiB).
@@ -57,11 +58,13 @@ def compact(events: list[Event]) -> list[Event]:
     by_name: dict[str, list[tuple[float, float, int]]] = {}
     latest_of_rank: dict[int, int] = {}  # the other ranks' (all_ranks=True): only their latest is shown
     for i, e in metrics:
-        if e.get("rank") not in (None, 0):
-            latest_of_rank[int(e.get("rank"))] = i
+        d = e.fields(Metric)
+        rank = d.get("rank")
+        if rank is not None and rank != 0:
+            latest_of_rank[int(rank)] = i
             continue
-        step = e.get("step")
-        values = e.get("values")
+        step = d.get("step")
+        values = d.get("values")
         if not isinstance(step, (int, float)) or not isinstance(values, dict):
             continue
         for name, value in values.items():

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contract.events import FINAL_STATUSES, Event, Kind
+from ..contract.job_state.records import JobSummary, summary_of
 from ..errors import BackendError, JobNotFound
+from ..runtime.event_types import JobFinished
 from .folder import FILE_MODE, JobFolder, write_json_atomic
 from .follow import LOST_SUPERVISOR, SUPERVISOR_START_TIMEOUT_S, _append_event
 from .processes import kill_all
@@ -32,7 +34,7 @@ class FolderRecord:
     why (``damaged``)."""
 
     status: str
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: JobSummary = field(default_factory=lambda: JobSummary())
     backend: str = "local"
     notebook: str | None = None
     created: float | None = None
@@ -50,7 +52,9 @@ def read_record(folder: JobFolder) -> FolderRecord | None:
     except FileNotFoundError:
         outcome = folder.outcome()
         if outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
-            return FolderRecord(outcome["status"], summary={k: v for k, v in outcome.items() if v is not None})
+            return FolderRecord(
+                outcome["status"], summary=summary_of({k: v for k, v in outcome.items() if v is not None})
+            )
         return FolderRecord("damaged", damaged="spec.json is missing (was the folder deleted while the job ran?)")
     except ValueError as exc:
         return FolderRecord("damaged", damaged=f"spec.json is unreadable: {exc}")
@@ -72,13 +76,15 @@ def read_record(folder: JobFolder) -> FolderRecord | None:
 def _record(spec: dict[str, Any], folder: JobFolder, state: str, status: dict[str, Any]) -> FolderRecord:
     return FolderRecord(
         state,
-        summary={
-            # The launch spec's range until the job reports its own (set_range moves it).
-            "min_nodes": spec["nnodes"][0],
-            "max_nodes": spec["nnodes"][1],
-            **{k: v for k, v in status.items() if v is not None},
-            "nproc_per_node": spec.get("nproc_per_node"),
-        },
+        summary=summary_of(
+            {
+                # The launch spec's range until the job reports its own (set_range moves it).
+                "min_nodes": spec["nnodes"][0],
+                "max_nodes": spec["nnodes"][1],
+                **{k: v for k, v in status.items() if v is not None},
+                "nproc_per_node": spec.get("nproc_per_node"),
+            }
+        ),
         backend=spec.get("backend") or "local",
         notebook=spec.get("notebook"),
         created=folder.spec_file.stat().st_mtime,
@@ -147,6 +153,6 @@ def record_stopped(folder: JobFolder, reason: str) -> None:
                 f"{folder.path} ({exc.strerror or exc}): free space there; until then it is listed as lost"
             ) from None
     try:
-        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, {"status": "stopped", "reason": reason}))
+        _append_event(folder, Event(Kind.JOB_FINISHED, now, None, dict(JobFinished(status="stopped", reason=reason))))
     except OSError:
         pass  # the outcome or status.json says it: every reader takes it from there

@@ -20,6 +20,7 @@ from ..contract.events import Event, Kind, Status, status_phrase
 from ..contract.job_state import JobState, Metrics, summary_text
 from ..contract.spec import JobSpec, check_scale
 from ..errors import BackendError, SpecError
+from ..runtime.event_types import Error, Log
 from . import waits
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ class ElasticJob:
             with self._lock:
                 if self._state is state:
                     state.apply(
-                        Event(Kind.ERROR, time.time(), None, {"message": f"lost the job's event stream: {exc}"})
+                        Event(Kind.ERROR, time.time(), None, dict(Error(message=f"lost the job's event stream: {exc}")))
                     )
         finally:
             with self._lock:
@@ -269,11 +270,11 @@ class ElasticJob:
     @property
     def logs(self) -> list[str]:
         with self._lock:
-            return [f"[{e.node}] {e.get('text')}" for e in self._state.logs]
+            return [f"[{e.node}] {e.fields(Log).get('text')}" for e in self._state.logs]
 
     @property
     def failure(self) -> Event | None:
-        """The root-cause worker failure (its traceback is in ``.get('traceback')``)."""
+        """The root-cause worker failure (its traceback: ``.fields(WorkerFailed).get('traceback')``)."""
         return self._state.first_failure
 
     @property

@@ -19,6 +19,7 @@ from . import pod_tracking as _pod_tracking
 from . import protocol as _protocol
 from . import term as _term
 from ._emit import emit
+from .event_types import Metric as _Metric
 from .payload import load_payload, secret
 from .protocol import ENV_TRACK, EVENT_PREFIX
 from .state import State
@@ -102,9 +103,9 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
         _protocol.mark_progress()
         _inplace.machinery().progressed()
     rank_now = rank()
-    gpu = _gpu.sample(world_size=world_size())  # every rank, every few seconds, only on CUDA
+    gpu = _gpu.sample(world_size=world_size(), rank=rank_now)  # every rank, every few seconds, only on CUDA
     if gpu is not None:
-        emit("gpu", t=_time.time(), rank=rank_now, **gpu)
+        emit(_protocol.Kind.GPU, t=_time.time(), **gpu)
     if rank_now != 0 and not all_ranks:
         return
     if step is None:
@@ -121,13 +122,13 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
                 f"report() takes numbers a chart can hold: {name} is an integer of about {digits} digits, "
                 "more than a float holds; report it scaled (or as a float)"
             )
-    extra: dict[str, float] = {}
+    said = _Metric(rank=rank_now, step=step, values=metrics)
     samples = _samples_per_step()
     if samples:  # the State's data cursor knows the global batch: samples/s without asking
-        extra["samples_per_step"] = samples
+        said["samples_per_step"] = samples
     saving = _saving_seconds() if rank_now == 0 else None
     if saving is not None and saving[1] > 0:  # what State's commits blocked of the loop so far
-        extra["blocked_s"], extra["loop_s"] = round(saving[0], 4), round(saving[1], 3)
-    emit("metric", t=_time.time(), rank=rank_now, step=step, values=metrics, **extra)
+        said["blocked_s"], said["loop_s"] = round(saving[0], 4), round(saving[1], 3)
+    emit(_protocol.Kind.METRIC, t=_time.time(), **said)
     if _TRACKED and rank_now == 0:  # a pod's rank 0 logs to MLflow/W&B itself
         _pod_tracking.observe(step, metrics)

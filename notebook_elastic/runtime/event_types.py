@@ -76,6 +76,7 @@ class JobFinished(TypedDict):
 
 class Recovering(TypedDict):
     reason: str
+    recovery: NotRequired[int]  # which of the guardian's tries (backends/local/guardian.py), from 1
 
 
 class Stall(TypedDict):
@@ -204,6 +205,7 @@ class Restart(TypedDict):
     written: NotRequired[float]
     round: NotRequired[int | None]  # the rendezvous round the restart leaves (agent side)
     local_ranks: NotRequired[list[int]]  # a departure: the local ranks that left
+    state: NotRequired[str]  # torchrun's word for the group it restarts: FAILED or UNHEALTHY (its log line)
 
 
 class WorkerStarted(TypedDict):
@@ -214,6 +216,12 @@ class WorkerStarted(TypedDict):
     generation: NotRequired[int | None]
     restart_count: NotRequired[int]
     in_place: NotRequired[bool]  # the same process, now in a new group (runtime/inplace.py)
+    # The rest of what torchrun told the worker (runtime/worker.py WorkerInfo): sent since the
+    # first version, declared here so the worker's line goes through this class.
+    local_world_size: NotRequired[int]
+    group_rank: NotRequired[int]
+    run_id: NotRequired[str]
+    host: NotRequired[str]
 
 
 class InPlace(TypedDict):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+
+from .event_types import Gpu
 
 SAMPLE_EVERY_S = 5.0
 #: The most GPU lines a second a whole job sends: each is parsed and folded by the kernel (about
@@ -29,8 +30,8 @@ _next_at = 0.0
 _nvml_ok = True  # False once NVML failed: never tried again in this process
 
 
-def sample(now: float | None = None, world_size: int = 1) -> dict[str, Any] | None:
-    """This rank's GPU figures, or None (not yet time, no CUDA, torch not imported)."""
+def sample(now: float | None = None, world_size: int = 1, rank: int = 0) -> Gpu | None:
+    """This rank's GPU figures (its ``gpu`` event), or None (not yet time, no CUDA, torch not imported)."""
     global _next_at, _nvml_ok
     now = time.monotonic() if now is None else now
     if now < _next_at:
@@ -40,11 +41,12 @@ def sample(now: float | None = None, world_size: int = 1) -> dict[str, Any] | No
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
     index = torch.cuda.current_device()
-    out: dict[str, Any] = {
-        "device": index,
-        "mem_peak_bytes": int(torch.cuda.max_memory_allocated(index)),
-        "mem_total_bytes": int(torch.cuda.get_device_properties(index).total_memory),
-    }
+    out = Gpu(
+        rank=rank,
+        device=index,
+        mem_peak_bytes=int(torch.cuda.max_memory_allocated(index)),
+        mem_total_bytes=int(torch.cuda.get_device_properties(index).total_memory),
+    )
     if _nvml_ok:
         try:
             out["util_percent"] = int(torch.cuda.utilization(index))  # maps CUDA_VISIBLE_DEVICES to NVML

@@ -112,16 +112,17 @@ class NoticeBoard:
         seconds = max(0.0, time.time() - float(notice.get("at", time.time())))
         error = "" if saved else "the checkpoint could not be written (see the checkpoint events)"
         self.answer(notice, step, seconds, saved, error)
-        emit(
-            "saved_on_notice",
+        said = SavedOnNotice(
             step=step,
             seconds=round(seconds, 3),
             id=int(notice["id"]),
             grace_s=float(notice.get("grace_s", 0.0)),
             notice_node=str(notice.get("node", "")),
             saved=saved,
-            **({"error": error} if error else {}),
         )
+        if error:
+            said["error"] = error
+        emit(Kind.SAVED_ON_NOTICE, **said)
         return saved
 
     def kept_in_place(self, notice: dict[str, Any], step: int) -> None:

@@ -138,7 +138,7 @@ class PodRun:
                 self.run_id = run.info.run_id
             # MLflow prints the run's link as it ends, credentials and all: the event has it, stripped.
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-            emit("tracking", t=time.time(), **mlflow_link(mlflow.get_tracking_uri(), experiment_id, self.run_id))
+            emit(Kind.TRACKING, t=time.time(), **mlflow_link(mlflow.get_tracking_uri(), experiment_id, self.run_id))
         else:
             import wandb
 
@@ -147,7 +147,7 @@ class PodRun:
                 id=run_id, resume="allow", name=self.job, tags=["notebook-elastic"], reinit="create_new"
             )
             self.logged_step = -1
-            emit("tracking", t=time.time(), **wandb_link(self.run))
+            emit(Kind.TRACKING, t=time.time(), **wandb_link(self.run))
 
     def _log(self, steps: list[tuple[Any, ...]]) -> None:
         if self.tracker == "mlflow":

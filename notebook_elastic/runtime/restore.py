@@ -15,6 +15,7 @@ from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _meta_path, claim_generation, list_checkpoints, run_base
 from .event_types import CheckpointUnreadable, InPlace
+from .event_types import Resumed as ResumedEvent
 from .protocol import Kind
 from .state_dicts import _load_into
 from .worker import WorkerInfo, device
@@ -268,14 +269,16 @@ class Restore:
         )
         if is_writer:
             emit(
-                "resumed",
-                step=resumed.step,
-                generation=generation,
-                from_generation=int(payload.get("generation", -1)),
-                from_world_size=payload.get("world_size"),
-                world_size=self._info.world_size,
-                samples_seen=resumed.samples_seen,
-                path=chosen,
+                Kind.RESUMED,
+                **ResumedEvent(
+                    step=resumed.step,
+                    generation=generation,
+                    from_generation=int(payload.get("generation", -1)),
+                    from_world_size=payload.get("world_size"),
+                    world_size=self._info.world_size,
+                    samples_seen=resumed.samples_seen,
+                    path=chosen,
+                ),
             )
         return resumed
 

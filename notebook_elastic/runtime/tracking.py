@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .event_types import Tracking
+
 #: Query parameters that may grant access (a token, a key, a signature): never shown.
 _SECRET_PARAM = re.compile(r"token|key|secret|pass|pwd|auth|credential|sig|session|cookie", re.I)
 
@@ -75,7 +77,7 @@ def _local_path(uri: str) -> str | None:
     return None
 
 
-def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str) -> dict[str, Any]:
+def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str) -> Tracking:
     """The ``tracking`` event of an MLflow run: the run's page on a tracking server, or, for a
     store on disk (no server to link to), its path and the ``mlflow ui`` command that serves it."""
     uri = public_uri(tracking_uri)
@@ -85,7 +87,7 @@ def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str) -> dict[str,
     elif parts.scheme == "sqlite" and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])  # the command works from any folder
     parts = urlsplit(uri)
-    info: dict[str, Any] = {"tracker": "mlflow", "run_id": run_id, "experiment_id": experiment_id, "uri": uri}
+    info = Tracking(tracker="mlflow", run_id=run_id, experiment_id=experiment_id, uri=uri)
     if parts.scheme in ("http", "https"):
         base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
         info["url"] = f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
@@ -98,13 +100,13 @@ def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str) -> dict[str,
     return info
 
 
-def wandb_link(run: Any) -> dict[str, Any]:
+def wandb_link(run: Any) -> Tracking:
     """The ``tracking`` event of a W&B run: its page when online; offline, its folder and the
     ``wandb sync`` command that uploads it."""
-    info: dict[str, Any] = {"tracker": "wandb", "run_id": str(run.id), "project": str(run.project or "")}
+    info = Tracking(tracker="wandb", run_id=str(run.id), project=str(run.project or ""))
     if getattr(run, "offline", False) or not run.url:
         path = str(run.settings.sync_dir)
-        info.update(offline=True, path=path, command=f"wandb sync {shlex.quote(path)}")
+        info["offline"], info["path"], info["command"] = True, path, f"wandb sync {shlex.quote(path)}"
     else:
         info["url"] = public_uri(str(run.url))
     return info
@@ -134,19 +136,19 @@ def shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def tensorboard_link(logdir: str) -> dict[str, Any]:
+def tensorboard_link(logdir: str) -> Tracking:
     """The ``tracking`` event of a job's TensorBoard files."""
-    return {
-        "tracker": "tensorboard",
-        "path": logdir,
-        "command": f"{tensorboard_command()} --logdir {shell_path(logdir)}",
-    }
+    return Tracking(
+        tracker="tensorboard",
+        path=logdir,
+        command=f"{tensorboard_command()} --logdir {shell_path(logdir)}",
+    )
 
 
 TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B", "tensorboard": "TensorBoard"}
 
 
-def shown(d: dict[str, Any]) -> dict[str, Any]:
+def shown(d: Mapping[str, Any]) -> dict[str, Any]:
     """What a view shows of a ``tracking`` event (which a pod's rank 0 may have written):
     ``{"tracker", "label", "url" (http(s) only) or None, "command" or None, "path" or None}``,
     stripped of credentials once more."""

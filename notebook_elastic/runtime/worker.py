@@ -13,14 +13,14 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from . import log as _logging
 from . import protocol
 from ._emit import emit
-from .event_types import WorkerFinished
+from .event_types import WorkerFailed, WorkerFinished, WorkerStarted
 from .protocol import Kind
 
 _log = _logging.get("runtime.worker")
@@ -59,6 +59,24 @@ class WorkerInfo:
     generation: int | None
     pid: int
     host: str
+
+    def started(self, *, in_place: bool = False) -> WorkerStarted:
+        """The ``worker_started`` event of this process (its node is the event's own)."""
+        said = WorkerStarted(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            world_size=self.world_size,
+            local_world_size=self.local_world_size,
+            group_rank=self.group_rank,
+            restart_count=self.restart_count,
+            run_id=self.run_id,
+            generation=self.generation,
+            pid=self.pid,
+            host=self.host,
+        )
+        if in_place:
+            said["in_place"] = True
+        return said
 
     @property
     def distributed(self) -> bool:
@@ -194,7 +212,7 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
     info = WorkerInfo.from_env()
     _whole_lines()
     _preimport_in_background()
-    emit("worker_started", **asdict(info))
+    emit(Kind.WORKER_STARTED, node=info.node, **info.started())
     handler = None
     if "TORCHELASTIC_ERROR_FILE" in os.environ:
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
@@ -217,7 +235,7 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
                 if not _stays_in_place(inplace, exc):
                     raise
                 info = WorkerInfo.from_env()
-                emit("worker_started", **asdict(info), in_place=True)
+                emit(Kind.WORKER_STARTED, node=info.node, **info.started(in_place=True))
         _run_finish_hooks()
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
@@ -233,27 +251,26 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             sys.stdout.flush()
             os._exit(0)
         by_peer = caused_by_a_peer(exc) or isinstance(exc, MembershipChange)
-        extra: dict[str, Any] = {"cause": "peer"} if by_peer else {}
-        if isinstance(exc, StateNotSaveable):
-            extra["fatal"] = True  # the same at every retry: no point spending the budget
-        emit(
-            "worker_failed",
+        failed = WorkerFailed(
             rank=info.rank,
-            node=info.node,
             pid=info.pid,
             error=type(exc).__name__,
             message=str(exc)[:500],
             traceback="".join(traceback.format_exception(exc))[-2800:],
             step=_step_source() if _step_source is not None else None,
-            **extra,
         )
+        if by_peer:
+            failed["cause"] = "peer"
+        if isinstance(exc, StateNotSaveable):
+            failed["fatal"] = True  # the same at every retry: no point spending the budget
+        emit(Kind.WORKER_FAILED, node=info.node, **failed)
         if by_peer:
             # Not this worker's failure: a distinct status lets the agent regroup without
             # charging the user's restart budget (it checks the membership change itself).
             raise SystemExit(protocol.EXIT_PEER_LOST) from exc
         if handler is not None and isinstance(exc, Exception):
             handler.record_exception(exc)
-        if extra.get("fatal"):
+        if failed.get("fatal"):
             # A distinct status, so the agent itself stops instead of restarting: waiting for
             # whoever reads this event to stop it raced torchrun's restart (one retry spent).
             raise SystemExit(protocol.EXIT_FATAL) from exc

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _HOST, _fsync_dir, _remove, _size, dead_writers_files, list_checkpoints, newest_generation
-from .event_types import CheckpointFailed
+from .event_types import Checkpoint, CheckpointFailed, Fenced
 from .interval import SaveInterval, is_final
 from .protocol import Kind
 from .state_dicts import _Snapshotter
@@ -126,11 +126,13 @@ class CheckpointWriter:
         if newer > self._generation:
             if not self._stale:
                 emit(
-                    "fenced",
-                    rank=self._info.rank,
-                    generation=self._generation,
-                    newer_generation=newer,
-                    step=self._loop.step,
+                    Kind.FENCED,
+                    **Fenced(
+                        rank=self._info.rank,
+                        generation=self._generation,
+                        newer_generation=newer,
+                        step=self._loop.step,
+                    ),
                 )
             self._stale = True
         return self._stale
@@ -243,15 +245,17 @@ class CheckpointWriter:
         if self._disk_full_until == 0.0 or final:  # once per episode, and the last step's save
             saved = list_checkpoints(self._folder)
             emit(
-                "checkpoint_failed",
-                error=f"{type(exc).__name__}: {exc}"[:500],
-                step=step,
-                disk_full=True,
-                retry_s=DISK_FULL_RETRY_S,
-                folder=str(self._folder),
-                final=final,
-                # What a resume would start from: the newest checkpoint on the disk.
-                saved_step=saved[-1][1] if saved else None,
+                Kind.CHECKPOINT_FAILED,
+                **CheckpointFailed(
+                    error=f"{type(exc).__name__}: {exc}"[:500],
+                    step=step,
+                    disk_full=True,
+                    retry_s=DISK_FULL_RETRY_S,
+                    folder=str(self._folder),
+                    final=final,
+                    # What a resume would start from: the newest checkpoint on the disk.
+                    saved_step=saved[-1][1] if saved else None,
+                ),
             )
         self._disk_full_until = time.monotonic() + DISK_FULL_RETRY_S
         return True
@@ -278,17 +282,19 @@ class CheckpointWriter:
         ):
             blocked, trained = self._interval.take_window()
             emit(
-                "checkpoint",
-                step=step,
-                generation=self._generation,
-                bytes=size,
-                ms=round((time.perf_counter() - started) * 1000, 2),
-                commits=self._unannounced,
-                # The share of the loop's time commit() blocked since the last such event, and
-                # how often it saves (steps), chosen or given.
-                blocked_pct=round(100 * blocked / (blocked + trained), 1) if blocked + trained > 0 else 0.0,
-                every=every,
-                chosen=self._interval.chosen,
+                Kind.CHECKPOINT,
+                **Checkpoint(
+                    step=step,
+                    generation=self._generation,
+                    bytes=size,
+                    ms=round((time.perf_counter() - started) * 1000, 2),
+                    commits=self._unannounced,
+                    # The share of the loop's time commit() blocked since the last such event, and
+                    # how often it saves (steps), chosen or given.
+                    blocked_pct=round(100 * blocked / (blocked + trained), 1) if blocked + trained > 0 else 0.0,
+                    every=every,
+                    chosen=self._interval.chosen,
+                ),
             )
             self._announced, self._unannounced = (self._generation, now), 0
 

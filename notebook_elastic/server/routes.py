@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tornado
@@ -37,7 +37,7 @@ from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..jobfolder.folder import ask_slurm, open_file
 from ..runtime import log as _logging
 from ..runtime.tracking import shown
-from .rows import a_type, mismatch
+from .rows import JobRow, a_type, mismatch
 
 _log = _logging.get("server.routes")
 
@@ -115,7 +115,7 @@ class DamagedRow(ValueError):
 _SOURCE = {"gpu_mem_peak_bytes": "gpu", "gpu_util_percent": "gpu"}
 
 
-def _read(s: dict[str, Any], key: str, read: Callable[[Any], Any]) -> Any:
+def _read(s: Mapping[str, Any], key: str, read: Callable[[Any], Any]) -> Any:
     """``read(s[key])``, or a ``DamagedRow`` naming the key when its value is not what a job's
     summary holds there (a string for a stall, a list of strings for the GPUs...)."""
     value = s.get(key)
@@ -127,7 +127,7 @@ def _read(s: dict[str, Any], key: str, read: Callable[[Any], Any]) -> Any:
         raise DamagedRow(f"{key!r} is {a_type(value)} ({shown}), which a job's status never holds") from None
 
 
-def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
+def job_json(info: JobInfo, root_dir: str | None = None) -> JobRow:
     """The panel's row of a job (``rows.JobRow``); ``DamagedRow`` when its summary holds a
     field of the wrong type (each derived field read by ``_read``, the whole row then checked
     against ``JobRow``, whatever field it is)."""
@@ -139,54 +139,53 @@ def job_json(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
             notebook = None if relative.startswith("..") else relative
         except ValueError:
             notebook = None
-    row: dict[str, Any] = _finite(
-        {
-            "name": info.name,
-            "backend": info.backend,
-            "status": info.status,
-            "damaged": info.damaged,
-            "reason": s.get("reason"),
-            "waiting": s.get("waiting"),
-            "stall": _read(s, "stall", lambda v: Event(Kind.STALL, 0, None, v).describe() if v else None),
-            "warning": s.get("warning"),
-            "world_size": s.get("world_size"),
-            "nodes_running": s.get("nodes_running"),
-            "target": s.get("target"),
-            "min_nodes": s.get("min_nodes"),
-            "max_nodes": s.get("max_nodes"),
-            "restarts": s.get("restarts"),
-            "max_restarts": s.get("max_restarts"),
-            "step": _read(s, "step", steps_done),  # steps done, as every view counts them
-            "total_steps": s.get("total_steps"),
-            "loss": s.get("loss"),
-            "loss_tail": s.get("loss_tail") or [],
-            # What GPU users read beside the loss; absent figures (a CPU job's GPU) are null.
-            "step_time_s": s.get("step_time_s"),
-            "samples_per_s": s.get("samples_per_s"),
-            "tokens_per_s": s.get("tokens_per_s"),
-            "gpu_mem_peak_bytes": _read(
-                s, "gpu", lambda v: max((g.get("mem_peak_bytes") or 0 for g in v or []), default=None)
-            ),
-            "gpu_util_percent": _read(
-                s, "gpu", lambda v: _mean([g["util_percent"] for g in v or [] if "util_percent" in g])
-            ),
-            # Where the run is tracked (MLflow/W&B link or command, TensorBoard), as the events told it.
-            "tracking": _read(s, "tracking", lambda v: [shown(t) for t in v or []]),
-            "transitions": s.get("transitions") or [],
-            "started_at": s.get("started_at") or info.created,
-            "finished_at": s.get("finished_at"),
-            "ran_s": s.get("ran_s"),
-            "notebook": notebook,
-            "location": info.location if isinstance(info.location, str) else None,
-        }
-    )
+    row: JobRow = {
+        "name": info.name,
+        "backend": info.backend,
+        "status": info.status,
+        "damaged": info.damaged,
+        "reason": s.get("reason"),
+        "waiting": s.get("waiting"),
+        "stall": _read(s, "stall", lambda v: Event(Kind.STALL, 0, None, v).describe() if v else None),
+        "warning": s.get("warning"),
+        "world_size": s.get("world_size"),
+        "nodes_running": s.get("nodes_running"),
+        "target": s.get("target"),
+        "min_nodes": s.get("min_nodes"),
+        "max_nodes": s.get("max_nodes"),
+        "restarts": s.get("restarts"),
+        "max_restarts": s.get("max_restarts"),
+        "step": _read(s, "step", steps_done),  # steps done, as every view counts them
+        "total_steps": s.get("total_steps"),
+        "loss": s.get("loss"),
+        "loss_tail": s.get("loss_tail") or [],
+        # What GPU users read beside the loss; absent figures (a CPU job's GPU) are null.
+        "step_time_s": s.get("step_time_s"),
+        "samples_per_s": s.get("samples_per_s"),
+        "tokens_per_s": s.get("tokens_per_s"),
+        "gpu_mem_peak_bytes": _read(
+            s, "gpu", lambda v: max((g.get("mem_peak_bytes") or 0 for g in v or []), default=None)
+        ),
+        "gpu_util_percent": _read(
+            s, "gpu", lambda v: _mean([g["util_percent"] for g in v or [] if "util_percent" in g])
+        ),
+        # Where the run is tracked (MLflow/W&B link or command, TensorBoard), as the events told it.
+        "tracking": _read(s, "tracking", lambda v: [shown(t) for t in v or []]),
+        "transitions": s.get("transitions") or [],
+        "started_at": s.get("started_at") or info.created,
+        "finished_at": s.get("finished_at"),
+        "ran_s": s.get("ran_s"),
+        "notebook": notebook,
+        "location": info.location if isinstance(info.location, str) else None,
+    }
+    row = _finite(row)  # (a float that is not finite: null)
     problem = mismatch(row)
     if problem is not None:
         raise DamagedRow(problem + next((f" (read from {_SOURCE[k]!r})" for k in _SOURCE if f"'{k}'" in problem), ""))
     return row
 
 
-def row_of(info: JobInfo, root_dir: str | None = None) -> dict[str, Any]:
+def row_of(info: JobInfo, root_dir: str | None = None) -> JobRow:
     """``job_json``, or the job as a damaged row saying which field of its status is wrong: one
     job's bad file never keeps the others from the list."""
     try:

@@ -15,17 +15,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
+from ..contract.job_state.records import Transition  # the fold's, sent as it is
 
-class Transition(TypedDict):
-    """A change of a job's status, with its time (epoch seconds) and the event that caused it."""
-
-    status: str
-    at: float
-    cause: str
-    events: NotRequired[list[str]]  # a restart: its cause first, then what else happened while it lasted
-    rooted: NotRequired[bool]  # a restart whose cause is a drill or a departure, not a symptom
-    since: NotRequired[float]  # a restart: when the outage began (its cause), what "after N s" counts from
-    in_place: NotRequired[bool]  # a restart that was a membership change in place: no process restarted
+__all__ = ["JobRow", "Tracking", "Transition", "a_type", "mismatch"]
 
 
 class Tracking(TypedDict):

@@ -187,7 +187,7 @@ class Commands:
 
     def do_status(self) -> dict[str, Any]:
         with self.sup.sink.lock:
-            return self.sup.state.summary()
+            return {**self.sup.state.summary()}
 
     def handle(self, request: dict[str, Any]) -> Any:
         """Carry out one request of the kernel's (typed once: ``contract/commands.py``)."""

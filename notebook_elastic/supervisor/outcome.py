@@ -80,7 +80,7 @@ class Outcome:
 
     def _write_status_folded(self) -> None:
         """status.json from the folded state; the caller holds the sink's lock."""
-        summary = self.sup.state.summary()
+        summary: dict[str, Any] = {**self.sup.state.summary()}
         self.status_written = summary.get("status")
         summary.update(
             name=self.sup.spec.name,

@@ -42,7 +42,7 @@ from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
-from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled
+from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled, Tracking
 from ..runtime.payload import payload_path_for
 from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from ..runtime.state import newest_generation
@@ -178,7 +178,7 @@ class Supervisor:
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
                 self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
-    def _tracker_opened(self, where: dict[str, Any]) -> None:
+    def _tracker_opened(self, where: Tracking) -> None:
         self.emit(Kind.TRACKING, **where)
 
     def _tracker_failed(self, message: str) -> None:

@@ -12,6 +12,7 @@ import psutil
 
 from .. import defaults
 from ..contract.events import Kind
+from ..runtime.event_types import Stall, StallCleared, SupervisorFrozen
 
 if TYPE_CHECKING:
     from .run import Supervisor
@@ -62,12 +63,12 @@ class Stalls:
         if last is not None and now - last >= FROZEN_S:
             # Not the job's stall: ours. What the ranks did meanwhile is still being read, so
             # the stall clock starts again (neither a "stalled" event nor a restart for it).
-            self.sup.emit(Kind.SUPERVISOR_FROZEN, for_s=round(now - last, 1), step=step)
+            self.sup.emit(Kind.SUPERVISOR_FROZEN, **SupervisorFrozen(for_s=round(now - last, 1), step=step))
             clock.since = now
             return
         if step != clock.step or status != "running":
             if clock.announced and status == "running":
-                self.sup.emit(Kind.STALL_CLEARED, step=step, for_s=round(now - clock.since, 1))
+                self.sup.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(now - clock.since, 1)))
             if step is not None and clock.step is not None and step > clock.step and status == "running":
                 clock.step_s = [*clock.step_s[-49:], (now - clock.since) / (step - clock.step)]
             clock.step, clock.since, clock.announced, clock.restarted = step, now, False, False
@@ -81,11 +82,13 @@ class Stalls:
             stopped, waiting = self._stalled_ranks()
             self.sup.emit(
                 Kind.STALL,
-                step=step,
-                for_s=round(stalled_s, 1),
-                stopped=stopped,
-                waiting=waiting,
-                restart_after_s=self.sup.spec.stall_timeout_s,
+                **Stall(
+                    step=step,
+                    for_s=round(stalled_s, 1),
+                    stopped=stopped,
+                    waiting=waiting,
+                    restart_after_s=self.sup.spec.stall_timeout_s,
+                ),
             )
             clock.announced = True
         limit = self.sup.spec.stall_timeout_s
@@ -94,7 +97,7 @@ class Stalls:
             for rank in stopped or waiting:  # a hang with no stopped rank: the whole group
                 if rank in self.sup.workers:
                     self.sup.commands.kill_rank(rank)  # the agent restarts the group: one restart
-            self.sup.emit(Kind.STALL_CLEARED, step=step, for_s=round(stalled_s, 1), restarted=True)
+            self.sup.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(stalled_s, 1), restarted=True))
             clock.restarted = True
 
     def _stalled_ranks(self) -> tuple[list[int], list[int]]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..contract.events import Event, Kind
 from ..runtime import log as _logging
+from ..runtime.event_types import Gpu, Metric
 
 _log = _logging.get("supervisor.tensorboard")
 
@@ -43,11 +44,12 @@ class TensorBoardWriter:
 
     def observe(self, e: Event, state: Any) -> None:
         """Scalars of one event; ``state`` is the job's state with the event already folded."""
-        if e.kind == Kind.METRIC and e.get("rank", 0) in (0, None):
-            step = e.get("step")
+        metric = e.fields(Metric)
+        if e.kind == Kind.METRIC and metric.get("rank", 0) in (0, None):
+            step = metric.get("step")
             if not isinstance(step, int):
                 return
-            for name, value in (e.get("values") or {}).items():
+            for name, value in (metric.get("values") or {}).items():
                 self._put(name, value, step, e.time)
             for name, value in (
                 ("speed/step_time_s", state.step_time_s),
@@ -57,10 +59,11 @@ class TensorBoardWriter:
             ):
                 self._put(name, value, step, e.time)
         elif e.kind == Kind.GPU and state.step is not None:
-            rank = e.get("rank")
-            if isinstance(e.get("mem_peak_bytes"), (int, float)):
-                self._put(f"gpu/mem_peak_gib/rank{rank}", e.get("mem_peak_bytes") / 2**30, state.step, e.time)
-            self._put(f"gpu/util_percent/rank{rank}", e.get("util_percent"), state.step, e.time)
+            gpu = e.fields(Gpu)
+            rank, peak = gpu.get("rank"), gpu.get("mem_peak_bytes")
+            if isinstance(peak, (int, float)):
+                self._put(f"gpu/mem_peak_gib/rank{rank}", peak / 2**30, state.step, e.time)
+            self._put(f"gpu/util_percent/rank{rank}", gpu.get("util_percent"), state.step, e.time)
 
     def _put(self, tag: str, value: Any, step: int, walltime: float) -> None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..contract.events import Event, Kind
 from ..contract.spec import JobSpec
+from ..runtime.event_types import Metric, Tracking
 from ..runtime.tracking import mlflow_link, next_batch, scrub, wandb_link
 
 TRACKERS = ("mlflow", "wandb")
@@ -50,17 +51,17 @@ def requested(track: str | None, env: Mapping[str, str]) -> tuple[str, ...]:
 
 def metrics_of(e: Event, state: Any) -> list[tuple[str, float, int]]:
     """``(name, value, step)`` of one metric event of rank 0; ``state`` has it folded already."""
-    if e.kind != Kind.METRIC or e.get("rank", 0) not in (0, None) or not isinstance(e.get("step"), int):
+    metric = e.fields(Metric)
+    step = metric.get("step")
+    if e.kind != Kind.METRIC or metric.get("rank", 0) not in (0, None) or not isinstance(step, int):
         return []
-    pairs = list((e.get("values") or {}).items()) + [
+    pairs = list((metric.get("values") or {}).items()) + [
         ("speed/step_time_s", state.step_time_s),
         ("speed/samples_per_s", state.samples_per_s),
         ("speed/tokens_per_s", state.tokens_per_s),
         ("job/world_size", state.world_size),
     ]
-    return [
-        (str(k), float(v), e.get("step")) for k, v in pairs if isinstance(v, (int, float)) and not isinstance(v, bool)
-    ]
+    return [(str(k), float(v), step) for k, v in pairs if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def params_of(spec: JobSpec) -> dict[str, str]:
@@ -83,7 +84,7 @@ class Tracker:
     name = ""
 
     def __init__(
-        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[Tracking], None] = lambda _: None
     ) -> None:
         self.spec = spec
         self.say = say
@@ -128,7 +129,7 @@ class Tracker:
     def _open(self) -> None:
         raise NotImplementedError
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> Tracking:
         """The open run's ``tracking`` event (``runtime/tracking.py``)."""
         raise NotImplementedError
 
@@ -152,7 +153,7 @@ class MlflowTracker(Tracker):
     name = "MLflow"
 
     def __init__(
-        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[Tracking], None] = lambda _: None
     ) -> None:
         # The open run, set by _open on the tracker's thread (started by the base's __init__: after these).
         self.client: Any = None
@@ -180,7 +181,7 @@ class MlflowTracker(Tracker):
         self.experiment_id = run.info.experiment_id
         client.log_batch(self.run_id, params=[Param(k, v) for k, v in params_of(self.spec).items()])
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> Tracking:
         import mlflow
 
         return mlflow_link(mlflow.get_tracking_uri(), self.experiment_id, self.run_id)
@@ -203,7 +204,7 @@ class WandbTracker(Tracker):
     name = "W&B"
 
     def __init__(
-        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[dict[str, Any]], None] = lambda _: None
+        self, spec: JobSpec, say: Callable[[str], None], tell: Callable[[Tracking], None] = lambda _: None
     ) -> None:
         self.run: Any = None  # the open run, set by _open on the tracker's thread (started below)
         self.step = -1  # W&B's step only grows: the last one logged
@@ -217,7 +218,7 @@ class WandbTracker(Tracker):
         )
         self.step = -1
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> Tracking:
         return wandb_link(self.run)
 
     def _log(self, metrics: list[tuple[str, float, float, int]]) -> None:

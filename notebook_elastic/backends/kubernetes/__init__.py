@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.job_state.records import JobSummary
 from ...runtime import log as _logging
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 from . import kueue
@@ -144,18 +145,18 @@ class KubernetesBackend(Backend):
             waiting = queued
         elif status in ("pending", "running") and target and phases.count("Running") < target:
             waiting = self._why_waiting(name, pods, missing=target - len(phases))
-        summary = {
-            "waiting": waiting,
-            "status": status,
-            "nodes_running": phases.count("Running"),
-            "nodes_pending": phases.count("Pending"),
-            "target": target,
-            "min_nodes": lo,
-            "max_nodes": hi,
-            "max_restarts": spec.get("max_restarts"),
-            "nproc_per_node": spec.get("nproc_per_node"),
-            "started_at": _ts(cm.metadata.creation_timestamp),
-        }
+        summary = JobSummary(
+            waiting=waiting,
+            status=status,
+            nodes_running=phases.count("Running"),
+            nodes_pending=phases.count("Pending"),
+            target=target,
+            min_nodes=lo,
+            max_nodes=hi,
+            max_restarts=spec.get("max_restarts"),
+            nproc_per_node=spec.get("nproc_per_node"),
+            started_at=_ts(cm.metadata.creation_timestamp),
+        )
         return JobInfo(
             name,
             "kubernetes",

@@ -32,7 +32,7 @@ from typing import Any
 from ...contract.events import Event, Kind
 from ...contract.job_state import budget_spent_reason, describe_failure
 from ...runtime import protocol
-from ...runtime.event_types import SCHEMA_VERSION
+from ...runtime.event_types import SCHEMA_VERSION, Checkpoint, JobFinished, JobSubmitted, Restart, WorkerFailed
 from . import grace
 from . import manifests as m
 from .client import Connection
@@ -126,7 +126,7 @@ class ClusterFollower:
                 Kind.JOB_FINISHED,
                 time.time(),
                 None,
-                {"status": "stopped", "reason": "the job's objects are gone from the cluster"},
+                dict(JobFinished(status="stopped", reason="the job's objects are gone from the cluster")),
             )
             return
         self._submitted(code)
@@ -155,19 +155,23 @@ class ClusterFollower:
     def _explain(self, event: Event) -> Event:
         """Keep the worker failures and restarts seen so far; a job that failed because its
         restart budget is spent then says which rank raised what, like the local backend."""
-        if event.kind == Kind.CHECKPOINT and event.get("ms"):
-            save_s = float(event.get("ms")) / 1000
+        ms = event.fields(Checkpoint).get("ms")
+        if event.kind == Kind.CHECKPOINT and ms:
+            save_s = float(ms) / 1000
             if save_s > self.longest_save_s:  # what the next launch of this name derives its grace from
                 self.longest_save_s = save_s
                 grace.record(self.job, save_s)
         if event.kind == Kind.WORKER_FAILED:
             self.failures.append(event)
-        elif event.kind == Kind.RESTART and event.get("reason") == "worker_failed":
-            self.restarts = max(self.restarts, int(event.get("restarts_used") or 0))
-            self.max_restarts = event.get("max_restarts", self.max_restarts)
-        elif event.kind == Kind.JOB_FINISHED and event.get("budget_spent"):
+        elif event.kind == Kind.RESTART and event.fields(Restart).get("reason") == "worker_failed":
+            restart = event.fields(Restart)
+            self.restarts = max(self.restarts, int(restart.get("restarts_used") or 0))
+            self.max_restarts = restart.get("max_restarts", self.max_restarts)
+        # (budget_spent: the workload watch's own mark on its job_finished, taken off here; no
+        # event that leaves the follower carries it.)
+        elif event.kind == Kind.JOB_FINISHED and event.data.get("budget_spent"):
             data = {k: v for k, v in event.data.items() if k != "budget_spent"}
-            fatal = next((f for f in self.failures if f.get("fatal")), None)
+            fatal = next((f for f in self.failures if f.fields(WorkerFailed).get("fatal")), None)
             if fatal is not None:  # not retried: no budget was spent on it
                 data["reason"] = describe_failure(fatal)
             elif re.search(rf"\bexit code {protocol.EXIT_FATAL}\b", data.get("reason", "")):  # its log was missed
@@ -186,9 +190,7 @@ class ClusterFollower:
         options = json.loads((cm.metadata.annotations or {}).get("notebook-elastic.io/options", "{}"))
         lo, hi = spec.get("nnodes", [1, 1])
         self.max_restarts = spec.get("max_restarts")
-        self.emit(
-            Kind.JOB_SUBMITTED,
-            t=_ts(cm.metadata.creation_timestamp),
+        submitted = JobSubmitted(
             schema=SCHEMA_VERSION,
             name=self.job,
             nodes=spec.get("nodes") or lo,
@@ -199,5 +201,7 @@ class ClusterFollower:
             backend="kubernetes",
             namespace=self.conn.namespace,
             notebook=spec.get("notebook"),
-            **({"grace_s": options["grace"]} if options.get("grace") else {}),
         )
+        if options.get("grace"):
+            submitted["grace_s"] = options["grace"]
+        self.emit(Kind.JOB_SUBMITTED, t=_ts(cm.metadata.creation_timestamp), **submitted)

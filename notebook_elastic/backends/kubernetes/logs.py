@@ -34,6 +34,7 @@ from typing import Any
 
 from ...contract.events import Event, Kind
 from ...runtime import log as _logging
+from ...runtime.event_types import Metric, Rendezvous, WorkerFailed, WorkerStarted
 from .client import is_missing
 from .pods import PodView
 from .watch import Backoff, Followed, is_forbidden, parse_time
@@ -339,15 +340,18 @@ class LogFollower:
         change on rank 0's pod makes the others' lines worth reading soon."""
         kind = event.kind
         if kind == Kind.RENDEZVOUS:
-            lead = view.name if event.get("group_rank") == 0 else None
-            for member in event.get("members") or []:
+            round_ = event.fields(Rendezvous)
+            lead = view.name if round_.get("group_rank") == 0 else None
+            for member in round_.get("members") or []:
                 if member.get("group_rank") == 0:
                     lead = self._pod_at(member.get("addr")) or lead
             if lead is not None:
                 self._lead(lead)
-        elif kind in (Kind.WORKER_STARTED, Kind.METRIC) and event.get("rank") == 0:
+        elif (kind == Kind.WORKER_STARTED and event.fields(WorkerStarted).get("rank") == 0) or (
+            kind == Kind.METRIC and event.fields(Metric).get("rank") == 0
+        ):
             self._lead(view.name)
-        if kind == Kind.WORKER_FAILED and event.get("cause") != "peer":
+        if kind == Kind.WORKER_FAILED and event.fields(WorkerFailed).get("cause") != "peer":
             view.failing = True
             self._rebalance()
         elif kind == Kind.WORKER_STARTED and view.failing:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ...contract.events import Kind, LineParser
 from ...runtime import log as _logging
 from ...runtime import protocol
+from ...runtime.event_types import Error, NodeJoined, NodeLeft, Pending, StoreLost
 from . import manifests as m
 from .cursor import LogCursor
 from .watch import Followed, Watcher
@@ -165,7 +166,7 @@ class PodEvents:
             for view in gone:
                 view.left = True
         for view in gone:
-            self.emit(Kind.NODE_LEFT, view.name, reason="deleted", exitcode=None)
+            self.emit(Kind.NODE_LEFT, view.name, **NodeLeft(reason="deleted", exitcode=None))
 
     def _on_pod(self, kind: str, pod: Any) -> None:
         name = pod.metadata.name
@@ -202,7 +203,7 @@ class PodEvents:
             if reason and reason != view.reported_pending:
                 view.reported_pending = reason
                 head, _, message = reason.partition(": ")
-                self.emit(Kind.PENDING, name, reason=head, message=message)
+                self.emit(Kind.PENDING, name, **Pending(reason=head, message=message))
         if (
             container
             and container.state
@@ -212,7 +213,11 @@ class PodEvents:
             reason = f"CrashLoopBackOff: {container.state.waiting.message or ''}"
             if reason != view.reported_pending:
                 view.reported_pending = reason
-                self.emit(Kind.PENDING, name, reason="CrashLoopBackOff", message=container.state.waiting.message or "")
+                self.emit(
+                    Kind.PENDING,
+                    name,
+                    **Pending(reason="CrashLoopBackOff", message=container.state.waiting.message or ""),
+                )
         # Running: it joined; its log is read (followed, or caught up: logs.py).
         started = container and container.state and (container.state.running or container.state.terminated)
         if started and not view.running_seen:
@@ -221,8 +226,10 @@ class PodEvents:
             self.emit(
                 Kind.NODE_JOINED,
                 name,
-                ip=status.pod_ip,
-                index=(pod.metadata.labels or {}).get("batch.kubernetes.io/job-completion-index"),
+                **NodeJoined(
+                    ip=status.pod_ip,
+                    index=(pod.metadata.labels or {}).get("batch.kubernetes.io/job-completion-index"),
+                ),
             )
             self.logs.pod_started(view)
         if container and container.restart_count and container.restart_count > view.restart_count:
@@ -230,8 +237,7 @@ class PodEvents:
             self.emit(
                 Kind.ERROR,
                 name,
-                error="ContainerRestarted",
-                message=f"container restarted ({container.restart_count}x)",
+                **Error(error="ContainerRestarted", message=f"container restarted ({container.restart_count}x)"),
             )
             self.logs.pod_restarted(view)
         # Gone: why.
@@ -260,8 +266,7 @@ class PodEvents:
                 self.emit(
                     Kind.NODE_LEFT,
                     name,
-                    reason=reason,
-                    exitcode=terminated.exit_code if terminated is not None else None,
+                    **NodeLeft(reason=reason, exitcode=terminated.exit_code if terminated is not None else None),
                 )
                 self.logs.pod_ended(view)
                 if kind == "MODIFIED" and terminated is not None and terminated.exit_code == protocol.EXIT_EVICTED:
@@ -315,14 +320,13 @@ class PodEvents:
                 for c in ((pod.status.conditions or []) if pod.status else [])
             )
             reason = STORE_CUT_OFF if cut_off else "evicted" if evicted else "deleted"
-            self.emit(Kind.STORE_LOST, pod.metadata.name, reason=reason)
+            self.emit(Kind.STORE_LOST, pod.metadata.name, **StoreLost(reason=reason))
         if container and container.restart_count and container.restart_count > view.restart_count:
             view.restart_count = container.restart_count
             self.emit(
                 Kind.ERROR,
                 pod.metadata.name,
-                error="RendezvousRestarted",
-                message="the rendezvous store restarted; agents rejoin",
+                **Error(error="RendezvousRestarted", message="the rendezvous store restarted; agents rejoin"),
             )
         if phase == "Pending":
             reason = ""
@@ -332,4 +336,6 @@ class PodEvents:
             if reason and reason != view.reported_pending:
                 view.reported_pending = reason
                 head, _, message = reason.partition(": ")
-                self.emit(Kind.PENDING, pod.metadata.name, reason=head, message=message, component="rendezvous")
+                self.emit(
+                    Kind.PENDING, pod.metadata.name, **Pending(reason=head, message=message, component="rendezvous")
+                )

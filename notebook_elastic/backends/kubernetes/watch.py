@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...contract.events import Kind
+from ...runtime.event_types import Error
 from .client import Connection, explain
 
 WATCH_TIMEOUT_S = 30
@@ -98,7 +99,7 @@ class Watcher:
             if message in self.refused:
                 return
             self.refused.add(message)
-        self.emit(Kind.ERROR, None, error="Forbidden", message=message)
+        self.emit(Kind.ERROR, None, **Error(error="Forbidden", message=message))
 
     def watch(
         self,

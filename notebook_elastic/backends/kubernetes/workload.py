@@ -15,6 +15,7 @@ from typing import Any
 from ...contract.events import Kind
 from ...runtime import log as _logging
 from ...runtime import protocol
+from ...runtime.event_types import Error, Pending, Scaled
 from . import kueue
 from . import manifests as m
 from .client import is_missing
@@ -81,9 +82,9 @@ class WorkloadEvents:
             self.warned.add(key)
         t = _ts(event.last_timestamp or event.event_time or event.metadata.creation_timestamp)
         if event.reason == "FailedCreate":
-            self.emit(Kind.PENDING, None, t, reason="FailedCreate", message=message, component="workers")
+            self.emit(Kind.PENDING, None, t, **Pending(reason="FailedCreate", message=message, component="workers"))
         else:
-            self.emit(Kind.ERROR, None, t, error=event.reason, message=message)
+            self.emit(Kind.ERROR, None, t, **Error(error=event.reason, message=message))
 
     def watch_workload(self) -> None:
         """Scale changes and the job's end, from the workers' controller object."""
@@ -110,14 +111,12 @@ class WorkloadEvents:
                     if spec.parallelism != last_parallelism or nnodes != last_range:
                         lo, hi = (int(x) for x in (nnodes or "1:1").split(":"))
                         if last_parallelism is not None:
-                            self.emit(
-                                Kind.SCALED,
-                                target=spec.parallelism,
-                                min_nodes=lo,
-                                max_nodes=hi,
-                                reconfigured=nnodes != last_range,
-                                epoch=epoch,
+                            scaled = Scaled(
+                                target=spec.parallelism, min_nodes=lo, max_nodes=hi, reconfigured=nnodes != last_range
                             )
+                            if epoch is not None and epoch.isdigit():  # the annotation's text: the contract's number
+                                scaled["epoch"] = int(epoch)
+                            self.emit(Kind.SCALED, **scaled)
                         last_parallelism, last_range = spec.parallelism, nnodes
                     self._poll_queue(job)
                     for cond in status.conditions or []:

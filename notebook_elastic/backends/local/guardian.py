@@ -20,6 +20,7 @@ from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...errors import NotebookElasticError
 from ...jobfolder.folder import JobFolder, write_json_atomic
 from ...jobfolder.processes import process_start_ticks
+from ...runtime.event_types import Error, JobFinished, Recovering
 
 POLL_S = 0.5
 #: Supervisor deaths a job recovers from by itself; past that it is lost (resume() by hand).
@@ -55,7 +56,7 @@ def guard(folder: JobFolder) -> int:
                 continue  # alive, or still starting
             if recoveries >= MAX_RECOVERIES:
                 reason = f"its supervisor died {recoveries + 1} times; resume() to try again"
-                lost = Event(Kind.JOB_FINISHED, time.time(), None, {"status": "lost", "reason": reason})
+                lost = Event(Kind.JOB_FINISHED, time.time(), None, dict(JobFinished(status="lost", reason=reason)))
                 _say(folder, lost)
                 _write_status(folder, "lost", reason)
                 return 1
@@ -63,7 +64,9 @@ def guard(folder: JobFolder) -> int:
             reason = (
                 f"its supervisor died; resuming from the latest checkpoint (recovery {recoveries}/{MAX_RECOVERIES})"
             )
-            _say(folder, Event(Kind.RECOVERING, time.time(), None, {"reason": reason, "recovery": recoveries}))
+            _say(
+                folder, Event(Kind.RECOVERING, time.time(), None, dict(Recovering(reason=reason, recovery=recoveries)))
+            )
             _write_status(folder, "recovering", reason)
             try:
                 # The job's own backend (a Slurm job's first cancels what is left of it in Slurm).
@@ -71,7 +74,7 @@ def guard(folder: JobFolder) -> int:
                 assert isinstance(backend, LocalBackend)  # a folder's job: local or Slurm
                 backend.resume(folder.name, guarded=True)
             except (NotebookElasticError, OSError) as exc:
-                _say(folder, Event(Kind.ERROR, time.time(), None, {"message": f"recovery failed: {exc}"}))
+                _say(folder, Event(Kind.ERROR, time.time(), None, dict(Error(message=f"recovery failed: {exc}"))))
     finally:
         folder.guardian_file.unlink(missing_ok=True)
 

@@ -14,15 +14,27 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from ...runtime.event_types import Metric, NodeLeft
+from ...runtime.event_types import Gpu, InPlace, Metric, NodeLeft, Stall, Tracking, WorkerStarted
 from ...runtime.tracking import tracking_text
 from ..events import FINAL_STATUSES, Event, Kind, Status, describe, format_duration, sig, steps_done
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
 from .handlers import Fold
-from .records import SAVING_MEASURED_S, Marker, Metrics, MetricSeries, NodeInfo, RankInfo, RunClock, SavingClock
+from .records import (
+    SAVING_MEASURED_S,
+    JobSummary,
+    Marker,
+    Metrics,
+    MetricSeries,
+    NodeInfo,
+    RankInfo,
+    RunClock,
+    SavingClock,
+    Transition,
+    summary_of,
+)
 
 # The fold, and the names that were defined here before its parts moved out (still imported from here).
 __all__ = [
@@ -31,6 +43,7 @@ __all__ = [
     "ROOT_WINDOW_S",
     "SYMPTOMS",
     "JobState",
+    "JobSummary",
     "Marker",
     "MetricSeries",
     "Metrics",
@@ -39,10 +52,12 @@ __all__ = [
     "RunClock",
     "SAVING_MEASURED_S",
     "SavingClock",
+    "Transition",
     "budget_spent_reason",
     "describe_failure",
     "elapsed_s",
     "first_failure",
+    "summary_of",
     "summary_text",
     "with_fold",
 ]
@@ -87,7 +102,7 @@ class JobState:
         self.nproc_per_node: int | None = None
         self.gpus = 0  # GPUs the job may place its ranks on (0: a CPU job)
         self.grace_s: float | None = None  # Kubernetes: a pod's grace between SIGTERM and SIGKILL (--grace)
-        self.stall: dict[str, Any] | None = None  # the stall in progress: step, stopped, waiting
+        self.stall: Stall | None = None  # the stall in progress: step, stopped, waiting
         self.warning: str | None = None  # a condition the job trains on through (a full disk)
         self.nodes: dict[str, NodeInfo] = {}
         self.world_size = 0
@@ -119,14 +134,14 @@ class JobState:
         self.last_dropped: str | None = None
         # Status changes with their time and cause, newest last: a restart that heals in
         # less than a poll interval still shows in the jobs panel.
-        self.transitions: deque[dict[str, Any]] = deque(maxlen=16)
+        self.transitions: deque[Transition] = deque(maxlen=16)
         self._last_root: Event | None = None
         self._in_place_started: float | None = None  # the first rank training in a change in place
         self._rates: deque[tuple[float, float]] = deque(maxlen=64)
         self.samples_per_step: float | None = None  # the data cursor's global batch, or reported samples=
         self.tokens_per_step: float | None = None  # reported tokens=
-        self.gpu: dict[int, dict[str, Any]] = {}  # rank -> its latest gpu event's figures
-        self.tracking: dict[str, dict[str, Any]] = {}  # tracker -> where its run is (tracking events)
+        self.gpu: dict[int, Gpu] = {}  # rank -> its latest gpu event's figures
+        self.tracking: dict[str, Tracking] = {}  # tracker -> where its run is (tracking events)
         self._fold = Fold(self)  # what each event kind does to the attributes above
 
     # -- derived -------------------------------------------------------------------------
@@ -191,9 +206,9 @@ class JobState:
         return self._throughput(self.tokens_per_step)
 
     @property
-    def gpu_ranks(self) -> list[dict[str, Any]]:
+    def gpu_ranks(self) -> list[Gpu]:
         """The GPU figures of the ranks of the current world, by rank (empty on CPU)."""
-        return [{"rank": r, **self.gpu[r]} for r in sorted(self.gpu) if r < max(self.world_size, 1)]
+        return [self.gpu[r] for r in sorted(self.gpu) if r < max(self.world_size, 1)]
 
     @property
     def eta_s(self) -> float | None:
@@ -206,7 +221,7 @@ class JobState:
     def first_failure(self) -> Event | None:
         return first_failure(self.failures)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JobSummary:
         """A small JSON-able digest (status.json, the jobs panel, %elastic_jobs)."""
         loss = self.metrics.last("loss")
         tail: list[float] = []
@@ -307,7 +322,7 @@ class JobState:
         restart is named as its cause instead, and every symptom is listed under it."""
         root = _is_root_cause(e)
         if self.status != before:
-            entry: dict[str, Any] = {"status": self.status, "at": e.time, "cause": describe(e)}
+            entry = Transition(status=self.status, at=e.time, cause=describe(e))
             if self.status == Status.RESTARTING:
                 entry["events"] = [describe(e)]
                 recent = self._root_before(e.time)
@@ -331,7 +346,7 @@ class JobState:
                     entry["cause"], entry["rooted"] = describe(e), True
         if root:
             self._last_root = e
-        if e.kind == Kind.WORKER_STARTED and e.get("in_place"):
+        if e.kind == Kind.WORKER_STARTED and e.fields(WorkerStarted).get("in_place"):
             since = self._last_root.time if self._last_root is not None else 0.0
             if self._in_place_started is None or self._in_place_started < since:
                 self._in_place_started = e.time  # the first rank training in the change's new group
@@ -348,7 +363,11 @@ class JobState:
         (a graceful leave, a join) flipped no status, so it is entered in the history here."""
         for entry in reversed(self.transitions):
             if entry["status"] == Status.RESTARTING:
-                began = told.time - float(told.get("took_s") or 0.0) - CHANGE_SLACK_S if told is not None else 0.0
+                began = (
+                    told.time - float(told.fields(InPlace).get("took_s") or 0.0) - CHANGE_SLACK_S
+                    if told is not None
+                    else 0.0
+                )
                 if entry["at"] >= began:
                     entry["in_place"] = True
                     return
@@ -361,7 +380,7 @@ class JobState:
         was (from its cause, the drill or the departure, to the first rank training in the new
         group: the timeline's "in place at world size N after ..." counts the same)."""
         recent = self._root_before(told.time)
-        began = recent.time if recent is not None else told.time - float(told.get("took_s") or 0.0)
+        began = recent.time if recent is not None else told.time - float(told.fields(InPlace).get("took_s") or 0.0)
         cause = describe(recent if recent is not None else told)
         trained = (
             self._in_place_started
@@ -390,7 +409,7 @@ class JobState:
 
 def _kept_in_place(e: Event) -> bool:
     """Whether ``e`` says training went on in the processes it ran in (a group formed in place)."""
-    return e.kind == Kind.IN_PLACE or (e.kind == Kind.WORKER_STARTED and bool(e.get("in_place")))
+    return e.kind == Kind.IN_PLACE or (e.kind == Kind.WORKER_STARTED and bool(e.fields(WorkerStarted).get("in_place")))
 
 
 #: What a listing that reads a cluster (pods, the workers' Job) takes from a fold of the job's
@@ -411,15 +430,15 @@ FOLDED_FIELDS = (
 )
 
 
-def with_fold(status: str, summary: dict[str, Any], state: JobState | None) -> tuple[str, dict[str, Any]]:
+def with_fold(status: str, summary: JobSummary, state: JobState | None) -> tuple[str, JobSummary]:
     """A listed job's status and summary, overlaid with what ``state`` (a fold of its events)
     knows: the Kubernetes rows of the jobs panel gain restarts, step and loss as local ones
     have them (a local job's summary is its supervisor's fold already). The cluster's word on
     its pods stays; a restart in progress or an ending the events told wins over it."""
     if state is None or state.last_event_at is None:
         return status, summary
-    folded = state.summary()
-    out = {**summary, **{k: folded[k] for k in FOLDED_FIELDS}}
+    folded: Mapping[str, object] = state.summary()
+    out = summary_of({**summary, **{k: folded[k] for k in FOLDED_FIELDS}})
     if state.finished or (
         status in (Status.PENDING, Status.RUNNING) and state.status in (Status.RUNNING, Status.RESTARTING)
     ):

@@ -13,7 +13,7 @@ OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")
 def describe_failure(e: Event) -> str:
     """ "rank 0 on node-1 raised ZeroDivisionError: division by zero"; memory said plainly."""
     d = e.fields(WorkerFailed)
-    node = e.node or e.get("node")  # not a field: the envelope's, if an Event holds it in data
+    node = e.sender
     where = f"rank {d.get('rank')}" + (f" on {node}" if node else "")
     if d.get("error") in OUT_OF_MEMORY:
         return f"{where} ran out of memory ({d.get('error')}: {d.get('message')})"

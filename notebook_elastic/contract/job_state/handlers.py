@@ -10,7 +10,7 @@ as far as it goes rather than dropped at the first (``JobState.apply`` drops wha
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ...agent.notice_keeper import LEAVE_S
 from ...runtime.event_types import (
@@ -117,7 +117,7 @@ class Fold:
         self._take_size(e, e.fields(JobResumed))  # the grace stays: only job_submitted tells it
 
     def _on_stall(self, e: Event) -> None:
-        self.state.stall = dict(e.data)
+        self.state.stall = e.fields(Stall).copy()
         self._mark(e, "stall", f"stalled at step {steps_done(e.fields(Stall).get('step'))}")
 
     def _on_stall_cleared(self, e: Event) -> None:
@@ -240,17 +240,21 @@ class Fold:
 
     def _on_gpu(self, e: Event) -> None:
         d = e.fields(Gpu)
+        rank = int(d.get("rank", 0))
         figures = {
+            "rank": rank,  # first, as the listings have always shown it
             "device": d.get("device"),
             "mem_peak_bytes": d.get("mem_peak_bytes"),
             "mem_total_bytes": d.get("mem_total_bytes"),
             "util_percent": d.get("util_percent"),
         }
-        self.state.gpu[int(d.get("rank", 0))] = {k: v for k, v in figures.items() if v is not None}
+        # What the worker sent, its figures that are there (a worker may send anything: the
+        # listings check what they show).
+        self.state.gpu[rank] = cast(Gpu, {k: v for k, v in figures.items() if v is not None})
 
     def _on_worker_started(self, e: Event) -> None:
         d = e.fields(WorkerStarted)
-        node = self._node(e.node or e.get("node"))  # not a field: the envelope's, if an Event holds it in data
+        node = self._node(e.sender)
         generation = d.get("generation")
         if generation is not None and self.state.generation is not None and generation < self.state.generation:
             return  # a late line from a superseded group
@@ -357,7 +361,8 @@ class Fold:
         self.state.warning = e.fields(DiskFull).get("message")
 
     def _on_tracking(self, e: Event) -> None:
-        self.state.tracking[str(e.fields(Tracking).get("tracker"))] = dict(e.data)
+        where = e.fields(Tracking)
+        self.state.tracking[str(where.get("tracker"))] = where.copy()
 
     def _on_degraded(self, e: Event) -> None:
         self.state.warning = degraded_text(e.fields(Degraded))

@@ -1,12 +1,84 @@
 """The parts of a job's state: a rank, a node (what the panel shows of it), a marker on the
-loss chart, and the metrics as compact columns per name."""
+loss chart, the metrics as compact columns per name, and the digest every listing reads
+(``JobSummary``: status.json, a listed job's summary, what the jobs panel's row is made of)."""
 
 from __future__ import annotations
 
 import math
+import sys
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import NotRequired
+
+from ...runtime.event_types import Gpu, Stall, Tracking
+
+
+class Transition(TypedDict):
+    """A change of a job's status, with its time (epoch seconds) and the event that caused it."""
+
+    status: str
+    at: float
+    cause: str
+    events: NotRequired[list[str]]  # a restart: its cause first, then what else happened while it lasted
+    rooted: NotRequired[bool]  # a restart whose cause is a drill or a departure, not a symptom
+    since: NotRequired[float]  # a restart: when the outage began (its cause), what "after N s" counts from
+    in_place: NotRequired[bool]  # a restart that was a membership change in place: no process restarted
+
+
+class JobSummary(TypedDict, total=False):
+    """A job's digest (``JobState.summary()``; status.json; a listed job's ``JobInfo.summary``,
+    which a backend may give only part of). Read from a file another process wrote: what each
+    key holds is checked where it is shown (the jobs panel's row: ``server/rows.py``)."""
+
+    status: str
+    reason: str | None
+    waiting: str | None  # why capacity the job asked for is not coming
+    stall: Stall | None  # the stall in progress (its event's fields)
+    warning: str | None
+    world_size: int | None
+    nodes_running: int | None
+    nodes_pending: int  # a cluster's pods waiting
+    target: int | None
+    min_nodes: int | None
+    max_nodes: int | None
+    nproc_per_node: int | None
+    restarts: int | None
+    max_restarts: int | None
+    resumes: int
+    step: int | None  # the latest step reported (steps done: one more)
+    total_steps: int | None
+    loss: float | None
+    loss_tail: list[float]
+    started_at: float | None
+    finished_at: float | None
+    ran_s: float | None
+    generation: int | None
+    transitions: list[Transition]
+    nodes: list[dict[str, Any]]
+    step_time_s: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    gpu: list[Gpu]  # each rank's latest figures
+    tracking: list[Tracking]  # where the run is tracked (the tracking events)
+    # What the local supervisor adds in status.json (supervisor/outcome.py).
+    name: str
+    backend: str
+    notebook: str | None
+    supervisor_pid: int
+    updated: float
+
+
+def summary_of(read: Mapping[str, Any]) -> JobSummary:
+    """A job's digest as read from its file (status.json, outcome.json): the same dict, neither
+    copied nor checked, as ``Event.fields`` reads an event; what each listing shows of it is
+    checked there (the jobs panel's row: ``server/rows.py``)."""
+    return cast(JobSummary, read)
 
 
 @dataclass

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as W
 
 from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.job_state.records import Transition
 from ...runtime import log as _logging
+from ...runtime.event_types import Log
 from .controls import Controls
 from .render import (
     chart_box,
@@ -60,7 +62,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
         self._last_chart: tuple[tuple[Any, ...], str] = ((), "")  # (what it was drawn from, the SVG)
         # The status history's entry the header drew last: a status the job passed through
         # between two frames is drawn for one frame of its own (_status_to_draw).
-        self._drawn_entry: dict[str, Any] | None = job.state.transitions[-1] if job.state.transitions else None
+        self._drawn_entry: Transition | None = job.state.transitions[-1] if job.state.transitions else None
         self._held = False
 
         state = job.state
@@ -293,7 +295,7 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
             if "logs" in dirty:
                 node = self.output_of.value
                 lines = [e for e in list(state.logs) if not node or e.node == node][-60:]
-                self._set(self.logs, "value", logs_html([f"[{e.node}] {e.get('text')}" for e in lines]))
+                self._set(self.logs, "value", logs_html([f"[{e.node}] {e.fields(Log).get('text')}" for e in lines]))
             if "controls" in dirty:
                 self.controls.sync()
         if self._held:

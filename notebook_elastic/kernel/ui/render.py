@@ -14,7 +14,7 @@ offline snapshot are here.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...contract.events import Event, Kind, gib, rate, sig
@@ -147,7 +147,7 @@ def wrappable(text: str) -> str:
     return "".join(out)
 
 
-def tracking_html(tracking: Sequence[dict[str, Any]]) -> str:
+def tracking_html(tracking: Sequence[Mapping[str, Any]]) -> str:
     """Where the run is tracked: a link to the MLflow/W&B run's page, else the command that shows
     it (``mlflow ui ...`` for a store on disk, ``wandb sync ...`` offline, ``tensorboard ...``).
     Only http(s) links; what an event says is escaped and stripped of credentials again here
@@ -246,7 +246,7 @@ def header_html(name: str, backend: str, state: JobState, now: float | None = No
         notes.append(f'<div class="ne-warning" style="color:#e65100">{esc(state.warning)}</div>')
     if state.stall and not state.finished:
         notes.append(
-            f'<div class="ne-stall" style="color:#c62828">{esc(Event(Kind.STALL, 0, None, state.stall).describe())}</div>'
+            f'<div class="ne-stall" style="color:#c62828">{esc(Event(Kind.STALL, 0, None, {**state.stall}).describe())}</div>'
         )
     if state.waiting and not state.finished:
         notes.append(f'<div class="ne-waiting" style="color:#e65100">{esc(state.waiting)}</div>')

@@ -10,6 +10,7 @@ from typing import Any
 
 from ...contract.events import FAULT_WORDS, Event, Kind, describe, format_duration
 from ...contract.job_state.handlers import quiet_departure
+from ...runtime.event_types import Fault, JobFinished, NodeLeft, Restart, Resumed, Scaled, WorkerFailed, WorkerStarted
 from .theme import FG, FG_FAINT, esc, left_words
 
 EVENT_COLORS: dict[str, str] = {
@@ -37,8 +38,9 @@ NEUTRAL = "#8d6e63"  # membership changes: a departure's symptoms are not failur
 
 
 def event_color(e: Event) -> str:
-    if (e.kind == Kind.WORKER_FAILED and e.get("cause") == "peer") or (
-        e.kind == Kind.RESTART and e.get("reason") in ("departure", "membership_change", "store_replaced")
+    if (e.kind == Kind.WORKER_FAILED and e.fields(WorkerFailed).get("cause") == "peer") or (
+        e.kind == Kind.RESTART
+        and e.fields(Restart).get("reason") in ("departure", "membership_change", "store_replaced")
     ):
         return NEUTRAL
     return EVENT_COLORS.get(e.kind, "#555")
@@ -73,9 +75,12 @@ def _back_after(e: Event, events: Sequence[Event], index: int, started: frozense
     ``e``: a slower node's rank of the same group, told a moment later) is not training
     starting again."""
     for later in events[index + 1 :]:
-        if later.kind == Kind.WORKER_STARTED and later.get("generation") not in started:
-            how = "in place" if later.get("in_place") else "back"
-            return f" — {how} at world size {later.get('world_size')} after {format_duration(later.time - e.time)}"
+        started_now = later.fields(WorkerStarted)
+        if later.kind == Kind.WORKER_STARTED and started_now.get("generation") not in started:
+            how = "in place" if started_now.get("in_place") else "back"
+            return (
+                f" — {how} at world size {started_now.get('world_size')} after {format_duration(later.time - e.time)}"
+            )
         if later.kind == Kind.JOB_FINISHED:
             return ""
     return " — regrouping…"
@@ -91,50 +96,69 @@ def story(events: Sequence[Event]) -> list[tuple[Event, str]]:
     # already started again)
     drilled: dict[str, tuple[Event, int, frozenset[Any]]] = {}
     for i, e in enumerate(events):
-        k, d = e.kind, e.data
+        k = e.kind
         if k in STORY_HIDDEN:
             continue
         if k == Kind.WORKER_STARTED:
-            key = d.get("generation")
+            started = e.fields(WorkerStarted)
+            key = started.get("generation")
             if key in groups:
                 continue
             groups.add(key)
-            if not d.get("in_place"):  # a group formed in place: its in_place line tells it
-                out.append((e, f"training at world size {d.get('world_size')}"))
-        elif k == Kind.WORKER_FAILED and d.get("cause") == "peer":
+            if not started.get("in_place"):  # a group formed in place: its in_place line tells it
+                out.append((e, f"training at world size {started.get('world_size')}"))
+        elif k == Kind.WORKER_FAILED and e.fields(WorkerFailed).get("cause") == "peer":
             continue
-        elif k == Kind.RESTART and d.get("reason") in ("departure", "membership_change", "store_replaced"):
+        elif k == Kind.RESTART and e.fields(Restart).get("reason") in (
+            "departure",
+            "membership_change",
+            "store_replaced",
+        ):
             continue
         elif k == Kind.RESTART:
+            restart = e.fields(Restart)
             out.append(
-                (e, f"{e.node}: worker group restarted — restart {d.get('restarts_used')} of {d.get('max_restarts')}")
+                (
+                    e,
+                    f"{e.node}: worker group restarted — restart {restart.get('restarts_used')} of {restart.get('max_restarts')}",
+                )
             )
-        elif k == Kind.SCALED and d.get("reason"):
+        elif k == Kind.SCALED and e.fields(Scaled).get("reason"):
             continue  # the node_left line tells it
         elif k == Kind.SCALED:
-            out.append((e, f"asked for {d.get('target')} node(s), range {d.get('min_nodes')}:{d.get('max_nodes')}"))
-        elif k == Kind.FAULT and str(d.get("fault")).endswith("_node") and e.node:
+            scaled = e.fields(Scaled)
+            out.append(
+                (
+                    e,
+                    f"asked for {scaled.get('target')} node(s), range {scaled.get('min_nodes')}:{scaled.get('max_nodes')}",
+                )
+            )
+        elif k == Kind.FAULT and str(e.fields(Fault).get("fault")).endswith("_node") and e.node:
             drilled[e.node] = (e, i, frozenset(groups))  # one line for it: the node's departure, marked as a drill
         elif k == Kind.FAULT:
-            out.append((e, f"drill: {d.get('target')} {FAULT_WORDS.get(str(d.get('fault')), d.get('fault'))}"))
+            fault = e.fields(Fault)
+            out.append(
+                (e, f"drill: {fault.get('target')} {FAULT_WORDS.get(str(fault.get('fault')), fault.get('fault'))}")
+            )
         elif k == Kind.NODE_LEFT:
-            reason = d.get("reason")
+            reason = e.fields(NodeLeft).get("reason")
             drilled_at = drilled.pop(e.node, None) if e.node else None
             if quiet_departure(reason) and drilled_at is None:
                 continue  # nor is it marked on the chart: the same rule, the fold's
             if drilled_at is not None:  # the outage counts from the drill, not from when the node was gone
                 drill, at, before = drilled_at
-                words = FAULT_WORDS.get(str(drill.get("fault")), str(drill.get("fault")))
+                what = drill.fields(Fault).get("fault")
+                words = FAULT_WORDS.get(str(what), str(what))
                 out.append((drill, f"{e.node} {words} (drill)" + _back_after(drill, events, at, before)))
             else:
                 out.append((e, f"{e.node} {left_words(reason)}" + _back_after(e, events, i, frozenset(groups))))
         elif k == Kind.RESUMED:
-            if d.get("rank") not in (None, 0):
-                continue
-            out.append((e, f"resumed from the checkpoint of step {d.get('step')}"))
+            # (The checkpoint's writer alone says it, with no rank field: a check of one is gone.)
+            out.append((e, f"resumed from the checkpoint of step {e.fields(Resumed).get('step')}"))
         elif k == Kind.JOB_FINISHED:
-            reason = d.get("reason")
-            out.append((e, f"{d.get('status')}" + (f": {reason}" if reason else "")))
+            finished = e.fields(JobFinished)
+            why = finished.get("reason")
+            out.append((e, f"{finished.get('status')}" + (f": {why}" if why else "")))
         else:
             out.append((e, describe(e)))
     return out
@@ -146,12 +170,13 @@ def timeline_html(events: Sequence[Event], limit: int = 150) -> str:
         color = event_color(e)
         when = time.strftime("%H:%M:%S", time.localtime(e.time))
         line = f'<span class="ne-when" style="color:{FG_FAINT};white-space:nowrap">{when}</span> {esc(text)}'
-        if e.kind == Kind.WORKER_FAILED and e.get("traceback"):
+        traceback = e.fields(WorkerFailed).get("traceback")
+        if e.kind == Kind.WORKER_FAILED and traceback:
             # The time inside the summary: a <details> is a block, and the time stood alone on a
             # line above its sentence (#39 item 9).
             line = (
                 f"<details><summary>{line}</summary><pre style='font-size:11px;white-space:pre-wrap;"
-                f"overflow-wrap:anywhere;margin:2px 0'>{esc(e.get('traceback'))}</pre></details>"
+                f"overflow-wrap:anywhere;margin:2px 0'>{esc(traceback)}</pre></details>"
             )
         items.append(
             f'<li class="ne-event" data-kind="{esc(e.kind)}" style="list-style:none;border-left:3px solid {color};'

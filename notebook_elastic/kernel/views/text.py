@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING
 
 from ...contract.events import Event, Kind, describe, format_duration, sig
 from ...contract.job_state import JobState
+from ...runtime.event_types import WorkerFailed
 
 if TYPE_CHECKING:
     from ..job import ElasticJob
@@ -44,8 +45,9 @@ def outcome_lines(job: ElasticJob) -> list[str]:
     lines = [f"[{job.name}] {state.status}" + (f": {state.reason}" if state.reason else "")]
     failure = job.failure
     if failure is not None and state.status == "failed":
-        lines.append(f"[{job.name}] rank {failure.get('rank')} on {failure.node} raised:")
-        lines.extend("    " + line for line in (failure.get("traceback") or "").rstrip().splitlines())
+        failed = failure.fields(WorkerFailed)
+        lines.append(f"[{job.name}] rank {failed.get('rank')} on {failure.node} raised:")
+        lines.extend("    " + line for line in (failed.get("traceback") or "").rstrip().splitlines())
     return lines
 
 
