@@ -249,10 +249,18 @@ class HeaviestFirst:
             units.setdefault(key, []).append(item)
         weight = {key: sum(self.weights.get(i.nodeid, 0.0) for i in unit) for key, unit in units.items()}
         ranked = sorted(units, key=lambda key: -weight[key])  # stable: unweighted tests keep their order
-        halves: tuple[list, list] = ([], [])
+        first: list = []
+        second: list = []
         for number, key in enumerate(ranked):
-            halves[number % 2].extend(units[key])
-        items[:] = halves[0] + halves[1]
+            (first if number % 2 else second).extend(units[key])
+        # xdist hands the first len // 2 items to one worker and the rest to the other: the
+        # lightest of the longer half go to the end of the other one.
+        cut = len(items) // 2
+        while len(first) > cut:
+            second.append(first.pop())
+        while len(first) < cut:
+            first.append(second.pop())
+        items[:] = first + second
 
 
 def _weights() -> dict[str, float]:
