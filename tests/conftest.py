@@ -180,8 +180,6 @@ def pytest_configure(config):
         "markers",
         "breaks_contract(reason): the test sends malformed events on purpose (the contract check skips it)",
     )
-    if hasattr(config, "workerinput"):  # an xdist worker: only the workers' hand-out needs the order
-        config.pluginmanager.register(HeaviestFirst(_weights()), "notebook-elastic-heaviest-first")
 
 
 #: The quick tier (``-m quick``; scripts/test.sh runs it first): these modules' tests that are not
@@ -224,52 +222,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in QUICK_MODULES and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.quick)
-
-
-#: Modules whose tests share a module-scoped fixture (a Slurm cluster, an installed package): kept
-#: together when the tests are ordered, or the fixture would be made again at each return.
-SHARED_SETUP_MODULES = frozenset({"test_slurm.py", "test_labextension.py"})
-
-
-class HeaviestFirst:
-    """The order the two workers take the tests in: heaviest first (``tests/durations.json``,
-    written by ``scripts/test_weights.py`` from a run's ``--durations=0``), dealt alternately
-    into the two halves xdist's work-stealing scheduler hands out, so each worker starts on a
-    long test and ends on short ones, which the other steals: both workers end together instead
-    of one waiting out the other's last long test. Only the order changes, never what runs."""
-
-    def __init__(self, weights: dict[str, float]) -> None:
-        self.weights = weights
-
-    @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
-    def pytest_collection_modifyitems(self, config, items):
-        units: dict[str, list] = {}
-        for item in items:
-            key = item.path.name if item.path.name in SHARED_SETUP_MODULES else item.nodeid
-            units.setdefault(key, []).append(item)
-        weight = {key: sum(self.weights.get(i.nodeid, 0.0) for i in unit) for key, unit in units.items()}
-        ranked = sorted(units, key=lambda key: -weight[key])  # stable: unweighted tests keep their order
-        first: list = []
-        second: list = []
-        for number, key in enumerate(ranked):
-            (first if number % 2 else second).extend(units[key])
-        # xdist hands the first len // 2 items to one worker and the rest to the other: the
-        # lightest of the longer half go to the end of the other one.
-        cut = len(items) // 2
-        while len(first) > cut:
-            second.append(first.pop())
-        while len(first) < cut:
-            first.append(second.pop())
-        items[:] = first + second
-
-
-def _weights() -> dict[str, float]:
-    import json
-
-    try:
-        return json.loads((REPO / "tests" / "durations.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 class LongTests:
