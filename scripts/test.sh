@@ -97,7 +97,7 @@ fi
 # subset on its oldest and newest torch (scripts/torch_range.py), beside the rest as well.
 (
   set +e
-  .venv/bin/python -m pytest -p no:cacheprovider -n 0 -m "paced and not quick" "$@" 2>&1 | sed -u 's/^/[paced] /'
+  .venv/bin/python -m pytest -p no:cacheprovider -n 0 -m "paced and not quick" --durations=3 "$@" 2>&1 | sed -u 's/^/[paced] /'
   rc=${PIPESTATUS[0]}
   [[ $rc -eq 5 ]] && rc=0
   if [[ ${NOTEBOOK_ELASTIC_TORCH_RANGE:-0} == 1 ]]; then
