@@ -93,8 +93,9 @@ fi
 # The paced tests (-m paced: notebooks run at a reader's pace, 30 s before each cell) are mostly
 # asleep: beside the two workers they cost the cores little, where inside them they held a worker
 # idle for ten minutes. They run in a lane of their own, one at a time; its lines come prefixed.
-# With NOTEBOOK_ELASTIC_TORCH_RANGE=1 (.ci/run) the lane then runs the torch range's contract
-# subset on its oldest and newest torch (scripts/torch_range.py), beside the rest as well.
+# With NOTEBOOK_ELASTIC_TORCH_RANGE=1 the lane then runs the torch range's contract subset on its
+# oldest and newest torch (scripts/torch_range.py, one worker), beside the rest as well. .ci/run does
+# not set it yet: whether that fits the cores beside the two workers is still to be measured in a CI run.
 (
   set +e
   .venv/bin/python -m pytest -p no:cacheprovider -n 0 -m "paced and not quick" --durations=3 "$@" 2>&1 | sed -u 's/^/[paced] /'
