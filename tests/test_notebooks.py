@@ -44,6 +44,7 @@ def test_quickstart_notebook_tells_the_seed_story(home):
     assert "QUICKSTART OK" in out
 
 
+@pytest.mark.paced
 def test_quickstart_notebook_at_a_readers_pace(home):
     """#39 item 1: run cell by cell, 30 s before each, the quickstart failed: its job had ended
     before the preempt cell ("job 'quickstart' has succeeded; it cannot preempt a node") and the
@@ -57,6 +58,7 @@ def test_quickstart_notebook_at_a_readers_pace(home):
     assert "QUICKSTART OK" in out
 
 
+@pytest.mark.paced
 def test_over_quota_notebook_at_a_readers_pace(home):
     """#39 item 1: the over-quota job (240 steps of 0.1 s) ended before a reader reached its
     reclaim cell; it now waits for the reader at each act."""
@@ -89,7 +91,9 @@ def test_over_quota_notebook_shrinks_and_grows_back(home):
     assert "OVER-QUOTA OK" in out
 
 
-@pytest.mark.parametrize("pace_s", [0, READER_PACE_S], ids=["run-all", "a-readers-pace"])
+@pytest.mark.parametrize(
+    "pace_s", [pytest.param(0, id="run-all"), pytest.param(READER_PACE_S, id="a-readers-pace", marks=pytest.mark.paced)]
+)
 def test_kubernetes_notebook_on_the_fake_cluster(home, tmp_path, monkeypatch, pace_s):
     """The seed 003 story, run for real against the loopback API server: all at once, and at a
     reader's pace (#39 item 1: its 150 steps of 0.1 s ended before a reader reached the reclaim)."""
