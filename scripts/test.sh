@@ -93,15 +93,23 @@ fi
 # The paced tests (-m paced: notebooks run at a reader's pace, 30 s before each cell) are mostly
 # asleep: beside the two workers they cost the cores little, where inside them they held a worker
 # idle for ten minutes. They run in a lane of their own, one at a time; its lines come prefixed.
-# With NOTEBOOK_ELASTIC_TORCH_RANGE=1 the lane then runs the torch range's contract subset on its
-# oldest and newest torch (scripts/torch_range.py, one worker), beside the rest as well. .ci/run does
-# not set it yet: whether that fits the cores beside the two workers is still to be measured in a CI run.
+# Then, when the caller picked no tests (no -k, -m or path), the lane runs the torch range's
+# contract subset on its oldest and newest torch (scripts/torch_range.py, one worker), beside the
+# rest as well: the test command proves the range pyproject declares. NOTEBOOK_ELASTIC_TORCH_RANGE=0
+# leaves it out, =1 runs it whatever was picked.
+torch_range="${NOTEBOOK_ELASTIC_TORCH_RANGE:-}"
+if [[ -z $torch_range ]]; then
+  torch_range=1
+  for arg in "$@"; do
+    [[ $arg == -k* || $arg == -m* || $arg != -* ]] && torch_range=0
+  done
+fi
 (
   set +e
   .venv/bin/python -m pytest -p no:cacheprovider -n 0 -m "paced and not quick" --durations=3 "$@" 2>&1 | sed -u 's/^/[paced] /'
   rc=${PIPESTATUS[0]}
   [[ $rc -eq 5 ]] && rc=0
-  if [[ ${NOTEBOOK_ELASTIC_TORCH_RANGE:-0} == 1 ]]; then
+  if [[ $torch_range == 1 ]]; then
     NOTEBOOK_ELASTIC_TORCH_WORKERS=${NOTEBOOK_ELASTIC_TORCH_WORKERS:-1} .venv/bin/python scripts/torch_range.py 2>&1 \
       | sed -u 's/^/[paced] /'
     [[ ${PIPESTATUS[0]} -ne 0 ]] && rc=1

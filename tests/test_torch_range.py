@@ -51,9 +51,11 @@ def test_the_declared_range_is_the_one_ci_runs_at_both_ends():
     oldest, newest = (torch_adapter.torch_version(v) for v in ends)
     assert oldest == low, f"the range starts at {low}, its contract runs on {ends[0]}"
     assert (newest[0], newest[1] + 1) == high, f"the range ends before {high}, its contract runs on {ends[1]}"
-    # CI runs both ends (and fails when either fails), the README's test command the rest.
+    # The README's test command, which CI runs, runs both ends (and fails when either fails).
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "scripts/test.sh" in ci and "scripts/torch_range.py" in ci
+    command = (ROOT / "scripts" / "test.sh").read_text()
+    assert "bash scripts/test.sh" in ci and "scripts/torch_range.py" in command
+    assert "[[ ${PIPESTATUS[0]} -ne 0 ]] && rc=1" in command  # its failure fails the command
     # The set-up's own torch is in the range too.
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     (pinned,) = set(re.findall(r"torch==(\d+\.\d+\.\d+)", setup))
