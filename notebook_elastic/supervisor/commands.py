@@ -54,22 +54,21 @@ class Commands:
         raise ValueError(f"node {node!r} is not running (running: {names})")
 
     def do_scale(self, nodes: int) -> dict[str, Any]:
-        self.sup.membership = scaled = self.sup.membership.scaled(nodes)
-        self.sup.emit(Kind.SCALED, **Scaled(target=nodes, min_nodes=scaled.min_nodes, max_nodes=scaled.max_nodes))
+        self.sup.course.scale(nodes)
         self.sup.nodes.converge()
         return {"target": nodes}
 
     def do_set_range(self, min_nodes: int, max_nodes: int) -> dict[str, Any]:
-        ranged = self.sup.membership.ranged(min_nodes, max_nodes)  # refused here when invalid
-        if ranged.range == self.sup.membership.range:
-            return {"target": self.sup.membership.target, "reconfigured": False}
+        ranged = self.sup.course.membership.ranged(min_nodes, max_nodes)  # refused here when invalid
+        if ranged.range == self.sup.course.membership.range:
+            return {"target": self.sup.course.membership.target, "reconfigured": False}
         try:
             self.sup.nodes.plan((min_nodes, max_nodes))  # refused here, before any agent is stopped
         except SpecError as e:
             raise ValueError(str(e).replace("--nnodes", "range", 1)) from None
         # torchrun bakes --nnodes into every agent: a new range means new agents, in a new
         # rendezvous epoch, resuming from the latest checkpoint.
-        self.sup.membership = ranged
+        self.sup.course.membership = ranged
         old = self.sup.nodes.alive_agents()
         for agent in old:
             self.sup.nodes.signal_agent(agent, signal.SIGTERM, "reconfigured")
@@ -114,16 +113,6 @@ class Commands:
         pid, node, _gen = self.sup.workers[rank]
         return self.sup.placement.kill_rank(pid, node, rank, self.sup.store)
 
-    def lower_target(self, node: str, reason: str) -> None:
-        """A node taken away is not replaced: the target says so, in an event of its own, so
-        every view of the target (the dashboard's nodes box, the panel) follows."""
-        self.sup.membership = lowered = self.sup.membership.lowered()
-        self.sup.emit(
-            Kind.SCALED,
-            node,
-            **Scaled(target=lowered.target, min_nodes=lowered.min_nodes, max_nodes=lowered.max_nodes, reason=reason),
-        )
-
     def do_remove_node(
         self,
         node: str | None = None,
@@ -137,7 +126,7 @@ class Commands:
             raise ValueError(f"grace_s={grace_s!r}: give 0 to 3600 seconds (0: no notice)")
         grace_s = None if grace_s is None else float(grace_s)
         agent = self._pick_agent(node)
-        self.lower_target(agent.name, "lost" if how == "lose" else "preempted")
+        self.sup.course.lower(agent.name, "lost" if how == "lose" else "preempted")
         noticed = False
         if how == "lose":
             self.sup.nodes.signal_agent(agent, signal.SIGKILL, "lost")
@@ -149,7 +138,7 @@ class Commands:
         else:
             self.sup.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         if return_after_s is not None:
-            self.sup.membership = self.sup.membership.returning(time.monotonic() + float(return_after_s))
+            self.sup.course.membership = self.sup.course.membership.returning(time.monotonic() + float(return_after_s))
         self.sup.emit(
             Kind.FAULT,
             agent.name,
@@ -158,15 +147,19 @@ class Commands:
             return_after_s=return_after_s,
             **({"grace_s": grace_s} if noticed else {}),
         )
-        return {"node": agent.name, "target": self.sup.membership.target, **({"grace_s": grace_s} if noticed else {})}
+        return {
+            "node": agent.name,
+            "target": self.sup.course.membership.target,
+            **({"grace_s": grace_s} if noticed else {}),
+        }
 
     def files_changed(self, paths: list[str], node: str | None) -> None:
         """Someone changed the script or payload: stop everything rather than run it."""
-        if self.sup.files_reason is not None:
+        if self.sup.course.files_reason is not None:
             return
-        self.sup.files_reason = protocol.files_changed_reason(paths)
-        self.sup.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.sup.files_reason))
-        self.sup.stop(self.stop_grace_s())
+        self.sup.course.files_reason = protocol.files_changed_reason(paths)
+        self.sup.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.sup.course.files_reason))
+        self.sup.course.stop(self.stop_grace_s())
         for agent in self.sup.nodes.alive_agents():
             self.sup.nodes.signal_agent(
                 agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED)
@@ -179,7 +172,7 @@ class Commands:
 
     def do_stop(self, leave: str | None = None) -> dict[str, Any]:
         """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""
-        if self.sup.stop(self.stop_grace_s()):
+        if self.sup.course.stop(self.stop_grace_s()):
             for agent in self.sup.nodes.alive_agents():
                 if agent.name != leave:
                     self.sup.nodes.signal_agent(agent, signal.SIGTERM, "stopped")
@@ -192,7 +185,7 @@ class Commands:
     def handle(self, request: dict[str, Any]) -> Any:
         """Carry out one request of the kernel's (typed once: ``contract/commands.py``)."""
         command = commands.parse(request)
-        if self.sup.stopping and not isinstance(command, commands.WHILE_STOPPING):
+        if self.sup.course.stopping and not isinstance(command, commands.WHILE_STOPPING):
             raise ValueError(f"the job is stopping, so it cannot {commands.words(command)}")
         match command:
             case commands.Scale(nodes):
@@ -213,7 +206,7 @@ class Commands:
             try:
                 conn = listener.accept()
             except Exception:
-                if self.sup.phase is Phase.ENDED:
+                if self.sup.course.phase is Phase.ENDED:
                     return
                 time.sleep(ACCEPT_RETRY_S)  # out of descriptors, say: never spin on it
                 continue

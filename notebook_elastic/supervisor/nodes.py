@@ -98,9 +98,9 @@ class Nodes:
         return launch_plan(
             self.sup.spec,
             place,
-            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.membership.epoch),
-            epoch=self.sup.membership.epoch,
-            nnodes=nnodes or self.sup.membership.range,
+            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.course.membership.epoch),
+            epoch=self.sup.course.membership.epoch,
+            nnodes=nnodes or self.sup.course.membership.range,
             nodes=0,
         )
 
@@ -138,7 +138,7 @@ class Nodes:
             name,
             proc,
             time.time(),
-            self.sup.membership.epoch,
+            self.sup.course.membership.epoch,
             log=open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0),
         )
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
@@ -187,7 +187,7 @@ class Nodes:
                     pass
                 agent.log = open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
             agent.name = name
-            agent.epoch = self.sup.membership.epoch
+            agent.epoch = self.sup.course.membership.epoch
             agent.started = time.time()
             for parser in agent.parsers:
                 parser.node = name
@@ -200,7 +200,7 @@ class Nodes:
             Kind.NODE_JOINED,
             name,
             pid=agent.proc.pid,
-            epoch=self.sup.membership.epoch,
+            epoch=self.sup.course.membership.epoch,
             warm=agent is spare,
             **({"gpus": gpus} if gpus else {}),
         )
@@ -218,9 +218,9 @@ class Nodes:
         """Once the job runs and can still grow, keep one standby agent warm."""
         wanted = (
             self.warm_spare
-            and not self.sup.stopping
+            and not self.sup.course.stopping
             and self.sup.state.world_size > 0
-            and len(self.alive_agents()) < self.sup.membership.max_nodes
+            and len(self.alive_agents()) < self.sup.course.membership.max_nodes
         )
         if self.spare is not None and not self.spare.alive:
             self.spare = None
@@ -334,43 +334,45 @@ class Nodes:
                 # Its workers failed in a way a retry would repeat: the job stops (not a lost node).
                 agent.exit_reason = protocol.exit_reason(code)
                 self.sup.sink.flush()  # its worker's worker_failed, read above, says why: fold it first
-                self.sup.fatal = self.sup.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
+                self.sup.course.fatal = self.sup.course.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
             if (
                 code == protocol.EXIT_RESTARTS_SPENT
                 and agent.exit_reason is None
                 and not agent.progressed
-                and not self.sup.stopping
+                and not self.sup.course.stopping
                 and any(a.progressed for a in self.staying_agents())
             ):
                 # A joiner whose budget (--max-restarts 0) was spent failing to join: it left its
                 # round without closing it; the others train on.
                 agent.exit_reason = "evicted"
-                self.sup.commands.lower_target(agent.name, "evicted")
+                self.sup.course.lower(agent.name, "evicted")
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
                 self.sup.emit(
-                    Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.membership.target)
+                    Kind.NODE_EVICTED,
+                    agent.name,
+                    **NodeEvicted(failure=failure, target=self.sup.course.membership.target),
                 )
             self.sup.publish_gone(agent)
-            if agent.exit_reason is None and not self.sup.stopping:
+            if agent.exit_reason is None and not self.sup.course.stopping:
                 departure = self.sup.placement.departure(agent.name)  # its place ended it (Slurm)
                 if departure is not None:
                     agent.exit_reason = departure.reason
                     if departure.lower is not None:
-                        self.sup.commands.lower_target(agent.name, departure.lower)
+                        self.sup.course.lower(agent.name, departure.lower)
             # Its keeper's notice (Slurm) comes down with it: it may have had no time to.
             self.sup.placement.gone(agent.name, partial(self.sup.notices.withdraw_for, agent.name, self.sup.store))
             reason = agent.exit_reason or protocol.exit_reason(code)
-            if agent.exit_reason is None and code != 0 and not self.sup.stopping:
+            if agent.exit_reason is None and code != 0 and not self.sup.course.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
                 # outside): a lost node, not replaced.
-                self.sup.commands.lower_target(agent.name, "lost")
+                self.sup.course.lower(agent.name, "lost")
             self.sup.emit(Kind.NODE_LEFT, agent.name, **NodeLeft(reason=reason, exitcode=code))
             if agent.log:
                 agent.log.close()
 
     def converge(self) -> None:
         """Start or stop agents until as many run as the target says."""
-        if self.sup.stopping:
+        if self.sup.course.stopping:
             return
         self.sup.publish_target()  # before a new agent asks to join
         # Agents on their way out do not count: counting a preempted node-0 that is still
@@ -378,7 +380,7 @@ class Nodes:
         alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
-        target = self.sup.membership.target
+        target = self.sup.course.membership.target
         while len(alive) < target:
             agent = self.start_agent()
             if agent is None:

@@ -85,9 +85,9 @@ class Outcome:
         summary.update(
             name=self.sup.spec.name,
             backend=self.sup.spec.backend,
-            target=self.sup.membership.target,
-            min_nodes=self.sup.membership.min_nodes,
-            max_nodes=self.sup.membership.max_nodes,
+            target=self.sup.course.membership.target,
+            min_nodes=self.sup.course.membership.min_nodes,
+            max_nodes=self.sup.course.membership.max_nodes,
             supervisor_pid=os.getpid(),
             notebook=self.sup.spec.notebook,
             updated=time.time(),

@@ -42,14 +42,14 @@ from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
-from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled
+from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted
 from ..runtime.payload import payload_path_for
 from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
 from ..store.run import host_store
 from .commands import Commands
-from .membership import DELETED, Membership, Phase, ending
+from .membership import DELETED, Course, Membership, Phase, ending
 from .nodes import Agent, Nodes
 from .notices import Notices
 from .outcome import Outcome
@@ -80,24 +80,26 @@ class Supervisor:
             paths = [folder.script, payload_path_for(folder.script)]
             files_sha256 = {str(p): protocol.sha256_of(p) for p in paths if p.exists()}
         self.files_sha256: dict[str, str] = dict(files_sha256)
-        self.files_reason: str | None = None  # set once a changed file stopped the job
         # Above every generation already in the checkpoint folder (a resumed job, a reused
         # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
         newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
-        # The job's membership, one typed value its transitions replace (membership.py).
-        self.membership = Membership(
-            target=self.spec.initial_nodes,
-            range=self.spec.nnodes,
-            epoch=newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0,
+        # The job's membership, one typed value its transitions replace, and its phase (membership.py).
+        self.course = Course(
+            Membership(
+                target=self.spec.initial_nodes,
+                range=self.spec.nnodes,
+                epoch=newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0,
+            ),
+            self.emit,
         )
-        self.phase = Phase.STARTING
         self.run_id = uuid.uuid4().hex[:8]
-        self.stop_deadline: float | None = None  # stopping: when the nodes left are killed (monotonic)
         # The kernel's requests (and SIGTERM's stop), run one at a time by the main loop.
         self.requests: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[dict[str, Any]]]] = queue.SimpleQueue()
         self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
         self.state = JobState(
-            max_restarts=self.spec.max_restarts, nnodes=self.membership.range, target=self.membership.target
+            max_restarts=self.spec.max_restarts,
+            nnodes=self.course.membership.range,
+            target=self.course.membership.target,
         )
         self.folder.logs.mkdir(exist_ok=True)
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
@@ -110,8 +112,6 @@ class Supervisor:
         # Where a node runs: here, or on Slurm each node an allocation of its own.
         self.placement = SlurmPlacement(self.spec, folder, self.emit) if self.spec.backend == "slurm" else Placement()
         self.failures_seen: dict[tuple[Any, ...], int] = {}
-        self.fatal: str | None = None  # why the job stops now, when retrying is pointless
-        self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
         self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
         self.nodes = Nodes(self)
         self.commands = Commands(self)
@@ -129,19 +129,6 @@ class Supervisor:
         self.notices = Notices(
             lambda: self.store, self.emit, lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         )
-
-    @property
-    def stopping(self) -> bool:
-        """Told to stop (a request, SIGTERM, a failure no retry mends): every node is going."""
-        return self.phase is Phase.STOPPING
-
-    def stop(self, grace_s: float) -> bool:
-        """Into the stopping phase (False: already there); the nodes left after ``grace_s`` are killed."""
-        if self.phase is Phase.STOPPING:
-            return False
-        self.phase = Phase.STOPPING
-        self.stop_deadline = time.monotonic() + grace_s
-        return True
 
     def emit(self, kind: str, node: str | None = None, **data: Any) -> None:
         self.sink.put(Event(kind, time.time(), node, data))
@@ -166,17 +153,17 @@ class Supervisor:
             self.workers[int(e.get("rank", 0))] = (int(e.get("pid")), e.node or "", gen)
         elif e.kind in (Kind.WORKER_FINISHED,):
             self.workers.pop(int(e.get("rank", -1)), None)
-        elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.fatal is None:
+        elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.course.fatal is None:
             # A failure that will come back at every retry is not retried to the end of the budget.
             key = (e.get("rank"), e.get("step"), e.get("error"), e.get("message"))
             self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
             what = describe_failure(e)
             budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
             if e.get("fatal"):
-                self.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
-                self.fatal = what
+                self.course.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
+                self.course.fatal = what
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
-                self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
+                self.course.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
     def _tracker_opened(self, where: dict[str, Any]) -> None:
         self.emit(Kind.TRACKING, **where)
@@ -217,11 +204,13 @@ class Supervisor:
     def _evict(self, name: str) -> None:
         """Send away a node that failed while joining: the others go on at their size."""
         agent = self.nodes.agents.get(name)
-        if agent is None or not agent.alive or agent.exit_reason is not None or self.stopping:
+        if agent is None or not agent.alive or agent.exit_reason is not None or self.course.stopping:
             return
         self.nodes.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
-        self.commands.lower_target(agent.name, "evicted")
-        self.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.membership.target))
+        self.course.lower(agent.name, "evicted")
+        self.emit(
+            Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.course.membership.target)
+        )
 
     def _tell_agents(self, key: str, value: str) -> bool:
         """Set what the agents' rendezvous reads beside its round (agent/rounds.py); False when
@@ -238,7 +227,7 @@ class Supervisor:
     def publish_target(self) -> None:
         """The number of nodes the job runs, in the store: a round that holds that many closes
         at once instead of waiting last_call_timeout for nodes that will not come."""
-        target = self.membership.target
+        target = self.course.membership.target
         if target != self._published_target and self._tell_agents(TARGET_KEY, str(target)):
             self._published_target = target
 
@@ -272,15 +261,15 @@ class Supervisor:
                 before = self.state.status if self.state.finished else "lost"
                 # The range and the size the run was left at (the slider, scale()), not the
                 # spec's first ones (#39 item 3: a resume put a 1:4 job back to 1:2).
-                self.membership = self.membership.resumed_at(*self.state.nnodes, self.state.target)
+                self.course.membership = self.course.membership.resumed_at(*self.state.nnodes, self.state.target)
         self.emit(
             Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
             **({"after": before} if self.resume else {}),
             schema=SCHEMA_VERSION,
             name=spec.name,
-            nodes=self.membership.target,
-            min_nodes=self.membership.min_nodes,
-            max_nodes=self.membership.max_nodes,
+            nodes=self.course.membership.target,
+            min_nodes=self.course.membership.min_nodes,
+            max_nodes=self.course.membership.max_nodes,
             nproc_per_node=spec.nproc_per_node,
             max_restarts=spec.max_restarts,
             backend=self.spec.backend,
@@ -309,7 +298,7 @@ class Supervisor:
         threading.Thread(target=self.commands.serve, args=(listener,), daemon=True).start()
         self.nodes.converge()
         self.store = host_store(sock)
-        self.phase = Phase.RUNNING
+        self.course.phase = Phase.RUNNING
         self.publish_target()
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
@@ -321,7 +310,7 @@ class Supervisor:
         status = self._loop()
         self.outcome.finish(status)
         self.store = None  # the store server goes with the last reference
-        self.phase = Phase.ENDED
+        self.course.phase = Phase.ENDED
         listener.close()
         return 0
 
@@ -341,19 +330,14 @@ class Supervisor:
             self.nodes.reap()
             self.notices.watch(self.state.step, self.state.step_time_s)
             now = time.monotonic()
-            while not self.stopping and (back := self.membership.returned(now)) is not None:
-                self.membership = back  # preempted capacity came back
-                self.emit(
-                    Kind.SCALED,
-                    **Scaled(target=back.target, min_nodes=back.min_nodes, max_nodes=back.max_nodes, returned=True),
-                )
+            self.course.take_back(now)  # preempted capacity that came back
             self.nodes.converge()
             self.nodes.keep_a_spare()
             self.stalls.watch(now)
-            if self.fatal and not self.stopping:
+            if self.course.fatal and not self.course.stopping:
                 # The failed node's agent stops its workers and ends by itself; the others are
                 # stopped, as they would regroup and fail the same way.
-                self.commands.do_stop(leave=self.fatal_node)
+                self.commands.do_stop(leave=self.course.fatal_node)
             if now - last_folder_check > 1.0:
                 last_folder_check = now
                 if self._folder_deleted():
@@ -363,7 +347,7 @@ class Supervisor:
                     for agent in self.nodes.agents.values():
                         agent.proc.wait()
                     return "lost", LOST_FOLDER["reason"]
-            if self.stopping and self.stop_deadline and now > self.stop_deadline:
+            if self.course.stopping and self.course.stop_deadline and now > self.course.stop_deadline:
                 for agent in self.nodes.alive_agents():
                     self.nodes.signal_agent(agent, signal.SIGKILL, "stopped")
             # At most 4 writes a second for steps and metrics; a change of status at once, so
@@ -375,13 +359,13 @@ class Supervisor:
                 self.outcome.write_status()
             if not self.nodes.alive_agents() and all(a.reaped for a in self.nodes.agents.values()):
                 ended = ending(
-                    self.phase,
+                    self.course.phase,
                     (a.proc.returncode for a in self.nodes.agents.values()),
                     # its workers failed of it before the check above saw it
                     folder=DELETED if self._folder_deleted() else None,
-                    files_changed=self.files_reason,
-                    fatal=self.fatal,
-                    waits_for_capacity=self.membership.waits_for_capacity,
+                    files_changed=self.course.files_reason,
+                    fatal=self.course.fatal,
+                    waits_for_capacity=self.course.membership.waits_for_capacity,
                 )
                 if ended is None:
                     continue  # capacity comes back later: wait for it
