@@ -111,7 +111,7 @@ class Commands:
         """SIGKILL a rank's process: here, or on Slurm through its node's keeper (the worker may
         be on another host, where its pid is not ours: notice_keeper.py). False when it is gone."""
         pid, node, _gen = self.sup.workers[rank]
-        return self.sup.placement.kill_rank(pid, node, rank, self.sup.store)
+        return self.sup.placement.kill_rank(pid, node, rank, self.sup.board.store)
 
     def do_remove_node(
         self,

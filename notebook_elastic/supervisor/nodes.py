@@ -90,7 +90,7 @@ class Nodes:
             self.sup.spec,
             self.sup.folder,
             gpus=self.gpus,
-            store_port=self.sup.store_port,
+            store_port=self.sup.board.port,
             supervisor_pid=self.sup.placement.supervisor_pid(),  # an agent dies with it
             files_sha256=self.sup.files_sha256,
             store_host=self.sup.placement.store_host(),
@@ -352,7 +352,7 @@ class Nodes:
                     agent.name,
                     **NodeEvicted(failure=failure, target=self.sup.course.membership.target),
                 )
-            self.sup.publish_gone(agent)
+            self.sup.board.publish_gone(agent.agent_pid)
             if agent.exit_reason is None and not self.sup.course.stopping:
                 departure = self.sup.placement.departure(agent.name)  # its place ended it (Slurm)
                 if departure is not None:
@@ -360,7 +360,9 @@ class Nodes:
                     if departure.lower is not None:
                         self.sup.course.lower(agent.name, departure.lower)
             # Its keeper's notice (Slurm) comes down with it: it may have had no time to.
-            self.sup.placement.gone(agent.name, partial(self.sup.notices.withdraw_for, agent.name, self.sup.store))
+            self.sup.placement.gone(
+                agent.name, partial(self.sup.notices.withdraw_for, agent.name, self.sup.board.store)
+            )
             reason = agent.exit_reason or protocol.exit_reason(code)
             if agent.exit_reason is None and code != 0 and not self.sup.course.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
@@ -374,7 +376,7 @@ class Nodes:
         """Start or stop agents until as many run as the target says."""
         if self.sup.course.stopping:
             return
-        self.sup.publish_target()  # before a new agent asks to join
+        self.sup.board.publish_target(self.sup.course.membership.target)  # before a new agent asks to join
         # Agents on their way out do not count: counting a preempted node-0 that is still
         # shutting down made the target look exceeded, and the survivor was scaled down too.
         alive = self.staying_agents()

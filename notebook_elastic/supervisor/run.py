@@ -20,7 +20,6 @@ Requests come over an authenticated connection (``control.py``; loopback, every 
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import secrets
@@ -44,13 +43,13 @@ from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
 from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted
 from ..runtime.payload import payload_path_for
-from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
 from ..store.run import host_store
+from .board import Board
 from .commands import Commands
 from .membership import DELETED, Course, Membership, Phase, ending
-from .nodes import Agent, Nodes
+from .nodes import Nodes
 from .notices import Notices
 from .outcome import Outcome
 from .placement import Placement
@@ -104,10 +103,7 @@ class Supervisor:
         self.folder.logs.mkdir(exist_ok=True)
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.trackers: list[Tracker] = []  # MLflow, W&B: --track or their variables (run())
-        self.store: Any = None  # torch's TCPStore server, once run() hosts it
-        self.store_port = 0  # the port it listens on, from run() on
-        self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
-        self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
+        self.board = Board()  # the store, once hosted: what the agents read beside their round
         self.authkey = secrets.token_bytes(32)
         # Where a node runs: here, or on Slurm each node an allocation of its own.
         self.placement = SlurmPlacement(self.spec, folder, self.emit) if self.spec.backend == "slurm" else Placement()
@@ -127,7 +123,9 @@ class Supervisor:
         )
         # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
         self.notices = Notices(
-            lambda: self.store, self.emit, lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
+            lambda: self.board.store,
+            self.emit,
+            lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted"),
         )
 
     def emit(self, kind: str, node: str | None = None, **data: Any) -> None:
@@ -212,35 +210,6 @@ class Supervisor:
             Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.course.membership.target)
         )
 
-    def _tell_agents(self, key: str, value: str) -> bool:
-        """Set what the agents' rendezvous reads beside its round (agent/rounds.py); False when
-        the store is not hosted yet or is going (the job ends): the agents then do as torch."""
-        if self.store is None:
-            return False
-        try:
-            self.store.set(key, value)
-            return True
-        except Exception:
-            log.get("supervisor").debug("could not tell the agents %s through the store", key, exc_info=True)
-            return False
-
-    def publish_target(self) -> None:
-        """The number of nodes the job runs, in the store: a round that holds that many closes
-        at once instead of waiting last_call_timeout for nodes that will not come."""
-        target = self.course.membership.target
-        if target != self._published_target and self._tell_agents(TARGET_KEY, str(target)):
-            self._published_target = target
-
-    def publish_gone(self, agent: Agent) -> None:
-        """An agent reaped: its peers drop it from their round now, not at its heartbeat's
-        expiry (a node left on purpose has left already; naming it again is harmless)."""
-        if self.store is None or agent.agent_pid is None:
-            return
-        now = time.time()
-        self._gone = {pid: t for pid, t in self._gone.items() if now - t < 60}
-        self._gone[str(agent.agent_pid)] = now
-        self._tell_agents(GONE_KEY, json.dumps(self._gone))
-
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.requests.put(({"command": "stop"}, queue.SimpleQueue())))
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -249,7 +218,7 @@ class Supervisor:
         bind = self.placement.bind_address  # Slurm: reached from other hosts
         sock.bind((bind, 0))
         sock.listen(512)
-        self.store_port = sock.getsockname()[1]
+        self.board.port = sock.getsockname()[1]
         listener = listen(self.authkey, bind)
         spec, before = self.spec, None
         self.folder.keep_room()  # the room for the last records; a resumed job's old outcome cleared
@@ -290,16 +259,16 @@ class Supervisor:
                 "host": socket.gethostname(),
                 "slurm_job": os.environ.get("SLURM_JOB_ID"),  # the supervisor's own allocation, if any
                 "authkey": self.authkey.hex(),
-                "rdzv_port": self.store_port,
+                "rdzv_port": self.board.port,
                 "started": time.time(),
             },
             mode=0o600,
         )
         threading.Thread(target=self.commands.serve, args=(listener,), daemon=True).start()
         self.nodes.converge()
-        self.store = host_store(sock)
+        self.board.store = host_store(sock)
         self.course.phase = Phase.RUNNING
-        self.publish_target()
+        self.board.publish_target(self.course.membership.target)
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
             self.emit(Kind.TRACKING, **tensorboard_link(str(self.folder.path)))
@@ -309,7 +278,7 @@ class Supervisor:
         ]
         status = self._loop()
         self.outcome.finish(status)
-        self.store = None  # the store server goes with the last reference
+        self.board.store = None  # the store server goes with the last reference
         self.course.phase = Phase.ENDED
         listener.close()
         return 0
