@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import pool
 from ..contract.events import Kind, LineParser
@@ -32,6 +32,10 @@ NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
 #: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
 #: so events and status still find room.
 LOG_FLOOR_BYTES = 64 * 1024 * 1024
+
+
+#: Where each rank's process is: rank -> (pid, node, generation), kept by the supervisor's observer.
+Workers = dict[int, tuple[int, str, Any]]
 
 
 @dataclass

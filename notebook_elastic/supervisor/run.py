@@ -49,7 +49,7 @@ from ..store.run import host_store
 from .board import Board
 from .commands import Commands
 from .membership import DELETED, Course, Membership, Phase, ending
-from .nodes import Nodes
+from .nodes import Nodes, Workers
 from .notices import Notices
 from .outcome import Outcome
 from .placement import Placement
@@ -94,7 +94,7 @@ class Supervisor:
         self.run_id = uuid.uuid4().hex[:8]
         # The kernel's requests (and SIGTERM's stop), run one at a time by the main loop.
         self.requests: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[dict[str, Any]]]] = queue.SimpleQueue()
-        self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
+        self.workers: Workers = {}  # rank -> (pid, node, generation)
         self.state = JobState(
             max_restarts=self.spec.max_restarts,
             nnodes=self.course.membership.range,
@@ -109,18 +109,27 @@ class Supervisor:
         self.placement = SlurmPlacement(self.spec, folder, self.emit) if self.spec.backend == "slurm" else Placement()
         self.failures_seen: dict[tuple[Any, ...], int] = {}
         self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
-        self.nodes = Nodes(self)
-        self.commands = Commands(self)
-        self.stalls = Stalls(self)
-        self.outcome = Outcome(self)
+        # The sink first (every part is handed it); what it calls back is the parts' built below.
         self.sink = EventSink(
             folder.events_file,
             self.state,
             self._observe,
-            self.nodes.output_allowed,
+            lambda: self.nodes.output_allowed(),
             int(self.spec.backend_options.get("events_rotate_bytes", ROTATE_BYTES)),
-            status_changed=self.outcome.status_folded,
+            status_changed=lambda: self.outcome.status_folded(),
         )
+        self.nodes: Nodes = Nodes(self)
+        self.commands = Commands(self)
+        self.stalls = Stalls(
+            self.spec,
+            sink=self.sink,
+            state=self.state,
+            emit=self.emit,
+            workers=self.workers,
+            placement=self.placement,
+            kill_rank=self.commands.kill_rank,
+        )
+        self.outcome: Outcome = Outcome(self)
         # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
         self.notices = Notices(
             lambda: self.board.store,
