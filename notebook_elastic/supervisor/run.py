@@ -129,7 +129,15 @@ class Supervisor:
             placement=self.placement,
             kill_rank=self.commands.kill_rank,
         )
-        self.outcome: Outcome = Outcome(self)
+        self.outcome: Outcome = Outcome(
+            self.spec,
+            folder,
+            course=self.course,
+            nodes=self.nodes,
+            sink=self.sink,
+            state=self.state,
+            emit=self.emit,
+        )
         # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
         self.notices = Notices(
             lambda: self.board.store,
@@ -286,7 +294,7 @@ class Supervisor:
             for t in requested(spec.track, os.environ)
         ]
         status = self._loop()
-        self.outcome.finish(status)
+        self.outcome.finish(status, self.trackers, self.tensorboard)
         self.board.store = None  # the store server goes with the last reference
         self.course.phase = Phase.ENDED
         listener.close()
