@@ -20,8 +20,7 @@ from ..contract import commands
 from ..contract.events import Kind
 from ..errors import SpecError
 from ..runtime import log as _logging
-from ..runtime import protocol
-from ..runtime.event_types import Fault, FilesChanged, Scaled
+from ..runtime.event_types import Fault, Scaled
 from .membership import Phase
 from .nodes import Agent
 
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
 _log = _logging.get("supervisor.commands")
 
-STOP_GRACE_S = 10.0
 #: After a control connection could not be accepted, the wait before the next try.
 ACCEPT_RETRY_S = 0.1
 
@@ -72,7 +70,7 @@ class Commands:
         old = self.sup.nodes.alive_agents()
         for agent in old:
             self.sup.nodes.signal_agent(agent, signal.SIGTERM, "reconfigured")
-        deadline = time.monotonic() + self.stop_grace_s()
+        deadline = time.monotonic() + self.sup.nodes.stop_grace_s()
         while any(a.alive for a in old) and time.monotonic() < deadline:
             time.sleep(0.05)
         for agent in old:
@@ -153,26 +151,9 @@ class Commands:
             **({"grace_s": grace_s} if noticed else {}),
         }
 
-    def files_changed(self, paths: list[str], node: str | None) -> None:
-        """Someone changed the script or payload: stop everything rather than run it."""
-        if self.sup.course.files_reason is not None:
-            return
-        self.sup.course.files_reason = protocol.files_changed_reason(paths)
-        self.sup.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.sup.course.files_reason))
-        self.sup.course.stop(self.stop_grace_s())
-        for agent in self.sup.nodes.alive_agents():
-            self.sup.nodes.signal_agent(
-                agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED)
-            )
-
-    def stop_grace_s(self) -> float:
-        """How long stopping nodes may take before they are killed: on Slurm, each node's notice
-        (its keeper waits that long for rank 0's save) and a little more."""
-        return self.sup.placement.stop_grace_s(STOP_GRACE_S)
-
     def do_stop(self, leave: str | None = None) -> dict[str, Any]:
         """Stop every node but ``leave`` (one ending on its own); any left at the deadline is killed."""
-        if self.sup.course.stop(self.stop_grace_s()):
+        if self.sup.course.stop(self.sup.nodes.stop_grace_s()):
             for agent in self.sup.nodes.alive_agents():
                 if agent.name != leave:
                     self.sup.nodes.signal_agent(agent, signal.SIGTERM, "stopped")

@@ -22,13 +22,15 @@ from ..contract.events import Kind, LineParser
 from ..contract.plan import LaunchPlan, launch_plan, rdzv_id
 from ..jobfolder.place import local_place, visible_gpus
 from ..runtime import protocol
-from ..runtime.event_types import DiskFull, NodeEvicted, NodeLeft
+from ..runtime.event_types import DiskFull, FilesChanged, NodeEvicted, NodeLeft
 
 if TYPE_CHECKING:
     from .run import Supervisor
 
 #: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
 NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
+#: How long stopping nodes may take before they are killed (on Slurm, more: its nodes' notice).
+STOP_GRACE_S = 10.0
 #: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
 #: so events and status still find room.
 LOG_FLOOR_BYTES = 64 * 1024 * 1024
@@ -313,6 +315,21 @@ class Nodes:
         except ProcessLookupError:
             pass
 
+    def files_changed(self, paths: list[str], node: str | None) -> None:
+        """Someone changed the script or payload: stop everything rather than run it."""
+        if self.sup.course.files_reason is not None:
+            return
+        self.sup.course.files_reason = protocol.files_changed_reason(paths)
+        self.sup.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.sup.course.files_reason))
+        self.sup.course.stop(self.stop_grace_s())
+        for agent in self.alive_agents():
+            self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
+
+    def stop_grace_s(self) -> float:
+        """How long stopping nodes may take before they are killed: on Slurm, each node's notice
+        (its keeper waits that long for rank 0's save) and a little more."""
+        return self.sup.placement.stop_grace_s(STOP_GRACE_S)
+
     def alive_agents(self) -> list[Agent]:
         return [a for a in self.agents.values() if not a.reaped and a.alive]
 
@@ -331,7 +348,7 @@ class Nodes:
             code = agent.proc.returncode
             if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
                 agent.exit_reason = protocol.exit_reason(code)
-                self.sup.commands.files_changed(
+                self.files_changed(
                     protocol.changed_files(self.sup.files_sha256) or sorted(self.sup.files_sha256), agent.name
                 )
             if code == protocol.EXIT_FATAL and agent.exit_reason is None:
