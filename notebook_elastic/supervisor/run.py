@@ -47,7 +47,7 @@ from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
 from ..store.run import host_store
 from .board import Board
-from .commands import Commands
+from .commands import Commands, Requests
 from .membership import DELETED, Course, Membership, Phase, ending
 from .nodes import Nodes, Workers
 from .notices import Notices
@@ -93,7 +93,7 @@ class Supervisor:
         )
         self.run_id = uuid.uuid4().hex[:8]
         # The kernel's requests (and SIGTERM's stop), run one at a time by the main loop.
-        self.requests: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[dict[str, Any]]]] = queue.SimpleQueue()
+        self.requests: Requests = queue.SimpleQueue()
         self.workers: Workers = {}  # rank -> (pid, node, generation)
         self.state = JobState(
             max_restarts=self.spec.max_restarts,
@@ -118,8 +118,25 @@ class Supervisor:
             int(self.spec.backend_options.get("events_rotate_bytes", ROTATE_BYTES)),
             status_changed=lambda: self.outcome.status_folded(),
         )
+        # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
+        self.notices = Notices(
+            lambda: self.board.store,
+            self.emit,
+            lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted"),
+        )
         self.nodes: Nodes = Nodes(self)
-        self.commands = Commands(self)
+        self.commands = Commands(
+            course=self.course,
+            nodes=self.nodes,
+            board=self.board,
+            placement=self.placement,
+            workers=self.workers,
+            notices=self.notices,
+            sink=self.sink,
+            state=self.state,
+            emit=self.emit,
+            requests=self.requests,
+        )
         self.stalls = Stalls(
             self.spec,
             sink=self.sink,
@@ -137,12 +154,6 @@ class Supervisor:
             sink=self.sink,
             state=self.state,
             emit=self.emit,
-        )
-        # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
-        self.notices = Notices(
-            lambda: self.board.store,
-            self.emit,
-            lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted"),
         )
 
     def emit(self, kind: str, node: str | None = None, **data: Any) -> None:
