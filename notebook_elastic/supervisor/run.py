@@ -124,7 +124,19 @@ class Supervisor:
             self.emit,
             lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted"),
         )
-        self.nodes: Nodes = Nodes(self)
+        self.nodes: Nodes = Nodes(
+            self.spec,
+            folder,
+            files_sha256=self.files_sha256,
+            run_id=self.run_id,
+            course=self.course,
+            placement=self.placement,
+            board=self.board,
+            sink=self.sink,
+            state=self.state,
+            notices=self.notices,
+            emit=self.emit,
+        )
         self.commands = Commands(
             course=self.course,
             nodes=self.nodes,
