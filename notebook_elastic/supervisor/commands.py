@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from ..contract import commands
 from ..contract.events import Kind
@@ -39,6 +39,11 @@ Requests = queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[dict[str, A
 
 #: After a control connection could not be accepted, the wait before the next try.
 ACCEPT_RETRY_S = 0.1
+
+
+def _never(command: NoReturn) -> NoReturn:
+    """What no command reaches (typing.assert_never, which Python 3.10 lacks)."""
+    raise AssertionError(f"a command no case takes: {command!r}")
 
 
 class Commands:
@@ -211,6 +216,8 @@ class Commands:
                 return self.do_stop()
             case commands.Status():
                 return self.do_status()
+            case _:  # every command is taken above: the type checker says so when one is added
+                _never(command)
 
     def serve(self, listener: Any) -> None:
         while True:
