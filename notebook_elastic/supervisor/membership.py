@@ -6,8 +6,8 @@ preempted capacity comes back), each change of it a named transition that makes 
 left of it (``ending``), not of the loop that asks. torch's rendezvous is the model
 (``_RendezvousState`` and its small operations).
 
-    STARTING --store hosted--> RUNNING --stop (request, SIGTERM, a fatal failure)--> STOPPING
-       every phase --no agent left (ending() says how)--> ENDED
+    STARTING --store hosted--> RUNNING --stop (request, SIGTERM, a fatal failure, files changed)--> STOPPING
+       RUNNING or STOPPING --no agent left (ending() says how)--> ENDED
 
 A transition never signals a process: the parts that do (``Nodes``, ``Commands``) take the new
 value and act on the difference. ``Course`` holds the current value and phase: the one place the

@@ -62,10 +62,11 @@ from .trackers import TRACKER_CLASSES, Tracker, requested
 
 
 class Supervisor:
-    """One job's supervisor: the job-wide course (spec, folder, target, range, epoch, stopping,
-    the store), the event sink's observer, and the main loop. It holds its collaborators: the
-    nodes (agents started, logged, signalled, reaped), the commands the kernel sends, the
-    stall watch and the outcome; each keeps its own state and reads the course through it."""
+    """One job's supervisor: where its parts are built and wired, the event sink's observer, and
+    the main loop. It holds its collaborators: the course (membership and phase, membership.py),
+    the board (the store and what the agents read in it), the nodes (agents started, logged,
+    signalled, reaped), the commands the kernel sends, the stall watch, the notices and the
+    outcome; each keeps its own state and is handed the others it uses, never the supervisor."""
 
     def __init__(self, folder: JobFolder, resume: bool = False) -> None:
         self.folder = folder
