@@ -110,7 +110,8 @@ def test_each_request_is_read_once_into_its_command_and_a_bad_one_is_one_sentenc
     assert c.parse({"command": "preempt_node", "args": {"grace_s": 30}}) == c.RemoveNode("preempt", grace_s=30.0)
     assert c.parse({"command": "stop"}) == c.Stop() and c.parse({"command": "status", "args": None}) == c.Status()
     bad = {
-        "unknown command 'rm -rf'": {"command": "rm -rf"},
+        "unknown command 'rm -rf': a job's supervisor takes scale, set_range, kill_worker, preempt_node, "
+        "lose_node, stop or status": {"command": "rm -rf"},
         "scale needs a whole number nodes, not 'many'": {"command": "scale", "args": {"nodes": "many"}},
         "scale needs a whole number nodes, not True": {"command": "scale", "args": {"nodes": True}},
         "set_range needs a whole number max_nodes, not None": {"command": "set_range", "args": {"min_nodes": 1}},

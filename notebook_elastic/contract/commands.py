@@ -48,8 +48,12 @@ class Status:
 
 Command = Scale | SetRange | KillWorker | RemoveNode | Stop | Status
 
-#: The wire names of the commands a stopping job still answers.
+#: The commands a stopping job still answers.
 WHILE_STOPPING = (Stop, Status)
+
+#: The wire name of every command, as the kernel sends it (``preempt_node`` and ``lose_node`` are
+#: both a ``RemoveNode``).
+NAMES = ("scale", "set_range", "kill_worker", "preempt_node", "lose_node", "stop", "status")
 
 
 def _int(args: dict[str, Any], key: str, command: str) -> int:
@@ -103,7 +107,7 @@ def parse(request: Any) -> Command:
         return Stop()
     if name == "status":
         return Status()
-    raise ValueError(f"unknown command {name!r}")
+    raise ValueError(f"unknown command {name!r}: a job's supervisor takes {', '.join(NAMES[:-1])} or {NAMES[-1]}")
 
 
 def words(command: Command) -> str:

@@ -6,20 +6,25 @@ preempted capacity comes back), each change of it a named transition that makes 
 left of it (``ending``), not of the loop that asks. torch's rendezvous is the model
 (``_RendezvousState`` and its small operations).
 
-    STARTING --store hosted--> RUNNING --stop (request, SIGTERM, a fatal failure)--> STOPPING
-       every phase --no agent left (ending() says how)--> ENDED
+    STARTING --store hosted--> RUNNING --stop (request, SIGTERM, a fatal failure, files changed)--> STOPPING
+       RUNNING or STOPPING --no agent left (ending() says how)--> ENDED
 
 A transition never signals a process: the parts that do (``Nodes``, ``Commands``) take the new
-value and act on the difference.
+value and act on the difference. ``Course`` holds the current value and phase: the one place the
+parts read them and change them (each part is handed it, not the supervisor).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
+
+from ..contract.events import Kind
+from ..runtime.event_types import Scaled
 
 #: A folder deleted under the job: no checkpoint or record can be written any more.
 DELETED = "deleted"
@@ -97,6 +102,61 @@ class Membership:
     def waits_for_capacity(self) -> bool:
         """Whether preempted capacity is still to come back (a job with no node left waits)."""
         return bool(self.returns)
+
+
+class Course:
+    """The job's course as the supervisor's parts share it: the membership (replaced by its
+    transitions; those that are not a reconfiguration announce themselves in a ``scaled``
+    event here), the phase, and why the job stops when nobody asked it to (a failure no retry
+    mends, files changed under it). The sink's thread sets ``fatal``; the main loop the rest."""
+
+    def __init__(self, membership: Membership, emit: Callable[..., None]) -> None:
+        self.membership = membership
+        self.phase = Phase.STARTING
+        self.stop_deadline: float | None = None  # stopping: when the nodes left are killed (monotonic)
+        self.fatal: str | None = None  # why the job stops now, when retrying is pointless
+        self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
+        self.files_reason: str | None = None  # set once a changed file stopped the job
+        self._emit = emit
+
+    @property
+    def stopping(self) -> bool:
+        """Told to stop (a request, SIGTERM, a failure no retry mends): every node is going."""
+        return self.phase is Phase.STOPPING
+
+    def stop(self, grace_s: float) -> bool:
+        """Into the stopping phase (False: already there); the nodes left after ``grace_s`` are killed."""
+        if self.phase is Phase.STOPPING:
+            return False
+        self.phase = Phase.STOPPING
+        self.stop_deadline = time.monotonic() + grace_s
+        return True
+
+    def scale(self, nodes: int) -> Membership:
+        """The job runs ``nodes`` nodes from now on (``ValueError`` outside its range)."""
+        self.membership = scaled = self.membership.scaled(nodes)
+        self._emit(Kind.SCALED, **Scaled(target=nodes, min_nodes=scaled.min_nodes, max_nodes=scaled.max_nodes))
+        return scaled
+
+    def lower(self, node: str, reason: str) -> Membership:
+        """A node taken away is not replaced: the target says so, in an event of its own, so
+        every view of the target (the dashboard's nodes box, the panel) follows."""
+        self.membership = lowered = self.membership.lowered()
+        self._emit(
+            Kind.SCALED,
+            node,
+            **Scaled(target=lowered.target, min_nodes=lowered.min_nodes, max_nodes=lowered.max_nodes, reason=reason),
+        )
+        return lowered
+
+    def take_back(self, now: float) -> None:
+        """Preempted capacity due by ``now`` comes back, a node more each (none while stopping)."""
+        while not self.stopping and (back := self.membership.returned(now)) is not None:
+            self.membership = back
+            self._emit(
+                Kind.SCALED,
+                **Scaled(target=back.target, min_nodes=back.min_nodes, max_nodes=back.max_nodes, returned=True),
+            )
 
 
 def ending(

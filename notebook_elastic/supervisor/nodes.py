@@ -2,7 +2,9 @@
 process group of its own, started cold or from the warm spare, given its share of the GPUs;
 its output logged (rotated, above the disk's free-space floor) and parsed into the sink;
 signalled, reaped, and started or stopped until as many run as the target says.
-Held by the ``Supervisor``, whose course (spec, folder, target, range, epoch, the sink) it reads."""
+Held by the ``Supervisor``; handed the job's spec, folder and files, the course (target, range,
+epoch, phase: read, and lowered when a node goes unreplaced), the placement, the store's board,
+the sink, the notices and emit, not the supervisor."""
 
 from __future__ import annotations
 
@@ -13,25 +15,37 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import IO, TYPE_CHECKING
+from typing import IO, Any
 
 from .. import pool
 from ..contract.events import Kind, LineParser
+from ..contract.job_state import JobState
 from ..contract.plan import LaunchPlan, launch_plan, rdzv_id
+from ..contract.spec import JobSpec
+from ..jobfolder.folder import JobFolder
 from ..jobfolder.place import local_place, visible_gpus
 from ..runtime import protocol
-from ..runtime.event_types import DiskFull, NodeEvicted, NodeLeft
-
-if TYPE_CHECKING:
-    from .run import Supervisor
+from ..runtime.event_types import DiskFull, FilesChanged, NodeEvicted, NodeLeft
+from .board import Board
+from .membership import Course
+from .notices import Notices
+from .placement import Placement
+from .sink import EventSink
 
 #: A node log is rotated (node-N.log -> node-N.log.1) at this size: two of them at most.
 NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
+#: How long stopping nodes may take before they are killed (on Slurm, more: its nodes' notice).
+STOP_GRACE_S = 10.0
 #: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
 #: so events and status still find room.
 LOG_FLOOR_BYTES = 64 * 1024 * 1024
+
+
+#: Where each rank's process is: rank -> (pid, node, generation), kept by the supervisor's observer.
+Workers = dict[int, tuple[int, str, Any]]
 
 
 @dataclass
@@ -66,8 +80,32 @@ class Agent:
 class Nodes:
     """Starting, logging, signalling and reaping the job's agents."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        spec: JobSpec,
+        folder: JobFolder,
+        *,
+        files_sha256: dict[str, str],
+        run_id: str,
+        course: Course,
+        placement: Placement,
+        board: Board,
+        sink: EventSink,
+        state: JobState,
+        notices: Notices,
+        emit: Callable[..., None],
+    ) -> None:
+        self.spec = spec
+        self.folder = folder
+        self.files_sha256 = files_sha256  # what every agent checks its files against
+        self.run_id = run_id
+        self.course = course
+        self.placement = placement
+        self.board = board
+        self.sink = sink
+        self.state = state  # the fold: whether the job trains yet (a spare is kept once it does)
+        self.notices = notices
+        self.emit = emit
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
         # Numbers of nodes replaced by a change of the range: their successors take them, so a
@@ -78,7 +116,7 @@ class Nodes:
         self.spare: Agent | None = None
         self.spare_retry_at = 0.0
         # A warm spare saves a scale-up its torch import (none for Slurm's allocations); so does the warm pool.
-        spare_ok = bool(sup.spec.backend_options.get("warm_spare", True)) and sup.placement.warm_spares
+        spare_ok = bool(spec.backend_options.get("warm_spare", True)) and placement.warm_spares
         self.warm_spare = spare_ok and pool.in_use() is None
         self._space_checked = 0.0  # when the disk's free space was last looked at (monotonic)
         self._space_ok = True
@@ -87,26 +125,26 @@ class Nodes:
     def plan(self, nnodes: tuple[int, int] | None = None) -> LaunchPlan:
         """What the agents of this epoch run (every node is started from it)."""
         place = local_place(
-            self.sup.spec,
-            self.sup.folder,
+            self.spec,
+            self.folder,
             gpus=self.gpus,
-            store_port=self.sup.store_port,
-            supervisor_pid=self.sup.placement.supervisor_pid(),  # an agent dies with it
-            files_sha256=self.sup.files_sha256,
-            store_host=self.sup.placement.store_host(),
+            store_port=self.board.port,
+            supervisor_pid=self.placement.supervisor_pid(),  # an agent dies with it
+            files_sha256=self.files_sha256,
+            store_host=self.placement.store_host(),
         )
         return launch_plan(
-            self.sup.spec,
+            self.spec,
             place,
-            rdzv_id=rdzv_id(self.sup.spec.name, self.sup.run_id, self.sup.membership.epoch),
-            epoch=self.sup.membership.epoch,
-            nnodes=nnodes or self.sup.membership.range,
+            rdzv_id=rdzv_id(self.spec.name, self.run_id, self.course.membership.epoch),
+            epoch=self.course.membership.epoch,
+            nnodes=nnodes or self.course.membership.range,
             nodes=0,
         )
 
     def _agent_env(self, plan: LaunchPlan, node_env: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(self.sup.spec.env)  # the --env values (from secret.json): the plan only names them
+        env.update(self.spec.env)  # the --env values (from secret.json): the plan only names them
         env.update(plan.env)
         env.update(node_env)
         return env
@@ -116,7 +154,7 @@ class Nodes:
         enough are free yet, a node on its way out still holds its own)."""
         if not self.gpus:
             return []
-        n = self.sup.spec.nproc_per_node
+        n = self.spec.nproc_per_node
         if len(self.free_gpus) < n:
             return None
         taken, self.free_gpus = self.free_gpus[:n], self.free_gpus[n:]
@@ -124,11 +162,11 @@ class Nodes:
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Agent:
         env = dict(env)
-        command = self.sup.placement.command(name, command, env)  # here, or under srun
+        command = self.placement.command(name, command, env)  # here, or under srun
         proc = subprocess.Popen(
             command,
             env=env,
-            cwd=self.sup.spec.backend_options.get("cwd") or None,
+            cwd=self.spec.backend_options.get("cwd") or None,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -138,8 +176,8 @@ class Nodes:
             name,
             proc,
             time.time(),
-            self.sup.membership.epoch,
-            log=open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0),
+            self.course.membership.epoch,
+            log=open(self.folder.logs / f"{name}.log", "ab", buffering=0),
         )
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             parser = LineParser(name, stream, agent_clock=True)  # an agent on this machine
@@ -163,7 +201,7 @@ class Nodes:
         name = node.name
         # A drill for a broken machine: this node's own environment (a wrong network interface,
         # a module missing from its path), as in backend_options={"node_env": {"node-1": {...}}}.
-        node_env = {**node.env, **(self.sup.spec.backend_options.get("node_env") or {}).get(name, {})}
+        node_env = {**node.env, **(self.spec.backend_options.get("node_env") or {}).get(name, {})}
         if any(a.progressed for a in self.staying_agents()):
             node_env[protocol.ENV_JOINER] = "1"  # it joins a job that trains: its failure must not end it
         env = self._agent_env(plan, node_env)
@@ -182,12 +220,12 @@ class Nodes:
             with agent.log_lock:
                 agent.log.close()  # unbuffered: nothing left to flush
                 try:
-                    os.replace(self.sup.folder.logs / f"{agent.name}.log", self.sup.folder.logs / f"{name}.log")
+                    os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
                 except OSError:
                     pass
-                agent.log = open(self.sup.folder.logs / f"{name}.log", "ab", buffering=0)
+                agent.log = open(self.folder.logs / f"{name}.log", "ab", buffering=0)
             agent.name = name
-            agent.epoch = self.sup.membership.epoch
+            agent.epoch = self.course.membership.epoch
             agent.started = time.time()
             for parser in agent.parsers:
                 parser.node = name
@@ -196,11 +234,11 @@ class Nodes:
             agent.stdin.close()
         agent.gpus = gpus
         self.agents[name] = agent
-        self.sup.emit(
+        self.emit(
             Kind.NODE_JOINED,
             name,
             pid=agent.proc.pid,
-            epoch=self.sup.membership.epoch,
+            epoch=self.course.membership.epoch,
             warm=agent is spare,
             **({"gpus": gpus} if gpus else {}),
         )
@@ -218,9 +256,9 @@ class Nodes:
         """Once the job runs and can still grow, keep one standby agent warm."""
         wanted = (
             self.warm_spare
-            and not self.sup.stopping
-            and self.sup.state.world_size > 0
-            and len(self.alive_agents()) < self.sup.membership.max_nodes
+            and not self.course.stopping
+            and self.state.world_size > 0
+            and len(self.alive_agents()) < self.course.membership.max_nodes
         )
         if self.spare is not None and not self.spare.alive:
             self.spare = None
@@ -248,10 +286,10 @@ class Nodes:
                 with agent.log_lock:
                     self._log(agent, raw)
             line = raw.decode("utf-8", "replace")
-            self.sup.placement.says(agent.name, line)
+            self.placement.says(agent.name, line)
             event = parser.feed(line, now)
             if event is not None and not agent.name.startswith("spare-"):
-                self.sup.sink.put(event)
+                self.sink.put(event)
         pipe.close()
 
     def _log(self, agent: Agent, raw: bytes) -> None:
@@ -260,7 +298,7 @@ class Nodes:
         try:
             if agent.log_bytes + len(raw) > NODE_LOG_CAP_BYTES:
                 agent.log.close()
-                current = self.sup.folder.logs / f"{agent.name}.log"
+                current = self.folder.logs / f"{agent.name}.log"
                 os.replace(current, current.with_name(current.name + ".1"))
                 agent.log = open(current, "ab", buffering=0)
                 agent.log_bytes = 0
@@ -279,14 +317,14 @@ class Nodes:
         self._written_since_check = 0
         self._space_checked = now
         try:
-            fs = os.statvfs(self.sup.folder.path)
+            fs = os.statvfs(self.folder.path)
         except OSError:
             return self._space_ok
         floor = min(LOG_FLOOR_BYTES, fs.f_blocks * fs.f_frsize // 20)
         ok = fs.f_bavail * fs.f_frsize >= floor
         if self._space_ok and not ok:
             free = fs.f_bavail * fs.f_frsize
-            self.sup.emit(
+            self.emit(
                 Kind.DISK_FULL,
                 **DiskFull(
                     message=f"the job folder's disk has {free // 1024} KiB free: worker output is no longer written "
@@ -301,13 +339,28 @@ class Nodes:
             agent.exit_reason = reason
         try:
             if sig == signal.SIGKILL:
-                self.sup.placement.kill(agent)  # the whole node at once
+                self.placement.kill(agent)  # the whole node at once
             elif sig == signal.SIGTERM:
-                self.sup.placement.term(agent)  # on purpose: its workers leave, or save first
+                self.placement.term(agent)  # on purpose: its workers leave, or save first
             else:
                 agent.proc.send_signal(sig)
         except ProcessLookupError:
             pass
+
+    def files_changed(self, paths: list[str], node: str | None) -> None:
+        """Someone changed the script or payload: stop everything rather than run it."""
+        if self.course.files_reason is not None:
+            return
+        self.course.files_reason = protocol.files_changed_reason(paths)
+        self.emit(Kind.FILES_CHANGED, node, **FilesChanged(files=paths, reason=self.course.files_reason))
+        self.course.stop(self.stop_grace_s())
+        for agent in self.alive_agents():
+            self.signal_agent(agent, signal.SIGTERM, "stopped: " + protocol.exit_reason(protocol.EXIT_FILES_CHANGED))
+
+    def stop_grace_s(self) -> float:
+        """How long stopping nodes may take before they are killed: on Slurm, each node's notice
+        (its keeper waits that long for rank 0's save) and a little more."""
+        return self.placement.stop_grace_s(STOP_GRACE_S)
 
     def alive_agents(self) -> list[Agent]:
         return [a for a in self.agents.values() if not a.reaped and a.alive]
@@ -327,58 +380,58 @@ class Nodes:
             code = agent.proc.returncode
             if code == protocol.EXIT_FILES_CHANGED and agent.exit_reason is None:
                 agent.exit_reason = protocol.exit_reason(code)
-                self.sup.commands.files_changed(
-                    protocol.changed_files(self.sup.files_sha256) or sorted(self.sup.files_sha256), agent.name
-                )
+                self.files_changed(protocol.changed_files(self.files_sha256) or sorted(self.files_sha256), agent.name)
             if code == protocol.EXIT_FATAL and agent.exit_reason is None:
                 # Its workers failed in a way a retry would repeat: the job stops (not a lost node).
                 agent.exit_reason = protocol.exit_reason(code)
-                self.sup.sink.flush()  # its worker's worker_failed, read above, says why: fold it first
-                self.sup.fatal = self.sup.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
+                self.sink.flush()  # its worker's worker_failed, read above, says why: fold it first
+                self.course.fatal = self.course.fatal or agent.failure or f"{agent.name}: {agent.exit_reason}"
             if (
                 code == protocol.EXIT_RESTARTS_SPENT
                 and agent.exit_reason is None
                 and not agent.progressed
-                and not self.sup.stopping
+                and not self.course.stopping
                 and any(a.progressed for a in self.staying_agents())
             ):
                 # A joiner whose budget (--max-restarts 0) was spent failing to join: it left its
                 # round without closing it; the others train on.
                 agent.exit_reason = "evicted"
-                self.sup.commands.lower_target(agent.name, "evicted")
+                self.course.lower(agent.name, "evicted")
                 failure = agent.failure or f"its workers failed at their start ({protocol.exit_reason(code)})"
-                self.sup.emit(
-                    Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=failure, target=self.sup.membership.target)
+                self.emit(
+                    Kind.NODE_EVICTED,
+                    agent.name,
+                    **NodeEvicted(failure=failure, target=self.course.membership.target),
                 )
-            self.sup.publish_gone(agent)
-            if agent.exit_reason is None and not self.sup.stopping:
-                departure = self.sup.placement.departure(agent.name)  # its place ended it (Slurm)
+            self.board.publish_gone(agent.agent_pid)
+            if agent.exit_reason is None and not self.course.stopping:
+                departure = self.placement.departure(agent.name)  # its place ended it (Slurm)
                 if departure is not None:
                     agent.exit_reason = departure.reason
                     if departure.lower is not None:
-                        self.sup.commands.lower_target(agent.name, departure.lower)
+                        self.course.lower(agent.name, departure.lower)
             # Its keeper's notice (Slurm) comes down with it: it may have had no time to.
-            self.sup.placement.gone(agent.name, partial(self.sup.notices.withdraw_for, agent.name, self.sup.store))
+            self.placement.gone(agent.name, partial(self.notices.withdraw_for, agent.name, self.board.store))
             reason = agent.exit_reason or protocol.exit_reason(code)
-            if agent.exit_reason is None and code != 0 and not self.sup.stopping:
+            if agent.exit_reason is None and code != 0 and not self.course.stopping:
                 # It died on its own (restart budget spent, rendezvous error, killed from
                 # outside): a lost node, not replaced.
-                self.sup.commands.lower_target(agent.name, "lost")
-            self.sup.emit(Kind.NODE_LEFT, agent.name, **NodeLeft(reason=reason, exitcode=code))
+                self.course.lower(agent.name, "lost")
+            self.emit(Kind.NODE_LEFT, agent.name, **NodeLeft(reason=reason, exitcode=code))
             if agent.log:
                 agent.log.close()
 
     def converge(self) -> None:
         """Start or stop agents until as many run as the target says."""
-        if self.sup.stopping:
+        if self.course.stopping:
             return
-        self.sup.publish_target()  # before a new agent asks to join
+        self.board.publish_target(self.course.membership.target)  # before a new agent asks to join
         # Agents on their way out do not count: counting a preempted node-0 that is still
         # shutting down made the target look exceeded, and the survivor was scaled down too.
         alive = self.staying_agents()
         if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
             return  # the job is finishing: workers succeeded somewhere
-        target = self.sup.membership.target
+        target = self.course.membership.target
         while len(alive) < target:
             agent = self.start_agent()
             if agent is None:

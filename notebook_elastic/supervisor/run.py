@@ -20,7 +20,6 @@ Requests come over an authenticated connection (``control.py``; loopback, every 
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import secrets
@@ -42,15 +41,15 @@ from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
-from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Scaled, Tracking
+from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Tracking
 from ..runtime.payload import payload_path_for
-from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
 from ..store.run import host_store
-from .commands import Commands
-from .membership import DELETED, Membership, Phase, ending
-from .nodes import Agent, Nodes
+from .board import Board
+from .commands import Commands, Requests
+from .membership import DELETED, Course, Membership, Phase, ending
+from .nodes import Nodes, Workers
 from .notices import Notices
 from .outcome import Outcome
 from .placement import Placement
@@ -63,10 +62,11 @@ from .trackers import TRACKER_CLASSES, Tracker, requested
 
 
 class Supervisor:
-    """One job's supervisor: the job-wide course (spec, folder, target, range, epoch, stopping,
-    the store), the event sink's observer, and the main loop. It holds its collaborators: the
-    nodes (agents started, logged, signalled, reaped), the commands the kernel sends, the
-    stall watch and the outcome; each keeps its own state and reads the course through it."""
+    """One job's supervisor: where its parts are built and wired, the event sink's observer, and
+    the main loop. It holds its collaborators: the course (membership and phase, membership.py),
+    the board (the store and what the agents read in it), the nodes (agents started, logged,
+    signalled, reaped), the commands the kernel sends, the stall watch, the notices and the
+    outcome; each keeps its own state and is handed the others it uses, never the supervisor."""
 
     def __init__(self, folder: JobFolder, resume: bool = False) -> None:
         self.folder = folder
@@ -80,68 +80,94 @@ class Supervisor:
             paths = [folder.script, payload_path_for(folder.script)]
             files_sha256 = {str(p): protocol.sha256_of(p) for p in paths if p.exists()}
         self.files_sha256: dict[str, str] = dict(files_sha256)
-        self.files_reason: str | None = None  # set once a changed file stopped the job
         # Above every generation already in the checkpoint folder (a resumed job, a reused
         # --checkpoint-dir): this run's groups read those checkpoints and are never fenced off.
         newest = newest_generation(Path(self.spec.checkpoint_dir or folder.checkpoints))
-        # The job's membership, one typed value its transitions replace (membership.py).
-        self.membership = Membership(
-            target=self.spec.initial_nodes,
-            range=self.spec.nnodes,
-            epoch=newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0,
+        # The job's membership, one typed value its transitions replace, and its phase (membership.py).
+        self.course = Course(
+            Membership(
+                target=self.spec.initial_nodes,
+                range=self.spec.nnodes,
+                epoch=newest // protocol.GENERATION_EPOCH_STRIDE + 1 if newest >= 0 else 0,
+            ),
+            self.emit,
         )
-        self.phase = Phase.STARTING
         self.run_id = uuid.uuid4().hex[:8]
-        self.stop_deadline: float | None = None  # stopping: when the nodes left are killed (monotonic)
         # The kernel's requests (and SIGTERM's stop), run one at a time by the main loop.
-        self.requests: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[dict[str, Any]]]] = queue.SimpleQueue()
-        self.workers: dict[int, tuple[int, str, Any]] = {}  # rank -> (pid, node, generation)
+        self.requests: Requests = queue.SimpleQueue()
+        self.workers: Workers = {}  # rank -> (pid, node, generation)
         self.state = JobState(
-            max_restarts=self.spec.max_restarts, nnodes=self.membership.range, target=self.membership.target
+            max_restarts=self.spec.max_restarts,
+            nnodes=self.course.membership.range,
+            target=self.course.membership.target,
         )
         self.folder.logs.mkdir(exist_ok=True)
         self.tensorboard: TensorBoardWriter | None = None  # once torch is imported (run())
         self.trackers: list[Tracker] = []  # MLflow, W&B: --track or their variables (run())
-        self.store: Any = None  # torch's TCPStore server, once run() hosts it
-        self.store_port = 0  # the port it listens on, from run() on
-        self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
-        self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
+        self.board = Board()  # the store, once hosted: what the agents read beside their round
         self.authkey = secrets.token_bytes(32)
         # Where a node runs: here, or on Slurm each node an allocation of its own.
         self.placement = SlurmPlacement(self.spec, folder, self.emit) if self.spec.backend == "slurm" else Placement()
         self.failures_seen: dict[tuple[Any, ...], int] = {}
-        self.fatal: str | None = None  # why the job stops now, when retrying is pointless
-        self.fatal_node: str | None = None  # whose agent ends on its own (its worker exited EXIT_FATAL)
         self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
-        self.nodes = Nodes(self)
-        self.commands = Commands(self)
-        self.stalls = Stalls(self)
-        self.outcome = Outcome(self)
+        # The sink first (every part is handed it); what it calls back is the parts' built below.
         self.sink = EventSink(
             folder.events_file,
             self.state,
             self._observe,
-            self.nodes.output_allowed,
+            lambda: self.nodes.output_allowed(),
             int(self.spec.backend_options.get("events_rotate_bytes", ROTATE_BYTES)),
-            status_changed=self.outcome.status_folded,
+            status_changed=lambda: self.outcome.status_folded(),
         )
         # Nodes given notice before they go (preempt_node(grace_s=...)): let go once rank 0 saved.
         self.notices = Notices(
-            lambda: self.store, self.emit, lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
+            lambda: self.board.store,
+            self.emit,
+            lambda agent: self.nodes.signal_agent(agent, signal.SIGTERM, "preempted"),
         )
-
-    @property
-    def stopping(self) -> bool:
-        """Told to stop (a request, SIGTERM, a failure no retry mends): every node is going."""
-        return self.phase is Phase.STOPPING
-
-    def stop(self, grace_s: float) -> bool:
-        """Into the stopping phase (False: already there); the nodes left after ``grace_s`` are killed."""
-        if self.phase is Phase.STOPPING:
-            return False
-        self.phase = Phase.STOPPING
-        self.stop_deadline = time.monotonic() + grace_s
-        return True
+        self.nodes: Nodes = Nodes(
+            self.spec,
+            folder,
+            files_sha256=self.files_sha256,
+            run_id=self.run_id,
+            course=self.course,
+            placement=self.placement,
+            board=self.board,
+            sink=self.sink,
+            state=self.state,
+            notices=self.notices,
+            emit=self.emit,
+        )
+        self.commands = Commands(
+            course=self.course,
+            nodes=self.nodes,
+            board=self.board,
+            placement=self.placement,
+            workers=self.workers,
+            notices=self.notices,
+            sink=self.sink,
+            state=self.state,
+            emit=self.emit,
+            requests=self.requests,
+        )
+        self.stalls = Stalls(
+            self.spec,
+            sink=self.sink,
+            state=self.state,
+            emit=self.emit,
+            workers=self.workers,
+            placement=self.placement,
+            kill_rank=self.commands.kill_rank,
+        )
+        self.outcome: Outcome = Outcome(
+            self.spec,
+            folder,
+            course=self.course,
+            nodes=self.nodes,
+            sink=self.sink,
+            state=self.state,
+            emit=self.emit,
+        )
 
     def emit(self, kind: str, node: str | None = None, **data: Any) -> None:
         self.sink.put(Event(kind, time.time(), node, data))
@@ -166,17 +192,17 @@ class Supervisor:
             self.workers[int(e.get("rank", 0))] = (int(e.get("pid")), e.node or "", gen)
         elif e.kind in (Kind.WORKER_FINISHED,):
             self.workers.pop(int(e.get("rank", -1)), None)
-        elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.fatal is None:
+        elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.course.fatal is None:
             # A failure that will come back at every retry is not retried to the end of the budget.
             key = (e.get("rank"), e.get("step"), e.get("error"), e.get("message"))
             self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
             what = describe_failure(e)
             budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
             if e.get("fatal"):
-                self.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
-                self.fatal = what
+                self.course.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
+                self.course.fatal = what
             elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
-                self.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
+                self.course.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
 
     def _tracker_opened(self, where: Tracking) -> None:
         self.emit(Kind.TRACKING, **where)
@@ -217,40 +243,13 @@ class Supervisor:
     def _evict(self, name: str) -> None:
         """Send away a node that failed while joining: the others go on at their size."""
         agent = self.nodes.agents.get(name)
-        if agent is None or not agent.alive or agent.exit_reason is not None or self.stopping:
+        if agent is None or not agent.alive or agent.exit_reason is not None or self.course.stopping:
             return
         self.nodes.signal_agent(agent, signal.SIGTERM, "evicted")  # SIGTERM: it leaves the round, never closes it
-        self.commands.lower_target(agent.name, "evicted")
-        self.emit(Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.membership.target))
-
-    def _tell_agents(self, key: str, value: str) -> bool:
-        """Set what the agents' rendezvous reads beside its round (agent/rounds.py); False when
-        the store is not hosted yet or is going (the job ends): the agents then do as torch."""
-        if self.store is None:
-            return False
-        try:
-            self.store.set(key, value)
-            return True
-        except Exception:
-            log.get("supervisor").debug("could not tell the agents %s through the store", key, exc_info=True)
-            return False
-
-    def publish_target(self) -> None:
-        """The number of nodes the job runs, in the store: a round that holds that many closes
-        at once instead of waiting last_call_timeout for nodes that will not come."""
-        target = self.membership.target
-        if target != self._published_target and self._tell_agents(TARGET_KEY, str(target)):
-            self._published_target = target
-
-    def publish_gone(self, agent: Agent) -> None:
-        """An agent reaped: its peers drop it from their round now, not at its heartbeat's
-        expiry (a node left on purpose has left already; naming it again is harmless)."""
-        if self.store is None or agent.agent_pid is None:
-            return
-        now = time.time()
-        self._gone = {pid: t for pid, t in self._gone.items() if now - t < 60}
-        self._gone[str(agent.agent_pid)] = now
-        self._tell_agents(GONE_KEY, json.dumps(self._gone))
+        self.course.lower(agent.name, "evicted")
+        self.emit(
+            Kind.NODE_EVICTED, agent.name, **NodeEvicted(failure=agent.failure, target=self.course.membership.target)
+        )
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.requests.put(({"command": "stop"}, queue.SimpleQueue())))
@@ -260,7 +259,7 @@ class Supervisor:
         bind = self.placement.bind_address  # Slurm: reached from other hosts
         sock.bind((bind, 0))
         sock.listen(512)
-        self.store_port = sock.getsockname()[1]
+        self.board.port = sock.getsockname()[1]
         listener = listen(self.authkey, bind)
         spec, before = self.spec, None
         self.folder.keep_room()  # the room for the last records; a resumed job's old outcome cleared
@@ -272,15 +271,15 @@ class Supervisor:
                 before = self.state.status if self.state.finished else "lost"
                 # The range and the size the run was left at (the slider, scale()), not the
                 # spec's first ones (#39 item 3: a resume put a 1:4 job back to 1:2).
-                self.membership = self.membership.resumed_at(*self.state.nnodes, self.state.target)
+                self.course.membership = self.course.membership.resumed_at(*self.state.nnodes, self.state.target)
         self.emit(
             Kind.JOB_RESUMED if self.resume else Kind.JOB_SUBMITTED,
             **({"after": before} if self.resume else {}),
             schema=SCHEMA_VERSION,
             name=spec.name,
-            nodes=self.membership.target,
-            min_nodes=self.membership.min_nodes,
-            max_nodes=self.membership.max_nodes,
+            nodes=self.course.membership.target,
+            min_nodes=self.course.membership.min_nodes,
+            max_nodes=self.course.membership.max_nodes,
             nproc_per_node=spec.nproc_per_node,
             max_restarts=spec.max_restarts,
             backend=self.spec.backend,
@@ -301,16 +300,16 @@ class Supervisor:
                 "host": socket.gethostname(),
                 "slurm_job": os.environ.get("SLURM_JOB_ID"),  # the supervisor's own allocation, if any
                 "authkey": self.authkey.hex(),
-                "rdzv_port": self.store_port,
+                "rdzv_port": self.board.port,
                 "started": time.time(),
             },
             mode=0o600,
         )
         threading.Thread(target=self.commands.serve, args=(listener,), daemon=True).start()
         self.nodes.converge()
-        self.store = host_store(sock)
-        self.phase = Phase.RUNNING
-        self.publish_target()
+        self.board.store = host_store(sock)
+        self.course.phase = Phase.RUNNING
+        self.board.publish_target(self.course.membership.target)
         if tensorboard_available():  # metrics come only through the store: none was missed
             self.tensorboard = TensorBoardWriter(self.folder.path / "tensorboard")
             self.emit(Kind.TRACKING, **tensorboard_link(str(self.folder.path)))
@@ -319,9 +318,9 @@ class Supervisor:
             for t in requested(spec.track, os.environ)
         ]
         status = self._loop()
-        self.outcome.finish(status)
-        self.store = None  # the store server goes with the last reference
-        self.phase = Phase.ENDED
+        self.outcome.finish(status, self.trackers, self.tensorboard)
+        self.board.store = None  # the store server goes with the last reference
+        self.course.phase = Phase.ENDED
         listener.close()
         return 0
 
@@ -341,19 +340,14 @@ class Supervisor:
             self.nodes.reap()
             self.notices.watch(self.state.step, self.state.step_time_s)
             now = time.monotonic()
-            while not self.stopping and (back := self.membership.returned(now)) is not None:
-                self.membership = back  # preempted capacity came back
-                self.emit(
-                    Kind.SCALED,
-                    **Scaled(target=back.target, min_nodes=back.min_nodes, max_nodes=back.max_nodes, returned=True),
-                )
+            self.course.take_back(now)  # preempted capacity that came back
             self.nodes.converge()
             self.nodes.keep_a_spare()
             self.stalls.watch(now)
-            if self.fatal and not self.stopping:
+            if self.course.fatal and not self.course.stopping:
                 # The failed node's agent stops its workers and ends by itself; the others are
                 # stopped, as they would regroup and fail the same way.
-                self.commands.do_stop(leave=self.fatal_node)
+                self.commands.do_stop(leave=self.course.fatal_node)
             if now - last_folder_check > 1.0:
                 last_folder_check = now
                 if self._folder_deleted():
@@ -363,7 +357,7 @@ class Supervisor:
                     for agent in self.nodes.agents.values():
                         agent.proc.wait()
                     return "lost", LOST_FOLDER["reason"]
-            if self.stopping and self.stop_deadline and now > self.stop_deadline:
+            if self.course.stopping and self.course.stop_deadline and now > self.course.stop_deadline:
                 for agent in self.nodes.alive_agents():
                     self.nodes.signal_agent(agent, signal.SIGKILL, "stopped")
             # At most 4 writes a second for steps and metrics; a change of status at once, so
@@ -375,13 +369,13 @@ class Supervisor:
                 self.outcome.write_status()
             if not self.nodes.alive_agents() and all(a.reaped for a in self.nodes.agents.values()):
                 ended = ending(
-                    self.phase,
+                    self.course.phase,
                     (a.proc.returncode for a in self.nodes.agents.values()),
                     # its workers failed of it before the check above saw it
                     folder=DELETED if self._folder_deleted() else None,
-                    files_changed=self.files_reason,
-                    fatal=self.fatal,
-                    waits_for_capacity=self.membership.waits_for_capacity,
+                    files_changed=self.course.files_reason,
+                    fatal=self.course.fatal,
+                    waits_for_capacity=self.course.membership.waits_for_capacity,
                 )
                 if ended is None:
                     continue  # capacity comes back later: wait for it

@@ -1,21 +1,24 @@
 """Stall watching: a running job whose step has not moved for long enough is stalled; the
 supervisor says which ranks stopped and which wait, and with ``--stall-timeout`` restarts
-the group. Held by the ``Supervisor``, which calls ``watch`` on each turn of its loop."""
+the group. Held by the ``Supervisor``, which calls ``watch`` on each turn of its loop; handed the
+folded state (under the sink's lock), where each rank's process is, and a way to kill one."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import psutil
 
 from .. import defaults
 from ..contract.events import Kind
+from ..contract.job_state import JobState
+from ..contract.spec import JobSpec
 from ..runtime.event_types import Stall, StallCleared, SupervisorFrozen
-
-if TYPE_CHECKING:
-    from .run import Supervisor
+from .nodes import Workers
+from .placement import Placement
+from .sink import EventSink
 
 
 @dataclass
@@ -47,28 +50,44 @@ def is_stopped(pid: int) -> bool:
 class Stalls:
     """Watches the job's step for a stall (called from the supervisor's main loop)."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.stall_after_s = float(sup.spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        sink: EventSink,
+        state: JobState,
+        emit: Callable[..., None],
+        workers: Workers,
+        placement: Placement,
+        kill_rank: Callable[[int], bool],
+    ) -> None:
+        self.spec = spec
+        self.sink = sink
+        self.state = state  # read under the sink's lock: the sink's thread folds into it
+        self.emit = emit
+        self.workers = workers
+        self.placement = placement
+        self.kill_rank = kill_rank  # SIGKILL a rank's process (Commands.kill_rank)
+        self.stall_after_s = float(spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.clock = StallClock(since=time.monotonic())
 
     def watch(self, now: float) -> None:
         """A running job whose step has not moved for max(stall_after_s, 10 x the median step
         time) is stalled (a SIGSTOPped rank, a hung collective, a stuck filesystem look the
         same): say which ranks stopped and which wait; with --stall-timeout, restart the group."""
-        with self.sup.sink.lock:
-            step, status = self.sup.state.step, self.sup.state.status
+        with self.sink.lock:
+            step, status = self.state.step, self.state.status
         clock = self.clock
         last, clock.tick = clock.tick, now
         if last is not None and now - last >= FROZEN_S:
             # Not the job's stall: ours. What the ranks did meanwhile is still being read, so
             # the stall clock starts again (neither a "stalled" event nor a restart for it).
-            self.sup.emit(Kind.SUPERVISOR_FROZEN, **SupervisorFrozen(for_s=round(now - last, 1), step=step))
+            self.emit(Kind.SUPERVISOR_FROZEN, **SupervisorFrozen(for_s=round(now - last, 1), step=step))
             clock.since = now
             return
         if step != clock.step or status != "running":
             if clock.announced and status == "running":
-                self.sup.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(now - clock.since, 1)))
+                self.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(now - clock.since, 1)))
             if step is not None and clock.step is not None and step > clock.step and status == "running":
                 clock.step_s = [*clock.step_s[-49:], (now - clock.since) / (step - clock.step)]
             clock.step, clock.since, clock.announced, clock.restarted = step, now, False, False
@@ -80,33 +99,33 @@ class Stalls:
         threshold = max(self.stall_after_s, 10 * median)
         if not clock.announced and stalled_s >= threshold:
             stopped, waiting = self._stalled_ranks()
-            self.sup.emit(
+            self.emit(
                 Kind.STALL,
                 **Stall(
                     step=step,
                     for_s=round(stalled_s, 1),
                     stopped=stopped,
                     waiting=waiting,
-                    restart_after_s=self.sup.spec.stall_timeout_s,
+                    restart_after_s=self.spec.stall_timeout_s,
                 ),
             )
             clock.announced = True
-        limit = self.sup.spec.stall_timeout_s
+        limit = self.spec.stall_timeout_s
         if clock.announced and limit and not clock.restarted and stalled_s >= max(threshold, limit):
             stopped, waiting = self._stalled_ranks()
             for rank in stopped or waiting:  # a hang with no stopped rank: the whole group
-                if rank in self.sup.workers:
-                    self.sup.commands.kill_rank(rank)  # the agent restarts the group: one restart
-            self.sup.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(stalled_s, 1), restarted=True))
+                if rank in self.workers:
+                    self.kill_rank(rank)  # the agent restarts the group: one restart
+            self.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(stalled_s, 1), restarted=True))
             clock.restarted = True
 
     def _stalled_ranks(self) -> tuple[list[int], list[int]]:
         """Ranks of the newest group whose process is stopped, and the others (waiting)."""
-        newest = max((g for _p, _n, g in self.sup.workers.values() if g is not None), default=None)
+        newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
         stopped: list[int] = []
         waiting: list[int] = []
-        here = self.sup.placement.pids_here  # a pid on another host (Slurm) tells nothing here: every rank waits
-        for rank, (pid, _node, gen) in sorted(self.sup.workers.items()):
+        here = self.placement.pids_here  # a pid on another host (Slurm) tells nothing here: every rank waits
+        for rank, (pid, _node, gen) in sorted(self.workers.items()):
             if gen != newest:
                 continue
             (stopped if here and is_stopped(pid) else waiting).append(rank)

@@ -1,0 +1,50 @@
+"""What the supervisor tells the agents through the job's store, beside their rendezvous round
+(agent/rounds.py reads it): the number of nodes the job runs (a round that holds that many
+closes at once) and the agents it saw die (their peers drop them from the round at once). It
+holds the store torch's TCPStore server hosts, from the time ``Supervisor.run`` hosts it, and
+the port it listens on; ``Nodes`` and ``Commands`` are handed this, not the supervisor."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..runtime import log
+from ..runtime.protocol import GONE_KEY, TARGET_KEY
+
+
+class Board:
+    def __init__(self) -> None:
+        self.store: Any = None  # torch's TCPStore server, once the supervisor hosts it
+        self.port = 0  # the port it listens on, from the supervisor's run() on
+        self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
+        self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
+
+    def _tell_agents(self, key: str, value: str) -> bool:
+        """Set what the agents' rendezvous reads beside its round (agent/rounds.py); False when
+        the store is not hosted yet or is going (the job ends): the agents then do as torch."""
+        if self.store is None:
+            return False
+        try:
+            self.store.set(key, value)
+            return True
+        except Exception:
+            log.get("supervisor").debug("could not tell the agents %s through the store", key, exc_info=True)
+            return False
+
+    def publish_target(self, target: int) -> None:
+        """The number of nodes the job runs, in the store: a round that holds that many closes
+        at once instead of waiting last_call_timeout for nodes that will not come."""
+        if target != self._published_target and self._tell_agents(TARGET_KEY, str(target)):
+            self._published_target = target
+
+    def publish_gone(self, agent_pid: int | None) -> None:
+        """An agent reaped: its peers drop it from their round now, not at its heartbeat's
+        expiry (a node left on purpose has left already; naming it again is harmless)."""
+        if self.store is None or agent_pid is None:
+            return
+        now = time.time()
+        self._gone = {pid: t for pid, t in self._gone.items() if now - t < 60}
+        self._gone[str(agent_pid)] = now
+        self._tell_agents(GONE_KEY, json.dumps(self._gone))
