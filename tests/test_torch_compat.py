@@ -416,3 +416,50 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
         if peer.poll() is None:
             peer.kill()
             peer.wait()
+
+
+def test_the_agents_monitor_waits_its_interval_on_what_can_cut_it_short(store, monkeypatch):
+    """torch's run loop sleeps --monitor-interval between two looks and nothing wakes it: a
+    departure the watch saw waited for the rest of it. Our agent has torch sleep a tick and waits
+    the rest on ``wait_for_change`` (old code: torch slept the whole interval, nothing asked)."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    hooks = notebook_agent.AgentHooks()
+    waits: list[float] = []
+    hooks.wait_for_change = waits.append
+    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
+    handler = handler_on(client, "monitor")
+    spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=handler, entrypoint="true", monitor_interval=0.5)
+    agent = notebook_agent.agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
+    assert spec.monitor_interval == notebook_agent.MONITOR_TICK_S  # torch's own sleep: a tick
+    monkeypatch.setattr(
+        torch_adapter.agent_class(), "_monitor_workers", lambda self, group: RunResult(state=WorkerState.HEALTHY)
+    )
+    assert agent._monitor_workers(agent._worker_group).state == WorkerState.HEALTHY
+    assert waits == [pytest.approx(0.5 - notebook_agent.MONITOR_TICK_S)]  # the rest, on what can cut it
+
+
+def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypatch):
+    """A worker's word over its link (runtime/inplace.py's Link, the agent's Links on a real
+    socket): "boundary" (its group voted a change: a member goes) has the departure watch look
+    now; "lost" (its group broke) ends the monitor's wait (old code: both waited for the next
+    look of each, 0.1 s apart)."""
+    from notebook_elastic.agent.inplace import InPlace
+    from notebook_elastic.runtime.inplace import Link
+
+    looked = threading.Event()
+    monkeypatch.delenv(protocol.ENV_IN_PLACE, raising=False)
+    agent_side = InPlace(lambda: "node-0", look_now=looked.set)
+    for name, value in agent_side.start().items():
+        monkeypatch.setenv(name, value)
+    worker = Link.connect()
+    assert worker is not None
+    worker.send(op="boundary", step=3)
+    assert looked.wait(30), "the watch was not told to look"
+    waiting = threading.Thread(target=agent_side.wait_for_change, args=(600.0,), daemon=True)
+    waiting.start()
+    worker.send(op="lost", step=3)
+    waiting.join(30)
+    assert not waiting.is_alive(), "the monitor's wait was not cut short"
+    assert agent_side.lost.is_set()
