@@ -463,3 +463,9 @@ def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypat
     waiting.join(30)
     assert not waiting.is_alive(), "the monitor's wait was not cut short"
     assert agent_side.lost.is_set()
+    # The round does not show the member gone yet (the supervisor's word still to come): the
+    # next waits are short looks (LOST_LOOK_S), not the interval.
+    again = threading.Thread(target=agent_side.wait_for_change, args=(600.0,), daemon=True)
+    again.start()
+    again.join(30)
+    assert not again.is_alive(), "a broken group waited the whole interval for the member to go"

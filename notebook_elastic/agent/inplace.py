@@ -53,6 +53,12 @@ _log = _logging.get("agent.inplace")
 LEAVE_AT_BOUNDARY_S = 6.0
 #: After an abort, how long it waits for them to exit before torch's shutdown stops them.
 LEAVE_AFTER_ABORT_S = 2.0
+#: While a worker's group is broken (a peer died) and the round does not show the member gone
+#: yet, the agent looks this often (a look reads the round's state, at most this old).
+LOST_LOOK_S = 0.02
+#: ... for this long after the word (a member that never goes: a failed worker's node restarts
+#: in the round; its new workers join as a new round, which the agent forms anyway).
+LOST_LOOKS_FOR_S = 5.0
 
 
 @dataclass
@@ -216,6 +222,7 @@ class InPlace:
         # Set when the agent has something to look at (a departure seen, a worker's group broke):
         # its monitor, waiting between looks, looks now (wait_for_change).
         self._wake = threading.Event()
+        self._lost_at = float("-inf")  # when a worker last said its group broke (monotonic)
         self.links: Links | None = None
         self.regroup = threading.Event()  # a departure was seen: regroup at the next look
         self.regroup_after: int | None = None  # ... of a member of this round (stale once past it)
@@ -231,12 +238,18 @@ class InPlace:
         return self.links.env()
 
     def _lost(self) -> None:
+        self._lost_at = time.monotonic()
         self.lost.set()
         self._wake.set()
 
     def wait_for_change(self, timeout_s: float) -> None:
         """The agent's monitor waits between two looks: ``timeout_s``, or until there is something
-        to regroup for (a departure seen by the watch, a worker whose group broke), sooner."""
+        to regroup for (a departure seen by the watch, a worker whose group broke), sooner. While
+        a worker's group is broken and the round has not yet lost the member (the supervisor's
+        word that it died, or its heartbeat, still to come), it looks every ``LOST_LOOK_S``."""
+        recent = time.monotonic() - self._lost_at < LOST_LOOKS_FOR_S
+        if self.lost.is_set() and not self.regroup.is_set() and recent:
+            timeout_s = min(timeout_s, LOST_LOOK_S)
         if self._wake.wait(timeout_s):
             self._wake.clear()
 
@@ -323,6 +336,7 @@ class InPlace:
         started = time.monotonic()
         self.reason = ""
         rendezvous()  # torch's round: the new members, ranks and world size
+        self.lost.clear()  # whatever broke the old group is superseded by this round
         round_ = int(os.environ.get(protocol.ENV_ROUND, 0))
         store, prefix = os.environ.get(protocol.ENV_GROUP_STORE, ""), os.environ.get(protocol.ENV_GROUP_PREFIX, "")
         epoch = int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0))
