@@ -80,6 +80,41 @@ def reports(job) -> list[dict]:  # noqa: ANN001
     return [json.loads(line) for line in lines if '"kind":"metric"' in line]
 
 
+def events_since(job, since: float) -> list[dict]:  # noqa: ANN001
+    """Every event of the job's folder after ``since``, as written (each with its time ``t``)."""
+    import json
+
+    from notebook_elastic.backends.local import LocalBackend
+
+    lines = LocalBackend().folder(job.name).events_file.read_text().splitlines()
+    return [e for e in (json.loads(line) for line in lines) if e["t"] > since]
+
+
+#: The supervisor's own act that starts a change: the departure or the join itself (a kill, a
+#: notice, a SIGTERM, a new agent spawned), after the kernel's command reached it.
+DEPARTURE_KINDS = ("fault", "notice", "agent_signaled", "node_joined")
+
+
+def breakdown(events: list[dict], first_step_t: float) -> dict:
+    """Where a change's time went, from its departure (or join): the first survivor's agent
+    starting its regroup (detection), the last survivor's round formed, the group formed in
+    place (``in_place``), and rank 0's first step at the new size."""
+    departed = min((e["t"] for e in events if e["kind"] in DEPARTURE_KINDS), default=float("nan"))
+    regroups = [e["t"] - e.get("took_s", 0.0) for e in events if e["kind"] == "regrouped"]
+    rounds = [e["t"] for e in events if e["kind"] == "regrouped"]
+    in_place = [e["t"] for e in events if e["kind"] == "in_place"]
+    ready = [e["t"] for e in events if e["kind"] == "agent_started"]  # a joiner's agent up
+    marks = {
+        "departed_t": departed,
+        "detect_s": min(regroups, default=float("nan")) - departed,
+        "round_s": max(rounds, default=float("nan")) - min(regroups, default=float("nan")),
+        "group_s": min(in_place, default=float("nan")) - max(rounds, default=float("nan")),
+        "step_s": first_step_t - min(in_place, default=float("nan")),
+        "joiner_agent_s": min(ready, default=float("nan")) - departed,
+    }
+    return marks
+
+
 def first_step_at(job, world: int, since: float) -> tuple[float, int]:  # noqa: ANN001
     """When rank 0 first reported at ``world`` ranks after ``since`` (and that step)."""
     for e in reports(job):
@@ -121,6 +156,7 @@ def run_changes(name: str, torchrun_restarts: bool) -> list[dict]:
             before_change = [e["t"] for e in reports(job) if e["t"] < at and e["values"].get("ws") != world]
             paused = at - max(before_change) if before_change else float("nan")
             time.sleep(0.5)
+            parts = breakdown(events_since(job, started), at)
             after = {e.node: e.get("pid") for e in job.events if e.kind == Kind.WORKER_STARTED}
             survivors = [
                 n for n in after if n in before and job.state.nodes.get(n) and job.state.nodes[n].status != "left"
@@ -130,6 +166,8 @@ def run_changes(name: str, torchrun_restarts: bool) -> list[dict]:
                 {
                     "change": what,
                     "resume_s": at - started,
+                    "from_departure_s": at - parts["departed_t"],
+                    **{k: v for k, v in parts.items() if k != "departed_t"},
                     "paused_s": paused,
                     "redone": max(0, last + 1 - step) if step <= last else 0,
                     "kept": kept / max(1, len(survivors)),
@@ -185,14 +223,42 @@ def main() -> None:
             runs["in place"].append(run_changes(f"inplace-{i}", torchrun_restarts=False))
             runs["restart"].append(run_changes(f"restart-{i}", torchrun_restarts=True))
         for j, (what, _change, _world) in enumerate(CHANGES):
-            ours = median([r[j]["resume_s"] for r in runs["in place"]])
-            theirs = median([r[j]["resume_s"] for r in runs["restart"]])
+
+            def figure(key: str, mode: str = "in place", j: int = j) -> tuple[float, str]:
+                values = [r[j][key] for r in runs[mode]]
+                return median(values), f"{min(values):.3f}-{max(values):.3f}"
+
+            ours, ours_spread = figure("from_departure_s")
+            theirs, theirs_spread = figure("from_departure_s", "restart")
+            called, called_spread = figure("resume_s")
+            called_restart, _ = figure("resume_s", "restart")
             redone = max(r[j]["redone"] for r in runs["in place"])
             redone_restart = max(r[j]["redone"] for r in runs["restart"])
             kept = min(r[j]["kept"] for r in runs["in place"])
-            rows.append(row(f"{what}: in place, to the first step", ours, "s", "<= 0.2", ours <= 0.2))
-            rows.append(row(f"{what}: restart (torchrun's way), to the first step", theirs, "s"))
+            rows.append(
+                row(
+                    f"{what}: in place, departure to the first step (spread {ours_spread})",
+                    ours,
+                    "s",
+                    "<= 0.2",
+                    ours <= 0.2,
+                )
+            )
+            rows.append(row(f"{what}: restart (torchrun's way), the same (spread {theirs_spread})", theirs, "s"))
             rows.append(row(f"{what}: ratio in place / restart", ours / theirs, "x", "<= 0.25", ours / theirs <= 0.25))
+            rows.append(
+                row(
+                    f"{what}: in place, from the kernel's call (spread {called_spread}; restart {called_restart:.3f} s)",
+                    called,
+                    "s",
+                )
+            )
+            parts = {k: figure(k)[0] for k in ("detect_s", "round_s", "group_s", "step_s")}
+            said = ", ".join(f"{k[:-2]} {v:.3f}" for k, v in parts.items())
+            rows.append(row(f"{what}: in place, where it went (medians, s): {said}", sum(parts.values()), "s"))
+            if "up" in what:
+                agent_up, agent_spread = figure("joiner_agent_s")
+                rows.append(row(f"{what}: the joiner's agent started, of that (spread {agent_spread})", agent_up, "s"))
             stood = median([r[j]["paused_s"] for r in runs["in place"]])
             stood_restart = median([r[j]["paused_s"] for r in runs["restart"]])
             rows.append(row(f"{what}: training stood still, in place (restart: {stood_restart:.2f} s)", stood, "s"))

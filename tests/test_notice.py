@@ -14,6 +14,7 @@ import json
 import time
 
 import pytest
+import torch
 from test_kubernetes_backend import cluster  # noqa: F401 (the fixture)
 from test_local_backend import TRAIN, at_step, committed_reports, metric_events, namespace
 from waiting import wait_for
@@ -292,3 +293,31 @@ def test_the_grace_warning_never_contradicts_itself(grace_s, save_ms):
     fine.apply(Event(Kind.JOB_SUBMITTED, 1.0, None, {"nodes": 1, "min_nodes": 1, "max_nodes": 1, "grace_s": enough}))
     fine.apply(Event(Kind.CHECKPOINT, 2.0, None, {"step": 10, "ms": save_ms}))
     assert fine.warning is None
+
+
+def test_a_notice_answered_in_place_is_not_answered_again_by_the_next_rank_0():
+    """The rank 0 of the group a node leaves answers its notice in place (no save: the ranks
+    that stay keep every value). The survivor that is rank 0 of the next group, another process,
+    saw the notice still posted and answered it again: two answers, two events for one notice
+    (old code; test_in_place_a_preempted_node_leaves_at_a_step_boundary_without_a_save_and_no_step_is_lost
+    failed on it under load once the survivors regrouped sooner)."""
+    from datetime import timedelta
+
+    from notebook_elastic.runtime import notice as notices
+
+    server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    endpoint = f"127.0.0.1:{server.port}"
+    posted = notices.post(server, "node-1", 30.0, 7, stays=1)
+    leaving = notices.NoticeBoard(endpoint)
+    leaving.answered = set()
+    leaving.kept_in_place(posted, step=12)  # the leaving group's rank 0
+    survivor = notices.NoticeBoard(endpoint)
+    survivor.answered = set()  # another process: none of the first's answers
+    survivor.start()
+    deadline = time.monotonic() + 30
+    while survivor.current is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert survivor.current is not None and survivor.current["id"] == 7, "the notice was not seen"
+    assert survivor.pending() is None, "the next rank 0 would answer the notice again"
+    client = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+    assert json.loads(client.get(notices.answer_key(7)))["step"] == 12  # the first answer stands

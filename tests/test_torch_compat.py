@@ -300,6 +300,34 @@ def test_the_store_leaves_its_callers_socket_open_when_it_goes():
     sock.close()
 
 
+def test_a_node_that_regroups_from_the_first_round_does_not_wait_torchs_first_join_jitter(store, monkeypatch):
+    """torch spreads a job's first joins over up to 0.3 s (``_delay((0, 0.3))`` in its
+    next_rendezvous while the state's round is 0). A node that was in round 0 and regroups (in
+    place, after a loss: the first change of every job) is no first join: our rounds skip it
+    (old code: waited it again, 0.15 s on average of a change in place's 0.2 to 0.5 s)."""
+    waits: list = []
+
+    def torchs_delay(seconds):  # stands for torch's own, recording what it was asked to wait
+        waits.append(seconds)
+
+    monkeypatch.setattr(dr, "_delay", torchs_delay)
+    rules = rounds.RoundRules()
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1)
+    store.set(protocol.TARGET_KEY, "1")
+    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
+    handler = handler_on(client, "jitter", nodes=(1, 2), rules=rules).torch_handler
+    try:
+        assert handler.next_rendezvous().world_size == 1
+        assert [w for w in waits if isinstance(w, tuple)] == [(0, 0.3)], waits  # the first join: torch's jitter
+        assert handler._state_holder.state.round == 0
+        waits.clear()
+        assert handler.next_rendezvous().world_size == 1  # a regroup, from round 0
+        assert handler._state_holder.state.round == 1
+        assert not [w for w in waits if isinstance(w, tuple)], waits
+    finally:
+        handler._stop_heartbeats()
+
+
 def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store, monkeypatch):
     """torch closes a round of 1:3 nodes last_call after it reached 1 (here 600 s): with the
     job's target of 2 in the store, it closes as soon as the second node joins (old code:
@@ -388,3 +416,56 @@ def test_a_node_the_supervisor_saw_die_leaves_the_round_at_once_not_at_its_heart
         if peer.poll() is None:
             peer.kill()
             peer.wait()
+
+
+def test_the_agents_monitor_waits_its_interval_on_what_can_cut_it_short(store, monkeypatch):
+    """torch's run loop sleeps --monitor-interval between two looks and nothing wakes it: a
+    departure the watch saw waited for the rest of it. Our agent has torch sleep a tick and waits
+    the rest on ``wait_for_change`` (old code: torch slept the whole interval, nothing asked)."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    hooks = notebook_agent.AgentHooks()
+    waits: list[float] = []
+    hooks.wait_for_change = waits.append
+    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
+    handler = handler_on(client, "monitor")
+    spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=handler, entrypoint="true", monitor_interval=0.5)
+    agent = notebook_agent.agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
+    assert spec.monitor_interval == notebook_agent.MONITOR_TICK_S  # torch's own sleep: a tick
+    monkeypatch.setattr(
+        torch_adapter.agent_class(), "_monitor_workers", lambda self, group: RunResult(state=WorkerState.HEALTHY)
+    )
+    assert agent._monitor_workers(agent._worker_group).state == WorkerState.HEALTHY
+    assert waits == [pytest.approx(0.5 - notebook_agent.MONITOR_TICK_S)]  # the rest, on what can cut it
+
+
+def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypatch):
+    """A worker's word over its link (runtime/inplace.py's Link, the agent's Links on a real
+    socket): "boundary" (its group voted a change: a member goes) has the departure watch look
+    now; "lost" (its group broke) ends the monitor's wait (old code: both waited for the next
+    look of each, 0.1 s apart)."""
+    from notebook_elastic.agent.inplace import InPlace
+    from notebook_elastic.runtime.inplace import Link
+
+    looked = threading.Event()
+    monkeypatch.delenv(protocol.ENV_IN_PLACE, raising=False)
+    agent_side = InPlace(lambda: "node-0", look_now=looked.set)
+    for name, value in agent_side.start().items():
+        monkeypatch.setenv(name, value)
+    worker = Link.connect()
+    assert worker is not None
+    worker.send(op="boundary", step=3)
+    assert looked.wait(30), "the watch was not told to look"
+    waiting = threading.Thread(target=agent_side.wait_for_change, args=(600.0,), daemon=True)
+    waiting.start()
+    worker.send(op="lost", step=3)
+    waiting.join(30)
+    assert not waiting.is_alive(), "the monitor's wait was not cut short"
+    assert agent_side.lost.is_set()
+    # The round does not show the member gone yet (the supervisor's word still to come): the
+    # next waits are short looks (LOST_LOOK_S), not the interval.
+    again = threading.Thread(target=agent_side.wait_for_change, args=(600.0,), daemon=True)
+    again.start()
+    again.join(30)
+    assert not again.is_alive(), "a broken group waited the whole interval for the member to go"

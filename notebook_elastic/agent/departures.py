@@ -69,6 +69,7 @@ class DepartureWatch:
         self.killed_round: int | None = None  # the round whose workers the watch ended
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        self._look = threading.Event()  # look now, not at the next interval (look_now)
 
     def joined(self, handler: Any, round_: int | None, members: frozenset[Any]) -> None:
         with self.lock:
@@ -81,12 +82,18 @@ class DepartureWatch:
     def _run(self) -> None:
         interval_s = watch_interval_s()  # now: a warm spare learns its environment after import
         while True:
-            time.sleep(interval_s)
+            self._look.wait(interval_s)
+            self._look.clear()
             try:
                 self._check()
             except Exception:
                 _log.debug("a torch without these internals: the watch just stops", exc_info=True)
                 return
+
+    def look_now(self) -> None:
+        """Look at the round now (a worker of this node reached a step boundary its group agreed
+        on: a member leaving on purpose voted for it), not at the next interval."""
+        self._look.set()
 
     def _check(self) -> None:
         with self.lock:

@@ -53,6 +53,12 @@ _log = _logging.get("agent.inplace")
 LEAVE_AT_BOUNDARY_S = 6.0
 #: After an abort, how long it waits for them to exit before torch's shutdown stops them.
 LEAVE_AFTER_ABORT_S = 2.0
+#: While a worker's group is broken (a peer died) and the round does not show the member gone
+#: yet, the agent looks this often (a look reads the round's state, at most this old).
+LOST_LOOK_S = 0.02
+#: ... for this long after the word (a member that never goes: a failed worker's node restarts
+#: in the round; its new workers join as a new round, which the agent forms anyway).
+LOST_LOOKS_FOR_S = 5.0
 
 
 @dataclass
@@ -81,8 +87,11 @@ class _Worker:
 class Links:
     """The agent's end of its workers' links."""
 
-    def __init__(self, on_lost: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, on_lost: Callable[[], None] = lambda: None, on_boundary: Callable[[], None] = lambda: None
+    ) -> None:
         self._on_lost = on_lost  # a worker said its group broke: look for a departure now
+        self._on_boundary = on_boundary  # a worker left its group at a boundary the group agreed on
         self.token = secrets.token_hex(16)
         self.name = f"notebook-elastic-agent-{os.getpid()}-{secrets.token_hex(6)}"
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -145,6 +154,8 @@ class Links:
             worker.progressed = True
         elif op == "lost":  # its group broke: it waits for the next assignment
             self._on_lost()
+        elif op == "boundary":  # it left its group at a boundary (a member that goes voted for it)
+            self._on_boundary()
 
     def why_not(self, local_ranks: list[int]) -> str | None:
         """Why the workers of these local ranks cannot all stay in place (None: they can)."""
@@ -199,9 +210,19 @@ class Links:
 class InPlace:
     """The agent's policy: regroup in place when its workers can, restart when they cannot."""
 
-    def __init__(self, node: Callable[[], str], member_gone: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        node: Callable[[], str],
+        member_gone: Callable[[], bool] = lambda: False,
+        look_now: Callable[[], None] = lambda: None,
+    ) -> None:
         self._node = node
         self._member_gone = member_gone  # whether the round this node is in has lost a member
+        self._look_now = look_now  # the departure watch looks at the round now
+        # Set when the agent has something to look at (a departure seen, a worker's group broke):
+        # its monitor, waiting between looks, looks now (wait_for_change).
+        self._wake = threading.Event()
+        self._lost_at = float("-inf")  # when a worker last said its group broke (monotonic)
         self.links: Links | None = None
         self.regroup = threading.Event()  # a departure was seen: regroup at the next look
         self.regroup_after: int | None = None  # ... of a member of this round (stale once past it)
@@ -213,8 +234,24 @@ class InPlace:
         """Listen for the workers' links; the environment that tells the workers where."""
         if os.environ.get(protocol.ENV_IN_PLACE) == "0":
             return {}
-        self.links = Links(on_lost=self.lost.set)
+        self.links = Links(on_lost=self._lost, on_boundary=self._look_now)
         return self.links.env()
+
+    def _lost(self) -> None:
+        self._lost_at = time.monotonic()
+        self.lost.set()
+        self._wake.set()
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        """The agent's monitor waits between two looks: ``timeout_s``, or until there is something
+        to regroup for (a departure seen by the watch, a worker whose group broke), sooner. While
+        a worker's group is broken and the round has not yet lost the member (the supervisor's
+        word that it died, or its heartbeat, still to come), it looks every ``LOST_LOOK_S``."""
+        recent = time.monotonic() - self._lost_at < LOST_LOOKS_FOR_S
+        if self.lost.is_set() and not self.regroup.is_set() and recent:
+            timeout_s = min(timeout_s, LOST_LOOK_S)
+        if self._wake.wait(timeout_s):
+            self._wake.clear()
 
     def group_env(self, run_id: str, round_: int | None, store: Any) -> dict[str, str]:
         """What a fresh worker of this round needs to form its group as the kept ones do."""
@@ -265,6 +302,7 @@ class InPlace:
         self.reason = reason
         self.regroup_after = round_
         self.regroup.set()
+        self._wake.set()
 
     def regroup_now(self) -> str | None:
         """Why the agent should regroup now ("lost", "left"), or None: a departure seen by the
@@ -298,6 +336,7 @@ class InPlace:
         started = time.monotonic()
         self.reason = ""
         rendezvous()  # torch's round: the new members, ranks and world size
+        self.lost.clear()  # whatever broke the old group is superseded by this round
         round_ = int(os.environ.get(protocol.ENV_ROUND, 0))
         store, prefix = os.environ.get(protocol.ENV_GROUP_STORE, ""), os.environ.get(protocol.ENV_GROUP_PREFIX, "")
         epoch = int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0))

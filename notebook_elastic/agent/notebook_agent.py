@@ -46,6 +46,10 @@ from .torch_adapter import (
 _log = _logging.get("agent.notebook_agent")
 
 
+#: What torch's run loop sleeps between two looks at the workers; our agent waits the rest of
+#: the monitor interval, woken early when there is something to regroup for.
+MONITOR_TICK_S = 0.01
+
 #: How long the probe's round may take to close at its target; torch alone closes it at its last
 #: call (``PROBE_LAST_CALL_S``). Apart enough that a loaded machine (the probe runs at the lowest
 #: priority) is not taken for a torch that changed: at 2.5 s against 5 s it was, under load.
@@ -208,6 +212,9 @@ class AgentHooks:
         self.leave: Callable[[list[int]], None] = lambda local_ranks: None
         self.why: str | None = None  # why the restart under way: "joined" (torch's own), "lost",
         # "left", "store" (a healthy group regroups), "failed" (a departure broke the workers)
+        # The monitor's wait between two looks (seconds), cut short when there is something to
+        # regroup for (in place: agent/inplace.py); torch's own sleep is MONITOR_TICK_S of it.
+        self.wait_for_change: Callable[[float], None] = time.sleep
 
 
 # Made once per hooks object, at its first use (torch imported by then): a cache, not a
@@ -221,6 +228,16 @@ def agent_subclass(hooks: AgentHooks) -> type:
 
     class NotebookAgent(agent_class()):  # type: ignore[misc]  # torch's class, known at run time
         _remaining_restarts: int  # torch's (SimpleElasticAgent's) budget, spent at once by gives_up
+
+        def __init__(self, spec: Any, *args: Any, **kwargs: Any) -> None:
+            # torch's run loop sleeps spec.monitor_interval between two looks, and nothing wakes
+            # it: a departure the watch saw waited for the rest of it (0.05 s on average of a
+            # change in place at 0.1 s). torch sleeps a tick of it; we wait the rest
+            # (_monitor_workers), ended early by hooks.wait_for_change. Workers are still looked
+            # at once an interval (--monitor-interval), as torch does.
+            self._ne_interval_s = float(spec.monitor_interval)
+            spec.monitor_interval = min(self._ne_interval_s, MONITOR_TICK_S)
+            super().__init__(spec, *args, **kwargs)
 
         def _start_workers(self, worker_group: Any) -> Any:
             hooks.before_start(self)
@@ -249,6 +266,9 @@ def agent_subclass(hooks: AgentHooks) -> type:
             return super()._restart_workers(worker_group)
 
         def _monitor_workers(self, worker_group: Any) -> Any:
+            rest_s = self._ne_interval_s - worker_group.spec.monitor_interval
+            if rest_s > 0:
+                hooks.wait_for_change(rest_s)
             result = super()._monitor_workers(worker_group)
             why = hooks.regroup_now() if result.state == WorkerState.HEALTHY else None
             if why is not None:
@@ -295,6 +315,7 @@ def hook_agent(
     in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] | None = None,
     restarting: Callable[[str], None] | None = None,
     leave: Callable[[list[int]], None] | None = None,
+    wait_for_change: Callable[[float], None] | None = None,
 ) -> bool:
     """torchrun's agent, as ``NotebookAgent``: ``before_start(agent)`` before every (re)start
     of its workers; a failed or unhealthy round whose ``departures(result)`` is not empty is
@@ -307,7 +328,8 @@ def hook_agent(
     end). In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
     by local rank, group, rendezvous, why)`` whether its workers were regrouped without one, and
     tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
-    ranks)`` before torch stops its workers. torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
+    ranks)`` before torch stops its workers; the monitor's wait between two looks is
+    ``wait_for_change(seconds)`` (cut short when there is something to regroup for). torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
     module's name ``LocalElasticAgent``, with no option to name another class: that one name is
     bound to our subclass, made over ``hooks`` (the agent's; the only name of torch's we rebind
     for the agent). False when this torch lacks what it takes (then the agent runs as torch's
@@ -323,6 +345,8 @@ def hook_agent(
         hooks.restarting = restarting
     if leave is not None:
         hooks.leave = leave
+    if wait_for_change is not None:
+        hooks.wait_for_change = wait_for_change
     _use_our_agent(hooks)
     return True
 

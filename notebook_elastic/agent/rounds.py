@@ -76,6 +76,8 @@ class RoundRules:
         self.poll_s: float | None = None  # a waiting node looks again this often (torch: 1 s)
         self.drop_gone = False  # nodes named in GONE_KEY are dropped at once
         self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
+        # This node has been in a round already: torch's first-join jitter is not waited again.
+        self.joined_once = False
 
 
 def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bool:
@@ -102,6 +104,12 @@ def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bo
         delay = getattr(dr._delay, "_ne_delay", dr._delay)
 
         def _delay(seconds: Any) -> Any:
+            if isinstance(seconds, tuple) and rules.joined_once:
+                # torch spreads the first joins of a job over up to 0.3 s (its next_rendezvous
+                # while the state's round is 0, its only call with a range): a node that was in
+                # round 0 and regroups (in place, after a loss) is no first join, and paid it
+                # again (0.15 s on average, the first change of every job).
+                return None
             wait = rules.poll_s if seconds == 1 and rules.poll_s else seconds
             return delay(wait)
 
@@ -390,7 +398,10 @@ def _executor_class() -> type:
                 state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
             if self._ne_sayings() is not None and together.beats_together(self._settings):
                 state_handler = self._beating_together(state_handler, joining)
-            return super().run(state_handler, deadline, update_deadline)
+            ran = super().run(state_handler, deadline, update_deadline)
+            if joining:
+                self._ne_rules.joined_once = True  # a round joined: the next join is a regroup
+            return ran
 
         def _beating_together(self, op: Any, joining: bool) -> Callable[[Any, float], Any]:
             """torch wants this node's heartbeat written: it says it lives (once an interval),

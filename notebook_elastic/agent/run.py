@@ -67,7 +67,7 @@ _rules = rounds.RoundRules()  # how our rounds differ from torch's
 _rendezvous = rounds.RendezvousHooks()  # what our handler calls around each round
 _agent = notebook_agent.AgentHooks()  # what our agent calls at torchrun's agent hooks
 _watch = DepartureWatch()
-_inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0))
+_inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0), look_now=_watch.look_now)
 _watch.in_place = _inplace.departure_seen
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
@@ -202,6 +202,7 @@ def _hook_agent() -> None:
         leave=lambda local_ranks: _inplace.leave(
             local_ranks, _leave_rendezvous, torch_adapter.rendezvous_store(_watch.handler) if _watch.handler else None
         ),
+        wait_for_change=_inplace.wait_for_change,
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,

@@ -185,12 +185,24 @@ class NoticeBoard:
             )
         return self._store
 
+    def _answered_in_place(self, store: Any, notice_id: int) -> None:
+        """A notice another process answered in place (the rank 0 of the group the node left)
+        is answered for this one too: the ranks that stay kept every value, and a rank 0 of the
+        next group, on a node that stays, has nothing to add while the notice still stands
+        (it answered again: two answers, two events, for one notice)."""
+        key = answer_key(notice_id)
+        if store.check([key]) and json.loads(store.get(key)).get("in_place"):
+            self.answered.add(notice_id)
+
     def _poll(self) -> None:
         while True:
             try:
                 with self._io:
                     store = self._client()
-                    self.current = json.loads(store.get(NOTICE_KEY)) if store.check([NOTICE_KEY]) else None
+                    current = json.loads(store.get(NOTICE_KEY)) if store.check([NOTICE_KEY]) else None
+                    if current is not None and int(current.get("id", -1)) not in self.answered:
+                        self._answered_in_place(store, int(current.get("id", -1)))
+                    self.current = current
                 time.sleep(POLL_S)
             except Exception:  # the store is away (being replaced, frozen): look again later
                 self._store = None
