@@ -152,13 +152,13 @@ class StoreServer:
                             chunk = None
                         except OSError:
                             chunk = b""
-                        if not chunk:
-                            if chunk is not None:
-                                self._close(client)
+                        if chunk:
+                            # The usual read: one whole command from a client with nothing pending.
+                            if client.queued or client.inbox or not client.validated or not quick(client, chunk):
+                                take(client, chunk)
+                        elif chunk is not None:  # the end of its stream, or an error
+                            self._close(client)
                             continue
-                        # The usual read: one whole command from a client with nothing pending.
-                        if client.queued or client.inbox or not client.validated or not quick(client, chunk):
-                            take(client, chunk)
                     if events & _OUT and client.fd >= 0:
                         flush(client)
                         if client.inbox and client.queued < OUTBOX_HIGH and client.fd >= 0:
