@@ -10,8 +10,10 @@ run, each in a process of its own, as the pod runs it.
   the calls of a mix as fast as they can, all at once: ``get_state`` alone, and ``agent`` (four
   get_state, one set_state, one add: what a rendezvous agent makes); calls a second, p99 latency
   and the server's CPU per call; set against what a 256-node job's agents ask in steady state
-  (256 x 11 calls a second). The servers take turns, REPS times: the machine is shared, so each
-  run's ratio is taken and their median reported;
+  (256 x 11 calls a second). Both servers are up at once and one fleet of clients, connected
+  to both, serves them in turns, REPS rounds each (A B, B A, A B...): the machine is shared and
+  the others' load drifts, so each pair of rounds' ratio (taken seconds apart, by the same
+  client processes) is kept and their median reported, with each pair's;
 - hostile clients (#26, #37), each against a fresh server: a client that sends 150 GETs of an
   8 MiB value and never reads, and one that sends one MULTI_GET naming it 128 times (the
   server's memory growth, and after that client closed); a MULTI_SET of n 8 MiB values,
@@ -19,7 +21,7 @@ run, each in a process of its own, as the pod runs it.
   bound on one command: ours closes that client, and torch's client raises);
   out of descriptors (RLIMIT_NOFILE 32, 40 connections), the idle server's CPU in 3 s.
 
-    python benchmarks/store_server.py [--clients 8,64] [--calls 2000] [--reps 3] [--no-hostile]
+    python benchmarks/store_server.py [--clients 8,64] [--calls 2000] [--reps 5] [--no-hostile]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -36,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import median, report, row
+from _common import RESULTS, median, report, row
 
 _U64 = struct.Struct("<Q")
 VALIDATED = bytes([0]) + struct.pack("<I", 0x3C85F7CE)  # VALIDATE with torch's magic number
@@ -60,24 +63,28 @@ sys.stdin.read()
 
 #: The clients: one process imports torch, then forks CLIENTS processes (so 64 of them start in
 #: a second and share torch's pages), each with torch's TCPStore client and the c10d rendezvous
-#: backend over it, making the calls of MIX as fast as it can once all are connected.
-#: ``get_state``: the rendezvous state's get alone (a WAIT and a GET on the wire); ``agent``: what
-#: an agent makes, four get_state for one set_state (a compare_set with the token it holds: a
-#: keep-alive) and one add (the exit barrier's and the joiner's counters).
+#: backend over it, connected to both servers; then rounds: each round, told which server, all
+#: make the calls of MIX against it as fast as they can, at once. ``get_state``: the rendezvous
+#: state's get alone (a WAIT and a GET on the wire); ``agent``: what an agent makes, four
+#: get_state for one set_state (a compare_set with the token it holds: a keep-alive) and one add
+#: (the exit barrier's and the joiner's counters).
 FLEET = r"""
 import json, os, sys, time
 from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-port, clients, calls, mix = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ports, clients, calls, mix = [int(p) for p in sys.argv[1].split(",")], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 CYCLE = {"get_state": ["get"], "agent": ["get", "get", "get", "get", "set", "add"]}[mix]
 
 def child(w):
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120), wait_for_workers=False)
-    backend = C10dRendezvousBackend(store, "bench")
+    sides = []
+    for port in ports:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120), wait_for_workers=False)
+        sides.append((store, C10dRendezvousBackend(store, "bench")))
     token = None
-    def one(kind):
+    def one(side, kind):
         nonlocal token
+        store, backend = sides[side]
         if kind == "get":
             got = backend.get_state()
             token = got[1] if got else None
@@ -86,16 +93,24 @@ def child(w):
             token = got[1] if got else None
         else:
             store.add("bench/count", 1)
-    backend.set_state(b"x" * 300)
-    for i in range(100):
-        one(CYCLE[i % len(CYCLE)])
+    for side in range(len(sides)):
+        token = None
+        sides[side][1].set_state(b"x" * 300)
+        for i in range(100):
+            one(side, CYCLE[i % len(CYCLE)])
     os.write(w, b"r")
-    go = os.read(gr, 1)
-    walls = []
-    t0 = time.perf_counter()
-    for i in range(calls):
-        t = time.perf_counter(); one(CYCLE[i % len(CYCLE)]); walls.append(time.perf_counter() - t)
-    os.write(w, (json.dumps({"elapsed": time.perf_counter() - t0, "walls": walls}) + "\n").encode())
+    while True:
+        side = os.read(gr, 1)
+        if side == b"q":
+            return
+        side = int(side)
+        token = sides[side][1].get_state()
+        token = token[1] if token else None
+        walls = []
+        t0 = time.perf_counter()
+        for i in range(calls):
+            t = time.perf_counter(); one(side, CYCLE[i % len(CYCLE)]); walls.append(time.perf_counter() - t)
+        os.write(w, (json.dumps({"elapsed": time.perf_counter() - t0, "walls": walls}) + "\n").encode())
 
 gr, gw = os.pipe()
 pipes, pids = [], []
@@ -113,21 +128,25 @@ for _ in range(clients):
 for r in pipes:
     assert os.read(r, 1) == b"r"
 print("ready", flush=True)
-sys.stdin.readline()
-t0 = time.perf_counter()
-os.write(gw, b"g" * clients)
-results = []
-for r in pipes:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = os.read(r, 1 << 20)
-        assert chunk
-        buf += chunk
-    results.append(json.loads(buf))
-wall = time.perf_counter() - t0
+for line in sys.stdin:
+    side = line.strip()
+    if side == "q":
+        break
+    t0 = time.perf_counter()
+    os.write(gw, side.encode() * clients)
+    results = []
+    for r in pipes:
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = os.read(r, 1 << 20)
+            assert chunk
+            buf += chunk
+        results.append(json.loads(buf))
+    wall = time.perf_counter() - t0
+    print(json.dumps({"wall": wall, "walls": [w for r in results for w in r["walls"]]}), flush=True)
+os.write(gw, b"q" * clients)
 for pid in pids:
     os.waitpid(pid, 0)
-print(json.dumps({"wall": wall, "walls": [w for r in results for w in r["walls"]]}), flush=True)
 """
 
 
@@ -181,31 +200,40 @@ def start_torchs(descriptors: int | None = None) -> tuple[subprocess.Popen, int,
     return proc, port, time.monotonic() - t0
 
 
-def load(port: int, clients: int, calls: int, mix: str = "get_state", server_pid: int | None = None) -> dict:
-    """Calls a second over all clients, every call's wall time, and the server's CPU seconds
-    per call (when its pid is given)."""
+def load(servers: list[tuple[int, int]], clients: int, calls: int, mix: str, rounds: int) -> list[list[dict]]:
+    """One fleet of ``clients`` processes connected to each of ``servers`` (port, pid), making
+    ``rounds`` rounds on each, in turns A B B A A B...: each round's calls a second over all
+    clients, every call's wall time, and the server's CPU seconds per call; by server."""
     import psutil
 
     fleet = subprocess.Popen(
-        [sys.executable, "-c", FLEET, str(port), str(clients), str(calls), mix],
+        [sys.executable, "-c", FLEET, ",".join(str(port) for port, _ in servers), str(clients), str(calls), mix],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    out: list[list[dict]] = [[] for _ in servers]
     try:
         assert fleet.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
-        server = psutil.Process(server_pid) if server_pid else None
-        cpu0 = sum(server.cpu_times()[:2]) if server else 0.0
-        fleet.stdin.write("go\n")  # type: ignore[union-attr]
+        ahead = list(range(len(servers)))
+        sides = [i for r in range(rounds) for i in (ahead if r % 2 == 0 else ahead[::-1])]  # A B, B A, A B...
+        for side in sides:
+            server = psutil.Process(servers[side][1])
+            cpu0 = sum(server.cpu_times()[:2])
+            fleet.stdin.write(f"{side}\n")  # type: ignore[union-attr]
+            fleet.stdin.flush()  # type: ignore[union-attr]
+            result = json.loads(fleet.stdout.readline())  # type: ignore[union-attr]
+            cpu = sum(server.cpu_times()[:2]) - cpu0
+            walls = result["walls"]
+            out[side].append({"rate": len(walls) / result["wall"], "walls": walls, "cpu_per_call": cpu / len(walls)})
+        fleet.stdin.write("q\n")  # type: ignore[union-attr]
         fleet.stdin.flush()  # type: ignore[union-attr]
-        result = json.loads(fleet.stdout.readline())  # type: ignore[union-attr]
-        cpu = sum(server.cpu_times()[:2]) - cpu0 if server else float("nan")
+        fleet.wait(timeout=60)
     finally:
         if fleet.poll() is None:
             fleet.kill()
         fleet.wait()
-    walls = result["walls"]
-    return {"rate": len(walls) / result["wall"], "walls": walls, "cpu_per_call": cpu / len(walls)}
+    return out
 
 
 def p99(values: list[float]) -> float:
@@ -334,78 +362,93 @@ def _figure(result: dict, what: str) -> float:
     return p99(result["walls"]) if what == "p99" else result[what]
 
 
-def serve_and_load(start, clients: list[int], calls: int) -> dict:  # noqa: ANN001
-    """One server: its start, memory, one client's latency, then each number of clients with
-    each mix."""
-    proc, port, started = start()
+def serve_and_load(servers: dict, clients: list[int], calls: int, rounds: int) -> dict[str, dict]:
+    """Both servers up at once, each in its own process (the one not served waits in epoll and
+    costs nothing): their start and memory, then each load by one fleet of clients connected to
+    both, serving them in turns, round by round (``load``), so each pair of rounds is seconds
+    apart, not minutes (the machine is shared: the others' load drifts). One client's latency,
+    then each number of clients with each mix. By server: a list of rounds for each load."""
+    procs: dict[str, tuple] = {}
+    out: dict[str, dict] = {}
+    names = list(servers)
     try:
-        out: dict = {"start": started, "rss": _rss_mb(proc.pid)}
-        out["one"] = load(port, 1, calls, "get_state", proc.pid)
-        for n in clients:
-            for mix in MIXES:
-                out[(n, mix)] = load(port, n, calls, mix, proc.pid)
-        out["rss_loaded"] = _rss_mb(proc.pid)
+        for name in names:
+            procs[name] = servers[name]()
+            proc, _port, started = procs[name]
+            out[name] = {"start": started, "rss": _rss_mb(proc.pid)}
+        targets = [(procs[name][1], procs[name][0].pid) for name in names]
+        loads = [("one", 1, "get_state")] + [((n, mix), n, mix) for n in clients for mix in MIXES]
+        for label, n, mix in loads:
+            for name, got in zip(names, load(targets, n, calls, mix, rounds)):
+                out[name][label] = got
+            print(f"{label}: done", flush=True)
+        for name in names:
+            out[name]["rss_loaded"] = _rss_mb(procs[name][0].pid)
     finally:
-        proc.kill()
-        proc.wait()
+        for proc, _port, _started in procs.values():
+            proc.kill()
+            proc.wait()
     return out
+
+
+def _load_row(metric: str) -> bool:
+    """A row of the loads (redone every run), not of the hostile cases."""
+    return metric.startswith(("start to serving", "resident memory", "get_state latency", "ours / what")) or (
+        " clients, " in metric or metric.startswith(("  each run's", "  each pair's"))
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--clients", default="8,64", help="numbers of client processes, e.g. 8,64")
     parser.add_argument("--calls", type=int, default=2000, help="calls per client process")
-    parser.add_argument("--reps", type=int, default=3, help="runs of both servers, alternating; medians reported")
+    parser.add_argument(
+        "--reps", type=int, default=5, help="rounds of each load on each server, in turns; medians reported"
+    )
     parser.add_argument("--no-hostile", dest="hostile", action="store_false", help="skip the hostile-client cases")
     args = parser.parse_args()
     clients = [int(n) for n in args.clients.split(",")]
     need = NODES * AGENT_CALLS_PER_S
-    runs: dict[str, list[dict]] = {"torch's": [], "ours": []}
     with tempfile.TemporaryDirectory() as tmp:
         servers = {"torch's": start_torchs, "ours": lambda: start_ours(Path(tmp))}
-        for rep in range(args.reps):
-            order = ["torch's", "ours"] if rep % 2 == 0 else ["ours", "torch's"]  # drift cancels out
-            for name in order:
-                runs[name].append(serve_and_load(servers[name], clients, args.calls))
-                print(f"rep {rep + 1} {name}: done", flush=True)
+        both = serve_and_load(servers, clients, args.calls, args.reps)
         bad = hostile(Path(tmp)) if args.hostile else None
-    theirs, ours = runs["torch's"], runs["ours"]
+    theirs, ours = both["torch's"], both["ours"]
 
-    def med(runs_: list[dict], f) -> float:  # noqa: ANN001
-        return median([f(r) for r in runs_])
+    def med(rounds: list[dict], f) -> float:  # noqa: ANN001
+        return median([f(r) for r in rounds])
 
     rows = [
-        row("start to serving, torch's server (import torch)", med(theirs, lambda r: r["start"]), "s"),
-        row("start to serving, ours (standard library)", med(ours, lambda r: r["start"]), "s"),
-        row("resident memory serving, torch's", med(theirs, lambda r: r["rss"]), "MB"),
-        row("resident memory serving, ours", med(ours, lambda r: r["rss"]), "MB"),
-        row(
-            f"resident memory after {'/'.join(map(str, clients))} clients, ours",
-            med(ours, lambda r: r["rss_loaded"]),
-            "MB",
-        ),
+        row("start to serving, torch's server (import torch)", theirs["start"], "s"),
+        row("start to serving, ours (standard library)", ours["start"], "s"),
+        row("resident memory serving, torch's", theirs["rss"], "MB"),
+        row("resident memory serving, ours", ours["rss"], "MB"),
+        row(f"resident memory after {'/'.join(map(str, clients))} clients, ours", ours["rss_loaded"], "MB"),
         row(
             "get_state latency median (1 client), torch's",
-            med(theirs, lambda r: median(r["one"]["walls"])) * 1e6,
+            med(theirs["one"], lambda r: median(r["walls"])) * 1e6,
             "us",
             digits=0,
         ),
         row(
             "get_state latency median (1 client), ours",
-            med(ours, lambda r: median(r["one"]["walls"])) * 1e6,
+            med(ours["one"], lambda r: median(r["walls"])) * 1e6,
             "us",
             digits=0,
         ),
     ]
     for n in clients:
         for mix in MIXES:
-            t, o = ({f: median([_figure(r[(n, mix)], f) for r in runs_]) for f in FIGURES} for runs_ in (theirs, ours))
-            # Each rep's ratio (the two servers measured minutes apart at most), then their median.
-            ratio = median([b[(n, mix)]["rate"] / a[(n, mix)]["rate"] for a, b in zip(theirs, ours)])
+            t, o = ({f: median([_figure(r, f) for r in runs_[(n, mix)]]) for f in FIGURES} for runs_ in (theirs, ours))
+            # Each pair of rounds' ratio (the same clients, on one server then at once on the
+            # other), then their median.
+            ratios = [b["rate"] / a["rate"] for a, b in zip(theirs[(n, mix)], ours[(n, mix)])]
+            ratio = median(ratios)
             rows += [
                 row(f"{n} clients, {mix}: calls a second, torch's", t["rate"], "1/s", digits=0),
                 row(f"{n} clients, {mix}: calls a second, ours", o["rate"], "1/s", digits=0),
                 row(f"{n} clients, {mix}: throughput ours / torch's", ratio, "x", ">= 1.0", ratio >= 1.0),
+                row("  each pair's ratio", ", ".join(f"{r:.3f}" for r in ratios), "x"),
                 row(f"{n} clients, {mix}: p99 latency, torch's", t["p99"] * 1e6, "us", digits=0),
                 row(
                     f"{n} clients, {mix}: p99 latency, ours",
@@ -418,8 +461,19 @@ def main() -> None:
                 row(f"{n} clients, {mix}: server CPU per call, torch's", t["cpu_per_call"] * 1e6, "us", digits=1),
                 row(f"{n} clients, {mix}: server CPU per call, ours", o["cpu_per_call"] * 1e6, "us", digits=1),
             ]
-    best = max(median([r[(n, "agent")]["rate"] for r in ours]) for n in clients)
+    best = max(median([r["rate"] for r in ours[(n, "agent")]]) for n in clients)
     rows.append(row(f"ours / what {NODES} agents ask ({need} calls a second)", best / need, "x", ">= 1", best >= need))
+    hostile_from = ""
+    if bad is None:  # --no-hostile: the hostile cases' rows of the last run that had them stay
+        last = RESULTS / "store_server.json"
+        if last.exists():
+            earlier = json.loads(last.read_text())
+            seen = {r["metric"] for r in rows}
+            kept = [r for r in earlier["rows"] if r["metric"] not in seen and not _load_row(r["metric"])]
+            if kept:
+                rows += kept
+                said = re.search(r"rows are from the run of ([0-9: -]+)\.", earlier.get("notes", ""))
+                hostile_from = said.group(1) if said else earlier["when"]
     if bad is not None:
         b_theirs, b_ours = bad["torch's"], bad["ours"]
         for case, what in (
@@ -449,8 +503,10 @@ def main() -> None:
         rows,
         notes=(
             f"{os.cpu_count()} cores, shared; each server in its own process, clients in N processes on the same "
-            f"machine (they share its cores with the server); {args.calls} calls per client, medians of {args.reps} "
-            "runs of both servers, alternating which goes first; a ratio is the median of each run's ratio."
+            f"machine (they share its cores with the server); {args.calls} calls per client a round, {args.reps} "
+            "rounds of each load on each server: both servers up at once, one fleet of clients connected to both "
+            "serving them in turns (A B, B A, ...); medians of the rounds; a ratio is the median of each pair's."
+            + (f" The hostile clients' rows are from the run of {hostile_from}." if hostile_from else "")
         ),
     )
 

@@ -213,6 +213,12 @@ def test_a_client_that_breaks_the_protocol_is_closed_and_nobody_else(bare_store)
         s = _raw(port)
         s.sendall(data)
         assert _closed(s), what
+    # The same ADD alone in its read, from a client served already (the server's quick path).
+    s = _raw(port)
+    s.sendall(validated + bytes([store_wire.PING]) + struct.pack("<I", 7))
+    assert s.recv(64) == struct.pack("<I", 7)
+    s.sendall(bytes([store_wire.ADD]) + struct.pack("<Q", 2) + b"/k" + struct.pack("<q", 1))
+    assert _closed(s), "ADD to a value that is not a number, alone in its read"
     # A command cut in half waits for the rest (a slow link, not a broken client).
     s = _raw(port)
     get = validated + bytes([store_wire.GET]) + struct.pack("<Q", 2) + b"/k"

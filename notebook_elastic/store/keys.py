@@ -238,6 +238,15 @@ class Keys:
         """COMPARE_SET's answer: the value now (for the server's quick path)."""
         return self._compare_set(key, expected, desired)
 
+    def set_value(self, key: bytes, value: bytes) -> None:
+        """SET (for the server's quick path)."""
+        self._set(key, value)
+
+    def add_value(self, key: bytes, delta: int) -> int:
+        """ADD's answer: the sum now (for the server's quick path); ValueError where the key
+        holds no number."""
+        return self._add(key, delta)
+
     def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         current = self.data.get(key)
         if current is None:
