@@ -130,6 +130,32 @@ def test_every_field_read_through_a_kind_class_is_that_class_s():
     assert reads > 50  # the fold's reads are seen (not a check that found nothing to check)
 
 
+def test_in_the_package_an_untyped_read_of_an_event_is_a_type_error(tmp_path):
+    """The package reads an event's fields through its kind's class (``e.fields(Metric)``):
+    ``Event.get`` (its value ``Any``: neither key nor type checked) is there for tests and a REPL
+    alone, and mypy, which checks the package, does not see it."""
+    from notebook_elastic.contract.events import Event
+
+    assert Event(Kind.METRIC, 0.0, None, {"step": 3}).get("step") == 3  # at run time, as ever
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from notebook_elastic.contract.events import Event, Kind\n"
+        "from notebook_elastic.runtime.event_types import Metric\n"
+        "e = Event(Kind.METRIC, 0.0)\n"
+        "step = e.get('step')\n"
+        "typed = e.fields(Metric).get('step')\n"
+    )
+    done = subprocess.run(
+        # (its own cache: a shared one may answer for a probe of the same text at another path)
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), str(probe)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert errors == [f'{probe}:4: error: "Event" has no attribute "get"  [attr-defined]'], done.stdout
+
+
 def _emitted_fields(tree: ast.AST) -> Iterator[tuple[int, str, list[str]]]:
     """Each event written with its fields named at the call: ``emit("restart", node=..,
     reason=..)``, ``self.emit(Kind.RESTART, name, reason=..)``; the kind and the field names."""

@@ -16,7 +16,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..runtime.event_types import AgentSignaled, Error, Log, Restart, WorkerExited
 from ..runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, FINAL_STATUSES, Kind, Status
@@ -51,8 +51,12 @@ class Event:
     node: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
+    if not TYPE_CHECKING:
+        # Tests, benchmarks and a REPL read a field loosely (``e.get("step")``). The type checker
+        # does not see this method, so that in the package an untyped read is a type error: it
+        # reads through the kind's class instead (``fields``, below).
+        def get(self, key: str, default: Any = None) -> Any:
+            return self.data.get(key, default)
 
     @property
     def sender(self) -> str | None:

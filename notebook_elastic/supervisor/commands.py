@@ -172,14 +172,10 @@ class Commands:
             self.nodes.signal_agent(agent, signal.SIGTERM, "preempted")
         if return_after_s is not None:
             self.course.membership = self.course.membership.returning(time.monotonic() + float(return_after_s))
-        self.emit(
-            Kind.FAULT,
-            agent.name,
-            fault=f"{how}_node",
-            target=agent.name,
-            return_after_s=return_after_s,
-            **({"grace_s": grace_s} if noticed else {}),
-        )
+        fault = Fault(fault=f"{how}_node", target=agent.name, return_after_s=return_after_s)
+        if noticed and grace_s is not None:  # (noticed: a notice of grace_s seconds was given)
+            fault["grace_s"] = grace_s
+        self.emit(Kind.FAULT, agent.name, **fault)
         return {
             "node": agent.name,
             "target": self.course.membership.target,

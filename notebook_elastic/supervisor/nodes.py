@@ -28,7 +28,7 @@ from ..contract.spec import JobSpec
 from ..jobfolder.folder import JobFolder
 from ..jobfolder.place import local_place, visible_gpus
 from ..runtime import protocol
-from ..runtime.event_types import DiskFull, FilesChanged, NodeEvicted, NodeLeft
+from ..runtime.event_types import DiskFull, FilesChanged, NodeEvicted, NodeJoined, NodeLeft
 from .board import Board
 from .membership import Course
 from .notices import Notices
@@ -234,14 +234,10 @@ class Nodes:
             agent.stdin.close()
         agent.gpus = gpus
         self.agents[name] = agent
-        self.emit(
-            Kind.NODE_JOINED,
-            name,
-            pid=agent.proc.pid,
-            epoch=self.course.membership.epoch,
-            warm=agent is spare,
-            **({"gpus": gpus} if gpus else {}),
-        )
+        joined = NodeJoined(pid=agent.proc.pid, epoch=self.course.membership.epoch, warm=agent is spare)
+        if gpus:
+            joined["gpus"] = gpus
+        self.emit(Kind.NODE_JOINED, name, **joined)
         return agent
 
     def reuse_names_of(self, agents: list[Agent]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from ..contract.events import Event, Kind
 from ..runtime import log as _logging
 from ..runtime import notice as board
-from ..runtime.event_types import Notice, NoticeExpired
+from ..runtime.event_types import Checkpoint, Notice, NoticeExpired, SavedOnNotice
 
 _log = _logging.get("supervisor.notices")
 
@@ -58,12 +58,17 @@ class Notices:
         """From the sink: the newest checkpoint (what a notice that expires costs is counted from it)."""
         if e.kind == Kind.PLAN:
             self.has_state = True  # rank 0 runs State.steps(): it can save on notice
-        if e.kind == Kind.CHECKPOINT and isinstance(e.get("step"), int):
-            self.saved_step = max(self.saved_step or 0, int(e.get("step")))
-            if isinstance(e.get("ms"), (int, float)):
-                self.save_s = float(e.get("ms")) / 1000
-        elif e.kind == Kind.SAVED_ON_NOTICE and e.get("saved"):
-            self.saved_step = max(self.saved_step or 0, int(e.get("step")))
+        if e.kind == Kind.CHECKPOINT:
+            saved = e.fields(Checkpoint)
+            step, ms = saved.get("step"), saved.get("ms")
+            if isinstance(step, int):  # (a worker may have sent anything)
+                self.saved_step = max(self.saved_step or 0, step)
+                if isinstance(ms, (int, float)):
+                    self.save_s = float(ms) / 1000
+        elif e.kind == Kind.SAVED_ON_NOTICE:
+            on_notice = e.fields(SavedOnNotice)
+            if on_notice.get("saved"):
+                self.saved_step = max(self.saved_step or 0, int(on_notice["step"]))
 
     def give(self, node: Any, grace_s: float, stays: int = 0) -> bool:
         """Post a notice for ``node`` (``stays``: how many other nodes stay); False when there is

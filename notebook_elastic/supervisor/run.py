@@ -41,7 +41,19 @@ from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
-from ..runtime.event_types import SCHEMA_VERSION, Error, NodeEvicted, Tracking
+from ..runtime.event_types import (
+    SCHEMA_VERSION,
+    AgentStarted,
+    Error,
+    Metric,
+    NodeEvicted,
+    Restart,
+    Tracking,
+    WorkerExited,
+    WorkerFailed,
+    WorkerFinished,
+    WorkerStarted,
+)
 from ..runtime.payload import payload_path_for
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link
@@ -183,26 +195,33 @@ class Supervisor:
             for tracker in self.trackers:
                 tracker.observe(e, self.state)
         if e.kind == Kind.AGENT_STARTED and e.node in self.nodes.agents:
-            self.nodes.agents[e.node].agent_pid = e.get("pid")
+            self.nodes.agents[e.node].agent_pid = e.fields(AgentStarted).get("pid")
         if e.kind == Kind.WORKER_STARTED:
-            gen = e.get("generation")
+            started = e.fields(WorkerStarted)
+            gen = started.get("generation")
             stale = [r for r, (_p, _n, g) in self.workers.items() if g != gen]
             for r in stale:
                 del self.workers[r]
-            self.workers[int(e.get("rank", 0))] = (int(e.get("pid")), e.node or "", gen)
+            self.workers[int(started.get("rank", 0))] = (int(started["pid"]), e.node or "", gen)
         elif e.kind in (Kind.WORKER_FINISHED,):
-            self.workers.pop(int(e.get("rank", -1)), None)
-        elif e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer" and self.course.fatal is None:
-            # A failure that will come back at every retry is not retried to the end of the budget.
-            key = (e.get("rank"), e.get("step"), e.get("error"), e.get("message"))
-            self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
-            what = describe_failure(e)
-            budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
-            if e.get("fatal"):
-                self.course.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
-                self.course.fatal = what
-            elif self.failures_seen[key] >= 2 and e.get("step") is not None and budget_left:
-                self.course.fatal = f"fails the same way every time: {what} (twice at step {e.get('step')})"
+            self.workers.pop(int(e.fields(WorkerFinished).get("rank", -1)), None)
+        elif e.kind == Kind.WORKER_FAILED:
+            self._failed(e, e.fields(WorkerFailed))
+
+    def _failed(self, e: Event, failed: WorkerFailed) -> None:
+        """A worker's failure that will come back at every retry is not retried to the end of
+        the budget: a fatal one, or the same one twice at the same step."""
+        if failed.get("cause") == "peer" or self.course.fatal is not None:
+            return
+        key = (failed.get("rank"), failed.get("step"), failed.get("error"), failed.get("message"))
+        self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
+        what = describe_failure(e)
+        budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
+        if failed.get("fatal"):
+            self.course.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
+            self.course.fatal = what
+        elif self.failures_seen[key] >= 2 and failed.get("step") is not None and budget_left:
+            self.course.fatal = f"fails the same way every time: {what} (twice at step {failed.get('step')})"
 
     def _tracker_opened(self, where: Tracking) -> None:
         self.emit(Kind.TRACKING, **where)
@@ -219,7 +238,8 @@ class Supervisor:
         It is sent away once its first failure has been charged (one restart)."""
         agent = self.nodes.agents.get(e.node or "")
         if e.kind in (Kind.METRIC, Kind.CHECKPOINT):
-            rank = e.get("rank")
+            # (A checkpoint event carries no rank: only a metric's marks its generation's nodes.)
+            rank = e.fields(Metric).get("rank") if e.kind == Kind.METRIC else None
             newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
             if rank in self.workers and self.workers[rank][2] == newest:
                 for _pid, node, gen in list(self.workers.values()):
@@ -228,15 +248,12 @@ class Supervisor:
             return
         if agent is None or agent.progressed:
             return
-        if e.kind == Kind.WORKER_FAILED and e.get("cause") != "peer":
+        exitcode = e.fields(WorkerExited).get("exitcode") if e.kind == Kind.WORKER_EXITED else None
+        if e.kind == Kind.WORKER_FAILED and e.fields(WorkerFailed).get("cause") != "peer":
             agent.failure = describe_failure(e)
-        elif (
-            e.kind == Kind.WORKER_EXITED
-            and (e.get("exitcode") or 0) > 0
-            and e.get("exitcode") != protocol.EXIT_PEER_LOST
-        ):
-            agent.failure = agent.failure or f"a worker on {agent.name} exited with code {e.get('exitcode')}"
-        elif e.kind == Kind.RESTART and e.get("reason") == "worker_failed" and agent.failure:
+        elif e.kind == Kind.WORKER_EXITED and (exitcode or 0) > 0 and exitcode != protocol.EXIT_PEER_LOST:
+            agent.failure = agent.failure or f"a worker on {agent.name} exited with code {exitcode}"
+        elif e.kind == Kind.RESTART and e.fields(Restart).get("reason") == "worker_failed" and agent.failure:
             if any(a.progressed for a in self.nodes.staying_agents() if a is not agent):
                 self.evictions.put(agent.name)
 

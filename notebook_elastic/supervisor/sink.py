@@ -19,7 +19,7 @@ from ..contract.events import Event, Kind
 from ..contract.job_state import JobState
 from ..jobfolder.folder import FILE_MODE
 from ..jobfolder.history import ROTATE_BYTES, rotate
-from ..runtime.event_types import DiskFull, OutputCapped
+from ..runtime.event_types import DiskFull, Metric, OutputCapped
 
 #: Worker output kept in events.jsonl (the chart's history); the node logs keep all of it.
 EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024
@@ -149,7 +149,7 @@ class EventSink:
         quiet = item.kind in (Kind.METRIC, Kind.LOG, Kind.CHECKPOINT, Kind.GPU)
         if quiet and time.monotonic() < self.quiet_until:
             if item.kind == Kind.METRIC:
-                self.held[item.get("rank")] = line
+                self.held[item.fields(Metric).get("rank")] = line
             return False
         if item.kind == Kind.METRIC and not self.room_for_output():
             return self._thinned(item, line)
@@ -179,12 +179,13 @@ class EventSink:
                 "each rank (the job's own state keeps them all)"
             )
             self.notes.append(told.to_line() + "\n")
-        if mark != self.thin_mark or now - self.thin_last.get(item.get("rank"), -1e9) >= THIN_METRICS_S:
+        rank = item.fields(Metric).get("rank")
+        if mark != self.thin_mark or now - self.thin_last.get(rank, -1e9) >= THIN_METRICS_S:
             self.thin_mark = mark
-            self.thin_last[item.get("rank")] = now
-            self.held.pop(item.get("rank"), None)
+            self.thin_last[rank] = now
+            self.held.pop(rank, None)
             return True
-        self.held[item.get("rank")] = line
+        self.held[rank] = line
         return False
 
     def _write(self, lines: list[str]) -> None:

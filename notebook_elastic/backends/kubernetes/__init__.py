@@ -20,6 +20,7 @@ from typing import Any
 from ...contract.events import FINAL_STATUSES, Event, Kind
 from ...contract.job_state.records import JobSummary
 from ...runtime import log as _logging
+from ...runtime.event_types import Queue
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 from . import kueue
 from . import manifests as m
@@ -183,7 +184,7 @@ class KubernetesBackend(Backend):
             return f"waiting for Kueue to queue it in {queue}"
         if state["state"] == "admitted":
             return None
-        return Event(Kind.QUEUE, 0, None, {"queue": queue, **state}).describe()
+        return Event(Kind.QUEUE, 0, None, dict(Queue(queue=queue, **state))).describe()
 
     def _why_waiting(self, name: str, pods: list[Any], missing: int) -> str | None:
         """Why workers the job asked for are not running: the controller could not create

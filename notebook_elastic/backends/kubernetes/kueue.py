@@ -23,12 +23,19 @@ The names are Kueue's (``pkg/constants``, ``pkg/controller/constants``,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypedDict, TypeGuard
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import NotRequired
 
 from ...contract.events import Kind
 from ...errors import BackendError
 from ...runtime import log as _logging
+from ...runtime.event_types import Queue
 
 _log = _logging.get("backends.kubernetes.kueue")
 
@@ -67,7 +74,21 @@ def _is(cond: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     return cond is not None and cond.get("status") == "True"
 
 
-def workload_state(workloads: list[dict[str, Any]]) -> dict[str, Any] | None:
+class WorkloadState(TypedDict):
+    """What Kueue says of a job: a ``queue`` event's fields (``Queue``) but the queue's name,
+    which the caller adds (``Queue(queue=..., **state)``: mypy checks each field against it)."""
+
+    state: Literal["waiting", "admitted", "evicted"]
+    reason: NotRequired[str]
+    message: NotRequired[str]
+    cluster_queue: NotRequired[str]
+    workload: NotRequired[str]
+    count: NotRequired[int]
+    elastic: NotRequired[bool]
+    slice: NotRequired[bool]
+
+
+def workload_state(workloads: list[dict[str, Any]]) -> WorkloadState | None:
     """What Kueue says of a job, from its Workloads (several while a slice replaces another):
     the newest one not finished decides. ``state`` is ``admitted``, ``evicted`` or
     ``waiting``; None when Kueue has made none yet, or all are finished."""
@@ -81,27 +102,37 @@ def workload_state(workloads: list[dict[str, Any]]) -> dict[str, Any] | None:
     status = wl.get("status") or {}
     elastic = (wl["metadata"].get("annotations") or {}).get(ELASTIC_ANNOTATION) == "true"
     count = sum(int(ps.get("count", 0)) for ps in (wl.get("spec") or {}).get("podSets", []))
-    base = {"workload": wl["metadata"]["name"], "elastic": elastic, "count": count}
+    name = wl["metadata"]["name"]
     evicted = _condition(wl, "Evicted")
     admitted = _condition(wl, "Admitted")
     if _is(admitted):
         admission = status.get("admission") or {}
-        return {**base, "state": "admitted", "cluster_queue": admission.get("clusterQueue", "")}
+        return WorkloadState(
+            workload=name,
+            elastic=elastic,
+            count=count,
+            state="admitted",
+            cluster_queue=admission.get("clusterQueue", ""),
+        )
     if _is(evicted):
-        return {
-            **base,
-            "state": "evicted",
-            "reason": evicted.get("reason", ""),
-            "message": evicted.get("message", ""),
-        }
+        return WorkloadState(
+            workload=name,
+            elastic=elastic,
+            count=count,
+            state="evicted",
+            reason=evicted.get("reason", ""),
+            message=evicted.get("message", ""),
+        )
     reserved = _condition(wl, "QuotaReserved") or {}
-    return {
-        **base,
-        "state": "waiting",
-        "reason": reserved.get("reason", "Pending"),
-        "message": reserved.get("message", "") or "Kueue has not considered it yet",
-        "slice": len(live) > 1,
-    }
+    return WorkloadState(
+        workload=name,
+        elastic=elastic,
+        count=count,
+        state="waiting",
+        reason=reserved.get("reason", "Pending"),
+        message=reserved.get("message", "") or "Kueue has not considered it yet",
+        slice=len(live) > 1,
+    )
 
 
 def _condition(wl: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -197,4 +228,4 @@ class QueueWatch:
         if key == self.last:
             return
         self.last = key
-        self.emit(Kind.QUEUE, None, queue=self.queue, **state)
+        self.emit(Kind.QUEUE, None, **Queue(queue=self.queue, **state))
