@@ -1083,8 +1083,10 @@ def test_a_failure_that_repeats_or_cannot_be_saved_stops_at_once_not_at_the_end_
     job = ne.launch(cell, nnodes="1", name="oom", max_restarts=20, user_ns=namespace(total=50))
     assert job.wait(180) == "failed", job.summary()
     assert job.state.reason.startswith("fails the same way every time: rank 0 on node-0 ran out of memory")
-    assert "(twice at step 6)" in job.state.reason
-    assert job.restarts <= 2  # not 20
+    assert "(twice at step 6)" in job.state.reason  # the verdict came at the second failure
+    # The restarts the agent began before the supervisor's stop reached it race the verdict: 2 on
+    # an idle machine, 4 seen beside the whole suite and the torch range (2.4.1, CI). Not 20.
+    assert job.restarts <= 5, job.summary()
 
     # A class defined in the training cell kept in State fails before the first step, once.
     odd = """
