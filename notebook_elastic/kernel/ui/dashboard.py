@@ -63,7 +63,6 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
         # The status history's entry the header drew last: a status the job passed through
         # between two frames is drawn for one frame of its own (_status_to_draw).
         self._drawn_entry: Transition | None = job.state.transitions[-1] if job.state.transitions else None
-        self._held = False
 
         state = job.state
         self.header = W.HTML(layout=W.Layout(width="100%", margin="0"))
@@ -263,10 +262,12 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
     def _render(self, dirty: set[str]) -> None:
         job = self.job
         state = job.state
+        held = False  # a status the job passed through is drawn: the next frame draws what followed
         with job.reading():
             if "header" in dirty:
                 backend = getattr(job.backend, "name", "")
-                self._set(self.header, "value", header_html(job.name, backend, state, status=self._status_to_draw()))
+                status, held = self._status_to_draw()
+                self._set(self.header, "value", header_html(job.name, backend, state, status=status))
                 if state.total_steps:
                     self._set(self.progress, "value", min(1.0, (state.steps_done or 0) / state.total_steps))
             if "chart" in dirty:
@@ -298,17 +299,17 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
                 self._set(self.logs, "value", logs_html([f"[{e.node}] {e.fields(Log).get('text')}" for e in lines]))
             if "controls" in dirty:
                 self.controls.sync()
-        if self._held:
-            self._held = False
+        if held:
             self._mark("header")
         self.renders += 1
 
-    def _status_to_draw(self) -> str:
+    def _status_to_draw(self) -> tuple[str, bool]:
         """The status the header draws this frame: the job's, unless it passed through another
         since the last frame. A restart of 0.2 s falls between two frames at 4 a second and
         would never be seen; each status of the history is drawn for one frame, in order, then
         the present (in-place changes are not held: no status of theirs lasted). Call with the
-        job's state read-locked; ``_render`` marks the header for the next frame when one is held."""
+        job's state read-locked. Returns the status, and whether it is a past one held for this
+        frame (the header is then drawn again at the next)."""
         state = self.job.state
         entries = list(state.transitions)
         start = 0
@@ -325,9 +326,8 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
             if entry.get("in_place") or float(entry["at"]) < time.time() - HOLD_RECENT_S:
                 continue  # no status of its own lasted / history replayed (a resume, an attach)
             if i < len(entries) - 1 or entry["status"] != state.status:
-                self._held = True  # the next frame draws what came after it
-                return str(entry["status"])
-        return state.status
+                return str(entry["status"]), True
+        return state.status, False
 
     def _chart(self, state: Any) -> str:
         """The chart's SVG; drawn again only when its points, markers or options changed."""
