@@ -1350,3 +1350,37 @@ def test_a_scale_the_job_has_not_confirmed_says_what_is_pending(home, monkeypatc
         assert dict(answer)["pending"] == answer.pending  # read as the dict it was, too
     finally:
         job.backend.cancel(job.name)  # this handle follows no more: stop() would wait for its word
+
+
+def test_a_supervisor_that_starts_after_its_job_was_stopped_starts_nothing(home, monkeypatch):
+    """A stop that finds no supervisor yet writes the job's end itself. On Slurm it came while
+    the supervisor's allocation was granted, before sbatch answered, and the supervisor that
+    then started ran the job and cleared that end (found in CI). Here the stop lands between the
+    folder and the supervisor's start: the launch says so and ends what it started, and a
+    supervisor started on that folder afterwards (as Slurm would) starts nothing: no
+    supervisor.json, no agent, and the end the stop wrote stays."""
+    from notebook_elastic.jobfolder.record import record_stopped
+
+    start = LocalBackend._start_supervisor
+
+    def stopped_first(self, folder, name, *, resume=False):
+        record_stopped(folder, "stopped on request")
+        start(self, folder, name, resume=resume)
+
+    monkeypatch.setattr(LocalBackend, "_start_supervisor", stopped_first)
+    with pytest.raises(Exception, match="was stopped before its supervisor started; nothing of it runs"):
+        ne.launch(TRAIN, name="late", nnodes="1", user_ns=namespace())
+    assert job_processes(home) == []  # what the launch started (the supervisor, its guardian) is ended
+    folder = LocalBackend().folder("late")
+    late = subprocess.run(
+        [sys.executable, "-m", "notebook_elastic.supervisor.run", str(folder.path)],
+        env={**os.environ, protocol.ENV_JOB_DIR: str(folder.path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert late.returncode == 0, late.stderr
+    assert "job 'late' was stopped before its supervisor started: nothing runs" in late.stderr, late.stderr
+    assert not folder.supervisor_file.exists() and job_processes(home) == []
+    assert (folder.outcome() or {}).get("status") == "stopped" and folder.status()["status"] == "stopped"
+    assert [e.kind for e in LocalBackend().history("late")] == [Kind.JOB_FINISHED]

@@ -39,12 +39,14 @@ from ..jobfolder.control import listen, reachable
 from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
 from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
+from ..jobfolder.record import ended
 from ..jobfolder.processes import process_start_ticks
 from ..runtime import log, protocol
 from ..runtime.event_types import (
     SCHEMA_VERSION,
     AgentStarted,
     Error,
+    JobFinished,
     Metric,
     NodeEvicted,
     Restart,
@@ -71,6 +73,8 @@ from .stall import Stalls
 from .tensorboard import TensorBoardWriter
 from .tensorboard import available as tensorboard_available
 from .trackers import TRACKER_CLASSES, Tracker, requested
+
+_log = log.get("supervisor")
 
 
 class Supervisor:
@@ -279,6 +283,10 @@ class Supervisor:
         self.board.port = sock.getsockname()[1]
         listener = listen(self.authkey, bind)
         spec, before = self.spec, None
+        # A stop that finds no supervisor.json yet writes the job's end itself (the CLI, a
+        # kernel, while Slurm started this one): counted here, looked for once this file is
+        # written, so a supervisor that started under such a stop stops at once.
+        stops_before = self._stops_recorded()
         self.folder.keep_room()  # the room for the last records; a resumed job's old outcome cleared
         if self.resume:
             # The history so far, folded, so status.json goes on from it (steps, metrics).
@@ -322,6 +330,9 @@ class Supervisor:
             },
             mode=0o600,
         )
+        if not self.resume and self._stops_recorded() > stops_before:
+            _log.info("job %r was stopped while its supervisor started: it stops at once", spec.name)
+            self.requests.put(({"command": "stop"}, queue.SimpleQueue()))
         threading.Thread(target=self.commands.serve, args=(listener,), daemon=True).start()
         self.nodes.converge()
         self.board.store = host_store(sock)
@@ -399,6 +410,13 @@ class Supervisor:
                 status, reason = ended
                 return status, reason or (LOST_FOLDER["reason"] if status == "lost" else self.outcome.failure_reason())
 
+    def _stops_recorded(self) -> int:
+        """How many stops written without a supervisor (``record_stopped``) the events hold."""
+        return sum(
+            e.kind == Kind.JOB_FINISHED and e.node is None and e.fields(JobFinished).get("status") == "stopped"
+            for e in read_all(self.folder.events_file)
+        )
+
     def _folder_deleted(self) -> bool:
         """Whether the job folder was deleted (a worker's checkpoint mkdir may have made a new
         one at the same path since: it has no events file)."""
@@ -419,6 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     log.for_process("supervisor")  # its lines go to supervisor.log: "notebook-elastic supervisor: ..."
     resume = args[:1] == ["--resume"]
     folder = JobFolder(args[1] if resume else args[0])
+    if not resume and ended(folder):
+        # Stopped before it started (a stop while Slurm granted its allocation, before sbatch
+        # answered): it must not start the job, nor clear the end the stop wrote.
+        said = (folder.outcome() or folder.status() or {}).get("status")
+        _log.info("job %r was %s before its supervisor started: nothing runs", folder.name, said)
+        return 0
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
     return Supervisor(folder, resume=resume).run()
 

@@ -193,6 +193,12 @@ class LocalBackend(Backend):
             _detach(folder, env, GUARDIAN_MODULE)
         deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
         while folder.supervisor() is None:
+            if not resume and ended(folder):
+                # Stopped while it started (the CLI, another kernel): its supervisor sees the
+                # end the stop wrote and starts nothing (supervisor/run.py); its guardian, which
+                # waits for a supervisor still starting, goes too.
+                kill_all(folder.path)
+                raise BackendError(f"job {name!r} was stopped before its supervisor started; nothing of it runs")
             if time.monotonic() > deadline:
                 kill_all(folder.path)
                 raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
