@@ -39,8 +39,8 @@ from ..jobfolder.control import listen, reachable
 from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
 from ..jobfolder.follow import LOST_FOLDER
 from ..jobfolder.history import ROTATE_BYTES, read_all
-from ..jobfolder.record import ended
 from ..jobfolder.processes import process_start_ticks
+from ..jobfolder.record import ended
 from ..runtime import log, protocol
 from ..runtime.event_types import (
     SCHEMA_VERSION,
