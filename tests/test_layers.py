@@ -19,16 +19,7 @@ LAYERS = [
     # The job's processes beside its workers: the torchrun agent as we run it, the rendezvous
     # store, the warm pool. They run in pods and allocations too: nothing of the kernel's.
     {"agent", "store", "pool"},
-    # Slurm's own commands (sinfo, squeue, sbatch...) and options, wrapped: the job folder asks
-    # them whether a supervisor on another host lives.
-    {
-        "packaging",
-        "contract.spec",
-        "contract.options",
-        "contract.commands",
-        "backends.slurm.cluster",
-        "backends.slurm.options",
-    },
+    {"packaging", "contract.spec", "contract.options", "contract.commands"},
     {"contract.plan"},
     {"contract.events", "contract.words", "contract.job_state"},
     # The job folder: shared by the kernel's backend and the supervisor it starts.

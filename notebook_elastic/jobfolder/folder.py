@@ -170,20 +170,18 @@ def open_file(path: Path) -> BinaryIO:
         raise
 
 
-def ask_slurm(job_id: str) -> str:
-    """Slurm's state of allocation ``job_id`` ("" when it does not answer), asked now."""
-    from ..backends.slurm.cluster import job_state
-
-    return job_state(job_id)[0]
-
-
 class JobFolder:
-    """``slurm_state``: how a remote supervisor's allocation is looked up in Slurm (asked now by
-    default; the server's routes read a cache a thread keeps, so no request waits on Slurm)."""
+    """``runs_elsewhere``: whether a supervisor its record places on another machine runs (the
+    folder sees this machine's processes only), or None where it cannot tell. Whoever opens the
+    folder says how: the backends ask Slurm, where such a supervisor holds an allocation of its
+    own (the server's routes read a cache a thread keeps, so no request waits on Slurm). The
+    folder imports no backend."""
 
-    def __init__(self, path: str | os.PathLike[str], slurm_state: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], runs_elsewhere: Callable[[dict[str, Any]], bool | None] | None = None
+    ) -> None:
         self.path = Path(path)
-        self.slurm_state = slurm_state or ask_slurm
+        self.runs_elsewhere = runs_elsewhere
 
     @property
     def name(self) -> str:
@@ -337,13 +335,10 @@ class JobFolder:
         info = self.supervisor()
         if not info or info.get("exited"):
             return False
-        if info.get("slurm_job") and info.get("host") not in (None, socket.gethostname()):
-            # On another machine, in a Slurm allocation of its own: alive while Slurm holds it
-            # (running, completing, suspended), and while Slurm does not answer.
-            from ..backends.slurm.cluster import NOT_ENDED
-
-            state = self.slurm_state(str(info["slurm_job"]))
-            return state == "" or (state in NOT_ENDED and state != "PENDING")
+        if info.get("host") not in (None, socket.gethostname()) and self.runs_elsewhere is not None:
+            said = self.runs_elsewhere(info)
+            if said is not None:
+                return said
         return _alive(info)
 
     def guardian_alive(self) -> bool:

@@ -30,11 +30,12 @@ from jupyter_server.utils import url_path_join
 from ..backends import backend_of
 from ..backends.base import JobInfo, attention_order
 from ..backends.local import LocalBackend
+from ..backends.slurm import cluster as slurm_cluster
 from ..contract.events import Event, Kind, Status, steps_done
 from ..contract.job_state import JobState, with_fold
 from ..contract.spec import validate_name
 from ..errors import JobNotFound, NotebookElasticError, SpecError
-from ..jobfolder.folder import ask_slurm, open_file
+from ..jobfolder.folder import open_file
 from ..runtime import log as _logging
 from ..runtime.tracking import shown
 from .rows import JobRow, a_type, mismatch
@@ -276,7 +277,7 @@ class Registry:
     """Where jobs are found: the local job folders, and (cached) the current kubeconfig context."""
 
     def __init__(self) -> None:
-        self.slurm = SlurmStates(ask_slurm)
+        self.slurm = SlurmStates(lambda job_id: slurm_cluster.job_state(job_id)[0])
         self.local = LocalBackend(slurm_state=self.slurm.state)
         self._listing: asyncio.Future[list[JobInfo]] | None = None  # the local listing under way
         self._listed: tuple[list[JobInfo], float] = ([], 0.0)  # the last one, and when

@@ -99,7 +99,13 @@ class LocalBackend(Backend):
         self.slurm_state = slurm_state
 
     def folder(self, name: str) -> JobFolder:
-        return JobFolder(self.root / name, self.slurm_state)
+        return JobFolder(self.root / name, self._runs_elsewhere)
+
+    def _runs_elsewhere(self, info: dict[str, Any]) -> bool | None:
+        """Whether a supervisor on another machine runs: a Slurm job's, by its allocation."""
+        from ..slurm.cluster import supervisor_runs  # the Slurm backend builds on this one
+
+        return supervisor_runs(info, self.slurm_state)
 
     def history(self, name: str) -> Iterator[Event]:
         return _folder_history(self.folder(name))

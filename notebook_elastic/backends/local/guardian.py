@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
         if os.fork() > 0:
             os._exit(0)
-    return guard(JobFolder(Path(args[0])))
+    from ..slurm.cluster import supervisor_runs
+
+    return guard(JobFolder(Path(args[0]), supervisor_runs))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ...errors import BackendError, SpecError
 from .options import SlurmOptions, minutes
@@ -122,6 +124,18 @@ def submit(argv: list[str], env: dict[str, str]) -> str:
     if done.returncode != 0:
         raise BackendError(f"sbatch refused the job's supervisor: {(done.stderr or done.stdout).strip()}")
     return done.stdout.strip().split(";")[0]
+
+
+def supervisor_runs(info: Mapping[str, Any], state_of: Callable[[str], str] | None = None) -> bool | None:
+    """Whether a job's supervisor on another machine runs, told by its own allocation (its
+    record's ``slurm_job``): while Slurm holds it running, completing or suspended, and while
+    Slurm does not answer. ``state_of``: how the allocation's state is read (asked now by
+    default; the server's cache). None for a record without one: not Slurm's to tell."""
+    job = info.get("slurm_job")
+    if not job:
+        return None
+    state = state_of(str(job)) if state_of is not None else job_state(str(job))[0]
+    return state == "" or (state in NOT_ENDED and state != "PENDING")
 
 
 def job_state(job_id: str) -> tuple[str, str]:
