@@ -25,9 +25,11 @@ import os
 import socket
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..contract.events import FINAL_STATUSES
 from ..errors import BackendError
 from .processes import pid_alive
 
@@ -168,6 +170,27 @@ def open_file(path: Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+@dataclass(frozen=True)
+class Look:
+    """A job folder's records read at one moment (``JobFolder.look``) and, where they do not
+    say the job ended, whether its supervisor and its guardian run (asked only then: a
+    supervisor on another machine is asked of Slurm)."""
+
+    spec: dict[str, Any] | None
+    #: Why ``spec`` is None: ``"missing"``, or what was wrong with it.
+    spec_problem: str | None
+    created: float | None  # spec.json's time: when the job was written
+    status: dict[str, Any]
+    #: Read where status.json does not say the end (or spec.json is missing): a full disk's end.
+    outcome: dict[str, Any] | None
+    supervisor: dict[str, Any] | None
+    supervisor_alive: bool
+    guardian_alive: bool
+
+
+SPEC_MISSING = "missing"
 
 
 class JobFolder:
@@ -331,8 +354,35 @@ class JobFolder:
         except (FileNotFoundError, ValueError):
             return None
 
+    def look(self) -> Look | None:
+        """Everything a listing or a resume reads of the job here, at once; None without a folder."""
+        if not self.path.is_dir():
+            return None
+        spec: dict[str, Any] | None = None
+        problem: str | None = None
+        created: float | None = None
+        try:
+            spec = self.spec()
+            created = self.spec_file.stat().st_mtime
+        except FileNotFoundError:
+            problem = SPEC_MISSING
+        except ValueError as exc:
+            problem = str(exc)
+        status = self.status() or {}
+        ended_on_record = status.get("status") in FINAL_STATUSES
+        outcome = self.outcome() if spec is None or not ended_on_record else None
+        running = spec is not None and outcome is None and not ended_on_record
+        supervisor = self.supervisor() if running else None
+        alive = running and self._runs(supervisor)
+        return Look(
+            spec, problem, created, status, outcome, supervisor, alive, running and not alive and self.guardian_alive()
+        )
+
     def supervisor_alive(self) -> bool:
-        info = self.supervisor()
+        return self._runs(self.supervisor())
+
+    def _runs(self, info: dict[str, Any] | None) -> bool:
+        """Whether the supervisor its record (supervisor.json) names runs."""
         if not info or info.get("exited"):
             return False
         if info.get("host") not in (None, socket.gethostname()) and self.runs_elsewhere is not None:

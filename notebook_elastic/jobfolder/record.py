@@ -22,7 +22,7 @@ from ..contract.events import FINAL_STATUSES, Event, Kind
 from ..contract.job_state.records import JobSummary, summary_of
 from ..errors import BackendError, JobNotFound
 from ..runtime.event_types import JobFinished
-from .folder import FILE_MODE, JobFolder, write_json_atomic
+from .folder import FILE_MODE, SPEC_MISSING, JobFolder, Look, write_json_atomic
 from .follow import LOST_SUPERVISOR, SUPERVISOR_START_TIMEOUT_S, _append_event
 from .processes import kill_all
 
@@ -42,38 +42,36 @@ class FolderRecord:
 
 
 def read_record(folder: JobFolder) -> FolderRecord | None:
-    """The job's status from its records and its processes; None when there is no folder. A
-    job not ended on record whose supervisor is gone is ``recovering`` while its guardian runs,
-    else ``lost``; a spec that is missing or unreadable makes it ``damaged``, with why."""
-    if not folder.path.is_dir():
+    """The job's status from its records and its processes (``JobFolder.look``, read at once);
+    None when there is no folder. A job not ended on record whose supervisor is gone is
+    ``recovering`` while its guardian runs, else ``lost``; a spec that is missing or unreadable
+    makes it ``damaged``, with why."""
+    seen = folder.look()
+    if seen is None:
         return None
-    try:
-        spec = folder.spec()
-    except FileNotFoundError:
-        outcome = folder.outcome()
-        if outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
-            return FolderRecord(
-                outcome["status"], summary=summary_of({k: v for k, v in outcome.items() if v is not None})
-            )
+    if seen.spec is None:
+        if seen.spec_problem != SPEC_MISSING:
+            return FolderRecord("damaged", damaged=f"spec.json is unreadable: {seen.spec_problem}")
+        if seen.outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
+            summary = summary_of({k: v for k, v in seen.outcome.items() if v is not None})
+            return FolderRecord(seen.outcome["status"], summary=summary)
         return FolderRecord("damaged", damaged="spec.json is missing (was the folder deleted while the job ran?)")
-    except ValueError as exc:
-        return FolderRecord("damaged", damaged=f"spec.json is unreadable: {exc}")
-    status = folder.status() or {}
+    status = seen.status
     state = status.get("status", "pending")
-    outcome = folder.outcome() if state not in FINAL_STATUSES else None
-    if outcome is not None:  # status.json could not be written at the end (a full disk)
-        status, state = outcome, outcome["status"]
-    elif state not in FINAL_STATUSES and not folder.supervisor_alive():
-        if folder.guardian_alive():
-            return _record(spec, folder, "recovering", status)  # its guardian is bringing it back
-        started = (folder.supervisor() or {}).get("started")
-        if started is not None or time.time() - folder.spec_file.stat().st_mtime > SUPERVISOR_START_TIMEOUT_S:
+    if seen.outcome is not None:  # status.json could not be written at the end (a full disk)
+        status, state = seen.outcome, seen.outcome["status"]
+    elif state not in FINAL_STATUSES and not seen.supervisor_alive:
+        if seen.guardian_alive:
+            return _record(seen, "recovering", status)  # its guardian is bringing it back
+        started = (seen.supervisor or {}).get("started")
+        if started is not None or time.time() - (seen.created or 0.0) > SUPERVISOR_START_TIMEOUT_S:
             state = "lost"
             status = {**status, "reason": LOST_SUPERVISOR["reason"]}
-    return _record(spec, folder, state, status)
+    return _record(seen, state, status)
 
 
-def _record(spec: dict[str, Any], folder: JobFolder, state: str, status: dict[str, Any]) -> FolderRecord:
+def _record(seen: Look, state: str, status: dict[str, Any]) -> FolderRecord:
+    spec = seen.spec or {}
     return FolderRecord(
         state,
         summary=summary_of(
@@ -87,7 +85,7 @@ def _record(spec: dict[str, Any], folder: JobFolder, state: str, status: dict[st
         ),
         backend=spec.get("backend") or "local",
         notebook=spec.get("notebook"),
-        created=folder.spec_file.stat().st_mtime,
+        created=seen.created,
     )
 
 
