@@ -21,6 +21,7 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
+from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.contract.events import Kind
 
 pytestmark = pytest.mark.slow
@@ -346,4 +347,54 @@ def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_
         assert pids_of(job, "node-0") == first
         assert not [e for e in job.events if e.kind == Kind.RESUMED], "a rank read a checkpoint"
     finally:
+        job.stop()
+
+
+def test_a_node_joins_once_its_workers_can_start_warm_and_the_others_train_meanwhile(home, tmp_path, monkeypatch):
+    """A scale-up onto a node whose zygote still imports torch (a cluster node's first start;
+    seconds more on a GPU node): the survivor regrouped as soon as the node joined, then waited
+    idle for its workers (7.7 s once on Slurm under load). The joiner now joins once its zygote
+    forks; the survivor trains on meanwhile, then regroups with it in place. Here the joiner's
+    zygote is held at its start by a gate (a sitecustomize that waits for a file, in a zygote
+    alone, written once the first node trains): the survivor trains 20 steps past the joiner's
+    agent start without regrouping; the gate opens; the job trains at 2, the survivor's process kept."""
+    gate = tmp_path / "zygote-gate"
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("NOTEBOOK_ELASTIC_WARM_POOL", "0")  # each node's own zygote, as on a cluster
+    job = ne.launch(
+        TRAIN, nnodes="1:2", nodes=1, name="warmjoin", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
+    )
+    try:
+        wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
+        first = pids_of(job, "node-0")
+        (site / "sitecustomize.py").write_text(
+            "import os, time\n"
+            "if 'NOTEBOOK_ELASTIC_ZYGOTE_READY' in os.environ:  # a node's zygote alone (pool/warm.py)\n"
+            "    deadline = time.monotonic() + 120\n"
+            f"    while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+            "        time.sleep(0.05)\n"
+        )
+        job.scale(2)
+        wait_for(
+            lambda: any(e.kind == Kind.AGENT_STARTED and e.node == "node-1" for e in job.events),
+            "the joiner's agent",
+            job=job,
+            give_up_when_finished=True,
+        )
+        joined_at = job.state.step or 0
+        wait_for(lambda: (job.state.step or 0) >= joined_at + 20, "the survivor trains on", job=job)
+        early = [e for e in job.events if e.kind in (Kind.REGROUPED, Kind.IN_PLACE) and e.node == "node-0"]
+        assert not early, [e.data for e in early]  # it did not stop to wait for the joiner
+        gate.touch()
+        wait_for(lambda: changes(job), "in place after the join", job=job, give_up_when_finished=True)
+        up = changes(job)[-1]
+        wait_for(training_at(job, 2, up["step"] + 5), "two nodes training", job=job, give_up_when_finished=True)
+        assert (up["reason"], up["world_size"], up["kept"], up["joined"]) == ("joined", 2, 1, 1), up
+        assert pids_of(job, "node-0") == first
+        said = (LocalBackend().folder("warmjoin").logs / "node-1.log").read_text()
+        assert "notebook-elastic agent: joins a job that trains once its workers can start warm: ready after" in said
+    finally:
+        gate.touch()
         job.stop()

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..pool.warm import Zygote
 from ..runtime import log, protocol
 from ..runtime._emit import emit
 from ..runtime.event_types import NodeEvicted, Pending, Restart
@@ -57,6 +58,10 @@ FAILURE_GRACE_S = 3.0
 #: doubled up to 5 min; longer here, since each try costs the healthy nodes a regroup).
 BACKOFF_FIRST_S = 30.0
 BACKOFF_MAX_S = 600.0
+#: How long a node joining a job that trains waits for its zygote to fork (its imports done)
+#: before it joins anyway (its workers then start cold). The others train meanwhile: the wait
+#: costs them nothing, the join itself the same.
+JOIN_WARM_WAIT_S = 60.0
 
 
 class Joining:
@@ -73,6 +78,9 @@ class Joining:
         self.thread: threading.Thread | None = None
         self.ended = threading.Event()  # clean(): the publisher thread ends too
         self.waited = False  # a replacement waits once, before its first join
+        # This node's own zygote (pool/warm.py), still importing torch: a node that joins a job
+        # that trains waits for it before its first join (``before_joining``).
+        self.zygote: Zygote | None = None
         self.index = os.environ.get("JOB_COMPLETION_INDEX") or node_name()  # what a replacement shares
 
     def start(self) -> None:
@@ -94,12 +102,45 @@ class Joining:
     # -- before the first join, and after every one ----------------------------------------
 
     def before_joining(self, handler: Any) -> None:
-        """A replacement for an index sent away waits before it joins (once per agent)."""
-        if self.folder is None or self.rounds or self.waited:
+        """Before its first join, a node that joins a job that trains waits until its workers
+        can start warm, and a replacement for an index sent away waits its back-off (once
+        per agent)."""
+        if self.rounds or self.waited:
             return
         self.waited = True
+        # Its supervisor says so where it starts the nodes (local, Slurm); on a cluster whose
+        # agents send themselves away (``start``), the store does: a round without it trained.
+        trains = os.environ.get(protocol.ENV_JOINER) == "1"
+        store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
+        if self.folder is not None:
+            try:
+                trains = trains or self._trained(store, handler) is not None
+            except Exception:
+                _log.debug("the store does not say whether the job trains: join now", exc_info=True)
+                return
+        if trains:
+            self._warm_first()
+            if self.folder is not None:
+                self._back_off(store, handler)
+
+    def _warm_first(self) -> None:
+        """The survivors regroup as soon as this node joins, then wait for its workers: while
+        its zygote still imports torch (seconds on a node's first start, more on a GPU node) they
+        would wait idle. They train on instead until it can fork them (or ``JOIN_WARM_WAIT_S``)."""
+        zygote, self.zygote = self.zygote, None
+        if zygote is None:
+            return
+        started = time.monotonic()
+        warm = zygote.wait_ready(JOIN_WARM_WAIT_S)
+        _log.info(
+            "joins a job that trains once its workers can start warm: %s after %.2f s",
+            "ready" if warm else "not ready (they start cold)",
+            time.monotonic() - started,
+        )
+
+    def _back_off(self, store: Any, handler: Any) -> None:
+        """A replacement for an index sent away waits before it joins, longer each time."""
         try:
-            store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
             key = self._key(handler, f"evicted/{self.index}")
             if not call_with_deadline(store.check, store_link.STORE_CALL_TIMEOUT_S, [key]):
                 return

@@ -334,8 +334,9 @@ def _start_zygote() -> bool:
     name = pool.in_use()
     if name:
         os.environ[protocol.ENV_ZYGOTE] = name
-        return True
-    return start_zygote() is not None
+        return True  # warm already
+    _joining.zygote = start_zygote()
+    return _joining.zygote is not None
 
 
 def _leave_rendezvous() -> None:

@@ -107,6 +107,7 @@ def serve(path: str, *, as_pool: bool = False) -> None:
         listener.bind(path + ".tmp")
         os.rename(path + ".tmp", path)  # appears only once it is ready
     listener.listen(64)
+    _say_ready()
     children: dict[int, socket.socket] = {}
     busy = time.monotonic()
     try:
@@ -288,17 +289,59 @@ def _child(request: dict[str, Any], fds: list[int], as_pool: bool = False) -> No
         os._exit(code)
 
 
-def start_zygote() -> str | None:
-    """Called by the agent wrapper: start this node's zygote; returns its socket path."""
+def _say_ready() -> None:
+    """Tell the agent that started this zygote that it forks now (``Zygote.wait_ready``)."""
+    fd = os.environ.pop(protocol.ENV_ZYGOTE_READY, None)  # not handed on to the workers
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"1")
+        os.close(int(fd))
+    except (OSError, ValueError):
+        _log.debug("the agent no longer waits for this zygote", exc_info=True)
+
+
+class Zygote:
+    """A node's zygote as its agent sees it: the name its launchers connect to, and whether it
+    forks yet (its imports done)."""
+
+    def __init__(self, path: str, ready_fd: int) -> None:
+        self.path = path
+        self._ready_fd: int | None = ready_fd
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the zygote to say it forks; False when it did not (it
+        died importing, or is slower): its workers start cold then. Asked once."""
+        fd, self._ready_fd = self._ready_fd, None
+        if fd is None:
+            return True
+        try:
+            readable, _, _ = select.select([fd], [], [], timeout_s)
+            return bool(readable) and os.read(fd, 1) == b"1"
+        finally:
+            os.close(fd)
+
+
+def start_zygote() -> Zygote | None:
+    """Called by the agent wrapper: start this node's zygote (it imports torch meanwhile)."""
     if not enabled():
         return None
     import subprocess
 
     # Abstract: nothing in the system temp folder, nothing to remove, gone with the zygote.
     path = f"@notebook-elastic-zygote-{os.getpid()}-{os.urandom(16).hex()}"
-    subprocess.Popen([sys.executable, "-m", "notebook_elastic.pool.warm", "serve", path], stdin=subprocess.DEVNULL)
+    ready_r, ready_w = os.pipe()
+    env = {**os.environ, protocol.ENV_ZYGOTE_READY: str(ready_w)}
+    try:
+        command = [sys.executable, "-m", "notebook_elastic.pool.warm", "serve", path]
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(ready_w,), env=env)
+    except BaseException:
+        os.close(ready_r)
+        raise
+    finally:
+        os.close(ready_w)  # the zygote holds it: its end (or its word) is what is read
     os.environ[protocol.ENV_ZYGOTE] = path
-    return path
+    return Zygote(path, ready_r)
 
 
 def main() -> None:

@@ -172,6 +172,7 @@ ENV_POOL_OWNER = "NOTEBOOK_ELASTIC_POOL_OWNER"  # a pid: the pool ends with that
 ENV_FORKED = "NOTEBOOK_ELASTIC_FORKED"  # in a forked child: its own pid (children inherit it, and differ)
 ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's pid
 ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # a node's zygote's socket name ("@..." = abstract), for launchers
+ENV_ZYGOTE_READY = "NOTEBOOK_ELASTIC_ZYGOTE_READY"  # the pipe a node's zygote says it is ready on (its agent's)
 ENV_WARM_WORKERS = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off (the pool's and the zygote's)
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
 
