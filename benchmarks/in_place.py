@@ -12,7 +12,7 @@ moments each).
 
 Goal on this machine (2 cores, CPU): in place <= 0.2 s and <= 0.25x of the restart, 0 steps
 redone with notice.
-usage: python benchmarks/in_place.py [--quick] [--repeat N] [--params 10M,100M]
+usage: python benchmarks/in_place.py [--quick] [--repeat N] [--params 10M,100M] [--cold]
 """
 
 from __future__ import annotations
@@ -211,7 +211,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one repetition, the 10M transfer only")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--params", default="10M,100M", help="joiner transfer sizes")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="each node's workers forked from a zygote of its own, started with the node (as on a "
+        "cluster node's first start), not from the user's warm pool; results in in_place_cold.json",
+    )
     args = parser.parse_args()
+    if args.cold:
+        os.environ["NOTEBOOK_ELASTIC_WARM_POOL"] = "0"
     repeat = 1 if args.quick else args.repeat
     sizes = {"10M": 3162, "100M": 10_000}
     wanted = ["10M"] if args.quick else [s.strip() for s in args.params.split(",") if s.strip()]
@@ -273,10 +281,11 @@ def main() -> None:
     finally:
         stop_all_jobs()
     report(
-        "in_place",
+        "in_place_cold" if args.cold else "in_place",
         rows,
         notes=f"{repeat} run(s) of each, medians; 3 local nodes of 1 process, a 20 ms step, no checkpoint "
-        "before the end (restart goes back to step 0).",
+        "before the end (restart goes back to step 0)"
+        + ("; --cold: no warm pool, each node's own zygote imports torch as the node starts." if args.cold else "."),
     )
 
 

@@ -112,16 +112,15 @@ class Joining:
         # agents send themselves away (``start``), the store does: a round without it trained.
         trains = os.environ.get(protocol.ENV_JOINER) == "1"
         store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
-        if self.folder is not None:
+        if self.folder is not None and not trains:
             try:
-                trains = trains or self._trained(store, handler) is not None
+                trains = self._trained(store, handler) is not None
             except Exception:
-                _log.debug("the store does not say whether the job trains: join now", exc_info=True)
-                return
+                _log.debug("the store does not say whether the job trains: join as soon as it may", exc_info=True)
         if trains:
             self._warm_first()
-            if self.folder is not None:
-                self._back_off(store, handler)
+        if self.folder is not None:
+            self._back_off(store, handler)
 
     def _warm_first(self) -> None:
         """The survivors regroup as soon as this node joins, then wait for its workers: while
