@@ -1,5 +1,5 @@
 """One typed, versioned event contract (#27 item 4): each event kind's class in
-runtime/event_types.py is the source of its JSON Schema (which conftest checks every job
+contract/event_types.py is the source of its JSON Schema (which conftest checks every job
 history of the suite against), of the checked-in schema document and of the labextension's
 TypeScript types (scripts/gen_contract.py); a row of GET /jobs is typed once (server/rows.py)
 for the server and the panel; and histories written by an earlier schema version are replayed
@@ -17,15 +17,14 @@ from pathlib import Path
 import jsonschema
 
 from notebook_elastic.backends.base import JobInfo
+from notebook_elastic.contract.event_types import EVENT_SCHEMAS, EVENT_TYPES, SCHEMA_VERSION, Kind
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.jobfolder.history import parse
-from notebook_elastic.runtime.event_types import EVENT_SCHEMAS, EVENT_TYPES, SCHEMA_VERSION
-from notebook_elastic.runtime.protocol import Kind
 from notebook_elastic.server.routes import job_json
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "data" / "events"
-DOCUMENT = REPO / "notebook_elastic" / "runtime" / "events.schema.json"
+DOCUMENT = REPO / "notebook_elastic" / "contract" / "events.schema.json"
 
 
 def test_what_is_generated_from_the_contract_is_current():
@@ -139,8 +138,8 @@ def test_in_the_package_an_untyped_read_of_an_event_is_a_type_error(tmp_path):
     assert Event(Kind.METRIC, 0.0, None, {"step": 3}).get("step") == 3  # at run time, as ever
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "from notebook_elastic.contract.events import Event, Kind\n"
-        "from notebook_elastic.runtime.event_types import Metric\n"
+        "from notebook_elastic.contract.event_types import Kind, Metric\n"
+        "from notebook_elastic.contract.events import Event\n"
         "e = Event(Kind.METRIC, 0.0)\n"
         "step = e.get('step')\n"
         "typed = e.fields(Metric).get('step')\n"

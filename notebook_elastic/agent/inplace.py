@@ -34,12 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regrouped
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
-from ..runtime.event_types import InPlaceRefused, LeftAtBoundary, Regrouped
 from ..runtime.inplace import group_prefix
-from ..runtime.protocol import Kind
 from .deadline import call_with_deadline
 
 #: A store call of ours here: a few hundred bytes; no answer by then is no answer.

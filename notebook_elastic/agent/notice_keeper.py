@@ -21,12 +21,11 @@ import threading
 import time
 from typing import Any
 
+from ..contract.event_types import Kind, Notice, NoticeExpired
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
-from ..runtime.event_types import Notice, NoticeExpired
 from ..runtime.notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
 from ..runtime.procfs import stat_fields
-from ..runtime.protocol import Kind
 from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
 
 _log = log.get("keeper")

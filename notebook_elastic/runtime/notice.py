@@ -23,11 +23,10 @@ import threading
 import time
 from typing import Any
 
+from ..contract.event_types import Kind, SavedOnNotice
 from . import log as _logging
 from . import protocol
 from ._emit import emit
-from .event_types import SavedOnNotice
-from .protocol import Kind
 
 _log = _logging.get("runtime.notice")
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.events import Event, Kind
+from ..contract.event_types import Checkpoint, Kind, Notice, NoticeExpired, SavedOnNotice
+from ..contract.events import Event
 from ..runtime import log as _logging
 from ..runtime import notice as board
-from ..runtime.event_types import Checkpoint, Notice, NoticeExpired, SavedOnNotice
 
 _log = _logging.get("supervisor.notices")
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ...contract.events import FINAL_STATUSES
+from ...contract.event_types import FINAL_STATUSES
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder
 from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
