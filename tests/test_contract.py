@@ -195,3 +195,43 @@ def test_every_field_an_event_is_written_with_is_its_kind_s():
                 wrong.append(f"{path.relative_to(REPO)}:{line}: {kind} has no field {', '.join(lacking)}")
     assert not wrong, "\n".join(wrong)
     assert calls > 20
+
+
+#: The event vocabulary's names: defined in contract/event_types.py and nowhere else.
+VOCABULARY = ("Kind", "Status", "SCHEMA_VERSION", "FINAL_STATUSES", "ATTENTION_ORDER", "EVENT_TYPES", "EVENT_SCHEMAS")
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top (classes, assignments) or lists in ``__all__``."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            if isinstance(target, ast.Name):
+                names.add(target.id)
+                if target.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                    names |= {
+                        e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                    }
+    return names
+
+
+def test_the_event_vocabulary_is_defined_in_one_place():
+    """Kind, Status, SCHEMA_VERSION and the kinds' tables are defined (or re-exported through
+    ``__all__``) by contract/event_types.py alone (#38 item 4: they were in runtime/protocol.py,
+    runtime/event_types.py and contract/events.py)."""
+    package = REPO / "notebook_elastic"
+    home = package / "contract" / "event_types.py"
+    elsewhere = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted(package.rglob("*.py"))
+        if path != home and "labextension" not in path.parts
+        for name in sorted(_defined(ast.parse(path.read_text())) & set(VOCABULARY))
+        if (str(path.relative_to(package)), name) != ("contract/commands.py", "Status")  # a command: "your status?"
+    ]
+    assert not elsewhere, "the event vocabulary is defined outside contract/event_types.py:\n" + "\n".join(elsewhere)
+    assert set(VOCABULARY) <= _defined(ast.parse(home.read_text()))
