@@ -235,3 +235,45 @@ def test_the_event_vocabulary_is_defined_in_one_place():
     ]
     assert not elsewhere, "the event vocabulary is defined outside contract/event_types.py:\n" + "\n".join(elsewhere)
     assert set(VOCABULARY) <= _defined(ast.parse(home.read_text()))
+
+
+#: Strings that look like our cross-process names but are not one: (module, string, why).
+NOT_CROSS_PROCESS = {
+    ("defaults.py", "NOTEBOOK_ELASTIC_HOME"),  # the user's setting, read by the kernel's side alone
+    ("backends/kubernetes/code.py", "notebook_elastic/"),  # file names in the pod's runtime zip
+}
+
+
+def test_every_cross_process_name_is_defined_in_the_protocol_module():
+    """Every environment name (``NOTEBOOK_ELASTIC_...``) and every store key of ours
+    (``notebook_elastic/...``) the package spells is spelled in runtime/protocol.py alone, once
+    (#38 item 5: store keys and environment names lived in agent/, runtime/ and backends/ too)."""
+    package = REPO / "notebook_elastic"
+    protocol = package / "runtime" / "protocol.py"
+    elsewhere, spelled = [], []
+    for path in sorted(package.rglob("*.py")):
+        if "labextension" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docstrings:
+                continue
+            text = node.value
+            if not (text.lstrip("_").startswith("NOTEBOOK_ELASTIC_") and text.isidentifier()) and not text.startswith(
+                "notebook_elastic/"
+            ):
+                continue
+            if path == protocol:
+                spelled.append(text)
+            elif (str(path.relative_to(package)), text) not in NOT_CROSS_PROCESS:
+                elsewhere.append(f"{path.relative_to(REPO)}:{node.lineno}: {text!r}")
+    assert not elsewhere, "cross-process names spelled outside runtime/protocol.py:\n" + "\n".join(elsewhere)
+    twice = sorted({name for name in spelled if spelled.count(name) > 1})
+    assert not twice, f"spelled more than once in runtime/protocol.py: {twice}"

@@ -86,6 +86,15 @@ ENV_LAUNCHER = "NOTEBOOK_ELASTIC_LAUNCHER"  # in a forked child: its launcher's 
 ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # a node's zygote's socket name ("@..." = abstract), for launchers
 ENV_WARM_WORKERS = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off (the pool's and the zygote's)
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
+#: "1" in a node's agent once its notice keeper forked it (agent/notice_keeper.py): the agent
+#: does not keep itself again.
+ENV_KEPT = "_NOTEBOOK_ELASTIC_KEPT"
+#: How much our processes log on their standard error (debug, info, warning, error): read by
+#: every process of a job, which inherits it from the kernel (runtime/log.py); pods get it too.
+ENV_LOG = "NOTEBOOK_ELASTIC_LOG"
+#: A Slurm job's mark, as the launcher hands it to the supervisor's allocation
+#: (backends/slurm/mark.py: its folder may be read through a file system cache on another host).
+ENV_SLURM_MARK = "NOTEBOOK_ELASTIC_SLURM_MARK"
 
 # Keys of ours in the job's rendezvous store, beside torch's rendezvous state.
 #: The number of nodes the job runs now, set by the local supervisor: a round that holds that
@@ -105,8 +114,35 @@ LEAVING_KEY = "notebook_elastic/leaving"
 KILL_KEY = "notebook_elastic/kill/{node}"
 
 
+#: The store key a notice is posted under (one at a time: a newer notice replaces it;
+#: runtime/notice.py).
+NOTICE_KEY = "notebook_elastic/notice"
+#: Rank 0's newest answer, whichever notice it answered: ``{"id", "notice_at", "step", "saved"}``
+#: (a notifier whose notice was replaced by a newer one learns from it that the save is done).
+LATEST_ANSWER_KEY = f"{NOTICE_KEY}/saved/latest"
+#: Beside torch's rendezvous state key (``torch.rendezvous.<run id>``): what the nodes said
+#: they do, one key per interval (agent/together.py).
+ANNOUNCED_SUFFIX = "/announced"
+
+
 def leaving_key(agent_pid: int) -> str:
     return f"{LEAVING_KEY}/{agent_pid}"
+
+
+def answer_key(notice_id: int) -> str:
+    """Where rank 0 answers a notice: ``{"step", "seconds", "saved"}``."""
+    return f"{NOTICE_KEY}/saved/{notice_id}"
+
+
+def announced_key(state_key: str, interval: int) -> str:
+    """The key of what nodes said during ``interval`` (numbered from the epoch)."""
+    return f"{state_key}{ANNOUNCED_SUFFIX}/{interval}"
+
+
+def group_prefix(run_id: str, round_: int, epoch: int = 0) -> str:
+    """The key prefix of the group formed in a rendezvous round: agents and fresh workers
+    compute it alike, and no later group reads an earlier one's keys (runtime/inplace.py)."""
+    return f"notebook_elastic/group/{run_id}/{epoch}/{round_}"
 
 
 def joiner_key(run_id: str, name: str) -> str:
