@@ -25,7 +25,7 @@ from _common import report, row, stop_all_jobs, wait  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
-from notebook_elastic.contract.events import Kind  # noqa: E402
+from notebook_elastic.contract.event_types import Kind  # noqa: E402
 from notebook_elastic.runtime._emit import emit  # noqa: E402
 
 # benchmarks/packaging.py would shadow the `packaging` package inductor's C++ build imports.

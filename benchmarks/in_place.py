@@ -29,7 +29,7 @@ from _common import median, report, row, stop_all_jobs, wait  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
-from notebook_elastic.contract.events import Kind  # noqa: E402
+from notebook_elastic.contract.event_types import Kind  # noqa: E402
 
 TRAIN = """
 model = torch.nn.Linear(32, 1)

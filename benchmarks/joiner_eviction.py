@@ -49,7 +49,7 @@ def measure(broken: bool) -> dict:
 
     import notebook_elastic as ne
     import notebook_elastic.runtime as runtime
-    from notebook_elastic.contract.events import Kind
+    from notebook_elastic.contract.event_types import Kind
 
     fake = FakeCluster(gpu_slots=0)
     os.environ["KUBECONFIG"] = str(fake.kubeconfig(Path(tempfile.mkdtemp(prefix="joiner-bench-")) / "kubeconfig"))

@@ -88,7 +88,7 @@ def _pvc(cluster: FakeCluster) -> None:
 
 def bug_in_the_cell(cluster: FakeCluster, name: str, fail_job: bool) -> dict[str, float]:
     from notebook_elastic.backends.kubernetes import manifests
-    from notebook_elastic.contract.events import Kind
+    from notebook_elastic.contract.event_types import Kind
 
     original = manifests.workers_job
 
@@ -115,7 +115,7 @@ def bug_in_the_cell(cluster: FakeCluster, name: str, fail_job: bool) -> dict[str
 
 
 def preemption(cluster: FakeCluster, name: str) -> dict[str, float]:
-    from notebook_elastic.contract.events import Kind
+    from notebook_elastic.contract.event_types import Kind
 
     job = _launch(TRAIN.replace("BUG", "pass"), name, max_restarts=10)
     _wait(lambda: job.world_size == 2 and (job.state.step or 0) >= 10, "two pods training", job)

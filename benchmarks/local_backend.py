@@ -35,7 +35,7 @@ import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.kernel.launcher as launcher  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
 from notebook_elastic import pool  # noqa: E402
-from notebook_elastic.contract.events import Kind  # noqa: E402
+from notebook_elastic.contract.event_types import Kind  # noqa: E402
 
 TRAIN = """
 model = torch.nn.Linear(32, 1)

@@ -25,7 +25,8 @@ from _common import DDP_TRAIN, ddp_namespace, median, report, row, stop_all_jobs
 
 import notebook_elastic as ne  # noqa: E402
 from notebook_elastic.backends.local import LocalBackend  # noqa: E402
-from notebook_elastic.contract.events import Event, Kind  # noqa: E402
+from notebook_elastic.contract.event_types import Kind  # noqa: E402
+from notebook_elastic.contract.events import Event  # noqa: E402
 from notebook_elastic.contract.job_state import JobState  # noqa: E402
 from notebook_elastic.jobfolder.history import compact  # noqa: E402
 

@@ -29,7 +29,8 @@ from _common import report, row, stop_all_jobs  # noqa: E402
 import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
 from notebook_elastic.backends.local import LocalBackend  # noqa: E402
-from notebook_elastic.contract.events import Event, Kind  # noqa: E402
+from notebook_elastic.contract.event_types import Kind  # noqa: E402
+from notebook_elastic.contract.events import Event  # noqa: E402
 from notebook_elastic.jobfolder.history import ROTATE_BYTES, history_file, read_all, rotate  # noqa: E402
 
 TRAIN = """

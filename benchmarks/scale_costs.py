@@ -34,7 +34,7 @@ from replay import STEP_S, attach_time, synthesize  # noqa: E402
 
 import notebook_elastic as ne  # noqa: E402
 from notebook_elastic.backends.local import LocalBackend  # noqa: E402
-from notebook_elastic.contract.events import Kind  # noqa: E402
+from notebook_elastic.contract.event_types import Kind  # noqa: E402
 from notebook_elastic.jobfolder.history import read_all  # noqa: E402
 from notebook_elastic.kernel.ui import chart  # noqa: E402
 from notebook_elastic.kernel.ui.chart import chart_svg  # noqa: E402

@@ -1,7 +1,7 @@
 """MkDocs hooks: the reference pages are generated from the code as the site is built, so
 they cannot go stale: the option table from ``notebook_elastic/backends/options.py`` (each option declared
 on the field it fills: ``JobSpec``, ``KubernetesOptions``, ``SlurmOptions``, ``Launching``) and the event
-table from ``notebook_elastic/runtime/protocol.py`` (each kind's fields) and ``contract/events.py``
+table from ``notebook_elastic/contract/event_types.py`` (each kind's fields) and ``contract/events.py``
 (each kind's sentence, for a sample event)."""
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ def _fields(schema: dict[str, Any]) -> tuple[str, str]:
 
 
 def events_table() -> str:
-    from notebook_elastic.runtime.event_types import EVENT_SCHEMAS
-    from notebook_elastic.runtime.protocol import Kind
+    from notebook_elastic.contract.event_types import EVENT_SCHEMAS, Kind
 
     rows = ["| kind | always | when known |", "|---|---|---|"]
     for kind in Kind:

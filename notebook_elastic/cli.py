@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .contract.events import FINAL_STATUSES
+from .contract.event_types import FINAL_STATUSES
 from .errors import JobNotFound, NotebookElasticError
 
 if TYPE_CHECKING:
@@ -280,8 +280,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def _logs_since(backend: Backend, args: argparse.Namespace, node: str | None) -> int:
     """``logs --since``: the nodes' output since then, in the order the supervisor read it (the
     history's output events carry that time; the node logs carry none), the last ``--tail``."""
-    from .contract.events import Kind
-    from .runtime.event_types import Log
+    from .contract.event_types import Kind, Log
 
     stop = threading.Event()
     if args.follow:  # the history, then what comes, until the job ends
@@ -336,14 +335,14 @@ def cmd_debug(args: argparse.Namespace) -> int:
 
 
 def _running(backend: Backend, name: str) -> bool:
-    from .contract.events import FINAL_STATUSES
+    from .contract.event_types import FINAL_STATUSES
 
     info = backend.describe(name)
     return info is not None and info.status not in (*FINAL_STATUSES, "lost", "damaged")
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from .contract.events import Kind
+    from .contract.event_types import Kind
 
     backend = _backend(args)
     _info(args)

@@ -13,7 +13,7 @@ STRICT_SOCKETS).
 
 The same check holds the event contract: every event in the history of every local job the
 test ran (``events.jsonl`` under its folders) must be of a known kind and match that kind's
-schema in ``notebook_elastic/runtime/event_types.py`` (``EVENT_SCHEMAS``).
+schema in ``notebook_elastic/contract/event_types.py`` (``EVENT_SCHEMAS``).
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ _VALIDATORS: dict = {}  # one validator per event kind, built once a run
 def _validators() -> dict:
     import jsonschema
 
-    from notebook_elastic.runtime.event_types import EVENT_SCHEMAS
+    from notebook_elastic.contract.event_types import EVENT_SCHEMAS
 
     if not _VALIDATORS:
         _VALIDATORS.update({k.value: jsonschema.Draft202012Validator(s) for k, s in EVENT_SCHEMAS.items()})
@@ -349,7 +349,7 @@ def events_breaking_contract(events) -> list[str]:
     for event in events:
         validator = validators.get(str(event.kind))
         if validator is None:
-            found.append(f"kind {event.kind!r} has no class in runtime/event_types.py")
+            found.append(f"kind {event.kind!r} has no class in contract/event_types.py")
             continue
         for error in validator.iter_errors(event.data):
             where = "/".join(str(p) for p in error.absolute_path) or "(event)"
@@ -377,7 +377,7 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
                 kind = event.get("kind")
                 validator = validators.get(kind)
                 if validator is None:
-                    found.append(f"{history}:{number}: kind {kind!r} has no class in runtime/event_types.py")
+                    found.append(f"{history}:{number}: kind {kind!r} has no class in contract/event_types.py")
                     continue
                 data = {k: v for k, v in event.items() if k not in ("kind", "t", "node")}
                 for error in validator.iter_errors(data):
@@ -386,7 +386,7 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
             if len(found) >= limit:
                 break
     if found:
-        return ["events break the contract (runtime/event_types.py):\n  " + "\n  ".join(found[:limit])]
+        return ["events break the contract (contract/event_types.py):\n  " + "\n  ".join(found[:limit])]
     return []
 
 

@@ -456,7 +456,7 @@ class Agent:
             stale, self.consumed = self.consumed, None
             if has_set and stale is not None and stale > self.deleted:  # no longer read: gone
                 self.deleted = stale
-                await self.wire.delete_key(together.key(self.key, stale))
+                await self.wire.delete_key(protocol.announced_key(self.key, stale))
         else:
             has_set = None
             if self.fleet.settings.cache_s > 0 and self.last_sync >= max(now - self.fleet.settings.cache_s, 0):
@@ -567,7 +567,7 @@ class Agent:
 
     async def _say(self, kind: str, round_: int, when: float) -> None:
         interval = together.interval_of(when, self.settings.keep_alive_interval.total_seconds())
-        await self.wire.append(together.key(self.key, interval), together.line(kind, round_, self.node, when))
+        await self.wire.append(protocol.announced_key(self.key, interval), together.line(kind, round_, self.node, when))
 
     async def _together(self, action: Any) -> None:
         """Our executor's actions with ``agent/together.py``: say what this node does (a join or
@@ -583,7 +583,7 @@ class Agent:
         this = together.interval_of(now, interval_s)
         said: list[together.Said] = []
         for i in (this - 1, this):  # compare_set(k, "", ""): the value, or an empty key made
-            said += self.fleet.said(await self.wire.compare_set(together.key(self.key, i), b"", b""))
+            said += self.fleet.said(await self.wire.compare_set(protocol.announced_key(self.key, i), b"", b""))
         if action == A.REMOVE_FROM_PARTICIPANTS:
             together.take_leaves(state, said, self.fleet.node_of, node)
         apply(action, state, node, settings)

@@ -1,5 +1,5 @@
 """One typed, versioned event contract (#27 item 4): each event kind's class in
-runtime/event_types.py is the source of its JSON Schema (which conftest checks every job
+contract/event_types.py is the source of its JSON Schema (which conftest checks every job
 history of the suite against), of the checked-in schema document and of the labextension's
 TypeScript types (scripts/gen_contract.py); a row of GET /jobs is typed once (server/rows.py)
 for the server and the panel; and histories written by an earlier schema version are replayed
@@ -17,15 +17,14 @@ from pathlib import Path
 import jsonschema
 
 from notebook_elastic.backends.base import JobInfo
+from notebook_elastic.contract.event_types import EVENT_SCHEMAS, EVENT_TYPES, SCHEMA_VERSION, Kind
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.jobfolder.history import parse
-from notebook_elastic.runtime.event_types import EVENT_SCHEMAS, EVENT_TYPES, SCHEMA_VERSION
-from notebook_elastic.runtime.protocol import Kind
 from notebook_elastic.server.routes import job_json
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "data" / "events"
-DOCUMENT = REPO / "notebook_elastic" / "runtime" / "events.schema.json"
+DOCUMENT = REPO / "notebook_elastic" / "contract" / "events.schema.json"
 
 
 def test_what_is_generated_from_the_contract_is_current():
@@ -139,8 +138,8 @@ def test_in_the_package_an_untyped_read_of_an_event_is_a_type_error(tmp_path):
     assert Event(Kind.METRIC, 0.0, None, {"step": 3}).get("step") == 3  # at run time, as ever
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "from notebook_elastic.contract.events import Event, Kind\n"
-        "from notebook_elastic.runtime.event_types import Metric\n"
+        "from notebook_elastic.contract.event_types import Kind, Metric\n"
+        "from notebook_elastic.contract.events import Event\n"
         "e = Event(Kind.METRIC, 0.0)\n"
         "step = e.get('step')\n"
         "typed = e.fields(Metric).get('step')\n"
@@ -196,3 +195,85 @@ def test_every_field_an_event_is_written_with_is_its_kind_s():
                 wrong.append(f"{path.relative_to(REPO)}:{line}: {kind} has no field {', '.join(lacking)}")
     assert not wrong, "\n".join(wrong)
     assert calls > 20
+
+
+#: The event vocabulary's names: defined in contract/event_types.py and nowhere else.
+VOCABULARY = ("Kind", "Status", "SCHEMA_VERSION", "FINAL_STATUSES", "ATTENTION_ORDER", "EVENT_TYPES", "EVENT_SCHEMAS")
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top (classes, assignments) or lists in ``__all__``."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            if isinstance(target, ast.Name):
+                names.add(target.id)
+                if target.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                    names |= {
+                        e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                    }
+    return names
+
+
+def test_the_event_vocabulary_is_defined_in_one_place():
+    """Kind, Status, SCHEMA_VERSION and the kinds' tables are defined (or re-exported through
+    ``__all__``) by contract/event_types.py alone (#38 item 4: they were in runtime/protocol.py,
+    runtime/event_types.py and contract/events.py)."""
+    package = REPO / "notebook_elastic"
+    home = package / "contract" / "event_types.py"
+    elsewhere = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted(package.rglob("*.py"))
+        if path != home and "labextension" not in path.parts
+        for name in sorted(_defined(ast.parse(path.read_text())) & set(VOCABULARY))
+        if (str(path.relative_to(package)), name) != ("contract/commands.py", "Status")  # a command: "your status?"
+    ]
+    assert not elsewhere, "the event vocabulary is defined outside contract/event_types.py:\n" + "\n".join(elsewhere)
+    assert set(VOCABULARY) <= _defined(ast.parse(home.read_text()))
+
+
+#: Strings that look like our cross-process names but are not one: (module, string, why).
+NOT_CROSS_PROCESS = {
+    ("defaults.py", "NOTEBOOK_ELASTIC_HOME"),  # the user's setting, read by the kernel's side alone
+    ("backends/kubernetes/code.py", "notebook_elastic/"),  # file names in the pod's runtime zip
+}
+
+
+def test_every_cross_process_name_is_defined_in_the_protocol_module():
+    """Every environment name (``NOTEBOOK_ELASTIC_...``) and every store key of ours
+    (``notebook_elastic/...``) the package spells is spelled in runtime/protocol.py alone, once
+    (#38 item 5: store keys and environment names lived in agent/, runtime/ and backends/ too)."""
+    package = REPO / "notebook_elastic"
+    protocol = package / "runtime" / "protocol.py"
+    elsewhere, spelled = [], []
+    for path in sorted(package.rglob("*.py")):
+        if "labextension" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docstrings:
+                continue
+            text = node.value
+            if not (text.lstrip("_").startswith("NOTEBOOK_ELASTIC_") and text.isidentifier()) and not text.startswith(
+                "notebook_elastic/"
+            ):
+                continue
+            if path == protocol:
+                spelled.append(text)
+            elif (str(path.relative_to(package)), text) not in NOT_CROSS_PROCESS:
+                elsewhere.append(f"{path.relative_to(REPO)}:{node.lineno}: {text!r}")
+    assert not elsewhere, "cross-process names spelled outside runtime/protocol.py:\n" + "\n".join(elsewhere)
+    twice = sorted({name for name in spelled if spelled.count(name) > 1})
+    assert not twice, f"spelled more than once in runtime/protocol.py: {twice}"

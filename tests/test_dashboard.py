@@ -11,7 +11,8 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
-from notebook_elastic.contract.events import Event, Kind
+from notebook_elastic.contract.event_types import Kind
+from notebook_elastic.contract.events import Event
 from notebook_elastic.contract.job_state import JobState, Marker
 from notebook_elastic.kernel.ui.render import (
     chart_metrics,

@@ -677,6 +677,7 @@ def test_module_docstrings_name_modules_that_are_there():
 PLANTED = [
     "warm_launch",
     "schema/events.schema.json",
+    "runtime/events.schema.json",
     "notebook_elastic/contract/job_state.py",
     "notebook_elastic.kernel.job.ElasticJob.rescale",
     "pool/warm.py start_zygot",
@@ -691,7 +692,7 @@ PLANTED = [
 ]
 #: Their right spellings, which must pass.
 TRUE = [
-    "runtime/events.schema.json",
+    "contract/events.schema.json",
     "notebook_elastic/contract/job_state/",
     "notebook_elastic.kernel.job.ElasticJob.scale",
     "pool/warm.py start_zygote",
@@ -711,9 +712,10 @@ def test_the_check_finds_a_name_that_is_not_there():
     assert not missed, f"the check took these for names that are there: {missed}"
     wrong = {span: check_span(span) for span in TRUE if check_span(span)}
     assert not wrong, wrong
-    event_types = PACKAGE / "runtime" / "event_types.py"
+    event_types = PACKAGE / "contract" / "event_types.py"
     assert docstring_problems(event_types, "the document (``schema/events.schema.json``)")
-    assert not docstring_problems(event_types, "the document (``runtime/events.schema.json``)")
+    assert docstring_problems(event_types, "the document (``runtime/events.schema.json``)")
+    assert not docstring_problems(event_types, "the document (``contract/events.schema.json``)")
     assert docstring_problems(event_types, "see notebook_elastic.runtime.no_such_module")
     assert docstring_problems(event_types, "The launcher lives in ``warm_launch``.")
     assert not docstring_problems(event_types, "The launcher lives in ``pool/launch.py``.")

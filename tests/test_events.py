@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from notebook_elastic.contract.events import Event, Kind, LineParser, describe
+from notebook_elastic.contract.event_types import Kind
+from notebook_elastic.contract.events import Event, LineParser, describe
 from notebook_elastic.contract.job_state import JobState
 
 DATA = Path(__file__).parent / "data"
@@ -222,8 +223,7 @@ def test_every_kind_has_a_schema_and_the_contract_check_can_fail(tmp_path):
     import jsonschema
     from conftest import contract_problems
 
-    from notebook_elastic.runtime.event_types import EVENT_SCHEMAS
-    from notebook_elastic.runtime.protocol import FINAL_STATUSES, Kind, Status
+    from notebook_elastic.contract.event_types import EVENT_SCHEMAS, FINAL_STATUSES, Kind, Status
 
     assert set(EVENT_SCHEMAS) == set(Kind)
     for schema in EVENT_SCHEMAS.values():

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_elastic.contract.events import Event, Kind, Status, describe
+from notebook_elastic.contract.event_types import Kind, Status
+from notebook_elastic.contract.events import Event, describe
 from notebook_elastic.contract.job_state import (
     JobState,
     Metrics,

@@ -14,7 +14,7 @@ from test_kubernetes_backend import TRAIN, ns  # the same training cell
 from waiting import wait_for
 
 import notebook_elastic as ne
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 
 pytestmark = pytest.mark.slow
 

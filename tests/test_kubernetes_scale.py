@@ -24,7 +24,7 @@ from notebook_elastic.backends.kubernetes.client import connect
 from notebook_elastic.backends.kubernetes.cursor import LogCursor
 from notebook_elastic.backends.kubernetes.follow import ClusterFollower
 from notebook_elastic.backends.kubernetes.logs import CATCH_UP_READERS, LOG_STREAMS_MAX
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 
 NODES = 24
 FAILING = 5

@@ -19,7 +19,7 @@ import notebook_elastic as ne
 from notebook_elastic.agent import torch_adapter
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.options import STORE_IMAGE
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract

@@ -26,7 +26,7 @@ import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.kubernetes import grace as pod_grace
 from notebook_elastic.backends.kubernetes import kueue
 from notebook_elastic.backends.kubernetes import manifests as m
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.errors import BackendError, SpecError
 
 DATA = Path(__file__).parent / "data"

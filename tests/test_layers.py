@@ -1,9 +1,9 @@
 """The import graph is the layering (every import, lazy ones included), folders by process:
-runtime <- agent/store/pool <- contract (spec, options <- plan <- events, job_state), packaging
+runtime (with the event vocabulary, contract/event_types.py) <- agent/store/pool <- contract (spec, options <- plan <- events, job_state), packaging
 <- jobfolder <- supervisor, backends <- kernel (waits <- job, launcher <- views/ui/magics) <-
 server/cli. The contract sits below the backends and the supervisor because they speak it: each
 reports Events and folds them with the one JobState. No cycles; worker-side code imports nothing
-of ours outside the runtime; the job never imports a view (IPython shows it through a formatter
+of ours outside the runtime but the event vocabulary, which imports nothing of ours; the job never imports a view (IPython shows it through a formatter
 the views register)."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "notebook_elastic"
 
 # A module may import only modules of its own layer or of a lower one.
 LAYERS = [
-    {"_version", "errors", "defaults", "runtime"},
+    # The event vocabulary (Kind, Status, each kind's fields) is defined once, in the contract,
+    # and the workers emit through it: it sits at the bottom, beside the runtime.
+    {"_version", "errors", "defaults", "runtime", "contract.event_types"},
     # The job's processes beside its workers: the torchrun agent as we run it, the rendezvous
     # store, the warm pool. They run in pods and allocations too: nothing of the kernel's.
     {"agent", "store", "pool"},
@@ -117,15 +119,24 @@ def test_every_import_goes_down_the_layers():
     assert not against, "\n".join(sorted(against))
 
 
+#: What the worker side may import of ours outside its folders: the event vocabulary alone.
+VOCABULARY = "notebook_elastic.contract.event_types"
+
+
 def test_the_runtime_and_the_job_import_nothing_above_them():
     g = graph()
+    assert not g[VOCABULARY], f"the event vocabulary is imported by workers, yet imports {g[VOCABULARY]}"
+    # (and its package's __init__, which runs before it in every worker)
+    assert not g["notebook_elastic.contract"], (
+        f"contract/__init__.py runs in workers, yet imports {g['notebook_elastic.contract']}"
+    )
     beside = ("notebook_elastic.runtime", "notebook_elastic.agent", "notebook_elastic.store", "notebook_elastic.pool")
     for module, deps in g.items():
         if module.startswith("notebook_elastic.runtime"):
-            outside = {d for d in deps if not d.startswith("notebook_elastic.runtime")}
+            outside = {d for d in deps if not d.startswith("notebook_elastic.runtime") and d != VOCABULARY}
             assert not outside, f"{module} runs in workers and pods, yet imports {outside}"
         if module.startswith(beside[1:]):
-            outside = {d for d in deps if not d.startswith(beside)}
+            outside = {d for d in deps if not d.startswith(beside) and d != VOCABULARY}
             assert not outside, f"{module} runs beside the workers, in pods too, yet imports {outside}"
     views = {
         d
@@ -147,3 +158,32 @@ def test_the_supervisor_process_loads_nothing_of_the_kernels():
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"the supervisor loads the kernel's side: {loaded}"
+
+
+def test_a_pod_holds_every_module_of_ours_its_processes_import():
+    """A cluster pod runs from the runtime zip (backends/kubernetes/code.py), not an installed
+    package: every module of ours that its packages import at run time, and the packages
+    around them, are in it (the event vocabulary lives in contract/, beside the pod's folders)."""
+    import io
+    import zipfile
+
+    from notebook_elastic.backends.kubernetes.code import POD_PACKAGES, runtime_zip
+
+    held = set(zipfile.ZipFile(io.BytesIO(runtime_zip())).namelist())
+    g = graph(typing_only=False)
+    todo = [m for m in g if m.split(".")[1:2] and m.split(".")[1] in POD_PACKAGES]
+    needed: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in needed:
+            continue
+        needed.add(module)
+        todo += [d for d in g.get(module, ()) if d != "notebook_elastic"]
+        parts = module.split(".")
+        needed |= {".".join(parts[:i]) for i in range(1, len(parts))}  # its packages' __init__
+    missing = sorted(
+        m
+        for m in needed
+        if m.replace(".", "/") + ".py" not in held and m.replace(".", "/") + "/__init__.py" not in held
+    )
+    assert not missing, f"a pod imports these, which its runtime zip lacks: {missing}"

@@ -20,8 +20,9 @@ from test_local_backend import TRAIN, at_step, committed_reports, metric_events,
 from waiting import wait_for
 
 import notebook_elastic as ne
-from notebook_elastic.contract.events import Event, Kind
-from notebook_elastic.runtime import notice as board
+from notebook_elastic.contract.event_types import Kind
+from notebook_elastic.contract.events import Event
+from notebook_elastic.runtime import protocol
 from notebook_elastic.supervisor.notices import GRACE_SLACK_S, Notices
 
 
@@ -167,7 +168,7 @@ def test_a_grace_that_ends_before_the_save_says_what_it_cost_and_what_grace_was_
     notices.observe(Event(Kind.CHECKPOINT, time.time(), None, {"step": 40, "ms": 2500.0}))
     node = FakeNode("node-1")
     assert notices.give(node, 0.05)
-    posted = json.loads(store.get(board.NOTICE_KEY))
+    posted = json.loads(store.get(protocol.NOTICE_KEY))
     assert (posted["node"], posted["grace_s"], posted["id"]) == ("node-1", 0.05, 1)
     notices.watch(latest_step=51, step_s=0.5)
     assert let_go == []  # within its grace, no answer yet: the node stays
@@ -187,10 +188,10 @@ def test_a_grace_that_ends_before_the_save_says_what_it_cost_and_what_grace_was_
         "pod-1's grace of 30 s ended before a save on notice: work since the last checkpoint is redone; "
         "give a grace longer than a save and a step (--grace)"
     )
-    assert store.check([board.NOTICE_KEY])  # still posted while the node is going
+    assert store.check([protocol.NOTICE_KEY])  # still posted while the node is going
     node.alive, node.reaped = False, True
     notices.watch(latest_step=52, step_s=0.5)
-    assert not store.check([board.NOTICE_KEY]) and notices.given == {}  # withdrawn once it is gone
+    assert not store.check([protocol.NOTICE_KEY]) and notices.given == {}  # withdrawn once it is gone
 
 
 def test_one_save_answers_every_notice_before_it_and_a_job_without_state_gets_none():
@@ -198,7 +199,7 @@ def test_one_save_answers_every_notice_before_it_and_a_job_without_state_gets_no
     notices, said, let_go = notices_on(store)
     first, second = FakeNode("node-1"), FakeNode("node-2")
     assert notices.give(first, 60) and notices.give(second, 60)
-    store.set(board.answer_key(2), json.dumps({"step": 70, "seconds": 0.4, "saved": True}))
+    store.set(protocol.answer_key(2), json.dumps({"step": 70, "seconds": 0.4, "saved": True}))
     notices.watch(latest_step=69, step_s=0.1)
     assert sorted(let_go) == ["node-1", "node-2"]  # the newer notice's save covers the older one
     assert not [e for e in said if e.kind == Kind.NOTICE_EXPIRED]
@@ -320,4 +321,4 @@ def test_a_notice_answered_in_place_is_not_answered_again_by_the_next_rank_0():
     assert survivor.current is not None and survivor.current["id"] == 7, "the notice was not seen"
     assert survivor.pending() is None, "the next rank 0 would answer the notice again"
     client = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
-    assert json.loads(client.get(notices.answer_key(7)))["step"] == 12  # the first answer stands
+    assert json.loads(client.get(protocol.answer_key(7)))["step"] == 12  # the first answer stands

@@ -361,7 +361,8 @@ def test_report_refuses_what_a_chart_cannot_hold_in_the_worker():
 
 
 def test_the_fold_drops_a_malformed_event_instead_of_dying():
-    from notebook_elastic.contract.events import Event, Kind
+    from notebook_elastic.contract.event_types import Kind
+    from notebook_elastic.contract.events import Event
     from notebook_elastic.contract.job_state import JobState
 
     state = JobState(max_restarts=1, nnodes=(1, 1))

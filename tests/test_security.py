@@ -19,7 +19,7 @@ import torch
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.local import LocalBackend
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 
 SECRET = "hf_" + "Zq8" * 12  # a made-up token, long enough to be found anywhere it leaks
 

@@ -14,7 +14,7 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 
 pytestmark = pytest.mark.slow
 

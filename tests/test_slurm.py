@@ -26,7 +26,7 @@ import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.slurm import cluster
 from notebook_elastic.backends.slurm.mark import own_mark
 from notebook_elastic.backends.slurm.options import minutes, parse_options
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.errors import BackendError, SpecError
 from notebook_elastic.jobfolder.folder import JobFolder
 

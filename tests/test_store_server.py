@@ -53,6 +53,7 @@ def _bare_store(tmp_path, descriptors: int | None = None):
     proc = subprocess.Popen(
         [sys.executable, "-S", "-m", "notebook_elastic.store.run", "--host", "127.0.0.1", "--port", "0"],
         env={"PYTHONPATH": str(archive), "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"},
+        cwd=tmp_path,  # not the checkout's: `-m` puts the working folder first, ahead of the zip
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

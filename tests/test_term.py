@@ -173,7 +173,7 @@ def _slurm_signals(keeper: int, agent: int, *signals: int) -> None:
 def _posted(store, keeper, agent):
     import json
 
-    from notebook_elastic.runtime.notice import NOTICE_KEY
+    from notebook_elastic.runtime.protocol import NOTICE_KEY
 
     deadline = time.monotonic() + 30
     while not store.check([NOTICE_KEY]):

@@ -22,7 +22,7 @@ from waiting import wait_for
 
 import notebook_elastic as ne
 from notebook_elastic.backends.local import LocalBackend
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.errors import SpecError
 from notebook_elastic.runtime.tracking import tensorboard_command
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from notebook_elastic.contract.events import Event, Kind, format_duration, gib, rate, sig, status_phrase
+from notebook_elastic.contract.event_types import Kind
+from notebook_elastic.contract.events import Event, format_duration, gib, rate, sig, status_phrase
 from notebook_elastic.contract.job_state import JobState, summary_text
 
 TABLE = json.loads((Path(__file__).parent / "data" / "words.json").read_text())

@@ -12,11 +12,10 @@ import threading
 import time
 from typing import Any
 
+from ..contract.event_types import Kind, PeerLost
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
-from ..runtime.event_types import PeerLost
-from ..runtime.protocol import Kind
 from . import torch_adapter
 
 _log = _logging.get("agent.departures")

@@ -34,12 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regrouped
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
-from ..runtime.event_types import InPlaceRefused, LeftAtBoundary, Regrouped
-from ..runtime.inplace import group_prefix
-from ..runtime.protocol import Kind
 from .deadline import call_with_deadline
 
 #: A store call of ours here: a few hundred bytes; no answer by then is no answer.
@@ -263,7 +261,7 @@ class InPlace:
         epoch = int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0))
         return {
             protocol.ENV_GROUP_STORE: f"{host}:{port}",
-            protocol.ENV_GROUP_PREFIX: group_prefix(run_id, round_, epoch),
+            protocol.ENV_GROUP_PREFIX: protocol.group_prefix(run_id, round_, epoch),
         }
 
     def departure_seen(self, local_ranks: list[int], round_: int, graceful: bool) -> bool:

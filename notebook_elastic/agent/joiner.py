@@ -38,11 +38,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..contract.event_types import Kind, NodeEvicted, Pending, Restart
 from ..pool.warm import Zygote
 from ..runtime import log, protocol
 from ..runtime._emit import emit
-from ..runtime.event_types import NodeEvicted, Pending, Restart
-from ..runtime.protocol import Kind
 from . import store_link, torch_adapter
 from .deadline import call_with_deadline
 

@@ -21,12 +21,12 @@ import threading
 import time
 from typing import Any
 
+from ..contract.event_types import Kind, Notice, NoticeExpired
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
-from ..runtime.event_types import Notice, NoticeExpired
-from ..runtime.notice import LATEST_ANSWER_KEY, NOTICE_KEY, POLL_S, answer_key
+from ..runtime.notice import POLL_S
 from ..runtime.procfs import stat_fields
-from ..runtime.protocol import Kind
+from ..runtime.protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
 from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
 
 _log = log.get("keeper")
@@ -221,9 +221,9 @@ def keep() -> None:
     (``ENV_NOTICE_GRACE_S``, set by the cluster backends) and a store to post notices in."""
     grace = os.environ.get(protocol.ENV_NOTICE_GRACE_S)
     endpoint = os.environ.get(protocol.ENV_NOTICE_STORE)
-    if not grace or not endpoint or os.environ.get("_NOTEBOOK_ELASTIC_KEPT") == "1":
+    if not grace or not endpoint or os.environ.get(protocol.ENV_KEPT) == "1":
         return
-    os.environ["_NOTEBOOK_ELASTIC_KEPT"] = "1"
+    os.environ[protocol.ENV_KEPT] = "1"
     notice_dir = None
     if os.environ.get(protocol.ENV_TERM_TO_ALL) == "1":
         # Slurm signals every process of the step: the agent and its workers learn from this

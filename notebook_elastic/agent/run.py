@@ -47,10 +47,18 @@ import sys
 import threading
 from typing import Any
 
+from ..contract.event_types import (
+    AgentStarted,
+    Degraded,
+    FilesChanged,
+    Kind,
+    LeftRendezvous,
+    Rendezvous,
+    Restart,
+    RoundMember,
+)
 from ..runtime import log, protocol, term
 from ..runtime._emit import emit
-from ..runtime.event_types import AgentStarted, Degraded, FilesChanged, LeftRendezvous, Rendezvous, Restart, RoundMember
-from ..runtime.protocol import Kind
 from ..runtime.worker import set_parent_death_signal
 from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
 from .departures import DepartureWatch

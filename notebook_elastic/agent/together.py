@@ -21,15 +21,16 @@ state takes in what the others said:
   interval for the job, not one per node.
 Each change is one torch would make (a node's own join, leave or heartbeat, at the time it
 said), so torch's own agents may share the rendezvous: they read and write the same state, and
-what they say is only what they write. Sayings go to a key per interval (``key``); a writer
-reads this interval's and the last (each node says it lives once an interval, so both hold a
-saying of every node that lives), and one whose write won deletes the key of the interval
-before those. A saying that ages out unread costs that node its own write, nothing else. A
-key is read with ``compare_set(key, "", "")``: its value, or an empty key made where there was
-none (torch's ``get`` would wait for a key that is not there).
+what they say is only what they write. Sayings go to a key per interval (``announced_key``,
+runtime/protocol.py); a writer reads this interval's and the last (each node says it lives once
+an interval, so both hold a saying of every node that lives), and one whose write won deletes
+the key of the interval before those. A saying that ages out unread costs that node its own
+write, nothing else. A key is read with ``compare_set(key, "", "")``: its value, or an empty
+key made where there was none (torch's ``get`` would wait for a key that is not there).
 
-The standard library and torch's state classes only, passed in: the agent (``rounds.py``)
-and the simulated agents of the benchmark (``tests/rdzv_sim.py``) run the same functions.
+The standard library, our cross-process names and torch's state classes only, passed in: the
+agent (``rounds.py``) and the simulated agents of the benchmark (``tests/rdzv_sim.py``) run the
+same functions.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-#: Beside torch's state key (``torch.rendezvous.<run id>``).
-KEY_SUFFIX = "/announced"
+from ..runtime.protocol import announced_key
+
 JOIN, LEAVE, ALIVE = "join", "leave", "alive"
 #: A node writes its own heartbeat when the state's is older than this many intervals: what it
 #: said one interval ago was not taken in (torch writes at one interval).
@@ -59,11 +60,6 @@ class Said:
 
 def interval_of(when: float, interval_s: float) -> int:
     return int(when // interval_s)
-
-
-def key(state_key: str, interval: int) -> str:
-    """The key of what nodes said during ``interval`` (numbered from the epoch)."""
-    return f"{state_key}{KEY_SUFFIX}/{interval}"
 
 
 def line(kind: str, round_: int, node: Any, when: float) -> bytes:
@@ -198,7 +194,7 @@ class Sayings:
             return
         self.said = {k: t for k, t in self.said.items() if now - t < self.interval_s} | {(kind, round_): now}
         this = interval_of(now, self.interval_s)
-        self.call(store.append, key(self.state_key, this), line(kind, round_, self.node, now))
+        self.call(store.append, announced_key(self.state_key, this), line(kind, round_, self.node, now))
 
     def read(self, store: Any, now: float) -> list[Said]:
         """What was said this interval and the last (``compare_set(k, "", "")``: the value, or an
@@ -207,7 +203,7 @@ class Sayings:
         this = interval_of(now, self.interval_s)
         said: list[Said] = []
         for i in (this - 1, this):
-            said += parse(self.call(store.compare_set, key(self.state_key, i), "", ""))
+            said += parse(self.call(store.compare_set, announced_key(self.state_key, i), "", ""))
         self.stale = this - 2
         return said
 
@@ -215,4 +211,4 @@ class Sayings:
         stale, self.stale = self.stale, None
         if stale is not None and stale > self.deleted:
             self.deleted = stale
-            self.call(store.delete_key, key(self.state_key, stale))
+            self.call(store.delete_key, announced_key(self.state_key, stale))

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..contract.event_types import ATTENTION_ORDER
 from ..contract.job_state.records import JobSummary
 from ..errors import BackendError
-from ..runtime.protocol import ATTENTION_ORDER
 
 if TYPE_CHECKING:
     from ..contract.events import Event

@@ -18,17 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..runtime.event_types import AgentSignaled, Error, Log, Restart, WorkerExited
-from ..runtime.protocol import ATTENTION_ORDER, EVENT_PREFIX, FINAL_STATUSES, Kind, Status
+from ..runtime.protocol import EVENT_PREFIX
+from .event_types import AgentSignaled, Error, Kind, Log, Restart, WorkerExited
 
 __all__ = [
-    "ATTENTION_ORDER",
     "FAULT_WORDS",
-    "FINAL_STATUSES",
     "Event",
-    "Kind",
     "LineParser",
-    "Status",
     "degraded_text",
     "describe",
     "format_duration",
@@ -66,7 +62,7 @@ class Event:
         return self.node or (str(held) if held else None)
 
     def fields(self, kind_type: type[_Fields]) -> _Fields:
-        """``data`` as its kind's class of the event contract (``runtime/event_types.py``), so
+        """``data`` as its kind's class of the event contract (``contract/event_types.py``), so
         the type checker checks each key read against it: ``e.fields(JobFinished)["status"]``.
         The same dict, neither copied nor validated: a worker may have sent anything, which
         the schema tests (not this) hold the emitters to; read optional keys with ``.get``."""

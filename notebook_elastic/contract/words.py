@@ -13,7 +13,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..runtime.event_types import (
+from ..runtime.protocol import EXIT_PEER_LOST
+from ..runtime.tracking import tracking_text
+from .event_types import (
     AgentSignaled,
     AgentStarted,
     Checkpoint,
@@ -32,6 +34,7 @@ from ..runtime.event_types import (
     JobFinished,
     JobResumed,
     JobSubmitted,
+    Kind,
     LeftAtBoundary,
     LeftRendezvous,
     Log,
@@ -63,8 +66,6 @@ from ..runtime.event_types import (
     WorkerFinished,
     WorkerStarted,
 )
-from ..runtime.protocol import EXIT_PEER_LOST, Kind
-from ..runtime.tracking import tracking_text
 
 if TYPE_CHECKING:
     from .events import Event

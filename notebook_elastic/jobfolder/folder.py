@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..contract.events import FINAL_STATUSES
+from ..contract.event_types import FINAL_STATUSES
 from ..errors import BackendError
 from .processes import pid_alive
 

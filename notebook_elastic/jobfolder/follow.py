@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..contract.events import FINAL_STATUSES, Event, Kind
+from ..contract.event_types import FINAL_STATUSES, JobFinished, Kind
+from ..contract.events import Event
 from ..errors import BackendError, JobNotFound
-from ..runtime.event_types import JobFinished
 from .folder import JobFolder, open_file, write_json_atomic
 from .history import history_file, parse, read_all
 

@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..contract.events import Event, Kind
-from ..runtime.event_types import Metric
+from ..contract.event_types import Kind, Metric
+from ..contract.events import Event
 from .folder import open_file  # a FIFO in a file's place: ValueError, not a reader held forever
 
 #: events.jsonl is rotated past this size (a 600-step job writes ~100 KB; 100k metric points ~12 MiB).

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract.events import FINAL_STATUSES, Event, Kind
+from ..contract.event_types import FINAL_STATUSES, JobFinished, Kind
+from ..contract.events import Event
 from ..contract.job_state.records import JobSummary, summary_of
 from ..errors import BackendError, JobNotFound
-from ..runtime.event_types import JobFinished
 from .folder import FILE_MODE, SPEC_MISSING, JobFolder, Look, write_json_atomic
 from .follow import LOST_SUPERVISOR, SUPERVISOR_START_TIMEOUT_S, _append_event
 from .processes import kill_all

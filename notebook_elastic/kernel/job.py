@@ -16,11 +16,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..contract.events import Event, Kind, Status, status_phrase
+from ..contract.event_types import Error, Kind, Log, Status
+from ..contract.events import Event, status_phrase
 from ..contract.job_state import JobState, Metrics, summary_text
 from ..contract.spec import JobSpec, check_scale
 from ..errors import BackendError, SpecError
-from ..runtime.event_types import Error, Log
 from . import waits
 
 if TYPE_CHECKING:

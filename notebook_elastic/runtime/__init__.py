@@ -12,6 +12,8 @@ import os as _os
 import time as _time
 from typing import Any
 
+from ..contract.event_types import Kind as _Kind
+from ..contract.event_types import Metric as _Metric
 from . import gpu as _gpu
 from . import inplace as _inplace
 from . import log as _log
@@ -19,7 +21,6 @@ from . import pod_tracking as _pod_tracking
 from . import protocol as _protocol
 from . import term as _term
 from ._emit import emit
-from .event_types import Metric as _Metric
 from .payload import load_payload, secret
 from .protocol import ENV_TRACK, EVENT_PREFIX
 from .state import State
@@ -105,7 +106,7 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     rank_now = rank()
     gpu = _gpu.sample(world_size=world_size(), rank=rank_now)  # every rank, every few seconds, only on CUDA
     if gpu is not None:
-        emit(_protocol.Kind.GPU, t=_time.time(), **gpu)
+        emit(_Kind.GPU, t=_time.time(), **gpu)
     if rank_now != 0 and not all_ranks:
         return
     if step is None:
@@ -129,6 +130,6 @@ def report(*, step: int | None = None, all_ranks: bool = False, **metrics: Any) 
     saving = _saving_seconds() if rank_now == 0 else None
     if saving is not None and saving[1] > 0:  # what State's commits blocked of the loop so far
         said["blocked_s"], said["loop_s"] = round(saving[0], 4), round(saving[1], 3)
-    emit(_protocol.Kind.METRIC, t=_time.time(), **said)
+    emit(_Kind.METRIC, t=_time.time(), **said)
     if _TRACKED and rank_now == 0:  # a pod's rank 0 logs to MLflow/W&B itself
         _pod_tracking.observe(step, metrics)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .event_types import Gpu
+from ..contract.event_types import Gpu
 
 SAMPLE_EVERY_S = 5.0
 #: The most GPU lines a second a whole job sends: each is parsed and folded by the kernel (about

@@ -120,12 +120,6 @@ class Assignment:
         return cls(**known)
 
 
-def group_prefix(run_id: str, round_: int, epoch: int = 0) -> str:
-    """The key prefix of the group formed in a rendezvous round: agents and fresh workers
-    compute it alike, and no later group reads an earlier one's keys."""
-    return f"notebook_elastic/group/{run_id}/{epoch}/{round_}"
-
-
 # -- the link to the agent ------------------------------------------------------------------
 
 

@@ -18,7 +18,8 @@ import logging
 import os
 import sys
 
-ENV_LOG = "NOTEBOOK_ELASTIC_LOG"
+from .protocol import ENV_LOG
+
 ROOT = "notebook_elastic"
 
 logging.getLogger(ROOT).addHandler(logging.NullHandler())

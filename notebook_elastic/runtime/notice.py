@@ -23,29 +23,18 @@ import threading
 import time
 from typing import Any
 
+from ..contract.event_types import Kind, SavedOnNotice
 from . import log as _logging
 from . import protocol
 from ._emit import emit
-from .event_types import SavedOnNotice
-from .protocol import Kind
+from .protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
 
 _log = _logging.get("runtime.notice")
 
-#: The store key a notice is posted under (one at a time: a newer notice replaces it).
-NOTICE_KEY = "notebook_elastic/notice"
 #: How often rank 0 looks for a notice (from a thread: the training loop never waits for it).
 POLL_S = 0.1
 #: After the grace is over, how long a holding rank 0 still waits for its group to end.
 HOLD_MARGIN_S = 5.0
-
-
-#: Rank 0's newest answer, whichever notice it answered: ``{"id", "notice_at", "step", "saved"}``
-#: (a notifier whose notice was replaced by a newer one learns from it that the save is done).
-LATEST_ANSWER_KEY = f"{NOTICE_KEY}/saved/latest"
-
-
-def answer_key(notice_id: int) -> str:
-    return f"{NOTICE_KEY}/saved/{notice_id}"
 
 
 def post(store: Any, node: str, grace_s: float, notice_id: int, stays: int = 0) -> dict[str, Any]:

@@ -26,10 +26,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..contract.event_types import Error, Kind
 from . import protocol
 from ._emit import emit
-from .event_types import Error
-from .protocol import Kind
 from .tracking import MAX_BATCH, mlflow_link, next_batch, scrub, wandb_link
 
 PACKAGES = {"mlflow": "mlflow (or mlflow-skinny)", "wandb": "wandb"}

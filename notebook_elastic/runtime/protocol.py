@@ -1,8 +1,10 @@
 """The wire contract between workers, agents and the notebook side.
 
-Everything that crosses a process boundary is named here once: the prefix of event lines,
-the environment variables a backend sets for agents and workers, and the checkpoint file
-names. Worker-side module: imports only the standard library.
+Every name that crosses a process boundary is defined here once: the prefix of event lines,
+the environment variables a backend sets for agents and workers, the keys of ours in the
+rendezvous store, exit statuses and the checkpoint file names. The events themselves (their
+kinds, a job's statuses, each kind's fields) are the event vocabulary, defined once in
+``contract/event_types.py``. Worker-side module: imports only the standard library.
 """
 
 from __future__ import annotations
@@ -12,103 +14,13 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from enum import StrEnum
 
 #: Every structured line a worker or agent writes starts with this prefix, then compact JSON.
 EVENT_PREFIX = "@@elastic "
 
 
-class Kind(StrEnum):
-    """Event kinds. A ``StrEnum``: each one is its own string, so events serialize as plain
-    JSON and a kind read back from a line compares equal to the member."""
-
-    JOB_SUBMITTED = "job_submitted"
-    JOB_FINISHED = "job_finished"
-    JOB_RESUMED = "job_resumed"
-    RECOVERING = "recovering"  # its supervisor died; the guardian brings it back
-    STALL = "stall"
-    DISK_FULL = "disk_full"
-    OUTPUT_CAPPED = "output_capped"
-    DEGRADED = "degraded"  # the installed torch lacks internals we use: the job runs, heals slower
-    STALL_CLEARED = "stall_cleared"
-    SUPERVISOR_FROZEN = "supervisor_frozen"  # our own supervisor did not run for a while (SIGSTOP, a suspend)
-    SCALED = "scaled"  # target nodes or range changed
-    FAULT = "fault"  # a fault drill was injected
-    NODE_JOINED = "node_joined"
-    NODE_LEFT = "node_left"
-    NODE_EVICTED = "node_evicted"  # a node whose workers failed while joining was sent away
-    PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
-    QUEUE = "queue"  # what Kueue says of the job: waiting for quota, admitted, evicted (backends/kubernetes/kueue.py)
-    AGENT_STARTED = "agent_started"
-    STORE_READY = "store_ready"  # the c10d store serves (Kubernetes: the rendezvous pod)
-    RENDEZVOUS = "rendezvous"
-    RESTART = "restart"
-    WORKER_STARTED = "worker_started"
-    WORKER_FAILED = "worker_failed"
-    WORKER_EXITED = "worker_exited"  # the agent saw a worker process die (exit code / signal)
-    WORKER_FINISHED = "worker_finished"
-    AGENT_SIGNALED = "agent_signaled"
-    PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
-    STORE_LOST = "store_lost"  # the rendezvous store's pod went (deleted, evicted); a new one replaces it
-    LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round
-    # In place (runtime/inplace.py, agent/inplace.py): the members changed and the workers kept
-    # their processes.
-    IN_PLACE = "in_place"  # rank 0 of the new group: sizes, the step it trains from, what it cost
-    REGROUPED = "regrouped"  # an agent formed a new round and kept its workers
-    IN_PLACE_REFUSED = "in_place_refused"  # an agent restarts its workers: they cannot stay (why)
-    LEFT_AT_BOUNDARY = "left_at_boundary"  # a node that goes: its workers left at a step boundary
-    GROUP_SUCCEEDED = "group_succeeded"
-    METRIC = "metric"
-    GPU = "gpu"  # a rank's peak GPU memory and its device's utilisation, every few seconds
-    PLAN = "plan"
-    RESUMED = "resumed"
-    CHECKPOINT = "checkpoint"
-    CHECKPOINT_FAILED = "checkpoint_failed"
-    NOTICE = "notice"  # a node is to go after a grace period: the job saves first (runtime/notice.py)
-    SAVED_ON_NOTICE = "saved_on_notice"  # rank 0 saved at the step boundary after a notice
-    NOTICE_EXPIRED = "notice_expired"  # the grace ended before a save on notice: what it cost
-    CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
-    FENCED = "fenced"
-    ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
-    FILES_CHANGED = "files_changed"  # the script or payload differs from what was launched: not run
-    TRACKING = "tracking"  # where the run is tracked: MLflow/W&B run, TensorBoard (runtime/tracking.py)
-    LOG = "log"
-
-
-class Status(StrEnum):
-    """A job's status: the one word every view (dashboard, panel, ``jobs()``, the CLI) shows."""
-
-    PREPARED = "prepared"  # a dry run's handle (launch(..., dry_run=True)): start() launches it
-    PENDING = "pending"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    RECOVERING = "recovering"  # its supervisor died; its guardian brings it back
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    # Its supervisor is gone (killed, the machine restarted, its folder deleted). Final until
-    # resume(); every view says "lost" for it, the notebook as much as jobs() and the panel.
-    LOST = "lost"
-    EXPIRED = "expired"  # Kubernetes: its workers and their Job are gone (deleted, the TTL)
-    DAMAGED = "damaged"  # its records cannot be read (listed, never followed)
-
-
-FINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.LOST)
-#: Listing order (jobs(), %elastic_jobs, GET /jobs, the panel): what needs attention first.
-ATTENTION_ORDER = (
-    Status.RESTARTING,
-    Status.RUNNING,
-    Status.RECOVERING,
-    Status.PENDING,
-    Status.FAILED,
-    Status.LOST,
-    Status.STOPPED,
-    Status.SUCCEEDED,
-    Status.EXPIRED,
-    Status.DAMAGED,
-)
-
-# The fields of each event kind: runtime/event_types.py (the typed, versioned contract).
+# Event kinds, job statuses and the fields of each kind: contract/event_types.py (the typed,
+# versioned event contract).
 
 # Environment set by a backend (the supervisor or a pod spec) for agents and workers.
 ENV_JOB = "NOTEBOOK_ELASTIC_JOB"  # the job's name
@@ -175,6 +87,15 @@ ENV_ZYGOTE = "NOTEBOOK_ELASTIC_ZYGOTE"  # a node's zygote's socket name ("@..." 
 ENV_ZYGOTE_READY = "NOTEBOOK_ELASTIC_ZYGOTE_READY"  # the pipe a node's zygote says it is ready on (its agent's)
 ENV_WARM_WORKERS = "NOTEBOOK_ELASTIC_WARM_WORKERS"  # "0" turns warm starts off (the pool's and the zygote's)
 ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: the zygote
+#: "1" in a node's agent once its notice keeper forked it (agent/notice_keeper.py): the agent
+#: does not keep itself again.
+ENV_KEPT = "_NOTEBOOK_ELASTIC_KEPT"
+#: How much our processes log on their standard error (debug, info, warning, error): read by
+#: every process of a job, which inherits it from the kernel (runtime/log.py); pods get it too.
+ENV_LOG = "NOTEBOOK_ELASTIC_LOG"
+#: A Slurm job's mark, as the launcher hands it to the supervisor's allocation
+#: (backends/slurm/mark.py: its folder may be read through a file system cache on another host).
+ENV_SLURM_MARK = "NOTEBOOK_ELASTIC_SLURM_MARK"
 
 # Keys of ours in the job's rendezvous store, beside torch's rendezvous state.
 #: The number of nodes the job runs now, set by the local supervisor: a round that holds that
@@ -194,8 +115,35 @@ LEAVING_KEY = "notebook_elastic/leaving"
 KILL_KEY = "notebook_elastic/kill/{node}"
 
 
+#: The store key a notice is posted under (one at a time: a newer notice replaces it;
+#: runtime/notice.py).
+NOTICE_KEY = "notebook_elastic/notice"
+#: Rank 0's newest answer, whichever notice it answered: ``{"id", "notice_at", "step", "saved"}``
+#: (a notifier whose notice was replaced by a newer one learns from it that the save is done).
+LATEST_ANSWER_KEY = f"{NOTICE_KEY}/saved/latest"
+#: Beside torch's rendezvous state key (``torch.rendezvous.<run id>``): what the nodes said
+#: they do, one key per interval (agent/together.py).
+ANNOUNCED_SUFFIX = "/announced"
+
+
 def leaving_key(agent_pid: int) -> str:
     return f"{LEAVING_KEY}/{agent_pid}"
+
+
+def answer_key(notice_id: int) -> str:
+    """Where rank 0 answers a notice: ``{"step", "seconds", "saved"}``."""
+    return f"{NOTICE_KEY}/saved/{notice_id}"
+
+
+def announced_key(state_key: str, interval: int) -> str:
+    """The key of what nodes said during ``interval`` (numbered from the epoch)."""
+    return f"{state_key}{ANNOUNCED_SUFFIX}/{interval}"
+
+
+def group_prefix(run_id: str, round_: int, epoch: int = 0) -> str:
+    """The key prefix of the group formed in a rendezvous round: agents and fresh workers
+    compute it alike, and no later group reads an earlier one's keys (runtime/inplace.py)."""
+    return f"notebook_elastic/group/{run_id}/{epoch}/{round_}"
 
 
 def joiner_key(run_id: str, name: str) -> str:

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract.event_types import CheckpointUnreadable, InPlace, Kind
+from ..contract.event_types import Resumed as ResumedEvent
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _meta_path, claim_generation, list_checkpoints, run_base
-from .event_types import CheckpointUnreadable, InPlace
-from .event_types import Resumed as ResumedEvent
-from .protocol import Kind
 from .state_dicts import _load_into
 from .worker import WorkerInfo, device
 

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..contract.event_types import Kind, Plan
 from . import inplace, log, protocol, sharded
 from ._emit import emit
 from .checkpoints import (
@@ -49,11 +50,9 @@ from .checkpoints import (
     run_base,
     torch_save,
 )
-from .event_types import Plan
 from .handoff import Handoff, rng_state, to_host
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env, is_final
 from .notice import NoticeBoard
-from .protocol import Kind
 from .restore import Collectives, Restore
 from .state_dicts import _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .event_types import Tracking
+from ..contract.event_types import Tracking
 
 #: Query parameters that may grant access (a token, a key, a signature): never shown.
 _SECRET_PARAM = re.compile(r"token|key|secret|pass|pwd|auth|credential|sig|session|cookie", re.I)

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ..contract.event_types import Kind, WorkerFailed, WorkerFinished, WorkerStarted
 from . import log as _logging
 from . import protocol
 from ._emit import emit
-from .event_types import WorkerFailed, WorkerFinished, WorkerStarted
-from .protocol import Kind
 
 _log = _logging.get("runtime.worker")
 

@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..contract.event_types import Checkpoint, CheckpointFailed, Fenced, Kind
 from . import protocol, sharded
 from ._emit import emit
 from .checkpoints import _HOST, _fsync_dir, _remove, _size, dead_writers_files, list_checkpoints, newest_generation
-from .event_types import Checkpoint, CheckpointFailed, Fenced
 from .interval import SaveInterval, is_final
-from .protocol import Kind
 from .state_dicts import _Snapshotter
 from .worker import StaleGenerationError, WorkerInfo
 

@@ -31,7 +31,8 @@ from ..backends import backend_of
 from ..backends.base import JobInfo, attention_order
 from ..backends.local import LocalBackend
 from ..backends.slurm import cluster as slurm_cluster
-from ..contract.events import Event, Kind, Status, steps_done
+from ..contract.event_types import Kind, Status
+from ..contract.events import Event, steps_done
 from ..contract.job_state import JobState, with_fold
 from ..contract.spec import validate_name
 from ..errors import JobNotFound, NotebookElasticError, SpecError

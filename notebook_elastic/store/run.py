@@ -16,10 +16,10 @@ import socket
 import uuid
 
 from ..agent.torch_adapter import tcp_store_server
+from ..contract.event_types import Kind, StoreReady
 from ..runtime import log
 from ..runtime._emit import emit
-from ..runtime.event_types import StoreReady
-from ..runtime.protocol import STORE_ID_KEY, Kind
+from ..runtime.protocol import STORE_ID_KEY
 from .server import StoreServer
 
 

@@ -19,11 +19,10 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..contract import commands
-from ..contract.events import Kind
+from ..contract.event_types import Fault, Kind, Scaled
 from ..contract.job_state import JobState
 from ..errors import SpecError
 from ..runtime import log as _logging
-from ..runtime.event_types import Fault, Scaled
 from .board import Board
 from .membership import Course, Phase
 from .nodes import Agent, Nodes, Workers

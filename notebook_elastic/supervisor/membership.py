@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from ..contract.events import Kind
-from ..runtime.event_types import Scaled
+from ..contract.event_types import Kind, Scaled
 
 #: A folder deleted under the job: no checkpoint or record can be written any more.
 DELETED = "deleted"

@@ -21,14 +21,14 @@ from functools import partial
 from typing import IO, Any
 
 from .. import pool
-from ..contract.events import Kind, LineParser
+from ..contract.event_types import DiskFull, FilesChanged, Kind, NodeEvicted, NodeJoined, NodeLeft
+from ..contract.events import LineParser
 from ..contract.job_state import JobState
 from ..contract.plan import LaunchPlan, launch_plan, rdzv_id
 from ..contract.spec import JobSpec
 from ..jobfolder.folder import JobFolder
 from ..jobfolder.place import local_place, visible_gpus
 from ..runtime import protocol
-from ..runtime.event_types import DiskFull, FilesChanged, NodeEvicted, NodeJoined, NodeLeft
 from .board import Board
 from .membership import Course
 from .notices import Notices

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.events import Event, Kind
+from ..contract.event_types import Checkpoint, Kind, Notice, NoticeExpired, SavedOnNotice
+from ..contract.events import Event
 from ..runtime import log as _logging
 from ..runtime import notice as board
-from ..runtime.event_types import Checkpoint, Notice, NoticeExpired, SavedOnNotice
+from ..runtime import protocol
 
 _log = _logging.get("supervisor.notices")
 
@@ -120,7 +121,7 @@ class Notices:
         if store is None:
             return
         try:
-            if store.check([board.NOTICE_KEY]) and json.loads(store.get(board.NOTICE_KEY)).get("node") == node:
+            if store.check([protocol.NOTICE_KEY]) and json.loads(store.get(protocol.NOTICE_KEY)).get("node") == node:
                 board.withdraw(store)
         except Exception:
             _log.debug("no store to ask: the notice's grace ends the hold", exc_info=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from ..contract.events import Kind
+from ..contract.event_types import Kind
 from ..contract.job_state import JobState, budget_spent_reason
 from ..contract.spec import JobSpec
 from ..jobfolder.folder import JobFolder, write_json_atomic

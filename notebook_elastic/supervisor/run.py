@@ -32,21 +32,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..contract.events import Event, Kind
-from ..contract.job_state import JobState, describe_failure
-from ..contract.spec import JobSpec
-from ..jobfolder.control import listen, reachable
-from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
-from ..jobfolder.follow import LOST_FOLDER
-from ..jobfolder.history import ROTATE_BYTES, read_all
-from ..jobfolder.processes import process_start_ticks
-from ..jobfolder.record import ended
-from ..runtime import log, protocol
-from ..runtime.event_types import (
+from ..contract.event_types import (
     SCHEMA_VERSION,
     AgentStarted,
     Error,
     JobFinished,
+    Kind,
     Metric,
     NodeEvicted,
     Restart,
@@ -56,6 +47,16 @@ from ..runtime.event_types import (
     WorkerFinished,
     WorkerStarted,
 )
+from ..contract.events import Event
+from ..contract.job_state import JobState, describe_failure
+from ..contract.spec import JobSpec
+from ..jobfolder.control import listen, reachable
+from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
+from ..jobfolder.follow import LOST_FOLDER
+from ..jobfolder.history import ROTATE_BYTES, read_all
+from ..jobfolder.processes import process_start_ticks
+from ..jobfolder.record import ended
+from ..runtime import log, protocol
 from ..runtime.payload import payload_path_for
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link

@@ -15,11 +15,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..contract.events import Event, Kind
+from ..contract.event_types import DiskFull, Kind, Metric, OutputCapped
+from ..contract.events import Event
 from ..contract.job_state import JobState
 from ..jobfolder.folder import FILE_MODE
 from ..jobfolder.history import ROTATE_BYTES, rotate
-from ..runtime.event_types import DiskFull, Metric, OutputCapped
 
 #: Worker output kept in events.jsonl (the chart's history); the node logs keep all of it.
 EVENTS_OUTPUT_CAP_BYTES = 8 * 1024 * 1024

@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any
 from ..backends.slurm import cluster
 from ..backends.slurm.mark import supervisor_mark
 from ..backends.slurm.options import SlurmOptions
-from ..contract.events import Kind
+from ..contract.event_types import Kind, Pending
 from ..jobfolder.folder import JobFolder
 from ..runtime import protocol
-from ..runtime.event_types import Pending
 from ..runtime.protocol import ENV_POOL, KILL_KEY
 from .placement import Departure, Placement
 

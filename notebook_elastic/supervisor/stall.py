@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 import psutil
 
 from .. import defaults
-from ..contract.events import Kind
+from ..contract.event_types import Kind, Stall, StallCleared, SupervisorFrozen
 from ..contract.job_state import JobState
 from ..contract.spec import JobSpec
-from ..runtime.event_types import Stall, StallCleared, SupervisorFrozen
 from .nodes import Workers
 from .placement import Placement
 from .sink import EventSink

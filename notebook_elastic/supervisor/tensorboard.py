@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..contract.events import Event, Kind
+from ..contract.event_types import Gpu, Kind, Metric
+from ..contract.events import Event
 from ..runtime import log as _logging
-from ..runtime.event_types import Gpu, Metric
 
 _log = _logging.get("supervisor.tensorboard")
 

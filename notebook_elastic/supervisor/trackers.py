@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..contract.events import Event, Kind
+from ..contract.event_types import Kind, Metric, Tracking
+from ..contract.events import Event
 from ..contract.spec import JobSpec
-from ..runtime.event_types import Metric, Tracking
 from ..runtime.tracking import mlflow_link, next_batch, scrub, wandb_link
 
 TRACKERS = ("mlflow", "wandb")

@@ -17,10 +17,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.event_types import FINAL_STATUSES, Kind, Queue
+from ...contract.events import Event
 from ...contract.job_state.records import JobSummary
 from ...runtime import log as _logging
-from ...runtime.event_types import Queue
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 from . import kueue
 from . import manifests as m

@@ -61,17 +61,20 @@ def with_env_values(secret: dict[str, Any], env: dict[str, str]) -> dict[str, An
 
 #: The packages a pod runs (tests/test_layers.py keeps them free of kernel-side imports).
 POD_PACKAGES = ("runtime", "agent", "store", "pool")
+#: The modules of ours beside them a pod runs: the package's light __init__, and the event
+#: vocabulary they emit through (with its package's __init__, which imports nothing).
+POD_MODULES = ("__init__.py", "_version.py", "contract/__init__.py", "contract/event_types.py")
 
 
 @lru_cache(maxsize=1)
 def runtime_zip() -> bytes:
     """What runs in a pod: notebook_elastic's runtime (the workers' side), agent, store and pool
-    packages (+ the package's light __init__) and cloudpickle, zipped with fixed timestamps so
-    the same code gives the same bytes."""
+    packages (+ the package's light __init__ and the event vocabulary) and cloudpickle, zipped
+    with fixed timestamps so the same code gives the same bytes."""
     import cloudpickle
 
     package = Path(__file__).resolve().parents[2]
-    files: list[tuple[str, Path]] = [(f"notebook_elastic/{n}", package / n) for n in ("__init__.py", "_version.py")]
+    files: list[tuple[str, Path]] = [(f"notebook_elastic/{n}", package / n) for n in POD_MODULES]
     for part in POD_PACKAGES:
         files += [(f"notebook_elastic/{part}/{p.name}", p) for p in sorted((package / part).glob("*.py"))]
     cp = Path(cloudpickle.__file__).parent

@@ -32,10 +32,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
-from ...contract.events import Kind
+from ...contract.event_types import Kind, Queue
 from ...errors import BackendError
 from ...runtime import log as _logging
-from ...runtime.event_types import Queue
 
 _log = _logging.get("backends.kubernetes.kueue")
 

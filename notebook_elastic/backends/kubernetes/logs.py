@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...contract.events import Event, Kind
+from ...contract.event_types import Kind, Metric, Rendezvous, WorkerFailed, WorkerStarted
+from ...contract.events import Event
 from ...runtime import log as _logging
-from ...runtime.event_types import Metric, Rendezvous, WorkerFailed, WorkerStarted
 from .client import is_missing
 from .pods import PodView
 from .watch import Backoff, Followed, is_forbidden, parse_time

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...contract.events import Kind
-from ...runtime.event_types import Error
+from ...contract.event_types import Error, Kind
 from .client import Connection, explain
 
 WATCH_TIMEOUT_S = 30

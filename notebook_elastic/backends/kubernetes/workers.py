@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import defaults
 from ...contract.plan import LaunchPlan, Place, launch_plan
-from ...runtime import log, protocol
+from ...runtime import protocol
 from .kueue import apply_queue, apply_queue_pytorchjob
 from .naming import (
     ANNOTATION_EPOCH,
@@ -50,7 +50,7 @@ def cluster_place(spec: JobSpec, options: KubernetesOptions) -> Place:
             # The kubelet's SIGTERM is a notice: the job saves before the pod goes (notice_keeper.py).
             protocol.ENV_NOTICE_GRACE_S: str(options.pod_grace),
             # NOTEBOOK_ELASTIC_LOG=debug in the kernel: the pods' lines at that level too (runtime/log.py).
-            **({log.ENV_LOG: os.environ[log.ENV_LOG]} if os.environ.get(log.ENV_LOG) else {}),
+            **({protocol.ENV_LOG: os.environ[protocol.ENV_LOG]} if os.environ.get(protocol.ENV_LOG) else {}),
         },
     )
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
-from ...contract.events import FINAL_STATUSES, Event, status_phrase
+from ...contract.event_types import FINAL_STATUSES
+from ...contract.events import Event, status_phrase
 from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control

@@ -16,11 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.event_types import FINAL_STATUSES, Error, JobFinished, Kind, Recovering
+from ...contract.events import Event
 from ...errors import NotebookElasticError
 from ...jobfolder.folder import JobFolder, write_json_atomic
 from ...jobfolder.processes import process_start_ticks
-from ...runtime.event_types import Error, JobFinished, Recovering
 
 POLL_S = 0.5
 #: Supervisor deaths a job recovers from by itself; past that it is lost (resume() by hand).

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ...contract.events import FINAL_STATUSES
+from ...contract.event_types import FINAL_STATUSES
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder
 from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
@@ -40,7 +40,7 @@ from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
 from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster
-from .mark import ENV_MARK, cancel_marked, job_name, mark_for_run, own_mark
+from .mark import cancel_marked, job_name, mark_for_run, own_mark
 from .options import SlurmOptions
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class SlurmBackend(LocalBackend):
         env = dict(os.environ)
         env.pop(ENV_POOL, None)  # no warm pool on the allocation's machine
         env[protocol.ENV_JOB_DIR] = str(folder.path)
-        env[ENV_MARK] = mark  # what its nodes carry, whatever its host's view of the folder
+        env[protocol.ENV_SLURM_MARK] = mark  # what its nodes carry, whatever its host's view of the folder
         command = [sys.executable, "-m", SUPERVISOR_MODULE]
         command += [*(["--resume"] if resume else []), str(folder.path)]
         known = cluster.partitions()

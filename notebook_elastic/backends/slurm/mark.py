@@ -23,13 +23,11 @@ from typing import Any
 
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder, write_json_atomic
+from ...runtime.protocol import ENV_SLURM_MARK
 from . import cluster
 
 #: The file in the job folder that holds its mark.
 MARK_FILE = "slurm.json"
-#: The mark, as the launcher hands it to the supervisor's allocation (its folder may be read
-#: through a file system cache on another host).
-ENV_MARK = "NOTEBOOK_ELASTIC_SLURM_MARK"
 
 
 def _read(folder: JobFolder) -> dict[str, Any]:
@@ -71,11 +69,11 @@ def mark_for_run(folder: JobFolder) -> str:
 
 def supervisor_mark(folder: JobFolder) -> str:
     """The mark as the supervisor takes it (it may run on another host, where the folder's
-    inode is not to be compared): the one its launcher handed it (``ENV_MARK``), else the one
+    inode is not to be compared): the one its launcher handed it (``ENV_SLURM_MARK``), else the one
     the folder holds, else a new one, written to the folder (a supervisor started by hand)."""
     # Taken out of the environment: its nodes and their workers (a job launched from a cell
     # of theirs) must not carry it on.
-    for mark in (os.environ.pop(ENV_MARK, None), _read(folder).get("mark")):
+    for mark in (os.environ.pop(ENV_SLURM_MARK, None), _read(folder).get("mark")):
         if isinstance(mark, str) and mark.isalnum():
             return mark
     mark = secrets.token_hex(8)

@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from ...runtime.event_types import Gpu, InPlace, Metric, NodeLeft, Stall, Tracking, WorkerStarted
 from ...runtime.tracking import tracking_text
-from ..events import FINAL_STATUSES, Event, Kind, Status, describe, format_duration, sig, steps_done
+from ..event_types import FINAL_STATUSES, Gpu, InPlace, Kind, Metric, NodeLeft, Stall, Status, Tracking, WorkerStarted
+from ..events import Event, describe, format_duration, sig, steps_done
 from .failures import OUT_OF_MEMORY, budget_spent_reason, describe_failure, first_failure
 from .handlers import Fold
 from .records import (

@@ -4,7 +4,7 @@ is spent failed."""
 
 from __future__ import annotations
 
-from ...runtime.event_types import WorkerFailed
+from ..event_types import WorkerFailed
 from ..events import Event
 
 OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError")

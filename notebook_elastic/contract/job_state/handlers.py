@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING, cast
 
 from ...agent.notice_keeper import LEAVE_S
-from ...runtime.event_types import (
+from ..event_types import (
     Checkpoint,
     CheckpointFailed,
     Degraded,
@@ -33,12 +33,13 @@ from ...runtime.event_types import (
     Resumed,
     Scaled,
     Stall,
+    Status,
     Tracking,
     WorkerExited,
     WorkerFailed,
     WorkerStarted,
 )
-from ..events import Event, Status, degraded_text, describe, steps_done
+from ..events import Event, degraded_text, describe, steps_done
 from .records import Marker, NodeInfo, RankInfo
 
 #: Beside the agent's leave, a pod's grace keeps this for a step in flight when the notice comes

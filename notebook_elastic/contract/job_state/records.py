@@ -16,7 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
-from ...runtime.event_types import Gpu, Stall, Tracking
+from ..event_types import Gpu, Stall, Tracking
 
 
 class Transition(TypedDict):

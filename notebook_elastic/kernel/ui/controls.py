@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import ipywidgets as W
 
-from ...contract.events import Status
+from ...contract.event_types import Status
 
 if TYPE_CHECKING:
     from ...contract.job_state import JobState

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 
-from ...contract.events import FINAL_STATUSES, Event, Kind
+from ...contract.event_types import FINAL_STATUSES, Kind, Log
+from ...contract.events import Event
 from ...contract.job_state.records import Transition
 from ...runtime import log as _logging
-from ...runtime.event_types import Log
 from .controls import Controls
 from .render import (
     chart_box,

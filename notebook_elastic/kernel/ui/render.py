@@ -17,7 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...contract.events import Event, Kind, gib, rate, sig
+from ...contract.event_types import Kind
+from ...contract.events import Event, gib, rate, sig
 from ...contract.events import format_duration as duration
 from ...contract.job_state import JobState, elapsed_s
 from ...runtime.tracking import shown

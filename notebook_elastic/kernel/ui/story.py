@@ -8,9 +8,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...contract.events import FAULT_WORDS, Event, Kind, describe, format_duration
+from ...contract.event_types import (
+    Fault,
+    JobFinished,
+    Kind,
+    NodeLeft,
+    Restart,
+    Resumed,
+    Scaled,
+    WorkerFailed,
+    WorkerStarted,
+)
+from ...contract.events import FAULT_WORDS, Event, describe, format_duration
 from ...contract.job_state.handlers import quiet_departure
-from ...runtime.event_types import Fault, JobFinished, NodeLeft, Restart, Resumed, Scaled, WorkerFailed, WorkerStarted
 from .theme import FG, FG_FAINT, esc, left_words
 
 EVENT_COLORS: dict[str, str] = {

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from ...contract.events import Event, Kind, describe, format_duration, sig
+from ...contract.event_types import Kind, WorkerFailed
+from ...contract.events import Event, describe, format_duration, sig
 from ...contract.job_state import JobState
-from ...runtime.event_types import WorkerFailed
 
 if TYPE_CHECKING:
     from ..job import ElasticJob

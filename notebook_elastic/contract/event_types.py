@@ -1,9 +1,10 @@
-"""The event contract: what each kind of event carries, as a typed class per kind (a
-``TypedDict``: an event's data is a JSON object, read as one), versioned (``SCHEMA_VERSION``).
+"""The event vocabulary, defined here once: the kinds of event (``Kind``), a job's status
+(``Status``), what each kind of event carries, as a typed class per kind (a ``TypedDict``: an
+event's data is a JSON object, read as one), versioned (``SCHEMA_VERSION``).
 
 Everything else is derived from these classes: the JSON Schema of each kind (``EVENT_SCHEMAS``,
 which the test suite checks every job history it produces against), the checked-in JSON Schema
-document (``runtime/events.schema.json``) and the labextension's TypeScript types
+document (``contract/events.schema.json``) and the labextension's TypeScript types
 (``labextension/src/contract.ts``), both written by ``scripts/gen_contract.py`` and kept current
 by ``tests/test_contract.py``. A field without ``NotRequired`` is in every event of its kind; an
 event may carry fields a newer version added (readers ignore what they do not know), so a
@@ -11,7 +12,13 @@ kernel reads an older job's history, and an older kernel a newer one's.
 
 Change a kind by adding ``NotRequired`` fields; renaming or retyping a field, or making one
 required, is a new ``SCHEMA_VERSION`` (and a replay fixture of the old one in tests/data/events).
-The module is a little over 400 lines: one short class per kind (45 of them), in one place.
+The module is a little over 600 lines, and one: the whole vocabulary, one short class per kind
+(45 of them) after the kinds and statuses, read together (a kind's fields beside its name) and
+defined in one place, which is the point (#38 item 4).
+
+Worker-side module: the workers and agents (``runtime/``, ``agent/``) emit through these
+classes, so it imports only the standard library (and typing_extensions on Python 3.10),
+nothing of ours: tests/test_layers.py holds it to that.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, Any, Literal, TypedDict, Union
 
 if sys.version_info >= (3, 11):
@@ -27,7 +35,97 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
-from .protocol import Kind
+
+class Kind(StrEnum):
+    """Event kinds. A ``StrEnum``: each one is its own string, so events serialize as plain
+    JSON and a kind read back from a line compares equal to the member."""
+
+    JOB_SUBMITTED = "job_submitted"
+    JOB_FINISHED = "job_finished"
+    JOB_RESUMED = "job_resumed"
+    RECOVERING = "recovering"  # its supervisor died; the guardian brings it back
+    STALL = "stall"
+    DISK_FULL = "disk_full"
+    OUTPUT_CAPPED = "output_capped"
+    DEGRADED = "degraded"  # the installed torch lacks internals we use: the job runs, heals slower
+    STALL_CLEARED = "stall_cleared"
+    SUPERVISOR_FROZEN = "supervisor_frozen"  # our own supervisor did not run for a while (SIGSTOP, a suspend)
+    SCALED = "scaled"  # target nodes or range changed
+    FAULT = "fault"  # a fault drill was injected
+    NODE_JOINED = "node_joined"
+    NODE_LEFT = "node_left"
+    NODE_EVICTED = "node_evicted"  # a node whose workers failed while joining was sent away
+    PENDING = "pending"  # a node waits for capacity (Kubernetes: Unschedulable, ImagePullBackOff...)
+    QUEUE = "queue"  # what Kueue says of the job: waiting for quota, admitted, evicted (backends/kubernetes/kueue.py)
+    AGENT_STARTED = "agent_started"
+    STORE_READY = "store_ready"  # the c10d store serves (Kubernetes: the rendezvous pod)
+    RENDEZVOUS = "rendezvous"
+    RESTART = "restart"
+    WORKER_STARTED = "worker_started"
+    WORKER_FAILED = "worker_failed"
+    WORKER_EXITED = "worker_exited"  # the agent saw a worker process die (exit code / signal)
+    WORKER_FINISHED = "worker_finished"
+    AGENT_SIGNALED = "agent_signaled"
+    PEER_LOST = "peer_lost"  # an agent saw a member of its round vanish and ended its workers
+    STORE_LOST = "store_lost"  # the rendezvous store's pod went (deleted, evicted); a new one replaces it
+    LEFT_RENDEZVOUS = "left_rendezvous"  # a stopped agent took itself out of its round
+    # In place (runtime/inplace.py, agent/inplace.py): the members changed and the workers kept
+    # their processes.
+    IN_PLACE = "in_place"  # rank 0 of the new group: sizes, the step it trains from, what it cost
+    REGROUPED = "regrouped"  # an agent formed a new round and kept its workers
+    IN_PLACE_REFUSED = "in_place_refused"  # an agent restarts its workers: they cannot stay (why)
+    LEFT_AT_BOUNDARY = "left_at_boundary"  # a node that goes: its workers left at a step boundary
+    GROUP_SUCCEEDED = "group_succeeded"
+    METRIC = "metric"
+    GPU = "gpu"  # a rank's peak GPU memory and its device's utilisation, every few seconds
+    PLAN = "plan"
+    RESUMED = "resumed"
+    CHECKPOINT = "checkpoint"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    NOTICE = "notice"  # a node is to go after a grace period: the job saves first (runtime/notice.py)
+    SAVED_ON_NOTICE = "saved_on_notice"  # rank 0 saved at the step boundary after a notice
+    NOTICE_EXPIRED = "notice_expired"  # the grace ended before a save on notice: what it cost
+    CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
+    FENCED = "fenced"
+    ERROR = "error"  # an agent-side error worth showing (rendezvous timeout, ...)
+    FILES_CHANGED = "files_changed"  # the script or payload differs from what was launched: not run
+    TRACKING = "tracking"  # where the run is tracked: MLflow/W&B run, TensorBoard (runtime/tracking.py)
+    LOG = "log"
+
+
+class Status(StrEnum):
+    """A job's status: the one word every view (dashboard, panel, ``jobs()``, the CLI) shows."""
+
+    PREPARED = "prepared"  # a dry run's handle (launch(..., dry_run=True)): start() launches it
+    PENDING = "pending"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    RECOVERING = "recovering"  # its supervisor died; its guardian brings it back
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    # Its supervisor is gone (killed, the machine restarted, its folder deleted). Final until
+    # resume(); every view says "lost" for it, the notebook as much as jobs() and the panel.
+    LOST = "lost"
+    EXPIRED = "expired"  # Kubernetes: its workers and their Job are gone (deleted, the TTL)
+    DAMAGED = "damaged"  # its records cannot be read (listed, never followed)
+
+
+FINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.LOST)
+#: Listing order (jobs(), %elastic_jobs, GET /jobs, the panel): what needs attention first.
+ATTENTION_ORDER = (
+    Status.RESTARTING,
+    Status.RUNNING,
+    Status.RECOVERING,
+    Status.PENDING,
+    Status.FAILED,
+    Status.LOST,
+    Status.STOPPED,
+    Status.SUCCEEDED,
+    Status.EXPIRED,
+    Status.DAMAGED,
+)
+
 
 #: The version of the event contract this package writes (job_submitted and job_resumed carry it).
 SCHEMA_VERSION = 1
