@@ -16,8 +16,8 @@ gives the figures before and after). Four counts:
 - ``Any``: scripts/count_any.py's total.
 - the labextension (src/ and test/, comments left out): ``any`` as a type; untyped reads of the
   server's JSON (in src/: a cast to a shape spelled on the spot, a double cast, a cast to a
-  type parameter, a reply's shape spelled in a signature; in test/: a double cast, or a row
-  with fields missing cast to a contract type); the interfaces it declares outside
+  type parameter, a reply's shape spelled in a signature; in test/: a double cast, a cast to
+  never, or a row with fields missing cast to a contract type); the interfaces it declares outside
   contract.ts; which modules import the generated types of contract.ts and which do not.
 
     .venv/bin/python scripts/count_contract.py            # all four (mypy takes a minute or two)
@@ -141,9 +141,13 @@ _UNTYPED_READS = [
     (r"\bas [A-Z]\b", "cast to a type parameter"),
     (r"Promise<\{", "a reply's shape spelled in a signature"),
 ]
-#: In the unit tests (test/), what makes a row the server never sends: a double cast, or a cast
-#: to a contract type (a row with fields missing passed as a whole one).
-_TEST_READS = [(r"\bas unknown as\b", "double cast"), (r"\bas (I\w+)\b", "cast to a contract type")]
+#: In the unit tests (test/), what makes a row the server never sends: a double cast, a cast to never,
+#: or a cast to a contract type (a row with fields missing passed as a whole one).
+_TEST_READS = [
+    (r"\bas unknown as\b", "double cast"),
+    (r"\bas never\b", "cast to never"),
+    (r"\bas (I\w+)\b", "cast to a contract type"),
+]
 
 
 def ts_counts() -> dict[str, list[str]]:
