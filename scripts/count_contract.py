@@ -14,8 +14,11 @@ gives the figures before and after). Four counts:
   (``--shadow-file``), by folder; and every use of an event's ``data`` dict itself
   (``e.data``, ``event.data``: a ``dict[str, Any]``).
 - ``Any``: scripts/count_any.py's total.
-- the labextension: ``any`` as a type in labextension/src (not comments), and which of its
-  modules import the generated interfaces of contract.ts.
+- the labextension (src/ and test/, comments left out): ``any`` as a type; untyped reads of the
+  server's JSON (in src/: a cast to a shape spelled on the spot, a double cast, a cast to a
+  type parameter, a reply's shape spelled in a signature; in test/: a double cast, a cast to
+  never, or a row with fields missing cast to a contract type); the interfaces it declares outside
+  contract.ts; which modules import the generated types of contract.ts and which do not.
 
     .venv/bin/python scripts/count_contract.py            # all four (mypy takes a minute or two)
     .venv/bin/python scripts/count_contract.py --no-mypy  # without the untyped Event.get reads
@@ -113,18 +116,74 @@ def untyped_gets() -> list[str]:
     ]
 
 
-def ts_any() -> tuple[list[str], list[str]]:
-    anys, users = [], []
-    for path in sorted(TS_SOURCE.glob("*.ts")):
-        text = path.read_text()
-        code = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-        for i, line in enumerate(code.splitlines(), 1):
-            line = line.split("//")[0]
+TS_TEST = REPO / "labextension" / "test"
+
+
+def _ts_code(path: Path) -> list[str]:
+    """A module's lines without comments (a block comment keeps its lines: numbers stay true)."""
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), path.read_text(), flags=re.S)
+    return [line.split("//")[0] for line in text.splitlines()]
+
+
+def contract_names() -> set[str]:
+    """Every interface and type contract.ts declares."""
+    return set(re.findall(r"^export (?:interface|type) (\w+)", (TS_SOURCE / "contract.ts").read_text(), flags=re.M))
+
+
+#: How the sources (src/) give the server's JSON a type the contract does not, each a pattern
+#: and its label: a cast to a shape spelled on the spot, a double cast (the checker told to look
+#: away), a cast to a type parameter (whatever the caller says), a reply's shape spelled in a
+#: signature. (``JSON.parse``'s ``any`` put in a typed place is refused by eslint's no-unsafe
+#: rules, eslint.config.mjs.)
+_UNTYPED_READS = [
+    (r"\bas \{", "cast to a shape spelled on the spot"),
+    (r"\bas unknown as\b", "double cast"),
+    (r"\bas [A-Z]\b", "cast to a type parameter"),
+    (r"Promise<\{", "a reply's shape spelled in a signature"),
+]
+#: In the unit tests (test/), what makes a row the server never sends: a double cast, a cast to never,
+#: or a cast to a contract type (a row with fields missing passed as a whole one).
+_TEST_READS = [
+    (r"\bas unknown as\b", "double cast"),
+    (r"\bas never\b", "cast to never"),
+    (r"\bas (I\w+)\b", "cast to a contract type"),
+]
+
+
+def ts_counts() -> dict[str, list[str]]:
+    """The labextension's side: ``any`` as a type; untyped reads of the server's JSON (each
+    site with its way, ``_UNTYPED_READS``); the interfaces declared outside contract.ts (each a
+    shape the generated contract does not give: a duplicate of the server's JSON, or the
+    module's own); which modules use contract.ts's types (import them from it) and which do not.
+    Sources (src/) and their unit tests (test/)."""
+    names = contract_names()
+    out: dict[str, list[str]] = {"any": [], "untyped reads": [], "own interfaces": [], "users": [], "non-users": []}
+    for path in sorted(TS_SOURCE.glob("*.ts")) + sorted(TS_TEST.glob("*.ts")):
+        if path.name == "contract.ts":
+            continue
+        where = str(path.relative_to(REPO / "labextension"))
+        lines = _ts_code(path)
+        for i, line in enumerate(lines, 1):
             if re.search(r"(:|<|\bas|\|)\s*any\b|\bany\[\]|<any>", line):
-                anys.append(f"{path.relative_to(REPO)}:{i}")
-        if path.name != "contract.ts" and re.search(r"from '\./contract'", text):
-            users.append(path.name)
-    return anys, users
+                out["any"].append(f"{where}:{i}")
+            for pattern, how in _UNTYPED_READS if path.parent == TS_SOURCE else _TEST_READS:
+                found = re.search(pattern, line)
+                if found and (how != "cast to a contract type" or found.group(1) in names | {"IJob"}):
+                    out["untyped reads"].append(f"{where}:{i} ({how})")
+            declared = re.search(r"\binterface (\w+)", line)
+            if declared:
+                out["own interfaces"].append(f"{where}:{i} {declared.group(1)}")
+        code = "\n".join(lines)
+        imported = {
+            name.strip().split(" as ")[0].removeprefix("type ").strip()
+            for group in re.findall(r"import (?:type )?\{([^}]*)\} from '(?:\.\./src|\.)/contract'", code)
+            for name in group.split(",")
+        }
+        if imported & names:
+            out["users"].append(where)
+        elif path.parent == TS_SOURCE:
+            out["non-users"].append(where)
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -154,11 +213,19 @@ def main(argv: list[str]) -> int:
         [sys.executable, str(REPO / "scripts" / "count_any.py")], capture_output=True, text=True, check=True
     ).stdout.strip()
     print(f"Any: {any_count}")
-    anys, users = ts_any()
-    print(f"labextension: {len(anys)} 'any' as a type; modules importing contract.ts: {', '.join(users) or 'none'}")
+    ts = ts_counts()
+    sources = [m for m in ts["users"] if m.startswith("src/")]
+    print(
+        f"labextension: {len(ts['any'])} 'any' as a type; {len(ts['untyped reads'])} untyped reads of the "
+        f"server's JSON; {len(ts['own interfaces'])} interfaces outside contract.ts; modules using contract.ts's "
+        f"types: {len(sources)} of {len(sources) + len(ts['non-users'])} in src ({', '.join(sources) or 'none'}; "
+        f"not: {', '.join(ts['non-users']) or 'none'}), tests: "
+        f"{', '.join(m for m in ts['users'] if not m.startswith('src/')) or 'none'}"
+    )
     if listing:
-        for place in anys:
-            print(f"  {place}")
+        for label in ("any", "untyped reads", "own interfaces"):
+            for place in ts[label]:
+                print(f"  {label:15s} {place}")
     return 0
 
 

@@ -10,7 +10,9 @@ import re
 import subprocess
 import threading
 import time
+from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 from conftest import job_processes
@@ -43,6 +45,17 @@ def jp_server_config(home):
 
 def ns(total):
     return {"torch": torch, "elastic": runtime, "time": time, "TOTAL": total}
+
+
+#: The generated document (scripts/gen_contract.py): each route's reply, as contract.ts types it.
+DOCUMENT = json.loads((Path(ne.__file__).parent / "contract" / "events.schema.json").read_text())
+
+
+def conforms(reply, name):
+    """``reply`` is what the labextension reads it as: its class in server/rows.py (I+name in
+    contract.ts), every event in it of its kind's class."""
+    jsonschema.validate(reply, {"$ref": f"#/$defs/{name}", "$defs": DOCUMENT["$defs"]})
+    return reply
 
 
 async def get_json(jp_fetch, *path, **params):
@@ -78,7 +91,7 @@ async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
         live_one = jobs.get("live-one") or {}
         return live_one.get("status") == "running" and (live_one.get("step") or 0) >= 3
 
-    reply = await poll_json(jp_fetch, settled, "live-one running at step 3", "jobs")
+    reply = conforms(await poll_json(jp_fetch, settled, "live-one running at step 3", "jobs"), "JobsReply")
     jobs = {j["name"]: j for j in reply["jobs"]}
     assert set(jobs) == {"finished-one", "live-one", "broken-one"}
     assert jobs["finished-one"]["status"] == "succeeded" and jobs["finished-one"]["step"] == 8  # steps done: 8 of 8
@@ -100,10 +113,10 @@ async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
     assert [j["name"] for j in reply["jobs"]] == order
     assert [j.name for j in ne.jobs()] == order
 
-    first = await get_json(jp_fetch, "jobs", "live-one", "events", since="0")
+    first = conforms(await get_json(jp_fetch, "jobs", "live-one", "events", since="0"), "EventsReply")
     kinds = [e["kind"] for e in first["events"]]
     assert kinds[0] == "job_submitted" and "worker_started" in kinds and "metric" not in kinds
-    upto = await get_json(jp_fetch, "jobs", "live-one", "events", since="0", all="1")
+    upto = conforms(await get_json(jp_fetch, "jobs", "live-one", "events", since="0", all="1"), "EventsReply")
     again = await poll_json(
         jp_fetch,
         lambda r: r["events"],
@@ -121,7 +134,7 @@ async def test_jobs_events_and_stop_over_real_job_folders(jp_fetch, home):
     stopped = json.loads(
         (await jp_fetch("notebook-elastic", "api", "jobs", "live-one", "stop", method="POST", body="{}")).body
     )
-    assert stopped == {"name": "live-one", "status": "stopped"}
+    assert conforms(stopped, "StopReply") == {"name": "live-one", "status": "stopped"}
     assert live.wait(60) == "stopped"  # the notebook's handle sees the panel's stop
     assert job_processes(home) == []
     again = json.loads(
@@ -164,10 +177,10 @@ async def test_every_route_refuses_bad_input_with_400_and_a_sentence(jp_fetch, h
         with pytest.raises(HTTPClientError) as info:
             await jp_fetch("notebook-elastic", "api", "jobs", "table-job", "events", params=params)
         assert info.value.code == 400, (params, info.value)
-        reply = json.loads(info.value.response.body)
+        reply = conforms(json.loads(info.value.response.body), "ErrorReply")
         assert re.search(message, reply["message"]), (params, reply)
 
-    everything = await get_json(jp_fetch, "jobs", "table-job", "events", all="1", limit="5000")
+    everything = conforms(await get_json(jp_fetch, "jobs", "table-job", "events", all="1", limit="5000"), "EventsReply")
     assert len(everything["events"]) > 3
     nothing = await get_json(jp_fetch, "jobs", "table-job", "events", limit="0", since="0")
     assert nothing == {"events": [], "next": 0}
@@ -186,7 +199,7 @@ async def test_every_route_refuses_bad_input_with_400_and_a_sentence(jp_fetch, h
         with pytest.raises(HTTPClientError) as info:
             await jp_fetch("notebook-elastic", "api", *path, method=method, body=body)
         assert info.value.code == 400, (path, body, info.value)
-        assert json.loads(info.value.response.body)["message"], (path, body)
+        assert conforms(json.loads(info.value.response.body), "ErrorReply")["message"], (path, body)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@
  * views (notebook_elastic/contract/words.py), implemented here once more: both test suites read
  * one table of cases, tests/data/words.json (#39 item 4).
  */
-import type { IJob, ITracking, ITransition } from './request';
+import type { IJobRow, ITracking, ITransition } from './contract';
 
 export const FINAL = new Set(['succeeded', 'failed', 'stopped', 'lost', 'damaged']);
 
@@ -14,7 +14,7 @@ export const FINAL = new Set(['succeeded', 'failed', 'stopped', 'lost', 'damaged
 export const POLL_MS = { live: 2000, idle: 10000, max: 60000 };
 
 /** The panel's poll interval for these jobs (backing off after failures is the Poll's own). */
-export function pollInterval(jobs: IJob[]): number {
+export function pollInterval(jobs: IJobRow[]): number {
   return jobs.some(j => !FINAL.has(j.status)) ? POLL_MS.live : POLL_MS.idle;
 }
 
@@ -47,7 +47,7 @@ export function cellsRow(cls: string, values: string[]): HTMLElement {
 }
 
 /** "2 elastic jobs · 1 restarting" */
-export function statusText(jobs: IJob[]): string {
+export function statusText(jobs: IJobRow[]): string {
   const live = jobs.filter(j => ['pending', 'running', 'restarting'].includes(j.status));
   if (!live.length) {
     return '';
@@ -138,12 +138,16 @@ export function statusPhrase(status: string): string {
 
 /** "0.204 s/step · 1.52k samples/s · GPU peak 31.2 GiB · 87% busy": what GPU users read first,
  * each value a piece of its own (the row wraps between them, never inside one). */
-export function speedParts(job: IJob): string[] {
+export function speedParts(job: IJobRow): string[] {
   const parts: string[] = [];
   if (job.step_time_s) {
     parts.push(`${sig(job.step_time_s, 3)} s/step`);
   }
-  for (const [v, unit] of [[job.samples_per_s, 'samples'], [job.tokens_per_s, 'tokens']] as [number | null | undefined, string][]) {
+  const rates: [number | null, string][] = [
+    [job.samples_per_s, 'samples'],
+    [job.tokens_per_s, 'tokens']
+  ];
+  for (const [v, unit] of rates) {
     if (v !== null && v !== undefined && Number.isFinite(v)) {
       parts.push(rate(v, unit));
     }
@@ -157,7 +161,7 @@ export function speedParts(job: IJob): string[] {
   return parts;
 }
 
-export function speedText(job: IJob): string {
+export function speedText(job: IJobRow): string {
   return speedParts(job).join(' · ');
 }
 

@@ -7,19 +7,20 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { FINAL, POLL_MS, ago, cellsRow, duration, el, lastDisruption, pollInterval, sig, sparkline, speedParts, trackingRow } from './format';
-import { IJob, IJobsReply, listJobs, stopJob } from './request';
+import type { IJobRow, IJobsReply } from './contract';
+import { listJobs, stopJob } from './request';
 
 /** What a refresh found: the jobs, or why the server could not be asked. */
 export interface IRefreshed {
-  jobs: IJob[];
+  jobs: IJobRow[];
   failure: string | null;
 }
 
 export type Filter = 'all' | 'running' | 'finished';
 
 export class JobsPanel extends Widget {
-  private _jobs: IJob[] = [];
-  private _errors: { [k: string]: string } = {};
+  private _jobs: IJobRow[] = [];
+  private _errors: IJobsReply['errors'] = {};
   private _failure: string | null = null;
   private _filter: Filter = 'all';
   private _poll: Poll | null = null;
@@ -49,7 +50,7 @@ export class JobsPanel extends Widget {
     this.start();
   }
 
-  get jobs(): IJob[] {
+  get jobs(): IJobRow[] {
     return this._jobs;
   }
 
@@ -127,7 +128,7 @@ export class JobsPanel extends Widget {
     }
   }
 
-  private async _stop(job: IJob, button: HTMLButtonElement): Promise<void> {
+  private async _stop(job: IJobRow, button: HTMLButtonElement): Promise<void> {
     const answer = await showDialog({
       title: `Stop ${job.name}?`,
       body: `Every ${job.backend === 'kubernetes' ? 'pod' : 'process'} of this job is stopped. Its checkpoints stay.`,

@@ -1,23 +1,21 @@
 /**
- * The one place that talks to the server: the notebook-elastic REST routes.
+ * The one place that talks to the server: the notebook-elastic REST routes. Each reply is the
+ * interface contract.ts generates from the server's class of it (server/rows.py).
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import type { IJobRow } from './contract';
+import type { IErrorReply, IEventsReply, IJobRow, IJobsReply, IStopReply } from './contract';
 
-export type { ITracking, ITransition } from './contract';
+/** What a route answers when it answers (a 2xx). */
+export type IReply = IJobsReply | IEventsReply | IStopReply;
 
-/** A row of GET /jobs: generated from the server's JobRow (server/rows.py) into contract.ts. */
-export type IJob = IJobRow;
-
-export interface IJobsReply {
-  jobs: IJob[];
-  errors: { [backend: string]: string };
-  server_ms: number;
+/** A refusal's body as our routes write it (a proxy's or a dead server's may be anything). */
+function isErrorReply(data: unknown): data is IErrorReply {
+  return typeof data === 'object' && data !== null && typeof (data as Partial<IErrorReply>).message === 'string';
 }
 
-export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): Promise<T> {
+export async function requestAPI<T extends IReply>(endPoint: string, init: RequestInit = {}): Promise<T> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, 'notebook-elastic', 'api', endPoint);
   let response: Response;
@@ -36,10 +34,12 @@ export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): P
     }
   }
   if (!response.ok) {
-    const said = typeof data === 'object' && data !== null ? (data as { message?: unknown }).message : undefined;
-    const message = (typeof said === 'string' && said) || (typeof data === 'string' && data) || response.statusText;
+    const message = (isErrorReply(data) && data.message) || (typeof data === 'string' && data) || response.statusText;
     throw new ServerConnection.ResponseError(response, message);
   }
+  // The one unchecked step: the server built this reply as its class (mypy checks routes.py,
+  // each row is checked against JobRow before it is sent; test_server.py validates every reply
+  // against the generated schema), and contract.ts is generated from the same class.
   return data as T;
 }
 
@@ -47,8 +47,8 @@ export function listJobs(): Promise<IJobsReply> {
   return requestAPI<IJobsReply>('jobs');
 }
 
-export function stopJob(job: IJob): Promise<{ name: string; status: string }> {
-  return requestAPI(`jobs/${encodeURIComponent(job.name)}/stop`, {
+export function stopJob(job: IJobRow): Promise<IStopReply> {
+  return requestAPI<IStopReply>(`jobs/${encodeURIComponent(job.name)}/stop`, {
     method: 'POST',
     body: JSON.stringify({ backend: job.backend })
   });

@@ -6,7 +6,8 @@ import { resolve } from 'path';
 import { describe, expect, it } from 'vitest';
 
 import { ago, cellsRow, duration, gib, lastDisruption, pollInterval, POLL_MS, rate, sig, sparkline, speedText, statusPhrase, statusText, trackingRow } from '../src/format';
-import type { IJob, ITransition } from '../src/request';
+import type { IJobRow, ITransition } from '../src/contract';
+import { row } from './rows';
 
 // The numbers every view writes: the same table the Python views are tested with
 // (tests/test_words.py), so the panel and the dashboard cannot write one number two ways.
@@ -37,8 +38,8 @@ describe('the shared table of numbers (tests/data/words.json)', () => {
   });
 });
 
-function job(overrides: Partial<IJob>): IJob {
-  return { name: 'toy', backend: 'local', status: 'running', ...overrides } as IJob;
+function job(overrides: Partial<IJobRow>): IJobRow {
+  return row(overrides);
 }
 
 describe('statusText', () => {
@@ -65,7 +66,7 @@ describe('lastDisruption', () => {
     { status: 'running', at: 100, cause: 'started' },
     { status: 'restarting', at: 110, cause: 'node-1 left (preempted)', events: ['node-1 left', 'peer lost'] },
     { status: 'running', at: 111.8, cause: 'regrouped' }
-  ] as ITransition[];
+  ];
 
   it('says the latest restart and how long it took to heal', () => {
     const said = lastDisruption(history);
@@ -74,7 +75,7 @@ describe('lastDisruption', () => {
   });
 
   it('counts the outage from its cause (the fold\'s since), as the dashboard\'s timeline does', () => {
-    const drilled = [history[0], { ...history[1], at: 110.3, since: 110 }, history[2]] as ITransition[];
+    const drilled: ITransition[] = [history[0], { ...history[1], at: 110.3, since: 110 }, history[2]];
     expect(lastDisruption(drilled)?.text).toMatch(/ · running again after 1\.8s$/);
   });
 
@@ -83,14 +84,14 @@ describe('lastDisruption', () => {
   });
 
   it('calls a change in place what it was: no process restarted (#41 item 7)', () => {
-    const kept = [history[0], { ...history[1], in_place: true }, history[2]] as ITransition[];
+    const kept: ITransition[] = [history[0], { ...history[1], in_place: true }, history[2]];
     expect(lastDisruption(kept)?.text).toMatch(/^changed in place \d+[smh] ago: node-1 left \(preempted\) · running again after 1\.8s$/);
     expect(lastDisruption(kept, true)?.text).toMatch(/^last change in place /);
     expect(lastDisruption(kept, true)?.text).not.toMatch(/restart/);
   });
 
   it('says nothing when the job never restarted', () => {
-    expect(lastDisruption([{ status: 'running', at: 1, cause: '' } as ITransition])).toBeNull();
+    expect(lastDisruption([{ status: 'running', at: 1, cause: '' }])).toBeNull();
   });
 });
 
@@ -121,10 +122,10 @@ describe('cellsRow', () => {
 describe('trackingRow', () => {
   it('links only http(s) pages, and shows a command otherwise', () => {
     const row = trackingRow([
-      { tracker: 'mlflow', label: 'MLflow run 3f2a', url: 'https://mlflow.example/r/3f2a' },
-      { tracker: 'evil', label: 'click me', url: 'javascript:alert(1)' },
-      { tracker: 'tensorboard', label: 'TensorBoard', command: 'tensorboard --logdir /j/toy', path: '/j/toy' }
-    ] as never);
+      { tracker: 'mlflow', label: 'MLflow run 3f2a', url: 'https://mlflow.example/r/3f2a', command: null, path: null },
+      { tracker: 'evil', label: 'click me', url: 'javascript:alert(1)', command: null, path: null },
+      { tracker: 'tensorboard', label: 'TensorBoard', url: null, command: 'tensorboard --logdir /j/toy', path: '/j/toy' }
+    ]);
     expect(row?.querySelectorAll('a').length).toBe(1);
     expect(row?.querySelector('a')?.getAttribute('href')).toBe('https://mlflow.example/r/3f2a');
     expect(row?.querySelector('a')?.getAttribute('rel')).toBe('noopener noreferrer');

@@ -4,7 +4,8 @@
  */
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 
-import type { IJobsReply } from '../src/request';
+import type { IJobsReply } from '../src/contract';
+import { reply as listing, row } from './rows';
 
 const listJobs = vi.fn<() => Promise<IJobsReply>>();
 vi.mock('../src/request', () => ({ listJobs: () => listJobs(), stopJob: vi.fn() }));
@@ -14,11 +15,7 @@ vi.mock('@jupyterlab/apputils', () => ({ Dialog: {}, showDialog: vi.fn() }));
 const { JobsPanel } = await import('../src/panel');
 
 function reply(statuses: string[]): IJobsReply {
-  return {
-    jobs: statuses.map((status, i) => ({ name: `job-${i}`, backend: 'local', status })),
-    errors: {},
-    server_ms: 1
-  } as unknown as IJobsReply;
+  return listing(statuses.map((status, i) => row({ name: `job-${i}`, status })));
 }
 
 /** Advance the clock by ``ms`` and let the poll's promises settle. */

@@ -596,6 +596,8 @@ def _schema_of_type(t: Any) -> dict[str, Any]:
         return {"type": "array"} if item is Any else {"type": "array", "items": _schema_of_type(item)}
     if isinstance(t, type) and typing.is_typeddict(t):
         return closed_schema_of(t)  # a record inside a record: exactly its keys
+    if isinstance(t, typing.NewType):  # a value the document defines once (server/rows.py's EventLine)
+        return {"$ref": f"#/$defs/{t.__name__}"}
     if origin is dict:
         _key, value = typing.get_args(t)
         return (

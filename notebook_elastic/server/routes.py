@@ -39,7 +39,7 @@ from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..jobfolder.folder import open_file
 from ..runtime import log as _logging
 from ..runtime.tracking import shown
-from .rows import JobRow, a_type, mismatch
+from .rows import ErrorReply, EventLine, EventsReply, JobRow, JobsReply, StopReply, a_type, mismatch
 
 _log = _logging.get("server.routes")
 
@@ -419,7 +419,8 @@ class Handler(APIHandler):
         exc = (kwargs.get("exc_info") or (None, None))[1]
         if isinstance(exc, tornado.web.HTTPError) and exc.log_message:
             self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"message": exc.log_message % exc.args, "reason": exc.reason}))
+            error: ErrorReply = {"message": exc.log_message % exc.args, "reason": exc.reason}
+            self.finish(json.dumps(error))
             return
         super().write_error(status_code, **kwargs)
 
@@ -431,10 +432,12 @@ class JobsHandler(Handler):
         registry: Registry = self.settings["notebook_elastic_registry"]
         infos, errors = await registry.listing()
         root = self.settings.get("server_root_dir")
-        jobs = [row_of(i, root) for i in infos]
-        self.finish(
-            json.dumps({"jobs": jobs, "errors": errors, "server_ms": round((time.perf_counter() - started) * 1000, 2)})
-        )
+        reply: JobsReply = {
+            "jobs": [row_of(i, root) for i in infos],
+            "errors": errors,
+            "server_ms": round((time.perf_counter() - started) * 1000, 2),
+        }
+        self.finish(json.dumps(reply))
 
 
 class EventsHandler(Handler):
@@ -451,7 +454,7 @@ class EventsHandler(Handler):
         folder = registry.local.folder(name)
         if not folder.exists():
             raise tornado.web.HTTPError(404, "%s", f"no local job named {name!r}")
-        events: list[dict[str, Any]] = []
+        events: list[EventLine] = []
         offset, skipped = since, 0
         try:
             f = open_file(folder.events_file)  # noqa: SIM115 (closed below)
@@ -476,10 +479,10 @@ class EventsHandler(Handler):
                     skipped += 1  # a damaged line: the readable ones are served, and how many were not
                     continue
                 if include_all or event.kind not in QUIET:
-                    events.append(_finite(event.to_json()))
+                    events.append(EventLine(_finite(event.to_json())))
                     if len(events) >= limit:
                         break
-        reply: dict[str, Any] = {"events": events, "next": offset}
+        reply: EventsReply = {"events": events, "next": offset}
         if skipped:
             reply["note"] = f"{skipped} line(s) of {folder.events_file.name} are not events and were skipped"
         self.finish(json.dumps(reply))
@@ -513,7 +516,8 @@ class StopHandler(Handler):
             raise tornado.web.HTTPError(404, "%s", str(exc)) from None
         except NotebookElasticError as exc:
             raise tornado.web.HTTPError(409, "%s", str(exc)) from None
-        self.finish(json.dumps({"name": name, "status": info.status if info else "gone"}))
+        reply: StopReply = {"name": name, "status": info.status if info else "gone"}
+        self.finish(json.dumps(reply))
 
 
 def setup_handlers(server_app: Any) -> None:

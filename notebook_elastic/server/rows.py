@@ -1,14 +1,17 @@
-"""A row of ``GET /notebook-elastic/api/jobs``: what the jobs panel reads of each job, typed.
+"""What the server extension's routes answer, typed: a row of ``GET /notebook-elastic/api/jobs``
+(what the jobs panel reads of each job) and each route's reply around it.
 
-``routes.job_json`` builds it (mypy checks its keys and types against ``JobRow``), and
-``scripts/gen_contract.py`` turns this class into the labextension's ``IJobRow`` (in
-``labextension/src/contract.ts``), so the panel and the server cannot drift apart."""
+``routes.job_json`` builds a row (mypy checks its keys and types against ``JobRow``), each
+handler its reply (``JobsReply``, ``EventsReply``, ``StopReply``, ``ErrorReply``), and
+``scripts/gen_contract.py`` turns these classes into the labextension's interfaces (``IJobRow``,
+``IJobsReply``... in ``labextension/src/contract.ts``), so the panel and the server cannot
+drift apart."""
 
 from __future__ import annotations
 
 import sys
 import types
-from typing import Any, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Any, NewType, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired
@@ -17,7 +20,18 @@ else:  # pragma: no cover - Python 3.10
 
 from ..contract.job_state.records import Transition  # the fold's, sent as it is
 
-__all__ = ["JobRow", "Tracking", "Transition", "a_type", "mismatch"]
+__all__ = [
+    "ErrorReply",
+    "EventLine",
+    "EventsReply",
+    "JobRow",
+    "JobsReply",
+    "StopReply",
+    "Tracking",
+    "Transition",
+    "a_type",
+    "mismatch",
+]
 
 
 class Tracking(TypedDict):
@@ -62,6 +76,41 @@ class JobRow(TypedDict):
     ran_s: NotRequired[float | None]  # how long it ran, its stopped spells left out (JobState.ran_s)
     notebook: str | None  # relative to the server's root, or None outside it
     location: str | None  # a job folder, a namespace
+
+
+class JobsReply(TypedDict):
+    """``GET /jobs``: every job this server sees, and why a backend could not be listed."""
+
+    jobs: list[JobRow]
+    errors: dict[str, str]  # a backend's name: why its jobs are missing from the list
+    server_ms: float  # how long the server took to answer
+
+
+#: A line of a job's events.jsonl as ``GET /jobs/NAME/events`` serves it (``Event.to_json``): any
+#: kind's event, its fields checked by its kind's class where it was made (contract.ts: IEvent).
+EventLine = NewType("EventLine", dict[str, Any])
+
+
+class EventsReply(TypedDict):
+    """``GET /jobs/NAME/events``: a job's events after a cursor, and the next cursor."""
+
+    events: list[EventLine]
+    next: int  # the byte offset to ask from next time (``since``)
+    note: NotRequired[str]  # lines of the file that were not events, skipped
+
+
+class StopReply(TypedDict):
+    """``POST /jobs/NAME/stop``: the job's status once it stopped ("gone" when nothing is left of it)."""
+
+    name: str
+    status: str
+
+
+class ErrorReply(TypedDict):
+    """Any route's answer to a request it refused (4xx) or could not serve (5xx)."""
+
+    message: str  # one sentence: what is wrong, and how to fix it
+    reason: str | None  # the HTTP reason phrase
 
 
 def mismatch(row: Any, hint: Any = JobRow, where: str = "") -> str | None:
