@@ -34,6 +34,9 @@ PREFIX = "nesl"
 #: The CPUs each host claims: a supervisor and one node fill host A, so a job's other node goes
 #: to host B.
 HOST_CPUS = 2
+#: What the fixtures of this process made, to be removed: ("netns" | "link" | "hosts", name).
+#: The suite's leftover check (conftest.py) reads it at the end; another run's are not ours.
+MADE: list[tuple[str, str]] = []
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -93,6 +96,7 @@ class _EtcHosts:
                 f.write("".join(f"{line}\n" for line in lines))
 
     def add(self, entries: dict[str, str]) -> None:
+        MADE.append(("hosts", self.marker))
         self._edit(lambda lines: [*lines, *(f"{addr} {name} {self.marker}" for name, addr in entries.items())])
 
     def remove(self) -> None:
@@ -130,10 +134,12 @@ class SlurmHosts(SlurmCluster):
 
     def _wire(self) -> None:
         prefix = self.subnet.prefixlen
+        MADE.append(("link", self.bridge))
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.ctl_addr}/{prefix}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for name, (ns, veth, addr) in self.hosts.items():
+            MADE.extend([("netns", ns), ("link", veth)])
             _ip("netns", "add", ns)
             inside = f"{name}i"
             _ip("link", "add", veth, "type", "veth", "peer", "name", inside)
@@ -235,12 +241,22 @@ class SlurmHosts(SlurmCluster):
 
 
 def leftovers() -> list[str]:
-    """Namespaces and links of these fixtures still here (``PREFIX``)."""
-    found = [
-        line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.startswith(PREFIX)
-    ]
+    """What the fixtures of this process made (``MADE``) and is still here: namespaces, links
+    (a veth's root end, a bridge), /etc/hosts lines (by their marker)."""
+    namespaces = {line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()}
+    links = set()
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(PREFIX):
-            found.append(name)
+        parts = line.split(":")
+        if len(parts) > 1:
+            links.add(parts[1].strip().split("@")[0])
+    try:
+        hosts_lines = HOSTS_FILE.read_text().splitlines()
+    except OSError:
+        hosts_lines = []
+    found = []
+    for kind, name in MADE:
+        if (kind == "netns" and name in namespaces) or (kind == "link" and name in links):
+            found.append(f"{kind} {name}")
+        elif kind == "hosts":
+            found.extend(f"/etc/hosts: {line}" for line in hosts_lines if line.endswith(name))
     return found
