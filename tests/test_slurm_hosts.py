@@ -147,15 +147,20 @@ def test_a_job_across_two_hosts_trains_on_through_a_partition_and_grows_back(on_
         job.stop()
 
 
-def test_a_supervisor_on_another_host_reads_running_then_lost_from_its_allocation(on_hosts, home):
-    """The job's supervisor runs on host A, in its own pid namespace: its pid means nothing
-    here. The listing reads it running while its allocation runs, and lost once that allocation
-    is gone (scancelled by its id, SIGKILL: the supervisor writes nothing), from Slurm."""
-    a, _ = on_hosts.names
+def test_a_supervisor_on_another_host_is_steered_and_read_running_then_lost_from_its_allocation(on_hosts, home):
+    """The job's supervisor runs on host A, with pids of its own: a pid there means nothing
+    here. From this process (another host) the job is scaled onto host B over its control
+    channel, and the kill-a-worker drill reaches a worker of host B (its pid is host B's: its
+    node's keeper kills it there). The listing reads the supervisor running while its allocation
+    runs, and lost once that allocation's batch step is SIGKILLed (``scancel --batch
+    --signal=KILL`` by its id: the supervisor writes nothing; a plain scancel is a SIGTERM, on
+    which it stops the job), from Slurm; stopping the lost job cancels what it left in Slurm."""
+    a, b = on_hosts.names
     job = ne.launch(
         TRAIN,
         backend="slurm",
-        nnodes="1",
+        nnodes="1:2",
+        nodes=1,
         supervisor_in="ctl",
         name="far",
         user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
@@ -168,9 +173,42 @@ def test_a_supervisor_on_another_host_reads_running_then_lost_from_its_allocatio
         assert job.backend.describe("far").status == "running"
         [listed] = [info for info in ne.jobs("slurm") if info.name == "far"]
         assert listed.status == "running", listed
+
+        job.scale(2)  # host A is full (the supervisor and node-0): node-1 goes to host B
+        wait_for(lambda: job.world_size == 2 and job.status == "running", "two hosts training", job=job)
+        assert _hosts_of(job) == {"node-0": a, "node-1": b}, _hosts_of(job)
+        before = len(job.events)
+        [rank_on_b] = [e.get("rank") for e in job.events if e.kind == Kind.WORKER_STARTED and e.node == "node-1"]
+        killed = job.kill_worker(rank_on_b)
+        assert killed["node"] == "node-1", killed
+        wait_for(
+            lambda: any(
+                e.kind == Kind.RESTART and e.get("reason") == "worker_failed" and e.node == "node-1"
+                for e in job.events[before:]
+            ),
+            "host B's killed worker restarted",
+            job=job,
+        )
+        wait_for(
+            lambda: (
+                any(
+                    e.kind == Kind.WORKER_STARTED and e.node == "node-1" and e.get("pid") != killed["pid"]
+                    for e in job.events[before:]
+                )
+                and job.world_size == 2
+                and job.status == "running"
+            ),
+            "a new worker on host B, two hosts training again",
+            job=job,
+        )
+
         on_hosts.run("scancel", "--batch", "--signal=KILL", str(supervised["slurm_job"]), check=True)
         wait_for(lambda: job.backend.describe("far").status == "lost", "the job read lost", timeout=60)
         [listed] = [info for info in ne.jobs("slurm") if info.name == "far"]
         assert listed.status == "lost", listed
     finally:
         job.stop()
+    deadline = time.monotonic() + 30
+    while on_hosts.jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not on_hosts.jobs(), on_hosts.jobs()  # the lost job's stop cancelled what it left
