@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import json
 import os
 import secrets
+import shutil
+import signal
 import subprocess
 from pathlib import Path
 
+import psutil
 from slurm_cluster import GRACE_TIME_S, SlurmCluster, _exe
 
 HOSTS_FILE = Path("/etc/hosts")
@@ -54,7 +58,7 @@ def why_not() -> str | None:
     if reason:
         return reason
     for tool in ("ip", "nsenter", "unshare"):
-        if not Path(_exe(tool)).exists() and subprocess.run(["which", tool], capture_output=True).returncode:
+        if shutil.which(tool) is None:
             return f"{tool} is not installed: the two-host cluster needs it (iproute2, util-linux)"
     probe = f"{PREFIX}p{secrets.token_hex(3)}"
     made = _ip("netns", "add", probe, check=False)
@@ -76,24 +80,74 @@ def free_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.213.N.0/24 subnet here")
 
 
+#: One file per run of these fixtures (its suffix): the process that made it, and how many hosts.
+RUNS = Path("/run/notebook-elastic-test-hosts")
+
+
+def _started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _remove(suffix: str, hosts: int) -> list[str]:
+    """Remove the namespaces (and what still runs in them), links and /etc/hosts lines of the
+    run ``suffix``; what could not be."""
+    problems = []
+    try:
+        _EtcHosts(_marker(suffix)).remove()
+    except OSError as exc:
+        problems.append(f"/etc/hosts: {exc}")
+    for letter in "abcdefgh"[:hosts]:
+        name = f"{PREFIX}{suffix}{letter}"
+        for pid in _ip("netns", "pids", name, check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        for args in (("link", "delete", f"{name}v"), ("netns", "delete", name)):
+            done = _ip(*args, check=False)
+            if done.returncode != 0 and "Cannot find" not in done.stderr and "No such" not in done.stderr:
+                problems.append(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    done = _ip("link", "delete", f"{PREFIX}{suffix}br", check=False)
+    if done.returncode != 0 and "Cannot find" not in done.stderr:
+        problems.append(f"ip link delete {PREFIX}{suffix}br: {done.stderr.strip()}")
+    return problems
+
+
+def sweep() -> None:
+    """Remove what runs whose process is gone (SIGKILLed before their teardown) left."""
+    for record in RUNS.glob("*") if RUNS.is_dir() else []:
+        try:
+            run = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if run.get("started") is not None and _started(int(run["pid"])) == run["started"]:
+            continue  # its process runs: its fixture removes them
+        if not _remove(record.name, int(run.get("hosts", 2))):
+            record.unlink(missing_ok=True)
+
+
+def _marker(suffix: str) -> str:
+    return f"notebook-elastic test hosts {suffix}"
+
+
 class _EtcHosts:
     """Our lines in /etc/hosts, each with the marker; removed, exactly they, at the end. Other
-    runs edit the file too: every change is under a lock and rewrites the file in place (it may
-    be a bind mount, which a rename would not reach)."""
-
-    LOCK = Path("/run/notebook-elastic-etc-hosts.lock")
+    runs edit the file too: every change holds a lock on it and rewrites it in place (it may be
+    a bind mount, which a rename would not reach)."""
 
     def __init__(self, marker: str) -> None:
         self.marker = f"# {marker}"
 
     def _edit(self, change) -> None:
-        with open(self.LOCK, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with open(HOSTS_FILE, "r+") as f:
-                lines = change(f.read().splitlines())
-                f.seek(0)
-                f.truncate()
-                f.write("".join(f"{line}\n" for line in lines))
+        with open(HOSTS_FILE, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            lines = change(f.read().splitlines())
+            f.seek(0)
+            f.truncate()
+            f.write("".join(f"{line}\n" for line in lines))
 
     def add(self, entries: dict[str, str]) -> None:
         MADE.append(("hosts", self.marker))
@@ -121,7 +175,7 @@ class SlurmHosts(SlurmCluster):
             letter = "abcdefgh"[i]
             name = f"{PREFIX}{self.suffix}{letter}"  # a host name, a namespace name and a link name at once
             self.hosts[name] = (name, f"{name}v", str(addrs[i + 1]))
-        self._etc_hosts = _EtcHosts(f"notebook-elastic test hosts {self.suffix}")
+        self._etc_hosts = _EtcHosts(_marker(self.suffix))
 
     @property
     def names(self) -> list[str]:
@@ -133,6 +187,12 @@ class SlurmHosts(SlurmCluster):
     # --- the network ---------------------------------------------------------------------
 
     def _wire(self) -> None:
+        sweep()
+        # Who made these (a run SIGKILLed before its teardown leaves them: the next one removes them).
+        RUNS.mkdir(exist_ok=True)
+        (RUNS / self.suffix).write_text(
+            json.dumps({"pid": os.getpid(), "started": _started(os.getpid()), "hosts": len(self.hosts)})
+        )
         prefix = self.subnet.prefixlen
         MADE.append(("link", self.bridge))
         _ip("link", "add", self.bridge, "type", "bridge")
@@ -156,19 +216,9 @@ class SlurmHosts(SlurmCluster):
 
     def _unwire(self) -> list[str]:
         """Remove every namespace, link and /etc/hosts line this made; what could not be."""
-        problems = []
-        try:
-            self._etc_hosts.remove()
-        except OSError as exc:
-            problems.append(f"/etc/hosts: {exc}")
-        for ns, veth, _ in self.hosts.values():
-            for args in (("link", "delete", veth), ("netns", "delete", ns)):
-                done = _ip(*args, check=False)
-                if done.returncode != 0 and "Cannot find" not in done.stderr and "No such" not in done.stderr:
-                    problems.append(f"ip {' '.join(args)}: {done.stderr.strip()}")
-        done = _ip("link", "delete", self.bridge, check=False)
-        if done.returncode != 0 and "Cannot find" not in done.stderr:
-            problems.append(f"ip link delete {self.bridge}: {done.stderr.strip()}")
+        problems = _remove(self.suffix, len(self.hosts))
+        if not problems:
+            (RUNS / self.suffix).unlink(missing_ok=True)
         return problems
 
     def partition(self, host: str) -> None:
