@@ -104,6 +104,8 @@ def test_a_job_across_two_hosts_trains_on_through_a_partition_and_grows_back(on_
             "the job on at 1, in place",
             job=job,
         )
+        [lost] = [e for e in job.events[partitioned_at:] if e.kind == Kind.IN_PLACE and e.get("world_size") == 1]
+        assert lost.get("reason") == "lost" and lost.get("kept") == 1, lost.data
         at_one = job.state.step or 0
         # Cut off past the agents' store-call deadline (agent/store_link.py: 15 s): host B's
         # agent has found the store silent, as after a real partition, not a blip.
@@ -120,6 +122,9 @@ def test_a_job_across_two_hosts_trains_on_through_a_partition_and_grows_back(on_
         [listed] = [info for info in ne.jobs("slurm") if info.name == "apart"]
         assert listed.status == "running", listed
 
+        # Slurm never took host B down (cut off for less than SlurmdTimeout): no admin's
+        # `scontrol update nodename=... state=resume` is needed for its node to come back.
+        assert "down" not in on_hosts.node_states()[b], on_hosts.node_states()
         on_hosts.heal(b)
         healed_at = len(job.events)
         wait_for(
