@@ -391,6 +391,19 @@ def contract_problems(*folders: Path | str | None, limit: int = 5) -> list[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_leftover_hosts():
+    """At the end: no network namespace, link or /etc/hosts line the two-host fixture
+    (tests/slurm_hosts.py) made is left (it removes them whatever happened; this says so if not)."""
+    yield
+    hosts = sys.modules.get("slurm_hosts")
+    left = hosts.leftovers() if hosts is not None else []
+    if left:
+        pytest.fail(
+            "left behind by the two-host fixture (tests/slurm_hosts.py):\n  " + "\n  ".join(left), pytrace=False
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
 def warm_pool(tmp_path_factory):
     """One warm pool per test process (pool/__init__.py), started outside any test (it carries
     no test's marker, and stays up between tests), stopped at the end. Every job, kernel and

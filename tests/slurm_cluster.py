@@ -50,11 +50,37 @@ def _exe(name: str) -> str:
 
 
 class SlurmCluster:
+    """One node, this machine, on loopback. ``tests/slurm_hosts.py`` subclasses it for several
+    hosts (its own controller address, nodes and slurmd command lines)."""
+
+    #: Where slurmctld listens, and where every client and slurmd reaches it.
+    ctl_addr = "127.0.0.1"
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.procs: list[subprocess.Popen] = []
         self.conf = root / "slurm.conf"
         self.env = {"SLURM_CONF": str(self.conf)}
+
+    def node_lines(self) -> list[str]:
+        """slurm.conf's nodes and partitions."""
+        host = socket.gethostname()
+        return [
+            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={CPUS} State=UNKNOWN",
+            "PartitionName=low Nodes=ALL Default=YES MaxTime=60 State=UP OverSubscribe=NO PriorityTier=1 "
+            f"PreemptMode=CANCEL GraceTime={GRACE_TIME_S}",
+            "PartitionName=high Nodes=ALL MaxTime=60 State=UP OverSubscribe=NO PriorityTier=10 PreemptMode=OFF",
+            # Where the jobs' supervisors run: never preempted.
+            "PartitionName=ctl Nodes=ALL MaxTime=60 State=UP OverSubscribe=NO PriorityTier=1 PreemptMode=OFF",
+        ]
+
+    def slurmd_argvs(self) -> list[list[str]]:
+        """The slurmd command line of each node."""
+        return [[_exe("slurmd"), "-D", "-f", str(self.conf)]]
+
+    def extra_conf(self) -> list[str]:
+        """More slurm.conf lines (none for one node)."""
+        return []
 
     def start(self) -> SlurmCluster:
         r = self.root
@@ -70,7 +96,7 @@ class SlurmCluster:
             "\n".join(
                 [
                     "ClusterName=netest",
-                    f"SlurmctldHost={host}(127.0.0.1)",
+                    f"SlurmctldHost={host}({self.ctl_addr})",
                     f"SlurmctldPort={_free_port()}",
                     f"SlurmdPort={_free_port()}",
                     "AuthType=auth/munge",
@@ -79,11 +105,12 @@ class SlurmCluster:
                     "SlurmUser=root",
                     "SlurmdUser=root",
                     f"StateSaveLocation={r / 'state'}",
-                    f"SlurmdSpoolDir={r / 'spool'}",
+                    # %n: each node's own (one slurmd per node, several on this machine).
+                    f"SlurmdSpoolDir={r / 'spool' / '%n'}",
                     f"SlurmctldPidFile={r / 'slurmctld.pid'}",
-                    f"SlurmdPidFile={r / 'slurmd.pid'}",
+                    f"SlurmdPidFile={r / 'slurmd-%n.pid'}",
                     f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
-                    f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
+                    f"SlurmdLogFile={r / 'log' / 'slurmd-%n.log'}",
                     "ProctrackType=proctrack/linuxproc",
                     "TaskPlugin=task/none",
                     "JobAcctGatherType=jobacct_gather/none",
@@ -99,12 +126,8 @@ class SlurmCluster:
                     "MinJobAge=60",
                     f"KillWait={KILL_WAIT_S}",
                     "SlurmdParameters=config_overrides",
-                    f"NodeName={host} NodeAddr=127.0.0.1 CPUs={CPUS} State=UNKNOWN",
-                    "PartitionName=low Nodes=ALL Default=YES MaxTime=60 State=UP OverSubscribe=NO PriorityTier=1 "
-                    f"PreemptMode=CANCEL GraceTime={GRACE_TIME_S}",
-                    "PartitionName=high Nodes=ALL MaxTime=60 State=UP OverSubscribe=NO PriorityTier=10 PreemptMode=OFF",
-                    # Where the jobs' supervisors run: never preempted.
-                    "PartitionName=ctl Nodes=ALL MaxTime=60 State=UP OverSubscribe=NO PriorityTier=1 PreemptMode=OFF",
+                    *self.extra_conf(),
+                    *self.node_lines(),
                     "",
                 ]
             )
@@ -129,18 +152,19 @@ class SlurmCluster:
         )
         self._until(sock.exists, "munged's socket")
         env = {**os.environ, **self.env}
-        for daemon in ("slurmctld", "slurmd"):
-            self.procs.append(
-                subprocess.Popen(
-                    [_exe(daemon), "-D", "-f", str(self.conf)],
-                    env=env,
-                    stdout=logs,
-                    stderr=logs,
-                    start_new_session=True,
-                )
-            )
-        self._until(lambda: "idle" in self.run("sinfo", "--noheader", "--format=%t").stdout, "the node to be idle")
+        for argv in ([_exe("slurmctld"), "-D", "-f", str(self.conf)], *self.slurmd_argvs()):
+            self.procs.append(subprocess.Popen(argv, env=env, stdout=logs, stderr=logs, start_new_session=True))
+        self._until(self.idle, "every node to be idle")
         return self
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state, as sinfo says it (idle, mix, alloc, down*, idle*...)."""
+        out = self.run("sinfo", "--Node", "--noheader", "--format=%N|%t").stdout
+        return dict(line.strip().split("|", 1) for line in out.splitlines() if "|" in line)
+
+    def idle(self) -> bool:
+        states = self.node_states()
+        return bool(states) and all(s == "idle" for s in states.values())
 
     def run(self, *argv: str, check: bool = False) -> subprocess.CompletedProcess:
         done = subprocess.run(list(argv), env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30)
