@@ -17,7 +17,7 @@ from waiting import wait_for
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.agent.store_link import STORE_CALL_TIMEOUT_S
-from notebook_elastic.contract.events import Kind
+from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.jobfolder.folder import JobFolder
 
 pytestmark = pytest.mark.slow
