@@ -135,6 +135,14 @@ def test_a_job_across_two_hosts_trains_on_through_a_partition_and_grows_back(on_
             "grown back to 2",
             job=job,
         )
+        # Told as the group that trained on saw it: host B's node joined it (1 -> 2). Host B's
+        # worker kept its process, heard its old group of 2 break and said "lost"; taken as the
+        # change, it read "a node was lost: 2 -> 2 ranks in place".
+        wait_for(lambda: any(e.kind == Kind.IN_PLACE for e in job.events[healed_at:]), "told in place", job=job)
+        [back] = [e for e in job.events[healed_at:] if e.kind == Kind.IN_PLACE]
+        said = (back.get("reason"), back.get("from_world_size"), back.get("world_size"), back.get("kept"))
+        assert said == ("joined", 1, 2, 2), back.data  # both kept their processes; B took the live values
+        assert back.get("source") == 0, back.data
         assert job.wait(timeout=300) == "succeeded", job.summary()
         latest: dict[int, dict[int, list[int]]] = {}
         for e in job.history():

@@ -316,6 +316,7 @@ class Restore:
         from_world = switch.from_world_size if switch is not None and handoff is not None else 0
         # Why, as a kept rank heard it (rank 0 may be a joiner's, which knows none).
         why = _REASONS.index(switch.reason) if switch is not None and switch.reason in _REASONS else 0
+        heard = [from_world, why]
         best, neg_worst, most_reached, from_world, elapsed_ms, why = self._collectives.all_reduce(
             [mine, -mine, reached, from_world, elapsed_ms, why], "max"
         )
@@ -329,6 +330,11 @@ class Restore:
             chosen = handoff  # every rank holds the same step: its own values, no transfer
         else:
             source = self._collectives.all_reduce([self._info.rank if mine == best else world], "min")[0]
+            # What the change was, as the group that trained on heard it (the ranks at the best
+            # step): a rank behind it was not in that group. A node cut off that comes back
+            # kept its process and its old group's size, and heard that group break ("lost"):
+            # told as it, the survivors' 1 -> 2 read "a node was lost: 2 -> 2".
+            from_world, why = self._collectives.all_reduce([*heard] if mine == best else [0, 0], "max")
             sent = None
             if self._info.rank == source and handoff is not None:
                 sent = {"states": handoff.states, "extra": handoff.extra, "samples_seen": handoff.samples_seen}
