@@ -100,7 +100,13 @@ fi
 torch_range="${NOTEBOOK_ELASTIC_TORCH_RANGE:-}"
 if [[ -z $torch_range ]]; then
   torch_range=1
+  value_of=""  # an option whose value comes as the next argument: that value picks nothing
   for arg in "$@"; do
+    if [[ -n $value_of ]]; then
+      value_of=""
+      continue
+    fi
+    [[ $arg =~ ^(-p|-n|-o|-W|-c|-r|--dist|--basetemp|--deselect|--ignore|--maxfail|--tb|--durations|--rootdir)$ ]] && value_of=$arg && continue
     [[ $arg == -k* || $arg == -m* || $arg != -* ]] && torch_range=0
   done
 fi
