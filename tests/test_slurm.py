@@ -592,7 +592,11 @@ def test_a_stop_slurm_does_not_answer_says_so_instead_of_stopped(on_slurm, home)
 _HELD = "i=0; while [ ! -e {gate} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n"
 SLOW_SBATCH = {
     "before": "#!/bin/sh\n" + _HELD + 'exec {sbatch} "$@"\n',
-    "after": '#!/bin/sh\nout=$({sbatch} "$@") || exit $?\n' + _HELD + 'echo "$out"\n',
+    # Slurm takes the job held (--hold), as a busy cluster keeps it queued: granted at once, its
+    # supervisor could announce itself before the stop, which then asks it to stop (CI: a
+    # supervisor.json). One that starts after the stop starts nothing: test_local_backend.py's
+    # test_a_supervisor_that_starts_after_its_job_was_stopped_starts_nothing.
+    "after": '#!/bin/sh\nout=$({sbatch} --hold "$@") || exit $?\n' + _HELD + 'echo "$out"\n',
 }
 
 

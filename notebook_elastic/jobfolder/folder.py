@@ -20,10 +20,12 @@ script 0700, whatever the umask, because a job folder holds code that runs as it
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -377,6 +379,30 @@ class JobFolder:
         return Look(
             spec, problem, created, status, outcome, supervisor, alive, running and not alive and self.guardian_alive()
         )
+
+    def hold_start(self, timeout_s: float) -> int | None:
+        """The folder's start lock, held (an open descriptor: closing it lets go; so does the
+        holder's death) by a new supervisor from its look at whether the job was stopped until
+        its supervisor.json is written, and by a stop that finds no supervisor, while it decides.
+        So a stop either comes first (the supervisor then starts nothing) or finds the supervisor
+        announced (and asks it to stop). None when not had within ``timeout_s``: go on without."""
+        try:
+            fd = os.open(self.path / ".start.lock", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        except OSError:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    return None
+                time.sleep(0.02)
+            except OSError:  # a file system without locks
+                os.close(fd)
+                return None
 
     def supervisor_alive(self) -> bool:
         return self._runs(self.supervisor())

@@ -52,7 +52,7 @@ from ..contract.job_state import JobState, describe_failure
 from ..contract.spec import JobSpec
 from ..jobfolder.control import listen, reachable
 from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
-from ..jobfolder.follow import LOST_FOLDER
+from ..jobfolder.follow import LOST_FOLDER, SUPERVISOR_START_TIMEOUT_S
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..jobfolder.processes import process_start_ticks
 from ..jobfolder.record import ended
@@ -85,9 +85,10 @@ class Supervisor:
     signalled, reaped), the commands the kernel sends, the stall watch, the notices and the
     outcome; each keeps its own state and is handed the others it uses, never the supervisor."""
 
-    def __init__(self, folder: JobFolder, resume: bool = False) -> None:
+    def __init__(self, folder: JobFolder, resume: bool = False, start_lock: int | None = None) -> None:
         self.folder = folder
         self.resume = resume
+        self.start_lock = start_lock  # the folder's (JobFolder.hold_start), let go once announced
         self.spec = JobSpec.from_json(folder.spec())
         # spec.json names the --env variables; their values are in the 0600 secret.json.
         secret = folder.secret()
@@ -331,6 +332,9 @@ class Supervisor:
             },
             mode=0o600,
         )
+        if self.start_lock is not None:
+            os.close(self.start_lock)  # announced: a stop from now on finds this supervisor
+            self.start_lock = None
         if not self.resume and self._stops_recorded() > stops_before:
             _log.info("job %r was stopped while its supervisor started: it stops at once", spec.name)
             self.requests.put(({"command": "stop"}, queue.SimpleQueue()))
@@ -438,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     log.for_process("supervisor")  # its lines go to supervisor.log: "notebook-elastic supervisor: ..."
     resume = args[:1] == ["--resume"]
     folder = JobFolder(args[1] if resume else args[0])
+    # Held until supervisor.json is written (run()): a stop meanwhile waits, then asks this
+    # supervisor to stop; a stop before it is seen here.
+    start_lock = None if resume else folder.hold_start(SUPERVISOR_START_TIMEOUT_S)
     if not resume and ended(folder):
         # Stopped before it started (a stop while Slurm granted its allocation, before sbatch
         # answered): it must not start the job, nor clear the end the stop wrote.
@@ -445,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         _log.info("job %r was %s before its supervisor started: nothing runs", folder.name, said)
         return 0
     os.chdir(folder.spec().get("backend_options", {}).get("cwd") or folder.path)
-    return Supervisor(folder, resume=resume).run()
+    return Supervisor(folder, resume=resume, start_lock=start_lock).run()
 
 
 if __name__ == "__main__":

@@ -359,21 +359,31 @@ class LocalBackend(Backend):
         if ended(folder) and not folder.supervisor_alive():
             kill_all(folder.path)  # finished: only make sure nothing is left
             return
-        if folder.supervisor_alive():
-            answered = True
-            try:
-                self._request(name, "stop")
-            except control.NoAnswer:
-                answered = False  # frozen or wedged: it will not stop by itself, end it from here
-            except BackendError:
-                pass
-            deadline = time.monotonic() + timeout_s
-            while answered and folder.supervisor_alive() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        if folder.supervisor_alive() or not ended(folder):
-            # The supervisor is gone or stuck: clean up from here, and say so where it would have.
-            kill_all(folder.path)
-            record_stopped(folder, "stopped; its supervisor did not answer")
+        # No supervisor announced: one may be starting (on Slurm, its allocation granted). Its
+        # start and this stop take turns (JobFolder.hold_start): it has announced itself by the
+        # time this holds the lock, or it sees the end written here and starts nothing.
+        start_lock = None
+        if not folder.supervisor_alive() and not ended(folder):
+            start_lock = folder.hold_start(SUPERVISOR_START_TIMEOUT_S)
+        try:
+            if folder.supervisor_alive():
+                answered = True
+                try:
+                    self._request(name, "stop")
+                except control.NoAnswer:
+                    answered = False  # frozen or wedged: it will not stop by itself, end it from here
+                except BackendError:
+                    pass
+                deadline = time.monotonic() + timeout_s
+                while answered and folder.supervisor_alive() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            if folder.supervisor_alive() or not ended(folder):
+                # The supervisor is gone or stuck: clean up from here, and say so where it would have.
+                kill_all(folder.path)
+                record_stopped(folder, "stopped; its supervisor did not answer")
+        finally:
+            if start_lock is not None:
+                os.close(start_lock)
 
 
 def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> None:
