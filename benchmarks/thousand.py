@@ -95,7 +95,12 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
 
     ours = mode == "ours"
     settings = sim.Settings(
-        min_nodes=n - 1, max_nodes=n, together=ours, backoff_s=0.02 if ours else 0.0, supervised=not ours
+        min_nodes=n - 1,
+        max_nodes=n,
+        together=ours,
+        regroup=ours,
+        backoff_s=0.02 if ours else 0.0,
+        supervised=not ours,
     )
     fleet = sim.Fleet("127.0.0.1", port, settings)
     me = os.getpid()
@@ -134,17 +139,22 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         # A node leaves: it takes itself out; the others notice at their next look and regroup.
         leaver = fleet.agents[n // 2]
         t0 = time.monotonic()
+        change = _change_counts(fleet)
         await leaver.leave()
         out["leave_regroup_s"] = await _regroup(fleet, round_, t0, limit_s)
+        out["leave_change"] = change()
         round_ = fleet.latest_round()
         # A node joins: the others see it waiting and regroup with it.
         t0 = time.monotonic()
+        change = _change_counts(fleet)
         await fleet.add(1)
         out["join_regroup_s"] = await _regroup(fleet, round_, t0, limit_s)
+        out["join_change"] = change()
         round_ = fleet.latest_round()
         # A node is lost: its heartbeats stop; every survivor notices when the window is over.
         lost = fleet.agents[n // 3]
         t0 = time.monotonic()
+        change = _change_counts(fleet)
         lost.crash()
         window = settings.keep_alive_interval_s * settings.keep_alive_max_attempt
 
@@ -161,12 +171,31 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         out["lost_noticed_s"] = max(times) - t0 if len(times) == len(fleet.live()) else None
         out["lost_noticed_first_s"] = min(times) - t0 if times else None
         out["lost_regroup_s"] = await _regroup(fleet, round_, t0, window + limit_s)
+        out["lost_change"] = change()  # the window's steady calls included
         out["keep_alive_window_s"] = window
         out["keep_alive_interval_s"] = settings.keep_alive_interval_s
         return out
     finally:
         fleet.close()
         await asyncio.sleep(0.2)
+
+
+def _change_counts(fleet: Any) -> Any:
+    """What a change of members costs from now until the returned function is called: the
+    store calls by kind, the writes of the state (each the whole round) and how many lost."""
+    before, writes, won = fleet.counts.copy(), fleet.state_writes, fleet.state_writes_won
+
+    def counted() -> dict[str, Any]:
+        d = fleet.counts.minus(before)
+        return {
+            "calls": sum(d.calls.values()),
+            "by_call": {k: v for k, v in sorted(d.calls.items()) if v},
+            "mb": round((d.sent + d.received) / 1e6, 1),
+            "state_writes": fleet.state_writes - writes,
+            "state_writes_lost": (fleet.state_writes - writes) - (fleet.state_writes_won - won),
+        }
+
+    return counted
 
 
 async def _regroup(fleet: Any, after_round: int, t0: float, limit_s: float) -> float | None:

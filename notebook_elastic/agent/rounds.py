@@ -76,6 +76,7 @@ class RoundRules:
         self.poll_s: float | None = None  # a waiting node looks again this often (torch: 1 s)
         self.drop_gone = False  # nodes named in GONE_KEY are dropped at once
         self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
+        self.regroup = False  # a change of members in one write (together.open_next_round)
         # This node has been in a round already: torch's first-join jitter is not waited again.
         self.joined_once = False
 
@@ -285,6 +286,36 @@ def join_and_beat_together(rules: RoundRules) -> bool:
     return True
 
 
+def regroup_in_one_write(rules: RoundRules) -> bool:
+    """Our handler's nodes change a round's members in one write of the state
+    (``together.open_next_round``): a member that sees a change says it regroups, the round's
+    lowest ranked member writes the next round once every member said so, and the others wait on
+    a key the store answers when that round is written, instead of each leaving the round and
+    joining the next through the state (2N writes of the whole round, one after another). Set in
+    ``rules``; needs ``join_and_beat_together`` (the sayings). Idempotent; False where torch
+    lacks what it takes (each node then leaves and joins again, as torch's do)."""
+    needed = {
+        "dynamic_rendezvous._RendezvousExitOp",
+        "dynamic_rendezvous._BackendRendezvousStateHolder._last_sync_time",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor._remove_from_participants",
+        "dynamic_rendezvous._DistributedRendezvousOpExecutor",
+    }
+    if not rules.together or missing().keys() & needed:
+        return False
+    rules.regroup = True
+    return True
+
+
+#: A node waiting for a round of ours to be written waits on its key at most this long (and at
+#: most a heartbeat interval) at a time, then reads the state again (a writer that died, a round
+#: written by torch's own agent). Normally the key comes first: a wait that times out is logged
+#: by torch's client (two warnings), so it is not the way to pass time.
+SIGNAL_WAIT_S = 5.0
+#: A member of a round that is not the one to complete it at its deadline waits this much longer
+#: for the one that does before it completes it itself (one write, not one per member).
+COMPLETE_GRACE_S = 0.3
+
+
 #: A write that lost waits a random pause below this, doubling with each loss in a row up to
 #: BACKOFF_MAX_S, then reads the state again: the nodes that lost do not all try again at once
 #: on the same state (1,024 simulated nodes that did never closed a round).
@@ -341,13 +372,19 @@ def _holder_class() -> type:
             interval_s = settings.keep_alive_interval.total_seconds()
             state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
             self._ne_sayings = together.Sayings(state_key, None, interval_s, _call_with_deadline) if state_key else None
+            self._ne_seen = (-1, False)  # (round, complete) of the state last read or written
 
         def sync(self) -> Any:
+            seen = self._ne_seen
             has_set = super().sync()
+            state = self._state
+            self._ne_seen = (state.round, state.complete)
             if not self._ne_rules.together or self._ne_sayings is None or has_set is None:
                 return has_set
             if has_set:
                 self._ne_lost = 0
+                if self._ne_rules.regroup:
+                    self._ne_signal(seen, state)
                 try:
                     self._ne_sayings.won(holder_store(self))
                 except Exception:
@@ -357,7 +394,25 @@ def _holder_class() -> type:
             time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(self._ne_lost, 10))))
             self._last_sync_time = -1  # the state as it is after the pause, for the next decision
             super().sync()
+            self._ne_seen = (self._state.round, self._state.complete)
             return has_set
+
+        def _ne_signal(self, seen: tuple[int, bool], state: Any) -> None:
+            """This write opened or completed a round: its key, for whoever waits for that
+            (``regroup_in_one_write``). A state of ours only: read before it was written."""
+            if seen[0] < 0 or self._ne_sayings is None:
+                return
+            keys = []
+            if state.round > seen[0]:
+                keys.append(together.signal_key(self._ne_sayings.state_key, state.round, together.OPENED))
+            if state.complete and (state.round > seen[0] or not seen[1]):
+                keys.append(together.signal_key(self._ne_sayings.state_key, state.round, together.COMPLETE))
+            store: Any = holder_store(self)
+            for key in keys:
+                try:
+                    _call_with_deadline(store.set, key, "1")
+                except Exception:
+                    _log.debug("a round's key not set: who waits for it reads the state in a second", exc_info=True)
 
         def _sanitize(self) -> Any:
             if self._ne_rules.drop_gone:
@@ -386,6 +441,9 @@ def _executor_class() -> type:
             super().__init__(node, state_holder, settings)
             self._ne_rules = rules
             self._ne_taking = False  # inside a join or a leave that takes the others' in
+            self._ne_regrouping = False  # inside our handler's next_rendezvous (not a node leaving)
+            self._ne_opening = False  # its next removal writes the next round instead
+            self._ne_joined: tuple[int, frozenset[Any]] | None = None  # the round it last joined, its members
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
             # torch names the event through inspect.stack() before it looks whether anyone hears.
@@ -393,15 +451,115 @@ def _executor_class() -> type:
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
             joining = isinstance(state_handler, dr._RendezvousJoinOp)
+            exiting = isinstance(state_handler, dr._RendezvousExitOp)
             if self._ne_rules.close_at_target and joining:
                 # The store the operation syncs with: the one a round's target is read from.
                 state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
             if self._ne_sayings() is not None and together.beats_together(self._settings):
                 state_handler = self._beating_together(state_handler, joining)
+            if self._ne_sayings() is not None and self._ne_rules.regroup:
+                if self._ne_regrouping and exiting:
+                    state_handler = self._regrouping(state_handler)
+                elif joining:
+                    state_handler = self._waiting_for_round(state_handler)
             ran = super().run(state_handler, deadline, update_deadline)
             if joining:
                 self._ne_rules.joined_once = True  # a round joined: the next join is a regroup
+                state = self._state_holder.state
+                self._ne_joined = (state.round, frozenset(state.participants))
             return ran
+
+        def _regrouping(self, op: Any) -> Callable[[Any, float], Any]:
+            """torch's exit from a round before joining the next, when this node regroups: where
+            it sees the round's members changed, it says it regroups and waits for the next
+            round (``together.open_next_round``), written by the round's lowest ranked member
+            (this one, perhaps) once every member said so; elsewhere torch's exit (it leaves the
+            round: the others see that and regroup)."""
+            pause = [0.0]
+
+            def exit_op(ctx: Any, deadline: float) -> Any:
+                while True:
+                    state, joined = ctx.state, self._ne_joined
+                    if joined is None or ctx.node not in state.participants:
+                        return op(ctx, deadline)
+                    if state.round > joined[0]:
+                        return dr._Action.FINISH  # the next round, written with this node in
+                    if state.round != joined[0] or not state.complete or not together.changed(state, joined[1]):
+                        return op(ctx, deadline)
+                    if time.monotonic() > deadline:
+                        return op(ctx, deadline)  # torch's: out of time
+                    now = time.time()
+                    if not self._ne_say(together.REGROUP, state.round, now):
+                        return op(ctx, deadline)  # it cannot say so: it leaves, as torch's do
+                    if together.beats_together(ctx.settings):
+                        self._ne_say(together.ALIVE, -1, now)
+                    elif together.beat_older(state, ctx.node, ctx.settings.keep_alive_interval, now):
+                        return dr._Action.KEEP_ALIVE  # each writes its own heartbeat here (a local job)
+                    if together.leader(state) == ctx.node:
+                        said = self._ne_read()
+                        if together.regrouping(state, said, node_of, ctx.node):
+                            together.take_alive(state, said, node_of)
+                            self._ne_opening = True
+                            return dr._Action.REMOVE_FROM_PARTICIPANTS  # _remove_from_participants opens it
+                        pause[0] = min(max(2 * pause[0], 0.02), 0.25)
+                        time.sleep(pause[0])
+                    else:
+                        key = together.signal_key(self._ne_sayings().state_key, state.round + 1, together.OPENED)
+                        self._ne_wait(key, self._ne_wait_s())
+                    ctx = self._ne_reread()
+
+            return exit_op
+
+        def _waiting_for_round(self, op: Any) -> Callable[[Any, float], Any]:
+            """torch's join, which looks again a second later where it waits: it waits instead
+            for the key of what it waits for (the next round opened, its own round completed),
+            answered by the store once a write of ours made it so."""
+
+            def join_op(ctx: Any, deadline: float) -> Any:
+                action = op(ctx, deadline)
+                for _ in range(4):  # then torch's own look a second later, whatever it waits for
+                    if action != dr._Action.SYNC:
+                        return action
+                    state, node = ctx.state, ctx.node
+                    key_of = functools.partial(together.signal_key, self._ne_sayings().state_key)
+                    if state.complete and node in state.wait_list:
+                        self._ne_wait(key_of(state.round + 1, together.OPENED), self._ne_wait_s())
+                    elif not state.complete and node in state.participants and state.deadline is not None:
+                        left = together.seconds_to(state.deadline, time.time())
+                        if min(state.participants) == node:  # it completes the round at its deadline
+                            time.sleep(min(max(left, 0.0), self._ne_wait_s()))
+                        else:
+                            key = key_of(state.round, together.COMPLETE)
+                            self._ne_wait(key, min(max(left, 0.0) + COMPLETE_GRACE_S, self._ne_wait_s()))
+                    else:
+                        return action  # it waits for nodes to join: torch's own look
+                    ctx = self._ne_reread()
+                    action = op(ctx, deadline)
+                return action
+
+            return join_op
+
+        def _ne_wait_s(self) -> float:
+            return min(SIGNAL_WAIT_S, float(self._settings.keep_alive_interval.total_seconds()))
+
+        def _ne_wait(self, key: str, bound_s: float) -> bool:
+            """Wait for ``key`` at most ``bound_s``: whether it came."""
+            from datetime import timedelta
+
+            store: Any = holder_store(self._state_holder)
+            try:
+                store.wait([key], timedelta(seconds=bound_s))
+                return True
+            except Exception:  # its timeout (DistStoreError), or a store lost: the next read says
+                return False
+
+        def _ne_reread(self) -> Any:
+            """The state as the store has it now, for the operation's next decision."""
+            holder: Any = self._state_holder
+            holder._last_sync_time = -1  # torch's: its next sync reads the store
+            holder.sync()
+            self._state = holder.state
+            return dr._RendezvousContext(self._node, self._state, self._settings)
 
         def _beating_together(self, op: Any, joining: bool) -> Callable[[Any, float], Any]:
             """torch wants this node's heartbeat written: it says it lives (once an interval),
@@ -456,6 +614,10 @@ def _executor_class() -> type:
             together.take_alive(self._state, said, node_of)
 
         def _remove_from_participants(self) -> None:
+            if self._ne_opening:
+                self._ne_opening = False
+                together.open_next_round(self._state, self._settings, self._node, time.time())
+                return None
             if self._ne_sayings() is None:
                 return super()._remove_from_participants()
             self._ne_say(together.LEAVE, self._state.round, time.time())
@@ -495,7 +657,14 @@ def _rendezvous_class() -> type:
             hooks = self._ne_hooks
             if hooks.before is not None:
                 hooks.before(self.torch_handler)
-            info = self.torch_handler.next_rendezvous()
+            executor: Any = getattr(self.torch_handler, "_op_executor", None)
+            if hasattr(executor, "_ne_regrouping"):
+                executor._ne_regrouping = True  # its exit regroups (a node leaving exits for good)
+            try:
+                info = self.torch_handler.next_rendezvous()
+            finally:
+                if hasattr(executor, "_ne_regrouping"):
+                    executor._ne_regrouping = False
             if hooks.after is not None:
                 hooks.after(self.torch_handler, info)
             return info
