@@ -142,6 +142,7 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         change = _change_counts(fleet)
         await leaver.leave()
         out["leave_regroup_s"] = await _regroup(fleet, round_, t0, limit_s)
+        out["leave_agreed_s"] = _agreed(fleet, round_, t0)
         out["leave_change"] = change()
         round_ = fleet.latest_round()
         # A node joins: the others see it waiting and regroup with it.
@@ -149,6 +150,7 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         change = _change_counts(fleet)
         await fleet.add(1)
         out["join_regroup_s"] = await _regroup(fleet, round_, t0, limit_s)
+        out["join_agreed_s"] = _agreed(fleet, round_, t0)
         out["join_change"] = change()
         round_ = fleet.latest_round()
         # A node is lost: its heartbeats stop; every survivor notices when the window is over.
@@ -171,6 +173,13 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         out["lost_noticed_s"] = max(times) - t0 if len(times) == len(fleet.live()) else None
         out["lost_noticed_first_s"] = min(times) - t0 if times else None
         out["lost_regroup_s"] = await _regroup(fleet, round_, t0, window + limit_s)
+        out["lost_agreed_s"] = _agreed(fleet, round_, t0)
+        if times:  # from the first survivor that saw it (the keep-alive bound before that)
+            seen = min(times)
+            out["lost_agreed_after_seen_s"] = None if out["lost_agreed_s"] is None else out["lost_agreed_s"] - (seen - t0)
+            out["lost_regroup_after_seen_s"] = (
+                None if out["lost_regroup_s"] is None else out["lost_regroup_s"] - (seen - t0)
+            )
         out["lost_change"] = change()  # the window's steady calls included
         out["keep_alive_window_s"] = window
         out["keep_alive_interval_s"] = settings.keep_alive_interval_s
@@ -196,6 +205,13 @@ def _change_counts(fleet: Any) -> Any:
         }
 
     return counted
+
+
+def _agreed(fleet: Any, after_round: int, t0: float) -> float | None:
+    """Seconds from ``t0`` until every live agent that was in ``after_round`` was out of it and
+    (ours) knew the next round's members: the agreement, before torch's last call and the ranks."""
+    times = [a.marks.agreed.get(after_round + 1) for a in fleet.live() if after_round in a.marks.ranked]
+    return max(times) - t0 if times and None not in times else None
 
 
 async def _regroup(fleet: Any, after_round: int, t0: float, limit_s: float) -> float | None:
@@ -505,7 +521,11 @@ def main() -> None:
     earlier = json.loads(path.read_text()) if path.exists() else {}
     data: dict[str, Any] = {k: earlier[k] for k in ("rendezvous", "fold", "follower", "slurm") if k in earlier}
     if "rdzv" in parts:
-        data["rendezvous"] = rendezvous(nodes, args.modes.split(","), args.stores.split(","), window, args.limit)
+        fresh = rendezvous(nodes, args.modes.split(","), args.stores.split(","), window, args.limit)
+        # ... and so does each (nodes, mode, store) not run this time.
+        ran = {(r["nodes"], r["mode"], r["store"]) for r in fresh}
+        kept = [r for r in data.get("rendezvous", []) if (r["nodes"], r["mode"], r["store"]) not in ran]
+        data["rendezvous"] = sorted(kept + fresh, key=lambda r: (r["nodes"], r["mode"], r["store"]))
     if "fold" in parts:
         data["fold"] = fold(nodes, args.fold_steady)
     if "k8s" in parts:
@@ -540,10 +560,13 @@ RDZV_FIGURES = [
     ("steady_calls_per_s", "steady: store calls a second", "1/s"),
     ("steady_mb_per_s", "steady: bytes a second", "MB/s"),
     ("steady_store_load", "steady: store load (share of its one core)", "x"),
+    ("leave_agreed_s", "a node leaves: every survivor agreed on the next round", "s"),
     ("leave_regroup_s", "a node leaves: all regrouped", "s"),
+    ("join_agreed_s", "a node joins: everyone agreed on the next round", "s"),
     ("join_regroup_s", "a node joins: all regrouped", "s"),
     ("lost_noticed_s", "a node lost: noticed by every survivor", "s"),
     ("lost_regroup_s", "a node lost: all regrouped", "s"),
+    ("lost_regroup_after_seen_s", "a node lost: all regrouped, from the first survivor that saw it", "s"),
 ]
 
 
@@ -597,6 +620,21 @@ def goal_rows(data: dict[str, Any], n: int) -> list[dict]:
                 noticed is not None and bound is not None and noticed <= bound,
             )
         )
+        # The agreement of a change of members: from the change (a lost node: from the first
+        # survivor that saw it, the keep-alive bound before that) until every member knew the
+        # next round's members; torch's last call (a round short of its maximum waits 1 s for
+        # more) and the ranks' assignment come after it.
+        for change, what in (("leave", "a node leaves"), ("join", "a node joins")):
+            agreed = r.get(f"{change}_agreed_s")
+            rows.append(
+                row(
+                    f"goal, {n} nodes: {what}, the members' agreement on the next round",
+                    agreed if agreed is not None else "not agreed",
+                    "s",
+                    "<= 2",
+                    agreed is not None and agreed <= 2,
+                )
+            )
     fold = [r for r in data.get("fold", []) if r["nodes"] == n]
     if fold:
         f = fold[0]

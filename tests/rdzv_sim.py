@@ -414,6 +414,7 @@ class Marks:
     rank: dict[int, int] = field(default_factory=dict)  # its group rank, by round
     departures: list[tuple[float, frozenset[Any]]] = field(default_factory=list)  # noticed: who
     waiting: list[float] = field(default_factory=list)  # saw a node waiting to join
+    agreed: dict[int, float] = field(default_factory=dict)  # out of its round, in the next (by the next's number)
 
 
 class Agent:
@@ -720,6 +721,8 @@ class Agent:
             await asyncio.sleep(random.uniform(0, 0.3))
         deadline = time.monotonic() + self.settings.timeout.join.total_seconds()
         await self.run(dr._RendezvousExitOp(), deadline, regroup=True)
+        if self.joined is not None:  # a regroup: it knows the next round's members (ours), or is out (torch's)
+            self.marks.agreed[self.joined[0] + 1] = time.monotonic()
         await self.run(dr._RendezvousJoinOp(), deadline, update=True)
         self.beating = asyncio.Event()
         asyncio.ensure_future(self._keep_alive(self.beating))
