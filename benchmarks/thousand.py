@@ -176,7 +176,9 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         out["lost_agreed_s"] = _agreed(fleet, round_, t0)
         if times:  # from the first survivor that saw it (the keep-alive bound before that)
             seen = min(times)
-            out["lost_agreed_after_seen_s"] = None if out["lost_agreed_s"] is None else out["lost_agreed_s"] - (seen - t0)
+            out["lost_agreed_after_seen_s"] = (
+                None if out["lost_agreed_s"] is None else out["lost_agreed_s"] - (seen - t0)
+            )
             out["lost_regroup_after_seen_s"] = (
                 None if out["lost_regroup_s"] is None else out["lost_regroup_s"] - (seen - t0)
             )

@@ -611,7 +611,7 @@ class Agent:
             self.pause = min(max(2 * self.pause, 0.02), 0.25)
             await asyncio.sleep(self.pause)
         else:
-            wait_s = min(5.0, interval_s)  # rounds.SIGNAL_WAIT_S
+            wait_s = min(1.0, interval_s)  # rounds.SIGNAL_WAIT_S
             await self.wire.wait([together.signal_key(self.key, round_ + 1, together.OPENED)], wait_s)
         self.last_sync = -1.0
         return "again"
@@ -620,16 +620,14 @@ class Agent:
         """A join that would look again in poll_s waits for the round it waits for instead (the
         next one opened, or its own completed): False where it waits for nothing of ours."""
         state, node = self.state, self.node
-        wait_s = min(5.0, self.settings.keep_alive_interval.total_seconds())  # rounds.SIGNAL_WAIT_S
+        wait_s = min(1.0, self.settings.keep_alive_interval.total_seconds())  # rounds.SIGNAL_WAIT_S
         if state.complete and node in state.wait_list:
             await self.wire.wait([together.signal_key(self.key, state.round + 1, together.OPENED)], wait_s)
         elif not state.complete and node in state.participants and state.deadline is not None:
             left = max(0.0, (state.deadline - datetime.now(timezone.utc)).total_seconds())
-            if min(state.participants) == node:  # the one that completes it at its deadline
-                await asyncio.sleep(min(left, wait_s))
-            else:
-                key = together.signal_key(self.key, state.round, together.COMPLETE)
-                await self.wire.wait([key], min(left + 0.3, wait_s))  # rounds.COMPLETE_GRACE_S
+            grace = 0.0 if min(state.participants) == node else 0.3  # rounds.COMPLETE_GRACE_S
+            key = together.signal_key(self.key, state.round, together.COMPLETE)
+            await self.wire.wait([key], max(0.01, min(left + grace, wait_s)))
         else:
             return False
         self.last_sync = -1.0

@@ -308,9 +308,10 @@ def regroup_in_one_write(rules: RoundRules) -> bool:
 
 #: A node waiting for a round of ours to be written waits on its key at most this long (and at
 #: most a heartbeat interval) at a time, then reads the state again (a writer that died, a round
-#: written by torch's own agent). Normally the key comes first: a wait that times out is logged
-#: by torch's client (two warnings), so it is not the way to pass time.
-SIGNAL_WAIT_S = 5.0
+#: written by torch's own agent). Normally the key comes first. The wait is torch's client's, in
+#: C++: a signal (SIGTERM: the node is sent away) is handled once it returns, so it is short;
+#: one that times out is logged by torch's client (two warnings).
+SIGNAL_WAIT_S = 1.0
 #: A member of a round that is not the one to complete it at its deadline waits this much longer
 #: for the one that does before it completes it itself (one write, not one per member).
 COMPLETE_GRACE_S = 0.3
@@ -525,12 +526,13 @@ def _executor_class() -> type:
                     if state.complete and node in state.wait_list:
                         self._ne_wait(key_of(state.round + 1, together.OPENED), self._ne_wait_s())
                     elif not state.complete and node in state.participants and state.deadline is not None:
-                        left = together.seconds_to(state.deadline, time.time())
-                        if min(state.participants) == node:  # it completes the round at its deadline
-                            time.sleep(min(max(left, 0.0), self._ne_wait_s()))
-                        else:
-                            key = key_of(state.round, together.COMPLETE)
-                            self._ne_wait(key, min(max(left, 0.0) + COMPLETE_GRACE_S, self._ne_wait_s()))
+                        # The first member completes the round at its deadline; the others
+                        # wait a little longer for that (one write, not one each); a node that
+                        # fills it first completes it sooner.
+                        left = max(0.0, together.seconds_to(state.deadline, time.time()))
+                        grace = 0.0 if min(state.participants) == node else COMPLETE_GRACE_S
+                        key = key_of(state.round, together.COMPLETE)
+                        self._ne_wait(key, max(0.01, min(left + grace, self._ne_wait_s())))
                     else:
                         return action  # it waits for nodes to join: torch's own look
                     ctx = self._ne_reread()
@@ -550,7 +552,9 @@ def _executor_class() -> type:
             try:
                 store.wait([key], timedelta(seconds=bound_s))
                 return True
-            except Exception:  # its timeout (DistStoreError), or a store lost: the next read says
+            except RuntimeError:  # its timeout (DistStoreError), or a store lost: the next read says
+                # Not Exception: a signal's handler raises where the wait returns (torch's agent:
+                # SignalException, a node sent away), and that must reach the agent.
                 return False
 
         def _ne_reread(self) -> Any:

@@ -240,8 +240,7 @@ class Sayings:
 # own agent, which never says ``regroup``) leaves R and waits as torch does, and R+1 is written
 # only once it is out of R (so it is never written a round it would then leave); a member that is
 # lost is still only dropped when its heartbeat expires (until then R waits for it, as torch's
-# round does); a waiting node goes into R+1 only with a heartbeat at most ``BEAT_AFTER_INTERVALS``
-# intervals old (one that stopped beating stays out, as it would not have joined).
+# round does); a waiting node joins R+1 itself, as torch's do (one that went away is in no round).
 
 OPENED, COMPLETE = "opened", "complete"
 
@@ -277,25 +276,17 @@ def regrouping(state: Any, said: Iterable[Said], node_of: Callable[[tuple[str, i
 def open_next_round(state: Any, settings: Any, me: Any, now: float) -> list[Any]:
     """Make ``state`` (a complete round R whose members all regroup) round R+1 as torch's rounds
     would make it if they all left R and joined R+1 at once (``_remove_participant_epilogue``,
-    then ``_add_to_participants`` for each): its members are R's and the nodes waiting (by their
-    order, up to the round's maximum, each with a heartbeat at most ``BEAT_AFTER_INTERVALS``
-    intervals old); its deadline set once it holds ``min_nodes``; complete, with torch's ranks,
-    once it holds ``max_nodes``. Its members, by rank order."""
-    interval = settings.keep_alive_interval
+    then ``_add_to_participants`` for each): its members are R's; its deadline set once it holds
+    ``min_nodes``; complete, with torch's ranks, once it holds ``max_nodes``. The nodes waiting
+    are not put in: each joins R+1 itself, as torch's do (a write that takes in the others'), so
+    a node that went away while it waited is in no round (put in, it was a member the others
+    waited for: a node sent away by the supervisor hung its job's next round). Its members."""
     example = _example(state)
-    fresh = _time_like(example, now) - BEAT_AFTER_INTERVALS * interval
     members = list(state.participants)
-    for node in sorted(state.wait_list):
-        if len(members) >= settings.max_nodes:
-            break
-        beat = state.last_heartbeats.get(node)
-        if beat is not None and beat >= fresh:
-            members.append(node)
     state.round += 1
     state.complete = False
     state.deadline = None
     state.participants = dict.fromkeys(members, 0)
-    state.wait_list = {n for n in state.wait_list if n not in state.participants}
     state.last_heartbeats[me] = _time_like(example, now)
     if len(members) >= settings.min_nodes:
         state.deadline = _time_like(example, now) + settings.timeout.last_call
