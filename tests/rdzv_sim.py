@@ -549,6 +549,9 @@ class Agent:
                     action = decided
                     continue
             action = op(ctx, deadline)
+            if action == A.MARK_RENDEZVOUS_COMPLETE and regroup is False and self.fleet.settings.regroup:
+                if await self._wait_for_first():
+                    continue
             if action == A.KEEP_ALIVE and self.fleet.settings.together and together.beats_together(self.settings):
                 action = await self._beat_together(op)
             if (
@@ -630,6 +633,20 @@ class Agent:
             await self.wire.wait([key], max(0.01, min(left + grace, wait_s)))
         else:
             return False
+        self.last_sync = -1.0
+        return True
+
+    async def _wait_for_first(self) -> bool:
+        """rounds.py: a member past its round's deadline that is not the first waits a little
+        longer for the first to complete it (one write, not one each)."""
+        state = self.state
+        if state.complete or state.deadline is None or self.node not in state.participants:
+            return False
+        left = (state.deadline - datetime.now(timezone.utc)).total_seconds()
+        grace = 0.0 if min(state.participants) == self.node else 0.3  # rounds.COMPLETE_GRACE_S
+        if left > 0 or left + grace <= 0:
+            return False
+        await self.wire.wait([together.signal_key(self.key, state.round, together.COMPLETE)], left + grace)
         self.last_sync = -1.0
         return True
 

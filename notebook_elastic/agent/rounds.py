@@ -518,19 +518,25 @@ def _executor_class() -> type:
 
             def join_op(ctx: Any, deadline: float) -> Any:
                 action = op(ctx, deadline)
-                for _ in range(4):  # then torch's own look a second later, whatever it waits for
-                    if action != dr._Action.SYNC:
-                        return action
+                completing = (dr._Action.SYNC, dr._Action.MARK_RENDEZVOUS_COMPLETE)
+                for _ in range(8):  # then torch's own look a second later, whatever it waits for
                     state, node = ctx.state, ctx.node
                     key_of = functools.partial(together.signal_key, self._ne_sayings().state_key)
-                    if state.complete and node in state.wait_list:
+                    if action == dr._Action.SYNC and state.complete and node in state.wait_list:
                         self._ne_wait(key_of(state.round + 1, together.OPENED), self._ne_wait_s())
-                    elif not state.complete and node in state.participants and state.deadline is not None:
+                    elif (
+                        action in completing
+                        and not state.complete
+                        and node in state.participants
+                        and state.deadline is not None
+                    ):
                         # The first member completes the round at its deadline; the others
                         # wait a little longer for that (one write, not one each); a node that
                         # fills it first completes it sooner.
-                        left = max(0.0, together.seconds_to(state.deadline, time.time()))
+                        left = together.seconds_to(state.deadline, time.time())
                         grace = 0.0 if min(state.participants) == node else COMPLETE_GRACE_S
+                        if left + grace <= 0 or (action != dr._Action.SYNC and left > 0):
+                            return action  # its turn (or the job's target reached: torch's)
                         key = key_of(state.round, together.COMPLETE)
                         self._ne_wait(key, max(0.01, min(left + grace, self._ne_wait_s())))
                     else:
