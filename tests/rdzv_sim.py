@@ -628,7 +628,7 @@ class Agent:
             await self.wire.wait([together.signal_key(self.key, state.round + 1, together.OPENED)], wait_s)
         elif not state.complete and node in state.participants and state.deadline is not None:
             left = max(0.0, (state.deadline - datetime.now(timezone.utc)).total_seconds())
-            grace = 0.0 if min(state.participants) == node else 0.3  # rounds.COMPLETE_GRACE_S
+            grace = 0.0 if min(state.participants) == node else 1.0  # rounds.COMPLETE_GRACE_S
             key = together.signal_key(self.key, state.round, together.COMPLETE)
             await self.wire.wait([key], max(0.01, min(left + grace, wait_s)))
         else:
@@ -643,7 +643,7 @@ class Agent:
         if state.complete or state.deadline is None or self.node not in state.participants:
             return False
         left = (state.deadline - datetime.now(timezone.utc)).total_seconds()
-        grace = 0.0 if min(state.participants) == self.node else 0.3  # rounds.COMPLETE_GRACE_S
+        grace = 0.0 if min(state.participants) == self.node else 1.0  # rounds.COMPLETE_GRACE_S
         if left > 0 or left + grace <= 0:
             return False
         await self.wire.wait([together.signal_key(self.key, state.round, together.COMPLETE)], left + grace)

@@ -313,8 +313,9 @@ def regroup_in_one_write(rules: RoundRules) -> bool:
 #: one that times out is logged by torch's client (two warnings).
 SIGNAL_WAIT_S = 1.0
 #: A member of a round that is not the one to complete it at its deadline waits this much longer
-#: for the one that does before it completes it itself (one write, not one per member).
-COMPLETE_GRACE_S = 0.3
+#: for the one that does before it completes it itself (one write, not one per member; on a
+#: loaded machine a shorter grace let hundreds of simulated members complete it each).
+COMPLETE_GRACE_S = 1.0
 
 
 #: A write that lost waits a random pause below this, doubling with each loss in a row up to
