@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from slurm_hosts import SlurmHosts, why_not
+from test_slurm import STORY
 from waiting import wait_for
 
 import notebook_elastic as ne
@@ -22,21 +23,7 @@ from notebook_elastic.jobfolder.folder import JobFolder
 
 pytestmark = pytest.mark.slow
 
-TRAIN = """
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-state = elastic.State(model=model, optimizer=opt)
-sampler = state.batch_sampler(65536, 8, shuffle=True, seed=1)
-batches = iter(sampler)
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-for step in state.steps(TOTAL):
-    idx = next(batches)
-    loss = ddp(torch.randn(8, 4)).pow(2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    elastic.report(step=step, loss=loss.item(), start=sampler.last_start, gen=state.generation, all_ranks=True)
-    state.commit()
-    time.sleep(0.1)
-"""
+TRAIN = STORY  # test_slurm.py's cell: it reports each sample's start, for the exactly-once check
 
 
 @pytest.fixture(scope="module")
