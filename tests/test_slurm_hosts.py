@@ -10,13 +10,11 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from slurm_hosts import SlurmHosts, why_not
-from test_slurm import STORY
+from test_slurm import STORY, user_ns
 from waiting import wait_for
 
 import notebook_elastic as ne
-import notebook_elastic.runtime as runtime
 from notebook_elastic.agent.store_link import STORE_CALL_TIMEOUT_S
 from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.jobfolder.folder import JobFolder
@@ -70,7 +68,7 @@ def test_a_job_across_two_hosts_trains_on_through_a_partition_and_grows_back(on_
         supervisor_in="ctl",
         max_restarts=0,
         name="apart",
-        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": total},
+        user_ns=user_ns(total),
     )
     folder = JobFolder(home / "jobs" / "apart")
     try:
@@ -163,7 +161,7 @@ def test_a_supervisor_on_another_host_is_steered_and_read_running_then_lost_from
         nodes=1,
         supervisor_in="ctl",
         name="far",
-        user_ns={"torch": torch, "elastic": runtime, "time": time, "TOTAL": 100_000},
+        user_ns=user_ns(100_000),
     )
     folder = JobFolder(home / "jobs" / "far")
     try:

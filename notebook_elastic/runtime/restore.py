@@ -334,7 +334,7 @@ class Restore:
             # step): a rank behind it was not in that group. A node cut off that comes back
             # kept its process and its old group's size, and heard that group break ("lost"):
             # told as it, the survivors' 1 -> 2 read "a node was lost: 2 -> 2".
-            from_world, why = self._collectives.all_reduce([*heard] if mine == best else [0, 0], "max")
+            from_world, why = self._collectives.all_reduce(heard if mine == best else [0, 0], "max")
             sent = None
             if self._info.rank == source and handoff is not None:
                 sent = {"states": handoff.states, "extra": handoff.extra, "samples_seen": handoff.samples_seen}

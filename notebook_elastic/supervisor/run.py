@@ -286,9 +286,11 @@ class Supervisor:
         listener = listen(self.authkey, bind)
         spec, before = self.spec, None
         # A stop that finds no supervisor.json yet writes the job's end itself (the CLI, a
-        # kernel, while Slurm started this one): counted here, looked for once this file is
-        # written, so a supervisor that started under such a stop stops at once.
-        stops_before = self._stops_recorded()
+        # kernel, while Slurm started this one). The start lock makes such a stop wait; where it
+        # could not be had (a file system without locks), the stops are counted here and looked
+        # for once this file is written, so a supervisor that started under one stops at once.
+        unguarded = not self.resume and self.start_lock is None
+        stops_before = self._stops_recorded() if unguarded else 0
         self.folder.keep_room()  # the room for the last records; a resumed job's old outcome cleared
         if self.resume:
             # The history so far, folded, so status.json goes on from it (steps, metrics).
@@ -335,7 +337,7 @@ class Supervisor:
         if self.start_lock is not None:
             os.close(self.start_lock)  # announced: a stop from now on finds this supervisor
             self.start_lock = None
-        if not self.resume and self._stops_recorded() > stops_before:
+        elif unguarded and self._stops_recorded() > stops_before:
             _log.info("job %r was stopped while its supervisor started: it stops at once", spec.name)
             self.requests.put(({"command": "stop"}, queue.SimpleQueue()))
         threading.Thread(target=self.commands.serve, args=(listener,), daemon=True).start()

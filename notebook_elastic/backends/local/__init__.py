@@ -356,15 +356,14 @@ class LocalBackend(Backend):
             if kill_all(folder.path):
                 return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        if ended(folder) and not folder.supervisor_alive():
+        announced, done = folder.supervisor_alive(), ended(folder)
+        if done and not announced:
             kill_all(folder.path)  # finished: only make sure nothing is left
             return
         # No supervisor announced: one may be starting (on Slurm, its allocation granted). Its
         # start and this stop take turns (JobFolder.hold_start): it has announced itself by the
         # time this holds the lock, or it sees the end written here and starts nothing.
-        start_lock = None
-        if not folder.supervisor_alive() and not ended(folder):
-            start_lock = folder.hold_start(SUPERVISOR_START_TIMEOUT_S)
+        start_lock = None if announced else folder.hold_start(SUPERVISOR_START_TIMEOUT_S)
         try:
             if folder.supervisor_alive():
                 answered = True
