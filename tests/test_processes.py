@@ -144,6 +144,35 @@ def test_kill_all_terminates_then_kills_what_ignores_sigterm(tmp_path: Path, han
     assert processes_of(job) == []
 
 
+FROZEN_BIG = [
+    sys.executable,
+    "-c",
+    "import mmap, sys, time\n"
+    "m = mmap.mmap(-1, 1 << 30)\n"
+    "for i in range(0, 1 << 30, 4096): m[i] = 1\n"
+    "print('ready', flush=True); time.sleep(60)",
+]
+
+
+def test_kill_all_returns_once_what_it_killed_has_exited(tmp_path: Path, handle: str):
+    """CI, stop 44: a stop said "its processes are ended" while the frozen supervisor it had
+    SIGKILLed still ran. A SIGKILL is delivered, not done: a process with a gigabyte to tear
+    down (woken from a SIGSTOP to die) exits half a second later on this machine."""
+    job = str(tmp_path / "job")
+    proc = subprocess.Popen(FROZEN_BIG, env={**os.environ, ENV_JOB_DIR: job}, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        os.kill(proc.pid, signal.SIGSTOP)  # frozen: SIGTERM waits, only SIGKILL ends it
+        assert kill_all(job, grace_s=0.2) == [proc.pid]
+        assert not pid_alive(proc.pid)  # exited (a zombie until reaped here), not dying
+        assert proc.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def _give_pid(pid: int) -> subprocess.Popen[bytes] | None:
     """A new process (not the job's) given ``pid``, which must be free: the kernel hands out
     ns_last_pid + 1 next, unless another fork on the machine takes it first (tried again)."""

@@ -220,6 +220,9 @@ def signal_all(job_dir: str | os.PathLike[str], sig: int, which: Callable[[int],
     return signalled
 
 
+KILLED_EXIT_WAIT_S = 10.0  # how long kill_all waits for a SIGKILLed process to have exited
+
+
 def kill_all(job_dir: str | os.PathLike[str], grace_s: float = 3.0) -> list[int]:
     """SIGTERM every process of the job, then SIGKILL what is left after ``grace_s`` (and what
     started meanwhile); the pids sent SIGTERM. Never signals a process that got the pid of one of
@@ -233,9 +236,14 @@ def kill_all(job_dir: str | os.PathLike[str], grace_s: float = 3.0) -> list[int]
             time.sleep(0.05)
         # Those still running, through the handles taken: one found as a descendant may have
         # lost its parent meanwhile (reparented, it is no longer found by descent).
-        for held in victims:
-            if held.running():
-                held.signal(signal.SIGKILL)
+        killed = [held for held in victims if held.running()]
+        for held in killed:
+            held.signal(signal.SIGKILL)
+        # A SIGKILL is delivered, not done: a process tearing down its memory (or woken from a
+        # SIGSTOP to die) runs on a while. "Ended" is said once it has exited, within a bound.
+        deadline = time.monotonic() + KILLED_EXIT_WAIT_S
+        while time.monotonic() < deadline and any(held.running() for held in killed):
+            time.sleep(0.02)
     finally:
         for held in victims:
             held.close()
