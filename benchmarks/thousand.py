@@ -95,7 +95,12 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
 
     ours = mode == "ours"
     settings = sim.Settings(
-        min_nodes=n - 1, max_nodes=n, together=ours, backoff_s=0.02 if ours else 0.0, supervised=not ours
+        min_nodes=n - 1,
+        max_nodes=n,
+        together=ours,
+        regroup=ours,
+        backoff_s=0.02 if ours else 0.0,
+        supervised=not ours,
     )
     fleet = sim.Fleet("127.0.0.1", port, settings)
     me = os.getpid()
@@ -134,17 +139,24 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         # A node leaves: it takes itself out; the others notice at their next look and regroup.
         leaver = fleet.agents[n // 2]
         t0 = time.monotonic()
+        change = _change_counts(fleet)
         await leaver.leave()
         out["leave_regroup_s"] = await _regroup(fleet, round_, t0, limit_s)
+        out["leave_agreed_s"] = _agreed(fleet, round_, t0)
+        out["leave_change"] = change()
         round_ = fleet.latest_round()
         # A node joins: the others see it waiting and regroup with it.
         t0 = time.monotonic()
+        change = _change_counts(fleet)
         await fleet.add(1)
         out["join_regroup_s"] = await _regroup(fleet, round_, t0, limit_s)
+        out["join_agreed_s"] = _agreed(fleet, round_, t0)
+        out["join_change"] = change()
         round_ = fleet.latest_round()
         # A node is lost: its heartbeats stop; every survivor notices when the window is over.
         lost = fleet.agents[n // 3]
         t0 = time.monotonic()
+        change = _change_counts(fleet)
         lost.crash()
         window = settings.keep_alive_interval_s * settings.keep_alive_max_attempt
 
@@ -161,12 +173,47 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         out["lost_noticed_s"] = max(times) - t0 if len(times) == len(fleet.live()) else None
         out["lost_noticed_first_s"] = min(times) - t0 if times else None
         out["lost_regroup_s"] = await _regroup(fleet, round_, t0, window + limit_s)
+        out["lost_agreed_s"] = _agreed(fleet, round_, t0)
+        if times:  # from the first survivor that saw it (the keep-alive bound before that)
+            seen = min(times)
+            out["lost_agreed_after_seen_s"] = (
+                None if out["lost_agreed_s"] is None else out["lost_agreed_s"] - (seen - t0)
+            )
+            out["lost_regroup_after_seen_s"] = (
+                None if out["lost_regroup_s"] is None else out["lost_regroup_s"] - (seen - t0)
+            )
+        out["lost_change"] = change()  # the window's steady calls included
         out["keep_alive_window_s"] = window
         out["keep_alive_interval_s"] = settings.keep_alive_interval_s
         return out
     finally:
         fleet.close()
         await asyncio.sleep(0.2)
+
+
+def _change_counts(fleet: Any) -> Any:
+    """What a change of members costs from now until the returned function is called: the
+    store calls by kind, the writes of the state (each the whole round) and how many lost."""
+    before, writes, won = fleet.counts.copy(), fleet.state_writes, fleet.state_writes_won
+
+    def counted() -> dict[str, Any]:
+        d = fleet.counts.minus(before)
+        return {
+            "calls": sum(d.calls.values()),
+            "by_call": {k: v for k, v in sorted(d.calls.items()) if v},
+            "mb": round((d.sent + d.received) / 1e6, 1),
+            "state_writes": fleet.state_writes - writes,
+            "state_writes_lost": (fleet.state_writes - writes) - (fleet.state_writes_won - won),
+        }
+
+    return counted
+
+
+def _agreed(fleet: Any, after_round: int, t0: float) -> float | None:
+    """Seconds from ``t0`` until every live agent that was in ``after_round`` was out of it and
+    (ours) knew the next round's members: the agreement, before torch's last call and the ranks."""
+    times = [a.marks.agreed.get(after_round + 1) for a in fleet.live() if after_round in a.marks.ranked]
+    return max(times) - t0 if times and None not in times else None
 
 
 async def _regroup(fleet: Any, after_round: int, t0: float, limit_s: float) -> float | None:
@@ -476,7 +523,11 @@ def main() -> None:
     earlier = json.loads(path.read_text()) if path.exists() else {}
     data: dict[str, Any] = {k: earlier[k] for k in ("rendezvous", "fold", "follower", "slurm") if k in earlier}
     if "rdzv" in parts:
-        data["rendezvous"] = rendezvous(nodes, args.modes.split(","), args.stores.split(","), window, args.limit)
+        fresh = rendezvous(nodes, args.modes.split(","), args.stores.split(","), window, args.limit)
+        # ... and so does each (nodes, mode, store) not run this time.
+        ran = {(r["nodes"], r["mode"], r["store"]) for r in fresh}
+        kept = [r for r in data.get("rendezvous", []) if (r["nodes"], r["mode"], r["store"]) not in ran]
+        data["rendezvous"] = sorted(kept + fresh, key=lambda r: (r["nodes"], r["mode"], r["store"]))
     if "fold" in parts:
         data["fold"] = fold(nodes, args.fold_steady)
     if "k8s" in parts:
@@ -511,10 +562,13 @@ RDZV_FIGURES = [
     ("steady_calls_per_s", "steady: store calls a second", "1/s"),
     ("steady_mb_per_s", "steady: bytes a second", "MB/s"),
     ("steady_store_load", "steady: store load (share of its one core)", "x"),
+    ("leave_agreed_s", "a node leaves: every survivor agreed on the next round", "s"),
     ("leave_regroup_s", "a node leaves: all regrouped", "s"),
+    ("join_agreed_s", "a node joins: everyone agreed on the next round", "s"),
     ("join_regroup_s", "a node joins: all regrouped", "s"),
     ("lost_noticed_s", "a node lost: noticed by every survivor", "s"),
     ("lost_regroup_s", "a node lost: all regrouped", "s"),
+    ("lost_regroup_after_seen_s", "a node lost: all regrouped, from the first survivor that saw it", "s"),
 ]
 
 
@@ -568,6 +622,21 @@ def goal_rows(data: dict[str, Any], n: int) -> list[dict]:
                 noticed is not None and bound is not None and noticed <= bound,
             )
         )
+        # The agreement of a change of members: from the change (a lost node: from the first
+        # survivor that saw it, the keep-alive bound before that) until every member knew the
+        # next round's members; torch's last call (a round short of its maximum waits 1 s for
+        # more) and the ranks' assignment come after it.
+        for change, what in (("leave", "a node leaves"), ("join", "a node joins")):
+            agreed = r.get(f"{change}_agreed_s")
+            rows.append(
+                row(
+                    f"goal, {n} nodes: {what}, the members' agreement on the next round",
+                    agreed if agreed is not None else "not agreed",
+                    "s",
+                    "<= 2",
+                    agreed is not None and agreed <= 2,
+                )
+            )
     fold = [r for r in data.get("fold", []) if r["nodes"] == n]
     if fold:
         f = fold[0]

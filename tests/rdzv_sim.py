@@ -389,6 +389,7 @@ class Settings:
     supervised: bool = True  # checks for the supervisor's keys: GONE_KEY after each read, TARGET_KEY
     backoff_s: float = 0.0  # a lost write waits up to this (doubling) before the next try
     together: bool = False  # joins and exits announced, and made by any writer for all announced
+    regroup: bool = False  # a change of members in one write by the round's leader (together.open_next_round)
 
     def torch(self, run_id: str) -> dr.RendezvousSettings:
         timeout = dr.RendezvousTimeout(
@@ -413,6 +414,7 @@ class Marks:
     rank: dict[int, int] = field(default_factory=dict)  # its group rank, by round
     departures: list[tuple[float, frozenset[Any]]] = field(default_factory=list)  # noticed: who
     waiting: list[float] = field(default_factory=list)  # saw a node waiting to join
+    agreed: dict[int, float] = field(default_factory=dict)  # out of its round, in the next (by the next's number)
 
 
 class Agent:
@@ -443,6 +445,11 @@ class Agent:
         self.deleted = -1  # the last interval whose sayings it deleted
         self.announced_at = 0.0
         self.said_alive = 0.0  # when it last said it lives
+        self.joined: tuple[int, frozenset[Any]] | None = None  # the round it last joined, its members
+        self.said_regroup = -1  # the round it said it regroups from
+        self.said_regroup_at = 0.0
+        self.seen = (-1, False)  # (round, complete) of the state last read or written
+        self.pause = 0.0  # the leader's pause between two reads of who regroups
 
     # the state holder (torch's _BackendRendezvousStateHolder, with our NotebookStateHolder)
 
@@ -453,6 +460,10 @@ class Agent:
             mine = self.fleet.codec.encode(self.state)
             got = await self.wire.compare_set(self.key, self.token or SENTINEL, mine)
             has_set = got == mine
+            self.fleet.state_writes += 1
+            self.fleet.state_writes_won += has_set
+            if has_set and self.fleet.settings.regroup:
+                await self._signal()
             stale, self.consumed = self.consumed, None
             if has_set and stale is not None and stale > self.deleted:  # no longer read: gone
                 self.deleted = stale
@@ -468,6 +479,7 @@ class Agent:
             self.state, self.owned, self.token = self.fleet.codec.decode(got), False, got
         self.dirty = False
         self.last_sync = time.monotonic()
+        self.seen = (self.state.round, self.state.complete)
         if (
             DEBUG
             and self.token
@@ -516,12 +528,30 @@ class Agent:
 
     # the operation executor (torch's _DistributedRendezvousOpExecutor, with our NotebookExecutor)
 
-    async def run(self, op: Callable[[Any, float], Any], deadline: float, update: bool = False) -> None:
+    async def run(
+        self, op: Callable[[Any, float], Any], deadline: float, update: bool = False, regroup: bool = False
+    ) -> None:
         action = None
+        regroup = regroup and self.fleet.settings.regroup
         while action != A.FINISH:
             await self.sync()
             ctx = dr._RendezvousContext(self.node, self.state, self.settings)
+            if regroup and isinstance(op, dr._RendezvousExitOp):
+                decided = await self._regroup_exit()
+                if decided == "open":
+                    self._own()
+                    together.open_next_round(self.state, self.settings, self.node, time.time())
+                    self.dirty = True
+                    continue
+                if decided == "again":
+                    continue
+                if decided is not None:
+                    action = decided
+                    continue
             action = op(ctx, deadline)
+            if action == A.MARK_RENDEZVOUS_COMPLETE and regroup is False and self.fleet.settings.regroup:
+                if await self._wait_for_first():
+                    continue
             if action == A.KEEP_ALIVE and self.fleet.settings.together and together.beats_together(self.settings):
                 action = await self._beat_together(op)
             if (
@@ -537,7 +567,8 @@ class Agent:
             if action == A.ERROR_TIMEOUT:
                 raise TimeoutError("the rendezvous timed out")
             if action == A.SYNC:
-                await asyncio.sleep(self.fleet.settings.poll_s)
+                if not (self.fleet.settings.regroup and await self._wait_for_round()):
+                    await asyncio.sleep(self.fleet.settings.poll_s)
                 continue
             self._own()
             if self.fleet.settings.together and action in (
@@ -551,6 +582,88 @@ class Agent:
             if action == A.REMOVE_FROM_REDUNDANCY_LIST and update:
                 deadline = time.monotonic() + self.settings.timeout.join.total_seconds()
             self.dirty = True
+
+    async def _regroup_exit(self) -> Any:
+        """Our executor's exit from a round to regroup (rounds.py, together.open_next_round):
+        None (torch's exit op decides), FINISH (a round was written with it in), "open" (it
+        leads: it writes the next round), or "again" (it waited: read the state again)."""
+        state, joined = self.state, self.joined
+        if joined is None or self.node not in state.participants:
+            return None
+        round_, members = joined
+        if state.round > round_:
+            return A.FINISH  # the leader wrote the next round with it in
+        if state.round != round_ or not state.complete or not together.changed(state, members):
+            return None  # no change it can see: it leaves, as torch's does (the others see that)
+        now = time.time()
+        interval_s = self.settings.keep_alive_interval.total_seconds()
+        if self.said_regroup != round_ or now - self.said_regroup_at >= interval_s:  # said again while it lasts
+            if self.said_regroup != round_:
+                self.pause = 0.0
+            self.said_regroup, self.said_regroup_at = round_, now
+            await self._say(together.REGROUP, round_, now)
+        if now - self.said_alive >= interval_s:
+            self.said_alive = now
+            await self._say(together.ALIVE, -1, now)
+        if together.leader(state) == self.node:
+            said = await self._read_said(now)
+            if together.regrouping(state, said, self.fleet.node_of, self.node):
+                self._own()
+                together.take_alive(self.state, said, self.fleet.node_of)
+                return "open"
+            self.pause = min(max(2 * self.pause, 0.02), 0.25)
+            await asyncio.sleep(self.pause)
+        else:
+            wait_s = min(1.0, interval_s)  # rounds.SIGNAL_WAIT_S
+            await self.wire.wait([together.signal_key(self.key, round_ + 1, together.OPENED)], wait_s)
+        self.last_sync = -1.0
+        return "again"
+
+    async def _wait_for_round(self) -> bool:
+        """A join that would look again in poll_s waits for the round it waits for instead (the
+        next one opened, or its own completed): False where it waits for nothing of ours."""
+        state, node = self.state, self.node
+        wait_s = min(1.0, self.settings.keep_alive_interval.total_seconds())  # rounds.SIGNAL_WAIT_S
+        if state.complete and node in state.wait_list:
+            await self.wire.wait([together.signal_key(self.key, state.round + 1, together.OPENED)], wait_s)
+        elif not state.complete and node in state.participants and state.deadline is not None:
+            left = max(0.0, (state.deadline - datetime.now(timezone.utc)).total_seconds())
+            grace = 0.0 if min(state.participants) == node else 1.0  # rounds.COMPLETE_GRACE_S
+            key = together.signal_key(self.key, state.round, together.COMPLETE)
+            await self.wire.wait([key], max(0.01, min(left + grace, wait_s)))
+        else:
+            return False
+        self.last_sync = -1.0
+        return True
+
+    async def _wait_for_first(self) -> bool:
+        """rounds.py: a member past its round's deadline that is not the first waits a little
+        longer for the first to complete it (one write, not one each)."""
+        state = self.state
+        if state.complete or state.deadline is None or self.node not in state.participants:
+            return False
+        left = (state.deadline - datetime.now(timezone.utc)).total_seconds()
+        grace = 0.0 if min(state.participants) == self.node else 1.0  # rounds.COMPLETE_GRACE_S
+        if left > 0 or left + grace <= 0:
+            return False
+        await self.wire.wait([together.signal_key(self.key, state.round, together.COMPLETE)], left + grace)
+        self.last_sync = -1.0
+        return True
+
+    async def _signal(self) -> None:
+        """After a write that won: the round it opened or completed, told to whoever waits."""
+        seen, state = self.seen, self.state
+        if state.round > seen[0]:
+            await self.wire.set(together.signal_key(self.key, state.round, together.OPENED), b"1")
+        if state.complete and (state.round > seen[0] or not seen[1]):
+            await self.wire.set(together.signal_key(self.key, state.round, together.COMPLETE), b"1")
+
+    async def _read_said(self, now: float) -> list[together.Said]:
+        this = together.interval_of(now, self.settings.keep_alive_interval.total_seconds())
+        said: list[together.Said] = []
+        for i in (this - 1, this):  # compare_set(k, "", ""): the value, or an empty key made
+            said += self.fleet.said(await self.wire.compare_set(protocol.announced_key(self.key, i), b"", b""))
+        return said
 
     async def _beat_together(self, op: Any) -> Any:
         """torch wants this node's heartbeat written: say it lives (once an interval), and write
@@ -622,12 +735,15 @@ class Agent:
         if self.state.round == 0:
             await asyncio.sleep(random.uniform(0, 0.3))
         deadline = time.monotonic() + self.settings.timeout.join.total_seconds()
-        await self.run(dr._RendezvousExitOp(), deadline)
+        await self.run(dr._RendezvousExitOp(), deadline, regroup=True)
+        if self.joined is not None:  # a regroup: it knows the next round's members (ours), or is out (torch's)
+            self.marks.agreed[self.joined[0] + 1] = time.monotonic()
         await self.run(dr._RendezvousJoinOp(), deadline, update=True)
         self.beating = asyncio.Event()
         asyncio.ensure_future(self._keep_alive(self.beating))
         round_, rank, world = self.state.round, self.state.participants[self.node], len(self.state.participants)
         self.round, self.members = round_, frozenset(self.state.participants)
+        self.joined = (round_, self.members)
         self.marks.rounds[round_] = time.monotonic()
         self.marks.rank[round_] = rank
         prefix = f"torch.rendezvous.{self.fleet.run_id}.{round_}/"
@@ -791,6 +907,8 @@ class Fleet:
         self._oldest: OrderedDict[int, tuple[dr._RendezvousState, datetime]] = OrderedDict()
         self._said: OrderedDict[bytes, list[together.Said]] = OrderedDict()
         self.nodes: dict[tuple[str, int, int], dr._NodeDesc] = {}  # one object per node
+        self.state_writes = 0  # compare_sets of the state (each a whole round's bytes)
+        self.state_writes_won = 0
 
     def node_of(self, fields: tuple[str, int, int]) -> dr._NodeDesc:
         """The one object of this node here (a dataclass's hash is Python code: by object)."""

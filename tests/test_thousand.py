@@ -399,3 +399,170 @@ def test_a_job_of_1024_nodes_sends_the_kernel_a_bounded_number_of_gpu_lines():
     assert gpu.interval_s(1) == gpu.interval_s(1000) == gpu.SAMPLE_EVERY_S == 5.0
     for ranks in (1024 * 8, 4096 * 8):
         assert ranks / gpu.interval_s(ranks) <= gpu.JOB_LINES_PER_S <= 200
+
+
+# -- a change of members in one write (together.open_next_round) ---------------------------------
+
+
+def _ours(port: int, params: RendezvousParameters, rules: rounds.RoundRules):
+    return rounds.handler_over(_client(port), params, rules, rounds.RendezvousHooks(), store_link.StoreLink())
+
+
+def _in_threads(calls: list) -> list:
+    """Each call in a thread of its own, all at once: what each returned."""
+    out: list = [None] * len(calls)
+    errors: list = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = calls[i]()
+        except Exception as exc:  # told by the assertion below
+            errors.append((i, exc))
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert all(o is not None for o in out), "a node never finished regrouping"
+    return out
+
+
+def _regroup(port: int, won: dict, run_id: str, rules: rounds.RoundRules, n: int, plain: int) -> dict:
+    """A round of ``n`` nodes (``plain`` of them torch's own handler), range n-1:n; then a node of
+    ours leaves and the others regroup; then a node of ours joins and all regroup. The state's
+    writes each change took, and who is in each round with which rank."""
+    extra = {"keep_alive_interval": 5, "keep_alive_max_attempt": 6} if KEEP_ALIVE_SET else {}
+    params = RendezvousParameters(
+        backend=rounds.RDZV_BACKEND,
+        endpoint=f"127.0.0.1:{port}",
+        run_id=run_id,
+        min_nodes=n - 1,
+        max_nodes=n,
+        join_timeout=120,
+        last_call_timeout=1,
+        **extra,
+    )
+    handlers = [
+        dr.create_handler(c, C10dRendezvousBackend(c, run_id), params) if i < plain else _ours(port, params, rules)
+        for i, c in ((i, _client(port)) for i in range(n))
+    ]
+    key = f"/torch.rendezvous.{run_id}".encode()
+    out: dict = {}
+    try:
+        first = _in_threads([h.next_rendezvous for h in handlers])
+        assert sorted(info.rank for info in first) == list(range(n))
+        # A node of ours leaves; the others see it (as the departure watch does) and regroup.
+        before = won[key]
+        leaver = handlers.pop()
+        formed = torch_adapter.round_state(leaver.torch_handler)
+        assert rounds.leave_round(leaver.torch_handler, store_link.StoreLink())
+        infos = _in_threads([_after_seeing(h, lambda h: torch_adapter.round_state(h) != formed) for h in handlers])
+        out["leave"] = (won[key] - before, infos)
+        # A node of ours joins: it waits in the list; the others see it waiting and regroup.
+        before = won[key]
+        joiner = _ours(port, params, rules)
+        waiting = [_after_seeing(h, lambda h: h.num_nodes_waiting() > 0) for h in handlers]
+        joined = _in_threads([joiner.next_rendezvous] + waiting)
+        handlers.append(joiner)
+        out["join"] = (won[key] - before, joined)
+        return out
+    finally:
+        for h in handlers:
+            torch_adapter.stop_heartbeats(torch_adapter.torch_handler(h))
+
+
+def _after_seeing(handler, change):
+    """The handler's next_rendezvous once it sees ``change(torch's handler)`` in the round, as
+    an agent regroups once it sees it (torch's agent: a node waiting; ours: a member gone too)."""
+
+    def regroup():
+        deadline = time.monotonic() + 60
+        while not change(torch_adapter.torch_handler(handler)):
+            assert time.monotonic() < deadline, "the change was never seen"
+            time.sleep(0.05)
+        return handler.next_rendezvous()
+
+    return regroup
+
+
+def _ranks(infos: list) -> list[int]:
+    return sorted(info.rank for info in infos)
+
+
+def test_a_change_of_members_is_one_write_of_the_round_and_torchs_own_node_shares_it(served, rules, monkeypatch):
+    """Twelve nodes, one of them torch's own handler: a node leaves and the eleven left regroup;
+    a node joins and the twelve regroup. Each survivor left the round and joined the next
+    through the state before (``test_a_change_of_members_is_a_write_per_node_torchs_way``);
+    now the round's lowest ranked member writes the next round once all said they regroup: a few
+    writes whatever the number of nodes (torch's own node leaves and joins as it does, and is in
+    each round with its own rank)."""
+    port, won = served
+    assert rounds.join_and_beat_together(rules) and rounds.regroup_in_one_write(rules)
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as our agents run (agent/run.py)
+    story = _regroup(port, won, "changes", rules, 12, plain=1)
+    writes, infos = story["leave"]
+    assert _ranks(infos) == list(range(11)) and {i.world_size for i in infos} == {11}
+    assert writes <= 10, f"{writes} writes of the state for a node leaving 12"  # 5, and heartbeats
+    writes, infos = story["join"]
+    assert _ranks(infos) == list(range(12)) and {i.world_size for i in infos} == {12}
+    assert writes <= 8, f"{writes} writes of the state for a node joining 11"  # 4, and heartbeats
+
+
+def test_a_change_of_members_is_a_write_per_node_torchs_way(served, rules, monkeypatch):
+    """The baseline of the test above: our nodes leaving and joining again through the state
+    (together, without the one write of the next round)."""
+    port, won = served
+    assert rounds.join_and_beat_together(rules)
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as our agents run (agent/run.py)
+    story = _regroup(port, won, "changes_torch", rules, 12, plain=1)
+    for change, n in (("leave", 11), ("join", 12)):
+        writes, infos = story[change]
+        assert _ranks(infos) == list(range(n))
+        assert writes >= 16, f"{writes} writes of the state for a change of 12 nodes, torch's way"
+
+
+def test_a_change_of_128_simulated_agents_is_a_few_writes_of_the_round():
+    """#40 item 3: 128 simulated agents against our store; a node leaves and the others regroup,
+    then a node joins and all regroup. Each change is a few writes of the state whatever the
+    number of nodes (the round's leader writes the next one; 556 writes, 287 of them lost to
+    another's, for a node leaving 128 when each left and joined again through the state), and
+    each round gives every agent its own rank. Not timed."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    server = StoreServer(sock)
+    thread = server.start()
+    n = 128
+
+    async def story() -> None:
+        settings = sim.Settings(
+            min_nodes=n - 1, max_nodes=n, together=True, regroup=True, backoff_s=0.02, supervised=False
+        )
+        fleet = sim.Fleet("127.0.0.1", sock.getsockname()[1], settings)
+        try:
+            await fleet.add(n)
+            await fleet.until(lambda: len(fleet.ranked_in(0)) == n, 300, "the first round")
+            for change in ("leave", "join"):
+                round_, writes = fleet.latest_round(), fleet.state_writes
+                if change == "leave":
+                    await fleet.agents[n // 2].leave()
+                else:
+                    await fleet.add(1)
+                await fleet.until(
+                    lambda r=round_: all(max(a.marks.ranked, default=-1) > r for a in fleet.live()), 300, change
+                )
+                live = fleet.live()
+                latest = fleet.latest_round()
+                assert sorted(a.marks.rank[latest] for a in live) == list(range(len(live))), change
+                assert fleet.state_writes - writes <= 6, f"{fleet.state_writes - writes} writes of the state: {change}"
+        finally:
+            fleet.close()
+            await asyncio.sleep(0.2)
+
+    try:
+        asyncio.run(story())
+    finally:
+        server.stop()
+        thread.join(10)

@@ -27,8 +27,9 @@ from typing import Any
 
 from ..runtime import log as _logging
 from ..runtime.protocol import GONE_KEY, TARGET_KEY
-from . import store_link, together
+from . import regroup, store_link, together
 from .deadline import call_with_deadline
+from .regroup import regroup_in_one_write as regroup_in_one_write
 from .torch_adapter import exit_round, holder_store, mark_ours, missing, node_of
 
 _log = _logging.get("agent.rounds")
@@ -76,6 +77,7 @@ class RoundRules:
         self.poll_s: float | None = None  # a waiting node looks again this often (torch: 1 s)
         self.drop_gone = False  # nodes named in GONE_KEY are dropped at once
         self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
+        self.regroup = False  # a change of members in one write (together.open_next_round)
         # This node has been in a round already: torch's first-join jitter is not waited again.
         self.joined_once = False
 
@@ -341,13 +343,19 @@ def _holder_class() -> type:
             interval_s = settings.keep_alive_interval.total_seconds()
             state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
             self._ne_sayings = together.Sayings(state_key, None, interval_s, _call_with_deadline) if state_key else None
+            self._ne_seen = (-1, False)  # (round, complete) of the state last read or written
 
         def sync(self) -> Any:
+            seen = self._ne_seen
             has_set = super().sync()
+            state = self._state
+            self._ne_seen = (state.round, state.complete)
             if not self._ne_rules.together or self._ne_sayings is None or has_set is None:
                 return has_set
             if has_set:
                 self._ne_lost = 0
+                if self._ne_rules.regroup:
+                    self._ne_signal(seen, state)
                 try:
                     self._ne_sayings.won(holder_store(self))
                 except Exception:
@@ -357,7 +365,25 @@ def _holder_class() -> type:
             time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(self._ne_lost, 10))))
             self._last_sync_time = -1  # the state as it is after the pause, for the next decision
             super().sync()
+            self._ne_seen = (self._state.round, self._state.complete)
             return has_set
+
+        def _ne_signal(self, seen: tuple[int, bool], state: Any) -> None:
+            """This write opened or completed a round: its key, for whoever waits for that
+            (``regroup_in_one_write``). A state of ours only: read before it was written."""
+            if seen[0] < 0 or self._ne_sayings is None:
+                return
+            keys = []
+            if state.round > seen[0]:
+                keys.append(together.signal_key(self._ne_sayings.state_key, state.round, together.OPENED))
+            if state.complete and (state.round > seen[0] or not seen[1]):
+                keys.append(together.signal_key(self._ne_sayings.state_key, state.round, together.COMPLETE))
+            store: Any = holder_store(self)
+            for key in keys:
+                try:
+                    _call_with_deadline(store.set, key, "1")
+                except Exception:
+                    _log.debug("a round's key not set: who waits for it reads the state in a second", exc_info=True)
 
         def _sanitize(self) -> Any:
             if self._ne_rules.drop_gone:
@@ -386,6 +412,10 @@ def _executor_class() -> type:
             super().__init__(node, state_holder, settings)
             self._ne_rules = rules
             self._ne_taking = False  # inside a join or a leave that takes the others' in
+            self._ne_regrouping = False  # inside our handler's next_rendezvous (not a node leaving)
+            self._ne_opening = False  # its next removal writes the next round instead
+            self._ne_joined: tuple[int, frozenset[Any]] | None = None  # the round it last joined, its members
+            self._state: Any = None  # torch's: the state of its current operation (set by torch's run, regroup.py)
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
             # torch names the event through inspect.stack() before it looks whether anyone hears.
@@ -393,14 +423,22 @@ def _executor_class() -> type:
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
             joining = isinstance(state_handler, dr._RendezvousJoinOp)
+            exiting = isinstance(state_handler, dr._RendezvousExitOp)
             if self._ne_rules.close_at_target and joining:
                 # The store the operation syncs with: the one a round's target is read from.
                 state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
             if self._ne_sayings() is not None and together.beats_together(self._settings):
                 state_handler = self._beating_together(state_handler, joining)
+            if self._ne_sayings() is not None and self._ne_rules.regroup:
+                if self._ne_regrouping and exiting:
+                    state_handler = regroup.exit_op(self, state_handler)
+                elif joining:
+                    state_handler = regroup.join_op(self, state_handler)
             ran = super().run(state_handler, deadline, update_deadline)
             if joining:
                 self._ne_rules.joined_once = True  # a round joined: the next join is a regroup
+                state = self._state_holder.state
+                self._ne_joined = (state.round, frozenset(state.participants))
             return ran
 
         def _beating_together(self, op: Any, joining: bool) -> Callable[[Any, float], Any]:
@@ -456,6 +494,10 @@ def _executor_class() -> type:
             together.take_alive(self._state, said, node_of)
 
         def _remove_from_participants(self) -> None:
+            if self._ne_opening:
+                self._ne_opening = False
+                together.open_next_round(self._state, self._settings, self._node, time.time())
+                return None
             if self._ne_sayings() is None:
                 return super()._remove_from_participants()
             self._ne_say(together.LEAVE, self._state.round, time.time())
@@ -495,7 +537,14 @@ def _rendezvous_class() -> type:
             hooks = self._ne_hooks
             if hooks.before is not None:
                 hooks.before(self.torch_handler)
-            info = self.torch_handler.next_rendezvous()
+            executor: Any = getattr(self.torch_handler, "_op_executor", None)
+            if hasattr(executor, "_ne_regrouping"):
+                executor._ne_regrouping = True  # its exit regroups (a node leaving exits for good)
+            try:
+                info = self.torch_handler.next_rendezvous()
+            finally:
+                if hasattr(executor, "_ne_regrouping"):
+                    executor._ne_regrouping = False
             if hooks.after is not None:
                 hooks.after(self.torch_handler, info)
             return info

@@ -451,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
         rounds.drop_gone_nodes(_rules)
     # Nodes join, leave and beat together: a round of hundreds of nodes in a few writes (#40).
     rounds.join_and_beat_together(_rules)
+    # ... and change a round's members in one write of it, not two per node (#40 item 3).
+    rounds.regroup_in_one_write(_rules)
     _report_degraded()
     from torch.distributed import run as torchrun_module
     from torch.distributed.elastic.multiprocessing.api import SignalException

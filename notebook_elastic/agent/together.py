@@ -42,7 +42,8 @@ from typing import Any
 
 from ..runtime.protocol import announced_key
 
-JOIN, LEAVE, ALIVE = "join", "leave", "alive"
+JOIN, LEAVE, ALIVE, REGROUP = "join", "leave", "alive", "regroup"
+KINDS = (JOIN, LEAVE, ALIVE, REGROUP)
 #: A node writes its own heartbeat when the state's is older than this many intervals: what it
 #: said one interval ago was not taken in (torch writes at one interval).
 BEAT_AFTER_INTERVALS = 1.5
@@ -73,7 +74,7 @@ def parse(data: bytes) -> list[Said]:
     out = []
     for raw in data.decode(errors="replace").splitlines():
         parts = raw.split()
-        if len(parts) != 6 or parts[0] not in (JOIN, LEAVE, ALIVE):
+        if len(parts) != 6 or parts[0] not in KINDS:
             continue
         try:
             out.append(Said(parts[0], int(parts[1]), (parts[2], int(parts[3]), int(parts[4])), float(parts[5])))
@@ -167,6 +168,13 @@ def beat_due(state: Any, node: Any, interval: timedelta, now: float) -> bool:
     return beat is None or beat < _time_like(beat, now) - BEAT_AFTER_INTERVALS * interval
 
 
+def beat_older(state: Any, node: Any, interval: timedelta, now: float) -> bool:
+    """Whether the state's heartbeat of ``node`` is older than ``interval`` (torch's
+    ``_should_keep_alive``), or absent."""
+    beat = state.last_heartbeats.get(node)
+    return beat is None or beat < _time_like(beat, now) - interval
+
+
 def beats_together(settings: Any) -> bool:
     """Whether a job's heartbeats may go together: a heartbeat taken in by another's write is
     up to two intervals old before this node writes its own, so the window (interval x
@@ -212,3 +220,75 @@ class Sayings:
         if stale is not None and stale > self.deleted:
             self.deleted = stale
             self.call(store.delete_key, announced_key(self.state_key, stale))
+
+
+# -- a change of members in one write (#40 item 3) ----------------------------------------------
+#
+# torch regroups a complete round R by having every member leave it (the last one out opens
+# R+1) and join R+1 again: 2N writes of the state, one after another, each a read, a decode and
+# an encode of the whole round (85 kB at 1,024 nodes): 35 s at 1,024 nodes, even together. Ours
+# agree instead: each member that sees a change of R's members says ``regroup R`` (an append to
+# the small key), and the lowest ranked member of R, once every member of R has said so, writes
+# R+1 at once: the state torch's own rounds would reach if every one of them had left R and
+# joined R+1 at the same moment, with the nodes waiting (``open_next_round``). The others wait on
+# a key of that round the store answers when it is set (``signal_key``), not on the state.
+# What each waits for is only ever the state torch keeps: a member of R that is not ours (torch's
+# own agent, which never says ``regroup``) leaves R and waits as torch does, and R+1 is written
+# only once it is out of R (so it is never written a round it would then leave); a member that is
+# lost is still only dropped when its heartbeat expires (until then R waits for it, as torch's
+# round does); a waiting node joins R+1 itself, as torch's do (one that went away is in no round).
+
+OPENED, COMPLETE = "opened", "complete"
+
+
+def signal_key(state_key: str, round_: int, what: str) -> str:
+    """The key set once round ``round_`` was opened or completed by a write of ours: a node
+    waiting for that waits on it (the store answers a WAIT when the key is set)."""
+    return f"{state_key}/round/{round_}/{what}"
+
+
+def seconds_to(when: datetime, now: float) -> float:
+    """Seconds from ``now`` (since the epoch) to ``when``, a time of the state."""
+    return (when - _time_like(when, now)).total_seconds()
+
+
+def changed(state: Any, members: frozenset[Any]) -> bool:
+    """Whether the complete round a node joined with ``members`` has changed: a member gone
+    (left, or dropped at the keep-alive bound) or a node waiting to join."""
+    return bool(state.wait_list) or frozenset(state.participants) != members
+
+
+def leader(state: Any) -> Any:
+    """The member of a complete round that writes the next one: the lowest ranked."""
+    return min(state.participants, key=lambda n: (state.participants[n], n.addr, n.pid, n.local_id))
+
+
+def regrouping(state: Any, said: Iterable[Said], node_of: Callable[[tuple[str, int, int]], Any], me: Any) -> bool:
+    """Whether every member of the round (``me`` aside) said it regroups from it."""
+    ready = {node_of(s.node) for s in said if s.kind == REGROUP and s.round == state.round}
+    return all(n == me or n in ready for n in state.participants)
+
+
+def open_next_round(state: Any, settings: Any, me: Any, now: float) -> list[Any]:
+    """Make ``state`` (a complete round R whose members all regroup) round R+1 as torch's rounds
+    would make it if they all left R and joined R+1 at once (``_remove_participant_epilogue``,
+    then ``_add_to_participants`` for each): its members are R's; its deadline set once it holds
+    ``min_nodes``; complete, with torch's ranks, once it holds ``max_nodes``. The nodes waiting
+    are not put in: each joins R+1 itself, as torch's do (a write that takes in the others'), so
+    a node that went away while it waited is in no round (put in, it was a member the others
+    waited for: a node sent away by the supervisor hung its job's next round). Its members."""
+    example = _example(state)
+    members = list(state.participants)
+    state.round += 1
+    state.complete = False
+    state.deadline = None
+    state.participants = dict.fromkeys(members, 0)
+    state.last_heartbeats[me] = _time_like(example, now)
+    if len(members) >= settings.min_nodes:
+        state.deadline = _time_like(example, now) + settings.timeout.last_call
+    if len(members) >= settings.max_nodes:
+        state.complete = True
+        state.deadline = None
+        for rank, member in enumerate(sorted(state.participants)):
+            state.participants[member] = rank
+    return sorted(state.participants)
