@@ -65,6 +65,16 @@ def test_torn_and_odd_lines():
     nan = parser.feed('@@elastic {"kind":"metric","t":1,"rank":0,"step":1,"values":{"loss":NaN}}')
     assert nan.kind == Kind.METRIC and nan.get("values")["loss"] != nan.get("values")["loss"]
     assert parser.feed("I1122 03:07:14.821000 5367 torch/x.py:1] something unremarkable") is None
+    # A store wait that ended at its bound (torch's client, as printed by torch 2.13): not an event.
+    for timed_out in (
+        "[W1127 14:50:05.553302474 socket.cpp:469] [c10d] waitForInput: poll for socket SocketImpl(fd=15, "
+        "addr=[::ffff:127.0.0.1]:49484, remote=[::ffff:127.0.0.1]:34955) returned 0, likely a timeout",
+        "[W1127 14:50:05.553848475 socket.cpp:494] [c10d] waitForInput: socket SocketImpl(fd=15, "
+        "addr=[::ffff:127.0.0.1]:49484, remote=[::ffff:127.0.0.1]:34955) timed out after 200ms",
+    ):
+        assert parser.feed(timed_out) is None
+    refused = "[W1127 13:06:39.376367209 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host"
+    assert parser.feed(refused).kind == Kind.LOG  # a store that does not answer is still told
 
 
 def test_events_round_trip_through_json_lines():
