@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import together
-from .torch_adapter import holder_store, missing, node_of
+from .torch_adapter import missing, node_of, operation_keep_alive_s, operation_store, rendezvous_actions, reread
 
 
 def regroup_in_one_write(rules: Any) -> bool:
@@ -133,14 +133,14 @@ def join_op(self: Any, op: Any) -> Callable[[Any, float], Any]:
 
 
 def _wait_s(self: Any) -> float:
-    return min(SIGNAL_WAIT_S, float(self._settings.keep_alive_interval.total_seconds()))
+    return min(SIGNAL_WAIT_S, operation_keep_alive_s(self))
 
 
 def _wait(self: Any, key: str, bound_s: float) -> bool:
     """Wait for ``key`` at most ``bound_s``: whether it came."""
     from datetime import timedelta
 
-    store: Any = holder_store(self._state_holder)
+    store: Any = operation_store(self)
     try:
         store.wait([key], timedelta(seconds=bound_s))
         return True
@@ -152,16 +152,8 @@ def _wait(self: Any, key: str, bound_s: float) -> bool:
 
 def _reread(self: Any) -> Any:
     """The state as the store has it now, for the operation's next decision."""
-    holder: Any = self._state_holder
-    holder._last_sync_time = -1  # torch's: its next sync reads the store
-    holder.sync()
-    self._state = holder.state
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    return dr._RendezvousContext(self._node, self._state, self._settings)
+    return reread(self)
 
 
 def _action() -> Any:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    return dr._Action
+    return rendezvous_actions()

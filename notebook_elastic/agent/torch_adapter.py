@@ -293,6 +293,36 @@ def holder_store(holder: Any) -> Any | None:
     return getattr(getattr(holder, "_backend", None), "_store", None)
 
 
+def rendezvous_actions() -> Any:
+    """What torch's rendezvous operations return to its executor (``_Action``: SYNC, KEEP_ALIVE,
+    FINISH, ...), for ours that stand in for them (agent/regroup.py)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    return dr._Action
+
+
+def operation_store(op: Any) -> Any | None:
+    """The store a rendezvous operation of torch's (its join or exit) talks to now."""
+    return holder_store(getattr(op, "_state_holder", None))
+
+
+def operation_keep_alive_s(op: Any) -> float:
+    """A rendezvous operation's keep-alive interval, seconds."""
+    return float(op._settings.keep_alive_interval.total_seconds())
+
+
+def reread(op: Any) -> Any:
+    """The round as the store has it now, read into a rendezvous operation of torch's, and the
+    context its next decision takes."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    holder: Any = op._state_holder
+    holder._last_sync_time = -1  # torch's: its next sync reads the store
+    holder.sync()
+    op._state = holder.state
+    return dr._RendezvousContext(op._node, op._state, op._settings)
+
+
 def node_of(fields: tuple[str, int, int]) -> Any:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
