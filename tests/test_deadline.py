@@ -173,3 +173,50 @@ def test_a_forked_child_makes_its_own_callers() -> None:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# A process whose thread keeps waiting for a store key, on a caller thread (a regroup's wait in
+# the rendezvous probe's thread): its main thread ends first, and the interpreter's end, here
+# slowed by a finalizer (torch's own teardown takes as long on a loaded machine), outlasts each
+# wait. Old code: a wait returned during it and the process aborted (SIGABRT, exit -6).
+ENDS_WHILE_A_THREAD_WAITS = """
+import sys, threading, time
+from datetime import timedelta
+import torch.distributed as dist
+from notebook_elastic.agent.deadline import call_with_deadline
+
+store = dist.HashStore()
+waiting = threading.Event()
+
+def keep_waiting():
+    while True:
+        waiting.set()
+        try:
+            call_with_deadline(store.wait, 30.0, ["never"], timedelta(seconds=0.5))
+        except RuntimeError:
+            pass
+
+class SlowEnd:
+    def __del__(self):
+        time.sleep(1.5)
+
+slow_end = SlowEnd()
+threading.Thread(target=keep_waiting, daemon=True).start()
+waiting.wait()
+time.sleep(0.2)
+print("main ends", flush=True)
+"""
+
+
+def test_a_process_ends_cleanly_while_another_thread_waits_on_its_store() -> None:
+    """The calls under way are waited for at the interpreter's end and no thread but the main
+    one makes another: the process exits 0, not aborted by a call that returns into an
+    interpreter that is gone."""
+    import subprocess
+    import sys
+
+    ended = subprocess.run(
+        [sys.executable, "-c", ENDS_WHILE_A_THREAD_WAITS], capture_output=True, text=True, timeout=120
+    )
+    assert ended.returncode == 0, ended.stderr[-2000:]
+    assert "main ends" in ended.stdout and "terminate called" not in ended.stderr

@@ -496,3 +496,36 @@ def test_an_agent_store_wait_outlasts_the_call_deadline_while_the_store_answers(
     assert store.timeout == timedelta(seconds=300) and client.timeout == timedelta(seconds=60)
     with pytest.raises(dist.DistStoreError):
         store.wait(["never"], timedelta(seconds=0.3))
+
+
+def test_a_regroups_wait_for_a_rounds_key_ends_on_a_frozen_store(tmp_path, monkeypatch):
+    """A node regrouping waits for the next round's key (agent/regroup.py), a server-side wait:
+    on a store frozen meanwhile it ends by its deadline (the key did not come; the state read
+    next finds the store lost), and a key set on a store that answers is seen. Old code: torch's
+    client, past the wait's bound, waited for the reply to its cancel without a bound, and the
+    agent's main thread sat in C++ for good."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_elastic.agent import regroup, store_link
+
+    monkeypatch.setattr(store_link, "STORE_CALL_TIMEOUT_S", 2.0)
+    procs: list[subprocess.Popen] = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        port = _free_port()
+        store = _serve_store(port, env, procs)
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        client.set("run/round/4/opened", "1")
+        assert regroup.wait_for_key(client, "run/round/4/opened", 0.5)
+        assert not regroup.wait_for_key(client, "run/round/5/opened", 0.2)  # the store answers: its bound
+        freeze(store.pid)
+        ended: list[bool] = []
+        waiter = threading.Thread(target=lambda: ended.append(regroup.wait_for_key(client, "run/round/5/opened", 0.5)))
+        waiter.daemon = True
+        waiter.start()
+        waiter.join(ANSWER_BOUND_S)
+        assert ended == [False], "the wait on the frozen store never ended"
+    finally:
+        _thaw_and_kill(procs)

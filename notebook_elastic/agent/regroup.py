@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import together
+from . import store_link, together
+from .deadline import StoreSilent, call_with_deadline
 from .torch_adapter import missing, node_of, operation_keep_alive_s, operation_store, rendezvous_actions, reread
 
 
@@ -43,9 +44,8 @@ def regroup_in_one_write(rules: Any) -> bool:
 
 #: A node waiting for a round of ours to be written waits on its key at most this long (and at
 #: most a heartbeat interval) at a time, then reads the state again (a writer that died, a round
-#: written by torch's own agent). Normally the key comes first. The wait is torch's client's, in
-#: C++: a signal (SIGTERM: the node is sent away) is handled once it returns, so it is short;
-#: one that times out is logged by torch's client (two warnings).
+#: written by torch's own agent). Normally the key comes first. One that times out is logged by
+#: torch's client (two warnings).
 SIGNAL_WAIT_S = 1.0
 #: A member of a round that is not the one to complete it at its deadline waits this much longer
 #: for the one that does before it completes it itself (one write, not one per member; on a
@@ -138,14 +138,26 @@ def _wait_s(self: Any) -> float:
 
 def _wait(self: Any, key: str, bound_s: float) -> bool:
     """Wait for ``key`` at most ``bound_s``: whether it came."""
+    return wait_for_key(operation_store(self), key, bound_s)
+
+
+def wait_for_key(store: Any, key: str, bound_s: float) -> bool:
+    """Wait for ``key`` in ``store`` at most ``bound_s``: whether it came. A store that does not
+    answer, or went, is a key that did not come: the next read of the state says why.
+
+    torch's client waits in C++, and at its timeout it asks the server to cancel the wait and
+    waits for that reply without any bound: a store frozen then (its process stopped, its node
+    cut off) held this thread there for good, and a signal with it. So the wait is a call under
+    a deadline (``call_with_deadline``: its bound and a store call's), on a caller thread the
+    interpreter's end waits for: one still in C++ when the interpreter ended aborted the agent
+    (SIGABRT), as a regroup's wait in the rendezvous probe's thread did when the job ended."""
     from datetime import timedelta
 
-    store: Any = operation_store(self)
     try:
-        store.wait([key], timedelta(seconds=bound_s))
+        call_with_deadline(store.wait, bound_s + store_link.STORE_CALL_TIMEOUT_S, [key], timedelta(seconds=bound_s))
         return True
-    except RuntimeError:  # its timeout (DistStoreError), or a store lost: the next read says
-        # Not Exception: a signal's handler raises where the wait returns (torch's agent:
+    except (RuntimeError, StoreSilent):  # its timeout (DistStoreError), a store lost or silent
+        # Not Exception: a signal's handler raises where the wait is waited for (torch's agent:
         # SignalException, a node sent away), and that must reach the agent.
         return False
 
