@@ -54,6 +54,7 @@ class Group:
         self._forming: set[int] | None = None  # while a group forms: the sockets open before it
         self._lock = threading.Lock()
         self.aborted = False
+        self.unabortable: str | None = None  # why an abort failed: this worker restarts instead
 
     def open(self, assignment: Assignment, backend: str, timeout_s: float, *, fresh: bool = False) -> None:
         """Form the group ``assignment`` names (a collective with its other ranks). An ``abort``
@@ -117,8 +118,9 @@ class Group:
             else:
                 fds = set(self._fds)
                 backend = self.backend
-        if backend == "nccl":
-            _abort_nccl()
+        if backend == "nccl" and not _abort_nccl():
+            # Its collectives end at the group's timeout, in a state not to build on: restart.
+            self.unabortable = "the NCCL group could not be aborted (its collectives end at its timeout)"
         for fd in fds:
             try:
                 with socket.socket(fileno=os.dup(fd)) as s:
@@ -165,18 +167,21 @@ def _first_group_name() -> None:
         world.group_count = 0
 
 
-def _abort_nccl() -> None:
+def _abort_nccl() -> bool:
     """NCCL's communicators of the default group, aborted (torch >= 2.6 has the call; before,
-    the process group's own abort); a collective that hangs on a lost peer returns."""
+    the process group's own abort); a collective that hangs on a lost peer returns. False where
+    the abort failed."""
     try:
         import torch.distributed.distributed_c10d as c10d
 
         abort = getattr(c10d, "_abort_process_group", None)
         if abort is not None:
             abort()
-            return
+            return True
         pg: Any = c10d._get_default_group()
         backend = pg._get_backend(c10d.torch.device("cuda"))
         backend.abort()
+        return True
     except Exception:
         _log.warning("the NCCL group could not be aborted: its collectives end at its timeout", exc_info=True)
+        return False
