@@ -470,3 +470,64 @@ def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypat
     again.start()
     again.join(30)
     assert not again.is_alive(), "a broken group waited the whole interval for the member to go"
+
+
+def test_a_torch_that_cannot_abort_an_nccl_collective_is_found_before_a_change(monkeypatch):
+    """#41 item 6: where a hung NCCL collective cannot be aborted (no ``_abort_process_group``,
+    torch < 2.6, and no ``ProcessGroupNCCL.abort``), in place cannot be made safe: the probe a
+    worker runs when its State is built says so in one sentence (its agent restarts it then).
+    The probe is the one the worker runs; the torches here are made to lack what it looks for."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from notebook_elastic.runtime.inplace import nccl_abort_missing
+
+    if getattr(c10d, "_abort_process_group", None) is not None:
+        assert nccl_abort_missing() is None  # this torch (>= 2.6) aborts
+    monkeypatch.delattr(c10d, "_abort_process_group", raising=False)
+
+    class NoAbort:  # a ProcessGroupNCCL of a torch that cannot abort its collectives
+        pass
+
+    class Aborts:
+        def abort(self) -> None: ...
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", NoAbort, raising=False)
+    said = nccl_abort_missing()
+    assert said == (
+        f"torch {torch.__version__} cannot abort a hung NCCL collective "
+        "(torch >= 2.6 has _abort_process_group, earlier ProcessGroupNCCL.abort)"
+    )
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", Aborts)
+    assert nccl_abort_missing() is None
+
+
+def test_an_nccl_group_whose_abort_fails_makes_its_worker_restart_and_say_why(monkeypatch):
+    """An abort that fails at the change (the NCCL call raised): the group's collectives end at
+    its timeout, in a state not to build on. The worker then does not stay: it says why to its
+    agent (which says ``in_place_refused``) and restarts as torchrun would."""
+    from notebook_elastic.runtime import group as group_module
+    from notebook_elastic.runtime.inplace import Assignment, InPlace, MembershipChange
+
+    said: list[tuple[bool, str]] = []
+
+    class Link:  # the worker's end of its agent's link (runtime/inplace.py), as the agent hears it
+        closed = False
+        change_pending = False
+
+        def say_capable(self, capable: bool, why: str = "") -> None:
+            said.append((capable, why))
+
+    machinery = InPlace()
+    machinery.link = Link()  # type: ignore[assignment]
+    machinery.state = object()  # a State was built
+    machinery.group.assignment = Assignment.from_message(
+        {"round": 1, "epoch": 0, "rank": 0, "world_size": 2, "local_rank": 0, "local_world_size": 1}
+        | {"group_rank": 0, "group_world_size": 2, "role_rank": 0, "role_world_size": 2}
+        | {"store": "127.0.0.1:1", "prefix": "p"}
+    )
+    machinery.group.backend = "nccl"
+    monkeypatch.setattr(group_module, "_abort_nccl", lambda: False)
+    machinery.group.abort()
+    assert machinery.continues_after(MembershipChange(), peer_lost=False) is None
+    assert said == [(False, "the NCCL group could not be aborted (its collectives end at its timeout)")]

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import log as _logging
+from . import protocol
 
 if TYPE_CHECKING:
     from .inplace import Assignment
@@ -53,11 +54,14 @@ class Group:
         self._forming: set[int] | None = None  # while a group forms: the sockets open before it
         self._lock = threading.Lock()
         self.aborted = False
+        self.unabortable: str | None = None  # why an abort failed: this worker restarts instead
 
-    def open(self, assignment: Assignment, backend: str, timeout_s: float) -> None:
+    def open(self, assignment: Assignment, backend: str, timeout_s: float, *, fresh: bool = False) -> None:
         """Form the group ``assignment`` names (a collective with its other ranks). An ``abort``
         meanwhile (a member of it went before it formed) makes it raise instead of waiting for
-        its timeout; the store connection is made again for the next one."""
+        its timeout; the store connection is made again for the next one. A ``fresh`` worker
+        (its first group) first counts itself up in the store (``protocol.ready_key``): the
+        kept workers' agents wait for that before they leave their old group."""
         import torch.distributed as dist
 
         with self._lock:
@@ -74,7 +78,13 @@ class Group:
             store = dist.PrefixStore(assignment.prefix, self._store)
             self._forming = _socket_fds()
             self.assignment = assignment
+            counter = self._store if fresh else None
         _first_group_name()
+        if counter is not None:
+            try:
+                counter.add(protocol.ready_key(assignment.prefix), 1)
+            except Exception:  # the kept ones then wait to their bound: slower, not wrong
+                _log.debug("could not say this worker is up", exc_info=True)
         try:
             dist.init_process_group(
                 backend,
@@ -108,8 +118,9 @@ class Group:
             else:
                 fds = set(self._fds)
                 backend = self.backend
-        if backend == "nccl":
-            _abort_nccl()
+        if backend == "nccl" and not _abort_nccl():
+            # Its collectives end at the group's timeout, in a state not to build on: restart.
+            self.unabortable = "the NCCL group could not be aborted (its collectives end at its timeout)"
         for fd in fds:
             try:
                 with socket.socket(fileno=os.dup(fd)) as s:
@@ -156,18 +167,21 @@ def _first_group_name() -> None:
         world.group_count = 0
 
 
-def _abort_nccl() -> None:
+def _abort_nccl() -> bool:
     """NCCL's communicators of the default group, aborted (torch >= 2.6 has the call; before,
-    the process group's own abort); a collective that hangs on a lost peer returns."""
+    the process group's own abort); a collective that hangs on a lost peer returns. False where
+    the abort failed."""
     try:
         import torch.distributed.distributed_c10d as c10d
 
         abort = getattr(c10d, "_abort_process_group", None)
         if abort is not None:
             abort()
-            return
+            return True
         pg: Any = c10d._get_default_group()
         backend = pg._get_backend(c10d.torch.device("cuda"))
         backend.abort()
+        return True
     except Exception:
         _log.warning("the NCCL group could not be aborted: its collectives end at its timeout", exc_info=True)
+        return False

@@ -278,7 +278,7 @@ class InPlace:
         assignment = Assignment.from_env()
         if assignment is None or self.link is None:
             return False
-        self.group.open(assignment, backend, timeout_s)
+        self.group.open(assignment, backend, timeout_s, fresh=True)
         return True
 
     def progressed(self) -> None:
@@ -316,7 +316,8 @@ class InPlace:
         if not (boundary or peer_lost):
             return None
         state = self.state
-        why = self.incapable or (None if state is not None else "the cell keeps no elastic.State")
+        why = self.incapable or self.group.unabortable
+        why = why or (None if state is not None else "the cell keeps no elastic.State")
         if why:
             link.say_capable(False, why)
             return None
@@ -385,7 +386,27 @@ def torch_lacks() -> str | None:
         return f"torch {torch.__version__} has no optimizer step hooks (torch >= 2.0 has)"
     if not hasattr(dist, "PrefixStore") or not dist.is_available():
         return f"torch {torch.__version__} has no distributed PrefixStore"
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()).lower():
+        return nccl_abort_missing()
     return None
+
+
+def nccl_abort_missing() -> str | None:
+    """Why a hung NCCL collective could not be aborted here (None: it can). Without an abort a
+    collective waiting on a lost peer ends only at the group's timeout, and NCCL's state after a
+    timeout is not one to build on: the workers restart instead."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    if getattr(c10d, "_abort_process_group", None) is not None:
+        return None
+    nccl = getattr(torch.distributed, "ProcessGroupNCCL", None)
+    if nccl is not None and callable(getattr(nccl, "abort", None)):
+        return None
+    return (
+        f"torch {torch.__version__} cannot abort a hung NCCL collective "
+        "(torch >= 2.6 has _abort_process_group, earlier ProcessGroupNCCL.abort)"
+    )
 
 
 _inplace = InPlace()
