@@ -16,7 +16,7 @@ caller no longer uses; that thread ends if the call ever returns. So a thread is
 abandoned call, not per call.
 
 A call must not return while the interpreter ends: torch's binding retakes the GIL there, a
-daemon thread that tries is ended by CPython (``pthread_exit``), and the unwinding through the
+daemon thread that tries is ended by CPython (its pthread_exit), and the unwinding through the
 binding's GIL guard, which may not throw, aborts the whole process (SIGABRT: ``terminate
 called without an active exception``). An agent whose workers had all finished exited -6
 instead of 0, and Kubernetes read its pod failed: a regroup's wait for a round's key, up to a
