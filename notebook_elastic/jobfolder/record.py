@@ -16,13 +16,12 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..contract.event_types import FINAL_STATUSES, JobFinished, Kind
 from ..contract.events import Event
 from ..contract.job_state.records import JobSummary, summary_of
 from ..errors import BackendError, JobNotFound
-from .folder import FILE_MODE, SPEC_MISSING, JobFolder, Look, write_json_atomic
+from .folder import FILE_MODE, SPEC_MISSING, JobFolder, write_json_atomic
 from .follow import LOST_SUPERVISOR, SUPERVISOR_START_TIMEOUT_S, _append_event
 from .processes import kill_all
 
@@ -56,22 +55,20 @@ def read_record(folder: JobFolder) -> FolderRecord | None:
             summary = summary_of({k: v for k, v in seen.outcome.items() if v is not None})
             return FolderRecord(seen.outcome["status"], summary=summary)
         return FolderRecord("damaged", damaged="spec.json is missing (was the folder deleted while the job ran?)")
+    spec = seen.spec
     status = seen.status
     state = status.get("status", "pending")
     if seen.outcome is not None:  # status.json could not be written at the end (a full disk)
         status, state = seen.outcome, seen.outcome["status"]
     elif state not in FINAL_STATUSES and not seen.supervisor_alive:
         if seen.guardian_alive:
-            return _record(seen, "recovering", status)  # its guardian is bringing it back
-        started = (seen.supervisor or {}).get("started")
-        if started is not None or time.time() - (seen.created or 0.0) > SUPERVISOR_START_TIMEOUT_S:
-            state = "lost"
-            status = {**status, "reason": LOST_SUPERVISOR["reason"]}
-    return _record(seen, state, status)
-
-
-def _record(seen: Look, state: str, status: dict[str, Any]) -> FolderRecord:
-    spec = seen.spec or {}
+            state = "recovering"  # its guardian is bringing it back
+        else:
+            started = (seen.supervisor or {}).get("started")
+            if started is not None or time.time() - (seen.created or 0.0) > SUPERVISOR_START_TIMEOUT_S:
+                state = "lost"
+                status = {**status, "reason": LOST_SUPERVISOR["reason"]}
+    # The record is built once, here, whichever way the status was decided above.
     return FolderRecord(
         state,
         summary=summary_of(
