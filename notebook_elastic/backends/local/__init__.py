@@ -158,7 +158,11 @@ class LocalBackend(Backend):
             # The folder goes to the history: what its run still holds outside its folder (a
             # lost Slurm job's allocations) goes first, whichever backend the new job runs in;
             # then nothing of it may run here.
-            self._clear_leftovers(spec.name, wait_s=LEFTOVERS_WAIT_S)
+            try:
+                earlier: dict[str, Any] | None = folder.spec()
+            except (OSError, ValueError):
+                earlier = None
+            self._clear_leftovers(folder, earlier, wait_s=LEFTOVERS_WAIT_S)
             _nothing_of_it_runs(folder, spec.name, info)
             self._archive(folder)
         try:
@@ -233,24 +237,24 @@ class LocalBackend(Backend):
                         else ""
                     )
                 )
-            self._clear_leftovers(name, wait_s=LEFTOVERS_WAIT_S)
+            try:
+                spec: dict[str, Any] | None = folder.spec()
+            except (OSError, ValueError):
+                spec = None
+            self._clear_leftovers(folder, spec, wait_s=LEFTOVERS_WAIT_S)
             clear_for_a_new_supervisor(folder)
             self._start_supervisor(folder, name, resume=True)
 
-    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
-        """End what job ``name``'s earlier run still holds outside its folder's processes,
-        before a resume or before its folder is archived; wait up to ``wait_s`` for it to end.
+    def _clear_leftovers(self, folder: JobFolder, spec: Mapping[str, Any] | None, wait_s: float = 0.0) -> None:
+        """End what the earlier run of the job in ``folder`` still holds outside its folder's
+        processes, before a resume or before its folder is archived; wait up to ``wait_s`` for it
+        to end. ``spec``: the folder's spec as the caller read it (None: it could not be read).
         A local job holds nothing more (``kill_all`` ends its processes); a folder a Slurm job
         ran in may hold allocations (a local launch of its name replaces it), by its mark."""
-        folder = self.folder(name)
-        try:
-            ran_in = folder.spec().get("backend")
-        except (OSError, ValueError):
-            return
-        if ran_in == "slurm":
+        if spec is not None and spec.get("backend") == "slurm":
             from ..slurm.mark import clear_leftovers
 
-            clear_leftovers(folder, wait_s)
+            clear_leftovers(folder, spec, wait_s)
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
