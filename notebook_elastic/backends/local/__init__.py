@@ -8,6 +8,7 @@ a crash) can list, follow (``jobfolder/follow.py``), scale and stop any job.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
 from ...contract.event_types import FINAL_STATUSES
-from ...contract.events import Event, status_phrase
+from ...contract.events import Event
 from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control
@@ -46,7 +47,7 @@ from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
-from ...jobfolder.record import clear_for_a_new_supervisor, ended, read_record, record_stopped, resuming
+from ...jobfolder.record import ended, read_record, record_stopped, resuming
 from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
 from ...runtime.protocol import ENV_POOL
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from ...contract.spec import JobSpec
     from ...packaging import Bundle
 
-RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 #: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
 #: job's nodes end at Slurm's SIGTERM: their store went with their supervisor).
 LEFTOVERS_WAIT_S = 30.0
@@ -222,27 +222,11 @@ class LocalBackend(Backend):
         same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
         starts again (said in the ``job_resumed`` event). In order: the folder's lock (one
         resume at a time), its record (may it resume?), what the earlier run holds outside its
-        folder, the folder made ready (jobfolder/record.py), the new supervisor."""
+        folder (this backend's part, handed in), the folder made ready (all four in
+        jobfolder/record.py's ``resuming``), the new supervisor."""
         folder = self.folder(name)
-        with resuming(folder, name):
-            record = read_record(folder)
-            if record is None:
-                raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-            if record.status not in RESUMABLE_STATUSES and not (guarded and record.status == "recovering"):
-                raise BackendError(
-                    f"job {name!r} {status_phrase(record.status)}; only a lost, failed or stopped job can be resumed"
-                    + (
-                        " (a succeeded job is done: run the cell again to train anew)"
-                        if record.status == "succeeded"
-                        else ""
-                    )
-                )
-            try:
-                spec: dict[str, Any] | None = folder.spec()
-            except (OSError, ValueError):
-                spec = None
-            self._clear_leftovers(folder, spec, wait_s=LEFTOVERS_WAIT_S)
-            clear_for_a_new_supervisor(folder)
+        leftovers = functools.partial(self._clear_leftovers, folder, wait_s=LEFTOVERS_WAIT_S)
+        with resuming(folder, name, leftovers, guarded=guarded):
             self._start_supervisor(folder, name, resume=True)
 
     def _clear_leftovers(self, folder: JobFolder, spec: Mapping[str, Any] | None, wait_s: float = 0.0) -> None:

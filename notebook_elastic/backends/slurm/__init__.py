@@ -40,7 +40,7 @@ from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
 from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster
-from .mark import cancel_marked, job_name, mark_for_run, own_mark
+from .mark import cancel_marked, job_name, mark_for_run, name_in, own_mark
 from .options import SlurmOptions
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class SlurmBackend(LocalBackend):
         Slurm with one, or the folder is a copy)."""
         mark = own_mark(folder)
         if mark is not None:
-            self._marks[folder.name] = (job_name(folder, spec), mark)
+            self._marks[folder.name] = (job_name(folder) if spec is None else name_in(spec, folder), mark)
             return self._marks[folder.name]
         return None if folder.path.exists() else self._marks.get(folder.name)
 

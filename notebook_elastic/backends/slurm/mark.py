@@ -98,14 +98,18 @@ def supervisor_mark(folder: JobFolder) -> str:
     return mark
 
 
-def job_name(folder: JobFolder, spec: Mapping[str, Any] | None = None) -> str:
+def job_name(folder: JobFolder) -> str:
     """The name the job's allocations are named after: its spec's (a folder renamed by hand
-    keeps it), else the folder's. ``spec``: the folder's spec where the caller has read it."""
-    if spec is None:
-        try:
-            spec = folder.spec()
-        except (OSError, ValueError):
-            spec = {}
+    keeps it), else the folder's."""
+    try:
+        spec = folder.spec()
+    except (OSError, ValueError):
+        spec = {}
+    return name_in(spec, folder)
+
+
+def name_in(spec: Mapping[str, Any], folder: JobFolder) -> str:
+    """``job_name`` where the caller has read the folder's spec already."""
     name = spec.get("name")
     return name if isinstance(name, str) and name else folder.name
 
@@ -130,4 +134,4 @@ def clear_leftovers(folder: JobFolder, spec: Mapping[str, Any], wait_s: float = 
     folder's spec, as its caller read it."""
     mark = own_mark(folder)
     if mark is not None:
-        cancel_marked(job_name(folder, spec), mark, wait_s)
+        cancel_marked(name_in(spec, folder), mark, wait_s)
