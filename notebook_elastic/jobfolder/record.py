@@ -92,14 +92,6 @@ def _look_and_record(folder: JobFolder) -> tuple[Look | None, FolderRecord | Non
     )
 
 
-def ended(folder: JobFolder) -> bool:
-    """Whether the job's end is on record: its outcome (written in the room taken at start, so
-    even on a full disk) or a final status.json."""
-    if (folder.outcome() or {}).get("status") in FINAL_STATUSES:
-        return True
-    return (folder.status() or {}).get("status") in FINAL_STATUSES
-
-
 #: The statuses a job may be resumed from (a guarded resume, by the job's guardian: ``recovering`` too).
 RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 

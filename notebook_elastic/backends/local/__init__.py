@@ -47,7 +47,7 @@ from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
-from ...jobfolder.record import ended, read_record, record_stopped, resuming
+from ...jobfolder.record import read_record, record_stopped, resuming
 from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
 from ...runtime.protocol import ENV_POOL
@@ -202,18 +202,16 @@ class LocalBackend(Backend):
         _detach(folder, env, SUPERVISOR_MODULE, *(["--resume"] if resume else []))
         if not folder.guardian_alive():
             _detach(folder, env, GUARDIAN_MODULE)
-        deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
-        while folder.supervisor() is None:
-            if not resume and ended(folder):
-                # Stopped while it started (the CLI, another kernel): its supervisor sees the
-                # end the stop wrote and starts nothing (supervisor/run.py); its guardian, which
-                # waits for a supervisor still starting, goes too.
-                kill_all(folder.path)
-                raise BackendError(f"job {name!r} was stopped before its supervisor started; nothing of it runs")
-            if time.monotonic() > deadline:
-                kill_all(folder.path)
-                raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
-            time.sleep(0.01)
+        waited = folder.wait_for_supervisor(SUPERVISOR_START_TIMEOUT_S, or_end=not resume)
+        if waited == "ended":
+            # Stopped while it started (the CLI, another kernel): its supervisor sees the end the
+            # stop wrote and starts nothing (supervisor/run.py); its guardian, which waits for a
+            # supervisor still starting, goes too.
+            kill_all(folder.path)
+            raise BackendError(f"job {name!r} was stopped before its supervisor started; nothing of it runs")
+        if waited == "late":
+            kill_all(folder.path)
+            raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
 
     def resume(self, name: str, *, guarded: bool = False) -> None:
         """Continue a lost, failed or stopped job in its folder, from its latest checkpoint.
@@ -344,7 +342,7 @@ class LocalBackend(Backend):
             if kill_all(folder.path):
                 return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        announced, done = folder.supervisor_alive(), ended(folder)
+        announced, done = folder.supervisor_alive(), folder.ended()
         if done and not announced:
             kill_all(folder.path)  # finished: only make sure nothing is left
             return
@@ -364,7 +362,7 @@ class LocalBackend(Backend):
                 deadline = time.monotonic() + timeout_s
                 while answered and folder.supervisor_alive() and time.monotonic() < deadline:
                     time.sleep(0.05)
-            if folder.supervisor_alive() or not ended(folder):
+            if folder.supervisor_alive() or not folder.ended():
                 # The supervisor is gone or stuck: clean up from here, and say so where it would have.
                 kill_all(folder.path)
                 record_stopped(folder, "stopped; its supervisor did not answer")
@@ -382,7 +380,7 @@ def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> N
     live = processes_of(folder.path)
     if not live:
         return
-    if ended(folder):
+    if folder.ended():
         kill_all(folder.path)
         return
     said = f"its folder is damaged ({info.damaged})" if info is not None and info.damaged else None
