@@ -28,6 +28,7 @@ from notebook_elastic.backends.kubernetes import kueue
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.errors import BackendError, SpecError
+from notebook_elastic.runtime.state import NO_LIVE_VALUES
 
 DATA = Path(__file__).parent / "data"
 
@@ -264,6 +265,8 @@ def test_queued_admitted_preempted_readmitted_and_no_step_lost(queued, tmp_path)
         # pods go, and the last rank to stay saves where it leaves (SIGTERMs a moment apart may
         # split the pods over two boundaries); the job resumes from the newest save.
         assert resumed.get("step") >= saved.get("step"), (resumed.data, saved.data)
+        # Every pod went at once: in place's fallback, said in one sentence (events, timeline).
+        assert resumed.get("why") == NO_LIVE_VALUES and resumed.describe().endswith(f": {NO_LIVE_VALUES}"), resumed.data
         series = job.metrics["loss"]
         trained_before = [s for s, t in zip(series.steps, series.times) if t < resumed.time]
         assert max(trained_before) < resumed.get("step"), "a step after the save was trained, then redone"

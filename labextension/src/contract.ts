@@ -410,6 +410,7 @@ export interface IResumedEvent {
   samples_seen?: number;
   from_generation?: number;
   path?: string;
+  why?: string;
 }
 
 export interface ICheckpointEvent {

@@ -437,6 +437,7 @@ class Resumed(TypedDict):
     samples_seen: NotRequired[int]
     from_generation: NotRequired[int]  # the checkpoint generation restored (-1: unknown)
     path: NotRequired[str]  # the checkpoint restored
+    why: NotRequired[str]  # why a checkpoint, not the live values (in place's fallback)
 
 
 class Checkpoint(TypedDict):

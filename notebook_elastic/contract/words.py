@@ -426,7 +426,8 @@ def _plan(_node: str, d: Plan) -> str:
 
 
 def _resumed(_node: str, d: Resumed) -> str:
-    return f"resumed from step {d.get('step')} (checkpoint of world size {d.get('from_world_size')}, now {d.get('world_size')})"
+    said = f"resumed from step {d.get('step')} (checkpoint of world size {d.get('from_world_size')}, now {d.get('world_size')})"
+    return f"{said}: {d['why']}" if d.get("why") else said
 
 
 def _checkpoint(_node: str, d: Checkpoint) -> str:

@@ -235,10 +235,17 @@ class Restore:
         return int(self._collectives.broadcast(generation))
 
     def latest(
-        self, objects: dict[str, Any], *, sharded_model: bool, generation: int, map_location: Any
+        self,
+        objects: dict[str, Any],
+        *,
+        sharded_model: bool,
+        generation: int,
+        map_location: Any,
+        why: str | None = None,
     ) -> Resumed | None:
         """Load the latest readable checkpoint into ``objects`` (in place, on every rank; a
-        collective); where it puts the loop, or None when there is none."""
+        collective); where it puts the loop, or None when there is none. ``why``: why a
+        checkpoint rather than the live values (said in the ``resumed`` event)."""
         import torch
 
         is_writer = self._info.rank == 0
@@ -284,18 +291,18 @@ class Restore:
             save_s=payload.get("save_s") if isinstance(payload.get("save_s"), (int, float)) else None,
         )
         if is_writer:
-            emit(
-                Kind.RESUMED,
-                **ResumedEvent(
-                    step=resumed.step,
-                    generation=generation,
-                    from_generation=int(payload.get("generation", -1)),
-                    from_world_size=payload.get("world_size"),
-                    world_size=self._info.world_size,
-                    samples_seen=resumed.samples_seen,
-                    path=chosen,
-                ),
+            said = ResumedEvent(
+                step=resumed.step,
+                generation=generation,
+                from_generation=int(payload.get("generation", -1)),
+                from_world_size=payload.get("world_size"),
+                world_size=self._info.world_size,
+                samples_seen=resumed.samples_seen,
+                path=chosen,
             )
+            if why:
+                said["why"] = why
+            emit(Kind.RESUMED, **said)
         return resumed
 
     def from_live(self, machinery: Any, objects: dict[str, Any]) -> Resumed | None:

@@ -60,6 +60,10 @@ from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWrite
 
 _log = log.get("state")
 
+#: Why a group that forms in place read a checkpoint (in place's fallback, said in the event):
+#: the values live only in the ranks' memory, and none of them kept any.
+NO_LIVE_VALUES = "no rank held the live values (every node had gone or restarted at once)"
+
 # State, and the names that were defined here before its parts moved out (still imported from here).
 __all__ = [
     "BLOCKING_TARGET",
@@ -181,12 +185,18 @@ class State:
             self.folder, generation=self.generation, keep=keep, info=self.info, interval=self._interval, loop=self
         )
         resumed = None
+        why = None
         if self._inplace.group.assignment is not None and not self._sharded:
             # A group formed in place (or joined into one): the values of the live ranks.
             resumed = self._restore.from_live(self._inplace, self._objects)
+            why = NO_LIVE_VALUES  # should a checkpoint be read after all
         if resumed is None:
             resumed = self._restore.latest(
-                self._objects, sharded_model=self._sharded, generation=self.generation, map_location=map_location
+                self._objects,
+                sharded_model=self._sharded,
+                generation=self.generation,
+                map_location=map_location,
+                why=why,
             )
         if resumed is not None:
             self.extra.update(resumed.extra)
