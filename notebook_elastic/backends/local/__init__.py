@@ -57,17 +57,14 @@ if TYPE_CHECKING:
     from ...contract.spec import JobSpec
     from ...packaging import Bundle
 
-#: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
-#: job's nodes end at Slurm's SIGTERM: their store went with their supervisor).
+#: How long a resume, or a launch over an earlier run's folder, waits for what is left of that
+#: run to end once told to (a Slurm job's nodes end at Slurm's SIGTERM: their store went with
+#: their supervisor).
 LEFTOVERS_WAIT_S = 30.0
 #: The job's processes the kernel starts, each detached: the supervisor (supervisor/run.py) and
 #: the guardian that brings it back (guardian.py).
 SUPERVISOR_MODULE = "notebook_elastic.supervisor.run"
 GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
-
-
-#: How long a launch over an earlier run's folder waits for that run's allocations to end.
-LEFTOVERS_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
