@@ -147,3 +147,32 @@ def test_a_node_picked_in_the_dashboard_is_followed_live_within_the_bound(cluste
     finally:
         dash.close()
         job.detach()
+
+
+def test_rank_0s_pod_is_known_from_any_pods_first_line_at_any_size(cluster):
+    """#40: a round of more than 64 nodes tells no members in its lines (a million entries at
+    1,024 nodes), so the follower found rank 0's pod only by reading that pod's own log: at 1,024
+    light pods it read ~1,000 logs first, and losses arrived ~55 s after the pods started. Every
+    agent's rendezvous line now names group rank 0 (``lead``), at any size: the first line of
+    any followed pod tells whose losses to stream."""
+    from notebook_elastic.backends.kubernetes.logs import LogFollower
+    from notebook_elastic.backends.kubernetes.pods import PodView
+    from notebook_elastic.backends.kubernetes.watch import Followed
+    from notebook_elastic.contract.events import Event
+
+    stop = threading.Event()
+    pods = {
+        f"big-workers-{i}": PodView(f"big-workers-{i}", running_seen=True, ip=f"10.0.0.{i}", index=i) for i in range(3)
+    }
+    logs = LogFollower(
+        Followed(connect(), "big", stop, lambda *a, **k: None),
+        pods,
+        threading.Lock(),
+        lambda e: None,
+        lambda e, what: None,
+    )
+    lead = {"addr": "10.0.0.2", "pid": 7, "local_id": 0, "group_rank": 0}
+    first = {"round": 0, "group_rank": 1999, "group_world_size": 2048, "lead": lead}  # no members: too many
+    logs._told(pods["big-workers-0"], Event(kind=Kind.RENDEZVOUS, time=1.0, node="big-workers-0", data=first))
+    assert logs.lead == "big-workers-2"
+    assert logs._wanted()[0] == "big-workers-2"  # followed first

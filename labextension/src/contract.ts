@@ -218,6 +218,12 @@ export interface IRendezvousEvent {
   local_id: number;
   group_rank: number;
 }[];
+  lead?: {
+  addr: string;
+  pid: number;
+  local_id: number;
+  group_rank: number;
+};
   agent_pid?: number;
 }
 

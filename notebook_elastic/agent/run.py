@@ -278,6 +278,11 @@ def _hook_rendezvous() -> None:
         )
         if shown is not None:
             said["members"] = shown
+        if members and members[0]["group_rank"] == 0:
+            # At any size: whoever reads one node's log learns which node holds rank 0 (a
+            # cluster's follower streams that one's losses, #40: at 1,024 pods it read ~1,000
+            # logs to find it when rounds that big told no members).
+            said["lead"] = members[0]
         said["agent_pid"] = os.getpid()
         emit(Kind.RENDEZVOUS, node=_node_name(), **said)
 

@@ -291,7 +291,8 @@ class Rendezvous(TypedDict):
     group_rank: int
     group_world_size: NotRequired[int]
     epoch: NotRequired[int]
-    members: NotRequired[list[RoundMember]]  # the nodes in the round, by group rank
+    members: NotRequired[list[RoundMember]]  # the nodes in the round, by group rank (up to 64)
+    lead: NotRequired[RoundMember]  # group rank 0 (global rank 0's node), told at any size
     agent_pid: NotRequired[int]
 
 

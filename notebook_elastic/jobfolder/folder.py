@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from ..contract.event_types import FINAL_STATUSES
 from ..errors import BackendError
@@ -299,6 +299,27 @@ class JobFolder:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) and isinstance(data.get("status"), str) else None
+
+    def ended(self) -> bool:
+        """Whether the job's end is on record: its outcome (written in the room taken at start, so
+        even on a full disk) or a final status.json."""
+        if (self.outcome() or {}).get("status") in FINAL_STATUSES:
+            return True
+        return (self.status() or {}).get("status") in FINAL_STATUSES
+
+    def wait_for_supervisor(self, timeout_s: float, *, or_end: bool) -> Literal["started", "ended", "late"]:
+        """Wait for a supervisor just started to announce itself (its supervisor.json):
+        ``"started"``; with ``or_end``, ``"ended"`` as soon as the job's end is on record (it was
+        stopped while its supervisor started: that supervisor starts nothing); ``"late"`` when
+        ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while self.supervisor() is None:
+            if or_end and self.ended():
+                return "ended"
+            if time.monotonic() > deadline:
+                return "late"
+            time.sleep(0.01)
+        return "started"
 
     def keep_room(self) -> None:
         """Take the room for the job's last records now, while there is some: the reserve file

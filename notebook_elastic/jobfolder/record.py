@@ -3,9 +3,9 @@
 Every listing (``%elastic_jobs``, the jobs panel, the CLI) and a resume's check read the job's
 status here (``read_record``): from its records (spec, status, outcome) and from whether its
 supervisor and guardian still run. The writes are those a kernel makes when the job's own
-supervisor cannot: one resume at a time (``resuming``), the folder made ready for a new
-supervisor (``clear_for_a_new_supervisor``), a stop written down (``record_stopped``).
-The local backend calls these in order; none of them calls back into a backend.
+supervisor cannot: a resume up to its new supervisor's start (``resuming``: one at a time, its
+record checked, the folder made ready), a stop written down (``record_stopped``). None of them
+imports a backend: what a resume must end outside the folder is handed in by the backend.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..contract.event_types import FINAL_STATUSES, JobFinished, Kind
-from ..contract.events import Event
+from ..contract.events import Event, status_phrase
 from ..contract.job_state.records import JobSummary, summary_of
 from ..errors import BackendError, JobNotFound
 from .folder import FILE_MODE, SPEC_MISSING, JobFolder, Look, write_json_atomic
@@ -46,33 +46,36 @@ def read_record(folder: JobFolder) -> FolderRecord | None:
     None when there is no folder. A job not ended on record whose supervisor is gone is
     ``recovering`` while its guardian runs, else ``lost``; a spec that is missing or unreadable
     makes it ``damaged``, with why."""
+    return _look_and_record(folder)[1]
+
+
+def _look_and_record(folder: JobFolder) -> tuple[Look | None, FolderRecord | None]:
+    """What ``read_record`` reads (the folder's ``Look``, read at once) and the record it makes of it."""
     seen = folder.look()
     if seen is None:
-        return None
+        return None, None
     if seen.spec is None:
         if seen.spec_problem != SPEC_MISSING:
-            return FolderRecord("damaged", damaged=f"spec.json is unreadable: {seen.spec_problem}")
+            return seen, FolderRecord("damaged", damaged=f"spec.json is unreadable: {seen.spec_problem}")
         if seen.outcome is not None:  # deleted while it ran; its supervisor wrote down how it ended
             summary = summary_of({k: v for k, v in seen.outcome.items() if v is not None})
-            return FolderRecord(seen.outcome["status"], summary=summary)
-        return FolderRecord("damaged", damaged="spec.json is missing (was the folder deleted while the job ran?)")
+            return seen, FolderRecord(seen.outcome["status"], summary=summary)
+        return seen, FolderRecord("damaged", damaged="spec.json is missing (was the folder deleted while the job ran?)")
+    spec = seen.spec
     status = seen.status
     state = status.get("status", "pending")
     if seen.outcome is not None:  # status.json could not be written at the end (a full disk)
         status, state = seen.outcome, seen.outcome["status"]
     elif state not in FINAL_STATUSES and not seen.supervisor_alive:
         if seen.guardian_alive:
-            return _record(seen, "recovering", status)  # its guardian is bringing it back
-        started = (seen.supervisor or {}).get("started")
-        if started is not None or time.time() - (seen.created or 0.0) > SUPERVISOR_START_TIMEOUT_S:
-            state = "lost"
-            status = {**status, "reason": LOST_SUPERVISOR["reason"]}
-    return _record(seen, state, status)
-
-
-def _record(seen: Look, state: str, status: dict[str, Any]) -> FolderRecord:
-    spec = seen.spec or {}
-    return FolderRecord(
+            state = "recovering"  # its guardian is bringing it back
+        else:
+            started = (seen.supervisor or {}).get("started")
+            if started is not None or time.time() - (seen.created or 0.0) > SUPERVISOR_START_TIMEOUT_S:
+                state = "lost"
+                status = {**status, "reason": LOST_SUPERVISOR["reason"]}
+    # The record is built once, here, whichever way the status was decided above.
+    return seen, FolderRecord(
         state,
         summary=summary_of(
             {
@@ -89,19 +92,25 @@ def _record(seen: Look, state: str, status: dict[str, Any]) -> FolderRecord:
     )
 
 
-def ended(folder: JobFolder) -> bool:
-    """Whether the job's end is on record: its outcome (written in the room taken at start, so
-    even on a full disk) or a final status.json."""
-    if (folder.outcome() or {}).get("status") in FINAL_STATUSES:
-        return True
-    return (folder.status() or {}).get("status") in FINAL_STATUSES
+#: The statuses a job may be resumed from (a guarded resume, by the job's guardian: ``recovering`` too).
+RESUMABLE_STATUSES = ("lost", "failed", "stopped")
 
 
 @contextlib.contextmanager
-def resuming(folder: JobFolder, name: str) -> Iterator[None]:
-    """One resume of a job at a time (two kernels, a kernel and the guardian): the second is
-    refused in one sentence, and finds the job running once the first is done, instead of
-    starting a second supervisor for the same folder."""
+def resuming(
+    folder: JobFolder, name: str, leftovers: Callable[[dict[str, Any] | None], None], *, guarded: bool = False
+) -> Iterator[None]:
+    """A resume of the job in ``folder``, up to its new supervisor's start, which the caller
+    makes inside the ``with``. In order: the folder's lock (one resume at a time: two kernels, a
+    kernel and the guardian; the second is refused in one sentence, and finds the job running
+    once the first is done, instead of starting a second supervisor for the same folder), the
+    folder read once and its record checked (only a lost, failed or stopped job resumes; one
+    its guardian resumes, ``guarded``, may be ``recovering``), what the earlier run holds outside
+    the folder ended (``leftovers``, the backend's: given the spec as read, None when it could
+    not be), then the folder made ready for a new supervisor: the stragglers of a lost one are
+    ended (they must not meet the new group), its supervisor.json goes, and a line a supervisor
+    killed mid-write left torn in the events is ended, so the new run's first event is a line of
+    its own. The lock is held until the ``with`` ends."""
     try:
         fd = os.open(folder.path / ".resume.lock", os.O_WRONLY | os.O_CREAT, FILE_MODE)
     except FileNotFoundError:
@@ -113,23 +122,30 @@ def resuming(folder: JobFolder, name: str) -> Iterator[None]:
             raise BackendError(
                 f"job {name!r} is being resumed by another process right now; wait for it (%elastic_jobs)"
             ) from None
+        seen, record = _look_and_record(folder)
+        if seen is None or record is None:
+            raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
+        if record.status not in RESUMABLE_STATUSES and not (guarded and record.status == "recovering"):
+            raise BackendError(
+                f"job {name!r} {status_phrase(record.status)}; only a lost, failed or stopped job can be resumed"
+                + (
+                    " (a succeeded job is done: run the cell again to train anew)"
+                    if record.status == "succeeded"
+                    else ""
+                )
+            )
+        leftovers(seen.spec)
+        kill_all(folder.path)
+        folder.supervisor_file.unlink(missing_ok=True)
+        with open(folder.events_file, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
         yield
     finally:
         os.close(fd)  # and with it the lock
-
-
-def clear_for_a_new_supervisor(folder: JobFolder) -> None:
-    """Before a resumed job's supervisor starts: the stragglers of a lost one are ended (they
-    must not meet the new group), its supervisor.json goes, and a line a supervisor killed
-    mid-write left torn in the events is ended, so the new run's first event is a line of its own."""
-    kill_all(folder.path)
-    folder.supervisor_file.unlink(missing_ok=True)
-    with open(folder.events_file, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size:
-            f.seek(size - 1)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
 
 
 def record_stopped(folder: JobFolder, reason: str) -> None:

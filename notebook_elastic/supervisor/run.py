@@ -55,7 +55,6 @@ from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
 from ..jobfolder.follow import LOST_FOLDER, SUPERVISOR_START_TIMEOUT_S
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..jobfolder.processes import process_start_ticks
-from ..jobfolder.record import ended
 from ..runtime import log, protocol
 from ..runtime.payload import payload_path_for
 from ..runtime.state import newest_generation
@@ -447,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     # Held until supervisor.json is written (run()): a stop meanwhile waits, then asks this
     # supervisor to stop; a stop before it is seen here.
     start_lock = None if resume else folder.hold_start(SUPERVISOR_START_TIMEOUT_S)
-    if not resume and ended(folder):
+    if not resume and folder.ended():
         # Stopped before it started (a stop while Slurm granted its allocation, before sbatch
         # answered): it must not start the job, nor clear the end the stop wrote.
         said = (folder.outcome() or folder.status() or {}).get("status")

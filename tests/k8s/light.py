@@ -17,7 +17,10 @@ on, as a node whose agent restarted its workers.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from typing import Any
 
 from notebook_elastic.backends.kubernetes import manifests as m
@@ -32,8 +35,24 @@ n, index, pod, ip = int(sys.argv[1]), int(os.environ["JOB_COMPLETION_INDEX"]), o
 failing, every, quiet = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 rank = n - 1 - index
 again = os.path.exists("failed-once")
+me = {"addr": ip, "pid": os.getpid(), "local_id": 0, "group_rank": rank}
+# The round: every agent's line comes once it closed, and names group rank 0 (its address, as
+# the rendezvous store tells it); here rank 0's pod leaves its address in a shared folder.
+round_dir, lead = sys.argv[5], None
+if rank == 0:
+    with open(os.path.join(round_dir, f".lead-{os.getpid()}"), "w") as f:
+        json.dump(me, f)
+    os.replace(os.path.join(round_dir, f".lead-{os.getpid()}"), os.path.join(round_dir, "lead"))
+deadline = time.monotonic() + 120
+while lead is None and time.monotonic() < deadline:
+    try:
+        with open(os.path.join(round_dir, "lead")) as f:
+            lead = json.load(f)
+    except (OSError, ValueError):
+        time.sleep(0.5)  # a thousand pods wait here: a light poll (the real ones wait on the store)
+told = {"members": [me]} if n <= 64 else {}  # as our agents: the members of a round of up to 64
 say("rendezvous", node=pod, round=1 if again else 0, epoch=0, group_rank=rank, group_world_size=n,
-    members=[{"addr": ip, "pid": os.getpid(), "local_id": 0, "group_rank": rank}], agent_pid=os.getpid())
+    **told, **({"lead": lead} if lead else {}), agent_pid=os.getpid())
 say("worker_started", node=pod, rank=rank, local_rank=0, world_size=n, group_rank=rank, pid=os.getpid(),
     restart_count=int(again), generation=int(again))
 if index == failing and not again:
@@ -62,7 +81,11 @@ def light_job(
     metric_every_s: float = 0.2,
     quiet_every_s: float = 5.0,
 ) -> list[dict[str, Any]]:
-    """The code ConfigMap and the workers' Indexed Job of a light job of ``nodes`` pods."""
+    """The code ConfigMap and the workers' Indexed Job of a light job of ``nodes`` pods. Their
+    round (who holds rank 0) meets in a fresh folder of this machine's (the pods are its
+    processes); it goes with the process."""
+    round_dir = tempfile.mkdtemp(prefix=f"k8s-light-{name}-")
+    atexit.register(shutil.rmtree, round_dir, True)
     spec = {"nnodes": [nodes, nodes], "nproc_per_node": 1, "max_restarts": 3, "nodes": nodes}
     code = {
         "apiVersion": "v1",
@@ -100,7 +123,13 @@ def light_job(
                             "name": "worker",
                             "image": "python:3.11-slim",
                             "command": ["python", "-S", "/code/worker.py"],
-                            "args": [str(nodes), str(failing_index), str(metric_every_s), str(quiet_every_s)],
+                            "args": [
+                                str(nodes),
+                                str(failing_index),
+                                str(metric_every_s),
+                                str(quiet_every_s),
+                                round_dir,
+                            ],
                             "env": env,
                             "volumeMounts": [{"name": "code", "mountPath": "/code"}],
                         }

@@ -342,7 +342,8 @@ class LogFollower:
         if kind == Kind.RENDEZVOUS:
             round_ = event.fields(Rendezvous)
             lead = view.name if round_.get("group_rank") == 0 else None
-            for member in round_.get("members") or []:
+            told = round_.get("lead")  # at any size (the members are told up to 64)
+            for member in [*(round_.get("members") or []), *([told] if told else [])]:
                 if member.get("group_rank") == 0:
                     lead = self._pod_at(member.get("addr")) or lead
             if lead is not None:

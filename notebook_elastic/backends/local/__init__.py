@@ -8,6 +8,7 @@ a crash) can list, follow (``jobfolder/follow.py``), scale and stop any job.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
 from ...contract.event_types import FINAL_STATUSES
-from ...contract.events import Event, status_phrase
+from ...contract.events import Event
 from ...contract.plan import launch_plan, rdzv_id
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control
@@ -46,7 +47,7 @@ from ...jobfolder.follow import follow as _follow_folder
 from ...jobfolder.follow import history as _folder_history
 from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
-from ...jobfolder.record import clear_for_a_new_supervisor, ended, read_record, record_stopped, resuming
+from ...jobfolder.record import read_record, record_stopped, resuming
 from ...pool import ensure_pool, through_pool
 from ...runtime import protocol
 from ...runtime.protocol import ENV_POOL
@@ -56,18 +57,14 @@ if TYPE_CHECKING:
     from ...contract.spec import JobSpec
     from ...packaging import Bundle
 
-RESUMABLE_STATUSES = ("lost", "failed", "stopped")
-#: How long a resume waits for what is left of the earlier run to end once told to (a Slurm
-#: job's nodes end at Slurm's SIGTERM: their store went with their supervisor).
+#: How long a resume, or a launch over an earlier run's folder, waits for what is left of that
+#: run to end once told to (a Slurm job's nodes end at Slurm's SIGTERM: their store went with
+#: their supervisor).
 LEFTOVERS_WAIT_S = 30.0
 #: The job's processes the kernel starts, each detached: the supervisor (supervisor/run.py) and
 #: the guardian that brings it back (guardian.py).
 SUPERVISOR_MODULE = "notebook_elastic.supervisor.run"
 GUARDIAN_MODULE = "notebook_elastic.backends.local.guardian"
-
-
-#: How long a launch over an earlier run's folder waits for that run's allocations to end.
-LEFTOVERS_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,11 @@ class LocalBackend(Backend):
             # The folder goes to the history: what its run still holds outside its folder (a
             # lost Slurm job's allocations) goes first, whichever backend the new job runs in;
             # then nothing of it may run here.
-            self._clear_leftovers(spec.name, wait_s=LEFTOVERS_WAIT_S)
+            try:
+                earlier: dict[str, Any] | None = folder.spec()
+            except (OSError, ValueError):
+                earlier = None
+            self._clear_leftovers(folder, earlier, wait_s=LEFTOVERS_WAIT_S)
             _nothing_of_it_runs(folder, spec.name, info)
             self._archive(folder)
         try:
@@ -198,18 +199,16 @@ class LocalBackend(Backend):
         _detach(folder, env, SUPERVISOR_MODULE, *(["--resume"] if resume else []))
         if not folder.guardian_alive():
             _detach(folder, env, GUARDIAN_MODULE)
-        deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT_S
-        while folder.supervisor() is None:
-            if not resume and ended(folder):
-                # Stopped while it started (the CLI, another kernel): its supervisor sees the
-                # end the stop wrote and starts nothing (supervisor/run.py); its guardian, which
-                # waits for a supervisor still starting, goes too.
-                kill_all(folder.path)
-                raise BackendError(f"job {name!r} was stopped before its supervisor started; nothing of it runs")
-            if time.monotonic() > deadline:
-                kill_all(folder.path)
-                raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
-            time.sleep(0.01)
+        waited = folder.wait_for_supervisor(SUPERVISOR_START_TIMEOUT_S, or_end=not resume)
+        if waited == "ended":
+            # Stopped while it started (the CLI, another kernel): its supervisor sees the end the
+            # stop wrote and starts nothing (supervisor/run.py); its guardian, which waits for a
+            # supervisor still starting, goes too.
+            kill_all(folder.path)
+            raise BackendError(f"job {name!r} was stopped before its supervisor started; nothing of it runs")
+        if waited == "late":
+            kill_all(folder.path)
+            raise BackendError(f"the supervisor of job {name!r} did not start: {_tail(folder.supervisor_log)}")
 
     def resume(self, name: str, *, guarded: bool = False) -> None:
         """Continue a lost, failed or stopped job in its folder, from its latest checkpoint.
@@ -218,39 +217,23 @@ class LocalBackend(Backend):
         same spec, in a rendezvous epoch above every checkpoint's, and the restart budget
         starts again (said in the ``job_resumed`` event). In order: the folder's lock (one
         resume at a time), its record (may it resume?), what the earlier run holds outside its
-        folder, the folder made ready (jobfolder/record.py), the new supervisor."""
+        folder (this backend's part, handed in), the folder made ready (all four in
+        jobfolder/record.py's ``resuming``), the new supervisor."""
         folder = self.folder(name)
-        with resuming(folder, name):
-            record = read_record(folder)
-            if record is None:
-                raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-            if record.status not in RESUMABLE_STATUSES and not (guarded and record.status == "recovering"):
-                raise BackendError(
-                    f"job {name!r} {status_phrase(record.status)}; only a lost, failed or stopped job can be resumed"
-                    + (
-                        " (a succeeded job is done: run the cell again to train anew)"
-                        if record.status == "succeeded"
-                        else ""
-                    )
-                )
-            self._clear_leftovers(name, wait_s=LEFTOVERS_WAIT_S)
-            clear_for_a_new_supervisor(folder)
+        leftovers = functools.partial(self._clear_leftovers, folder, wait_s=LEFTOVERS_WAIT_S)
+        with resuming(folder, name, leftovers, guarded=guarded):
             self._start_supervisor(folder, name, resume=True)
 
-    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
-        """End what job ``name``'s earlier run still holds outside its folder's processes,
-        before a resume or before its folder is archived; wait up to ``wait_s`` for it to end.
+    def _clear_leftovers(self, folder: JobFolder, spec: Mapping[str, Any] | None, wait_s: float = 0.0) -> None:
+        """End what the earlier run of the job in ``folder`` still holds outside its folder's
+        processes, before a resume or before its folder is archived; wait up to ``wait_s`` for it
+        to end. ``spec``: the folder's spec as the caller read it (None: it could not be read).
         A local job holds nothing more (``kill_all`` ends its processes); a folder a Slurm job
         ran in may hold allocations (a local launch of its name replaces it), by its mark."""
-        folder = self.folder(name)
-        try:
-            ran_in = folder.spec().get("backend")
-        except (OSError, ValueError):
-            return
-        if ran_in == "slurm":
+        if spec is not None and spec.get("backend") == "slurm":
             from ..slurm.mark import clear_leftovers
 
-            clear_leftovers(folder, wait_s)
+            clear_leftovers(folder, spec, wait_s)
 
     def _archive(self, folder: JobFolder) -> None:
         history = self.root / ".history"
@@ -356,7 +339,7 @@ class LocalBackend(Backend):
             if kill_all(folder.path):
                 return
             raise JobNotFound(f"no local job named {name!r} (see %elastic_jobs)")
-        announced, done = folder.supervisor_alive(), ended(folder)
+        announced, done = folder.supervisor_alive(), folder.ended()
         if done and not announced:
             kill_all(folder.path)  # finished: only make sure nothing is left
             return
@@ -376,7 +359,7 @@ class LocalBackend(Backend):
                 deadline = time.monotonic() + timeout_s
                 while answered and folder.supervisor_alive() and time.monotonic() < deadline:
                     time.sleep(0.05)
-            if folder.supervisor_alive() or not ended(folder):
+            if folder.supervisor_alive() or not folder.ended():
                 # The supervisor is gone or stuck: clean up from here, and say so where it would have.
                 kill_all(folder.path)
                 record_stopped(folder, "stopped; its supervisor did not answer")
@@ -394,7 +377,7 @@ def _nothing_of_it_runs(folder: JobFolder, name: str, info: JobInfo | None) -> N
     live = processes_of(folder.path)
     if not live:
         return
-    if ended(folder):
+    if folder.ended():
         kill_all(folder.path)
         return
     said = f"its folder is damaged ({info.damaged})" if info is not None and info.damaged else None

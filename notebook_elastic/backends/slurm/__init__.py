@@ -28,8 +28,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ...contract.event_types import FINAL_STATUSES
 from ...errors import BackendError
@@ -40,7 +40,7 @@ from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
 from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster
-from .mark import cancel_marked, job_name, mark_for_run, own_mark
+from .mark import cancel_marked, job_name, mark_for_run, name_in, own_mark
 from .options import SlurmOptions
 
 if TYPE_CHECKING:
@@ -66,24 +66,24 @@ class SlurmBackend(LocalBackend):
         # finds its allocations (job name -> (allocations' name, mark)).
         self._marks: dict[str, tuple[str, str]] = {}
 
-    def _mark(self, name: str) -> tuple[str, str] | None:
-        """(the name its allocations are named after, the mark they carry) of job ``name``, from
-        its folder (or from this backend's memory when the folder went); None when it has none
-        of its own (it never ran in Slurm with one, or the folder is a copy)."""
-        folder = self.folder(name)
+    def _mark(self, folder: JobFolder, spec: Mapping[str, Any] | None = None) -> tuple[str, str] | None:
+        """(the name its allocations are named after, the mark they carry) of the job in
+        ``folder`` (``spec``: its spec, where the caller read it), from the folder (or from this
+        backend's memory when the folder went); None when it has none of its own (it never ran in
+        Slurm with one, or the folder is a copy)."""
         mark = own_mark(folder)
         if mark is not None:
-            self._marks[name] = (job_name(folder), mark)
-            return self._marks[name]
-        return None if folder.path.exists() else self._marks.get(name)
+            self._marks[folder.name] = (job_name(folder) if spec is None else name_in(spec, folder), mark)
+            return self._marks[folder.name]
+        return None if folder.path.exists() else self._marks.get(folder.name)
 
-    def _clear_leftovers(self, name: str, wait_s: float = 0.0) -> None:
-        """Cancel every allocation of job ``name`` (only those carrying its mark, from its folder
-        or, once the folder is gone, this backend's memory); wait up to ``wait_s`` for them to
-        end. Before a resume: a supervisor thought lost (on another machine) must not meet its
+    def _clear_leftovers(self, folder: JobFolder, spec: Mapping[str, Any] | None, wait_s: float = 0.0) -> None:
+        """Cancel every allocation of the job in ``folder`` (only those carrying its mark, from its
+        folder or, once the folder is gone, this backend's memory); wait up to ``wait_s`` for them
+        to end. Before a resume: a supervisor thought lost (on another machine) must not meet its
         successor, which then runs as it was launched (in an allocation of its own, or here
         with ``--supervisor-in here``). BackendError when Slurm does not answer."""
-        marked = self._mark(name)
+        marked = self._mark(folder, spec)
         if marked is not None:  # else nothing of its own in Slurm: never cancel by a name alone
             cancel_marked(*marked, wait_s=wait_s)
 
@@ -205,4 +205,4 @@ class SlurmBackend(LocalBackend):
         try:
             super().cancel(name, timeout_s)
         finally:
-            self._clear_leftovers(name)
+            self._clear_leftovers(self.folder(name), None)

@@ -17,8 +17,11 @@ allocations; a folder moved (``mv``, the history's archive) keeps its inode and 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import stat
+from collections.abc import Mapping
 from typing import Any
 
 from ...errors import BackendError
@@ -31,10 +34,24 @@ MARK_FILE = "slurm.json"
 
 
 def _read(folder: JobFolder) -> dict[str, Any]:
+    """The folder's mark file, read here (the Slurm side reads its own file, and nothing else of
+    the folder): a regular file holding a JSON object, else nothing. Opened without blocking, as
+    the folder's own records are (``jobfolder/folder.py``'s ``open_file``): a FIFO planted in its
+    place would hold its reader forever."""
     try:
-        data = folder.read_json(folder.path / MARK_FILE)
-    except (FileNotFoundError, ValueError, OSError):
+        fd = os.open(folder.path / MARK_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else {}
 
 
@@ -85,9 +102,15 @@ def job_name(folder: JobFolder) -> str:
     """The name the job's allocations are named after: its spec's (a folder renamed by hand
     keeps it), else the folder's."""
     try:
-        name = folder.spec().get("name")
+        spec = folder.spec()
     except (OSError, ValueError):
-        name = None
+        spec = {}
+    return name_in(spec, folder)
+
+
+def name_in(spec: Mapping[str, Any], folder: JobFolder) -> str:
+    """``job_name`` where the caller has read the folder's spec already."""
+    name = spec.get("name")
     return name if isinstance(name, str) and name else folder.name
 
 
@@ -105,9 +128,10 @@ def cancel_marked(job: str, mark: str, wait_s: float = 0.0) -> None:
         cluster.wait_ended(ids, wait_s)
 
 
-def clear_leftovers(folder: JobFolder, wait_s: float = 0.0) -> None:
+def clear_leftovers(folder: JobFolder, spec: Mapping[str, Any], wait_s: float = 0.0) -> None:
     """What Slurm still holds of the job in ``folder`` (by its own mark), cancelled; nothing
-    for a folder with no mark of its own (never run with one, or a copy)."""
+    for a folder with no mark of its own (never run with one, or a copy). ``spec``: the
+    folder's spec, as its caller read it."""
     mark = own_mark(folder)
     if mark is not None:
-        cancel_marked(job_name(folder), mark, wait_s)
+        cancel_marked(name_in(spec, folder), mark, wait_s)
