@@ -351,6 +351,52 @@ def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_
         job.stop()
 
 
+class Gate:
+    """A gate that holds the processes a condition picks at their start, until opened: a
+    sitecustomize on their PYTHONPATH (written by ``hold``, once the job's first processes
+    started without it) that waits for a file (``open``), at most 120 s."""
+
+    def __init__(self, tmp_path, monkeypatch, name: str) -> None:  # noqa: ANN001
+        self.file = tmp_path / name
+        self.site = tmp_path / "site"
+        self.site.mkdir()
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(self.site), os.environ.get("PYTHONPATH")])))
+
+    def hold(self, condition: str) -> None:
+        (self.site / "sitecustomize.py").write_text(
+            "import os, time\n"
+            f"if {condition}:\n"
+            "    deadline = time.monotonic() + 120\n"
+            f"    while not os.path.exists({str(self.file)!r}) and time.monotonic() < deadline:\n"
+            "        time.sleep(0.05)\n"
+        )
+
+    def open(self) -> None:
+        self.file.touch()
+
+
+def trains_on_while_the_joiner_is_held(job, gate: Gate, joined, what: str) -> tuple[dict, int]:  # noqa: ANN001
+    """Scale a one-node job to 2 while ``gate`` holds the joiner back: the survivor trains 20
+    steps past ``joined`` (a predicate on the events: what had to happen first) without a
+    regroup; then the gate opens and the job trains at 2 in place, the survivor's process kept.
+    The change in place, and the step where the joiner was in."""
+    first = pids_of(job, "node-0")
+    job.scale(2)
+    wait_for(lambda: any(joined(e) for e in job.events), what, job=job, give_up_when_finished=True)
+    joined_at = job.state.step or 0
+    wait_for(lambda: (job.state.step or 0) >= joined_at + 20, "the survivor trains on", job=job)
+    early = [e for e in job.events if e.kind in (Kind.REGROUPED, Kind.IN_PLACE) and e.node == "node-0"]
+    assert not early, [e.data for e in early]  # it did not stop to wait for the joiner
+    assert job.world_size == 1
+    gate.open()
+    wait_for(lambda: changes(job), "in place after the join", job=job, give_up_when_finished=True)
+    up = changes(job)[-1]
+    wait_for(training_at(job, 2, up["step"] + 5), "two nodes training", job=job, give_up_when_finished=True)
+    assert (up["reason"], up["world_size"], up["kept"], up["joined"]) == ("joined", 2, 1, 1), up
+    assert pids_of(job, "node-0") == first
+    return up, joined_at
+
+
 def test_a_node_joins_once_its_workers_can_start_warm_and_the_others_train_meanwhile(home, tmp_path, monkeypatch):
     """A scale-up onto a node whose zygote still imports torch (a cluster node's first start;
     seconds more on a GPU node): the survivor regrouped as soon as the node joined, then waited
@@ -359,45 +405,21 @@ def test_a_node_joins_once_its_workers_can_start_warm_and_the_others_train_meanw
     zygote is held at its start by a gate (a sitecustomize that waits for a file, in a zygote
     alone, written once the first node trains): the survivor trains 20 steps past the joiner's
     agent start without regrouping; the gate opens; the job trains at 2, the survivor's process kept."""
-    gate = tmp_path / "zygote-gate"
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    gate = Gate(tmp_path, monkeypatch, "zygote-gate")
     monkeypatch.setenv("NOTEBOOK_ELASTIC_WARM_POOL", "0")  # each node's own zygote, as on a cluster
     job = ne.launch(
         TRAIN, nnodes="1:2", nodes=1, name="warmjoin", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
     )
     try:
         wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
-        first = pids_of(job, "node-0")
-        (site / "sitecustomize.py").write_text(
-            "import os, time\n"
-            "if 'NOTEBOOK_ELASTIC_ZYGOTE_READY' in os.environ:  # a node's zygote alone (pool/warm.py)\n"
-            "    deadline = time.monotonic() + 120\n"
-            f"    while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
-            "        time.sleep(0.05)\n"
+        gate.hold("'NOTEBOOK_ELASTIC_ZYGOTE_READY' in os.environ")  # a node's zygote alone (pool/warm.py)
+        trains_on_while_the_joiner_is_held(
+            job, gate, lambda e: e.kind == Kind.AGENT_STARTED and e.node == "node-1", "the joiner's agent"
         )
-        job.scale(2)
-        wait_for(
-            lambda: any(e.kind == Kind.AGENT_STARTED and e.node == "node-1" for e in job.events),
-            "the joiner's agent",
-            job=job,
-            give_up_when_finished=True,
-        )
-        joined_at = job.state.step or 0
-        wait_for(lambda: (job.state.step or 0) >= joined_at + 20, "the survivor trains on", job=job)
-        early = [e for e in job.events if e.kind in (Kind.REGROUPED, Kind.IN_PLACE) and e.node == "node-0"]
-        assert not early, [e.data for e in early]  # it did not stop to wait for the joiner
-        gate.touch()
-        wait_for(lambda: changes(job), "in place after the join", job=job, give_up_when_finished=True)
-        up = changes(job)[-1]
-        wait_for(training_at(job, 2, up["step"] + 5), "two nodes training", job=job, give_up_when_finished=True)
-        assert (up["reason"], up["world_size"], up["kept"], up["joined"]) == ("joined", 2, 1, 1), up
-        assert pids_of(job, "node-0") == first
         said = (LocalBackend().folder("warmjoin").logs / "node-1.log").read_text()
         assert "notebook-elastic agent: joins a job that trains once its workers can start warm: ready after" in said
     finally:
-        gate.touch()
+        gate.open()
         job.stop()
 
 
@@ -410,46 +432,24 @@ def test_the_others_train_on_while_a_joiners_workers_start(home, tmp_path, monke
     worker is held at its start by a gate (a sitecustomize in a cold-started worker of rank 1
     alone): the survivor trains 20 steps past the round that took the joiner in, without
     regrouping; the gate opens; the job trains at 2 in place, the survivor's process kept."""
-    gate = tmp_path / "worker-gate"
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    gate = Gate(tmp_path, monkeypatch, "worker-gate")
     monkeypatch.setenv(protocol.ENV_WARM_WORKERS, "0")  # workers start cold: each runs sitecustomize
     job = ne.launch(
         TRAIN, nnodes="1:2", nodes=1, name="trainon", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
     )
     try:
         wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
-        first = pids_of(job, "node-0")
-        (site / "sitecustomize.py").write_text(
-            "import os, time\n"
-            "if os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ:  # the joiner's worker alone\n"
-            "    deadline = time.monotonic() + 120\n"
-            f"    while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
-            "        time.sleep(0.05)\n"
-        )
-        job.scale(2)
-        wait_for(
-            lambda: any(e.kind == Kind.RENDEZVOUS and e.node == "node-0" and e.get("round") == 1 for e in job.events),
+        gate.hold("os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ")  # the joiner's worker alone
+        up, joined_at = trains_on_while_the_joiner_is_held(
+            job,
+            gate,
+            lambda e: e.kind == Kind.RENDEZVOUS and e.node == "node-0" and e.get("round") == 1,
             "the round that takes the joiner in",
-            job=job,
-            give_up_when_finished=True,
         )
-        joined_at = job.state.step or 0
-        wait_for(lambda: (job.state.step or 0) >= joined_at + 20, "the survivor trains on", job=job)
-        early = [e for e in job.events if e.kind in (Kind.REGROUPED, Kind.IN_PLACE) and e.node == "node-0"]
-        assert not early, [e.data for e in early]  # it did not stop to wait for the joiner's worker
-        assert job.world_size == 1
-        gate.touch()
-        wait_for(lambda: changes(job), "in place after the join", job=job, give_up_when_finished=True)
-        up = changes(job)[-1]
-        wait_for(training_at(job, 2, up["step"] + 5), "two nodes training", job=job, give_up_when_finished=True)
-        assert (up["reason"], up["world_size"], up["kept"], up["joined"]) == ("joined", 2, 1, 1), up
         assert up["step"] >= joined_at + 20  # the steps trained meanwhile were kept, none redone
         [regrouped] = [e for e in job.events if e.kind == Kind.REGROUPED and e.node == "node-0"]
         assert regrouped.get("trained_on_s", 0) > 0, regrouped.data
-        assert pids_of(job, "node-0") == first
         assert_ranks_agree(job)
     finally:
-        gate.touch()
+        gate.open()
         job.stop()
