@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import log as _logging
-from . import protocol
 
 if TYPE_CHECKING:
     from .inplace import Assignment
@@ -56,12 +55,10 @@ class Group:
         self.aborted = False
         self.unabortable: str | None = None  # why an abort failed: this worker restarts instead
 
-    def open(self, assignment: Assignment, backend: str, timeout_s: float, *, fresh: bool = False) -> None:
+    def open(self, assignment: Assignment, backend: str, timeout_s: float) -> None:
         """Form the group ``assignment`` names (a collective with its other ranks). An ``abort``
         meanwhile (a member of it went before it formed) makes it raise instead of waiting for
-        its timeout; the store connection is made again for the next one. A ``fresh`` worker
-        (its first group) first counts itself up in the store (``protocol.ready_key``): the
-        kept workers' agents wait for that before they leave their old group."""
+        its timeout; the store connection is made again for the next one."""
         import torch.distributed as dist
 
         with self._lock:
@@ -78,13 +75,7 @@ class Group:
             store = dist.PrefixStore(assignment.prefix, self._store)
             self._forming = _socket_fds()
             self.assignment = assignment
-            counter = self._store if fresh else None
         _first_group_name()
-        if counter is not None:
-            try:
-                counter.add(protocol.ready_key(assignment.prefix), 1)
-            except Exception:  # the kept ones then wait to their bound: slower, not wrong
-                _log.debug("could not say this worker is up", exc_info=True)
         try:
             dist.init_process_group(
                 backend,

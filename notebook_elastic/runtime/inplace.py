@@ -278,7 +278,7 @@ class InPlace:
         assignment = Assignment.from_env()
         if assignment is None or self.link is None:
             return False
-        self.group.open(assignment, backend, timeout_s, fresh=True)
+        self.group.open(assignment, backend, timeout_s)
         return True
 
     def progressed(self) -> None:

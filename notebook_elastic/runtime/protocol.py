@@ -146,13 +146,6 @@ def group_prefix(run_id: str, round_: int, epoch: int = 0) -> str:
     return f"notebook_elastic/group/{run_id}/{epoch}/{round_}"
 
 
-def ready_key(group_prefix_: str) -> str:
-    """The count of a group's fresh workers (started into it, not kept) that are up and about
-    to form it: the kept ones train on in their old group until it reaches the count their
-    agent expects (agent/inplace.py), so a joiner's process start is not time they stand still."""
-    return f"{group_prefix_}/fresh_ready"
-
-
 def joiner_key(run_id: str, name: str) -> str:
     """A key of the agents' eviction of a node that fails while joining (agent/joiner.py):
     ``progressed``, ``failed/ROUND``, ``evicted/INDEX``, ``charged/INDEX``."""
