@@ -480,7 +480,7 @@ def test_a_torch_that_cannot_abort_an_nccl_collective_is_found_before_a_change(m
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from notebook_elastic.runtime.inplace import nccl_abort_missing
+    from notebook_elastic.runtime.group import nccl_abort_missing
 
     if getattr(c10d, "_abort_process_group", None) is not None:
         assert nccl_abort_missing() is None  # this torch (>= 2.6) aborts

@@ -176,3 +176,21 @@ def _abort_nccl() -> bool:
     except Exception:
         _log.warning("the NCCL group could not be aborted: its collectives end at its timeout", exc_info=True)
         return False
+
+
+def nccl_abort_missing() -> str | None:
+    """Why a hung NCCL collective could not be aborted here (None: it can). Without an abort a
+    collective waiting on a lost peer ends only at the group's timeout, and NCCL's state after a
+    timeout is not one to build on: the workers restart instead."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    if getattr(c10d, "_abort_process_group", None) is not None:
+        return None
+    nccl = getattr(torch.distributed, "ProcessGroupNCCL", None)
+    if nccl is not None and callable(getattr(nccl, "abort", None)):
+        return None
+    return (
+        f"torch {torch.__version__} cannot abort a hung NCCL collective "
+        "(torch >= 2.6 has _abort_process_group, earlier ProcessGroupNCCL.abort)"
+    )

@@ -40,7 +40,7 @@ from typing import Any
 
 from . import log as _logging
 from . import protocol
-from .group import Group
+from .group import Group, nccl_abort_missing
 from .handoff import Handoff
 
 _log = _logging.get("runtime.inplace")
@@ -389,24 +389,6 @@ def torch_lacks() -> str | None:
     if dist.is_initialized() and "nccl" in str(dist.get_backend()).lower():
         return nccl_abort_missing()
     return None
-
-
-def nccl_abort_missing() -> str | None:
-    """Why a hung NCCL collective could not be aborted here (None: it can). Without an abort a
-    collective waiting on a lost peer ends only at the group's timeout, and NCCL's state after a
-    timeout is not one to build on: the workers restart instead."""
-    import torch
-    import torch.distributed.distributed_c10d as c10d
-
-    if getattr(c10d, "_abort_process_group", None) is not None:
-        return None
-    nccl = getattr(torch.distributed, "ProcessGroupNCCL", None)
-    if nccl is not None and callable(getattr(nccl, "abort", None)):
-        return None
-    return (
-        f"torch {torch.__version__} cannot abort a hung NCCL collective "
-        "(torch >= 2.6 has _abort_process_group, earlier ProcessGroupNCCL.abort)"
-    )
 
 
 _inplace = InPlace()
