@@ -96,6 +96,9 @@ class Controls:
             layout=W.Layout(width="auto"),
         )
         self.message = W.HTML(layout=W.Layout(min_height="18px"))
+        self._message_lock = threading.Lock()
+        self._asking = ""  # a question waiting on the user (Stop's confirmation), shown first
+        self._told = ""  # what the latest action did or what went wrong
         # What shapes a job before it starts: shown only while it is prepared.
         self.setup = W.HBox([self.nproc, self.max_restarts, self.start_button], layout=W.Layout(flex_flow="row wrap"))
         self.drills = W.HBox([self.kill_button, self.preempt_button], layout=W.Layout(flex_flow="row wrap"))
@@ -163,26 +166,47 @@ class Controls:
         """A word under the buttons. What an action did (``fades``) goes after a while, once the
         header and the timeline tell its effect ("scaling to 2 node(s)" under the buttons long
         after the job grew read as still in progress); what went wrong stays until replaced.
-        ``tone``: "ask" for a question waiting on the user (amber, not the green of done)."""
+        ``tone``: "ask" for a question waiting on the user (amber, not the green of done). A
+        question stays first while it waits: the late answer of an earlier action (a range change
+        whose agents took their time to restart) is said beside it, never in its place, or the
+        user clicks "Confirm stop" with nothing saying what it does."""
         tone = tone or ("ok" if ok else "error")
         color = MESSAGE_COLORS[tone]
-        value = f"<span class='ne-message' data-tone='{tone}' style='color:{color};font-size:12px'>{text}</span>"
-        self.message.value = value
+        span = f"<span class='ne-message' data-tone='{tone}' style='color:{color};font-size:12px'>{text}</span>"
+        with self._message_lock:
+            if tone == "ask":
+                self._asking = span
+            else:
+                self._told = span
+            self._show_message()
         if fades:
 
             def fade() -> None:
-                if self.message.value == value:
-                    self.message.value = ""
+                with self._message_lock:
+                    if self._told == span:
+                        self._told = ""
+                        self._show_message()
 
             timer = threading.Timer(MESSAGE_FADES_S, fade)
             timer.daemon = True
             timer.start()
 
+    def _show_message(self) -> None:
+        self.message.value = " ".join(part for part in (self._asking, self._told) if part)
+
+    def _stop_asking(self) -> None:
+        with self._message_lock:
+            if self._asking:
+                self._asking = ""
+                self._show_message()
+
     def forget_done(self) -> None:
         """What an action did is over (the job was resumed, here or elsewhere): "job stopped"
         under the buttons of a running job read as its present."""
-        if "data-tone='ok'" in self.message.value:
-            self.message.value = ""
+        with self._message_lock:
+            if "data-tone='ok'" in self._told:
+                self._told = ""
+                self._show_message()
 
     def _act(self, name: str, widget: W.Widget | None, action: Callable[[], str]) -> None:
         """Run ``action`` in a thread; its control stays disabled until it returns."""
@@ -254,10 +278,10 @@ class Controls:
             return
         self._stop_armed_until = 0.0
         self.stop_button.description = "Stop"
+        self._stop_asking()
         self._act("stop", self.stop_button, lambda: f"job {self.job.stop()}")
 
     def _disarm_stop(self) -> None:
         if time.monotonic() >= self._stop_armed_until and self.stop_button.description == "Confirm stop":
             self.stop_button.description = "Stop"
-            if "data-tone='ask'" in self.message.value:
-                self.message.value = ""
+            self._stop_asking()
