@@ -453,3 +453,28 @@ def test_the_others_train_on_while_a_joiners_workers_start(home, tmp_path, monke
     finally:
         gate.open()
         job.stop()
+
+
+def test_a_node_that_stops_the_job_fatally_is_no_departure_for_the_others(home):
+    """Every rank of a sharded State that cannot be saved stops with StateNotSaveable, but not at
+    the same moment: under load one node's agent saw the other leave first and restarted (or
+    regrouped) its workers for a departure (test_sharded_state's fatal test, one CI run in four).
+    The node that stops fatally says so in the store; the others stop the same way: no restart,
+    no change in place, nothing charged."""
+    cell = (
+        "own = torch.distributed.new_group()  # what a sharded model holds: it cannot stay in place\n"
+        + TRAIN.replace(
+            "    state.commit()\n",
+            "    if step == 20:\n"
+            "        if elastic.rank() == 1:\n"
+            "            time.sleep(6)  # the other node has long gone\n"
+            "        raise elastic.StateNotSaveable('State cannot save odd')\n"
+            "    state.commit()\n",
+        )
+    )
+    job = ne.launch(cell, nnodes="2", name="fatal", max_restarts=3, checkpoint_every=NEVER, user_ns=namespace(400))
+    assert job.wait(240) == "failed", job.summary()
+    failed = [e for e in job.events if e.kind == Kind.WORKER_FAILED]
+    assert {e.get("error") for e in failed} == {"StateNotSaveable"}, [e.describe() for e in failed]
+    assert not [e for e in job.events if e.kind in (Kind.RESTART, Kind.REGROUPED, Kind.IN_PLACE)], job.summary()
+    assert job.restarts == 0, job.summary()

@@ -110,6 +110,7 @@ class Links:
         self._sock.bind("\0" + self.name)
         self._sock.listen(64)
         self._workers: dict[int, _Worker] = {}  # by local rank: the newest link of each
+        self.fatal = False  # a worker failed in a way no retry can mend: the job ends
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)  # a worker said something, or went
         threading.Thread(target=self._accept, name="notebook-elastic-links", daemon=True).start()
@@ -168,6 +169,8 @@ class Links:
             self._on_lost()
         elif op == "boundary":  # it left its group at a boundary (a member that goes voted for it)
             self._on_boundary()
+        elif op == "fatal":  # it fails in a way no retry mends (EXIT_FATAL): the job ends
+            self.fatal = True
 
     def why_not(self, local_ranks: list[int]) -> str | None:
         """Why the workers of these local ranks cannot all stay in place (None: they can)."""
@@ -326,6 +329,8 @@ class InPlace:
         links = self.links
         if links is None or not local_ranks:
             return False
+        if links.fatal:
+            return True  # the job ends (its supervisor stops the others): nothing to restart or regroup
         why = links.why_not(local_ranks)
         if why is not None:
             self._refused(why, round_)
@@ -360,6 +365,10 @@ class InPlace:
         watch, or a worker whose group broke while the round has lost a member (sooner than the
         watch). A departure from a round this node has regrouped past already is done with."""
         current = int(os.environ.get(protocol.ENV_ROUND, -1))
+        if self.links is not None and self.links.fatal:
+            self.regroup.clear()
+            self.lost.clear()
+            return None  # a worker here ends the job: no regroup for the others' going
         if self.lost.is_set() and not self.regroup.is_set() and self._member_gone():
             self._regroup("lost", current)
         if not self.regroup.is_set():

@@ -61,9 +61,10 @@ from ..runtime import log, protocol, term
 from ..runtime._emit import emit
 from ..runtime.worker import set_parent_death_signal
 from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
+from .deadline import call_with_deadline
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
-from .inplace import InPlace
+from .inplace import STORE_CALL_S, InPlace
 from .joiner import Joining
 
 _log = log.get("agent")
@@ -120,16 +121,52 @@ def _departure_or_eviction(result: Any) -> list[Any]:
 
 def _gives_up(result: Any) -> bool:
     """A worker failed in a way no retry can mend (it exited ``EXIT_FATAL``, its error file naming
-    ``FATAL_ERROR``): stop, not restart."""
+    ``FATAL_ERROR``), here or on another node (``_peer_gave_up``): stop, not restart."""
     global _fatal
-    _fatal = _fatal or any(
-        f.exitcode == protocol.EXIT_FATAL and _message(f).startswith(f"{protocol.FATAL_ERROR}:")
-        for f in getattr(result, "failures", {}).values()
-    )
+    failures = list(getattr(result, "failures", {}).values())
+    if not _fatal and any(
+        f.exitcode == protocol.EXIT_FATAL and _message(f).startswith(f"{protocol.FATAL_ERROR}:") for f in failures
+    ):
+        _fatal = True
+        _tell_fatal()
+    return _fatal or (bool(failures) and _peer_gave_up())
+
+
+_fatal = False  # set once a worker failed in a way no retry can mend (here, or another node's)
+
+
+def _rendezvous_store() -> tuple[Any, str] | None:
+    handler = _watch.handler
+    store = torch_adapter.rendezvous_store(handler) if handler is not None else None
+    return (store, handler.get_run_id()) if store is not None else None
+
+
+def _tell_fatal() -> None:
+    """Say in the store that this job ends (``protocol.fatal_key``) before this node leaves its
+    round: the other nodes' agents, which see it go, stop the same way instead of restarting
+    their workers for a departure (their workers fail the same way a moment later)."""
+    found = _rendezvous_store()
+    if found is None:
+        return
+    store, run_id = found
+    try:
+        call_with_deadline(store.set, STORE_CALL_S, protocol.fatal_key(run_id), _node_name())
+    except Exception:  # the others then restart for the departure and stop at their own failure
+        _log.debug("could not say the job ends", exc_info=True)
+
+
+def _peer_gave_up() -> bool:
+    """Whether another node's worker failed in a way no retry can mend (``_tell_fatal``): a
+    departure then is that node ending the job, not one to regroup or restart for."""
+    global _fatal
+    found = None if _fatal else _rendezvous_store()
+    if found is not None:
+        store, run_id = found
+        try:
+            _fatal = bool(call_with_deadline(store.check, STORE_CALL_S, [protocol.fatal_key(run_id)]))
+        except Exception:
+            _log.debug("could not read whether the job ends", exc_info=True)
     return _fatal
-
-
-_fatal = False  # set once a worker failed in a way no retry can mend
 
 
 def _message(failure: Any) -> str:
@@ -181,7 +218,10 @@ def _hook_agent() -> None:
         if seeded is not None:
             _store.seeded = seeded
             return "store"
-        return _inplace.regroup_now()
+        why = _inplace.regroup_now()
+        if why is not None and _peer_gave_up():
+            return None  # the member that went ends the job: its workers fail here too, or it stops them
+        return why
 
     def restarting(why: str) -> None:
         """The workers restart: why they could not stay (where they trained and said), and, for a

@@ -297,6 +297,11 @@ class InPlace:
             stays = 0
         return self.active and self.incapable is None and self.state is not None and stays > 0
 
+    def ends_fatally(self) -> None:
+        """This worker failed in a way no retry can mend: the job ends (told to the agent)."""
+        if self.link is not None:
+            self.link.send(op="fatal")
+
     def say(self, capable: bool, why: str = "") -> None:
         if self.link is not None:
             self.link.say_capable(capable, why)

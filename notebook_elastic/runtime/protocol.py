@@ -160,6 +160,13 @@ def all_ready_key(group_prefix_: str) -> str:
     return f"{group_prefix_}/all_ready"
 
 
+def fatal_key(run_id: str) -> str:
+    """Set (to the node's name) when a node's worker failed in a way no retry can mend
+    (``EXIT_FATAL``): the other agents see that node leave as the job's end, not a departure
+    to restart for (agent/run.py)."""
+    return f"notebook_elastic/fatal/{run_id}"
+
+
 def joiner_key(run_id: str, name: str) -> str:
     """A key of the agents' eviction of a node that fails while joining (agent/joiner.py):
     ``progressed``, ``failed/ROUND``, ``evicted/INDEX``, ``charged/INDEX``."""

@@ -262,6 +262,10 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             failed["cause"] = "peer"
         if isinstance(exc, StateNotSaveable):
             failed["fatal"] = True  # the same at every retry: no point spending the budget
+            # Told to the agent before the event: the supervisor stops the other nodes on it,
+            # and they leave before this process has exited; their going is then no departure
+            # for this node's agent to restart or regroup for.
+            inplace.ends_fatally()
         emit(Kind.WORKER_FAILED, node=info.node, **failed)
         if by_peer:
             # Not this worker's failure: a distinct status lets the agent regroup without
