@@ -154,6 +154,11 @@ def test_scale_up_then_down_keeps_every_step_and_every_sample_once(home):
 def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     job = ne.launch(TRAIN, nnodes="1:2", nproc_per_node=2, name="crash", max_restarts=3, user_ns=namespace(total=40))
     wait_for(at_step(job, 8), "step 8", job=job, give_up_when_finished=True)
+    from notebook_elastic.runtime.checkpoints import list_checkpoints
+
+    # State chooses how often it saves, and writes in the background: under load the newest
+    # save at the kill can be a few steps behind the step reported (CI: step 8 seen, 7 resumed).
+    saved = [step for _g, step, _p in list_checkpoints(LocalBackend().folder("crash").checkpoints)]
     killed = job.kill_worker(rank=1)
     wait_for(lambda: job.restarts >= 1, "the restart", job=job, give_up_when_finished=True)
     assert job.wait(180) == "succeeded", job.summary()
@@ -165,7 +170,7 @@ def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     exited = [e for e in job.events if e.kind == Kind.WORKER_EXITED]
     assert exited and all(e.get("exitcode") not in (0, None) for e in exited), [e.data for e in exited]
     resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
-    assert resumed and 8 <= resumed[0] <= job.state.total_steps
+    assert saved and resumed and max(saved) <= resumed[0] <= job.state.total_steps, (saved, resumed)
 
 
 @pytest.mark.torch_contract
