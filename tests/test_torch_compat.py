@@ -221,7 +221,7 @@ def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
         changed = sorted(n for n in before[klass].keys() | after.keys() if before[klass].get(n) is not after.get(n))
         assert not changed, f"{klass.__name__}: {changed} replaced"
     assert launcher.LocalElasticAgent is notebook_agent.agent_subclass(agent)
-    assert getattr(dr._delay, "_notebook_elastic", False) and dr._delay._ne_rules is rules
+    assert getattr(dr._delay, "_notebook_elastic", False) and dr._delay._ne_owner is rules
 
 
 def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_its_name(monkeypatch):

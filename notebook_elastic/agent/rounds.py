@@ -30,7 +30,16 @@ from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from . import regroup, store_link, together
 from .deadline import call_with_deadline
 from .regroup import regroup_in_one_write as regroup_in_one_write
-from .torch_adapter import exit_round, holder_store, mark_ours, missing, node_of
+from .torch_adapter import (
+    exit_round,
+    holder_store,
+    missing,
+    node_of,
+    rendezvous_actions,
+    rendezvous_bases,
+    rendezvous_op_kind,
+    wrap_rendezvous_wait,
+)
 
 _log = _logging.get("agent.rounds")
 
@@ -90,46 +99,38 @@ def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bo
     the rendezvous handler is made. Set in ``rules``; torch's wait between looks, a module
     function, reads them (the last rules given: one per agent process). Idempotent; False where
     torch lacks the internals."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    dr: Any = dynamic_rendezvous  # its _delay, patched below
     needed = {"dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor"}
     polling = {"dynamic_rendezvous._delay", "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration"}
     if missing().keys() & (needed | (polling if poll_s else set())):
         return False
     rules.close_at_target = True
     rules.poll_s = poll_s or rules.poll_s
-    if poll_s and getattr(dr._delay, "_ne_rules", None) is not rules:
-        # The wait between two looks is a module function torch's executor calls with 1 (its
-        # only call with 1; backoffs pass other values): not reachable from a subclass. Ours
-        # wraps torch's own, never one of ours (other rules: a test's).
-        delay = getattr(dr._delay, "_ne_delay", dr._delay)
+    if poll_s:
 
-        def _delay(seconds: Any) -> Any:
-            if isinstance(seconds, tuple) and rules.joined_once:
-                # torch spreads the first joins of a job over up to 0.3 s (its next_rendezvous
-                # while the state's round is 0, its only call with a range): a node that was in
-                # round 0 and regroups (in place, after a loss) is no first join, and paid it
-                # again (0.15 s on average, the first change of every job).
-                return None
-            wait = rules.poll_s if seconds == 1 and rules.poll_s else seconds
-            return delay(wait)
+        def wrap(delay: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            def _delay(seconds: Any) -> Any:
+                if isinstance(seconds, tuple) and rules.joined_once:
+                    # torch spreads a job's first joins over up to 0.3 s (its only call with a
+                    # range): a node that regroups from round 0 (in place, after a loss) is no
+                    # first join, and paid it again (0.15 s on average, every job's first change).
+                    return None
+                wait = rules.poll_s if seconds == 1 and rules.poll_s else seconds
+                return delay(wait)
 
-        mark_ours(_delay)
-        ours: Any = _delay  # the rules it reads and torch's own, on it
-        ours._ne_rules, ours._ne_delay = rules, delay
-        dr._delay = _delay
+            return _delay
+
+        wrap_rendezvous_wait(wrap, rules)
     return True
 
 
 def _closing_at_target(join: Any, store: Any) -> Callable[[Any, float], Any]:
     """torch's join operation, closing the round when it holds the job's target (read in
     ``store``: the one the operation's executor syncs with)."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    actions = rendezvous_actions()
 
     def join_op(ctx: Any, deadline: float) -> Any:
         action = join(ctx, deadline)
-        if action in (dr._Action.SYNC, dr._Action.KEEP_ALIVE):
+        if action in (actions.SYNC, actions.KEEP_ALIVE):
             state, settings = ctx.state, ctx.settings
             held = len(state.participants)
             if (
@@ -138,7 +139,7 @@ def _closing_at_target(join: Any, store: Any) -> Callable[[Any, float], Any]:
                 and settings.min_nodes <= held <= settings.max_nodes
                 and held == _target_nodes(store)  # last: a store read, only when the rest holds
             ):
-                return dr._Action.MARK_RENDEZVOUS_COMPLETE
+                return actions.MARK_RENDEZVOUS_COMPLETE
         return action
 
     return join_op
@@ -324,9 +325,7 @@ def _recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]
 def _holder_class() -> type:
     import random
 
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    class NotebookStateHolder(dr._BackendRendezvousStateHolder):
+    class NotebookStateHolder(rendezvous_bases()[0]):  # type: ignore[misc]  # torch's class, known at run time
         """torch's view of the round in the store, read at most ``poll_s`` old, and without the
         nodes the supervisor saw die (``drop_gone_nodes``); with ``join_and_beat_together``, a
         lost write backs off and reads again, and a won one deletes the sayings no longer read."""
@@ -338,7 +337,7 @@ def _holder_class() -> type:
             self._ne_rules = rules
             if rules.poll_s:
                 # Seconds, compared with a float: torch annotates its 1 s default as an int.
-                vars(self)["_cache_duration"] = min(self._cache_duration, rules.poll_s)
+                self.__dict__["_cache_duration"] = min(self._cache_duration, rules.poll_s)
             self._ne_lost = 0  # writes lost in a row
             interval_s = settings.keep_alive_interval.total_seconds()
             state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
@@ -402,9 +401,9 @@ def _call_with_deadline(fn: Callable[..., Any], *args: Any) -> Any:
 
 @functools.cache
 def _executor_class() -> type:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    actions = rendezvous_actions()
 
-    class NotebookExecutor(dr._DistributedRendezvousOpExecutor):
+    class NotebookExecutor(rendezvous_bases()[1]):  # type: ignore[misc]  # torch's class, known at run time
         """torch's executor of rendezvous operations; its join closes at the job's target;
         with ``join_and_beat_together`` its joins, leaves and heartbeats go together."""
 
@@ -422,8 +421,8 @@ def _executor_class() -> type:
             return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
-            joining = isinstance(state_handler, dr._RendezvousJoinOp)
-            exiting = isinstance(state_handler, dr._RendezvousExitOp)
+            kind = rendezvous_op_kind(state_handler)
+            joining, exiting = kind == "join", kind == "exit"
             if self._ne_rules.close_at_target and joining:
                 # The store the operation syncs with: the one a round's target is read from.
                 state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
@@ -448,14 +447,14 @@ def _executor_class() -> type:
 
             def beat(ctx: Any, deadline: float) -> Any:
                 action = op(ctx, deadline)
-                if action != dr._Action.KEEP_ALIVE:
+                if action != actions.KEEP_ALIVE:
                     return action
                 now = time.time()
                 if not self._ne_say(together.ALIVE, -1, now):
                     return action
                 if together.beat_due(ctx.state, ctx.node, ctx.settings.keep_alive_interval, now):
                     return action
-                return dr._Action.SYNC if joining else dr._Action.FINISH
+                return actions.SYNC if joining else actions.FINISH
 
             return beat
 
@@ -482,7 +481,8 @@ def _executor_class() -> type:
 
         def _add_to_participants(self) -> None:
             if self._ne_sayings() is None:
-                return super()._add_to_participants()
+                super()._add_to_participants()
+                return
             self._ne_say(together.JOIN, self._state.round, time.time())
             said = self._ne_read()
             self._ne_taking = True
@@ -499,7 +499,8 @@ def _executor_class() -> type:
                 together.open_next_round(self._state, self._settings, self._node, time.time())
                 return None
             if self._ne_sayings() is None:
-                return super()._remove_from_participants()
+                super()._remove_from_participants()
+                return None
             self._ne_say(together.LEAVE, self._state.round, time.time())
             together.take_leaves(self._state, self._ne_read(), node_of, self._node)
             super()._remove_from_participants()

@@ -33,6 +33,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -291,6 +292,41 @@ def holder_store(holder: Any) -> Any | None:
     """The store a rendezvous state holder's backend talks to now; None when this torch does
     not say."""
     return getattr(getattr(holder, "_backend", None), "_store", None)
+
+
+def wrap_rendezvous_wait(wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]], owner: object) -> None:
+    """Put ``wrap(torch's own)`` in place of the wait between two looks of a rendezvous round
+    (``dynamic_rendezvous._delay``, a module function torch's executor calls with 1, its join's
+    first-join jitter with a range): not reachable from a subclass. Ours always wraps torch's
+    own, never one of ours; for the same ``owner`` (the rules it reads) it is put once."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    dr: Any = dynamic_rendezvous
+    if getattr(dr._delay, "_ne_owner", None) is owner:
+        return
+    own = getattr(dr._delay, "_ne_delay", dr._delay)
+    ours: Any = wrap(own)
+    mark_ours(ours)
+    ours._ne_owner, ours._ne_delay = owner, own
+    dr._delay = ours
+
+
+def rendezvous_bases() -> tuple[Any, Any]:
+    """torch's rendezvous state holder and operation executor classes (``dynamic_rendezvous``'s
+    ``_BackendRendezvousStateHolder``, ``_DistributedRendezvousOpExecutor``), which ours
+    subclass (agent/rounds.py): the state read and written, the operations run on it."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    return dr._BackendRendezvousStateHolder, dr._DistributedRendezvousOpExecutor
+
+
+def rendezvous_op_kind(op: Any) -> str:
+    """Which of torch's rendezvous operations ``op`` is: "join", "exit" or "" (another)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    if isinstance(op, dr._RendezvousJoinOp):
+        return "join"
+    return "exit" if isinstance(op, dr._RendezvousExitOp) else ""
 
 
 def rendezvous_actions() -> Any:
