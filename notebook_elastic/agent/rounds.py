@@ -32,12 +32,15 @@ from .deadline import call_with_deadline
 from .regroup import regroup_in_one_write as regroup_in_one_write
 from .torch_adapter import (
     exit_round,
+    handler_parts,
+    holder_settings,
     holder_store,
     missing,
     node_of,
     rendezvous_actions,
     rendezvous_bases,
     rendezvous_op_kind,
+    replace_handler_parts,
     wrap_rendezvous_wait,
 )
 
@@ -177,7 +180,7 @@ def _mark_gone_expired(holder: Any) -> None:
     them next."""
     from datetime import datetime, timezone
 
-    settings = holder._settings
+    settings = holder_settings(holder)
     window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
     gone = _gone_pids(holder_store(holder), window_s)
     for node, beat in list(holder._state.last_heartbeats.items()) if gone else ():
@@ -253,13 +256,13 @@ def handler_over(store: Any, params: Any, rules: RoundRules, hooks: RendezvousHo
     # torch's handler takes its state holder as made by from_backend, and makes its executor
     # from it: both are replaced before its first round, by instances of our subclasses.
     try:
-        settings, node = torch_handler._settings, torch_handler._this_node
+        settings, node = handler_parts(torch_handler)
         holder = _holder_class()(backend, settings, rules=rules)
         executor = _executor_class()(node, holder, settings, rules=rules)
     except (AttributeError, TypeError):  # another torch: its own parts (missing() and the probe say what is lost)
         _log.debug("torch's rendezvous parts are kept", exc_info=True)
     else:
-        torch_handler._state_holder, torch_handler._op_executor = holder, executor
+        replace_handler_parts(torch_handler, holder, executor)
     vars(torch_handler)["_get_store"] = functools.partial(
         _store_of_round, torch_handler, hooks, link
     )  # this instance's

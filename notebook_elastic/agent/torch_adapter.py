@@ -329,6 +329,24 @@ def rendezvous_op_kind(op: Any) -> str:
     return "exit" if isinstance(op, dr._RendezvousExitOp) else ""
 
 
+def handler_parts(handler: Any) -> tuple[Any, Any]:
+    """torch's rendezvous handler's settings and this node's descriptor (``_settings``,
+    ``_this_node``): what our state holder and executor are made from. AttributeError on a
+    torch without them."""
+    return handler._settings, handler._this_node
+
+
+def replace_handler_parts(handler: Any, holder: Any, executor: Any) -> None:
+    """Put our state holder and operation executor in place of torch's in its handler, before
+    its first round (it makes its executor from its holder once, at its start)."""
+    handler._state_holder, handler._op_executor = holder, executor
+
+
+def holder_settings(holder: Any) -> Any:
+    """A rendezvous state holder's settings (its keep-alive interval and attempts)."""
+    return holder._settings
+
+
 def rendezvous_actions() -> Any:
     """What torch's rendezvous operations return to its executor (``_Action``: SYNC, KEEP_ALIVE,
     FINISH, ...), for ours that stand in for them (agent/regroup.py)."""
