@@ -68,8 +68,26 @@ def _bare_store(tmp_path, descriptors: int | None = None):
     finally:
         if proc.poll() is None:
             proc.terminate()
-            proc.wait(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                # Seen once in CI under load (its clients timed out first): say what state it
+                # was in (stopped, running, asleep) before it is killed, for the next look.
+                state = _process_state(proc.pid)
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"the store did not end within 10 s of SIGTERM; it was: {state}")
         proc.stdout.close()  # type: ignore[union-attr]
+
+
+def _process_state(pid: int) -> str:
+    try:
+        status = open(f"/proc/{pid}/status").read()
+        wchan = open(f"/proc/{pid}/wchan").read()
+    except OSError as exc:
+        return f"unreadable ({exc})"
+    state = next((line for line in status.splitlines() if line.startswith("State:")), "State: ?")
+    return f"{state.strip()}, waiting in {wchan or '?'}"
 
 
 def client(port: int, timeout_s: float = 30) -> dist.TCPStore:
