@@ -350,7 +350,6 @@ export interface IRegroupedEvent {
   kept: number[];
   reason: string;
   took_s: number;
-  trained_on_s?: number;
 }
 
 export interface IInPlaceRefusedEvent {
