@@ -146,20 +146,6 @@ def group_prefix(run_id: str, round_: int, epoch: int = 0) -> str:
     return f"notebook_elastic/group/{run_id}/{epoch}/{round_}"
 
 
-def ready_key(group_prefix_: str) -> str:
-    """How many of a group's members are up and about to form it (runtime/group.py): each
-    worker counts itself as it comes; whoever brings the count to the group's size sets
-    ``all_ready_key``. Only then does a member start torch's forming, which is bounded
-    (``FORMING_BOUND_S``): a member lost after this point cannot hold the others for the
-    collective timeout in gloo's connect, where no abort reaches them."""
-    return f"{group_prefix_}/ready"
-
-
-def all_ready_key(group_prefix_: str) -> str:
-    """Set once every member of a group counted itself in ``ready_key``."""
-    return f"{group_prefix_}/all_ready"
-
-
 def fatal_key(run_id: str) -> str:
     """Set (to the node's name) when a node's worker failed in a way no retry can mend
     (``EXIT_FATAL``): the other agents see that node leave as the job's end, not a departure
