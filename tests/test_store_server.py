@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from conftest import TEST_ID_ENV
 
 from notebook_elastic.agent.store_link import store_id
 from notebook_elastic.backends.kubernetes.code import runtime_zip
@@ -52,7 +53,9 @@ def _bare_store(tmp_path, descriptors: int | None = None):
 
     proc = subprocess.Popen(
         [sys.executable, "-S", "-m", "notebook_elastic.store.run", "--host", "127.0.0.1", "--port", "0"],
-        env={"PYTHONPATH": str(archive), "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"},
+        # The test's marker too, so the leftover check finds it (one outlived its test by an hour).
+        env={"PYTHONPATH": str(archive), "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}
+        | {TEST_ID_ENV: os.environ.get(TEST_ID_ENV, "")},
         cwd=tmp_path,  # not the checkout's: `-m` puts the working folder first, ahead of the zip
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
