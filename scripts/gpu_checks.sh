@@ -4,13 +4,16 @@
 #   2. benchmarks/gpu.py           first step on GPU vs CPU, GPU figures, joiner eviction;
 #   3. benchmarks/local_backend.py first step and resume figures on this machine's cores (CPU ranks);
 #   4. benchmarks/scale_costs.py   the 8x2 shape of issue 16 item 5 (CPU ranks);
-#   5. pytest -m torch_contract    the torch contract on this machine's (CUDA) torch.
+#   5. pytest -m torch_contract    the torch contract on this machine's (CUDA) torch;
+#   6. benchmarks/nccl_in_place.py what in place needs of NCCL, on one GPU (#41 item 4);
+#   7. benchmarks/in_place.py      in place against restart on this machine's cores (CPU ranks).
 # Each step has its own time limit and writes its log (and its results JSON) to $OUT (default
 # build/gpu-checks) as it ends, so a run cut short still returns what it finished.
 # Dependencies: the machine's torch; the rest of ours (ipython, ipywidgets, jupyter_server,
 # nbformat, and what they need) from wheels in .whl/ when that folder is there (a machine
 # with no registry), else from what is installed.
-# usage: bash scripts/gpu_checks.sh [STEP...]   (steps: tests bench local scale contract; default all)
+# usage: bash scripts/gpu_checks.sh [STEP...]   (steps: tests bench local scale contract nccl inplace;
+#        default: nccl tests bench local scale contract)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu-checks}
@@ -23,7 +26,7 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1 NOTEBOOK_ELASTIC_HOME=${NOTEBOOK_ELASTIC_HOME:-$(mktemp -d /tmp/ne-gpu-home.XXXX)}
-steps=${*:-tests bench local scale contract}
+steps=${*:-nccl tests bench local scale contract}
 {
   date -u
   nvidia-smi -L || true
@@ -57,6 +60,12 @@ for s in $steps; do
       cp benchmarks/results/scale_costs.json "$OUT/scale_costs.json" 2>/dev/null ;;
     contract)
       CUDA_VISIBLE_DEVICES= step contract 200 "$PY" -m pytest -p no:cacheprovider -q -rs -m torch_contract -n 8 tests ;;
-    *) echo "unknown step $s (tests bench local scale contract)"; exit 2 ;;
+    nccl)
+      step nccl_in_place 130 "$PY" benchmarks/nccl_in_place.py
+      cp benchmarks/results/nccl_in_place.json "$OUT/nccl_in_place.json" 2>/dev/null ;;
+    inplace)
+      CUDA_VISIBLE_DEVICES= step bench_in_place 110 "$PY" benchmarks/in_place.py --quick
+      cp benchmarks/results/in_place.json "$OUT/in_place.json" 2>/dev/null ;;
+    *) echo "unknown step $s (tests bench local scale contract nccl inplace)"; exit 2 ;;
   esac
 done
