@@ -73,6 +73,10 @@ while True:
     time.sleep(0.01)
     if mode == "twice" and len(told) >= 2:
         sys.exit(3)
+    if mode == "land" and told:  # about to join a round or start workers: the stop lands here
+        before = len(told)
+        term.land_stop()
+        sys.exit(4 if len(told) > before else 5)
     if mode == "after-burst":
         if seen is None and os.path.exists(marker):
             seen = len(told)
@@ -98,6 +102,17 @@ def test_an_agent_told_to_stop_is_told_again_until_it_stops(tmp_path):
     try:
         os.kill(agent.pid, signal.SIGTERM)  # not acted on: the guard tells it again
         assert agent.wait(30) == 3
+    finally:
+        agent.kill()
+
+
+def test_a_stop_swallowed_meanwhile_lands_before_the_agent_joins_or_starts_workers(tmp_path):
+    """Not RESEND_S later: an evicted joiner whose stop a store call swallowed joined the next
+    round meanwhile, started workers that failed again, and was charged a second restart."""
+    agent, _ = _agent(tmp_path, "land")
+    try:
+        os.kill(agent.pid, signal.SIGTERM)  # not acted on (swallowed); then it is about to join
+        assert agent.wait(30) == 4  # told again inside land_stop(), in its main thread
     finally:
         agent.kill()
 

@@ -191,6 +191,7 @@ def _root(exc: Any) -> str:
 def _hook_agent() -> None:
     def before_start(agent: Any) -> None:
         _watch.agent = agent
+        term.land_stop()  # told to stop meanwhile (and swallowed): it goes now, not with workers
         term.agent_starts_workers()  # the workers it stopped are gone; the next ones stay
         _refuse_changed_files()
 
@@ -324,7 +325,11 @@ def _hook_rendezvous() -> None:
         said["agent_pid"] = os.getpid()
         emit(Kind.RENDEZVOUS, node=_node_name(), **said)
 
-    rounds.hook_next_rendezvous(_rendezvous, after, before=_joining.before_joining)
+    def before(handler: Any) -> None:
+        term.land_stop()  # told to stop (and swallowed): it goes now, before it joins
+        _joining.before_joining(handler)
+
+    rounds.hook_next_rendezvous(_rendezvous, after, before=before)
 
 
 #: A round's members are told in each agent's rendezvous line up to this many; a bigger round

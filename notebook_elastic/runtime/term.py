@@ -156,6 +156,18 @@ class _Insist:
                 _log.warning("told to stop, still running: telling it again")
                 os.kill(os.getpid(), signalled[0])
 
+    def land(self) -> None:
+        """From the agent's main thread, where it is about to join a round or start workers: a
+        stop it was told that has not landed (swallowed by a store call's ``except``) is given
+        again now. Its handler runs before the next line, here, outside any store call: the
+        agent goes before it joins, instead of ``RESEND_S`` later, after it joined and started
+        workers that the others must regroup around (an evicted joiner rejoined so under load,
+        failed again and was charged a second restart)."""
+        signalled = self.signalled
+        if signalled is not None and not self.shutting_down:
+            _log.info("told to stop, about to join or start workers: the stop lands now")
+            os.kill(os.getpid(), signalled[0])
+
     def stopping(self) -> None:
         """Its workers are being stopped: for good if it was told to stop."""
         self.shutting_down = self.signalled is not None
@@ -192,6 +204,12 @@ def agent_stops_workers() -> None:
     """From the agent's ``_shutdown``: its workers go at once (they may ignore Slurm's SIGTERM)."""
     mark(STOPPING)
     _insist.stopping()
+
+
+def land_stop() -> None:
+    """In the agent, before it joins a round or starts workers: a stop it was told lands now
+    (``_Insist.land``)."""
+    _insist.land()
 
 
 def agent_starts_workers() -> None:
