@@ -7,17 +7,31 @@ Worker-side module: the standard library, and torch once a group is formed.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import log as _logging
+from . import protocol
 
 if TYPE_CHECKING:
     from .inplace import Assignment
 
 _log = _logging.get("runtime.group")
+
+#: How long torch's forming of a group may take once every member is up (``protocol.ready_key``):
+#: the exchange of addresses and gloo's full-mesh connect, milliseconds when all is well. A
+#: member lost in that window (its address published, its connections not made) held the others
+#: in gloo's ``Pair::waitUntilConnected`` for the whole collective timeout, where no abort reaches
+#: (there is no socket to shut down yet). The group's collectives then get the collective timeout.
+FORMING_BOUND_S = 20.0
+#: The oldest torch shown here whose gloo group takes a new collective timeout once formed
+#: (pytorch#165422: before its fix the bound stayed the collectives' timeout; 2.4 keeps it, 2.13
+#: and 2.15 do not: tests/test_group.py on both ends of the range). Older torches form
+#: unbounded, as before (docs/guide/in-place.md says so).
+BOUNDED_FORMING_SINCE = (2, 13)
 
 
 def _socket_fds() -> set[int]:
@@ -34,6 +48,23 @@ def _socket_fds() -> set[int]:
         except (OSError, ValueError):
             continue
     return found
+
+
+def forming_is_bounded() -> bool:
+    """Whether this torch's groups form within ``FORMING_BOUND_S``."""
+    import torch
+
+    found = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= BOUNDED_FORMING_SINCE
+
+
+def _set_collective_timeout(timeout: timedelta) -> None:
+    """The default group's collective timeout, set after it formed: ``dist.set_timeout`` where
+    torch has it (2.12 on), its earlier private name before (every torch of the range)."""
+    import torch.distributed as dist
+
+    set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    set_timeout(timeout)
 
 
 class Group:
@@ -56,9 +87,12 @@ class Group:
         self.unabortable: str | None = None  # why an abort failed: this worker restarts instead
 
     def open(self, assignment: Assignment, backend: str, timeout_s: float) -> None:
-        """Form the group ``assignment`` names (a collective with its other ranks). An ``abort``
-        meanwhile (a member of it went before it formed) makes it raise instead of waiting for
-        its timeout; the store connection is made again for the next one."""
+        """Form the group ``assignment`` names (a collective with its other ranks). First every
+        member counts itself up in the store and waits for the others (``protocol.ready_key``),
+        which an ``abort`` cuts short (a member went before it came: its store connection is
+        shut); then torch forms the group within ``FORMING_BOUND_S``, and its collectives get
+        ``timeout_s``. Raises where it does not form; the store connection is made again for the
+        next one."""
         import torch.distributed as dist
 
         with self._lock:
@@ -72,18 +106,23 @@ class Group:
                 )
                 self._store_at = assignment.store
                 self._store_fds = _socket_fds() - before
-            store = dist.PrefixStore(assignment.prefix, self._store)
+            raw = self._store
+            store = dist.PrefixStore(assignment.prefix, raw)
             self._forming = _socket_fds()
             self.assignment = assignment
         _first_group_name()
+        forming_s = min(timeout_s, FORMING_BOUND_S) if forming_is_bounded() else timeout_s
         try:
+            self._all_up(raw, assignment)
             dist.init_process_group(
                 backend,
                 store=store,
                 rank=assignment.rank,
                 world_size=assignment.world_size,
-                timeout=timedelta(seconds=timeout_s),
+                timeout=timedelta(seconds=forming_s),
             )
+            if forming_s < timeout_s:
+                _set_collective_timeout(timedelta(seconds=timeout_s))
         except BaseException:
             with self._lock:
                 self._forming = None
@@ -94,6 +133,15 @@ class Group:
             self._fds = _socket_fds() - self._forming
             self._forming = None
             self.backend = str(dist.get_backend())
+
+    @staticmethod
+    def _all_up(store: Any, assignment: Assignment) -> None:
+        """Count this worker up among its group's members and wait (an ``abort`` or the store's
+        timeout ends the wait) until all of them are."""
+        ready, everyone = protocol.ready_key(assignment.prefix), protocol.all_ready_key(assignment.prefix)
+        if int(store.add(ready, 1)) >= assignment.world_size:
+            store.set(everyone, "1")
+        store.wait([everyone])
 
     def abort(self) -> None:
         """Fail every collective of this group now, here and (through the closed sockets) at its

@@ -153,6 +153,20 @@ def fatal_key(run_id: str) -> str:
     return f"notebook_elastic/fatal/{run_id}"
 
 
+def ready_key(group_prefix_: str) -> str:
+    """How many of a group's members are up and about to form it (runtime/group.py): each
+    worker counts itself as it comes; whoever brings the count to the group's size sets
+    ``all_ready_key``. Only then does a member start torch's forming, which is bounded
+    (``FORMING_BOUND_S``): a member lost after this point cannot hold the others for the
+    collective timeout in gloo's connect, where no abort reaches them."""
+    return f"{group_prefix_}/ready"
+
+
+def all_ready_key(group_prefix_: str) -> str:
+    """Set once every member of a group counted itself in ``ready_key``."""
+    return f"{group_prefix_}/all_ready"
+
+
 def joiner_key(run_id: str, name: str) -> str:
     """A key of the agents' eviction of a node that fails while joining (agent/joiner.py):
     ``progressed``, ``failed/ROUND``, ``evicted/INDEX``, ``charged/INDEX``."""
