@@ -100,17 +100,24 @@ def breakdown(events: list[dict], first_step_t: float) -> dict:
     starting its regroup (detection), the last survivor's round formed, the group formed in
     place (``in_place``), and rank 0's first step at the new size."""
     departed = min((e["t"] for e in events if e["kind"] in DEPARTURE_KINDS), default=float("nan"))
-    regroups = [e["t"] - e.get("took_s", 0.0) for e in events if e["kind"] == "regrouped"]
-    rounds = [e["t"] for e in events if e["kind"] == "regrouped"]
+    regrouped = [e for e in events if e["kind"] == "regrouped"]
+    # A regroup's event comes once the kept workers are told: after the round (took_s) and after
+    # training on while joiners' workers started (trained_on_s).
+    regroups = [e["t"] - e.get("trained_on_s", 0.0) - e.get("took_s", 0.0) for e in regrouped]
+    rounds = [e["t"] - e.get("trained_on_s", 0.0) for e in regrouped]
+    told = [e["t"] for e in regrouped]
     in_place = [e["t"] for e in events if e["kind"] == "in_place"]
     ready = [e["t"] for e in events if e["kind"] == "agent_started"]  # a joiner's agent up
+    nan = float("nan")
     marks = {
         "departed_t": departed,
-        "detect_s": min(regroups, default=float("nan")) - departed,
-        "round_s": max(rounds, default=float("nan")) - min(regroups, default=float("nan")),
-        "group_s": min(in_place, default=float("nan")) - max(rounds, default=float("nan")),
-        "step_s": first_step_t - min(in_place, default=float("nan")),
-        "joiner_agent_s": min(ready, default=float("nan")) - departed,
+        "detect_s": min(regroups, default=nan) - departed,
+        "round_s": max(rounds, default=nan) - min(regroups, default=nan),
+        "trained_on_s": max(told, default=nan) - max(rounds, default=nan),
+        "group_s": min(in_place, default=nan) - max(told, default=nan),
+        "step_s": first_step_t - min(in_place, default=nan),
+        "joiner_agent_s": min(ready, default=nan) - departed,
+        "from_round_s": first_step_t - max(rounds, default=nan),
     }
     return marks
 
@@ -261,12 +268,28 @@ def main() -> None:
                     "s",
                 )
             )
-            parts = {k: figure(k)[0] for k in ("detect_s", "round_s", "group_s", "step_s")}
-            said = ", ".join(f"{k[:-2]} {v:.3f}" for k, v in parts.items())
+            parts = {k: figure(k)[0] for k in ("detect_s", "round_s", "trained_on_s", "group_s", "step_s")}
+            said = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3f}" for k, v in parts.items())
             rows.append(row(f"{what}: in place, where it went (medians, s): {said}", sum(parts.values()), "s"))
             if "up" in what:
                 agent_up, agent_spread = figure("joiner_agent_s")
                 rows.append(row(f"{what}: the joiner's agent started, of that (spread {agent_spread})", agent_up, "s"))
+                on, on_spread = figure("trained_on_s")
+                rows.append(
+                    row(
+                        f"{what}: the others trained on while the joiner's workers started (spread {on_spread})",
+                        on,
+                        "s",
+                    )
+                )
+                joined, joined_spread = figure("from_round_s")
+                rows.append(
+                    row(
+                        f"{what}: from the round that took the joiner in to the first step (spread {joined_spread})",
+                        joined,
+                        "s",
+                    )
+                )
             stood = median([r[j]["paused_s"] for r in runs["in place"]])
             stood_restart = median([r[j]["paused_s"] for r in runs["restart"]])
             rows.append(row(f"{what}: training stood still, in place (restart: {stood_restart:.2f} s)", stood, "s"))

@@ -23,6 +23,7 @@ import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.local import LocalBackend
 from notebook_elastic.contract.event_types import Kind
+from notebook_elastic.runtime import protocol
 
 pytestmark = pytest.mark.slow
 
@@ -445,3 +446,35 @@ def test_a_node_that_stops_the_job_fatally_is_no_departure_for_the_others(home):
     assert {e.get("error") for e in failed} == {"StateNotSaveable"}, [e.describe() for e in failed]
     assert not [e for e in job.events if e.kind in (Kind.RESTART, Kind.REGROUPED, Kind.IN_PLACE)], job.summary()
     assert job.restarts == 0, job.summary()
+
+
+def test_the_others_train_on_while_a_joiners_workers_start(home, tmp_path, monkeypatch):
+    """A scale-up: once the joiner is in the round, its workers still start (a process, the
+    script's imports: 0.2 s here from a warm fork, seconds cold on a GPU node). The survivor was
+    told the new group at once and stood still in it for all of that (0.34 s of a 0.85 s
+    scale-up). Now each fresh worker counts itself up in the store as it forms its group, and
+    the survivor trains on in its old group until the joiner's workers are up. Here the joiner's
+    worker is held at its start by a gate (a sitecustomize in a cold-started worker of rank 1
+    alone): the survivor trains 20 steps past the round that took the joiner in, without
+    regrouping; the gate opens; the job trains at 2 in place, the survivor's process kept."""
+    gate = Gate(tmp_path, monkeypatch, "worker-gate")
+    monkeypatch.setenv(protocol.ENV_WARM_WORKERS, "0")  # workers start cold: each runs sitecustomize
+    job = ne.launch(
+        TRAIN, nnodes="1:2", nodes=1, name="trainon", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
+    )
+    try:
+        wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
+        gate.hold("os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ")  # the joiner's worker alone
+        up, joined_at = trains_on_while_the_joiner_is_held(
+            job,
+            gate,
+            lambda e: e.kind == Kind.RENDEZVOUS and e.node == "node-0" and e.get("round") == 1,
+            "the round that takes the joiner in",
+        )
+        assert up["step"] >= joined_at + 20  # the steps trained meanwhile were kept, none redone
+        [regrouped] = [e for e in job.events if e.kind == Kind.REGROUPED and e.node == "node-0"]
+        assert regrouped.get("trained_on_s", 0) > 0, regrouped.data
+        assert_ranks_agree(job)
+    finally:
+        gate.open()
+        job.stop()

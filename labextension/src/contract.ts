@@ -350,6 +350,7 @@ export interface IRegroupedEvent {
   kept: number[];
   reason: string;
   took_s: number;
+  trained_on_s?: number;
 }
 
 export interface IInPlaceRefusedEvent {

@@ -8,6 +8,9 @@ worker its place in the new group instead of a new process. A worker that cannot
 worker that failed, makes the node restart as torchrun would (charged as torchrun charges it);
 its new workers join the others' new group and take the live values from them.
 
+- A node that joins (a scale-up, a replacement) starts fresh workers: the kept ones train on in
+  their old group until those are up and forming the new group (each counts itself up in the
+  store), so a joiner's process start is not time the others stand still.
 - A departure seen by the watch (``departures.py``) no longer ends the workers: they are told to
   abort their group (a collective waiting on a peer on a lost host fails at once), and the agent
   regroups in place.
@@ -38,6 +41,7 @@ from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regroup
 from ..runtime import log as _logging
 from ..runtime import protocol
 from ..runtime._emit import emit
+from ..runtime.group import forming_is_bounded
 from .deadline import call_with_deadline
 
 #: A store call of ours here: a few hundred bytes; no answer by then is no answer.
@@ -57,6 +61,16 @@ LOST_LOOK_S = 0.02
 #: ... for this long after the word (a member that never goes: a failed worker's node restarts
 #: in the round; its new workers join as a new round, which the agent forms anyway).
 LOST_LOOKS_FOR_S = 5.0
+#: How long kept workers train on in their old group while a joiner's workers start (their
+#: process, the script's imports) before they are told the new group anyway (a joiner that
+#: never gets going is then waited for in the new group, as before, up to its timeout).
+FRESH_READY_WAIT_S = 30.0
+#: How often the agent reads the joiners' count meanwhile: at first, then doubling up to a bound
+#: that grows with the job (every kept node reads: at 1,024 nodes, some 5,000 reads a second in
+#: all), so a small job sees its joiner up within 10 ms.
+FRESH_LOOK_S = 0.005
+FRESH_LOOKS_A_SECOND_IN_ALL = 5000.0
+FRESH_LOOK_MOST_S = (0.01, 0.25)
 
 
 @dataclass
@@ -230,6 +244,9 @@ class InPlace:
         self.lost = threading.Event()  # a worker's group broke: a departure is looked for at each look
         self.reason = ""  # why the next round forms ("left", "lost", "joined", "store")
         self.refused_round: int | None = None  # the round whose restart was said (in_place_refused)
+        self._members: frozenset[Any] | None = None  # the last round's members (torch's node ids)
+        self._newcomers = 0  # how many of them the round before did not have
+        self._store: Any = None  # the rendezvous store the last round formed on
 
     def start(self) -> dict[str, str]:
         """Listen for the workers' links; the environment that tells the workers where."""
@@ -266,6 +283,42 @@ class InPlace:
             protocol.ENV_GROUP_STORE: f"{host}:{port}",
             protocol.ENV_GROUP_PREFIX: protocol.group_prefix(run_id, round_, epoch),
         }
+
+    def formed(self, members: frozenset[Any], store: Any) -> None:
+        """A round formed with ``members`` on ``store``: how many of them are new (joiners,
+        replacements), whose workers start fresh while the kept ones could still train."""
+        self._newcomers = len(members - self._members) if self._members is not None else 0
+        self._members = members
+        self._store = store
+
+    def _await_newcomers(self, prefix: str, expected: int, nodes: int) -> float:
+        """Before the kept workers leave their old group: wait (training on) until the new
+        members' ``expected`` fresh workers are up and forming the new group
+        (``protocol.ready_key``), so that their process start is not time the kept ones stand
+        still in the new group. Bounded, and cut short by anything else that needs a regroup
+        (a departure meanwhile: the old group is broken or goes). The seconds waited."""
+        store = self._store
+        if expected <= 0 or store is None or not prefix or not forming_is_bounded():
+            # Where torch forms a group unbounded (runtime/group.py), a joiner lost between its
+            # count and its connections would hold the kept workers for the collective
+            # timeout: they are told at once, as before, which keeps that window milliseconds.
+            return 0.0
+        started = time.monotonic()
+        deadline = started + FRESH_READY_WAIT_S
+        pause = FRESH_LOOK_S
+        least, bound = FRESH_LOOK_MOST_S
+        most = min(bound, max(least, nodes / FRESH_LOOKS_A_SECOND_IN_ALL))
+        while time.monotonic() < deadline and not (self.lost.is_set() or self.regroup.is_set()):
+            try:
+                up = int(call_with_deadline(store.add, STORE_CALL_S, protocol.ready_key(prefix), 0))
+            except Exception:
+                _log.debug("could not read how many joiners' workers are up: not waiting for them", exc_info=True)
+                break
+            if up >= expected:
+                break
+            time.sleep(pause)
+            pause = min(most, pause * 2)
+        return time.monotonic() - started
 
     def departure_seen(self, local_ranks: list[int], round_: int, graceful: bool) -> bool:
         """The watch saw a member of round ``round_`` go: when this node's workers can stay,
@@ -347,6 +400,11 @@ class InPlace:
         round_ = int(os.environ.get(protocol.ENV_ROUND, 0))
         store, prefix = os.environ.get(protocol.ENV_GROUP_STORE, ""), os.environ.get(protocol.ENV_GROUP_PREFIX, "")
         epoch = int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0))
+        took_s = time.monotonic() - started
+        # Nodes have as many workers each (torchrun's --nproc-per-node): the new ones' count.
+        trained_on_s = self._await_newcomers(
+            prefix, self._newcomers * len(worker_group.workers), worker_group.group_world_size
+        )
         for worker in worker_group.workers:
             pid = pids_by_local_rank.get(worker.local_rank)
             if pid is None:
@@ -371,18 +429,17 @@ class InPlace:
                     "reason": reason,
                 },
             )
-        emit(
-            Kind.REGROUPED,
-            node=self._node(),
-            **Regrouped(
-                round=round_,
-                group_rank=worker_group.group_rank,
-                group_world_size=worker_group.group_world_size,
-                kept=links.pids(local_ranks),
-                reason=reason,
-                took_s=round(time.monotonic() - started, 4),
-            ),
+        said = Regrouped(
+            round=round_,
+            group_rank=worker_group.group_rank,
+            group_world_size=worker_group.group_world_size,
+            kept=links.pids(local_ranks),
+            reason=reason,
+            took_s=round(took_s, 4),
         )
+        if trained_on_s:
+            said["trained_on_s"] = round(trained_on_s, 4)
+        emit(Kind.REGROUPED, node=self._node(), **said)
         return True
 
     def leave(self, local_ranks: list[int], leave_round: Callable[[], object], store: Any) -> None:

@@ -307,7 +307,9 @@ def _hook_rendezvous() -> None:
         if round_ is not None:
             os.environ[protocol.ENV_ROUND] = str(round_)
         # Where this round's group forms (fresh workers, and kept ones told in place).
-        os.environ.update(_inplace.group_env(handler.get_run_id(), round_, torch_adapter.rendezvous_store(handler)))
+        store = torch_adapter.rendezvous_store(handler)
+        os.environ.update(_inplace.group_env(handler.get_run_id(), round_, store))
+        _inplace.formed(frozenset(participants), store)
         shown = rendezvous_members(members)
         said = Rendezvous(
             round=round_,

@@ -347,6 +347,7 @@ class Regrouped(TypedDict):
     kept: list[int]  # the workers' processes, kept
     reason: str
     took_s: float  # the rendezvous round it took
+    trained_on_s: NotRequired[float]  # then trained on in the old group while joiners' workers started
 
 
 class InPlaceRefused(TypedDict):

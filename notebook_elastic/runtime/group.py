@@ -26,7 +26,7 @@ _log = _logging.get("runtime.group")
 #: member lost in that window (its address published, its connections not made) held the others
 #: in gloo's ``Pair::waitUntilConnected`` for the whole collective timeout, where no abort reaches
 #: (there is no socket to shut down yet). The group's collectives then get the collective timeout.
-FORMING_BOUND_S = 20.0
+FORMING_BOUND_S = 10.0
 #: The oldest torch shown here whose gloo group takes a new collective timeout once formed
 #: (pytorch#165422: before its fix the bound stayed the collectives' timeout; 2.4 keeps it, 2.13
 #: and 2.15 do not: tests/test_group.py on both ends of the range). Older torches form
