@@ -472,6 +472,39 @@ def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypat
     assert not again.is_alive(), "a broken group waited the whole interval for the member to go"
 
 
+def test_a_fatal_end_is_one_fact_for_the_restart_and_the_regroup_and_the_other_nodes(monkeypatch):
+    """A worker's "fatal" word over its link (runtime/inplace.py's Link, the agent's Links on a
+    real socket) is the fact the agent's in-place policy and its restart decision both read
+    (agent/fatal.py): no regroup for a departure from then on, the failures that follow end the
+    job, and it is said in a real TCPStore once, where another node's agent reads it."""
+    from torch.distributed import TCPStore
+
+    from notebook_elastic.agent.fatal import FatalEnd
+    from notebook_elastic.agent.inplace import InPlace
+    from notebook_elastic.runtime.inplace import Link
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    here = FatalEnd(lambda: (store, "run-1"), lambda: "node-0")
+    other = FatalEnd(lambda: (store, "run-1"), lambda: "node-1")
+    monkeypatch.delenv(protocol.ENV_IN_PLACE, raising=False)
+    agent_side = InPlace(lambda: "node-0", fatal=here)
+    for name, value in agent_side.start().items():
+        monkeypatch.setenv(name, value)
+    assert not other.peer_gave_up() and not here.ends
+    worker = Link.connect()
+    assert worker is not None
+    worker.send(op="fatal")
+    deadline = time.monotonic() + 30
+    while not here.ends and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert here.ends, "the worker's word did not reach the agent"
+    assert agent_side.departure_seen([0], 1, graceful=False)  # no abort, no regroup: the job ends
+    assert agent_side.regroup_now() is None and not agent_side.regroup.is_set()
+    assert here.after_failures([])  # its failures (whatever their exit) end the job here
+    assert store.get(protocol.fatal_key("run-1")) == b"node-0"
+    assert other.peer_gave_up() and other.after_failures([])  # the other node stops the same way
+
+
 def test_a_torch_that_cannot_abort_an_nccl_collective_is_found_before_a_change(monkeypatch):
     """#41 item 6: where a hung NCCL collective cannot be aborted (no ``_abort_process_group``,
     torch < 2.6, and no ``ProcessGroupNCCL.abort``), in place cannot be made safe: the probe a

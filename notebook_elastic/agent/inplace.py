@@ -43,9 +43,7 @@ from ..runtime import protocol
 from ..runtime._emit import emit
 from ..runtime.group import forming_is_bounded
 from .deadline import call_with_deadline
-
-#: A store call of ours here: a few hundred bytes; no answer by then is no answer.
-STORE_CALL_S = 5.0
+from .fatal import STORE_CALL_S, FatalEnd
 
 _log = _logging.get("agent.inplace")
 
@@ -100,17 +98,20 @@ class Links:
     """The agent's end of its workers' links."""
 
     def __init__(
-        self, on_lost: Callable[[], None] = lambda: None, on_boundary: Callable[[], None] = lambda: None
+        self,
+        on_lost: Callable[[], None] = lambda: None,
+        on_boundary: Callable[[], None] = lambda: None,
+        on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
         self._on_lost = on_lost  # a worker said its group broke: look for a departure now
         self._on_boundary = on_boundary  # a worker left its group at a boundary the group agreed on
+        self._on_fatal = on_fatal  # a worker fails in a way no retry mends: the job ends
         self.token = secrets.token_hex(16)
         self.name = f"notebook-elastic-agent-{os.getpid()}-{secrets.token_hex(6)}"
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind("\0" + self.name)
         self._sock.listen(64)
         self._workers: dict[int, _Worker] = {}  # by local rank: the newest link of each
-        self.fatal = False  # a worker failed in a way no retry can mend: the job ends
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)  # a worker said something, or went
         threading.Thread(target=self._accept, name="notebook-elastic-links", daemon=True).start()
@@ -170,7 +171,7 @@ class Links:
         elif op == "boundary":  # it left its group at a boundary (a member that goes voted for it)
             self._on_boundary()
         elif op == "fatal":  # it fails in a way no retry mends (EXIT_FATAL): the job ends
-            self.fatal = True
+            self._on_fatal()
 
     def why_not(self, local_ranks: list[int]) -> str | None:
         """Why the workers of these local ranks cannot all stay in place (None: they can)."""
@@ -230,8 +231,10 @@ class InPlace:
         node: Callable[[], str],
         member_gone: Callable[[], bool] = lambda: False,
         look_now: Callable[[], None] = lambda: None,
+        fatal: FatalEnd | None = None,
     ) -> None:
         self._node = node
+        self.fatal = fatal or FatalEnd()  # the job ends: nothing to restart or regroup for
         self._member_gone = member_gone  # whether the round this node is in has lost a member
         self._look_now = look_now  # the departure watch looks at the round now
         # Set when the agent has something to look at (a departure seen, a worker's group broke):
@@ -252,7 +255,7 @@ class InPlace:
         """Listen for the workers' links; the environment that tells the workers where."""
         if os.environ.get(protocol.ENV_IN_PLACE) == "0":
             return {}
-        self.links = Links(on_lost=self._lost, on_boundary=self._look_now)
+        self.links = Links(on_lost=self._lost, on_boundary=self._look_now, on_fatal=self.fatal.said_by_a_worker)
         return self.links.env()
 
     def _lost(self) -> None:
@@ -329,7 +332,7 @@ class InPlace:
         links = self.links
         if links is None or not local_ranks:
             return False
-        if links.fatal:
+        if self.fatal.ends:
             return True  # the job ends (its supervisor stops the others): nothing to restart or regroup
         why = links.why_not(local_ranks)
         if why is not None:
@@ -365,7 +368,7 @@ class InPlace:
         watch, or a worker whose group broke while the round has lost a member (sooner than the
         watch). A departure from a round this node has regrouped past already is done with."""
         current = int(os.environ.get(protocol.ENV_ROUND, -1))
-        if self.links is not None and self.links.fatal:
+        if self.fatal.ends:
             self.regroup.clear()
             self.lost.clear()
             return None  # a worker here ends the job: no regroup for the others' going

@@ -61,10 +61,10 @@ from ..runtime import log, protocol, term
 from ..runtime._emit import emit
 from ..runtime.worker import set_parent_death_signal
 from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
-from .deadline import call_with_deadline
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
-from .inplace import STORE_CALL_S, InPlace
+from .fatal import FatalEnd, failure_message
+from .inplace import InPlace
 from .joiner import Joining
 
 _log = log.get("agent")
@@ -76,7 +76,10 @@ _rules = rounds.RoundRules()  # how our rounds differ from torch's
 _rendezvous = rounds.RendezvousHooks()  # what our handler calls around each round
 _agent = notebook_agent.AgentHooks()  # what our agent calls at torchrun's agent hooks
 _watch = DepartureWatch()
-_inplace = InPlace(_node_name, member_gone=lambda: _watch.round_lost_a_member(0.0), look_now=_watch.look_now)
+_fatal = FatalEnd(lambda: _rendezvous_store(), _node_name)  # the job ends: neither restart nor regroup
+_inplace = InPlace(
+    _node_name, member_gone=lambda: _watch.round_lost_a_member(0.0), look_now=_watch.look_now, fatal=_fatal
+)
 _watch.in_place = _inplace.departure_seen
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
@@ -120,19 +123,8 @@ def _departure_or_eviction(result: Any) -> list[Any]:
 
 
 def _gives_up(result: Any) -> bool:
-    """A worker failed in a way no retry can mend (it exited ``EXIT_FATAL``, its error file naming
-    ``FATAL_ERROR``), here or on another node (``_peer_gave_up``): stop, not restart."""
-    global _fatal
-    failures = list(getattr(result, "failures", {}).values())
-    if not _fatal and any(
-        f.exitcode == protocol.EXIT_FATAL and _message(f).startswith(f"{protocol.FATAL_ERROR}:") for f in failures
-    ):
-        _fatal = True
-        _tell_fatal()
-    return _fatal or (bool(failures) and _peer_gave_up())
-
-
-_fatal = False  # set once a worker failed in a way no retry can mend (here, or another node's)
+    """A worker failed in a way no retry can mend, here or on another node: stop, not restart."""
+    return _fatal.after_failures(list(getattr(result, "failures", {}).values()))
 
 
 def _rendezvous_store() -> tuple[Any, str] | None:
@@ -141,48 +133,11 @@ def _rendezvous_store() -> tuple[Any, str] | None:
     return (store, handler.get_run_id()) if store is not None else None
 
 
-def _tell_fatal() -> None:
-    """Say in the store that this job ends (``protocol.fatal_key``) before this node leaves its
-    round: the other nodes' agents, which see it go, stop the same way instead of restarting
-    their workers for a departure (their workers fail the same way a moment later)."""
-    found = _rendezvous_store()
-    if found is None:
-        return
-    store, run_id = found
-    try:
-        call_with_deadline(store.set, STORE_CALL_S, protocol.fatal_key(run_id), _node_name())
-    except Exception:  # the others then restart for the departure and stop at their own failure
-        _log.debug("could not say the job ends", exc_info=True)
-
-
-def _peer_gave_up() -> bool:
-    """Whether another node's worker failed in a way no retry can mend (``_tell_fatal``): a
-    departure then is that node ending the job, not one to regroup or restart for."""
-    global _fatal
-    found = None if _fatal else _rendezvous_store()
-    if found is not None:
-        store, run_id = found
-        try:
-            _fatal = bool(call_with_deadline(store.check, STORE_CALL_S, [protocol.fatal_key(run_id)]))
-        except Exception:
-            _log.debug("could not read whether the job ends", exc_info=True)
-    return _fatal
-
-
-def _message(failure: Any) -> str:
-    """A torchelastic ProcessFailure's message: the error file's "Type: text" (a dict there
-    when the worker recorded an exception, a string otherwise), or torch's words for a signal."""
-    message = getattr(failure, "message", "")
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    return str(message)
-
-
 def _root(exc: Any) -> str:
     """torchrun's root failure in one line ("rank 0 (exit code 1): ZeroDivisionError: ...")."""
     try:
         rank, failure = exc.get_first_failure()
-        text = " ".join(_message(failure).split())
+        text = " ".join(failure_message(failure).split())
         return f"rank {rank} (exit code {failure.exitcode}): {text}"[:500]
     except Exception:  # another torch's ChildFailedError: its own first line that says something
         return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
@@ -220,7 +175,7 @@ def _hook_agent() -> None:
             _store.seeded = seeded
             return "store"
         why = _inplace.regroup_now()
-        if why is not None and _peer_gave_up():
+        if why is not None and _fatal.peer_gave_up():
             return None  # the member that went ends the job: its workers fail here too, or it stops them
         return why
 
@@ -541,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
     except ChildFailedError as exc:
         # torchrun has logged which rank failed how; say it plainly and exit with a status
         # of our own, so "the restart budget is spent" is told apart from "stopped".
-        if _fatal:
+        if _fatal.ends:
             _log.error("not restarted, it would fail the same way: %s", _root(exc))
             sys.exit(protocol.EXIT_FATAL)
         _log.error("restart budget spent: %s", _root(exc))
