@@ -59,12 +59,13 @@ echo "labextension: eslint and unit tests (vitest)"
 # The documentation site, warnings as errors (its reference pages are generated from the code).
 echo "docs: building the site (mkdocs build --strict) into build/site"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/site
-# Two test workers (pytest-xdist): most of an end-to-end test's time is spent waiting on its
-# job's processes (rendezvous, restarts, a kernel), which the other worker's tests fill. Three
-# put three multi-node jobs on 2 cores at once too often: agents starved past their rendezvous
-# deadlines, and a scale-up could miss a job that ended first.
+# Three test workers (pytest-xdist): most of an end-to-end test's time is spent waiting on its
+# job's processes (rendezvous, restarts, a kernel), which the other workers' tests fill. Sampled
+# with the torch range and the paced lane beside them, the 2 cores were busy about half the time.
+# (Three once starved agents past their rendezvous deadlines, 2026-11-25; that was before the warm
+# pool forked every job's processes from one that had imported torch.)
 # NOTEBOOK_ELASTIC_TEST_WORKERS=0 runs everything in one process (as does -n 0 after the command).
-workers="${NOTEBOOK_ELASTIC_TEST_WORKERS:-2}"
+workers="${NOTEBOOK_ELASTIC_TEST_WORKERS:-3}"
 # A test still running after a minute is named as it runs (tests/conftest.py), and the slowest
 # fifteen are listed at the end.
 pytest_=(.venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal)
@@ -92,7 +93,8 @@ if [[ $workers == 0 ]]; then
 fi
 # The paced tests (-m paced: notebooks run at a reader's pace, 30 s before each cell) are mostly
 # asleep: beside the two workers they cost the cores little, where inside them they held a worker
-# idle for ten minutes. They run in a lane of their own, one at a time; its lines come prefixed.
+# idle for ten minutes. They run in a lane of their own, all at once (one worker each: asleep
+# together, 3.5 minutes where one after the other took ten); its lines come prefixed.
 # Then, when the caller picked no tests (no -k, -m or path), the lane runs the torch range's
 # contract subset on its oldest and newest torch (scripts/torch_range.py, one worker), beside the
 # rest as well: the test command proves the range pyproject declares. NOTEBOOK_ELASTIC_TORCH_RANGE=0
@@ -112,7 +114,8 @@ if [[ -z $torch_range ]]; then
 fi
 (
   set +e
-  .venv/bin/python -m pytest -p no:cacheprovider -n 0 -m "paced and not quick" --durations=3 "$@" 2>&1 | sed -u 's/^/[paced] /'
+  .venv/bin/python -m pytest -p no:cacheprovider -n 3 --dist load -m "paced and not quick" --durations=3 "$@" 2>&1 \
+    | sed -u 's/^/[paced] /'
   rc=${PIPESTATUS[0]}
   [[ $rc -eq 5 ]] && rc=0
   if [[ $torch_range == 1 ]]; then
