@@ -48,27 +48,18 @@ def done(t):
         torch.cuda.synchronize()
     return t
 
-if cuda:
-    torch.cuda.set_device(0)
-if case == "fresh":  # what a restart pays: from the spawn to a first collective
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    g = Group()
-    g.open(assign(1, 0, 1, store.port), backend, 60)
-    t = done(tensor(3)); dist.all_reduce(t); done(t)
-    out["first_collective_s"] = time.time() - t_spawned
-    out["value"] = t[0].item()
-elif case == "bootstrap":  # a peer that never comes, then the same process in a new group
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    g = Group()
+def hung_then_aborted(g, body):
+    # body in a thread; after 3 s, whether it still waits; then g.abort(), and how long until
+    # it returned, and how
     result = {}
-    def first():
+    def run():
         try:
-            g.open(assign(1, 0, 2, store.port), backend, 300)
-            t = tensor(1); dist.all_reduce(t); done(t)
+            body()
             result["returned"] = "completed"
         except BaseException as e:
-            result["returned"] = type(e).__name__ + ": " + str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-    th = threading.Thread(target=first, daemon=True)
+            text = str(e).splitlines()[0] if str(e) else ""
+            result["returned"] = (type(e).__name__ + (": " + text if text else ""))[:160]
+    th = threading.Thread(target=run, daemon=True)
     th.start()
     time.sleep(3)
     out["hung"] = th.is_alive()
@@ -78,6 +69,27 @@ elif case == "bootstrap":  # a peer that never comes, then the same process in a
     out["abort_ended_it"] = not th.is_alive()
     out["abort_to_return_s"] = time.monotonic() - t0
     out["returned"] = result.get("returned", "still waiting")
+
+def collective(v):
+    t = tensor(v); dist.all_reduce(t); done(t)
+    return t
+
+if cuda:
+    torch.cuda.set_device(0)
+if case == "fresh":  # what a restart pays: from the spawn to a first collective
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    g = Group()
+    g.open(assign(1, 0, 1, store.port), backend, 60)
+    t = collective(3)
+    out["first_collective_s"] = time.time() - t_spawned
+    out["value"] = t[0].item()
+elif case == "bootstrap":  # a peer that never comes, then the same process in a new group
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    g = Group()
+    def first():
+        g.open(assign(1, 0, 2, store.port), backend, 300)
+        collective(1)
+    hung_then_aborted(g, first)
     out["unabortable"] = g.unabortable
     print(json.dumps(out), flush=True)
     t1 = time.monotonic()
@@ -86,7 +98,7 @@ elif case == "bootstrap":  # a peer that never comes, then the same process in a
     print(json.dumps(out), flush=True)
     t1 = time.monotonic()
     g.open(assign(2, 0, 1, store.port), backend, 60)
-    t = tensor(5); dist.all_reduce(t); done(t)
+    t = collective(5)
     out["reform_s"] = time.monotonic() - t1
     out["value"] = t[0].item()
 elif case == "formed":  # two ranks on one device: a formed group, then one rank stops calling
@@ -96,8 +108,7 @@ elif case == "formed":  # two ranks on one device: a formed group, then one rank
     g = Group()
     try:
         g.open(assign(1, rank, 2, port), backend, 300)
-        t = tensor(1); dist.all_reduce(t); done(t)
-        out["formed"] = t[0].item() == 2.0
+        out["formed"] = collective(1)[0].item() == 2.0
     except BaseException as e:
         out["formed"] = False
         out["refused"] = (type(e).__name__ + ": " + str(e))[:300]
@@ -106,23 +117,7 @@ elif case == "formed":  # two ranks on one device: a formed group, then one rank
     if rank == 1:
         print(json.dumps(out), flush=True)
         time.sleep(600)  # the lost peer: alive, never calls again
-    result = {}
-    def second():
-        try:
-            t = tensor(1); dist.all_reduce(t); done(t)
-            result["returned"] = "completed"
-        except BaseException as e:
-            result["returned"] = (type(e).__name__ + ": " + str(e).splitlines()[0])[:160]
-    th = threading.Thread(target=second, daemon=True)
-    th.start()
-    time.sleep(3)
-    out["hung"] = th.is_alive()
-    t0 = time.monotonic()
-    g.abort()
-    th.join(30)
-    out["abort_ended_it"] = not th.is_alive()
-    out["abort_to_return_s"] = time.monotonic() - t0
-    out["returned"] = result.get("returned", "still waiting")
+    hung_then_aborted(g, lambda: collective(1))
 print(json.dumps(out), flush=True)
 os._exit(0)
 """
