@@ -112,7 +112,13 @@ def test_dashboard_in_jupyterlab(tmp_path):
         stop = page.get_by_role("button", name="Stop")
         stop.click()
         hint = page.locator(".notebook-elastic-dashboard .ne-message").first
-        hint.wait_for(timeout=10_000)
+        # The question comes back from the kernel: the range change's answer may still be shown
+        # meanwhile (fresh-clone run 7 read it, not having waited for the question).
+        page.wait_for_function(
+            "() => (document.querySelector('.notebook-elastic-dashboard .ne-message') || {}).textContent"
+            "?.includes('Confirm stop within 5 s')",
+            timeout=10_000,
+        )
         assert "Confirm stop within 5 s" in hint.inner_text()
         assert hint.evaluate("e => getComputedStyle(e).color") == "rgb(230, 81, 0)"  # MESSAGE_COLORS["ask"]
         shot(page, "3a-stop-asks")
