@@ -128,6 +128,14 @@ def test_a_record_tells_its_process_from_a_later_one_by_its_start_ticks():
     assert not pid_alive(proc.pid, ticks) and process_start_ticks(proc.pid) is None
 
 
+def _ignores_sigterm(pid: int) -> bool:
+    """Whether the process has set SIGTERM to be ignored (its SigIgn mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
 def test_kill_all_terminates_then_kills_what_ignores_sigterm(tmp_path: Path, handle: str):
     job = str(tmp_path / "job")
     stubborn = [
@@ -136,7 +144,7 @@ def test_kill_all_terminates_then_kills_what_ignores_sigterm(tmp_path: Path, han
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
     ]
     with started((SLEEP, {ENV_JOB_DIR: job}), (stubborn, {ENV_JOB_DIR: job})) as procs:
-        time.sleep(1.0)  # the stubborn one has set its handler
+        wait_for(lambda: _ignores_sigterm(procs[1].pid), "the stubborn one ignores SIGTERM", timeout=30, poll_s=0.01)
         started_at = time.monotonic()
         assert sorted(kill_all(job, grace_s=1.0)) == sorted(p.pid for p in procs)
         assert [p.wait(timeout=5) for p in procs] == [-signal.SIGTERM, -signal.SIGKILL]
@@ -163,6 +171,9 @@ def test_kill_all_returns_once_what_it_killed_has_exited(tmp_path: Path, handle:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         os.kill(proc.pid, signal.SIGSTOP)  # frozen: SIGTERM waits, only SIGKILL ends it
+        # ... once it has stopped: a SIGTERM sent before it ran again is taken first (the lower
+        # signal), and ends it by SIGTERM (fresh-clone run 8, under load).
+        wait_for(lambda: is_stopped(proc.pid), "the process stopped", timeout=30, poll_s=0.01)
         assert kill_all(job, grace_s=0.2) == [proc.pid]
         assert not pid_alive(proc.pid)  # exited (a zombie until reaped here), not dying
         assert proc.wait(timeout=5) == -signal.SIGKILL
