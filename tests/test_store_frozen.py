@@ -498,6 +498,58 @@ def test_an_agent_store_wait_outlasts_the_call_deadline_while_the_store_answers(
         store.wait(["never"], timedelta(seconds=0.3))
 
 
+def test_a_wait_while_ranks_are_assigned_ends_when_a_member_left_the_round():
+    """A member stopped right after its round formed, before it wrote its role (an evicted
+    joiner's agent, SIGTERMed then): the others waited for its key until the wait's bound (60 s)
+    and their agent failed (fresh-clone run 9, torch 2.4.1). While ranks are assigned, the wait
+    looks at the round every MEMBER_LOOK_S and ends once a member is gone; outside it, never."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_elastic.agent import store_link
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60))
+    link = store_link.StoreLink()
+    gone = threading.Event()
+    link.member_gone = gone.is_set
+    store = store_link.BoundedStore(dist.PrefixStore("round.2", client), client, link)
+    outcome: list = []
+
+    def wait_for_its_role() -> None:
+        try:
+            store.multi_get(["torchelastic/role_info/0", "torchelastic/role_info/1"])
+            outcome.append("got it")
+        except Exception as exc:
+            outcome.append(exc)
+
+    gone.set()  # not while ranking: the wait goes on (its key comes)
+    waiter = threading.Thread(target=wait_for_its_role, daemon=True)
+    waiter.start()
+    time.sleep(2 * store_link.MEMBER_LOOK_S + 0.5)
+    assert waiter.is_alive() and not outcome
+    dist.PrefixStore("round.2", server).multi_set(["torchelastic/role_info/0", "torchelastic/role_info/1"], ["a", "b"])
+    waiter.join(ANSWER_BOUND_S)
+    assert outcome == ["got it"]
+    outcome.clear()
+    link.ranking.set()  # assigning ranks, and a member left
+    waiter = threading.Thread(
+        target=lambda: outcome.append(_raised(store.wait, ["torchelastic/role_info/2"])), daemon=True
+    )
+    waiter.start()
+    waiter.join(ANSWER_BOUND_S)
+    assert not waiter.is_alive() and isinstance(outcome[0], store_link.RoundLostMember), outcome
+
+
+def _raised(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:
+        return exc
+    return None
+
+
 def test_a_regroups_wait_for_a_rounds_key_ends_on_a_frozen_store(tmp_path, monkeypatch):
     """A node regrouping waits for the next round's key (agent/regroup.py), a server-side wait:
     on a store frozen meanwhile it ends by its deadline (the key did not come; the state read

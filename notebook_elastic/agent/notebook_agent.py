@@ -289,15 +289,24 @@ def agent_subclass(hooks: AgentHooks) -> type:
             return RunResult(state=WorkerState.HEALTHY)
 
         def _rendezvous(self, worker_group: Any) -> Any:
+            link = getattr(worker_group.spec.rdzv_handler, "_ne_link", None)  # ours: a NotebookRendezvous
             while True:
                 try:
+                    if link is not None:
+                        link.ranking.set()
                     return super()._rendezvous(worker_group)
+                except store_link.RoundLostMember as lost:
+                    _log.warning("%s: rendezvous again", lost)
+                    continue
                 except store_link.AgentStoreLost as lost:
                     rendezvous = torch_handler(worker_group.spec.rdzv_handler)
                     backend = rendezvous_backend(rendezvous)
                     if hooks.on_regroup is None or backend is None or not backend_has_store(backend):
                         raise
                     store_link.regain_store(backend, lost.client, lost.silent)
+                finally:
+                    if link is not None:
+                        link.ranking.clear()
                 hooks.on_regroup()  # a round on the store there now, for every node: nothing charged
 
     return NotebookAgent

@@ -81,6 +81,7 @@ _inplace = InPlace(
     _node_name, member_gone=lambda: _watch.round_lost_a_member(0.0), look_now=_watch.look_now, fatal=_fatal
 )
 _watch.in_place = _inplace.departure_seen
+_link.member_gone = lambda: _watch.round_lost_a_member(0.0)  # a round being ranked that a member left
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
 

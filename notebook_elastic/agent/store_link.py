@@ -95,6 +95,10 @@ class StoreLink:
         self.replaceable = False
         self.hooked = False  # until recover_lost_stores: our backend calls the store as torch's does
         self.leaving = threading.Event()  # this node is leaving: a lost store is not waited for
+        # While the agent assigns a round's ranks (``ranking`` set): whether that round lost a
+        # member; a wait on the round's store then ends (``RoundLostMember``).
+        self.member_gone: Callable[[], bool] = lambda: False
+        self.ranking = threading.Event()
         self.reconnecting = threading.Lock()  # one thread regains the store; the others find it regained
 
     def recover_lost_stores(
@@ -193,6 +197,16 @@ def regain_store(backend: Any, failed: Any, silent: bool) -> None:
 
 #: Between two checks of a key a store wait is polling for (doubling from 10 ms).
 STORE_POLL_MAX_S = 0.5
+#: While a round's ranks are assigned, how often a wait on the round's store looks whether a
+#: member left the round (a read of the round's state).
+MEMBER_LOOK_S = 1.0
+
+
+class RoundLostMember(RuntimeError):
+    """A member of the round whose ranks are being assigned left it meanwhile (stopped right
+    after the round formed, before it wrote its part): what the wait waits for never comes. The
+    agent rendezvouses again (``NotebookAgent._rendezvous``) instead of waiting for the wait's
+    bound (60 s) and failing: an evicted joiner's agent so failed the node that stayed."""
 
 
 class AgentStoreLost(ConnectionError):
@@ -254,9 +268,16 @@ class BoundedStore:
 
         limit_s = (timeout or self.timeout).total_seconds()
         end, pause = time.monotonic() + limit_s, 0.01
+        look_at = time.monotonic() + MEMBER_LOOK_S
         while not self._call(self._ne_store.check, list(keys)):
             if time.monotonic() >= end:
                 raise dist.DistStoreError(f"wait timeout after {limit_s * 1000:.0f}ms, keys: {list(keys)}")
+            if self._ne_link.ranking.is_set() and time.monotonic() >= look_at:
+                look_at = time.monotonic() + MEMBER_LOOK_S
+                if self._ne_link.member_gone():
+                    raise RoundLostMember(
+                        f"a member left the round while its ranks were assigned (waiting for {list(keys)})"
+                    )
             time.sleep(min(pause, max(0.0, end - time.monotonic())))
             pause = min(2 * pause, STORE_POLL_MAX_S)
 
