@@ -93,8 +93,9 @@ if [[ $workers == 0 ]]; then
 fi
 # The paced tests (-m paced: notebooks run at a reader's pace, 30 s before each cell) are mostly
 # asleep: beside the two workers they cost the cores little, where inside them they held a worker
-# idle for ten minutes. They run in a lane of their own, all at once (one worker each: asleep
-# together, 3.5 minutes where one after the other took ten); its lines come prefixed.
+# idle for ten minutes. They run in a lane of their own, one at a time; its lines come prefixed.
+# (All three at once took 4.5 minutes where one after the other took ten, but a reader's-pace
+# story then ran out of steps before its replacement pod came: fresh-clone run 10.)
 # Then, when the caller picked no tests (no -k, -m or path), the lane runs the torch range's
 # contract subset on its oldest and newest torch (scripts/torch_range.py, one worker), beside the
 # rest as well: the test command proves the range pyproject declares. NOTEBOOK_ELASTIC_TORCH_RANGE=0
@@ -114,7 +115,7 @@ if [[ -z $torch_range ]]; then
 fi
 (
   set +e
-  .venv/bin/python -m pytest -p no:cacheprovider -n 3 --dist load -m "paced and not quick" --durations=3 "$@" 2>&1 \
+  .venv/bin/python -m pytest -p no:cacheprovider -n 0 -m "paced and not quick" --durations=3 "$@" 2>&1 \
     | sed -u 's/^/[paced] /'
   rc=${PIPESTATUS[0]}
   [[ $rc -eq 5 ]] && rc=0
