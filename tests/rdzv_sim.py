@@ -440,6 +440,8 @@ class Agent:
         self.members: frozenset[Any] = frozenset()
         self.marks = Marks()
         self.gone = False
+        self.missed_beats = 0  # heartbeats that ran past their deadline (torch logs and goes on)
+        self.duty: int | None = None  # the interval it last wrote in on duty (together.duty_write)
         self.announced: tuple[str, int] | None = None
         self.consumed: int | None = None  # the interval whose sayings go once this write wins
         self.deleted = -1  # the last interval whose sayings it deleted
@@ -549,6 +551,12 @@ class Agent:
                     action = decided
                     continue
             action = op(ctx, deadline)
+            if action == A.FINISH and isinstance(op, dr._RendezvousKeepAliveOp) and self.fleet.settings.together:
+                duty = together.duty_write(
+                    self.state, self.node, self.settings.keep_alive_interval, time.time(), self.duty
+                )
+                if duty is not None and together.beats_together(self.settings):  # rounds._ne_on_duty
+                    action, self.duty = A.KEEP_ALIVE, duty
             if action == A.MARK_RENDEZVOUS_COMPLETE and regroup is False and self.fleet.settings.regroup:
                 if await self._wait_for_first():
                     continue
@@ -799,7 +807,7 @@ class Agent:
                 try:
                     await self.run(dr._RendezvousKeepAliveOp(), deadline)
                 except (TimeoutError, RuntimeError):
-                    pass  # torch's _keep_alive logs a missed heartbeat and goes on
+                    self.missed_beats += 1  # torch's _keep_alive logs a missed heartbeat and goes on
 
     def _stop_heartbeats(self) -> None:
         if self.beating is not None:
@@ -821,7 +829,8 @@ class Agent:
             if state.wait_list:
                 self.marks.waiting.append(time.monotonic())
                 return  # torchrun's agent restarts its workers for the nodes waiting
-            if state.round == self.round:
+            # a complete round's members only leave it: as many as it began with, none gone
+            if state.round == self.round and len(state.participants) < len(self.members):
                 gone = frozenset(m for m in self.members if m not in state.participants)
                 if gone:
                     self.marks.departures.append((time.monotonic(), gone))

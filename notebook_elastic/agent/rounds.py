@@ -4,11 +4,9 @@ on our subclasses of torch's state holder and operation executor (``handler_over
 rules a notebook job's rounds follow (each off until the agent turns it on at start).
 
 torch closes a round between min and max nodes last_call_timeout after it reached min, and a
-node waiting in a round looks at it again once a second: a scale-up from 1 to 2 of 1:3 waited
-for both (about 1.5 s of the 3.6 s it took on 2 cores). The local supervisor knows how many
-nodes the job runs (its target) and keeps that number in the store; a round that holds that
-many closes at once, and nodes waiting in a round look again every ``poll_s``. Where the key
-is absent (a cluster's store) rounds close as torch closes them.
+node waiting in a round looks again once a second (1.5 s of a 3.6 s scale-up from 1 to 2 of
+1:3). The local supervisor keeps its target in the store: a round that holds that many closes
+at once, and nodes in a round look again every ``poll_s``; a cluster's store has no target.
 
 A node the supervisor saw die (``GONE_KEY``) is dropped at once (``drop_gone_nodes``); nodes
 join, leave and beat together (``join_and_beat_together``, ``together.py``); a node stopped by
@@ -80,9 +78,8 @@ def _target_nodes(store: Any) -> int | None:
 
 
 class RoundRules:
-    """How our handler's rounds differ from torch's, set at agent start (each default: as torch):
-    one per agent process (``agent/run.py`` makes it), given to each handler made over it
-    (``handler_over``), whose state holder and executor read it."""
+    """How our handler's rounds differ from torch's (each default: as torch's): one per agent
+    process, set at its start (``agent/run.py``), read by each handler's parts (``handler_over``)."""
 
     def __init__(self) -> None:
         self.close_at_target = False  # a round holding TARGET_KEY's nodes closes at once
@@ -90,18 +87,15 @@ class RoundRules:
         self.drop_gone = False  # nodes named in GONE_KEY are dropped at once
         self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
         self.regroup = False  # a change of members in one write (together.open_next_round)
-        # This node has been in a round already: torch's first-join jitter is not waited again.
-        self.joined_once = False
+        self.joined_once = False  # it was in a round: torch's first-join jitter is not waited again
 
 
 def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bool:
-    """Our handler closes a round as soon as it holds the job's target number of nodes
-    (``TARGET_KEY``), not ``last_call_timeout`` later; with ``poll_s``, a node waiting in a
-    round looks again that often instead of every second, and a look reads the store's state
-    at most ``poll_s`` old (the agent's check for nodes waiting to join too). Must run before
-    the rendezvous handler is made. Set in ``rules``; torch's wait between looks, a module
-    function, reads them (the last rules given: one per agent process). Idempotent; False where
-    torch lacks the internals."""
+    """Our handler closes a round once it holds the job's target (``TARGET_KEY``), not
+    ``last_call_timeout`` later; with ``poll_s``, a node waiting in a round looks again, and
+    reads a state at most that old (the agent's check for joiners too), that often, not every
+    second. Before the handler is made; set in ``rules``, which torch's wait between looks
+    reads (one per agent process). Idempotent; False where torch lacks the internals."""
     needed = {"dynamic_rendezvous._RendezvousJoinOp", "dynamic_rendezvous._DistributedRendezvousOpExecutor"}
     polling = {"dynamic_rendezvous._delay", "dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration"}
     if missing().keys() & (needed | (polling if poll_s else set())):
@@ -417,6 +411,7 @@ def _executor_class() -> type:
             self._ne_regrouping = False  # inside our handler's next_rendezvous (not a node leaving)
             self._ne_opening = False  # its next removal writes the next round instead
             self._ne_joined: tuple[int, frozenset[Any]] | None = None  # the round it last joined, its members
+            self._ne_duty: int | None = None  # the interval it last wrote in on duty (together.duty_write)
             self._state: Any = None  # torch's: the state of its current operation (set by torch's run, regroup.py)
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
@@ -430,7 +425,7 @@ def _executor_class() -> type:
                 # The store the operation syncs with: the one a round's target is read from.
                 state_handler = _closing_at_target(state_handler, holder_store(self._state_holder))
             if self._ne_sayings() is not None and together.beats_together(self._settings):
-                state_handler = self._beating_together(state_handler, joining)
+                state_handler = self._beating_together(state_handler, joining, kind == "keep_alive")
             if self._ne_sayings() is not None and self._ne_rules.regroup:
                 if self._ne_regrouping and exiting:
                     state_handler = regroup.exit_op(self, state_handler)
@@ -443,16 +438,16 @@ def _executor_class() -> type:
                 self._ne_joined = (state.round, frozenset(state.participants))
             return ran
 
-        def _beating_together(self, op: Any, joining: bool) -> Callable[[Any, float], Any]:
-            """torch wants this node's heartbeat written: it says it lives (once an interval),
-            and writes it only when what it said before was not taken in; else it looks again
-            (a join) or is done (a heartbeat)."""
+        def _beating_together(self, op: Any, joining: bool, beating: bool) -> Callable[[Any, float], Any]:
+            """torch wants this node's heartbeat written (or it is on duty): it says it lives (once an
+            interval); writes if what it said was not taken in, or on duty; else looks again or ends."""
 
             def beat(ctx: Any, deadline: float) -> Any:
-                action = op(ctx, deadline)
+                action, now = op(ctx, deadline), time.time()
+                if beating and action == actions.FINISH:
+                    action = self._ne_on_duty(ctx, now, action)
                 if action != actions.KEEP_ALIVE:
                     return action
-                now = time.time()
                 if not self._ne_say(together.ALIVE, -1, now):
                     return action
                 if together.beat_due(ctx.state, ctx.node, ctx.settings.keep_alive_interval, now):
@@ -460,6 +455,11 @@ def _executor_class() -> type:
                 return actions.SYNC if joining else actions.FINISH
 
             return beat
+
+        def _ne_on_duty(self, ctx: Any, now: float, action: Any) -> Any:
+            duty = together.duty_write(ctx.state, ctx.node, ctx.settings.keep_alive_interval, now, self._ne_duty)
+            self._ne_duty = self._ne_duty if duty is None else duty
+            return action if duty is None else actions.KEEP_ALIVE
 
         def _ne_say(self, kind: str, round_: int, now: float) -> bool:
             sayings = self._ne_sayings()

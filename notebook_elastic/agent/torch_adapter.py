@@ -321,11 +321,14 @@ def rendezvous_bases() -> tuple[Any, Any]:
 
 
 def rendezvous_op_kind(op: Any) -> str:
-    """Which of torch's rendezvous operations ``op`` is: "join", "exit" or "" (another)."""
+    """Which of torch's rendezvous operations ``op`` is: "join", "exit", "keep_alive" or ""
+    (another)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     if isinstance(op, dr._RendezvousJoinOp):
         return "join"
+    if isinstance(op, dr._RendezvousKeepAliveOp):
+        return "keep_alive"
     return "exit" if isinstance(op, dr._RendezvousExitOp) else ""
 
 
