@@ -324,7 +324,12 @@ def test_a_pool_a_jobs_guardian_started_is_no_part_of_that_job(home, tmp_path, m
         assert not set(processes_of(second_dir)) & set(processes_of(first_dir))
         # Stopped from the kernel's side (its supervisor frozen: the kernel ends the job's
         # processes itself, its guardian among them, walking down from each).
-        os.kill(json.loads((first_dir / "supervisor.json").read_text())["pid"], signal.SIGSTOP)
+        first_supervisor = json.loads((first_dir / "supervisor.json").read_text())["pid"]
+        # (once in CI its pid was gone here, with every process of the first job: say how it ended)
+        assert pid_alive(first_supervisor), f"the first job ended before its stop: {first.summary()}; " + "; ".join(
+            f"{e.kind} {e.data}" for e in first.events[-12:]
+        )
+        os.kill(first_supervisor, signal.SIGSTOP)
         assert first.stop() == "stopped"
         assert pid_alive(supervisor) and pool.ping(name) == pools[1]
         open(gate, "w").close()

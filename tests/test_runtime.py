@@ -550,7 +550,7 @@ for key, want in (("big", big), ("t", big.t()), ("small", tree["small"])):
 assert torch.equal(got["moments"][0], big * 2) and torch.equal(got["moments"][1], torch.arange(5))
 if info.rank == 0:
     assert got["big"].data_ptr() == big.data_ptr()  # the source keeps its own, not a copy
-print(f"rank {info.rank} ok", flush=True)
+print(f"rank {info.rank} ok\\n", end="", flush=True)  # one write: the ranks share a pipe
 dist.destroy_process_group()
 """
 
