@@ -551,11 +551,16 @@ class Agent:
                     action = decided
                     continue
             action = op(ctx, deadline)
-            if action == A.FINISH and isinstance(op, dr._RendezvousKeepAliveOp) and self.fleet.settings.together:
+            if (
+                action == A.FINISH
+                and isinstance(op, dr._RendezvousKeepAliveOp)
+                and self.fleet.settings.together
+                and together.beats_together(self.settings)
+            ):  # rounds._ne_on_duty
                 duty = together.duty_write(
                     self.state, self.node, self.settings.keep_alive_interval, time.time(), self.duty
                 )
-                if duty is not None and together.beats_together(self.settings):  # rounds._ne_on_duty
+                if duty is not None:
                     action, self.duty = A.KEEP_ALIVE, duty
             if action == A.MARK_RENDEZVOUS_COMPLETE and regroup is False and self.fleet.settings.regroup:
                 if await self._wait_for_first():

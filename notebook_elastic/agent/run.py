@@ -77,11 +77,17 @@ _rendezvous = rounds.RendezvousHooks()  # what our handler calls around each rou
 _agent = notebook_agent.AgentHooks()  # what our agent calls at torchrun's agent hooks
 _watch = DepartureWatch()
 _fatal = FatalEnd(lambda: _rendezvous_store(), _node_name)  # the job ends: neither restart nor regroup
-_inplace = InPlace(
-    _node_name, member_gone=lambda: _watch.round_lost_a_member(0.0), look_now=_watch.look_now, fatal=_fatal
-)
+
+
+def _round_lost_a_member() -> bool:
+    """Whether the round this node is in lost a member (the departure watch's look, now): asked
+    by the in-place policy, and by a wait while a round's ranks are assigned (store_link)."""
+    return _watch.round_lost_a_member(0.0)
+
+
+_inplace = InPlace(_node_name, member_gone=_round_lost_a_member, look_now=_watch.look_now, fatal=_fatal)
 _watch.in_place = _inplace.departure_seen
-_link.member_gone = lambda: _watch.round_lost_a_member(0.0)  # a round being ranked that a member left
+_link.member_gone = _round_lost_a_member
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
 
 

@@ -177,13 +177,10 @@ def beat_due(state: Any, node: Any, interval: timedelta, now: float) -> bool:
     beat = state.last_heartbeats.get(node)
     if beat is None:
         return True
-    rank = state.participants.get(node)
-    if rank is None or not state.complete:
-        limit = BEAT_AFTER_INTERVALS
-    elif (rank - interval_of(now, interval.total_seconds())) % len(state.participants) < ON_DUTY:
+    duty = _on_duty(state, node, interval_of(now, interval.total_seconds()))
+    if duty:
         return True
-    else:
-        limit = OFF_DUTY_INTERVALS
+    limit = BEAT_AFTER_INTERVALS if duty is None else OFF_DUTY_INTERVALS
     return bool(beat < _time_like(beat, now) - limit * interval)
 
 
@@ -193,13 +190,20 @@ def duty_write(state: Any, node: Any, interval: timedelta, now: float, last: int
     is older than ``BEAT_AFTER_INTERVALS``; else None. (Only those on duty look at every
     member's heartbeat, at their own heartbeat.)"""
     this = interval_of(now, interval.total_seconds())
-    rank = state.participants.get(node)
-    if this == last or rank is None or not state.complete or not state.last_heartbeats:
+    if this == last or not _on_duty(state, node, this):
         return None
-    if (rank - this) % len(state.participants) >= ON_DUTY:
-        return None
-    oldest = min(state.last_heartbeats.values())
+    oldest = min(state.last_heartbeats.values())  # a member's at least: not empty
     return this if oldest < _time_like(oldest, now) - BEAT_AFTER_INTERVALS * interval else None
+
+
+def _on_duty(state: Any, node: Any, this: int) -> bool | None:
+    """Whether ``node`` writes the heartbeats in interval number ``this``: ``ON_DUTY`` members
+    of a complete round, in turn by rank. None for a node that is no member of a complete
+    round (its ranks not given yet): the rule does not apply."""
+    rank = state.participants.get(node)
+    if rank is None or not state.complete:
+        return None
+    return bool((rank - this) % len(state.participants) < ON_DUTY)
 
 
 def beat_older(state: Any, node: Any, interval: timedelta, now: float) -> bool:
