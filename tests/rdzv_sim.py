@@ -505,7 +505,7 @@ class Agent:
         return has_set
 
     async def _sanitize(self) -> None:
-        if self.fleet.settings.supervised:  # NotebookStateHolder._sanitize: _gone_pids reads GONE_KEY
+        if self.fleet.settings.supervised:  # NotebookStateHolder._sanitize: gone.pids reads GONE_KEY
             if await self.wire.check([protocol.GONE_KEY]):
                 await self.wire.get(protocol.GONE_KEY)
         window = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt

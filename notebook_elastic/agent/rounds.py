@@ -24,14 +24,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime import log as _logging
-from ..runtime.protocol import GONE_KEY, TARGET_KEY
-from . import regroup, store_link, together
+from ..runtime.protocol import TARGET_KEY
+from . import gone, regroup, store_link, together
 from .deadline import call_with_deadline
 from .regroup import regroup_in_one_write as regroup_in_one_write
 from .torch_adapter import (
     exit_round,
     handler_parts,
-    holder_settings,
     holder_store,
     missing,
     node_of,
@@ -52,16 +51,22 @@ def leave_round(handler: Any, link: store_link.StoreLink, timeout_s: float = 5.0
     return exit_round(handler, timeout_s)
 
 
-def leave_instead_of_closing(hooks: RendezvousHooks, always: bool = True) -> bool:
+def leave_instead_of_closing(
+    hooks: RendezvousHooks, always: bool = True, told_to_stop: Callable[[], bool] | None = None
+) -> bool:
     """``shutdown()`` closes the rendezvous for every node: the whole job ends. Our handler
     (``NotebookRendezvous``) takes this node out of its round instead
     - when the agent was stopped by a signal: torch 2.4's agent shuts its rendezvous down on
       SIGTERM (``LocalElasticAgent._shutdown``; later releases do not), so a preempted or
-      scaled-down node closed the round under the survivors and the job failed;
+      scaled-down node closed the round under the survivors and the job failed. A signal is
+      known by the ``SignalException`` under way, or by ``told_to_stop()`` (the agent's word,
+      whatever its run then ended with: torchrun closes the round after any end but a signal's);
     - always, with ``always``: a joiner that spends its budget failing to join must not end
       the job it joins.
     Set in ``hooks`` (the agent's). Idempotent (``always`` once set stays)."""
     hooks.leave_always = hooks.leave_always or always
+    if told_to_stop is not None:
+        hooks.told_to_stop = told_to_stop
     return True
 
 
@@ -142,22 +147,6 @@ def _closing_at_target(join: Any, store: Any) -> Callable[[Any, float], Any]:
     return join_op
 
 
-def _gone_pids(store: Any, window_s: float) -> set[int]:
-    """Pids of agents the supervisor saw die within ``window_s`` (a pid reused later is not
-    one of them: by then torch's own heartbeat expiry has dropped the dead node anyway)."""
-    try:
-        value = None if store is None else store_link.read_key(store, GONE_KEY)
-        if value is None:
-            return set()
-        import json
-
-        now = time.time()
-        return {int(pid) for pid, when in json.loads(value).items() if now - when <= window_s}
-    except Exception:
-        _log.debug("unreadable, or the store lost: heartbeats decide, as in torch", exc_info=True)
-        return set()
-
-
 def drop_gone_nodes(rules: RoundRules) -> bool:
     """Our handler drops a node whose agent died from the rendezvous as soon as the supervisor
     saw it die (``GONE_KEY``), not when its heartbeat expires (keep_alive_interval x
@@ -169,23 +158,6 @@ def drop_gone_nodes(rules: RoundRules) -> bool:
     return True
 
 
-def _mark_gone_expired(holder: Any) -> None:
-    """Mark the nodes GONE_KEY names as expired in ``holder``'s state: torch's sanitize drops
-    them next."""
-    from datetime import datetime, timezone
-
-    settings = holder_settings(holder)
-    window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
-    gone = _gone_pids(holder_store(holder), window_s)
-    for node, beat in list(holder._state.last_heartbeats.items()) if gone else ():
-        if node.pid in gone:
-            # The same kind of time as torch's own: aware (UTC) since 2.5, naive before (2.4's
-            # utcnow(); comparing the two raised TypeError in every agent's next sync, and the
-            # job failed on a node's loss).
-            expired = datetime.min if beat.tzinfo is None else datetime.min.replace(tzinfo=timezone.utc)
-            holder._state.last_heartbeats[node] = expired
-
-
 class RendezvousHooks:
     """What ``NotebookRendezvous`` calls around torch's rendezvous, set by the agent at start:
     one per agent process (``agent/run.py`` makes it), held by each handler made over it
@@ -195,6 +167,9 @@ class RendezvousHooks:
         self.before: Callable[[Any], None] | None = None  # (torch's handler) before joining a round
         self.after: Callable[[Any, Any], None] | None = None  # (torch's handler, its info) after
         self.leave_always = False  # every shutdown leaves the round (a joiner), not only a signalled one
+        # Whether this agent was told to stop by a signal, however its run then ended (a
+        # SignalException that a store call's ``except`` took for a lost connection): it leaves.
+        self.told_to_stop: Callable[[], bool] = lambda: False
         # The round's store, as the agent gets it, answers under the deadline: set with the agent's
         # regroup on a lost store (hook_store_reconnect), which that deadline's error starts.
         self.bounded_store = False
@@ -383,7 +358,7 @@ def _holder_class() -> type:
 
         def _sanitize(self) -> Any:
             if self._ne_rules.drop_gone:
-                _mark_gone_expired(self)
+                gone.mark_expired(self)
             return super()._sanitize()
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
@@ -568,7 +543,8 @@ def _rendezvous_class() -> type:
         def shutdown(self) -> bool:
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
-            if not self._ne_hooks.leave_always and not isinstance(sys.exc_info()[1], SignalException):
+            hooks = self._ne_hooks
+            if not (hooks.leave_always or hooks.told_to_stop() or isinstance(sys.exc_info()[1], SignalException)):
                 return bool(self.torch_handler.shutdown())  # the job is done (or failed): close it, as torch does
             try:
                 return leave_round(self.torch_handler, self._ne_link)
