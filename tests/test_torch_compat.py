@@ -162,6 +162,30 @@ def test_a_node_stopped_by_a_signal_leaves_its_round_and_never_closes_it_for_the
     assert other.shutdown() and other.is_closed()  # a job done (or failed): closed, as torch does
 
 
+def test_an_agent_told_to_stop_leaves_its_round_however_its_run_then_ended(store):
+    """A SIGTERM that lands inside a store call whose ``except`` takes it for a lost connection
+    is swallowed or turned into another error (term.py's ``_Insist`` tells the agent again); torchrun
+    then closes the rendezvous after any end of the run but a signal's, and every later joiner
+    fails on a closed round (CI stop 45: two replacement pods exited 1 and the Job failed). An
+    agent that was told to stop leaves its round, whatever its run ended with."""
+    told = []
+    hooks = rounds.RendezvousHooks()
+    assert rounds.leave_instead_of_closing(hooks, always=False, told_to_stop=lambda: bool(told))
+    handler = handler_on(store, "told", hooks=hooks)
+    handler.next_rendezvous()
+    told.append("SIGTERM")
+    try:
+        raise ConnectionError("the store call the signal landed in")
+    except ConnectionError:
+        assert handler.shutdown()
+    assert not handler.is_closed() and torch_adapter.round_state(handler.torch_handler)[1] == frozenset()
+    assert handler.shutdown() and not handler.is_closed()  # and with nothing under way
+    told.clear()
+    other = handler_on(store, "untold", hooks=hooks)
+    other.next_rendezvous()
+    assert other.shutdown() and other.is_closed()  # never told: a job done, closed as torch does
+
+
 def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_untouched():
     import torch.distributed.launcher.api as launcher
 

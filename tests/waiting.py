@@ -3,7 +3,8 @@
 ``wait_for(lambda: job.world_size == 2, "two nodes", job=job)`` looks again every ``poll_s``
 until the predicate holds; the timeout only bounds a broken run (on a loaded 2-core machine a
 state can take minutes: wait for it, do not assume it). A failure names what was awaited and,
-given the job, what it was doing (its summary and its latest events). ``give_up_when_finished``
+given the job, what it was doing (its summary, its latest events and the latest lines its
+processes logged: an agent's traceback is often the one clue a run on CI leaves). ``give_up_when_finished``
 fails at once when the job ended without the state, rather than at the timeout.
 """
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+
+#: How many of the job's latest log lines a failure shows.
+LOG_LINES = 40
 
 
 def wait_for(
@@ -41,4 +45,10 @@ def _said(job: Any) -> str:
         lines += [e.describe() for e in job.events[-20:]]
     except Exception:  # a handle whose events cannot be read: its summary says enough
         pass
+    try:
+        logged = job.logs[-LOG_LINES:]
+    except Exception:  # a handle without logs (a dry run, a closed folder)
+        logged = []
+    if logged:
+        lines += [f"its latest {len(logged)} log line(s):", *(line[:300] for line in logged)]
     return "\n".join(lines)

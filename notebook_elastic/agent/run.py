@@ -480,7 +480,9 @@ def main(argv: list[str] | None = None) -> None:
         args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
-    rounds.leave_instead_of_closing(_rendezvous, always=os.environ.get(protocol.ENV_JOINER) == "1")
+    rounds.leave_instead_of_closing(
+        _rendezvous, always=os.environ.get(protocol.ENV_JOINER) == "1", told_to_stop=term.told_to_stop
+    )
     emit(Kind.AGENT_STARTED, node=_node_name(), **AgentStarted(pid=os.getpid(), host=socket.gethostname()))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError

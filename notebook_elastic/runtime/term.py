@@ -200,6 +200,12 @@ def guard_agent() -> None:
     signal.signal(signal.SIGTERM, guarded)
 
 
+def told_to_stop() -> bool:
+    """In the agent: whether a stop signal reached it (its guard was set by then: once its
+    workers started), however its run then ended."""
+    return _insist.signalled is not None
+
+
 def agent_stops_workers() -> None:
     """From the agent's ``_shutdown``: its workers go at once (they may ignore Slurm's SIGTERM)."""
     mark(STOPPING)
