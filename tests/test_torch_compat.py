@@ -210,6 +210,35 @@ def test_torchrun_makes_our_agent_a_subclass_of_its_own_and_torchs_class_is_unto
     assert torch_adapter.worker_pids(object()) == [] and not torch_adapter.group_is_healthy(object())
 
 
+def test_our_agent_ranks_a_round_again_when_it_lost_a_member_while_ranks_were_assigned(monkeypatch):
+    """While torch assigns a round's ranks, a wait on the round's store ends when the round lost
+    a member (``store_link.RoundLostMember``): the agent's ``ranking`` (its store link's, handed
+    through ``hook_agent``, never read off the handler) is set for each try and clear after, and
+    the agent rendezvouses again. torch's own ``_rendezvous`` (the hook its agent documents for
+    subclasses) stands in for a round here; the store-level wait is test_store_frozen.py's."""
+    import torch.distributed.launcher.api as launcher
+
+    monkeypatch.setattr(launcher, "LocalElasticAgent", launcher.LocalElasticAgent)  # hook_agent rebinds it
+    hooks = notebook_agent.AgentHooks()
+    ranking = threading.Event()
+    assert notebook_agent.hook_agent(
+        hooks, lambda agent: None, lambda result: [], lambda failures: None, ranking=ranking
+    )
+    assert hooks.ranking is ranking
+    tries: list[bool] = []
+
+    def torchs_rendezvous(self, worker_group):
+        tries.append(ranking.is_set())
+        if len(tries) == 1:
+            raise store_link.RoundLostMember("a member left the round while its ranks were assigned")
+        return "ranked"
+
+    monkeypatch.setattr(SimpleElasticAgent, "_rendezvous", torchs_rendezvous)
+    agent = object.__new__(notebook_agent.agent_subclass(hooks))  # never started: only its _rendezvous
+    assert agent._rendezvous(object()) == "ranked"
+    assert tries == [True, True] and not ranking.is_set()
+
+
 def test_every_hook_leaves_torchs_classes_as_torch_made_them(monkeypatch):
     """#25: no method of torch's is replaced. Once every hook the agent installs is in, each
     class of torch's we build on has the same attributes, bound to the same objects, as before;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -215,6 +216,9 @@ class AgentHooks:
         # The monitor's wait between two looks (seconds), cut short when there is something to
         # regroup for (in place: agent/inplace.py); torch's own sleep is MONITOR_TICK_S of it.
         self.wait_for_change: Callable[[float], None] = time.sleep
+        # Set while torch assigns a round's ranks (the agent's store link's ``ranking``): a
+        # wait on the round's store then ends when the round lost a member (RoundLostMember).
+        self.ranking: threading.Event | None = None
 
 
 # Made once per hooks object, at its first use (torch imported by then): a cache, not a
@@ -289,11 +293,11 @@ def agent_subclass(hooks: AgentHooks) -> type:
             return RunResult(state=WorkerState.HEALTHY)
 
         def _rendezvous(self, worker_group: Any) -> Any:
-            link = getattr(worker_group.spec.rdzv_handler, "_ne_link", None)  # ours: a NotebookRendezvous
+            ranking = hooks.ranking
             while True:
                 try:
-                    if link is not None:
-                        link.ranking.set()
+                    if ranking is not None:
+                        ranking.set()
                     return super()._rendezvous(worker_group)
                 except store_link.RoundLostMember as lost:
                     _log.warning("%s: rendezvous again", lost)
@@ -305,8 +309,8 @@ def agent_subclass(hooks: AgentHooks) -> type:
                         raise
                     store_link.regain_store(backend, lost.client, lost.silent)
                 finally:
-                    if link is not None:
-                        link.ranking.clear()
+                    if ranking is not None:
+                        ranking.clear()
                 hooks.on_regroup()  # a round on the store there now, for every node: nothing charged
 
     return NotebookAgent
@@ -325,6 +329,7 @@ def hook_agent(
     restarting: Callable[[str], None] | None = None,
     leave: Callable[[list[int]], None] | None = None,
     wait_for_change: Callable[[float], None] | None = None,
+    ranking: threading.Event | None = None,
 ) -> bool:
     """torchrun's agent, as ``NotebookAgent``: ``before_start(agent)`` before every (re)start
     of its workers; a failed or unhealthy round whose ``departures(result)`` is not empty is
@@ -338,7 +343,8 @@ def hook_agent(
     by local rank, group, rendezvous, why)`` whether its workers were regrouped without one, and
     tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
     ranks)`` before torch stops its workers; the monitor's wait between two looks is
-    ``wait_for_change(seconds)`` (cut short when there is something to regroup for). torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
+    ``wait_for_change(seconds)`` (cut short when there is something to regroup for); ``ranking``
+    is set while torch assigns a round's ranks (the agent's ``StoreLink.ranking``). torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
     module's name ``LocalElasticAgent``, with no option to name another class: that one name is
     bound to our subclass, made over ``hooks`` (the agent's; the only name of torch's we rebind
     for the agent). False when this torch lacks what it takes (then the agent runs as torch's
@@ -356,6 +362,7 @@ def hook_agent(
         hooks.leave = leave
     if wait_for_change is not None:
         hooks.wait_for_change = wait_for_change
+    hooks.ranking = ranking if ranking is not None else hooks.ranking
     _use_our_agent(hooks)
     return True
 

@@ -214,6 +214,7 @@ def _hook_agent() -> None:
             local_ranks, _leave_rendezvous, torch_adapter.rendezvous_store(_watch.handler) if _watch.handler else None
         ),
         wait_for_change=_inplace.wait_for_change,
+        ranking=_link.ranking,
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
