@@ -525,6 +525,59 @@ def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypat
     assert not again.is_alive(), "a broken group waited the whole interval for the member to go"
 
 
+def test_a_stop_swallowed_during_an_in_place_regroup_lands_before_the_workers_get_the_new_group(monkeypatch):
+    """torch's SignalException, raised wherever the agent's main thread is, may land in a store
+    call whose ``except`` takes it for a lost connection (runtime/term.py's ``_Insist``): the
+    stop is swallowed. In an in-place regroup (a joiner's round, a notice arriving meanwhile)
+    the agent then put its kept workers in the new group and went ``RESEND_S`` later, a second
+    regroup for the others. Now the stop lands once the round formed, before any worker is
+    assigned. The signal handler is a boundary here: ``os.kill`` to itself raises as torch's
+    handler would, instead of signalling the test process."""
+    import signal as signals
+    import types
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from notebook_elastic.agent.inplace import InPlace
+    from notebook_elastic.runtime import term
+    from notebook_elastic.runtime.inplace import Link
+
+    monkeypatch.delenv(protocol.ENV_IN_PLACE, raising=False)
+    agent_side = InPlace(lambda: "node-0")
+    for name, value in agent_side.start().items():
+        monkeypatch.setenv(name, value)
+    worker = Link.connect()
+    assert worker is not None
+    worker.say_capable(True)
+    deadline = time.monotonic() + 30
+    while agent_side.links.why_not([0]) is not None:
+        assert time.monotonic() < deadline, "the worker's word did not reach the agent"
+        time.sleep(0.01)
+    sent: list[dict] = []
+    monkeypatch.setattr(agent_side.links, "send", lambda local_rank, message: sent.append(message) or True)
+
+    def torchs_handler(pid, sig):
+        assert pid == os.getpid()
+        raise SignalException(f"Process {pid} got signal: {sig}", sigval=signals.Signals(sig))
+
+    monkeypatch.setattr(os, "kill", torchs_handler)
+    monkeypatch.setattr(term._insist, "signalled", None)
+    monkeypatch.setattr(term._insist, "shutting_down", False)
+
+    def round_that_swallowed_a_stop():
+        term._insist.told(signals.SIGTERM)  # the guard saw it; torch's raise went into an except
+
+    member = types.SimpleNamespace(local_rank=0, global_rank=0, world_size=2, role_rank=0, role_world_size=2)
+    group = types.SimpleNamespace(workers=[member], group_rank=0, group_world_size=2)
+    with pytest.raises(SignalException):
+        agent_side.restart({0: os.getpid()}, group, round_that_swallowed_a_stop, "joined")
+    assert sent == [], "a worker was put in the new group before the stop landed"
+    # Without a stop, the same regroup assigns the worker its place.
+    monkeypatch.setattr(term._insist, "signalled", None)
+    assert agent_side.restart({0: os.getpid()}, group, lambda: None, "joined")
+    assert [m["op"] for m in sent] == ["assign"]
+
+
 def test_a_fatal_end_is_one_fact_for_the_restart_and_the_regroup_and_the_other_nodes(monkeypatch):
     """A worker's "fatal" word over its link (runtime/inplace.py's Link, the agent's Links on a
     real socket) is the fact the agent's in-place policy and its restart decision both read

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regrouped
 from ..runtime import log as _logging
-from ..runtime import protocol
+from ..runtime import protocol, term
 from ..runtime._emit import emit
 from ..runtime.group import forming_is_bounded
 from .deadline import call_with_deadline
@@ -408,6 +408,11 @@ class InPlace:
         trained_on_s = self._await_newcomers(
             prefix, self._newcomers * len(worker_group.workers), worker_group.group_world_size
         )
+        # A stop swallowed meanwhile (a store call's ``except`` took torch's SignalException for
+        # a lost connection, in the round or in the wait above) lands now, before the workers
+        # are put in the new group: the node goes from its old group, instead of ``RESEND_S``
+        # later from a group the others just formed with it (a second regroup for them).
+        term.land_stop()
         for worker in worker_group.workers:
             pid = pids_by_local_rank.get(worker.local_rank)
             if pid is None:
