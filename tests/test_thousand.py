@@ -320,7 +320,7 @@ def test_the_simulated_agents_actions_are_torchs_executors():
 @pytest.mark.slow
 # Not timed, so bounded for a broken run only: beside the whole suite and the torch range on 2
 # cores the first round took past the suite's 600 s once (fresh-clone run of 2026-12-06; 75 s in
-# CI before, about 100 s on a quiet machine).
+# CI before, 26 s alone on a quiet machine).
 @pytest.mark.timeout(1500)
 def test_a_round_of_1024_simulated_agents_gives_each_a_rank_and_keeps_them_all(tmp_path):
     """#40: 1,024 simulated agents against our store, as they join a cluster job's first round:

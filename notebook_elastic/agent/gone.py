@@ -39,10 +39,10 @@ def mark_expired(holder: Any) -> None:
     settings = holder_settings(holder)
     window_s = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
     gone = pids(holder_store(holder), window_s)
-    for node, beat in list(holder._state.last_heartbeats.items()) if gone else ():
+    beats = holder.state.last_heartbeats  # the holder's state, through torch's own interface
+    for node, beat in list(beats.items()) if gone else ():
         if node.pid in gone:
             # The same kind of time as torch's own: aware (UTC) since 2.5, naive before (2.4's
             # utcnow(); comparing the two raised TypeError in every agent's next sync, and the
             # job failed on a node's loss).
-            expired = datetime.min if beat.tzinfo is None else datetime.min.replace(tzinfo=timezone.utc)
-            holder._state.last_heartbeats[node] = expired
+            beats[node] = datetime.min if beat.tzinfo is None else datetime.min.replace(tzinfo=timezone.utc)

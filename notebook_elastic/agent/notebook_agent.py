@@ -362,7 +362,8 @@ def hook_agent(
         hooks.leave = leave
     if wait_for_change is not None:
         hooks.wait_for_change = wait_for_change
-    hooks.ranking = ranking if ranking is not None else hooks.ranking
+    if ranking is not None:
+        hooks.ranking = ranking
     _use_our_agent(hooks)
     return True
 
