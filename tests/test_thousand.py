@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import inspect
+import os
 import pickle
 import socket
 import threading
@@ -153,12 +155,13 @@ def test_each_node_writing_its_own_join_is_what_torch_does(served, rules):
 
 @pytest.mark.skipif(not KEEP_ALIVE_SET, reason="this torch fixes the heartbeat at 5 s: the test would take minutes")
 def test_heartbeats_go_together_and_nobody_is_dropped(served, rules):
-    """Eight nodes, a heartbeat every 2 s, six missed to be dropped: over five intervals each
+    """Eight nodes, a heartbeat every 2 s, seven missed to be dropped (six leave too little of
+    the window past the last resort of ``together.beats_together``): over five intervals each
     node wrote its own heartbeat before (40 writes at least); together, what each says is taken
     in by another's write, and every node stays in its round."""
     port, won = served
     assert rounds.join_and_beat_together(rules)
-    joined = _round(port, "beats", 8, rules, keep_alive=(2, 6))
+    joined = _round(port, "beats", 8, rules, keep_alive=(2, 7))
     try:
         key = b"/torch.rendezvous.beats"
         before = won[key]
@@ -203,7 +206,10 @@ def test_in_a_complete_round_two_members_on_duty_write_the_heartbeats_in_turn():
     """#40: in steady state 1,024 simulated nodes' heartbeats came due together and each tried
     a write of the 130 kB round (1,207 tries in two intervals, 6 won). Now, in a complete round,
     ``ON_DUTY`` members by rank write each interval, in turn; another writes only once what it
-    said went untaken for ``OFF_DUTY_INTERVALS``; while a round forms, the old limit holds."""
+    said went untaken for ``OFF_DUTY_INTERVALS``, and then only ``ON_DUTY`` of those overdue, in
+    turn (434 of 1,024 simulated nodes overdue at once after a slow first round wrote together,
+    lost to one another until heartbeats expired and the round broke); every one only past
+    ``LAST_RESORT_INTERVALS``; while a round forms, the old limit holds."""
     interval = timedelta(seconds=5)
     nodes = [dr._NodeDesc(f"10.0.0.{i}", 100 + i, 0) for i in range(8)]
     state = dr._RendezvousState()
@@ -221,7 +227,24 @@ def test_in_a_complete_round_two_members_on_duty_write_the_heartbeats_in_turn():
             state.last_heartbeats[node] = datetime.fromtimestamp(now + i * 5 - 1.2 * 5, timezone.utc)
         due = [r for r, n in enumerate(nodes) if together.beat_due(state, n, interval, now + i * 5)]
         assert len(due) == together.ON_DUTY and (1_000_000 + i) % 8 in due, (i, due)
-    late = now + 15 * 5 + 2 * 5  # 3.2 intervals since the state's heartbeats: past OFF_DUTY_INTERVALS
+    # 2.8 intervals since the state's heartbeats, all overdue (past OFF_DUTY_INTERVALS): those on
+    # duty and two backups write, the backups in turn, so every member overdue is one in 4 intervals
+    backups: set[int] = set()
+    for i in range(16, 20):
+        at = now + i * 5 + 1
+        for node in nodes:
+            state.last_heartbeats[node] = datetime.fromtimestamp(at - 2.8 * 5, timezone.utc)
+        on_duty = {r for r, n in enumerate(nodes) if (r - (1_000_000 + i)) % 8 < together.ON_DUTY}
+        due = {r for r, n in enumerate(nodes) if together.beat_due(state, n, interval, at)}
+        assert on_duty <= due and len(due - on_duty) <= together.ON_DUTY and len(due) > len(on_duty), (i, due)
+        backups |= due - on_duty
+        for node in nodes:  # 2 intervals: not yet overdue, only those on duty write
+            state.last_heartbeats[node] = datetime.fromtimestamp(at - 2 * 5, timezone.utc)
+        assert {r for r, n in enumerate(nodes) if together.beat_due(state, n, interval, at)} == on_duty
+    assert len(backups) >= len(nodes) - 2 * together.ON_DUTY, backups  # the turn goes round
+    late = now + 15 * 5 + 2.1 * 5  # 3.3 intervals: past LAST_RESORT_INTERVALS, each writes its own
+    for node in nodes:
+        state.last_heartbeats[node] = datetime.fromtimestamp(now + 15 * 5 - 1.2 * 5, timezone.utc)
     assert all(together.beat_due(state, n, interval, late) for n in nodes)
     # one on duty writes though its own heartbeat is fresh, once an interval, where a member's is old
     at = now + 20 * 5
@@ -317,6 +340,33 @@ def test_the_simulated_agents_actions_are_torchs_executors():
             assert vars(ours) == vars(theirs), (action, who)
 
 
+#: How much ahead of the rest of the suite the 1,024 simulated agents and their store run
+#: (``os.setpriority``; root only): on a real cluster each agent has a machine and the store a
+#: pod of its own, where here they share a slice of 2 cores with the suite's other tests.
+SIMULATION_NICE = -10
+
+
+@contextlib.contextmanager
+def as_machines_would(*pids: int):
+    """Run this thread and ``pids`` ahead of the machine's other work while the ``with`` lasts,
+    where the user may (root): starved beside the whole suite and 5 busy loops, one process's
+    1,024 agents ran their heartbeats 9 s late and dropped 85 of their own, a starvation no
+    cluster's agents share; else as they are (the failure then says how late the loop ran)."""
+    ids = [0, *pids]  # 0: this thread (Linux's nice is per thread)
+    before = {}
+    for pid in ids:
+        with contextlib.suppress(OSError):
+            prio = os.getpriority(os.PRIO_PROCESS, pid)
+            os.setpriority(os.PRIO_PROCESS, pid, SIMULATION_NICE)
+            before[pid] = prio
+    try:
+        yield
+    finally:
+        for pid, prio in before.items():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, pid, prio)
+
+
 @pytest.mark.slow
 # Not timed, so bounded for a broken run only: beside the whole suite and the torch range on 2
 # cores the first round took past the suite's 600 s once (fresh-clone run of 2026-12-06; 75 s in
@@ -394,7 +444,8 @@ def test_a_round_of_1024_simulated_agents_gives_each_a_rank_and_keeps_them_all(t
             await asyncio.sleep(0.2)
 
     try:
-        asyncio.run(story())
+        with as_machines_would(server.pid):
+            asyncio.run(story())
     finally:
         server.terminate()
         server.wait(30)

@@ -47,8 +47,11 @@ KINDS = (JOIN, LEAVE, ALIVE, REGROUP)
 #: A node writes its own heartbeat when the state's is older than this many intervals: what it
 #: said one interval ago was not taken in (torch writes at one interval) ...
 BEAT_AFTER_INTERVALS = 1.5
-#: ... or, in a complete round, this many when it is not on duty (``beat_due``).
+#: ... or, in a complete round, this many when it is not on duty (``beat_due``): then ``ON_DUTY``
+#: of the members overdue so write, in turn, as a backup of those on duty ...
 OFF_DUTY_INTERVALS = 2.5
+#: ... and every member overdue this many (the backups too were slow, or gone).
+LAST_RESORT_INTERVALS = OFF_DUTY_INTERVALS + 0.5
 #: How many members of a complete round write the state each interval, taking in what all said.
 ON_DUTY = 2
 #: How much of the heartbeat window stays past the oldest a heartbeat taken in may be.
@@ -173,15 +176,39 @@ def beat_due(state: Any, node: Any, interval: timedelta, now: float) -> bool:
     taken in: those on duty are gone or slow). So in steady state about ``ON_DUTY`` nodes try a
     write each interval, not every node at once when their heartbeats come due together (1,207
     writes tried in two intervals by 1,024 simulated nodes, 6 of them won). While a round forms
-    (no ranks yet), or for a node no member, the limit is ``BEAT_AFTER_INTERVALS``."""
+    (no ranks yet), or for a node no member, the limit is ``BEAT_AFTER_INTERVALS``.
+
+    Off duty, the members overdue come due together too (a round that took long to form, or
+    those on duty starved: 434 of 1,024 simulated nodes at once, whose writes lost to one
+    another until heartbeats expired and the round broke). So of them, ``ON_DUTY`` write, in
+    turn by rank (``_backup``): one write takes in what all said; only past
+    ``LAST_RESORT_INTERVALS`` does every member overdue write its own."""
     beat = state.last_heartbeats.get(node)
     if beat is None:
         return True
-    duty = _on_duty(state, node, interval_of(now, interval.total_seconds()))
+    this = interval_of(now, interval.total_seconds())
+    duty = _on_duty(state, node, this)
     if duty:
         return True
-    limit = BEAT_AFTER_INTERVALS if duty is None else OFF_DUTY_INTERVALS
-    return bool(beat < _time_like(beat, now) - limit * interval)
+    if duty is None:
+        return bool(beat < _time_like(beat, now) - BEAT_AFTER_INTERVALS * interval)
+    if beat >= _time_like(beat, now) - OFF_DUTY_INTERVALS * interval:
+        return False
+    return beat < _time_like(beat, now) - LAST_RESORT_INTERVALS * interval or _backup(state, node, interval, now, this)
+
+
+def _backup(state: Any, node: Any, interval: timedelta, now: float, this: int) -> bool:
+    """Whether ``node``, overdue off duty, is one of the ``ON_DUTY`` of the overdue members off
+    duty that write in interval ``this``: in turn by rank, each reading the same state picks
+    the same."""
+    limit = _time_like(state.last_heartbeats[node], now) - OFF_DUTY_INTERVALS * interval
+    beats, n = state.last_heartbeats, len(state.participants)
+    overdue = sorted(
+        rank
+        for member, rank in state.participants.items()
+        if (rank - this) % n >= ON_DUTY and beats.get(member, limit) < limit
+    )
+    return (overdue.index(state.participants[node]) - this * ON_DUTY) % len(overdue) < ON_DUTY
 
 
 def duty_write(state: Any, node: Any, interval: timedelta, now: float, last: int | None) -> int | None:
@@ -215,13 +242,13 @@ def beat_older(state: Any, node: Any, interval: timedelta, now: float) -> bool:
 
 def beats_together(settings: Any) -> bool:
     """Whether a job's heartbeats may go together: a heartbeat taken in by another's write is
-    up to ``OFF_DUTY_INTERVALS`` + 1 intervals old before this node writes its own (it looks
+    up to ``LAST_RESORT_INTERVALS`` + 1 intervals old before this node writes its own (it looks
     once an interval), so the window (interval x max_attempt) keeps ``MARGIN_S`` past that (a
     cluster's 5 s x 6: yes; the local 1 s x 3, sized to notice a lost node in 3 s: no, each
     node writes its own, as torch's do)."""
     interval: float = settings.keep_alive_interval.total_seconds()
     attempts: int = settings.keep_alive_max_attempt
-    return (attempts - OFF_DUTY_INTERVALS - 1) * interval >= MARGIN_S
+    return (attempts - LAST_RESORT_INTERVALS - 1) * interval >= MARGIN_S
 
 
 class Sayings:
