@@ -33,3 +33,36 @@ def test_records_that_are_json_but_not_records_read_as_none_or_damaged(tmp_path)
     assert listed["good"].status in ("pending", "lost"), listed["good"]
     assert listed["bad"].status == "damaged"
     assert listed["bad"].damaged == "spec.json is unreadable: spec.json holds a JSON str, not a record"
+
+
+def test_one_guardian_per_folder_a_second_exits_at_once_and_leaves_the_firsts_record(tmp_path):
+    """Every launch and resume starts a guardian (backends/local/__init__.py); where one runs
+    already (it is the one resuming its job, or a kernel's resume met it), the new one finds the
+    folder's guardian lock taken and exits without writing guardian.json, which still names the
+    first. Once the folder goes, the first ends too."""
+    import subprocess
+    import sys
+    import time
+
+    from notebook_elastic.backends.local import GUARDIAN_MODULE
+
+    folder = LocalBackend(tmp_path / "jobs").folder("guarded")
+    folder.path.mkdir(parents=True)  # no supervisor.json: "still starting", the guardian waits
+    first = subprocess.Popen([sys.executable, "-m", GUARDIAN_MODULE, str(folder.path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not folder.guardian_file.exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first guardian never said it runs"
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, "-m", GUARDIAN_MODULE, str(folder.path)], timeout=60)
+        assert second.returncode == 0
+        assert folder.read_json(folder.guardian_file)["pid"] == first.pid and folder.guardian_alive()
+        assert first.poll() is None
+        import shutil
+
+        shutil.rmtree(folder.path)  # the folder deleted: nothing left to guard
+        assert first.wait(30) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()

@@ -546,6 +546,7 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
     )
     wait_for(at_step(job, 15), "step 15", job=job, give_up_when_finished=True)
     folder = LocalBackend().folder("phoenix")
+    guardian = json.loads(folder.guardian_file.read_text())["pid"]
     os.kill(folder.supervisor()["pid"], signal.SIGKILL)  # the OOM killer, a stray kill -9
     killed_at, died_at = time.monotonic(), job.state.step
     wait_for(
@@ -564,6 +565,8 @@ def test_a_killed_supervisor_is_brought_back_by_itself_and_a_lost_job_resumes_by
         give_up_when_finished=True,
     )
     print(f"supervisor SIGKILL -> training again: {time.monotonic() - killed_at:.1f} s")
+    # The guardian that resumed it guards it still: the one its resume started found it and went.
+    assert json.loads(folder.guardian_file.read_text())["pid"] == guardian and pid_alive(guardian)
     recovering = next(e for e in job.events if e.kind == Kind.RECOVERING)
     assert "its supervisor died; resuming from the latest checkpoint (recovery 1/3)" in recovering.describe()
     resumed = restored()[0]

@@ -197,8 +197,7 @@ class LocalBackend(Backend):
             env[ENV_POOL] = warm_pool
         env[protocol.ENV_JOB_DIR] = str(folder.path)
         _detach(folder, env, SUPERVISOR_MODULE, *(["--resume"] if resume else []))
-        if not folder.guardian_alive():
-            _detach(folder, env, GUARDIAN_MODULE)
+        _detach(folder, env, GUARDIAN_MODULE)  # one per folder: where one runs, this one exits (guardian.py)
         waited = folder.wait_for_supervisor(SUPERVISOR_START_TIMEOUT_S, or_end=not resume)
         if waited == "ended":
             # Stopped while it started (the CLI, another kernel): its supervisor sees the end the

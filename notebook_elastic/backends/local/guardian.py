@@ -6,11 +6,14 @@ When the supervisor dies without having written the job's outcome (OOM-killed, a
 status.json, so every observer agrees) and resumes the job from its latest checkpoint, in the
 same folder: at most the steps since that checkpoint are lost. It exits when the job ends,
 when the job is stopped, or when its folder is deleted. It imports neither torch nor the
-packager: it costs a few MB and no CPU.
+packager: it costs a few MB and no CPU. One runs per folder: each launch and resume starts one,
+and one that finds another's lock taken (``LOCK_NAME``) exits at once (a guardian resuming its job
+starts one too).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import time
@@ -23,6 +26,8 @@ from ...jobfolder.folder import JobFolder, write_json_atomic
 from ...jobfolder.processes import process_start_ticks
 
 POLL_S = 0.5
+#: The folder's guardian lock, held while a guardian runs (the kernel lets it go with the process).
+LOCK_NAME = ".guardian.lock"
 #: Supervisor deaths a job recovers from by itself; past that it is lost (resume() by hand).
 MAX_RECOVERIES = 3
 
@@ -44,6 +49,15 @@ def guard(folder: JobFolder) -> int:
     from .. import backend_of
     from . import LocalBackend
 
+    try:
+        lock = os.open(folder.path / LOCK_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
+    except FileNotFoundError:
+        return 0  # the folder is gone: nothing to guard
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        return 0  # another guardian runs for this folder (the one that resumed it, perhaps)
     me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
     write_json_atomic(folder.guardian_file, me, mode=0o600)
     recoveries = 0
