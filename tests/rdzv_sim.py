@@ -43,7 +43,7 @@ from typing import Any
 
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
-from notebook_elastic.agent import store_link, together
+from notebook_elastic.agent import regroup, store_link, together
 from notebook_elastic.runtime import protocol
 
 _U64 = struct.Struct("<Q")
@@ -624,7 +624,7 @@ class Agent:
                 self._own()
                 together.take_alive(self.state, said, self.fleet.node_of)
                 return "open"
-            self.pause = min(max(2 * self.pause, 0.02), 0.25)
+            self.pause = min(max(2 * self.pause, 0.02), regroup.LEADER_LOOK_MAX_S)
             await asyncio.sleep(self.pause)
         else:
             wait_s = min(1.0, interval_s)  # rounds.SIGNAL_WAIT_S
@@ -745,7 +745,8 @@ class Agent:
 
     async def next_rendezvous(self) -> None:
         self._stop_heartbeats()
-        if self.state.round == 0:
+        if self.state.round == 0 and not (self.fleet.settings.together and self.joined is not None):
+            # torch's first-join jitter; ours waits it only once (rounds.RoundRules.joined_once)
             await asyncio.sleep(random.uniform(0, 0.3))
         deadline = time.monotonic() + self.settings.timeout.join.total_seconds()
         await self.run(dr._RendezvousExitOp(), deadline, regroup=True)
