@@ -450,7 +450,8 @@ class Agent:
         self.joined: tuple[int, frozenset[Any]] | None = None  # the round it last joined, its members
         self.said_regroup = -1  # the round it said it regroups from
         self.said_regroup_at = 0.0
-        self.seen = (-1, False)  # (round, complete) of the state last read or written
+        self.seen = (-1, False, 0, 0)  # together.membership of the state last read or written
+        self.changes = (-1, 0, 0.0)  # the round's change counter as last read (together.look_for_change)
         self.pause = 0.0  # the leader's pause between two reads of who regroups
 
     # the state holder (torch's _BackendRendezvousStateHolder, with our NotebookStateHolder)
@@ -473,7 +474,8 @@ class Agent:
         else:
             has_set = None
             if self.fleet.settings.cache_s > 0 and self.last_sync >= max(now - self.fleet.settings.cache_s, 0):
-                return None
+                if not await self._moved(now):
+                    return None
             got = await self.wire.get(self.key)
         if got == SENTINEL:
             self.state, self.owned, self.token = dr._RendezvousState(), True, None
@@ -481,7 +483,7 @@ class Agent:
             self.state, self.owned, self.token = self.fleet.codec.decode(got), False, got
         self.dirty = False
         self.last_sync = time.monotonic()
-        self.seen = (self.state.round, self.state.complete)
+        self.seen = together.membership(self.state)
         if (
             DEBUG
             and self.token
@@ -499,10 +501,19 @@ class Agent:
             got = await self.wire.get(self.key)
             self.state, self.owned, self.token = self.fleet.codec.decode(got), False, got
             self.last_sync = time.monotonic()
+            self.seen = together.membership(self.state)
             await self._sanitize()
         elif has_set:
             self.lost_writes = 0
         return has_set
+
+    async def _moved(self, now: float) -> bool:
+        """NotebookStateHolder._ne_look_for_change: a member of a complete round (ours) whose copy
+        is fresher than the cache reads the round's change counter every CHANGE_LOOK_S."""
+        if not (self.fleet.settings.regroup and self.seen[1]):
+            return False
+        self.changes, moved = await together_look(self.wire, self.key, self.seen[0], self.changes, now)
+        return moved
 
     async def _sanitize(self) -> None:
         if self.fleet.settings.supervised:  # NotebookStateHolder._sanitize: gone.pids reads GONE_KEY
@@ -664,8 +675,11 @@ class Agent:
         return True
 
     async def _signal(self) -> None:
-        """After a write that won: the round it opened or completed, told to whoever waits."""
+        """After a write that won: the round it opened or completed, told to whoever waits; a
+        change of a complete round's members, to its counter."""
         seen, state = self.seen, self.state
+        if together.changed_since(seen, state):
+            await self.wire.add(together.signal_key(self.key, state.round, together.CHANGED), 1)
         if state.round > seen[0]:
             await self.wire.set(together.signal_key(self.key, state.round, together.OPENED), b"1")
         if state.complete and (state.round > seen[0] or not seen[1]):
@@ -827,6 +841,8 @@ class Agent:
         monitor_s = self.fleet.settings.monitor_s
         while True:
             due = self.last_sync + self.fleet.settings.cache_s
+            if self.fleet.settings.regroup and self.seen[1]:  # and at its next look at the change counter
+                due = min(due, self.changes[2] + together.CHANGE_LOOK_S)
             wait = max(0.0, due - time.monotonic())
             await asyncio.sleep(monitor_s * (int(wait / monitor_s) + 1) if wait > 0 else monitor_s)
             async with self.lock:
@@ -864,6 +880,16 @@ class Agent:
         await self.run(dr._RendezvousExitOp(), time.monotonic() + 5)
         self.gone = True
         self.wire.close()
+
+
+async def together_look(
+    wire: Wire, key: str, round_: int, looked: tuple[int, int, float], now: float
+) -> tuple[tuple[int, int, float], bool]:
+    """together.look_for_change through this agent's connection (its add is a coroutine)."""
+    if looked[0] == round_ and now - looked[2] < together.CHANGE_LOOK_S:
+        return looked, False
+    count = await wire.add(together.signal_key(key, round_, together.CHANGED), 0)
+    return (round_, count, now), looked[0] == round_ and count != looked[1]
 
 
 def apply(action: Any, state: dr._RendezvousState, node: dr._NodeDesc, settings: dr.RendezvousSettings) -> None:

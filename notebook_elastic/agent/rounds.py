@@ -314,13 +314,16 @@ def _holder_class() -> type:
             interval_s = settings.keep_alive_interval.total_seconds()
             state_key = getattr(backend, "_key", None)  # a backend of another kind: no sayings
             self._ne_sayings = together.Sayings(state_key, None, interval_s, _call_with_deadline) if state_key else None
-            self._ne_seen = (-1, False)  # (round, complete) of the state last read or written
+            self._ne_seen = (-1, False, 0, 0)  # together.membership of the state last read or written
+            self._ne_changes = (-1, 0, 0.0)  # (round, its CHANGED counter as last read, when read)
 
         def sync(self) -> Any:
-            seen = self._ne_seen
+            seen, store = self._ne_seen, holder_store(self)
+            if self._ne_rules.regroup and self._ne_sayings is not None and store is not None:
+                self._ne_look_for_change(self._ne_sayings, store)
             has_set = super().sync()
             state = self._state
-            self._ne_seen = (state.round, state.complete)
+            self._ne_seen = together.membership(state)
             if not self._ne_rules.together or self._ne_sayings is None or has_set is None:
                 return has_set
             if has_set:
@@ -336,23 +339,44 @@ def _holder_class() -> type:
             time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(self._ne_lost, 10))))
             self._last_sync_time = -1  # the state as it is after the pause, for the next decision
             super().sync()
-            self._ne_seen = (self._state.round, self._state.complete)
+            self._ne_seen = together.membership(self._state)
             return has_set
 
-        def _ne_signal(self, seen: tuple[int, bool], state: Any) -> None:
+        def _ne_look_for_change(self, sayings: Any, store: Any) -> None:
+            """Where the copy of a complete round is fresher than torch's cache, its change counter
+            (``together.look_for_change``): where it moved, the round is read now, not up to 1 s later."""
+            round_, complete = self._ne_seen[:2]
+            now = time.monotonic()
+            if not complete or now - self._last_sync_time >= self._cache_duration:
+                return  # this sync reads the round anyway (or it forms: its own keys tell)
+            add = functools.partial(_call_with_deadline, store.add)
+            try:
+                self._ne_changes, moved = together.look_for_change(
+                    add, sayings.state_key, round_, self._ne_changes, now
+                )
+            except Exception:
+                _log.debug("the round's change counter not read: the round is read at torch's pace", exc_info=True)
+                return
+            if moved:
+                self._last_sync_time = -1  # torch's: its next sync reads the store
+
+        def _ne_signal(self, seen: tuple[int, bool, int, int], state: Any) -> None:
             """This write opened or completed a round: its key, for whoever waits for that
-            (``regroup_in_one_write``). A state of ours only: read before it was written."""
+            (``regroup_in_one_write``); or it changed a complete round's members: its counter
+            (``together.changed_since``). A state of ours only: read before it was written."""
             if seen[0] < 0 or self._ne_sayings is None:
                 return
-            keys = []
-            if state.round > seen[0]:
-                keys.append(together.signal_key(self._ne_sayings.state_key, state.round, together.OPENED))
-            if state.complete and (state.round > seen[0] or not seen[1]):
-                keys.append(together.signal_key(self._ne_sayings.state_key, state.round, together.COMPLETE))
             store: Any = holder_store(self)
-            for key in keys:
+            key = functools.partial(together.signal_key, self._ne_sayings.state_key, state.round)
+            calls: list[tuple[Any, str, Any]] = [(store.add, key(together.CHANGED), 1)]
+            calls = calls if together.changed_since(seen, state) else []
+            if state.round > seen[0]:
+                calls.append((store.set, key(together.OPENED), "1"))
+            if state.complete and (state.round > seen[0] or not seen[1]):
+                calls.append((store.set, key(together.COMPLETE), "1"))
+            for call, name, value in calls:
                 try:
-                    _call_with_deadline(store.set, key, "1")
+                    _call_with_deadline(call, name, value)
                 except Exception:
                     _log.debug("a round's key not set: who waits for it reads the state in a second", exc_info=True)
 

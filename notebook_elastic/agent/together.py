@@ -305,12 +305,48 @@ class Sayings:
 # round does); a waiting node joins R+1 itself, as torch's do (one that went away is in no round).
 
 OPENED, COMPLETE = "opened", "complete"
+#: A counter per round (``signal_key(..., CHANGED)``), added to by a write of ours that took a
+#: member out of a complete round or put a node on its wait list: a member whose copy of the
+#: round is fresher than torch's one-second cache reads the counter (a few bytes) at most every
+#: ``CHANGE_LOOK_S`` and the round itself only when it moved (``changed_since``).
+CHANGED = "changed"
+#: How often a member looks at its round's change counter between two reads of the round.
+CHANGE_LOOK_S = 0.5
 
 
 def signal_key(state_key: str, round_: int, what: str) -> str:
     """The key set once round ``round_`` was opened or completed by a write of ours: a node
     waiting for that waits on it (the store answers a WAIT when the key is set)."""
     return f"{state_key}/round/{round_}/{what}"
+
+
+def membership(state: Any) -> tuple[int, bool, int, int]:
+    """``(round, complete, members, waiting)`` of ``state``: what ``changed_since`` compares."""
+    return state.round, state.complete, len(state.participants), len(state.wait_list)
+
+
+def changed_since(before: tuple[int, bool, int, int], state: Any) -> bool:
+    """Whether a write that made ``state`` of a round read as ``before`` (``membership``) took
+    a member out of that complete round or put a node on its wait list: a change its members
+    act on (they regroup), told through the round's ``CHANGED`` counter."""
+    return bool(
+        state.complete
+        and before[0] == state.round
+        and before[1]
+        and (len(state.participants) < before[2] or len(state.wait_list) > before[3])
+    )
+
+
+def look_for_change(
+    add: Callable[[str, int], Any], state_key: str, round_: int, looked: tuple[int, int, float], now: float
+) -> tuple[tuple[int, int, float], bool]:
+    """A look at round ``round_``'s change counter, where ``looked`` (round, count, when) was the
+    last, through ``add(key, 0)`` (it reads a counter, made at 0 where there is none): the next
+    ``looked`` and whether the round moved since; no call within ``CHANGE_LOOK_S`` of the last."""
+    if looked[0] == round_ and now - looked[2] < CHANGE_LOOK_S:
+        return looked, False
+    count = int(add(signal_key(state_key, round_, CHANGED), 0))
+    return (round_, count, now), looked[0] == round_ and count != looked[1]
 
 
 def seconds_to(when: datetime, now: float) -> float:
