@@ -451,7 +451,7 @@ class Agent:
         self.said_regroup = -1  # the round it said it regroups from
         self.said_regroup_at = 0.0
         self.seen = (-1, False, 0, 0)  # together.membership of the state last read or written
-        self.changes = (-1, 0, 0.0)  # the round's change counter as last read (together.look_for_change)
+        self.changes = (-1, 0, 0.0)  # the round's change counter as last read (together.looked_at)
         self.pause = 0.0  # the leader's pause between two reads of who regroups
 
     # the state holder (torch's _BackendRendezvousStateHolder, with our NotebookStateHolder)
@@ -510,9 +510,11 @@ class Agent:
     async def _moved(self, now: float) -> bool:
         """NotebookStateHolder._ne_look_for_change: a member of a complete round (ours) whose copy
         is fresher than the cache reads the round's change counter every CHANGE_LOOK_S."""
-        if not (self.fleet.settings.regroup and self.seen[1]):
+        round_ = self.seen[0]
+        if not (self.fleet.settings.regroup and self.seen[1] and together.look_due(self.changes, round_, now)):
             return False
-        self.changes, moved = await together_look(self.wire, self.key, self.seen[0], self.changes, now)
+        count = await self.wire.add(together.signal_key(self.key, round_, together.CHANGED), 0)
+        self.changes, moved = together.looked_at(self.changes, round_, count, now)
         return moved
 
     async def _sanitize(self) -> None:
@@ -880,16 +882,6 @@ class Agent:
         await self.run(dr._RendezvousExitOp(), time.monotonic() + 5)
         self.gone = True
         self.wire.close()
-
-
-async def together_look(
-    wire: Wire, key: str, round_: int, looked: tuple[int, int, float], now: float
-) -> tuple[tuple[int, int, float], bool]:
-    """together.look_for_change through this agent's connection (its add is a coroutine)."""
-    if looked[0] == round_ and now - looked[2] < together.CHANGE_LOOK_S:
-        return looked, False
-    count = await wire.add(together.signal_key(key, round_, together.CHANGED), 0)
-    return (round_, count, now), looked[0] == round_ and count != looked[1]
 
 
 def apply(action: Any, state: dr._RendezvousState, node: dr._NodeDesc, settings: dr.RendezvousSettings) -> None:

@@ -344,19 +344,19 @@ def _holder_class() -> type:
 
         def _ne_look_for_change(self, sayings: Any, store: Any) -> None:
             """Where the copy of a complete round is fresher than torch's cache, its change counter
-            (``together.look_for_change``): where it moved, the round is read now, not up to 1 s later."""
+            (``together.look_due``): where it moved, the round is read now, not up to 1 s later."""
             round_, complete = self._ne_seen[:2]
             now = time.monotonic()
-            if not complete or now - self._last_sync_time >= self._cache_duration:
-                return  # this sync reads the round anyway (or it forms: its own keys tell)
-            add = functools.partial(_call_with_deadline, store.add)
+            fresh = complete and now - self._last_sync_time < self._cache_duration  # else read anyway
+            if not fresh or not together.look_due(self._ne_changes, round_, now):
+                return  # (a round forming: its own keys tell)
+            key = together.signal_key(sayings.state_key, round_, together.CHANGED)
             try:
-                self._ne_changes, moved = together.look_for_change(
-                    add, sayings.state_key, round_, self._ne_changes, now
-                )
+                count = int(_call_with_deadline(store.add, key, 0))
             except Exception:
                 _log.debug("the round's change counter not read: the round is read at torch's pace", exc_info=True)
                 return
+            self._ne_changes, moved = together.looked_at(self._ne_changes, round_, count, now)
             if moved:
                 self._last_sync_time = -1  # torch's: its next sync reads the store
 
@@ -368,8 +368,8 @@ def _holder_class() -> type:
                 return
             store: Any = holder_store(self)
             key = functools.partial(together.signal_key, self._ne_sayings.state_key, state.round)
-            calls: list[tuple[Any, str, Any]] = [(store.add, key(together.CHANGED), 1)]
-            calls = calls if together.changed_since(seen, state) else []
+            changed = together.changed_since(seen, state)
+            calls: list[tuple[Any, str, Any]] = [(store.add, key(together.CHANGED), 1)] if changed else []
             if state.round > seen[0]:
                 calls.append((store.set, key(together.OPENED), "1"))
             if state.complete and (state.round > seen[0] or not seen[1]):

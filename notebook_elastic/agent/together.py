@@ -190,18 +190,19 @@ def beat_due(state: Any, node: Any, interval: timedelta, now: float) -> bool:
     duty = _on_duty(state, node, this)
     if duty:
         return True
+    at = _time_like(beat, now)
     if duty is None:
-        return bool(beat < _time_like(beat, now) - BEAT_AFTER_INTERVALS * interval)
-    if beat >= _time_like(beat, now) - OFF_DUTY_INTERVALS * interval:
+        return bool(beat < at - BEAT_AFTER_INTERVALS * interval)
+    overdue = at - OFF_DUTY_INTERVALS * interval
+    if beat >= overdue:
         return False
-    return beat < _time_like(beat, now) - LAST_RESORT_INTERVALS * interval or _backup(state, node, interval, now, this)
+    return beat < at - LAST_RESORT_INTERVALS * interval or _backup(state, node, overdue, this)
 
 
-def _backup(state: Any, node: Any, interval: timedelta, now: float, this: int) -> bool:
-    """Whether ``node``, overdue off duty, is one of the ``ON_DUTY`` of the overdue members off
-    duty that write in interval ``this``: in turn by rank, each reading the same state picks
-    the same."""
-    limit = _time_like(state.last_heartbeats[node], now) - OFF_DUTY_INTERVALS * interval
+def _backup(state: Any, node: Any, limit: datetime, this: int) -> bool:
+    """Whether ``node``, overdue off duty (its heartbeat older than ``limit``), is one of the
+    ``ON_DUTY`` of the overdue members off duty that write in interval ``this``: in turn by rank,
+    each reading the same state picks the same."""
     beats, n = state.last_heartbeats, len(state.participants)
     overdue = sorted(
         rank
@@ -308,7 +309,7 @@ OPENED, COMPLETE = "opened", "complete"
 #: A counter per round (``signal_key(..., CHANGED)``), added to by a write of ours that took a
 #: member out of a complete round or put a node on its wait list: a member whose copy of the
 #: round is fresher than torch's one-second cache reads the counter (a few bytes) at most every
-#: ``CHANGE_LOOK_S`` and the round itself only when it moved (``changed_since``).
+#: ``CHANGE_LOOK_S`` (``look_due``) and the round itself only when it moved (``looked_at``).
 CHANGED = "changed"
 #: How often a member looks at its round's change counter between two reads of the round.
 CHANGE_LOOK_S = 0.5
@@ -337,15 +338,17 @@ def changed_since(before: tuple[int, bool, int, int], state: Any) -> bool:
     )
 
 
-def look_for_change(
-    add: Callable[[str, int], Any], state_key: str, round_: int, looked: tuple[int, int, float], now: float
+def look_due(looked: tuple[int, int, float], round_: int, now: float) -> bool:
+    """Whether a member looks at round ``round_``'s change counter now: ``looked`` (round, count,
+    when) was its last look; not within ``CHANGE_LOOK_S`` of it in the same round."""
+    return looked[0] != round_ or now - looked[2] >= CHANGE_LOOK_S
+
+
+def looked_at(
+    looked: tuple[int, int, float], round_: int, count: int, now: float
 ) -> tuple[tuple[int, int, float], bool]:
-    """A look at round ``round_``'s change counter, where ``looked`` (round, count, when) was the
-    last, through ``add(key, 0)`` (it reads a counter, made at 0 where there is none): the next
-    ``looked`` and whether the round moved since; no call within ``CHANGE_LOOK_S`` of the last."""
-    if looked[0] == round_ and now - looked[2] < CHANGE_LOOK_S:
-        return looked, False
-    count = int(add(signal_key(state_key, round_, CHANGED), 0))
+    """After a look that read ``count`` (``add(signal_key(..., CHANGED), 0)``: a counter, made at
+    0 where there is none): the next ``looked``, and whether the round moved since the last."""
     return (round_, count, now), looked[0] == round_ and count != looked[1]
 
 
