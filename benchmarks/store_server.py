@@ -22,6 +22,7 @@ run, each in a process of its own, as the pod runs it.
   out of descriptors (RLIMIT_NOFILE 32, 40 connections), the idle server's CPU in 3 s.
 
     python benchmarks/store_server.py [--clients 8,64] [--calls 2000] [--reps 5] [--no-hostile]
+                                      [--layout apart|shared]
 """
 
 from __future__ import annotations
@@ -156,16 +157,34 @@ def _rss_mb(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-def _limit_descriptors(n: int | None):  # noqa: ANN202
-    if n is None:
+#: Where the servers and the clients run (``--layout``): "apart", the servers on the machine's
+#: last core and the clients on the others, as a cluster runs them (the store pod on a node's
+#: core of its own, the agents on other machines); "shared", everything on every core.
+LAYOUT = {"layout": "apart"}
+
+
+def _cores(side: str) -> set[int] | None:
+    """The cores a server ("server") or the clients ("clients") run on in this layout."""
+    cores = sorted(os.sched_getaffinity(0))
+    if LAYOUT["layout"] != "apart" or len(cores) < 2:
+        return None
+    return {cores[-1]} if side == "server" else set(cores[:-1])
+
+
+def _preexec(descriptors: int | None = None, side: str = "server"):  # noqa: ANN202
+    cores = _cores(side)
+    if descriptors is None and cores is None:
         return None
 
-    def limit() -> None:
+    def prepare() -> None:
         import resource
 
-        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+        if descriptors is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
 
-    return limit
+    return prepare
 
 
 def start_ours(tmp: Path, descriptors: int | None = None) -> tuple[subprocess.Popen, int, float]:
@@ -180,7 +199,7 @@ def start_ours(tmp: Path, descriptors: int | None = None) -> tuple[subprocess.Po
         env={"PYTHONPATH": str(archive), "PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_limit_descriptors(descriptors),
+        preexec_fn=_preexec(descriptors),
     )
     line = proc.stdout.readline()  # type: ignore[union-attr]
     started = time.monotonic() - t0
@@ -194,7 +213,7 @@ def start_torchs(descriptors: int | None = None) -> tuple[subprocess.Popen, int,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_limit_descriptors(descriptors),
+        preexec_fn=_preexec(descriptors),
     )
     port = int(proc.stdout.readline())  # type: ignore[union-attr]
     return proc, port, time.monotonic() - t0
@@ -211,6 +230,7 @@ def load(servers: list[tuple[int, int]], clients: int, calls: int, mix: str, rou
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=_preexec(side="clients"),
     )
     out: list[list[dict]] = [[] for _ in servers]
     try:
@@ -219,13 +239,21 @@ def load(servers: list[tuple[int, int]], clients: int, calls: int, mix: str, rou
         sides = [i for r in range(rounds) for i in (ahead if r % 2 == 0 else ahead[::-1])]  # A B, B A, A B...
         for side in sides:
             server = psutil.Process(servers[side][1])
-            cpu0 = sum(server.cpu_times()[:2])
+            user0, sys0 = server.cpu_times()[:2]
             fleet.stdin.write(f"{side}\n")  # type: ignore[union-attr]
             fleet.stdin.flush()  # type: ignore[union-attr]
             result = json.loads(fleet.stdout.readline())  # type: ignore[union-attr]
-            cpu = sum(server.cpu_times()[:2]) - cpu0
+            user, system = (after - before for after, before in zip(server.cpu_times()[:2], (user0, sys0)))
             walls = result["walls"]
-            out[side].append({"rate": len(walls) / result["wall"], "walls": walls, "cpu_per_call": cpu / len(walls)})
+            out[side].append(
+                {
+                    "rate": len(walls) / result["wall"],
+                    "walls": walls,
+                    "cpu_per_call": (user + system) / len(walls),
+                    "user_per_call": user / len(walls),  # the server's own code (Python, or torch's C++)
+                    "system_per_call": system / len(walls),  # the kernel's, on its behalf
+                }
+            )
         fleet.stdin.write("q\n")  # type: ignore[union-attr]
         fleet.stdin.flush()  # type: ignore[union-attr]
         fleet.wait(timeout=60)
@@ -355,7 +383,7 @@ def hostile(tmp: Path) -> dict[str, dict]:
 
 
 MIXES = ("get_state", "agent")
-FIGURES = ("rate", "p99", "cpu_per_call")
+FIGURES = ("rate", "p99", "cpu_per_call", "user_per_call", "system_per_call")
 
 
 def _figure(result: dict, what: str) -> float:
@@ -394,7 +422,7 @@ def serve_and_load(servers: dict, clients: list[int], calls: int, rounds: int) -
 def _load_row(metric: str) -> bool:
     """A row of the loads (redone every run), not of the hostile cases."""
     return metric.startswith(("start to serving", "resident memory", "get_state latency", "ours / what")) or (
-        " clients, " in metric or metric.startswith(("  each run's", "  each pair's"))
+        " clients, " in metric or metric.startswith(("  each run's", "  each pair's", "  of which"))
     )
 
 
@@ -406,7 +434,15 @@ def main() -> None:
         "--reps", type=int, default=5, help="rounds of each load on each server, in turns; medians reported"
     )
     parser.add_argument("--no-hostile", dest="hostile", action="store_false", help="skip the hostile-client cases")
+    parser.add_argument(
+        "--layout",
+        choices=("apart", "shared"),
+        default="apart",
+        help="apart: the servers on the last core, the clients on the others (as on a cluster); shared: all on all",
+    )
     args = parser.parse_args()
+    LAYOUT["layout"] = args.layout
+    name = "store_server" if args.layout == "apart" else "store_server_shared"
     clients = [int(n) for n in args.clients.split(",")]
     need = NODES * AGENT_CALLS_PER_S
     with tempfile.TemporaryDirectory() as tmp:
@@ -460,12 +496,27 @@ def main() -> None:
                 ),
                 row(f"{n} clients, {mix}: server CPU per call, torch's", t["cpu_per_call"] * 1e6, "us", digits=1),
                 row(f"{n} clients, {mix}: server CPU per call, ours", o["cpu_per_call"] * 1e6, "us", digits=1),
+                row(
+                    "  of which its own code / the kernel's, torch's",
+                    f"{t['user_per_call'] * 1e6:.1f} / {t['system_per_call'] * 1e6:.1f}",
+                    "us",
+                ),
+                row(
+                    "  of which its own code / the kernel's, ours",
+                    f"{o['user_per_call'] * 1e6:.1f} / {o['system_per_call'] * 1e6:.1f}",
+                    "us",
+                ),
+                row(
+                    f"{n} clients, {mix}: one core's worth of calls a second (1 / CPU per call), ours / torch's",
+                    t["cpu_per_call"] / o["cpu_per_call"],
+                    "x",
+                ),
             ]
     best = max(median([r["rate"] for r in ours[(n, "agent")]]) for n in clients)
     rows.append(row(f"ours / what {NODES} agents ask ({need} calls a second)", best / need, "x", ">= 1", best >= need))
     hostile_from = ""
     if bad is None:  # --no-hostile: the hostile cases' rows of the last run that had them stay
-        last = RESULTS / "store_server.json"
+        last = RESULTS / f"{name}.json"
         if last.exists():
             earlier = json.loads(last.read_text())
             seen = {r["metric"] for r in rows}
@@ -499,11 +550,18 @@ def main() -> None:
             row("out of descriptors: ours rests", b_ours["descriptors"], "s", "< 0.1", b_ours["descriptors"] < 0.1)
         )
     report(
-        "store_server",
+        name,
         rows,
         notes=(
-            f"{os.cpu_count()} cores, shared; each server in its own process, clients in N processes on the same "
-            f"machine (they share its cores with the server); {args.calls} calls per client a round, {args.reps} "
+            f"{os.cpu_count()} cores, shared with other work; each server in its own process, clients in N processes "
+            "on the same machine; "
+            + (
+                "layout apart: both servers on the last core, the clients on the others, as a cluster runs them "
+                "(the store pod on a core of its own, the agents elsewhere); "
+                if _cores("server")
+                else "layout shared: the clients share every core with the server; "
+            )
+            + f"{args.calls} calls per client a round, {args.reps} "
             "rounds of each load on each server: both servers up at once, one fleet of clients connected to both "
             "serving them in turns (A B, B A, ...); medians of the rounds; a ratio is the median of each pair's."
             + (f" The hostile clients' rows are from the run of {hostile_from}." if hostile_from else "")

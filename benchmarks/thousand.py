@@ -126,8 +126,14 @@ async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, 
         out["distinct_ranks"] = sorted(a.marks.rank[0] for a in fleet.agents) == list(range(n))
         await asyncio.sleep(3)  # past the round's own reads
         before, c0, m0, t0 = fleet.counts.copy(), _cpu(store_pid), _cpu(me), time.monotonic()
-        await asyncio.sleep(window_s)
+        loads = []  # the store's load each minute (or each window, if shorter)
+        while (left := window_s - (time.monotonic() - t0)) > 0.5:
+            c1, t1 = _cpu(store_pid), time.monotonic()
+            await asyncio.sleep(min(60.0, left))
+            loads.append((_cpu(store_pid) - c1) / (time.monotonic() - t1))
         d, elapsed = fleet.counts.minus(before), time.monotonic() - t0
+        out["steady_window_s"] = elapsed
+        out["steady_store_load_worst_minute"] = max(loads, default=None)
         out["steady_calls_per_s"] = sum(d.calls.values()) / elapsed
         out["steady_commands_per_s"] = sum(d.commands.values()) / elapsed
         out["steady_mb_per_s"] = (d.sent + d.received) / elapsed / 1e6
@@ -544,7 +550,13 @@ def main() -> None:
         if key in data:
             rows += make(data[key])
     rows += goal_rows(data, max(n for r in data.values() for n in _sizes(r)))
-    report("thousand", rows, notes=f"machine: {args.machine}; steady window {window:g} s")
+    windows = [
+        f"{r['nodes']} nodes {r['mode']} agents {r['store']} store {r['steady_window_s']:.0f} s"
+        for r in data.get("rendezvous", [])
+        if r.get("steady_window_s")
+    ]
+    said = f"; those measured before windows were recorded: {args.window:g} s" if windows else ""
+    report("thousand", rows, notes=f"machine: {args.machine}; steady windows: {', '.join(windows) or window}{said}")
     saved = json.loads(path.read_text())
     saved["machine"]["name"] = args.machine
     saved.update(data)
