@@ -112,10 +112,15 @@ def test_survivors_keep_their_processes_and_step_across_loss_scale_down_and_scal
     assert (down["reason"], down["world_size"], down["redone"]) == ("left", 1, 0), down
 
     wait_for(training_at(job, 1, down["step"] + 5), "one node training", job=job, give_up_when_finished=True)
+    scaled_at = time.time()
     job.scale(3)  # two new nodes take the live values from the survivor
     wait_for(lambda: len(changes(job)) >= 3, "in place after the scale-up", job=job, give_up_when_finished=True)
     up = changes(job)[-1]
     assert (up["reason"], up["world_size"], up["redone"], up["kept"], up["joined"]) == ("joined", 3, 0, 1, 2), up
+    # One of them was the warm spare, an agent up and waiting since the job could grow (forked
+    # by the warm pool like any agent; old code kept none with the pool): no process start.
+    joined = [e for e in job.events if e.kind == Kind.NODE_JOINED and e.time >= scaled_at]
+    assert [bool(e.get("warm")) for e in joined].count(True) == 1, [e.data for e in joined]
     assert up["source"] >= 0  # the values went from a live rank to the new ones
     assert job.wait(300) == "succeeded", job.summary()
 

@@ -382,6 +382,30 @@ def test_a_node_that_regroups_from_the_first_round_does_not_wait_torchs_first_jo
         handler._stop_heartbeats()
 
 
+def test_a_node_that_joins_a_job_that_trains_does_not_wait_torchs_first_join_jitter(store, monkeypatch):
+    """torch's jitter is waited while the state it holds is round 0, and a fresh process holds
+    round 0 until it reads the store: every joiner of a job that trains (a scale-up, a
+    replacement; the agent's ``NOTEBOOK_ELASTIC_JOINER``) waited 0 to 0.3 s, alone in its join
+    (old code: 0.15 s on average of a scale-up's 0.7 s, #41). A job's first joins still spread."""
+    waits: list = []
+
+    def torchs_delay(seconds):  # stands for torch's own, recording what it was asked to wait
+        waits.append(seconds)
+
+    monkeypatch.setattr(dr, "_delay", torchs_delay)
+    rules = rounds.RoundRules()
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1)
+    rules.spread_first_join = False  # agent/run.py: a joiner
+    store.set(protocol.TARGET_KEY, "1")
+    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
+    handler = handler_on(client, "joiner-jitter", nodes=(1, 2), rules=rules).torch_handler
+    try:
+        assert handler.next_rendezvous().world_size == 1
+        assert not [w for w in waits if isinstance(w, tuple)], waits
+    finally:
+        handler._stop_heartbeats()
+
+
 def test_a_round_closes_once_it_holds_the_jobs_target_not_last_call_later(store, monkeypatch):
     """torch closes a round of 1:3 nodes last_call after it reached 1 (here 600 s): with the
     job's target of 2 in the store, it closes as soon as the second node joins (old code:

@@ -476,6 +476,8 @@ def main(argv: list[str] | None = None) -> None:
     warm = _start_zygote()
     if args[:1] == ["--standby"]:
         args = _standby()
+    # Known once a spare is told who it is: a node that joins a job that trains.
+    _rules.spread_first_join = os.environ.get(protocol.ENV_JOINER) != "1"
     if warm and args and args[-1].endswith(".py") and not {"-m", "--module", "--no-python", "--no_python"} & set(args):
         # Workers start as `python -u -m notebook_elastic.pool.warm SCRIPT`: forked by the zygote.
         args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
