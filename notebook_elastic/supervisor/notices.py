@@ -24,7 +24,8 @@ from ..runtime import protocol
 
 _log = _logging.get("supervisor.notices")
 
-#: Beyond the last save's time and a step, the slack a grace needs (rank 0 polls every 0.1 s).
+#: Beyond the last save's time and a step, the slack a grace needs (rank 0 looks for a notice
+#: every ``runtime/notice.py POLL_S``).
 GRACE_SLACK_S = 1.0
 
 

@@ -75,6 +75,8 @@ from .tensorboard import available as tensorboard_available
 from .trackers import TRACKER_CLASSES, Tracker, requested
 
 _log = log.get("supervisor")
+#: Put in the requests to turn the loop now (an event it acts on came): no command, no reply.
+WAKE: tuple[dict[str, Any], queue.SimpleQueue[dict[str, Any]]] = ({}, queue.SimpleQueue())
 
 
 class Supervisor:
@@ -193,6 +195,8 @@ class Supervisor:
         """Called by the sink thread for every event: track where each rank's process is."""
         self._watch_joiners(e)
         self.notices.observe(e)
+        if e.kind == Kind.SAVED_ON_NOTICE:
+            self.requests.put(WAKE)  # the node goes at once, not at the loop's next turn (up to 0.05 s)
         # TensorBoard files, like workers' lines, only above the free-space floor (room for the outcome).
         if self.tensorboard is not None and e.kind in (Kind.METRIC, Kind.GPU) and self.nodes.output_allowed():
             self.tensorboard.observe(e, self.state)
@@ -363,10 +367,11 @@ class Supervisor:
         while True:
             try:
                 request, reply = self.requests.get(timeout=0.05)
-                try:
-                    reply.put({"ok": True, "result": self.commands.handle(request)})
-                except Exception as exc:
-                    reply.put({"ok": False, "error": str(exc)})
+                if request is not WAKE[0]:
+                    try:
+                        reply.put({"ok": True, "result": self.commands.handle(request)})
+                    except Exception as exc:
+                        reply.put({"ok": False, "error": str(exc)})
             except queue.Empty:
                 pass
             while not self.evictions.empty():
