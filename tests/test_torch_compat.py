@@ -354,22 +354,25 @@ def test_the_store_leaves_its_callers_socket_open_when_it_goes():
     sock.close()
 
 
+def _jitter_handler(store, monkeypatch, name: str, joiner: bool):
+    """torch's handler under our rules on a job whose target is 1 node, and the waits it asks
+    torch's ``_delay`` for (recorded by a stand-in for torch's own: nothing is waited)."""
+    waits: list = []
+    monkeypatch.setattr(dr, "_delay", waits.append)
+    rules = rounds.RoundRules()
+    assert rounds.close_rounds_at_target(rules, poll_s=0.1)
+    rules.spread_first_join = not joiner  # as agent/run.py sets it
+    store.set(protocol.TARGET_KEY, "1")
+    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
+    return handler_on(client, name, nodes=(1, 2), rules=rules).torch_handler, waits
+
+
 def test_a_node_that_regroups_from_the_first_round_does_not_wait_torchs_first_join_jitter(store, monkeypatch):
     """torch spreads a job's first joins over up to 0.3 s (``_delay((0, 0.3))`` in its
     next_rendezvous while the state's round is 0). A node that was in round 0 and regroups (in
     place, after a loss: the first change of every job) is no first join: our rounds skip it
     (old code: waited it again, 0.15 s on average of a change in place's 0.2 to 0.5 s)."""
-    waits: list = []
-
-    def torchs_delay(seconds):  # stands for torch's own, recording what it was asked to wait
-        waits.append(seconds)
-
-    monkeypatch.setattr(dr, "_delay", torchs_delay)
-    rules = rounds.RoundRules()
-    assert rounds.close_rounds_at_target(rules, poll_s=0.1)
-    store.set(protocol.TARGET_KEY, "1")
-    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
-    handler = handler_on(client, "jitter", nodes=(1, 2), rules=rules).torch_handler
+    handler, waits = _jitter_handler(store, monkeypatch, "jitter", joiner=False)
     try:
         assert handler.next_rendezvous().world_size == 1
         assert [w for w in waits if isinstance(w, tuple)] == [(0, 0.3)], waits  # the first join: torch's jitter
@@ -387,18 +390,7 @@ def test_a_node_that_joins_a_job_that_trains_does_not_wait_torchs_first_join_jit
     round 0 until it reads the store: every joiner of a job that trains (a scale-up, a
     replacement; the agent's ``NOTEBOOK_ELASTIC_JOINER``) waited 0 to 0.3 s, alone in its join
     (old code: 0.15 s on average of a scale-up's 0.7 s, #41). A job's first joins still spread."""
-    waits: list = []
-
-    def torchs_delay(seconds):  # stands for torch's own, recording what it was asked to wait
-        waits.append(seconds)
-
-    monkeypatch.setattr(dr, "_delay", torchs_delay)
-    rules = rounds.RoundRules()
-    assert rounds.close_rounds_at_target(rules, poll_s=0.1)
-    rules.spread_first_join = False  # agent/run.py: a joiner
-    store.set(protocol.TARGET_KEY, "1")
-    client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
-    handler = handler_on(client, "joiner-jitter", nodes=(1, 2), rules=rules).torch_handler
+    handler, waits = _jitter_handler(store, monkeypatch, "joiner-jitter", joiner=True)
     try:
         assert handler.next_rendezvous().world_size == 1
         assert not [w for w in waits if isinstance(w, tuple)], waits

@@ -61,8 +61,7 @@ def leave_instead_of_closing(
       scaled-down node closed the round under the survivors and the job failed. A signal is
       known by the ``SignalException`` under way, or by ``told_to_stop()`` (the agent's word,
       whatever its run then ended with: torchrun closes the round after any end but a signal's);
-    - always, with ``always``: a joiner that spends its budget failing to join must not end
-      the job it joins.
+    - always, with ``always``: a joiner that spends its budget failing to join must not end the job.
     Set in ``hooks`` (the agent's). Idempotent (``always`` once set stays)."""
     hooks.leave_always = hooks.leave_always or always
     if told_to_stop is not None:
@@ -93,9 +92,7 @@ class RoundRules:
         self.together = False  # nodes join, leave and beat together (together.py); lost writes back off
         self.regroup = False  # a change of members in one write (together.open_next_round)
         self.joined_once = False  # it was in a round: torch's first-join jitter is not waited again
-        # torch spreads a job's first joins over up to 0.3 s, lest they all write at once; a node
-        # joining a job that trains (a scale-up, a replacement) is not one of them: not spread.
-        self.spread_first_join = True
+        self.spread_first_join = True  # False: a node that joins a job that trains waits no jitter
 
 
 def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bool:
@@ -115,10 +112,9 @@ def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bo
         def wrap(delay: Callable[[Any], Any]) -> Callable[[Any], Any]:
             def _delay(seconds: Any) -> Any:
                 if isinstance(seconds, tuple) and (rules.joined_once or not rules.spread_first_join):
-                    # torch spreads a job's first joins over up to 0.3 s (its only call with a
-                    # range): a node that regroups from round 0 (in place, after a loss) is no
-                    # first join, and paid it again (0.15 s on average, every job's first change);
-                    # nor is a node that joins a job that trains (0.15 s of a scale-up's 0.7 s).
+                    # torch spreads a job's first joins over up to 0.3 s (its only call with a range);
+                    # a node regrouping from round 0 (0.15 s of every job's first change) or joining a
+                    # job that trains (alone in its join: 0.15 s of a scale-up) is no first join.
                     return None
                 wait = rules.poll_s if seconds == 1 and rules.poll_s else seconds
                 return delay(wait)
