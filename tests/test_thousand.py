@@ -218,6 +218,23 @@ def test_a_node_leaving_takes_the_others_leaving_with_it(rules):
     assert not together.beats_together(local)  # the local 1 s x 3: each node writes its own
 
 
+@pytest.mark.torch_contract
+def test_a_join_taken_into_a_round_with_no_heartbeat_yet_gets_this_torchs_kind_of_time():
+    """torch 2.4 keeps the rendezvous's times naive (``datetime.utcnow()``), later ones aware
+    (UTC). A join taken in by a write of ours into a round with no heartbeat yet (the first
+    round, or one every member left) got an aware time whatever the torch, and torch 2.4's own
+    keep-alive then failed comparing it with its naive now (TypeError: the 128-agent simulation
+    on torch 2.4.1 stopped there)."""
+    settings = dr.RendezvousSettings("r", 1, 2, dr.RendezvousTimeout(), timedelta(seconds=5), 6)
+    state = dr._RendezvousState()
+    node = dr._NodeDesc("127.0.0.1", 1, 0)
+    now = time.time()
+    said = [together.Said(together.JOIN, 0, ("127.0.0.1", 1, 0), now)]
+    assert together.take_joins(state, said, settings, lambda n: dr._NodeDesc(*n), now) == 1
+    assert (state.last_heartbeats[node].tzinfo is not None) == together.torch_times_aware()
+    assert dr._should_keep_alive(dr._RendezvousContext(node, state, settings)) is False  # torch's own comparison
+
+
 def test_in_a_complete_round_two_members_on_duty_write_the_heartbeats_in_turn():
     """#40: in steady state 1,024 simulated nodes' heartbeats came due together and each tried
     a write of the 130 kB round (1,207 tries in two intervals, 6 won). Now, in a complete round,

@@ -90,10 +90,21 @@ def parse(data: bytes) -> list[Said]:
     return out
 
 
+def torch_times_aware() -> bool:
+    """Whether this torch's rendezvous keeps its times aware (UTC, torch >= 2.5) or naive UTC
+    (torch 2.4's ``datetime.utcnow()``): what a state with no time in it yet takes."""
+    import torch
+
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
 def _time_like(example: datetime | None, when: float) -> datetime:
-    """``when`` as the state's own times are: aware (torch >= 2.5) or naive UTC (2.4)."""
+    """``when`` as the state's own times are, or, in a state with none yet, as this torch's are
+    (an aware one in an empty round on torch 2.4 broke its keep-alive's comparison)."""
     aware = datetime.fromtimestamp(when, timezone.utc)
-    return aware if example is None or example.tzinfo is not None else aware.replace(tzinfo=None)
+    keep = example.tzinfo is not None if example is not None else torch_times_aware()
+    return aware if keep else aware.replace(tzinfo=None)
 
 
 def _example(state: Any) -> datetime | None:
