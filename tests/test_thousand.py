@@ -231,7 +231,7 @@ def test_a_join_taken_into_a_round_with_no_heartbeat_yet_gets_this_torchs_kind_o
     now = time.time()
     said = [together.Said(together.JOIN, 0, ("127.0.0.1", 1, 0), now)]
     assert together.take_joins(state, said, settings, lambda n: dr._NodeDesc(*n), now) == 1
-    assert (state.last_heartbeats[node].tzinfo is not None) == together.torch_times_aware()
+    assert (state.last_heartbeats[node].tzinfo is not None) == torch_adapter.rendezvous_times_aware()
     assert dr._should_keep_alive(dr._RendezvousContext(node, state, settings)) is False  # torch's own comparison
 
 

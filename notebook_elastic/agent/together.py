@@ -41,6 +41,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..runtime.protocol import announced_key
+from .torch_adapter import rendezvous_times_aware
 
 JOIN, LEAVE, ALIVE, REGROUP = "join", "leave", "alive", "regroup"
 KINDS = (JOIN, LEAVE, ALIVE, REGROUP)
@@ -90,20 +91,11 @@ def parse(data: bytes) -> list[Said]:
     return out
 
 
-def torch_times_aware() -> bool:
-    """Whether this torch's rendezvous keeps its times aware (UTC, torch >= 2.5) or naive UTC
-    (torch 2.4's ``datetime.utcnow()``): what a state with no time in it yet takes."""
-    import torch
-
-    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
-    return (major, minor) >= (2, 5)
-
-
 def _time_like(example: datetime | None, when: float) -> datetime:
     """``when`` as the state's own times are, or, in a state with none yet, as this torch's are
     (an aware one in an empty round on torch 2.4 broke its keep-alive's comparison)."""
     aware = datetime.fromtimestamp(when, timezone.utc)
-    keep = example.tzinfo is not None if example is not None else torch_times_aware()
+    keep = example.tzinfo is not None if example is not None else rendezvous_times_aware()
     return aware if keep else aware.replace(tzinfo=None)
 
 

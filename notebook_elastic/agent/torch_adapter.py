@@ -69,6 +69,12 @@ def libuv_store_takes_listen_fd(version: tuple[int, int] | None = None) -> bool:
     return (version or torch_version()) >= (2, 7)
 
 
+def rendezvous_times_aware(version: tuple[int, int] | None = None) -> bool:
+    """Whether torch's c10d rendezvous keeps its times aware (UTC, torch >= 2.5) or naive UTC
+    (torch 2.4's ``datetime.utcnow()``): what a time we write into a state with none yet takes."""
+    return (version or torch_version()) >= (2, 5)
+
+
 def tcp_store_server(sock: socket.socket, timeout_s: float) -> Any:
     """A multi-tenant c10d TCPStore server on `sock` (bound and listening already, so
     clients may connect while torch imports). Where the libuv server cannot take the socket,
