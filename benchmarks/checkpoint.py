@@ -38,8 +38,8 @@ import torch  # noqa: E402
 from _common import report, row  # noqa: E402
 
 import notebook_elastic.runtime as runtime  # noqa: E402
+from notebook_elastic.contract import protocol  # noqa: E402
 from notebook_elastic.contract.job_state import SavingClock  # noqa: E402
-from notebook_elastic.runtime import protocol  # noqa: E402
 
 TARGET = 0.10
 

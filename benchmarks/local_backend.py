@@ -35,6 +35,7 @@ import notebook_elastic as ne  # noqa: E402
 import notebook_elastic.kernel.launcher as launcher  # noqa: E402
 import notebook_elastic.runtime as runtime  # noqa: E402
 from notebook_elastic import pool  # noqa: E402
+from notebook_elastic.contract import protocol  # noqa: E402
 from notebook_elastic.contract.event_types import Kind  # noqa: E402
 
 TRAIN = """
@@ -294,9 +295,9 @@ def checkpoint_overhead(rows: list[dict], workdir: str) -> None:
         for _ in range(3):
             step()
         _, base = timed(None)
-        os.environ[runtime.protocol.ENV_CHECKPOINT_DIR] = os.path.join(workdir, "ck-sync")
+        os.environ[protocol.ENV_CHECKPOINT_DIR] = os.path.join(workdir, "ck-sync")
         sync_block, sync_wall = timed(State_(model, opt, async_commit=False))
-        os.environ[runtime.protocol.ENV_CHECKPOINT_DIR] = os.path.join(workdir, "ck-async")
+        os.environ[protocol.ENV_CHECKPOINT_DIR] = os.path.join(workdir, "ck-async")
         async_block, async_wall = timed(State_(model, opt, async_commit=True))
     size = max(p.stat().st_size for p in __import__("pathlib").Path(workdir, "ck-async").glob("ckpt-*"))
     rows.append(row(f"training step, {params / 1e6:.1f}M-param MLP + Adam, no checkpoint", base * 1000, "ms"))
@@ -389,11 +390,11 @@ def run() -> None:
     for n in range(runs):
         plain.append(first_step_torchrun(script, ["--standalone", "--nproc-per-node", "2"], workdir))
         ours.append(first_step_ours("1", 2, f"bench-first-{n}"))
-        os.environ[runtime.protocol.ENV_POOL_ON] = "0"
+        os.environ[protocol.ENV_POOL_ON] = "0"
         try:
             no_pool.append(first_step_ours("1", 2, f"bench-nopool-{n}"))
         finally:
-            os.environ.pop(runtime.protocol.ENV_POOL_ON)
+            os.environ.pop(protocol.ENV_POOL_ON)
     rows.append(row("first step: torchrun --standalone, 2 procs", median(plain), "s"))
     rows.append(
         row(

@@ -189,7 +189,7 @@ def _preexec(descriptors: int | None = None, side: str = "server"):  # noqa: ANN
 
 def start_ours(tmp: Path, descriptors: int | None = None) -> tuple[subprocess.Popen, int, float]:
     from notebook_elastic.backends.kubernetes.code import runtime_zip
-    from notebook_elastic.runtime.protocol import EVENT_PREFIX
+    from notebook_elastic.contract.protocol import EVENT_PREFIX
 
     archive = tmp / "runtime.zip"
     archive.write_bytes(runtime_zip())

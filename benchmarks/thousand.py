@@ -62,7 +62,7 @@ def start_store(which: str, tmp: Path) -> tuple[subprocess.Popen, int]:
     """Our store as the pod runs it (the standard library, from the runtime zip), or torch's."""
     if which == "ours":
         from notebook_elastic.backends.kubernetes.code import runtime_zip
-        from notebook_elastic.runtime.protocol import EVENT_PREFIX
+        from notebook_elastic.contract.protocol import EVENT_PREFIX
 
         archive = tmp / "runtime.zip"
         archive.write_bytes(runtime_zip())
@@ -263,8 +263,8 @@ def _lines(n: int, steady_s: float, t0: float) -> dict[str, list[tuple[str, str]
     as runtime/gpu.py samples them, a line of output a node every 5 s), a node lost and the regroup without it.
     The agent's rendezvous line as agent/run.py writes it (its members: ``rendezvous_members``)."""
     from notebook_elastic.agent.run import rendezvous_members
+    from notebook_elastic.contract.protocol import EVENT_PREFIX
     from notebook_elastic.runtime.gpu import interval_s
-    from notebook_elastic.runtime.protocol import EVENT_PREFIX
 
     def say(kind: str, t: float, node: str, **fields: Any) -> str:
         return EVENT_PREFIX + json.dumps({"kind": kind, "t": t, "node": node, **fields}, separators=(",", ":"))

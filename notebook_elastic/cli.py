@@ -228,7 +228,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from .backends.local import LocalBackend
-    from .runtime.protocol import EVENT_PREFIX
+    from .contract.protocol import EVENT_PREFIX
 
     backend = _backend(args)
     if args.backend == "kubernetes" or not isinstance(backend, LocalBackend):  # Slurm's is one too
@@ -430,7 +430,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
     import signal
 
     from . import pool
-    from .runtime.protocol import ENV_POOL
+    from .contract.protocol import ENV_POOL
 
     name = os.environ.get(ENV_POOL) or pool.pool_name()
     pid = pool.ping(name)

@@ -410,7 +410,7 @@ def warm_pool(tmp_path_factory):
     JupyterLab the tests start inherits its name; the processes it forks are named in their job
     folders (``runtime/owned.py``), so the leftover check sees them as it sees cold ones."""
     from notebook_elastic import pool
-    from notebook_elastic.runtime import protocol
+    from notebook_elastic.contract import protocol
 
     if not pool.enabled():
         yield None
@@ -466,7 +466,7 @@ def ckpt(tmp_path, monkeypatch):
     """A checkpoint folder for State used in this process, as rank 0 of a one-rank world that
     saves at every commit: these tests are about what each commit writes, not about how often
     State chooses to save (that has its own tests)."""
-    from notebook_elastic.runtime import protocol
+    from notebook_elastic.contract import protocol
 
     folder = tmp_path / "ckpt"
     monkeypatch.setenv(protocol.ENV_CHECKPOINT_DIR, str(folder))

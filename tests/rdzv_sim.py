@@ -44,7 +44,7 @@ from typing import Any
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
 from notebook_elastic.agent import regroup, store_link, together
-from notebook_elastic.runtime import protocol
+from notebook_elastic.contract import protocol
 
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")

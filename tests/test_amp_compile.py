@@ -11,7 +11,8 @@ from contextlib import redirect_stdout
 import pytest
 import torch
 
-from notebook_elastic.runtime import State, protocol
+from notebook_elastic.contract import protocol
+from notebook_elastic.runtime import State
 from notebook_elastic.runtime import state as state_module
 
 

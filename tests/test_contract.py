@@ -246,10 +246,10 @@ NOT_CROSS_PROCESS = {
 
 def test_every_cross_process_name_is_defined_in_the_protocol_module():
     """Every environment name (``NOTEBOOK_ELASTIC_...``) and every store key of ours
-    (``notebook_elastic/...``) the package spells is spelled in runtime/protocol.py alone, once
+    (``notebook_elastic/...``) the package spells is spelled in contract/protocol.py alone, once
     (#38 item 5: store keys and environment names lived in agent/, runtime/ and backends/ too)."""
     package = REPO / "notebook_elastic"
-    protocol = package / "runtime" / "protocol.py"
+    protocol = package / "contract" / "protocol.py"
     elsewhere, spelled = [], []
     for path in sorted(package.rglob("*.py")):
         if "labextension" in path.parts:
@@ -274,6 +274,6 @@ def test_every_cross_process_name_is_defined_in_the_protocol_module():
                 spelled.append(text)
             elif (str(path.relative_to(package)), text) not in NOT_CROSS_PROCESS:
                 elsewhere.append(f"{path.relative_to(REPO)}:{node.lineno}: {text!r}")
-    assert not elsewhere, "cross-process names spelled outside runtime/protocol.py:\n" + "\n".join(elsewhere)
+    assert not elsewhere, "cross-process names spelled outside contract/protocol.py:\n" + "\n".join(elsewhere)
     twice = sorted({name for name in spelled if spelled.count(name) > 1})
-    assert not twice, f"spelled more than once in runtime/protocol.py: {twice}"
+    assert not twice, f"spelled more than once in contract/protocol.py: {twice}"

@@ -18,7 +18,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from notebook_elastic.runtime import group, protocol
+from notebook_elastic.contract import protocol
+from notebook_elastic.runtime import group
 
 pytestmark = [pytest.mark.quick, pytest.mark.torch_contract]
 

@@ -18,8 +18,8 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from notebook_elastic.agent import joiner, torch_adapter
-from notebook_elastic.runtime import protocol
-from notebook_elastic.runtime.protocol import EVENT_PREFIX
+from notebook_elastic.contract import protocol
+from notebook_elastic.contract.protocol import EVENT_PREFIX
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract

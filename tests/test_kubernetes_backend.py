@@ -20,8 +20,8 @@ import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.kubernetes import KubernetesBackend
 from notebook_elastic.backends.kubernetes import manifests as m
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import Kind
-from notebook_elastic.runtime import protocol
 
 pytestmark = pytest.mark.slow
 

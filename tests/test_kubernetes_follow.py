@@ -149,8 +149,8 @@ def test_a_job_failed_for_good_says_the_workers_sentence_or_at_least_why_it_was_
     from types import SimpleNamespace
 
     from notebook_elastic.backends.kubernetes.follow import ClusterFollower
+    from notebook_elastic.contract import protocol
     from notebook_elastic.contract.events import Event
-    from notebook_elastic.runtime import protocol
 
     def finished(code: int) -> Event:
         message = (

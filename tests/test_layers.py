@@ -1,9 +1,9 @@
 """The import graph is the layering (every import, lazy ones included), folders by process:
-runtime (with the event vocabulary, contract/event_types.py) <- agent/store/pool <- contract (spec, options <- plan <- events, job_state), packaging
+runtime (with the shared vocabulary, contract/event_types.py and contract/protocol.py) <- agent/store/pool <- contract (spec, options <- plan <- events, job_state), packaging
 <- jobfolder <- supervisor, backends <- kernel (waits <- job, launcher <- views/ui/magics) <-
 server/cli. The contract sits below the backends and the supervisor because they speak it: each
 reports Events and folds them with the one JobState. No cycles; worker-side code imports nothing
-of ours outside the runtime but the event vocabulary, which imports nothing of ours; the job never imports a view (IPython shows it through a formatter
+of ours outside the runtime but the shared vocabulary, which imports nothing of ours; the job never imports a view (IPython shows it through a formatter
 the views register)."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "notebook_elastic"
 
 # A module may import only modules of its own layer or of a lower one.
 LAYERS = [
-    # The event vocabulary (Kind, Status, each kind's fields) is defined once, in the contract,
-    # and the workers emit through it: it sits at the bottom, beside the runtime.
-    {"_version", "errors", "defaults", "runtime", "contract.event_types"},
+    # The event vocabulary (Kind, Status, each kind's fields) and the names every process shares
+    # (environment, store keys, exit statuses, file names) are defined once, in the contract, and
+    # the workers speak them: they sit at the bottom, beside the runtime.
+    {"_version", "errors", "defaults", "runtime", "contract.event_types", "contract.protocol"},
     # The job's processes beside its workers: the torchrun agent as we run it, the rendezvous
     # store, the warm pool. They run in pods and allocations too: nothing of the kernel's.
     {"agent", "store", "pool"},
@@ -119,13 +120,15 @@ def test_every_import_goes_down_the_layers():
     assert not against, "\n".join(sorted(against))
 
 
-#: What the worker side may import of ours outside its folders: the event vocabulary alone.
-VOCABULARY = "notebook_elastic.contract.event_types"
+#: What the worker side may import of ours outside its folders: the shared vocabulary alone (the
+#: events, and the names every process shares).
+VOCABULARY = ("notebook_elastic.contract.event_types", "notebook_elastic.contract.protocol")
 
 
 def test_the_runtime_and_the_job_import_nothing_above_them():
     g = graph()
-    assert not g[VOCABULARY], f"the event vocabulary is imported by workers, yet imports {g[VOCABULARY]}"
+    for name in VOCABULARY:
+        assert not g[name], f"{name} is imported by workers, yet imports {g[name]}"
     # (and its package's __init__, which runs before it in every worker)
     assert not g["notebook_elastic.contract"], (
         f"contract/__init__.py runs in workers, yet imports {g['notebook_elastic.contract']}"
@@ -133,10 +136,10 @@ def test_the_runtime_and_the_job_import_nothing_above_them():
     beside = ("notebook_elastic.runtime", "notebook_elastic.agent", "notebook_elastic.store", "notebook_elastic.pool")
     for module, deps in g.items():
         if module.startswith("notebook_elastic.runtime"):
-            outside = {d for d in deps if not d.startswith("notebook_elastic.runtime") and d != VOCABULARY}
+            outside = {d for d in deps if not d.startswith("notebook_elastic.runtime") and d not in VOCABULARY}
             assert not outside, f"{module} runs in workers and pods, yet imports {outside}"
         if module.startswith(beside[1:]):
-            outside = {d for d in deps if not d.startswith(beside) and d != VOCABULARY}
+            outside = {d for d in deps if not d.startswith(beside) and d not in VOCABULARY}
             assert not outside, f"{module} runs beside the workers, in pods too, yet imports {outside}"
     views = {
         d

@@ -24,8 +24,8 @@ from waiting import wait_for
 import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import FINAL_STATUSES, Kind
-from notebook_elastic.runtime import protocol
 
 pytestmark = pytest.mark.slow
 

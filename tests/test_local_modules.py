@@ -15,12 +15,12 @@ import pytest
 from conftest import run_cells
 
 from notebook_elastic.agent.run import unpack_workdir_files
+from notebook_elastic.contract import protocol
 from notebook_elastic.errors import PackagingError
 from notebook_elastic.packaging import NotebookContext, package_cell
 from notebook_elastic.packaging.analysis import imported_modules
 from notebook_elastic.packaging.files import relative_reads, relative_writes
 from notebook_elastic.packaging.modules import local_files, local_modules
-from notebook_elastic.runtime import protocol
 
 TUTORIAL_TRAINER = """
 class Trainer:

@@ -20,9 +20,9 @@ from test_local_backend import TRAIN, at_step, committed_reports, metric_events,
 from waiting import wait_for
 
 import notebook_elastic as ne
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.contract.events import Event
-from notebook_elastic.runtime import protocol
 from notebook_elastic.supervisor.notices import GRACE_SLACK_S, Notices
 
 

@@ -14,12 +14,12 @@ from notebook_elastic import defaults
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.options import KubernetesOptions
 from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.plan import AGENT_MODULE, Place, launch_plan, rdzv_id
 from notebook_elastic.contract.spec import JobSpec
 from notebook_elastic.errors import SpecError
 from notebook_elastic.jobfolder.folder import JobFolder
 from notebook_elastic.jobfolder.place import local_place
-from notebook_elastic.runtime import protocol
 
 
 def place(**overrides) -> Place:

@@ -23,10 +23,11 @@ import notebook_elastic as ne
 import notebook_elastic.runtime as runtime
 from notebook_elastic import pool
 from notebook_elastic.backends.local import LocalBackend
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.jobfolder.folder import prepare_jobs_root
 from notebook_elastic.jobfolder.processes import pid_alive, processes_of
-from notebook_elastic.runtime import owned, protocol
+from notebook_elastic.runtime import owned
 
 pytestmark = pytest.mark.slow
 

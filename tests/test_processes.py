@@ -19,9 +19,9 @@ import psutil
 import pytest
 from waiting import wait_for
 
+from notebook_elastic.contract.protocol import ENV_JOB_DIR, ENV_POOL
 from notebook_elastic.jobfolder.processes import kill_all, pid_alive, process_start_ticks, processes_of
 from notebook_elastic.runtime import owned
-from notebook_elastic.runtime.protocol import ENV_JOB_DIR, ENV_POOL
 from notebook_elastic.supervisor.outcome import _is_ours
 from notebook_elastic.supervisor.stall import is_stopped
 

@@ -14,7 +14,8 @@ from contextlib import redirect_stdout
 import pytest
 import torch
 
-from notebook_elastic.runtime import StaleGenerationError, State, protocol, report
+from notebook_elastic.contract import protocol
+from notebook_elastic.runtime import StaleGenerationError, State, report
 from notebook_elastic.runtime.state import list_checkpoints
 
 

@@ -13,10 +13,11 @@ from contextlib import redirect_stdout
 import pytest
 
 from notebook_elastic.backends.base import JobInfo
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.events import LineParser
 from notebook_elastic.contract.job_state import JobState
 from notebook_elastic.kernel.ui.render import header_html
-from notebook_elastic.runtime import protocol, report
+from notebook_elastic.runtime import report
 from notebook_elastic.server.routes import job_json
 
 

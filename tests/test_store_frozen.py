@@ -29,8 +29,8 @@ from waiting import wait_for
 import notebook_elastic as ne
 from notebook_elastic.backends.kubernetes import manifests as m
 from notebook_elastic.backends.kubernetes.pods import STORE_CUT_OFF
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import Kind
-from notebook_elastic.runtime import protocol
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract

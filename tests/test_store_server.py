@@ -26,7 +26,7 @@ from conftest import TEST_ID_ENV
 
 from notebook_elastic.agent.store_link import store_id
 from notebook_elastic.backends.kubernetes.code import runtime_zip
-from notebook_elastic.runtime.protocol import EVENT_PREFIX
+from notebook_elastic.contract.protocol import EVENT_PREFIX
 from notebook_elastic.store import server as store_server
 from notebook_elastic.store import wire as store_wire
 from notebook_elastic.store.run import host_store

@@ -153,7 +153,7 @@ while True:
 
 def _keeper(tmp_path, store):
     """A node's keeper and its agent, as Slurm runs them, giving notice in a real TCPStore."""
-    from notebook_elastic.runtime import protocol
+    from notebook_elastic.contract import protocol
 
     script = tmp_path / "keeper.py"
     script.write_text(KEEPER)
@@ -188,7 +188,7 @@ def _slurm_signals(keeper: int, agent: int, *signals: int) -> None:
 def _posted(store, keeper, agent):
     import json
 
-    from notebook_elastic.runtime.protocol import NOTICE_KEY
+    from notebook_elastic.contract.protocol import NOTICE_KEY
 
     deadline = time.monotonic() + 30
     while not store.check([NOTICE_KEY]):

@@ -495,8 +495,8 @@ def test_the_views_of_a_1024_node_job_stay_bounded():
     from notebook_elastic.agent.run import MEMBERS_TOLD, rendezvous_members
     from notebook_elastic.contract.events import LineParser
     from notebook_elastic.contract.job_state import JobState
+    from notebook_elastic.contract.protocol import EVENT_PREFIX
     from notebook_elastic.kernel.ui.render import RANK_MAP_ROWS, ranks_html
-    from notebook_elastic.runtime.protocol import EVENT_PREFIX
 
     n, nproc = 1024, 8
     names = [f"big-workers-{i}" for i in range(n)]

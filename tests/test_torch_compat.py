@@ -21,10 +21,10 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from notebook_elastic.agent import notebook_agent, rounds, store_link, torch_adapter
+from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.contract.events import Event, describe
 from notebook_elastic.contract.job_state import JobState
-from notebook_elastic.runtime import protocol
 
 # What must hold on every torch of the declared range (scripts/torch_range.py).
 pytestmark = pytest.mark.torch_contract

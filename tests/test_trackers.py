@@ -438,7 +438,8 @@ def test_on_kubernetes_a_job_that_fails_for_good_ends_its_mlflow_run_failed(clus
 def test_a_rank_0_that_logs_on_into_an_ended_run_marks_it_running_again(tmp_path, monkeypatch):
     """A run ended FAILED by a rank 0 on its last attempt whose group then re-formed (a peer's
     departure, not charged) is running again when the new rank 0 logs on into it."""
-    from notebook_elastic.runtime import pod_tracking, protocol
+    from notebook_elastic.contract import protocol
+    from notebook_elastic.runtime import pod_tracking
 
     store = tmp_path / "store"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store.as_uri())

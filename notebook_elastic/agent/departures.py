@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import Kind, PeerLost
 from ..runtime import log as _logging
-from ..runtime import protocol
 from ..runtime._emit import emit
 from . import torch_adapter
 

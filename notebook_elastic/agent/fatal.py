@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime import log, protocol
+from ..contract import protocol
+from ..runtime import log
 from .deadline import call_with_deadline
 
 _log = log.get("agent.fatal")

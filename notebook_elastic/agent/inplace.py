@@ -37,9 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regrouped
 from ..runtime import log as _logging
-from ..runtime import protocol, term
+from ..runtime import term
 from ..runtime._emit import emit
 from ..runtime.group import forming_is_bounded
 from .deadline import call_with_deadline

@@ -38,9 +38,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import Kind, NodeEvicted, Pending, Restart
 from ..pool.warm import Zygote
-from ..runtime import log, protocol
+from ..runtime import log
 from ..runtime._emit import emit
 from . import store_link, torch_adapter
 from .deadline import call_with_deadline

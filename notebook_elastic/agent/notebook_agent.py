@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..contract.protocol import GONE_KEY, TARGET_KEY
 from ..runtime import log as _logging
-from ..runtime.protocol import GONE_KEY, TARGET_KEY
 from . import rounds, store_link
 from .torch_adapter import (
     INTERNALS,

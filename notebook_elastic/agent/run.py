@@ -47,6 +47,7 @@ import sys
 import threading
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import (
     AgentStarted,
     Degraded,
@@ -57,7 +58,7 @@ from ..contract.event_types import (
     Restart,
     RoundMember,
 )
-from ..runtime import log, protocol, term
+from ..runtime import log, term
 from ..runtime._emit import emit
 from ..runtime.worker import set_parent_death_signal
 from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter

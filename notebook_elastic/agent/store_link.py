@@ -37,8 +37,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ..contract.protocol import STORE_ID_KEY
 from ..runtime import log as _logging
-from ..runtime.protocol import STORE_ID_KEY
 from .deadline import StoreSilent, call_with_deadline
 from .torch_adapter import rendezvous_store
 

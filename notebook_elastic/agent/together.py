@@ -22,7 +22,7 @@ state takes in what the others said:
 Each change is one torch would make (a node's own join, leave or heartbeat, at the time it
 said), so torch's own agents may share the rendezvous: they read and write the same state, and
 what they say is only what they write. Sayings go to a key per interval (``announced_key``,
-runtime/protocol.py); a writer reads this interval's and the last (each node says it lives once
+contract/protocol.py); a writer reads this interval's and the last (each node says it lives once
 an interval, so both hold a saying of every node that lives), and one whose write won deletes
 the key of the interval before those. A saying that ages out unread costs that node its own
 write, nothing else. A key is read with ``compare_set(key, "", "")``: its value, or an empty
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..runtime.protocol import announced_key
+from ..contract.protocol import announced_key
 from .torch_adapter import rendezvous_times_aware
 
 JOIN, LEAVE, ALIVE, REGROUP = "join", "leave", "alive", "regroup"

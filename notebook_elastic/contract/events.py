@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..runtime.protocol import EVENT_PREFIX
+from ..contract.protocol import EVENT_PREFIX
 from .event_types import AgentSignaled, Error, Kind, Log, Restart, WorkerExited
 
 __all__ = [

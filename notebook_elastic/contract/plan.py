@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import defaults
+from ..contract import protocol
 from ..errors import SpecError
-from ..runtime import protocol
 
 #: The module each node runs: torchrun's agent with our rendezvous and departure handling.
 AGENT_MODULE = "notebook_elastic.agent.run"

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..runtime.protocol import EXIT_PEER_LOST
+from ..contract.protocol import EXIT_PEER_LOST
 from ..runtime.tracking import tracking_text
 from .event_types import (
     AgentSignaled,

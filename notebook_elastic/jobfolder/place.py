@@ -15,8 +15,8 @@ import sys
 from typing import Any
 
 from .. import defaults
+from ..contract import protocol
 from ..contract.plan import Place
-from ..runtime import protocol
 from .folder import JobFolder
 
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import psutil
 
+from ..contract.protocol import ENV_JOB_DIR
 from ..pool import is_pool_command, own_launcher
 from ..runtime import owned
 from ..runtime.procfs import stat_fields
-from ..runtime.protocol import ENV_JOB_DIR
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -47,7 +47,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..runtime.protocol import (
+from ..contract.protocol import (
     ENV_FORKED,
     ENV_LAUNCHER,
     ENV_POOL,
@@ -191,7 +191,7 @@ def _command(name: str) -> list[str]:
 def _popen(
     command: list[str], name: str, env: dict[str, str], log: str | os.PathLike[str] | None
 ) -> subprocess.Popen[bytes]:
-    from ..runtime.protocol import ENV_JOB_DIR
+    from ..contract.protocol import ENV_JOB_DIR
 
     env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job
     env[ENV_POOL] = name

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 
-from ..runtime.protocol import ENV_ZYGOTE
+from ..contract.protocol import ENV_ZYGOTE
 from .wire import CONNECT_WAIT_S, _address, _recv_line, _send, enabled, same_user
 
 
@@ -24,7 +24,7 @@ def launch(argv: list[str]) -> None:
     """``[--detach] SCRIPT ARGS`` (a worker, forked by its node's zygote or the pool) or
     ``[--detach] -m MODULE ARGS`` (a supervisor or an agent, forked by the pool)."""
     from .. import pool
-    from ..runtime import protocol
+    from ..contract import protocol
     from ..runtime.worker import set_parent_death_signal
 
     detach = argv[:1] == ["--detach"]

@@ -34,8 +34,9 @@ import sys
 import time
 from typing import Any
 
+from ..contract import protocol
 from ..runtime import log as _logging
-from ..runtime import owned, protocol
+from ..runtime import owned
 from .wire import _address, _send, enabled, same_user
 
 _log = _logging.get("pool.warm")

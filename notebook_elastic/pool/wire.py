@@ -11,7 +11,7 @@ import struct
 import sys
 from typing import Any
 
-from ..runtime.protocol import ENV_WARM_WORKERS
+from ..contract.protocol import ENV_WARM_WORKERS
 
 CONNECT_WAIT_S = 15.0  # the zygote may still be importing torch on a node's first start
 

@@ -12,17 +12,17 @@ import os as _os
 import time as _time
 from typing import Any
 
+from ..contract import protocol as _protocol
 from ..contract.event_types import Kind as _Kind
 from ..contract.event_types import Metric as _Metric
+from ..contract.protocol import ENV_TRACK, EVENT_PREFIX
 from . import gpu as _gpu
 from . import inplace as _inplace
 from . import log as _log
 from . import pod_tracking as _pod_tracking
-from . import protocol as _protocol
 from . import term as _term
 from ._emit import emit
 from .payload import load_payload, secret
-from .protocol import ENV_TRACK, EVENT_PREFIX
 from .state import State
 from .state import samples_per_step as _samples_per_step
 from .state import saving_seconds as _saving_seconds

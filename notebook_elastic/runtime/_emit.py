@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any
 
+from ..contract.protocol import EVENT_PREFIX
 from . import log as _logging
-from .protocol import EVENT_PREFIX
 
 _log = _logging.get("runtime._emit")
 

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import protocol, sharded
+from ..contract import protocol
+from . import sharded
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 TMP_MAX_AGE_S = 600

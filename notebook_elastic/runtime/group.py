@@ -13,8 +13,8 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..contract import protocol
 from . import log as _logging
-from . import protocol
 
 if TYPE_CHECKING:
     from .inplace import Assignment

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract import protocol
 from . import log as _logging
-from . import protocol
 from .group import Group, nccl_abort_missing
 from .handoff import Handoff
 

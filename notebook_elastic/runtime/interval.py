@@ -9,7 +9,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from . import protocol
+from ..contract import protocol
 
 if TYPE_CHECKING:
     from .writer import CheckpointWriter

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from .protocol import ENV_LOG
+from ..contract.protocol import ENV_LOG
 
 ROOT = "notebook_elastic"
 

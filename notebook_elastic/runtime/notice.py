@@ -23,11 +23,11 @@ import threading
 import time
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import Kind, SavedOnNotice
+from ..contract.protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
 from . import log as _logging
-from . import protocol
 from ._emit import emit
-from .protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
 
 _log = _logging.get("runtime.notice")
 

@@ -28,8 +28,8 @@ import os
 import socket
 from pathlib import Path
 
+from ..contract.protocol import ENV_JOB_DIR
 from .procfs import read_stat, stat_fields
-from .protocol import ENV_JOB_DIR
 
 FOLDER = ".procs"
 _hooked = False

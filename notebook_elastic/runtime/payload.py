@@ -15,7 +15,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from ..contract import protocol
 
 PAYLOAD_SUFFIX = ".payload.pkl"
 

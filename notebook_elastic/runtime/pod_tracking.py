@@ -26,8 +26,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import Error, Kind
-from . import protocol
 from ._emit import emit
 from .tracking import MAX_BATCH, mlflow_link, next_batch, scrub, wandb_link
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import CheckpointUnreadable, InPlace, Kind
 from ..contract.event_types import Resumed as ResumedEvent
-from . import protocol, sharded
+from . import sharded
 from ._emit import emit
 from .checkpoints import _meta_path, claim_generation, list_checkpoints, run_base
 from .state_dicts import _load_into

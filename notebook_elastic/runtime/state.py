@@ -34,8 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import Kind, Plan
-from . import inplace, log, protocol, sharded
+from . import inplace, log, sharded
 from ._emit import emit
 from .checkpoints import (
     _HOST,

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import log, protocol
+from ..contract import protocol
+from . import log
 
 _log = log.get("term")
 

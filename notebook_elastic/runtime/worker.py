@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import Kind, WorkerFailed, WorkerFinished, WorkerStarted
 from . import log as _logging
-from . import protocol
 from ._emit import emit
 
 _log = _logging.get("runtime.worker")

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..contract import protocol
 from ..contract.event_types import Checkpoint, CheckpointFailed, Fenced, Kind
-from . import protocol, sharded
+from . import sharded
 from ._emit import emit
 from .checkpoints import _HOST, _fsync_dir, _remove, _size, dead_writers_files, list_checkpoints, newest_generation
 from .interval import SaveInterval, is_final

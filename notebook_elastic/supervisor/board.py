@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
+from ..contract.protocol import GONE_KEY, TARGET_KEY
 from ..runtime import log
-from ..runtime.protocol import GONE_KEY, TARGET_KEY
 
 
 class Board:

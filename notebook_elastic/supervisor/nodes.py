@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, Any
 
+from ..contract import protocol
 from ..contract.event_types import DiskFull, FilesChanged, Kind, NodeEvicted, NodeJoined, NodeLeft
 from ..contract.events import LineParser
 from ..contract.job_state import JobState
@@ -27,7 +28,6 @@ from ..contract.plan import LaunchPlan, launch_plan, rdzv_id
 from ..contract.spec import JobSpec
 from ..jobfolder.folder import JobFolder
 from ..jobfolder.place import local_place, visible_gpus
-from ..runtime import protocol
 from .board import Board
 from .membership import Course
 from .notices import Notices

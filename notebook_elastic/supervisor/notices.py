@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract import protocol
 from ..contract.event_types import Checkpoint, Kind, Notice, NoticeExpired, SavedOnNotice
 from ..contract.events import Event
 from ..runtime import log as _logging
 from ..runtime import notice as board
-from ..runtime import protocol
 
 _log = _logging.get("supervisor.notices")
 

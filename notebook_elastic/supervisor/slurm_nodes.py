@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from ..backends.slurm import cluster
 from ..backends.slurm.mark import supervisor_mark
 from ..backends.slurm.options import SlurmOptions
+from ..contract import protocol
 from ..contract.event_types import Kind, Pending
+from ..contract.protocol import ENV_POOL, KILL_KEY
 from ..jobfolder.folder import JobFolder
-from ..runtime import protocol
-from ..runtime.protocol import ENV_POOL, KILL_KEY
 from .placement import Departure, Placement
 
 if TYPE_CHECKING:

@@ -61,15 +61,22 @@ def with_env_values(secret: dict[str, Any], env: dict[str, str]) -> dict[str, An
 
 #: The packages a pod runs (tests/test_layers.py keeps them free of kernel-side imports).
 POD_PACKAGES = ("runtime", "agent", "store", "pool")
-#: The modules of ours beside them a pod runs: the package's light __init__, and the event
-#: vocabulary they emit through (with its package's __init__, which imports nothing).
-POD_MODULES = ("__init__.py", "_version.py", "contract/__init__.py", "contract/event_types.py")
+#: The modules of ours beside them a pod runs: the package's light __init__, and the shared
+#: vocabulary they speak, the events and the cross-process names (with its package's __init__,
+#: which imports nothing).
+POD_MODULES = (
+    "__init__.py",
+    "_version.py",
+    "contract/__init__.py",
+    "contract/event_types.py",
+    "contract/protocol.py",
+)
 
 
 @lru_cache(maxsize=1)
 def runtime_zip() -> bytes:
     """What runs in a pod: notebook_elastic's runtime (the workers' side), agent, store and pool
-    packages (+ the package's light __init__ and the event vocabulary) and cloudpickle, zipped
+    packages (+ the package's light __init__ and the shared vocabulary) and cloudpickle, zipped
     with fixed timestamps so the same code gives the same bytes."""
     import cloudpickle
 

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...contract import protocol
 from ...contract.plan import rdzv_id
 from ...errors import BackendError, JobNotFound, SpecError
-from ...runtime import protocol
 from ..base import DrillAnswer, RangeAnswer, ScaleAnswer
 from . import kueue
 from . import manifests as m

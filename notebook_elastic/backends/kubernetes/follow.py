@@ -29,10 +29,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ...contract import protocol
 from ...contract.event_types import SCHEMA_VERSION, Checkpoint, JobFinished, JobSubmitted, Kind, Restart, WorkerFailed
 from ...contract.events import Event
 from ...contract.job_state import budget_spent_reason, describe_failure
-from ...runtime import protocol
 from . import grace
 from . import manifests as m
 from .client import Connection

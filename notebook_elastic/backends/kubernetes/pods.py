@@ -12,10 +12,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ...contract import protocol
 from ...contract.event_types import Error, Kind, NodeJoined, NodeLeft, Pending, StoreLost
 from ...contract.events import LineParser
 from ...runtime import log as _logging
-from ...runtime import protocol
 from . import manifests as m
 from .cursor import LogCursor
 from .watch import Followed, Watcher

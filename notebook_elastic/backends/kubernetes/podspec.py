@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...contract import protocol
 from ...contract.plan import LaunchPlan
-from ...runtime import protocol
 from .naming import code_name, env_name
 from .options import KubernetesOptions
 

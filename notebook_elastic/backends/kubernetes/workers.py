@@ -8,8 +8,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ... import defaults
+from ...contract import protocol
 from ...contract.plan import LaunchPlan, Place, launch_plan
-from ...runtime import protocol
 from .kueue import apply_queue, apply_queue_pytorchjob
 from .naming import (
     ANNOTATION_EPOCH,

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...contract import protocol
 from ...contract.event_types import Error, Kind, Pending, Scaled
 from ...runtime import log as _logging
-from ...runtime import protocol
 from . import kueue
 from . import manifests as m
 from .client import is_missing

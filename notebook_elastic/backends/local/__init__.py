@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import defaults
+from ...contract import protocol
 from ...contract.event_types import FINAL_STATUSES
 from ...contract.events import Event
 from ...contract.plan import launch_plan, rdzv_id
+from ...contract.protocol import ENV_POOL
 from ...errors import BackendError, JobNotFound
 from ...jobfolder import control
 from ...jobfolder.folder import (
@@ -49,8 +51,6 @@ from ...jobfolder.place import local_place, visible_gpus
 from ...jobfolder.processes import kill_all, processes_of
 from ...jobfolder.record import read_record, record_stopped, resuming
 from ...pool import ensure_pool, through_pool
-from ...runtime import protocol
-from ...runtime.protocol import ENV_POOL
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 
 if TYPE_CHECKING:

@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ...contract import protocol
 from ...contract.event_types import FINAL_STATUSES
+from ...contract.protocol import ENV_POOL
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder
 from ...jobfolder.follow import SUPERVISOR_START_TIMEOUT_S
-from ...runtime import protocol
-from ...runtime.protocol import ENV_POOL
 from ..base import DryRun
 from ..local import SUPERVISOR_MODULE, FolderRequest, LocalBackend, _tail
 from . import cluster

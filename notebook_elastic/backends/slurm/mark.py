@@ -24,9 +24,9 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
+from ...contract.protocol import ENV_SLURM_MARK
 from ...errors import BackendError
 from ...jobfolder.folder import JobFolder, write_json_atomic
-from ...runtime.protocol import ENV_SLURM_MARK
 from . import cluster
 
 #: The file in the job folder that holds its mark.
