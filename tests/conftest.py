@@ -71,7 +71,7 @@ def cmdline(pid: int) -> str:
 def processes_with_env(entry: str, folders: tuple = ()) -> list[int]:
     """Live processes (not this one) whose environment holds exactly ``KEY=VALUE`` ``entry``,
     and those named in the job folders under ``folders`` (the warm pool's forks and theirs,
-    whose environment reads as the pool's: notebook_elastic/runtime/owned.py)."""
+    whose environment reads as the pool's: notebook_elastic/plumbing/owned.py)."""
     key, _, value = entry.partition("=")
     return _processes(lambda env: env.get(key) == value, folders)
 
@@ -93,7 +93,7 @@ def _processes(matches, folders: tuple) -> list[int]:
 
 def registered_under(*folders: Path | str | None) -> set[int]:
     """Live processes named in the job folders under ``folders`` (``.procs/``)."""
-    from notebook_elastic.runtime import owned
+    from notebook_elastic.plumbing import owned
 
     found: set[int] = set()
     for folder in {str(f) for f in folders if f and os.path.isdir(f)}:
@@ -408,7 +408,7 @@ def warm_pool(tmp_path_factory):
     """One warm pool per test process (pool/__init__.py), started outside any test (it carries
     no test's marker, and stays up between tests), stopped at the end. Every job, kernel and
     JupyterLab the tests start inherits its name; the processes it forks are named in their job
-    folders (``runtime/owned.py``), so the leftover check sees them as it sees cold ones."""
+    folders (``plumbing/owned.py``), so the leftover check sees them as it sees cold ones."""
     from notebook_elastic import pool
     from notebook_elastic.contract import protocol
 

@@ -18,7 +18,7 @@ LAYERS = [
     # The event vocabulary (Kind, Status, each kind's fields) and the names every process shares
     # (environment, store keys, exit statuses, file names) are defined once, in the contract, and
     # the workers speak them: they sit at the bottom, beside the runtime.
-    {"_version", "errors", "defaults", "runtime", "contract.event_types", "contract.protocol"},
+    {"_version", "errors", "defaults", "runtime", "plumbing", "contract.event_types", "contract.protocol"},
     # The job's processes beside its workers: the torchrun agent as we run it, the rendezvous
     # store, the warm pool. They run in pods and allocations too: nothing of the kernel's.
     {"agent", "store", "pool"},
@@ -133,13 +133,17 @@ def test_the_runtime_and_the_job_import_nothing_above_them():
     assert not g["notebook_elastic.contract"], (
         f"contract/__init__.py runs in workers, yet imports {g['notebook_elastic.contract']}"
     )
-    beside = ("notebook_elastic.runtime", "notebook_elastic.agent", "notebook_elastic.store", "notebook_elastic.pool")
+    workers = ("notebook_elastic.runtime", "notebook_elastic.plumbing")  # the worker's API, the OS beneath it
+    beside = ("notebook_elastic.agent", "notebook_elastic.store", "notebook_elastic.pool")
     for module, deps in g.items():
-        if module.startswith("notebook_elastic.runtime"):
-            outside = {d for d in deps if not d.startswith("notebook_elastic.runtime") and d not in VOCABULARY}
+        if module.startswith(workers):
+            outside = {d for d in deps if not d.startswith(workers) and d not in VOCABULARY}
             assert not outside, f"{module} runs in workers and pods, yet imports {outside}"
-        if module.startswith(beside[1:]):
-            outside = {d for d in deps if not d.startswith(beside) and d not in VOCABULARY}
+        if module.startswith("notebook_elastic.plumbing"):
+            above = {d for d in deps if d.startswith("notebook_elastic.runtime")}
+            assert not above, f"{module} is the plumbing beneath the runtime, yet imports {above}"
+        if module.startswith(beside):
+            outside = {d for d in deps if not d.startswith(workers + beside) and d not in VOCABULARY}
             assert not outside, f"{module} runs beside the workers, in pods too, yet imports {outside}"
     views = {
         d

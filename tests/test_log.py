@@ -14,7 +14,7 @@ import pytest
 PROCESS = r"""
 import logging, sys
 logging.basicConfig(stream=sys.stdout, level=logging.DEBUG, format="USER %(name)s %(message)s")  # the user's own
-from notebook_elastic.runtime import log
+from notebook_elastic.plumbing import log
 agent = log.for_process("agent")
 agent.info("stopped by signal 15; left the rendezvous")
 try:

@@ -27,7 +27,7 @@ from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.jobfolder.folder import prepare_jobs_root
 from notebook_elastic.jobfolder.processes import pid_alive, processes_of
-from notebook_elastic.runtime import owned
+from notebook_elastic.plumbing import owned
 
 pytestmark = pytest.mark.slow
 

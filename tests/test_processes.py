@@ -21,7 +21,7 @@ from waiting import wait_for
 
 from notebook_elastic.contract.protocol import ENV_JOB_DIR, ENV_POOL
 from notebook_elastic.jobfolder.processes import kill_all, pid_alive, process_start_ticks, processes_of
-from notebook_elastic.runtime import owned
+from notebook_elastic.plumbing import owned
 from notebook_elastic.supervisor.outcome import _is_ours
 from notebook_elastic.supervisor.stall import is_stopped
 
@@ -71,7 +71,7 @@ def test_processes_of_are_those_whose_environment_names_exactly_this_job(tmp_pat
 REGISTERS = [
     sys.executable,
     "-c",
-    "import ctypes, os, signal, sys, time; from notebook_elastic.runtime import owned\n"
+    "import ctypes, os, signal, sys, time; from notebook_elastic.plumbing import owned\n"
     # As in a fork of the warm pool: the job folder in os.environ, not in what /proc shows.
     "os.environ['NOTEBOOK_ELASTIC_JOB_DIR'] = sys.argv[1]; owned.register_forks();"
     " child = os.fork()\nif child == 0: time.sleep(60); os._exit(0)\n"
@@ -86,7 +86,7 @@ REGISTERS = [
 
 def test_a_process_named_in_the_job_folder_is_the_jobs_and_so_are_its_forks(tmp_path: Path, handle: str):
     """The warm pool's forks read as the pool in /proc: each names itself in the job folder
-    (runtime/owned.py), and so does every fork of it. Named processes are the job's until they
+    (plumbing/owned.py), and so does every fork of it. Named processes are the job's until they
     end, and a name is the process that wrote it, not a later one given its pid."""
     job = tmp_path / "job"
     job.mkdir()
@@ -277,7 +277,7 @@ a, b, name = sys.argv[1:4]
 clean = {k: v for k, v in os.environ.items() if k != "NOTEBOOK_ELASTIC_JOB_DIR"}
 marked_b = subprocess.Popen(["sleep", "600"], env={**clean, "NOTEBOOK_ELASTIC_JOB_DIR": b})
 named_b = subprocess.Popen(
-    [sys.executable, "-c", "import sys, time; from notebook_elastic.runtime import owned; "
+    [sys.executable, "-c", "import sys, time; from notebook_elastic.plumbing import owned; "
      "owned.register(sys.argv[1]); time.sleep(600)", b], env=clean)
 plain = subprocess.Popen(["sleep", "600"], env=clean)  # unmarked: this job's by descent
 warm = pool.start(name, clean)  # attached: this process of job A is the pool's parent

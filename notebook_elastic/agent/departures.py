@@ -14,7 +14,7 @@ from typing import Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, PeerLost
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from ..runtime._emit import emit
 from . import torch_adapter
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..contract import protocol
-from ..runtime import log
+from ..plumbing import log
 from .deadline import call_with_deadline
 
 _log = log.get("agent.fatal")

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..contract.protocol import GONE_KEY
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from . import store_link
 from .torch_adapter import holder_settings, holder_store
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..contract import protocol
 from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regrouped
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from ..runtime import term
 from ..runtime._emit import emit
 from ..runtime.group import forming_is_bounded

@@ -40,8 +40,8 @@ from typing import Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, NodeEvicted, Pending, Restart
+from ..plumbing import log
 from ..pool.warm import Zygote
-from ..runtime import log
 from ..runtime._emit import emit
 from . import store_link, torch_adapter
 from .deadline import call_with_deadline

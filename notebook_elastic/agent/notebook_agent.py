@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..contract.protocol import GONE_KEY, TARGET_KEY
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from . import rounds, store_link
 from .torch_adapter import (
     INTERNALS,

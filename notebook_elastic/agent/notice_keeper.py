@@ -24,10 +24,11 @@ from typing import Any
 from ..contract import protocol
 from ..contract.event_types import Kind, Notice, NoticeExpired
 from ..contract.protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
-from ..runtime import log, term
+from ..plumbing import log
+from ..plumbing.procfs import stat_fields
+from ..runtime import term
 from ..runtime._emit import emit
 from ..runtime.notice import POLL_S
-from ..runtime.procfs import stat_fields
 from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
 
 _log = log.get("keeper")

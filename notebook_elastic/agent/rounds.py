@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..contract.protocol import TARGET_KEY
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from . import gone, regroup, store_link, together
 from .deadline import call_with_deadline
 from .regroup import regroup_in_one_write as regroup_in_one_write

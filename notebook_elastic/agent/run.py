@@ -58,9 +58,10 @@ from ..contract.event_types import (
     Restart,
     RoundMember,
 )
-from ..runtime import log, term
+from ..plumbing import log
+from ..plumbing.parent import set_parent_death_signal
+from ..runtime import term
 from ..runtime._emit import emit
-from ..runtime.worker import set_parent_death_signal
 from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
 from .departures import DepartureWatch
 from .departures import node_name as _node_name

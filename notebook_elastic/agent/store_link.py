@@ -38,7 +38,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..contract.protocol import STORE_ID_KEY
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from .deadline import StoreSilent, call_with_deadline
 from .torch_adapter import rendezvous_store
 

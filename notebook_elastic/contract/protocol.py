@@ -91,7 +91,7 @@ ENV_WARM_PARENT = "NOTEBOOK_ELASTIC_WARM_PARENT"  # a forked worker's parent: th
 #: does not keep itself again.
 ENV_KEPT = "_NOTEBOOK_ELASTIC_KEPT"
 #: How much our processes log on their standard error (debug, info, warning, error): read by
-#: every process of a job, which inherits it from the kernel (runtime/log.py); pods get it too.
+#: every process of a job, which inherits it from the kernel (plumbing/log.py); pods get it too.
 ENV_LOG = "NOTEBOOK_ELASTIC_LOG"
 #: A Slurm job's mark, as the launcher hands it to the supervisor's allocation
 #: (backends/slurm/mark.py: its folder may be read through a file system cache on another host).

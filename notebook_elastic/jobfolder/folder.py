@@ -11,7 +11,7 @@ script 0700, whatever the umask, because a job folder holds code that runs as it
     outcome.json                    the job's outcome, written in place into room taken at start
     .reserve                        room kept for the last records, freed just before they are written
     .procs/PID-TICKS-MACHINE        the job's processes forked by the warm pool (and their forks),
-                                    which their environment does not show (runtime/owned.py)
+                                    which their environment does not show (plumbing/owned.py)
     supervisor.json                 pid and control address of the supervisor (0600)
     supervisor.log, logs/NODE.log   raw output of the supervisor and of each agent
     logs/torchelastic/              torchrun's own per-worker files (error.json)

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import psutil
 
 from ..contract.protocol import ENV_JOB_DIR
+from ..plumbing import owned
+from ..plumbing.procfs import stat_fields
 from ..pool import is_pool_command, own_launcher
-from ..runtime import owned
-from ..runtime.procfs import stat_fields
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -43,7 +43,7 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
 def processes_of(job_dir: str | os.PathLike[str]) -> list[int]:
     """Pids of every live process started for this job, less this process: those whose
     environment holds ``NOTEBOOK_ELASTIC_JOB_DIR=<job_dir>`` (whatever was exec'd for it),
-    those named in its folder (the warm pool's forks and theirs: ``runtime/owned.py``), and
+    those named in its folder (the warm pool's forks and theirs: ``plumbing/owned.py``), and
     the descendants of both (a fork that could not name itself: a full disk, a fork made in C).
     The walk by descent stops at a warm pool and at another job's process (``_Bounds``): the
     pool forks every job, so what lies below it is each job's by its own marks, not by descent.

@@ -280,7 +280,7 @@ def help_in_an_empty_cell(lines: list[str]) -> list[str]:
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    from ..runtime import log
+    from ..plumbing import log
     from .views import register_display
 
     log.in_kernel()  # NOTEBOOK_ELASTIC_LOG=debug: the kernel's own lines on its stderr (the server's log)

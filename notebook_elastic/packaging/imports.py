@@ -10,7 +10,7 @@ import sys
 import types
 from typing import Any
 
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from .analysis import ImportBinding
 from .notebook import NotebookContext
 from .paths import fresh_sys_path, module_location

@@ -33,7 +33,7 @@ A forked child would show the pool's command line and environment in ``/proc`` (
 reads them from the memory the pool was started with). ``retitle`` gives it its own command
 line (setproctitle); the job's orphan scan and the suite's leftover check, which find a job's
 processes by the job folder in their environment, find its forks by the names they leave in
-the job folder (``runtime/owned.py``).
+the job folder (``plumbing/owned.py``).
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def retitle(argv: list[str]) -> None:
     """Show this forked child as ``python ARGV...`` in ``ps`` (setproctitle; the name in
     ``comm`` stays the interpreter's). ``/proc/PID/cmdline`` then holds that one string, its
     arguments joined by spaces, not separated by NULs as a cold start's are. Its
-    environment reads as the pool's: ``runtime.owned`` says whose it is. Call it before
+    environment reads as the pool's: ``plumbing.owned`` says whose it is. Call it before
     ``os.environ`` changes: setproctitle finds the memory it writes by the environment's."""
     try:
         import setproctitle

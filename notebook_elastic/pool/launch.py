@@ -25,7 +25,7 @@ def launch(argv: list[str]) -> None:
     ``[--detach] -m MODULE ARGS`` (a supervisor or an agent, forked by the pool)."""
     from .. import pool
     from ..contract import protocol
-    from ..runtime.worker import set_parent_death_signal
+    from ..plumbing.parent import set_parent_death_signal
 
     detach = argv[:1] == ["--detach"]
     argv = argv[1:] if detach else argv

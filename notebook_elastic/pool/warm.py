@@ -35,8 +35,8 @@ import time
 from typing import Any
 
 from ..contract import protocol
-from ..runtime import log as _logging
-from ..runtime import owned
+from ..plumbing import log as _logging
+from ..plumbing import owned
 from .wire import _address, _send, enabled, same_user
 
 _log = _logging.get("pool.warm")
@@ -76,7 +76,7 @@ def serve(path: str, *, as_pool: bool = False) -> None:
         except OSError:
             return
     else:
-        from ..runtime.worker import set_parent_death_signal
+        from ..plumbing.parent import set_parent_death_signal
 
         set_parent_death_signal(signal.SIGKILL, os.getppid())  # dies with its agent
     for name in PRELOAD + (POOL_PRELOAD if as_pool else ()):

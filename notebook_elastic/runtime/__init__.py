@@ -16,9 +16,9 @@ from ..contract import protocol as _protocol
 from ..contract.event_types import Kind as _Kind
 from ..contract.event_types import Metric as _Metric
 from ..contract.protocol import ENV_TRACK, EVENT_PREFIX
+from ..plumbing import log as _log
 from . import gpu as _gpu
 from . import inplace as _inplace
-from . import log as _log
 from . import pod_tracking as _pod_tracking
 from . import term as _term
 from ._emit import emit

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..contract.protocol import EVENT_PREFIX
-from . import log as _logging
+from ..plumbing import log as _logging
 
 _log = _logging.get("runtime._emit")
 

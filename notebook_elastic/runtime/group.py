@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
-from . import log as _logging
+from ..plumbing import log as _logging
 
 if TYPE_CHECKING:
     from .inplace import Assignment

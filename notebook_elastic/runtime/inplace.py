@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract import protocol
-from . import log as _logging
+from ..plumbing import log as _logging
 from .group import Group, nccl_abort_missing
 from .handoff import Handoff
 

@@ -26,7 +26,7 @@ from typing import Any
 from ..contract import protocol
 from ..contract.event_types import Kind, SavedOnNotice
 from ..contract.protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
-from . import log as _logging
+from ..plumbing import log as _logging
 from ._emit import emit
 
 _log = _logging.get("runtime.notice")

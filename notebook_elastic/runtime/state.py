@@ -36,7 +36,8 @@ from typing import Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, Plan
-from . import inplace, log, sharded
+from ..plumbing import log
+from . import inplace, sharded
 from ._emit import emit
 from .checkpoints import (
     _HOST,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..contract import protocol
-from . import log
+from ..plumbing import log
 
 _log = log.get("term")
 

@@ -37,7 +37,7 @@ from ..contract.job_state import JobState, with_fold
 from ..contract.spec import validate_name
 from ..errors import JobNotFound, NotebookElasticError, SpecError
 from ..jobfolder.folder import open_file
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from ..runtime.tracking import shown
 from .rows import ErrorReply, EventLine, EventsReply, JobRow, JobsReply, StopReply, a_type, mismatch
 

@@ -18,7 +18,7 @@ import uuid
 from ..agent.torch_adapter import tcp_store_server
 from ..contract.event_types import Kind, StoreReady
 from ..contract.protocol import STORE_ID_KEY
-from ..runtime import log
+from ..plumbing import log
 from ..runtime._emit import emit
 from .server import StoreServer
 

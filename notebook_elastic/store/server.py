@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from .keys import _HANDLERS, Client, Keys
 from .keys import IN as _IN
 from .keys import OUT as _OUT

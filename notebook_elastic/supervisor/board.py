@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from ..contract.protocol import GONE_KEY, TARGET_KEY
-from ..runtime import log
+from ..plumbing import log
 
 
 class Board:

@@ -22,7 +22,7 @@ from ..contract import commands
 from ..contract.event_types import Fault, Kind, Scaled
 from ..contract.job_state import JobState
 from ..errors import SpecError
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from .board import Board
 from .membership import Course, Phase
 from .nodes import Agent, Nodes, Workers

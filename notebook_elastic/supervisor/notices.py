@@ -19,7 +19,7 @@ from typing import Any
 from ..contract import protocol
 from ..contract.event_types import Checkpoint, Kind, Notice, NoticeExpired, SavedOnNotice
 from ..contract.events import Event
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 from ..runtime import notice as board
 
 _log = _logging.get("supervisor.notices")

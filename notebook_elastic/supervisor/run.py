@@ -56,7 +56,7 @@ from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
 from ..jobfolder.follow import LOST_FOLDER, SUPERVISOR_START_TIMEOUT_S
 from ..jobfolder.history import ROTATE_BYTES, read_all
 from ..jobfolder.processes import process_start_ticks
-from ..runtime import log
+from ..plumbing import log
 from ..runtime.payload import payload_path_for
 from ..runtime.state import newest_generation
 from ..runtime.tracking import tensorboard_link

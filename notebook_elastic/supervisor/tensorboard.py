@@ -18,7 +18,7 @@ from typing import Any
 
 from ..contract.event_types import Gpu, Kind, Metric
 from ..contract.events import Event
-from ..runtime import log as _logging
+from ..plumbing import log as _logging
 
 _log = _logging.get("supervisor.tensorboard")
 

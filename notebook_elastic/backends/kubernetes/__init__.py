@@ -20,7 +20,7 @@ from typing import Any
 from ...contract.event_types import FINAL_STATUSES, Kind, Queue
 from ...contract.events import Event
 from ...contract.job_state.records import JobSummary
-from ...runtime import log as _logging
+from ...plumbing import log as _logging
 from ..base import Backend, DrillAnswer, DryRun, JobInfo, RangeAnswer, ScaleAnswer
 from . import kueue
 from . import manifests as m

@@ -60,7 +60,7 @@ def with_env_values(secret: dict[str, Any], env: dict[str, str]) -> dict[str, An
 
 
 #: The packages a pod runs (tests/test_layers.py keeps them free of kernel-side imports).
-POD_PACKAGES = ("runtime", "agent", "store", "pool")
+POD_PACKAGES = ("runtime", "plumbing", "agent", "store", "pool")
 #: The modules of ours beside them a pod runs: the package's light __init__, and the shared
 #: vocabulary they speak, the events and the cross-process names (with its package's __init__,
 #: which imports nothing).
@@ -75,7 +75,7 @@ POD_MODULES = (
 
 @lru_cache(maxsize=1)
 def runtime_zip() -> bytes:
-    """What runs in a pod: notebook_elastic's runtime (the workers' side), agent, store and pool
+    """What runs in a pod: notebook_elastic's runtime (the workers' side), plumbing, agent, store and pool
     packages (+ the package's light __init__ and the shared vocabulary) and cloudpickle, zipped
     with fixed timestamps so the same code gives the same bytes."""
     import cloudpickle

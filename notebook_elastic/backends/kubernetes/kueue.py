@@ -34,7 +34,7 @@ else:  # pragma: no cover - Python 3.10
 
 from ...contract.event_types import Kind, Queue
 from ...errors import BackendError
-from ...runtime import log as _logging
+from ...plumbing import log as _logging
 
 _log = _logging.get("backends.kubernetes.kueue")
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from ...contract.event_types import Kind, Metric, Rendezvous, WorkerFailed, WorkerStarted
 from ...contract.events import Event
-from ...runtime import log as _logging
+from ...plumbing import log as _logging
 from .client import is_missing
 from .pods import PodView
 from .watch import Backoff, Followed, is_forbidden, parse_time

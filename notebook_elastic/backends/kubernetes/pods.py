@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ...contract import protocol
 from ...contract.event_types import Error, Kind, NodeJoined, NodeLeft, Pending, StoreLost
 from ...contract.events import LineParser
-from ...runtime import log as _logging
+from ...plumbing import log as _logging
 from . import manifests as m
 from .cursor import LogCursor
 from .watch import Followed, Watcher

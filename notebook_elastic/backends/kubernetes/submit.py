@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ...agent.notice_keeper import LEAVE_S
 from ...contract.plan import rdzv_id
 from ...errors import BackendError
-from ...runtime import log as _logging
+from ...plumbing import log as _logging
 from ..base import DryRun
 from . import grace, kueue
 from . import manifests as m

@@ -49,7 +49,7 @@ def cluster_place(spec: JobSpec, options: KubernetesOptions) -> Place:
             protocol.ENV_AGENTS_EVICT: "1",  # no supervisor: a pod failing while it joins sends itself away
             # The kubelet's SIGTERM is a notice: the job saves before the pod goes (notice_keeper.py).
             protocol.ENV_NOTICE_GRACE_S: str(options.pod_grace),
-            # NOTEBOOK_ELASTIC_LOG=debug in the kernel: the pods' lines at that level too (runtime/log.py).
+            # NOTEBOOK_ELASTIC_LOG=debug in the kernel: the pods' lines at that level too (plumbing/log.py).
             **({protocol.ENV_LOG: os.environ[protocol.ENV_LOG]} if os.environ.get(protocol.ENV_LOG) else {}),
         },
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...contract import protocol
 from ...contract.event_types import Error, Kind, Pending, Scaled
-from ...runtime import log as _logging
+from ...plumbing import log as _logging
 from . import kueue
 from . import manifests as m
 from .client import is_missing

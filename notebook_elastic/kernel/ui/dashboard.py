@@ -21,7 +21,7 @@ import ipywidgets as W
 from ...contract.event_types import FINAL_STATUSES, Kind, Log
 from ...contract.events import Event
 from ...contract.job_state.records import Transition
-from ...runtime import log as _logging
+from ...plumbing import log as _logging
 from .controls import Controls
 from .render import (
     chart_box,
