@@ -78,6 +78,9 @@ def request(
     except OSError as exc:
         raise NoAnswer(f"the job's supervisor at {where} does not answer ({exc})") from None
     sock.settimeout(None)  # multiprocessing's Connection reads and writes a blocking descriptor
+    # The handshake's last write and the request go out back to back: with Nagle's algorithm the
+    # request waited for the first one's ACK, which the supervisor delays (40 ms on Linux).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     watchdog = _Watchdog(sock)
     watchdog.arm(connect_s)
     conn: Connection | None = None
@@ -135,7 +138,9 @@ class ControlListener:
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
 
     def accept(self) -> socket.socket:
-        return self._sock.accept()[0]
+        sock = self._sock.accept()[0]
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small writes, each awaited
+        return sock
 
     def authenticate(self, sock: socket.socket) -> Connection:
         """The handshake (both ways, as multiprocessing's Listener does it); raises
