@@ -475,14 +475,16 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from .. import pool
+
     warm = _start_zygote()
     if args[:1] == ["--standby"]:
         args = _standby()
     # Known once a spare is told who it is: a node that joins a job that trains.
     _rules.spread_first_join = os.environ.get(protocol.ENV_JOINER) != "1"
     if warm and args and args[-1].endswith(".py") and not {"-m", "--module", "--no-python", "--no_python"} & set(args):
-        # Workers start as `python -u -m notebook_elastic.pool.warm SCRIPT`: forked by the zygote.
-        args = [*args[:-1], "-m", "notebook_elastic.pool.warm", args[-1]]
+        # Workers start as `python -u -m notebook_elastic.pool.launch SCRIPT`: forked by the zygote.
+        args = [*args[:-1], "-m", pool.LAUNCHER_MODULE, args[-1]]
     # Stopped by a signal, it leaves its round, never closes it for the others (torch 2.4 closed
     # it); a joiner of a job that trains leaves it whatever ends it (the job goes on).
     rounds.leave_instead_of_closing(

@@ -9,7 +9,6 @@ kinds, a job's statuses, each kind's fields) are the event vocabulary, defined o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -258,6 +257,8 @@ def progress_marked(folder: str | None, round_: int) -> bool:
 
 def sha256_of(path: str | os.PathLike[str]) -> str | None:
     """The file's sha256 (hex), or None when it is gone."""
+    import hashlib  # here: every process imports this module, a worker's launcher too
+
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:

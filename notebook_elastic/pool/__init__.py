@@ -22,7 +22,7 @@ starts it, and makes its children look like the processes they stand for.
 - **Never holds CUDA:** it imports torch and never touches a device; each child picks its own
   GPUs from its environment after the fork, as a cold process would.
 - **Its children do not die with it:** each forked process is tied to its *launcher* (the
-  light ``python -m notebook_elastic.pool.warm ...`` process its parent started, which
+  light ``python -m notebook_elastic.pool.launch ...`` process its parent started, which
   forwards signals and exits with the child's status), not to the pool.
 - **Its own messages** (an import that failed, a crash) go to ``.pool.log`` in the jobs
   folder of whoever started it; ``NOTEBOOK_ELASTIC_POOL_OWNER=PID`` ends it with that process.
@@ -38,14 +38,11 @@ the job folder (``plumbing/owned.py``).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from ..contract.protocol import (
     ENV_FORKED,
@@ -56,6 +53,11 @@ from ..contract.protocol import (
     ENV_POOL_OWNER,
     ENV_WARM_WORKERS,
 )
+
+TYPE_CHECKING = False  # typing's costs a worker's launcher, which imports this module, 9 ms
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Any
 
 IDLE_S = 600.0
 #: Read when torch and the preloaded modules are imported: a pool imported under other values
@@ -83,12 +85,14 @@ def through_pool(command: list[str], env: Mapping[str, str], *, detach: bool = F
     is). ``detach``: the launcher leaves its starter's process tree first."""
     if in_use(env) is None or command[1:2] != ["-m"]:
         return None
-    return [command[0], "-m", "notebook_elastic.pool.warm", *(["--detach"] if detach else []), *command[1:]]
+    return [command[0], "-m", LAUNCHER_MODULE, *(["--detach"] if detach else []), *command[1:]]
 
 
 def pool_name(env: Mapping[str, str] | None = None) -> str:
     """This user's pool for this interpreter and import-time environment."""
     env = os.environ if env is None else env
+    import hashlib
+
     key = hashlib.sha256()
     # The interpreter and its environment, however their paths are spelt (.venv/bin/python3 and
     # .venv/bin/python are one interpreter: `pool stop` from either must find the pool).
@@ -156,6 +160,8 @@ def ensure_pool(env: dict[str, str] | None = None, log: str | os.PathLike[str] |
 #: The pool's module: ``python -m POOL_MODULE pool NAME`` is a pool (jobfolder/folder.py's walk
 #: by descent stops there).
 POOL_MODULE = "notebook_elastic.pool.warm"
+#: What a warm start runs (``launch.py``; ``warm.py`` takes its arguments too).
+LAUNCHER_MODULE = "notebook_elastic.pool.launch"
 #: The double fork of ``start_detached``: the first child forks the pool and exits at once, so
 #: the pool is reparented to init (or the nearest subreaper), never its starter's child.
 _DETACH = "import os, sys\nif os.fork():\n    os._exit(0)\nos.setsid()\nos.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
@@ -191,6 +197,8 @@ def _command(name: str) -> list[str]:
 def _popen(
     command: list[str], name: str, env: dict[str, str], log: str | os.PathLike[str] | None
 ) -> subprocess.Popen[bytes]:
+    import subprocess
+
     from ..contract.protocol import ENV_JOB_DIR
 
     env = {k: v for k, v in env.items() if k != ENV_JOB_DIR}  # it belongs to no job

@@ -1,6 +1,7 @@
-"""The launcher of a warm start (``python -m notebook_elastic.pool.warm [--detach] SCRIPT
-ARGS`` or ``... [--detach] -m MODULE ARGS``): what torchrun starts for a worker, the supervisor
-for an agent and the kernel for a supervisor. It imports nothing heavy, hands its standard
+"""The launcher of a warm start (``python -m notebook_elastic.pool.launch [--detach] SCRIPT
+ARGS`` or ``... [--detach] -m MODULE ARGS``; ``pool.warm`` takes them too): what torchrun starts
+for a worker, the supervisor for an agent and the kernel for a supervisor. It imports nothing
+heavy (neither typing nor the zygote's modules: it is on every start's path), hands its standard
 streams, environment, working directory, ``sys.path`` and arguments to the node's zygote or the
 user's warm pool (``pool.warm``, ``pool``), and stays the process its starter
 watches: it forwards signals to the forked child and exits with the child's status (a signal as
@@ -147,3 +148,7 @@ def _cold(argv: list[str], module: str | None = None) -> None:
         return
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
     runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":  # python -m notebook_elastic.pool.launch: the launcher alone, not the zygote's imports
+    launch(sys.argv[1:])

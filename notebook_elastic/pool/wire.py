@@ -9,9 +9,12 @@ import os
 import socket
 import struct
 import sys
-from typing import Any
 
 from ..contract.protocol import ENV_WARM_WORKERS
+
+TYPE_CHECKING = False  # typing's costs a worker's launcher 9 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 CONNECT_WAIT_S = 15.0  # the zygote may still be importing torch on a node's first start
 
