@@ -510,6 +510,57 @@ def test_the_agents_monitor_waits_its_interval_on_what_can_cut_it_short(store, m
     assert waits == [pytest.approx(0.5 - notebook_agent.MONITOR_TICK_S)]  # the rest, on what can cut it
 
 
+def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_fast(store, monkeypatch):
+    """torch looks for a node waiting to join once a monitor interval, after its wait: a
+    scale-up waited up to an interval for the survivors to see its node. Where rounds are
+    polled fast (``join_look_s``: a local job) the wait looks at the round's change counter and
+    ends once a node waits to join (old code: it waited the whole interval, here 600 s). The
+    joiner is a real handler of ours joining the complete round on the same store."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    rules = rounds.RoundRules()
+    assert rounds.join_and_beat_together(rules) and rounds.regroup_in_one_write(rules)
+    host, port = "127.0.0.1", store.port
+
+    def client():
+        return torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
+
+    member = handler_on(client(), "join-look", nodes=(1, 3), join_s=600, last_call_s=1, rules=rules)
+    assert member.next_rendezvous() is not None  # a complete round of one
+    assert not member.round_moved()  # its first look: the counter as the round has it
+    hooks = notebook_agent.AgentHooks()
+    hooks.join_look_s = 0.01  # at most every JOIN_LOOK_S
+    spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=member, entrypoint="true", monitor_interval=600)
+    agent = notebook_agent.agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
+    monkeypatch.setattr(
+        torch_adapter.agent_class(), "_monitor_workers", lambda self, group: RunResult(state=WorkerState.HEALTHY)
+    )
+    monitor = threading.Thread(target=agent._monitor_workers, args=(agent._worker_group,), daemon=True)
+    monitor.start()
+    # The joiner waits in the complete round until its join times out (5 s), then its thread ends.
+    joiner = handler_on(client(), "join-look", nodes=(1, 3), join_s=5, last_call_s=1, rules=rules)
+    ended: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            joiner.next_rendezvous()
+        except Exception as exc:  # its join's timeout: nobody regroups in this test
+            ended.append(exc)
+
+    joining = threading.Thread(target=join, daemon=True)
+    joining.start()
+    try:
+        monitor.join(60)
+        assert not monitor.is_alive(), "the monitor waited on with a node waiting to join"
+        assert member.num_nodes_waiting() == 1  # torch's own look, next, finds it
+    finally:
+        joining.join(60)
+        for handler in (member, joiner):
+            handler.torch_handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
+    assert not joining.is_alive() and ended, "the joiner's thread outlived its join"
+
+
 def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypatch):
     """A worker's word over its link (runtime/inplace.py's Link, the agent's Links on a real
     socket): "boundary" (its group voted a change: a member goes) has the departure watch look

@@ -264,16 +264,20 @@ class InPlace:
         self.lost.set()
         self._wake.set()
 
-    def wait_for_change(self, timeout_s: float) -> None:
+    def wait_for_change(self, timeout_s: float) -> bool:
         """The agent's monitor waits between two looks: ``timeout_s``, or until there is something
         to regroup for (a departure seen by the watch, a worker whose group broke), sooner. While
         a worker's group is broken and the round has not yet lost the member (the supervisor's
-        word that it died, or its heartbeat, still to come), it looks every ``LOST_LOOK_S``."""
+        word that it died, or its heartbeat, still to come), it looks every ``LOST_LOOK_S``.
+        True when the monitor looks now (woken, or at such a look), not at the end of its wait."""
         recent = time.monotonic() - self._lost_at < LOST_LOOKS_FOR_S
-        if self.lost.is_set() and not self.regroup.is_set() and recent:
+        lost = self.lost.is_set() and not self.regroup.is_set() and recent
+        if lost:
             timeout_s = min(timeout_s, LOST_LOOK_S)
-        if self._wake.wait(timeout_s):
+        woken = self._wake.wait(timeout_s)
+        if woken:
             self._wake.clear()
+        return woken or lost
 
     def group_env(self, run_id: str, round_: int | None, store: Any) -> dict[str, str]:
         """What a fresh worker of this round needs to form its group as the kept ones do."""

@@ -34,6 +34,8 @@ from .torch_adapter import (
     holder_store,
     missing,
     node_of,
+    rdzv_events_heard,
+    recording_only_when_heard,
     rendezvous_actions,
     rendezvous_bases,
     rendezvous_op_kind,
@@ -237,7 +239,7 @@ def handler_over(store: Any, params: Any, rules: RoundRules, hooks: RendezvousHo
     )  # this instance's
     record = getattr(torch_handler, "_record", None)
     if record is not None:
-        vars(torch_handler)["_record"] = _recording_only_when_heard(record)  # this instance's
+        vars(torch_handler)["_record"] = recording_only_when_heard(record)  # this instance's
     return _rendezvous_class()(torch_handler, hooks, link)
 
 
@@ -267,27 +269,6 @@ BACKOFF_S = 0.02
 
 
 BACKOFF_MAX_S = 0.5
-
-
-def _rdzv_events_heard() -> bool:
-    """Whether torch's rendezvous events go anywhere (a handler other than its default null one)."""
-    import logging
-
-    from torch.distributed.elastic.events import get_logging_handler
-
-    return not isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler)
-
-
-def _recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]:
-    """torch's ``_record`` of a rendezvous part, made only when its events are heard: it names
-    its event after its caller through ``inspect.stack()``, twice, before it looks whether any
-    handler listens (by default none does). That cost about 0.1 s per step of a round on 2
-    cores, most of a round's time (py-spy: 0.75 s of a 1.2 s regroup in place)."""
-
-    def _record(*args: Any, **kwargs: Any) -> Any:
-        return record(*args, **kwargs) if _rdzv_events_heard() else None
-
-    return _record
 
 
 # Our subclasses of torch's classes, each made once, at its first use (torch imported by then): a
@@ -342,23 +323,30 @@ def _holder_class() -> type:
             self._ne_seen = together.membership(self._state)
             return has_set
 
-        def _ne_look_for_change(self, sayings: Any, store: Any) -> None:
+        def _ne_look_for_change(self, sayings: Any, store: Any, now_anyway: bool = False) -> bool:
             """Where the copy of a complete round is fresher than torch's cache, its change counter
-            (``together.look_due``): where it moved, the round is read now, not up to 1 s later."""
+            (``together.look_due``; ``now_anyway``: whatever either says): where it moved, the
+            round is read at the next sync, not up to 1 s later. Whether it moved."""
             round_, complete = self._ne_seen[:2]
             now = time.monotonic()
             fresh = complete and now - self._last_sync_time < self._cache_duration  # else read anyway
-            if not fresh or not together.look_due(self._ne_changes, round_, now):
-                return  # (a round forming: its own keys tell)
+            if not complete or not (now_anyway or (fresh and together.look_due(self._ne_changes, round_, now))):
+                return False  # (a round forming: its own keys tell)
             key = together.signal_key(sayings.state_key, round_, together.CHANGED)
             try:
                 count = int(_call_with_deadline(store.add, key, 0))
             except Exception:
                 _log.debug("the round's change counter not read: the round is read at torch's pace", exc_info=True)
-                return
+                return False
             self._ne_changes, moved = together.looked_at(self._ne_changes, round_, count, now)
             if moved:
                 self._last_sync_time = -1  # torch's: its next sync reads the store
+            return moved
+
+        def look_now(self) -> bool:
+            """One look at the round's change counter now (``_ne_look_for_change``)."""
+            store, sayings = holder_store(self), self._ne_sayings
+            return bool(self._ne_rules.regroup and sayings and store and self._ne_look_for_change(sayings, store, True))
 
         def _ne_signal(self, seen: tuple[int, bool, int, int], state: Any) -> None:
             """This write opened or completed a round: its key, for whoever waits for that
@@ -386,7 +374,7 @@ def _holder_class() -> type:
             return super()._sanitize()
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
-            return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
+            return super()._record(*args, **kwargs) if rdzv_events_heard() else None
 
     return NotebookStateHolder
 
@@ -415,7 +403,7 @@ def _executor_class() -> type:
 
         def _record(self, *args: Any, **kwargs: Any) -> Any:
             # torch names the event through inspect.stack() before it looks whether anyone hears.
-            return super()._record(*args, **kwargs) if _rdzv_events_heard() else None
+            return super()._record(*args, **kwargs) if rdzv_events_heard() else None
 
         def run(self, state_handler: Any, deadline: float, update_deadline: Any = None) -> Any:
             kind = rendezvous_op_kind(state_handler)
@@ -554,6 +542,12 @@ def _rendezvous_class() -> type:
 
         def is_closed(self) -> bool:
             return bool(self.torch_handler.is_closed())
+
+        def round_moved(self) -> bool:
+            """Whether this node's round changed (a node waits to join, a member left) since its
+            last look, looked at now at the cost of one small call (its change counter)."""
+            look = getattr(getattr(self.torch_handler, "_state_holder", None), "look_now", None)
+            return bool(look()) if look is not None else False
 
         def set_closed(self) -> None:
             self.torch_handler.set_closed()

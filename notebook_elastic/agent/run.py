@@ -217,6 +217,7 @@ def _hook_agent() -> None:
         ),
         wait_for_change=_inplace.wait_for_change,
         ranking=_link.ranking,
+        join_look_s=float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None,
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,

@@ -435,3 +435,24 @@ def spend_restart_budget(agent: Any) -> None:
 def group_is_healthy(agent: Any) -> bool:
     group = getattr(agent, "_worker_group", None)
     return group is not None and getattr(group.state, "name", "") == "HEALTHY"
+
+
+def rdzv_events_heard() -> bool:
+    """Whether torch's rendezvous events go anywhere (a handler other than its default null one)."""
+    import logging
+
+    from torch.distributed.elastic.events import get_logging_handler
+
+    return not isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler)
+
+
+def recording_only_when_heard(record: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``_record`` of a rendezvous part, made only when its events are heard: it names
+    its event after its caller through ``inspect.stack()``, twice, before it looks whether any
+    handler listens (by default none does). That cost about 0.1 s per step of a round on 2
+    cores, most of a round's time (py-spy: 0.75 s of a 1.2 s regroup in place)."""
+
+    def _record(*args: Any, **kwargs: Any) -> Any:
+        return record(*args, **kwargs) if rdzv_events_heard() else None
+
+    return _record
