@@ -44,6 +44,7 @@ from typing import Any
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
 from notebook_elastic.agent import regroup, store_link, together
+from notebook_elastic.agent.torch_adapter import rendezvous_times_aware
 from notebook_elastic.contract import protocol
 
 _U64 = struct.Struct("<Q")
@@ -57,6 +58,9 @@ MAGIC = 0x3C85F7CE
 SENTINEL = b"Y2FuaW1hZGFt"  # C10dRendezvousBackend._NULL_SENTINEL
 A = dr._Action
 DEBUG = False
+#: torch's rendezvous keeps its times aware (UTC) from 2.5 on, naive UTC on 2.4 (``utcnow``): the
+#: simulated agents write the kind this torch's own would, or its keep-alive fails comparing them.
+AWARE = rendezvous_times_aware()
 
 
 # -- the state's bytes ---------------------------------------------------------------------------
@@ -142,10 +146,11 @@ class Codec:
     def _time(self, when: datetime) -> bytes:
         piece = self._times.get(when)
         if piece is None:
-            if when.tzinfo is not timezone.utc:
-                raise ValueError("torch's rendezvous times are UTC")
+            if when.tzinfo is not (timezone.utc if AWARE else None):
+                raise ValueError("torch's rendezvous times are UTC: aware from torch 2.5, naive on 2.4")
             state = when.__reduce__()[1][0]
-            piece = b"h\x03C" + bytes([len(state)]) + state + b"h\x04\x86R"
+            # datetime(state, timezone.utc), or datetime(state) where this torch keeps them naive
+            piece = b"h\x03C" + bytes([len(state)]) + state + (b"h\x04\x86R" if AWARE else b"\x85R")
             if len(self._times) > 65536:
                 self._times.clear()
             self._times[when] = piece
@@ -522,7 +527,7 @@ class Agent:
             if await self.wire.check([protocol.GONE_KEY]):
                 await self.wire.get(protocol.GONE_KEY)
         window = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
-        expire = datetime.now(timezone.utc) - window
+        expire = utc_now() - window
         beats = self.state.last_heartbeats
         if not beats or self.fleet.oldest(self.state) >= expire:
             return
@@ -653,7 +658,7 @@ class Agent:
         if state.complete and node in state.wait_list:
             await self.wire.wait([together.signal_key(self.key, state.round + 1, together.OPENED)], wait_s)
         elif not state.complete and node in state.participants and state.deadline is not None:
-            left = max(0.0, (state.deadline - datetime.now(timezone.utc)).total_seconds())
+            left = max(0.0, (state.deadline - utc_now()).total_seconds())
             grace = 0.0 if min(state.participants) == node else 1.0  # rounds.COMPLETE_GRACE_S
             key = together.signal_key(self.key, state.round, together.COMPLETE)
             await self.wire.wait([key], max(0.01, min(left + grace, wait_s)))
@@ -668,7 +673,7 @@ class Agent:
         state = self.state
         if state.complete or state.deadline is None or self.node not in state.participants:
             return False
-        left = (state.deadline - datetime.now(timezone.utc)).total_seconds()
+        left = (state.deadline - utc_now()).total_seconds()
         grace = 0.0 if min(state.participants) == self.node else 1.0  # rounds.COMPLETE_GRACE_S
         if left > 0 or left + grace <= 0:
             return False
@@ -887,7 +892,7 @@ class Agent:
 def apply(action: Any, state: dr._RendezvousState, node: dr._NodeDesc, settings: dr.RendezvousSettings) -> None:
     """What torch's _DistributedRendezvousOpExecutor does for ``action`` (its _keep_alive,
     _add_to_participants, ... methods, without their event records)."""
-    now = datetime.now(timezone.utc)
+    now = utc_now()
     if action == A.KEEP_ALIVE:
         state.last_heartbeats[node] = now
     elif action == A.ADD_TO_PARTICIPANTS:
@@ -1001,3 +1006,9 @@ class Fleet:
         for agent in self.agents:
             if not agent.gone:
                 agent.crash()
+
+
+def utc_now() -> datetime:
+    """Now, as this torch's rendezvous writes it (``AWARE``)."""
+    now = datetime.now(timezone.utc)
+    return now if AWARE else now.replace(tzinfo=None)

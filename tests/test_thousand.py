@@ -306,12 +306,12 @@ def _state(n: int, seed: int) -> tuple[dr._RendezvousState, list]:
     state.round = rng.randrange(5)
     for node in nodes[: n - 3]:
         state.participants[node] = 0
-        state.last_heartbeats[node] = datetime.now(timezone.utc) - timedelta(seconds=rng.randrange(60))
+        state.last_heartbeats[node] = sim.utc_now() - timedelta(seconds=rng.randrange(60))
     state.wait_list.add(nodes[-1])
     state.redundancy_list.add(nodes[-2])
-    state.last_heartbeats[nodes[-1]] = datetime.now(timezone.utc)
-    state.last_heartbeats[nodes[-2]] = datetime.now(timezone.utc)
-    state.deadline = datetime.now(timezone.utc) + timedelta(seconds=3)
+    state.last_heartbeats[nodes[-1]] = sim.utc_now()
+    state.last_heartbeats[nodes[-2]] = sim.utc_now()
+    state.deadline = sim.utc_now() + timedelta(seconds=3)
     return state, nodes
 
 
@@ -365,10 +365,10 @@ def test_the_simulated_agents_actions_are_torchs_executors():
             ours = sim.clone(state)
             sim.apply(action, ours, node, settings)
             for beats in (theirs.last_heartbeats, ours.last_heartbeats):  # "now" differs by microseconds
-                if node in beats and beats[node] > datetime.now(timezone.utc) - timedelta(seconds=1):
-                    beats[node] = datetime.min.replace(tzinfo=timezone.utc)
+                if node in beats and beats[node] > sim.utc_now() - timedelta(seconds=1):
+                    beats[node] = datetime.min
             for s in (theirs, ours):  # a deadline is "now" + last call
-                if s.deadline is not None and s.deadline > datetime.now(timezone.utc):
+                if s.deadline is not None and s.deadline > sim.utc_now():
                     s.deadline = None
             assert vars(ours) == vars(theirs), (action, who)
 
