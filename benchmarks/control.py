@@ -29,36 +29,34 @@ from notebook_elastic.jobfolder import control  # noqa: E402
 KEY = os.urandom(32)
 
 
-def serve_ours() -> tuple[str, int]:
-    listener = control.listen(KEY)
+REPLY = json.dumps({"ok": True, "result": {"target": 2}}).encode()
 
-    def answer(sock: object) -> None:
-        conn = listener.authenticate(sock)
-        json.loads(conn.recv_bytes())
-        conn.send_bytes(json.dumps({"ok": True, "result": {"target": 2}}).encode())
-        conn.close()
+
+def _reply(conn: object) -> None:
+    json.loads(conn.recv_bytes())
+    conn.send_bytes(REPLY)
+    conn.close()
+
+
+def _serve(accept: object, answer: object) -> None:
+    """Each connection answered in a thread of its own, as the supervisor does."""
 
     def loop() -> None:
         while True:
-            threading.Thread(target=answer, args=(listener.accept(),), daemon=True).start()
+            threading.Thread(target=answer, args=(accept(),), daemon=True).start()
 
     threading.Thread(target=loop, daemon=True).start()
+
+
+def serve_ours() -> tuple[str, int]:
+    listener = control.listen(KEY)
+    _serve(listener.accept, lambda sock: _reply(listener.authenticate(sock)))
     return listener.address
 
 
 def serve_stdlib() -> tuple[str, int]:
     listener = Listener(("127.0.0.1", 0), authkey=KEY)
-
-    def answer(conn: object) -> None:
-        json.loads(conn.recv_bytes())
-        conn.send_bytes(json.dumps({"ok": True, "result": {"target": 2}}).encode())
-        conn.close()
-
-    def loop() -> None:
-        while True:
-            threading.Thread(target=answer, args=(listener.accept(),), daemon=True).start()
-
-    threading.Thread(target=loop, daemon=True).start()
+    _serve(listener.accept, _reply)
     return listener.address
 
 
