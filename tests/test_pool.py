@@ -230,7 +230,7 @@ def test_the_pool_is_off_with_its_switch(monkeypatch):
 
 def test_the_pool_is_named_by_user_interpreter_torch_and_import_time_environment(monkeypatch):
     """Jobs whose processes would import torch the same way share a pool; a variable read when
-    torch is imported, or a torch upgraded in place, gets another one."""
+    torch is imported, a torch upgraded in place, or another notebook-elastic, gets another one."""
     base = {"PATH": "/usr/bin", "PYTHONPATH": "/a"}
     name = pool.pool_name(base)
     assert name.startswith(f"@notebook-elastic-pool-{os.getuid()}-")
@@ -240,7 +240,11 @@ def test_the_pool_is_named_by_user_interpreter_torch_and_import_time_environment
     assert pool.pool_name({**base, "TORCH_LOGS": "dynamo"}) != name
     assert pool.pool_name({**base, "OMP_NUM_THREADS": "1"}) != name
     monkeypatch.setattr(pool, "_torch_install", lambda: "/site/torch/version.py:2:313")
-    assert pool.pool_name(base) != name
+    upgraded = pool.pool_name(base)
+    assert upgraded != name
+    # notebook-elastic upgraded, or another copy of it: another pool (old code: the same one)
+    monkeypatch.setattr("notebook_elastic._version.__version__", "99.0")
+    assert pool.pool_name(base) != upgraded
 
 
 def test_load_ext_starts_the_pool_in_the_background_of_a_real_kernel(home, tmp_path, monkeypatch):

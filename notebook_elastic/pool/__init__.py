@@ -14,9 +14,9 @@ starts it, and makes its children look like the processes they stand for.
   were a job's process its parent (a guardian bringing its job back starts it too), every job
   forked from it would read as that job's descendant, and be ended with it (#37).
 - **Named** by the user and the environment: ``@notebook-elastic-pool-UID-KEY`` in Linux's
-  abstract namespace, KEY a hash of the interpreter, its version, ``PYTHONPATH`` and the
-  variables read when torch is imported; a kernel in another environment gets a pool of its
-  own. Both ends check the other runs as the same user (SO_PEERCRED) before a byte crosses.
+  abstract namespace, KEY a hash of the interpreter, its version, ``PYTHONPATH``, the
+  variables read when torch is imported, torch's install and this package's (version and
+  place); a kernel in another environment, or after an upgrade, gets a pool of its own. Both ends check the other runs as the same user (SO_PEERCRED) before a byte crosses.
 - **Reaped** after ``NOTEBOOK_ELASTIC_POOL_IDLE_S`` (default 600) seconds with no child and
   no request; 0 keeps it until SIGTERM.
 - **Never holds CUDA:** it imports torch and never touches a device; each child picks its own
@@ -97,7 +97,7 @@ def pool_name(env: Mapping[str, str] | None = None) -> str:
     # The interpreter and its environment, however their paths are spelt (.venv/bin/python3 and
     # .venv/bin/python are one interpreter: `pool stop` from either must find the pool).
     where = f"{os.path.realpath(sys.executable)}\0{os.path.realpath(sys.prefix)}"
-    key.update(f"{where}\0{sys.version}\0{_torch_install()}\0".encode())
+    key.update(f"{where}\0{sys.version}\0{_torch_install()}\0{_our_install()}\0".encode())
     for name in sorted(env):
         if name.startswith(_IMPORT_TIME_PREFIXES) and not name.startswith("NOTEBOOK_ELASTIC"):
             key.update(f"{name}={env[name]}\0".encode())
@@ -116,6 +116,15 @@ def _torch_install() -> str:
         return f"{version}:{info.st_mtime_ns}:{info.st_size}"
     except (ImportError, AttributeError, TypeError, ValueError, OSError):
         return ""
+
+
+def _our_install() -> str:
+    """This package's version and where it is: an upgrade gets a new pool, as a torch's does (an
+    old pool would fork jobs through its own old forking code, and trade requests with a newer
+    launcher)."""
+    from .._version import __version__
+
+    return f"{__version__}:{os.path.dirname(os.path.dirname(os.path.realpath(__file__)))}"
 
 
 def idle_seconds() -> float:
