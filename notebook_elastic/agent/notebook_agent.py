@@ -306,7 +306,8 @@ def agent_subclass(hooks: AgentHooks) -> type:
             a scale-up waited up to an interval for the survivors to see its node (0.05 s on
             average at 0.1 s). Where rounds are polled faster (``hooks.join_look_s``: a local
             job), the wait looks at the round's change counter that often (one small call; at
-            most every ``JOIN_LOOK_S``) and ends when it moved: torch's own look, next, reads the round and finds the node."""
+            most every ``JOIN_LOOK_S``) and ends when it moved: torch's own look, next, reads
+            the round and finds the node."""
             look_s = max(hooks.join_look_s, JOIN_LOOK_S) if hooks.join_look_s else None
             moved = getattr(worker_group.spec.rdzv_handler, "round_moved", None)  # ours (rounds.py)
             if not look_s or look_s >= rest_s or moved is None:

@@ -346,7 +346,9 @@ def _holder_class() -> type:
         def look_now(self) -> bool:
             """One look at the round's change counter now (``_ne_look_for_change``)."""
             store, sayings = holder_store(self), self._ne_sayings
-            return bool(self._ne_rules.regroup and sayings and store and self._ne_look_for_change(sayings, store, True))
+            if not self._ne_rules.regroup or sayings is None or store is None:
+                return False
+            return self._ne_look_for_change(sayings, store, now_anyway=True)
 
         def _ne_signal(self, seen: tuple[int, bool, int, int], state: Any) -> None:
             """This write opened or completed a round: its key, for whoever waits for that
