@@ -561,6 +561,18 @@ def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_f
     assert not joining.is_alive() and ended, "the joiner's thread outlived its join"
 
 
+def test_only_a_job_whose_store_is_on_this_machine_looks_for_a_joiner_between_its_looks():
+    """The look above costs a store call per agent every JOIN_LOOK_S: taken where the store is on
+    loopback (a local job), not where one store serves every node of an allocation (Slurm's
+    supervisor) or where rounds go at torch's pace (a cluster's)."""
+    from notebook_elastic.agent.run import join_look_s
+
+    local = {protocol.ENV_RDZV_POLL_S: "0.02", protocol.ENV_NOTICE_STORE: "127.0.0.1:4242"}
+    assert join_look_s(local) == 0.02
+    assert join_look_s({**local, protocol.ENV_NOTICE_STORE: "10.0.0.1:4242"}) is None  # Slurm
+    assert join_look_s({protocol.ENV_NOTICE_STORE: "127.0.0.1:4242"}) is None  # no fast rounds
+
+
 def test_a_worker_at_a_boundary_or_with_a_broken_group_wakes_its_agent(monkeypatch):
     """A worker's word over its link (runtime/inplace.py's Link, the agent's Links on a real
     socket): "boundary" (its group voted a change: a member goes) has the departure watch look

@@ -45,6 +45,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from ..contract import protocol
@@ -217,7 +218,7 @@ def _hook_agent() -> None:
         ),
         wait_for_change=_inplace.wait_for_change,
         ranking=_link.ranking,
-        join_look_s=float(os.environ.get(protocol.ENV_RDZV_POLL_S) or 0) or None,
+        join_look_s=join_look_s(os.environ),
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
@@ -342,6 +343,16 @@ def _report_degraded() -> None:
 _first_round = threading.Event()  # set once this node joined its first round
 #: A node that never forms a round (waiting for peers) still tries its torch after this long.
 FIRST_ROUND_WAIT_S = 120.0
+
+
+def join_look_s(env: Mapping[str, str]) -> float | None:
+    """How often the monitor's wait looks for a node waiting to join (``notebook_agent``: at
+    most every ``JOIN_LOOK_S``): as often as rounds are polled where the store is on this
+    machine (a local job), else never (torch's own look alone): a Slurm job's store, in its
+    supervisor, serves every node of the allocation, and the looks would grow with them."""
+    poll_s = float(env.get(protocol.ENV_RDZV_POLL_S) or 0)
+    host = env.get(protocol.ENV_NOTICE_STORE, "").rpartition(":")[0]  # the rendezvous's store
+    return poll_s if poll_s > 0 and host in ("127.0.0.1", "localhost", "::1", "[::1]") else None
 
 
 def _degraded(lost: dict[str, str]) -> None:
