@@ -16,7 +16,8 @@ starts it, and makes its children look like the processes they stand for.
 - **Named** by the user and the environment: ``@notebook-elastic-pool-UID-KEY`` in Linux's
   abstract namespace, KEY a hash of the interpreter, its version, ``PYTHONPATH``, the
   variables read when torch is imported, torch's install and this package's (version and
-  place); a kernel in another environment, or after an upgrade, gets a pool of its own. Both ends check the other runs as the same user (SO_PEERCRED) before a byte crosses.
+  place); a kernel in another environment, or after an upgrade, gets a pool of its own. Both
+  ends check the other runs as the same user (SO_PEERCRED) before a byte crosses.
 - **Reaped** after ``NOTEBOOK_ELASTIC_POOL_IDLE_S`` (default 600) seconds with no child and
   no request; 0 keeps it until SIGTERM.
 - **Never holds CUDA:** it imports torch and never touches a device; each child picks its own

@@ -75,9 +75,9 @@ POD_MODULES = (
 
 @lru_cache(maxsize=1)
 def runtime_zip() -> bytes:
-    """What runs in a pod: notebook_elastic's runtime (the workers' side), plumbing, agent, store and pool
-    packages (+ the package's light __init__ and the shared vocabulary) and cloudpickle, zipped
-    with fixed timestamps so the same code gives the same bytes."""
+    """What runs in a pod: notebook_elastic's runtime (the workers' side), plumbing, agent,
+    store and pool packages (+ the package's light __init__ and the shared vocabulary) and
+    cloudpickle, zipped with fixed timestamps so the same code gives the same bytes."""
     import cloudpickle
 
     package = Path(__file__).resolve().parents[2]
