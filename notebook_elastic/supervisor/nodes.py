@@ -262,7 +262,9 @@ class Nodes:
             self.warm_spare
             and not self.course.stopping
             and self.state.world_size > 0
-            and len(self.alive_agents()) < self.course.membership.max_nodes
+            and not self.finishing()
+            # Not yet reaped counts: one that exited since this round's reap may have finished.
+            and sum(not a.reaped for a in self.agents.values()) < self.course.membership.max_nodes
         )
         if self.spare is not None and not self.spare.alive:
             self.spare = None
@@ -429,6 +431,12 @@ class Nodes:
             if agent.log:
                 agent.log.close()
 
+    def finishing(self) -> bool:
+        """Workers succeeded somewhere (a node left with exit 0): the job is ending, so no agent
+        is started and no spare kept (a spare spawned as node-1 finished before node-0 was an
+        orphan at the end)."""
+        return any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped)
+
     def converge(self) -> None:
         """Start or stop agents until as many run as the target says."""
         if self.course.stopping:
@@ -437,8 +445,8 @@ class Nodes:
         # Agents on their way out do not count: counting a preempted node-0 that is still
         # shutting down made the target look exceeded, and the survivor was scaled down too.
         alive = self.staying_agents()
-        if any(a.proc.returncode == 0 for a in self.agents.values() if a.reaped):
-            return  # the job is finishing: workers succeeded somewhere
+        if self.finishing():
+            return
         target = self.course.membership.target
         while len(alive) < target:
             agent = self.start_agent()
