@@ -561,6 +561,103 @@ def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_f
     assert not joining.is_alive() and ended, "the joiner's thread outlived its join"
 
 
+def wait_until(condition, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the test's deadline"
+        time.sleep(0.01)
+
+
+def test_a_node_waiting_to_join_ends_the_monitors_wait_through_the_stores_answer(store, monkeypatch):
+    """Where the monitor does not look between its looks (a cluster's or Slurm's job, whose one
+    store serves every node), the change watch holds a WAIT for the round's next change mark:
+    the joiner's own write (it puts itself on the wait list) moves the counter and sets the
+    mark, the store answers, and the monitor's wait ends (old code: the whole interval, 600 s
+    here). The joiner is a real handler of ours; the store is torch's."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from notebook_elastic.agent.change_watch import ChangeWatch
+
+    rules = rounds.RoundRules()
+    assert rounds.join_and_beat_together(rules) and rounds.regroup_in_one_write(rules)
+    host, port = "127.0.0.1", store.port
+
+    def client():
+        return torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
+
+    member = handler_on(client(), "change-watch", nodes=(1, 3), join_s=600, last_call_s=1, rules=rules)
+    assert member.next_rendezvous() is not None  # a complete round of one
+    woken = threading.Event()
+    hooks = notebook_agent.AgentHooks()
+    hooks.wait_for_change = lambda seconds: woken.wait(seconds) or None
+    hooks.change_watch = watch = ChangeWatch(woken.set)
+    spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=member, entrypoint="true", monitor_interval=600)
+    agent = notebook_agent.agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
+    monkeypatch.setattr(
+        torch_adapter.agent_class(), "_monitor_workers", lambda self, group: RunResult(state=WorkerState.HEALTHY)
+    )
+    monitor = threading.Thread(target=agent._monitor_workers, args=(agent._worker_group,), daemon=True)
+    monitor.start()
+    wait_until(lambda: watch.active, 10)  # armed by the monitor's wait, before anyone joins
+    assert not woken.is_set()
+    joiner = handler_on(client(), "change-watch", nodes=(1, 3), join_s=5, last_call_s=1, rules=rules)
+    ended: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            joiner.next_rendezvous()
+        except Exception as exc:  # its join's timeout: nobody regroups in this test
+            ended.append(exc)
+
+    joining = threading.Thread(target=join, daemon=True)
+    joining.start()
+    try:
+        monitor.join(60)
+        assert not monitor.is_alive(), "the monitor waited on with a node waiting to join"
+        assert watch.woken == 1
+        assert member.num_nodes_waiting() == 1  # torch's own look, next, finds it
+    finally:
+        joining.join(60)
+        for handler in (member, joiner):
+            handler.torch_handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
+    assert not joining.is_alive() and ended, "the joiner's thread outlived its join"
+
+
+def test_the_change_watch_follows_its_round_waits_once_per_mark_and_gives_up_on_a_dead_store(store, monkeypatch):
+    """The watch's thread waits for the key it is armed with; re-armed for another round, it sets
+    the old key itself and takes the new one at once; a key once answered is never waited on
+    again (a mark set while the count read since did not move would wake it in a loop); a store
+    it cannot reach ends it after GIVE_UP_AFTER tries, and the monitor looks instead."""
+    from notebook_elastic.agent import change_watch
+
+    host, port = "127.0.0.1", store.port
+    setter = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+    woken, stale = threading.Event(), []
+    watch = change_watch.ChangeWatch(woken.set)
+    watch.arm("r1/changed/1", (host, port), lambda key: setter.set(key, "1"), lambda: stale.append(1))
+    wait_until(lambda: watch._waiting_on == "r1/changed/1", 10)
+    watch.arm("r2/changed/1", (host, port), lambda key: setter.set(key, "1"), lambda: stale.append(2))
+    wait_until(lambda: watch._waiting_on == "r2/changed/1", 10)  # released from round 1's key
+    assert not woken.is_set() and watch.woken == 0  # the released key is no answer
+    setter.set("r2/changed/1", "1")
+    assert woken.wait(10) and watch.woken == 1 and stale == [2]
+    assert not watch.active  # answered: armed again by the monitor after its look
+    watch.arm("r2/changed/1", (host, port), lambda key: setter.set(key, "1"))
+    assert not watch.active  # that key is set: waiting on it again would wake at once, forever
+
+    monkeypatch.setattr(change_watch, "RETRY_S", 0.01)
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+    try:
+        lost = change_watch.ChangeWatch(lambda: None, lambda address, timeout_s: change_watch.connect(address, 1.0))
+        lost.arm("r1/changed/1", dead.getsockname()[:2], lambda key: None)
+        wait_until(lambda: lost.given_up, 60)
+        assert not lost.active and lost.woken == 0
+    finally:
+        dead.close()
+
+
 def test_only_a_job_whose_store_is_on_this_machine_looks_for_a_joiner_between_its_looks():
     """The look above costs a store call per agent every JOIN_LOOK_S: taken where the store is on
     loopback (a local job), not where one store serves every node of an allocation (Slurm's

@@ -264,6 +264,10 @@ class InPlace:
         self.lost.set()
         self._wake.set()
 
+    def wake_monitor(self) -> None:
+        """End the monitor's wait now (the round changed: ``change_watch``)."""
+        self._wake.set()
+
     def wait_for_change(self, timeout_s: float) -> bool:
         """The agent's monitor waits between two looks: ``timeout_s``, or until there is something
         to regroup for (a departure seen by the watch, a worker whose group broke), sooner. While

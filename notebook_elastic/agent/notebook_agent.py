@@ -18,7 +18,7 @@ from typing import Any
 
 from ..contract.protocol import GONE_KEY, TARGET_KEY
 from ..plumbing import log as _logging
-from . import rounds, store_link
+from . import change_watch, rounds, store_link
 from .torch_adapter import (
     INTERNALS,
     agent_class,
@@ -224,6 +224,9 @@ class AgentHooks:
         # Where rounds are polled faster than the monitor's interval (a local job), the wait
         # also looks this often for a node waiting to join (None: at torch's look alone).
         self.join_look_s: float | None = None
+        # A wait the store answers when the round changes (change_watch): where it is armed,
+        # it stands in for those looks, and the monitor is woken by it.
+        self.change_watch: change_watch.ChangeWatch | None = None
         # Set while torch assigns a round's ranks (the agent's store link's ``ranking``): a
         # wait on the round's store then ends when the round lost a member (RoundLostMember).
         self.ranking: threading.Event | None = None
@@ -310,6 +313,13 @@ def agent_subclass(hooks: AgentHooks) -> type:
             the round and finds the node."""
             look_s = max(hooks.join_look_s, JOIN_LOOK_S) if hooks.join_look_s else None
             moved = getattr(worker_group.spec.rdzv_handler, "round_moved", None)  # ours (rounds.py)
+            watch = hooks.change_watch
+            if watch is not None and moved is not None:
+                change_watch.next_mark(worker_group.spec.rdzv_handler, watch)
+                if watch.active:  # the store answers when the round changes: no looks
+                    if hooks.wait_for_change(rest_s):
+                        moved()  # torch's look, next, reads the round where its counter moved
+                    return
             if not look_s or look_s >= rest_s or moved is None:
                 hooks.wait_for_change(rest_s)
                 return
@@ -357,6 +367,7 @@ def hook_agent(
     wait_for_change: Callable[[float], bool | None] | None = None,
     ranking: threading.Event | None = None,
     join_look_s: float | None = None,
+    watch: change_watch.ChangeWatch | None = None,
 ) -> bool:
     """torchrun's agent, as ``NotebookAgent``: ``before_start(agent)`` before every (re)start
     of its workers; a failed or unhealthy round whose ``departures(result)`` is not empty is
@@ -371,7 +382,8 @@ def hook_agent(
     tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
     ranks)`` before torch stops its workers; the monitor's wait between two looks is
     ``wait_for_change(seconds)`` (cut short when there is something to regroup for: True), and
-    looks for a node waiting to join every ``join_look_s`` of it where that is set; ``ranking``
+    looks for a node waiting to join every ``join_look_s`` of it where that is set, or, where
+    ``watch`` is armed, waits for the store's answer when the round changes; ``ranking``
     is set while torch assigns a round's ranks (the agent's ``StoreLink.ranking``). torchrun makes its agent in ``torch.distributed.launcher.api.launch_agent`` from that
     module's name ``LocalElasticAgent``, with no option to name another class: that one name is
     bound to our subclass, made over ``hooks`` (the agent's; the only name of torch's we rebind
@@ -393,6 +405,7 @@ def hook_agent(
     if ranking is not None:
         hooks.ranking = ranking
     hooks.join_look_s = join_look_s
+    hooks.change_watch = watch
     _use_our_agent(hooks)
     return True
 

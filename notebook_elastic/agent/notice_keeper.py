@@ -29,7 +29,7 @@ from ..plumbing.procfs import stat_fields
 from ..runtime import term
 from ..runtime._emit import emit
 from ..runtime.notice import POLL_S
-from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, VALIDATE, VALIDATION_MAGIC
+from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, STOP_WAITING, VALIDATE, VALIDATION_MAGIC, WAIT
 
 _log = log.get("keeper")
 
@@ -52,8 +52,10 @@ def _key(key: str) -> bytes:
 
 
 class StoreClient:
-    """torch's TCPStore protocol, the few commands a notice needs (SET, CHECK, GET, DELETE_KEY),
-    each key under "/" as torch's own client puts it (so both see the same keys)."""
+    """torch's TCPStore protocol, the few commands a notice needs (SET, CHECK, GET, DELETE_KEY)
+    and the change watch's WAIT, each key under "/" as torch's own client puts it (so both see
+    the same keys). Plain Python: a thread blocked in it at the process's end ends with it (one
+    blocked in torch's C++ client was ended by std::terminate when its connection closed then)."""
 
     def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
         host, _, port = endpoint.rpartition(":")
@@ -86,6 +88,17 @@ class StoreClient:
     def delete_key(self, key: str) -> None:
         self.sock.sendall(bytes([DELETE_KEY]) + _key(key))
         self._recv(8)
+
+    def wait(self, keys: list[str], timeout_s: float) -> bool:
+        """WAIT until every one of ``keys`` is set: True once the store says so; False after
+        ``timeout_s``, and the connection is closed (it holds a WAIT no one reads any more)."""
+        self.sock.sendall(bytes([WAIT]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
+        self.sock.settimeout(timeout_s)
+        try:
+            return self._recv(1) == STOP_WAITING
+        except TimeoutError:
+            self.close()
+            return False
 
     def close(self) -> None:
         self.sock.close()

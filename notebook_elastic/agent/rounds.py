@@ -9,9 +9,8 @@ node waiting in a round looks again once a second (1.5 s of a 3.6 s scale-up fro
 at once, and nodes in a round look again every ``poll_s``; a cluster's store has no target.
 
 A node the supervisor saw die (``GONE_KEY``) is dropped at once (``drop_gone_nodes``); nodes
-join, leave and beat together (``join_and_beat_together``, ``together.py``); a node stopped by
-a signal leaves its round instead of closing it (``leave_instead_of_closing``). What each needs
-of torch's private names is checked in ``torch_adapter.py``.
+join, leave and beat together (``together.py``); a stopped node leaves its round instead of
+closing it (``leave_instead_of_closing``); torch's private names: ``torch_adapter.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any
 
 from ..contract.protocol import TARGET_KEY
 from ..plumbing import log as _logging
-from . import gone, regroup, store_link, together
+from . import change_watch, gone, regroup, store_link, together
 from .deadline import call_with_deadline
 from .regroup import regroup_in_one_write as regroup_in_one_write
 from .torch_adapter import (
@@ -297,10 +296,16 @@ def _holder_class() -> type:
             self._ne_sayings = together.Sayings(state_key, None, interval_s, _call_with_deadline) if state_key else None
             self._ne_seen = (-1, False, 0, 0)  # together.membership of the state last read or written
             self._ne_changes = (-1, 0, 0.0)  # (round, its CHANGED counter as last read, when read)
+            self._ne_watch: Any = None  # the agent's change_watch: it stands in for the looks
 
         def sync(self) -> Any:
             seen, store = self._ne_seen, holder_store(self)
-            if self._ne_rules.regroup and self._ne_sayings is not None and store is not None:
+            if (
+                self._ne_rules.regroup
+                and self._ne_sayings is not None
+                and store is not None
+                and not change_watch.watches(self)
+            ):
                 self._ne_look_for_change(self._ne_sayings, store)
             has_set = super().sync()
             state = self._state
@@ -324,9 +329,8 @@ def _holder_class() -> type:
             return has_set
 
         def _ne_look_for_change(self, sayings: Any, store: Any, now_anyway: bool = False) -> bool:
-            """Where the copy of a complete round is fresher than torch's cache, its change counter
-            (``together.look_due``; ``now_anyway``: whatever either says): where it moved, the
-            round is read at the next sync, not up to 1 s later. Whether it moved."""
+            """A look at a complete round's change counter when due (``look_due``) or ``now_anyway``:
+            where it moved (returned), the next sync reads the round, not up to 1 s later."""
             round_, complete = self._ne_seen[:2]
             now = time.monotonic()
             fresh = complete and now - self._last_sync_time < self._cache_duration  # else read anyway
@@ -351,9 +355,8 @@ def _holder_class() -> type:
             return self._ne_look_for_change(sayings, store, now_anyway=True)
 
         def _ne_signal(self, seen: tuple[int, bool, int, int], state: Any) -> None:
-            """This write opened or completed a round: its key, for whoever waits for that
-            (``regroup_in_one_write``); or it changed a complete round's members: its counter
-            (``together.changed_since``). A state of ours only: read before it was written."""
+            """This write opened or completed a round: its key (``regroup_in_one_write``); or it
+            changed a complete round's members (``changed_since``): its counter and its mark."""
             if seen[0] < 0 or self._ne_sayings is None:
                 return
             store: Any = holder_store(self)
@@ -366,7 +369,9 @@ def _holder_class() -> type:
                 calls.append((store.set, key(together.COMPLETE), "1"))
             for call, name, value in calls:
                 try:
-                    _call_with_deadline(call, name, value)
+                    count = _call_with_deadline(call, name, value)
+                    if name == key(together.CHANGED):  # and the key change watches wait on (mark_key)
+                        _call_with_deadline(store.set, f"{name}/{int(count)}", "1")
                 except Exception:
                     _log.debug("a round's key not set: who waits for it reads the state in a second", exc_info=True)
 
@@ -546,8 +551,7 @@ def _rendezvous_class() -> type:
             return bool(self.torch_handler.is_closed())
 
         def round_moved(self) -> bool:
-            """Whether this node's round changed (a node waits to join, a member left) since its
-            last look, looked at now at the cost of one small call (its change counter)."""
+            """Whether this node's round changed since its last look (one small call, now)."""
             look = getattr(getattr(self.torch_handler, "_state_holder", None), "look_now", None)
             return bool(look()) if look is not None else False
 

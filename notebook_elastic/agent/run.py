@@ -63,7 +63,7 @@ from ..plumbing import log
 from ..plumbing.parent import set_parent_death_signal
 from ..runtime import term
 from ..runtime._emit import emit
-from . import notebook_agent, notice_keeper, rounds, store_link, torch_adapter
+from . import change_watch, notebook_agent, notice_keeper, rounds, store_link, torch_adapter
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .fatal import FatalEnd, failure_message
@@ -219,6 +219,7 @@ def _hook_agent() -> None:
         wait_for_change=_inplace.wait_for_change,
         ranking=_link.ranking,
         join_look_s=join_look_s(os.environ),
+        watch=change_watch.ChangeWatch(_round_changed),
     )
     # Every store call has a deadline; one that passes it is a lost connection. A store that can
     # come back (the place says so: a cluster's store pod, under its Deployment) is waited for,
@@ -338,6 +339,12 @@ def _report_degraded() -> None:
             _degraded({**lacking, **changed})
 
     threading.Thread(target=trial, name="notebook-elastic-probe", daemon=True).start()
+
+
+def _round_changed() -> None:
+    """The store answered the change watch: the monitor looks now, and so does the departure watch."""
+    _inplace.wake_monitor()
+    _watch.look_now()
 
 
 _first_round = threading.Event()  # set once this node joined its first round

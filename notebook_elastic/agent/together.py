@@ -314,6 +314,14 @@ OPENED, COMPLETE = "opened", "complete"
 #: round is fresher than torch's one-second cache reads the counter (a few bytes) at most every
 #: ``CHANGE_LOOK_S`` (``look_due``) and the round itself only when it moved (``looked_at``).
 CHANGED = "changed"
+
+
+def mark_key(state_key: str, round_: int, count: int) -> str:
+    """The key a writer of ours sets once it moved round ``round_``'s ``CHANGED`` counter to
+    ``count``: a member waits on the next count's (``change_watch``), the store answers at once."""
+    return f"{signal_key(state_key, round_, CHANGED)}/{count}"
+
+
 #: How often a member looks at its round's change counter between two reads of the round.
 CHANGE_LOOK_S = 0.5
 

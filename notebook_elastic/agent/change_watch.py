@@ -1,0 +1,203 @@
+"""A wait the store answers when this node's round changes, instead of looks at it (#40 item 2,
+#41 item 8).
+
+torch's agent looks for a change of its round (a node waiting to join, a member gone) once a
+monitor interval, after its wait; a local job's agents also looked at the round's change counter
+every ``JOIN_LOOK_S`` while they waited. Either way a change waited for the next look (0.03 s on
+average on this machine, up to the interval elsewhere) and every idle agent kept asking.
+
+Here one thread per agent holds a WAIT on the store, on its own connection: a WAIT for the key a
+writer of ours sets when it moves the round's change counter to the next count
+(``together.mark_key``). The store answers it the moment the key is set; the thread then wakes
+the monitor (``on_change``), whose look, next, reads the round. The monitor arms the watch once
+a wait, with the round it is in and the count it read last (``arm``); a watch armed for another
+round than the one its thread waits on releases that thread by setting the old key itself (no
+one else waits on it for long: whoever did was in that round, and moves on too). The thread
+waits at most ``WAIT_S`` a call, on a connection of its own in plain Python, and ends with the
+agent (a daemon thread). Where the watch cannot run (no store address, a
+connection refused ``GIVE_UP_AFTER`` times in a row), the monitor looks as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..plumbing import log as _logging
+from . import together
+from .torch_adapter import holder_store
+
+_log = _logging.get("agent.change_watch")
+
+#: The longest one WAIT lasts before the thread asks again on a new connection (an idle round
+#: costs a connection and one call this often).
+WAIT_S = 300.0
+#: How long a connection to the store may take.
+CONNECT_S = 10.0
+#: A connection that failed this many times in a row ends the watch: the monitor looks instead.
+GIVE_UP_AFTER = 5
+#: The pause after a failed connection or call, before the next try.
+RETRY_S = 1.0
+
+
+def connect(address: tuple[str, int], timeout_s: float) -> Any:
+    """A store client of the watch's own (a WAIT holds the connection it is sent on until it is
+    answered), in plain Python: a thread blocked in torch's C++ client when its connection
+    closed at the process's end took the process down (std::terminate)."""
+    from .notice_keeper import StoreClient
+
+    host, port = address
+    return StoreClient(f"{host}:{port}", timeout_s)
+
+
+class ChangeWatch:
+    """The thread that waits on the store for the key of the next change of this node's round,
+    and calls ``on_change`` when the store answers."""
+
+    def __init__(
+        self,
+        on_change: Callable[[], None],
+        connect_to: Callable[[tuple[str, int], float], Any] = connect,
+    ) -> None:
+        self._on_change = on_change
+        self._connect_to = connect_to
+        self._cond = threading.Condition()
+        self._key: str | None = None  # what the thread should wait for (None: nothing, now)
+        self._address: tuple[str, int] | None = None
+        self._stale: Callable[[], None] = lambda: None
+        self._waiting_on: str | None = None  # what it waits for now
+        self._failures = 0
+        self._thread: threading.Thread | None = None
+        self._answered: str | None = None  # the key last answered: never waited on again
+        self.given_up = False
+        self.woken = 0  # answers the store gave (for the tests and the logs)
+
+    @property
+    def active(self) -> bool:
+        """Whether the watch stands in for the monitor's looks (armed, and not given up)."""
+        return not self.given_up and self._key is not None
+
+    def watching(self, key: str) -> bool:
+        """Whether the watch waits for ``key`` (or will, once its thread takes it)."""
+        return self.active and self._key == key
+
+    def arm(
+        self,
+        key: str | None,
+        address: tuple[str, int] | None,
+        release: Callable[[str], None],
+        stale: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Wait for ``key`` on the store at ``address`` from now on (None: for nothing); when it
+        is set, ``stale()`` (the copy of the round is old now), then ``on_change()``. Where the
+        thread waits on another key (a round left behind), ``release(old_key)`` sets it, so that
+        the thread takes the new one at once."""
+        if self.given_up:
+            return
+        if key is not None and key == self._answered:
+            key = None  # set, yet the count read since did not move (a round left behind): look instead
+        with self._cond:
+            if key == self._key and address == self._address:
+                return
+            self._key, self._address, self._stale = key, address, stale
+            left = self._waiting_on if self._waiting_on is not None and self._waiting_on != key else None
+            self._cond.notify_all()
+            if self._thread is None and key is not None:
+                self._thread = threading.Thread(target=self._run, name="notebook-elastic-change-watch", daemon=True)
+                self._thread.start()
+        if left is not None:
+            try:
+                release(left)
+            except Exception:
+                _log.debug("an old round's key not set: its wait ends at its timeout", exc_info=True)
+
+    def _run(self) -> None:
+        client: Any = None
+        client_address: tuple[str, int] | None = None
+        while True:
+            with self._cond:
+                while self._key is None or self._address is None:
+                    self._waiting_on = None
+                    self._cond.wait()
+                key, address, stale = self._key, self._address, self._stale
+                self._waiting_on = key
+            try:
+                if client is None or client_address != address:
+                    client, client_address = None, None
+                    client = self._connect_to(address, CONNECT_S)
+                    client_address = address
+                if not client.wait([key], WAIT_S):
+                    client, client_address = None, None  # ran its time (its connection closed): again
+                    self._failures = 0
+                    continue
+            except Exception:
+                if client is not None:
+                    client.close()
+                client, client_address = None, None
+                self._failures += 1
+                _log.debug("the change watch's store call failed (%d in a row)", self._failures, exc_info=True)
+                if self._failures >= GIVE_UP_AFTER:
+                    with self._cond:
+                        self.given_up = True
+                        self._key = None
+                    _log.info(
+                        "the change watch gave up after %d failed store calls: the monitor looks instead",
+                        self._failures,
+                    )
+                    return
+                time.sleep(RETRY_S)
+                continue
+            self._failures = 0
+            with self._cond:
+                self._waiting_on = None
+                if self._key != key:
+                    continue  # released (re-armed for another round): no answer
+                self._key, self._answered = None, key  # the monitor arms the next one after its look
+            self.woken += 1
+            stale()
+            self._on_change()
+
+
+def next_mark(handler: Any, watch: ChangeWatch) -> None:
+    """Arm ``watch`` for the next change of the round ``handler`` (ours, ``NotebookRendezvous``)
+    is in, where that round is complete and its change counter is ours to read (``rules.regroup``);
+    else disarm it. Reads the counter (one small call) only when the round is new to it."""
+    holder = getattr(getattr(handler, "torch_handler", None), "_state_holder", None)
+    sayings = getattr(holder, "_ne_sayings", None)
+    store = holder_store(holder)
+    rules = getattr(holder, "_ne_rules", None)
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if holder is None or sayings is None or store is None or rules is None or not rules.regroup or not host or not port:
+        watch.arm(None, None, _no_release)
+        return
+    round_, complete = holder._ne_seen[:2]
+    if complete and holder._ne_changes[0] != round_:
+        holder.look_now()  # this round's count, read once
+    if not complete or holder._ne_changes[0] != round_:
+        watch.arm(None, None, _no_release)
+        return
+    key = together.mark_key(sayings.state_key, round_, holder._ne_changes[1] + 1)
+    # Once answered, torch's next sync reads the store (its _last_sync_time, as rounds.py's look does).
+    watch.arm(key, (str(host), int(port)), lambda left: store.set(left, "1"), lambda: _stale(holder))
+    holder._ne_watch = watch  # its own look at the counter is not needed while the watch waits
+
+
+def watches(holder: Any) -> bool:
+    """Whether the agent's change watch waits for the next count of the round ``holder`` (our
+    state holder) read last: the store answers it when the counter moves, so the holder need not
+    look at the counter between its reads of the round."""
+    watch, sayings = getattr(holder, "_ne_watch", None), getattr(holder, "_ne_sayings", None)
+    round_, count = holder._ne_changes[:2]
+    if watch is None or sayings is None or round_ != holder._ne_seen[0]:
+        return False
+    return bool(watch.watching(together.mark_key(sayings.state_key, round_, count + 1)))
+
+
+def _stale(holder: Any) -> None:
+    holder._last_sync_time = -1
+
+
+def _no_release(key: str) -> None:
+    return None
