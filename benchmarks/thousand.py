@@ -11,11 +11,13 @@
    a notice: it takes itself out) and the time until the others regroup, a node that joins and
    the time until all regroup, a node that is lost (no word from it any more: noticed by every
    survivor when its heartbeats have been missing for the keep-alive window, 30 s), each as
-   seen by every agent. Two modes: ``torch`` (the rendezvous as our agents ran it before #40:
+   seen by every agent. Three modes: ``torch`` (the rendezvous as our agents ran it before #40:
    each node writes its own join, leave and heartbeat; our holder looks for the supervisor's
-   keys after every read) and ``ours`` (agent/together.py: nodes say what they do in a small
+   keys after every read), ``ours`` (agent/together.py: nodes say what they do in a small
    key and one write takes in many; a lost write backs off; the supervisor's keys are looked
-   for only under a supervisor).
+   for only under a supervisor; each member's change watch holds a WAIT the store answers when
+   its round changes, agent/change_watch.py), and ``looks``: ours without the watch, looking at
+   the round's change counter twice a second instead (as before it).
 2. The supervisor's and the kernel's fold (contract/job_state) fed a job of N nodes: the events
    of a first round (N nodes joining, N x 8 ranks starting), a steady stretch of metrics, a node
    lost and the regroup; CPU per event, the fold's memory, the rank map's size as the dashboard
@@ -93,12 +95,13 @@ def _cpu(pid: int) -> float:
 async def _story(n: int, mode: str, port: int, store_pid: int, window_s: float, limit_s: float) -> dict[str, Any]:
     import rdzv_sim as sim
 
-    ours = mode == "ours"
+    ours = mode in ("ours", "looks")  # looks: ours before the change watch (its counter looked at twice a second)
     settings = sim.Settings(
         min_nodes=n - 1,
         max_nodes=n,
         together=ours,
         regroup=ours,
+        watch=mode == "ours",
         backoff_s=0.02 if ours else 0.0,
         supervised=not ours,
     )

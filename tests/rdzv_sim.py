@@ -395,6 +395,9 @@ class Settings:
     backoff_s: float = 0.0  # a lost write waits up to this (doubling) before the next try
     together: bool = False  # joins and exits announced, and made by any writer for all announced
     regroup: bool = False  # a change of members in one write by the round's leader (together.open_next_round)
+    # The change watch (agent/change_watch.py): a WAIT on a connection of its own for the key of
+    # the round's next change (together.mark_key), in place of the looks at the change counter.
+    watch: bool = False
 
     def torch(self, run_id: str) -> dr.RendezvousSettings:
         timeout = dr.RendezvousTimeout(
@@ -458,6 +461,12 @@ class Agent:
         self.seen = (-1, False, 0, 0)  # together.membership of the state last read or written
         self.changes = (-1, 0, 0.0)  # the round's change counter as last read (together.looked_at)
         self.pause = 0.0  # the leader's pause between two reads of who regroups
+        self.watch: Wire | None = None  # the change watch's own connection
+        self.watch_key: str | None = None  # what it waits for (None: nothing, now)
+        self.watching: str | None = None  # what its WAIT is on now
+        self.watch_armed = asyncio.Event()
+        self.woken = asyncio.Event()  # the watch's answer: the monitor looks now
+        self.watch_task: asyncio.Task[None] | None = None
 
     # the state holder (torch's _BackendRendezvousStateHolder, with our NotebookStateHolder)
 
@@ -512,12 +521,15 @@ class Agent:
             self.lost_writes = 0
         return has_set
 
-    async def _moved(self, now: float) -> bool:
+    async def _moved(self, now: float, now_anyway: bool = False) -> bool:
         """NotebookStateHolder._ne_look_for_change: a member of a complete round (ours) whose copy
         is fresher than the cache reads the round's change counter every CHANGE_LOOK_S."""
         round_ = self.seen[0]
-        if not (self.fleet.settings.regroup and self.seen[1] and together.look_due(self.changes, round_, now)):
+        due = now_anyway or together.look_due(self.changes, round_, now)
+        if not (self.fleet.settings.regroup and self.seen[1] and due):
             return False
+        if not now_anyway and self.watch_key is not None and self.changes[0] == round_:
+            return False  # change_watch.watches: the store answers when the counter moves
         count = await self.wire.add(together.signal_key(self.key, round_, together.CHANGED), 0)
         self.changes, moved = together.looked_at(self.changes, round_, count, now)
         return moved
@@ -686,7 +698,9 @@ class Agent:
         change of a complete round's members, to its counter."""
         seen, state = self.seen, self.state
         if together.changed_since(seen, state):
-            await self.wire.add(together.signal_key(self.key, state.round, together.CHANGED), 1)
+            count = await self.wire.add(together.signal_key(self.key, state.round, together.CHANGED), 1)
+            if self.fleet.settings.watch:
+                await self.wire.set(together.mark_key(self.key, state.round, count), b"1")
         if state.round > seen[0]:
             await self.wire.set(together.signal_key(self.key, state.round, together.OPENED), b"1")
         if state.complete and (state.round > seen[0] or not seen[1]):
@@ -847,11 +861,20 @@ class Agent:
         only once the cached state is cache_s old; so this wakes when the next of them reads."""
         monitor_s = self.fleet.settings.monitor_s
         while True:
+            await self._arm_watch()
             due = self.last_sync + self.fleet.settings.cache_s
-            if self.fleet.settings.regroup and self.seen[1]:  # and at its next look at the change counter
+            if self.fleet.settings.regroup and self.seen[1] and self.watch_key is None:  # its next counter look
                 due = min(due, self.changes[2] + together.CHANGE_LOOK_S)
             wait = max(0.0, due - time.monotonic())
-            await asyncio.sleep(monitor_s * (int(wait / monitor_s) + 1) if wait > 0 else monitor_s)
+            try:
+                await asyncio.wait_for(
+                    self.woken.wait(), monitor_s * (int(wait / monitor_s) + 1) if wait > 0 else monitor_s
+                )
+                self.woken.clear()
+                async with self.lock:  # rounds.round_moved: the count, for the next mark
+                    await self._moved(time.monotonic(), now_anyway=True)
+            except asyncio.TimeoutError:
+                pass
             async with self.lock:
                 await self.sync()
             state = self.state
@@ -865,13 +888,62 @@ class Agent:
                     self.marks.departures.append((time.monotonic(), gone))
                     return  # our watch ends the workers; the agent regroups, not charged
 
+    async def _arm_watch(self) -> None:
+        """change_watch.next_mark: in a complete round, the key of its counter's next count (the
+        count read once a round); a WAIT on another round's key is released by setting it."""
+        if not (self.fleet.settings.watch and self.fleet.settings.regroup):
+            return
+        round_, complete = self.seen[:2]
+        if complete and self.changes[0] != round_:
+            async with self.lock:
+                await self._moved(time.monotonic(), now_anyway=True)
+        key = (
+            together.mark_key(self.key, round_, self.changes[1] + 1) if complete and self.changes[0] == round_ else None
+        )
+        if key == self.watch_key:
+            return
+        self.watch_key = key
+        if key is None:
+            self.watch_armed.clear()
+            return
+        self.watch_armed.set()
+        if self.watch_task is None:
+            self.watch = Wire(self.fleet.host, self.fleet.port, self.fleet.counts)
+            await self.watch.connect()
+            self.watch_task = asyncio.ensure_future(self._watch())
+        elif self.watching is not None and self.watching != key:
+            await self.wire.set(self.watching, b"1")
+
+    async def _watch(self) -> None:
+        assert self.watch is not None
+        while True:
+            await self.watch_armed.wait()
+            key = self.watching = self.watch_key
+            if key is None:
+                continue
+            answered = await self.watch.wait([key], 300.0)
+            self.watching = None
+            if not answered or key != self.watch_key:
+                continue  # ran its time, or released for another round: no answer
+            self.watch_key = None
+            self.watch_armed.clear()
+            self.last_sync = -1.0  # torch's next sync reads the store
+            self.woken.set()
+
     def crash(self) -> None:
         """The node is lost: nothing more from it, its connection closed."""
         self.gone = True
         self._stop_heartbeats()
         if self.task is not None:
             self.task.cancel()
+        self._end_watch()
         self.wire.close()
+
+    def _end_watch(self) -> None:
+        if self.watch_task is not None:
+            self.watch_task.cancel()
+        if self.watch is not None:
+            self.watch.close()
 
     async def leave(self) -> None:
         """The node leaves (a scale-down, a notice): rounds.leave_round, then gone. Its
@@ -880,6 +952,7 @@ class Agent:
         self._stop_heartbeats()
         if self.task is not None:
             self.task.cancel()
+        self._end_watch()
         self.wire.close()
         self.wire = Wire(self.fleet.host, self.fleet.port, self.fleet.counts)
         await self.wire.connect()

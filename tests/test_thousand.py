@@ -729,7 +729,7 @@ def test_a_change_of_128_simulated_agents_is_a_few_writes_of_the_round():
 
     async def story() -> None:
         settings = sim.Settings(
-            min_nodes=n - 1, max_nodes=n, together=True, regroup=True, backoff_s=0.02, supervised=False
+            min_nodes=n - 1, max_nodes=n, together=True, regroup=True, watch=True, backoff_s=0.02, supervised=False
         )
         fleet = sim.Fleet("127.0.0.1", sock.getsockname()[1], settings)
         try:
