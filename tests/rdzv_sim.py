@@ -467,6 +467,7 @@ class Agent:
         self.watch_armed = asyncio.Event()
         self.woken = asyncio.Event()  # the watch's answer: the monitor looks now
         self.watch_task: asyncio.Task[None] | None = None
+        self.cut = False  # its life was cut (crash, leave): a wait_for that swallowed the cancel ends here
 
     # the state holder (torch's _BackendRendezvousStateHolder, with our NotebookStateHolder)
 
@@ -871,10 +872,14 @@ class Agent:
                     self.woken.wait(), monitor_s * (int(wait / monitor_s) + 1) if wait > 0 else monitor_s
                 )
                 self.woken.clear()
+                if self.cut:
+                    return
                 async with self.lock:  # rounds.round_moved: the count, for the next mark
                     await self._moved(time.monotonic(), now_anyway=True)
             except asyncio.TimeoutError:
                 pass
+            if self.cut:
+                return
             async with self.lock:
                 await self.sync()
             state = self.state
@@ -932,7 +937,7 @@ class Agent:
 
     def crash(self) -> None:
         """The node is lost: nothing more from it, its connection closed."""
-        self.gone = True
+        self.gone = self.cut = True
         self._stop_heartbeats()
         if self.task is not None:
             self.task.cancel()
@@ -949,6 +954,7 @@ class Agent:
         """The node leaves (a scale-down, a notice): rounds.leave_round, then gone. Its
         life is cut where it is; the exit goes on a connection of its own (the cut call's reply
         would come on the old one)."""
+        self.cut = True
         self._stop_heartbeats()
         if self.task is not None:
             self.task.cancel()
