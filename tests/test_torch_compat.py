@@ -510,12 +510,11 @@ def test_the_agents_monitor_waits_its_interval_on_what_can_cut_it_short(store, m
     assert waits == [pytest.approx(0.5 - notebook_agent.MONITOR_TICK_S)]  # the rest, on what can cut it
 
 
-def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_fast(store, monkeypatch):
-    """torch looks for a node waiting to join once a monitor interval, after its wait: a
-    scale-up waited up to an interval for the survivors to see its node. Where rounds are
-    polled fast (``join_look_s``: a local job) the wait looks at the round's change counter and
-    ends once a node waits to join (old code: it waited the whole interval, here 600 s). The
-    joiner is a real handler of ours joining the complete round on the same store."""
+def _a_node_joins_while_the_monitor_waits(store, monkeypatch, run_id: str, hooks, armed=lambda: True):
+    """A member alone in a complete round, our agent's monitor waiting on it (``hooks``, a
+    600-s interval), then a real handler of ours joining on the same store (its join times out
+    after 5 s, nobody regroups here). Returns once the monitor's wait ended (or 60 s passed):
+    whether it ended, and what torch's own look found waiting."""
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
@@ -526,11 +525,9 @@ def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_f
     def client():
         return torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
 
-    member = handler_on(client(), "join-look", nodes=(1, 3), join_s=600, last_call_s=1, rules=rules)
+    member = handler_on(client(), run_id, nodes=(1, 3), join_s=600, last_call_s=1, rules=rules)
     assert member.next_rendezvous() is not None  # a complete round of one
     assert not member.round_moved()  # its first look: the counter as the round has it
-    hooks = notebook_agent.AgentHooks()
-    hooks.join_look_s = 0.01  # at most every JOIN_LOOK_S
     spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=member, entrypoint="true", monitor_interval=600)
     agent = notebook_agent.agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
     monkeypatch.setattr(
@@ -538,8 +535,8 @@ def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_f
     )
     monitor = threading.Thread(target=agent._monitor_workers, args=(agent._worker_group,), daemon=True)
     monitor.start()
-    # The joiner waits in the complete round until its join times out (5 s), then its thread ends.
-    joiner = handler_on(client(), "join-look", nodes=(1, 3), join_s=5, last_call_s=1, rules=rules)
+    wait_until(armed, 10)
+    joiner = handler_on(client(), run_id, nodes=(1, 3), join_s=5, last_call_s=1, rules=rules)
     ended: list[BaseException] = []
 
     def join() -> None:
@@ -552,13 +549,12 @@ def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_f
     joining.start()
     try:
         monitor.join(60)
-        assert not monitor.is_alive(), "the monitor waited on with a node waiting to join"
-        assert member.num_nodes_waiting() == 1  # torch's own look, next, finds it
+        return not monitor.is_alive(), member.num_nodes_waiting()  # torch's own look, next
     finally:
         joining.join(60)
         for handler in (member, joiner):
             handler.torch_handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
-    assert not joining.is_alive() and ended, "the joiner's thread outlived its join"
+        assert not joining.is_alive() and ended, "the joiner's thread outlived its join"
 
 
 def wait_until(condition, timeout_s: float) -> None:
@@ -568,60 +564,37 @@ def wait_until(condition, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+def test_a_node_waiting_to_join_ends_the_monitors_wait_where_rounds_are_polled_fast(store, monkeypatch):
+    """torch looks for a node waiting to join once a monitor interval, after its wait: a
+    scale-up waited up to an interval for the survivors to see its node. Where rounds are
+    polled fast (``join_look_s``: a local job) the wait looks at the round's change counter and
+    ends once a node waits to join (old code: it waited the whole interval, here 600 s). The
+    joiner is a real handler of ours joining the complete round on the same store."""
+    hooks = notebook_agent.AgentHooks()
+    hooks.join_look_s = 0.01  # at most every JOIN_LOOK_S
+    ended, waiting = _a_node_joins_while_the_monitor_waits(store, monkeypatch, "join-look", hooks)
+    assert ended, "the monitor waited on with a node waiting to join"
+    assert waiting == 1
+
+
 def test_a_node_waiting_to_join_ends_the_monitors_wait_through_the_stores_answer(store, monkeypatch):
     """Where the monitor does not look between its looks (a cluster's or Slurm's job, whose one
     store serves every node), the change watch holds a WAIT for the round's next change mark:
     the joiner's own write (it puts itself on the wait list) moves the counter and sets the
     mark, the store answers, and the monitor's wait ends (old code: the whole interval, 600 s
     here). The joiner is a real handler of ours; the store is torch's."""
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
     from notebook_elastic.agent.change_watch import ChangeWatch
 
-    rules = rounds.RoundRules()
-    assert rounds.join_and_beat_together(rules) and rounds.regroup_in_one_write(rules)
-    host, port = "127.0.0.1", store.port
-
-    def client():
-        return torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-
-    member = handler_on(client(), "change-watch", nodes=(1, 3), join_s=600, last_call_s=1, rules=rules)
-    assert member.next_rendezvous() is not None  # a complete round of one
     woken = threading.Event()
     hooks = notebook_agent.AgentHooks()
     hooks.wait_for_change = lambda seconds: woken.wait(seconds) or None
     hooks.change_watch = watch = ChangeWatch(woken.set)
-    spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=member, entrypoint="true", monitor_interval=600)
-    agent = notebook_agent.agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
-    monkeypatch.setattr(
-        torch_adapter.agent_class(), "_monitor_workers", lambda self, group: RunResult(state=WorkerState.HEALTHY)
+    # Armed by the monitor's wait before anyone joins.
+    ended, waiting = _a_node_joins_while_the_monitor_waits(
+        store, monkeypatch, "change-watch", hooks, armed=lambda: watch.active
     )
-    monitor = threading.Thread(target=agent._monitor_workers, args=(agent._worker_group,), daemon=True)
-    monitor.start()
-    wait_until(lambda: watch.active, 10)  # armed by the monitor's wait, before anyone joins
-    assert not woken.is_set()
-    joiner = handler_on(client(), "change-watch", nodes=(1, 3), join_s=5, last_call_s=1, rules=rules)
-    ended: list[BaseException] = []
-
-    def join() -> None:
-        try:
-            joiner.next_rendezvous()
-        except Exception as exc:  # its join's timeout: nobody regroups in this test
-            ended.append(exc)
-
-    joining = threading.Thread(target=join, daemon=True)
-    joining.start()
-    try:
-        monitor.join(60)
-        assert not monitor.is_alive(), "the monitor waited on with a node waiting to join"
-        assert watch.woken == 1
-        assert member.num_nodes_waiting() == 1  # torch's own look, next, finds it
-    finally:
-        joining.join(60)
-        for handler in (member, joiner):
-            handler.torch_handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
-    assert not joining.is_alive() and ended, "the joiner's thread outlived its join"
+    assert ended, "the monitor waited on with a node waiting to join"
+    assert watch.woken == 1 and waiting == 1
 
 
 def test_the_change_watch_follows_its_round_waits_once_per_mark_and_gives_up_on_a_dead_store(store, monkeypatch):
