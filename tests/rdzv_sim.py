@@ -895,7 +895,8 @@ class Agent:
 
     async def _arm_watch(self) -> None:
         """change_watch.next_mark: in a complete round, the key of its counter's next count (the
-        count read once a round); a WAIT on another round's key is released by setting it."""
+        count read once a round); a WAIT on another round's key is cut, and made anew on a new
+        connection."""
         if not (self.fleet.settings.watch and self.fleet.settings.regroup):
             return
         round_, complete = self.seen[:2]
@@ -912,12 +913,13 @@ class Agent:
             self.watch_armed.clear()
             return
         self.watch_armed.set()
+        if self.watch_task is not None and self.watching is not None and self.watching != key:
+            self._end_watch()  # its WAIT on the old round's key is cut: its connection shut
+            self.watch_task = self.watch = self.watching = None
         if self.watch_task is None:
             self.watch = Wire(self.fleet.host, self.fleet.port, self.fleet.counts)
             await self.watch.connect()
             self.watch_task = asyncio.ensure_future(self._watch())
-        elif self.watching is not None and self.watching != key:
-            await self.wire.set(self.watching, b"1")
 
     async def _watch(self) -> None:
         assert self.watch is not None

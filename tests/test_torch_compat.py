@@ -597,26 +597,33 @@ def test_a_node_waiting_to_join_ends_the_monitors_wait_through_the_stores_answer
     assert watch.woken == 1 and waiting == 1
 
 
-def test_the_change_watch_follows_its_round_waits_once_per_mark_and_gives_up_on_a_dead_store(store, monkeypatch):
-    """The watch's thread waits for the key it is armed with; re-armed for another round, it sets
-    the old key itself and takes the new one at once; a key once answered is never waited on
-    again (a mark set while the count read since did not move would wake it in a loop); a store
-    it cannot reach ends it after GIVE_UP_AFTER tries, and the monitor looks instead."""
+def test_the_change_watch_follows_its_round_and_store_waits_once_per_mark_and_gives_up_on_a_dead_store(
+    store, monkeypatch
+):
+    """The watch's thread waits for the key it is armed with; re-armed for another round, or for
+    the same key through another store client (a replaced store), it cuts its WAIT and waits
+    anew at once (the cut WAIT is no answer); a key once answered is never waited on again (a
+    mark set while the count read since did not move would wake it in a loop); a store it
+    cannot reach ends it after GIVE_UP_AFTER tries, and the monitor looks instead."""
     from notebook_elastic.agent import change_watch
 
     host, port = "127.0.0.1", store.port
     setter = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
     woken, stale = threading.Event(), []
     watch = change_watch.ChangeWatch(woken.set)
-    watch.arm("r1/changed/1", (host, port), lambda key: setter.set(key, "1"), lambda: stale.append(1))
-    wait_until(lambda: watch._waiting_on == "r1/changed/1", 10)
-    watch.arm("r2/changed/1", (host, port), lambda key: setter.set(key, "1"), lambda: stale.append(2))
-    wait_until(lambda: watch._waiting_on == "r2/changed/1", 10)  # released from round 1's key
-    assert not woken.is_set() and watch.woken == 0  # the released key is no answer
+    before, after = object(), object()  # the agent's store client, then its replacement's
+    watch.arm("r1/changed/1", (host, port), lambda: stale.append(1), before)
+    wait_until(lambda: watch.watching("r1/changed/1"), 10)
+    watch.arm("r2/changed/1", (host, port), lambda: stale.append(2), before)
+    wait_until(lambda: watch.watching("r2/changed/1"), 10)  # cut from round 1's key
+    watch.arm("r2/changed/1", (host, port), lambda: stale.append(3), after)
+    wait_until(lambda: watch.watching("r2/changed/1") and watch._where[2] == id(after), 10)
+    assert not setter.check(["r1/changed/1"])  # cut, not set: no one else is woken by it
+    assert not woken.is_set() and watch.woken == 0 and watch._failures == 0
     setter.set("r2/changed/1", "1")
-    assert woken.wait(10) and watch.woken == 1 and stale == [2]
-    assert not watch.active  # answered: armed again by the monitor after its look
-    watch.arm("r2/changed/1", (host, port), lambda key: setter.set(key, "1"))
+    assert woken.wait(10) and watch.woken == 1 and stale == [3]
+    assert not watch.active and not watch.watching("r2/changed/1")  # armed again after the look
+    watch.arm("r2/changed/1", (host, port), lambda: None, after)
     assert not watch.active  # that key is set: waiting on it again would wake at once, forever
 
     monkeypatch.setattr(change_watch, "RETRY_S", 0.01)
@@ -624,7 +631,7 @@ def test_the_change_watch_follows_its_round_waits_once_per_mark_and_gives_up_on_
     dead.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
     try:
         lost = change_watch.ChangeWatch(lambda: None, lambda address, timeout_s: change_watch.connect(address, 1.0))
-        lost.arm("r1/changed/1", dead.getsockname()[:2], lambda key: None)
+        lost.arm("r1/changed/1", dead.getsockname()[:2])
         wait_until(lambda: lost.given_up, 60)
         assert not lost.active and lost.woken == 0
     finally:

@@ -10,12 +10,14 @@ Here one thread per agent holds a WAIT on the store, on its own connection: a WA
 writer of ours sets when it moves the round's change counter to the next count
 (``together.mark_key``). The store answers it the moment the key is set; the thread then wakes
 the monitor (``on_change``), whose look, next, reads the round. The monitor arms the watch once
-a wait, with the round it is in and the count it read last (``arm``); a watch armed for another
-round than the one its thread waits on releases that thread by setting the old key itself (no
-one else waits on it for long: whoever did was in that round, and moves on too). The thread
+a wait, with the round it is in, the count it read last and the store client the agent reaches
+the round through (``arm``). A watch armed for another round, or for a replaced store, cuts its
+thread's WAIT (it shuts that connection) and waits anew on a new connection: a WAIT left on the
+old store (a replaced store pod still serving while it terminates) would never be answered.
+While its WAIT is not under way, the state holder looks at the counter as before. The thread
 waits at most ``WAIT_S`` a call, on a connection of its own in plain Python, and ends with the
-agent (a daemon thread). Where the watch cannot run (no store address, a
-connection refused ``GIVE_UP_AFTER`` times in a row), the monitor looks as before.
+agent (a daemon thread). Where the watch cannot run (no store address, a connection refused
+``GIVE_UP_AFTER`` times in a row), the monitor looks as before.
 """
 
 from __future__ import annotations
@@ -65,77 +67,87 @@ class ChangeWatch:
         self._connect_to = connect_to
         self._cond = threading.Condition()
         self._key: str | None = None  # what the thread should wait for (None: nothing, now)
-        self._address: tuple[str, int] | None = None
+        self._where: tuple[str, int, int] | None = None  # the store's host, port and client's id
         self._stale: Callable[[], None] = lambda: None
-        self._waiting_on: str | None = None  # what it waits for now
+        self._waiting_on: str | None = None  # what its WAIT is on now, on this client
+        self._client: Any = None
+        self._answered: str | None = None  # the key last answered: never waited on again
         self._failures = 0
         self._thread: threading.Thread | None = None
-        self._answered: str | None = None  # the key last answered: never waited on again
         self.given_up = False
         self.woken = 0  # answers the store gave (for the tests and the logs)
 
     @property
     def active(self) -> bool:
-        """Whether the watch stands in for the monitor's looks (armed, and not given up)."""
-        return not self.given_up and self._key is not None
+        """Whether the watch stands in for the monitor's looks (armed, its connection not
+        failing, not given up)."""
+        return not self.given_up and self._key is not None and self._failures == 0
 
     def watching(self, key: str) -> bool:
-        """Whether the watch waits for ``key`` (or will, once its thread takes it)."""
-        return self.active and self._key == key
+        """Whether the thread's WAIT is on ``key`` now (so the store answers when it is set)."""
+        return not self.given_up and self._waiting_on == key
 
     def arm(
         self,
         key: str | None,
         address: tuple[str, int] | None,
-        release: Callable[[str], None],
         stale: Callable[[], None] = lambda: None,
+        store: object = None,
     ) -> None:
-        """Wait for ``key`` on the store at ``address`` from now on (None: for nothing); when it
-        is set, ``stale()`` (the copy of the round is old now), then ``on_change()``. Where the
-        thread waits on another key (a round left behind), ``release(old_key)`` sets it, so that
-        the thread takes the new one at once."""
+        """Wait for ``key`` on the store at ``address`` (reached by the agent through the client
+        ``store``) from now on; None: for nothing. When it is set, ``stale()`` (the copy of the
+        round is old now), then ``on_change()``. A WAIT on another key (a round left behind) or
+        another store (a replacement) is cut: its connection is shut, and the thread takes the
+        new one at once on a new connection."""
         if self.given_up:
             return
         if key is not None and key == self._answered:
             key = None  # set, yet the count read since did not move (a round left behind): look instead
+        where = None if address is None else (address[0], address[1], id(store))
         with self._cond:
-            if key == self._key and address == self._address:
+            if key == self._key and where == self._where:
                 return
-            self._key, self._address, self._stale = key, address, stale
-            left = self._waiting_on if self._waiting_on is not None and self._waiting_on != key else None
+            self._key, self._where, self._stale = key, where, stale
+            cut = self._client if self._waiting_on is not None else None
             self._cond.notify_all()
             if self._thread is None and key is not None:
                 self._thread = threading.Thread(target=self._run, name="notebook-elastic-change-watch", daemon=True)
                 self._thread.start()
-        if left is not None:
-            try:
-                release(left)
-            except Exception:
-                _log.debug("an old round's key not set: its wait ends at its timeout", exc_info=True)
+        if cut is not None:
+            cut.cut()
+
+    def _moved_on(self, key: str, where: tuple[str, int, int]) -> bool:
+        return self._key != key or self._where != where
 
     def _run(self) -> None:
         client: Any = None
-        client_address: tuple[str, int] | None = None
+        client_where: tuple[str, int, int] | None = None
         while True:
             with self._cond:
-                while self._key is None or self._address is None:
-                    self._waiting_on = None
+                while self._key is None or self._where is None:
                     self._cond.wait()
-                key, address, stale = self._key, self._address, self._stale
-                self._waiting_on = key
+                key, where, stale = self._key, self._where, self._stale
             try:
-                if client is None or client_address != address:
-                    client, client_address = None, None
-                    client = self._connect_to(address, CONNECT_S)
-                    client_address = address
-                if not client.wait([key], WAIT_S):
-                    client, client_address = None, None  # ran its time (its connection closed): again
-                    self._failures = 0
-                    continue
+                if client is None or client_where != where:
+                    if client is not None:
+                        client.close()
+                    client, client_where = None, None
+                    client = self._connect_to((where[0], where[1]), CONNECT_S)
+                    client_where = where
+                with self._cond:
+                    if self._moved_on(key, where):
+                        continue
+                    self._client, self._waiting_on = client, key
+                answered = client.wait([key], WAIT_S)
             except Exception:
+                with self._cond:
+                    self._client = self._waiting_on = None
+                    cut = self._moved_on(key, where)
                 if client is not None:
                     client.close()
-                client, client_address = None, None
+                client, client_where = None, None
+                if cut:
+                    continue  # cut by arm(): another round or store, not a failure
                 self._failures += 1
                 _log.debug("the change watch's store call failed (%d in a row)", self._failures, exc_info=True)
                 if self._failures >= GIVE_UP_AFTER:
@@ -151,9 +163,12 @@ class ChangeWatch:
                 continue
             self._failures = 0
             with self._cond:
-                self._waiting_on = None
-                if self._key != key:
-                    continue  # released (re-armed for another round): no answer
+                self._client = self._waiting_on = None
+                if not answered:
+                    client, client_where = None, None  # ran its time (its connection closed): again
+                    continue
+                if self._moved_on(key, where):
+                    continue  # answered as it was cut: the new key is waited for instead
                 self._key, self._answered = None, key  # the monitor arms the next one after its look
             self.woken += 1
             stale()
@@ -170,17 +185,17 @@ def next_mark(handler: Any, watch: ChangeWatch) -> None:
     rules = getattr(holder, "_ne_rules", None)
     host, port = getattr(store, "host", None), getattr(store, "port", None)
     if holder is None or sayings is None or store is None or rules is None or not rules.regroup or not host or not port:
-        watch.arm(None, None, _no_release)
+        watch.arm(None, None)
         return
     round_, complete = holder._ne_seen[:2]
     if complete and holder._ne_changes[0] != round_:
         holder.look_now()  # this round's count, read once
     if not complete or holder._ne_changes[0] != round_:
-        watch.arm(None, None, _no_release)
+        watch.arm(None, None)
         return
     key = together.mark_key(sayings.state_key, round_, holder._ne_changes[1] + 1)
     # Once answered, torch's next sync reads the store (its _last_sync_time, as rounds.py's look does).
-    watch.arm(key, (str(host), int(port)), lambda left: store.set(left, "1"), lambda: _stale(holder))
+    watch.arm(key, (str(host), int(port)), lambda: _stale(holder), store)
     holder._ne_watch = watch  # its own look at the counter is not needed while the watch waits
 
 
@@ -197,7 +212,3 @@ def watches(holder: Any) -> bool:
 
 def _stale(holder: Any) -> None:
     holder._last_sync_time = -1
-
-
-def _no_release(key: str) -> None:
-    return None

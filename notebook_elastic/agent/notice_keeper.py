@@ -100,6 +100,13 @@ class StoreClient:
             self.close()
             return False
 
+    def cut(self) -> None:
+        """End a WAIT under way from another thread: the connection is shut, its read returns."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def close(self) -> None:
         self.sock.close()
 
