@@ -699,9 +699,10 @@ class Agent:
         change of a complete round's members, to its counter."""
         seen, state = self.seen, self.state
         if together.changed_since(seen, state):
-            count = await self.wire.add(together.signal_key(self.key, state.round, together.CHANGED), 1)
+            counter = together.signal_key(self.key, state.round, together.CHANGED)
+            count = await self.wire.add(counter, 1)
             if self.fleet.settings.watch:
-                await self.wire.set(together.mark_key(self.key, state.round, count), b"1")
+                await self.wire.set(together.mark_key(counter, count), b"1")
         if state.round > seen[0]:
             await self.wire.set(together.signal_key(self.key, state.round, together.OPENED), b"1")
         if state.complete and (state.round > seen[0] or not seen[1]):
@@ -904,7 +905,9 @@ class Agent:
             async with self.lock:
                 await self._moved(time.monotonic(), now_anyway=True)
         key = (
-            together.mark_key(self.key, round_, self.changes[1] + 1) if complete and self.changes[0] == round_ else None
+            together.mark_key(together.signal_key(self.key, round_, together.CHANGED), self.changes[1] + 1)
+            if complete and self.changes[0] == round_
+            else None
         )
         if key == self.watch_key:
             return

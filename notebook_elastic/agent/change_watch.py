@@ -193,7 +193,7 @@ def next_mark(handler: Any, watch: ChangeWatch) -> None:
     if not complete or holder._ne_changes[0] != round_:
         watch.arm(None, None)
         return
-    key = together.mark_key(sayings.state_key, round_, holder._ne_changes[1] + 1)
+    key = _next_mark(holder, sayings)
     # Once answered, torch's next sync reads the store (its _last_sync_time, as rounds.py's look does).
     watch.arm(key, (str(host), int(port)), lambda: _stale(holder), store)
     holder._ne_watch = watch  # its own look at the counter is not needed while the watch waits
@@ -204,10 +204,15 @@ def watches(holder: Any) -> bool:
     state holder) read last: the store answers it when the counter moves, so the holder need not
     look at the counter between its reads of the round."""
     watch, sayings = getattr(holder, "_ne_watch", None), getattr(holder, "_ne_sayings", None)
-    round_, count = holder._ne_changes[:2]
-    if watch is None or sayings is None or round_ != holder._ne_seen[0]:
+    if watch is None or sayings is None or holder._ne_changes[0] != holder._ne_seen[0]:
         return False
-    return bool(watch.watching(together.mark_key(sayings.state_key, round_, count + 1)))
+    return bool(watch.watching(_next_mark(holder, sayings)))
+
+
+def _next_mark(holder: Any, sayings: Any) -> str:
+    """The mark of the next count of the round whose change counter ``holder`` read last."""
+    round_, count = holder._ne_changes[:2]
+    return together.mark_key(together.signal_key(sayings.state_key, round_, together.CHANGED), count + 1)
 
 
 def _stale(holder: Any) -> None:

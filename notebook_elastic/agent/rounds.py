@@ -371,7 +371,7 @@ def _holder_class() -> type:
                 try:
                     count = _call_with_deadline(call, name, value)
                     if name == key(together.CHANGED):  # and the key change watches wait on (mark_key)
-                        _call_with_deadline(store.set, f"{name}/{int(count)}", "1")
+                        _call_with_deadline(store.set, together.mark_key(name, int(count)), "1")
                 except Exception:
                     _log.debug("a round's key not set: who waits for it reads the state in a second", exc_info=True)
 

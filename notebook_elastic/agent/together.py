@@ -316,10 +316,11 @@ OPENED, COMPLETE = "opened", "complete"
 CHANGED = "changed"
 
 
-def mark_key(state_key: str, round_: int, count: int) -> str:
-    """The key a writer of ours sets once it moved round ``round_``'s ``CHANGED`` counter to
-    ``count``: a member waits on the next count's (``change_watch``), the store answers at once."""
-    return f"{signal_key(state_key, round_, CHANGED)}/{count}"
+def mark_key(counter_key: str, count: int) -> str:
+    """The key a writer of ours sets once it moved a round's ``CHANGED`` counter (its key:
+    ``signal_key(..., CHANGED)``) to ``count``: a member waits on the next count's
+    (``change_watch``), the store answers at once."""
+    return f"{counter_key}/{count}"
 
 
 #: How often a member looks at its round's change counter between two reads of the round.
