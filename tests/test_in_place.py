@@ -121,6 +121,11 @@ def test_survivors_keep_their_processes_and_step_across_loss_scale_down_and_scal
     # by the warm pool like any agent; old code kept none with the pool): no process start.
     joined = [e for e in job.events if e.kind == Kind.NODE_JOINED and e.time >= scaled_at]
     assert [bool(e.get("warm")) for e in joined].count(True) == 1, [e.data for e in joined]
+    # Each said it started, the spare too: the supervisor knows it by its agent's pid, which its
+    # peers drop from their round at once when it dies (a spare's first words were dropped
+    # when it answered before it had the node's name: 1 loss in 10 of such a node took 2 s).
+    started = {e.node for e in job.events if e.kind == Kind.AGENT_STARTED and e.time >= scaled_at}
+    assert {e.node for e in joined} <= started, ([e.data for e in joined], started)
     assert up["source"] >= 0  # the values went from a live rank to the new ones
     assert job.wait(300) == "succeeded", job.summary()
 

@@ -213,30 +213,28 @@ class Nodes:
             node_env[protocol.ENV_JOINER] = "1"  # it joins a job that trains: its failure must not end it
         env = self._agent_env(plan, node_env)
         spare, self.spare = self.spare, None
+        agent: Agent | None = None
         if spare is not None and spare.alive:
-            # A warm spare: Python and torch are already imported; tell it who it is.
+            # A warm spare: Python and torch are already imported. It takes the node's name, log
+            # and place before it is told who it is: its first words (agent_started, with the pid
+            # its peers know it by, which GONE_KEY names once it dies) may come at once, and a
+            # spare's are dropped (a node lost later then stayed in its peers' round 2 s longer).
+            self._take_name(spare, name)
+            self.agents[name] = spare
             node_env = {k: v for k, v in env.items() if os.environ.get(k) != v}
             order = json.dumps({"env": node_env, "argv": list(plan.torchrun_args)}) + "\n"
             try:
                 spare.stdin.write(order.encode())
                 spare.stdin.close()
+                agent = spare if spare.alive else None
             except OSError:
-                spare = None
-        if spare is not None and spare.alive:
-            agent = spare
+                pass
+            if agent is None:
+                del self.agents[name]  # it died untold: a cold start takes the name
+        if agent is not None:
             self.spare_after = (self.state.world_size, time.monotonic() + SPARE_AFTER_S)
-            with agent.log_lock:
-                agent.log.close()  # unbuffered: nothing left to flush
-                try:
-                    os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
-                except OSError:
-                    pass
-                agent.log = open(self.folder.logs / f"{name}.log", "ab", buffering=0)
-            agent.name = name
             agent.epoch = self.course.membership.epoch
             agent.started = time.time()
-            for parser in agent.parsers:
-                parser.node = name
         else:
             agent = self._spawn(name, list(node.argv), env)
             agent.stdin.close()
@@ -247,6 +245,19 @@ class Nodes:
             joined["gpus"] = gpus
         self.emit(Kind.NODE_JOINED, name, **joined)
         return agent
+
+    def _take_name(self, agent: Agent, name: str) -> None:
+        """A spare becomes node ``name``: its log file, its lines and its events under that name."""
+        with agent.log_lock:
+            agent.log.close()  # unbuffered: nothing left to flush
+            try:
+                os.replace(self.folder.logs / f"{agent.name}.log", self.folder.logs / f"{name}.log")
+            except OSError:
+                pass
+            agent.log = open(self.folder.logs / f"{name}.log", "ab", buffering=0)
+            agent.name = name
+        for parser in agent.parsers:
+            parser.node = name
 
     def reuse_names_of(self, agents: list[Agent]) -> None:
         """These agents were replaced, not lost (a new range bakes a new --nnodes into every
