@@ -10,7 +10,9 @@ waits for the write and answers under ``answer_key(id)`` (``{"step", "seconds"}`
 next turn of ``State.steps()`` (after the step's own report) holds the group until the node is
 gone (the notice withdrawn) or the grace is over: the group regroups at exactly the saved step,
 so no step is redone. (A loop that calls ``commit(step)`` without ``steps()`` is not held: it
-may train a step or two past the save, redone after the regroup.)
+may train a step or two past the save, redone after the regroup.) A notice that needs no save
+(the job changes in place and other nodes stay) is answered from the polling thread as soon as
+it is seen: the node leaves at the step boundary its group votes on.
 
 Worker-side module: the standard library, and torch's public ``TCPStore`` once polled.
 """
@@ -21,6 +23,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..contract import protocol
@@ -81,9 +84,14 @@ class NoticeBoard:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._io = threading.Lock()  # one store call at a time on the one connection
+        self._keeps: Callable[[dict[str, Any]], int | None] | None = None
 
-    def start(self) -> None:
-        """Begin polling (once; nothing happens without an endpoint)."""
+    def start(self, keeps: Callable[[dict[str, Any]], int | None] | None = None) -> None:
+        """Begin polling (once; nothing happens without an endpoint). ``keeps(notice)``: the
+        steps done where the notice needs no save (the job changes in place, other nodes stay),
+        else None; such a notice is answered from the polling thread as soon as it is seen,
+        not at the next commit (half a step and a commit sooner: the node is let go then)."""
+        self._keeps = keeps
         with self._lock:
             if self._thread is not None or not self.endpoint:
                 return
@@ -91,11 +99,18 @@ class NoticeBoard:
             self._thread.start()
 
     def pending(self) -> dict[str, Any] | None:
-        """The notice to act on now: posted, and not answered yet by this process."""
+        """The notice to act on now: posted, and not answered yet by this process; taken (the
+        polling thread does not answer it too)."""
         notice = self.current
-        if notice is None or notice.get("id") in self.answered:
-            return None
-        return notice
+        return notice if notice is not None and self._take(notice) else None
+
+    def _take(self, notice: dict[str, Any]) -> bool:
+        """Whether this process is first to act on ``notice`` (the commit, or the polling thread)."""
+        with self._lock:
+            if notice.get("id") in self.answered:
+                return False
+            self.answered.add(int(notice.get("id", -1)))
+            return True
 
     def saved(self, notice: dict[str, Any], step: int, saved: bool) -> bool:
         """After the commit a notice made save (``step`` steps done): answer the notifier and
@@ -194,6 +209,9 @@ class NoticeBoard:
                     if current is not None and int(current.get("id", -1)) not in self.answered:
                         self._answered_in_place(store, int(current.get("id", -1)))
                     self.current = current
+                step = None if current is None or self._keeps is None else self._keeps(current)
+                if step is not None and current is not None and self._take(current):
+                    self.kept_in_place(current, step)
                 time.sleep(POLL_S)
             except Exception:  # the store is away (being replaced, frozen): look again later
                 self._store = None

@@ -209,7 +209,7 @@ class State:
         on_finish(self.flush)
         set_step_source(lambda: self.current_step)  # the failure report's step
         if self.is_writer:
-            self._notice.start()
+            self._notice.start(keeps=lambda notice: self.step if self._inplace.keeps_values_without(notice) else None)
         self._join_in_place()
 
     def _join_in_place(self) -> None:
