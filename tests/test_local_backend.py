@@ -171,6 +171,9 @@ def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     assert exited and all(e.get("exitcode") not in (0, None) for e in exited), [e.data for e in exited]
     resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
     assert saved and resumed and max(saved) <= resumed[0] <= job.state.total_steps, (saved, resumed)
+    # One restart, told as the failure it was: not also as "a new node waiting" (no node joined).
+    restarts = [e.describe() for e in job.events if e.kind == Kind.RESTART]
+    assert not [r for r in restarts if "new node" in r], restarts
 
 
 @pytest.mark.torch_contract

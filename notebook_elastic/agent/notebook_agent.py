@@ -271,8 +271,11 @@ def agent_subclass(hooks: AgentHooks) -> type:
         def _restart_workers(self, worker_group: Any) -> Any:
             # A change of members: torchrun stops and starts every worker; ours keep their
             # processes when they can (each worker said so), and only a new round is formed.
-            why, hooks.why = hooks.why or "joined", None  # torch's own call: new nodes wait
-            if why != "failed" and worker_group.state == WorkerState.HEALTHY:
+            # torch's own call: new nodes wait (a healthy group), or its workers failed (told as
+            # a failure already: "a new node waiting" beside it was false).
+            healthy = worker_group.state == WorkerState.HEALTHY
+            why, hooks.why = hooks.why or ("joined" if healthy else "failed"), None
+            if why != "failed" and healthy:
                 pids = worker_pids_by_local_rank(self)
                 if hooks.in_place(pids, worker_group, lambda: self._rendezvous(worker_group), why):
                     worker_group.state = WorkerState.HEALTHY
