@@ -361,6 +361,50 @@ def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_
         job.stop()
 
 
+def test_a_node_lost_while_the_others_make_their_next_state_costs_them_no_step(home, tmp_path):
+    """A change that comes while the kept workers make their next State after the last one: a
+    peer gone during its collectives (here while they wait in it for a joiner whose cell is held
+    at a gate). They go on from the values the last State handed on, in the next group (an
+    adversary's pass found them restarted from step 0, "the cell keeps no elastic.State")."""
+    gate = tmp_path / "gate"
+    cell = "while os.environ.get('NE_HELD') and not os.path.exists(GATE):\n    time.sleep(0.02)\n" + TRAIN
+    job = ne.launch(
+        cell,
+        nnodes="1:3",
+        nodes=2,
+        name="between",
+        max_restarts=0,  # a restart charged would end the job
+        checkpoint_every=NEVER,
+        backend_options={"node_env": {"node-2": {"NE_HELD": "1"}}},
+        user_ns={**namespace(total=200), "GATE": str(gate)},
+    )
+    try:
+        wait_for(training_at(job, 2, 10), "two nodes training", job=job, give_up_when_finished=True)
+        kept = pids_of(job, "node-1")
+        job.scale(3)  # the kept workers make their next State; its first collective waits for node-2
+        wait_for(
+            lambda: any(e.kind == Kind.WORKER_STARTED and e.get("in_place") and e.node == "node-1" for e in job.events),
+            "node-1's cell running again in the group of three",
+            job=job,
+            give_up_when_finished=True,
+        )
+        time.sleep(0.5)  # into its State's first collective
+        job.lose_node("node-0")  # the source of the values, before any State took them
+        gate.touch()
+        assert job.wait(300) == "succeeded", job.summary()
+        [change] = changes(job)  # one change: the one before it never ended
+        assert (change["world_size"], change["kept"], change["joined"], change["redone"]) == (2, 1, 1, 0), change
+        assert change["step"] >= 10, change
+        assert pids_of(job, "node-1") == kept  # the kept worker never restarted
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a rank read a checkpoint"
+        assert not [e for e in job.events if e.kind == Kind.RESTART and e.node == "node-1"]
+        assert sorted(committed_reports(job)) == list(range(200))
+        assert_ranks_agree(job)
+    finally:
+        gate.touch()
+        job.stop()
+
+
 class Gate:
     """A gate that holds the processes a condition picks at their start, until opened: a
     sitecustomize on their PYTHONPATH (written by ``hold``, once the job's first processes

@@ -321,16 +321,23 @@ class InPlace:
         if not (boundary or peer_lost):
             return None
         state = self.state
+        # The values a State handed on that no State took yet: the cell's body broke while it
+        # made its next State (a peer that went during its collectives). They are the ones to
+        # go on from: the change before this one is not over (a worker that restarted here lost
+        # every step since the last save, said as "the cell keeps no elastic.State").
+        held = self.handoff if state is None else None
         why = self.incapable or self.group.unabortable
-        why = why or (None if state is not None else "the cell keeps no elastic.State")
+        why = why or (None if state is not None or held is not None else "the cell keeps no elastic.State")
         if why:
             link.say_capable(False, why)
             return None
         import torch.distributed as dist
 
-        world = int(os.environ.get("WORLD_SIZE", 1))
-        self.switch = Switch(time.monotonic(), "", world, abrupt=not boundary)
-        self.handoff = state.handoff()
+        if state is not None or self.switch is None:
+            world = int(os.environ.get("WORLD_SIZE", 1))
+            self.switch = Switch(time.monotonic(), "", world, abrupt=not boundary)
+        self.handoff = state.handoff() if state is not None else held
+        assert self.handoff is not None
         self.state = None
         ended = state
         self.group.abort()  # peers still in the old group's step fail now, not at its timeout
@@ -349,7 +356,8 @@ class InPlace:
                     # moment apart: one node left at the vote, this one just after). It holds
                     # the values of the boundary everyone agreed on: the old group's writer
                     # saves them, so the steps since the last save are not redone.
-                    ended.save_leaving_between_groups()
+                    if ended is not None:
+                        ended.save_leaving_between_groups()
                 return None
             self.switch.reason = assignment.reason
             os.environ.update(assignment.env())
