@@ -405,6 +405,50 @@ def test_a_node_lost_while_the_others_make_their_next_state_costs_them_no_step(h
         job.stop()
 
 
+def test_a_stop_while_the_others_make_their_next_state_saves_the_values_they_handed_on(home, tmp_path):
+    """A stop that comes while the kept workers make their next State (waiting in its first
+    collective for a joiner held at a gate): no State holds the values now, the ones the last
+    one handed on; the rank that wrote for that group saves them as its node goes, and the
+    resume starts there, not from the start (an adversary's pass: 4 of 4 such stops saved
+    nothing, and the resume trained every step again)."""
+    gate = tmp_path / "gate"
+    cell = "while os.environ.get('NE_HELD') and not os.path.exists(GATE):\n    time.sleep(0.02)\n" + TRAIN
+    job = ne.launch(
+        cell,
+        nnodes="1:3",
+        nodes=2,
+        name="stopped-between",
+        checkpoint_every=NEVER,
+        backend_options={"node_env": {"node-2": {"NE_HELD": "1"}}},
+        user_ns={**namespace(total=100_000), "GATE": str(gate)},
+    )
+    try:
+        wait_for(training_at(job, 2, 10), "two nodes training", job=job, give_up_when_finished=True)
+        job.scale(3)
+        wait_for(
+            lambda: any(e.kind == Kind.WORKER_STARTED and e.get("in_place") and e.node == "node-1" for e in job.events),
+            "node-1's cell running again in the group of three",
+            job=job,
+            give_up_when_finished=True,
+        )
+        time.sleep(0.5)  # into its State's first collective
+        assert not changes(job)  # no State took the values yet
+        reached = job.state.step or 0
+        job.stop()
+        from notebook_elastic.runtime.checkpoints import list_checkpoints
+
+        saved = [step for _g, step, _p in list_checkpoints(LocalBackend().folder("stopped-between").checkpoints)]
+        assert saved and max(saved) >= reached, (saved, reached)
+        gate.touch()  # (node-2's workers of the resumed run go through)
+        job.resume()
+        wait_for(lambda: any(e.kind == Kind.RESUMED for e in job.events), "the resume", job=job)
+        resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED and e.get("rank") in (None, 0)]
+        assert resumed[0] == max(saved) >= reached, (resumed, saved, reached)
+    finally:
+        gate.touch()
+        job.stop()
+
+
 class Gate:
     """A gate that holds the processes a condition picks at their start, until opened: a
     sitecustomize on their PYTHONPATH (written by ``hold``, once the job's first processes

@@ -8,6 +8,7 @@ Worker-side module: the standard library, and torch.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ class Handoff:
     reached: int  # the step after the one in flight when the change came (next_step at a boundary)
     samples_seen: int
     rng: dict[str, Any]
+    # Saves it (on the rank that writes for the group that ended): its node goes before any
+    # next State took it (runtime/writer.py save_handed_on).
+    save: Callable[[Handoff], None] | None = None
 
 
 def to_host(value: Any) -> Any:

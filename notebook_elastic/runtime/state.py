@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from .notice import NoticeBoard
 from .restore import Collectives, Restore
 from .state_dicts import _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source
-from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWriter
+from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWriter, save_handed_on
 
 _log = log.get("state")
 
@@ -273,12 +274,14 @@ class State:
         finally:
             self._leaving_save = False
 
-    def save_leaving_between_groups(self) -> None:
+    def save_leaving_between_groups(self, broken: bool = False) -> None:
         """This State's group ended at a boundary where some nodes left and this rank's stayed,
         and its node was told to go before the next group formed: whether any other stays is not
         known here, so the lowest staying rank of the vote saves the step committed there, alone
-        (no collective: the others need not be here; a sharded state cannot, said not tried)."""
-        if self._saver != self.info.rank:
+        (no collective: the others need not be here; a sharded state cannot, said not tried);
+        ``broken``: the group broke as all went (no vote to save at): its writer saves, if need be."""
+        on_disk = broken and any(s == self.step for _g, s, _p in list_checkpoints(self.folder))
+        if on_disk or (not self.is_writer if broken else self._saver != self.info.rank):
             return
         if self._sharded:
             _log.warning("left between groups: a sharded state cannot be saved without its group")
@@ -303,6 +306,8 @@ class State:
         if self._applied is not None and self._applied + 1 > next_step:
             next_step = self._applied + 1  # updated by the optimizer, not yet committed
         reached = max(next_step, (self._current + 1) if self._current is not None else next_step)
+        writes = not self._sharded and (self._saver == self.info.rank if self._saver is not None else self.is_writer)
+        where = {"folder": self.folder, "generation": self.generation, "keep": self._writer.keep, "info": self.info}
         states = {name: to_host(_state_dict_owner(obj).state_dict()) for name, obj in self._objects.items()}
         try:
             self._writer.wait()  # a background save of this group lands first
@@ -315,6 +320,7 @@ class State:
             reached=reached,
             samples_seen=self._cursor_at(next_step),
             rng=rng_state(),
+            save=partial(save_handed_on, **where, interval=self._interval, total=self.total) if writes else None,  # type: ignore[arg-type]
         )
 
     # -- start ---------------------------------------------------------------------------

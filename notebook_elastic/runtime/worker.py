@@ -223,6 +223,14 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
         if inplace.leaving and (isinstance(exc, MembershipChange) or caused_by_a_peer(exc)):
             # Its node goes (a scale-down, a preemption): it left the group at a step boundary
             # every rank agreed on (or, stuck past it, was told to abort); nothing is lost here.
+            # Where the group broke on the way (a peer gone before the vote that has every rank
+            # save as all go: a stop), its writer saves the step it committed last, alone.
+            # Or, where no next State took the values the last one handed on (the cell ran
+            # again), the rank that wrote for that group saves them.
+            if inplace.state is not None:
+                inplace.state.save_leaving_between_groups(broken=True)
+            elif inplace.handoff is not None and inplace.handoff.save is not None:
+                inplace.handoff.save(inplace.handoff)
             _log.info("left the group: its node goes")
             sys.stdout.flush()
             os._exit(0)

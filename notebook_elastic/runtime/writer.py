@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ..contract import protocol
 from ..contract.event_types import Checkpoint, CheckpointFailed, Fenced, Kind
+from ..plumbing import log as _logging
 from . import sharded
 from ._emit import emit
 from .checkpoints import _HOST, _fsync_dir, _remove, _size, dead_writers_files, list_checkpoints, newest_generation
@@ -319,3 +320,44 @@ def _claimed(claim: str) -> int:
     m = protocol.CLAIM_RE.match(claim)
     assert m is not None  # only names that matched CLAIM_RE are asked
     return int(m.group(1))
+
+
+def save_handed_on(
+    handoff: Any,
+    *,
+    folder: Path,
+    generation: int,
+    keep: int,
+    info: WorkerInfo,
+    interval: SaveInterval,
+    total: int | None,
+) -> None:
+    """Save the values a State handed on at a change (``runtime/handoff.py``) as that State's
+    writer would have: its node goes before any next State took them (a stop, a scale-down,
+    while the cell ran again), and a resume must not lose the steps since the last save. Under
+    the newest generation claimed (the next group's rank 0 may have claimed one before it
+    broke; it never trained), so the fence lets it land."""
+    from types import SimpleNamespace
+
+    step = int(handoff.next_step)
+    generation = max(generation, newest_generation(folder))
+    loop = SimpleNamespace(step=step, total=total)
+    writer = CheckpointWriter(folder, generation=generation, keep=keep, info=info, interval=interval, loop=loop)
+    tree = {
+        "format": 1,
+        "step": step,
+        "generation": generation,
+        "world_size": info.world_size,
+        "samples_seen": handoff.samples_seen,
+        "time": time.time(),
+        "every": interval.steps_since_save,
+        "save_s": interval.save_cost,
+        "objects": handoff.states,
+        "extra": dict(handoff.extra),
+    }
+    try:
+        writer.write(tree)
+    except Exception:  # its node goes either way: said, and the resume starts from the last save
+        _logging.get("runtime.writer").warning(
+            "the values handed on at step %s could not be saved", step, exc_info=True
+        )
