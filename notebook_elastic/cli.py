@@ -483,7 +483,8 @@ TERMINAL_WORDS = (
     (r"%elastic_stop ([\w.-]+)", r"`notebook-elastic stop \1`"),
     (r"%elastic_resume ([\w.-]+) \(or job\.resume\(\)\)", r"`notebook-elastic resume \1`"),
     (r"%elastic_resume ([\w.-]+)", r"`notebook-elastic resume \1`"),
-    (r"widen it with set_range\(\) first", "widen it first from the notebook (job.set_range(MIN, MAX))"),
+    (r"widen it with set_range\((\d+), (\d+)\) first", r"widen it first from the notebook (job.set_range(\1, \2))"),
+    (r"\(stop\(\) ends it\)", "(`notebook-elastic stop NAME` ends it)"),
 )
 
 

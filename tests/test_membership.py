@@ -13,7 +13,7 @@ def test_each_transition_makes_a_new_membership_and_leaves_the_old_one_as_it_was
     assert start.scaled(4) == Membership(4, (1, 4), 3) and start.target == 2
     with pytest.raises(ValueError) as refused:
         start.scaled(5)
-    assert str(refused.value) == "cannot scale to 5 nodes: the job's range is 1:4; widen it with set_range() first"
+    assert str(refused.value) == "cannot scale to 5 nodes: the job's range is 1:4; widen it with set_range(1, 5) first"
     # A new range: new agents in a new epoch, the target kept inside it.
     assert start.ranged(3, 6) == Membership(3, (3, 6), 4)
     assert start.ranged(1, 1) == Membership(1, (1, 1), 4)

@@ -431,5 +431,13 @@ def check_scale(spec_range: tuple[int, int], nodes: Any) -> int:
     n = whole_number(nodes, "scale(nodes)", "2")
     lo, hi = spec_range
     if not lo <= n <= hi:
-        raise SpecError(f"cannot scale to {n} nodes: the job's range is {lo}:{hi}; widen it with set_range() first")
+        raise SpecError(out_of_range(n, lo, hi))
     return n
+
+
+def out_of_range(n: int, lo: int, hi: int) -> str:
+    """Why a scale to ``n`` nodes is refused in the range ``lo:hi``, and what to do instead."""
+    if n < 1:
+        return f"cannot scale to {n} nodes: a job runs on at least 1 node (stop() ends it)"
+    wider = f"set_range({n}, {hi})" if n < lo else f"set_range({lo}, {n})"
+    return f"cannot scale to {n} nodes: the job's range is {lo}:{hi}; widen it with {wider} first"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..contract.event_types import Kind, Scaled
+from ..contract.spec import out_of_range
 
 #: A folder deleted under the job: no checkpoint or record can be written any more.
 DELETED = "deleted"
@@ -59,9 +60,7 @@ class Membership:
         """Run ``nodes`` nodes (``ValueError``, one sentence, outside the range)."""
         lo, hi = self.range
         if not lo <= nodes <= hi:
-            raise ValueError(
-                f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
-            )
+            raise ValueError(out_of_range(nodes, lo, hi))
         return dataclasses.replace(self, target=nodes)
 
     def ranged(self, min_nodes: int, max_nodes: int) -> Membership:

@@ -420,6 +420,8 @@ class Supervisor:
                 if ended is None:
                     continue  # capacity comes back later: wait for it
                 status, reason = ended
+                if status == "succeeded":  # every node finished: no reason to give (the last
+                    return status, reason  # node to go was told as "lost" or "scaled_down" before)
                 return status, reason or (LOST_FOLDER["reason"] if status == "lost" else self.outcome.failure_reason())
 
     def _stops_recorded(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...contract import protocol
 from ...contract.plan import rdzv_id
+from ...contract.spec import out_of_range
 from ...errors import BackendError, JobNotFound, SpecError
 from ..base import DrillAnswer, RangeAnswer, ScaleAnswer
 from . import kueue
@@ -58,9 +59,7 @@ class JobControl:
         cm, spec = self._require(name)
         lo, hi = self._range(name, spec)
         if not lo <= nodes <= hi:
-            raise SpecError(
-                f"cannot scale to {nodes} nodes: the job's range is {lo}:{hi}; widen it with set_range() first"
-            )
+            raise SpecError(out_of_range(nodes, lo, hi))
         workload = workload_of(cm)
         try:
             if workload == "job":
