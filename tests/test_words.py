@@ -127,3 +127,24 @@ def test_a_path_under_the_home_is_written_as_a_person_types_it(monkeypatch, tmp_
     assert shell_path("/srv/jobs/q") == "/srv/jobs/q"
     command = tensorboard_link(str(tmp_path / "reader" / ".notebook-elastic" / "jobs" / "q"))["command"]
     assert command.endswith(" --logdir ~/.notebook-elastic/jobs/q"), command
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "reason", "said"),
+    [
+        (3, 2, "lost", "a node was lost: 3 \u2192 2"),
+        (2, 1, "left", "a node left: 2 \u2192 1"),
+        (1, 3, "joined", "a node joined: 1 \u2192 3"),
+        (2, 2, "store", "the rendezvous store was replaced: 2 \u2192 2"),
+        # A change that came during another (an adversary's pass read "a node joined: 2 -> 1",
+        # "a node was lost: 2 -> 2" and "a node joined: 2 -> 2"): the sizes are the truth.
+        (2, 1, "joined", "the members changed: 2 \u2192 1"),
+        (2, 2, "lost", "the members changed: 2 \u2192 2"),
+        (2, 2, "joined", "the members changed: 2 \u2192 2"),
+        (2, 3, "lost", "the members changed: 2 \u2192 3"),
+    ],
+)
+def test_a_change_in_place_is_told_as_its_sizes_show(before, after, reason, said):
+    data = {"round": 1, "from_world_size": before, "world_size": after, "step": 7, "redone": 0, "kept": 1}
+    event = Event(Kind.IN_PLACE, 0.0, "node-0", {**data, "joined": 0, "source": -1, "took_s": 0.1, "reason": reason})
+    assert event.describe().startswith(said + " ranks in place, training again from step 7"), event.describe()

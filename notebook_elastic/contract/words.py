@@ -342,7 +342,16 @@ _IN_PLACE_WHY = {
 
 
 def _in_place(_node: str, d: InPlace) -> str:
-    why = _IN_PLACE_WHY.get(str(d.get("reason") or ""), "the members changed")
+    reason = str(d.get("reason") or "")
+    why = _IN_PLACE_WHY.get(reason, "the members changed")
+    # The reason is the one the change's first sign gave; one that comes during it (a loss
+    # while a joiner took the values, a scale-down after a scale-up) can leave the sizes saying
+    # otherwise: never "a node joined: 2 -> 1".
+    before, after = d.get("from_world_size") or 0, d.get("world_size") or 0
+    if reason != "store" and (
+        (after > before and reason != "joined") or (after < before and reason == "joined") or after == before
+    ):
+        why = "the members changed"
     redone = d.get("redone", 0)
     joined = d.get("joined", 0)
     took = d.get("took_s", 0.0)
