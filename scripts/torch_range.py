@@ -166,6 +166,13 @@ def run_contract(python: Path, version: str, pytest_args: list[str]) -> tuple[in
 def main(argv: list[str]) -> int:
     pytest_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     picked = argv[: argv.index("--")] if "--" in argv else argv
+    if any(a in ("-h", "--help") for a in picked):
+        print(__doc__)
+        return 0
+    wrong = [a for a in picked if not re.fullmatch(r"\d+\.\d+(\.\d+)?", a)]
+    if wrong:
+        print(f"torch_range.py: {wrong[0]!r} is not a torch version like 2.4.1 (pytest's arguments go after --)")
+        return 2
     project = pyproject()
     ends = project["tool"]["notebook-elastic"]["torch-ends"]
     versions = picked or ends

@@ -340,7 +340,7 @@ class ElasticJob:
         waits.Wait(self, condition, what, timeout).blocking()
 
     async def until(self, condition: waits.Condition, what: str = "it", timeout: float | None = None) -> None:
-        """``await job.until(lambda: job.state.step >= 35, "step 35")`` in a cell: the kernel
+        """``await job.until(lambda: (job.state.step or 0) >= 35, "step 35")`` in a cell: the kernel
         answers the dashboard while it waits, Run All included (``kernel/waits.py``)."""
         await waits.Wait(self, condition, what, timeout).awaiting()
 
