@@ -624,6 +624,12 @@ def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, 
     with pytest.raises(ne.BackendError, match=r"job 'again' was stopped at step \d+ running other code"):
         ne.launch(other, nnodes="1", name="again", user_ns=namespace(total=40))
     assert LocalBackend().describe("again").status == "stopped"  # nothing was touched
+    # Other options: a resume would continue with the earlier ones, said, not dropped unsaid.
+    with pytest.raises(
+        ne.BackendError, match=r"job 'again' was stopped at step \d+ with other options .*--nnodes 1:2, it ran with 1:1"
+    ):
+        ne.launch(TRAIN, nnodes="1:2", name="again", checkpoint_every=1, user_ns=namespace(total=40))
+    assert LocalBackend().describe("again").status == "stopped"
 
     same = ne.launch(TRAIN, nnodes="1", name="again", checkpoint_every=1, user_ns=namespace(total=40))
     assert "resumed from its latest checkpoint" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..backends import FOLDER_BACKENDS, backend_of, get_backend, options
 from ..backends.base import Backend, JobInfo, attention_order
 from ..contract.events import sig, steps_done
-from ..contract.spec import JobSpec
+from ..contract.spec import SPEC_OPTIONS, JobSpec
 from ..errors import BackendError, JobNotFound, PackagingError, SpecError
 from ..packaging import Bundle, NotebookContext, package_cell, package_function
 from ..packaging.render import same_training_code
@@ -139,6 +139,16 @@ def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = No
                 f"%elastic_resume {job.name} (or job.resume()) continues the code it ran; add --fresh "
                 f"(fresh=True) to start this code over (the earlier run moves to the history), or pick another --name"
             )
+        changed = _changed_options(runner, job)
+        if changed:
+            step = info.summary.get("step") if info else None
+            at = f" at step {step}" if step is not None else ""
+            raise BackendError(
+                f"job {job.name!r} was {status}{at} with other options than this cell's ({changed}): "
+                f"%elastic_resume {job.name} (or job.resume()) continues as it ran (job.scale() and "
+                f"job.set_range() change its nodes then); add --fresh (fresh=True) to start over with "
+                f"these options, or pick another --name"
+            )
         job.resume()
         return f"job {job.name!r} was {status}: resumed from its latest checkpoint (same code), restart budget reset"
     job.start()
@@ -146,6 +156,33 @@ def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = No
         local = cast("LocalBackend", runner)  # info is only read from the local backend
         return f"the earlier run of {job.name!r} ({status}) is kept in {local.root / '.history'}"
     return None
+
+
+def _changed_options(runner: Backend, job: ElasticJob) -> str:
+    """The launch options this cell gives other than the earlier run of its name was started
+    with (a resume continues with those: a re-run cell's new --nnodes was dropped unsaid)."""
+    folder = getattr(runner, "folder", None)
+    if folder is None or job.spec is None:
+        return ""
+    try:
+        before = folder(job.name).spec()
+    except (OSError, ValueError):
+        return ""
+    now = job.spec.to_json()
+
+    def shown(value: Any) -> str:
+        if value is None:
+            return "unset"
+        return ":".join(map(str, value)) if isinstance(value, list) and len(value) == 2 else str(value)
+
+    differ = [
+        f"{option.flag} {shown(now.get(option.keyword))}, it ran with {shown(before[option.keyword])}"
+        for option in SPEC_OPTIONS
+        if option.keyword not in ("name", "backend")
+        and option.keyword in before
+        and before[option.keyword] != now.get(option.keyword)
+    ]
+    return "; ".join(differ)
 
 
 def check_withheld(bundle: Bundle, spec: JobSpec) -> None:
