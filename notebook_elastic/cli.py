@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .contract.event_types import FINAL_STATUSES
+from .contract.options import unknown_flags
 from .errors import JobNotFound, NotebookElasticError
 
 if TYPE_CHECKING:
@@ -62,14 +63,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     """'unrecognized arguments: --tial 5; did you mean --tail?' for this subcommand's flags."""
-    flags = [f for action in parser._actions for f in action.option_strings]  # argparse keeps no public list
-    said = f"unrecognized arguments: {' '.join(extras)}"
-    for extra in extras:
-        if extra.startswith("-"):
-            close = difflib.get_close_matches(extra.split("=")[0], flags, n=1)
-            if close:
-                return f"{said}; did you mean {close[0]}?"
-    return said
+    return unknown_flags(extras, [f for action in parser._actions for f in action.option_strings])  # no public list
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

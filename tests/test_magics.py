@@ -51,6 +51,10 @@ CELL = "print('training')\n"
         ("--export /no/such/dir/x.py", CELL, r"the folder /no/such/dir does not exist"),
         ("--ship 9lives", CELL, r"--ship '9lives' must name a notebook variable"),
         ("--nprocs 2", CELL, r"unrecognized arguments: --nprocs 2"),
+        # A flag mistyped is named with the one probably meant; a prefix is no flag (torchrun's
+        # own flags are whole words: --nnode launched on --nnodes before).
+        ("--max-restars 3", CELL, r"unrecognized arguments: --max-restars 3; did you mean --max-restarts\?"),
+        ("--nnode 1:2", CELL, r"unrecognized arguments: --nnode 1:2; did you mean --nnodes\?"),
         ("", "   \n", r"the cell is empty"),
         # Lines as the editor numbers them, the %%elastic_train line being line 1 (#39 item 6).
         ("", "undefined_thing()\n", r"name `undefined_thing` is used by the cell \(line 2\)"),
@@ -124,6 +128,16 @@ def test_dry_run_prints_manifest_and_script(shell, home, capsys):
     assert "Manifest of job 'demo'" in text and "SCALE" in text and "def f(x)" in text
     assert "--nnodes 1:2" in text and "--nproc-per-node 2" in text  # the agent command
     assert "def main():\n    print(f(4))" in text
+    assert not (home / "jobs").exists()
+
+
+def test_torchruns_underscore_spellings_are_the_flags_they_name(shell, home, capsys):
+    """torchrun takes --nproc_per_node as --nproc-per-node; so does the magic ("flags follow
+    torchrun"): a newcomer's --nproc_per_node 2 was refused."""
+    line = "--nnodes 1:2 --nproc_per_node 2 --max_restarts 1 --name under --dry-run"
+    assert shell.run_cell_magic("elastic_train", line, "print(1)\n") is None
+    text = capsys.readouterr().out
+    assert "--nproc-per-node 2" in text and "--max-restarts 1" in text, text
     assert not (home / "jobs").exists()
 
 

@@ -24,6 +24,20 @@ from typing import Any, TypeVar, overload
 from ..errors import SpecError
 
 ALL = ("local", "kubernetes", "slurm")
+
+
+def unknown_flags(extras: list[str], flags: list[str]) -> str:
+    """argparse's 'unrecognized arguments: --tial 5', with the flag probably meant: '; did you
+    mean --tail?' (the CLI's subcommands and the magic's flags alike)."""
+    said = f"unrecognized arguments: {' '.join(extras)}"
+    for extra in extras:
+        if extra.startswith("-"):
+            close = difflib.get_close_matches(extra.split("=")[0], flags, n=1)
+            if close:
+                return f"{said}; did you mean {close[0]}?"
+    return said
+
+
 #: Where each backend's own options go (``goes_to``), apart from the job spec.
 BACKEND_PARTS = ("kubernetes", "slurm")
 

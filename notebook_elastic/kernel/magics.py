@@ -11,6 +11,7 @@ import argparse
 import builtins
 import keyword
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..backends import options
+from ..contract.options import unknown_flags
 from ..errors import NotebookElasticError
 from ..packaging import NotebookContext
 from .launcher import (
@@ -66,6 +68,27 @@ def _option_flags(func: Any) -> Any:
     for decorator in reversed(decorators):
         func = decorator(func)
     return func
+
+
+def _parse_flags(magic: Any, line: str) -> argparse.Namespace:
+    """The magic's flags as torchrun takes them: whole (``--nnode`` is no ``--nnodes``), and
+    with underscores too (``--nproc_per_node``); an unknown one says the flag probably meant."""
+    parser = magic.parser
+    parser.allow_abbrev = False
+    flags = [f for action in parser._actions for f in action.option_strings]  # argparse keeps no public list
+
+    def dashed(match: re.Match[str]) -> str:
+        flag = "--" + match.group(1).replace("_", "-")
+        return flag if flag in flags else match.group(0)
+
+    line = re.sub(r"(?<!\S)--(\w+)(?=[\s=]|$)", dashed, line)
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        extras = re.search(r"unrecognized arguments: (.*)", str(exc))
+        if extras is None:
+            raise
+        raise UsageError(unknown_flags(extras.group(1).split(), flags)) from None
 
 
 def _errors_as_usage(func: Any) -> Any:
@@ -137,7 +160,7 @@ class ElasticMagics(Magics):
     @_errors_as_usage
     def elastic_train(self, line: str, cell: str) -> ElasticJob | None:
         """Run this cell as an elastic torchrun job; returns at once with the job handle."""
-        args = parse_argstring(self.elastic_train, line)
+        args = _parse_flags(self.elastic_train, line)
         if args.help:
             print(self.elastic_train.parser.format_help())
             return None
