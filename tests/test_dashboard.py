@@ -441,6 +441,21 @@ def test_a_dashboard_carries_its_kernel_gone_word_and_a_static_twin(home):
         dash.close()
 
 
+def test_a_job_that_ended_without_its_metric_says_the_cell_never_reported_it(home):
+    """Waiting for a loss the cell never reports, for ever, told a newcomer nothing: once the
+    job ended with none, the chart says which call draws it."""
+    from notebook_elastic.kernel.ui import Dashboard
+
+    job = ne.launch("state = elastic.State()\nfor step in state.steps(3):\n    state.commit()\n", name="unreported")
+    assert job.wait(120) == "succeeded", job.summary()
+    dash = Dashboard(job)
+    try:
+        wait_for(lambda: "elastic.report(loss=...)" in dash.chart.value, "the chart's word", timeout=30)
+        assert "no loss was reported: the cell&#x27;s elastic.report(loss=...) draws it here" in dash.chart.value
+    finally:
+        dash.close()
+
+
 def test_a_restart_shorter_than_a_frame_is_still_drawn_for_a_frame(home):
     """A restart over in 0.1 s falls between two frames (4 a second): the header drew only
     the status at each frame, so "restarting" was never on the page (a flaky browser test on

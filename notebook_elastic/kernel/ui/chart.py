@@ -189,11 +189,13 @@ def chart_svg(
     last_report_t: float | None = None,
     log_scale: bool = False,
     smoothing: float = 0.0,
+    empty: str | None = None,
 ) -> str:
     """An SVG line chart of ``metric`` by step, with event markers and a legend.
 
     It scales to its container's width (viewBox), so one layout fits 800 px. ``log_scale``
-    applies when every value is positive; ``smoothing`` draws an EMA over a faint raw line."""
+    applies when every value is positive; ``smoothing`` draws an EMA over a faint raw line.
+    ``empty``: what it says with no point (default: waiting for the metric)."""
     pad_l, pad_r, pad_t, pad_b = 46, 12, 10, 24
     w, h = width - pad_l - pad_r, height - pad_t - pad_b
     points = series_points(steps, values)
@@ -210,7 +212,7 @@ def chart_svg(
     if not points:
         parts.append(
             f'<text x="{pad_l + w / 2}" y="{pad_t + h / 2}" text-anchor="middle" font-size="12" '
-            f'style="fill:{FG_FAINT}">waiting for {esc(metric)}…</text></svg>'
+            f'style="fill:{FG_FAINT}">{esc(empty or f"waiting for {metric}…")}</text></svg>'
         )
         return "".join(parts)
     ys = [math.log10(p[1]) if log else p[1] for p in points]

@@ -339,10 +339,13 @@ class Dashboard(W.VBox):  # type: ignore[misc]  # VBox is Any to mypy: ipywidget
             len(state.markers),
             self.log_scale.value,
             self.smoothing.value,
+            state.finished,
         )
         if key != self._last_chart[0]:
             if series is None:
-                svg = chart_svg([], [], metric=metric)
+                # Ended without one: the cell never reported it (a newcomer waited on "waiting for loss…").
+                told = f"no {metric} was reported: the cell's elastic.report({metric}=...) draws it here"
+                svg = chart_svg([], [], metric=metric, empty=told if state.finished else None)
             else:
                 svg = chart_svg(
                     series.steps,
