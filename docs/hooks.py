@@ -6,10 +6,13 @@ table from ``notebook_elastic/contract/event_types.py`` (each kind's fields) and
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 OPTIONS_MARK = "<!-- options -->"
 EVENTS_MARK = "<!-- events -->"
+#: A note for whoever reads the page in the repository, where the table is not: left out of the site.
+REPO_ONLY = re.compile(r"<!-- repo-only -->.*?<!-- /repo-only -->\n?", re.S)
 
 
 def _fields(schema: dict[str, Any]) -> tuple[str, str]:
@@ -33,6 +36,7 @@ def events_table() -> str:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    markdown = REPO_ONLY.sub("", markdown)
     if OPTIONS_MARK in markdown:
         from notebook_elastic.backends.options import markdown_table
 
