@@ -3,9 +3,9 @@
     notebook-elastic jobs [--json]                  every job, including finished ones
     notebook-elastic status NAME [--json]           one job's state
     notebook-elastic logs NAME [-f] [--node N]      the agents' and workers' output (--tail N: the last
-                      [--tail N] [--since WHEN]     N lines of each node; --since 10m or 14:05: what
-                                                    came since, in time order; --protocol: with the
-                                                    ranks' '@@elastic' event lines)
+                      [--tail N] [--since WHEN]     N lines of each node; --since 10m or 14:05: the
+                                                    workers' lines since, in time order; --protocol:
+                                                    with the ranks' '@@elastic' event lines)
     notebook-elastic events NAME [-f] [--json]      the job's history, then live events
     notebook-elastic scale NAME N                   run on N nodes
     notebook-elastic stop NAME                      stop it and everything it started
@@ -94,7 +94,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         default=None,
         metavar="WHEN",
         help="only what came since WHEN: how long ago (10m, 90s, 1h30m) or a clock time today (14:05); "
-        "the nodes' lines in the order they came",
+        "the workers' lines of every node in the order they came (the history keeps them; the agents' own "
+        "lines are in the node logs, without --since)",
     )
     p.add_argument(
         "--protocol",
