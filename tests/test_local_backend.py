@@ -634,7 +634,9 @@ def test_rerunning_a_stopped_job_resumes_same_code_and_refuses_other_code(home, 
     same = ne.launch(TRAIN, nnodes="1", name="again", checkpoint_every=1, user_ns=namespace(total=40))
     assert "resumed from its latest checkpoint" in capsys.readouterr().out
     assert same.wait(180) == "succeeded", same.summary()
-    assert [e for e in same.events if e.kind == Kind.RESUMED][-1].get("step") >= stopped_at
+    resumed = [e for e in same.events if e.kind == Kind.RESUMED][-1]
+    assert resumed.get("step") >= stopped_at
+    assert "why" not in resumed.data, resumed.describe()  # a resume is no fallback (it read like one)
     assert sorted(committed_reports(same)) == list(range(40))
 
     fresh = ne.launch(other, nnodes="1", name="again", fresh=True, user_ns=namespace(total=5))

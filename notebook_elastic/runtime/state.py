@@ -63,8 +63,7 @@ from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWrite
 
 _log = log.get("state")
 
-#: Why a group that forms in place read a checkpoint (in place's fallback, said in the event):
-#: the values live only in the ranks' memory, and none of them kept any.
+#: Why a group formed in place read a checkpoint (in place's fallback): no rank kept the live values.
 NO_LIVE_VALUES = "no rank held the live values (every node had gone or restarted at once)"
 
 # State, and the names that were defined here before its parts moved out (still imported from here).
@@ -192,7 +191,9 @@ class State:
         if self._inplace.group.assignment is not None and not self._sharded:
             # A group formed in place (or joined into one): the values of the live ranks.
             resumed = self._restore.from_live(self._inplace, self._objects)
-            why = NO_LIVE_VALUES  # should a checkpoint be read after all
+            # should a checkpoint be read after all; not in the run's first group (a start, a resume)
+            first = self.info.restart_count == 0 and os.environ.get(protocol.ENV_ROUND, "0") == "0"
+            why = None if first else NO_LIVE_VALUES
         if resumed is None:
             resumed = self._restore.latest(
                 self._objects,
@@ -276,9 +277,8 @@ class State:
 
     def save_leaving_between_groups(self, broken: bool = False) -> None:
         """This State's group ended at a boundary where some nodes left and this rank's stayed,
-        and its node was told to go before the next group formed: whether any other stays is not
-        known here, so the lowest staying rank of the vote saves the step committed there, alone
-        (no collective: the others need not be here; a sharded state cannot, said not tried);
+        and its node was told to go before the next group formed: the lowest staying rank of the
+        vote saves the step committed there, alone (no collective; a sharded state cannot, said);
         ``broken``: the group broke as all went (no vote to save at): its writer saves, if need be."""
         on_disk = broken and any(s == self.step for _g, s, _p in list_checkpoints(self.folder))
         if on_disk or (not self.is_writer if broken else self._saver != self.info.rank):
