@@ -196,7 +196,9 @@ def _disk_full(_node: str, d: DiskFull) -> str:
 
 
 def _notice(node: str, d: Notice) -> str:
-    return f"{node} is to go in {d.get('grace_s', 0):g} s (notice): the job saves at its next step first"
+    return (
+        f"{node} is to go in {d.get('grace_s', 0):g} s (notice): it goes at a step boundary, saved first where need be"
+    )
 
 
 def _saved_on_notice(_node: str, d: SavedOnNotice) -> str:
