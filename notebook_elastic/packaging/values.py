@@ -55,13 +55,15 @@ def unshippable_reason(value: Any) -> str | None:
     if isinstance(value, socket.socket):
         return "a network socket: connections cannot be copied; connect inside the training cell instead"
     if isinstance(value, _LOCK_TYPES) or isinstance(value, (threading.Condition, threading.Semaphore, threading.Event)):
-        return "a lock: synchronization objects belong to this kernel's threads"
+        return (
+            "a lock: synchronization objects belong to this kernel's threads; make it inside the training cell instead"
+        )
     if isinstance(value, threading.Thread):
-        return "a thread of this kernel"
+        return "a thread of this kernel; start it inside the training cell instead"
     if inspect.isgenerator(value) or inspect.iscoroutine(value) or inspect.isasyncgen(value):
         return "a generator: its paused state cannot be copied; create it inside the training cell instead"
     if isinstance(value, subprocess.Popen):
-        return "a running subprocess of this kernel"
+        return "a running subprocess of this kernel; start it inside the training cell instead"
     torch = sys.modules.get("torch")
     if torch is not None:
         if isinstance(value, torch.Tensor) and value.is_cuda:
