@@ -307,7 +307,8 @@ class State:
             next_step = self._applied + 1  # updated by the optimizer, not yet committed
         reached = max(next_step, (self._current + 1) if self._current is not None else next_step)
         writes = not self._sharded and (self._saver == self.info.rank if self._saver is not None else self.is_writer)
-        where = {"folder": self.folder, "generation": self.generation, "keep": self._writer.keep, "info": self.info}
+        where: dict[str, Any] = {"folder": self.folder, "generation": self.generation, "keep": self._writer.keep}
+        where.update(info=self.info, interval=self._interval, total=self.total)  # where and how it saved
         states = {name: to_host(_state_dict_owner(obj).state_dict()) for name, obj in self._objects.items()}
         try:
             self._writer.wait()  # a background save of this group lands first
@@ -320,7 +321,7 @@ class State:
             reached=reached,
             samples_seen=self._cursor_at(next_step),
             rng=rng_state(),
-            save=partial(save_handed_on, **where, interval=self._interval, total=self.total) if writes else None,  # type: ignore[arg-type]
+            save=partial(save_handed_on, **where) if writes else None,
         )
 
     # -- start ---------------------------------------------------------------------------
