@@ -361,34 +361,48 @@ def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_
         job.stop()
 
 
-def test_a_node_lost_while_the_others_make_their_next_state_costs_them_no_step(home, tmp_path):
-    """A change that comes while the kept workers make their next State after the last one: a
-    peer gone during its collectives (here while they wait in it for a joiner whose cell is held
-    at a gate). They go on from the values the last State handed on, in the next group (an
-    adversary's pass found them restarted from step 0, "the cell keeps no elastic.State")."""
-    gate = tmp_path / "gate"
+def kept_workers_making_their_next_state(gate, name: str, total: int, **launch):  # noqa: ANN001, ANN201
+    """A 2-node job scaled to 3 whose new node's cell is held at ``gate`` (a file): the kept
+    workers' cells run again and wait in their next State's first collective for it. The job,
+    once node-1's cell runs again (and half a second more: into that collective)."""
     cell = "while os.environ.get('NE_HELD') and not os.path.exists(GATE):\n    time.sleep(0.02)\n" + TRAIN
     job = ne.launch(
         cell,
         nnodes="1:3",
         nodes=2,
-        name="between",
-        max_restarts=0,  # a restart charged would end the job
+        name=name,
         checkpoint_every=NEVER,
         backend_options={"node_env": {"node-2": {"NE_HELD": "1"}}},
-        user_ns={**namespace(total=200), "GATE": str(gate)},
+        user_ns={**namespace(total=total), "GATE": str(gate)},
+        **launch,
     )
     try:
         wait_for(training_at(job, 2, 10), "two nodes training", job=job, give_up_when_finished=True)
-        kept = pids_of(job, "node-1")
-        job.scale(3)  # the kept workers make their next State; its first collective waits for node-2
+        job.scale(3)
         wait_for(
             lambda: any(e.kind == Kind.WORKER_STARTED and e.get("in_place") and e.node == "node-1" for e in job.events),
             "node-1's cell running again in the group of three",
             job=job,
             give_up_when_finished=True,
         )
-        time.sleep(0.5)  # into its State's first collective
+    except BaseException:
+        job.stop()
+        raise
+    time.sleep(0.5)
+    return job
+
+
+def test_a_node_lost_while_the_others_make_their_next_state_costs_them_no_step(home, tmp_path):
+    """A change that comes while the kept workers make their next State after the last one: a
+    peer gone during its collectives (here while they wait in it for a joiner whose cell is held
+    at a gate). They go on from the values the last State handed on, in the next group (an
+    adversary's pass found them restarted from step 0, "the cell keeps no elastic.State")."""
+    gate = tmp_path / "gate"
+    job = None
+    try:
+        # max_restarts=0: a restart charged would end the job
+        job = kept_workers_making_their_next_state(gate, "between", 200, max_restarts=0)
+        kept = pids_of(job, "node-1")
         job.lose_node("node-0")  # the source of the values, before any State took them
         gate.touch()
         assert job.wait(300) == "succeeded", job.summary()
@@ -402,7 +416,8 @@ def test_a_node_lost_while_the_others_make_their_next_state_costs_them_no_step(h
         assert_ranks_agree(job)
     finally:
         gate.touch()
-        job.stop()
+        if job is not None:
+            job.stop()
 
 
 def test_a_stop_while_the_others_make_their_next_state_saves_the_values_they_handed_on(home, tmp_path):
@@ -411,32 +426,15 @@ def test_a_stop_while_the_others_make_their_next_state_saves_the_values_they_han
     one handed on; the rank that wrote for that group saves them as its node goes, and the
     resume starts there, not from the start (an adversary's pass: 4 of 4 such stops saved
     nothing, and the resume trained every step again)."""
+    from notebook_elastic.runtime.checkpoints import list_checkpoints
+
     gate = tmp_path / "gate"
-    cell = "while os.environ.get('NE_HELD') and not os.path.exists(GATE):\n    time.sleep(0.02)\n" + TRAIN
-    job = ne.launch(
-        cell,
-        nnodes="1:3",
-        nodes=2,
-        name="stopped-between",
-        checkpoint_every=NEVER,
-        backend_options={"node_env": {"node-2": {"NE_HELD": "1"}}},
-        user_ns={**namespace(total=100_000), "GATE": str(gate)},
-    )
+    job = None
     try:
-        wait_for(training_at(job, 2, 10), "two nodes training", job=job, give_up_when_finished=True)
-        job.scale(3)
-        wait_for(
-            lambda: any(e.kind == Kind.WORKER_STARTED and e.get("in_place") and e.node == "node-1" for e in job.events),
-            "node-1's cell running again in the group of three",
-            job=job,
-            give_up_when_finished=True,
-        )
-        time.sleep(0.5)  # into its State's first collective
+        job = kept_workers_making_their_next_state(gate, "stopped-between", 100_000)
         assert not changes(job)  # no State took the values yet
         reached = job.state.step or 0
         job.stop()
-        from notebook_elastic.runtime.checkpoints import list_checkpoints
-
         saved = [step for _g, step, _p in list_checkpoints(LocalBackend().folder("stopped-between").checkpoints)]
         assert saved and max(saved) >= reached, (saved, reached)
         gate.touch()  # (node-2's workers of the resumed run go through)
@@ -446,7 +444,8 @@ def test_a_stop_while_the_others_make_their_next_state_saves_the_values_they_han
         assert resumed[0] == max(saved) >= reached, (resumed, saved, reached)
     finally:
         gate.touch()
-        job.stop()
+        if job is not None:
+            job.stop()
 
 
 class Gate:

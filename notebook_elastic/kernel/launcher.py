@@ -131,9 +131,9 @@ def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = No
         )
     if status in RESUMABLE and not fresh:
         old = runner.script(job.name) or ""
+        step = info.summary.get("step") if info else None
+        at = f" at step {step}" if step is not None else ""
         if not same_training_code(old, bundle.script):
-            step = info.summary.get("step") if info else None
-            at = f" at step {step}" if step is not None else ""
             raise BackendError(
                 f"job {job.name!r} was {status}{at} running other code than this cell's: "
                 f"%elastic_resume {job.name} (or job.resume()) continues the code it ran; add --fresh "
@@ -141,8 +141,6 @@ def start_or_resume(job: ElasticJob, bundle: Bundle, *, resume: bool | None = No
             )
         changed = _changed_options(runner, job)
         if changed:
-            step = info.summary.get("step") if info else None
-            at = f" at step {step}" if step is not None else ""
             raise BackendError(
                 f"job {job.name!r} was {status}{at} with other options than this cell's ({changed}): "
                 f"%elastic_resume {job.name} (or job.resume()) continues as it ran (job.scale() and "
