@@ -107,3 +107,19 @@ def test_members_wait_for_a_late_one_and_the_formed_group_keeps_the_collective_t
     late = member(store, 1, come_after_s=3.0, reduce_after_s=3.0)
     assert answer(first) == {"formed": True, "sum": 3.0}
     assert answer(late) == {"formed": True, "sum": 3.0}
+
+
+def test_a_worker_whose_first_state_broke_as_it_was_made_is_told_apart_from_a_cell_without_one():
+    """A new rank whose group lost a member while its State was made (its collectives broke)
+    starts again: it held no values, said as that, not as a cell that keeps no State (an
+    adversary's pass read "the cell keeps no elastic.State" of a cell that makes one)."""
+    from notebook_elastic.runtime.inplace import _no_state
+
+    class State:  # the frame's class is all that is read: runtime/state.py's State by name
+        def __init__(self) -> None:
+            raise RuntimeError("a peer left the group mid-collective")
+
+    with pytest.raises(RuntimeError) as broke:
+        State()
+    assert _no_state(broke.value) == "its elastic.State was being made when the group broke (it held no values yet)"
+    assert _no_state(RuntimeError("a peer left")) == "the cell keeps no elastic.State"

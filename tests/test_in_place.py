@@ -412,6 +412,10 @@ def test_a_node_lost_while_the_others_make_their_next_state_costs_them_no_step(h
         assert pids_of(job, "node-1") == kept  # the kept worker never restarted
         assert not [e for e in job.events if e.kind == Kind.RESUMED], "a rank read a checkpoint"
         assert not [e for e in job.events if e.kind == Kind.RESTART and e.node == "node-1"]
+        # The new node, whose State broke as it was made, starts again: said as that, not as a cell
+        # that keeps no State.
+        refused = [e.describe() for e in job.events if e.kind == Kind.IN_PLACE_REFUSED]
+        assert not [r for r in refused if "keeps no elastic.State" in r], refused
         assert sorted(committed_reports(job)) == list(range(200))
         assert_ranks_agree(job)
     finally:

@@ -327,7 +327,7 @@ class InPlace:
         # every step since the last save, said as "the cell keeps no elastic.State").
         held = self.handoff if state is None else None
         why = self.incapable or self.group.unabortable
-        why = why or (None if state is not None or held is not None else "the cell keeps no elastic.State")
+        why = why or (None if state is not None or held is not None else _no_state(exc))
         if why:
             link.say_capable(False, why)
             return None
@@ -377,6 +377,18 @@ class InPlace:
     @property
     def leaving(self) -> bool:
         return self.link is not None and self.link.leaving
+
+
+def _no_state(exc: BaseException) -> str:
+    """Why a worker with no State and no values handed on cannot stay: its cell makes none, or
+    its first one broke as it was made (a new rank whose group lost a member: it held nothing)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__init__" and type(frame.f_locals.get("self")).__name__ == "State":
+            return "its elastic.State was being made when the group broke (it held no values yet)"
+        tb = tb.tb_next
+    return "the cell keeps no elastic.State"
 
 
 def own_groups(ours: int = 0) -> int:
