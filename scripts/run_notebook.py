@@ -53,7 +53,8 @@ def main() -> int:
         # The cell's own time, and when it finished since the notebook started (#39 item 11: the
         # one figure there was read as the cell's).
         took = f"cell {now - cell_started['at']:.1f} s, at {now - started:.1f} s"
-        print(f"--- [{cell_index}] {first[:90]}  ({took})", flush=True)
+        # As the notebook numbers it (In [n]: its code cells only), not its place among all cells.
+        print(f"--- [{cell.get('execution_count') or cell_index}] {first[:90]}  ({took})", flush=True)
         for output in cell.get("outputs", []):
             sys.stdout.write(_text(output))
         sys.stdout.flush()
