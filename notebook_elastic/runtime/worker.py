@@ -227,7 +227,7 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             # save as all go: a stop), its writer saves the step it committed last, alone.
             # Or, where no next State took the values the last one handed on (the cell ran
             # again), the rank that wrote for that group saves them.
-            if inplace.state is not None:
+            if inplace.state is not None and not isinstance(exc, MembershipChange):
                 inplace.state.save_leaving_between_groups(broken=True)
             elif inplace.handoff is not None and inplace.handoff.save is not None:
                 inplace.handoff.save(inplace.handoff)
