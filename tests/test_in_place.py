@@ -361,6 +361,43 @@ def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_
         job.stop()
 
 
+def test_each_change_lets_the_ended_state_and_its_model_go(home):
+    """Every change in place makes a new State in the kept process: the ended one, its model and
+    its optimizer must go with it (on a GPU they hold device memory). An adversary's pass found
+    rank 0 holding one more of each and one more notice-polling thread a change (the thread held
+    its State; the State's checkpoint writer held it in a cycle past the change)."""
+    import gc
+    import threading
+
+    cell = TRAIN.replace(
+        "pid=os.getpid(), all_ranks=True)",
+        "pid=os.getpid(), all_ranks=True, states=sum(type(o).__name__ == 'State' for o in gc.get_objects()) "
+        "if step % 10 == 0 else -1, boards=sum(t.name == 'notebook-elastic-notice' for t in threading.enumerate()))",
+    )
+    assert cell != TRAIN
+    job = ne.launch(
+        cell,
+        nnodes="1:2",
+        nodes=2,
+        name="let-go",
+        checkpoint_every=NEVER,
+        user_ns={**namespace(total=100_000, step_s=0.02), "gc": gc, "threading": threading},
+    )
+    try:
+        for _ in range(3):  # 2 -> 1 -> 2, each change over before the next
+            wait_for(training_at(job, 2, (job.state.step or 0) + 5), "two nodes", job=job, give_up_when_finished=True)
+            job.scale(1)
+            wait_for(training_at(job, 1, (job.state.step or 0) + 5), "one node", job=job, give_up_when_finished=True)
+            job.scale(2)
+        wait_for(training_at(job, 2, (job.state.step or 0) + 25), "two nodes again", job=job)
+        assert len(changes(job)) >= 4, changes(job)  # (a scale that comes as another ends may merge with it)
+        first = pids_of(job, "node-0")
+        late = [e["values"] for e in metric_events(job) if e["values"]["pid"] in first and e["values"]["states"] >= 0]
+        assert late[-1]["states"] == 1 and late[-1]["boards"] <= 1, late[-3:]
+    finally:
+        job.stop()
+
+
 def kept_workers_making_their_next_state(gate, name: str, total: int, **launch):  # noqa: ANN001, ANN201
     """A 2-node job scaled to 3 whose new node's cell is held at ``gate`` (a file): the kept
     workers' cells run again and wait in their next State's first collective for it. The job,

@@ -23,6 +23,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,18 @@ def withdraw(store: Any) -> None:
 
 
 _ANSWERED: set[int] = set()
+_BOARDS: dict[str, NoticeBoard] = {}
+
+
+def notice_board() -> NoticeBoard:
+    """This process's notice board for the store it is told of: one polling thread, whichever
+    State is the latest (each State made again in place started another that never ended, and
+    held that State and its model alive: one more a change, an adversary's pass found)."""
+    endpoint = os.environ.get(protocol.ENV_NOTICE_STORE, "")
+    board = _BOARDS.get(endpoint)
+    if board is None:
+        board = _BOARDS[endpoint] = NoticeBoard(endpoint)
+    return board
 
 
 class NoticeBoard:
@@ -84,14 +97,15 @@ class NoticeBoard:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._io = threading.Lock()  # one store call at a time on the one connection
-        self._keeps: Callable[[dict[str, Any]], int | None] | None = None
+        self._state: Callable[[], Any] | None = None  # a weak reference to the latest State
 
-    def start(self, keeps: Callable[[dict[str, Any]], int | None] | None = None) -> None:
-        """Begin polling (once; nothing happens without an endpoint). ``keeps(notice)``: the
-        steps done where the notice needs no save (the job changes in place, other nodes stay),
-        else None; such a notice is answered from the polling thread as soon as it is seen,
-        not at the next commit (half a step and a commit sooner: the node is let go then)."""
-        self._keeps = keeps
+    def start(self, state: Any = None) -> None:
+        """Begin polling (once; nothing happens without an endpoint), for ``state`` (the latest
+        State, held weakly: an earlier one and its model are let go). A notice it says needs
+        no save (``state.notice_needs_no_save``: in place, other nodes stay) is answered from
+        the polling thread as soon as it is seen, not at the next commit (half a step and a
+        commit sooner: the node is let go then)."""
+        self._state = weakref.ref(state) if state is not None else None
         with self._lock:
             if self._thread is not None or not self.endpoint:
                 return
@@ -209,7 +223,8 @@ class NoticeBoard:
                     if current is not None and int(current.get("id", -1)) not in self.answered:
                         self._answered_in_place(store, int(current.get("id", -1)))
                     self.current = current
-                step = None if current is None or self._keeps is None else self._keeps(current)
+                state = self._state() if self._state is not None else None
+                step = None if current is None or state is None else state.notice_needs_no_save(current)
                 if step is not None and current is not None and self._take(current):
                     self.kept_in_place(current, step)
                 time.sleep(POLL_S)

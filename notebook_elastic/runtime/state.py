@@ -55,7 +55,7 @@ from .checkpoints import (
 )
 from .handoff import Handoff, rng_state, to_host
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env, is_final
-from .notice import NoticeBoard
+from .notice import notice_board
 from .restore import Collectives, Restore
 from .state_dicts import _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source
@@ -128,8 +128,7 @@ class State:
         self.info = WorkerInfo.from_env()
         self.folder = checkpoint_dir_from_env(checkpoint_dir)
         self.async_commit = async_commit
-        # How often it saves, from what commit() blocks: also what the checkpoint events tell
-        # the notebook (blocked_pct).
+        # How often it saves, from what commit() blocks (also the checkpoint events' blocked_pct).
         self._interval = SaveInterval(checkpoint_every_from_env(checkpoint_every))
         global _saving_state
         _saving_state = self
@@ -150,9 +149,8 @@ class State:
         self._restored_step = 0
         self._restored_samples = 0
         self._samples_per_step = 0
-        # A notice that this group's node is to go (runtime/notice.py): rank 0 polls for it and
-        # saves at the next commit; for a sharded model its verdict makes every rank save.
-        self._notice = NoticeBoard()
+        # A notice that a node is to go (runtime/notice.py): rank 0 polls (one board a process).
+        self._notice = notice_board()
         self._notice_now: dict[str, Any] | None = None  # the notice this commit answers
         self._holding: dict[str, Any] | None = None  # answered: steps() waits before the next step
         self._check_saveable()
@@ -189,9 +187,8 @@ class State:
         resumed = None
         why = None
         if self._inplace.group.assignment is not None and not self._sharded:
-            # A group formed in place (or joined into one): the values of the live ranks.
+            # Formed in place: the live values; why a checkpoint instead, said but in a run's first group
             resumed = self._restore.from_live(self._inplace, self._objects)
-            # should a checkpoint be read after all; not in the run's first group (a start, a resume)
             first = self.info.restart_count == 0 and os.environ.get(protocol.ENV_ROUND, "0") == "0"
             why = None if first else NO_LIVE_VALUES
         if resumed is None:
@@ -211,7 +208,7 @@ class State:
         on_finish(self.flush)
         set_step_source(lambda: self.current_step)  # the failure report's step
         if self.is_writer:
-            self._notice.start(keeps=lambda notice: self.step if self._inplace.keeps_values_without(notice) else None)
+            self._notice.start(self)
         self._join_in_place()
 
     def _join_in_place(self) -> None:
@@ -232,8 +229,7 @@ class State:
         import torch
 
         for obj in self._objects.values():
-            # A torch without step hooks was said above (torch_lacks): its workers restart at a
-            # change, and there is no boundary to vote at.
+            # (A torch without step hooks was said above: its workers restart at a change.)
             if isinstance(obj, torch.optim.Optimizer) and hasattr(obj, "register_step_pre_hook"):
                 self._hooks.append(obj.register_step_pre_hook(self._vote))
                 self._hooks.append(obj.register_step_post_hook(self._stepped))
@@ -293,6 +289,10 @@ class State:
             _log.warning("left between groups: the save at step %s failed", self.step, exc_info=True)
         finally:
             self._saving_alone = False
+
+    def notice_needs_no_save(self, notice: dict[str, Any]) -> int | None:
+        """The steps done, where a notice needs no save (rank 0's notice board asks); else None."""
+        return self.step if self.is_writer and self._inplace.keeps_values_without(notice) else None
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._applied = self._current

@@ -9,6 +9,8 @@ import errno
 import os
 import threading
 import time
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,7 +67,9 @@ class CheckpointWriter:
         self._generation = generation
         self._info = info
         self._interval = interval  # told of each write; its window goes into the events
-        self._loop = loop
+        # Weakly: the State holds its writer, and that cycle kept an ended State (its model: on a
+        # GPU, device memory) alive past a change in place, until the collector's next full pass.
+        self._loop = weakref.proxy(loop)
         self._snapshotter = _Snapshotter()
         self._thread: threading.Thread | None = None  # rank 0's background write
         self._error: BaseException | None = None  # what the background write raised
@@ -322,6 +326,14 @@ def _claimed(claim: str) -> int:
     return int(m.group(1))
 
 
+@dataclass
+class _Stood:
+    """Where the loop stood, for a writer with no State (``save_handed_on``)."""
+
+    step: int
+    total: int | None
+
+
 def save_handed_on(
     handoff: Any,
     *,
@@ -337,11 +349,9 @@ def save_handed_on(
     while the cell ran again), and a resume must not lose the steps since the last save. Under
     the newest generation claimed (the next group's rank 0 may have claimed one before it
     broke; it never trained), so the fence lets it land."""
-    from types import SimpleNamespace
-
     step = int(handoff.next_step)
     generation = max(generation, newest_generation(folder))
-    loop = SimpleNamespace(step=step, total=total)
+    loop = _Stood(step, total)
     writer = CheckpointWriter(folder, generation=generation, keep=keep, info=info, interval=interval, loop=loop)
     tree = {
         "format": 1,
