@@ -287,15 +287,17 @@ class InPlace:
         if self.link is not None:
             self.link.send(op="progress")
 
-    def keeps_values_without(self, notice: dict[str, Any]) -> bool:
+    def keeps_values_without(self, notice: dict[str, Any], held: bool = False) -> bool:
         """Whether a notice for a node needs no save: this worker stays in place, and its
         notifier knows other nodes stay (they keep every value). A pod's keeper cannot know
-        (a gang eviction takes every pod at once): its notice is saved for."""
+        (a gang eviction takes every pod at once): its notice is saved for. ``held``: the values
+        are the ones a State handed on, no next State made yet."""
         try:
             stays = int(notice.get("stays", 0))
         except (TypeError, ValueError):
             stays = 0
-        return self.active and self.incapable is None and self.state is not None and stays > 0
+        kept = self.state is not None or (held and self.handoff is not None)
+        return self.active and self.incapable is None and kept and stays > 0
 
     def ends_fatally(self) -> None:
         """This worker failed in a way no retry can mend: the job ends (told to the agent)."""

@@ -214,6 +214,22 @@ class NoticeBoard:
         if store.check([key]) and json.loads(store.get(key)).get("in_place"):
             self.answered.add(notice_id)
 
+    def _needs_no_save(self, notice: dict[str, Any]) -> int | None:
+        """The steps done where ``notice`` needs no save, asked of the latest State; between two
+        (the cell's body made again after a change), of the values the last one handed on, held
+        by the rank that writes for its group (a notice then waited for the next State, seconds
+        where its model is built anew)."""
+        state = self._state() if self._state is not None else None
+        step = None if state is None else state.notice_needs_no_save(notice)
+        if step is not None:
+            return int(step)
+        from .inplace import machinery
+
+        held = machinery().handoff
+        if held is None or held.save is None or not machinery().keeps_values_without(notice, held=True):
+            return None
+        return int(held.next_step)
+
     def _poll(self) -> None:
         while True:
             try:
@@ -223,8 +239,7 @@ class NoticeBoard:
                     if current is not None and int(current.get("id", -1)) not in self.answered:
                         self._answered_in_place(store, int(current.get("id", -1)))
                     self.current = current
-                state = self._state() if self._state is not None else None
-                step = None if current is None or state is None else state.notice_needs_no_save(current)
+                step = None if current is None else self._needs_no_save(current)
                 if step is not None and current is not None and self._take(current):
                     self.kept_in_place(current, step)
                 time.sleep(POLL_S)
