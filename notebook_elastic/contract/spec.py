@@ -250,7 +250,7 @@ class JobSpec:
         check=_restarts,
     )
     name: str = option(
-        "job name (lowercase letters, digits, '-'); also the variable holding the job.",
+        "job name (lowercase letters, digits, '-'); also the variable holding the job (its '-' as '_').",
         default_factory=new_name,
         check=validate_name,
         empty_is_default=True,

@@ -26,7 +26,7 @@ class LaunchOptions(TypedDict, total=False):
     """restart budget for failures of the code (departures are free), like torchrun. Default 3."""
 
     name: str | None
-    """job name (lowercase letters, digits, '-'); also the variable holding the job."""
+    """job name (lowercase letters, digits, '-'); also the variable holding the job (its '-' as '_')."""
 
     backend: str | None
     """where to run: local, kubernetes or slurm. Default local."""
