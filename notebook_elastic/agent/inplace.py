@@ -78,7 +78,7 @@ class _Worker:
     pid: int  # the process that linked (under the warm pool, the fork behind torchrun's launcher)
     conn: socket.socket
     capable: bool = False
-    why: str = "the cell has made no elastic.State (it holds nothing to keep)"
+    why: str = "the cell keeps no elastic.State (it has made none, so holds nothing to keep)"
     progressed: bool = False  # it has reported a step (a restart of it is worth a sentence)
     said: bool = False  # it said whether it can stay
     open: bool = True
