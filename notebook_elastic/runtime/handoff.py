@@ -30,6 +30,11 @@ class Handoff:
     # next State took it (runtime/writer.py save_handed_on).
     save: Callable[[Handoff], None] | None = None
 
+    def save_if_writer(self) -> None:
+        """Save it, on the rank that writes for the group that ended (elsewhere nothing)."""
+        if self.save is not None:
+            self.save(self)
+
 
 def to_host(value: Any) -> Any:
     """A state dict with every CUDA tensor copied to host memory (CPU tensors as they are)."""

@@ -360,8 +360,8 @@ class InPlace:
                     # saves them, so the steps since the last save are not redone.
                     if ended is not None:
                         ended.save_leaving_between_groups()
-                    elif self.handoff.save is not None:  # held: no State took it
-                        self.handoff.save(self.handoff)
+                    else:  # held: no State took it
+                        self.handoff.save_if_writer()
                 return None
             self.switch.reason = assignment.reason
             os.environ.update(assignment.env())

@@ -59,7 +59,7 @@ from .notice import notice_board
 from .restore import Collectives, Restore
 from .state_dicts import _state_dict_owner
 from .worker import StaleGenerationError, StateNotSaveable, WorkerInfo, on_finish, set_step_source
-from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWriter, save_handed_on
+from .writer import CHECKPOINT_EVENT_EVERY_S, DISK_FULL_RETRY_S, CheckpointWriter, checkpoint_header, save_handed_on
 
 _log = log.get("state")
 
@@ -276,8 +276,9 @@ class State:
         and its node was told to go before the next group formed: the lowest staying rank of the
         vote saves the step committed there, alone (no collective; a sharded state cannot, said);
         ``broken``: the group broke as all went (no vote to save at): its writer saves, if need be."""
-        on_disk = broken and any(s == self.step for _g, s, _p in list_checkpoints(self.folder))
-        if on_disk or (not self.is_writer if broken else self._saver != self.info.rank):
+        if (not self.is_writer if broken else self._saver != self.info.rank) or (
+            broken and any(s == self.step for _g, s, _p in list_checkpoints(self.folder))  # the writer alone looks
+        ):
             return
         if self._sharded:
             _log.warning("left between groups: a sharded state cannot be saved without its group")
@@ -453,17 +454,9 @@ class State:
         return is_final(self.step if step is None else step, self.total)
 
     def _checkpoint_header(self) -> dict[str, Any]:
-        """What every checkpoint says about itself, beside the objects' states."""
-        return {
-            "format": 1,
-            "step": self.step,
-            "generation": self.generation,
-            "world_size": self.info.world_size,
-            "samples_seen": self.samples_seen,
-            "time": time.time(),
-            "every": self._interval.steps_since_save,  # steps since the previous save
-            "save_s": self._interval.save_cost,  # what the previous save blocked: a resumed group's estimate
-        }
+        """What every checkpoint says about itself, beside the objects' states (runtime/writer.py)."""
+        at = {"step": self.step, "generation": self.generation, "world_size": self.info.world_size}
+        return checkpoint_header(**at, samples_seen=self.samples_seen, interval=self._interval)
 
     def _commit_plain(self) -> bool:
         if not (self.is_writer or self._saving_alone):

@@ -229,8 +229,8 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
             # again), the rank that wrote for that group saves them.
             if inplace.state is not None and not isinstance(exc, MembershipChange):
                 inplace.state.save_leaving_between_groups(broken=True)
-            elif inplace.handoff is not None and inplace.handoff.save is not None:
-                inplace.handoff.save(inplace.handoff)
+            elif inplace.handoff is not None:
+                inplace.handoff.save_if_writer()
             _log.info("left the group: its node goes")
             sys.stdout.flush()
             os._exit(0)

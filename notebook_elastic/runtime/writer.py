@@ -326,6 +326,22 @@ def _claimed(claim: str) -> int:
     return int(m.group(1))
 
 
+def checkpoint_header(
+    *, step: int, generation: int, world_size: int, samples_seen: int, interval: SaveInterval
+) -> dict[str, Any]:
+    """What every checkpoint says about itself, beside the objects' states."""
+    return {
+        "format": 1,
+        "step": step,
+        "generation": generation,
+        "world_size": world_size,
+        "samples_seen": samples_seen,
+        "time": time.time(),
+        "every": interval.steps_since_save,  # steps since the previous save
+        "save_s": interval.save_cost,  # what the previous save blocked: a resumed group's estimate
+    }
+
+
 @dataclass
 class _Stood:
     """Where the loop stood, for a writer with no State (``save_handed_on``)."""
@@ -354,14 +370,13 @@ def save_handed_on(
     loop = _Stood(step, total)
     writer = CheckpointWriter(folder, generation=generation, keep=keep, info=info, interval=interval, loop=loop)
     tree = {
-        "format": 1,
-        "step": step,
-        "generation": generation,
-        "world_size": info.world_size,
-        "samples_seen": handoff.samples_seen,
-        "time": time.time(),
-        "every": interval.steps_since_save,
-        "save_s": interval.save_cost,
+        **checkpoint_header(
+            step=step,
+            generation=generation,
+            world_size=info.world_size,
+            samples_seen=handoff.samples_seen,
+            interval=interval,
+        ),
         "objects": handoff.states,
         "extra": dict(handoff.extra),
     }
