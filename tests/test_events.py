@@ -337,3 +337,24 @@ def test_a_peer_that_left_is_told_in_our_words_and_torchs_text_stays_in_the_even
         "the group re-forms without it"
     )
     assert e.get("message") == raw  # kept for whoever reads the event itself
+
+
+def test_a_warm_workers_exit_names_the_worker_not_its_launcher():
+    """A warm start's worker is a fork that a launcher stands for; torch's line of its exit names
+    the launcher (the pid torch watches). Its worker_started said both, on the other stream of
+    the same agent: the exit names the worker by its own pid, and the launcher as such."""
+    launchers: dict[int, int] = {}
+    out = LineParser("node-0", "stdout", launchers=launchers)
+    err = LineParser("node-0", "stderr", agent_clock=True, launchers=launchers)
+    started = {"kind": "worker_started", "t": 1.0, "rank": 0, "local_rank": 0, "world_size": 1, "pid": 5440}
+    assert out.feed("@@elastic " + json.dumps({**started, "launcher": 5431})).get("launcher") == 5431
+    exit_line = (
+        "E1122 03:07:32.393000 5367 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+        "local_rank: 0 (pid: {pid}) of binary: /work/main/.venv/bin/python"
+    )
+    exited = err.feed(exit_line.format(pid=5431))
+    assert exited.kind == Kind.WORKER_EXITED and (exited.get("pid"), exited.get("launcher")) == (5440, 5431)
+    assert "(pid 5440) died with signal 9" in describe(exited)
+    # A cold start's (no launcher told): the pid torch named, which is the worker's own.
+    cold = err.feed(exit_line.format(pid=5473))
+    assert cold.get("pid") == 5473 and "launcher" not in cold.data

@@ -169,6 +169,10 @@ def test_a_killed_worker_costs_a_restart_and_the_job_finishes(home):
     # lost its connection to it; which one is a race. Either way an abnormal exit.
     exited = [e for e in job.events if e.kind == Kind.WORKER_EXITED]
     assert exited and all(e.get("exitcode") not in (0, None) for e in exited), [e.data for e in exited]
+    # Each names the worker by its own pid, as its worker_started did (torch's line names the
+    # launcher that stands for a warm start; the event says that one as launcher).
+    own = {e.get("pid") for e in job.events if e.kind == Kind.WORKER_STARTED}
+    assert all(e.get("pid") in own for e in exited), ([e.data for e in exited], own)
     resumed = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
     assert saved and resumed and max(saved) <= resumed[0] <= job.state.total_steps, (saved, resumed)
     # One restart, told as the failure it was: not also as "a new node waiting" (no node joined).

@@ -256,6 +256,7 @@ export interface IWorkerStartedEvent {
   group_rank?: number;
   run_id?: string;
   host?: string;
+  launcher?: number;
 }
 
 export interface IWorkerFailedEvent {
@@ -279,6 +280,7 @@ export interface IWorkerExitedEvent {
   node?: string | null;
   local_rank: number;
   pid?: number | null;
+  launcher?: number;
   exitcode?: number | null;
   signal?: number | string;
   written?: number;

@@ -321,6 +321,9 @@ class WorkerStarted(TypedDict):
     group_rank: NotRequired[int]
     run_id: NotRequired[str]
     host: NotRequired[str]
+    # The pid torchrun watches for it where that is not its own: a warm start's launcher, which
+    # torch's lines name (worker_exited gives the worker's own pid, and this one as launcher).
+    launcher: NotRequired[int]
 
 
 class InPlace(TypedDict):
@@ -372,7 +375,8 @@ class WorkerFailed(TypedDict):
 
 class WorkerExited(TypedDict):
     local_rank: int
-    pid: NotRequired[int | None]
+    pid: NotRequired[int | None]  # the worker's own (its worker_started's), where its line said it
+    launcher: NotRequired[int]  # the pid torch named: the launcher standing for a warm start
     exitcode: NotRequired[int | None]
     signal: NotRequired[int | str]
     written: NotRequired[float]

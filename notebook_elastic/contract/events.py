@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..contract.protocol import EVENT_PREFIX
-from .event_types import AgentSignaled, Error, Kind, Log, Restart, WorkerExited
+from .event_types import AgentSignaled, Error, Kind, Log, Restart, WorkerExited, WorkerStarted
 
 __all__ = [
     "FAULT_WORDS",
@@ -163,9 +163,21 @@ def _glog_time(month_day: str, clock: str, now: float) -> float:
 class LineParser:
     """Parses the lines of one source (one agent, one pod) into events."""
 
-    def __init__(self, node: str | None, stream: str = "stdout", *, agent_clock: bool = False) -> None:
+    def __init__(
+        self,
+        node: str | None,
+        stream: str = "stdout",
+        *,
+        agent_clock: bool = False,
+        launchers: dict[int, int] | None = None,
+    ) -> None:
         self.node = node
         self.stream = stream
+        # A warm start's launcher pid -> its worker's own, from each worker_started that says
+        # both: torch's line of a worker's exit names the launcher, the event names the worker.
+        # Shared by the parsers of one agent's two streams (the events come on one, torch's
+        # lines on the other).
+        self.launchers: dict[int, int] = {} if launchers is None else launchers
         # An agent on this machine: its restart and exit lines say when the agent wrote them
         # ("written", from the glog stamp: local time, this clock), besides when they were read.
         # The local supervisor reads an agent's lines and its workers' through two pipes, two
@@ -187,6 +199,8 @@ class LineParser:
                 event = Event.from_json(obj)
                 if event.node is None and self.node is not None:
                     event = Event(event.kind, event.time, self.node, event.data)
+                if event.kind == Kind.WORKER_STARTED:
+                    self._launched(event.fields(WorkerStarted))
                 return event
         if _STORE_WAIT_TIMED_OUT.match(line):
             return None
@@ -197,6 +211,13 @@ class LineParser:
                 agent_event.data["written"] = _glog_time(m.group("month_day"), m.group("clock"), now)
             return agent_event
         return Event(Kind.LOG, now, self.node, dict(Log(stream=self.stream, text=line[:4000])))
+
+    def _launched(self, started: WorkerStarted) -> None:
+        launcher, pid = started.get("launcher"), started.get("pid")
+        if isinstance(launcher, int) and isinstance(pid, int):
+            if len(self.launchers) >= 4096:  # bounded: a long job's restarts
+                self.launchers.pop(next(iter(self.launchers)))
+            self.launchers[launcher] = pid
 
     def _agent_line(self, msg: str, t: float) -> Event | None:
         for pattern, what in _AGENT_PATTERNS:
@@ -217,6 +238,9 @@ class LineParser:
             if what == "worker_exited":
                 code = int(g["code"])
                 exited = WorkerExited(exitcode=code, local_rank=int(g["lr"]), pid=int(g["pid"]))
+                worker = self.launchers.get(int(g["pid"]))
+                if worker is not None:  # torch named the launcher standing for it
+                    exited["pid"], exited["launcher"] = worker, int(g["pid"])
                 if code < 0:
                     exited["signal"] = -code
                 return Event(Kind.WORKER_EXITED, t, self.node, dict(exited))

@@ -186,8 +186,9 @@ class Nodes:
             self.course.membership.epoch,
             log=open(self.folder.logs / f"{name}.log", "ab", buffering=0),
         )
+        launchers: dict[int, int] = {}  # its workers' launchers, told on one stream, named on the other
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            parser = LineParser(name, stream, agent_clock=True)  # an agent on this machine
+            parser = LineParser(name, stream, agent_clock=True, launchers=launchers)  # an agent on this machine
             t = threading.Thread(target=self._read, args=(agent, parser, pipe), name=f"{name}-{stream}", daemon=True)
             t.start()
             agent.parsers.append(parser)
