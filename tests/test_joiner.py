@@ -157,7 +157,7 @@ def test_leaving_is_charged_once_per_node_index_and_never_without_a_budget(handl
     def agent(restarts_left, max_restarts):
         return SimpleNamespace(
             _remaining_restarts=restarts_left,
-            _worker_group=SimpleNamespace(spec=SimpleNamespace(max_restarts=max_restarts)),
+            get_worker_group=lambda: SimpleNamespace(spec=SimpleNamespace(max_restarts=max_restarts)),
         )
 
     def leave(pod, budget):

@@ -506,7 +506,7 @@ def test_the_agents_monitor_waits_its_interval_on_what_can_cut_it_short(store, m
     monkeypatch.setattr(
         torch_adapter.agent_class(), "_monitor_workers", lambda self, group: RunResult(state=WorkerState.HEALTHY)
     )
-    assert agent._monitor_workers(agent._worker_group).state == WorkerState.HEALTHY
+    assert agent._monitor_workers(agent.get_worker_group()).state == WorkerState.HEALTHY
     assert waits == [pytest.approx(0.5 - notebook_agent.MONITOR_TICK_S)]  # the rest, on what can cut it
 
 
@@ -533,7 +533,7 @@ def _a_node_joins_while_the_monitor_waits(store, monkeypatch, run_id: str, hooks
     monkeypatch.setattr(
         torch_adapter.agent_class(), "_monitor_workers", lambda self, group: RunResult(state=WorkerState.HEALTHY)
     )
-    monitor = threading.Thread(target=agent._monitor_workers, args=(agent._worker_group,), daemon=True)
+    monitor = threading.Thread(target=agent._monitor_workers, args=(agent.get_worker_group(),), daemon=True)
     monitor.start()
     wait_until(armed, 10)
     joiner = handler_on(client(), run_id, nodes=(1, 3), join_s=5, last_call_s=1, rules=rules)

@@ -151,9 +151,9 @@ def _probe_agent(handler: Any, hooks: AgentHooks, fails: Callable[..., None]) ->
     agent = agent_subclass(hooks)(spec, logs_specs=DefaultLogsSpecs())
     if restart_budget(agent) != (3, 3):
         fails("LocalElasticAgent._remaining_restarts")
-    if group_is_healthy(agent) or worker_group_spec(agent) is not spec:
-        fails("LocalElasticAgent._worker_group")
-    if worker_pids(agent) != [] or not has_worker_context(agent):
+    # The departure watch reads the group (torch's public get_worker_group) and its workers' pids.
+    group_read = not group_is_healthy(agent) and worker_group_spec(agent) is spec
+    if not group_read or worker_pids(agent) != [] or not has_worker_context(agent):
         fails("LocalElasticAgent._pcontext")
 
 

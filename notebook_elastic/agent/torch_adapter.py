@@ -121,7 +121,6 @@ INTERNALS = {
     "LocalElasticAgent._monitor_workers": "departures are charged to --max-restarts like failures",
     "LocalElasticAgent._restart_workers": "departures are charged to --max-restarts like failures",
     "LocalElasticAgent._pcontext": "departed peers are noticed at the collective timeout, not at once",
-    "LocalElasticAgent._worker_group": "departed peers are noticed at the collective timeout, not at once",
     "LocalElasticAgent._remaining_restarts": (
         "a node sent away while joining is not charged to --max-restarts; a failure no retry can mend "
         "(state that cannot be saved) may spend one restart before the job stops"
@@ -200,7 +199,6 @@ def missing() -> dict[str, str]:
         "LocalElasticAgent._monitor_workers": hasattr(agent, "_monitor_workers"),
         "LocalElasticAgent._restart_workers": hasattr(agent, "_restart_workers"),
         "LocalElasticAgent._pcontext": "_pcontext" in agent_names,
-        "LocalElasticAgent._worker_group": "_worker_group" in agent_names,
         "LocalElasticAgent._remaining_restarts": "_remaining_restarts" in agent_names,
         "dynamic_rendezvous._RendezvousJoinOp": hasattr(dr, "_RendezvousJoinOp") and hasattr(dr, "_Action"),
         "dynamic_rendezvous._DistributedRendezvousOpExecutor": hasattr(dr, "_DistributedRendezvousOpExecutor"),
@@ -412,14 +410,19 @@ def worker_pids_by_local_rank(agent: Any) -> dict[int, int]:
 def restart_budget(agent: Any) -> tuple[int, int] | None:
     """``(restarts left, --max-restarts)`` of this agent, or None when this torch does not say."""
     left = getattr(agent, "_remaining_restarts", None)
-    group = getattr(agent, "_worker_group", None)
-    most = getattr(getattr(group, "spec", None), "max_restarts", None)
+    most = getattr(getattr(worker_group(agent), "spec", None), "max_restarts", None)
     return (int(left), int(most)) if left is not None and most is not None else None
+
+
+def worker_group(agent: Any) -> Any | None:
+    """The agent's worker group (torch's public ``get_worker_group``); None where it has none."""
+    get = getattr(agent, "get_worker_group", None)
+    return get() if callable(get) else None
 
 
 def worker_group_spec(agent: Any) -> Any | None:
     """The spec of the agent's worker group; None when this torch does not say."""
-    return getattr(getattr(agent, "_worker_group", None), "spec", None)
+    return getattr(worker_group(agent), "spec", None)
 
 
 def has_worker_context(agent: Any) -> bool:
@@ -433,7 +436,7 @@ def spend_restart_budget(agent: Any) -> None:
 
 
 def group_is_healthy(agent: Any) -> bool:
-    group = getattr(agent, "_worker_group", None)
+    group = worker_group(agent)
     return group is not None and getattr(group.state, "name", "") == "HEALTHY"
 
 
