@@ -188,6 +188,15 @@ OWN_GROUP = TRAIN.replace(
 )
 
 
+#: The DDP tutorial's shape: the cell sets its default group up itself (the packager leaves it to it).
+OWN_INIT = "torch.distributed.init_process_group(backend='gloo')\n" + TRAIN
+
+#: An optimizer that shards its state over the ranks (its state_dict() is rank 0's consolidated copy).
+ZERO = "from torch.distributed.optim import ZeroRedundancyOptimizer\n" + TRAIN.replace(
+    "opt = torch.optim.Adam(model.parameters(), lr=0.01)",
+    "opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)",
+).replace("    state.commit()", "    opt.consolidate_state_dict(to=0)\n    state.commit()")
+
 #: A torch without optimizer step hooks (before 2.0): the probe the worker runs finds the hook
 #: gone, as it would find it missing there.
 OLD_TORCH = "del torch.optim.Optimizer.register_step_pre_hook\n" + TRAIN
@@ -198,9 +207,11 @@ OLD_TORCH = "del torch.optim.Optimizer.register_step_pre_hook\n" + TRAIN
     [
         (NO_STATE, "the cell keeps no elastic.State"),
         (OWN_GROUP, "the cell made process groups of its own"),
+        (OWN_INIT, "the cell sets up its own process group (init_process_group)"),
+        (ZERO, "the optimizer's state is sharded over the ranks (ZeroRedundancyOptimizer)"),
         (OLD_TORCH, f"torch {torch.__version__} has no optimizer step hooks (torch >= 2.0 has)"),
     ],
-    ids=["no-state", "own-group", "torch-lacks"],
+    ids=["no-state", "own-group", "own-init", "zero", "torch-lacks"],
 )
 def test_a_cell_that_cannot_stay_restarts_as_torchrun_does_and_says_why(home, cell, why):
     job = ne.launch(cell, nnodes="1:2", nodes=2, name="fallback", max_restarts=1, user_ns=namespace(total=150))
@@ -615,4 +626,100 @@ def test_the_others_train_on_while_a_joiners_workers_start(home, tmp_path, monke
         assert_ranks_agree(job)
     finally:
         gate.open()
+        job.stop()
+
+
+#: Several optimizer updates a step (micro-batches, an epoch of batches), held at a gate in step
+#: HOLD after HOLD_AFTER of them: a change there finds the step partly applied.
+UPDATES = """
+model = NET if NET is not None else torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+state = elastic.State(model=model, optimizer=opt)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in state.steps(TOTAL):
+    stale = sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None)
+    for k in range(K):
+        if step == HOLD and k == HOLD_AFTER and not os.path.exists(GO):
+            open(f"{GO}.{elastic.rank()}", "w").close()
+            while not os.path.exists(GO):
+                time.sleep(0.02)
+        last = k == K - 1
+        with ddp.no_sync() if ACCUMULATE and not last else contextlib.nullcontext():
+            loss = ddp(torch.randn(2, 4)).pow(2).mean() / (K if ACCUMULATE else 1)
+            loss.backward()
+        if last or not ACCUMULATE:
+            opt.step(); opt.zero_grad()
+    state.commit()
+    elastic.report(step=step, loss=loss.item(), stale=stale, gen=state.generation, w=float(model.weight.sum()),
+                   opt=0.0, all_ranks=True)
+    time.sleep(STEP_S)
+"""
+
+
+def held_in_a_step_then_lose_node_2(tmp_path, name: str, **values):  # noqa: ANN001, ANN201
+    """A 3-node job of UPDATES held in step 8 at its gate on every rank; node-2 lost there, the
+    gate opened: the survivors' next collective finds their peer gone."""
+    import contextlib
+
+    go = tmp_path / "go"
+    job = ne.launch(
+        UPDATES,
+        nnodes="1:3",
+        nodes=3,
+        name=name,
+        checkpoint_every=1,
+        user_ns={
+            **namespace(total=16, step_s=0.02),
+            "contextlib": contextlib,
+            "K": 4,
+            "HOLD": 8,
+            "GO": str(go),
+            "NET": None,
+            "ACCUMULATE": False,
+            **values,
+        },
+    )
+    try:
+        wait_for(lambda: all((tmp_path / f"go.{r}").exists() for r in range(3)), "every rank at the gate", job=job)
+        job.lose_node("node-2")
+    except BaseException:
+        job.stop()
+        raise
+    finally:
+        go.touch()
+    return job
+
+
+def test_a_step_the_optimizer_updated_partly_is_neither_skipped_nor_applied_twice(home, tmp_path):
+    """A step of several optimizer updates (micro-batches, an epoch of batches) that a loss broke
+    between two of them holds values that are no step's: redone, its first updates are applied
+    twice; skipped, its last ones never are. The workers restart from the latest save and say
+    why (an adversary's pass found half a step skipped, told as '0 steps redone')."""
+    job = held_in_a_step_then_lose_node_2(tmp_path, "partly", HOLD_AFTER=2)
+    try:
+        assert job.wait(300) == "succeeded", job.summary()
+        refused = [e.get("reason") for e in job.events if e.kind == Kind.IN_PLACE_REFUSED]
+        assert any("step 8 was partly applied (2 of its 4 optimizer updates)" in r for r in refused), refused
+        assert not changes(job), changes(job)  # not kept in place with those values
+        [resumed] = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
+        assert resumed == 8  # the save after step 7: step 8 is trained again from its start
+        assert sorted(committed_reports(job)) == list(range(16))
+    finally:
+        job.stop()
+
+
+def test_a_model_the_notebook_holds_starts_the_step_redone_without_the_broken_steps_gradients(home, tmp_path):
+    """Gradient accumulation (DDP's no_sync) on a model made in an earlier cell: the cell's body
+    runs again with the same object, whose gradients the broken step had accumulated. The step
+    redone starts with none, as after a restart (an adversary's pass: they were added into it)."""
+    net = torch.nn.Linear(4, 1)
+    job = held_in_a_step_then_lose_node_2(tmp_path, "accumulated", HOLD_AFTER=2, NET=net, ACCUMULATE=True)
+    try:
+        assert job.wait(300) == "succeeded", job.summary()
+        [change] = changes(job)
+        assert (change["world_size"], change["step"], change["redone"]) == (2, 8, 1), change
+        stale = [(e["step"], e["rank"], e["values"]["stale"]) for e in metric_events(job) if e["values"]["stale"]]
+        assert not stale, stale  # every step began with no gradient on any rank
+        assert_ranks_agree(job)
+    finally:
         job.stop()

@@ -29,11 +29,51 @@ class Handoff:
     # Saves it (on the rank that writes for the group that ended): its node goes before any
     # next State took it (runtime/writer.py save_handed_on).
     save: Callable[[Handoff], None] | None = None
+    # Why these values are no step's (``Updates.partly``): the group broke between two of a
+    # step's optimizer updates. Neither kept nor saved: the workers restart from the last save.
+    partly: str | None = None
+    updates_per_step: int | None = None  # what the State learned (``Updates``), for the next
 
     def save_if_writer(self) -> None:
         """Save it, on the rank that writes for the group that ended (elsewhere nothing)."""
-        if self.save is not None:
+        if self.save is not None and self.partly is None:
             self.save(self)
+
+
+class Updates:
+    """The optimizer updates of a State's steps (its optimizers' post-step hooks): which step
+    was updated last, and how many updates a step makes (a step may be several micro-batches,
+    each with its optimizer step, or an epoch of batches). A group that broke between two of a
+    step's updates leaves values that are no step's: redoing the step applies its first updates
+    twice, skipping its rest drops them (an adversary's pass: a lost node skipped half of a
+    step and said 0 steps redone). ``per_step`` goes on in the next State (``Handoff``)."""
+
+    def __init__(self, handoff: Handoff | None = None) -> None:
+        self.step: int | None = None  # the step whose update was applied here last
+        self.count = 0  # ... and how many of its updates
+        self.per_step = handoff.updates_per_step if handoff is not None else None  # in the last step that ended
+
+    def applied(self, current: int | None) -> None:
+        if self.step != current:
+            self.step, self.count = current, 0
+        self.count += 1
+
+    def step_ended(self, step: int | None) -> None:
+        """``step`` ran to its end (the loop goes on to the next one)."""
+        if step is not None and self.step == step and self.count:
+            self.per_step = self.count
+
+    def partly(self, current: int | None) -> str | None:
+        """Why the values are no step's, where step ``current`` (in flight) got some of its
+        updates but not all those its steps make; else None."""
+        most = self.per_step
+        if current is None or self.step != current or not most or self.count >= most:
+            return None
+        return (
+            f"step {current} was partly applied ({self.count} of its {most} optimizer updates) when the "
+            "group broke: redoing it would apply those twice and skipping the rest would drop them, so "
+            "the workers restart from the latest checkpoint"
+        )
 
 
 def to_host(value: Any) -> Any:

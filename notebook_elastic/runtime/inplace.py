@@ -340,6 +340,10 @@ class InPlace:
             self.switch = Switch(time.monotonic(), "", world, abrupt=not boundary)
         self.handoff = state.handoff() if state is not None else held
         assert self.handoff is not None
+        if self.handoff.partly is not None:  # no step's values: the restart from the latest save
+            link.say_capable(False, self.handoff.partly)
+            self.handoff = None
+            return None
         self.state = None
         ended = state
         self.group.abort()  # peers still in the old group's step fail now, not at its timeout
@@ -379,6 +383,14 @@ class InPlace:
     @property
     def leaving(self) -> bool:
         return self.link is not None and self.link.leaving
+
+
+#: Why a worker whose code sets up its own default group cannot stay (the packager leaves the
+#: group to code it sees call init_process_group: runtime/worker.py run).
+OWN_DEFAULT_GROUP = (
+    "the cell sets up its own process group (init_process_group), which holds the old members; leave the "
+    "call out (notebook-elastic sets the group up) to keep the workers in place"
+)
 
 
 def _no_state(exc: BaseException) -> str:

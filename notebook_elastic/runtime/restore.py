@@ -17,7 +17,7 @@ from ..contract.event_types import Resumed as ResumedEvent
 from . import sharded
 from ._emit import emit
 from .checkpoints import _meta_path, claim_generation, list_checkpoints, run_base
-from .state_dicts import _load_into
+from .state_dicts import _load_into, forget_gradients
 from .worker import WorkerInfo, device
 
 
@@ -359,6 +359,7 @@ class Restore:
         for name, obj in objects.items():
             if name in chosen.states:
                 _load_into(obj, chosen.states[name])
+        forget_gradients(objects.values())
         if handoff is not None and handoff.rng:
             set_rng_state(handoff.rng)  # this process's own generators, as they were
         kept = self._collectives.all_reduce([1 if handoff is not None else 0], "sum")[0]

@@ -45,6 +45,23 @@ def is_sharded(model: Any) -> bool:
     return DTensor is not None and any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def why_not_in_place(model_sharded: bool, objects: Any) -> str | None:
+    """Why a State over ``objects`` cannot hand its values on in place: a rank holds only its
+    shard of them, and one that goes takes it. A sharded model (FSDP, DTensor), or an optimizer
+    that shards its state over the ranks (``ZeroRedundancyOptimizer``: its state_dict() is
+    rank 0's consolidated copy or fails; an adversary's pass found a scale-down told as a
+    failure, charged a restart and said false words). None where it can."""
+    if model_sharded:
+        return "the model is sharded (FSDP/DTensor): its shards are resharded from a checkpoint at a change"
+    zero = next((type(o).__name__ for o in objects if type(o).__name__ == "ZeroRedundancyOptimizer"), None)
+    if zero is not None:
+        return (
+            f"the optimizer's state is sharded over the ranks ({zero}): a rank that goes takes its shard, so "
+            "the workers restart from the latest checkpoint at a change"
+        )
+    return None
+
+
 def is_sharded_checkpoint(path: Path) -> bool:
     return path.suffix == ".dcp"
 

@@ -18,12 +18,10 @@ torch.distributed.checkpoint (``sharded.py``) and resharded on load when the wor
 changed; the folder is written under a temporary name and renamed by rank 0, fenced the same
 way, and rank 0 tells the other ranks each commit whether to write, so they never disagree.
 
-Its parts: ``State`` holds a ``Restore`` and the ``Collectives`` it and the sharded commits
-tell the other ranks with (``restore.py``, the start), a ``SaveInterval`` (``interval.py``, how
-often it saves) and a ``CheckpointWriter`` (``writer.py``, the writes), and calls
-``checkpoints.py`` (the folder), ``state_dicts.py`` (what of each object is saved) and
-``notice.py`` (a save on notice before a node goes). The module is a little over 400 lines:
-``commit()`` and its plain and sharded paths read as one protocol.
+Its parts: a ``Restore`` and its ``Collectives`` (``restore.py``, the start), a ``SaveInterval``
+(``interval.py``), a ``CheckpointWriter`` (``writer.py``), ``checkpoints.py`` (the folder),
+``state_dicts.py``, ``notice.py`` (a save on notice) and ``handoff.py`` (in place). Close to 600
+lines: ``commit()``, its plain and sharded paths and the in-place vote read as one protocol.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from .checkpoints import (
     run_base,
     torch_save,
 )
-from .handoff import Handoff, rng_state, to_host
+from .handoff import Handoff, Updates, rng_state, to_host
 from .interval import BLOCKING_TARGET, SaveInterval, checkpoint_every_from_env, is_final
 from .notice import notice_board
 from .restore import Collectives, Restore
@@ -164,7 +163,7 @@ class State:
         # In place (runtime/inplace.py): the group may change under this process at a step
         # boundary; this State then hands its values to the next one, not to disk.
         self._inplace = inplace.machinery()
-        self._applied: int | None = None  # the step whose optimizer update was applied here last
+        self._updates = Updates(self._inplace.handoff)  # the optimizer's updates: which step, how many
         self._switch_due = False  # the vote said: every rank leaves this group after this step
         self._all_leave = False  # ... and every rank's node goes (a stop): save at the boundary
         self._voted_leaving = False  # this rank's own node was going when it voted
@@ -219,11 +218,8 @@ class State:
         if not machinery.active:
             return
         machinery.state = self
-        if self._sharded:
-            machinery.incapable = (
-                "the model is sharded (FSDP/DTensor): its shards are resharded from a checkpoint at a change"
-            )
-        machinery.incapable = machinery.incapable or inplace.torch_lacks()
+        why = machinery.incapable or sharded.why_not_in_place(self._sharded, self._objects.values())
+        machinery.incapable = why or inplace.torch_lacks()
         self._check_own_groups()
         machinery.say(machinery.incapable is None, machinery.incapable or "")
         import torch
@@ -261,12 +257,13 @@ class State:
                 world = self.info.world_size
                 [self._saver] = self._collectives.all_reduce([world if self._voted_leaving else self.info.rank], "min")
 
-    def _save_before_leaving(self) -> None:
+    def _save_before_leaving(self, done: int | None = None) -> None:
         """Every rank leaves at this boundary and no node stays: the step just committed is
-        saved (a collective for a sharded model: every rank is here), so a resume loses none."""
+        saved (a collective for a sharded model: every rank is here), so a resume loses none.
+        ``done``: the last step the values hold, where the optimizer updated one not committed."""
         self._leaving_save = True
         try:
-            self.commit(self.step - 1)
+            self.commit(self.step - 1 if done is None else done)
             self._writer.wait()
         finally:
             self._leaving_save = False
@@ -283,9 +280,15 @@ class State:
         if self._sharded:
             _log.warning("left between groups: a sharded state cannot be saved without its group")
             return
+        applied, done = self._updates.step, None
+        if broken and applied is not None and applied >= self.step:  # updated past its last commit
+            if self._updates.partly(applied):
+                _log.warning("left between groups: %s; nothing saved", self._updates.partly(applied))
+                return
+            done = applied
         self._saving_alone = True
         try:
-            self._save_before_leaving()
+            self._save_before_leaving(done)
         except Exception:
             _log.warning("left between groups: the save at step %s failed", self.step, exc_info=True)
         finally:
@@ -296,25 +299,23 @@ class State:
         return self.step if self.is_writer and self._inplace.keeps_values_without(notice) else None
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._applied = self._current
+        self._updates.applied(self._current)
 
     def handoff(self) -> Handoff:
         """What the next State in this process starts from when the group changes in place."""
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
-        next_step = self.step
-        if self._applied is not None and self._applied + 1 > next_step:
-            next_step = self._applied + 1  # updated by the optimizer, not yet committed
+        next_step, applied = self.step, self._updates.step
+        if applied is not None and applied + 1 > next_step:
+            next_step = applied + 1  # updated by the optimizer, not yet committed
         reached = max(next_step, (self._current + 1) if self._current is not None else next_step)
         writes = not self._sharded and (self._saver == self.info.rank if self._saver is not None else self.is_writer)
         where: dict[str, Any] = {"folder": self.folder, "generation": self.generation, "keep": self._writer.keep}
         where.update(info=self.info, interval=self._interval, total=self.total)  # where and how it saved
         states = {name: to_host(_state_dict_owner(obj).state_dict()) for name, obj in self._objects.items()}
-        try:
-            self._writer.wait()  # a background save of this group lands first
-        except Exception:
-            pass  # it said so in its own event
+        with suppress(Exception):  # a background save of this group lands first (a failure said its own)
+            self._writer.wait()
         return Handoff(
             states=states,
             extra=dict(self.extra),
@@ -323,6 +324,8 @@ class State:
             samples_seen=self._cursor_at(next_step),
             rng=rng_state(),
             save=partial(save_handed_on, **where) if writes else None,
+            partly=self._updates.partly(self._current) if self.step <= (self._current or 0) else None,
+            updates_per_step=self._updates.per_step,
         )
 
     # -- start ---------------------------------------------------------------------------
@@ -359,6 +362,7 @@ class State:
         self._interval.loop_started()
         watching = self._inplace.active
         for step in range(self.step, self.total):
+            self._updates.step_ended(self._current)
             if watching:
                 self._check_own_groups()
                 if self._switch_due or (not self._voting and self._inplace.vote_flag()):

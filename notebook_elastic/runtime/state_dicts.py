@@ -67,3 +67,19 @@ class _Snapshotter:
             copied = [self.copy(v, path + (i,)) for i, v in enumerate(tree)]
             return copied if isinstance(tree, list) else tuple(copied)
         return tree
+
+
+def forget_gradients(objects: Any) -> None:
+    """No parameter of ``objects`` keeps a gradient, as after a restart: a model or optimizer
+    kept across a change in place (one the notebook holds, not made again by the cell) kept the
+    gradients the broken step had accumulated, added into the step redone (an adversary's pass:
+    a gradient-accumulation cell applied part of a step twice)."""
+    for obj in objects:
+        owner = _state_dict_owner(obj)
+        if hasattr(owner, "parameters") and callable(owner.parameters):
+            params = list(owner.parameters())
+        else:
+            params = [p for group in getattr(owner, "param_groups", ()) for p in group.get("params", ())]
+        for param in params:
+            if getattr(param, "grad", None) is not None:
+                param.grad = None

@@ -214,11 +214,12 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
 
         handler = get_error_handler()
         handler.initialize()
-    from .inplace import MembershipChange, machinery
+    from .inplace import OWN_DEFAULT_GROUP, MembershipChange, machinery
 
     inplace = machinery()
-    if init_process_group:
-        inplace.start()  # under our agent: a change of members need not end this process
+    inplace.start()  # under our agent: a change of members need not end this process
+    if not init_process_group:  # the code sets its group up itself: it restarts at a change, said
+        inplace.incapable = OWN_DEFAULT_GROUP
     try:
         if init_process_group and init():
             _adopt_user_init_calls()
