@@ -188,8 +188,10 @@ OWN_GROUP = TRAIN.replace(
 )
 
 
-#: The DDP tutorial's shape: the cell sets its default group up itself (the packager leaves it to it).
-OWN_INIT = "torch.distributed.init_process_group(backend='gloo')\n" + TRAIN
+#: The DDP tutorial's shape, the cell setting its default group up itself: with the backend it
+#: names, the call uses the group the runtime sets up; from a variable, the group is its own.
+TUTORIAL_INIT = "torch.distributed.init_process_group(backend='gloo')\n" + TRAIN
+OWN_INIT = "torch.distributed.init_process_group(BACKEND)\n" + TRAIN
 
 #: An optimizer that shards its state over the ranks (its state_dict() is rank 0's consolidated copy).
 ZERO = "from torch.distributed.optim import ZeroRedundancyOptimizer\n" + TRAIN.replace(
@@ -214,7 +216,14 @@ OLD_TORCH = "del torch.optim.Optimizer.register_step_pre_hook\n" + TRAIN
     ids=["no-state", "own-group", "own-init", "zero", "torch-lacks"],
 )
 def test_a_cell_that_cannot_stay_restarts_as_torchrun_does_and_says_why(home, cell, why):
-    job = ne.launch(cell, nnodes="1:2", nodes=2, name="fallback", max_restarts=1, user_ns=namespace(total=150))
+    job = ne.launch(
+        cell,
+        nnodes="1:2",
+        nodes=2,
+        name="fallback",
+        max_restarts=1,
+        user_ns={**namespace(total=150), "BACKEND": "gloo"},
+    )
     wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
     job.lose_node("node-1")
     wait_for(training_at(job, 1, (job.state.step or 0) + 3), "one node training again", job=job)
@@ -721,5 +730,23 @@ def test_a_model_the_notebook_holds_starts_the_step_redone_without_the_broken_st
         stale = [(e["step"], e["rank"], e["values"]["stale"]) for e in metric_events(job) if e["values"]["stale"]]
         assert not stale, stale  # every step began with no gradient on any rank
         assert_ranks_agree(job)
+    finally:
+        job.stop()
+
+
+def test_a_cell_that_sets_up_its_group_as_the_ddp_tutorial_does_stays_in_place(home):
+    """init_process_group(backend='gloo') in the cell (the tutorials' ddp_setup()): the call uses
+    the group the runtime set up with that backend, and a lost node costs the survivor no restart
+    (an adversary's pass found every change restarting it, with no word)."""
+    job = ne.launch(TUTORIAL_INIT, nnodes="1:2", nodes=2, name="tutorial", max_restarts=0, user_ns=namespace(total=60))
+    try:
+        wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
+        kept = pids_of(job, "node-0")
+        job.lose_node("node-1")
+        assert job.wait(300) == "succeeded", job.summary()
+        [change] = changes(job)
+        assert (change["world_size"], change["kept"]) == (1, 1), change
+        assert pids_of(job, "node-0") == kept
+        assert not [e for e in job.events if e.kind == Kind.IN_PLACE_REFUSED]
     finally:
         job.stop()

@@ -86,20 +86,30 @@ def test_decorators_are_shipped_with_the_function(shell, tmp_path):
     assert run_script(bundle, tmp_path) == ["4 6765"]
 
 
-def test_a_helper_that_sets_up_the_process_group_leaves_it_to_the_code(shell):
-    """The PyTorch tutorials call init_process_group() in a ddp_setup() helper of another cell."""
+def test_a_helper_that_sets_up_the_process_group_uses_the_one_the_runtime_makes(shell):
+    """The PyTorch tutorials call init_process_group() in a ddp_setup() helper of another cell:
+    the runtime sets the group up with the backend it names, and the call uses that group (so
+    a change keeps the workers in place). A call the group cannot stand for (a backend from a
+    variable, its own init_method) is left to make its own."""
     run_cells(
         shell,
         "from torch.distributed import init_process_group, destroy_process_group",
         "def ddp_setup():\n    init_process_group(backend='gloo')",
+        "def ddp_setup_unnamed():\n    init_process_group()",
+        "def ddp_setup_chosen(backend):\n    init_process_group(backend)",
+        "def ddp_setup_own():\n    init_process_group('gloo', init_method='tcp://10.0.0.1:1234')",
         "def report_world():\n    return 1",
     )
-    assert (
-        build(shell, "ddp_setup()\ndestroy_process_group()")
-        .script.rstrip()
-        .endswith("_elastic.run(main, init_process_group=False)")
-    )
-    assert build(shell, "print(report_world())").script.rstrip().endswith("_elastic.run(main)")
+
+    def ending(cell: str) -> str:
+        return build(shell, cell).script.rstrip().splitlines()[-1].strip()
+
+    assert ending("ddp_setup()\ndestroy_process_group()") == "_elastic.run(main, backend='gloo')"
+    assert ending("ddp_setup_unnamed()") == "_elastic.run(main)"
+    assert ending("ddp_setup_chosen('gloo')") == "_elastic.run(main, init_process_group=False)"
+    assert ending("ddp_setup_own()") == "_elastic.run(main, init_process_group=False)"
+    assert ending("ddp_setup()\ninit_process_group('nccl')") == "_elastic.run(main, init_process_group=False)"
+    assert ending("print(report_world())") == "_elastic.run(main)"
 
 
 def test_import_forms_star_imports_and_imports_among_other_code(shell, tmp_path):

@@ -167,12 +167,46 @@ def _check_size(collection: Collection, limit: int) -> None:
     )
 
 
-def _calls_init_process_group(collection: Collection) -> bool:
-    """Whether the training code sets up its own process group (then ``run`` leaves it to it):
-    the cell or a definition shipped by source mentions ``init_process_group``, as the PyTorch
-    tutorials' ``ddp_setup()`` helper does."""
-    shipped = (i.code or "" for i in collection.items.values() if i.kind in ("function", "class"))
-    return any("init_process_group" in code for code in (collection.cell, *shipped))
+#: Arguments of init_process_group() that ask for another group than torchrun's (env://): a
+#: call with one is left to make its own.
+_OWN_RENDEZVOUS = frozenset({"init_method", "store"})
+
+
+def own_group_setup(collection: Collection) -> str | None:
+    """How ``run`` treats the training code's own ``init_process_group()`` calls (the PyTorch
+    tutorials' ``ddp_setup()``) that the cell or a definition shipped by source makes: ``""``
+    where there is none, or each can use the group ``run`` sets up (its backend unnamed, or
+    ``"gloo"``/``"nccl"``... named: ``run`` sets the group up with it), so a change keeps the
+    workers in place; None where the code must make its own (a backend from a variable, its
+    own ``init_method`` or ``store``; a source that does not parse): ``run`` leaves it to the
+    code, and its workers restart at a change (said in the timeline)."""
+    import ast
+
+    shipped = [i.code or "" for i in collection.items.values() if i.kind in ("function", "class")]
+    named: set[str] = set()
+    for code in (collection.cell, *shipped):
+        if "init_process_group" not in code:
+            continue
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            return None
+        for node in ast.walk(tree):
+            func = getattr(node, "func", None)
+            called = getattr(func, "attr", None) or getattr(func, "id", None)
+            if not isinstance(node, ast.Call) or called != "init_process_group":
+                continue
+            keywords = {k.arg: k.value for k in node.keywords}
+            backend = node.args[0] if node.args else keywords.get("backend")
+            if None in keywords or _OWN_RENDEZVOUS & set(keywords) or len(node.args) > 1:
+                return None
+            if backend is not None:
+                if not (isinstance(backend, ast.Constant) and isinstance(backend.value, str)):
+                    return None
+                named.add(backend.value)
+    if len(named) > 1:
+        return None
+    return named.pop() if named else ""
 
 
 def package_cell(
@@ -214,7 +248,7 @@ def package_cell(
         run_hint=f"torchrun --nproc-per-node {nproc_per_node} {script_name}",
         created=created,
         notebook=ctx.notebook,
-        init_process_group=not _calls_init_process_group(collection),
+        own_group=own_group_setup(collection),
     )
     for unused in sorted(set(ship) - set(collection.items)):
         collection.warnings.append(f"--ship {unused}: the cell does not use `{unused}`; nothing to ship")

@@ -60,8 +60,9 @@ def render_script(
     run_hint: str,
     created: str,
     notebook: str | None,
-    init_process_group: bool,
+    own_group: str | None = "",
 ) -> str:
+    """``own_group``: ``packaging.own_group_setup``'s word on the code's own process group."""
     items = collection.items.values()
     imports = sorted((i for i in items if i.kind == "import"), key=lambda i: i.order)
     definitions = sorted((i for i in items if i.kind in ("function", "class")), key=lambda i: i.order)
@@ -127,11 +128,12 @@ def render_script(
     out.append("")
     out.append("")
     out.append('if __name__ == "__main__":')
-    out.append(
-        f"    _elastic.run({wrapper})"
-        if init_process_group
-        else f"    _elastic.run({wrapper}, init_process_group=False)"
-    )
+    if own_group is None:  # the code makes its own group
+        out.append(f"    _elastic.run({wrapper}, init_process_group=False)")
+    elif own_group:  # the code's own call names this backend: the group is set up with it
+        out.append(f"    _elastic.run({wrapper}, backend={own_group!r})")
+    else:
+        out.append(f"    _elastic.run({wrapper})")
     return "\n".join(out) + "\n"
 
 

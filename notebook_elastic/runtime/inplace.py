@@ -389,7 +389,7 @@ class InPlace:
 #: group to code it sees call init_process_group: runtime/worker.py run).
 OWN_DEFAULT_GROUP = (
     "the cell sets up its own process group (init_process_group), which holds the old members; leave the "
-    "call out (notebook-elastic sets the group up) to keep the workers in place"
+    "call out, or name its backend as a literal (init_process_group(backend='nccl')), to keep the workers in place"
 )
 
 

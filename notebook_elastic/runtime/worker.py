@@ -197,12 +197,14 @@ def _run_finish_hooks() -> None:
             traceback.print_exc()
 
 
-def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
+def run(main: Callable[[], Any], *, init_process_group: bool = True, backend: str | None = None) -> Any:
     """Run the packaged cell: start event, process group, ``main()``, outcome event.
 
     An uncaught exception becomes a ``worker_failed`` event carrying the traceback (and
     torchelastic's error file, so the agent's summary names the real error), then the
-    process exits with status 1 for the agent to act on.
+    process exits with status 1 for the agent to act on. ``backend``: the one the code's own
+    ``init_process_group()`` names (it then uses this group); ``init_process_group=False``:
+    the code makes its own group (packaging.own_group_setup).
     """
     info = WorkerInfo.from_env()
     _whole_lines()
@@ -221,7 +223,7 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True) -> Any:
     if not init_process_group:  # the code sets its group up itself: it restarts at a change, said
         inplace.incapable = OWN_DEFAULT_GROUP
     try:
-        if init_process_group and init():
+        if init_process_group and init(backend):
             _adopt_user_init_calls()
         while True:
             try:
