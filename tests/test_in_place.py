@@ -12,6 +12,7 @@ import math
 import os
 import time
 
+import psutil
 import pytest
 import torch
 from test_kubernetes_backend import cluster  # noqa: F401 (the fixture)
@@ -690,7 +691,11 @@ def held_in_a_step_then_lose_node_2(tmp_path, name: str, **values):  # noqa: ANN
     )
     try:
         wait_for(lambda: all((tmp_path / f"go.{r}").exists() for r in range(3)), "every rank at the gate", job=job)
+        [lost] = pids_of(job, "node-2")
         job.lose_node("node-2")
+        # Its worker gone before the gate opens: a warm start's fork outlives its launcher a
+        # moment, and one that passed the gate too finished the step with the others.
+        wait_for(lambda: not psutil.pid_exists(lost), "node-2's worker gone", job=job)
     except BaseException:
         job.stop()
         raise
@@ -708,7 +713,8 @@ def test_a_step_the_optimizer_updated_partly_is_neither_skipped_nor_applied_twic
     try:
         assert job.wait(300) == "succeeded", job.summary()
         refused = [e.get("reason") for e in job.events if e.kind == Kind.IN_PLACE_REFUSED]
-        assert any("step 8 was partly applied (2 of its 4 optimizer updates)" in r for r in refused), refused
+        said = [e.describe() for e in job.events if e.kind in (Kind.IN_PLACE_REFUSED, Kind.RESTART, Kind.IN_PLACE)]
+        assert any("step 8 was partly applied (2 of its 4 optimizer updates)" in r for r in refused), said
         assert not changes(job), changes(job)  # not kept in place with those values
         [resumed] = [e.get("step") for e in job.events if e.kind == Kind.RESUMED]
         assert resumed == 8  # the save after step 7: step 8 is trained again from its start
@@ -748,5 +754,34 @@ def test_a_cell_that_sets_up_its_group_as_the_ddp_tutorial_does_stays_in_place(h
         assert (change["world_size"], change["kept"]) == (1, 1), change
         assert pids_of(job, "node-0") == kept
         assert not [e for e in job.events if e.kind == Kind.IN_PLACE_REFUSED]
+    finally:
+        job.stop()
+
+
+def test_a_node_scaled_away_whose_worker_is_frozen_costs_the_others_no_restart(home):
+    """Its worker stopped (SIGSTOP: it neither leaves at a step boundary nor aborts): its agent
+    kills it once the abort's grace is over, its sockets close, and the other node goes on in
+    place. Before, the survivor waited gloo's 120 s timeout in the group's next collective, was
+    charged a restart and lost its live values, and the stopped worker outlived its node (an
+    adversary's pass)."""
+    import signal
+
+    job = ne.launch(TRAIN, nnodes="1:2", nodes=2, name="frozen", max_restarts=0, user_ns=namespace(total=100_000))
+    try:
+        wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
+        kept = pids_of(job, "node-0")
+        [frozen] = pids_of(job, "node-1")
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            job.scale(1)
+            step = job.state.step or 0
+            wait_for(training_at(job, 1, step + 5), "node-0 training alone", job=job, give_up_when_finished=True)
+        finally:
+            if psutil.pid_exists(frozen):
+                os.kill(frozen, signal.SIGCONT)
+        wait_for(lambda: not psutil.pid_exists(frozen), "the frozen worker gone", job=job)
+        assert pids_of(job, "node-0") == kept, "the survivor restarted"
+        assert changes(job) and changes(job)[-1]["world_size"] == 1, changes(job)
+        assert not [e for e in job.events if e.kind in (Kind.RESTART, Kind.RESUMED)]
     finally:
         job.stop()

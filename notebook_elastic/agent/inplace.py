@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import struct
 import threading
@@ -210,6 +211,30 @@ class Links:
         if worker is None:
             return False
         return worker.send(message)
+
+    def kill(self, local_ranks: list[int]) -> list[int]:
+        """SIGKILL these local ranks' workers whose links are still open (a worker that can act on
+        nothing: stopped, stuck in the kernel); the pids killed. Held by a pidfd opened while
+        its link is open (the process is there: its pid is no other's), signalled through it.
+        A warm start's worker is the pool's fork, no child of this agent's, and outlives its
+        launcher while stopped: torch's shutdown would leave it holding its group's sockets."""
+        killed = []
+        with self._lock:
+            open_now = [(r, w) for r in local_ranks if (w := self._workers.get(r)) is not None and w.open and w.pid]
+        for _rank, worker in open_now:
+            try:
+                pidfd = os.pidfd_open(worker.pid)
+            except OSError:
+                continue  # gone already
+            try:
+                if worker.open:  # still its process: the link closes only when it ends
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    killed.append(worker.pid)
+            except OSError:
+                pass
+            finally:
+                os.close(pidfd)
+        return killed
 
     def wait_closed(self, local_ranks: list[int], timeout_s: float) -> bool:
         """Wait until these local ranks' links are closed (their processes ended); False on timeout."""
@@ -479,4 +504,13 @@ class InPlace:
             return
         for local_rank in local_ranks:
             links.send(local_rank, {"op": "abort"})
-        links.wait_closed(local_ranks, LEAVE_AFTER_ABORT_S)
+        if links.wait_closed(local_ranks, LEAVE_AFTER_ABORT_S):
+            return
+        # Its workers neither left at a boundary nor aborted (stopped, stuck): the others wait on
+        # them in the group's next collective, until its timeout (gloo: 120 s, then a restart
+        # charged and the live values lost). Killed, their sockets close and the others redo
+        # the step in flight in place.
+        killed = links.kill(local_ranks)
+        if killed:
+            _log.warning("workers %s did not leave at a step boundary or abort: killed", killed)
+            links.wait_closed(local_ranks, LEAVE_AFTER_ABORT_S)
