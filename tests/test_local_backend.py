@@ -1407,3 +1407,31 @@ def test_a_supervisor_that_starts_after_its_job_was_stopped_starts_nothing(home,
     assert not folder.supervisor_file.exists() and job_processes(home) == []
     assert (folder.outcome() or {}).get("status") == "stopped" and folder.status()["status"] == "stopped"
     assert [e.kind for e in LocalBackend().history("late")] == [Kind.JOB_FINISHED]
+
+
+def test_a_worker_that_dies_while_its_forker_is_frozen_is_seen_dead(home):
+    """A warm worker is the fork of its node's zygote (or the warm pool), whose launcher (the process torchrun
+    watches) learned of its exit from the zygote alone: with the zygote stopped, a dead worker
+    was never seen, and the job said 'running' with no deadline (an adversary's pass). The
+    launcher now watches the fork itself and reads its status from its own pipe."""
+    import psutil
+
+    job = ne.launch(TRAIN, nnodes="1", name="forker", max_restarts=2, user_ns=namespace(total=100_000))
+    forker = None
+    try:
+        wait_for(at_step(job, 5), "step 5", job=job, give_up_when_finished=True)
+        [worker] = [e.get("pid") for e in job.events if e.kind == Kind.WORKER_STARTED]
+        forker = psutil.Process(worker).parent()  # the node's zygote, or (here) the suite's warm pool
+        assert forker is not None and "notebook_elastic.pool.warm" in forker.cmdline(), forker.cmdline()
+        forker.suspend()
+        job.kill_worker(rank=0)
+        wait_for(
+            lambda: any(e.kind == Kind.WORKER_EXITED and e.get("pid") == worker for e in job.events),
+            "the killed worker seen dead while its forker is stopped",
+            job=job,
+            timeout=30,
+        )
+    finally:
+        if forker is not None and forker.is_running():
+            forker.resume()
+        job.stop()

@@ -12,6 +12,7 @@ or pool that answers, it runs the script or module itself: a cold start.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sys
@@ -19,6 +20,13 @@ import time
 
 from ..contract.protocol import ENV_ZYGOTE
 from .wire import CONNECT_WAIT_S, _address, _recv_line, _send, enabled, same_user
+
+#: How long the pool or zygote may take to say it forked (milliseconds as a rule): one that does
+#: not (frozen, stuck) has the launcher start cold instead of waiting on it for ever.
+FORK_ANSWER_S = 20.0
+#: After its child ended, how long the launcher waits for the pool's word of how (a frozen
+#: pool's never comes: the child's own status pipe says it).
+EXIT_ANSWER_S = 1.0
 
 
 def launch(argv: list[str]) -> None:
@@ -67,13 +75,18 @@ def launch(argv: list[str]) -> None:
     os.close(status_w)
     buffer = bytearray()
     try:
-        first = _recv_line(conn, buffer)
+        first = _recv_line(conn, buffer) if _answers(conn, buffer, FORK_ANSWER_S) else None
     except OSError:
         first = None
     if not first or "pid" not in first:
-        _cold(argv, module)  # the zygote could not fork: nothing has run yet
+        os.close(life_w)  # a fork it makes after all ends at once (its launcher's pipe closed)
+        _cold(argv, module)  # the zygote could not fork, or did not say: nothing of ours has run yet
         return
     child = int(first["pid"])
+    try:
+        ended: int | None = os.pidfd_open(child)  # readable once the child ended (its forker's child)
+    except (OSError, AttributeError):
+        ended = None
 
     def forward(sig: int, _frame: object) -> None:
         try:
@@ -85,6 +98,11 @@ def launch(argv: list[str]) -> None:
         signal.signal(sig, forward)
     while True:
         try:
+            if ended is not None and b"\n" not in buffer:
+                ready, _, _ = select.select([conn.fileno(), ended], [], [])
+                if conn.fileno() not in ready and not _answers(conn, buffer, EXIT_ANSWER_S):
+                    done = None  # it ended, and its forker does not say how (frozen): its own pipe does
+                    break
             done = _recv_line(conn, buffer)
             break
         except InterruptedError:
@@ -100,6 +118,11 @@ def launch(argv: list[str]) -> None:
         time.sleep(1)
         os._exit(128 - code)
     os._exit(code)
+
+
+def _answers(conn: socket.socket, buffer: bytearray, timeout_s: float) -> bool:
+    """Whether a line from the pool is there, or comes within ``timeout_s``."""
+    return b"\n" in buffer or bool(select.select([conn], [], [], timeout_s)[0])
 
 
 def _status_from(status_r: int) -> int:
