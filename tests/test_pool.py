@@ -42,7 +42,7 @@ for step in state.steps(TOTAL):
     opt.zero_grad(); loss.backward(); opt.step()
     state.commit()
     elastic.report(step=step, loss=loss.item(), pid=os.getpid(), ppid=os.getppid(), all_ranks=True)
-    while step == HOLD_AT and not os.path.exists(GATE):
+    while step >= HOLD_AT and not os.path.exists(GATE):  # a resumed run holds too
         time.sleep(0.05)
 """
 
