@@ -852,6 +852,33 @@ def stall_watched(name: str, total: int, stall_timeout_s: float | None = None):
     )
 
 
+def test_a_stall_during_a_scale_up_names_the_stopped_rank_kept_in_place(home):
+    """A rank stopped as a scale-up comes: the kept ranks say their new rank only once in the
+    new group, so the stall named the joiner alone ('rank(s) 2 wait for them', none stopped; an
+    adversary's pass). It names the stopped process by the rank it had, the others as waiting."""
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:3",
+        nodes=2,
+        name="frozen-up",
+        backend_options={"stall_after_s": 3},
+        user_ns=namespace(total=100_000),
+    )
+    frozen = None
+    try:
+        wait_for(lambda: job.world_size == 2 and at_step(job, 5)(), "two nodes training", job=job)
+        frozen = worker_pid(job, 1)
+        os.kill(frozen, signal.SIGSTOP)
+        job.scale(3)
+        wait_for(lambda: job.state.stall is not None, "the stall event", job=job, give_up_when_finished=True)
+        stall = next(e for e in job.events if e.kind == Kind.STALL)
+        assert stall.get("stopped") == [1] and 0 in stall.get("waiting"), stall.data
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        job.stop()
+
+
 def test_a_stopped_rank_is_a_stall_event_naming_it_and_stall_timeout_restarts_the_group(home):
     job = stall_watched("frozen", 100_000)
     wait_for(at_step(job, 5), "step 5", job=job, give_up_when_finished=True)

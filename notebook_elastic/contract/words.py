@@ -243,7 +243,10 @@ def _stall(_node: str, d: Stall) -> str:
 
 def _stall_cleared(_node: str, d: StallCleared) -> str:
     if d.get("restarted"):
-        return f"stalled {format_duration(d.get('for_s', 0))}: the worker group was restarted (one restart)"
+        return (
+            f"stalled {format_duration(d.get('for_s', 0))}: its stalled ranks were killed, so that the worker "
+            "group restarts (one restart)"
+        )
     return f"training again after a {format_duration(d.get('for_s', 0))} stall"
 
 

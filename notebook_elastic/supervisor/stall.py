@@ -69,6 +69,13 @@ class Stalls:
         self.kill_rank = kill_rank  # SIGKILL a rank's process (Commands.kill_rank)
         self.stall_after_s = float(spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.clock = StallClock(since=time.monotonic())
+        # Every worker process said started, by pid: (its newest rank, its generation). A worker
+        # kept in place says its rank in the new group only once it is in it; until then the
+        # workers map (the newest group's) has the new ranks alone.
+        self._seen: dict[int, tuple[int, int | None]] = {}
+
+    def started(self, pid: int, rank: int, generation: int | None) -> None:
+        self._seen[pid] = (rank, generation)
 
     def watch(self, now: float) -> None:
         """A running job whose step has not moved for max(stall_after_s, 10 x the median step
@@ -112,20 +119,29 @@ class Stalls:
         limit = self.spec.stall_timeout_s
         if clock.announced and limit and not clock.restarted and stalled_s >= max(threshold, limit):
             stopped, waiting = self._stalled_ranks()
+            killed = False
             for rank in stopped or waiting:  # a hang with no stopped rank: the whole group
                 if rank in self.workers:
-                    self.kill_rank(rank)  # the agent restarts the group: one restart
-            self.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(stalled_s, 1), restarted=True))
+                    killed = self.kill_rank(rank) or killed  # the agent restarts the group: one restart
+            if killed:  # (none was: nothing done here, nor said; the stall stands as told)
+                self.emit(Kind.STALL_CLEARED, **StallCleared(step=step, for_s=round(stalled_s, 1), restarted=True))
             clock.restarted = True
 
     def _stalled_ranks(self) -> tuple[list[int], list[int]]:
-        """Ranks of the newest group whose process is stopped, and the others (waiting)."""
+        """Ranks of the newest group whose process is stopped, and the others (waiting). Here,
+        every live worker process by its newest rank: one kept in place into a group still
+        forming is named by the rank it had (a stopped one went unnamed, and the joiner was said
+        to wait for nobody: an adversary's pass)."""
         newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
-        stopped: list[int] = []
-        waiting: list[int] = []
-        here = self.placement.pids_here  # a pid on another host (Slurm) tells nothing here: every rank waits
-        for rank, (pid, _node, gen) in sorted(self.workers.items()):
-            if gen != newest:
+        stopped: set[int] = set()
+        waiting: set[int] = set()
+        if not self.placement.pids_here:  # a pid on another host (Slurm) tells nothing here: every rank waits
+            return [], sorted(rank for rank, (_p, _n, gen) in self.workers.items() if gen == newest)
+        for rank, (pid, _node, gen) in self.workers.items():
+            self._seen.setdefault(pid, (rank, gen))
+        for pid, (rank, _gen) in list(self._seen.items()):
+            if not psutil.pid_exists(pid):
+                del self._seen[pid]  # ended: no rank of the job any more
                 continue
-            (stopped if here and is_stopped(pid) else waiting).append(rank)
-        return stopped, waiting
+            (stopped if is_stopped(pid) else waiting).add(rank)
+        return sorted(stopped), sorted(waiting - stopped)
