@@ -175,6 +175,29 @@ def test_a_killed_pool_takes_no_job_with_it(home, tmp_path, monkeypatch):
         proc.wait()
 
 
+def test_a_frozen_pool_costs_a_launch_a_cold_start_not_the_job(home, tmp_path, monkeypatch):
+    """A pool that does not answer (stopped) held every launcher waiting for its word: a launch
+    failed after 32 s with "did not start: (empty log)" (an adversary's pass). Each launcher
+    starts cold once the pool has not said it forked within its bound, and the forks the pool
+    makes of those requests when it runs again end at once (their launchers gave up on them)."""
+    name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
+    proc = start_private_pool(name)
+    monkeypatch.setenv(protocol.ENV_POOL, name)
+    gate = tmp_path / "gate"
+    gate.touch()
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        job = ne.launch(GATED, nproc_per_node=1, name="frozen-pool", user_ns=namespace(str(gate), total=3))
+        assert job.wait(timeout=180) == "succeeded", job.summary()
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(2)  # it forks what it was asked meanwhile: each such fork ends at once
+        assert [c.pid for c in psutil.Process(proc.pid).children() if c.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
 def test_an_idle_pool_is_reaped_gives_way_to_none_and_serves_only_its_user():
     name = f"@notebook-elastic-pool-test-{os.urandom(8).hex()}"
     first = start_private_pool(name, **{protocol.ENV_POOL_IDLE_S: "2"})

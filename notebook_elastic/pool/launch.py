@@ -23,7 +23,7 @@ from .wire import CONNECT_WAIT_S, _address, _recv_line, _send, enabled, same_use
 
 #: How long the pool or zygote may take to say it forked (milliseconds as a rule): one that does
 #: not (frozen, stuck) has the launcher start cold instead of waiting on it for ever.
-FORK_ANSWER_S = 20.0
+FORK_ANSWER_S = 10.0
 #: After its child ended, how long the launcher waits for the pool's word of how (a frozen
 #: pool's never comes: the child's own status pipe says it).
 EXIT_ANSWER_S = 1.0

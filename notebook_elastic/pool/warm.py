@@ -228,6 +228,8 @@ def _child(request: dict[str, Any], fds: list[int], as_pool: bool = False) -> No
             pass
         os.kill(os.getpid(), signal.SIGKILL)
 
+    if select.select([life], [], [], 0)[0] and not os.read(life, 1):
+        os._exit(0)  # its launcher gave up on this fork (a forker frozen past its bound) or is gone
     threading.Thread(target=die_with_launcher, name="warm-launcher-watch", daemon=True).start()
     module = request.get("module")
     argv = request["argv"]
