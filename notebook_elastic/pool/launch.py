@@ -24,9 +24,13 @@ from .wire import CONNECT_WAIT_S, _address, _recv_line, _send, enabled, same_use
 #: How long the pool or zygote may take to say it forked (milliseconds as a rule): one that does
 #: not (frozen, stuck) has the launcher start cold instead of waiting on it for ever.
 FORK_ANSWER_S = 10.0
-#: After its child ended, how long the launcher waits for the pool's word of how (a frozen
-#: pool's never comes: the child's own status pipe says it).
+#: After its child ended, how long the launcher waits for the pool's word of how before it
+#: reads the child's own status pipe (a frozen pool's word never comes) ...
 EXIT_ANSWER_S = 1.0
+#: ... and, where the child wrote none there (it ended by os._exit: a worker leaving at a step
+#: boundary), how much longer, before its end counts as a kill (a loaded machine's pool may be
+#: late; a worker's clean exit told as SIGKILL is a departure told as a failure).
+EXIT_UNSAID_S = 10.0
 
 
 def launch(argv: list[str]) -> None:
@@ -96,13 +100,18 @@ def launch(argv: list[str]) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
+    written: int | None = None
     while True:
         try:
             if ended is not None and b"\n" not in buffer:
                 ready, _, _ = select.select([conn.fileno(), ended], [], [])
                 if conn.fileno() not in ready and not _answers(conn, buffer, EXIT_ANSWER_S):
-                    done = None  # it ended, and its forker does not say how (frozen): its own pipe does
-                    break
+                    # It ended, and its forker does not say how (frozen, or late): its own pipe
+                    # does, where it wrote there.
+                    written = _status_written(status_r)
+                    if written is not None or not _answers(conn, buffer, EXIT_UNSAID_S):
+                        done = None
+                        break
             done = _recv_line(conn, buffer)
             break
         except InterruptedError:
@@ -110,7 +119,7 @@ def launch(argv: list[str]) -> None:
         except OSError:
             done = None
             break
-    code = done["exit"] if done else _status_from(status_r)
+    code = done["exit"] if done else (written if written is not None else _status_from(status_r))
     if code < 0:
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)
@@ -123,6 +132,22 @@ def launch(argv: list[str]) -> None:
 def _answers(conn: socket.socket, buffer: bytearray, timeout_s: float) -> bool:
     """Whether a line from the pool is there, or comes within ``timeout_s``."""
     return b"\n" in buffer or bool(select.select([conn], [], [], timeout_s)[0])
+
+
+def _status_written(status_r: int) -> int | None:
+    """The status the ended child wrote to its own pipe, without waiting: None where it wrote
+    none (or a process it forked still holds the pipe open)."""
+    os.set_blocking(status_r, False)
+    try:
+        data = os.read(status_r, 64)
+    except (BlockingIOError, InterruptedError):
+        data = b""
+    finally:
+        os.set_blocking(status_r, True)
+    try:
+        return int(data) if data else None
+    except ValueError:
+        return None
 
 
 def _status_from(status_r: int) -> int:
