@@ -233,6 +233,19 @@ def exit_reason(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+def own_launcher() -> int | None:
+    """The launcher standing in for this process, where the warm pool or its node's zygote forked
+    it (not a child of such a fork, nor a process that inherited the variables): the pid torchrun
+    watches for a warm worker, which torch's lines name (worker_started says it too)."""
+    env = os.environ
+    if env.get(ENV_FORKED) != str(os.getpid()) and env.get(ENV_WARM_PARENT) != str(os.getppid()):
+        return None
+    try:
+        return int(env[ENV_LAUNCHER])
+    except (KeyError, ValueError):
+        return None
+
+
 def mark_progress(environ: Mapping[str, str] | None = None) -> None:
     """Called by a worker once its group has made a step: marks the round in its agent's
     progress folder (``ENV_PROGRESS_DIR``), where the agent looks when it must tell a node that

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import psutil
 
-from ..contract.protocol import ENV_JOB_DIR
+from ..contract.protocol import ENV_JOB_DIR, own_launcher
 from ..plumbing import owned
 from ..plumbing.procfs import stat_fields
-from ..pool import is_pool_command, own_launcher
+from ..pool import is_pool_command
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -192,9 +192,10 @@ def own_group_setup(collection: Collection) -> str | None:
         except SyntaxError:
             return None
         for node in ast.walk(tree):
-            func = getattr(node, "func", None)
-            called = getattr(func, "attr", None) or getattr(func, "id", None)
-            if not isinstance(node, ast.Call) or called != "init_process_group":
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if called != "init_process_group":
                 continue
             keywords = {k.arg: k.value for k in node.keywords}
             backend = node.args[0] if node.args else keywords.get("backend")

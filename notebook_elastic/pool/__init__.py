@@ -47,7 +47,6 @@ from collections.abc import Mapping
 
 from ..contract.protocol import (
     ENV_FORKED,
-    ENV_LAUNCHER,
     ENV_POOL,
     ENV_POOL_IDLE_S,
     ENV_POOL_ON,
@@ -257,16 +256,6 @@ def owner_fd() -> int | None:
 def forked() -> bool:
     """Whether this process was forked by the pool (not a child of one that was)."""
     return os.environ.get(ENV_FORKED) == str(os.getpid())
-
-
-def own_launcher() -> int | None:
-    """The launcher standing in for this process, if the pool forked it."""
-    if not forked():
-        return None
-    try:
-        return int(os.environ[ENV_LAUNCHER])
-    except (KeyError, ValueError):
-        return None
 
 
 # -- what a cold start inherits that a fork does not ----------------------------------------

@@ -239,15 +239,14 @@ def _child(request: dict[str, Any], fds: list[int], as_pool: bool = False) -> No
     pool.inherit(request.get("inherit") or {})
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ[protocol.ENV_LAUNCHER] = str(request.get("launcher", ""))  # protocol.own_launcher
     if as_pool:
         # Its own session, as a cold start in one would be; tied to its launcher, not the pool.
         os.setsid()
         os.environ[protocol.ENV_FORKED] = str(os.getpid())
-        os.environ[protocol.ENV_LAUNCHER] = str(request.get("launcher", ""))
         owned.register_forks()  # its environment reads as the pool's: the job folder names it
     else:
         os.environ[protocol.ENV_WARM_PARENT] = str(os.getppid())
-        os.environ[protocol.ENV_LAUNCHER] = str(request.get("launcher", ""))  # named in worker_started
     # Our package reads who it is (RANK, ...) from the environment when imported: the child
     # must import it afresh, with its own environment, not reuse the zygote's.
     fresh = "notebook_elastic" if as_pool else "notebook_elastic.runtime"

@@ -282,8 +282,8 @@ class State:
             return
         applied, done = self._updates.step, None
         if broken and applied is not None and applied >= self.step:  # updated past its last commit
-            if self._updates.partly(applied):
-                _log.warning("left between groups: %s; nothing saved", self._updates.partly(applied))
+            if partly := self._updates.partly(applied):
+                _log.warning("left between groups: %s; nothing saved", partly)
                 return
             done = applied
         self._saving_alone = True
@@ -324,7 +324,7 @@ class State:
             samples_seen=self._cursor_at(next_step),
             rng=rng_state(),
             save=partial(save_handed_on, **where) if writes else None,
-            partly=self._updates.partly(self._current) if self.step <= (self._current or 0) else None,
+            partly=None if self._current is None or self.step > self._current else self._updates.partly(self._current),
             updates_per_step=self._updates.per_step,
         )
 

@@ -43,22 +43,6 @@ def set_step_source(source: Callable[[], int | None]) -> None:
     _step_source = source
 
 
-def launcher_pid() -> int | None:
-    """The pid torchrun watches for this worker where that is not this process: a warm start's
-    launcher, which stands for the fork of the pool or of the node's zygote (pool/launch.py).
-    torch's own lines (a worker's exit) name that pid; ``worker_started`` says both, so its
-    reader can name the worker by its own (contract/events.py). None for a cold start, and for a
-    process that inherited the variables (a worker started cold by a forked agent)."""
-    env = os.environ
-    forked = env.get(protocol.ENV_FORKED) == str(os.getpid())
-    zygote_fork = env.get(protocol.ENV_WARM_PARENT) == str(os.getppid())
-    try:
-        launcher = int(env[protocol.ENV_LAUNCHER]) if forked or zygote_fork else None
-    except (KeyError, ValueError):
-        return None
-    return launcher if launcher and launcher != os.getpid() else None
-
-
 @dataclass(frozen=True)
 class WorkerInfo:
     """Who this process is in the job, read from the environment torchrun sets."""
@@ -91,7 +75,7 @@ class WorkerInfo:
         )
         if in_place:
             said["in_place"] = True
-        launcher = launcher_pid()
+        launcher = protocol.own_launcher()
         if launcher is not None:
             said["launcher"] = launcher
         return said

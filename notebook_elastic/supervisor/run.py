@@ -213,7 +213,7 @@ class Supervisor:
             for r in stale:
                 del self.workers[r]
             self.workers[int(started.get("rank", 0))] = (int(started["pid"]), e.node or "", gen)
-            self.stalls.started(int(started["pid"]), int(started.get("rank", 0)), gen)
+            self.stalls.started(int(started["pid"]), int(started.get("rank", 0)))
         elif e.kind in (Kind.WORKER_FINISHED,):
             self.workers.pop(int(e.fields(WorkerFinished).get("rank", -1)), None)
         elif e.kind == Kind.WORKER_FAILED:

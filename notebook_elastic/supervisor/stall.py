@@ -69,13 +69,13 @@ class Stalls:
         self.kill_rank = kill_rank  # SIGKILL a rank's process (Commands.kill_rank)
         self.stall_after_s = float(spec.backend_options.get("stall_after_s", defaults.STALL_AFTER_S))
         self.clock = StallClock(since=time.monotonic())
-        # Every worker process said started, by pid: (its newest rank, its generation). A worker
-        # kept in place says its rank in the new group only once it is in it; until then the
-        # workers map (the newest group's) has the new ranks alone.
-        self._seen: dict[int, tuple[int, int | None]] = {}
+        # Every worker process said started, by pid: its newest rank. A worker kept in place says
+        # its rank in the new group only once it is in it; until then the workers map (the
+        # newest group's) has the new ranks alone.
+        self._seen: dict[int, int] = {}
 
-    def started(self, pid: int, rank: int, generation: int | None) -> None:
-        self._seen[pid] = (rank, generation)
+    def started(self, pid: int, rank: int) -> None:
+        self._seen[pid] = rank
 
     def watch(self, now: float) -> None:
         """A running job whose step has not moved for max(stall_after_s, 10 x the median step
@@ -132,14 +132,12 @@ class Stalls:
         every live worker process by its newest rank: one kept in place into a group still
         forming is named by the rank it had (a stopped one went unnamed, and the joiner was said
         to wait for nobody: an adversary's pass)."""
-        newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
+        if not self.placement.pids_here:  # a pid on another host (Slurm) tells nothing here: every rank waits
+            newest = max((g for _p, _n, g in self.workers.values() if g is not None), default=None)
+            return [], sorted(rank for rank, (_p, _n, gen) in self.workers.items() if gen == newest)
         stopped: set[int] = set()
         waiting: set[int] = set()
-        if not self.placement.pids_here:  # a pid on another host (Slurm) tells nothing here: every rank waits
-            return [], sorted(rank for rank, (_p, _n, gen) in self.workers.items() if gen == newest)
-        for rank, (pid, _node, gen) in self.workers.items():
-            self._seen.setdefault(pid, (rank, gen))
-        for pid, (rank, _gen) in list(self._seen.items()):
+        for pid, rank in list(self._seen.items()):
             if not psutil.pid_exists(pid):
                 del self._seen[pid]  # ended: no rank of the job any more
                 continue
