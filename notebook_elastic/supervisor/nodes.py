@@ -38,6 +38,8 @@ from .sink import EventSink
 NODE_LOG_CAP_BYTES = 32 * 1024 * 1024
 #: How long stopping nodes may take before they are killed (on Slurm, more: its nodes' notice).
 STOP_GRACE_S = 10.0
+#: How long a reader whose agent's output ended waits for the agent's exit before it wakes the loop.
+REAP_WAIT_S = 1.0
 #: The longest the next warm spare waits for the job to grow with the one taken before it.
 SPARE_AFTER_S = 10.0
 #: Below this much free space (or 5 % of the disk, the smaller), output is no longer logged,
@@ -95,6 +97,7 @@ class Nodes:
         state: JobState,
         notices: Notices,
         emit: Callable[..., None],
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.spec = spec
         self.folder = folder
@@ -107,6 +110,9 @@ class Nodes:
         self.state = state  # the fold: whether the job trains yet (a spare is kept once it does)
         self.notices = notices
         self.emit = emit
+        # The supervisor's loop looks now, not at its next turn (up to 0.05 s): an agent's output
+        # ended, so it is dying or dead, and its peers wait for its reaping (GONE_KEY) to regroup.
+        self.wake = wake
         self.agents: dict[str, Agent] = {}
         self.next_index = 0
         # Numbers of nodes replaced by a change of the range: their successors take them, so a
@@ -313,6 +319,13 @@ class Nodes:
             if event is not None and not agent.name.startswith("spare-"):
                 self.sink.put(event)
         pipe.close()
+        # Its output ends as it exits (its descriptors close before its parent may reap it): the
+        # loop is woken once it can be reaped, or after REAP_WAIT_S where it lives on without.
+        try:
+            agent.proc.wait(timeout=REAP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        self.wake()
 
     def _log(self, agent: Agent, raw: bytes) -> None:
         """Append to the node's log, rotated at NODE_LOG_CAP_BYTES (node-N.log.1 keeps the last

@@ -157,6 +157,7 @@ class Supervisor:
             state=self.state,
             notices=self.notices,
             emit=self.emit,
+            wake=lambda: self.requests.put(WAKE),
         )
         self.commands = Commands(
             course=self.course,
