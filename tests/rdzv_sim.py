@@ -396,7 +396,7 @@ class Settings:
     together: bool = False  # joins and exits announced, and made by any writer for all announced
     regroup: bool = False  # a change of members in one write by the round's leader (together.open_next_round)
     # The change watch (agent/change_watch.py): a WAIT on a connection of its own for the key of
-    # the round's next change (together.mark_key), in place of the looks at the change counter.
+    # the round's next change (protocol.mark_key), in place of the looks at the change counter.
     watch: bool = False
 
     def torch(self, run_id: str) -> dr.RendezvousSettings:
@@ -531,7 +531,7 @@ class Agent:
             return False
         if not now_anyway and self.watch_key is not None and self.changes[0] == round_:
             return False  # change_watch.watches: the store answers when the counter moves
-        count = await self.wire.add(together.signal_key(self.key, round_, together.CHANGED), 0)
+        count = await self.wire.add(protocol.signal_key(self.key, round_, protocol.CHANGED), 0)
         self.changes, moved = together.looked_at(self.changes, round_, count, now)
         return moved
 
@@ -659,7 +659,7 @@ class Agent:
             await asyncio.sleep(self.pause)
         else:
             wait_s = min(1.0, interval_s)  # rounds.SIGNAL_WAIT_S
-            await self.wire.wait([together.signal_key(self.key, round_ + 1, together.OPENED)], wait_s)
+            await self.wire.wait([protocol.signal_key(self.key, round_ + 1, protocol.OPENED)], wait_s)
         self.last_sync = -1.0
         return "again"
 
@@ -669,11 +669,11 @@ class Agent:
         state, node = self.state, self.node
         wait_s = min(1.0, self.settings.keep_alive_interval.total_seconds())  # rounds.SIGNAL_WAIT_S
         if state.complete and node in state.wait_list:
-            await self.wire.wait([together.signal_key(self.key, state.round + 1, together.OPENED)], wait_s)
+            await self.wire.wait([protocol.signal_key(self.key, state.round + 1, protocol.OPENED)], wait_s)
         elif not state.complete and node in state.participants and state.deadline is not None:
             left = max(0.0, (state.deadline - utc_now()).total_seconds())
             grace = 0.0 if min(state.participants) == node else 1.0  # rounds.COMPLETE_GRACE_S
-            key = together.signal_key(self.key, state.round, together.COMPLETE)
+            key = protocol.signal_key(self.key, state.round, protocol.COMPLETE)
             await self.wire.wait([key], max(0.01, min(left + grace, wait_s)))
         else:
             return False
@@ -690,7 +690,7 @@ class Agent:
         grace = 0.0 if min(state.participants) == self.node else 1.0  # rounds.COMPLETE_GRACE_S
         if left > 0 or left + grace <= 0:
             return False
-        await self.wire.wait([together.signal_key(self.key, state.round, together.COMPLETE)], left + grace)
+        await self.wire.wait([protocol.signal_key(self.key, state.round, protocol.COMPLETE)], left + grace)
         self.last_sync = -1.0
         return True
 
@@ -699,14 +699,14 @@ class Agent:
         change of a complete round's members, to its counter."""
         seen, state = self.seen, self.state
         if together.changed_since(seen, state):
-            counter = together.signal_key(self.key, state.round, together.CHANGED)
+            counter = protocol.signal_key(self.key, state.round, protocol.CHANGED)
             count = await self.wire.add(counter, 1)
             if self.fleet.settings.watch:
-                await self.wire.set(together.mark_key(counter, count), b"1")
+                await self.wire.set(protocol.mark_key(counter, count), b"1")
         if state.round > seen[0]:
-            await self.wire.set(together.signal_key(self.key, state.round, together.OPENED), b"1")
+            await self.wire.set(protocol.signal_key(self.key, state.round, protocol.OPENED), b"1")
         if state.complete and (state.round > seen[0] or not seen[1]):
-            await self.wire.set(together.signal_key(self.key, state.round, together.COMPLETE), b"1")
+            await self.wire.set(protocol.signal_key(self.key, state.round, protocol.COMPLETE), b"1")
 
     async def _read_said(self, now: float) -> list[together.Said]:
         this = together.interval_of(now, self.settings.keep_alive_interval.total_seconds())
@@ -905,7 +905,7 @@ class Agent:
             async with self.lock:
                 await self._moved(time.monotonic(), now_anyway=True)
         key = (
-            together.mark_key(together.signal_key(self.key, round_, together.CHANGED), self.changes[1] + 1)
+            protocol.mark_key(protocol.signal_key(self.key, round_, protocol.CHANGED), self.changes[1] + 1)
             if complete and self.changes[0] == round_
             else None
         )

@@ -28,6 +28,7 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from notebook_elastic.agent import rounds, store_link, together, torch_adapter
+from notebook_elastic.contract import protocol
 from notebook_elastic.store import keys as store_keys
 from notebook_elastic.store.server import StoreServer
 
@@ -671,7 +672,7 @@ def test_a_change_of_members_is_one_write_of_the_round_and_torchs_own_node_share
 def test_a_member_whose_copy_of_the_round_is_fresh_sees_a_leave_at_the_rounds_change_counter(served, rules):
     """#40: a member reads the round at most once a second (torch's cache); at 1,024 nodes that
     second made a leave's agreement 2.2 s. A node that takes itself out of a complete round adds
-    to the round's change counter (``together.CHANGED``), and a member whose copy is fresher than
+    to the round's change counter (``protocol.CHANGED``), and a member whose copy is fresher than
     the cache reads that counter, a few bytes, at most every ``together.CHANGE_LOOK_S``: where it
     moved, the member reads the round at once; where it did not, the cached copy stands."""
     port, _won = served
@@ -682,7 +683,8 @@ def test_a_member_whose_copy_of_the_round_is_fresh_sees_a_leave_at_the_rounds_ch
         round_, members = torch_adapter.round_state(h0)
         assert len(members) == 3
         assert torch_adapter.exit_round(h2, 30)  # node 2 leaves the complete round
-        counter = together.signal_key("torch.rendezvous.counter", round_, together.CHANGED)
+        # torch's state key, as the supervisor names it (board.py), under which the member counted
+        counter = protocol.signal_key(protocol.rendezvous_state_key("counter"), round_, protocol.CHANGED)
         assert _client(port).add(counter, 0) == 1
         holder = h0._state_holder
 
@@ -697,6 +699,44 @@ def test_a_member_whose_copy_of_the_round_is_fresh_sees_a_leave_at_the_rounds_ch
 
         assert fresh_copy_sees(1) == members  # the counter as seen: the cached copy stands
         assert fresh_copy_sees(0) == members - {h2._this_node}  # it moved: the round read now
+    finally:
+        _stop(joined)
+
+
+def test_a_member_the_supervisor_saw_die_wakes_the_rounds_members_at_once(served, rules):
+    """#41 item 8: the supervisor that reaped a dead agent names it in the store (GONE_KEY) and
+    moves the change counter of the latest round an agent said it formed, so each member's change
+    watch is answered at once: its monitor and departure watch look now, instead of at their
+    next look (every 0.02 s once a worker's group broke, every 0.1 s or more before that)."""
+    from types import SimpleNamespace
+
+    from notebook_elastic.agent import change_watch
+    from notebook_elastic.supervisor.board import Board
+
+    port, _won = served
+    assert rounds.join_and_beat_together(rules) and rounds.regroup_in_one_write(rules)
+    joined = _round(port, "woken", 2, rules)
+    woken = threading.Event()
+    watch = change_watch.ChangeWatch(woken.set)
+    try:
+        (h0, _), (h1, _) = joined
+        round_, members = torch_adapter.round_state(h0)
+        assert len(members) == 2
+        change_watch.next_mark(SimpleNamespace(torch_handler=h0), watch)
+        assert watch.active, "the change watch is not armed on the round's counter"
+        deadline = time.monotonic() + 30
+        while not watch.watching(change_watch._next_mark(h0._state_holder, h0._state_holder._ne_sayings)):
+            assert time.monotonic() < deadline, "the change watch never sent its WAIT"
+            time.sleep(0.01)
+        board = Board()
+        board.store = _client(port)
+        board.round_formed("woken", 0, round_ - 1)  # an older round's event, after the newer's: kept newest
+        board.round_formed("woken", 0, round_)
+        board.round_formed("woken", 0, round_ - 1)
+        assert not woken.is_set()
+        board.publish_gone(h1._this_node.pid)
+        assert woken.wait(30), "the member's change watch was not answered when the supervisor named the dead agent"
+        assert watch.woken == 1
     finally:
         _stop(joined)
 

@@ -103,6 +103,9 @@ def test_a_real_round_is_read_left_and_hooked(store):
     assert torch_adapter.round_state(inner) == (0, frozenset(participants))
     assert torch_adapter.keep_alive_window_s(inner) == (3.0 if KEEP_ALIVE_SET else 15.0)
     assert torch_adapter.rendezvous_store(inner) is store  # where our keys go beside the round's
+    # torch keeps the round's state under the key our rounds' keys are named after, and the
+    # supervisor names (supervisor/board.py: the key it moves when it saw a member die).
+    assert store.check([protocol.rendezvous_state_key("contract")])
     assert rounds.leave_round(inner, link) and link.leaving.is_set()  # a store lost now is not waited for
     # Left at once: the store no longer lists this node (no wait for a heartbeat to expire).
     deadline = time.monotonic() + 10

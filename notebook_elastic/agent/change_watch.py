@@ -8,7 +8,7 @@ average on this machine, up to the interval elsewhere) and every idle agent kept
 
 Here one thread per agent holds a WAIT on the store, on its own connection: a WAIT for the key a
 writer of ours sets when it moves the round's change counter to the next count
-(``together.mark_key``). The store answers it the moment the key is set; the thread then wakes
+(``protocol.mark_key``). The store answers it the moment the key is set; the thread then wakes
 the monitor (``on_change``), whose look, next, reads the round. The monitor arms the watch once
 a wait, with the round it is in, the count it read last and the store client the agent reaches
 the round through (``arm``). A watch armed for another round, or for a replaced store, cuts its
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..contract import protocol
 from ..plumbing import log as _logging
-from . import together
 from .torch_adapter import holder_store
 
 _log = _logging.get("agent.change_watch")
@@ -212,7 +212,7 @@ def watches(holder: Any) -> bool:
 def _next_mark(holder: Any, sayings: Any) -> str:
     """The mark of the next count of the round whose change counter ``holder`` read last."""
     round_, count = holder._ne_changes[:2]
-    return together.mark_key(together.signal_key(sayings.state_key, round_, together.CHANGED), count + 1)
+    return protocol.mark_key(protocol.signal_key(sayings.state_key, round_, protocol.CHANGED), count + 1)
 
 
 def _stale(holder: Any) -> None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..contract import protocol
 from . import store_link, together
 from .deadline import StoreSilent, call_with_deadline
 from .torch_adapter import missing, node_of, operation_keep_alive_s, operation_store, rendezvous_actions, reread
@@ -92,7 +93,7 @@ def exit_op(self: Any, op: Any) -> Callable[[Any, float], Any]:
                 pause[0] = min(max(2 * pause[0], 0.02), LEADER_LOOK_MAX_S)
                 time.sleep(pause[0])
             else:
-                key = together.signal_key(self._ne_sayings().state_key, state.round + 1, together.OPENED)
+                key = protocol.signal_key(self._ne_sayings().state_key, state.round + 1, protocol.OPENED)
                 _wait(self, key, _wait_s(self))
             ctx = _reread(self)
 
@@ -109,9 +110,9 @@ def join_op(self: Any, op: Any) -> Callable[[Any, float], Any]:
         completing = (_action().SYNC, _action().MARK_RENDEZVOUS_COMPLETE)
         for _ in range(8):  # then torch's own look a second later, whatever it waits for
             state, node = ctx.state, ctx.node
-            key_of = functools.partial(together.signal_key, self._ne_sayings().state_key)
+            key_of = functools.partial(protocol.signal_key, self._ne_sayings().state_key)
             if action == _action().SYNC and state.complete and node in state.wait_list:
-                _wait(self, key_of(state.round + 1, together.OPENED), _wait_s(self))
+                _wait(self, key_of(state.round + 1, protocol.OPENED), _wait_s(self))
             elif (
                 action in completing
                 and not state.complete
@@ -125,7 +126,7 @@ def join_op(self: Any, op: Any) -> Callable[[Any, float], Any]:
                 grace = 0.0 if min(state.participants) == node else COMPLETE_GRACE_S
                 if left + grace <= 0 or (action != _action().SYNC and left > 0):
                     return action  # its turn (or the job's target reached: torch's)
-                key = key_of(state.round, together.COMPLETE)
+                key = key_of(state.round, protocol.COMPLETE)
                 _wait(self, key, max(0.01, min(left + grace, _wait_s(self))))
             else:
                 return action  # it waits for nodes to join: torch's own look

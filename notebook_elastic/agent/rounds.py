@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..contract import protocol
 from ..contract.protocol import TARGET_KEY
 from ..plumbing import log as _logging
 from . import change_watch, gone, regroup, store_link, together
@@ -336,7 +337,7 @@ def _holder_class() -> type:
             fresh = complete and now - self._last_sync_time < self._cache_duration  # else read anyway
             if not complete or not (now_anyway or (fresh and together.look_due(self._ne_changes, round_, now))):
                 return False  # (a round forming: its own keys tell)
-            key = together.signal_key(sayings.state_key, round_, together.CHANGED)
+            key = protocol.signal_key(sayings.state_key, round_, protocol.CHANGED)
             try:
                 count = int(_call_with_deadline(store.add, key, 0))
             except Exception:
@@ -360,18 +361,18 @@ def _holder_class() -> type:
             if seen[0] < 0 or self._ne_sayings is None:
                 return
             store: Any = holder_store(self)
-            key = functools.partial(together.signal_key, self._ne_sayings.state_key, state.round)
+            key = functools.partial(protocol.signal_key, self._ne_sayings.state_key, state.round)
             changed = together.changed_since(seen, state)
-            calls: list[tuple[Any, str, Any]] = [(store.add, key(together.CHANGED), 1)] if changed else []
+            calls: list[tuple[Any, str, Any]] = [(store.add, key(protocol.CHANGED), 1)] if changed else []
             if state.round > seen[0]:
-                calls.append((store.set, key(together.OPENED), "1"))
+                calls.append((store.set, key(protocol.OPENED), "1"))
             if state.complete and (state.round > seen[0] or not seen[1]):
-                calls.append((store.set, key(together.COMPLETE), "1"))
+                calls.append((store.set, key(protocol.COMPLETE), "1"))
             for call, name, value in calls:
                 try:
                     count = _call_with_deadline(call, name, value)
-                    if name == key(together.CHANGED):  # and the key change watches wait on (mark_key)
-                        _call_with_deadline(store.set, together.mark_key(name, int(count)), "1")
+                    if name == key(protocol.CHANGED):  # and the key change watches wait on (mark_key)
+                        _call_with_deadline(store.set, protocol.mark_key(name, int(count)), "1")
                 except Exception:
                     _log.debug("a round's key not set: who waits for it reads the state in a second", exc_info=True)
 

@@ -308,29 +308,8 @@ class Sayings:
 # lost is still only dropped when its heartbeat expires (until then R waits for it, as torch's
 # round does); a waiting node joins R+1 itself, as torch's do (one that went away is in no round).
 
-OPENED, COMPLETE = "opened", "complete"
-#: A counter per round (``signal_key(..., CHANGED)``), added to by a write of ours that took a
-#: member out of a complete round or put a node on its wait list: a member whose copy of the
-#: round is fresher than torch's one-second cache reads the counter (a few bytes) at most every
-#: ``CHANGE_LOOK_S`` (``look_due``) and the round itself only when it moved (``looked_at``).
-CHANGED = "changed"
-
-
-def mark_key(counter_key: str, count: int) -> str:
-    """The key a writer of ours sets once it moved a round's ``CHANGED`` counter (its key:
-    ``signal_key(..., CHANGED)``) to ``count``: a member waits on the next count's
-    (``change_watch``), the store answers at once."""
-    return f"{counter_key}/{count}"
-
-
 #: How often a member looks at its round's change counter between two reads of the round.
 CHANGE_LOOK_S = 0.5
-
-
-def signal_key(state_key: str, round_: int, what: str) -> str:
-    """The key set once round ``round_`` was opened or completed by a write of ours: a node
-    waiting for that waits on it (the store answers a WAIT when the key is set)."""
-    return f"{state_key}/round/{round_}/{what}"
 
 
 def membership(state: Any) -> tuple[int, bool, int, int]:

@@ -125,6 +125,37 @@ LATEST_ANSWER_KEY = f"{NOTICE_KEY}/saved/latest"
 ANNOUNCED_SUFFIX = "/announced"
 
 
+def rendezvous_state_key(run_id: str) -> str:
+    """torch's key for the state of the c10d rendezvous ``run_id`` (``C10dRendezvousBackend``,
+    the same on every torch we support: tests/test_torch_compat.py), which the rounds' own keys
+    below are named after."""
+    return "torch.rendezvous." + run_id
+
+
+# A round's keys beside torch's state (agent/together.py, agent/rounds.py): set by a write of ours
+# that opened or completed round R, or changed its members; a node waiting for that waits on it
+# (the store answers a WAIT when the key is set).
+OPENED, COMPLETE = "opened", "complete"
+#: A counter per round (``signal_key(..., CHANGED)``), added to by a write of ours that took a
+#: member out of a complete round or put a node on its wait list, and by the supervisor when it
+#: saw a member die (supervisor/board.py): a member whose copy of the round is fresher than
+#: torch's one-second cache reads the counter (a few bytes) at most every ``CHANGE_LOOK_S``
+#: (together.look_due) and the round itself only when it moved (together.looked_at).
+CHANGED = "changed"
+
+
+def signal_key(state_key: str, round_: int, what: str) -> str:
+    """The key of round ``round_``'s ``what`` (``OPENED``, ``COMPLETE``, ``CHANGED``)."""
+    return f"{state_key}/round/{round_}/{what}"
+
+
+def mark_key(counter_key: str, count: int) -> str:
+    """The key a writer sets once it moved a round's ``CHANGED`` counter (its key:
+    ``signal_key(..., CHANGED)``) to ``count``: a member waits on the next count's
+    (agent/change_watch.py), the store answers at once."""
+    return f"{counter_key}/{count}"
+
+
 def leaving_key(agent_pid: int) -> str:
     return f"{LEAVING_KEY}/{agent_pid}"
 

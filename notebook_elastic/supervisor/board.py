@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+from ..contract import protocol
 from ..contract.protocol import GONE_KEY, TARGET_KEY
 from ..plumbing import log
 
@@ -20,6 +21,8 @@ class Board:
         self.port = 0  # the port it listens on, from the supervisor's run() on
         self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
         self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
+        # The latest round an agent said it formed: (epoch, round, torch's state key of its run).
+        self._round: tuple[int, int, str] | None = None
 
     def _tell_agents(self, key: str, value: str) -> bool:
         """Set what the agents' rendezvous reads beside its round (agent/rounds.py); False when
@@ -47,4 +50,27 @@ class Board:
         now = time.time()
         self._gone = {pid: t for pid, t in self._gone.items() if now - t < 60}
         self._gone[str(agent_pid)] = now
-        self._tell_agents(GONE_KEY, json.dumps(self._gone))
+        if self._tell_agents(GONE_KEY, json.dumps(self._gone)):
+            self._wake_round()
+
+    def round_formed(self, rdzv_id: str, epoch: int, round_: int | None) -> None:
+        """An agent formed round ``round_`` of the rendezvous ``rdzv_id`` (its ``rendezvous``
+        event): the round whose members ``publish_gone`` wakes."""
+        if round_ is not None and (self._round is None or (epoch, round_) > self._round[:2]):
+            self._round = (epoch, round_, protocol.rendezvous_state_key(rdzv_id))
+
+    def _wake_round(self) -> None:
+        """The latest round's members look at it now, not at their next look (up to 0.02 s
+        after a worker's group broke, 0.1 s or more where none did yet): a writer of ours moved its
+        change counter, whose next mark their change watches wait on (agent/change_watch.py), and
+        their look drops the member GONE_KEY names (agent/gone.py). A round left behind meanwhile
+        is harmless: nobody waits on its counter."""
+        if self._round is None or self.store is None:
+            return
+        _epoch, round_, state_key = self._round
+        counter = protocol.signal_key(state_key, round_, protocol.CHANGED)
+        try:
+            count = int(self.store.add(counter, 1))
+            self.store.set(protocol.mark_key(counter, count), "1")
+        except Exception:
+            log.get("supervisor").debug("could not wake round %s's members: they look as before", round_, exc_info=True)

@@ -41,6 +41,7 @@ from ..contract.event_types import (
     Kind,
     Metric,
     NodeEvicted,
+    Rendezvous,
     Restart,
     Tracking,
     WorkerExited,
@@ -50,6 +51,7 @@ from ..contract.event_types import (
 )
 from ..contract.events import Event
 from ..contract.job_state import JobState, describe_failure
+from ..contract.plan import rdzv_id
 from ..contract.spec import JobSpec
 from ..jobfolder.control import listen, reachable
 from ..jobfolder.folder import JOB_UMASK, JobFolder, write_json_atomic
@@ -205,6 +207,10 @@ class Supervisor:
         if e.kind == Kind.METRIC and self.trackers and self.nodes.output_allowed():
             for tracker in self.trackers:
                 tracker.observe(e, self.state)
+        if e.kind == Kind.RENDEZVOUS:
+            formed = e.fields(Rendezvous)
+            epoch = int(formed.get("epoch") or 0)
+            self.board.round_formed(rdzv_id(self.spec.name, self.run_id, epoch), epoch, formed.get("round"))
         if e.kind == Kind.AGENT_STARTED and e.node in self.nodes.agents:
             self.nodes.agents[e.node].agent_pid = e.fields(AgentStarted).get("pid")
         if e.kind == Kind.WORKER_STARTED:
