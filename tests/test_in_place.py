@@ -782,6 +782,8 @@ def test_a_node_scaled_away_whose_worker_is_frozen_costs_the_others_no_restart(h
         wait_for(lambda: not psutil.pid_exists(frozen), "the frozen worker gone", job=job)
         assert pids_of(job, "node-0") == kept, "the survivor restarted"
         assert changes(job) and changes(job)[-1]["world_size"] == 1, changes(job)
+        # Told as the scale down it was, though its worker's kill broke the other's group.
+        assert changes(job)[-1]["reason"] == "left", changes(job)
         assert not [e for e in job.events if e.kind in (Kind.RESTART, Kind.RESUMED)]
     finally:
         job.stop()

@@ -147,6 +147,19 @@ class DepartureWatch:
                 return False
             time.sleep(0.1)
 
+    def left_on_purpose(self) -> bool:
+        """Whether every member gone from the round these workers were formed in said it leaves
+        on purpose (agent/inplace.py leave): a scale down or a notice, even where its workers could
+        not leave at a step boundary and the others' group broke (then the step in flight is
+        redone, and the change is told as the departure it was, not as a loss)."""
+        handler = self.handler
+        round_, members = self.latest
+        if handler is None or round_ is None or len(members) < 2:
+            return False
+        now = torch_adapter.round_state(handler)
+        gone = [] if now is None else [n for n in members if n not in now[1]]
+        return bool(gone) and all(_marked_leaving(handler, node.pid) for node in gone)
+
     def failed_because_a_peer_left(self, result: Any) -> list[Any]:
         """The failures, if they are a departure's doing: one of them at least is a departure's
         symptom (a worker that says its collective broke because a peer left, or that the watch

@@ -257,12 +257,14 @@ class InPlace:
         node: Callable[[], str],
         member_gone: Callable[[], bool] = lambda: False,
         look_now: Callable[[], None] = lambda: None,
+        left_on_purpose: Callable[[], bool] = lambda: False,
         fatal: FatalEnd | None = None,
     ) -> None:
         self._node = node
         self.fatal = fatal or FatalEnd()  # the job ends: nothing to restart or regroup for
         self._member_gone = member_gone  # whether the round this node is in has lost a member
         self._look_now = look_now  # the departure watch looks at the round now
+        self._left_on_purpose = left_on_purpose  # whether the members gone said they leave
         # Set when the agent has something to look at (a departure seen, a worker's group broke):
         # its monitor, waiting between looks, looks now (wait_for_change).
         self._wake = threading.Event()
@@ -407,7 +409,9 @@ class InPlace:
             self.lost.clear()
             return None  # a worker here ends the job: no regroup for the others' going
         if self.lost.is_set() and not self.regroup.is_set() and self._member_gone():
-            self._regroup("lost", current)
+            # A group broken by a member that leaves on purpose (its workers aborted, not left at
+            # a boundary: stopped, or a loaded machine past LEAVE_AT_BOUNDARY_S) is a departure.
+            self._regroup("left" if self._left_on_purpose() else "lost", current)
         if not self.regroup.is_set():
             return None
         self.regroup.clear()

@@ -88,7 +88,13 @@ def _round_lost_a_member() -> bool:
     return _watch.round_lost_a_member(0.0)
 
 
-_inplace = InPlace(_node_name, member_gone=_round_lost_a_member, look_now=_watch.look_now, fatal=_fatal)
+_inplace = InPlace(
+    _node_name,
+    member_gone=_round_lost_a_member,
+    look_now=_watch.look_now,
+    left_on_purpose=_watch.left_on_purpose,
+    fatal=_fatal,
+)
 _watch.in_place = _inplace.departure_seen
 _link.member_gone = _round_lost_a_member
 _joining = Joining(_watch, _node_name, lambda: _leave_rendezvous())
