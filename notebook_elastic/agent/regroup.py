@@ -2,7 +2,7 @@
 round when it regroups (``exit_op``) and its join's waits (``join_op``), the collaborator of
 ``rounds.py``'s executor (``NotebookExecutor``, whose sayings, reads and state these use) that
 ``regroup_in_one_write`` turns on (a round rule, kept in ``rounds.RoundRules``); the rules themselves are ``together.py``'s
-(``open_next_round``, ``leader``, ``regrouping``, ``signal_key``).
+(``open_next_round``, ``leader``, ``regrouping``; the round's keys, ``signal_key``, are the contract's).
 
 A member that sees its round change says it regroups and waits; the round's lowest ranked member
 writes the next round once every member said so; a node waiting for a round of ours waits on
