@@ -787,3 +787,92 @@ def test_a_node_scaled_away_whose_worker_is_frozen_costs_the_others_no_restart(h
         assert not [e for e in job.events if e.kind in (Kind.RESTART, Kind.RESUMED)]
     finally:
         job.stop()
+
+
+def test_a_node_thawed_after_the_others_regrouped_twice_rejoins_at_once(home):
+    """A node frozen (SIGSTOP: its agent, launcher and worker) past its heartbeat: the other
+    regroups alone, then with a joiner; thawed, the node comes back and the three form a round
+    in which every worker is kept. Each agent took members its own last round lacked for new
+    ones whose fresh workers it waits for while training on: the frozen node counted the joiner,
+    the others counted it, and all three waited the whole FRESH_READY_WAIT_S (30 s) for workers
+    that never were (an adversary's pass, 3 of 3 runs). The kept ones each agent counts in the
+    new group (``protocol.kept_key``) end the wait at once."""
+    import signal
+
+    from notebook_elastic.agent.inplace import FRESH_READY_WAIT_S
+
+    job = ne.launch(TRAIN, nnodes="1:3", nodes=2, name="thawed", max_restarts=10, user_ns=namespace(total=100_000))
+    frozen: list[int] = []
+    try:
+        wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
+        agent = next(e.get("pid") for e in reversed(job.events) if e.kind == Kind.AGENT_STARTED and e.node == "node-1")
+        [worker] = pids_of(job, "node-1")
+        frozen = [agent, *(p.pid for p in psutil.Process(agent).children(recursive=True)), worker]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        step = job.state.step or 0
+        wait_for(training_at(job, 1, step + 3), "node-0 training alone", job=job, give_up_when_finished=True)
+        job.scale(3)  # a joiner (node-2) while node-1 is frozen: the frozen one still counts
+        wait_for(
+            lambda: (
+                any(c["world_size"] == 2 and c["joined"] == 1 for c in changes(job)) and training_at(job, 2, step + 6)()
+            ),
+            "node-0 and the joiner training",
+            job=job,
+            give_up_when_finished=True,
+        )
+        time.sleep(1.0)  # the joiner's worker trains in the group: a kept one at the next change
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen = []
+        wait_for(training_at(job, 3, (job.state.step or 0) + 3), "three nodes training", job=job)
+        waits = [e.get("trained_on_s") or 0.0 for e in job.events if e.kind == Kind.REGROUPED]
+        assert max(waits) < FRESH_READY_WAIT_S / 2, ("a kept node waited for fresh workers that never were", waits)
+        assert {"node-0", "node-1", "node-2"} <= {e.node for e in job.events if e.kind == Kind.REGROUPED}, [
+            e.describe() for e in job.events if e.kind not in (Kind.METRIC, Kind.LOG)
+        ]
+        assert [worker] == sorted(pids_of(job, "node-1")), "the thawed node's worker restarted"
+        assert_never_read_a_checkpoint(job)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        job.stop()
+
+
+def test_a_joiner_restarted_by_the_next_change_does_not_hold_the_others(home, tmp_path, monkeypatch):
+    """A scale-up whose joiner's worker is still starting (held at its start by a gate) when a
+    second node asks to join: the joiner's agent restarts that worker for the next round, so it
+    never counts itself up in the round the kept node waits on. The kept node waited the whole
+    FRESH_READY_WAIT_S (30 s) for it, training short of the target (an adversary's pass, 2 of 6
+    runs); now the round's change (a node on its wait list moves its change counter) ends the
+    wait, and the three train together in the next round, the kept node's process kept."""
+    from notebook_elastic.agent.inplace import FRESH_READY_WAIT_S
+
+    gate = Gate(tmp_path, monkeypatch, "joiner-gate")
+    monkeypatch.setenv(protocol.ENV_WARM_WORKERS, "0")  # workers start cold: each runs sitecustomize
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=1, name="restarted", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
+    )
+    try:
+        wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
+        kept = pids_of(job, "node-0")
+        held = tmp_path / "held"
+        # The first worker of rank 1 alone (the joiner's): held until the test ends.
+        gate.hold(f"os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ and not os.path.exists({str(held)!r})")
+        (gate.site / "sitecustomize.py").write_text(
+            (gate.site / "sitecustomize.py")
+            .read_text()
+            .replace("    deadline", f"    open({str(held)!r}, 'w').close()\n    deadline", 1)
+        )
+        job.scale(2)
+        wait_for(held.exists, "the joiner's worker held at its start", job=job, give_up_when_finished=True)
+        time.sleep(0.5)  # node-0 waits for it, training on
+        job.scale(3)
+        wait_for(training_at(job, 3, (job.state.step or 0) + 3), "three nodes training", job=job)
+        waits = [e.get("trained_on_s") or 0.0 for e in job.events if e.kind == Kind.REGROUPED]
+        assert max(waits) < FRESH_READY_WAIT_S / 2, ("a kept node waited for a worker restarted meanwhile", waits)
+        assert pids_of(job, "node-0") == kept, "the kept node's worker restarted"
+        assert_ranks_agree(job)
+    finally:
+        gate.open()
+        job.stop()

@@ -330,12 +330,18 @@ class InPlace:
         self._members = members
         self._store = store
 
-    def _await_newcomers(self, prefix: str, expected: int, nodes: int) -> float:
+    def _await_newcomers(self, prefix: str, expected: int, nodes: int, workers: int, changes_key: str = "") -> float:
         """Before the kept workers leave their old group: wait (training on) until the new
         members' ``expected`` fresh workers are up and forming the new group
         (``protocol.ready_key``), so that their process start is not time the kept ones stand
         still in the new group. Bounded, and cut short by anything else that needs a regroup
-        (a departure meanwhile: the old group is broken or goes). The seconds waited."""
+        (a departure meanwhile: the old group is broken or goes; the new round changed once
+        complete, its ``changes_key`` counter moved: a node waits to join it, or a member went,
+        so a joiner's fresh workers may be restarted before they count). ``expected`` is this agent's guess (members its own last round lacked): where
+        every member's workers are kept after all (a node thawed after the others regrouped
+        twice counts them new, they count it new), the kept ones its peers count in
+        (``protocol.kept_key``) with the fresh ones up make the group's ``nodes`` x ``workers``.
+        The seconds waited."""
         store = self._store
         if expected <= 0 or store is None or not prefix or not forming_is_bounded():
             # Where torch forms a group unbounded (runtime/group.py), a joiner lost between its
@@ -347,13 +353,25 @@ class InPlace:
         pause = FRESH_LOOK_S
         least, bound = FRESH_LOOK_MOST_S
         most = min(bound, max(least, nodes / FRESH_LOOKS_A_SECOND_IN_ALL))
+        try:
+            call_with_deadline(store.add, STORE_CALL_S, protocol.kept_key(prefix), workers)
+        except Exception:
+            _log.debug("could not count this node's kept workers: not waiting for joiners", exc_info=True)
+            return time.monotonic() - started
         while time.monotonic() < deadline and not (self.lost.is_set() or self.regroup.is_set()):
             try:
                 up = int(call_with_deadline(store.add, STORE_CALL_S, protocol.ready_key(prefix), 0))
+                if up >= expected:
+                    break
+                kept = int(call_with_deadline(store.add, STORE_CALL_S, protocol.kept_key(prefix), 0))
+                # Kept workers count themselves up only once their agent is done waiting, by
+                # when every fresh one was: the first agent done counts none twice.
+                if up + kept >= nodes * workers:
+                    break
+                if changes_key and int(call_with_deadline(store.add, STORE_CALL_S, changes_key, 0)) > 0:
+                    break
             except Exception:
                 _log.debug("could not read how many joiners' workers are up: not waiting for them", exc_info=True)
-                break
-            if up >= expected:
                 break
             time.sleep(pause)
             pause = min(most, pause * 2)
@@ -443,8 +461,15 @@ class InPlace:
         epoch = int(os.environ.get(protocol.ENV_RDZV_EPOCH, 0))
         took_s = time.monotonic() - started
         # Nodes have as many workers each (torchrun's --nproc-per-node): the new ones' count.
+        workers = len(worker_group.workers)
+        # The round's change counter: a write of ours adds to it once the complete round changes.
+        state_key = protocol.rendezvous_state_key(str(worker_group.spec.rdzv_handler.get_run_id()))
         trained_on_s = self._await_newcomers(
-            prefix, self._newcomers * len(worker_group.workers), worker_group.group_world_size
+            prefix,
+            self._newcomers * workers,
+            worker_group.group_world_size,
+            workers,
+            protocol.signal_key(state_key, round_, protocol.CHANGED),
         )
         # A stop swallowed meanwhile (a store call's ``except`` took torch's SignalException for
         # a lost connection, in the round or in the wait above) lands now, before the workers

@@ -192,6 +192,13 @@ def ready_key(group_prefix_: str) -> str:
     return f"{group_prefix_}/ready"
 
 
+def kept_key(group_prefix_: str) -> str:
+    """How many of a group's members are kept workers, added to by their agents as they regroup
+    (agent/inplace.py): with ``ready_key``'s count of fresh ones up, an agent that waits for the
+    new members' workers knows when none is left to come, whatever its own last round held."""
+    return f"{group_prefix_}/kept"
+
+
 def all_ready_key(group_prefix_: str) -> str:
     """Set once every member of a group counted itself in ``ready_key``."""
     return f"{group_prefix_}/all_ready"

@@ -42,15 +42,16 @@ class Board:
         if target != self._published_target and self._tell_agents(TARGET_KEY, str(target)):
             self._published_target = target
 
-    def publish_gone(self, agent_pid: int | None) -> None:
+    def publish_gone(self, agent_pid: int | None, died: bool = True) -> None:
         """An agent reaped: its peers drop it from their round now, not at its heartbeat's
-        expiry (a node left on purpose has left already; naming it again is harmless)."""
+        expiry (a node left on purpose has left already; naming it again is harmless). Where it
+        ``died`` (killed, or ended on its own: not told to go), its round's members are woken."""
         if self.store is None or agent_pid is None:
             return
         now = time.time()
         self._gone = {pid: t for pid, t in self._gone.items() if now - t < 60}
         self._gone[str(agent_pid)] = now
-        if self._tell_agents(GONE_KEY, json.dumps(self._gone)):
+        if self._tell_agents(GONE_KEY, json.dumps(self._gone)) and died:
             self._wake_round()
 
     def round_formed(self, rdzv_id: str, epoch: int, round_: int | None) -> None:

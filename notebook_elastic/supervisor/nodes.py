@@ -409,6 +409,7 @@ class Nodes:
             if agent.reaped or agent.alive:
                 continue
             agent.reaped = True
+            died = agent.exit_reason in (None, "lost")
             self.free_gpus = [g for g in self.gpus if g in self.free_gpus or g in agent.gpus]
             for t in agent.readers:
                 t.join(timeout=2.0)  # let its last lines in before it is declared gone
@@ -438,7 +439,8 @@ class Nodes:
                     agent.name,
                     **NodeEvicted(failure=failure, target=self.course.membership.target),
                 )
-            self.board.publish_gone(agent.agent_pid)
+            # Told to go on purpose (SIGTERM), it left its round itself; killed or dead, it did not.
+            self.board.publish_gone(agent.agent_pid, died=died)
             if agent.exit_reason is None and not self.course.stopping:
                 departure = self.placement.departure(agent.name)  # its place ended it (Slurm)
                 if departure is not None:
