@@ -123,3 +123,26 @@ def test_a_worker_whose_first_state_broke_as_it_was_made_is_told_apart_from_a_ce
         State()
     assert _no_state(broke.value) == "its elastic.State was being made when the group broke (it held no values yet)"
     assert _no_state(RuntimeError("a peer left")) == "the cell keeps no elastic.State"
+
+
+def test_a_socket_closed_while_a_group_forms_and_its_number_taken_again_is_a_new_socket():
+    """A group's sockets are those it opened while it formed: the ones open after, less the ones
+    open before. torch closes the old group's sockets when the objects that hold it go (the
+    cell's DDP, rebound as the body runs again; a cycle, at a garbage collection), which may be
+    while the next group forms; its connections then take their numbers. Told by number alone,
+    such a connection was left out of the group's, its abort never shut it down, and a peer
+    waiting on it hung for the collective timeout (120 s: a lost node, then the survivor's
+    next change). Told by socket, it is the group's."""
+    import socket
+
+    old = socket.socket()
+    before = group._socket_fds()
+    number = old.fileno()
+    old.close()  # the old group's socket, closed as the next forms
+    new = socket.socket()
+    try:
+        assert new.fileno() == number  # the lowest free number: taken again
+        opened = group._socket_fds() - before
+        assert [fd for fd, _name in opened] == [number], opened
+    finally:
+        new.close()

@@ -34,17 +34,26 @@ FORMING_BOUND_S = 10.0
 BOUNDED_FORMING_SINCE = (2, 13)
 
 
-def _socket_fds() -> set[int]:
-    """This process's open socket descriptors."""
-    found: set[int] = set()
+#: An open socket of this process: its descriptor, and what /proc names it by ("socket:[inode]").
+Socket = tuple[int, str]
+
+
+def _socket_fds() -> set[Socket]:
+    """This process's open sockets. A descriptor closed and opened again for another socket is
+    another socket here: the old group's sockets, which torch closes as it lets that group go,
+    may be closed while the next group forms, and their numbers taken by its connections (a
+    group told by numbers alone then left those out: its abort did not reach them, and a peer
+    waiting on them hung for the collective timeout, 120 s)."""
+    found: set[Socket] = set()
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
         return found
     for name in names:
         try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                found.add(int(name))
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith("socket:"):
+                found.add((int(name), target))
         except (OSError, ValueError):
             continue
     return found
@@ -77,11 +86,11 @@ class Group:
     def __init__(self) -> None:
         self.assignment: Assignment | None = None
         self.backend = ""
-        self._fds: set[int] = set()
+        self._fds: set[Socket] = set()
         self._store: Any = None  # the TCPStore client to the rendezvous store (kept across groups)
         self._store_at = ""
-        self._store_fds: set[int] = set()  # its connection
-        self._forming: set[int] | None = None  # while a group forms: the sockets open before it
+        self._store_fds: set[Socket] = set()  # its connection
+        self._forming: set[Socket] | None = None  # while a group forms: the sockets open before it
         self._lock = threading.Lock()
         self.aborted = False
         self.unabortable: str | None = None  # why an abort failed: this worker restarts instead
@@ -160,8 +169,10 @@ class Group:
         if backend == "nccl" and not _abort_nccl():
             # Its collectives end at the group's timeout, in a state not to build on: restart.
             self.unabortable = "the NCCL group could not be aborted (its collectives end at its timeout)"
-        for fd in fds:
+        for fd, name in fds:
             try:
+                if os.readlink(f"/proc/self/fd/{fd}") != name:
+                    continue  # closed meanwhile, and the number taken by another socket
                 with socket.socket(fileno=os.dup(fd)) as s:
                     # Not its listener: gloo's loop aborts the process when accept() fails.
                     if not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
