@@ -463,13 +463,13 @@ class InPlace:
         # Nodes have as many workers each (torchrun's --nproc-per-node): the new ones' count.
         workers = len(worker_group.workers)
         # The round's change counter: a write of ours adds to it once the complete round changes.
-        state_key = protocol.rendezvous_state_key(str(worker_group.spec.rdzv_handler.get_run_id()))
+        handler = getattr(getattr(worker_group, "spec", None), "rdzv_handler", None)
+        run_id = None if handler is None else handler.get_run_id()
+        changes_key = (
+            protocol.signal_key(protocol.rendezvous_state_key(str(run_id)), round_, protocol.CHANGED) if run_id else ""
+        )
         trained_on_s = self._await_newcomers(
-            prefix,
-            self._newcomers * workers,
-            worker_group.group_world_size,
-            workers,
-            protocol.signal_key(state_key, round_, protocol.CHANGED),
+            prefix, self._newcomers * workers, worker_group.group_world_size, workers, changes_key
         )
         # A stop swallowed meanwhile (a store call's ``except`` took torch's SignalException for
         # a lost connection, in the round or in the wait above) lands now, before the workers

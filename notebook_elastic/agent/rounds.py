@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..contract import protocol
-from ..contract.protocol import TARGET_KEY
 from ..plumbing import log as _logging
 from . import change_watch, gone, regroup, store_link, together
 from .deadline import call_with_deadline
@@ -76,7 +75,7 @@ def _target_nodes(store: Any) -> int | None:
     if store is None:
         return None
     try:
-        value = store_link.read_key(store, TARGET_KEY)
+        value = store_link.read_key(store, protocol.TARGET_KEY)
         return None if value is None else int(value)
     except Exception:
         _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)

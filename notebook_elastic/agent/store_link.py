@@ -195,7 +195,12 @@ def regain_store(backend: Any, failed: Any, silent: bool) -> None:
                 raise RendezvousConnectionError(_store_gone(failed, silent, replaceable)) from exc
 
 
-#: Between two checks of a key a store wait is polling for (doubling from 10 ms).
+#: Between two checks of a key a store wait is polling for: from the first, doubling to the
+#: most. A round's ranks are assigned through such waits (torch's ``_assign_worker_ranks``: every
+#: agent waits for what group rank 0 writes, which it writes once it read every agent's part):
+#: from 10 ms, a rank other than 0 took 0.02 to 0.03 s more than rank 0 to learn its ranks, on
+#: every change, where the key was there a millisecond after its first check.
+STORE_POLL_FIRST_S = 0.002
 STORE_POLL_MAX_S = 0.5
 #: While a round's ranks are assigned, how often a wait on the round's store looks whether a
 #: member left the round (a read of the round's state).
@@ -267,7 +272,7 @@ class BoundedStore:
         import torch.distributed as dist
 
         limit_s = (timeout or self.timeout).total_seconds()
-        end, pause = time.monotonic() + limit_s, 0.01
+        end, pause = time.monotonic() + limit_s, STORE_POLL_FIRST_S
         look_at = time.monotonic() + MEMBER_LOOK_S
         while not self._call(self._ne_store.check, list(keys)):
             if time.monotonic() >= end:
