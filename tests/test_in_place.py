@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -521,17 +522,36 @@ class Gate:
         self.site.mkdir()
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(self.site), os.environ.get("PYTHONPATH")])))
 
-    def hold(self, condition: str) -> None:
+    def hold(self, condition: str, once: Path | None = None) -> None:
+        """Hold the processes ``condition`` picks; with ``once``, the first of them alone (it
+        leaves that file behind)."""
+        if once is not None:
+            condition = f"({condition}) and not os.path.exists({str(once)!r})"
         (self.site / "sitecustomize.py").write_text(
             "import os, time\n"
             f"if {condition}:\n"
-            "    deadline = time.monotonic() + 120\n"
+            + (f"    open({str(once)!r}, 'w').close()\n" if once is not None else "")
+            + "    deadline = time.monotonic() + 120\n"
             f"    while not os.path.exists({str(self.file)!r}) and time.monotonic() < deadline:\n"
             "        time.sleep(0.05)\n"
         )
 
     def open(self) -> None:
         self.file.touch()
+
+
+def one_node_with_cold_workers(tmp_path, monkeypatch, gate_name: str, name: str, nnodes: str):  # noqa: ANN001, ANN201
+    """A gate, workers started cold (each runs the gate's sitecustomize) and a job of one node
+    training, for a test to hold a joiner's worker at its start."""
+    gate = Gate(tmp_path, monkeypatch, gate_name)
+    monkeypatch.setenv(protocol.ENV_WARM_WORKERS, "0")
+    job = ne.launch(TRAIN, nnodes=nnodes, nodes=1, name=name, checkpoint_every=NEVER, user_ns=namespace(total=100_000))
+    try:
+        wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
+    except BaseException:
+        job.stop()
+        raise
+    return gate, job
 
 
 def trains_on_while_the_joiner_is_held(job, gate: Gate, joined, what: str) -> tuple[dict, int]:  # noqa: ANN001
@@ -616,13 +636,8 @@ def test_the_others_train_on_while_a_joiners_workers_start(home, tmp_path, monke
     worker is held at its start by a gate (a sitecustomize in a cold-started worker of rank 1
     alone): the survivor trains 20 steps past the round that took the joiner in, without
     regrouping; the gate opens; the job trains at 2 in place, the survivor's process kept."""
-    gate = Gate(tmp_path, monkeypatch, "worker-gate")
-    monkeypatch.setenv(protocol.ENV_WARM_WORKERS, "0")  # workers start cold: each runs sitecustomize
-    job = ne.launch(
-        TRAIN, nnodes="1:2", nodes=1, name="trainon", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
-    )
+    gate, job = one_node_with_cold_workers(tmp_path, monkeypatch, "worker-gate", "trainon", "1:2")
     try:
-        wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
         gate.hold("os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ")  # the joiner's worker alone
         up, joined_at = trains_on_while_the_joiner_is_held(
             job,
@@ -848,22 +863,12 @@ def test_a_joiner_restarted_by_the_next_change_does_not_hold_the_others(home, tm
     wait, and the three train together in the next round, the kept node's process kept."""
     from notebook_elastic.agent.inplace import FRESH_READY_WAIT_S
 
-    gate = Gate(tmp_path, monkeypatch, "joiner-gate")
-    monkeypatch.setenv(protocol.ENV_WARM_WORKERS, "0")  # workers start cold: each runs sitecustomize
-    job = ne.launch(
-        TRAIN, nnodes="1:3", nodes=1, name="restarted", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
-    )
+    gate, job = one_node_with_cold_workers(tmp_path, monkeypatch, "joiner-gate", "restarted", "1:3")
     try:
-        wait_for(training_at(job, 1, 5), "one node training", job=job, give_up_when_finished=True)
         kept = pids_of(job, "node-0")
         held = tmp_path / "held"
         # The first worker of rank 1 alone (the joiner's): held until the test ends.
-        gate.hold(f"os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ and not os.path.exists({str(held)!r})")
-        (gate.site / "sitecustomize.py").write_text(
-            (gate.site / "sitecustomize.py")
-            .read_text()
-            .replace("    deadline", f"    open({str(held)!r}, 'w').close()\n    deadline", 1)
-        )
+        gate.hold("os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ", once=held)
         job.scale(2)
         wait_for(held.exists, "the joiner's worker held at its start", job=job, give_up_when_finished=True)
         time.sleep(0.5)  # node-0 waits for it, training on
