@@ -874,7 +874,7 @@ def test_a_node_the_others_went_on_without_tells_its_workers_and_joins_again(sto
         pcontext = SimpleNamespace(pids=lambda: {0: worker.pid})
         watch.agent = SimpleNamespace(get_worker_group=lambda: healthy, _pcontext=pcontext)
         watch.round, watch.members, watch.latest = round_, members, (round_, members)
-        watch.handler, watch.store = h1, torch_adapter.rendezvous_store(h1)
+        watch.handler = h1
         watch._check()
         assert told == [] and worker.poll() is None  # in the round, with both members
         h1._stop_heartbeats()  # node 1 stops: its heartbeat expires (1 s x 3)

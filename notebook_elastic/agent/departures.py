@@ -67,7 +67,6 @@ class DepartureWatch:
         self.members: frozenset[Any] = frozenset()
         self.latest: tuple[int | None, frozenset[Any]] = (None, frozenset())  # the latest round joined
         self.killed_round: int | None = None  # the round whose workers the watch ended
-        self.store: Any = None  # the store of the round joined last
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self._look = threading.Event()  # look now, not at the next interval (look_now)
@@ -78,10 +77,8 @@ class DepartureWatch:
             self.round = None
 
     def joined(self, handler: Any, round_: int | None, members: frozenset[Any]) -> None:
-        store = torch_adapter.rendezvous_store(handler)
         with self.lock:
             self.handler, self.round, self.members = handler, round_, members
-            self.store = store  # the store the round was formed on (a replacement is another)
             self.latest = (round_, members)
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="notebook-elastic-departures", daemon=True)
@@ -126,10 +123,7 @@ class DepartureWatch:
             # abort reaches (an adversary's pass: the others, regrouped with this node, waited
             # that long for it, 3 runs of 19). They start again and take the live values from
             # the others, which keep theirs; the node joins the next round.
-            # A new, empty store (a store pod replaced) lists nobody's old round either: its
-            # agents regroup on it their own way (store_link), never ended here.
-            replaced = torch_adapter.rendezvous_store(handler) is not self.store
-            me = None if term.told_to_stop() or replaced else torch_adapter.left_out(handler)
+            me = None if term.told_to_stop() else torch_adapter.left_out(handler)
             gone = [] if me is None else [me]
         if not gone:
             return
