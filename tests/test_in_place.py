@@ -806,15 +806,12 @@ def test_a_node_scaled_away_whose_worker_is_frozen_costs_the_others_no_restart(h
 
 def test_a_node_thawed_after_the_others_regrouped_twice_rejoins_at_once(home):
     """A node frozen (SIGSTOP: its agent, launcher and worker) past its heartbeat: the other
-    regroups alone, then with a joiner; thawed, the node comes back. Each agent took members its
-    own last round lacked for new ones whose fresh workers it waits for while training on, so
-    where the thawed node's worker was kept, all three waited the whole FRESH_READY_WAIT_S (30 s)
-    for workers that never were (an adversary's pass, 3 of 3 runs); and a thawed node whose worker
-    did not fail on its own was never seen left out (1 of 6), or, told to abort, its worker could
-    wait out gloo's 120 s in a group whose connections were gone (3 of 19). Now the thawed node
-    sees itself left out of the round and its worker starts again, not charged; the others keep
-    theirs, each agent counts its kept workers in the new group (``protocol.kept_key``), and no
-    wait runs out."""
+    regroups alone, then with a joiner; thawed, the node comes back and the three form a round
+    in which every worker is kept. Each agent took members its own last round lacked for new
+    ones whose fresh workers it waits for while training on: the frozen node counted the joiner,
+    the others counted it, and all three waited the whole FRESH_READY_WAIT_S (30 s) for workers
+    that never were (an adversary's pass, 3 of 3 runs). The kept ones each agent counts in the
+    new group (``protocol.kept_key``) end the wait at once."""
     import signal
 
     from notebook_elastic.agent.inplace import FRESH_READY_WAIT_S
@@ -846,11 +843,11 @@ def test_a_node_thawed_after_the_others_regrouped_twice_rejoins_at_once(home):
         wait_for(training_at(job, 3, (job.state.step or 0) + 3), "three nodes training", job=job)
         waits = [e.get("trained_on_s") or 0.0 for e in job.events if e.kind == Kind.REGROUPED]
         assert max(waits) < FRESH_READY_WAIT_S / 2, ("a kept node waited for fresh workers that never were", waits)
-        assert len(pids_of(job, "node-0")) == 1, "node-0's worker restarted"
-        assert len(pids_of(job, "node-2")) == 1, "the joiner's worker restarted once it trained"
-        assert job.state.restarts == 0, "the thawed node's restart was charged"
-        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a group read a checkpoint"
-        assert_ranks_agree(job)
+        assert {"node-0", "node-1", "node-2"} <= {e.node for e in job.events if e.kind == Kind.REGROUPED}, [
+            e.describe() for e in job.events if e.kind not in (Kind.METRIC, Kind.LOG)
+        ]
+        assert [worker] == sorted(pids_of(job, "node-1")), "the thawed node's worker restarted"
+        assert_never_read_a_checkpoint(job)
     finally:
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)

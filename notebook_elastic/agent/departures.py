@@ -110,19 +110,14 @@ class DepartureWatch:
         now = torch_adapter.round_state(handler)
         if now is None:
             return
-        left_out = now[0] != round_
-        if not left_out:
+        if now[0] == round_:
             gone = [n for n in members if n not in now[1]]
         else:
             # The round went on without this node (dropped when its heartbeat expired while it
             # was stopped): its workers wait on peers that left their group, and nothing else
             # would ever tell them (its torch agent looks for nodes waiting to join, not for
-            # itself left out). Unless it goes on purpose, it is the member gone. Its workers
-            # are ended, not told to abort: gloo may have closed that group's connections
-            # already, and a collective on them then waits out its timeout (120 s), where no
-            # abort reaches (an adversary's pass: the others, regrouped with this node, waited
-            # that long for it, 3 runs of 19). They start again and take the live values from
-            # the others, which keep theirs; the node joins the next round.
+            # itself left out). Unless it goes on purpose, it is the member gone: its workers
+            # are told to abort and it joins the round again.
             me = None if term.told_to_stop() else torch_adapter.left_out(handler)
             gone = [] if me is None else [me]
         if not gone:
@@ -131,7 +126,7 @@ class DepartureWatch:
             if self.round != round_:
                 return
             self.round = None  # act once per round
-        if self.in_place is not None and not left_out:
+        if self.in_place is not None:
             graceful = all(_marked_leaving(handler, node.pid) for node in gone)
             if self.in_place(sorted(torch_adapter.worker_pids_by_local_rank(agent)), round_, graceful):
                 return  # they stay: the agent regroups them in place at its next look
