@@ -15,7 +15,6 @@ from typing import Any
 from ..contract import protocol
 from ..contract.event_types import Kind, PeerLost
 from ..plumbing import log as _logging
-from ..runtime import term
 from ..runtime._emit import emit
 from . import torch_adapter
 
@@ -71,11 +70,6 @@ class DepartureWatch:
         self.thread: threading.Thread | None = None
         self._look = threading.Event()  # look now, not at the next interval (look_now)
 
-    def joining(self) -> None:
-        """This node joins a round now: nothing to watch until it has (``joined``)."""
-        with self.lock:
-            self.round = None
-
     def joined(self, handler: Any, round_: int | None, members: frozenset[Any]) -> None:
         with self.lock:
             self.handler, self.round, self.members = handler, round_, members
@@ -108,18 +102,9 @@ class DepartureWatch:
         if not torch_adapter.group_is_healthy(agent):
             return
         now = torch_adapter.round_state(handler)
-        if now is None:
+        if now is None or now[0] != round_:
             return
-        if now[0] == round_:
-            gone = [n for n in members if n not in now[1]]
-        else:
-            # The round went on without this node (dropped when its heartbeat expired while it
-            # was stopped): its workers wait on peers that left their group, and nothing else
-            # would ever tell them (its torch agent looks for nodes waiting to join, not for
-            # itself left out). Unless it goes on purpose, it is the member gone: its workers
-            # are told to abort and it joins the round again.
-            me = None if term.told_to_stop() else torch_adapter.left_out(handler)
-            gone = [] if me is None else [me]
+        gone = [n for n in members if n not in now[1]]
         if not gone:
             return
         with self.lock:

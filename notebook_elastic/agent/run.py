@@ -303,7 +303,6 @@ def _hook_rendezvous() -> None:
 
     def before(handler: Any) -> None:
         term.land_stop()  # told to stop (and swallowed): it goes now, before it joins
-        _watch.joining()
         _joining.before_joining(handler)
 
     rounds.hook_next_rendezvous(_rendezvous, after, before=before)
