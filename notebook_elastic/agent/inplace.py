@@ -337,9 +337,10 @@ class InPlace:
         still in the new group. Bounded, and cut short by anything else that needs a regroup
         (a departure meanwhile: the old group is broken or goes; the new round changed once
         complete, its ``changes_key`` counter moved: a node waits to join it, or a member went,
-        so a joiner's fresh workers may be restarted before they count). ``expected`` is this agent's guess (members its own last round lacked): where
-        every member's workers are kept after all (a node thawed after the others regrouped
-        twice counts them new, they count it new), the kept ones its peers count in
+        so a joiner's fresh workers may be restarted before they count). ``expected`` is this
+        agent's guess (members its own last round lacked): where every member's workers are
+        kept after all (a node thawed after the others regrouped twice counts them new, they
+        count it new), the kept ones its peers count in
         (``protocol.kept_key``) with the fresh ones up make the group's ``nodes`` x ``workers``.
         The seconds waited."""
         store = self._store
