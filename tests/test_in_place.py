@@ -854,6 +854,69 @@ def test_a_node_thawed_after_the_others_regrouped_twice_rejoins_at_once(home):
         job.stop()
 
 
+def test_a_node_left_out_whose_worker_never_saw_it_joins_again_uncharged(home):
+    """A node frozen past its heartbeat and the other gone on alone: thawed, where its worker
+    never sees its group broken (here: still stopped; an adversary's pass saw it in 1 run of 6,
+    waiting in the old group's collective on peers' sockets that stayed open), nothing told the
+    node it was left out (torch's agent looks for nodes waiting to join, never for itself out),
+    and the job stayed at one node for good. The agent now sees itself left out of the others'
+    round (``departures.left_out``) and restarts its workers, uncharged and saying why; they join
+    the others, which keep their processes and take them in place, and take the live values."""
+    import signal
+
+    from notebook_elastic.agent.departures import LEFT_OUT_GRACE_S
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nodes=2,
+        name="leftout",
+        max_restarts=0,
+        checkpoint_every=NEVER,
+        user_ns=namespace(total=100_000),
+    )
+    frozen: list[int] = []
+    try:
+        wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
+        kept = pids_of(job, "node-0")
+        agent = next(e.get("pid") for e in reversed(job.events) if e.kind == Kind.AGENT_STARTED and e.node == "node-1")
+        [worker] = pids_of(job, "node-1")
+        frozen = [agent, *(p.pid for p in psutil.Process(agent).children(recursive=True)), worker]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        step = job.state.step or 0
+        wait_for(training_at(job, 1, step + 3), "node-0 training alone", job=job, give_up_when_finished=True)
+        for pid in frozen:
+            if pid != worker:
+                os.kill(pid, signal.SIGCONT)  # the node is back; its worker is not (yet)
+        thawed = time.monotonic()
+        wait_for(
+            lambda: any(e.kind == Kind.RESTART and e.node == "node-1" for e in job.events),
+            "the left-out node restarting its workers",
+            job=job,
+            give_up_when_finished=True,
+            timeout=LEFT_OUT_GRACE_S + 60,
+        )
+        took_s = time.monotonic() - thawed
+        os.kill(worker, signal.SIGCONT)  # it goes now (stopped, it took torch's SIGTERM in)
+        frozen = []
+        wait_for(training_at(job, 2, (job.state.step or 0) + 3), "two nodes training again", job=job)
+        assert took_s >= LEFT_OUT_GRACE_S - 1, (
+            f"restarted {took_s:.1f} s after the thaw: its workers had no time to regroup first"
+        )
+        assert pids_of(job, "node-0") == kept, "node-0's worker restarted"
+        assert len(pids_of(job, "node-1")) == 2, "the left-out node's worker did not start again"
+        assert job.state.restarts == 0 and job.status == "running", "the left-out node's restart was charged"
+        refused = [e.get("reason") or "" for e in job.events if e.kind == Kind.IN_PLACE_REFUSED and e.node == "node-1"]
+        assert any("dropped from the round" in why for why in refused), refused
+        assert not [e for e in job.events if e.kind == Kind.RESUMED], "a group read a checkpoint"
+        assert_ranks_agree(job)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        job.stop()
+
+
 def test_a_joiner_restarted_by_the_next_change_does_not_hold_the_others(home, tmp_path, monkeypatch):
     """A scale-up whose joiner's worker is still starting (held at its start by a gate) when a
     second node asks to join: the joiner's agent restarts that worker for the next round, so it

@@ -829,3 +829,72 @@ def test_an_nccl_group_whose_abort_fails_makes_its_worker_restart_and_say_why(mo
     machinery.group.abort()
     assert machinery.continues_after(MembershipChange(), peer_lost=False) is None
     assert said == [(False, "the NCCL group could not be aborted (its collectives end at its timeout)")]
+
+
+def test_a_node_the_others_went_on_without_sees_itself_left_out(store):
+    """A node stopped past its heartbeat (SIGSTOP, a host cut off and back) is dropped from its
+    round and the others go on in a round of their own. Thawed, its agent saw nothing: torch's
+    looks for nodes waiting to join, never for itself left out, and the departure watch looked
+    only at a round it was in. The watch now sees the node in none of the round's lists; once
+    that has lasted ``grace_s`` (its workers had that long to regroup in place on their own), the
+    agent restarts them, once. Not on a store that replaced the round's (it lists nobody's old
+    round: its agents regroup on it their own way), and not while the node joins a round."""
+    from types import SimpleNamespace
+
+    from notebook_elastic.agent.departures import DepartureWatch
+
+    if not KEEP_ALIVE_SET:
+        pytest.skip("torch 2.4 fixes the heartbeat at 5 s x 3: dropping a node takes 15 s")
+    host, port = "127.0.0.1", store.port
+    handlers: dict[int, object] = {}
+
+    def join(i: int) -> None:
+        client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
+        handler = handler_on(client, "left-out", nodes=(1, 2), last_call_s=1).torch_handler
+        handlers[i] = handler
+        handler.next_rendezvous()
+
+    joining = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(2)]
+    for node in joining:
+        node.start()
+    for node in joining:
+        node.join(timeout=120)
+    h0, h1 = handlers[0], handlers[1]
+    told: list[tuple] = []
+    watch = DepartureWatch(in_place=lambda ranks, round_, graceful: told.append((ranks, round_, graceful)) or True)
+    try:
+        round_, members = torch_adapter.round_state(h1)
+        assert len(members) == 2
+        healthy = SimpleNamespace(state=SimpleNamespace(name="HEALTHY"))
+        watch.agent = SimpleNamespace(get_worker_group=lambda: healthy, _pcontext=SimpleNamespace(pids=dict))
+
+        def joined() -> None:  # as watch.joined, without its thread: each look is the test's
+            watch.handler, watch.round, watch.members, watch.latest = h1, round_, members, (round_, members)
+            watch.store, watch.left_out_since = torch_adapter.rendezvous_store(h1), None
+
+        joined()
+        watch._check()
+        assert told == [] and not watch.left_out(grace_s=0)  # in the round, with both members
+        h1._stop_heartbeats()  # node 1 stops: its heartbeat expires (1 s x 3)
+        time.sleep(3.5)
+        h0.next_rendezvous()  # node 0 goes on without it, alone in the next round
+        now = torch_adapter.round_state(h1)
+        assert now is not None and now[0] > round_ and torch_adapter.left_out(h1) is not None
+        watch._check()
+        assert told == []  # not a member gone from its round: this node is the one out
+        assert not watch.left_out(grace_s=60)  # its workers have time to regroup on their own
+        assert watch.left_out(grace_s=0)  # then the agent restarts them ...
+        watch._check()
+        assert not watch.left_out(grace_s=0)  # ... once
+        # A node that joins a round is not left out meanwhile; nor is one on a replaced store.
+        joined()
+        watch.joining()
+        watch._check()
+        assert not watch.left_out(grace_s=0)
+        joined()
+        watch.store = object()  # the round was joined on another store than the handler's now
+        watch._check()
+        assert not watch.left_out(grace_s=0)
+    finally:
+        for handler in (h0, h1):
+            handler._stop_heartbeats()  # no keep-alive thread outlives the test's store

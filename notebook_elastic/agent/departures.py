@@ -15,6 +15,7 @@ from typing import Any
 from ..contract import protocol
 from ..contract.event_types import Kind, PeerLost
 from ..plumbing import log as _logging
+from ..runtime import term
 from ..runtime._emit import emit
 from . import torch_adapter
 
@@ -29,6 +30,10 @@ def node_name() -> str:
 #: (a local job: ``ENV_RDZV_POLL_S``), as often, at most ten times a second; on a cluster, where
 #: a thousand agents share the store, twice a second.
 WATCH_INTERVAL_S = 0.5
+#: How long this node may stay left out of the round the others went on to (dropped while it was
+#: stopped, and back) before its workers restart to join again (``left_out``): long enough for
+#: its workers to see their group broken and regroup in place first, as they mostly do.
+LEFT_OUT_GRACE_S = 5.0
 
 
 def watch_interval_s() -> float:
@@ -66,14 +71,22 @@ class DepartureWatch:
         self.members: frozenset[Any] = frozenset()
         self.latest: tuple[int | None, frozenset[Any]] = (None, frozenset())  # the latest round joined
         self.killed_round: int | None = None  # the round whose workers the watch ended
+        self.store: Any = None  # the store of the round joined last (a replacement is another)
+        self.left_out_since: float | None = None  # since when the others went on without this node
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self._look = threading.Event()  # look now, not at the next interval (look_now)
 
+    def joining(self) -> None:
+        """This node joins a round now: nothing to watch until it has (``joined``)."""
+        with self.lock:
+            self.round, self.left_out_since = None, None
+
     def joined(self, handler: Any, round_: int | None, members: frozenset[Any]) -> None:
+        store = torch_adapter.rendezvous_store(handler)
         with self.lock:
             self.handler, self.round, self.members = handler, round_, members
-            self.latest = (round_, members)
+            self.latest, self.store, self.left_out_since = (round_, members), store, None
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="notebook-elastic-departures", daemon=True)
             self.thread.start()
@@ -102,7 +115,10 @@ class DepartureWatch:
         if not torch_adapter.group_is_healthy(agent):
             return
         now = torch_adapter.round_state(handler)
-        if now is None or now[0] != round_:
+        if now is None:
+            return
+        if now[0] != round_:
+            self._seen_left_out(handler, round_)
             return
         gone = [n for n in members if n not in now[1]]
         if not gone:
@@ -128,6 +144,38 @@ class DepartureWatch:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+    def _seen_left_out(self, handler: Any, round_: int) -> None:
+        """The store's round is past ``round_``: note since when this node is in none of its lists
+        (dropped when its heartbeat expired while it was stopped, and the others went on). Not on
+        a new store (a store pod replaced: it lists nobody's old round, and its agents regroup on
+        it their own way, store_link), nor for a node told to stop."""
+        replaced = torch_adapter.rendezvous_store(handler) is not self.store
+        out = not replaced and not term.told_to_stop() and torch_adapter.left_out(handler) is not None
+        with self.lock:
+            if self.round != round_:
+                return
+            if not out:
+                self.left_out_since = None
+            elif self.left_out_since is None:
+                self.left_out_since = time.monotonic()
+
+    def left_out(self, grace_s: float = LEFT_OUT_GRACE_S) -> bool:
+        """Whether this node's workers restart now to join again: the others went on without
+        this node ``grace_s`` ago and its workers have not regrouped since (those whose peers'
+        sockets closed see their group broken and regroup in place; one whose peers' sockets
+        stayed open waits in the old group's collective for good: an adversary's pass, 1 run of
+        6, the job at 3 nodes of 4 until stopped). An abort may not reach that collective (gloo
+        may have closed the group's connections, and it waits out its timeout, 120 s: 3 runs of
+        19), so the agent restarts them, uncharged, from its monitor (one path: no kill racing
+        a failure of their own); they take the live values from the others, which keep theirs.
+        Once per round."""
+        with self.lock:
+            since = self.left_out_since
+            if since is None or time.monotonic() - since < grace_s:
+                return False
+            self.round, self.left_out_since = None, None
+        return True
 
     def round_lost_a_member(self, grace_s: float) -> bool:
         """Whether a member of the round these workers were formed in is gone (left, or its

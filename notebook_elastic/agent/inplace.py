@@ -49,6 +49,8 @@ from .fatal import STORE_CALL_S, FatalEnd
 
 _log = _logging.get("agent.inplace")
 
+#: Why a healthy group regroups when the others went on without this node: its workers restart.
+LEFT_OUT = "left_out"
 #: How long a node that goes waits for its workers to leave at a step boundary (within the
 #: supervisor's stop grace, 10 s) before it tells them to abort (a step longer than this costs
 #: the survivors that step, redone).
@@ -405,6 +407,14 @@ class InPlace:
         if said is not None:
             self._refused(said, round_)
 
+    def left_out(self, round_: int | None) -> None:
+        """This node's workers restart: the others went on without it (``departures.left_out``)."""
+        self._refused(
+            "this node was dropped from the round while it was stopped or cut off, and the others went"
+            " on: its workers start again and take the live values from them",
+            -1 if round_ is None else round_,
+        )
+
     def _refused(self, why: str, round_: int) -> None:
         """Said once per round: this node's workers restart, and why (not for workers that never
         trained: still starting, there was nothing to keep)."""
@@ -447,8 +457,8 @@ class InPlace:
         done) when they cannot all stay."""
         links = self.links
         local_ranks = sorted(pids_by_local_rank)
-        if links is None or not local_ranks:
-            return False
+        if links is None or not local_ranks or reason == LEFT_OUT:
+            return False  # left out: its workers wait in a group the others left (departures.left_out)
         why = links.why_not(local_ranks)
         if why is not None:
             self._refused(why, int(os.environ.get(protocol.ENV_ROUND, -1)))

@@ -67,7 +67,7 @@ from . import change_watch, notebook_agent, notice_keeper, rounds, store_link, t
 from .departures import DepartureWatch
 from .departures import node_name as _node_name
 from .fatal import FatalEnd, failure_message
-from .inplace import InPlace
+from .inplace import LEFT_OUT, InPlace
 from .joiner import Joining
 
 _log = log.get("agent")
@@ -191,6 +191,8 @@ def _hook_agent() -> None:
             _store.seeded = seeded
             return "store"
         why = _inplace.regroup_now()
+        if why is None and _watch.left_out():
+            why = LEFT_OUT  # the others went on without this node: its workers restart to join again
         if why is not None and _fatal.peer_gave_up():
             return None  # the member that went ends the job: its workers fail here too, or it stops them
         return why
@@ -203,6 +205,9 @@ def _hook_agent() -> None:
             return
         if why == "store":
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="store_replaced", round=_store.seeded))
+        elif why == LEFT_OUT:
+            _inplace.left_out(_watch.latest[0])
+            emit(Kind.RESTART, node=_node_name(), **Restart(reason="membership_change", round=_watch.latest[0]))
         elif why in ("lost", "left"):
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="departure", round=_watch.latest[0]))
         else:
@@ -303,6 +308,7 @@ def _hook_rendezvous() -> None:
 
     def before(handler: Any) -> None:
         term.land_stop()  # told to stop (and swallowed): it goes now, before it joins
+        _watch.joining()
         _joining.before_joining(handler)
 
     rounds.hook_next_rendezvous(_rendezvous, after, before=before)

@@ -232,6 +232,19 @@ def round_state(handler: Any) -> tuple[int, frozenset[Any]] | None:
         return None
 
 
+def left_out(handler: Any) -> Any:
+    """This node, where the round the store had at the last ``round_state`` lists it neither as
+    a participant nor as waiting (its heartbeat expired while it was stopped, and the others went
+    on without it); else None (and where this torch does not say)."""
+    try:
+        with handler._heartbeat_lock:
+            state = handler._state_holder.state
+            me = handler._this_node
+        return None if me in state.participants or me in state.wait_list else me
+    except AttributeError:
+        return None
+
+
 def joined_round(handler: Any) -> tuple[int | None, dict[Any, int]]:
     """``(round, {node: group rank})`` the handler just joined, from its local copy."""
     state = getattr(getattr(handler, "_state_holder", None), "state", None)
