@@ -146,3 +146,60 @@ def test_a_socket_closed_while_a_group_forms_and_its_number_taken_again_is_a_new
         assert [fd for fd, _name in opened] == [number], opened
     finally:
         new.close()
+
+
+def test_the_survivors_of_a_broken_group_choose_one_saver_in_the_store(store, monkeypatch):
+    """A stop while the survivors of a lost node are between groups: one of them saves the
+    values all of them hold (the group's writer, rank 0, may be the member lost). The first to
+    claim the group's ``saver_key`` in the rendezvous store is that one (torch's own TCPStore
+    here); asked again, it is still chosen and the others are not. Where the store cannot be
+    reached, the writer saves, as before."""
+    from notebook_elastic.runtime import inplace as runtime_inplace
+    from notebook_elastic.runtime.handoff import Handoff
+    from notebook_elastic.runtime.inplace import Assignment, InPlace, claim
+
+    at, key = f"127.0.0.1:{store.port}", protocol.saver_key("notebook_elastic/group/test/0/3")
+    assert claim(at, key, "2") and claim(at, key, "2")
+    assert not claim(at, key, "1") and not claim(at, key, "0")
+
+    def survivor(rank: int, store_at: str) -> InPlace:
+        inplace = InPlace()
+        inplace.ended = Assignment(
+            round=3, epoch=0, rank=rank, world_size=3, local_rank=0, local_world_size=1, group_rank=rank,
+            group_world_size=3, role_rank=rank, role_world_size=3, store=store_at,
+            prefix="notebook_elastic/group/test/0/4", reason="joined",
+        )  # fmt: skip
+        return inplace
+
+    saved: list[int] = []
+
+    def handoff(rank: int, writes: bool) -> Handoff:
+        return Handoff({}, {}, 7, 7, 0, {}, save=lambda h: saved.append(rank), writes=writes)
+
+    for rank in (1, 2):  # rank 0, the writer, was lost
+        monkeypatch.setenv("RANK", str(rank))
+        handoff(rank, False).save_if_writer()
+        handoff(rank, False).save_if_chosen(survivor(rank, at).chosen_to_save)
+    assert saved == [1]
+    monkeypatch.setattr(runtime_inplace, "CLAIM_S", 0.5)
+    with socket_nobody_serves() as nowhere:
+        for rank in (0, 1):
+            monkeypatch.setenv("RANK", str(rank))
+            assert survivor(rank, nowhere).chosen_to_save() == (rank == 0)
+
+
+def socket_nobody_serves():  # noqa: ANN201
+    """An address where nothing listens (a port bound, never listened on), for the test's life."""
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def bound():
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        try:
+            yield f"127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            sock.close()
+
+    return bound()

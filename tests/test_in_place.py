@@ -8,6 +8,7 @@ survivor knows after a change it kept in memory, or took from a live peer, never
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -509,6 +510,50 @@ def test_a_stop_while_the_others_make_their_next_state_saves_the_values_they_han
         gate.touch()
         if job is not None:
             job.stop()
+
+
+def test_a_stop_while_the_survivors_regroup_after_rank_0_was_lost_saves_their_step(home):
+    """A stop that comes while the survivors of a lost node are between groups (here: node-1's
+    agent stopped as node-0, rank 0's node, dies, so the survivor waits for its next group; on a
+    loaded cluster the window is a round's forming): no group to save at, and the values the
+    survivor holds were the group's writer's to save, which was lost: the stop saved nothing,
+    and a job that never saved trained every step again at its resume. The first survivor to
+    claim the save in the rendezvous store (``InPlace.chosen_to_save``) saves the step the group
+    committed last."""
+    import signal
+    import threading
+
+    from notebook_elastic.runtime.checkpoints import list_checkpoints
+
+    job = ne.launch(
+        TRAIN, nnodes="1:2", nodes=2, name="lost-writer", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
+    )
+    frozen: list[int] = []
+    try:
+        wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
+        [writer] = {e.node for e in job.events if e.kind == Kind.WORKER_STARTED and e.get("rank") == 0}
+        [survivor] = {"node-0", "node-1"} - {writer}
+        agents = {e.node: e.get("pid") for e in job.events if e.kind == Kind.AGENT_STARTED}
+        os.kill(agents[survivor], signal.SIGSTOP)  # it cannot regroup: its worker waits between groups
+        frozen = [agents[survivor]]
+        reached = job.state.step or 0
+        lost = psutil.Process(agents[writer])  # node-0 dies: its agent, launcher and workers
+        for pid in [*(p.pid for p in lost.children(recursive=True)), lost.pid, *pids_of(job, writer)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)  # the survivor's collective broke: it waits for its agent's next group
+        stopping = threading.Thread(target=job.stop, daemon=True)
+        stopping.start()
+        time.sleep(0.5)  # the stop's SIGTERM waits in the stopped agent
+        os.kill(frozen.pop(), signal.SIGCONT)
+        stopping.join(120)
+        assert job.finished, job.summary()
+        saved = [step for _g, step, _p in list_checkpoints(LocalBackend().folder("lost-writer").checkpoints)]
+        assert saved and max(saved) >= reached, (saved, reached, [e.describe() for e in job.events[-15:]])
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        job.stop()
 
 
 class Gate:

@@ -113,7 +113,7 @@ INTERNALS = {
     "DynamicRendezvousHandler._stop_heartbeats": "a stopped node is noticed when its heartbeat expires",
     "DynamicRendezvousHandler._this_node": (
         "a round waits last_call_timeout past the nodes the job runs; a node that died is dropped when its "
-        "heartbeat expires"
+        "heartbeat expires; a node dropped while stopped, whose workers never see their group broken, stays out"
     ),
     "DynamicRendezvousHandler._op_executor": "a stopped node is noticed when its heartbeat expires",
     "dynamic_rendezvous._RendezvousExitOp": "a stopped node is noticed when its heartbeat expires",

@@ -199,6 +199,14 @@ def kept_key(group_prefix_: str) -> str:
     return f"{group_prefix_}/kept"
 
 
+def saver_key(group_prefix_: str) -> str:
+    """Claimed (``compare_set`` from empty, to the claimant's rank) by the first survivor of a
+    group that broke as its nodes were told to go (a stop while they regrouped after a loss):
+    that one saves the values every survivor holds, whether or not the group's writer (rank 0)
+    survived (runtime/inplace.py ``chosen_to_save``)."""
+    return f"{group_prefix_}/saver"
+
+
 def all_ready_key(group_prefix_: str) -> str:
     """Set once every member of a group counted itself in ``ready_key``."""
     return f"{group_prefix_}/all_ready"

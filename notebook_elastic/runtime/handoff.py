@@ -26,9 +26,12 @@ class Handoff:
     reached: int  # the step after the one in flight when the change came (next_step at a boundary)
     samples_seen: int
     rng: dict[str, Any]
-    # Saves it (on the rank that writes for the group that ended): its node goes before any
-    # next State took it (runtime/writer.py save_handed_on).
+    # Saves it (runtime/writer.py save_handed_on): its node goes before any next State took
+    # it; on the rank that writes for the group that ended (``writes``), or, where the group broke
+    # and its writer may be the one lost, on the survivor chosen (``save_if_chosen``). None where
+    # the values are sharded (no rank holds them all).
     save: Callable[[Handoff], None] | None = None
+    writes: bool = False  # this rank wrote for the group that ended
     # Why these values are no step's (``Updates.partly``): the group broke between two of a
     # step's optimizer updates. Neither kept nor saved: the workers restart from the last save.
     partly: str | None = None
@@ -36,7 +39,14 @@ class Handoff:
 
     def save_if_writer(self) -> None:
         """Save it, on the rank that writes for the group that ended (elsewhere nothing)."""
-        if self.save is not None and self.partly is None:
+        if self.save is not None and self.partly is None and self.writes:
+            self.save(self)
+
+    def save_if_chosen(self, chosen: Callable[[], bool]) -> None:
+        """Save it where ``chosen()`` picks this rank: one survivor of a group that broke as its
+        nodes went, whether or not the group's writer was the member lost (every survivor holds
+        the same values: the step in flight did not apply anywhere)."""
+        if self.save is not None and self.partly is None and chosen():
             self.save(self)
 
 

@@ -260,6 +260,7 @@ class InPlace:
         self.switch: Switch | None = None  # the change under way, until the new State trains
         self.incapable: str | None = None  # why this worker cannot stay (said to the agent)
         self.state: Any = None  # the State of the body running now (it registers itself)
+        self.ended: Assignment | None = None  # the group that broke last (closed), for its survivors' save
 
     def start(self) -> None:
         self.link = Link.connect()
@@ -351,6 +352,7 @@ class InPlace:
         current = self.group.assignment
         after = current.round if current is not None else None
         backend = self.group.backend or (dist.get_backend() if dist.is_initialized() else "gloo")
+        self.ended = current
         self.group.close()
         timeout_s = float(os.environ.get(protocol.ENV_COLLECTIVE_TIMEOUT_S, 120))
         deadline = time.monotonic() + ASSIGNMENT_WAIT_S
@@ -383,6 +385,39 @@ class InPlace:
     @property
     def leaving(self) -> bool:
         return self.link is not None and self.link.leaving
+
+    def chosen_to_save(self) -> bool:
+        """Whether this worker saves for its group that broke as its node goes (a stop while the
+        survivors regrouped after a loss): the first survivor to claim the group's
+        ``protocol.saver_key`` in the rendezvous store, which outlives any node. Every survivor
+        holds the same values, and the group's writer (rank 0) may be the member lost (an
+        adversary's pass: such a stop saved nothing, and the resume trained every step again).
+        Where the store cannot be reached, the writer, as before."""
+        assignment = self.group.assignment or self.ended
+        rank = os.environ.get("RANK", "0")
+        if assignment is None:
+            return rank == "0"
+        try:
+            return claim(assignment.store, protocol.saver_key(assignment.prefix), rank)
+        except Exception:
+            _log.info("could not claim the save of the broken group: its writer saves", exc_info=True)
+            return rank == "0"
+
+
+#: How long a survivor's claim of the save waits for the rendezvous store (``chosen_to_save``).
+CLAIM_S = 5.0
+
+
+def claim(store_at: str, key: str, value: str) -> bool:
+    """Whether ``value`` is the first set at ``key`` in the store at ``store_at`` (this call's
+    or an earlier one's with the same value)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    host, _, port = store_at.rpartition(":")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=CLAIM_S), wait_for_workers=False)
+    return bool(store.compare_set(key, "", value).decode() == value)
 
 
 #: Why a worker whose code sets up its own default group cannot stay (the packager leaves the
