@@ -177,14 +177,13 @@ def test_the_survivors_of_a_broken_group_choose_one_saver_in_the_store(store, mo
         return Handoff({}, {}, 7, 7, 0, {}, save=lambda h: saved.append(rank), writes=writes)
 
     for rank in (1, 2):  # rank 0, the writer, was lost
-        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("RANK", "1")  # a later group's rank (one that did not form): not the claim's
         handoff(rank, False).save_if_writer()
         handoff(rank, False).save_if_chosen(survivor(rank, at).chosen_to_save)
     assert saved == [1]
     monkeypatch.setattr(runtime_inplace, "CLAIM_S", 0.5)
     with socket_nobody_serves() as nowhere:
         for rank in (0, 1):
-            monkeypatch.setenv("RANK", str(rank))
             assert survivor(rank, nowhere).chosen_to_save() == (rank == 0)
 
 

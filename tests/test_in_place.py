@@ -962,6 +962,51 @@ def test_a_node_left_out_whose_worker_never_saw_it_joins_again_uncharged(home):
         job.stop()
 
 
+def test_a_node_alone_in_its_round_that_a_joiner_went_on_without_joins_it_uncharged(home):
+    """The job's one node frozen past its heartbeat as a joiner comes: the joiner forms a round
+    alone and trains a new generation (from the start: nothing was saved). Thawed, the node's
+    worker is fenced by that generation and waited for an assignment its agent never made (its
+    watch and its departure test looked only at rounds of two or more): 120 s at one node, then
+    the failure charged and the node sent away (an adversary's pass, 3 runs of 3). Now the fenced
+    worker does not stay (its values are the older lineage's), the node sees itself left out of
+    the round, and its worker starts again, uncharged, taking the joiner's live values."""
+    import signal
+
+    job = ne.launch(
+        TRAIN,
+        nnodes="1:2",
+        nodes=1,
+        name="alone-out",
+        max_restarts=0,
+        checkpoint_every=NEVER,
+        user_ns=namespace(total=100_000),
+    )
+    frozen: list[int] = []
+    try:
+        wait_for(training_at(job, 1, 8), "one node training", job=job, give_up_when_finished=True)
+        agent = next(e.get("pid") for e in reversed(job.events) if e.kind == Kind.AGENT_STARTED and e.node == "node-0")
+        [worker] = pids_of(job, "node-0")
+        frozen = [agent, *(p.pid for p in psutil.Process(agent).children(recursive=True)), worker]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        job.scale(2)
+        wait_for(lambda: bool(pids_of(job, "node-1")), "the joiner's worker", job=job, give_up_when_finished=True)
+        wait_for(training_at(job, 1, (job.state.step or 0) + 5), "the joiner training alone", job=job)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen = []
+        wait_for(training_at(job, 2, (job.state.step or 0) + 3), "both nodes training", job=job, timeout=90)
+        assert job.state.restarts == 0 and job.status == "running", "the thawed node's restart was charged"
+        assert len(pids_of(job, "node-0")) == 2, "the thawed node's worker did not start again"
+        refused = [e.get("reason") or "" for e in job.events if e.kind == Kind.IN_PLACE_REFUSED and e.node == "node-0"]
+        assert refused, "the thawed node's restart said no why"
+        assert_ranks_agree(job)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        job.stop()
+
+
 def test_a_joiner_restarted_by_the_next_change_does_not_hold_the_others(home, tmp_path, monkeypatch):
     """A scale-up whose joiner's worker is still starting (held at its start by a gate) when a
     second node asks to join: the joiner's agent restarts that worker for the next round, so it

@@ -877,6 +877,8 @@ def test_a_node_the_others_went_on_without_sees_itself_left_out(store):
         assert told == [] and not watch.left_out(grace_s=0)  # in the round, with both members
         h1._stop_heartbeats()  # node 1 stops: its heartbeat expires (1 s x 3)
         time.sleep(3.5)
+        watch._check()  # its own look drops it from the round (torch's sanitize) ...
+        assert told == [] and watch.left_out_since is not None  # ... not a member gone to abort for
         h0.next_rendezvous()  # node 0 goes on without it, alone in the next round
         now = torch_adapter.round_state(h1)
         assert now is not None and now[0] > round_ and torch_adapter.left_out(h1) is not None

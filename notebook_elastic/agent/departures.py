@@ -110,18 +110,23 @@ class DepartureWatch:
     def _check(self) -> None:
         with self.lock:
             handler, round_, members, agent = self.handler, self.round, self.members, self.agent
-        if handler is None or agent is None or round_ is None or len(members) < 2:
+        if handler is None or agent is None or round_ is None or not members:
             return
         if not torch_adapter.group_is_healthy(agent):
             return
         now = torch_adapter.round_state(handler)
         if now is None:
             return
-        if now[0] != round_:
+        # (A node alone in its round too: dropped while stopped, as a joiner went on without it.)
+        if now[0] != round_ or torch_adapter.left_out(handler) is not None:
+            # The round went on, or dropped this node itself (its heartbeat expired while it was
+            # stopped or starved): not a member gone to abort for. Its workers see their group
+            # broken when the others regroup, or it restarts them (``left_out``); an abort from
+            # here may not reach a collective whose connections gloo closed (120 s).
             self._seen_left_out(handler, round_)
             return
         gone = [n for n in members if n not in now[1]]
-        if not gone:
+        if not gone or len(members) < 2:
             return
         with self.lock:
             if self.round != round_:
@@ -182,8 +187,14 @@ class DepartureWatch:
         heartbeat expired), waiting up to ``grace_s`` for a dead peer's heartbeat to expire."""
         handler = self.handler
         round_, members = self.latest
-        if handler is None or round_ is None or len(members) < 2:
-            return False  # alone in the round: no peer could have left
+        if handler is None or round_ is None or not members:
+            return False
+        if len(members) < 2:
+            # Alone in the round: no peer could have left, but the round may have gone on
+            # without this node (dropped while stopped, as a joiner trained on: its worker is
+            # fenced by the joiner's generation), which restarts it uncharged.
+            now = torch_adapter.round_state(handler)
+            return now is not None and now[0] != round_ and torch_adapter.left_out(handler) is not None
         deadline = time.monotonic() + grace_s
         while True:
             now = torch_adapter.round_state(handler)

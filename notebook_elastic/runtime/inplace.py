@@ -323,6 +323,11 @@ class InPlace:
         boundary = isinstance(exc, MembershipChange)
         if not (boundary or peer_lost):
             return None
+        from .worker import StaleGenerationError
+
+        if isinstance(exc, StaleGenerationError):
+            link.say_capable(False, FENCED)  # its values are an older lineage's: never kept nor saved
+            return None
         state = self.state
         # The values a State handed on that no State took yet: the cell's body broke while it
         # made its next State (a peer that went during its collectives). They are the ones to
@@ -394,14 +399,15 @@ class InPlace:
         adversary's pass: such a stop saved nothing, and the resume trained every step again).
         Where the store cannot be reached, the writer, as before."""
         assignment = self.group.assignment or self.ended
-        rank = os.environ.get("RANK", "0")
         if assignment is None:
-            return rank == "0"
+            return os.environ.get("RANK", "0") == "0"
+        # Its rank in that group, and this process: RANK may be a later group's that did not form.
+        me = f"{assignment.rank}@{socket.gethostname()}:{os.getpid()}"
         try:
-            return claim(assignment.store, protocol.saver_key(assignment.prefix), rank)
+            return claim(assignment.store, protocol.saver_key(assignment.prefix), me)
         except Exception:
             _log.info("could not claim the save of the broken group: its writer saves", exc_info=True)
-            return rank == "0"
+            return assignment.rank == 0
 
 
 #: How long a survivor's claim of the save waits for the rendezvous store (``chosen_to_save``).
@@ -419,6 +425,13 @@ def claim(store_at: str, key: str, value: str) -> bool:
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=CLAIM_S), wait_for_workers=False)
     return bool(store.compare_set(key, "", value).decode() == value)
 
+
+#: Why a worker fenced by a newer generation does not stay (a node stopped or cut off while the
+#: others went on, restarted from a save, without it).
+FENCED = (
+    "a newer generation of this job trains (this worker's group was superseded while it was stopped or cut off): "
+    "it starts again and takes the live values"
+)
 
 #: Why a worker whose code sets up its own default group cannot stay (the packager leaves the
 #: group to code it sees call init_process_group: runtime/worker.py run).
