@@ -556,6 +556,40 @@ def test_a_stop_while_the_survivors_regroup_after_rank_0_was_lost_saves_their_st
         job.stop()
 
 
+def test_a_node_scaled_away_whose_workers_were_told_to_abort_saves_nothing(home):
+    """A scale down whose leaving worker is stopped past the step boundary's wait: its agent tells
+    it to abort (at 6 s) and it comes back before the kill (at 8 s), its group broken as its node
+    goes. The survivors go on in place with the values; the leaver saves nothing for them (an
+    adversary's pass: the saver claim let it win a claim no survivor makes, and write a
+    checkpoint of an older step, 2 runs of 2). The group's writer saves there only when all go."""
+    import signal
+
+    job = ne.launch(
+        TRAIN, nnodes="1:3", nodes=3, name="abort-leaver", checkpoint_every=NEVER, user_ns=namespace(total=100_000)
+    )
+    frozen: list[int] = []
+    try:
+        wait_for(training_at(job, 3, 8), "three nodes training", job=job, give_up_when_finished=True)
+        ranks = {e.node: e.get("rank") for e in job.events if e.kind == Kind.WORKER_STARTED}
+        assert ranks.get("node-2") != 0, ranks  # the writer leaving saves as before: not this case
+        frozen = sorted(pids_of(job, "node-2"))
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        job.scale(2)  # node-2 goes: told to leave at once, to abort at 6 s, killed at 8 s
+        time.sleep(7.0)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen = []
+        wait_for(training_at(job, 2, (job.state.step or 0) + 5), "two nodes training", job=job)
+        saves = [e.describe() for e in job.events if e.kind == Kind.CHECKPOINT]
+        assert not saves, saves
+        assert job.state.restarts == 0
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        job.stop()
+
+
 class Gate:
     """A gate that holds the processes a condition picks at their start, until opened: a
     sitecustomize on their PYTHONPATH (written by ``hold``, once the job's first processes

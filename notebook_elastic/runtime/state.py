@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import suppress
 from functools import partial
 from pathlib import Path
@@ -268,14 +268,13 @@ class State:
         finally:
             self._leaving_save = False
 
-    def save_leaving_between_groups(self, broken: bool = False, chosen: Callable[[], bool] | None = None) -> None:
+    def save_leaving_between_groups(self, broken: bool = False) -> None:
         """This State's group ended at a boundary where some nodes left and this rank's stayed,
         and its node was told to go before the next group formed: the lowest staying rank of the
         vote saves the step committed there, alone (no collective; a sharded state cannot, said);
-        ``broken``: the group broke as all went (no vote to save at): the survivor ``chosen()``
-        picks saves (its writer, where not said), if need be."""
-        if (not (chosen() if chosen is not None else self.is_writer) if broken else self._saver != self.info.rank) or (
-            broken and any(s == self.step for _g, s, _p in list_checkpoints(self.folder))  # the chosen alone looks
+        ``broken``: the group broke as all went (no vote to save at): its writer saves, if need be."""
+        if (not self.is_writer if broken else self._saver != self.info.rank) or (
+            broken and any(s == self.step for _g, s, _p in list_checkpoints(self.folder))  # the writer alone looks
         ):
             return
         if self._sharded:

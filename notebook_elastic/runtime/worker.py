@@ -230,13 +230,15 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True, backend: st
             # Its node goes (a scale-down, a preemption): it left the group at a step boundary
             # every rank agreed on (or, stuck past it, was told to abort); nothing is lost here.
             # Where the group broke on the way (a peer gone before the vote that has every rank
-            # save as all go: a stop), one survivor saves the step committed last, alone: the
-            # group's writer may be the member lost (``InPlace.chosen_to_save``). Where no next
-            # State took the values the last one handed on, the rank that wrote for that group
-            # saves them (the cell ran again), or, where the group broke (the survivors were
-            # between groups), again one survivor.
+            # save as all go: a stop), its writer saves the step it committed last, alone (not
+            # any rank: a node scaled away whose workers were told to abort, past the step
+            # boundary, would save for survivors that go on in place). Where no next State took
+            # the values the last one handed on, the rank that wrote for that group saves them
+            # (the cell ran again), or, where the group broke and the survivors were between
+            # groups (a stop as they regrouped after a loss), one survivor: the group's writer
+            # may be the member lost (``InPlace.chosen_to_save``).
             if inplace.state is not None and not isinstance(exc, MembershipChange):
-                inplace.state.save_leaving_between_groups(broken=True, chosen=inplace.chosen_to_save)
+                inplace.state.save_leaving_between_groups(broken=True)
             elif inplace.handoff is not None and isinstance(exc, MembershipChange):
                 inplace.handoff.save_if_writer()
             elif inplace.handoff is not None:
