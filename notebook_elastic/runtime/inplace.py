@@ -323,11 +323,6 @@ class InPlace:
         boundary = isinstance(exc, MembershipChange)
         if not (boundary or peer_lost):
             return None
-        from .worker import StaleGenerationError
-
-        if isinstance(exc, StaleGenerationError):
-            link.say_capable(False, FENCED)  # its values are an older lineage's: never kept nor saved
-            return None
         state = self.state
         # The values a State handed on that no State took yet: the cell's body broke while it
         # made its next State (a peer that went during its collectives). They are the ones to

@@ -284,12 +284,15 @@ def _stays_in_place(inplace: Any, exc: BaseException) -> bool:
     """Whether this worker goes on in a new group after the cell's body ended with ``exc``
     (a change of members at a step boundary, or a peer lost mid-step): the group is rebuilt and
     the body runs again, its State taking the live values (runtime/inplace.py)."""
-    from .inplace import MembershipChange
+    from .inplace import FENCED, MembershipChange
 
     boundary = isinstance(exc, MembershipChange)
     peer_lost = not boundary and caused_by_a_peer(exc)
     if not inplace.active or not (boundary or peer_lost) or inplace.leaving:
         return False  # not a change of members (or its node goes: run() ends it)
+    if isinstance(exc, StaleGenerationError):
+        inplace.link.say_capable(False, FENCED)  # its values are an older lineage's: never kept
+        return False
     _run_finish_hooks()  # the ended State's background save lands; its hooks go with it
     try:
         assignment = inplace.continues_after(exc, peer_lost)
