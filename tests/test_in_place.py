@@ -883,6 +883,19 @@ def test_a_node_scaled_away_whose_worker_is_frozen_costs_the_others_no_restart(h
         job.stop()
 
 
+def freeze_node(job, node: str) -> tuple[int, int, list[int]]:  # noqa: ANN001
+    """Stop ``node`` (SIGSTOP: its agent, the agent's children, its one worker), as a host cut
+    off or a VM paused: ``(agent, worker, every process stopped)``; the caller thaws them."""
+    import signal
+
+    agent = next(e.get("pid") for e in reversed(job.events) if e.kind == Kind.AGENT_STARTED and e.node == node)
+    [worker] = pids_of(job, node)
+    frozen = [agent, *(p.pid for p in psutil.Process(agent).children(recursive=True)), worker]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    return agent, worker, frozen
+
+
 def test_a_node_thawed_after_the_others_regrouped_twice_rejoins_at_once(home):
     """A node frozen (SIGSTOP: its agent, launcher and worker) past its heartbeat: the other
     regroups alone, then with a joiner; thawed, the node comes back and the three form a round
@@ -899,11 +912,7 @@ def test_a_node_thawed_after_the_others_regrouped_twice_rejoins_at_once(home):
     frozen: list[int] = []
     try:
         wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
-        agent = next(e.get("pid") for e in reversed(job.events) if e.kind == Kind.AGENT_STARTED and e.node == "node-1")
-        [worker] = pids_of(job, "node-1")
-        frozen = [agent, *(p.pid for p in psutil.Process(agent).children(recursive=True)), worker]
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        _agent, worker, frozen = freeze_node(job, "node-1")
         step = job.state.step or 0
         wait_for(training_at(job, 1, step + 3), "node-0 training alone", job=job, give_up_when_finished=True)
         job.scale(3)  # a joiner (node-2) while node-1 is frozen: the frozen one still counts
@@ -958,11 +967,7 @@ def test_a_node_left_out_whose_worker_never_saw_it_joins_again_uncharged(home):
     try:
         wait_for(training_at(job, 2, 8), "two nodes training", job=job, give_up_when_finished=True)
         kept = pids_of(job, "node-0")
-        agent = next(e.get("pid") for e in reversed(job.events) if e.kind == Kind.AGENT_STARTED and e.node == "node-1")
-        [worker] = pids_of(job, "node-1")
-        frozen = [agent, *(p.pid for p in psutil.Process(agent).children(recursive=True)), worker]
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        _agent, worker, frozen = freeze_node(job, "node-1")
         step = job.state.step or 0
         wait_for(training_at(job, 1, step + 3), "node-0 training alone", job=job, give_up_when_finished=True)
         for pid in frozen:
@@ -1018,11 +1023,7 @@ def test_a_node_alone_in_its_round_that_a_joiner_went_on_without_joins_it_unchar
     frozen: list[int] = []
     try:
         wait_for(training_at(job, 1, 8), "one node training", job=job, give_up_when_finished=True)
-        agent = next(e.get("pid") for e in reversed(job.events) if e.kind == Kind.AGENT_STARTED and e.node == "node-0")
-        [worker] = pids_of(job, "node-0")
-        frozen = [agent, *(p.pid for p in psutil.Process(agent).children(recursive=True)), worker]
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        _agent, _worker, frozen = freeze_node(job, "node-0")
         job.scale(2)
         wait_for(lambda: bool(pids_of(job, "node-1")), "the joiner's worker", job=job, give_up_when_finished=True)
         wait_for(training_at(job, 1, (job.state.step or 0) + 5), "the joiner training alone", job=job)
