@@ -466,7 +466,9 @@ class Nodes:
 
     def converge(self) -> None:
         """Start or stop agents until as many run as the target says."""
-        if self.course.stopping:
+        if self.course.stopping or self.course.fatal is not None:
+            # A fatal verdict stops the job in this same turn of the loop: the node whose exit
+            # said so (reaped just before, its worker's event not yet folded) is not replaced.
             return
         self.board.publish_target(self.course.membership.target)  # before a new agent asks to join
         # Agents on their way out do not count: counting a preempted node-0 that is still
