@@ -77,6 +77,11 @@ while True:
         before = len(told)
         term.land_stop()
         sys.exit(4 if len(told) > before else 5)
+    if mode == "restart" and told:  # its workers failed: torch stops them to start new ones
+        term.agent_stops_workers(for_good=False)
+        before = len(told)
+        term.land_stop()  # about to join the next round
+        sys.exit(4 if len(told) > before else 5)
     if mode == "after-burst":
         if seen is None and os.path.exists(marker):
             seen = len(told)
@@ -113,6 +118,20 @@ def test_a_stop_swallowed_meanwhile_lands_before_the_agent_joins_or_starts_worke
     try:
         os.kill(agent.pid, signal.SIGTERM)  # not acted on (swallowed); then it is about to join
         assert agent.wait(30) == 4  # told again inside land_stop(), in its main thread
+    finally:
+        agent.kill()
+
+
+def test_a_stop_swallowed_before_its_workers_failed_lands_before_the_restarts_next_round(tmp_path):
+    """A joiner evicted while it monitored its workers (the stop swallowed by a store call's
+    ``except``) whose workers then failed: torch's restart stops them first. Taken for the
+    stop it was told (exit 5 here), that kept the stop from landing at the next round and start
+    of workers; the joiner rejoined twice and was charged two more restarts before the resend
+    (CI, a loaded machine: restarts 3/3 where 1 was due)."""
+    agent, _ = _agent(tmp_path, "restart")
+    try:
+        os.kill(agent.pid, signal.SIGTERM)
+        assert agent.wait(30) == 4
     finally:
         agent.kill()
 

@@ -202,7 +202,9 @@ class AgentHooks:
     def __init__(self) -> None:
         self.before_start: Callable[[Any], None] = lambda agent: None
         self.after_start: Callable[[Any], None] = lambda agent: None
-        self.before_stop: Callable[[Any], None] = lambda agent: None
+        self.before_stop: Callable[[Any, bool], None] = lambda agent, restarting: None
+        # At each of the monitor's looks, before torch's own (a stop told and swallowed lands).
+        self.at_look: Callable[[], None] = lambda: None
         self.departures: Callable[[Any], list[Any]] = lambda result: []
         self.on_departure: Callable[[list[Any]], None] = lambda failures: None
         self.regroup_now: Callable[[], str | None] = lambda: None  # why a healthy group regroups now
@@ -251,6 +253,7 @@ def agent_subclass(hooks: AgentHooks) -> type:
             # (_monitor_workers), ended early by hooks.wait_for_change. Workers are still looked
             # at once an interval (--monitor-interval), as torch does.
             self._ne_interval_s = float(spec.monitor_interval)
+            self._ne_restarting = False  # within torch's restart of the workers (not the node's end)
             spec.monitor_interval = min(self._ne_interval_s, MONITOR_TICK_S)
             super().__init__(spec, *args, **kwargs)
 
@@ -261,7 +264,7 @@ def agent_subclass(hooks: AgentHooks) -> type:
             return started
 
         def _shutdown(self, *args: Any, **kwargs: Any) -> Any:
-            hooks.before_stop(self)
+            hooks.before_stop(self, self._ne_restarting)
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
             if isinstance(sys.exc_info()[1], SignalException):  # this node goes: its workers leave in place
@@ -281,9 +284,16 @@ def agent_subclass(hooks: AgentHooks) -> type:
                     worker_group.state = WorkerState.HEALTHY
                     return None
             hooks.restarting(why)
-            return super()._restart_workers(worker_group)
+            # torch stops the failed workers (``_shutdown``) and starts new ones: a stop of its
+            # round, not of the node (a signal landing meanwhile unwinds it: then it is the end).
+            self._ne_restarting = True
+            try:
+                return super()._restart_workers(worker_group)
+            finally:
+                self._ne_restarting = False
 
         def _monitor_workers(self, worker_group: Any) -> Any:
+            hooks.at_look()
             rest_s = self._ne_interval_s - worker_group.spec.monitor_interval
             if rest_s > 0:
                 self._ne_wait(worker_group, rest_s)
@@ -363,7 +373,8 @@ def hook_agent(
     regroup_now: Callable[[], str | None] = lambda: None,
     gives_up: Callable[[Any], bool] = lambda result: False,
     after_start: Callable[[Any], None] = lambda agent: None,
-    before_stop: Callable[[Any], None] = lambda agent: None,
+    before_stop: Callable[[Any, bool], None] = lambda agent, restarting: None,
+    at_look: Callable[[], None] = lambda: None,
     in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] | None = None,
     restarting: Callable[[str], None] | None = None,
     leave: Callable[[list[int]], None] | None = None,
@@ -379,8 +390,8 @@ def hook_agent(
     replaced, a member left); a failed one that ``gives_up(result)`` is not restarted at all: torchrun stops
     its workers and ends as when its budget is spent (``ChildFailedError``).
     ``after_start(agent)`` runs once its workers are started (torch has set its signal handlers
-    by then), and ``before_stop(agent)`` before it stops them (``_shutdown``: a restart, or its
-    end). In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
+    by then), and ``before_stop(agent, restarting)`` before it stops them (``_shutdown``: within
+    torch's restart of its workers, or its end); ``at_look()`` at each of the monitor's looks. In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
     by local rank, group, rendezvous, why)`` whether its workers were regrouped without one, and
     tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
     ranks)`` before torch stops its workers; the monitor's wait between two looks is
@@ -396,7 +407,7 @@ def hook_agent(
         return False
     hooks.before_start, hooks.departures, hooks.on_departure = before_start, departures, on_departure
     hooks.regroup_now, hooks.gives_up = regroup_now, gives_up
-    hooks.after_start, hooks.before_stop = after_start, before_stop
+    hooks.after_start, hooks.before_stop, hooks.at_look = after_start, before_stop, at_look
     if in_place is not None:
         hooks.in_place = in_place
     if restarting is not None:

@@ -180,8 +180,11 @@ def _hook_agent() -> None:
         # of the node, waits for the keeper's word (term.py); torch set its own handler again.
         term.guard_agent()
 
-    def before_stop(agent: Any) -> None:
-        term.agent_stops_workers()  # these workers are stopped on purpose: they go at once
+    def before_stop(agent: Any, restarting: bool) -> None:
+        # These workers are stopped on purpose: they go at once. For good where it is the
+        # node's end; within a restart of its workers (a failure), a stop it was told and that
+        # was swallowed still lands, before it joins the next round.
+        term.agent_stops_workers(for_good=not restarting)
 
     def regroup_now() -> str | None:
         """Why a healthy group regroups now: its store was replaced, or a member of its round
@@ -222,6 +225,7 @@ def _hook_agent() -> None:
         _gives_up,
         after_start=after_start,
         before_stop=before_stop,
+        at_look=term.land_stop,  # a stop swallowed while it monitors lands at its next look
         in_place=_inplace.restart,
         restarting=restarting,
         leave=lambda local_ranks: _inplace.leave(

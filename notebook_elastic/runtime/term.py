@@ -207,10 +207,15 @@ def told_to_stop() -> bool:
     return _insist.signalled is not None
 
 
-def agent_stops_workers() -> None:
-    """From the agent's ``_shutdown``: its workers go at once (they may ignore Slurm's SIGTERM)."""
+def agent_stops_workers(for_good: bool = True) -> None:
+    """From the agent's ``_shutdown``: its workers go at once (they may ignore Slurm's SIGTERM).
+    ``for_good``: the agent's end, not torch's restart of its failed workers. A restart's stop
+    is not the stop the agent was told: taken for it, a stop swallowed before (an evicted joiner,
+    told while it monitored workers that then failed) never landed at the next round or start
+    of workers, and the joiner was charged two more restarts before it went."""
     mark(STOPPING)
-    _insist.stopping()
+    if for_good:
+        _insist.stopping()
 
 
 def land_stop() -> None:
