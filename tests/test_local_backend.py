@@ -1167,6 +1167,33 @@ for step in state.steps(10):
     assert left == [protocol.EXIT_RESTARTS_SPENT], left
 
 
+UNSAYABLE_FATAL = """
+import os
+devnull = os.open(os.devnull, os.O_WRONLY)
+os.dup2(devnull, 1)  # its events (worker_failed among them) reach nobody: the agent's exit says it
+os.dup2(devnull, 2)
+class Odd:
+    pass
+state = elastic.State(model=torch.nn.Linear(2, 1), odd=Odd())
+for step in state.steps(10):
+    state.commit()
+"""
+
+
+def test_a_node_whose_exit_says_the_job_ends_is_not_replaced(home):
+    """The supervisor learns a failure is fatal from the agent's exit status (EXIT_FATAL) before,
+    or without, the worker's own event: it stops the job in that turn of its loop, and starts no
+    node in its place. CI (loaded, torch 2.4.1) saw node-1 started and stopped at once when the
+    exit was reaped before the event was folded; here the event never comes (red before: a
+    node-1 that joined and left as 'stopped')."""
+    job = ne.launch(UNSAYABLE_FATAL, nnodes="1", name="unsaid", max_restarts=5, user_ns=namespace())
+    assert job.wait(120) == "failed", job.summary()
+    joined = [e.node for e in job.events if e.kind == Kind.NODE_JOINED]
+    left = [(e.node, e.get("exitcode")) for e in job.events if e.kind == Kind.NODE_LEFT]
+    assert joined == ["node-0"] and left == [("node-0", protocol.EXIT_FATAL)], (joined, left)
+    assert job.restarts == 0, job.summary()
+
+
 BIG_STATE = """
 model = torch.nn.Linear(256, 256)  # ~260 KB a checkpoint
 state = elastic.State(model=model)
