@@ -27,6 +27,7 @@ from conftest import TEST_ID_ENV
 from notebook_elastic.agent.store_link import store_id
 from notebook_elastic.backends.kubernetes.code import runtime_zip
 from notebook_elastic.contract.protocol import EVENT_PREFIX
+from notebook_elastic.plumbing import store_client
 from notebook_elastic.store import server as store_server
 from notebook_elastic.store import wire as store_wire
 from notebook_elastic.store.run import host_store
@@ -214,19 +215,19 @@ def test_a_client_that_breaks_the_protocol_is_closed_and_nobody_else(bare_store)
     proc, port = bare_store
     good = client(port)
     good.set("k", "v")
-    validated = bytes([store_wire.VALIDATE]) + struct.pack("<I", store_wire.VALIDATION_MAGIC)
+    validated = bytes([store_client.VALIDATE]) + struct.pack("<I", store_client.VALIDATION_MAGIC)
     broken = {
-        "a first command other than VALIDATE": bytes([store_wire.SET]) + struct.pack("<Q", 1) + b"k",
-        "a wrong magic number": bytes([store_wire.VALIDATE]) + struct.pack("<I", 0x12345678),
+        "a first command other than VALIDATE": bytes([store_client.SET]) + struct.pack("<Q", 1) + b"k",
+        "a wrong magic number": bytes([store_client.VALIDATE]) + struct.pack("<I", 0x12345678),
         "an unknown command": validated + bytes([99]),
-        "a key over torch's 8 KiB": validated + bytes([store_wire.GET]) + struct.pack("<Q", 9000),
+        "a key over torch's 8 KiB": validated + bytes([store_client.GET]) + struct.pack("<Q", 9000),
         "a value over torch's 8 MiB": validated
-        + bytes([store_wire.SET])
+        + bytes([store_client.SET])
         + struct.pack("<Q", 1)
         + b"k"
         + struct.pack("<Q", 9 << 20),
         "ADD to a value that is not a number": validated
-        + bytes([store_wire.ADD])
+        + bytes([store_client.ADD])
         + struct.pack("<Q", 2)
         + b"/k"
         + struct.pack("<q", 1),
@@ -237,13 +238,13 @@ def test_a_client_that_breaks_the_protocol_is_closed_and_nobody_else(bare_store)
         assert _closed(s), what
     # The same ADD alone in its read, from a client served already (the server's quick path).
     s = _raw(port)
-    s.sendall(validated + bytes([store_wire.PING]) + struct.pack("<I", 7))
+    s.sendall(validated + bytes([store_client.PING]) + struct.pack("<I", 7))
     assert s.recv(64) == struct.pack("<I", 7)
-    s.sendall(bytes([store_wire.ADD]) + struct.pack("<Q", 2) + b"/k" + struct.pack("<q", 1))
+    s.sendall(bytes([store_client.ADD]) + struct.pack("<Q", 2) + b"/k" + struct.pack("<q", 1))
     assert _closed(s), "ADD to a value that is not a number, alone in its read"
     # A command cut in half waits for the rest (a slow link, not a broken client).
     s = _raw(port)
-    get = validated + bytes([store_wire.GET]) + struct.pack("<Q", 2) + b"/k"
+    get = validated + bytes([store_client.GET]) + struct.pack("<Q", 2) + b"/k"
     s.sendall(get[:7])
     good.set("unrelated", "1")  # the server went on serving meanwhile
     s.sendall(get[7:])
@@ -252,7 +253,7 @@ def test_a_client_that_breaks_the_protocol_is_closed_and_nobody_else(bare_store)
     assert good.get("k") == b"v" and good.add("/n", 1) == 1 and proc.poll() is None
 
 
-VALIDATED = bytes([store_wire.VALIDATE]) + struct.pack("<I", store_wire.VALIDATION_MAGIC)
+VALIDATED = bytes([store_client.VALIDATE]) + struct.pack("<I", store_client.VALIDATION_MAGIC)
 
 
 def _key(key: bytes) -> bytes:
@@ -277,7 +278,7 @@ def test_a_client_that_never_reads_its_answers_costs_the_server_a_bounded_amount
     assert good.get("big") == big  # SET has no answer: this one says it is stored before the GETs come
     before = _rss_mib(proc.pid)
     hoarder = _raw(port)
-    hoarder.sendall(VALIDATED + (bytes([store_wire.GET]) + _key(b"/big")) * 150)
+    hoarder.sendall(VALIDATED + (bytes([store_client.GET]) + _key(b"/big")) * 150)
     for i in range(20):  # everyone else is served meanwhile, and the server has read the GETs
         assert good.add("/count", 1) == i + 1
     grown = _rss_mib(proc.pid) - before
@@ -313,11 +314,11 @@ def test_a_command_arriving_in_pieces_is_parsed_again_only_once_its_bytes_are_in
     thread = server.start()
     try:
         values = [bytes([i]) * store_wire.MAX_PAYLOAD_LEN for i in range(4)]
-        body = bytes([store_wire.MULTI_SET]) + struct.pack("<Q", 4)
+        body = bytes([store_client.MULTI_SET]) + struct.pack("<Q", 4)
         body += b"".join(_key(f"/v{i}".encode()) + _key(v) for i, v in enumerate(values))
         s = _raw(sock.getsockname()[1])
         s.sendall(VALIDATED + body)
-        s.sendall(bytes([store_wire.GET]) + _key(b"/v3"))
+        s.sendall(bytes([store_client.GET]) + _key(b"/v3"))
         reply = b""
         while len(reply) < 8 + len(values[3]):
             chunk = s.recv(1 << 20)
@@ -338,7 +339,7 @@ def test_one_command_over_the_bound_closes_that_client_and_nobody_else(bare_stor
     good = client(port)
     value = _key(b"x" * store_wire.MAX_PAYLOAD_LEN)
     s = _raw(port)
-    s.sendall(VALIDATED + bytes([store_wire.MULTI_SET]) + struct.pack("<Q", 9))
+    s.sendall(VALIDATED + bytes([store_client.MULTI_SET]) + struct.pack("<Q", 9))
     try:
         for i in range(9):  # the ninth value makes it more than MAX_REQUEST_LEN
             s.sendall(_key(f"/m{i}".encode()) + value)
@@ -443,7 +444,7 @@ def test_one_multi_get_of_a_big_value_many_times_costs_the_server_a_bounded_amou
     good.set("big", big)
     assert good.get("big") == big
     before = _rss_mib(proc.pid)
-    request = VALIDATED + bytes([store_wire.MULTI_GET]) + struct.pack("<Q", 128) + _key(b"/big") * 128
+    request = VALIDATED + bytes([store_client.MULTI_GET]) + struct.pack("<Q", 128) + _key(b"/big") * 128
     assert len(request) < 1600
     hoarder = _raw(port)
     hoarder.sendall(request)

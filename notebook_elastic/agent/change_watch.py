@@ -48,7 +48,7 @@ def connect(address: tuple[str, int], timeout_s: float) -> Any:
     """A store client of the watch's own (a WAIT holds the connection it is sent on until it is
     answered), in plain Python: a thread blocked in torch's C++ client when its connection
     closed at the process's end took the process down (std::terminate)."""
-    from .notice_keeper import StoreClient
+    from ..plumbing.store_client import StoreClient
 
     host, port = address
     return StoreClient(f"{host}:{port}", timeout_s)

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -26,10 +25,10 @@ from ..contract.event_types import Kind, Notice, NoticeExpired
 from ..contract.protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
 from ..plumbing import log
 from ..plumbing.procfs import stat_fields
+from ..plumbing.store_client import StoreClient
 from ..runtime import term
 from ..runtime._emit import emit
 from ..runtime.notice import POLL_S
-from ..store.wire import CHECK, DELETE_KEY, GET, READY, SET, STOP_WAITING, VALIDATE, VALIDATION_MAGIC, WAIT
 
 _log = log.get("keeper")
 
@@ -40,75 +39,6 @@ LEAVE_S = 3.0
 #: SIGTERM, SIGCONT, SIGTERM within a few milliseconds (a preemption's second SIGTERM, the end
 #: of its GraceTime, comes seconds later).
 BURST_S = 1.0
-_U64 = struct.Struct("<Q")
-
-
-def _vec(data: bytes) -> bytes:
-    return _U64.pack(len(data)) + data
-
-
-def _key(key: str) -> bytes:
-    return _vec(b"/" + key.encode())  # torch's TCPStore client keeps every key under "/"
-
-
-class StoreClient:
-    """torch's TCPStore protocol, the few commands a notice needs (SET, CHECK, GET, DELETE_KEY)
-    and the change watch's WAIT, each key under "/" as torch's own client puts it (so both see
-    the same keys). Plain Python: a thread blocked in it at the process's end ends with it (one
-    blocked in torch's C++ client was ended by std::terminate when its connection closed then)."""
-
-    def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
-        host, _, port = endpoint.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-        # A SET (no reply) before a CHECK: with Nagle's algorithm the CHECK waited for the SET's
-        # delayed ACK (40 ms on Linux); torch's own client sets this too.
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.sendall(bytes([VALIDATE]) + struct.pack("<I", VALIDATION_MAGIC))
-
-    def _recv(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the store closed the connection")
-            data += chunk
-        return data
-
-    def set(self, key: str, value: str) -> None:
-        self.sock.sendall(bytes([SET]) + _key(key) + _vec(value.encode()))
-
-    def check(self, keys: list[str]) -> bool:
-        self.sock.sendall(bytes([CHECK]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
-        return self._recv(1) == READY
-
-    def get(self, key: str) -> bytes:
-        self.sock.sendall(bytes([GET]) + _key(key))
-        return self._recv(_U64.unpack(self._recv(8))[0])
-
-    def delete_key(self, key: str) -> None:
-        self.sock.sendall(bytes([DELETE_KEY]) + _key(key))
-        self._recv(8)
-
-    def wait(self, keys: list[str], timeout_s: float) -> bool:
-        """WAIT until every one of ``keys`` is set: True once the store says so; False after
-        ``timeout_s``, and the connection is closed (it holds a WAIT no one reads any more)."""
-        self.sock.sendall(bytes([WAIT]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
-        self.sock.settimeout(timeout_s)
-        try:
-            return self._recv(1) == STOP_WAITING
-        except TimeoutError:
-            self.close()
-            return False
-
-    def cut(self) -> None:
-        """End a WAIT under way from another thread: the connection is shut, its read returns."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def saved_after(store: StoreClient, notice: dict[str, Any]) -> bool:

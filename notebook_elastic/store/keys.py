@@ -13,9 +13,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 
-from .wire import (
-    _I64,
-    _U64,
+from ..plumbing.store_client import (
     ADD,
     APPEND,
     BARRIER,
@@ -38,6 +36,10 @@ from .wire import (
     STOP_WAITING,
     WAIT,
     WAIT_CANCELED,
+)
+from .wire import (
+    _I64,
+    _U64,
     Scan,
     count_at,
     fixed_at,

@@ -43,6 +43,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ..plumbing import log as _logging
+from ..plumbing.store_client import (
+    ADD,
+    CHECK,
+    COMPARE_SET,
+    GET,
+    NOT_READY,
+    READY,
+    SET,
+    STOP_WAITING,
+    VALIDATE,
+    VALIDATION_MAGIC,
+    WAIT,
+)
 from .keys import _HANDLERS, Client, Keys
 from .keys import IN as _IN
 from .keys import OUT as _OUT
@@ -53,19 +66,8 @@ from .wire import (
     _U64,
     ACCEPT_PAUSE_MAX_S,
     ACCEPT_PAUSE_S,
-    ADD,
-    CHECK,
-    COMPARE_SET,
-    GET,
     MAX_STRING_LEN,
-    NOT_READY,
     OUTBOX_HIGH,
-    READY,
-    SET,
-    STOP_WAITING,
-    VALIDATE,
-    VALIDATION_MAGIC,
-    WAIT,
     Scan,
     _Incomplete,
     _Refused,

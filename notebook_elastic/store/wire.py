@@ -9,11 +9,29 @@ from __future__ import annotations
 import errno
 import struct
 
-VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND = range(10)
-MULTI_GET, MULTI_SET, CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER = range(10, 19)
-VALIDATION_MAGIC = 0x3C85F7CE
-READY, NOT_READY = b"\x00", b"\x01"
-STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
+# The command numbers and answers, defined once beside the client every process of a job uses.
+from ..plumbing.store_client import (
+    ADD,
+    APPEND,
+    BARRIER,
+    CANCEL_WAIT,
+    CHECK,
+    COMPARE_SET,
+    DELETE_KEY,
+    GET,
+    GETNUMKEYS,
+    LIST_KEYS,
+    MULTI_GET,
+    MULTI_SET,
+    PING,
+    QUEUE_LEN,
+    QUEUE_POP,
+    QUEUE_PUSH,
+    SET,
+    VALIDATE,
+    WAIT,
+)
+
 # torch's limits: a client past them is closed, as torch's server closes it.
 MAX_KEY_COUNT = 128 * 1024
 MAX_STRING_LEN = 8 * 1024
