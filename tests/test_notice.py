@@ -144,6 +144,11 @@ class FakeStore:
     def delete_key(self, key: str) -> bool:
         return self.keys.pop(key, None) is not None
 
+    def add(self, key: str, delta: int) -> int:
+        value = int(self.keys.get(key, b"0")) + delta  # torch keeps the sum as its digits
+        self.keys[key] = str(value).encode()
+        return value
+
 
 class FakeNode:
     def __init__(self, name: str) -> None:
@@ -322,3 +327,24 @@ def test_a_notice_answered_in_place_is_not_answered_again_by_the_next_rank_0():
     assert survivor.pending() is None, "the next rank 0 would answer the notice again"
     client = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
     assert json.loads(client.get(protocol.answer_key(7)))["step"] == 12  # the first answer stands
+
+
+def test_an_idle_rank_0_waits_for_the_next_notice_instead_of_looking_for_one(monkeypatch):
+    """While no notice stands, rank 0 holds a WAIT the store answers when one is posted (the
+    poster's mark, ``notice.announce``), in place of a look every ``POLL_S``: with looks made an
+    hour apart here, a notice posted while it waits is seen all the same (red before: its next
+    look was an hour away)."""
+    from notebook_elastic.runtime import notice as notices
+
+    monkeypatch.setattr(notices, "POLL_S", 3600.0)
+    monkeypatch.setattr(notices, "IDLE_WAIT_S", 3600.0, raising=False)
+    server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    board = notices.NoticeBoard(f"127.0.0.1:{server.port}")
+    board.answered = set()
+    board.start()
+    time.sleep(0.5)  # its first look found none: it waits (or, slower, finds this one at its first)
+    notices.post(server, "node-1", 30.0, 11, stays=1)
+    deadline = time.monotonic() + 30
+    while board.current is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert board.current is not None and board.current["id"] == 11, "the notice posted was not seen"

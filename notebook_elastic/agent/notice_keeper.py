@@ -28,7 +28,7 @@ from ..plumbing.procfs import stat_fields
 from ..plumbing.store_client import StoreClient
 from ..runtime import term
 from ..runtime._emit import emit
-from ..runtime.notice import POLL_S
+from ..runtime.notice import POLL_S, announce
 
 _log = log.get("keeper")
 
@@ -135,6 +135,7 @@ class Keeper:
             said = Notice(grace_s=self.grace_s, id=int(at * 1000) % 2**31)
             self.notice = notice = {"id": said["id"], "node": self.node, "grace_s": self.grace_s, "at": at}
             store.set(NOTICE_KEY, json.dumps(notice))
+            announce(store)  # a waiting rank 0 sees it now
             emit(Kind.NOTICE, node=self.node, **said)
             while time.monotonic() < deadline and not self.released:
                 if saved_after(store, notice):

@@ -120,6 +120,10 @@ NOTICE_KEY = "notebook_elastic/notice"
 #: Rank 0's newest answer, whichever notice it answered: ``{"id", "notice_at", "step", "saved"}``
 #: (a notifier whose notice was replaced by a newer one learns from it that the save is done).
 LATEST_ANSWER_KEY = f"{NOTICE_KEY}/saved/latest"
+#: A counter of the notices posted: a poster adds one to it once its notice is up and sets
+#: ``mark_key(NOTICE_POSTS_KEY, count)``; rank 0, while no notice stands, waits on the next
+#: count's key (the store answers at once), instead of looking for a notice every few ms.
+NOTICE_POSTS_KEY = f"{NOTICE_KEY}/posts"
 #: Beside torch's rendezvous state key (``torch.rendezvous.<run id>``): what the nodes said
 #: they do, one key per interval (agent/together.py).
 ANNOUNCED_SUFFIX = "/announced"
