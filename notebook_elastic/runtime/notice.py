@@ -63,10 +63,15 @@ def post(store: Any, node: str, grace_s: float, notice_id: int, stays: int = 0) 
 
 def announce(store: Any) -> None:
     """After a notice is set under ``NOTICE_KEY``: count it posted and set that count's mark, which
-    a waiting rank 0's WAIT is answered by (``NoticeBoard``). A store call (``store``: torch's
-    client, or ours)."""
-    posted = int(store.add(NOTICE_POSTS_KEY, 1))
-    store.set(mark_key(NOTICE_POSTS_KEY, posted), "1")
+    a waiting rank 0's WAIT is answered by (``NoticeBoard``). ``store``: torch's client, or ours.
+    Best effort: the notice is posted once its key is set (the poster then waits for its answer
+    and withdraws it); where the mark could not be set, rank 0 finds it at its next look, at most
+    ``IDLE_WAIT_S`` later."""
+    try:
+        posted = int(store.add(NOTICE_POSTS_KEY, 1))
+        store.set(mark_key(NOTICE_POSTS_KEY, posted), "1")
+    except Exception:
+        _log.debug("could not mark the notice posted: rank 0 finds it at its next look", exc_info=True)
 
 
 def answer(store: Any, notice_id: int) -> dict[str, Any] | None:
