@@ -281,6 +281,10 @@ class Nodes:
             and not self.course.stopping
             and self.state.world_size > 0
             and not self.finishing()
+            # A job no node of which stays grows by no spare: it ends (a node that spent the
+            # budget, reaped before the fold's world size said so, had one started and stopped
+            # at once, CI) or waits for capacity, whose node then starts anew.
+            and bool(self.staying_agents())
             # Not yet reaped counts: one that exited since this round's reap may have finished.
             and sum(not a.reaped for a in self.agents.values()) < self.course.membership.max_nodes
         )
