@@ -63,7 +63,7 @@ def node(handler, monkeypatch, tmp_path):
     joining = joiner.Joining(watch, lambda: "pod-c", lambda: None)
     joining.start()
 
-    def leave(store, handler, agent, round_, others, failure):
+    def leave(handler, agent, round_, others, failure):
         raise Left(f"{others}: {failure}")
 
     monkeypatch.setattr(joining, "_leave", leave)
@@ -164,7 +164,7 @@ def test_leaving_is_charged_once_per_node_index_and_never_without_a_budget(handl
         watch = SimpleNamespace(handler=handler, agent=agent(*budget), latest=(2, frozenset("abc")), killed_round=None)
         node = joiner.Joining(watch, lambda: pod, lambda: left.append(pod))
         with pytest.raises(SystemExit) as exited:
-            node._leave(store, handler, watch.agent, 2, 2, "RuntimeError: Unable to find address for: nosuch0")
+            node._leave(handler, watch.agent, 2, 2, "RuntimeError: Unable to find address for: nosuch0")
         assert exited.value.code == protocol.EXIT_EVICTED
         return [json.loads(x[len(EVENT_PREFIX) :]) for x in capsys.readouterr().out.splitlines()]
 

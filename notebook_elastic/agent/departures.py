@@ -10,7 +10,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, PeerLost
@@ -18,6 +18,9 @@ from ..plumbing import log as _logging
 from ..runtime import term
 from ..runtime._emit import emit
 from . import torch_adapter
+
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
 
 _log = _logging.get("agent.departures")
 
@@ -71,7 +74,7 @@ class DepartureWatch:
         self.members: frozenset[Any] = frozenset()
         self.latest: tuple[int | None, frozenset[Any]] = (None, frozenset())  # the latest round joined
         self.killed_round: int | None = None  # the round whose workers the watch ended
-        self.store: Any = None  # the store of the round joined last (a replacement is another)
+        self.store: KeyStore | None = None  # the store of the round joined last (a replacement is another)
         self.left_out_since: float | None = None  # since when the others went on without this node
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None

@@ -5,17 +5,20 @@ before torch's sanitize (``drop_gone_nodes`` turns it on)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.protocol import GONE_KEY
 from ..plumbing import log as _logging
 from . import store_link
 from .torch_adapter import holder_settings, holder_store
 
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
+
 _log = _logging.get("agent.gone")
 
 
-def pids(store: Any, window_s: float) -> set[int]:
+def pids(store: KeyStore | None, window_s: float) -> set[int]:
     """Pids of agents the supervisor saw die within ``window_s`` (a pid reused later is not
     one of them: by then torch's own heartbeat expiry has dropped the dead node anyway)."""
     try:

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
 from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regrouped
@@ -46,6 +46,9 @@ from ..runtime._emit import emit
 from ..runtime.group import forming_is_bounded
 from .deadline import call_with_deadline
 from .fatal import STORE_CALL_S, FatalEnd
+
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
 
 _log = _logging.get("agent.inplace")
 
@@ -279,7 +282,7 @@ class InPlace:
         self.refused_round: int | None = None  # the round whose restart was said (in_place_refused)
         self._members: frozenset[Any] | None = None  # the last round's members (torch's node ids)
         self._newcomers = 0  # how many of them the round before did not have
-        self._store: Any = None  # the rendezvous store the last round formed on
+        self._store: KeyStore | None = None  # the rendezvous store the last round formed on
 
     def start(self) -> dict[str, str]:
         """Listen for the workers' links; the environment that tells the workers where."""
@@ -312,7 +315,7 @@ class InPlace:
             self._wake.clear()
         return woken or lost
 
-    def group_env(self, run_id: str, round_: int | None, store: Any) -> dict[str, str]:
+    def group_env(self, run_id: str, round_: int | None, store: KeyStore | None) -> dict[str, str]:
         """What a fresh worker of this round needs to form its group as the kept ones do."""
         if self.links is None or round_ is None or store is None:
             return {}
@@ -325,7 +328,7 @@ class InPlace:
             protocol.ENV_GROUP_PREFIX: protocol.group_prefix(run_id, round_, epoch),
         }
 
-    def formed(self, members: frozenset[Any], store: Any) -> None:
+    def formed(self, members: frozenset[Any], store: KeyStore | None) -> None:
         """A round formed with ``members`` on ``store``: how many of them are new (joiners,
         replacements), whose workers start fresh while the kept ones could still train."""
         self._newcomers = len(members - self._members) if self._members is not None else 0
@@ -524,7 +527,7 @@ class InPlace:
         emit(Kind.REGROUPED, node=self._node(), **said)
         return True
 
-    def leave(self, local_ranks: list[int], leave_round: Callable[[], object], store: Any) -> None:
+    def leave(self, local_ranks: list[int], leave_round: Callable[[], object], store: KeyStore | None) -> None:
         """This node goes (SIGTERM): out of the round first (marked as leaving in ``store``, so
         its peers do not take it for lost), then its workers leave at the next step boundary,
         or are told to abort after ``LEAVE_AT_BOUNDARY_S``."""

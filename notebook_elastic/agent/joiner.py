@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, NodeEvicted, Pending, Restart
@@ -45,6 +45,9 @@ from ..pool.warm import Zygote
 from ..runtime._emit import emit
 from . import store_link, torch_adapter
 from .deadline import call_with_deadline
+
+if TYPE_CHECKING:
+    pass
 
 _log = log.get("agent.joiner")
 
@@ -111,16 +114,15 @@ class Joining:
         # Its supervisor says so where it starts the nodes (local, Slurm); on a cluster whose
         # agents send themselves away (``start``), the store does: a round without it trained.
         trains = os.environ.get(protocol.ENV_JOINER) == "1"
-        store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
         if self.folder is not None and not trains:
             try:
-                trains = self._trained(store, handler) is not None
+                trains = self._trained(handler) is not None
             except Exception:
                 _log.debug("the store does not say whether the job trains: join as soon as it may", exc_info=True)
         if trains:
             self._warm_first()
         if self.folder is not None:
-            self._back_off(store, handler)
+            self._back_off(handler)
 
     def _warm_first(self) -> None:
         """The survivors regroup as soon as this node joins, then wait for its workers: while
@@ -137,9 +139,10 @@ class Joining:
             time.monotonic() - started,
         )
 
-    def _back_off(self, store: Any, handler: Any) -> None:
+    def _back_off(self, handler: Any) -> None:
         """A replacement for an index sent away waits before it joins, longer each time."""
         try:
+            store = torch_adapter.round_store(handler)
             key = self._key(handler, f"evicted/{self.index}")
             if not call_with_deadline(store.check, store_link.STORE_CALL_TIMEOUT_S, [key]):
                 return
@@ -182,7 +185,7 @@ class Joining:
             return
         if not protocol.progress_marked(self.folder, round_):
             return
-        store: Any = torch_adapter.rendezvous_store(handler)  # None: its call raises, caught by _run
+        store = torch_adapter.round_store(handler)  # LookupError where torch does not say: caught by _run
         call_with_deadline(store.set, store_link.STORE_CALL_TIMEOUT_S, self._key(handler, "progressed"), str(round_))
         self.published = round_
 
@@ -196,11 +199,11 @@ class Joining:
         handler, agent, (round_, members) = self.watch.handler, self.watch.agent, self.watch.latest
         if not own or handler is None or agent is None or round_ is None or len(members) < 2:
             return
-        store: Any = torch_adapter.rendezvous_store(handler)  # None: its calls raise, caught below
         timeout_s = store_link.STORE_CALL_TIMEOUT_S
         failed = self._key(handler, f"failed/{round_}")
         try:
-            trained = self._trained(store, handler)
+            store = torch_adapter.round_store(handler)
+            trained = self._trained(handler)
             if trained is None:
                 return  # the job never trained (its first start): torchrun's own retries
             if trained in self.rounds or any(protocol.progress_marked(self.folder, r) for r in self.rounds):
@@ -214,7 +217,7 @@ class Joining:
         except Exception:
             _log.debug("the store does not say: fail as torchrun would", exc_info=True)
             return
-        self._leave(store, handler, agent, round_, len(members) - 1, failure_text(own[0]))
+        self._leave(handler, agent, round_, len(members) - 1, failure_text(own[0]))
 
     def own_failures(self, result: Any) -> list[Any]:
         """The failures of this node's workers that are their own, not a departed peer's symptom."""
@@ -226,14 +229,15 @@ class Joining:
             if f.exitcode != protocol.EXIT_PEER_LOST and not (watch_ended_them and f.exitcode == -signal.SIGKILL)
         ]
 
-    def _trained(self, store: Any, handler: Any) -> int | None:
+    def _trained(self, handler: Any) -> int | None:
         """The job's latest round that made a step, if one did."""
+        store = torch_adapter.round_store(handler)
         key = self._key(handler, "progressed")
         if not call_with_deadline(store.check, store_link.STORE_CALL_TIMEOUT_S, [key]):
             return None
         return int(call_with_deadline(store.get, store_link.STORE_CALL_TIMEOUT_S, key).decode())
 
-    def _leave(self, store: Any, handler: Any, agent: Any, round_: int, others: int, failure: str) -> None:
+    def _leave(self, handler: Any, agent: Any, round_: int, others: int, failure: str) -> None:
         for pid in torch_adapter.worker_pids(agent):  # its other local ranks, still waiting for peers
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -243,6 +247,7 @@ class Joining:
         me = self.node_name()
         budget = torch_adapter.restart_budget(agent)
         try:
+            store = torch_adapter.round_store(handler)
             call_with_deadline(store.add, timeout_s, self._key(handler, f"evicted/{self.index}"), 1)
             # Once per node index: a replacement failing the same way is not charged again.
             claim = self._key(handler, f"charged/{self.index}")

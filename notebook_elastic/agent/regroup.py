@@ -15,12 +15,15 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
 from . import store_link, together
 from .deadline import StoreSilent, call_with_deadline
 from .torch_adapter import missing, node_of, operation_keep_alive_s, operation_store, rendezvous_actions, reread
+
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
 
 
 def regroup_in_one_write(rules: Any) -> bool:
@@ -146,7 +149,7 @@ def _wait(self: Any, key: str, bound_s: float) -> bool:
     return wait_for_key(operation_store(self), key, bound_s)
 
 
-def wait_for_key(store: Any, key: str, bound_s: float) -> bool:
+def wait_for_key(store: KeyStore | None, key: str, bound_s: float) -> bool:
     """Wait for ``key`` in ``store`` at most ``bound_s``: whether it came. A store that does not
     answer, or went, is a key that did not come: the next read of the state says why.
 
@@ -158,6 +161,8 @@ def wait_for_key(store: Any, key: str, bound_s: float) -> bool:
     (SIGABRT), as a regroup's wait in the rendezvous probe's thread did when the job ended."""
     from datetime import timedelta
 
+    if store is None:  # this torch does not say where its round's store is
+        return False
     try:
         call_with_deadline(store.wait, bound_s + store_link.STORE_CALL_TIMEOUT_S, [key], timedelta(seconds=bound_s))
         return True

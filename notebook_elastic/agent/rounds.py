@@ -20,7 +20,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
 from ..plumbing import log as _logging
@@ -41,6 +41,11 @@ from .torch_adapter import (
     replace_handler_parts,
     wrap_rendezvous_wait,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+    from ..plumbing.store_client import KeyStore
 
 _log = _logging.get("agent.rounds")
 
@@ -68,18 +73,6 @@ def leave_instead_of_closing(
     if told_to_stop is not None:
         hooks.told_to_stop = told_to_stop
     return True
-
-
-def _target_nodes(store: Any) -> int | None:
-    """The job's target number of nodes in ``store`` (``TARGET_KEY``), or None."""
-    if store is None:
-        return None
-    try:
-        value = store_link.read_key(store, protocol.TARGET_KEY)
-        return None if value is None else int(value)
-    except Exception:
-        _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
-        return None
 
 
 class RoundRules:
@@ -126,7 +119,7 @@ def close_rounds_at_target(rules: RoundRules, poll_s: float | None = None) -> bo
     return True
 
 
-def _closing_at_target(join: Any, store: Any) -> Callable[[Any, float], Any]:
+def _closing_at_target(join: Any, store: KeyStore | None) -> Callable[[Any, float], Any]:
     """torch's join operation, closing the round when it holds the job's target (read in
     ``store``: the one the operation's executor syncs with)."""
     actions = rendezvous_actions()
@@ -140,7 +133,7 @@ def _closing_at_target(join: Any, store: Any) -> Callable[[Any, float], Any]:
                 not state.complete
                 and ctx.node in state.participants
                 and settings.min_nodes <= held <= settings.max_nodes
-                and held == _target_nodes(store)  # last: a store read, only when the rest holds
+                and held == store_link.target_nodes(store)  # last: a store read, only when the rest holds
             ):
                 return actions.MARK_RENDEZVOUS_COMPLETE
         return action
@@ -212,7 +205,9 @@ class _RendezvousMaker:
         return handler_over(store, params, self.rules, self.hooks, self.link)
 
 
-def handler_over(store: Any, params: Any, rules: RoundRules, hooks: RendezvousHooks, link: store_link.StoreLink) -> Any:
+def handler_over(
+    store: Store, params: Any, rules: RoundRules, hooks: RendezvousHooks, link: store_link.StoreLink
+) -> Any:
     """Our handler (``NotebookRendezvous``) over torch's c10d rendezvous of ``params.run_id`` on
     ``store``: torch's handler made by torch's ``create_handler`` (its timeouts and heartbeats
     from ``params``), on our backend (``rendezvous_backend``), with our state holder and
@@ -328,7 +323,7 @@ def _holder_class() -> type:
             self._ne_seen = together.membership(self._state)
             return has_set
 
-        def _ne_look_for_change(self, sayings: Any, store: Any, now_anyway: bool = False) -> bool:
+        def _ne_look_for_change(self, sayings: Any, store: KeyStore, now_anyway: bool = False) -> bool:
             """A look at a complete round's change counter when due (``look_due``) or ``now_anyway``:
             where it moved (returned), the next sync reads the round, not up to 1 s later."""
             round_, complete = self._ne_seen[:2]

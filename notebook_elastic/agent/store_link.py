@@ -35,19 +35,36 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..contract.protocol import STORE_ID_KEY
+from ..contract.protocol import STORE_ID_KEY, TARGET_KEY
 from ..plumbing import log as _logging
 from .deadline import StoreSilent, call_with_deadline
 from .torch_adapter import rendezvous_store
 
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+    from ..plumbing.store_client import KeyStore
+
 _log = _logging.get("agent.store_link")
 
 
-def read_key(store: Any, key: str) -> bytes | None:
+def read_key(store: KeyStore, key: str) -> bytes | None:
     """What ``key`` holds in ``store``, or None when it is not set (a get alone would wait)."""
     return store.get(key) if store.check([key]) else None
+
+
+def target_nodes(store: KeyStore | None) -> int | None:
+    """The job's target number of nodes in ``store`` (``TARGET_KEY``), or None."""
+    if store is None:
+        return None
+    try:
+        value = read_key(store, TARGET_KEY)
+        return None if value is None else int(value)
+    except Exception:
+        _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
+        return None
 
 
 #: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after
@@ -55,7 +72,7 @@ def read_key(store: Any, key: str) -> bytes | None:
 STORE_CALL_TIMEOUT_S = 15.0
 
 
-def store_id(store: Any) -> str | None:
+def store_id(store: KeyStore) -> str | None:
     """The id our store server put in the store, or None (another server, or none).
     ``StoreSilent`` when the store does not answer."""
 
@@ -74,6 +91,7 @@ def store_id(store: Any) -> str | None:
 
 
 def _store_gone(store: Any, silent: bool, replaceable: bool) -> str:
+    # ``store``: torch's TCPStore client (its host, port and timeout: the last not in torch's stub).
     where = f"The rendezvous store at {store.host}:{store.port}"
     how = f"stopped answering (no reply in {STORE_CALL_TIMEOUT_S:g} s)" if silent else "closed its connection"
     back = "no store answered there" if replaceable else "it did not answer again"
@@ -121,7 +139,7 @@ class StoreLink:
         self.leaving.set()
 
 
-def rendezvous_backend(store: Any, run_id: str, link: StoreLink) -> Any:
+def rendezvous_backend(store: Store, run_id: str, link: StoreLink) -> Any:
     """torch's c10d rendezvous backend on ``store``, as our handler uses it: once ``link``'s
     ``recover_lost_stores`` ran, each call has a deadline and survives the store's loss."""
     return _backend_class()(store, run_id, link)
@@ -136,7 +154,7 @@ def _backend_class() -> type:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     class NotebookBackend(C10dRendezvousBackend):
-        def __init__(self, store: Any, run_id: str, link: StoreLink) -> None:
+        def __init__(self, store: Store, run_id: str, link: StoreLink) -> None:
             self._ne_link = link
             self._ne_store_id: str | None = None
             self._ne_id_read = False  # the store's id is read at the first call
@@ -231,6 +249,7 @@ class BoundedStore:
     ``exit_barrier_timeout`` for the slowest node: a deadline per call, not per barrier)."""
 
     def __init__(self, store: Any, client: Any, link: StoreLink) -> None:
+        # ``store``: torch's PrefixStore (its ``timeout``, not in torch's stub, is read below).
         self._ne_store, self._ne_client, self._ne_link = store, client, link
         self._ne_timeout: timedelta | None = None
 

@@ -38,10 +38,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.protocol import announced_key
 from .torch_adapter import rendezvous_times_aware
+
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
 
 JOIN, LEAVE, ALIVE, REGROUP = "join", "leave", "alive", "regroup"
 KINDS = (JOIN, LEAVE, ALIVE, REGROUP)
@@ -267,6 +270,7 @@ class Sayings:
         self.deleted = -1
 
     def say(self, store: Any, kind: str, round_: int, now: float) -> None:
+        # ``store``: torch's (its ``append``, which every torch of the range has, is not in torch's stub).
         """Say it, unless it was said less than an interval ago (a join or a leave lasts)."""
         if now - self.said.get((kind, round_), 0.0) < self.interval_s:
             return
@@ -274,7 +278,7 @@ class Sayings:
         this = interval_of(now, self.interval_s)
         self.call(store.append, announced_key(self.state_key, this), line(kind, round_, self.node, now))
 
-    def read(self, store: Any, now: float) -> list[Said]:
+    def read(self, store: KeyStore, now: float) -> list[Said]:
         """What was said this interval and the last (``compare_set(k, "", "")``: the value, or an
         empty key made where there was none); the key before those goes once this node's next
         write wins (``won``)."""
@@ -285,9 +289,9 @@ class Sayings:
         self.stale = this - 2
         return said
 
-    def won(self, store: Any) -> None:
+    def won(self, store: KeyStore | None) -> None:
         stale, self.stale = self.stale, None
-        if stale is not None and stale > self.deleted:
+        if store is not None and stale is not None and stale > self.deleted:
             self.deleted = stale
             self.call(store.delete_key, announced_key(self.state_key, stale))
 

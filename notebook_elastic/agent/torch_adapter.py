@@ -35,7 +35,10 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
 
 #: The torch versions CI proves, as pyproject declares them (``torch>=2.4,<2.16``: the whole
 #: suite on 2.13, the contract subset on 2.4.1 and 2.15.0; tests/test_torch_range.py keeps them
@@ -75,7 +78,7 @@ def rendezvous_times_aware(version: tuple[int, int] | None = None) -> bool:
     return (version or torch_version()) >= (2, 5)
 
 
-def tcp_store_server(sock: socket.socket, timeout_s: float) -> Any:
+def tcp_store_server(sock: socket.socket, timeout_s: float) -> KeyStore:
     """A multi-tenant c10d TCPStore server on `sock` (bound and listening already, so
     clients may connect while torch imports). Where the libuv server cannot take the socket,
     the legacy server does (``use_libuv=False``): same protocol, every client works.
@@ -299,13 +302,22 @@ def mark_round_dirty(handler: Any) -> None:
     handler._state_holder.mark_dirty()
 
 
-def rendezvous_store(handler: Any) -> Any | None:
+def rendezvous_store(handler: Any) -> KeyStore | None:
     """The store the rendezvous backend talks to now (a replacement, once reconnected), for
     keys of our own beside the rendezvous state; None when this torch does not say."""
     return holder_store(getattr(handler, "_state_holder", None))
 
 
-def holder_store(holder: Any) -> Any | None:
+def round_store(handler: Any) -> KeyStore:
+    """``rendezvous_store``, or LookupError where this torch does not say (its callers' store
+    calls are in a ``try`` that takes that as a store that does not answer)."""
+    store = rendezvous_store(handler)
+    if store is None:
+        raise LookupError("this torch's rendezvous handler does not say where its store is")
+    return store
+
+
+def holder_store(holder: Any) -> KeyStore | None:
     """The store a rendezvous state holder's backend talks to now; None when this torch does
     not say."""
     return getattr(getattr(holder, "_backend", None), "_store", None)

@@ -17,6 +17,7 @@ from ..contract import protocol
 from ..plumbing import log as _logging
 
 if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
     from .inplace import Assignment
 
 _log = _logging.get("runtime.group")
@@ -144,7 +145,7 @@ class Group:
             self.backend = str(dist.get_backend())
 
     @staticmethod
-    def _all_up(store: Any, assignment: Assignment) -> None:
+    def _all_up(store: KeyStore, assignment: Assignment) -> None:
         """Count this worker up among its group's members and wait (an ``abort`` or the store's
         timeout ends the wait) until all of them are."""
         ready, everyone = protocol.ready_key(assignment.prefix), protocol.all_ready_key(assignment.prefix)

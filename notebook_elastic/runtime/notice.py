@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, SavedOnNotice
@@ -34,6 +34,9 @@ from ..contract.protocol import LATEST_ANSWER_KEY, NOTICE_KEY, NOTICE_POSTS_KEY,
 from ..plumbing import log as _logging
 from ..plumbing.store_client import StoreClient
 from ._emit import emit
+
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore, KeyValues
 
 _log = _logging.get("runtime.notice")
 
@@ -51,7 +54,7 @@ IDLE_WAIT_S = 5.0
 HOLD_MARGIN_S = 5.0
 
 
-def post(store: Any, node: str, grace_s: float, notice_id: int, stays: int = 0) -> dict[str, Any]:
+def post(store: KeyValues, node: str, grace_s: float, notice_id: int, stays: int = 0) -> dict[str, Any]:
     """Post a notice in ``store`` (a TCPStore, or anything with ``set``); returns it. ``stays``:
     how many other nodes the notifier knows stay (the local supervisor does; a pod's keeper
     does not): where some do and the job changes in place, no save is needed."""
@@ -61,7 +64,7 @@ def post(store: Any, node: str, grace_s: float, notice_id: int, stays: int = 0) 
     return notice
 
 
-def announce(store: Any) -> None:
+def announce(store: KeyValues) -> None:
     """After a notice is set under ``NOTICE_KEY``: count it posted and set that count's mark, which
     a waiting rank 0's WAIT is answered by (``NoticeBoard``). ``store``: torch's client, or ours.
     Best effort: the notice is posted once its key is set (the poster then waits for its answer
@@ -74,7 +77,7 @@ def announce(store: Any) -> None:
         _log.debug("could not mark the notice posted: rank 0 finds it at its next look", exc_info=True)
 
 
-def answer(store: Any, notice_id: int) -> dict[str, Any] | None:
+def answer(store: KeyValues, notice_id: int) -> dict[str, Any] | None:
     """Rank 0's answer to a notice (``{"step", "seconds", "saved"}``), or None while none came."""
     key = answer_key(notice_id)
     if not store.check([key]):
@@ -83,7 +86,7 @@ def answer(store: Any, notice_id: int) -> dict[str, Any] | None:
     return reply
 
 
-def withdraw(store: Any) -> None:
+def withdraw(store: KeyValues) -> None:
     """The node is gone (or the notice is void): a holding rank 0 trains on."""
     try:
         store.delete_key(NOTICE_KEY)
@@ -115,7 +118,7 @@ class NoticeBoard:
         # The notices this process answered, whichever State answered them: a State made again
         # in place must not answer (and save for) one that is still up again.
         self.answered: set[int] = _ANSWERED
-        self._store: Any = None
+        self._store: KeyStore | None = None
         self._waiter: StoreClient | None = None  # the idle WAIT's own connection (poll thread only)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -216,7 +219,7 @@ class NoticeBoard:
                 return
             time.sleep(0.02)
 
-    def _client(self) -> Any:
+    def _client(self) -> KeyStore:
         if self._store is None:
             from datetime import timedelta
 
@@ -228,7 +231,7 @@ class NoticeBoard:
             )
         return self._store
 
-    def _answered_in_place(self, store: Any, notice_id: int) -> None:
+    def _answered_in_place(self, store: KeyValues, notice_id: int) -> None:
         """A notice another process answered in place (the rank 0 of the group the node left)
         is answered for this one too: the ranks that stay kept every value, and a rank 0 of the
         next group, on a node that stays, has nothing to add while the notice still stands

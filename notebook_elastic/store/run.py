@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import uuid
+from typing import TYPE_CHECKING
 
 from ..agent.torch_adapter import tcp_store_server
 from ..contract.event_types import Kind, StoreReady
@@ -22,8 +23,11 @@ from ..plumbing import log
 from ..runtime._emit import emit
 from .server import StoreServer
 
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
 
-def host_store(sock: socket.socket) -> object:
+
+def host_store(sock: socket.socket) -> KeyStore:
     """torch's c10d TCPStore, served on `sock` (bound and listening already, so agents may
     connect while torch imports): the local supervisor's store (the Kubernetes rendezvous
     pod serves the same protocol without torch, ``store_server``). torch < 2.7 needs the

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..contract import protocol
 from ..contract.protocol import GONE_KEY, TARGET_KEY
 from ..plumbing import log
 
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
+
 
 class Board:
     def __init__(self) -> None:
-        self.store: Any = None  # torch's TCPStore server, once the supervisor hosts it
+        self.store: KeyStore | None = None  # torch's TCPStore server, once the supervisor hosts it
         self.port = 0  # the port it listens on, from the supervisor's run() on
         self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
         self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)

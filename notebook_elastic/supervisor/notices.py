@@ -14,13 +14,16 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
 from ..contract.event_types import Checkpoint, Kind, Notice, NoticeExpired, SavedOnNotice
 from ..contract.events import Event
 from ..plumbing import log as _logging
 from ..runtime import notice as board
+
+if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
 
 _log = _logging.get("supervisor.notices")
 
@@ -116,7 +119,7 @@ class Notices:
         if not self.given and store is not None:
             board.withdraw(store)
 
-    def withdraw_for(self, node: str, store: Any) -> None:
+    def withdraw_for(self, node: str, store: KeyStore | None) -> None:
         """A node that posted its own notice (its keeper, on a cluster) is gone: take that
         notice down, as its keeper would have had it lived (a holding rank 0 trains on)."""
         if store is None:

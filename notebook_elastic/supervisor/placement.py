@@ -13,11 +13,12 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import pool
 
 if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
     from .nodes import Agent
 
 
@@ -76,7 +77,7 @@ class Placement:
         """How long stopping nodes may take before they are killed."""
         return base_s
 
-    def kill_rank(self, pid: int, node: str, rank: int, store: Any) -> bool:
+    def kill_rank(self, pid: int, node: str, rank: int, store: KeyStore | None) -> bool:
         """SIGKILL one rank's process (the kill-a-worker drill); False when it is gone."""
         try:
             os.kill(pid, signal.SIGKILL)

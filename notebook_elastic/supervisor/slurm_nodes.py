@@ -30,6 +30,7 @@ from ..jobfolder.folder import JobFolder
 from .placement import Departure, Placement
 
 if TYPE_CHECKING:
+    from ..plumbing.store_client import KeyStore
     from .nodes import Agent
 
 #: After Slurm was asked to end a node's step at once, how long before its srun is killed too.
@@ -87,9 +88,11 @@ class SlurmPlacement(Placement):
         # Each node's notice: its keeper waits that long for rank 0's save, and a little more.
         return max(base_s, self.grace_s() + 5.0)
 
-    def kill_rank(self, pid: int, node: str, rank: int, store: Any) -> bool:
+    def kill_rank(self, pid: int, node: str, rank: int, store: KeyStore | None) -> bool:
         """Through the node's keeper (the worker may be on another host, where its pid is not
         ours: notice_keeper.py)."""
+        if store is None:  # no store now: the drill cannot reach the node
+            return False
         try:
             store.set(KILL_KEY.format(node=node), json.dumps({"pid": pid, "rank": rank}))
         except Exception:  # no store now: the drill cannot reach the node
