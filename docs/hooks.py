@@ -23,11 +23,11 @@ def _fields(schema: dict[str, Any]) -> tuple[str, str]:
 
 
 def events_table() -> str:
-    from notebook_elastic.contract.event_types import EVENT_SCHEMAS, Kind
+    from notebook_elastic.contract.event_types import Kind, event_schemas
 
     rows = ["| kind | always | when known |", "|---|---|---|"]
     for kind in Kind:
-        schema = EVENT_SCHEMAS.get(kind)
+        schema = event_schemas().get(kind)
         if schema is None:
             continue
         always, sometimes = _fields(schema)

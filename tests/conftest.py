@@ -13,7 +13,7 @@ STRICT_SOCKETS).
 
 The same check holds the event contract: every event in the history of every local job the
 test ran (``events.jsonl`` under its folders) must be of a known kind and match that kind's
-schema in ``notebook_elastic/contract/event_types.py`` (``EVENT_SCHEMAS``).
+schema in ``notebook_elastic/contract/event_types.py`` (``event_schemas()``).
 """
 
 from __future__ import annotations
@@ -334,10 +334,10 @@ _VALIDATORS: dict = {}  # one validator per event kind, built once a run
 def _validators() -> dict:
     import jsonschema
 
-    from notebook_elastic.contract.event_types import EVENT_SCHEMAS
+    from notebook_elastic.contract.event_types import event_schemas
 
     if not _VALIDATORS:
-        _VALIDATORS.update({k.value: jsonschema.Draft202012Validator(s) for k, s in EVENT_SCHEMAS.items()})
+        _VALIDATORS.update({k.value: jsonschema.Draft202012Validator(s) for k, s in event_schemas().items()})
     return _VALIDATORS
 
 
