@@ -265,3 +265,24 @@ def test_a_closed_gloo_group_ends_off_the_main_thread_once_the_cells_model_lets_
     assert said["reapers"] == 1, said
     assert said["gloo_threads"] > 0 and said["held"] == said["gloo_threads"] + 1, said  # and the reaper
     assert said["after"] == 0 and said["reaping"] == 0, said
+
+
+def test_a_round_superseded_between_its_taking_and_its_forming_is_not_formed(store):
+    """The agent's next round comes while the kept worker is between taking a round and forming
+    it (a joiner whose workers failed left again: CI saw the kept worker wait 120 s, the round's
+    wait for all, for a member that had gone). Told of the newer round, the worker does not form
+    the older one: it says so at once and takes the next (``InPlace.continues_after``)."""
+    from notebook_elastic.runtime.inplace import Assignment
+
+    def round_(number: int) -> Assignment:
+        return Assignment(
+            round=number, epoch=0, rank=0, world_size=2, local_rank=0, local_world_size=1, group_rank=0,
+            group_world_size=2, role_rank=0, role_world_size=2, store=f"127.0.0.1:{store.port}",
+            prefix=f"notebook_elastic/group/test/0/{number}", reason="joined",
+        )  # fmt: skip
+
+    g = group.Group()
+    g.superseded_by(round_(3))  # told by the link's thread, before open() began
+    with pytest.raises(group.Superseded, match="round 3 was formed before round 2 formed"):
+        g.open(round_(2), "gloo", 5.0)  # a member that went: it would wait for it 5 s, then fail otherwise
+    assert not dist.is_initialized()

@@ -37,6 +37,10 @@ FORMING_BOUND_S = 10.0
 BOUNDED_FORMING_SINCE = (2, 13)
 
 
+class Superseded(RuntimeError):
+    """A group not formed: its agent formed a newer round before this one began to form."""
+
+
 #: An open socket of this process: its descriptor, and what /proc names it by ("socket:[inode]").
 Socket = tuple[int, str]
 
@@ -97,6 +101,7 @@ class Group:
         self._lock = threading.Lock()
         self.aborted = False
         self.unabortable: str | None = None  # why an abort failed: this worker restarts instead
+        self._newest = -1  # the newest round its agent formed, as told (``superseded_by``)
 
     def open(self, assignment: Assignment, backend: str, timeout_s: float) -> None:
         """Form the group ``assignment`` names (a collective with its other ranks). First every
@@ -108,6 +113,10 @@ class Group:
         import torch.distributed as dist
 
         with self._lock:
+            if self._newest > assignment.round:
+                # Told of a newer round between taking this one and forming it (the joiner that
+                # failed left again): its members went on to that one, so this one never forms.
+                raise Superseded(f"round {self._newest} was formed before round {assignment.round} formed")
             self.aborted = False
             before = _socket_fds()
             # A replaced store serves at the same address: the old connection leads nowhere.
@@ -184,9 +193,12 @@ class Group:
                 continue  # closed meanwhile, or not a connected socket any more
 
     def superseded_by(self, assignment: Assignment) -> None:
-        """A newer round was formed while this one still forms (another node joined or left
-        meanwhile): its members went on to the newer one, so this one never forms; give it up."""
+        """A newer round was formed (another node joined or left meanwhile): its members went on
+        to it. One still forming is given up (aborted); one taken but not begun is not formed
+        (``open`` raises ``Superseded``: a joiner that failed and left as the kept worker took
+        its round held that worker in the round's wait for all, 120 s, in a CI run)."""
         with self._lock:
+            self._newest = max(self._newest, assignment.round)
             forming = self._forming is not None and self.assignment is not None
             older = forming and self.assignment is not None and self.assignment.round < assignment.round
         if older:
