@@ -286,3 +286,66 @@ def test_a_round_superseded_between_its_taking_and_its_forming_is_not_formed(sto
     with pytest.raises(group.Superseded, match="round 3 was formed before round 2 formed"):
         g.open(round_(2), "gloo", 5.0)  # a member that went: it would wait for it 5 s, then fail otherwise
     assert not dist.is_initialized()
+
+
+STARTED_INTO_A_REPLACED_ROUND = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch.distributed as dist
+    from notebook_elastic.contract import protocol
+    from notebook_elastic.runtime.inplace import InPlace
+
+    inplace = InPlace()
+    inplace.start()  # its link to the agent (the test, here)
+    deadline = time.monotonic() + 30
+    while inplace.link.pending is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the agent's word of round 3 came before this worker formed round 2
+    formed = inplace.init_group("gloo", 5.0)
+    print(json.dumps({"formed": formed, "world": dist.get_world_size(), "round": os.environ[protocol.ENV_ROUND],
+                      "rank": os.environ["RANK"]}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_worker_started_into_a_round_replaced_before_it_formed_forms_the_new_one(store):
+    """A fresh worker (a joiner's) started into round 2, whose agent formed round 3 before the
+    worker formed its first group (a node left as this one joined): it forms round 3, in which
+    its members are, and does not fail at its start (nor wait for round 2's gone member)."""
+    import os
+    import secrets
+    import socket
+
+    name, token = f"ne-test-link-{secrets.token_hex(6)}", secrets.token_hex(8)
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    agent.bind("\0" + name)
+    agent.listen(1)
+    at = f"127.0.0.1:{store.port}"
+    env = {
+        **os.environ, protocol.ENV_AGENT_LINK: name, protocol.ENV_AGENT_TOKEN: token, "RANK": "1", "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", protocol.ENV_ROUND: "2",
+        protocol.ENV_GROUP_STORE: at, protocol.ENV_GROUP_PREFIX: "notebook_elastic/group/test/0/2",
+    }  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTED_INTO_A_REPLACED_ROUND], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        agent.settimeout(60)
+        conn, _ = agent.accept()
+        with conn:
+            hello = json.loads(conn.makefile().readline())
+            assert hello["op"] == "hello" and hello["token"] == token, hello
+            assign = {
+                "op": "assign", "round": 3, "epoch": 0, "rank": 0, "world_size": 1, "local_rank": 0,
+                "local_world_size": 1, "group_rank": 0, "group_world_size": 1, "role_rank": 0,
+                "role_world_size": 1, "store": at, "prefix": "notebook_elastic/group/test/0/3", "reason": "lost",
+            }  # fmt: skip
+            conn.sendall((json.dumps(assign) + "\n").encode())
+            said = answer(proc)
+    finally:
+        agent.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert said == {"formed": True, "world": 1, "round": "3", "rank": "0"}, said

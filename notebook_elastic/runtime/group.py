@@ -192,6 +192,12 @@ class Group:
             except OSError:
                 continue  # closed meanwhile, or not a connected socket any more
 
+    @property
+    def newest_round(self) -> int:
+        """The newest round its agent formed, as told (-1: none told yet)."""
+        with self._lock:
+            return self._newest
+
     def superseded_by(self, assignment: Assignment) -> None:
         """A newer round was formed (another node joined or left meanwhile): its members went on
         to it. One still forming is given up (aborted); one taken but not begun is not formed

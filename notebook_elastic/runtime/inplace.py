@@ -267,6 +267,11 @@ class InPlace:
         if self.link is not None:
             self.link.on_abort = self.group.abort
             self.link.on_assign = self.group.superseded_by
+            # A round its agent sent before these were set (its reader runs from the connect on)
+            # was kept as pending, and not told to the group: told now.
+            pending = self.link.pending
+            if pending is not None:
+                self.group.superseded_by(pending)
 
     @property
     def active(self) -> bool:
@@ -279,8 +284,25 @@ class InPlace:
         assignment = Assignment.from_env()
         if assignment is None or self.link is None:
             return False
-        self.group.open(assignment, backend, timeout_s)
-        return True
+        deadline = time.monotonic() + ASSIGNMENT_WAIT_S
+        while True:
+            try:
+                self.group.open(assignment, backend, timeout_s)
+                return True
+            except Exception:
+                if self.group.newest_round <= assignment.round:
+                    raise  # it did not form, and no newer round is there to form: it fails
+                # Its agent formed a newer round before this one formed (another node joined or
+                # left as this one started): its members went on to that one; so does this worker.
+                self.group.close()
+                newer = self.link.next_assignment(assignment.round, deadline)
+                if newer is None:
+                    raise
+                _log.info(
+                    "round %s was replaced before it formed: this worker forms round %s", assignment.round, newer.round
+                )
+                os.environ.update(newer.env())
+                assignment = newer
 
     def progressed(self) -> None:
         """This worker's group made a step (its first report in the group): told to the agent,

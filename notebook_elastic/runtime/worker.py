@@ -209,6 +209,9 @@ def run(main: Callable[[], Any], *, init_process_group: bool = True, backend: st
     try:
         if init_process_group and init(backend):
             _adopt_user_init_calls()
+            if (formed := WorkerInfo.from_env()) != info:  # a newer round than it started in (init_group)
+                info = formed
+                emit(Kind.WORKER_STARTED, node=info.node, **info.started())
         while True:
             try:
                 result = main()
