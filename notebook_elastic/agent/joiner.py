@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, NodeEvicted, Pending, Restart
@@ -45,9 +45,6 @@ from ..pool.warm import Zygote
 from ..runtime._emit import emit
 from . import store_link, torch_adapter
 from .deadline import call_with_deadline
-
-if TYPE_CHECKING:
-    pass
 
 _log = log.get("agent.joiner")
 

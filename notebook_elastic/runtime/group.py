@@ -218,14 +218,13 @@ class Group:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            retired = [dist.group.WORLD] if self.backend == "gloo" else []
+            old = dist.group.WORLD if self.backend == "gloo" else None
             try:
                 dist.destroy_process_group()
             except Exception:
                 _log.debug("the broken group could not be destroyed cleanly", exc_info=True)
-            if retired and retired[0] is not None:
-                _retire(retired)
-            del retired
+            if old is not None:
+                _retire([old])
         with self._lock:
             self._fds = set()
             self.assignment = None

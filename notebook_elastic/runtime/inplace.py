@@ -127,21 +127,30 @@ class Link:
     """This worker's connection to its agent (an abstract Unix socket the agent listens on,
     authenticated by a token only the agent's children hold): one JSON object per line each way."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_abort: Callable[[], None] = lambda: None,
+        on_assign: Callable[[Assignment], None] = lambda a: None,
+    ) -> None:
         self._sock = sock
         self._send_lock = threading.Lock()
         self._cond = threading.Condition()
         self.pending: Assignment | None = None  # the newest group the agent formed, not taken yet
         self.leaving = False  # this worker's node goes: it leaves at the next step boundary
         self.closed = False  # the agent went (or never answered): nothing here stays in place
-        self.on_abort: Callable[[], None] = lambda: None  # the group's abort (set by Group)
-        self.on_assign: Callable[[Assignment], None] = lambda a: None  # a newer round was formed
+        # The group's abort, and its word of a newer round: set before the reader starts, so
+        # that no message the agent sends at once (a round formed as this worker started) misses them.
+        self.on_abort = on_abort
+        self.on_assign = on_assign
         self.capable_said: tuple[bool, str] | None = None
         self._thread = threading.Thread(target=self._read, name="notebook-elastic-link", daemon=True)
         self._thread.start()
 
     @classmethod
-    def connect(cls) -> Link | None:
+    def connect(
+        cls, on_abort: Callable[[], None] = lambda: None, on_assign: Callable[[Assignment], None] = lambda a: None
+    ) -> Link | None:
         """The link, when this worker's agent keeps workers in place (its environment says so)."""
         name, token = os.environ.get(protocol.ENV_AGENT_LINK), os.environ.get(protocol.ENV_AGENT_TOKEN)
         if not name or not token:
@@ -162,7 +171,7 @@ class Link:
             sock.close()
             return None
         sock.settimeout(None)
-        return cls(sock)
+        return cls(sock, on_abort, on_assign)
 
     def send(self, **message: Any) -> None:
         data = (json.dumps(message) + "\n").encode()
@@ -263,15 +272,7 @@ class InPlace:
         self.ended: Assignment | None = None  # the group that broke last (closed), for its survivors' save
 
     def start(self) -> None:
-        self.link = Link.connect()
-        if self.link is not None:
-            self.link.on_abort = self.group.abort
-            self.link.on_assign = self.group.superseded_by
-            # A round its agent sent before these were set (its reader runs from the connect on)
-            # was kept as pending, and not told to the group: told now.
-            pending = self.link.pending
-            if pending is not None:
-                self.group.superseded_by(pending)
+        self.link = Link.connect(on_abort=self.group.abort, on_assign=self.group.superseded_by)
 
     @property
     def active(self) -> bool:
