@@ -651,7 +651,7 @@ class Agent:
             await self._say(together.ALIVE, -1, now)
         if together.leader(state) == self.node:
             said = await self._read_said(now)
-            if together.regrouping(state, said, self.fleet.node_of, self.node):
+            if together.regrouping(state, said, self.node):
                 self._own()
                 together.take_alive(self.state, said, self.fleet.node_of)
                 return "open"
@@ -672,7 +672,7 @@ class Agent:
             await self.wire.wait([protocol.signal_key(self.key, state.round + 1, protocol.OPENED)], wait_s)
         elif not state.complete and node in state.participants and state.deadline is not None:
             left = max(0.0, (state.deadline - utc_now()).total_seconds())
-            grace = 0.0 if min(state.participants) == node else 1.0  # rounds.COMPLETE_GRACE_S
+            grace = 0.0 if together.first_member(state) == node else 1.0  # rounds.COMPLETE_GRACE_S
             key = protocol.signal_key(self.key, state.round, protocol.COMPLETE)
             await self.wire.wait([key], max(0.01, min(left + grace, wait_s)))
         else:
@@ -687,7 +687,7 @@ class Agent:
         if state.complete or state.deadline is None or self.node not in state.participants:
             return False
         left = (state.deadline - utc_now()).total_seconds()
-        grace = 0.0 if min(state.participants) == self.node else 1.0  # rounds.COMPLETE_GRACE_S
+        grace = 0.0 if together.first_member(state) == self.node else 1.0  # rounds.COMPLETE_GRACE_S
         if left > 0 or left + grace <= 0:
             return False
         await self.wire.wait([protocol.signal_key(self.key, state.round, protocol.COMPLETE)], left + grace)
@@ -889,7 +889,7 @@ class Agent:
                 return  # torchrun's agent restarts its workers for the nodes waiting
             # a complete round's members only leave it: as many as it began with, none gone
             if state.round == self.round and len(state.participants) < len(self.members):
-                gone = frozenset(m for m in self.members if m not in state.participants)
+                gone = self.members.difference(state.participants)  # the set's hashes: no node's __hash__
                 if gone:
                     self.marks.departures.append((time.monotonic(), gone))
                     return  # our watch ends the workers; the agent regroups, not charged

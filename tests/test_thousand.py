@@ -316,6 +316,57 @@ def _state(n: int, seed: int) -> tuple[dr._RendezvousState, list]:
     return state, nodes
 
 
+def test_who_leads_completes_and_backs_up_a_round_is_chosen_in_torchs_order_of_nodes():
+    """together's choices of members (the leader that writes the next round, the first member
+    that completes one, the ranks of a complete round, the backups that write the heartbeats,
+    whether every member said it regroups) compare nodes by their fields, in C, where the node's
+    own ``__hash__``, ``__eq__`` and ``__lt__`` are Python: a member's look over a round of 1,024
+    was 0.41 ms for the leader alone and a simulated change of 1,024 spent 1 s in them. The
+    choices are those of torch's own node order and equality, on nodes whose addresses order
+    otherwise as text than as numbers, share an address, or share a pid; ties of rank included."""
+    import random
+
+    rng = random.Random(40)
+    for trial in range(200):
+        n = rng.randint(1, 40)
+        addrs = [f"10.0.{rng.randint(0, 2)}.{rng.randint(1, 12)}" for _ in range(n)]
+        nodes = list(dict.fromkeys(dr._NodeDesc(a, rng.randint(1, 5), rng.randint(0, 1)) for a in addrs))
+        state = dr._RendezvousState()
+        ranks = rng.sample(range(len(nodes)), len(nodes)) if trial % 3 else [rng.randint(0, 2) for _ in nodes]
+        now = 1_000_000 * 5.0 + rng.uniform(0, 5)
+        for node, rank in zip(nodes, ranks):
+            state.participants[node] = rank
+            state.last_heartbeats[node] = datetime.fromtimestamp(now - rng.uniform(0, 4) * 5, timezone.utc)
+        state.complete = True
+        # torch's own comparisons, as the choices were written before
+        assert together.leader(state) == min(state.participants, key=lambda m: (state.participants[m], m))
+        assert together.first_member(state) == min(state.participants)
+        assert together.in_order(state.participants) == sorted(state.participants)
+        limit = datetime.fromtimestamp(now - together.OFF_DUTY_INTERVALS * 5, timezone.utc)
+        this = together.interval_of(now, 5.0)
+        overdue = sorted(
+            r
+            for m, r in state.participants.items()
+            if (r - this) % len(nodes) >= together.ON_DUTY and state.last_heartbeats[m] < limit
+        )
+        for node in nodes:
+            rank = state.participants[node]
+            backup = (
+                rank in overdue and (overdue.index(rank) - this * together.ON_DUTY) % len(overdue) < together.ON_DUTY
+            )
+            if (rank - this) % len(nodes) >= together.ON_DUTY and state.last_heartbeats[node] < limit:
+                assert together._backup(state, node, limit, this) == backup
+        copies = [dr._NodeDesc(m.addr, m.pid, m.local_id) for m in nodes]  # decoded: equal, not the same
+        said = [together.Said(together.REGROUP, state.round, (m.addr, m.pid, m.local_id), now) for m in copies]
+        me = copies[0]
+        assert together.regrouping(state, said, me)
+        assert together.regrouping(state, said[1:], me)  # its own saying is not needed
+        if len(nodes) > 1:
+            assert not together.regrouping(state, said[:-1], me)  # one member has not said so
+            stale = [together.Said(together.REGROUP, state.round - 1, said[-1].node, now)]
+            assert not together.regrouping(state, said[:-1] + stale, me)  # of another round
+
+
 def test_the_simulated_agents_bytes_are_a_pickle_of_torchs_own_state():
     codec = sim.Codec()
     for n, seed in ((1, 0), (40, 1), (300, 2)):

@@ -89,7 +89,7 @@ def exit_op(self: Any, op: Any) -> Callable[[Any, float], Any]:
                 return _action().KEEP_ALIVE  # each writes its own heartbeat here (a local job)
             if together.leader(state) == ctx.node:
                 said = self._ne_read()
-                if together.regrouping(state, said, node_of, ctx.node):
+                if together.regrouping(state, said, ctx.node):
                     together.take_alive(state, said, node_of)
                     self._ne_opening = True
                     return _action().REMOVE_FROM_PARTICIPANTS  # _remove_from_participants opens it
@@ -126,7 +126,7 @@ def join_op(self: Any, op: Any) -> Callable[[Any, float], Any]:
                 # wait a little longer for that (one write, not one each); a node that
                 # fills it first completes it sooner.
                 left = together.seconds_to(state.deadline, time.time())
-                grace = 0.0 if min(state.participants) == node else COMPLETE_GRACE_S
+                grace = 0.0 if together.first_member(state) == node else COMPLETE_GRACE_S
                 if left + grace <= 0 or (action != _action().SYNC and left > 0):
                     return action  # its turn (or the job's target reached: torch's)
                 key = key_of(state.round, protocol.COMPLETE)

@@ -38,10 +38,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..contract.protocol import announced_key
 from .torch_adapter import rendezvous_times_aware
+
+#: A node's fields, which torch's node equals and hashes by: a tuple compared and hashed in C,
+#: where the node's own ``__hash__`` and ``__eq__`` are Python (a dataclass's), and a look over
+#: a round of 1,024 members was 1,024 of each.
+_fields = attrgetter("addr", "pid", "local_id")
+
+
+def in_order(nodes: Iterable[Any]) -> list[Any]:
+    """``nodes`` in torch's order of nodes (``_NodeDesc`` orders by its fields: its ranks)."""
+    return sorted(nodes, key=_fields)
+
+
+def first_member(state: Any) -> Any:
+    """The round's first member in torch's order: the one that completes it at its deadline."""
+    return min(state.participants, key=_fields)
+
 
 if TYPE_CHECKING:
     from ..plumbing.store_client import KeyStore
@@ -153,7 +170,7 @@ def take_joins(
     if added and held == settings.max_nodes:
         state.complete = True
         state.deadline = None
-        for rank, member in enumerate(sorted(state.participants)):
+        for rank, member in enumerate(in_order(state.participants)):
             state.participants[member] = rank
     return added
 
@@ -209,12 +226,10 @@ def _backup(state: Any, node: Any, limit: datetime, this: int) -> bool:
     """Whether ``node``, overdue off duty (its heartbeat older than ``limit``), is one of the
     ``ON_DUTY`` of the overdue members off duty that write in interval ``this``: in turn by rank,
     each reading the same state picks the same."""
-    beats, n = state.last_heartbeats, len(state.participants)
-    overdue = sorted(
-        rank
-        for member, rank in state.participants.items()
-        if (rank - this) % n >= ON_DUTY and beats.get(member, limit) < limit
-    )
+    ranks, n = state.participants, len(state.participants)
+    # The heartbeats older than the limit first (compared in C), a member's rank only for those.
+    late = (ranks.get(member) for member, beat in state.last_heartbeats.items() if beat < limit)
+    overdue = sorted(rank for rank in late if rank is not None and (rank - this) % n >= ON_DUTY)
     return (overdue.index(state.participants[node]) - this * ON_DUTY) % len(overdue) < ON_DUTY
 
 
@@ -359,14 +374,18 @@ def changed(state: Any, members: frozenset[Any]) -> bool:
 
 
 def leader(state: Any) -> Any:
-    """The member of a complete round that writes the next one: the lowest ranked."""
-    return min(state.participants, key=lambda n: (state.participants[n], n.addr, n.pid, n.local_id))
+    """The member of a complete round that writes the next one: the lowest ranked (of equal
+    ranks, the lowest by its fields)."""
+    ranks = state.participants
+    lowest = min(ranks.values())
+    return min((node for node, rank in ranks.items() if rank == lowest), key=_fields)
 
 
-def regrouping(state: Any, said: Iterable[Said], node_of: Callable[[tuple[str, int, int]], Any], me: Any) -> bool:
+def regrouping(state: Any, said: Iterable[Said], me: Any) -> bool:
     """Whether every member of the round (``me`` aside) said it regroups from it."""
-    ready = {node_of(s.node) for s in said if s.kind == REGROUP and s.round == state.round}
-    return all(n == me or n in ready for n in state.participants)
+    ready = {s.node for s in said if s.kind == REGROUP and s.round == state.round}
+    ready.add(_fields(me))
+    return all(_fields(n) in ready for n in state.participants)
 
 
 def open_next_round(state: Any, settings: Any, me: Any, now: float) -> list[Any]:
@@ -389,6 +408,6 @@ def open_next_round(state: Any, settings: Any, me: Any, now: float) -> list[Any]
     if len(members) >= settings.max_nodes:
         state.complete = True
         state.deadline = None
-        for rank, member in enumerate(sorted(state.participants)):
+        for rank, member in enumerate(in_order(state.participants)):
             state.participants[member] = rank
-    return sorted(state.participants)
+    return in_order(state.participants)
