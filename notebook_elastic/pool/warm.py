@@ -41,7 +41,20 @@ from .wire import _address, _send, enabled, same_user
 
 _log = _logging.get("pool.warm")
 
-PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch._dynamo", "cloudpickle")
+#: A worker's imports. Ours among them are those of ``notebook_elastic.runtime`` outside it (which
+#: a worker imports afresh: it reads the environment): the event vocabulary above all, 4 to 5 ms of
+#: the 13 to 15 its import took in a fork.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn",
+    "torch.optim",
+    "torch._dynamo",
+    "cloudpickle",
+    "notebook_elastic.contract.event_types",
+    "notebook_elastic.plumbing.store_client",
+    "notebook_elastic.plumbing.parent",
+)
 #: The pool also forks agents (torchrun) and supervisors (the store, TensorBoard's writer).
 POOL_PRELOAD = (
     "torch.distributed.run",
