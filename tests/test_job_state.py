@@ -997,3 +997,41 @@ def test_a_change_in_place_that_broke_no_step_is_in_the_history_from_its_cause()
     )  # a join long after, with no drill: from its own start
     change, back = list(state.transitions)[-2:]
     assert (change["at"], change["in_place"], change["rooted"], back["at"]) == (30.2, True, False, 30.4), change
+
+
+def test_a_change_in_place_that_restarts_no_node_is_running_once_a_node_kept_its_workers():
+    """A node scaled away flips the job to restarting; in place, the survivors' agents form the
+    new round and keep their workers (``regrouped``): nothing restarts, the job is running again
+    before its kept workers re-form. Left "restarting" until they did, the stall watcher (which
+    watches a running job) was off: a survivor stuck in the old group's last collective held the
+    job for gloo's 120 s, and no stall was told though --stall-timeout was set (an adversary's
+    pass). Where a node does restart its workers in the change, the job is restarting until they
+    start again."""
+    nodes = ("node-0", "node-1", "node-2")
+    state = fold(*(started(1.0, n, r, 3, generation=1) for r, n in enumerate(nodes)))
+    state.apply(ev(Kind.NODE_LEFT, 2.0, "node-2", reason="scaled_down"))
+    assert state.status == Status.RESTARTING
+    state.apply(ev(Kind.REGROUPED, 2.1, "node-0", round=1, group_rank=0, group_world_size=2, kept=[11], reason="left"))
+    assert state.status == Status.RUNNING
+
+    # node-1 restarts its workers (one was stopped): the job restarts until they start again.
+    mixed = fold(*(started(1.0, n, r, 3, generation=1) for r, n in enumerate(nodes)))
+    mixed.apply(ev(Kind.NODE_LEFT, 2.0, "node-2", reason="scaled_down"))
+    mixed.apply(ev(Kind.IN_PLACE_REFUSED, 2.0, "node-1", reason="local rank 0's worker is stopped"))
+    mixed.apply(ev(Kind.RESTART, 2.0, "node-1", reason="membership_change"))
+    mixed.apply(ev(Kind.REGROUPED, 2.1, "node-0", round=1, group_rank=0, group_world_size=2, kept=[11], reason="left"))
+    assert mixed.status == Status.RESTARTING
+    mixed.apply(started(2.3, "node-1", 1, 2, generation=2))
+    assert mixed.status == Status.RUNNING
+    # The change over, a later one that keeps every worker is running again at its regroup.
+    mixed.apply(ev(Kind.NODE_LEFT, 3.0, "node-1", reason="scaled_down"))
+    mixed.apply(ev(Kind.REGROUPED, 3.1, "node-0", round=2, group_rank=0, group_world_size=1, kept=[11], reason="left"))
+    assert mixed.status == Status.RUNNING
+
+    # A round formed with no worker kept (they restart) is no change in place.
+    none_kept = fold(*(started(1.0, n, r, 3, generation=1) for r, n in enumerate(nodes)))
+    none_kept.apply(ev(Kind.NODE_LEFT, 2.0, "node-2", reason="scaled_down"))
+    none_kept.apply(
+        ev(Kind.REGROUPED, 2.1, "node-0", round=1, group_rank=0, group_world_size=2, kept=[], reason="left")
+    )
+    assert none_kept.status == Status.RESTARTING

@@ -852,29 +852,47 @@ def stall_watched(name: str, total: int, stall_timeout_s: float | None = None):
     )
 
 
-def test_a_stall_during_a_scale_up_names_the_stopped_rank_kept_in_place(home):
-    """A rank stopped as a scale-up comes: the kept ranks say their new rank only once in the
-    new group, so the stall named the joiner alone ('rank(s) 2 wait for them', none stopped; an
-    adversary's pass). It names the stopped process by the rank it had, the others as waiting."""
+def _node_of_rank(job, rank: int) -> str:
+    return next(e.node for e in reversed(job.events) if e.kind == Kind.WORKER_STARTED and e.get("rank") == rank)
+
+
+@pytest.mark.parametrize("change", ["scale down", "scale up"])
+def test_a_stopped_survivor_is_restarted_at_a_change_and_the_others_keep_their_processes(home, change):
+    """A survivor's worker stopped (SIGSTOP, a debugger) as a node is scaled away: kept in place,
+    it held the others in the old group's last collective for gloo's timeout (120 s); then the
+    healthy rank 0 failed, was restarted and charged, and the stopped one was kept again (an
+    adversary's pass). As a node joins, it stalled the new group the same way. A stopped process
+    cannot take its place in a new group: its node restarts it at the change, as torchrun would,
+    and says why in one sentence; the others keep their processes, uncharged."""
     job = ne.launch(
         TRAIN,
         nnodes="1:3",
-        nodes=2,
-        name="frozen-up",
-        backend_options={"stall_after_s": 3},
+        nodes=3 if change == "scale down" else 2,
+        name=f"frozen-{change.replace(' ', '-')}",
         user_ns=namespace(total=100_000),
     )
     frozen = None
     try:
-        wait_for(lambda: job.world_size == 2 and at_step(job, 5)(), "two nodes training", job=job)
-        frozen = worker_pid(job, 1)
+        size = 3 if change == "scale down" else 2
+        wait_for(lambda: job.world_size == size and at_step(job, 5)(), f"{size} nodes training", job=job)
+        frozen, frozen_node = worker_pid(job, 1), _node_of_rank(job, 1)
+        kept = worker_pid(job, 0)
         os.kill(frozen, signal.SIGSTOP)
-        job.scale(3)
-        wait_for(lambda: job.state.stall is not None, "the stall event", job=job, give_up_when_finished=True)
-        stall = next(e for e in job.events if e.kind == Kind.STALL)
-        assert stall.get("stopped") == [1] and 0 in stall.get("waiting"), stall.data
+        job.scale(2 if change == "scale down" else 3)
+        changed = time.monotonic()
+        after = 2 if change == "scale down" else 3
+        step = job.state.step
+        wait_for(
+            lambda: job.world_size == after and at_step(job, step + 3)(), f"training at {after}", job=job, timeout=90
+        )
+        print(f"{change} with rank 1 stopped: training at {after} after {time.monotonic() - changed:.1f} s")
+        refused = [e for e in job.events if e.kind == Kind.IN_PLACE_REFUSED and e.node == frozen_node]
+        assert refused and "is stopped" in refused[-1].describe(), [e.describe() for e in refused]
+        assert not pid_alive(frozen)  # restarted: its process gone
+        assert worker_pid(job, 0) == kept  # rank 0 kept its process
+        assert job.restarts == 0, job.summary()
     finally:
-        if frozen is not None:
+        if frozen is not None and pid_alive(frozen):
             os.kill(frozen, signal.SIGCONT)
         job.stop()
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract import protocol
 from ..contract.event_types import InPlaceRefused, Kind, LeftAtBoundary, Regrouped
 from ..plumbing import log as _logging
+from ..plumbing.procfs import is_stopped
 from ..runtime import term
 from ..runtime._emit import emit
 from ..runtime.group import forming_is_bounded
@@ -216,6 +217,27 @@ class Links:
         if worker is None:
             return False
         return worker.send(message)
+
+    def stopped(self, local_ranks: list[int]) -> list[int]:
+        """Those of these local ranks whose worker is stopped (SIGSTOP, a debugger)."""
+        with self._lock:
+            pids = [(r, w.pid) for r in local_ranks if (w := self._workers.get(r)) is not None and w.open and w.pid]
+        return [r for r, pid in pids if is_stopped(pid)]
+
+    def why_not_kept(self, local_ranks: list[int]) -> str | None:
+        """Why the workers of these local ranks cannot be kept into a new group (None: they can):
+        ``why_not``'s reasons, or one of them is stopped. Kept, a stopped worker would hold the
+        new group as it held the old one (a survivor stopped as a node was scaled away: its peer
+        waited in the old group's last collective for gloo's timeout, 120 s, then restarted,
+        charged, and the stopped one was kept again: an adversary's pass). A node that leaves
+        still leaves first (``leave``: its stopped workers are killed after the abort's grace)."""
+        why = self.why_not(local_ranks)
+        if why is None and (stopped := self.stopped(local_ranks)):
+            why = (
+                f"local rank {stopped[0]}'s worker is stopped (SIGSTOP, or a debugger holds it):"
+                " a stopped process cannot take its place in the new group"
+            )
+        return why
 
     def kill(self, local_ranks: list[int]) -> list[int]:
         """SIGKILL these local ranks' workers whose links are still open (a worker that can act on
@@ -394,9 +416,10 @@ class InPlace:
             return False
         if self.fatal.ends:
             return True  # the job ends (its supervisor stops the others): nothing to restart or regroup
-        why = links.why_not(local_ranks)
+        why = links.why_not_kept(local_ranks)
         if why is not None:
             self._refused(why, round_)
+            self._kill_stopped(local_ranks)
             return False
         if not graceful:
             for local_rank in local_ranks:
@@ -424,6 +447,16 @@ class InPlace:
         if self.refused_round != round_ and self.links is not None and self.links.trained():
             self.refused_round = round_
             emit(Kind.IN_PLACE_REFUSED, node=self._node(), **InPlaceRefused(reason=why))
+
+    def _kill_stopped(self, local_ranks: list[int]) -> None:
+        """SIGKILL this node's stopped workers, which restart: torch's shutdown signals their
+        launchers, and a warm start's worker (the pool's fork, no child of theirs) outlives its
+        launcher while stopped, holding its group's sockets (a scale-up waited 30 s for it)."""
+        links = self.links
+        stopped = links.stopped(local_ranks) if links is not None else []
+        killed = links.kill(stopped) if links is not None and stopped else []
+        if killed:
+            _log.warning("workers %s were stopped and cannot stay in place: killed", killed)
 
     def _regroup(self, reason: str, round_: int | None) -> None:
         self.reason = reason
@@ -462,9 +495,10 @@ class InPlace:
         local_ranks = sorted(pids_by_local_rank)
         if links is None or not local_ranks or reason == LEFT_OUT:
             return False  # left out: its workers wait in a group the others left (departures.left_out)
-        why = links.why_not(local_ranks)
+        why = links.why_not_kept(local_ranks)
         if why is not None:
             self._refused(why, int(os.environ.get(protocol.ENV_ROUND, -1)))
+            self._kill_stopped(local_ranks)
             return False
         started = time.monotonic()
         self.reason = ""

@@ -22,3 +22,10 @@ def read_stat(pid: int) -> list[str] | None:
             return f.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
         return None
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, or held by a debugger: ``T`` or ``t``); False
+    when it is gone or cannot be read."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")

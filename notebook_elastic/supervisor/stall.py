@@ -15,6 +15,7 @@ from .. import defaults
 from ..contract.event_types import Kind, Stall, StallCleared, SupervisorFrozen
 from ..contract.job_state import JobState
 from ..contract.spec import JobSpec
+from ..plumbing.procfs import is_stopped
 from .nodes import Workers
 from .placement import Placement
 from .sink import EventSink
@@ -36,14 +37,6 @@ class StallClock:
 #: freeze of its own (SIGSTOP, a laptop's suspend, a machine that stopped scheduling it), not
 #: the job's: the workers trained on meanwhile, their reports wait unread in the pipes.
 FROZEN_S = 5.0
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP, or stopped under a debugger); False when gone."""
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False
 
 
 class Stalls:

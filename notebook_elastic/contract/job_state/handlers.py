@@ -28,6 +28,7 @@ from ..event_types import (
     Plan,
     Queue,
     Recovering,
+    Regrouped,
     Rendezvous,
     Restart,
     Resumed,
@@ -67,6 +68,9 @@ class Fold:
         # A node left because the job is being stopped: the others go too, and what they say on
         # their way (a peer vanished, restarting) is no restart (their SIGTERMs land one by one).
         self._stopping = False
+        # Nodes whose agent restarts its workers, until one of them starts again: a change in
+        # place is a restart for none of the others only while this is empty (``_on_regrouped``).
+        self._restarting: set[str] = set()
 
     def apply(self, e: Event) -> None:
         """Do what ``e``'s kind does to the state; a kind without an ``_on_<kind>`` does nothing."""
@@ -180,6 +184,7 @@ class Fold:
         self._node_came_or_went(e)
         d = e.fields(NodeLeft)
         node = self._node(e.node)
+        self._restarting.discard(node.name)  # gone: it restarts nothing any more
         in_the_running_group = bool(node.ranks)  # cleared when a group without it started
         node.status = "left"
         node.left_reason = d.get("reason")
@@ -209,6 +214,16 @@ class Fold:
             node.status = "starting"
         self.state.round = d.get("round")
 
+    def _on_regrouped(self, e: Event) -> None:
+        """A node's agent formed the new round and kept its workers: in place, nothing restarts.
+        Where no node restarts its workers in this change either, the job is running again (its
+        kept workers re-form at once): "restarting" until the first of them said so kept the
+        stall watcher off, and a survivor stuck in the old group's last collective held the job
+        for gloo's 120 s with no word of it, the stall timeout set or not (an adversary's pass)."""
+        if e.fields(Regrouped).get("kept") and not self._restarting and not self._stopping:
+            if not self.state.finished and self.state.status == Status.RESTARTING:
+                self.state.status = Status.RUNNING
+
     def _on_restart(self, e: Event) -> None:
         d = e.fields(Restart)
         node = self._node(e.node)
@@ -226,6 +241,7 @@ class Fold:
         if self._outside_the_group(node):
             return  # its own restart, outside the group training
         node.status = "restarting"
+        self._restarting.add(node.name)
         if not self.state.finished:
             self.state.status = Status.RESTARTING
 
@@ -259,6 +275,7 @@ class Fold:
         generation = d.get("generation")
         if generation is not None and self.state.generation is not None and generation < self.state.generation:
             return  # a late line from a superseded group
+        self._restarting.discard(node.name)
         if generation != self.state.generation:
             # A new worker group: drop ranks of the previous one everywhere.
             for other in self.state.nodes.values():
@@ -338,6 +355,7 @@ class Fold:
         restart (the budget is untouched). The world-size marker moves to the step the new
         group trains from, and says so."""
         d = e.fields(InPlace)
+        self._restarting.clear()  # the change is over: its new group trains
         self.state.membership_changes += 1
         self.state.in_place_changes += 1
         step = d.get("step")
