@@ -300,7 +300,7 @@ def main() -> None:
             got = transfer(sizes[size], repeat)
             mb = got["bytes"] / 1e6
             rows.append(row(f"joiner's state from a live peer, {size} params ({mb:.0f} MB)", got["transfer_s"], "s"))
-            rows.append(row(f"joiner at {size}: the longest a kept rank went without a group", got["took_s"], "s"))
+            rows.append(row(f"joiner at {size}: the longest a kept rank stood still", got["took_s"], "s"))
     finally:
         stop_all_jobs()
     report(

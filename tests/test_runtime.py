@@ -77,6 +77,25 @@ def test_state_restores_model_optimizer_step_and_extras(ckpt):
     assert list(State(model=make_model()).steps(8)) == [6, 7]
 
 
+def test_a_state_says_when_its_training_last_moved_the_step_in_flights_start_or_now(ckpt):
+    """What a change in place is told from (``State.stood_since``): at a step boundary (the step
+    committed), now; with a step in flight (a collective in it broke, or hung), that step's
+    start, however long ago: a survivor that stood 70 s in the old group's last collective was
+    told "training again after 0.02 s", the time it went without a group (an adversary's pass)."""
+    with redirect_stdout(io.StringIO()):
+        state = State(model=make_model(), async_commit=False)
+        steps = state.steps(10)
+        first = next(steps)
+        began = time.monotonic()
+        time.sleep(0.05)
+        later = time.monotonic()
+        assert state.stood_since(later) <= began < later  # step 0 in flight: since its start
+        state.commit(step=first)
+        assert state.stood_since(later) == later  # committed: a boundary, training stood no time
+        next(steps)
+        assert began < state.stood_since(time.monotonic() + 60) < began + 30  # step 1 in flight
+
+
 def test_a_torn_newest_checkpoint_falls_back_to_the_previous(ckpt):
     with redirect_stdout(io.StringIO()):
         model = make_model()

@@ -337,7 +337,7 @@ class InPlace(TypedDict):
     redone: int  # steps trained before the change that are trained again (the step in flight)
     kept: int  # ranks that kept their processes
     joined: int  # ranks that started fresh (a new node, a restarted one): they took the live values
-    took_s: float  # the longest a kept rank went without a group
+    took_s: float  # the longest a kept rank stood still: from its last step's end to the new group
     round: NotRequired[int]
     source: NotRequired[int]  # the rank the values came from (-1: every rank held its own)
     reason: NotRequired[str]  # why: "joined", "left", "lost", "store"

@@ -253,7 +253,10 @@ class Link:
 class Switch:
     """One change of group, as this worker lived it (rank 0's becomes the ``in_place`` event)."""
 
-    started: float  # monotonic: the change's first sign here (a boundary, a broken collective)
+    # monotonic: when training last moved here (``State.stood_since``: a boundary, or the start of
+    # the step in flight). Told from the change's first sign, a survivor that stood 70 s in the old
+    # group's last collective read "training again after 0.02 s" (an adversary's pass).
+    started: float
     reason: str
     from_world_size: int
     abrupt: bool  # the step in flight broke (it is redone), not a boundary everyone agreed on
@@ -361,7 +364,8 @@ class InPlace:
 
         if state is not None or self.switch is None:
             world = int(os.environ.get("WORLD_SIZE", 1))
-            self.switch = Switch(time.monotonic(), "", world, abrupt=not boundary)
+            now = time.monotonic()
+            self.switch = Switch(state.stood_since(now) if state is not None else now, "", world, abrupt=not boundary)
         self.handoff = state.handoff() if state is not None else held
         assert self.handoff is not None
         if self.handoff.partly is not None:  # no step's values: the restart from the latest save

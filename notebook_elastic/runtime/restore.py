@@ -365,7 +365,7 @@ class Restore:
         kept = self._collectives.all_reduce([1 if handoff is not None else 0], "sum")[0]
         machinery.handoff = None
         if self._info.rank == 0:
-            took_s = elapsed_ms / 1000  # the longest any kept rank went without a group
+            took_s = elapsed_ms / 1000  # the longest any kept rank stood still (Switch.started)
             said = InPlace(
                 round=int(os.environ.get(protocol.ENV_ROUND, -1)),
                 from_world_size=from_world,

@@ -20,8 +20,9 @@ way, and rank 0 tells the other ranks each commit whether to write, so they neve
 
 Its parts: a ``Restore`` and its ``Collectives`` (``restore.py``, the start), a ``SaveInterval``
 (``interval.py``), a ``CheckpointWriter`` (``writer.py``), ``checkpoints.py`` (the folder),
-``state_dicts.py``, ``notice.py`` (a save on notice) and ``handoff.py`` (in place). Close to 600
-lines: ``commit()``, its plain and sharded paths and the in-place vote read as one protocol.
+``state_dicts.py``, ``notice.py`` (a save on notice) and ``handoff.py`` (in place). A little
+over 600 lines: ``commit()``, its plain and sharded paths and the in-place vote read as one
+protocol.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class State:
         self.total: int | None = None
         self.resumed_from: Path | None = None
         self._current: int | None = None
+        self._step_began = 0.0  # monotonic: when the step in flight (``_current``) began
         self._restored_step = 0
         self._restored_samples = 0
         self._samples_per_step = 0
@@ -378,6 +380,7 @@ class State:
                 notice, self._holding = self._holding, None
                 self._notice.hold(notice)
             self._current = step
+            self._step_began = time.monotonic()
             yield step
         self._current = None
         if self._sharded:  # before the cell's own destroy_process_group() ends the save's group
@@ -386,6 +389,11 @@ class State:
     @property
     def current_step(self) -> int | None:
         return self._current
+
+    def stood_since(self, now: float) -> float:
+        """When training last moved here: the step in flight's start (it broke or hung), else ``now``."""
+        in_flight = self._current is not None and self.step <= self._current
+        return min(now, self._step_began) if in_flight and self._step_began else now
 
     def _cursor_at(self, next_step: int) -> int:
         return self._restored_samples + (next_step - self._restored_step) * self._samples_per_step
