@@ -22,8 +22,8 @@ from waiting import wait_for
 from notebook_elastic.contract.protocol import ENV_JOB_DIR, ENV_POOL
 from notebook_elastic.jobfolder.processes import kill_all, pid_alive, process_start_ticks, processes_of
 from notebook_elastic.plumbing import owned
-from notebook_elastic.supervisor.outcome import _is_ours
 from notebook_elastic.plumbing.procfs import is_stopped
+from notebook_elastic.supervisor.outcome import _is_ours
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
