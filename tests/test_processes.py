@@ -340,3 +340,33 @@ def test_the_walk_by_descent_stops_at_a_pool_and_at_another_jobs_processes(tmp_p
             if proc is not None:
                 proc.wait()
         wait_for(lambda: not any(pid_alive(p) for p in everyone), "every process of the test ended", timeout=30)
+
+
+def test_a_worker_stopped_for_a_moment_at_a_change_is_kept_and_one_that_stays_stopped_is_not():
+    """An agent restarts a worker that is stopped when the members change (agent/inplace.py
+    ``why_not_kept``), only once it stayed stopped ``STOPPED_FOR_S``: a node thawed process by
+    process, its agent first, saw its worker still stopped a moment and killed it (a fresh-clone
+    CI run of ``test_in_place.py::test_a_node_thawed_after_the_others_regrouped_twice_rejoins_at_once``)."""
+    import socket
+    import threading
+
+    from notebook_elastic.agent.inplace import Links, _Worker
+
+    links = Links()
+    proc = subprocess.Popen(SLEEP)
+    ours, theirs = socket.socketpair()
+    try:
+        links._workers[0] = _Worker(0, proc.pid, ours, capable=True, said=True)  # it said it can stay
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: is_stopped(proc.pid), "stopped", timeout=30, poll_s=0.01)
+        threading.Timer(0.2, os.kill, (proc.pid, signal.SIGCONT)).start()
+        assert links.stopped([0]) == []  # it went on within the second
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: is_stopped(proc.pid), "stopped again", timeout=30, poll_s=0.01)
+        assert links.stopped([0]) == [0]
+        assert "is stopped" in (links.why_not_kept([0]) or "")
+    finally:
+        proc.kill()
+        proc.wait()
+        ours.close()
+        theirs.close()

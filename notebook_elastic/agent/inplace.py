@@ -77,6 +77,10 @@ FRESH_READY_WAIT_S = 30.0
 FRESH_LOOK_S = 0.005
 FRESH_LOOKS_A_SECOND_IN_ALL = 5000.0
 FRESH_LOOK_MOST_S = (0.01, 0.25)
+#: How long a worker found stopped at a change must stay stopped before its node restarts it: a
+#: node thawed process by process (its agent first) saw its worker still stopped and killed it
+#: (a fresh-clone CI run of the thawed-node test); a worker that goes on within this is kept.
+STOPPED_FOR_S = 1.0
 
 
 @dataclass
@@ -218,19 +222,22 @@ class Links:
             return False
         return worker.send(message)
 
-    def stopped(self, local_ranks: list[int]) -> list[int]:
-        """Those of these local ranks whose worker is stopped (SIGSTOP, a debugger)."""
+    def stopped(self, local_ranks: list[int], for_s: float = STOPPED_FOR_S) -> list[int]:
+        """Those of these local ranks whose worker is stopped (SIGSTOP, a debugger), and stays
+        stopped for ``for_s`` (looked at every 50 ms: a worker that goes on meanwhile is not)."""
         with self._lock:
             pids = [(r, w.pid) for r in local_ranks if (w := self._workers.get(r)) is not None and w.open and w.pid]
-        return [r for r, pid in pids if is_stopped(pid)]
+        still = [(r, pid) for r, pid in pids if is_stopped(pid)]
+        deadline = time.monotonic() + for_s
+        while still and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            still = [(r, pid) for r, pid in still if is_stopped(pid)]
+        return [r for r, _pid in still]
 
     def why_not_kept(self, local_ranks: list[int]) -> str | None:
-        """Why the workers of these local ranks cannot be kept into a new group (None: they can):
-        ``why_not``'s reasons, or one of them is stopped. Kept, a stopped worker would hold the
-        new group as it held the old one (a survivor stopped as a node was scaled away: its peer
-        waited in the old group's last collective for gloo's timeout, 120 s, then restarted,
-        charged, and the stopped one was kept again: an adversary's pass). A node that leaves
-        still leaves first (``leave``: its stopped workers are killed after the abort's grace)."""
+        """``why_not``, or one of them is stopped: kept, it held its peer in the old group's last
+        collective for gloo's 120 s, which then restarted, charged (an adversary's pass). A node
+        that leaves still leaves first (``leave``: killed after the abort's grace)."""
         why = self.why_not(local_ranks)
         if why is None and (stopped := self.stopped(local_ranks)):
             why = (
@@ -453,7 +460,7 @@ class InPlace:
         launchers, and a warm start's worker (the pool's fork, no child of theirs) outlives its
         launcher while stopped, holding its group's sockets (a scale-up waited 30 s for it)."""
         links = self.links
-        stopped = links.stopped(local_ranks) if links is not None else []
+        stopped = links.stopped(local_ranks, for_s=0.0) if links is not None else []
         killed = links.kill(stopped) if links is not None and stopped else []
         if killed:
             _log.warning("workers %s were stopped and cannot stay in place: killed", killed)
