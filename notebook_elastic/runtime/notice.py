@@ -233,12 +233,16 @@ class NoticeBoard:
 
     def _answered_in_place(self, store: KeyValues, notice_id: int) -> None:
         """A notice another process answered in place (the rank 0 of the group the node left)
-        is answered for this one too: the ranks that stay kept every value, and a rank 0 of the
-        next group, on a node that stays, has nothing to add while the notice still stands
-        (it answered again: two answers, two events, for one notice)."""
+        or with a save that was written is answered for this one too: the ranks that stay kept
+        every value, or the save holds them, and a rank 0 of the next group has nothing to add
+        while the notice still stands (it answered again: two answers, two events, for one
+        notice; after a save, a second save: a fresh-clone CI run of a Kueue preemption, whose
+        pods' SIGTERMs came a moment apart). A save that failed is tried again here."""
         key = answer_key(notice_id)
-        if store.check([key]) and json.loads(store.get(key)).get("in_place"):
-            self.answered.add(notice_id)
+        if store.check([key]):
+            reply = json.loads(store.get(key))
+            if reply.get("in_place") or reply.get("saved"):
+                self.answered.add(notice_id)
 
     def _needs_no_save(self, notice: dict[str, Any]) -> int | None:
         """The steps done where ``notice`` needs no save, asked of the latest State; between two
