@@ -240,6 +240,35 @@ def test_a_sigkilled_agent_takes_its_workers_with_it(home):
     assert job.status == "stopped"
 
 
+def test_a_lost_node_ends_at_once_its_agent_and_workers_together_even_with_its_agent_frozen(home, tmp_path):
+    """lose_node is a host's loss: the node's agent and its workers die together. They are the
+    warm pool's forks, each in a session of its own: the drill killed the agent's launcher alone,
+    left the agent to kill itself and its workers to follow it one by one, and a worker ran on
+    for milliseconds (long enough for a change to end with it: test_in_place's loss while the
+    next State is made, 1 run in 12 under load); with its agent frozen, for good. Here the agent
+    is stopped first: no worker of the node writes after the drill's answer, and none is left."""
+    beat = tmp_path / "beat-"
+    cell = (
+        "while True:\n    open(BEAT + os.environ['RANK'], 'w').write(str(time.monotonic_ns()))\n    time.sleep(0.005)\n"
+    )
+    job = ne.launch(
+        cell, nnodes="1:2", nodes=2, name="lost-at-once", user_ns={"BEAT": str(beat), "os": os, "time": time}
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("beat-*"))) == 2, "two nodes' workers beating", job=job)
+        wait_for(lambda: len(job.state.nodes["node-1"].ranks) == 1, "node-1's worker told", job=job)
+        [(rank, worker)] = [(r, w.pid) for r, w in job.state.nodes["node-1"].ranks.items()]
+        agent = next(int(e.get("pid")) for e in job.events if e.kind == Kind.AGENT_STARTED and e.node == "node-1")
+        os.kill(agent, signal.SIGSTOP)  # a frozen agent kills no worker, nor itself
+        job.lose_node("node-1")
+        answered = time.monotonic_ns()
+        assert wait_until_gone(lambda: [p for p in (agent, worker) if pid_alive(p)]) == [], "the lost node ran on"
+        last = (tmp_path / f"beat-{rank}").read_text()
+        assert int(last or 0) < answered, "the lost node's worker wrote after the drill's answer"
+    finally:
+        job.stop()
+
+
 def test_a_new_kernel_attaches_replays_history_and_follows_live(home, tmp_path):
     kernel = tmp_path / "kernel.py"
     kernel.write_text(

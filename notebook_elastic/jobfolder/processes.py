@@ -220,6 +220,23 @@ def signal_all(job_dir: str | os.PathLike[str], sig: int, which: Callable[[int],
     return signalled
 
 
+def kill_together(job_dir: str | os.PathLike[str], pids: list[int]) -> list[int]:
+    """SIGKILL these processes of the job together: each held and checked as the job's first
+    (``_hold``), then all signalled with nothing between. A node lost on this machine: its agent
+    and its workers are the warm pool's forks, each in a session of its own, and left to follow
+    their launcher's end one by one they ran on for milliseconds, long enough for a change to end
+    with them (no lost host's processes can). The pids signalled."""
+    job = os.fspath(job_dir)
+    held = [h for pid in dict.fromkeys(pids) if (h := _hold(pid, job, None)) is not None]
+    try:
+        for h in held:
+            h.signal(signal.SIGKILL)
+    finally:
+        for h in held:
+            h.close()
+    return [h.pid for h in held]
+
+
 KILLED_EXIT_WAIT_S = 10.0  # how long kill_all waits for a SIGKILLed process to have exited
 
 

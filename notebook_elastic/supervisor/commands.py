@@ -161,7 +161,8 @@ class Commands:
         self.course.lower(agent.name, "lost" if how == "lose" else "preempted")
         noticed = False
         if how == "lose":
-            self.nodes.signal_agent(agent, signal.SIGKILL, "lost")
+            workers = tuple(pid for pid, node, _gen in self.workers.values() if node == agent.name)
+            self.nodes.signal_agent(agent, signal.SIGKILL, "lost", workers)
         elif grace_s and self.notices.give(
             agent, grace_s, stays=len([a for a in self.nodes.staying_agents() if a is not agent])
         ):

@@ -28,6 +28,7 @@ from ..contract.plan import LaunchPlan, launch_plan, rdzv_id
 from ..contract.spec import JobSpec
 from ..jobfolder.folder import JobFolder
 from ..jobfolder.place import local_place, visible_gpus
+from ..jobfolder.processes import kill_together
 from .board import Board
 from .membership import Course
 from .notices import Notices
@@ -373,11 +374,15 @@ class Nodes:
         self._space_ok = ok
         return ok
 
-    def signal_agent(self, agent: Agent, sig: int, reason: str) -> None:
+    def signal_agent(self, agent: Agent, sig: int, reason: str, workers: tuple[int, ...] = ()) -> None:
+        """Signal a node's agent; a SIGKILL ends the node at once, with ``workers`` (its workers'
+        pids) and its agent killed together where their pids are this machine's."""
         if agent.exit_reason is None:
             agent.exit_reason = reason
         try:
             if sig == signal.SIGKILL:
+                if self.placement.pids_here:
+                    kill_together(self.folder.path, [*workers, *filter(None, [agent.agent_pid])])
                 self.placement.kill(agent)  # the whole node at once
             elif sig == signal.SIGTERM:
                 self.placement.term(agent)  # on purpose: its workers leave, or save first
