@@ -150,6 +150,7 @@ def test_survivors_keep_their_processes_and_step_across_loss_scale_down_and_scal
     words = [e.describe() for e in job.events if e.kind == Kind.IN_PLACE]
     assert words[0].startswith("a node was lost: 3 \u2192 2 ranks in place, training again from step "), words
     assert "0 steps redone" in words[1] and "2 new ranks took the live values" in words[-1], words
+    assert words[-1].startswith("2 nodes joined: 1 \u2192 3 ranks in place"), words  # not "a node joined"
 
 
 @pytest.mark.torch_contract

@@ -148,3 +148,22 @@ def test_a_change_in_place_is_told_as_its_sizes_show(before, after, reason, said
     data = {"round": 1, "from_world_size": before, "world_size": after, "step": 7, "redone": 0, "kept": 1}
     event = Event(Kind.IN_PLACE, 0.0, "node-0", {**data, "joined": 0, "source": -1, "took_s": 0.1, "reason": reason})
     assert event.describe().startswith(said + " ranks in place, training again from step 7"), event.describe()
+
+
+@pytest.mark.parametrize(
+    ("sizes", "nodes", "reason", "said"),
+    [
+        # A loss during a scale-down read "a node left: 3 -> 1" (issue 41's closing note).
+        ((3, 1), (3, 1), "left", "2 nodes went (the first left): 3 \u2192 1"),
+        ((3, 1), (3, 1), "lost", "2 nodes went (the first was lost): 3 \u2192 1"),
+        ((1, 3), (1, 3), "joined", "2 nodes joined: 1 \u2192 3"),
+        ((4, 2), (2, 1), "left", "a node left: 4 \u2192 2"),  # two ranks a node: one node
+        ((3, 2), (3, 2), "lost", "a node was lost: 3 \u2192 2"),
+        ((3, 1), (0, 1), "left", "a node left: 3 \u2192 1"),  # no kept rank knew the old nodes: as before
+    ],
+)
+def test_a_change_of_several_nodes_in_place_says_how_many(sizes, nodes, reason, said):
+    data = {"round": 1, "from_world_size": sizes[0], "world_size": sizes[1], "step": 7, "redone": 0, "kept": 1}
+    data.update(from_nodes=nodes[0], nodes=nodes[1], joined=0, source=-1, took_s=0.1, reason=reason)
+    event = Event(Kind.IN_PLACE, 0.0, "node-0", data)
+    assert event.describe().startswith(said + " ranks in place"), event.describe()

@@ -340,6 +340,8 @@ export interface IInPlaceEvent {
   reason?: string;
   transfer_s?: number;
   transfer_bytes?: number;
+  from_nodes?: number;
+  nodes?: number;
 }
 
 export interface IRegroupedEvent {

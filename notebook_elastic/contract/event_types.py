@@ -343,6 +343,8 @@ class InPlace(TypedDict):
     reason: NotRequired[str]  # why: "joined", "left", "lost", "store"
     transfer_s: NotRequired[float]  # the values sent from the source to the ranks that lacked them
     transfer_bytes: NotRequired[int]
+    from_nodes: NotRequired[int]  # the old group's nodes, as the ranks that trained on knew it (0: none did)
+    nodes: NotRequired[int]  # the new group's
 
 
 class Regrouped(TypedDict):

@@ -357,6 +357,13 @@ def _in_place(_node: str, d: InPlace) -> str:
         (after > before and reason != "joined") or (after < before and reason == "joined") or after == before
     ):
         why = "the members changed"
+    elif reason in _IN_PLACE_WHY and reason != "store":
+        # More than one node at once (a loss during a scale-down: never "a node left: 3 -> 1").
+        moved = (d.get("nodes") or 0) - (d.get("from_nodes") or 0) if d.get("from_nodes") else 0
+        if reason == "joined" and moved > 1:
+            why = f"{moved} nodes joined"
+        elif reason != "joined" and moved < -1:
+            why = f"{-moved} nodes went (the first {'was lost' if reason == 'lost' else 'left'})"
     redone = d.get("redone", 0)
     joined = d.get("joined", 0)
     took = d.get("took_s", 0.0)

@@ -260,6 +260,7 @@ class Switch:
     reason: str
     from_world_size: int
     abrupt: bool  # the step in flight broke (it is redone), not a boundary everyone agreed on
+    from_nodes: int = 0  # the old group's nodes (its GROUP_WORLD_SIZE): "2 nodes went", not "a node"
 
 
 class InPlace:
@@ -365,7 +366,9 @@ class InPlace:
         if state is not None or self.switch is None:
             world = int(os.environ.get("WORLD_SIZE", 1))
             now = time.monotonic()
-            self.switch = Switch(state.stood_since(now) if state is not None else now, "", world, abrupt=not boundary)
+            since = state.stood_since(now) if state is not None else now
+            nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+            self.switch = Switch(since, "", world, abrupt=not boundary, from_nodes=nodes)
         self.handoff = state.handoff() if state is not None else held
         assert self.handoff is not None
         if self.handoff.partly is not None:  # no step's values: the restart from the latest save

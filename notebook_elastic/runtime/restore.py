@@ -322,11 +322,12 @@ class Restore:
         reached = handoff.reached if handoff is not None else -1
         elapsed_ms = int((time.monotonic() - switch.started) * 1000) if switch is not None and handoff else 0
         from_world = switch.from_world_size if switch is not None and handoff is not None else 0
+        from_nodes = switch.from_nodes if switch is not None and handoff is not None else 0
         # Why, as a kept rank heard it (rank 0 may be a joiner's, which knows none).
         why = _REASONS.index(switch.reason) if switch is not None and switch.reason in _REASONS else 0
-        heard = [from_world, why]
-        best, neg_worst, most_reached, from_world, elapsed_ms, why = self._collectives.all_reduce(
-            [mine, -mine, reached, from_world, elapsed_ms, why], "max"
+        heard = [from_world, why, from_nodes]
+        best, neg_worst, most_reached, from_world, elapsed_ms, why, from_nodes = self._collectives.all_reduce(
+            [mine, -mine, reached, from_world, elapsed_ms, why, from_nodes], "max"
         )
         if best < 0:
             return None
@@ -342,7 +343,7 @@ class Restore:
             # step): a rank behind it was not in that group. A node cut off that comes back
             # kept its process and its old group's size, and heard that group break ("lost"):
             # told as it, the survivors' 1 -> 2 read "a node was lost: 2 -> 2".
-            from_world, why = self._collectives.all_reduce(heard if mine == best else [0, 0], "max")
+            from_world, why, from_nodes = self._collectives.all_reduce(heard if mine == best else [0, 0, 0], "max")
             sent = None
             if self._info.rank == source and handoff is not None:
                 sent = {"states": handoff.states, "extra": handoff.extra, "samples_seen": handoff.samples_seen}
@@ -377,6 +378,8 @@ class Restore:
                 source=source,
                 took_s=round(took_s, 4),
                 reason=_REASONS[why],
+                from_nodes=from_nodes,
+                nodes=int(os.environ.get("GROUP_WORLD_SIZE", 1)),
             )
             if source >= 0:
                 said["transfer_s"], said["transfer_bytes"] = round(transfer_s, 4), transfer_bytes
