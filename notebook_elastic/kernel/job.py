@@ -416,7 +416,8 @@ class ElasticJob:
         return self.backend.inject(self.name, "preempt_node", node, return_after_s=return_after_s, grace_s=grace_s)
 
     def lose_node(self, node: str | None = None) -> DrillAnswer:
-        """Drill: a node dies without notice (SIGKILL to its agent)."""
+        """Drill: a node dies without notice, as a host lost would (its agent and workers SIGKILLed
+        together here; its pod deleted at once on Kubernetes; its step killed on Slurm)."""
         self._require_running("lose a node")
         return self.backend.inject(self.name, "lose_node", node)
 
