@@ -762,7 +762,8 @@ class Agent:
         held = len(state.participants)
         if not state.complete and self.node in state.participants and settings.min_nodes <= held <= settings.max_nodes:
             if await self.wire.check([protocol.TARGET_KEY]):
-                if int(await self.wire.get(protocol.TARGET_KEY)) == held:
+                value = (await self.wire.get(protocol.TARGET_KEY)).decode()
+                if store_link.holds_target(held, (int(value.rstrip("+")), value.endswith("+"))):
                     return A.MARK_RENDEZVOUS_COMPLETE
         return action
 

@@ -350,6 +350,36 @@ def test_on_slurm_nodes_keep_their_processes_through_a_loss_a_scale_and_a_preemp
         job.stop()
 
 
+def test_on_slurm_a_loss_while_a_joiner_starts_regroups_the_survivors_without_waiting_for_it(on_slurm, home):  # noqa: F811
+    """A scale-up's new allocation takes seconds to start its agent; a node lost meanwhile left
+    the survivor standing still until the joiner came (its round waited for the job's target,
+    then for the last call: 5 s, "the members changed: 2 -> 2", an adversary's pass). The
+    survivor regroups alone now, at once, and the joiner comes in a change of its own."""
+    job = ne.launch(
+        TRAIN,
+        backend="slurm",
+        nnodes="1:3",
+        nodes=2,
+        supervisor_in="ctl",
+        name="joiner-starting",
+        max_restarts=0,
+        checkpoint_every=NEVER,
+        user_ns=namespace(total=100_000, step_s=0.1),
+    )
+    try:
+        wait_for(training_at(job, 2, 5), "two nodes training", timeout=300, job=job)
+        first = pids_of(job, "node-0")
+        job.scale(3)  # node-2's allocation starts
+        job.lose_node("node-1")
+        wait_for(lambda: len(changes(job)) >= 2, "in place after the loss, then the join", timeout=300, job=job)
+        lost, joined = changes(job)[:2]
+        assert (lost["reason"], lost["world_size"], lost["kept"], lost["joined"]) == ("lost", 1, 1, 0), changes(job)
+        assert (joined["reason"], joined["world_size"], joined["joined"]) == ("joined", 2, 1), changes(job)
+        assert pids_of(job, "node-0") == first and job.state.restarts == 0
+    finally:
+        job.stop()
+
+
 def test_a_member_that_goes_while_the_new_group_forms_leaves_the_others_to_form_the_next(home, tmp_path):
     """A scale-up's new node that goes before its workers ever come (stuck at their start here,
     then scaled away): the kept worker and the other new one wait in the group that cannot form,

@@ -51,3 +51,40 @@ def test_how_a_job_ends_is_decided_by_what_is_left_of_it_in_order():
         "script.py changed",
     )
     assert ending(Phase.STOPPING, [0], **{**alive, "folder": DELETED, "fatal": "x"}) == ("lost", None)
+
+
+def test_a_departure_regroups_the_survivors_without_a_joiner_still_starting():
+    """The round's target (TARGET_KEY) the supervisor publishes: a round holding it closes at
+    once. A scale-up's joiner still starting is waited for while the others train on; once a
+    node goes meanwhile, the survivors stand still, and waited for it too (a Slurm joiner's
+    start held a loss's survivors 5 s, an adversary's pass): they regroup once the round holds
+    at least themselves ("1+"), the joiner comes in a change of its own. Where every worker
+    restarts at each round (survivors=None), a round more is a restart more: the target."""
+    from torch.distributed import TCPStore
+
+    from notebook_elastic.agent.store_link import holds_target, target_nodes
+    from notebook_elastic.supervisor.board import Board
+
+    board = Board()
+    board.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def closes_with(held: int) -> bool:
+        return holds_target(held, target_nodes(board.store))
+
+    board.publish_target(3, survivors=2)  # scaled 2 -> 3, the joiner's agent starting
+    assert target_nodes(board.store) == (3, False) and not closes_with(2) and closes_with(3)
+    board.round_formed("job", 0, 1)
+    assert board.latest_round == (0, 1)
+    board.regroup(2, survivors=1)  # a member killed while the joiner starts: lowered to 2, 1 survivor
+    assert target_nodes(board.store) == (1, True) and closes_with(1) and closes_with(2) and not closes_with(0)
+    board.publish_target(2, survivors=None)
+    assert target_nodes(board.store) == (2, False) and not closes_with(1)
+    board.publish_target(2, survivors=1)
+    board.round_formed("job", 0, 1)  # an older round's event clears nothing
+    board.publish_target(2, survivors=1)
+    assert closes_with(1)
+    board.round_formed("job", 0, 2)  # the survivors' round: the joiner's is a change at the target
+    board.publish_target(2, survivors=1)
+    assert target_nodes(board.store) == (2, False)
+    board.regroup(2, survivors=0)  # no survivor: nothing to close a round with early
+    assert target_nodes(board.store) == (2, False)

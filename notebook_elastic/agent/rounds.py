@@ -133,7 +133,7 @@ def _closing_at_target(join: Any, store: KeyStore | None) -> Callable[[Any, floa
                 not state.complete
                 and ctx.node in state.participants
                 and settings.min_nodes <= held <= settings.max_nodes
-                and held == store_link.target_nodes(store)  # last: a store read, only when the rest holds
+                and store_link.holds_target(held, store_link.target_nodes(store))  # last: a store read
             ):
                 return actions.MARK_RENDEZVOUS_COMPLETE
         return action

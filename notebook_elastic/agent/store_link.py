@@ -55,16 +55,26 @@ def read_key(store: KeyStore, key: str) -> bytes | None:
     return store.get(key) if store.check([key]) else None
 
 
-def target_nodes(store: KeyStore | None) -> int | None:
-    """The job's target number of nodes in ``store`` (``TARGET_KEY``), or None."""
+def target_nodes(store: KeyStore | None) -> tuple[int, bool] | None:
+    """The nodes a round closes at once with (``TARGET_KEY``), or None: the job's target
+    (``"3"``: that many), or, while survivors of a departure regroup, those survivors
+    (``"2+"``: at least that many; a joiner still starting comes in a change of its own)."""
     if store is None:
         return None
     try:
         value = read_key(store, TARGET_KEY)
-        return None if value is None else int(value)
+        if value is None:
+            return None
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        return int(text.rstrip("+")), text.endswith("+")
     except Exception:
         _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
         return None
+
+
+def holds_target(held: int, target: tuple[int, bool] | None) -> bool:
+    """Whether a round of ``held`` nodes holds the target ``target_nodes`` read."""
+    return target is not None and (held >= target[0] if target[1] else held == target[0])
 
 
 #: A rendezvous store call is a round trip of a few hundred bytes; one without a reply after

@@ -22,10 +22,12 @@ class Board:
     def __init__(self) -> None:
         self.store: KeyStore | None = None  # torch's TCPStore server, once the supervisor hosts it
         self.port = 0  # the port it listens on, from the supervisor's run() on
-        self._published_target: int | None = None  # the target the store holds (TARGET_KEY)
+        self._published_target: str | None = None  # the target the store holds (TARGET_KEY)
         self._gone: dict[str, float] = {}  # agent pid -> when it was reaped (GONE_KEY)
         # The latest round an agent said it formed: (epoch, round, torch's state key of its run).
         self._round: tuple[int, int, str] | None = None
+        # A node went since the latest round formed: its survivors regroup, standing still.
+        self._regrouping = False
 
     def _tell_agents(self, key: str, value: str) -> bool:
         """Set what the agents' rendezvous reads beside its round (agent/rounds.py); False when
@@ -39,11 +41,32 @@ class Board:
             log.get("supervisor").debug("could not tell the agents %s through the store", key, exc_info=True)
             return False
 
-    def publish_target(self, target: int) -> None:
+    def publish_target(self, target: int, survivors: int | None = None) -> None:
         """The number of nodes the job runs, in the store: a round that holds that many closes
-        at once instead of waiting last_call_timeout for nodes that will not come."""
-        if target != self._published_target and self._tell_agents(TARGET_KEY, str(target)):
-            self._published_target = target
+        at once instead of waiting last_call_timeout for nodes that will not come. While a
+        departure regroups the survivors, given ``survivors`` (the staying nodes that were in a
+        round), a round closes once it holds at least those (``"2+"``): survivors standing still
+        do not wait for a joiner still starting (a scale-up's on Slurm, seconds away, held a
+        loss's survivors 5 s, an adversary's pass); it comes in a change of its own, which costs
+        them a fraction of that."""
+        value = str(target)
+        if survivors is not None and self._regrouping and 0 < survivors < target:
+            value = f"{survivors}+"
+        if value != self._published_target and self._tell_agents(TARGET_KEY, value):
+            self._published_target = value
+
+    @property
+    def latest_round(self) -> tuple[int, int] | None:
+        """(epoch, round) of the latest round an agent said it formed."""
+        return None if self._round is None else self._round[:2]
+
+    def regroup(self, target: int, survivors: int | None) -> None:
+        """A member of the latest round is going or gone (told to, signalled, reaped): until the
+        next round forms, its survivors regroup without a joiner still starting (the target
+        first, before they are woken: their first look finds it; at their next, a Slurm job's
+        came 1 s later)."""
+        self._regrouping = True
+        self.publish_target(target, survivors)
 
     def publish_gone(self, agent_pid: int | None, died: bool = True) -> None:
         """An agent reaped: its peers drop it from their round now, not at its heartbeat's
@@ -62,6 +85,7 @@ class Board:
         event): the round whose members ``publish_gone`` wakes."""
         if round_ is not None and (self._round is None or (epoch, round_) > self._round[:2]):
             self._round = (epoch, round_, protocol.rendezvous_state_key(rdzv_id))
+            self._regrouping = False
 
     def _wake_round(self) -> None:
         """The latest round's members look at it now, not at their next look (up to 0.02 s

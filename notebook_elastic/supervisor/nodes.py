@@ -65,6 +65,8 @@ class Agent:
     log_bytes: int = 0  # written to its current log file
     reaped: bool = False
     agent_pid: int | None = None  # the torchrun agent's own (forked by the warm pool): its rendezvous id
+    round: tuple[int, int] | None = None  # (epoch, round) of the latest round it formed (none: a joiner)
+    signaled: bool = False  # it said a SIGTERM came (from us or its place: scancel, a preemption)
     readers: list[threading.Thread] = field(default_factory=list)
     parsers: list[LineParser] = field(default_factory=list)
     log: IO[bytes] = field(kw_only=True)  # its node's log file, opened with it (unbuffered)
@@ -379,6 +381,7 @@ class Nodes:
         pids) and its agent killed together where their pids are this machine's."""
         if agent.exit_reason is None:
             agent.exit_reason = reason
+        self._regroup_without(agent)
         try:
             if sig == signal.SIGKILL:
                 if self.placement.pids_here:
@@ -408,6 +411,27 @@ class Nodes:
 
     def alive_agents(self) -> list[Agent]:
         return [a for a in self.agents.values() if not a.reaped and a.alive]
+
+    def _survivors(self) -> int | None:
+        """The staying nodes that were in a round: in place, survivors of a departure regroup
+        without a joiner still starting (``Board.publish_target``). None where every worker
+        restarts at each round: a round more is a restart more, so they wait for the target."""
+        if self.spec.torchrun_restarts:
+            return None
+        return len([a for a in self.staying_agents() if a.round is not None and not a.signaled])
+
+    def signaled(self, agent: Agent) -> None:
+        """The agent said a SIGTERM came: from its place (a scancel, Slurm's preemption) where
+        not from us. It leaves its round at a step boundary; the survivors regroup without it."""
+        agent.signaled = True
+        self._regroup_without(agent)
+
+    def _regroup_without(self, agent: Agent) -> None:
+        """``agent`` is going or gone: where it is a member of the latest round, its survivors
+        regroup without a joiner still starting (``Board.regroup``). One that is not (left
+        already, a joiner) changes no round: a joiner's round is not closed without it."""
+        if agent.round is not None and agent.round == self.board.latest_round:
+            self.board.regroup(self.course.membership.target, self._survivors())
 
     def staying_agents(self) -> list[Agent]:
         """Live agents not already told to go (a preempted node takes a moment to leave)."""
@@ -449,6 +473,7 @@ class Nodes:
                     **NodeEvicted(failure=failure, target=self.course.membership.target),
                 )
             # Told to go on purpose (SIGTERM), it left its round itself; killed or dead, it did not.
+            self._regroup_without(agent)
             self.board.publish_gone(agent.agent_pid, died=died)
             if agent.exit_reason is None and not self.course.stopping:
                 departure = self.placement.departure(agent.name)  # its place ended it (Slurm)
@@ -479,10 +504,10 @@ class Nodes:
             # A fatal verdict stops the job in this same turn of the loop: the node whose exit
             # said so (reaped just before, its worker's event not yet folded) is not replaced.
             return
-        self.board.publish_target(self.course.membership.target)  # before a new agent asks to join
         # Agents on their way out do not count: counting a preempted node-0 that is still
         # shutting down made the target look exceeded, and the survivor was scaled down too.
         alive = self.staying_agents()
+        self.board.publish_target(self.course.membership.target, self._survivors())  # before a new agent asks to join
         if self.finishing():
             return
         target = self.course.membership.target

@@ -211,6 +211,11 @@ class Supervisor:
             formed = e.fields(Rendezvous)
             epoch = int(formed.get("epoch") or 0)
             self.board.round_formed(rdzv_id(self.spec.name, self.run_id, epoch), epoch, formed.get("round"))
+            round_ = formed.get("round")
+            if e.node in self.nodes.agents and round_ is not None:
+                self.nodes.agents[e.node].round = (epoch, int(round_))
+        if e.kind == Kind.AGENT_SIGNALED and e.node in self.nodes.agents:
+            self.nodes.signaled(self.nodes.agents[e.node])
         if e.kind == Kind.AGENT_STARTED and e.node in self.nodes.agents:
             self.nodes.agents[e.node].agent_pid = e.fields(AgentStarted).get("pid")
         if e.kind == Kind.WORKER_STARTED:
