@@ -773,7 +773,9 @@ def test_the_others_train_on_while_a_joiners_workers_start(home, tmp_path, monke
     regrouping; the gate opens; the job trains at 2 in place, the survivor's process kept."""
     gate, job = one_node_with_cold_workers(tmp_path, monkeypatch, "worker-gate", "trainon", "1:2")
     try:
-        gate.hold("os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ")  # the joiner's worker alone
+        # The joiner's worker alone, by its node: its rank is torch's choice (nodes in their agents' pid
+        # order: a pid that wrapped around made the joiner rank 0, and the gate held nothing).
+        gate.hold("os.environ.get('NOTEBOOK_ELASTIC_NODE') == 'node-1' and 'LOCAL_RANK' in os.environ")
         up, joined_at = trains_on_while_the_joiner_is_held(
             job,
             gate,
@@ -1111,8 +1113,10 @@ def test_a_joiner_restarted_by_the_next_change_does_not_hold_the_others(home, tm
     try:
         kept = pids_of(job, "node-0")
         held = tmp_path / "held"
-        # The first worker of rank 1 alone (the joiner's): held until the test ends.
-        gate.hold("os.environ.get('RANK') == '1' and 'LOCAL_RANK' in os.environ", once=held)
+        # The first worker of node-1 alone (the joiner's), by its node, not its rank (torch ranks the
+        # nodes by their agents' pids: a pid that wrapped around made the joiner rank 0 in a fresh-clone
+        # run, and the gate held nothing): held until the test ends.
+        gate.hold("os.environ.get('NOTEBOOK_ELASTIC_NODE') == 'node-1' and 'LOCAL_RANK' in os.environ", once=held)
         job.scale(2)
         wait_for(held.exists, "the joiner's worker held at its start", job=job, give_up_when_finished=True)
         time.sleep(0.5)  # node-0 waits for it, training on
