@@ -762,8 +762,8 @@ class Agent:
         held = len(state.participants)
         if not state.complete and self.node in state.participants and settings.min_nodes <= held <= settings.max_nodes:
             if await self.wire.check([protocol.TARGET_KEY]):
-                value = (await self.wire.get(protocol.TARGET_KEY)).decode()
-                if store_link.holds_target(held, (int(value.rstrip("+")), value.endswith("+"))):
+                target = store_link.parse_target((await self.wire.get(protocol.TARGET_KEY)).decode())
+                if store_link.holds_target(held, target):
                     return A.MARK_RENDEZVOUS_COMPLETE
         return action
 

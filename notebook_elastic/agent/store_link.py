@@ -63,13 +63,15 @@ def target_nodes(store: KeyStore | None) -> tuple[int, bool] | None:
         return None
     try:
         value = read_key(store, TARGET_KEY)
-        if value is None:
-            return None
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        return int(text.rstrip("+")), text.endswith("+")
+        return None if value is None else parse_target(value.decode())
     except Exception:
         _log.debug("a store lost meanwhile: the rendezvous says so on its own next call", exc_info=True)
         return None
+
+
+def parse_target(text: str) -> tuple[int, bool]:
+    """``TARGET_KEY``'s value: ``"3"`` -> (3, False), exactly; ``"2+"`` -> (2, True), at least."""
+    return int(text.rstrip("+")), text.endswith("+")
 
 
 def holds_target(held: int, target: tuple[int, bool] | None) -> bool:

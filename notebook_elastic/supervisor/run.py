@@ -210,8 +210,8 @@ class Supervisor:
         if e.kind == Kind.RENDEZVOUS:
             formed = e.fields(Rendezvous)
             epoch = int(formed.get("epoch") or 0)
-            self.board.round_formed(rdzv_id(self.spec.name, self.run_id, epoch), epoch, formed.get("round"))
             round_ = formed.get("round")
+            self.board.round_formed(rdzv_id(self.spec.name, self.run_id, epoch), epoch, round_)
             if e.node in self.nodes.agents and round_ is not None:
                 self.nodes.agents[e.node].round = (epoch, int(round_))
         if e.kind == Kind.AGENT_SIGNALED and e.node in self.nodes.agents:
