@@ -46,8 +46,8 @@ def main() -> int:
         cell_started["at"] = time.monotonic()
 
     def on_cell_executed(cell, cell_index, execute_reply, **_):
-        if cell.cell_type != "code":
-            return
+        if cell.cell_type != "code" or cell.metadata.get("events"):
+            return  # the events cell after a failure: its text comes with the failure
         first = cell.source.splitlines()[0] if cell.source else ""
         now = time.monotonic()
         # The cell's own time, and when it finished since the notebook started (#39 item 11: the
@@ -74,12 +74,10 @@ def main() -> int:
         config=config,
     )
     try:
-        if args.pace > 0:
-            run_at_a_pace(client, nb, args.pace)
-        else:
-            client.execute()
-    except CellExecutionError as exc:
-        print(f"notebook failed: {str(exc)[-3000:]}", file=sys.stderr)
+        run_at_a_pace(client, nb, args.pace)
+    except _FailedWithEvents as failed:
+        print(failed.events, flush=True)
+        print(f"notebook failed: {str(failed.__cause__)[-3000:]}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
@@ -99,16 +97,52 @@ def launches(cell) -> bool:
 
 
 def run_at_a_pace(client: NotebookClient, nb, pace_s: float) -> None:
-    """Every cell in order on one kernel, ``pace_s`` seconds before each once a job runs."""
+    """Every cell in order on one kernel, ``pace_s`` seconds before each once a job runs (none:
+    Run All)."""
     launched = False
     with client.setup_kernel():
         for index, cell in enumerate(nb.cells):
-            if launched:
+            if launched and pace_s > 0:
                 print(f"--- (a reader's {pace_s:g} s before cell [{index}], a {cell.cell_type} cell)", flush=True)
                 time.sleep(pace_s)
             if cell.cell_type == "code":
-                client.execute_cell(cell, index)
+                try:
+                    client.execute_cell(cell, index)
+                except CellExecutionError as exc:
+                    raise _FailedWithEvents(_jobs_events(client)) from exc
             launched = launched or launches(cell)
+
+
+class _FailedWithEvents(Exception):
+    def __init__(self, events: str) -> None:
+        super().__init__("a cell failed")
+        self.events = events
+
+
+#: Run in the kernel after a cell failed, before it is shut down: each job's events, the record a
+#: failure far from here (a fresh-clone run) is read from. A Kubernetes job's events live only in
+#: its kernel (they are followed from the cluster), so they are gone once the kernel is.
+_EVENTS_CELL = """
+from notebook_elastic.kernel.job import ElasticJob as _Job
+_seen = set()
+for _name, _job in list(globals().items()):
+    if isinstance(_job, _Job) and not _name.startswith("_") and id(_job) not in _seen:
+        _seen.add(id(_job))
+        print(f"--- {_name}: its last 80 events")
+        for _e in _job.events[-80:]:
+            _data = {k: v for k, v in _e.data.items() if k not in ("node", "v")}
+            print(f"{_e.time:.2f} {_e.kind} {_e.node or ''} {str(_data)[:200]}")
+"""
+
+
+def _jobs_events(client: NotebookClient) -> str:
+    cell = nbformat.v4.new_code_cell(_EVENTS_CELL, metadata={"events": True})
+    client.nb.cells.append(cell)
+    try:
+        client.execute_cell(cell, len(client.nb.cells) - 1)
+    except Exception as exc:  # the kernel died with the cell: nothing more to read
+        return f"--- no events: {type(exc).__name__}: {exc}"
+    return "".join(_text(output) for output in cell.get("outputs", []))
 
 
 def _tell_the_warm_pool() -> None:

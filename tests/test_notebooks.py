@@ -32,7 +32,7 @@ def run_notebook(name: str, home, timeout: int = 600, pace_s: float = 0) -> str:
         env=env,
         cwd=REPO / "notebooks",
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout[-20000:] + done.stderr[-4000:]  # the jobs' events too
     return done.stdout
 
 
