@@ -51,6 +51,19 @@ def saved_after(store: StoreClient, notice: dict[str, Any]) -> bool:
     return False
 
 
+def posted_for(store: StoreClient, node: str) -> dict[str, Any] | None:
+    """The notice posted for ``node`` and still running (within its grace), if one is: where the
+    supervisor gives notice itself, the SIGTERM that follows it is its end, not a new notice."""
+    try:
+        if not store.check([NOTICE_KEY]):
+            return None
+        notice = json.loads(store.get(NOTICE_KEY))
+        fresh = time.time() - float(notice["at"]) <= float(notice["grace_s"]) + BURST_S
+        return notice if notice.get("node") == node and fresh and isinstance(notice.get("id"), int) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 #: How often the keeper looks for such a request.
 KILL_POLL_S = 0.5
 
@@ -131,12 +144,25 @@ class Keeper:
         try:
             deadline = time.monotonic() + max(0.0, self.grace_s - LEAVE_S)
             store = StoreClient(self.endpoint)
-            at = time.time()
-            said = Notice(grace_s=self.grace_s, id=int(at * 1000) % 2**31)
-            self.notice = notice = {"id": said["id"], "node": self.node, "grace_s": self.grace_s, "at": at}
-            store.set(NOTICE_KEY, json.dumps(notice))
-            announce(store)  # a waiting rank 0 sees it now
-            emit(Kind.NOTICE, node=self.node, **said)
+            posted = posted_for(store, self.node)
+            if posted is not None:
+                # The supervisor gave this node notice already (a drill's, with its own grace) and
+                # its SIGTERM is that notice's end: the same notice, not a second one (a Slurm
+                # preemption read two notices, 30 s then 8 s, answered "no save needed" then
+                # with a save: an adversary's pass). Its answer is there already; the agent acts
+                # on its SIGTERM only once released, and Slurm's own, sent to every process of the
+                # node at once, must have landed (ignored) before that, or the agent takes it
+                # for a second stop in the middle of its leave.
+                self.notice = notice = posted
+                noticed = self.noticed if self.noticed is not None else time.monotonic()
+                time.sleep(max(0.0, noticed + BURST_S - time.monotonic()))
+            else:
+                at = time.time()
+                said = Notice(grace_s=self.grace_s, id=int(at * 1000) % 2**31)
+                self.notice = notice = {"id": said["id"], "node": self.node, "grace_s": self.grace_s, "at": at}
+                store.set(NOTICE_KEY, json.dumps(notice))
+                announce(store)  # a waiting rank 0 sees it now
+                emit(Kind.NOTICE, node=self.node, **said)
             while time.monotonic() < deadline and not self.released:
                 if saved_after(store, notice):
                     self.saved = True
@@ -144,7 +170,7 @@ class Keeper:
                 time.sleep(POLL_S)
             else:
                 if not self.released:
-                    emit(Kind.NOTICE_EXPIRED, node=self.node, **NoticeExpired(grace_s=self.grace_s, id=said["id"]))
+                    emit(Kind.NOTICE_EXPIRED, node=self.node, **NoticeExpired(grace_s=self.grace_s, id=notice["id"]))
         except Exception as exc:  # no store to post in: the node goes as it would have
             _log.warning("could not give notice: %s", exc)
         finally:

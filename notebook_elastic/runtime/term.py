@@ -98,8 +98,12 @@ def defer(may_act: Callable[[], bool]) -> bool:
 
 
 def defer_in_worker() -> bool:
-    """In a worker, at start: it goes when its agent stops it, or once the keeper let go. Only
-    in the process torch started: not in a child it spawns with multiprocessing (which imports
+    """In a worker, at start: it goes when its agent stops it (``stopping``), never on Slurm's
+    SIGTERM, even one whose handler runs after the keeper let the agent go (a worker inside a
+    collective runs a Python handler only when the call returns: let through then, it died
+    mid-step and its step was redone where the node was to leave at a step boundary; its agent
+    tells it to leave, or stops it, and Slurm's SIGKILL after KillWait ends it if the agent
+    cannot). Only in the process torch started: not in a child it spawns with multiprocessing (which imports
     this too, and whose parent's terminate() must end it); a forked child inherits the handler,
     which lets the signal through outside the process that set it."""
     import multiprocessing
@@ -107,7 +111,7 @@ def defer_in_worker() -> bool:
     # A spawned child is named before it imports its parent's main module (which imports this).
     if multiprocessing.parent_process() is not None or multiprocessing.current_process().name != "MainProcess":
         return False
-    return defer(lambda: marked(STOPPING) or marked(RELEASED))
+    return defer(lambda: marked(STOPPING))
 
 
 def data_worker_init(worker_id: int = 0) -> None:
