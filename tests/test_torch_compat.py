@@ -305,6 +305,36 @@ def test_a_trial_round_finds_every_behaviour_we_use_and_one_torch_changed_under_
     print(f"probe: {took * 1000:.0f} ms")
 
 
+def test_a_node_paused_through_its_trial_round_is_not_told_its_torch_changed(monkeypatch):
+    """An adversary froze a pod through its agent's trial round: thawed, it said "torch lacks
+    internals". The verdict takes a second trial: a behaviour that failed once (here torch's
+    sanitize made to drop nothing for one round only, as a pause past the round's close fails
+    once) is not reported; one that fails again is, as before."""
+    from notebook_elastic.agent.run import confirmed
+
+    rules = rounds.RoundRules()
+    rules.close_at_target = rules.drop_gone = True
+    hooks, link, agent = rounds.RendezvousHooks(), store_link.StoreLink(), notebook_agent.AgentHooks()
+    sanitize = dr._BackendRendezvousStateHolder._sanitize
+    calls, failing = [], [1]  # failing: for this many more trials
+
+    def trial():
+        calls.append(1)
+        broken = (lambda self: None) if failing else sanitize
+        monkeypatch.setattr(dr._BackendRendezvousStateHolder, "_sanitize", broken)
+        if failing:
+            failing.pop()  # the pause is over after this trial
+        return notebook_agent.probe(rules, hooks, link, agent)
+
+    assert confirmed(trial, set()) == {} and len(calls) == 2
+    calls.clear()
+    assert confirmed(trial, set()) == {} and len(calls) == 1  # nothing found: no second trial
+    failing.extend([1, 1, 1, 1])  # a torch that changed: every trial
+    name = "dynamic_rendezvous._BackendRendezvousStateHolder._sanitize"
+    assert confirmed(trial, set()) == {name: torch_adapter.INTERNALS[name]}
+    assert confirmed(trial, {name}) == {}  # lacking already (said in the first event): not again
+
+
 def test_a_torch_without_an_internal_degrades_and_says_what_is_lost(monkeypatch):
     monkeypatch.delattr(SimpleElasticAgent, "_restart_workers")  # defined on the base class
     monkeypatch.delattr(dr, "_RendezvousExitOp")

@@ -45,7 +45,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..contract import protocol
@@ -346,15 +346,23 @@ def _report_degraded() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        changed = {
-            name: loss
-            for name, loss in notebook_agent.probe(_rules, _rendezvous, _link, _agent).items()
-            if name not in lacking
-        }
+        changed = confirmed(lambda: notebook_agent.probe(_rules, _rendezvous, _link, _agent), set(lacking))
         if changed:
             _degraded({**lacking, **changed})
 
     threading.Thread(target=trial, name="notebook-elastic-probe", daemon=True).start()
+
+
+def confirmed(probe: Callable[[], dict[str, str]], lacking: set[str]) -> dict[str, str]:
+    """What ``probe`` finds changed (beyond what is ``lacking``) twice in a row: a torch that
+    changed fails the same way again; a node paused through its trial round (a frozen pod, a
+    machine stalled past the round's close) does not, and is not told its torch lacks internals
+    (an adversary's pass: said so after a thaw)."""
+    changed = {name: loss for name, loss in probe().items() if name not in lacking}
+    if changed:
+        again = probe()
+        changed = {name: loss for name, loss in changed.items() if name in again}
+    return changed
 
 
 def _round_changed() -> None:
