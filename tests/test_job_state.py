@@ -1035,3 +1035,36 @@ def test_a_change_in_place_that_restarts_no_node_is_running_once_a_node_kept_its
         ev(Kind.REGROUPED, 2.1, "node-0", round=1, group_rank=0, group_world_size=2, kept=[], reason="left")
     )
     assert none_kept.status == Status.RESTARTING
+
+
+def test_a_failure_repeated_as_the_budget_is_spent_ends_on_the_budget_whatever_line_comes_first():
+    """The supervisor's verdict on a failure that repeats ("fails the same way every time") is for
+    a budget not yet spent; at the failure that spends it, the budget path says it. The agent's
+    restart line and the worker's failure come through different pipes: on torch 2.15 the second
+    failure was folded before the "restart 1/1" line and the verdict raced the budget. A failed
+    group counts for a restart used, whichever line comes first."""
+    from notebook_elastic.supervisor.repeats import Repeats
+
+    def failed(pid):
+        data = {"rank": 0, "error": "SystemExit", "message": "7", "step": 2, "pid": pid}
+        return Event(Kind.WORKER_FAILED, 0.0, "node-0", data)
+
+    # max_restarts=1: the first failure (group 0) is restarted; the second (group 1) spends it.
+    repeats = Repeats()
+    assert repeats.verdict(failed(100), {0: (100, "node-0", 0)}, restarts=0, max_restarts=1) is None
+    # The "restart 1/1" line not folded yet (restarts still 0): no verdict, the budget says it.
+    assert repeats.verdict(failed(200), {0: (200, "node-0", 1)}, restarts=0, max_restarts=1) is None
+    # With budget left, the second time is the verdict, folded before the restart line or after.
+    for restarts in (0, 1):
+        repeats = Repeats()
+        assert repeats.verdict(failed(100), {0: (100, "node-0", 0)}, restarts=0, max_restarts=20) is None
+        said = repeats.verdict(failed(200), {0: (200, "node-0", 1)}, restarts=restarts, max_restarts=20)
+        assert said is not None and said[0].startswith("fails the same way every time: rank 0"), said
+        assert said[0].endswith("(twice at step 2)") and said[1] is False
+    # A fatal failure is said at once, and fatal.
+    fatal = Event(Kind.WORKER_FAILED, 0.0, "node-0", {"rank": 0, "error": "E", "message": "m", "fatal": True})
+    assert Repeats().verdict(fatal, {}, restarts=0, max_restarts=20) == (describe_failure(fatal), True)
+    # A rank whose collective broke because a peer left is a symptom: never a verdict.
+    peer = Event(Kind.WORKER_FAILED, 0.0, "node-0", {"rank": 1, "error": "E", "message": "m", "cause": "peer"})
+    repeats = Repeats()
+    assert repeats.verdict(peer, {}, 0, 20) is None and repeats.verdict(peer, {}, 0, 20) is None

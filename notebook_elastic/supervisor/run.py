@@ -70,6 +70,7 @@ from .nodes import Nodes, Workers
 from .notices import Notices
 from .outcome import Outcome
 from .placement import Placement
+from .repeats import Repeats
 from .sink import EventSink
 from .slurm_nodes import SlurmPlacement
 from .stall import Stalls
@@ -130,7 +131,7 @@ class Supervisor:
         self.authkey = secrets.token_bytes(32)
         # Where a node runs: here, or on Slurm each node an allocation of its own.
         self.placement = SlurmPlacement(self.spec, folder, self.emit) if self.spec.backend == "slurm" else Placement()
-        self.failures_seen: dict[tuple[Any, ...], int] = {}
+        self.repeats = Repeats()  # a failure that comes back at every retry stops the job
         self.evictions: queue.SimpleQueue[str] = queue.SimpleQueue()  # nodes to send away (sink -> loop)
         # The sink first (every part is handed it); what it calls back is the parts' built below.
         self.sink = EventSink(
@@ -229,22 +230,18 @@ class Supervisor:
         elif e.kind in (Kind.WORKER_FINISHED,):
             self.workers.pop(int(e.fields(WorkerFinished).get("rank", -1)), None)
         elif e.kind == Kind.WORKER_FAILED:
-            self._failed(e, e.fields(WorkerFailed))
+            self._failed(e)
 
-    def _failed(self, e: Event, failed: WorkerFailed) -> None:
+    def _failed(self, e: Event) -> None:
         """A worker's failure that will come back at every retry is not retried to the end of
-        the budget: a fatal one, or the same one twice at the same step."""
-        if failed.get("cause") == "peer" or self.course.fatal is not None:
+        the budget: a fatal one, or the same one twice at the same step (``repeats.py``)."""
+        if self.course.fatal is not None:
             return
-        key = (failed.get("rank"), failed.get("step"), failed.get("error"), failed.get("message"))
-        self.failures_seen[key] = self.failures_seen.get(key, 0) + 1
-        what = describe_failure(e)
-        budget_left = self.state.restarts < self.state.max_restarts  # else the budget path says it
-        if failed.get("fatal"):
-            self.course.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
-            self.course.fatal = what
-        elif self.failures_seen[key] >= 2 and failed.get("step") is not None and budget_left:
-            self.course.fatal = f"fails the same way every time: {what} (twice at step {failed.get('step')})"
+        said = self.repeats.verdict(e, self.workers, self.state.restarts, self.state.max_restarts)
+        if said is not None:
+            if said[1]:
+                self.course.fatal_node = e.node  # first: the loop stops the job as soon as fatal is set
+            self.course.fatal = said[0]
 
     def _tracker_opened(self, where: Tracking) -> None:
         self.emit(Kind.TRACKING, **where)
