@@ -5,8 +5,8 @@ torch): on SIGTERM the keeper posts a notice in the job's store (``notice.py``),
 0 has saved (its answer to this notice, or to a newer one) or the grace is nearly over, and only
 then passes the SIGTERM on to the agent, which stops its workers and leaves its round as
 before. Any other signal is passed on at once; the keeper exits with the agent's exit status.
-Where the cluster signals every process of the node at once (Slurm), the agent and its workers
-wait for the keeper's word before they act on it (``term.py``).
+Where the cluster signals every process of the node at once (Slurm), the agent waits for the
+keeper's word before it acts on it, and its workers for the agent's (``term.py``).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 allocation (``scancel``, a higher-priority job, the time limit), the keeper, the agent and each
 worker all get the same SIGTERM, and SIGKILL after ``KillWait`` (plus ``GraceTime`` for a
 preemption). Only the keeper (``notice_keeper.py``) may act on it: it posts the notice, waits
-for rank 0's save, and only then lets the agent go. Until then the agent and the workers let
-Slurm's SIGTERM pass; a worker the agent itself stops (a restart, a regroup, the shutdown after
-the notice) still goes at once.
+for rank 0's save, and only then lets the agent go. Until then the agent lets Slurm's SIGTERM
+pass, and the workers always do: a worker goes when the agent itself stops it (a restart, a
+regroup, the shutdown after the notice), or leaves at a step boundary when told.
 
 Two markers in the node's notice folder (``ENV_NOTICE_DIR``, made by the keeper, private,
 removed with it) say who may act:
