@@ -25,6 +25,7 @@ import notebook_elastic as ne
 from notebook_elastic.contract import protocol
 from notebook_elastic.contract.event_types import Kind
 from notebook_elastic.contract.events import Event
+from notebook_elastic.runtime.notice import post as post_notice
 from notebook_elastic.supervisor.notices import GRACE_SLACK_S, Notices
 
 
@@ -213,6 +214,35 @@ def test_one_save_answers_every_notice_before_it_and_a_job_without_state_gets_no
 
     bare = Notices(lambda: store, lambda *a, **k: None, lambda node: None)  # no State.steps() seen
     assert not bare.give(FakeNode("node-3"), 60)  # nothing could save: the caller takes it at once
+
+
+def test_a_notice_posted_by_a_nodes_keeper_is_not_withdrawn_with_the_supervisors_before_it():
+    """A Slurm job stopped just after a preemption: the drill's notice (the supervisor's) was
+    answered and its node gone; meanwhile the stop's SIGTERM made the staying node's keeper post
+    its own, and the supervisor, withdrawing its notice once its node was gone, deleted that one:
+    rank 0 never saw it and the node waited out its grace (5 s of 8) before it went. The
+    supervisor withdraws its own notice only. Over torch's in-memory store."""
+    store = torch.distributed.HashStore()
+    notices, _said, let_go = notices_on(store)
+    gone = FakeNode("node-3")
+    assert notices.give(gone, 30, stays=1)
+    store.set(protocol.answer_key(1), json.dumps({"step": 134, "seconds": 0.001, "saved": False, "in_place": True}))
+    notices.watch(latest_step=134, step_s=0.1)
+    assert let_go == ["node-3"]
+    keepers = post_notice(store, "node-0", 8.0, 1367642314)  # node-0's keeper, on the stop's SIGTERM
+    gone.alive, gone.reaped = False, True
+    notices.watch(latest_step=135, step_s=0.1)
+    assert notices.given == {}
+    assert store.check([protocol.NOTICE_KEY]), "the keeper's notice was withdrawn"
+    assert json.loads(store.get(protocol.NOTICE_KEY))["id"] == keepers["id"]  # it stands, for rank 0
+    # Its own, where it still stands, is withdrawn as before.
+    other = FakeNode("node-4")
+    assert notices.give(other, 30, stays=1)
+    store.set(protocol.answer_key(2), json.dumps({"step": 140, "seconds": 0.001, "saved": False, "in_place": True}))
+    notices.watch(latest_step=140, step_s=0.1)
+    other.alive, other.reaped = False, True
+    notices.watch(latest_step=140, step_s=0.1)
+    assert not store.check([protocol.NOTICE_KEY])
 
 
 @pytest.mark.torch_contract

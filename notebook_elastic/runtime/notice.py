@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ..contract import protocol
@@ -86,9 +86,15 @@ def answer(store: KeyValues, notice_id: int) -> dict[str, Any] | None:
     return reply
 
 
-def withdraw(store: KeyValues) -> None:
-    """The node is gone (or the notice is void): a holding rank 0 trains on."""
+def withdraw(store: KeyValues, ids: Collection[int] | None = None) -> None:
+    """The node is gone (or the notice is void): a holding rank 0 trains on. ``ids``: only a
+    notice of these (the poster's own): one posted since by another (a node's keeper, on its
+    SIGTERM) stands until it is answered; withdrawn with the one before, it was never answered
+    and its node waited out its grace (a Slurm job stopped just after a preemption: 5 s)."""
     try:
+        if ids is not None:
+            if not store.check([NOTICE_KEY]) or json.loads(store.get(NOTICE_KEY)).get("id") not in ids:
+                return
         store.delete_key(NOTICE_KEY)
     except Exception:
         _log.debug("a store that is gone: nobody polls it any more either", exc_info=True)

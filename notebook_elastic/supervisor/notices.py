@@ -55,6 +55,7 @@ class Notices:
         self._let_go = let_go  # SIGTERM the node's agent, as a preemption
         self.given: dict[int, Given] = {}
         self._last_id = 0
+        self._standing: set[int] = set()  # the notices it posted and has not withdrawn
         self.saved_step: int | None = None  # steps done in the newest checkpoint the job told of
         self.save_s: float | None = None  # how long the newest save took
         self.has_state = False  # the job's loop runs State.steps() (no State: nothing to save)
@@ -88,6 +89,7 @@ class Notices:
         except Exception:
             _log.debug("could not post the notice: the node goes at once", exc_info=True)
             return False
+        self._standing.add(self._last_id)
         self.given[self._last_id] = Given(self._last_id, node, float(grace_s), time.monotonic() + float(grace_s))
         self._emit(Kind.NOTICE, node.name, **Notice(grace_s=float(grace_s), id=self._last_id))
         return True
@@ -116,8 +118,9 @@ class Notices:
                 self._let_go(given.node)
             if given.let_go and (given.node.reaped or not given.node.alive):
                 del self.given[id_]
-        if not self.given and store is not None:
-            board.withdraw(store)
+        if not self.given and store is not None and self._standing:
+            board.withdraw(store, self._standing)  # its own: a keeper's posted since stands
+            self._standing.clear()
 
     def withdraw_for(self, node: str, store: KeyStore | None) -> None:
         """A node that posted its own notice (its keeper, on a cluster) is gone: take that
