@@ -323,6 +323,11 @@ def test_on_slurm_nodes_keep_their_processes_through_a_loss_a_scale_and_a_preemp
         job.scale(1)
         wait_for(lambda: len(changes(job)) >= 2, "in place after the scale-down", timeout=300, job=job)
         assert (changes(job)[1]["reason"], changes(job)[1]["redone"]) == ("left", 0), changes(job)
+        # The node scaled away had one notice, the supervisor's, which says a node stays: answered
+        # in place with no save (its keeper's own notice, on Slurm's SIGTERM, was saved for).
+        answers = [e for e in job.events if e.kind == Kind.SAVED_ON_NOTICE]
+        assert len(answers) == 1 and answers[0].get("in_place") and not answers[0].get("saved"), answers
+        assert not [e for e in job.events if e.kind == Kind.CHECKPOINT], "a save nobody needed"
         wait_for(training_at(job, 1, (job.state.step or 0) + 3), "one node training", timeout=300, job=job)
         job.scale(2)
         wait_for(lambda: len(changes(job)) >= 3, "in place after the scale-up", timeout=300, job=job)

@@ -518,4 +518,17 @@ class Nodes:
             alive.append(agent)
         if len(alive) > target:
             for agent in sorted(alive, key=lambda a: a.started)[target:]:
-                self.signal_agent(agent, signal.SIGTERM, "scaled_down")
+                self._scale_down(agent, stays=target)
+
+    def _scale_down(self, agent: Agent, stays: int) -> None:
+        """Where the place turns SIGTERM into a notice (Slurm: the node's keeper posts one, not
+        knowing that others stay, and rank 0 saved for it at every scale-down), the supervisor's
+        own notice comes first and says how many stay: rank 0 answers it at once with no save
+        (in place, they keep every value), the SIGTERM follows (``Notices.watch``), and the
+        keeper takes it as the notice that SIGTERM ends. Elsewhere, or with nothing to save, the
+        SIGTERM at once (in place the node leaves at a step boundary)."""
+        notice_s = self.placement.notice_s()
+        if notice_s and stays > 0 and self.notices.give(agent, notice_s, stays=stays):
+            agent.exit_reason = "scaled_down"  # going: not a node to keep, pick or stop again
+            return
+        self.signal_agent(agent, signal.SIGTERM, "scaled_down")

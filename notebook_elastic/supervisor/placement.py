@@ -62,6 +62,11 @@ class Placement:
         stops its workers (in place: at a step boundary) and leaves its round."""
         agent.proc.send_signal(signal.SIGTERM)
 
+    def notice_s(self) -> float | None:
+        """The notice a node's SIGTERM gives it here, where its keeper turns SIGTERM into one (rank
+        0 saves first); None where the agent acts on it at once (here)."""
+        return None
+
     def kill(self, agent: Agent) -> None:
         """End the node at once (a lost node, a stop past its grace): its whole process group."""
         os.killpg(agent.proc.pid, signal.SIGKILL)

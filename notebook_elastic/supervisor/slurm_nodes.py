@@ -99,6 +99,9 @@ class SlurmPlacement(Placement):
             return False
         return True
 
+    def notice_s(self) -> float | None:
+        return self.grace_s()  # KillWait: the node's keeper turns Slurm's SIGTERM into a notice
+
     def grace_s(self) -> float:
         if self._grace_s is None:
             self._grace_s = cluster.notice_s()
