@@ -151,11 +151,10 @@ class Keeper:
                 # preemption read two notices, 30 s then 8 s, answered "no save needed" then
                 # with a save: an adversary's pass). Its answer is there already; the agent acts
                 # on its SIGTERM only once released, and Slurm's own, sent to every process of the
-                # node at once, must have landed (ignored) before that, or the agent takes it
-                # for a second stop in the middle of its leave.
+                # node at once, must have landed (ignored: ``term.HELD``) before that, or the
+                # agent takes it for a second stop in the middle of its leave.
                 self.notice = notice = posted
-                noticed = self.noticed if self.noticed is not None else time.monotonic()
-                time.sleep(max(0.0, noticed + BURST_S - time.monotonic()))
+                self._wait_held()
             else:
                 at = time.time()
                 said = Notice(grace_s=self.grace_s, id=int(at * 1000) % 2**31)
@@ -179,6 +178,13 @@ class Keeper:
             if not self.released:
                 self.released = True
                 self._pass_on(signal.SIGTERM)
+
+    def _wait_held(self) -> None:
+        """Until the agent let Slurm's SIGTERM pass (milliseconds), at most the burst's second
+        (an agent whose handler is not in place yet, or one held in a long call)."""
+        noticed = self.noticed if self.noticed is not None else time.monotonic()
+        while time.monotonic() < noticed + BURST_S and not term.marked(term.HELD):
+            time.sleep(0.005)
 
     def withdraw(self) -> None:
         """The agent is gone: take this node's notice down (a newer one, another node's, stays)."""

@@ -10,7 +10,9 @@ Two markers in the node's notice folder (``ENV_NOTICE_DIR``, made by the keeper,
 removed with it) say who may act:
 - ``released``: the keeper has let the agent go (the save is done, or the grace is over);
 - ``stopping``: the agent is stopping its workers on purpose (``_shutdown``), until it starts
-  the next ones.
+  the next ones;
+- ``held``: the agent let Slurm's SIGTERM pass (so the keeper, releasing it at once, is not
+  taken for a second stop: ``notice_keeper.py``).
 Where ``ENV_TERM_TO_ALL`` is unset (locally, in a pod, where only the first process is told)
 nothing here changes a handler. The standard library only: the keeper and the workers use it.
 """
@@ -31,6 +33,7 @@ _log = log.get("term")
 
 RELEASED = "released"
 STOPPING = "stopping"
+HELD = "held"  # the agent let a Slurm SIGTERM pass (it waits for the keeper's word)
 #: How long an agent told to stop may go on before it is told again.
 RESEND_S = 2.0
 
@@ -196,6 +199,7 @@ def guard_agent() -> None:
 
     def guarded(signum: int, frame: Any) -> None:
         if folder() is not None and not marked(RELEASED):
+            mark(HELD)  # the keeper may release it now: this SIGTERM is not taken for a second stop
             _log.info("Slurm's SIGTERM: the keeper gives notice first")
             return
         if _insist.told(signum):
