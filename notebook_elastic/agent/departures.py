@@ -79,7 +79,6 @@ class DepartureWatch:
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self._look = threading.Event()  # look now, not at the next interval (look_now)
-        self._stopped = False
 
     def joining(self) -> None:
         """This node joins a round now: nothing to watch until it has (``joined``)."""
@@ -97,25 +96,14 @@ class DepartureWatch:
 
     def _run(self) -> None:
         interval_s = watch_interval_s()  # now: a warm spare learns its environment after import
-        while not self._stopped:
+        while True:
             self._look.wait(interval_s)
             self._look.clear()
-            if self._stopped:
-                return
             try:
                 self._check()
             except Exception:
-                # Its store call failed (a partition: the agent's calls end at their deadline; a
-                # store being replaced): it looks again at the next interval. It stopped for good
-                # here once, and a node cut off and back never saw itself left out (its worker
-                # waited out gloo's 120 s in the old group: a fresh-clone run of the two-host test).
-                # (A torch without the internals it reads answers None there, not an exception.)
-                _log.debug("the round could not be read now: looking again", exc_info=True)
-
-    def stop(self) -> None:
-        """No more looks (its thread ends at its next wake)."""
-        self._stopped = True
-        self._look.set()
+                _log.debug("a torch without these internals: the watch just stops", exc_info=True)
+                return
 
     def look_now(self) -> None:
         """Look at the round now (a worker of this node reached a step boundary its group agreed
