@@ -142,6 +142,8 @@ def _jobs_events(client: NotebookClient) -> str:
         client.execute_cell(cell, len(client.nb.cells) - 1)
     except Exception as exc:  # the kernel died with the cell: nothing more to read
         return f"--- no events: {type(exc).__name__}: {exc}"
+    finally:
+        client.nb.cells.remove(cell)  # not the user's: never in a notebook saved with --save
     return "".join(_text(output) for output in cell.get("outputs", []))
 
 

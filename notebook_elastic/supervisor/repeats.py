@@ -10,8 +10,7 @@ from typing import Any
 from ..contract.event_types import WorkerFailed
 from ..contract.events import Event
 from ..contract.job_state import describe_failure
-
-Workers = dict[int, tuple[int, str, Any]]
+from .nodes import Workers
 
 
 class Repeats:
