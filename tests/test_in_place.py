@@ -644,7 +644,9 @@ def test_a_node_scaled_away_whose_workers_were_told_to_abort_saves_nothing(home)
         wait_for(training_at(job, 2, (job.state.step or 0) + 5), "two nodes training", job=job)
         saves = [e.describe() for e in job.events if e.kind == Kind.CHECKPOINT]
         assert not saves, saves
-        assert job.state.restarts == 0
+        # (Its one failure in some 60 fresh-clone runs took 141 s, a restart charged: the events say why.)
+        told = [e.describe() for e in job.events if e.kind not in (Kind.METRIC, Kind.LOG, Kind.GPU)]
+        assert job.state.restarts == 0, "\n".join(told[-60:])
     finally:
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)

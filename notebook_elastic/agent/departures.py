@@ -10,7 +10,7 @@ import signal
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, PeerLost
@@ -18,9 +18,7 @@ from ..plumbing import log as _logging
 from ..runtime import term
 from ..runtime._emit import emit
 from . import torch_adapter
-
-if TYPE_CHECKING:
-    from ..plumbing.store_client import KeyStore
+from .store_link import replacements
 
 _log = _logging.get("agent.departures")
 
@@ -74,11 +72,12 @@ class DepartureWatch:
         self.members: frozenset[Any] = frozenset()
         self.latest: tuple[int | None, frozenset[Any]] = (None, frozenset())  # the latest round joined
         self.killed_round: int | None = None  # the round whose workers the watch ended
-        self.store: KeyStore | None = None  # the store of the round joined last (a replacement is another)
+        self.replacements = 0  # stores found replaced when the last round was joined (store_link)
         self.left_out_since: float | None = None  # since when the others went on without this node
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self._look = threading.Event()  # look now, not at the next interval (look_now)
+        self._stopped = False
 
     def joining(self) -> None:
         """This node joins a round now: nothing to watch until it has (``joined``)."""
@@ -86,24 +85,35 @@ class DepartureWatch:
             self.round, self.left_out_since = None, None
 
     def joined(self, handler: Any, round_: int | None, members: frozenset[Any]) -> None:
-        store = torch_adapter.rendezvous_store(handler)
+        replaced = replacements(handler)
         with self.lock:
             self.handler, self.round, self.members = handler, round_, members
-            self.latest, self.store, self.left_out_since = (round_, members), store, None
+            self.latest, self.replacements, self.left_out_since = (round_, members), replaced, None
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="notebook-elastic-departures", daemon=True)
             self.thread.start()
 
     def _run(self) -> None:
         interval_s = watch_interval_s()  # now: a warm spare learns its environment after import
-        while True:
+        while not self._stopped:
             self._look.wait(interval_s)
             self._look.clear()
+            if self._stopped:
+                return
             try:
                 self._check()
             except Exception:
-                _log.debug("a torch without these internals: the watch just stops", exc_info=True)
-                return
+                # Its store call failed (a partition: the agent's calls end at their deadline; a
+                # store being replaced): it looks again at the next interval. It stopped for good
+                # here once, and a node cut off and back never saw itself left out (its worker
+                # waited out gloo's 120 s in the old group: fresh-clone run 57's two-host test).
+                # (A torch without the internals it reads answers None there, not an exception.)
+                _log.debug("the round could not be read now: looking again", exc_info=True)
+
+    def stop(self) -> None:
+        """No more looks (its thread ends at its next wake)."""
+        self._stopped = True
+        self._look.set()
 
     def look_now(self) -> None:
         """Look at the round now (a worker of this node reached a step boundary its group agreed
@@ -118,7 +128,12 @@ class DepartureWatch:
         if not torch_adapter.group_is_healthy(agent):
             return
         now = torch_adapter.round_state(handler)
-        if now is None:
+        if now is None or replacements(handler) != self.replacements:
+            # (After the read: the read itself may find the store replaced.) The store was
+            # replaced since this round was joined: the new one is seeded with a round listing
+            # nobody (store_link), which is no member gone; the agent regroups its workers on it
+            # its own way (``_StoreReplaced``) and joins the watch again. Looking there once ended
+            # the workers and charged a restart (fresh-clone run 58, torch 2.15).
             return
         # (A node alone in its round too: dropped while stopped, as a joiner went on without it.)
         if now[0] != round_ or torch_adapter.left_out(handler) is not None:
@@ -157,8 +172,9 @@ class DepartureWatch:
         """The store's round is past ``round_``: note since when this node is in none of its lists
         (dropped when its heartbeat expired while it was stopped, and the others went on). Not on
         a new store (a store pod replaced: it lists nobody's old round, and its agents regroup on
-        it their own way, store_link), nor for a node told to stop."""
-        replaced = torch_adapter.rendezvous_store(handler) is not self.store
+        it their own way, store_link), nor for a node told to stop. (A client of the same store
+        reached again, a partition healed, is the same store.)"""
+        replaced = replacements(handler) != self.replacements
         out = not replaced and not term.told_to_stop() and torch_adapter.left_out(handler) is not None
         with self.lock:
             if self.round != round_:

@@ -169,6 +169,7 @@ def _backend_class() -> type:
         def __init__(self, store: Store, run_id: str, link: StoreLink) -> None:
             self._ne_link = link
             self._ne_store_id: str | None = None
+            self._ne_replacements = 0  # stores found replaced (``replacements``)
             self._ne_id_read = False  # the store's id is read at the first call
             self._ne_given_up: Any = None  # the client a lost store was waited for once already
             super().__init__(store, run_id)
@@ -381,7 +382,16 @@ def _reconnect(backend: Any, failed: Any, link: StoreLink) -> None:
         call_with_deadline(store.compare_set, STORE_CALL_TIMEOUT_S, backend._key, sentinel, seed)
     won = call_with_deadline(store.get, STORE_CALL_TIMEOUT_S, backend._key)
     seeded = pickle.loads(b64decode(won)).round if won != sentinel.encode() else 0
+    backend._ne_replacements = getattr(backend, "_ne_replacements", 0) + 1
     link.on_replaced(seeded)
+
+
+def replacements(handler: Any) -> int:
+    """How many times the handler's rendezvous backend found its store replaced by another (a
+    store pod Kubernetes replaced): a client of the same store reached again (a partition
+    healed) is not one. 0 for a backend not ours."""
+    backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
+    return int(getattr(backend, "_ne_replacements", 0))
 
 
 def follow_replaced_store(handler: Any) -> None:
