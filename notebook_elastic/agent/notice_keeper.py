@@ -22,13 +22,13 @@ from typing import Any
 
 from ..contract import protocol
 from ..contract.event_types import Kind, Notice, NoticeExpired
-from ..contract.protocol import LATEST_ANSWER_KEY, NOTICE_KEY, answer_key
+from ..contract.protocol import LATEST_ANSWER_KEY, answer_key
 from ..plumbing import log
 from ..plumbing.procfs import stat_fields
 from ..plumbing.store_client import StoreClient
 from ..runtime import term
 from ..runtime._emit import emit
-from ..runtime.notice import POLL_S, announce
+from ..runtime.notice import POLL_S, post, standing, withdraw
 
 _log = log.get("keeper")
 
@@ -54,10 +54,10 @@ def saved_after(store: StoreClient, notice: dict[str, Any]) -> bool:
 def posted_for(store: StoreClient, node: str) -> dict[str, Any] | None:
     """The notice posted for ``node`` and still running (within its grace), if one is: where the
     supervisor gives notice itself, the SIGTERM that follows it is its end, not a new notice."""
+    notice = standing(store)
+    if notice is None:
+        return None
     try:
-        if not store.check([NOTICE_KEY]):
-            return None
-        notice = json.loads(store.get(NOTICE_KEY))
         fresh = time.time() - float(notice["at"]) <= float(notice["grace_s"]) + BURST_S
         return notice if notice.get("node") == node and fresh and isinstance(notice.get("id"), int) else None
     except (ValueError, KeyError, TypeError):
@@ -158,9 +158,7 @@ class Keeper:
             else:
                 at = time.time()
                 said = Notice(grace_s=self.grace_s, id=int(at * 1000) % 2**31)
-                self.notice = notice = {"id": said["id"], "node": self.node, "grace_s": self.grace_s, "at": at}
-                store.set(NOTICE_KEY, json.dumps(notice))
-                announce(store)  # a waiting rank 0 sees it now
+                self.notice = notice = post(store, self.node, self.grace_s, said["id"])  # (rank 0 sees it now)
                 emit(Kind.NOTICE, node=self.node, **said)
             while time.monotonic() < deadline and not self.released:
                 if saved_after(store, notice):
@@ -192,15 +190,13 @@ class Keeper:
             return
         try:
             store = StoreClient(self.endpoint, timeout_s=2.0)
-            try:
-                if store.check([NOTICE_KEY]) and json.loads(store.get(NOTICE_KEY)).get("id") == self.notice["id"]:
-                    store.delete_key(NOTICE_KEY)
-            finally:
-                store.close()
         except Exception:
-            _log.debug(
-                "could not withdraw the notice: the supervisor takes it down when it reaps the node", exc_info=True
-            )
+            _log.debug("no store to withdraw the notice in: the supervisor takes it down when it reaps the node")
+            return
+        try:
+            withdraw(store, ids=[self.notice["id"]])
+        finally:
+            store.close()
 
 
 def keep() -> None:

@@ -86,14 +86,30 @@ def answer(store: KeyValues, notice_id: int) -> dict[str, Any] | None:
     return reply
 
 
-def withdraw(store: KeyValues, ids: Collection[int] | None = None) -> None:
+def standing(store: KeyValues) -> dict[str, Any] | None:
+    """The notice that stands in ``store`` (as ``post`` wrote it), or None where none does or what
+    stands there does not read as one. Every reader of the key reads it here."""
+    if not store.check([NOTICE_KEY]):
+        return None
+    try:
+        notice = json.loads(store.get(NOTICE_KEY))
+    except ValueError:
+        return None
+    return notice if isinstance(notice, dict) else None
+
+
+def withdraw(store: KeyValues, ids: Collection[int] | None = None, node: str | None = None) -> None:
     """The node is gone (or the notice is void): a holding rank 0 trains on. ``ids``: only a
     notice of these (the poster's own): one posted since by another (a node's keeper, on its
     SIGTERM) stands until it is answered; withdrawn with the one before, it was never answered
-    and its node waited out its grace (a Slurm job stopped just after a preemption: 5 s)."""
+    and its node waited out its grace (a Slurm job stopped just after a preemption: 5 s).
+    ``node``: only a notice for that node (one its keeper posted, the node gone)."""
     try:
-        if ids is not None:
-            if not store.check([NOTICE_KEY]) or json.loads(store.get(NOTICE_KEY)).get("id") not in ids:
+        if ids is not None or node is not None:
+            notice = standing(store)
+            if notice is None or (ids is not None and notice.get("id") not in ids):
+                return
+            if node is not None and notice.get("node") != node:
                 return
         store.delete_key(NOTICE_KEY)
     except Exception:
@@ -288,7 +304,7 @@ class NoticeBoard:
                     # The count before the key: a notice posted after this read is marked with
                     # a later count, which the WAIT below is for.
                     posted = int(store.add(NOTICE_POSTS_KEY, 0))
-                    current = json.loads(store.get(NOTICE_KEY)) if store.check([NOTICE_KEY]) else None
+                    current = standing(store)
                     if current is not None and int(current.get("id", -1)) not in self.answered:
                         self._answered_in_place(store, int(current.get("id", -1)))
                     self.current = current

@@ -10,13 +10,11 @@ saved step. A collaborator the supervisor holds, with its own state.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..contract import protocol
 from ..contract.event_types import Checkpoint, Kind, Notice, NoticeExpired, SavedOnNotice
 from ..contract.events import Event
 from ..plumbing import log as _logging
@@ -127,11 +125,7 @@ class Notices:
         notice down, as its keeper would have had it lived (a holding rank 0 trains on)."""
         if store is None:
             return
-        try:
-            if store.check([protocol.NOTICE_KEY]) and json.loads(store.get(protocol.NOTICE_KEY)).get("node") == node:
-                board.withdraw(store)
-        except Exception:
-            _log.debug("no store to ask: the notice's grace ends the hold", exc_info=True)
+        board.withdraw(store, node=node)  # (a store that does not answer: the notice's grace ends the hold)
 
     def _expired(self, given: Given, latest_step: int | None, step_s: float | None) -> None:
         """The grace ended with no save on notice: about how many steps are redone (since the
