@@ -1002,3 +1002,59 @@ def test_a_node_the_others_went_on_without_sees_itself_left_out(store):
     finally:
         for handler in (h0, h1):
             handler._stop_heartbeats()  # no keep-alive thread outlives the test's store
+
+
+def test_workers_restarted_for_a_node_left_out_are_killed_not_waited_for(tmp_path):
+    """A node left out (dropped while cut off, the others gone on) restarts its workers; they wait
+    in the old group's collective, where a Python handler (Slurm's SIGTERM, deferred) runs only
+    when the call returns: torch's SIGTERM then waited out its 30 s before its SIGKILL, and a
+    two-host job ended before the node was back (a partition test's run here). The agent's hook
+    names the signal for that restart, and torch's own shutdown sends it. Here a real process
+    that notes each SIGTERM stands in for the worker: stopped within a left-out restart it gets
+    SIGKILL alone; stopped at the node's end it gets torch's SIGTERM, as ever."""
+    import signal
+    import sys
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+    notes = tmp_path / "notes"
+    child = (
+        "import signal, sys, time\n"
+        "def noted(signum, frame):\n"
+        f"    open({str(notes)!r}, 'a').write('TERM\\n')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, noted)\n"
+        f"open({str(notes)!r}, 'a').write('ready\\n')\n"
+        "time.sleep(120)\n"
+    )
+    hooks = notebook_agent.AgentHooks()
+    hooks.before_stop = lambda agent, restarting: signal.SIGKILL if restarting else None
+    agent_class = notebook_agent.agent_subclass(hooks)
+
+    def stopped(restarting: bool) -> list[str]:
+        notes.write_text("")
+        context = start_processes(
+            name="left-out",
+            entrypoint=sys.executable,
+            args={0: ("-c", child)},
+            envs={0: {}},
+            logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / f"logs-{restarting}")),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "ready" not in notes.read_text():
+                assert time.monotonic() < deadline, "the stand-in worker did not start"
+                time.sleep(0.05)
+            agent = object.__new__(agent_class)  # never started: only its _shutdown
+            agent._worker_watchdog = agent._health_check_server = None
+            agent._pcontext, agent._ne_restarting = context, restarting
+            agent._shutdown()  # as torch's _stop_workers calls it
+            (pid,) = context.pids().values()
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)  # it is gone (reaped by the context's close)
+        finally:
+            context.close()
+        return notes.read_text().split()
+
+    assert stopped(restarting=True) == ["ready"]  # SIGKILL alone: no SIGTERM waited on
+    assert stopped(restarting=False) == ["ready", "TERM"]  # the node's end: torch's SIGTERM

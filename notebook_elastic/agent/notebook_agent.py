@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import threading
 import time
@@ -202,7 +203,9 @@ class AgentHooks:
     def __init__(self) -> None:
         self.before_start: Callable[[Any], None] = lambda agent: None
         self.after_start: Callable[[Any], None] = lambda agent: None
-        self.before_stop: Callable[[Any, bool], None] = lambda agent, restarting: None
+        # Before torch stops the workers (restarting: within its restart of them): the signal to
+        # stop them with, where not torch's SIGTERM (None).
+        self.before_stop: Callable[[Any, bool], int | None] = lambda agent, restarting: None
         # At each of the monitor's looks, before torch's own (a stop told and swallowed lands).
         self.at_look: Callable[[], None] = lambda: None
         self.departures: Callable[[Any], list[Any]] = lambda result: []
@@ -264,7 +267,9 @@ def agent_subclass(hooks: AgentHooks) -> type:
             return started
 
         def _shutdown(self, *args: Any, **kwargs: Any) -> Any:
-            hooks.before_stop(self, self._ne_restarting)
+            death_sig = hooks.before_stop(self, self._ne_restarting)
+            if death_sig is not None and self._ne_restarting and not args:  # (torch's restart passes keywords)
+                kwargs["death_sig"] = signal.Signals(death_sig)
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
             if isinstance(sys.exc_info()[1], SignalException):  # this node goes: its workers leave in place
@@ -373,7 +378,7 @@ def hook_agent(
     regroup_now: Callable[[], str | None] = lambda: None,
     gives_up: Callable[[Any], bool] = lambda result: False,
     after_start: Callable[[Any], None] = lambda agent: None,
-    before_stop: Callable[[Any, bool], None] = lambda agent, restarting: None,
+    before_stop: Callable[[Any, bool], int | None] = lambda agent, restarting: None,
     at_look: Callable[[], None] = lambda: None,
     in_place: Callable[[dict[int, int], Any, Callable[[], None], str], bool] | None = None,
     restarting: Callable[[str], None] | None = None,
@@ -391,7 +396,8 @@ def hook_agent(
     its workers and ends as when its budget is spent (``ChildFailedError``).
     ``after_start(agent)`` runs once its workers are started (torch has set its signal handlers
     by then), and ``before_stop(agent, restarting)`` before it stops them (``_shutdown``: within
-    torch's restart of its workers, or its end); ``at_look()`` at each of the monitor's looks. In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
+    torch's restart of its workers, or its end; it returns the signal to stop them with, None for
+    torch's SIGTERM); ``at_look()`` at each of the monitor's looks. In place (``agent/inplace.py``): a healthy group's restart first asks ``in_place(pids
     by local rank, group, rendezvous, why)`` whether its workers were regrouped without one, and
     tells ``restarting(why)`` when they were not; a node stopped by a signal calls ``leave(local
     ranks)`` before torch stops its workers; the monitor's wait between two looks is

@@ -180,11 +180,22 @@ def _hook_agent() -> None:
         # of the node, waits for the keeper's word (term.py); torch set its own handler again.
         term.guard_agent()
 
-    def before_stop(agent: Any, restarting: bool) -> None:
+    left_out_restart = threading.Event()  # the restart under way is one of a node left out
+
+    def before_stop(agent: Any, restarting: bool) -> int | None:
         # These workers are stopped on purpose: they go at once. For good where it is the
         # node's end; within a restart of its workers (a failure), a stop it was told and that
         # was swallowed still lands, before it joins the next round.
         term.agent_stops_workers(for_good=not restarting)
+        if restarting and left_out_restart.is_set():
+            # Left out, its workers wait in the old group's collective, and a handler of theirs
+            # (Slurm's SIGTERM deferred, term.defer_in_worker) runs only when that returns:
+            # stopped with SIGTERM, they waited out torch's 30 s before its SIGKILL (a fresh-clone
+            # run's two-host partition test: the job ended before the node was back). Nothing
+            # they hold is needed (they take the live values from the others): killed at once.
+            left_out_restart.clear()
+            return signal.SIGKILL
+        return None
 
     def regroup_now() -> str | None:
         """Why a healthy group regroups now: its store was replaced, or a member of its round
@@ -209,6 +220,7 @@ def _hook_agent() -> None:
         if why == "store":
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="store_replaced", round=_store.seeded))
         elif why == LEFT_OUT:
+            left_out_restart.set()
             _inplace.left_out(_watch.latest[0])
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="membership_change", round=_watch.latest[0]))
         elif why in ("lost", "left"):
