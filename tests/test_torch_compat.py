@@ -1046,7 +1046,9 @@ def test_workers_restarted_for_a_node_left_out_are_killed_not_waited_for(tmp_pat
                 assert time.monotonic() < deadline, "the stand-in worker did not start"
                 time.sleep(0.05)
             agent = object.__new__(agent_class)  # never started: only its _shutdown
-            agent._worker_watchdog = agent._health_check_server = None
+            agent._worker_watchdog = agent._health_check_server = agent._rdzv_handler = (
+                None  # (torch 2.4 reads the last)
+            )
             agent._pcontext, agent._ne_restarting = context, restarting
             agent._shutdown()  # as torch's _stop_workers calls it
             (pid,) = context.pids().values()
