@@ -861,6 +861,25 @@ def test_an_nccl_group_whose_abort_fails_makes_its_worker_restart_and_say_why(mo
     assert said == [(False, "the NCCL group could not be aborted (its collectives end at its timeout)")]
 
 
+def two_nodes_in_a_round(store, run_id: str):
+    """Two of our handlers on ``store`` that formed one round together (1 s keep-alive, where
+    this torch lets it be set)."""
+    handlers: dict[int, object] = {}
+
+    def join(i: int) -> None:
+        client = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60))
+        handler = handler_on(client, run_id, nodes=(1, 2), last_call_s=1).torch_handler
+        handlers[i] = handler
+        handler.next_rendezvous()
+
+    joining = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(2)]
+    for node in joining:
+        node.start()
+    for node in joining:
+        node.join(timeout=120)
+    return handlers[0], handlers[1]
+
+
 def test_the_departure_watch_outlives_a_store_it_cannot_reach(store, monkeypatch):
     """A host cut off: its agent's look at the round fails (the store call ends at its deadline).
     The watch's thread stopped for good at that failure, so once the link came back the node never
@@ -876,21 +895,7 @@ def test_the_departure_watch_outlives_a_store_it_cannot_reach(store, monkeypatch
 
     if not KEEP_ALIVE_SET:
         pytest.skip("torch 2.4 fixes the heartbeat at 5 s x 3: dropping a node takes 15 s")
-    host, port = "127.0.0.1", store.port
-    handlers: dict[int, object] = {}
-
-    def join(i: int) -> None:
-        client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-        handler = handler_on(client, "cut-off", nodes=(1, 2), last_call_s=1).torch_handler
-        handlers[i] = handler
-        handler.next_rendezvous()
-
-    joining = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(2)]
-    for node in joining:
-        node.start()
-    for node in joining:
-        node.join(timeout=120)
-    h0, h1 = handlers[0], handlers[1]
+    h0, h1 = two_nodes_in_a_round(store, "cut-off")
     holder = h1._state_holder
     sync, failed = holder.sync, []
 
@@ -947,21 +952,7 @@ def test_a_node_the_others_went_on_without_sees_itself_left_out(store):
 
     if not KEEP_ALIVE_SET:
         pytest.skip("torch 2.4 fixes the heartbeat at 5 s x 3: dropping a node takes 15 s")
-    host, port = "127.0.0.1", store.port
-    handlers: dict[int, object] = {}
-
-    def join(i: int) -> None:
-        client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-        handler = handler_on(client, "left-out", nodes=(1, 2), last_call_s=1).torch_handler
-        handlers[i] = handler
-        handler.next_rendezvous()
-
-    joining = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(2)]
-    for node in joining:
-        node.start()
-    for node in joining:
-        node.join(timeout=120)
-    h0, h1 = handlers[0], handlers[1]
+    h0, h1 = two_nodes_in_a_round(store, "left-out")
     told: list[tuple] = []
     watch = DepartureWatch(in_place=lambda ranks, round_, graceful: told.append((ranks, round_, graceful)) or True)
     try:
