@@ -259,3 +259,44 @@ def test_slurms_burst_of_sigterms_at_a_time_limit_is_one_notice_and_the_save_hap
         assert "released" in out and "notice_expired" in out, out
     finally:
         keeper.kill()
+
+
+LEAVING = r"""
+import os, signal, sys, tempfile
+folder = tempfile.mkdtemp()
+os.environ.update(NOTEBOOK_ELASTIC_TERM_TO_ALL="1", NOTEBOOK_ELASTIC_NOTICE_DIR=folder)
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from notebook_elastic.agent import notebook_agent, run
+from notebook_elastic.runtime import term
+
+seen = []
+run._inplace.leave = lambda local_ranks, leave_round, store: seen.append(
+    ("leave", term.marked(term.STOPPING), term._insist.shutting_down)
+)
+run._hook_agent()  # the agent's own hooks, as its main() binds them
+agent = object.__new__(notebook_agent.agent_subclass(run._agent))  # never started: only its _shutdown
+agent._worker_watchdog = agent._health_check_server = agent._rdzv_handler = agent._pcontext = None
+agent._ne_restarting = False
+term._insist.told(signal.SIGTERM)  # the agent's guard saw Slurm's SIGTERM; torch raised it
+try:
+    raise SignalException("Process got signal: 15", sigval=signal.SIGTERM)
+except SignalException:
+    agent._shutdown(signal.SIGTERM)
+seen.append(("stopped", term.marked(term.STOPPING), term._insist.shutting_down))
+print(seen)
+"""
+
+
+def test_a_leaving_nodes_workers_hold_slurms_sigterm_until_they_left(tmp_path):
+    """Slurm signals every process of a node at once; a worker inside a collective runs its
+    (deferring) handler only when the call returns. The agent marked its workers as being
+    stopped (``STOPPING``) before they left at a step boundary: a handler that ran after that let
+    Slurm's SIGTERM through, the worker died mid-step and the others redid the step (a
+    fresh-clone run's Slurm preemption in place: 1 step redone where 0 is the claim). The
+    agent's own hooks, in its shutdown: while its workers leave, nothing says they are being
+    stopped, and the agent is not told to stop again; once they left, they are."""
+    script = tmp_path / "leaving.py"
+    script.write_text(LEAVING)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=os.environ)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[('leave', False, True), ('stopped', True, True)]", done.stdout

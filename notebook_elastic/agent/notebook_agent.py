@@ -267,13 +267,15 @@ def agent_subclass(hooks: AgentHooks) -> type:
             return started
 
         def _shutdown(self, *args: Any, **kwargs: Any) -> Any:
-            death_sig = hooks.before_stop(self, self._ne_restarting)
-            if death_sig is not None and self._ne_restarting and not args:  # (torch's restart passes keywords)
-                kwargs["death_sig"] = signal.Signals(death_sig)
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
             if isinstance(sys.exc_info()[1], SignalException):  # this node goes: its workers leave in place
+                # First: until they have left (at a step boundary), nothing says they are being
+                # stopped, and a Slurm SIGTERM a worker holds stays held (``before_stop`` then).
                 hooks.leave(sorted(worker_pids_by_local_rank(self)))
+            death_sig = hooks.before_stop(self, self._ne_restarting)
+            if death_sig is not None and self._ne_restarting and not args:  # (torch's restart passes keywords)
+                kwargs["death_sig"] = signal.Signals(death_sig)
             return super()._shutdown(*args, **kwargs)
 
         def _restart_workers(self, worker_group: Any) -> Any:

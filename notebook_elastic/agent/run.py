@@ -197,6 +197,13 @@ def _hook_agent() -> None:
             return signal.SIGKILL
         return None
 
+    def leave(local_ranks: list[int]) -> None:
+        # This node goes (a signal): its stop has landed; its workers leave at a step boundary
+        # before anything says they are being stopped (term.agent_leaves).
+        term.agent_leaves()
+        store = torch_adapter.rendezvous_store(_watch.handler) if _watch.handler else None
+        _inplace.leave(local_ranks, _leave_rendezvous, store)
+
     def regroup_now() -> str | None:
         """Why a healthy group regroups now: its store was replaced, or a member of its round
         went (seen by the watch, or sooner by a worker whose group broke)."""
@@ -240,9 +247,7 @@ def _hook_agent() -> None:
         at_look=term.land_stop,  # a stop swallowed while it monitors lands at its next look
         in_place=_inplace.restart,
         restarting=restarting,
-        leave=lambda local_ranks: _inplace.leave(
-            local_ranks, _leave_rendezvous, torch_adapter.rendezvous_store(_watch.handler) if _watch.handler else None
-        ),
+        leave=leave,
         wait_for_change=_inplace.wait_for_change,
         ranking=_link.ranking,
         join_look_s=join_look_s(os.environ),

@@ -226,6 +226,17 @@ def agent_stops_workers(for_good: bool = True) -> None:
         _insist.stopping()
 
 
+def agent_leaves() -> None:
+    """From the agent's shutdown, before its workers leave at a step boundary (they take up to
+    seconds): its stop has landed, and is not told again meanwhile. ``STOPPING`` is not marked
+    yet (``agent_stops_workers``, once they left): a Slurm SIGTERM that a worker inside a
+    collective has not handled yet (its Python handler runs when the call returns) stays held,
+    and the worker leaves at the boundary. Marked first, the handler found it marked, the worker
+    died mid-step and the others redid the step (a fresh-clone run's Slurm preemption in place:
+    1 step redone where 0 is the claim)."""
+    _insist.stopping()
+
+
 def land_stop() -> None:
     """In the agent, before it joins a round or starts workers: a stop it was told lands now
     (``_Insist.land``)."""
