@@ -128,12 +128,17 @@ class DepartureWatch:
         if not torch_adapter.group_is_healthy(agent):
             return
         now = torch_adapter.round_state(handler)
-        if now is None or replacements(handler) != self.replacements:
+        if now is None:
+            return
+        if replacements(handler) != self.replacements:
             # (After the read: the read itself may find the store replaced.) The store was
             # replaced since this round was joined: the new one is seeded with a round listing
-            # nobody (store_link), which is no member gone; the agent regroups its workers on it
-            # its own way (``_StoreReplaced``) and joins the watch again. Looking there once ended
-            # the workers and charged a restart (fresh-clone run 58, torch 2.15).
+            # nobody (store_link), which is no member gone and no node left out; the agent
+            # regroups its workers on it its own way (``_StoreReplaced``) and joins the watch
+            # again. Looking there once ended the workers and charged a restart (fresh-clone
+            # run 58, torch 2.15).
+            with self.lock:
+                self.left_out_since = None
             return
         # (A node alone in its round too: dropped while stopped, as a joiner went on without it.)
         if now[0] != round_ or torch_adapter.left_out(handler) is not None:
@@ -170,12 +175,9 @@ class DepartureWatch:
 
     def _seen_left_out(self, handler: Any, round_: int) -> None:
         """The store's round is past ``round_``: note since when this node is in none of its lists
-        (dropped when its heartbeat expired while it was stopped, and the others went on). Not on
-        a new store (a store pod replaced: it lists nobody's old round, and its agents regroup on
-        it their own way, store_link), nor for a node told to stop. (A client of the same store
-        reached again, a partition healed, is the same store.)"""
-        replaced = replacements(handler) != self.replacements
-        out = not replaced and not term.told_to_stop() and torch_adapter.left_out(handler) is not None
+        (dropped when its heartbeat expired while it was stopped, and the others went on); not for
+        a node told to stop. (``_check`` looks at no store that replaced the round's.)"""
+        out = not term.told_to_stop() and torch_adapter.left_out(handler) is not None
         with self.lock:
             if self.round != round_:
                 return

@@ -193,7 +193,6 @@ def _hook_agent() -> None:
             # stopped with SIGTERM, they waited out torch's 30 s before its SIGKILL (a fresh-clone
             # run's two-host partition test: the job ended before the node was back). Nothing
             # they hold is needed (they take the live values from the others): killed at once.
-            left_out_restart.clear()
             return signal.SIGKILL
         return None
 
@@ -221,13 +220,16 @@ def _hook_agent() -> None:
     def restarting(why: str) -> None:
         """The workers restart: why they could not stay (where they trained and said), and, for a
         healthy group, the restart as torchrun's would be told ("failed": told already)."""
+        if why == LEFT_OUT:  # this restart's, derived anew at each (before_stop reads it)
+            left_out_restart.set()
+        else:
+            left_out_restart.clear()
         _inplace.explain_restart(int(os.environ.get(protocol.ENV_ROUND, -1)))
         if why == "failed":
             return
         if why == "store":
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="store_replaced", round=_store.seeded))
         elif why == LEFT_OUT:
-            left_out_restart.set()
             _inplace.left_out(_watch.latest[0])
             emit(Kind.RESTART, node=_node_name(), **Restart(reason="membership_change", round=_watch.latest[0]))
         elif why in ("lost", "left"):
